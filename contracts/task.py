@@ -1,0 +1,81 @@
+"""A coding task (prompt + tests) and the knobs of one agent-task rollout.
+
+`AgentTaskInput` is what `temporal workflow start --type AgentTaskWorkflow --input '<json>'`
+takes; see the README for an example.
+"""
+
+from typing import Literal
+
+from pydantic import Field
+
+from contracts.common import Contract, Identifier
+
+
+class TaskSpec(Contract):
+    """One task: write `entry_point` so that `tests` pass (HumanEval's `check(candidate)` style)."""
+
+    id: Identifier
+    prompt: str = Field(min_length=1, description="What the model is asked to write.")
+    entry_point: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Function under test.")
+    tests: str = Field(min_length=1, description="Python run after the program in its namespace.")
+    canonical_solution: str | None = Field(default=None, description="A known-good program.")
+    wrong_solution: str | None = Field(default=None, description="A program the tests must reject.")
+    suite: str = Field(default="user", description="Name of the suite the task came from.")
+    split: Literal["train", "heldout"] = "train"
+
+
+class SamplingParams(Contract):
+    temperature: float = Field(default=0.8, ge=0.0, le=2.0)
+    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(default=256, ge=1, le=8192)
+    seed: int | None = Field(default=None, description="Base seed; sample i uses seed + i.")
+
+
+class RewardConfig(Contract):
+    """Reward of a sample: `solved` when its tests pass, plus `failed_turn` per failed round."""
+
+    solved: float = 1.0
+    failed_turn: float = -0.1
+
+    def score(self, solved: bool, failed_turns: int) -> float:
+        """Reward of a sample that failed `failed_turns` rounds and then did or did not solve."""
+        return (self.solved if solved else 0.0) + self.failed_turn * failed_turns
+
+
+class SandboxLimits(Contract):
+    """Resource limits of one sandboxed execution."""
+
+    timeout_s: float = Field(default=10.0, gt=0, le=3600, description="Wall-clock deadline.")
+    cpu_s: int = Field(default=10, ge=1, le=3600, description="CPU-time limit (RLIMIT_CPU).")
+    memory_mb: int = Field(default=512, ge=16, le=65536, description="Memory limit.")
+    max_processes: int = Field(default=32, ge=1, le=4096, description="Processes/threads.")
+    file_size_mb: int = Field(default=16, ge=1, le=4096, description="Largest file written.")
+    tmpfs_mb: int = Field(default=64, ge=1, le=4096, description="Size of the private work dir.")
+    output_bytes: int = Field(default=65536, ge=256, le=16 * 2**20, description="Stdout/err cap.")
+
+
+class AgentTaskInput(Contract):
+    """Input of `AgentTaskWorkflow`: one task rolled out as a GRPO group of `group_size` samples."""
+
+    task: TaskSpec
+    run_id: Identifier = "adhoc"
+    group_size: int = Field(default=4, ge=1, le=256, description="G, samples in the group.")
+    max_turns: int = Field(default=3, ge=1, le=32, description="Generate/execute rounds at most.")
+    sampling: SamplingParams = SamplingParams()
+    reward: RewardConfig = RewardConfig()
+    limits: SandboxLimits = SandboxLimits()
+    policy_version: int | None = Field(
+        default=None, ge=0, description="Policy version to sample from; None = newest published."
+    )
+    policy_run: Identifier | None = Field(
+        default=None, description="Run whose policies are sampled; None = `run_id`."
+    )
+    abort_after: int = Field(
+        default=0,
+        ge=0,
+        description="Circuit breaker: abort the task once this many runs hit timeout or "
+        "memory_exceeded (0 = never).",
+    )
+    heartbeat_timeout_s: float = Field(
+        default=30.0, ge=1.0, le=3600, description="An activity silent this long is retried."
+    )

@@ -1,0 +1,1 @@
+"""Adapters to the outside world (storage, sandboxes, inference, telemetry, the embedded stack)."""

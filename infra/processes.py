@@ -1,0 +1,115 @@
+"""Background service processes with pidfiles: start, find, stop — only what we started.
+
+A pidfile records the pid and the process's start time, so `stop` never signals a recycled pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+
+@dataclass(frozen=True)
+class Service:
+    """A named background process whose state lives under `home/run` and `home/logs`."""
+
+    name: str
+    home: Path
+
+    @property
+    def pidfile(self) -> Path:
+        return self.home / "run" / f"{self.name}.pid"
+
+    @property
+    def logfile(self) -> Path:
+        return self.home / "logs" / f"{self.name}.log"
+
+    def pid(self) -> int | None:
+        """The pid of our running process, or None (stale pidfiles are removed)."""
+        try:
+            record = json.loads(self.pidfile.read_text())
+            process = psutil.Process(record["pid"])
+            if abs(process.create_time() - record["created"]) < 1.0 and process.is_running():
+                if process.status() != psutil.STATUS_ZOMBIE:
+                    return int(record["pid"])
+        except (FileNotFoundError, ValueError, KeyError, psutil.Error):
+            pass
+        self.pidfile.unlink(missing_ok=True)
+        return None
+
+    def start(self, argv: list[str], env: dict[str, str] | None = None) -> int:
+        """Start `argv` detached (own session), output appended to the log; returns the pid."""
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        self.logfile.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.logfile, "ab") as log:
+            process = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, env=env, cwd=self.home,
+            )
+        created = psutil.Process(process.pid).create_time()
+        self.pidfile.write_text(json.dumps({"pid": process.pid, "created": created, "argv": argv}))
+        return process.pid
+
+    def stop(self, timeout_s: float = 15.0) -> bool:
+        """SIGTERM (then SIGKILL after `timeout_s`) our process group; False if none ran."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        try:
+            psutil.Process(pid).wait(timeout_s)
+        except psutil.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).wait(5)
+        except psutil.NoSuchProcess:
+            pass
+        self.pidfile.unlink(missing_ok=True)
+        return True
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.3) -> bool:
+    """Whether something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_port(host: str, port: int, timeout_s: float, service: Service | None = None) -> None:
+    """Wait until host:port accepts connections; fail early if `service` died."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if port_open(host, port):
+            return
+        if service is not None and service.pid() is None:
+            raise RuntimeError(
+                f"{service.name} exited during start-up; last log lines ({service.logfile}):\n"
+                f"{service.log_tail()}"
+            )
+        time.sleep(0.1)
+    raise TimeoutError(f"{host}:{port} did not open within {timeout_s:.0f}s")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

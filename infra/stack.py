@@ -1,0 +1,176 @@
+"""The embedded stack: a Temporal dev server (with Web UI) and SeaweedFS (S3), in the background.
+
+    tempered up       # start both (a no-op for whatever already runs); state under settings.home
+    tempered status   # what runs, where
+    tempered down     # stop what `up` started (by pidfile), keep the data
+
+Temporal keeps its histories in `home/temporal.db` (SQLite, WAL), SeaweedFS its objects in
+`home/seaweed/`, so `down` + `up` loses nothing. Tempered's search attributes are registered
+at start-up and the bucket is created.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from contracts.names import SEARCH_ATTRIBUTE_TYPES
+from infra.processes import Service, port_open, wait_for_port
+from infra.seaweed import SeaweedPorts, seaweed_command, wait_s3_ready
+from infra.settings import Settings
+
+START_TIMEOUT_S = 60.0
+
+
+class StackError(RuntimeError):
+    """The stack could not start; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def temporal_endpoint(settings: Settings) -> Endpoint:
+    host, _, port = settings.temporal.address.rpartition(":")
+    return Endpoint(host or "127.0.0.1", int(port))
+
+
+def s3_endpoint(settings: Settings) -> Endpoint | None:
+    """The embedded S3's endpoint, or None when settings point at an external S3."""
+    url = urlparse(settings.s3.endpoint or "")
+    if url.hostname not in {"127.0.0.1", "localhost"} or url.port is None:
+        return None
+    return Endpoint("127.0.0.1", url.port)
+
+
+def temporal_service(settings: Settings) -> Service:
+    return Service("temporal", settings.home)
+
+
+def seaweed_service(settings: Settings) -> Service:
+    return Service("seaweedfs", settings.home)
+
+
+def temporal_command(settings: Settings) -> list[str]:
+    endpoint = temporal_endpoint(settings)
+    command = [
+        str(Path(sys.executable).parent / "temporal"),
+        "server", "start-dev",
+        "--ip", endpoint.host,
+        "--port", str(endpoint.port),
+        "--http-port", str(settings.temporal.http_port),
+        "--ui-port", str(settings.temporal.ui_port),
+        "--ui-disable-news-fetch",
+        "--namespace", settings.temporal.namespace,
+        "--db-filename", str(settings.home / "temporal.db"),
+        "--sqlite-pragma", "journal_mode=wal",
+        "--sqlite-pragma", "synchronous=normal",
+        "--log-level", "warn",
+    ]
+    for attr, kind in SEARCH_ATTRIBUTE_TYPES.items():
+        command += ["--search-attribute", f"{attr.value}={kind}"]
+    return command
+
+
+def up(settings: Settings) -> list[str]:
+    """Start whatever is not running; returns one line per service saying what happened."""
+    settings.home.mkdir(parents=True, exist_ok=True)
+    lines = [_start_temporal(settings)]
+    lines.append(_start_seaweed(settings))
+    return lines
+
+
+def down(settings: Settings) -> list[str]:
+    lines = []
+    for service in (temporal_service(settings), seaweed_service(settings)):
+        stopped = service.stop()
+        lines.append(f"{service.name}: {'stopped' if stopped else 'was not running'}")
+    return lines
+
+
+def status(settings: Settings) -> dict[str, str]:
+    """Service → 'running (pid N) at …' or 'stopped'."""
+    temporal = temporal_endpoint(settings)
+    result = {}
+    pid = temporal_service(settings).pid()
+    result["temporal"] = (
+        f"running (pid {pid}) at {temporal}, UI http://{temporal.host}:{settings.temporal.ui_port}"
+        if pid else "stopped"
+    )
+    s3 = s3_endpoint(settings)
+    pid = seaweed_service(settings).pid()
+    if s3 is None:
+        result["s3"] = f"external: {settings.s3.endpoint or 'AWS'}"
+    else:
+        result["s3"] = f"running (pid {pid}) at http://{s3}" if pid else "stopped"
+    return result
+
+
+def _start_temporal(settings: Settings) -> str:
+    service = temporal_service(settings)
+    endpoint = temporal_endpoint(settings)
+    if service.pid() is not None:
+        return f"temporal: already running at {endpoint}"
+    for port in (endpoint.port, settings.temporal.ui_port, settings.temporal.http_port):
+        if port_open(endpoint.host, port):
+            raise StackError(
+                f"port {endpoint.host}:{port} is taken by another process; stop it or set "
+                "TEMPERED_TEMPORAL__ADDRESS / __UI_PORT / __HTTP_PORT"
+            )
+    service.start(temporal_command(settings))
+    try:
+        wait_for_port(endpoint.host, endpoint.port, START_TIMEOUT_S, service)
+        wait_for_port(endpoint.host, settings.temporal.ui_port, START_TIMEOUT_S, service)
+    except (RuntimeError, TimeoutError) as err:
+        service.stop()
+        raise StackError(f"Temporal dev server did not start: {err}") from None
+    return (
+        f"temporal: started at {endpoint}, UI http://{endpoint.host}:{settings.temporal.ui_port}"
+    )
+
+
+def _start_seaweed(settings: Settings) -> str:
+    endpoint = s3_endpoint(settings)
+    if endpoint is None:
+        return f"s3: external endpoint {settings.s3.endpoint or 'AWS'} (not started)"
+    service = seaweed_service(settings)
+    if service.pid() is not None:
+        return f"seaweedfs: already running, S3 at http://{endpoint}"
+    ports = SeaweedPorts.from_base(endpoint.port, settings.s3.embedded_base_port)
+    for port in ports.all_ports():
+        if port and port_open("127.0.0.1", port):
+            raise StackError(
+                f"port 127.0.0.1:{port} (SeaweedFS) is taken by another process; stop it or "
+                "set TEMPERED_S3__ENDPOINT / TEMPERED_S3__EMBEDDED_BASE_PORT"
+            )
+    service.start(
+        seaweed_command(
+            settings.home / "seaweed",
+            s3_port=endpoint.port,
+            access_key=settings.s3.access_key,
+            secret_key=settings.s3.secret_key.get_secret_value(),
+            base_port=settings.s3.embedded_base_port,
+            buckets=[settings.s3.bucket],
+        )
+    )
+    try:
+        wait_for_port(endpoint.host, endpoint.port, START_TIMEOUT_S, service)
+        wait_s3_ready(f"http://{endpoint}", START_TIMEOUT_S)
+    except (RuntimeError, TimeoutError) as err:
+        service.stop()
+        raise StackError(f"SeaweedFS did not start: {err}") from None
+    _ensure_bucket(settings)
+    return f"seaweedfs: started, S3 at http://{endpoint}, bucket {settings.s3.bucket!r}"
+
+
+def _ensure_bucket(settings: Settings) -> None:
+    from infra.storage import ObjectStore
+
+    ObjectStore.from_settings(settings).ensure_bucket()

@@ -1,0 +1,388 @@
+"""The object store every part of Tempered uses: a small synchronous layer over boto3.
+
+    store = ObjectStore.from_settings(load_settings())
+    store.check()                                   # one clear line if S3 is down/misconfigured
+    ref = store.put_json("runs/r/run.json", spec, create_only=True)
+    spec = store.get_model("runs/r/run.json", TrainingRunInput)
+
+Blocking: activities call it through `asyncio.to_thread`. Every object carries its sha256 in the
+`sha256` metadata entry, so an `ObjectRef` is known without reading the body. `create_only`
+writes use `If-None-Match: *`; rewriting identical content is a success (an idempotent retry),
+different content raises `ObjectExists`. botocore errors surface as the typed errors below:
+`TransientStorageError` (retry later), `PermanentStorageError` (fix the configuration),
+`ObjectNotFound`, `ObjectExists`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
+from pydantic import BaseModel
+
+from contracts.common import ObjectRef
+from infra.settings import S3Settings, Settings
+
+M = TypeVar("M", bound=BaseModel)
+
+MULTIPART_THRESHOLD = 16 * 2**20
+"""Files above this go up in parts of PART_SIZE bytes (and down in parallel ranged GETs)."""
+PART_SIZE = 8 * 2**20
+PART_WORKERS = 4
+_READ_CHUNK = 2**20
+
+_TRANSIENT_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+    "InternalError", "ServiceUnavailable", "503", "500", "502", "504",
+}  # fmt: skip
+_CREDENTIAL_HINTS = {
+    "InvalidAccessKeyId": "unknown access key",
+    "SignatureDoesNotMatch": "wrong secret key",
+}
+_BUCKET_EXISTS_CODES = {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}
+_CONFLICT_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+
+
+class StorageError(Exception):
+    """Base of every object-store error; the message is one line meant for a human."""
+
+
+class ObjectNotFound(StorageError):
+    pass
+
+
+class ObjectExists(StorageError):
+    """A create-only write found different content already stored under the key."""
+
+
+class TransientStorageError(StorageError):
+    """S3 unreachable, overloaded or timing out: retry later."""
+
+
+class PermanentStorageError(StorageError):
+    """Wrong credentials, missing bucket, bad endpoint: retrying will not help until it is fixed."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_READ_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class ObjectStore:
+    """One bucket of one S3 endpoint. Thread-safe (one boto3 client, shared)."""
+
+    def __init__(self, s3: S3Settings, bucket: str | None = None, *, page_size: int = 1000):
+        self.settings = s3
+        self.bucket = bucket or s3.bucket
+        self.endpoint = s3.endpoint or f"https://s3.{s3.region}.amazonaws.com"
+        self.page_size = page_size
+        config = Config(
+            connect_timeout=s3.connect_timeout_s,
+            read_timeout=60,
+            retries={"max_attempts": s3.max_attempts, "mode": "standard"},
+            s3={"addressing_style": "path"},
+            signature_version="s3v4",
+            max_pool_connections=32,
+        )
+        try:
+            self._client = boto3.session.Session().client(
+                "s3",
+                endpoint_url=s3.endpoint,
+                region_name=s3.region,
+                aws_access_key_id=s3.access_key,
+                aws_secret_access_key=s3.secret_key.get_secret_value(),
+                config=config,
+            )
+        except ValueError as exc:
+            raise PermanentStorageError(f"bad S3 endpoint URL {s3.endpoint!r}: {exc}") from None
+        self._transfer = TransferConfig(
+            multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=PART_SIZE,
+            max_concurrency=PART_WORKERS,
+        )  # fmt: skip
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ObjectStore:
+        return cls(settings.s3)
+
+    # -- health -------------------------------------------------------------------------------
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket unless it exists."""
+        with self._errors("create bucket"):
+            try:
+                self._client.create_bucket(Bucket=self.bucket)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") not in _BUCKET_EXISTS_CODES:
+                    raise
+
+    def check(self) -> None:
+        """Raise a typed error with one human line unless the bucket is listable."""
+        with self._errors("list"):
+            self._client.list_objects_v2(Bucket=self.bucket, MaxKeys=1)
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def put_bytes(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        create_only: bool = False,
+        content_type: str = "application/octet-stream",
+    ) -> ObjectRef:
+        ref = ObjectRef(key=key, size=len(data), sha256=sha256_bytes(data))
+        args: dict[str, Any] = {
+            "Bucket": self.bucket, "Key": key, "Body": data, "ContentType": content_type,
+            "Metadata": {"sha256": ref.sha256},
+        }  # fmt: skip
+        if create_only:
+            args["IfNoneMatch"] = "*"
+        try:
+            with self._errors("put", key):
+                self._client.put_object(**args)
+        except ObjectExists:
+            return self._existing_or_raise(ref)
+        return ref
+
+    def put_text(self, key: str, text: str, *, create_only: bool = False) -> ObjectRef:
+        data = text.encode()
+        return self.put_bytes(
+            key, data, create_only=create_only, content_type="text/plain; charset=utf-8"
+        )
+
+    def put_json(
+        self, key: str, obj: BaseModel | dict[str, Any] | list[Any], *, create_only: bool = False
+    ) -> ObjectRef:
+        """Deterministic JSON: a model's field order, or sorted keys for dicts and lists."""
+        if isinstance(obj, BaseModel):
+            data = obj.model_dump_json().encode()
+        else:
+            data = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+        return self.put_bytes(key, data, create_only=create_only, content_type="application/json")
+
+    def upload_file(self, path: Path | str, key: str, *, create_only: bool = False) -> ObjectRef:
+        """Upload one file; above MULTIPART_THRESHOLD in parallel parts."""
+        path = Path(path)
+        size = path.stat().st_size
+        if size <= MULTIPART_THRESHOLD:
+            return self.put_bytes(key, path.read_bytes(), create_only=create_only)
+        ref = ObjectRef(key=key, size=size, sha256=sha256_file(path))
+        if create_only and self.head(key) is not None:
+            return self._existing_or_raise(ref)
+        try:
+            self._multipart_upload(path, ref, create_only)
+        except ObjectExists:
+            return self._existing_or_raise(ref)
+        return ref
+
+    def upload_dir(
+        self, local_dir: Path | str, prefix: str, *, create_only: bool = False
+    ) -> list[ObjectRef]:
+        """Upload every file under `local_dir` to `prefix/<relative path>` (sorted order)."""
+        root = Path(local_dir)
+        base = prefix.rstrip("/") + "/"
+        files = sorted(p for p in root.rglob("*") if p.is_file())
+        return [
+            self.upload_file(p, base + p.relative_to(root).as_posix(), create_only=create_only)
+            for p in files
+        ]
+
+    def delete(self, key: str) -> None:
+        with self._errors("delete", key):
+            self._client.delete_object(Bucket=self.bucket, Key=key)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def get_bytes(self, key: str) -> bytes:
+        with self._errors("get", key):
+            body = self._client.get_object(Bucket=self.bucket, Key=key)["Body"]
+            return bytes(body.read())
+
+    def get_text(self, key: str) -> str:
+        return self.get_bytes(key).decode()
+
+    def get_json(self, key: str) -> Any:
+        return json.loads(self.get_bytes(key))
+
+    def get_model(self, key: str, cls: type[M]) -> M:
+        return cls.model_validate_json(self.get_bytes(key))
+
+    def head(self, key: str) -> ObjectRef | None:
+        """The object's ref (size, sha256), or None if absent."""
+        meta = self._head_meta(key)
+        if meta is None:
+            return None
+        digest = meta.get("Metadata", {}).get("sha256")
+        if digest is None:  # written by something else: hash the body
+            digest = sha256_bytes(self.get_bytes(key))
+        return ObjectRef(key=key, size=int(meta["ContentLength"]), sha256=digest)
+
+    def exists(self, key: str) -> bool:
+        return self._head_meta(key) is not None
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        """Every key under `prefix`, in lexicographic order, `page_size` per request."""
+        paginator = self._client.get_paginator("list_objects_v2")
+        pages = paginator.paginate(
+            Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": self.page_size}
+        )
+        with self._errors("list", prefix):
+            for page in pages:
+                for item in page.get("Contents", []):
+                    yield item["Key"]
+
+    def download_file(self, key: str, path: Path | str) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with self._errors("download", key):
+            self._client.download_file(self.bucket, key, str(path), Config=self._transfer)
+
+    def download_dir(self, prefix: str, local_dir: Path | str) -> list[Path]:
+        """Download every key under `prefix` to `local_dir/<rest of key>`; refuses `..` escapes."""
+        root = Path(local_dir).resolve()
+        base = prefix.rstrip("/") + "/"
+        written = []
+        for key in self.list_keys(base):
+            target = (root / key[len(base) :]).resolve()
+            if not target.is_relative_to(root):
+                raise PermanentStorageError(f"key {key!r} would escape {root}")
+            self.download_file(key, target)
+            written.append(target)
+        return written
+
+    def presign(self, key: str, expires_s: int = 3600) -> str:
+        """A GET URL anyone can fetch for `expires_s` seconds."""
+        return str(
+            self._client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_s
+            )
+        )
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _head_meta(self, key: str) -> dict[str, Any] | None:
+        try:
+            with self._errors("head", key):
+                return dict(self._client.head_object(Bucket=self.bucket, Key=key))
+        except ObjectNotFound:
+            return None
+
+    def _existing_or_raise(self, ref: ObjectRef) -> ObjectRef:
+        existing = self.head(ref.key)
+        if existing is not None and existing.sha256 == ref.sha256 and existing.size == ref.size:
+            return existing
+        raise ObjectExists(
+            f"s3://{self.bucket}/{ref.key} already holds different content "
+            f"(stored sha256 {existing.sha256[:12] if existing else '?'}…, new {ref.sha256[:12]}…)"
+        )
+
+    def _multipart_upload(self, path: Path, ref: ObjectRef, create_only: bool) -> None:
+        with self._errors("multipart upload", ref.key):
+            upload_id = self._client.create_multipart_upload(
+                Bucket=self.bucket, Key=ref.key, Metadata={"sha256": ref.sha256},
+                ContentType="application/octet-stream",
+            )["UploadId"]  # fmt: skip
+        try:
+            offsets = range(0, ref.size, PART_SIZE)
+            with ThreadPoolExecutor(PART_WORKERS) as pool:
+                etags = list(
+                    pool.map(lambda o: self._upload_part(path, ref.key, upload_id, o), offsets)
+                )
+            parts = [{"PartNumber": i + 1, "ETag": etag} for i, etag in enumerate(etags)]
+            args: dict[str, Any] = {
+                "Bucket": self.bucket, "Key": ref.key, "UploadId": upload_id,
+                "MultipartUpload": {"Parts": parts},
+            }  # fmt: skip
+            if create_only:
+                args["IfNoneMatch"] = "*"
+            with self._errors("complete multipart upload", ref.key):
+                self._client.complete_multipart_upload(**args)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=ref.key, UploadId=upload_id
+                )
+            raise
+
+    def _upload_part(self, path: Path, key: str, upload_id: str, offset: int) -> str:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            chunk = fh.read(PART_SIZE)
+        with self._errors("upload part", key):
+            out = self._client.upload_part(
+                Bucket=self.bucket, Key=key, UploadId=upload_id,
+                PartNumber=offset // PART_SIZE + 1, Body=chunk,
+            )  # fmt: skip
+        return str(out["ETag"])
+
+    @contextlib.contextmanager
+    def _errors(self, op: str, key: str = "") -> Iterator[None]:
+        """Translate botocore exceptions raised inside into the typed errors above."""
+        try:
+            yield
+        except ClientError as exc:
+            raise self._classify_client_error(exc, op, key) from exc
+        except ParamValidationError as exc:
+            raise PermanentStorageError(f"invalid S3 {op} request for {key!r}: {exc}") from exc
+        except BotoCoreError as exc:  # connection refused, DNS, timeouts, closed connections
+            raise TransientStorageError(
+                f"cannot reach S3 at {self.endpoint}: {_reason(exc)}"
+            ) from exc
+
+    def _classify_client_error(self, exc: ClientError, op: str, key: str) -> StorageError:
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        where = f"s3://{self.bucket}/{key}" if key else f"s3://{self.bucket}"
+        if code in _CONFLICT_CODES or status in (409, 412):
+            return ObjectExists(f"{where} already exists")
+        if code == "NoSuchBucket":
+            return PermanentStorageError(
+                f"bucket '{self.bucket}' does not exist at {self.endpoint}: run `tempered up` or create it"
+            )
+        if code in ("NoSuchKey", "NotFound") or status == 404:
+            return ObjectNotFound(f"{where} not found")
+        if code in _CREDENTIAL_HINTS or (status == 403 and code == "403"):
+            return PermanentStorageError(
+                f"S3 at {self.endpoint} rejected the credentials for access key "
+                f"'{self.settings.access_key}' ({_CREDENTIAL_HINTS.get(code, 'forbidden')})"
+            )
+        if code == "AccessDenied" or status == 403:
+            return PermanentStorageError(
+                f"S3 at {self.endpoint} denied {op} on {where} to access key '{self.settings.access_key}'"
+            )
+        message = error.get("Message", "") or str(exc)
+        if code in _TRANSIENT_CODES or status >= 500:
+            return TransientStorageError(
+                f"S3 at {self.endpoint} failed {op} on {where}: {code} {message}"
+            )
+        return PermanentStorageError(f"S3 {op} on {where} failed: {code} {message}")
+
+
+def _reason(exc: BaseException) -> str:
+    """The root cause of a connection failure in a few words ("connection refused")."""
+    text = str(exc)
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError) or "Connection refused" in str(seen):
+            return "connection refused"
+        seen = seen.__cause__ or seen.__context__
+    if "Name or service not known" in text or "nodename nor servname" in text:
+        return "unknown host name"
+    return f"{type(exc).__name__}: {text}"

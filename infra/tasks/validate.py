@@ -1,0 +1,246 @@
+"""Validate a task suite through the real sandbox and write its quarantine list.
+
+For every task the canonical solution runs `repeats` times and the wrong solution once, all
+at bounded concurrency through one sandbox backend. A task is
+
+- **broken** when its canonical solution never passes,
+- **flaky** when it passes on some repeats and not others,
+- **weak** when its wrong solution passes (the tests would reward a wrong program),
+- **infra** when a run still hit a platform failure (`SandboxInfraError` or status
+  `infra_error`) after bounded retries with backoff — the task is not judged then, and never
+  counted as broken.
+
+Broken, flaky and weak tasks are quarantined: `<home>/quarantine/<suite>.json` lists them and
+training skips them (`infra.tasks.load_quarantine`). Run it as
+
+    tempered tasks validate humaneval --repeats 5 --concurrency 8
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, Field, computed_field
+
+from contracts.sandbox import ExecStatus, ExecutionResult
+from contracts.task import SandboxLimits, TaskSpec
+from infra.sandbox.base import SandboxBackend, SandboxInfraError
+from infra.tasks import load_suite, quarantine_path
+
+if TYPE_CHECKING:
+    from infra.settings import Settings
+
+VALIDATION_LIMITS = SandboxLimits()
+"""Training's own limits: a canonical solution that needs more would fail in training too."""
+
+
+class RetryPolicy(BaseModel):
+    """Bounded retries of platform failures: attempt i waits `backoff_s * 2**i` (capped) first."""
+
+    attempts: int = Field(default=4, ge=1)
+    backoff_s: float = Field(default=0.5, ge=0)
+    max_backoff_s: float = Field(default=8.0, ge=0)
+
+    def delay(self, failed_attempts: int) -> float:
+        return min(self.backoff_s * 2 ** (failed_attempts - 1), self.max_backoff_s)
+
+
+class RunRecord(BaseModel):
+    """Outcome of one program run; `status` None means every attempt hit an infra failure."""
+
+    status: ExecStatus | None
+    duration_ms: int = 0
+    infra_retries: int = 0
+    detail: str = ""
+
+
+class TaskCheck(BaseModel):
+    """All runs of one task and the verdict drawn from them."""
+
+    task_id: str
+    canonical: list[RunRecord]
+    wrong: RunRecord | None = None  # None: the task has no wrong solution to check
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def verdict(self) -> str:
+        """clean | broken | flaky | weak | infra (broken/flaky win over weak)."""
+        runs = self.canonical + ([self.wrong] if self.wrong else [])
+        if any(run.status is None for run in runs):
+            return "infra"
+        passes = sum(run.status == ExecStatus.PASSED for run in self.canonical)
+        if passes == 0:
+            return "broken"
+        if passes < len(self.canonical):
+            return "flaky"
+        if self.wrong is not None and self.wrong.status == ExecStatus.PASSED:
+            return "weak"
+        return "clean"
+
+
+class ValidationReport(BaseModel):
+    suite: str
+    backend: str
+    repeats: int
+    concurrency: int
+    limits: SandboxLimits
+    created_at: str
+    wall_s: float
+    tasks: list[TaskCheck]
+
+    def ids(self, verdict: str) -> list[str]:
+        return [task.task_id for task in self.tasks if task.verdict == verdict]
+
+    @property
+    def quarantined(self) -> list[str]:
+        return sorted(set(self.ids("broken")) | set(self.ids("flaky")) | set(self.ids("weak")))
+
+    @property
+    def runs(self) -> int:
+        return sum(len(task.canonical) + (task.wrong is not None) for task in self.tasks)
+
+    @property
+    def infra_retries(self) -> int:
+        records = [run for task in self.tasks for run in task.canonical + ([task.wrong] if task.wrong else [])]
+        return sum(run.infra_retries for run in records)
+
+    def quarantine_document(self) -> dict[str, object]:
+        return {
+            "suite": self.suite,
+            "created_at": self.created_at,
+            "repeats": self.repeats,
+            "backend": self.backend,
+            "tasks": len(self.tasks),
+            "broken": self.ids("broken"),
+            "flaky": self.ids("flaky"),
+            "weak": self.ids("weak"),
+            "infra": self.ids("infra"),
+            "no_wrong_solution": [task.task_id for task in self.tasks if task.wrong is None],
+            "quarantined": self.quarantined,
+        }
+
+
+async def run_with_retries(
+    backend: SandboxBackend,
+    program: str,
+    task: TaskSpec,
+    limits: SandboxLimits,
+    gate: asyncio.Semaphore,
+    retry: RetryPolicy,
+) -> RunRecord:
+    """One program against `task.tests`; platform failures are retried, never a verdict."""
+    detail = ""
+    for attempt in range(retry.attempts):
+        if attempt:
+            await asyncio.sleep(retry.delay(attempt))
+        async with gate:
+            try:
+                result: ExecutionResult = await backend.run(program, task.tests, limits, task.entry_point)
+            except SandboxInfraError as exc:
+                detail = f"{type(exc).__name__}: {exc}"
+                continue
+        if result.status == ExecStatus.INFRA_ERROR:
+            detail = result.detail or "infra_error"
+            continue
+        failure = "" if result.status == ExecStatus.PASSED else (result.detail or result.stderr[-400:])
+        return RunRecord(status=result.status, duration_ms=result.duration_ms,
+                         infra_retries=attempt, detail=failure)
+    return RunRecord(status=None, infra_retries=retry.attempts - 1, detail=detail)
+
+
+async def validate_tasks(
+    tasks: list[TaskSpec],
+    backend: SandboxBackend,
+    *,
+    suite: str,
+    repeats: int = 5,
+    concurrency: int = 8,
+    limits: SandboxLimits = VALIDATION_LIMITS,
+    retry: RetryPolicy | None = None,
+    on_run: Callable[[], None] | None = None,
+) -> ValidationReport:
+    """Run every task's canonical solution `repeats` times and its wrong solution once."""
+    if repeats < 1 or concurrency < 1:
+        raise ValueError("repeats and concurrency must be at least 1")
+    missing = [task.id for task in tasks if not task.canonical_solution]
+    if missing:
+        raise ValueError(f"tasks without a canonical_solution cannot be validated: {missing[:5]}")
+    gate, policy = asyncio.Semaphore(concurrency), retry or RetryPolicy()
+
+    async def one(program: str, task: TaskSpec) -> RunRecord:
+        record = await run_with_retries(backend, program, task, limits, gate, policy)
+        if on_run is not None:
+            on_run()
+        return record
+
+    async def check(task: TaskSpec) -> TaskCheck:
+        canonical = [one(task.canonical_solution or "", task) for _ in range(repeats)]
+        wrong = one(task.wrong_solution, task) if task.wrong_solution else None
+        records = await asyncio.gather(*canonical, *([wrong] if wrong else []))
+        return TaskCheck(task_id=task.id, canonical=list(records[:repeats]),
+                         wrong=records[repeats] if wrong else None)
+
+    created_at = datetime.now(UTC).isoformat(timespec="seconds")
+    started = time.perf_counter()
+    checks = await asyncio.gather(*(check(task) for task in tasks))
+    return ValidationReport(
+        suite=suite, backend=backend.name, repeats=repeats, concurrency=concurrency,
+        limits=limits, created_at=created_at, wall_s=round(time.perf_counter() - started, 2),
+        tasks=list(checks),
+    )
+
+
+CATEGORIES = ("broken", "flaky", "weak", "infra", "no_wrong_solution", "quarantined")
+
+
+def write_quarantine(settings: Settings, report: ValidationReport) -> Path:
+    """Write the report's quarantine list where training looks for it (atomic rename).
+
+    A report that covers only part of the suite (`--split`, `--limit`) keeps the earlier
+    entries of the tasks it did not check, so a partial run never un-quarantines anything.
+    """
+    path = quarantine_path(settings, report.suite)
+    document = report.quarantine_document()
+    checked = {task.task_id for task in report.tasks}
+    if path.is_file():
+        previous = json.loads(path.read_text(encoding="utf-8"))
+        for category in CATEGORIES:
+            kept = [task_id for task_id in previous.get(category, []) if task_id not in checked]
+            current = document[category]
+            assert isinstance(current, list)
+            document[category] = sorted(set(kept) | set(current))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    staging.replace(path)
+    return path
+
+
+async def validate_suite(
+    settings: Settings,
+    suite: str,
+    *,
+    repeats: int = 5,
+    concurrency: int = 8,
+    backend_name: str | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    limits: SandboxLimits = VALIDATION_LIMITS,
+    on_run: Callable[[], None] | None = None,
+) -> ValidationReport:
+    """Load `suite`, validate it through the configured sandbox backend, close the backend."""
+    from infra.sandbox import get_backend
+
+    tasks = load_suite(suite, split=split)[:limit]
+    backend = get_backend(settings, backend_name)
+    try:
+        return await validate_tasks(tasks, backend, suite=suite, repeats=repeats,
+                                    concurrency=concurrency, limits=limits, on_run=on_run)
+    finally:
+        await backend.close()

@@ -1,0 +1,325 @@
+"""OpenTelemetry for Tempered workers: traces, metrics, Prometheus and Temporal SDK telemetry.
+
+Each worker calls `setup_telemetry` once at start and `shutdown()` on exit:
+
+    telemetry = setup_telemetry(settings, "sandbox")
+    client = await Client.connect(..., runtime=telemetry.temporal_runtime(),
+                                  interceptors=telemetry.interceptors())
+    ...
+    with span("sandbox.run", task_id=t, sample=i, sandbox_backend="local"):
+        record_sandbox_run("local", "passed", 0.12)
+    telemetry.shutdown()
+
+Spans and metrics go to the OTLP gRPC collector at `settings.telemetry.otlp_endpoint`, or,
+without one, to `<home>/telemetry/<service>-<pid>.jsonl`, which `read_live_figures` (used by
+`tempered status`) aggregates. With `settings.telemetry.prometheus_port > 0` each worker also
+serves its metrics at `http://<host>:<port_for(service)>/metrics` and the Temporal SDK's own
+metrics `SDK_PORT_SHIFT` ports above. The `record_*` helpers are no-ops until setup.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import psutil
+from opentelemetry import trace
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+from contracts.names import Queue
+from infra.settings import Settings
+from infra.telemetry_files import JsonlMetricExporter, JsonlSink, JsonlSpanExporter
+from infra.telemetry_files import read_live_figures as _read_figures
+
+PORT_OFFSETS: dict[str, int] = {
+    Queue.AGENT_TASKS: 0,
+    Queue.INFERENCE: 1,
+    Queue.SANDBOX: 2,
+    Queue.REWARDS: 3,
+    Queue.LEARNER: 4,
+}
+"""Prometheus port of a worker = `settings.telemetry.prometheus_port` + its offset."""
+SDK_PORT_SHIFT = 10
+"""The Temporal SDK's metrics of a worker are served this many ports above its own."""
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+CIRCUIT_STATES = {"closed": 0, "half_open": 1, "open": 2}
+
+
+def prometheus_port_for(settings: Settings, service: str) -> int | None:
+    """Port of `service`'s Prometheus endpoint, or None when disabled or not a worker."""
+    base = settings.telemetry.prometheus_port
+    if base <= 0 or service not in PORT_OFFSETS:
+        return None
+    return base + PORT_OFFSETS[service]
+
+
+def _prometheus_host(settings: Settings) -> str:
+    return str(getattr(settings.telemetry, "prometheus_host", "127.0.0.1"))
+
+
+class _Instruments:
+    """Every instrument Tempered records, created on one meter."""
+
+    def __init__(self, meter: Meter) -> None:
+        histogram, seconds = meter.create_histogram, list(SECONDS_BUCKETS)
+        self.sandbox_duration = histogram(
+            "tempered.sandbox.duration", "s", "Wall time of one sandboxed run.",
+            explicit_bucket_boundaries_advisory=seconds,
+        )
+        self.sandbox_runs = meter.create_counter(
+            "tempered.sandbox.runs", "{run}", "Sandboxed runs by status and backend."
+        )
+        self.sandbox_in_flight = meter.create_up_down_counter(
+            "tempered.sandbox.in_flight", "{run}", "Sandboxed runs executing now."
+        )
+        self.batch_size = histogram(
+            "tempered.inference.batch_size", "{sequence}", "Sequences per generate call.",
+            explicit_bucket_boundaries_advisory=list(COUNT_BUCKETS),
+        )
+        self.tokens = meter.create_counter("tempered.inference.tokens", "{token}", "Generated tokens.")
+        self.tokens_per_second = histogram(
+            "tempered.inference.tokens_per_second", "{token}/s", "Throughput of one generate call.",
+            explicit_bucket_boundaries_advisory=[10, 50, 100, 250, 500, 1000, 2500, 5000, 10000],
+        )
+        self.queue_wait = histogram(
+            "tempered.activity.queue_wait", "s", "Schedule-to-start latency of activity attempts.",
+            explicit_bucket_boundaries_advisory=seconds,
+        )
+        self.reward_mean = meter.create_gauge("tempered.reward.mean", "1", "Mean reward of a batch.")
+        self.pass_rate = meter.create_gauge("tempered.reward.pass_rate", "1", "Share of solved samples.")
+        self.staleness = histogram(
+            "tempered.policy.staleness", "{version}", "Policy versions behind the learner.",
+            explicit_bucket_boundaries_advisory=[0, 1, 2, 3, 4, 8, 16],
+        )
+        self.step_time = histogram(
+            "tempered.learner.step_time", "s", "Wall time of one train step.",
+            explicit_bucket_boundaries_advisory=seconds,
+        )
+        self.circuit_state = meter.create_gauge(
+            "tempered.circuit.state", "1", "Sandbox backend breaker: 0 closed, 1 half-open, 2 open."
+        )
+        process = psutil.Process()
+        process.cpu_percent(None)  # primes the counter; the first reading is otherwise 0
+
+        def rss(_: CallbackOptions) -> list[Observation]:
+            return [Observation(process.memory_info().rss)]
+
+        def rss_peak(_: CallbackOptions) -> list[Observation]:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+            return [Observation(max(peak, process.memory_info().rss))]
+
+        def cpu(_: CallbackOptions) -> list[Observation]:
+            return [Observation(process.cpu_percent(None))]
+
+        meter.create_observable_gauge("tempered.process.rss", [rss], "By", "Resident set size.")
+        meter.create_observable_gauge("tempered.process.rss_peak", [rss_peak], "By", "Peak RSS.")
+        meter.create_observable_gauge("tempered.process.cpu_percent", [cpu], "%", "CPU use.")
+
+
+_instruments: _Instruments | None = None
+_tracer: trace.Tracer = trace.NoOpTracer()
+_lock = threading.Lock()
+
+
+class Telemetry:
+    """The providers of one worker process; `shutdown()` flushes and stops everything."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        service: str,
+        tracer_provider: TracerProvider,
+        meter_provider: MeterProvider,
+        jsonl: JsonlSink | None,
+        prometheus_server: Any | None,
+    ) -> None:
+        self.settings, self.service = settings, service
+        self.tracer_provider, self.meter_provider = tracer_provider, meter_provider
+        self.tracer = tracer_provider.get_tracer("tempered")
+        self.meter = meter_provider.get_meter("tempered")
+        self.jsonl_path: Path | None = jsonl.path if jsonl else None
+        self.prometheus_port = prometheus_port_for(settings, service) if prometheus_server else None
+        self._jsonl, self._prometheus_server = jsonl, prometheus_server
+        self._runtime: Any = None
+
+    def temporal_runtime(self) -> Any:
+        """A `temporalio.runtime.Runtime` exporting the SDK's metrics (created once)."""
+        from temporalio.runtime import (
+            OpenTelemetryConfig,
+            PrometheusConfig,
+            Runtime,
+            TelemetryConfig,
+        )
+
+        if self._runtime is None:
+            port = prometheus_port_for(self.settings, self.service)
+            endpoint = self.settings.telemetry.otlp_endpoint
+            if port is not None:
+                address = f"{_prometheus_host(self.settings)}:{port + SDK_PORT_SHIFT}"
+                metrics: Any = PrometheusConfig(bind_address=address)
+            elif endpoint:
+                metrics = OpenTelemetryConfig(url=endpoint)
+            else:
+                self._runtime = Runtime.default()
+                return self._runtime
+            global_tags = {"service_name": f"tempered-{self.service}"}
+            self._runtime = Runtime(telemetry=TelemetryConfig(metrics=metrics, global_tags=global_tags))
+        return self._runtime
+
+    def interceptors(self) -> list[Any]:
+        """Temporal client/worker interceptors that trace workflows and activities."""
+        from temporalio.contrib.opentelemetry import TracingInterceptor
+
+        return [TracingInterceptor(self.tracer)]
+
+    def flush(self) -> None:
+        """Export pending spans and a metric snapshot now."""
+        self.tracer_provider.force_flush()
+        self.meter_provider.force_flush()
+
+    def shutdown(self) -> None:
+        """Flush and stop exporters, the Prometheus server and the module-level instruments."""
+        global _instruments, _tracer
+        with _lock:
+            if _instruments is not None and _tracer is self.tracer:
+                _instruments, _tracer = None, trace.NoOpTracer()
+        self.tracer_provider.shutdown()
+        self.meter_provider.shutdown()
+        if self._prometheus_server is not None:
+            self._prometheus_server.shutdown()
+            self._prometheus_server.server_close()
+            self._prometheus_server = None
+        if self._jsonl is not None:
+            self._jsonl.close()
+
+
+def setup_telemetry(settings: Settings, service: str, export_interval_s: float = 10.0) -> Telemetry:
+    """Providers for `service` (a queue name or e.g. "cli"); makes the helpers below live."""
+    global _instruments, _tracer
+    resource_ = Resource.create({"service.name": f"tempered-{service}", "process.pid": os.getpid()})
+    jsonl: JsonlSink | None = None
+    span_exporter: SpanExporter
+    if settings.telemetry.otlp_endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        span_exporter = OTLPSpanExporter(endpoint=settings.telemetry.otlp_endpoint)
+        metric_exporter: Any = OTLPMetricExporter(endpoint=settings.telemetry.otlp_endpoint)
+    else:
+        jsonl = JsonlSink(settings.home / "telemetry" / f"{service}-{os.getpid()}.jsonl")
+        span_exporter, metric_exporter = JsonlSpanExporter(jsonl), JsonlMetricExporter(jsonl)
+    readers: list[MetricReader] = [
+        PeriodicExportingMetricReader(metric_exporter, export_interval_millis=export_interval_s * 1000)
+    ]
+    prometheus_server = None
+    port = prometheus_port_for(settings, service)
+    if port is not None:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        registry = CollectorRegistry()
+        readers.append(PrometheusMetricReader(registry=registry))
+        prometheus_server, _ = start_http_server(port, _prometheus_host(settings), registry=registry)
+    tracer_provider = TracerProvider(resource=resource_)
+    tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    meter_provider = MeterProvider(resource=resource_, metric_readers=readers)
+    telemetry = Telemetry(settings, service, tracer_provider, meter_provider, jsonl, prometheus_server)
+    with _lock:
+        _instruments, _tracer = _Instruments(telemetry.meter), telemetry.tracer
+    return telemetry
+
+
+def read_live_figures(settings: Settings, max_age_s: float | None = None) -> dict[str, Any]:
+    """Per worker (`<service>-<pid>`): RSS, CPU, sandbox outcomes and p50, tokens/s, reward…"""
+    return _read_figures(settings.home / "telemetry", max_age_s)
+
+
+# ---- spans and recording helpers (no-ops until setup_telemetry) ---------------------------
+
+
+def span(name: str, **attrs: Any) -> AbstractContextManager[trace.Span]:
+    """A span under the current context; attrs (task_id, sample, turn, policy_version,
+    sandbox_backend, …) become `tempered.<key>` attributes, None values are left out."""
+    attributes = {f"tempered.{k}": _attr(v) for k, v in attrs.items() if v is not None}
+    return _tracer.start_as_current_span(name, attributes=attributes)
+
+
+def _attr(value: Any) -> str | int | float | bool:
+    return value if isinstance(value, str | int | float | bool) else str(value)
+
+
+def record_sandbox_run(backend: str, status: str, duration_s: float) -> None:
+    if (m := _instruments) is not None:
+        attrs = {"backend": backend, "status": str(status)}
+        m.sandbox_runs.add(1, attrs)
+        m.sandbox_duration.record(duration_s, attrs)
+
+
+def sandbox_in_flight(backend: str) -> AbstractContextManager[None]:
+    """Counts a sandboxed run as in flight while the block runs."""
+    return _in_flight(backend) if _instruments is not None else nullcontext()
+
+
+@contextmanager
+def _in_flight(backend: str) -> Iterator[None]:
+    counter = _instruments.sandbox_in_flight if _instruments else None
+    if counter is not None:
+        counter.add(1, {"backend": backend})
+    try:
+        yield
+    finally:
+        if counter is not None:
+            counter.add(-1, {"backend": backend})
+
+
+def record_inference_batch(batch_size: int, new_tokens: int, seconds: float) -> None:
+    if (m := _instruments) is not None:
+        m.batch_size.record(batch_size)
+        m.tokens.add(new_tokens)
+        if seconds > 0:
+            m.tokens_per_second.record(new_tokens / seconds)
+
+
+def record_queue_wait() -> float | None:
+    """Inside an activity: record and return its attempt's schedule-to-start seconds."""
+    from temporalio import activity
+
+    info = activity.info()
+    wait = (info.started_time - info.current_attempt_scheduled_time).total_seconds()
+    if (m := _instruments) is not None:
+        m.queue_wait.record(max(wait, 0.0), {"activity": info.activity_type, "queue": info.task_queue})
+    return wait
+
+
+def record_rewards(mean: float, pass_rate: float, run_id: str | None = None) -> None:
+    if (m := _instruments) is not None:
+        attrs = {"run_id": run_id} if run_id else {}
+        m.reward_mean.set(mean, attrs)
+        m.pass_rate.set(pass_rate, attrs)
+
+
+def record_staleness(versions_behind: int) -> None:
+    if (m := _instruments) is not None:
+        m.staleness.record(versions_behind)
+
+
+def record_learner_step(seconds: float) -> None:
+    if (m := _instruments) is not None:
+        m.step_time.record(seconds)
+
+
+def record_circuit_state(backend: str, state: str) -> None:
+    """`state` is a `infra.circuit.CircuitState` value: closed, half_open or open."""
+    if (m := _instruments) is not None:
+        m.circuit_state.set(CIRCUIT_STATES[str(state)], {"backend": backend})

@@ -1,0 +1,278 @@
+"""JSONL telemetry on disk: span/metric exporters and the reader behind `tempered status`.
+
+When no OTLP collector is configured, every worker appends its spans and metric snapshots to
+`<home>/telemetry/<service>-<pid>.jsonl`, one JSON object per line:
+
+    {"kind": "span", "name": "sandbox.run", "trace_id": "…", "duration_ms": 12.5, "attrs": {…}}
+    {"kind": "metrics", "ts": 1732950000.1, "points": [{"name": …, "attrs": …, "value": …}]}
+
+Metric records are cumulative snapshots, so the newest one is the worker's current state;
+`read_live_figures(settings)` tails each file and turns the newest snapshot into the handful
+of figures a user on one machine needs (RSS, CPU, sandbox outcomes, p50 latency, tokens/s…).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from opentelemetry.sdk.metrics.export import (
+    Gauge,
+    Histogram,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    Sum,
+)
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+TAIL_BYTES = 512 * 1024
+"""How much of each file's end `read_live_figures` reads to find the newest snapshots."""
+RATE_WINDOW_S = 1.0
+"""Rates (tokens/s) are taken between snapshots at least this far apart when possible."""
+
+
+class JsonlSink:
+    """One append-only JSONL file shared by the span and metric exporters of a process."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.Lock()
+        self._file: IO[str] | None = path.open("a", encoding="utf-8")
+
+    def write(self, records: Iterable[dict[str, Any]]) -> None:
+        lines = "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in records)
+        with self._lock:
+            if self._file is None or not lines:
+                return
+            self._file.write(lines)
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+class JsonlSpanExporter(SpanExporter):
+    """Writes finished spans as `{"kind": "span", …}` lines."""
+
+    def __init__(self, sink: JsonlSink) -> None:
+        self._sink = sink
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self._sink.write(_span_record(s) for s in spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        """The sink is closed by its owner once both exporters are done."""
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class JsonlMetricExporter(MetricExporter):
+    """Writes each collection as one `{"kind": "metrics", …}` line (cumulative temporality)."""
+
+    def __init__(self, sink: JsonlSink) -> None:
+        super().__init__()
+        self._sink = sink
+
+    def export(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> MetricExportResult:
+        points = list(_metric_points(metrics_data))
+        if points:
+            self._sink.write([{"kind": "metrics", "ts": round(time.time(), 3), "points": points}])
+        return MetricExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        """The sink is closed by its owner once both exporters are done."""
+
+
+def _span_record(span: ReadableSpan) -> dict[str, Any]:
+    ctx = span.get_span_context()
+    start, end = span.start_time or 0, span.end_time or 0
+    return {
+        "kind": "span",
+        "name": span.name,
+        "trace_id": f"{ctx.trace_id:032x}" if ctx else "",
+        "span_id": f"{ctx.span_id:016x}" if ctx else "",
+        "parent_id": f"{span.parent.span_id:016x}" if span.parent else None,
+        "start": start / 1e9,
+        "duration_ms": round((end - start) / 1e6, 3),
+        "status": span.status.status_code.name,
+        "attrs": dict(span.attributes or {}),
+        "events": [e.name for e in span.events],
+    }
+
+
+def _metric_points(data: MetricsData) -> Iterable[dict[str, Any]]:
+    for resource_metrics in data.resource_metrics:
+        for scope_metrics in resource_metrics.scope_metrics:
+            for metric in scope_metrics.metrics:
+                for point in metric.data.data_points:
+                    record: dict[str, Any] = {"name": metric.name, "attrs": dict(point.attributes or {})}
+                    if isinstance(metric.data, Histogram):
+                        record.update(
+                            type="histogram",
+                            count=point.count,  # type: ignore[union-attr]
+                            sum=point.sum,  # type: ignore[union-attr]
+                            max=point.max,  # type: ignore[union-attr]
+                            bounds=list(point.explicit_bounds),  # type: ignore[union-attr]
+                            buckets=list(point.bucket_counts),  # type: ignore[union-attr]
+                        )
+                    elif isinstance(metric.data, Sum | Gauge):
+                        kind = "sum" if isinstance(metric.data, Sum) else "gauge"
+                        record.update(type=kind, value=point.value)  # type: ignore[union-attr]
+                    else:
+                        continue
+                    yield record
+
+
+# ---- reading back -------------------------------------------------------------------------
+
+
+def histogram_quantile(bounds: Sequence[float], buckets: Sequence[int], q: float) -> float | None:
+    """Quantile `q` of an explicit-bucket histogram, interpolated linearly inside its bucket."""
+    total = sum(buckets)
+    if total == 0:
+        return None
+    rank, seen = q * total, 0
+    for index, count in enumerate(buckets):
+        if count and seen + count >= rank:
+            low = bounds[index - 1] if index > 0 else 0.0
+            high = bounds[index] if index < len(bounds) else (bounds[-1] if bounds else 0.0)
+            return low + (high - low) * ((rank - seen) / count)
+        seen += count
+    return bounds[-1] if bounds else None
+
+
+def _tail_records(path: Path, kind: str, keep: int) -> list[dict[str, Any]]:
+    """The last `keep` records of `kind` within the final TAIL_BYTES of `path`, oldest first."""
+    with path.open("rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, size - TAIL_BYTES))
+        lines = handle.read().decode("utf-8", errors="replace").splitlines()
+    found: list[dict[str, Any]] = []
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn first line of the tail, or a write in progress
+        if isinstance(record, dict) and record.get("kind") == kind:
+            found.append(record)
+            if len(found) == keep:
+                break
+    return found[::-1]
+
+
+def _points(record: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [p for p in record.get("points", []) if p.get("name") == name]
+
+
+def _total(record: dict[str, Any], name: str) -> float:
+    return float(sum(p.get("value", 0) for p in _points(record, name)))
+
+
+def _merged_histogram(record: dict[str, Any], name: str) -> tuple[list[float], list[int], float]:
+    bounds: list[float] = []
+    buckets: list[int] = []
+    total = 0.0
+    for point in _points(record, name):
+        if not buckets:
+            bounds, buckets = list(point["bounds"]), [0] * len(point["buckets"])
+        if list(point["bounds"]) == bounds:
+            buckets = [a + b for a, b in zip(buckets, point["buckets"], strict=True)]
+            total += point.get("sum", 0.0)
+    return bounds, buckets, total
+
+
+def _latest_gauge(record: dict[str, Any], name: str) -> float | None:
+    points = _points(record, name)
+    return float(points[-1]["value"]) if points else None
+
+
+def figures_from_records(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Figures of one worker from its newest metric snapshots (oldest first)."""
+    latest = records[-1]
+    runs: dict[str, int] = {}
+    for point in _points(latest, "tempered.sandbox.runs"):
+        status = str(point["attrs"].get("status", "?"))
+        runs[status] = runs.get(status, 0) + int(point["value"])
+    bounds, buckets, _ = _merged_histogram(latest, "tempered.sandbox.duration")
+    p50 = histogram_quantile(bounds, buckets, 0.5)
+    _, step_buckets, step_sum = _merged_histogram(latest, "tempered.learner.step_time")
+    steps = sum(step_buckets)
+    tokens_per_s = None
+    if len(records) >= 2:
+        # the newest snapshot at least RATE_WINDOW_S older (a shutdown snapshot often follows
+        # a periodic one within milliseconds), else the oldest one kept
+        older = [r for r in records[:-1] if latest["ts"] - r["ts"] >= RATE_WINDOW_S]
+        previous = older[-1] if older else records[0]
+        elapsed = latest["ts"] - previous["ts"]
+        tokens = _total(latest, "tempered.inference.tokens") - _total(previous, "tempered.inference.tokens")
+        if elapsed > 0:
+            tokens_per_s = round(tokens / elapsed, 2)
+    rss = _latest_gauge(latest, "tempered.process.rss")
+    rss_peak = _latest_gauge(latest, "tempered.process.rss_peak")
+    return {
+        "updated": latest["ts"],
+        "rss_mb": None if rss is None else round(rss / 2**20, 1),
+        "rss_peak_mb": None if rss_peak is None else round(rss_peak / 2**20, 1),
+        "cpu_percent": _latest_gauge(latest, "tempered.process.cpu_percent"),
+        "sandbox_runs": runs,
+        "sandbox_in_flight": int(_total(latest, "tempered.sandbox.in_flight")),
+        "sandbox_p50_s": None if p50 is None else round(p50, 4),
+        "tokens_per_s": tokens_per_s,
+        "reward_mean": _latest_gauge(latest, "tempered.reward.mean"),
+        "pass_rate": _latest_gauge(latest, "tempered.reward.pass_rate"),
+        "learner_steps": steps,
+        "learner_step_mean_s": round(step_sum / steps, 4) if steps else None,
+    }
+
+
+def read_live_figures(telemetry_dir: Path, max_age_s: float | None = None) -> dict[str, Any]:
+    """`{"<service>-<pid>": figures}` for every JSONL file under `telemetry_dir`.
+
+    Files of processes that are gone are still reported (with `alive: False`) unless older
+    than `max_age_s`, so a crashed worker's last state stays visible.
+    """
+    workers: dict[str, Any] = {}
+    if not telemetry_dir.is_dir():
+        return workers
+    now = time.time()
+    for path in sorted(telemetry_dir.glob("*-*.jsonl")):
+        if max_age_s is not None and now - path.stat().st_mtime > max_age_s:
+            continue
+        records = _tail_records(path, "metrics", keep=4)
+        if not records:
+            continue
+        service, _, pid_text = path.stem.rpartition("-")
+        if not pid_text.isdigit():
+            continue
+        figures = figures_from_records(records)
+        figures.update(service=service, pid=int(pid_text), alive=_pid_alive(int(pid_text)))
+        workers[path.stem] = figures
+    return workers
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# System packages Tempered needs: bubblewrap (local sandbox), runsc (gVisor), util-linux (setpriv).
+# Installs only what is missing; needs root (or sudo) the first time.
+set -euo pipefail
+missing=()
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v runsc >/dev/null || missing+=(runsc)
+command -v setpriv >/dev/null || missing+=(util-linux)
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "setup: installing system packages: ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null

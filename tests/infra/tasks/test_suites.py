@@ -1,0 +1,157 @@
+"""Task suites load with the right shape: starter, HumanEval, user JSONL, quarantine lists."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts.task import TaskSpec
+from infra.settings import Settings
+from infra.tasks import load_quarantine, load_suite, quarantine_path
+from infra.tasks.jsonl import read_jsonl, write_jsonl
+from infra.tasks.starter_families import FAMILIES
+
+REPO = Path(__file__).resolve().parents[3]
+DIGEST = (
+    "import hashlib; from infra.tasks import load_suite; "
+    "print(hashlib.sha256(''.join(t.model_dump_json() for t in load_suite('starter')).encode()).hexdigest())"
+)
+
+
+def _passes(program: str, task: TaskSpec) -> bool:
+    """Run trusted suite code in-process (the sandbox path is covered by test_validate)."""
+    namespace: dict[str, Any] = {}
+    exec(program + "\n" + task.tests, namespace)
+    try:
+        namespace["check"](namespace[task.entry_point])
+    except Exception:
+        return False
+    return True
+
+
+def test_starter_counts_ids_and_splits() -> None:
+    tasks = load_suite("starter")
+    train, heldout = load_suite("starter", split="train"), load_suite("starter", split="heldout")
+    assert (len(tasks), len(train), len(heldout)) == (160, 120, 40)
+    ids = [task.id for task in tasks]
+    assert len(set(ids)) == len(ids)
+    assert {t.id for t in train}.isdisjoint({t.id for t in heldout})
+    assert {t.id for t in train} | {t.id for t in heldout} == set(ids)
+    assert all(re.fullmatch(r"starter-[a-z]+-\d+", task_id) for task_id in ids)
+    assert all(task.suite == "starter" for task in tasks)
+    # held-out tasks are new instances of the families seen in training
+    family = re.compile(r"starter-([a-z]+)-\d+")
+    train_families = Counter(family.fullmatch(t.id).group(1) for t in train)  # type: ignore[union-attr]
+    heldout_families = Counter(family.fullmatch(t.id).group(1) for t in heldout)  # type: ignore[union-attr]
+    assert set(train_families) == set(heldout_families) == set(FAMILIES)
+
+
+def test_starter_is_deterministic_across_calls_and_processes() -> None:
+    first, second = load_suite("starter"), load_suite("starter")
+    assert [t.model_dump() for t in first] == [t.model_dump() for t in second]
+    first[0].prompt = "mutated"  # callers get copies: the cached suite is untouched
+    assert load_suite("starter")[0].prompt != "mutated"
+    here = hashlib.sha256("".join(t.model_dump_json() for t in second).encode()).hexdigest()
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    other = subprocess.run([sys.executable, "-c", DIGEST], cwd=REPO, env=env, check=True,
+                           capture_output=True, text=True).stdout.strip()
+    assert other == here
+
+
+def test_starter_prompts_name_entry_point_and_ask_for_code() -> None:
+    for task in load_suite("starter"):
+        assert f"def {task.entry_point}(" in task.prompt, task.id
+        assert f">>> {task.entry_point}(" in task.prompt, task.id
+        assert "```python" in task.prompt and len(task.prompt) < 600, task.id
+        assert (task.canonical_solution or "").startswith(f"def {task.entry_point}("), task.id
+        assert task.tests.count("assert candidate(") + task.tests.count("assert abs(candidate(") >= 3
+
+
+def test_starter_canonical_passes_and_wrong_fails_every_task() -> None:
+    for task in load_suite("starter"):
+        assert task.canonical_solution and task.wrong_solution
+        assert _passes(task.canonical_solution, task), f"{task.id}: canonical fails its tests"
+        assert not _passes(task.wrong_solution, task), f"{task.id}: tests accept the wrong solution"
+
+
+def test_humaneval_maps_all_164_problems() -> None:
+    tasks = load_suite("humaneval")
+    assert [t.id for t in tasks] == [f"humaneval-{n}" for n in range(164)]
+    assert all(t.split == "heldout" and t.suite == "humaneval" for t in tasks)
+    assert load_suite("humaneval", split="train") == []
+    zero = tasks[0]
+    assert zero.entry_point == "has_close_elements" and "def check(candidate)" in zero.tests
+    for task in tasks:
+        assert (task.canonical_solution or "").startswith(task.prompt)
+        assert (task.wrong_solution or "").startswith(task.prompt)
+        assert f"def {task.entry_point}(" in task.prompt
+
+
+def test_unknown_suite_and_split_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown suite 'nope'.*starter, humaneval"):
+        load_suite("nope")
+    with pytest.raises(ValueError, match="unknown split 'test'"):
+        load_suite("starter", split="test")
+    with pytest.raises(ValueError, match="missing.jsonl: no such task file"):
+        load_suite(str(tmp_path / "missing.jsonl"))
+
+
+def test_jsonl_round_trip_through_load_suite(tmp_path: Path) -> None:
+    tasks = load_suite("starter")[:3] + load_suite("humaneval")[:2]
+    path = write_jsonl(tasks, tmp_path / "mine.jsonl")
+    assert read_jsonl(path) == tasks
+    assert [t.id for t in load_suite(str(path), split="heldout")] == [
+        t.id for t in tasks if t.split == "heldout"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"id": "a", "prompt": "p", "entry_point": "f"', r"bad.jsonl:3: invalid JSON"),
+        ('[1, 2]', r"bad.jsonl:3: expected a JSON object, got list"),
+        ('{"id": "a", "prompt": "p", "entry_point": "f"}', r"bad.jsonl:3: field 'tests': Field required"),
+        ('{"id": "a", "prompt": "p", "entry_point": "1f", "tests": "t"}', r"bad.jsonl:3: field 'entry_point'"),
+        ('{"id": "a b", "prompt": "p", "entry_point": "f", "tests": "t"}', r"bad.jsonl:3: field 'id'"),
+        ('{"id": "x", "prompt": "p", "entry_point": "f", "tests": "t", "split": "dev"}', r"bad.jsonl:3: field 'split'"),
+        ('{"id": "x", "prompt": "p", "entry_point": "f", "tests": "t", "test": "t"}', r"bad.jsonl:3: field 'test': Extra"),
+        ('{"id": "ok", "prompt": "p", "entry_point": "f", "tests": "t"}', r"bad.jsonl:3: field 'id': 'ok' already used on line 1"),
+    ],
+)
+def test_jsonl_errors_name_file_line_and_field(tmp_path: Path, line: str, message: str) -> None:
+    good = json.dumps({"id": "ok", "prompt": "p", "entry_point": "f", "tests": "t"})
+    path = tmp_path / "bad.jsonl"
+    path.write_text(f"{good}\n\n{line}\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=message) as raised:
+        load_suite(str(path))
+    assert "\n" not in str(raised.value)
+
+
+def test_empty_jsonl_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "empty.jsonl"
+    path.write_text("# only a comment\n\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="empty.jsonl: no tasks in file"):
+        load_suite(str(path))
+
+
+def test_quarantine_paths_and_loading(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path)
+    assert quarantine_path(settings, "starter") == tmp_path / "quarantine" / "starter.json"
+    assert quarantine_path(settings, "data/my tasks.jsonl").name == "my_tasks.json"
+    assert load_quarantine(settings, "starter") == set()
+    path = quarantine_path(settings, "starter")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"suite": "starter", "quarantined": ["starter-add-1"]}))
+    assert load_quarantine(settings, "starter") == {"starter-add-1"}
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="not a quarantine list"):
+        load_quarantine(settings, "starter")

@@ -1,0 +1,143 @@
+"""Policy presets and versioned publishing, against a real SeaweedFS (fixture `store`)."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from infra import keys
+from infra.policy import (
+    MANIFEST,
+    SMOLLM2,
+    TINY,
+    PolicyIntegrityError,
+    fetch_policy,
+    latest_policy,
+    materialize_base_model,
+    policy_manifest,
+    publish_policy,
+)
+from infra.settings import Settings
+from infra.storage import ObjectNotFound, ObjectStore
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return materialize_base_model(TINY, Settings(home=tmp_path_factory.mktemp("home")))
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): _digest(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+
+
+def test_tiny_preset_is_deterministic_and_chat_ready(tiny_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    again = materialize_base_model(TINY, Settings(home=tmp_path))
+    assert _digest(again / "model.safetensors") == _digest(tiny_dir / "model.safetensors")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    text = "def f(x):\n    return 'é'"
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+    )
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    decoded = tokenizer.decode(ids)
+    assert decoded == f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.eos_token_id == 2 and ids[0] == 1
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    assert model.config.vocab_size == len(tokenizer) == 259
+
+
+def test_materialize_local_dir_and_rejects_unknown(tiny_dir: Path, tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path)
+    assert materialize_base_model(str(tiny_dir), settings) == tiny_dir.resolve()
+    with pytest.raises(ValueError, match="no-such-model"):
+        materialize_base_model("no-such-model", settings)
+
+
+def test_publish_fetch_round_trip(store: ObjectStore, tiny_dir: Path, tmp_path: Path) -> None:
+    assert latest_policy(store, "r1") is None
+    v0 = publish_policy(store, "r1", 0, tiny_dir)
+    assert v0.version == 0 and v0.prefix.startswith(keys.policy_prefix("r1", 0))
+    assert latest_policy(store, "r1") == v0
+    fetched = fetch_policy(store, "r1", 0, tmp_path / "cache")
+    assert fetched == tmp_path / "cache" / "r1" / "v0"
+    assert _files(fetched) == _files(tiny_dir)
+    # a second fetch is served from the cache, without touching the store
+    (fetched / "marker").write_text("cached")
+    assert (fetch_policy(store, "r1", 0, tmp_path / "cache") / "marker").exists()
+    with pytest.raises(ObjectNotFound):
+        fetch_policy(store, "r1", 7, tmp_path / "cache")
+
+
+def test_republish_is_a_no_op_and_first_publisher_wins(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    v1 = publish_policy(store, "r2", 1, tiny_dir, step=1)
+    objects = sorted(store.list_keys(keys.policy_prefix("r2", 1)))
+    assert publish_policy(store, "r2", 1, tiny_dir, step=1) == v1
+    assert sorted(store.list_keys(keys.policy_prefix("r2", 1))) == objects
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_dir, other)
+    (other / "config.json").write_text((other / "config.json").read_text() + "\n")
+    assert publish_policy(store, "r2", 1, other, step=1) == v1  # a retry that retrained
+    manifest = policy_manifest(store, "r2", 1)
+    assert manifest is not None and manifest.policy == v1
+    assert manifest.files["config.json"].sha256 == _digest(tiny_dir / "config.json")
+
+
+def test_latest_only_moves_forward(store: ObjectStore, tiny_dir: Path) -> None:
+    publish_policy(store, "r3", 0, tiny_dir)
+    v2 = publish_policy(store, "r3", 2, tiny_dir, step=2)
+    publish_policy(store, "r3", 1, tiny_dir, step=1)
+    assert latest_policy(store, "r3") == v2
+
+
+def test_fetch_rejects_corrupt_object(store: ObjectStore, tiny_dir: Path, tmp_path: Path) -> None:
+    v0 = publish_policy(store, "r4", 0, tiny_dir)
+    store.put_bytes(v0.prefix + "config.json", b"{}")  # overwrite behind the manifest's back
+    with pytest.raises(PolicyIntegrityError, match="config.json"):
+        fetch_policy(store, "r4", 0, tmp_path / "cache")
+    assert not (tmp_path / "cache" / "r4" / "v0").exists()
+    assert not list((tmp_path / "cache" / "r4").iterdir())  # no temp dir left behind
+
+
+def test_materialize_from_s3_prefix(store: ObjectStore, tiny_dir: Path, tmp_path: Path) -> None:
+    v0 = publish_policy(store, "r5", 0, tiny_dir)
+    settings = Settings(home=tmp_path)
+    local = materialize_base_model(f"s3://{v0.prefix}", settings, store=store)
+    assert _files(local) == _files(tiny_dir)
+    plain = "bases/tiny/"
+    store.upload_dir(tiny_dir, plain)
+    assert _files(materialize_base_model(f"s3://{plain}", settings, store=store)) == _files(tiny_dir)
+
+
+@pytest.mark.slow
+def test_smollm2_converts_and_writes_python(tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = materialize_base_model(SMOLLM2, Settings(home=tmp_path))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert model.dtype == torch.bfloat16 and model.config.num_hidden_layers == 30
+    messages = [{"role": "user", "content": "Write a Python function is_even(n)."}]
+    inputs = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+    )
+    out = model.generate(**inputs, max_new_tokens=48, do_sample=False)
+    text = tokenizer.decode(out[0][inputs["input_ids"].shape[1] :])
+    assert "def is_even(" in text

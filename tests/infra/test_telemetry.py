@@ -1,0 +1,147 @@
+"""Telemetry against the real OpenTelemetry SDK: JSONL files, a Prometheus scrape, live figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from infra import telemetry as tm
+from infra.settings import Settings
+from infra.telemetry_files import histogram_quantile
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_helpers_are_noops_before_setup() -> None:
+    tm.record_sandbox_run("local", "passed", 0.1)
+    tm.record_inference_batch(4, 100, 0.5)
+    tm.record_rewards(0.5, 0.25)
+    with tm.sandbox_in_flight("local"), tm.span("nothing", task_id="t") as current:
+        assert not current.is_recording()
+
+
+def test_spans_and_metrics_land_in_jsonl(tmp_path: Path) -> None:
+    telemetry = tm.setup_telemetry(Settings(home=tmp_path), "sandbox", export_interval_s=60)
+    try:
+        with tm.span("sandbox.run", task_id="add", sample=3, turn=1, policy_version=None) as outer:
+            with tm.span("inner", sandbox_backend="local"):
+                tm.record_sandbox_run("local", "passed", 0.02)
+                tm.record_sandbox_run("local", "failed", 0.2)
+            assert outer.is_recording()
+        with pytest.raises(RuntimeError), tm.span("boom"):
+            raise RuntimeError("model code blew up the harness")
+        tm.record_learner_step(1.5)
+        tm.record_circuit_state("kubernetes", "open")
+        telemetry.flush()
+    finally:
+        telemetry.shutdown()
+    assert telemetry.jsonl_path is not None
+    assert telemetry.jsonl_path == tmp_path / "telemetry" / f"sandbox-{os.getpid()}.jsonl"
+    records = _records(telemetry.jsonl_path)
+    spans = {r["name"]: r for r in records if r["kind"] == "span"}
+    assert spans["sandbox.run"]["attrs"] == {"tempered.task_id": "add", "tempered.sample": 3, "tempered.turn": 1}
+    assert spans["inner"]["parent_id"] == spans["sandbox.run"]["span_id"]
+    assert spans["inner"]["trace_id"] == spans["sandbox.run"]["trace_id"]
+    assert spans["boom"]["status"] == "ERROR" and "exception" in spans["boom"]["events"]
+    snapshot = [r for r in records if r["kind"] == "metrics"][-1]
+    names = {p["name"] for p in snapshot["points"]}
+    assert {"tempered.sandbox.runs", "tempered.sandbox.duration", "tempered.process.rss",
+            "tempered.learner.step_time", "tempered.circuit.state"} <= names
+    runs = {p["attrs"]["status"]: p["value"] for p in snapshot["points"] if p["name"] == "tempered.sandbox.runs"}
+    assert runs == {"passed": 1, "failed": 1}
+    # after shutdown the helpers are inert again and the file is closed
+    tm.record_sandbox_run("local", "passed", 0.1)
+    assert _records(telemetry.jsonl_path) == records
+
+
+def test_prometheus_endpoint_serves_metric_names(tmp_path: Path) -> None:
+    sandbox_port = _free_port()
+    settings = Settings(home=tmp_path, telemetry={"prometheus_port": sandbox_port - 2})
+    assert tm.prometheus_port_for(settings, "sandbox") == sandbox_port
+    assert tm.prometheus_port_for(settings, "cli") is None
+    assert tm.prometheus_port_for(Settings(home=tmp_path), "sandbox") is None
+    telemetry = tm.setup_telemetry(settings, "sandbox", export_interval_s=60)
+    try:
+        tm.record_sandbox_run("gvisor", "timeout", 3.0)
+        tm.record_inference_batch(8, 512, 2.0)
+        with urllib.request.urlopen(f"http://127.0.0.1:{sandbox_port}/metrics", timeout=5) as reply:
+            body = reply.read().decode()
+    finally:
+        telemetry.shutdown()
+    runs = re.search(r'^tempered_sandbox_runs_total\{([^}]*)\} (\S+)$', body, re.M)
+    assert runs is not None, body
+    assert 'backend="gvisor"' in runs.group(1) and 'status="timeout"' in runs.group(1)
+    assert float(runs.group(2)) == 1.0
+    assert 'service_name="tempered-sandbox"' in body  # target_info carries the resource
+    for name in ("tempered_sandbox_duration", "tempered_inference_batch_size", "tempered_process_rss"):
+        assert name in body, name
+    with pytest.raises(OSError):  # the server is gone after shutdown
+        urllib.request.urlopen(f"http://127.0.0.1:{sandbox_port}/metrics", timeout=2)
+
+
+def test_temporal_runtime_serves_sdk_metrics(tmp_path: Path) -> None:
+    sandbox_port = _free_port()
+    settings = Settings(home=tmp_path, telemetry={"prometheus_port": sandbox_port - 2 - tm.SDK_PORT_SHIFT})
+    telemetry = tm.setup_telemetry(settings, "sandbox", export_interval_s=60)
+    try:
+        runtime = telemetry.temporal_runtime()
+        assert telemetry.temporal_runtime() is runtime
+        with urllib.request.urlopen(f"http://127.0.0.1:{sandbox_port}/metrics", timeout=5) as reply:
+            assert reply.status == 200
+        interceptors = telemetry.interceptors()
+        assert type(interceptors[0]).__name__ == "TracingInterceptor"
+    finally:
+        telemetry.shutdown()
+
+
+def test_read_live_figures_aggregates_the_newest_snapshots(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path)
+    telemetry = tm.setup_telemetry(settings, "inference", export_interval_s=60)
+    try:
+        for status, seconds in [("passed", 0.04)] * 3 + [("failed", 0.4), ("timeout", 10.0)]:
+            tm.record_sandbox_run("local", status, seconds)
+        tm.record_inference_batch(4, 100, 1.0)
+        telemetry.flush()
+        time.sleep(0.2)
+        tm.record_inference_batch(4, 300, 1.0)
+        tm.record_rewards(0.4, 0.5, run_id="r1")
+        tm.record_learner_step(2.0)
+        tm.record_learner_step(4.0)
+        telemetry.flush()
+    finally:
+        telemetry.shutdown()
+    assert telemetry.jsonl_path is not None
+    (tmp_path / "telemetry" / "learner-999999999.jsonl").write_text('{"kind": "span"}\n')
+    figures = tm.read_live_figures(settings)
+    assert list(figures) == [telemetry.jsonl_path.stem]  # a file with no metrics is skipped
+    worker = figures[telemetry.jsonl_path.stem]
+    assert worker["service"] == "inference" and worker["alive"] is True
+    assert worker["sandbox_runs"] == {"passed": 3, "failed": 1, "timeout": 1}
+    assert 0.025 <= worker["sandbox_p50_s"] <= 0.05
+    assert 300 / 5 < worker["tokens_per_s"] < 300 / 0.2 + 1  # 300 tokens between two snapshots
+    assert worker["reward_mean"] == 0.4 and worker["pass_rate"] == 0.5
+    assert worker["learner_steps"] == 2 and worker["learner_step_mean_s"] == 3.0
+    assert worker["rss_mb"] > 10 and worker["rss_peak_mb"] >= worker["rss_mb"]
+    assert tm.read_live_figures(Settings(home=tmp_path / "absent")) == {}
+
+
+def test_histogram_quantile_interpolates_within_a_bucket() -> None:
+    assert histogram_quantile([1.0, 2.0], [0, 0, 0], 0.5) is None
+    assert histogram_quantile([1.0, 2.0], [0, 4, 0], 0.5) == pytest.approx(1.5)
+    assert histogram_quantile([1.0, 2.0], [2, 2, 0], 0.5) == pytest.approx(1.0)
+    assert histogram_quantile([1.0, 2.0], [0, 0, 3], 0.9) == 2.0

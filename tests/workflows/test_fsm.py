@@ -1,0 +1,45 @@
+"""Every ordered pair of FSM states: legal moves succeed, all others raise."""
+
+import itertools
+
+import pytest
+
+from workflows.fsm import TRANSITIONS, IllegalTransition, State, advance, after_feedback
+
+LEGAL = {
+    (State.INIT, State.GENERATE),
+    (State.GENERATE, State.EXECUTE),
+    (State.EXECUTE, State.FEEDBACK),
+    (State.FEEDBACK, State.GENERATE),
+    (State.FEEDBACK, State.DONE),
+}
+
+
+@pytest.mark.parametrize(("src", "dst"), list(itertools.product(State, State)))
+def test_every_pair(src: State, dst: State) -> None:
+    if (src, dst) in LEGAL:
+        assert advance(src, dst) is dst
+    else:
+        with pytest.raises(IllegalTransition, match=f"{src} → {dst}"):
+            advance(src, dst)
+
+
+def test_table_covers_every_state_and_done_is_terminal() -> None:
+    assert set(TRANSITIONS) == set(State)
+    assert TRANSITIONS[State.DONE] == frozenset()
+    assert {(s, d) for s, ds in TRANSITIONS.items() for d in ds} == LEGAL
+
+
+@pytest.mark.parametrize(
+    ("all_solved", "turn", "max_turns", "aborted", "expected"),
+    [
+        (True, 0, 3, False, State.DONE),
+        (False, 0, 3, False, State.GENERATE),
+        (False, 1, 3, False, State.GENERATE),
+        (False, 2, 3, False, State.DONE),
+        (False, 0, 1, False, State.DONE),
+        (False, 0, 3, True, State.DONE),
+    ],
+)
+def test_after_feedback(all_solved: bool, turn: int, max_turns: int, aborted: bool, expected: State) -> None:
+    assert after_feedback(all_solved=all_solved, turn=turn, max_turns=max_turns, aborted=aborted) is expected

@@ -1,0 +1,130 @@
+"""`tempered tasks ...`: list task suites and validate them through the sandbox.
+
+    tempered tasks ls starter --split heldout
+    tempered tasks validate humaneval --repeats 5 --concurrency 8 [--backend gvisor] [--json]
+
+`validate` exits 0 when every task is clean, 1 when it quarantined tasks (broken, flaky or
+weak tests), 2 when some runs kept failing for platform reasons (infra) or the input was bad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from infra.tasks import SPLITS, load_suite
+
+if TYPE_CHECKING:
+    from infra.settings import Settings
+    from infra.tasks.validate import ValidationReport
+
+VERDICT_STYLE = {"clean": "green", "broken": "red", "flaky": "yellow", "weak": "magenta", "infra": "cyan"}
+
+
+def register(subparsers: Any) -> None:
+    """Add `tasks ls` and `tasks validate` to the `tempered` CLI."""
+    tasks = subparsers.add_parser("tasks", help="list and validate task suites")
+    commands = tasks.add_subparsers(dest="tasks_command", required=True, metavar="COMMAND")
+
+    listing = commands.add_parser("ls", help="list a suite's task ids and splits")
+    listing.add_argument("suite", help="starter | humaneval | path to a .jsonl file")
+    listing.add_argument("--split", choices=SPLITS, default=None)
+    listing.add_argument("--json", action="store_true", help="print JSON lines")
+    listing.set_defaults(func=list_tasks)
+
+    check = commands.add_parser("validate", help="run canonical/wrong solutions; write quarantine")
+    check.add_argument("suite", help="starter | humaneval | path to a .jsonl file")
+    check.add_argument("--repeats", type=int, default=5, help="canonical runs per task (K)")
+    check.add_argument("--concurrency", type=int, default=8, help="sandbox runs in flight (C)")
+    check.add_argument("--backend", default=None, help="sandbox backend (default: settings)")
+    check.add_argument("--split", choices=SPLITS, default=None)
+    check.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    check.add_argument("--timeout", type=float, default=None, help="per-run wall limit, seconds")
+    check.add_argument("--json", action="store_true", help="print the full report as JSON")
+    check.set_defaults(func=validate)
+
+
+def list_tasks(args: argparse.Namespace, settings: Settings) -> int:
+    console = Console()
+    try:
+        tasks = load_suite(args.suite, split=args.split)
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    if args.json:
+        for task in tasks:
+            print(json.dumps({"id": task.id, "split": task.split, "entry_point": task.entry_point}))
+        return 0
+    table = Table(title=f"{args.suite}: {len(tasks)} tasks")
+    for column in ("id", "split", "entry_point"):
+        table.add_column(column)
+    for task in tasks:
+        table.add_row(task.id, task.split, task.entry_point)
+    console.print(table)
+    return 0
+
+
+def validate(args: argparse.Namespace, settings: Settings) -> int:
+    from infra.tasks.validate import VALIDATION_LIMITS, validate_suite, write_quarantine
+
+    console = Console(stderr=args.json)
+    limits = VALIDATION_LIMITS
+    if args.timeout is not None:
+        limits = limits.model_copy(update={"timeout_s": args.timeout})
+    try:
+        total = len(load_suite(args.suite, split=args.split)[: args.limit])
+        with Progress(TextColumn("validating {task.description}"), BarColumn(),
+                      MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                      transient=True) as progress:
+            bar = progress.add_task(args.suite, total=total * (args.repeats + 1))
+            report = asyncio.run(validate_suite(
+                settings, args.suite, repeats=args.repeats, concurrency=args.concurrency,
+                backend_name=args.backend, split=args.split, limit=args.limit, limits=limits,
+                on_run=lambda: progress.advance(bar)))
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        return 2
+    path = write_quarantine(settings, report)
+    if args.json:
+        print(report.model_dump_json(indent=2))
+    else:
+        print_summary(console, report)
+        console.print(f"quarantine list: {path}")
+    if report.ids("infra"):
+        return 2
+    return 1 if report.quarantined else 0
+
+
+def print_summary(console: Console, report: ValidationReport) -> None:
+    """One row per verdict, then one row per task that is not clean."""
+    summary = Table(title=f"{report.suite}: {len(report.tasks)} tasks, K={report.repeats}, "
+                          f"C={report.concurrency}, backend={report.backend}")
+    summary.add_column("verdict")
+    summary.add_column("tasks", justify="right")
+    for verdict, style in VERDICT_STYLE.items():
+        summary.add_row(f"[{style}]{verdict}[/]", str(len(report.ids(verdict))))
+    console.print(summary)
+    problems = [task for task in report.tasks if task.verdict != "clean"]
+    if problems:
+        detail = Table(title="tasks needing attention")
+        for column in ("task", "verdict", "canonical runs", "wrong run", "detail"):
+            detail.add_column(column, overflow="fold")
+        for task in problems:
+            runs = ", ".join(str(run.status) if run.status else "infra" for run in task.canonical)
+            wrong = str(task.wrong.status) if task.wrong and task.wrong.status else "-"
+            first = next((run.detail for run in task.canonical if run.detail), "")
+            detail.add_row(task.task_id, f"[{VERDICT_STYLE[task.verdict]}]{task.verdict}[/]",
+                           runs, wrong, first[-200:])
+        console.print(detail)
+    durations = sorted(run.duration_ms for task in report.tasks for run in task.canonical)
+    slowest = durations[-1] if durations else 0
+    console.print(f"{report.runs} runs in {report.wall_s:.1f} s wall "
+                  f"({report.runs / max(report.wall_s, 1e-9):.1f} runs/s); slowest canonical "
+                  f"run {slowest} ms; infra retries {report.infra_retries}; "
+                  f"quarantined {len(report.quarantined)}")

@@ -1,0 +1,46 @@
+"""The agent-task state machine, as data.
+
+    INIT ─▶ GENERATE ─▶ EXECUTE ─▶ FEEDBACK ─┬─▶ GENERATE   (another turn for failed samples)
+                                              └─▶ DONE       (solved | out of turns | aborted)
+
+`TRANSITIONS` is the single source of truth; `advance` raises `IllegalTransition` for any move
+it does not list. Pure Python, safe inside workflows.
+"""
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    INIT = "INIT"
+    GENERATE = "GENERATE"
+    EXECUTE = "EXECUTE"
+    FEEDBACK = "FEEDBACK"
+    DONE = "DONE"
+
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.INIT: frozenset({State.GENERATE}),
+    State.GENERATE: frozenset({State.EXECUTE}),
+    State.EXECUTE: frozenset({State.FEEDBACK}),
+    State.FEEDBACK: frozenset({State.GENERATE, State.DONE}),
+    State.DONE: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    """A move the transition table does not allow."""
+
+
+def advance(current: State, target: State) -> State:
+    """Return `target` if `current → target` is legal, else raise `IllegalTransition`."""
+    if target not in TRANSITIONS[current]:
+        allowed = ", ".join(sorted(TRANSITIONS[current])) or "nothing (terminal)"
+        raise IllegalTransition(f"{current} → {target} is not allowed; {current} may go to {allowed}")
+    return target
+
+
+def after_feedback(*, all_solved: bool, turn: int, max_turns: int, aborted: bool) -> State:
+    """Where FEEDBACK leads: DONE when solved, out of turns or aborted, else another GENERATE."""
+    if all_solved or aborted or turn + 1 >= max_turns:
+        return State.DONE
+    return State.GENERATE
