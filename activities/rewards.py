@@ -53,14 +53,15 @@ class RewardActivities:
     async def write_trajectories(self, req: WriteTrajectoriesRequest) -> WriteTrajectoriesResponse:
         if not req.samples:
             raise _invalid("samples", "no samples to write")
-        refs: list[ObjectRef] = []
-        created = 0
-        for index, sample in enumerate(req.samples):
-            trajectory = await asyncio.to_thread(self._assemble, req, index, sample)
-            ref, new = await asyncio.to_thread(self._write_once, req.run_id, trajectory)
-            refs.append(ref)
-            created += new
-            activity.heartbeat(index)
+        trajectories = await asyncio.gather(
+            *(asyncio.to_thread(self._assemble, req, i, s) for i, s in enumerate(req.samples))
+        )
+        activity.heartbeat("assembled")
+        written = await asyncio.gather(
+            *(asyncio.to_thread(self._write_once, req.run_id, t) for t in trajectories)
+        )
+        refs = [ref for ref, _ in written]
+        created = sum(new for _, new in written)
         return WriteTrajectoriesResponse(trajectories=refs, created=created)
 
     def _assemble(

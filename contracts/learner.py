@@ -76,6 +76,7 @@ class LearnerInput(Contract):
     finish_when_drained: bool = False
     parent_workflow_id: str | None = Field(default=None, description="Told of each step by signal.")
     heartbeat_timeout_s: float = Field(default=120.0, ge=1.0, le=3600)
+    steps_per_run: int = Field(default=50, ge=1, description="Continue-as-new after this many steps.")
 
 
 class LearnerProgress(Contract):

@@ -58,7 +58,11 @@ class CircuitConfig:
             raise ValueError("failure_rate must be in (0, 1]")
         if not 1 <= self.min_calls <= self.window:
             raise ValueError("min_calls must be between 1 and window")
-        if self.base_backoff_s <= 0 or self.multiplier < 1 or self.max_backoff_s < self.base_backoff_s:
+        if (
+            self.base_backoff_s <= 0
+            or self.multiplier < 1
+            or self.max_backoff_s < self.base_backoff_s
+        ):
             raise ValueError("need base_backoff_s > 0, multiplier >= 1, max_backoff_s >= base")
 
 
@@ -153,7 +157,9 @@ class CircuitBreaker:
         failures = sum(self._outcomes)
         if self._consecutive >= c.consecutive_failures:
             self._open(f"{self._consecutive} consecutive infra failures" + _last(reason))
-        elif len(self._outcomes) >= c.min_calls and failures / len(self._outcomes) >= c.failure_rate:
+        elif (
+            len(self._outcomes) >= c.min_calls and failures / len(self._outcomes) >= c.failure_rate
+        ):
             self._open(f"{failures}/{len(self._outcomes)} recent calls failed" + _last(reason))
 
     def release(self) -> None:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 from contracts.common import Contract, ObjectRef
 from contracts.learner import PolicyVersion
@@ -165,7 +166,7 @@ def _build_tiny(out: Path) -> None:
     )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = LlamaForCausalLM(config).to(torch.float32)
+        model = LlamaForCausalLM(config)  # float32 by default
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)  # type: ignore[attr-defined]
@@ -189,11 +190,13 @@ def _convert_smollm2(out: Path) -> None:
 
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights are dequantized; save them as plain tensors
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model: Any = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     model.to(torch.bfloat16).save_pretrained(out)
@@ -246,13 +249,15 @@ def publish_policy(
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
         )  # fmt: skip
         try:
-            store.put_json(manifest_key, PolicyManifest(policy=policy, files=refs), create_only=True)
+            store.put_json(
+                manifest_key, PolicyManifest(policy=policy, files=refs), create_only=True
+            )
         except ObjectExists:  # lost a race to another publisher of this version
             existing = _read_manifest(store, manifest_key)
             assert existing is not None
         else:
             existing = PolicyManifest(policy=policy, files=refs)
-    _advance_latest(store, existing.policy)
+    advance_latest(store, existing.policy)
     return existing.policy
 
 
@@ -263,7 +268,7 @@ def _read_manifest(store: ObjectStore, key: str) -> PolicyManifest | None:
         return None
 
 
-def _advance_latest(store: ObjectStore, policy: PolicyVersion) -> None:
+def advance_latest(store: ObjectStore, policy: PolicyVersion) -> None:
     """Point latest.json at `policy` unless it already names this or a newer version.
 
     Read-then-write, not a compare-and-swap: two publishers of different versions racing could

@@ -77,6 +77,8 @@ class SandboxSettings(_Section):
 class InferenceSettings(_Section):
     backend: Literal["local", "vllm"] = "local"
     """local: transformers in the worker; vllm: an OpenAI-compatible vLLM server."""
+    base_model: str = "smollm2"
+    """Policy published as version 0 of a run that has none yet (e.g. a task started by hand)."""
     vllm_url: str = "http://127.0.0.1:8000/v1"
     """Base URL of the vLLM server (vllm backend)."""
     max_batch: int = Field(default=32, ge=1, le=4096)

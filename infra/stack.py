@@ -173,4 +173,6 @@ def _start_seaweed(settings: Settings) -> str:
 def _ensure_bucket(settings: Settings) -> None:
     from infra.storage import ObjectStore
 
-    ObjectStore.from_settings(settings).ensure_bucket()
+    store = ObjectStore.from_settings(settings)
+    store.ensure_bucket()
+    store.wait_ready(START_TIMEOUT_S)  # after a restart, reads fail until volumes re-register

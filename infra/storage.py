@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +39,7 @@ MULTIPART_THRESHOLD = 16 * 2**20
 """Files above this go up in parts of PART_SIZE bytes (and down in parallel ranged GETs)."""
 PART_SIZE = 8 * 2**20
 PART_WORKERS = 4
+TEXT = "text/plain; charset=utf-8"
 _READ_CHUNK = 2**20
 
 _TRANSIENT_CODES = {
@@ -120,8 +122,6 @@ class ObjectStore:
     def from_settings(cls, settings: Settings) -> ObjectStore:
         return cls(settings.s3)
 
-    # -- health -------------------------------------------------------------------------------
-
     def ensure_bucket(self) -> None:
         """Create the bucket unless it exists."""
         with self._errors("create bucket"):
@@ -131,12 +131,26 @@ class ObjectStore:
                 if exc.response.get("Error", {}).get("Code") not in _BUCKET_EXISTS_CODES:
                     raise
 
+    def wait_ready(self, timeout_s: float, probe_key: str = ".tempered-ready") -> None:
+        """Poll a put + get of `probe_key` until it works: after a (re)start SeaweedFS answers
+        S3 requests before its volumes have re-registered and fails them with InternalError."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.put_bytes(probe_key, b"ready")
+                self.get_bytes(probe_key)
+                return
+            except TransientStorageError as exc:
+                if time.monotonic() >= deadline:
+                    raise TransientStorageError(
+                        f"{exc} (still failing after {timeout_s:.0f}s)"
+                    ) from exc
+                time.sleep(0.2)
+
     def check(self) -> None:
         """Raise a typed error with one human line unless the bucket is listable."""
         with self._errors("list"):
             self._client.list_objects_v2(Bucket=self.bucket, MaxKeys=1)
-
-    # -- writes -------------------------------------------------------------------------------
 
     def put_bytes(
         self,
@@ -161,10 +175,7 @@ class ObjectStore:
         return ref
 
     def put_text(self, key: str, text: str, *, create_only: bool = False) -> ObjectRef:
-        data = text.encode()
-        return self.put_bytes(
-            key, data, create_only=create_only, content_type="text/plain; charset=utf-8"
-        )
+        return self.put_bytes(key, text.encode(), create_only=create_only, content_type=TEXT)
 
     def put_json(
         self, key: str, obj: BaseModel | dict[str, Any] | list[Any], *, create_only: bool = False
@@ -207,8 +218,6 @@ class ObjectStore:
         with self._errors("delete", key):
             self._client.delete_object(Bucket=self.bucket, Key=key)
 
-    # -- reads --------------------------------------------------------------------------------
-
     def get_bytes(self, key: str) -> bytes:
         with self._errors("get", key):
             body = self._client.get_object(Bucket=self.bucket, Key=key)["Body"]
@@ -238,14 +247,11 @@ class ObjectStore:
 
     def list_keys(self, prefix: str) -> Iterator[str]:
         """Every key under `prefix`, in lexicographic order, `page_size` per request."""
-        paginator = self._client.get_paginator("list_objects_v2")
-        pages = paginator.paginate(
-            Bucket=self.bucket, Prefix=prefix, PaginationConfig={"PageSize": self.page_size}
-        )
-        with self._errors("list", prefix):
-            for page in pages:
-                for item in page.get("Contents", []):
-                    yield item["Key"]
+        return self._list(prefix, "Contents", "Key")
+
+    def list_prefixes(self, prefix: str) -> Iterator[str]:
+        """The "directories" right under `prefix` (which should end in "/"), e.g. `runs/r1/`."""
+        return self._list(prefix, "CommonPrefixes", "Prefix", Delimiter="/")
 
     def download_file(self, key: str, path: Path | str) -> None:
         path = Path(path)
@@ -274,7 +280,16 @@ class ObjectStore:
             )
         )
 
-    # -- internals ----------------------------------------------------------------------------
+    def _list(self, prefix: str, section: str, field: str, **extra: str) -> Iterator[str]:
+        pages = self._client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket,
+            Prefix=prefix,
+            PaginationConfig={"PageSize": self.page_size},
+            **extra,
+        )
+        with self._errors("list", prefix):
+            for page in pages:
+                yield from (item[field] for item in page.get(section, []))
 
     def _head_meta(self, key: str) -> dict[str, Any] | None:
         try:

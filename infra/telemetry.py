@@ -38,7 +38,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 from contracts.names import Queue
 from infra.settings import Settings
-from infra.telemetry_files import JsonlMetricExporter, JsonlSink, JsonlSpanExporter
+from infra.telemetry_files import LIVE_WINDOW_S, JsonlMetricExporter, JsonlSink, JsonlSpanExporter
 from infra.telemetry_files import read_live_figures as _read_figures
 
 PORT_OFFSETS: dict[str, int] = {
@@ -74,7 +74,9 @@ class _Instruments:
     def __init__(self, meter: Meter) -> None:
         histogram, seconds = meter.create_histogram, list(SECONDS_BUCKETS)
         self.sandbox_duration = histogram(
-            "tempered.sandbox.duration", "s", "Wall time of one sandboxed run.",
+            "tempered.sandbox.duration",
+            "s",
+            "Wall time of one sandboxed run.",
             explicit_bucket_boundaries_advisory=seconds,
         )
         self.sandbox_runs = meter.create_counter(
@@ -84,26 +86,42 @@ class _Instruments:
             "tempered.sandbox.in_flight", "{run}", "Sandboxed runs executing now."
         )
         self.batch_size = histogram(
-            "tempered.inference.batch_size", "{sequence}", "Sequences per generate call.",
+            "tempered.inference.batch_size",
+            "{sequence}",
+            "Sequences per generate call.",
             explicit_bucket_boundaries_advisory=list(COUNT_BUCKETS),
         )
-        self.tokens = meter.create_counter("tempered.inference.tokens", "{token}", "Generated tokens.")
+        self.tokens = meter.create_counter(
+            "tempered.inference.tokens", "{token}", "Generated tokens."
+        )
         self.tokens_per_second = histogram(
-            "tempered.inference.tokens_per_second", "{token}/s", "Throughput of one generate call.",
+            "tempered.inference.tokens_per_second",
+            "{token}/s",
+            "Throughput of one generate call.",
             explicit_bucket_boundaries_advisory=[10, 50, 100, 250, 500, 1000, 2500, 5000, 10000],
         )
         self.queue_wait = histogram(
-            "tempered.activity.queue_wait", "s", "Schedule-to-start latency of activity attempts.",
+            "tempered.activity.queue_wait",
+            "s",
+            "Schedule-to-start latency of activity attempts.",
             explicit_bucket_boundaries_advisory=seconds,
         )
-        self.reward_mean = meter.create_gauge("tempered.reward.mean", "1", "Mean reward of a batch.")
-        self.pass_rate = meter.create_gauge("tempered.reward.pass_rate", "1", "Share of solved samples.")
+        self.reward_mean = meter.create_gauge(
+            "tempered.reward.mean", "1", "Mean reward of a batch."
+        )
+        self.pass_rate = meter.create_gauge(
+            "tempered.reward.pass_rate", "1", "Share of solved samples."
+        )
         self.staleness = histogram(
-            "tempered.policy.staleness", "{version}", "Policy versions behind the learner.",
+            "tempered.policy.staleness",
+            "{version}",
+            "Policy versions behind the learner.",
             explicit_bucket_boundaries_advisory=[0, 1, 2, 3, 4, 8, 16],
         )
         self.step_time = histogram(
-            "tempered.learner.step_time", "s", "Wall time of one train step.",
+            "tempered.learner.step_time",
+            "s",
+            "Wall time of one train step.",
             explicit_bucket_boundaries_advisory=seconds,
         )
         self.circuit_state = meter.create_gauge(
@@ -174,7 +192,9 @@ class Telemetry:
                 self._runtime = Runtime.default()
                 return self._runtime
             global_tags = {"service_name": f"tempered-{self.service}"}
-            self._runtime = Runtime(telemetry=TelemetryConfig(metrics=metrics, global_tags=global_tags))
+            self._runtime = Runtime(
+                telemetry=TelemetryConfig(metrics=metrics, global_tags=global_tags)
+            )
         return self._runtime
 
     def interceptors(self) -> list[Any]:
@@ -220,7 +240,9 @@ def setup_telemetry(settings: Settings, service: str, export_interval_s: float =
         jsonl = JsonlSink(settings.home / "telemetry" / f"{service}-{os.getpid()}.jsonl")
         span_exporter, metric_exporter = JsonlSpanExporter(jsonl), JsonlMetricExporter(jsonl)
     readers: list[MetricReader] = [
-        PeriodicExportingMetricReader(metric_exporter, export_interval_millis=export_interval_s * 1000)
+        PeriodicExportingMetricReader(
+            metric_exporter, export_interval_millis=export_interval_s * 1000
+        )
     ]
     prometheus_server = None
     port = prometheus_port_for(settings, service)
@@ -230,18 +252,25 @@ def setup_telemetry(settings: Settings, service: str, export_interval_s: float =
 
         registry = CollectorRegistry()
         readers.append(PrometheusMetricReader(registry=registry))
-        prometheus_server, _ = start_http_server(port, _prometheus_host(settings), registry=registry)
+        prometheus_server, _ = start_http_server(
+            port, _prometheus_host(settings), registry=registry
+        )
     tracer_provider = TracerProvider(resource=resource_)
     tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
     meter_provider = MeterProvider(resource=resource_, metric_readers=readers)
-    telemetry = Telemetry(settings, service, tracer_provider, meter_provider, jsonl, prometheus_server)
+    telemetry = Telemetry(
+        settings, service, tracer_provider, meter_provider, jsonl, prometheus_server
+    )
     with _lock:
         _instruments, _tracer = _Instruments(telemetry.meter), telemetry.tracer
     return telemetry
 
 
-def read_live_figures(settings: Settings, max_age_s: float | None = None) -> dict[str, Any]:
-    """Per worker (`<service>-<pid>`): RSS, CPU, sandbox outcomes and p50, tokens/s, reward…"""
+def read_live_figures(
+    settings: Settings, max_age_s: float | None = LIVE_WINDOW_S
+) -> dict[str, Any]:
+    """Per worker (`<service>-<pid>`): RSS, CPU, sandbox outcomes and p50, tokens/s, reward…
+    Workers whose file has not changed for `max_age_s` (None: no limit) are left out."""
     return _read_figures(settings.home / "telemetry", max_age_s)
 
 
@@ -298,7 +327,9 @@ def record_queue_wait() -> float | None:
     info = activity.info()
     wait = (info.started_time - info.current_attempt_scheduled_time).total_seconds()
     if (m := _instruments) is not None:
-        m.queue_wait.record(max(wait, 0.0), {"activity": info.activity_type, "queue": info.task_queue})
+        m.queue_wait.record(
+            max(wait, 0.0), {"activity": info.activity_type, "queue": info.task_queue}
+        )
     return wait
 
 

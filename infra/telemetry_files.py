@@ -34,6 +34,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 TAIL_BYTES = 512 * 1024
 """How much of each file's end `read_live_figures` reads to find the newest snapshots."""
+LIVE_WINDOW_S = 900.0
+"""Files not written for this long (a worker gone for 15 minutes) are left out by default."""
 RATE_WINDOW_S = 1.0
 """Rates (tokens/s) are taken between snapshots at least this far apart when possible."""
 
@@ -123,7 +125,10 @@ def _metric_points(data: MetricsData) -> Iterable[dict[str, Any]]:
         for scope_metrics in resource_metrics.scope_metrics:
             for metric in scope_metrics.metrics:
                 for point in metric.data.data_points:
-                    record: dict[str, Any] = {"name": metric.name, "attrs": dict(point.attributes or {})}
+                    record: dict[str, Any] = {
+                        "name": metric.name,
+                        "attrs": dict(point.attributes or {}),
+                    }
                     if isinstance(metric.data, Histogram):
                         record.update(
                             type="histogram",
@@ -222,13 +227,15 @@ def figures_from_records(records: list[dict[str, Any]]) -> dict[str, Any]:
         older = [r for r in records[:-1] if latest["ts"] - r["ts"] >= RATE_WINDOW_S]
         previous = older[-1] if older else records[0]
         elapsed = latest["ts"] - previous["ts"]
-        tokens = _total(latest, "tempered.inference.tokens") - _total(previous, "tempered.inference.tokens")
+        tokens = _total(latest, "tempered.inference.tokens") - _total(
+            previous, "tempered.inference.tokens"
+        )
         if elapsed > 0:
             tokens_per_s = round(tokens / elapsed, 2)
     rss = _latest_gauge(latest, "tempered.process.rss")
     rss_peak = _latest_gauge(latest, "tempered.process.rss_peak")
     return {
-        "updated": latest["ts"],
+        "age_s": round(max(time.time() - latest["ts"], 0.0), 1),
         "rss_mb": None if rss is None else round(rss / 2**20, 1),
         "rss_peak_mb": None if rss_peak is None else round(rss_peak / 2**20, 1),
         "cpu_percent": _latest_gauge(latest, "tempered.process.cpu_percent"),
@@ -243,7 +250,9 @@ def figures_from_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def read_live_figures(telemetry_dir: Path, max_age_s: float | None = None) -> dict[str, Any]:
+def read_live_figures(
+    telemetry_dir: Path, max_age_s: float | None = LIVE_WINDOW_S
+) -> dict[str, Any]:
     """`{"<service>-<pid>": figures}` for every JSONL file under `telemetry_dir`.
 
     Files of processes that are gone are still reported (with `alive: False`) unless older

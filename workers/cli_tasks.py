@@ -41,7 +41,8 @@ def register(subparsers: Any) -> None:
     check = commands.add_parser("validate", help="run canonical/wrong solutions; write quarantine")
     check.add_argument("suite", help="starter | humaneval | path to a .jsonl file")
     check.add_argument("--repeats", type=int, default=5, help="canonical runs per task (K)")
-    check.add_argument("--concurrency", type=int, default=8, help="sandbox runs in flight (C)")
+    check.add_argument("--concurrency", type=int, default=None,
+                       help="sandbox runs in flight (C; default: settings.sandbox.concurrency)")
     check.add_argument("--backend", default=None, help="sandbox backend (default: settings)")
     check.add_argument("--split", choices=SPLITS, default=None)
     check.add_argument("--limit", type=int, default=None, help="only the first N tasks")
@@ -75,6 +76,7 @@ def validate(args: argparse.Namespace, settings: Settings) -> int:
 
     console = Console(stderr=args.json)
     limits = VALIDATION_LIMITS
+    concurrency = args.concurrency or settings.sandbox.concurrency
     if args.timeout is not None:
         limits = limits.model_copy(update={"timeout_s": args.timeout})
     try:
@@ -84,7 +86,7 @@ def validate(args: argparse.Namespace, settings: Settings) -> int:
                       transient=True) as progress:
             bar = progress.add_task(args.suite, total=total * (args.repeats + 1))
             report = asyncio.run(validate_suite(
-                settings, args.suite, repeats=args.repeats, concurrency=args.concurrency,
+                settings, args.suite, repeats=args.repeats, concurrency=concurrency,
                 backend_name=args.backend, split=args.split, limit=args.limit, limits=limits,
                 on_run=lambda: progress.advance(bar)))
     except ValueError as exc:
@@ -103,8 +105,8 @@ def validate(args: argparse.Namespace, settings: Settings) -> int:
 
 def print_summary(console: Console, report: ValidationReport) -> None:
     """One row per verdict, then one row per task that is not clean."""
-    summary = Table(title=f"{report.suite}: {len(report.tasks)} tasks, K={report.repeats}, "
-                          f"C={report.concurrency}, backend={report.backend}")
+    summary = Table(title=f"{report.suite}: {len(report.tasks)} tasks", min_width=40,
+                    caption=f"K={report.repeats} C={report.concurrency} backend={report.backend}")
     summary.add_column("verdict")
     summary.add_column("tasks", justify="right")
     for verdict, style in VERDICT_STYLE.items():
@@ -122,9 +124,10 @@ def print_summary(console: Console, report: ValidationReport) -> None:
             detail.add_row(task.task_id, f"[{VERDICT_STYLE[task.verdict]}]{task.verdict}[/]",
                            runs, wrong, first[-200:])
         console.print(detail)
-    durations = sorted(run.duration_ms for task in report.tasks for run in task.canonical)
-    slowest = durations[-1] if durations else 0
+    slowest_ms, slowest_task = max(
+        ((run.duration_ms, task.task_id) for task in report.tasks for run in task.canonical),
+        default=(0, "-"))
     console.print(f"{report.runs} runs in {report.wall_s:.1f} s wall "
-                  f"({report.runs / max(report.wall_s, 1e-9):.1f} runs/s); slowest canonical "
-                  f"run {slowest} ms; infra retries {report.infra_retries}; "
+                  f"({report.runs / max(report.wall_s, 1e-9):.1f} runs/s); slowest canonical run "
+                  f"{slowest_ms} ms ({slowest_task}); infra retries {report.infra_retries}; "
                   f"quarantined {len(report.quarantined)}")

@@ -1,4 +1,5 @@
-"""Worker of the `rewards` queue: writes each finished agent task's trajectories to S3, once.
+"""Worker of the `rewards` queue: writes each finished agent task's trajectories to S3, once,
+and loads task suites for training runs (`load_tasks`).
 
     tempered worker rewards        # or: python -m workers.cli worker rewards
 
@@ -16,7 +17,11 @@ QUEUE = Queue.REWARDS
 
 def build(settings: Settings) -> WorkerPlan:
     from activities.rewards import RewardActivities
+    from activities.tasks import TaskActivities
     from infra.storage import ObjectStore
 
-    activities = RewardActivities(ObjectStore.from_settings(settings))
-    return WorkerPlan(activities=[activities.write_trajectories], max_concurrent_activities=16)
+    rewards = RewardActivities(ObjectStore.from_settings(settings))
+    tasks = TaskActivities(settings)
+    return WorkerPlan(
+        activities=[rewards.write_trajectories, tasks.load_tasks], max_concurrent_activities=16
+    )

@@ -4,7 +4,7 @@ Groups arrive by the `add_groups` signal (from the training run, or any client).
 takes `groups_per_step` of them per step, runs the `train_step` activity (queue `learner`) which
 publishes policy version step+1, and records which tasks it consumed, so each group is trained on
 exactly once: duplicates by task id are ignored, and the `consumed` set travels across
-continue-as-new. It ends after `max_steps`, or, once told `finish`, when its queue is drained.
+continue-as-new (every `steps_per_run` steps, or when the server suggests it). It ends after `max_steps`, or, once told `finish`, when its queue is drained.
 """
 
 from __future__ import annotations
@@ -22,10 +22,6 @@ with workflow.unsafe.imports_passed_through():
     from contracts.names import Activity, SearchAttr
     from workflows.activity_options import activity_options
     from workflows.search import search_attribute_updates
-
-STEPS_PER_RUN = 50
-"""Continue-as-new after this many steps (or earlier when the server suggests it)."""
-
 
 @workflow.defn(name="LearnerWorkflow")
 class LearnerWorkflow:
@@ -67,7 +63,7 @@ class LearnerWorkflow:
             )
             await self._report(state, response, len(batch))
             if state.step < state.max_steps and (
-                steps_this_run >= STEPS_PER_RUN or workflow.info().is_continue_as_new_suggested()
+                steps_this_run >= state.steps_per_run or workflow.info().is_continue_as_new_suggested()
             ):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 state.finish_when_drained = self._finish

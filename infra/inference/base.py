@@ -137,7 +137,9 @@ class PolicyResolver:
         from infra.storage import ObjectNotFound
 
         try:
-            return await asyncio.to_thread(fetch_policy, self.store, run_id, version, self.cache_dir)
+            return await asyncio.to_thread(
+                fetch_policy, self.store, run_id, version, self.cache_dir
+            )
         except ObjectNotFound as exc:
             raise InferenceError(
                 f"policy_version {version} of run {run_id!r} is not published", retryable=False

@@ -63,6 +63,16 @@ class Batcher:
         self._runner: asyncio.Task[None] | None = None
         self._closed = False
 
+    @property
+    def running(self) -> int:
+        """Rows of the batch the backend is working on now (0 when idle)."""
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        """Rows queued for a later batch."""
+        return sum(1 for p in self._pending if not p.future.done())
+
     async def submit(
         self, prompt: list[int], params: SamplingParams, policy: PolicyHandle
     ) -> BatchResult:
@@ -124,7 +134,9 @@ class Batcher:
                 [p.prompt for p in batch], [p.params for p in batch], policy
             )
             if len(outputs) != len(batch):
-                raise RuntimeError(f"backend returned {len(outputs)} outputs for {len(batch)} prompts")
+                raise RuntimeError(
+                    f"backend returned {len(outputs)} outputs for {len(batch)} prompts"
+                )
         except Exception as exc:  # every caller of the batch sees the failure
             log.warning("batch of %d on %s failed: %r", len(batch), policy.name, exc)
             for pending in batch:
@@ -137,7 +149,13 @@ class Batcher:
         tokens = sum(len(o.token_ids) for o in outputs)
         self.batches += 1
         self.rows += len(batch)
-        log.debug("batch %d: %d rows, %d tokens, %.1f tok/s", self.batches, len(batch), tokens, tokens / elapsed)
+        log.debug(
+            "batch %d: %d rows, %d tokens, %.1f tok/s",
+            self.batches,
+            len(batch),
+            tokens,
+            tokens / elapsed,
+        )
         for pending, output in zip(batch, outputs, strict=True):
             if not pending.future.done():
                 pending.future.set_result(BatchResult(output, policy, len(batch), tokens / elapsed))

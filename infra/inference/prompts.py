@@ -101,9 +101,7 @@ def extract_code(text: str) -> str:
     fence at all, the whole text (a model that answers with bare code still gets run); with
     fences of other languages only, an empty program.
     """
-    blocks = [
-        m.group(2) for m in _FENCE.finditer(text) if m.group(1).lower() in _PYTHON_TAGS
-    ]
+    blocks = [m.group(2) for m in _FENCE.finditer(text) if m.group(1).lower() in _PYTHON_TAGS]
     if not blocks:
         return text.strip() + "\n" if "```" not in text else ""
     defining = [b for b in blocks if re.search(r"^\s*(async\s+)?def\s", b, re.MULTILINE)]

@@ -89,15 +89,21 @@ class VLLMBackend:
             self._session = aiohttp.ClientSession(timeout=self.timeout)
         return self._session
 
-    async def _complete(self, prompt: list[int], params: SamplingParams, model: str) -> GenerationOutput:
+    async def _complete(
+        self, prompt: list[int], params: SamplingParams, model: str
+    ) -> GenerationOutput:
         body = completion_request(prompt, params, model)
         try:
             async with self._client().post(self.url, json=body) as response:
                 text = await response.text()
                 if response.status == 404:
-                    raise InferenceError(f"vLLM at {self.url} does not serve {model!r}: {text[:300]}")
+                    raise InferenceError(
+                        f"vLLM at {self.url} does not serve {model!r}: {text[:300]}"
+                    )
                 if response.status == 400:
-                    raise InferenceError(f"vLLM rejected the request: {text[:300]}", retryable=False)
+                    raise InferenceError(
+                        f"vLLM rejected the request: {text[:300]}", retryable=False
+                    )
                 if response.status != 200:
                     raise InferenceError(f"vLLM answered HTTP {response.status}: {text[:300]}")
                 payload = await response.json(content_type=None)

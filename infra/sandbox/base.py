@@ -13,6 +13,9 @@ from typing import Protocol, runtime_checkable
 from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
 
+DEFAULT_LIMITS = SandboxLimits()
+"""The limits a `run` without explicit limits gets."""
+
 
 class SandboxInfraError(Exception):
     """The platform failed (bwrap missing, no space, backend down): retry, never a reward."""
@@ -28,7 +31,7 @@ class SandboxBackend(Protocol):
         self,
         program: str,
         tests: str = "",
-        limits: SandboxLimits = SandboxLimits(),
+        limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
     ) -> ExecutionResult:
         """Run `program`, then `tests` in its namespace, then `check(entry_point)` if given."""

@@ -15,7 +15,9 @@ from infra import keys
 from infra.storage import ObjectStore
 
 RUN = "run-rw"
-TASK = TaskSpec(id="add", prompt="Write add(a, b).", entry_point="add", tests="assert add(1, 2) == 3")
+TASK = TaskSpec(
+    id="add", prompt="Write add(a, b).", entry_point="add", tests="assert add(1, 2) == 3"
+)
 
 
 def stored_turn(store: ObjectStore, sample: int, turn: int, passed: bool) -> TurnRecord:

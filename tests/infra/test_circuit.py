@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import pytest
 
 from infra.circuit import CircuitBreaker, CircuitConfig, CircuitOpenError, CircuitState
@@ -19,11 +22,17 @@ class InfraDown(Exception):
     pass
 
 
-def make(**overrides: float) -> tuple[CircuitBreaker, Clock, list[CircuitState]]:
+def make(**overrides: Any) -> tuple[CircuitBreaker, Clock, list[CircuitState]]:
     clock, changes = Clock(), list[CircuitState]()
-    config = CircuitConfig(**{"consecutive_failures": 3, "window": 10, "min_calls": 4,
-                              "failure_rate": 0.5, "base_backoff_s": 5, "max_backoff_s": 30,
-                              **overrides})  # type: ignore[arg-type]
+    base = CircuitConfig(
+        consecutive_failures=3,
+        window=10,
+        min_calls=4,
+        failure_rate=0.5,
+        base_backoff_s=5,
+        max_backoff_s=30,
+    )
+    config = replace(base, **overrides)
     return CircuitBreaker("k8s", config, clock, changes.append), clock, changes
 
 
@@ -155,8 +164,16 @@ def test_several_probes_when_configured() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [{"consecutive_failures": 0}, {"failure_rate": 0.0}, {"failure_rate": 1.5}, {"min_calls": 11},
-     {"base_backoff_s": 0}, {"multiplier": 0.5}, {"max_backoff_s": 1}, {"half_open_probes": 0}],
+    [
+        {"consecutive_failures": 0},
+        {"failure_rate": 0.0},
+        {"failure_rate": 1.5},
+        {"min_calls": 11},
+        {"base_backoff_s": 0},
+        {"multiplier": 0.5},
+        {"max_backoff_s": 1},
+        {"half_open_probes": 0},
+    ],
 )
 def test_config_rejects_nonsense(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):

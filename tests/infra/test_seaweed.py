@@ -86,4 +86,3 @@ def test_wait_s3_ready_times_out_naming_the_endpoint() -> None:
     with pytest.raises(TimeoutError, match=f"S3 at {endpoint} not ready after 1s"):
         wait_s3_ready(endpoint, timeout_s=1.0)
     assert time.monotonic() - started < 5
-

@@ -8,6 +8,7 @@ import re
 import socket
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -54,15 +55,28 @@ def test_spans_and_metrics_land_in_jsonl(tmp_path: Path) -> None:
     assert telemetry.jsonl_path == tmp_path / "telemetry" / f"sandbox-{os.getpid()}.jsonl"
     records = _records(telemetry.jsonl_path)
     spans = {r["name"]: r for r in records if r["kind"] == "span"}
-    assert spans["sandbox.run"]["attrs"] == {"tempered.task_id": "add", "tempered.sample": 3, "tempered.turn": 1}
+    assert spans["sandbox.run"]["attrs"] == {
+        "tempered.task_id": "add",
+        "tempered.sample": 3,
+        "tempered.turn": 1,
+    }
     assert spans["inner"]["parent_id"] == spans["sandbox.run"]["span_id"]
     assert spans["inner"]["trace_id"] == spans["sandbox.run"]["trace_id"]
     assert spans["boom"]["status"] == "ERROR" and "exception" in spans["boom"]["events"]
     snapshot = [r for r in records if r["kind"] == "metrics"][-1]
     names = {p["name"] for p in snapshot["points"]}
-    assert {"tempered.sandbox.runs", "tempered.sandbox.duration", "tempered.process.rss",
-            "tempered.learner.step_time", "tempered.circuit.state"} <= names
-    runs = {p["attrs"]["status"]: p["value"] for p in snapshot["points"] if p["name"] == "tempered.sandbox.runs"}
+    assert {
+        "tempered.sandbox.runs",
+        "tempered.sandbox.duration",
+        "tempered.process.rss",
+        "tempered.learner.step_time",
+        "tempered.circuit.state",
+    } <= names
+    runs = {
+        p["attrs"]["status"]: p["value"]
+        for p in snapshot["points"]
+        if p["name"] == "tempered.sandbox.runs"
+    }
     assert runs == {"passed": 1, "failed": 1}
     # after shutdown the helpers are inert again and the file is closed
     tm.record_sandbox_run("local", "passed", 0.1)
@@ -83,12 +97,16 @@ def test_prometheus_endpoint_serves_metric_names(tmp_path: Path) -> None:
             body = reply.read().decode()
     finally:
         telemetry.shutdown()
-    runs = re.search(r'^tempered_sandbox_runs_total\{([^}]*)\} (\S+)$', body, re.M)
+    runs = re.search(r"^tempered_sandbox_runs_total\{([^}]*)\} (\S+)$", body, re.M)
     assert runs is not None, body
     assert 'backend="gvisor"' in runs.group(1) and 'status="timeout"' in runs.group(1)
     assert float(runs.group(2)) == 1.0
     assert 'service_name="tempered-sandbox"' in body  # target_info carries the resource
-    for name in ("tempered_sandbox_duration", "tempered_inference_batch_size", "tempered_process_rss"):
+    for name in (
+        "tempered_sandbox_duration",
+        "tempered_inference_batch_size",
+        "tempered_process_rss",
+    ):
         assert name in body, name
     with pytest.raises(OSError):  # the server is gone after shutdown
         urllib.request.urlopen(f"http://127.0.0.1:{sandbox_port}/metrics", timeout=2)
@@ -96,7 +114,9 @@ def test_prometheus_endpoint_serves_metric_names(tmp_path: Path) -> None:
 
 def test_temporal_runtime_serves_sdk_metrics(tmp_path: Path) -> None:
     sandbox_port = _free_port()
-    settings = Settings(home=tmp_path, telemetry={"prometheus_port": sandbox_port - 2 - tm.SDK_PORT_SHIFT})
+    settings = Settings(
+        home=tmp_path, telemetry={"prometheus_port": sandbox_port - 2 - tm.SDK_PORT_SHIFT}
+    )
     telemetry = tm.setup_telemetry(settings, "sandbox", export_interval_s=60)
     try:
         runtime = telemetry.temporal_runtime()
@@ -137,7 +157,12 @@ def test_read_live_figures_aggregates_the_newest_snapshots(tmp_path: Path) -> No
     assert worker["reward_mean"] == 0.4 and worker["pass_rate"] == 0.5
     assert worker["learner_steps"] == 2 and worker["learner_step_mean_s"] == 3.0
     assert worker["rss_mb"] > 10 and worker["rss_peak_mb"] >= worker["rss_mb"]
+    assert 0 <= worker["age_s"] < 60
     assert tm.read_live_figures(Settings(home=tmp_path / "absent")) == {}
+    old = time.time() - 3600
+    os.utime(telemetry.jsonl_path, (old, old))
+    assert tm.read_live_figures(settings) == {}  # gone quiet for an hour: not live
+    assert list(tm.read_live_figures(settings, max_age_s=None)) == [telemetry.jsonl_path.stem]
 
 
 def test_histogram_quantile_interpolates_within_a_bucket() -> None:
@@ -145,3 +170,26 @@ def test_histogram_quantile_interpolates_within_a_bucket() -> None:
     assert histogram_quantile([1.0, 2.0], [0, 4, 0], 0.5) == pytest.approx(1.5)
     assert histogram_quantile([1.0, 2.0], [2, 2, 0], 0.5) == pytest.approx(1.0)
     assert histogram_quantile([1.0, 2.0], [0, 0, 3], 0.9) == 2.0
+
+
+def test_queue_wait_is_schedule_to_start_of_the_attempt(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    from temporalio.testing import ActivityEnvironment
+
+    environment = ActivityEnvironment()
+    info = environment.info
+    environment.info = replace(
+        info, started_time=info.current_attempt_scheduled_time + timedelta(seconds=1.5)
+    )
+    telemetry = tm.setup_telemetry(Settings(home=tmp_path), "rewards", export_interval_s=60)
+    try:
+        assert environment.run(tm.record_queue_wait) == 1.5
+        telemetry.flush()
+    finally:
+        telemetry.shutdown()
+    assert telemetry.jsonl_path is not None
+    snapshot = [r for r in _records(telemetry.jsonl_path) if r["kind"] == "metrics"][-1]
+    (wait,) = [p for p in snapshot["points"] if p["name"] == "tempered.activity.queue_wait"]
+    assert wait["count"] == 1 and wait["sum"] == 1.5
+    assert wait["attrs"] == {"activity": info.activity_type, "queue": info.task_queue}

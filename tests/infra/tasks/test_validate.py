@@ -19,6 +19,7 @@ from infra.tasks.validate import RetryPolicy, validate_tasks, write_quarantine
 from workers import cli_tasks
 
 FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01)
+DEFAULT_LIMITS = SandboxLimits()
 
 
 @pytest.fixture
@@ -41,7 +42,7 @@ class FlakyPlatform:
     def __init__(self, inner: SandboxBackend, faults: int) -> None:
         self.inner, self.faults, self.name, self.calls = inner, faults, inner.name, 0
 
-    async def run(self, program: str, tests: str = "", limits: SandboxLimits = SandboxLimits(),
+    async def run(self, program: str, tests: str = "", limits: SandboxLimits = DEFAULT_LIMITS,
                   entry_point: str | None = None) -> ExecutionResult:
         self.calls += 1
         if self.calls <= self.faults:

@@ -1,0 +1,244 @@
+"""Activities of the `learner` queue: `prepare_run` (publish version 0) and `train_step` (GRPO).
+
+Served by `tempered worker learner` (workers/learner.py), one activity at a time: the DeepSpeed
+engine lives in this object across steps, so consecutive steps never reload weights.
+
+`train_step(step=n)` produces policy version n + 1 exactly once:
+1. the ack `keys.learner_ack_key(run, n)` exists → return the response recorded in it;
+2. version n + 1 is already published (a retry after a publish whose ack was lost) → rebuild the
+   ack from the `train_step.json` that is part of that version, and return it; no training;
+3. otherwise make the engine hold version n (reloading it from the store after a crash, or after
+   an attempt whose weights never got published), read and verify the groups' trajectories,
+   run the GRPO step in a thread (heartbeating), save, write `train_step.json` (which
+   trajectories made this version) into the directory, publish it as version n + 1 (first
+   publisher wins), then write the ack create-only and return.
+The ack lists every trajectory id trained on and every one dropped as stale, so "trained on
+exactly once" is auditable from the store alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from pydantic import Field
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from contracts.common import Contract, ObjectRef
+from contracts.learner import (
+    GRPOConfig,
+    PolicyVersion,
+    PrepareRunRequest,
+    TrainStepRequest,
+    TrainStepResponse,
+)
+from contracts.names import Activity
+from contracts.trajectory import Trajectory
+from infra import keys
+from infra.policy import (
+    advance_latest,
+    fetch_policy,
+    materialize_base_model,
+    policy_manifest,
+    publish_policy,
+)
+from infra.settings import Settings
+from infra.storage import ObjectNotFound, ObjectStore, sha256_bytes
+
+T = TypeVar("T")
+STEP_RECORD = "train_step.json"
+HEARTBEAT_EVERY_S = 5.0
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+class StepRecord(Contract):
+    """What made one policy version; `train_step.json` inside it, and the learner's ack."""
+
+    run_id: str
+    step: int
+    attempt: str = Field(description="Id of the activity attempt whose weights these are.")
+    loss: float
+    trained: list[str] = Field(description="Trajectory ids trained on.")
+    dropped_stale: list[str] = Field(description="Trajectory ids dropped as too stale.")
+    reward_mean: float
+    duration_s: float
+    metrics: dict[str, float] = {}
+    policy: PolicyVersion | None = Field(default=None, description="Set in the ack only.")
+
+
+def _invalid(field: str, why: str) -> ApplicationError:
+    return ApplicationError(f"{field}: {why}", type="InvalidInput", non_retryable=True)
+
+
+async def _with_heartbeats(work: Callable[[], T], progress: dict[str, Any]) -> T:
+    """Run blocking `work` in a thread; heartbeat `progress` (updated by it) every few seconds."""
+    task: asyncio.Future[T] = asyncio.ensure_future(asyncio.to_thread(work))
+    while True:
+        done, _ = await asyncio.wait([task], timeout=HEARTBEAT_EVERY_S)
+        if done:
+            return await task
+        activity.heartbeat(dict(progress))
+
+
+class LearnerActivities:
+    """The learner's activities; holds the object store and the DeepSpeed engine."""
+
+    def __init__(self, settings: Settings, store: ObjectStore | None = None):
+        self.settings = settings
+        self.store = store or ObjectStore.from_settings(settings)
+        self.cache_dir = settings.home / "cache" / "policies"
+        self.work_dir = settings.home / "learner"
+        self.engine: Any = None  # infra.learner_engine.LearnerEngine, built on first step
+        self._engine_run: str | None = None
+        self._engine_lock = threading.Lock()
+
+    @activity.defn(name=Activity.PREPARE_RUN)
+    async def prepare_run(self, req: PrepareRunRequest) -> PolicyVersion:
+        """Publish `req.base_model` as version 0 of the run; a no-op when v0 already exists."""
+        if not _RUN_ID.match(req.run_id):
+            raise _invalid("run_id", f"{req.run_id!r} is not a valid run id")
+        manifest = await asyncio.to_thread(policy_manifest, self.store, req.run_id, 0)
+        if manifest is not None:
+            await asyncio.to_thread(advance_latest, self.store, manifest.policy)
+            return manifest.policy
+        progress = {"phase": "materialize", "base_model": req.base_model}
+        try:
+            base = await _with_heartbeats(
+                lambda: materialize_base_model(req.base_model, self.settings, self.store), progress
+            )
+        except ValueError as exc:
+            raise _invalid("base_model", str(exc)) from exc
+        progress["phase"] = "publish"
+        return await _with_heartbeats(
+            lambda: publish_policy(self.store, req.run_id, 0, base, step=0), progress
+        )
+
+    @activity.defn(name=Activity.TRAIN_STEP)
+    async def train_step(self, req: TrainStepRequest) -> TrainStepResponse:
+        """Produce policy version `req.step + 1` from `req.groups`, exactly once."""
+        progress: dict[str, Any] = {"phase": "waiting for the engine", "step": req.step}
+        return await _with_heartbeats(lambda: self._step(req, progress), progress)
+
+    # -- the step, in a thread ----------------------------------------------------------------
+
+    def _step(self, req: TrainStepRequest, progress: dict[str, Any]) -> TrainStepResponse:
+        # A thread lock, not an asyncio one: a cancelled attempt's thread runs on, and a retry
+        # on this worker must wait for it (and then find its published result) instead of
+        # training the same engine concurrently.
+        with self._engine_lock:
+            progress["phase"] = "check"
+            done = self._recorded(req)
+            return done if done is not None else self._train(req, progress)
+
+    def _recorded(self, req: TrainStepRequest) -> TrainStepResponse | None:
+        """The response of a step already done (ack written, or version published)."""
+        ack = self.store.head(keys.learner_ack_key(req.run_id, req.step))
+        if ack is not None:
+            return _response(self.store.get_model(ack.key, StepRecord), ack)
+        manifest = policy_manifest(self.store, req.run_id, req.step + 1)
+        if manifest is None:
+            return None
+        return self._acknowledge(manifest.policy)[0]
+
+    def _acknowledge(self, policy: PolicyVersion) -> tuple[TrainStepResponse, StepRecord]:
+        """Write the ack of the step that produced `policy` (from its train_step.json)."""
+        record = StepRecord.model_validate_json(self.store.get_bytes(policy.prefix + STEP_RECORD))
+        record.policy = policy
+        ack_key = keys.learner_ack_key(policy.run_id, record.step)
+        ack = self.store.put_json(ack_key, record, create_only=True)
+        return _response(record, ack), record
+
+    def _train(self, req: TrainStepRequest, progress: dict[str, Any]) -> TrainStepResponse:
+        engine = self._engine_at(req.run_id, req.step, req.config, progress)
+        progress["phase"] = "read trajectories"
+        groups = [self._read_group(req, g) for g in range(len(req.groups))]
+        rewards = [t.reward for group in groups for t in group]
+
+        def beat() -> None:
+            progress["micro_batches"] = progress.get("micro_batches", 0) + 1
+
+        progress["phase"] = "train"
+        try:
+            metrics = engine.train_step(groups, req.config, heartbeat=beat)
+        except ValueError as exc:  # a trajectory that cannot be trained on (token/logprob counts)
+            raise _invalid("groups", str(exc)) from exc
+        attempt = uuid.uuid4().hex
+        record = StepRecord(
+            run_id=req.run_id, step=req.step, attempt=attempt, loss=metrics.loss,
+            trained=metrics.trained, dropped_stale=metrics.dropped_stale,
+            reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+            duration_s=metrics.duration_s, metrics=metrics.summary(),
+        )  # fmt: skip
+        progress["phase"] = "publish"
+        out = self.work_dir / req.run_id / f".v{req.step + 1}.{attempt[:8]}"
+        try:
+            engine.save(out)
+            (out / STEP_RECORD).write_text(record.model_dump_json(indent=1))
+            policy = publish_policy(self.store, req.run_id, req.step + 1, out, step=req.step + 1)
+        except BaseException:
+            engine.version = None  # weights moved on but were not published: reload next time
+            raise
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        response, published = self._acknowledge(policy)
+        if published.attempt != attempt:
+            engine.version = None  # another attempt's weights won the publish: reload them
+        return response
+
+    def _engine_at(
+        self, run_id: str, step: int, config: GRPOConfig, progress: dict[str, Any]
+    ) -> Any:
+        """The engine holding version `step` of `run_id`, reloaded from the store if needed."""
+        from infra.learner_engine import LearnerEngine
+
+        if self.engine is None:
+            learner = self.settings.learner
+            self.engine = LearnerEngine(device=learner.device, threads=learner.threads)
+        if self._engine_run != run_id or self.engine.version != step:
+            progress["phase"] = f"load v{step}"
+            try:
+                local = fetch_policy(self.store, run_id, step, self.cache_dir)
+            except ObjectNotFound as exc:
+                raise _invalid(
+                    "step", f"policy version {step} of run {run_id} is not published"
+                ) from exc
+            started = time.perf_counter()
+            self.engine.load(local, step, config)
+            progress["load_s"] = round(time.perf_counter() - started, 2)
+            self._engine_run = run_id
+        if config.kl_coef > 0:
+            self.engine.set_reference(fetch_policy(self.store, run_id, 0, self.cache_dir))
+        return self.engine
+
+    def _read_group(self, req: TrainStepRequest, index: int) -> list[Trajectory]:
+        group = req.groups[index]
+        if len(group.rewards) not in (0, len(group.trajectories)):
+            raise _invalid(f"groups[{index}].rewards", "not one reward per trajectory")
+        trajectories = []
+        for j, ref in enumerate(group.trajectories):
+            where = f"groups[{index}].trajectories[{j}]"
+            try:
+                data = self.store.get_bytes(ref.key)
+            except ObjectNotFound as exc:
+                raise _invalid(where, f"{ref.key} does not exist") from exc
+            if sha256_bytes(data) != ref.sha256:
+                raise _invalid(where, f"{ref.key} does not match its sha256")
+            trajectories.append(Trajectory.model_validate_json(data))
+        return trajectories
+
+
+def _response(record: StepRecord, ack: ObjectRef) -> TrainStepResponse:
+    if record.policy is None:
+        raise ValueError(f"ack {ack.key} names no policy")
+    return TrainStepResponse(
+        policy=record.policy, loss=record.loss, trained=len(record.trained),
+        dropped_stale=len(record.dropped_stale), reward_mean=record.reward_mean,
+        duration_s=record.duration_s, ack=ack,
+    )  # fmt: skip

@@ -1,0 +1,97 @@
+"""The `execute` activity (queue `sandbox`): run every sample's program against the task's tests.
+
+For each item the program is read from the object store (`item.code`), run in the configured
+sandbox backend with the request's tests, entry point and limits, and its full
+`ExecutionResult` plus stdout/stderr are written under the turn's keys
+(`runs/<run>/tasks/<task>/s<sample>/turn-<k>/{result.json,stdout.txt,stderr.txt}`). Items run
+concurrently, at most `settings.sandbox.concurrency` at once.
+
+What the program does is a result (passed/failed/error/timeout/memory_exceeded); a platform
+fault (`SandboxInfraError`) or an S3 failure raises a retryable error and is never an outcome.
+A code ref that does not exist raises a non-retryable ApplicationError naming the item.
+
+Served by `tempered worker sandbox` (workers/sandbox.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from contracts.names import Activity
+from contracts.sandbox import ExecuteItem, ExecuteOutcome, ExecuteRequest, ExecuteResponse
+from infra import keys
+from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
+from infra.settings import Settings
+from infra.storage import ObjectNotFound, ObjectStore
+
+HEARTBEAT_S = 5.0
+
+
+class SandboxActivities:
+    """Activities of the sandbox queue; holds the backend and the object store."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: ObjectStore | None = None,
+        backend: SandboxBackend | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store if store is not None else ObjectStore.from_settings(settings)
+        self.backend = backend if backend is not None else get_backend(settings)
+        self._slots = asyncio.Semaphore(settings.sandbox.concurrency)
+
+    @activity.defn(name=Activity.EXECUTE)
+    async def execute(self, req: ExecuteRequest) -> ExecuteResponse:
+        if not req.items:
+            raise ApplicationError("items: nothing to execute", type="InvalidInput", non_retryable=True)
+        beating = asyncio.create_task(self._heartbeat(req))
+        try:
+            outcomes = await asyncio.gather(
+                *(self._execute_one(req, index, item) for index, item in enumerate(req.items))
+            )
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
+        return ExecuteResponse(outcomes=list(outcomes))
+
+    async def _execute_one(self, req: ExecuteRequest, index: int, item: ExecuteItem) -> ExecuteOutcome:
+        try:
+            program = await asyncio.to_thread(self.store.get_text, item.code.key)
+        except ObjectNotFound as exc:
+            raise ApplicationError(
+                f"items[{index}].code: no object at {item.code.key}", type="InvalidInput", non_retryable=True
+            ) from exc
+        async with self._slots:
+            try:
+                result = await self.backend.run(program, req.tests, req.limits, req.entry_point)
+            except SandboxInfraError as exc:
+                raise ApplicationError(f"sample {item.sample}: {exc}", type="SandboxInfraError") from exc
+
+        def key(name: str) -> str:
+            return keys.turn_key(req.run_id, req.task_id, item.sample, req.turn, name)
+
+        ref = await asyncio.to_thread(self.store.put_json, key("result.json"), result)
+        await asyncio.to_thread(self.store.put_text, key("stdout.txt"), result.stdout)
+        await asyncio.to_thread(self.store.put_text, key("stderr.txt"), result.stderr)
+        return ExecuteOutcome(
+            sample=item.sample,
+            status=result.status,
+            tests_passed=result.tests_passed,
+            tests_total=result.tests_total,
+            duration_ms=result.duration_ms,
+            result=ref,
+        )
+
+    async def _heartbeat(self, req: ExecuteRequest) -> None:
+        while True:
+            activity.heartbeat(f"{req.task_id} turn {req.turn}: {len(req.items)} items")
+            await asyncio.sleep(HEARTBEAT_S)
+
+    async def close(self) -> None:
+        await self.backend.close()

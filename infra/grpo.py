@@ -1,0 +1,237 @@
+"""The GRPO objective in plain torch: advantages, staleness, batching, the clipped token loss.
+
+    rows = rows_from_group(trajectories, step=5, config=cfg)         # one row per turn
+    for micro in micro_batches(rows, cfg.micro_batch_size, pad_id=0):
+        logprobs = token_logprobs(model(micro.input_ids, ...).logits, micro.input_ids)
+        loss, stats = grpo_loss(logprobs, micro, clip_eps=cfg.clip_eps)
+        loss.backward()                                                # sums to the step's loss
+
+Choices, stated once:
+- Advantage of sample i in a group: (r_i - mean(r)) / (std(r) + eps), std the unbiased sample
+  std (as DeepSeekMath/TRL); exactly 0 for every sample when the group's rewards are identical
+  (no signal) or the group has one sample.
+- Every turn of a multi-turn trajectory is one training row: its `prompt_token_ids` (exactly
+  what the model saw, never re-tokenized) followed by its completion tokens; only the completion
+  tokens are in the loss, each weighted by the sample's advantage.
+- Ratio: exp(logp_now - logp_sampled), against the temperature-1 log-probs recorded at sampling
+  time (`completion_logprobs`), PPO-clipped to [1 - eps, 1 + eps].
+- KL to the reference (when kl_coef > 0): the k3 estimator exp(ref - logp) - (ref - logp) - 1.
+- Normalisation "tokens" (default, as in DAPO): the step's loss is the sum of per-token losses
+  over *all* completion tokens of the step divided by their count, so a long completion is not
+  worth less per token than a short one. "sequence" (original GRPO): mean within each row, then
+  mean over rows. Either way each row carries a precomputed per-token `scale`, so micro-batch
+  losses simply add up to the step's loss (gradient accumulation needs no further scaling).
+- Staleness: a trajectory whose oldest turn is more than `max_staleness` versions behind the
+  learner is dropped ("drop") or weighted 0.5 ** (extra lag) ("downweight").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from contracts.learner import GRPOConfig
+from contracts.trajectory import Trajectory
+
+Normalization = Literal["tokens", "sequence"]
+MAX_LOG_RATIO = 20.0
+"""Log-ratios are clamped to ±this before exp, so a wild mismatch cannot overflow to inf."""
+
+
+def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
+    """(r - mean) / (std + eps) over one group; all zeros when the rewards are all equal."""
+    if len(rewards) < 2 or max(rewards) == min(rewards):
+        return [0.0] * len(rewards)
+    values = torch.tensor(rewards, dtype=torch.float64)
+    normalized = (values - values.mean()) / (values.std(unbiased=True) + eps)
+    return [float(x) for x in normalized]
+
+
+def staleness_weight(
+    policy_version: int, step: int, max_staleness: int, mode: Literal["drop", "downweight"]
+) -> float:
+    """Weight of a trajectory sampled from `policy_version` when the learner holds `step`."""
+    excess = (step - policy_version) - max_staleness
+    if excess <= 0:
+        return 1.0
+    return 0.0 if mode == "drop" else 0.5**excess
+
+
+@dataclass
+class Row:
+    """One turn of one trajectory, ready to batch."""
+
+    trajectory_id: str
+    input_ids: list[int]  # prompt tokens then completion tokens
+    prompt_len: int
+    old_logprobs: list[float]  # one per completion token
+    advantage: float
+    weight: float = 1.0  # staleness weight
+    scale: float = 0.0  # per-token loss scale, set by normalize()
+
+    @property
+    def completion_len(self) -> int:
+        return len(self.input_ids) - self.prompt_len
+
+
+@dataclass
+class GroupRows:
+    rows: list[Row]
+    used: list[str]  # trajectory ids trained on (weight > 0)
+    dropped: list[str]  # trajectory ids dropped as stale
+
+
+def rows_from_group(trajectories: Sequence[Trajectory], step: int, config: GRPOConfig) -> GroupRows:
+    """Rows of one GRPO group. The baseline uses every sample's reward, stale ones included."""
+    advantages = group_advantages([t.reward for t in trajectories])
+    out = GroupRows(rows=[], used=[], dropped=[])
+    for trajectory, advantage in zip(trajectories, advantages, strict=True):
+        oldest = min((turn.policy_version for turn in trajectory.turns), default=step)
+        oldest = min(oldest, trajectory.policy_version)
+        weight = staleness_weight(oldest, step, config.max_staleness, config.stale_policy)
+        if weight == 0.0:
+            out.dropped.append(trajectory.id)
+            continue
+        out.used.append(trajectory.id)
+        for turn in trajectory.turns:
+            if len(turn.completion_logprobs) != len(turn.completion_token_ids):
+                raise ValueError(
+                    f"trajectory {trajectory.id} turn {turn.turn}: completion_logprobs has "
+                    f"{len(turn.completion_logprobs)} entries for "
+                    f"{len(turn.completion_token_ids)} completion_token_ids"
+                )
+            if not turn.completion_token_ids or not turn.prompt_token_ids:
+                continue
+            out.rows.append(
+                Row(
+                    trajectory_id=trajectory.id,
+                    input_ids=[*turn.prompt_token_ids, *turn.completion_token_ids],
+                    prompt_len=len(turn.prompt_token_ids),
+                    old_logprobs=list(turn.completion_logprobs),
+                    advantage=advantage,
+                    weight=weight,
+                )
+            )
+    return out
+
+
+def normalize(rows: Sequence[Row], mode: Normalization = "tokens") -> None:
+    """Set each row's per-token `scale` so that the step's loss is the chosen mean."""
+    total_tokens = sum(r.completion_len for r in rows)
+    for row in rows:
+        if mode == "tokens":
+            row.scale = row.weight / total_tokens
+        else:
+            row.scale = row.weight / (row.completion_len * len(rows))
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded tensors; every (B, T-1) tensor is aligned with the *predicted* tokens."""
+
+    input_ids: torch.Tensor  # (B, T) long
+    attention_mask: torch.Tensor  # (B, T) long
+    loss_mask: torch.Tensor  # (B, T-1) float: 1 on completion tokens
+    old_logprobs: torch.Tensor  # (B, T-1) float
+    advantages: torch.Tensor  # (B, 1) float
+    token_scale: torch.Tensor  # (B, T-1) float: loss_mask * row.scale
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        return MicroBatch(**{k: v.to(device) for k, v in vars(self).items()})
+
+    @property
+    def tokens(self) -> int:
+        return int(self.loss_mask.sum().item())
+
+
+def collate(rows: Sequence[Row], pad_id: int) -> MicroBatch:
+    width = max(len(r.input_ids) for r in rows)
+    batch = len(rows)
+    input_ids = torch.full((batch, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((batch, width), dtype=torch.long)
+    loss_mask = torch.zeros((batch, width - 1))
+    old = torch.zeros((batch, width - 1))
+    for i, row in enumerate(rows):
+        n = len(row.input_ids)
+        input_ids[i, :n] = torch.tensor(row.input_ids)
+        attention[i, :n] = 1
+        # target position j predicts input_ids[j + 1]: completion tokens are j in [p-1, n-1)
+        loss_mask[i, row.prompt_len - 1 : n - 1] = 1.0
+        old[i, row.prompt_len - 1 : n - 1] = torch.tensor(row.old_logprobs)
+    scales = torch.tensor([r.scale for r in rows])[:, None]
+    return MicroBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        loss_mask=loss_mask,
+        old_logprobs=old,
+        advantages=torch.tensor([r.advantage for r in rows])[:, None],
+        token_scale=loss_mask * scales,
+    )
+
+
+def micro_batches(rows: Sequence[Row], size: int, pad_id: int) -> Iterator[MicroBatch]:
+    """Rows sorted by length (less padding) in chunks of `size`."""
+    ordered = sorted(rows, key=lambda r: len(r.input_ids))
+    for start in range(0, len(ordered), size):
+        yield collate(ordered[start : start + size], pad_id)
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """log p(input_ids[:, j+1] | prefix) for j < T-1, in float32: shape (B, T-1)."""
+    shifted = logits[:, :-1].float()
+    targets = input_ids[:, 1:]
+    flat = torch.nn.functional.cross_entropy(
+        shifted.reshape(-1, shifted.size(-1)), targets.reshape(-1), reduction="none"
+    )
+    return -flat.view_as(targets)
+
+
+def grpo_loss(
+    logprobs: torch.Tensor,
+    batch: MicroBatch,
+    *,
+    clip_eps: float,
+    ref_logprobs: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of the step loss, and token sums for the step's statistics.
+
+    Returned stats are sums over completion tokens (divide by `tokens` for means): `clipped`
+    (tokens whose clipped branch is active), `ratio`, `kl_sampler` (k3 to the sampling policy),
+    `kl_ref` (k3 to the reference, when given).
+    """
+    mask = batch.loss_mask
+    log_ratio = (logprobs - batch.old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO) * mask
+    ratio = torch.exp(log_ratio)
+    clipped_ratio = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
+    unclipped_loss = -batch.advantages * ratio
+    clipped_loss = -batch.advantages * clipped_ratio
+    token_loss = torch.maximum(unclipped_loss, clipped_loss)
+    stats = {
+        "tokens": float(mask.sum()),
+        "clipped": float(((clipped_loss > unclipped_loss).float() * mask).sum()),
+        "ratio": float((ratio.detach() * mask).sum()),
+        "kl_sampler": float((_k3(logprobs.detach(), batch.old_logprobs) * mask).sum()),
+    }
+    if ref_logprobs is not None:
+        kl = _k3(logprobs, ref_logprobs) * mask
+        stats["kl_ref"] = float(kl.detach().sum())
+        if kl_coef > 0:
+            token_loss = token_loss + kl_coef * kl
+    loss = (token_loss * batch.token_scale).sum()
+    return loss, stats
+
+
+def _k3(logprobs: torch.Tensor, other_logprobs: torch.Tensor) -> torch.Tensor:
+    """k3 estimate of KL(π || other) per token: exp(o - l) - (o - l) - 1 (≥ 0, unbiased)."""
+    delta = (other_logprobs - logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    return torch.exp(delta) - delta - 1.0
+
+
+def finite(value: float) -> float:
+    """`value`, or 0.0 when it is NaN/inf (for metrics that must serialize)."""
+    return value if math.isfinite(value) else 0.0

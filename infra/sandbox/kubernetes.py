@@ -1,0 +1,278 @@
+"""Kubernetes sandbox backend: every execution is a locked-down Job in the sandbox namespace.
+
+    backend = KubernetesBackend(settings)          # in-cluster config, else ~/.kube/config
+    result = await backend.run(program, tests, limits, entry_point="add")
+    await backend.close()
+
+The Job manifest comes from `kubernetes_job.build_job_manifest` (pure, validated offline).
+Here are the API calls, made with the official client (synchronous, so each runs in a
+thread): create the Job; wait for its pod to finish — one shared poller lists this worker's
+sandbox pods for all runs in flight, so API load does not grow with concurrency; read the
+launcher's result line from the pod log; delete the Job (propagation Background).
+
+The Job is deleted when the run ends, when the awaiting task is cancelled, and (for Jobs
+labelled with this worker's id, `TEMPERED_WORKER_ID` or the hostname) when the backend first
+runs — no leaked pods; `activeDeadlineSeconds` and `ttlSecondsAfterFinished` bound anything
+a killed worker leaves. Every API or transport failure (refused connection, 5xx, 403, 409, a
+pod that never starts) raises `SandboxInfraError`; only the program's behaviour becomes an
+`ExecutionResult`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from contracts.sandbox import ExecStatus, ExecutionResult
+from contracts.task import SandboxLimits
+from infra.sandbox.base import SandboxInfraError
+from infra.sandbox.kubernetes_job import (
+    CONTAINER,
+    JOB_LABEL,
+    SANDBOX_LABELS,
+    START_GRACE_S,
+    WORKER_LABEL,
+    build_job_manifest,
+    label_value,
+    outcome_from_launcher,
+    parse_pod_log,
+    sandbox_rlimits,
+)
+from infra.sandbox.process import HarnessJob
+from infra.settings import Settings
+
+__all__ = ["SANDBOX_LABELS", "KubernetesBackend", "build_job_manifest", "sandbox_rlimits"]
+
+DEADLINE_SLACK_S = 10
+"""How long past the Job's activeDeadlineSeconds we keep waiting before giving up."""
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+DEFAULT_LIMITS = SandboxLimits()
+
+
+class KubernetesBackend:
+    """Runs each program as a Job; `api_client` lets tests point it at a stub API server."""
+
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        settings: Settings,
+        api_client: Any | None = None,
+        worker_id: str | None = None,
+        poll_interval_s: float = 0.25,
+        start_grace_s: int = START_GRACE_S,
+        request_timeout_s: float = 30.0,
+        deadline_slack_s: float = DEADLINE_SLACK_S,
+    ) -> None:
+        from kubernetes import client, config
+
+        if api_client is None:
+            if os.environ.get("KUBERNETES_SERVICE_HOST"):
+                config.load_incluster_config()
+            else:
+                config.load_kube_config()
+            api_client = client.ApiClient()
+        self._api_client = api_client
+        self._batch, self._core = client.BatchV1Api(api_client), client.CoreV1Api(api_client)
+        self._delete_options = client.V1DeleteOptions(propagation_policy="Background")
+        self.namespace = settings.sandbox.kubernetes_namespace
+        self.image = settings.sandbox.kubernetes_image
+        self.runtime_class = settings.sandbox.runtime_class
+        self.worker_id = label_value(
+            worker_id or os.environ.get("TEMPERED_WORKER_ID") or socket.gethostname()
+        )
+        self.poll_interval_s, self.start_grace_s = poll_interval_s, start_grace_s
+        self.request_timeout_s, self.deadline_slack_s = request_timeout_s, deadline_slack_s
+        self._started = False
+        self._start_lock = asyncio.Lock()
+        self._waiters: dict[str, asyncio.Future[Any]] = {}
+        self._pod_states: dict[str, str] = {}
+        self._poller: asyncio.Task[None] | None = None
+
+    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run one client call in a thread; every API/transport failure is a SandboxInfraError."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        kwargs.setdefault("_request_timeout", self.request_timeout_s)
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except ApiException as error:
+            raise SandboxInfraError(
+                f"kubernetes {what}: HTTP {error.status} {error.reason}"
+            ) from error
+        except (HTTPError, OSError, ValueError) as error:  # ValueError: a malformed response
+            raise SandboxInfraError(
+                f"kubernetes {what}: {type(error).__name__}: {error}"
+            ) from error
+
+    async def reap(self) -> int:
+        """Delete every Job labelled with this worker's id (left over by a previous process)."""
+        selector = f"{WORKER_LABEL}={self.worker_id}"
+        jobs = await self._call(
+            "list jobs", self._batch.list_namespaced_job, self.namespace, label_selector=selector
+        )
+        for job in jobs.items:
+            await self._delete(str(job.metadata.name if job.metadata else ""))
+        return len(jobs.items)
+
+    async def run(
+        self,
+        program: str,
+        tests: str = "",
+        limits: SandboxLimits = DEFAULT_LIMITS,
+        entry_point: str | None = None,
+    ) -> ExecutionResult:
+        async with self._start_lock:
+            if not self._started:
+                await self.reap()
+                self._started = True
+        name = f"tempered-sbx-{secrets.token_hex(6)}"
+        nonce = secrets.token_hex(16)
+        job = HarnessJob(program, tests, entry_point, limits, sandbox_rlimits(limits))
+        manifest = build_job_manifest(
+            name,
+            self.namespace,
+            self.image,
+            job,
+            nonce,
+            self.worker_id,
+            self.runtime_class,
+            start_grace_s=self.start_grace_s,
+        )
+        try:  # the Job is deleted however this ends: result, API error or cancellation
+            await self._call(
+                "create job", self._batch.create_namespaced_job, self.namespace, manifest
+            )
+            deadline = (
+                time.monotonic() + limits.timeout_s + self.start_grace_s + self.deadline_slack_s
+            )
+            pod = await self._wait_for_pod(name, deadline)
+            pod_log = await self._call(
+                "read log",
+                self._core.read_namespaced_pod_log,
+                pod.metadata.name,
+                self.namespace,
+                container=CONTAINER,
+            )
+        finally:
+            await asyncio.shield(self._delete_quietly(name))
+        record = parse_pod_log(pod_log, nonce)
+        if record is None:
+            return self._pod_without_result(pod, limits)
+        outcome = outcome_from_launcher(job, record)
+        return outcome.result(
+            self.name, limits, "kubernetes", oom_killed=bool(record.get("oom_killed"))
+        )
+
+    async def _wait_for_pod(self, job_name: str, deadline: float) -> Any:
+        """The Job's pod once it succeeded or failed; SandboxInfraError if it never gets there."""
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters[job_name] = waiter
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll_pods())
+        try:
+            return await asyncio.wait_for(waiter, timeout=max(deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            state = self._pod_states.get(job_name, "no pod yet")
+            raise SandboxInfraError(
+                f"kubernetes job {job_name} did not finish in time ({state})"
+            ) from None
+        finally:
+            self._waiters.pop(job_name, None)
+            self._pod_states.pop(job_name, None)
+
+    async def _poll_pods(self) -> None:
+        """One list call per interval serves every run in flight; stops when none waits."""
+        selector = f"{WORKER_LABEL}={self.worker_id}"
+        while self._waiters:
+            try:
+                pods = await self._call(
+                    "list pods",
+                    self._core.list_namespaced_pod,
+                    self.namespace,
+                    label_selector=selector,
+                )
+            except SandboxInfraError as error:
+                for waiter in self._waiters.values():
+                    if not waiter.done():
+                        waiter.set_exception(error)
+                await asyncio.sleep(self.poll_interval_s)
+                continue
+            for pod in pods.items:
+                job_name = (pod.metadata.labels or {}).get(JOB_LABEL) if pod.metadata else None
+                pending = self._waiters.get(job_name or "")
+                if pending is None or pending.done():
+                    continue
+                if pod.status and pod.status.phase in ("Succeeded", "Failed"):
+                    pending.set_result(pod)
+                else:
+                    self._pod_states[str(job_name)] = _pod_state(pod)
+            await asyncio.sleep(self.poll_interval_s)
+
+    def _pod_without_result(self, pod: Any, limits: SandboxLimits) -> ExecutionResult:
+        """A finished pod with no result line: OOM-killed launcher is the program's doing."""
+        reason = _terminated_reason(pod)
+        if reason == "OOMKilled":
+            return ExecutionResult(
+                status=ExecStatus.MEMORY_EXCEEDED,
+                backend=self.name,
+                limits=limits,
+                enforcement="kubernetes",
+                stderr="[sandbox] pod OOMKilled\n",
+            )
+        raise SandboxInfraError(
+            f"kubernetes pod {pod.metadata.name} ended without a result ({reason})"
+        )
+
+    async def _delete(self, job_name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            await self._call(
+                "delete job",
+                self._batch.delete_namespaced_job,
+                job_name,
+                self.namespace,
+                body=self._delete_options,
+            )
+        except SandboxInfraError as error:
+            if isinstance(error.__cause__, ApiException) and error.__cause__.status == 404:
+                return  # already gone (TTL controller or a concurrent reap)
+            raise
+
+    async def _delete_quietly(self, job_name: str) -> None:
+        """Delete after a run; a failure is logged, the Job's TTL and deadline still bound it."""
+        try:
+            await self._delete(job_name)
+        except SandboxInfraError as error:
+            logger.warning("could not delete sandbox job %s: %s", job_name, error)
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+        await asyncio.to_thread(self._api_client.close)
+
+
+def _terminated_reason(pod: Any) -> str:
+    for status in (pod.status.container_statuses or []) if pod.status else []:
+        if status.state and status.state.terminated:
+            return str(
+                status.state.terminated.reason or f"exit {status.state.terminated.exit_code}"
+            )
+    return str(pod.status.reason if pod.status else "unknown")
+
+
+def _pod_state(pod: Any) -> str:
+    phase = pod.status.phase if pod.status else "Unknown"
+    for status in (pod.status.container_statuses or []) if pod.status else []:
+        if status.state and status.state.waiting:
+            return f"{phase}: {status.state.waiting.reason}"
+    return str(phase)

@@ -1,0 +1,189 @@
+"""The generate activity with a real SeaweedFS, real published policies (the tiny preset) and
+the real local backend: stored records, history feedback, invalid input, hot reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.inference import InferenceActivities, sample_params
+from contracts.rollout import CompletionRecord, GenerateItem, GenerateRequest, TurnRecord
+from contracts.sandbox import ExecStatus, ExecutionResult
+from contracts.task import SamplingParams
+from infra import keys
+from infra.inference import GenerationOutput, PolicyHandle
+from infra.inference.local import LocalBackend
+from infra.inference.prompts import build_messages, encode_messages, extract_code
+from infra.policy import materialize_base_model, publish_policy
+from infra.settings import InferenceSettings, Settings
+from infra.storage import ObjectStore
+
+RUN = "run-gen"
+PROMPT = "Write add(a, b) returning a + b."
+
+
+class GatedBackend(LocalBackend):
+    """The local backend, holding each batch until `gate` opens (to hold a batch in flight)."""
+
+    def __init__(self, settings: Settings):
+        super().__init__(settings)
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def generate(
+        self, prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle
+    ) -> list[GenerationOutput]:
+        await self.gate.wait()
+        return await super().generate(prompts, params, policy)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.getbasetemp() / "home"
+    return materialize_base_model("tiny", Settings(home=home))
+
+
+@pytest_asyncio.fixture
+async def acts(
+    tmp_path: Path, store: ObjectStore, tiny_dir: Path
+) -> AsyncIterator[InferenceActivities]:
+    settings = Settings(
+        home=tmp_path, inference=InferenceSettings(max_batch=8, max_wait_ms=20, threads=1)
+    )
+    await asyncio.to_thread(publish_policy, store, RUN, 0, tiny_dir)
+    activities = InferenceActivities(settings, store=store, backend=GatedBackend(settings))
+    yield activities
+    await activities.close()
+
+
+def request(task: str, samples: int = 3, turn: int = 0, **overrides: object) -> GenerateRequest:
+    fields: dict[str, object] = {
+        "run_id": RUN,
+        "task_id": task,
+        "turn": turn,
+        "prompt": PROMPT,
+        "sampling": SamplingParams(temperature=1.0, max_new_tokens=12, seed=5),
+        "policy_run": RUN,
+        "items": [GenerateItem(sample=s) for s in range(samples)],
+    }
+    fields.update(overrides)
+    return GenerateRequest.model_validate(fields)
+
+
+async def generate(acts: InferenceActivities, req: GenerateRequest):  # type: ignore[no-untyped-def]
+    return await ActivityEnvironment().run(acts.generate, req)
+
+
+@pytest.mark.asyncio
+async def test_generate_stores_exact_records_and_code(
+    acts: InferenceActivities, store: ObjectStore
+) -> None:
+    response = await generate(acts, request("add"))
+    assert response.policy_version == 0 and response.tokens_per_s > 0
+    assert [c.sample for c in response.completions] == [0, 1, 2]
+    tokenizer = await acts._tokenizer(await acts.policies.resolve(RUN))
+    expected_prompt = encode_messages(tokenizer, build_messages(PROMPT))
+    records = []
+    for c in response.completions:
+        assert c.completion.key == keys.turn_key(RUN, "add", c.sample, 0, "completion.json")
+        assert c.code.key == keys.turn_key(RUN, "add", c.sample, 0, "code.py")
+        record = store.get_model(c.completion.key, CompletionRecord)
+        assert record.prompt_token_ids == expected_prompt
+        assert len(record.completion_token_ids) == len(record.logprobs) == c.num_tokens == 12
+        assert record.policy_version == 0 and record.finish_reason == c.finish_reason == "length"
+        assert record.text == tokenizer.decode(
+            record.completion_token_ids, skip_special_tokens=True
+        )
+        assert store.get_text(c.code.key) == extract_code(record.text)
+        records.append(record)
+    assert len({tuple(r.completion_token_ids) for r in records}) == 3  # a seed per sample
+    again = await generate(acts, request("add"))  # a retried activity samples the same tokens
+    for c, record in zip(again.completions, records, strict=True):
+        retried = store.get_model(c.completion.key, CompletionRecord)
+        assert retried.completion_token_ids == record.completion_token_ids
+
+
+def test_seed_of_each_sample_and_turn() -> None:
+    base = SamplingParams(seed=5)
+    assert sample_params(base, 2, 1).seed == 2006
+    assert sample_params(SamplingParams(seed=None), 2, 1).seed is None
+
+
+@pytest.mark.asyncio
+async def test_next_turn_prompt_carries_the_feedback(
+    acts: InferenceActivities, store: ObjectStore
+) -> None:
+    first = (await generate(acts, request("fix", samples=1))).completions[0]
+    result = ExecutionResult(
+        status=ExecStatus.FAILED, tests_passed=0, tests_total=2, stderr="NameError: name 'ad'"
+    )
+    result_ref = store.put_json(keys.turn_key(RUN, "fix", 0, 0, "result.json"), result)
+    turn0 = TurnRecord(
+        turn=0, policy_version=0, completion=first.completion, code=first.code,
+        num_tokens=first.num_tokens, status=ExecStatus.FAILED, tests_total=2, result=result_ref,
+    )  # fmt: skip
+    item = GenerateItem(sample=0, history=[turn0])
+    second = (await generate(acts, request("fix", turn=1, items=[item]))).completions[0]
+    assert second.completion.key == keys.turn_key(RUN, "fix", 0, 1, "completion.json")
+    record = store.get_model(second.completion.key, CompletionRecord)
+    tokenizer = await acts._tokenizer(await acts.policies.resolve(RUN))
+    prompt = tokenizer.decode(record.prompt_token_ids)
+    assert "Tests passed: 0/2." in prompt and "NameError: name 'ad'" in prompt
+    assert prompt.count("<|im_start|>assistant") == 2  # turn 0's answer, then the new turn
+    earlier = store.get_model(first.completion.key, CompletionRecord)
+    assert record.prompt_token_ids[: len(earlier.prompt_token_ids)] == earlier.prompt_token_ids
+
+
+@pytest.mark.asyncio
+async def test_invalid_requests_fail_without_retry(
+    acts: InferenceActivities, store: ObjectStore
+) -> None:
+    first = (await generate(acts, request("bad", samples=1))).completions[0]
+    unexecuted = TurnRecord(turn=0, policy_version=0, completion=first.completion, code=first.code)
+    cases = {
+        "items": request("bad", items=[]),
+        "duplicate": request("bad", items=[GenerateItem(sample=1), GenerateItem(sample=1)]),
+        "items[0].history[0].result": request(
+            "bad", turn=1, items=[GenerateItem(sample=0, history=[unexecuted])]
+        ),
+        "policy_version 7": request("bad", policy_version=7),
+    }
+    for needle, bad in cases.items():
+        with pytest.raises(
+            ApplicationError, match=needle.replace("[", r"\[").replace("]", r"\]")
+        ) as err:
+            await generate(acts, bad)
+        assert err.value.non_retryable, needle
+
+
+@pytest.mark.asyncio
+async def test_hot_reload_finishes_in_flight_work_on_the_old_version(
+    acts: InferenceActivities, store: ObjectStore, tiny_dir: Path
+) -> None:
+    acts.policies.latest_ttl_s = 0.0  # every request re-reads latest.json
+    backend = acts.backend
+    assert isinstance(backend, GatedBackend)
+    backend.gate.clear()
+    in_flight = asyncio.create_task(generate(acts, request("old", samples=2)))
+    while acts.batcher.running == 0:  # its batch has started, on v0, and is held at the gate
+        await asyncio.sleep(0.01)
+    await asyncio.to_thread(publish_policy, store, RUN, 1, tiny_dir, 1)
+    newer = asyncio.create_task(generate(acts, request("new", samples=2)))
+    while acts.batcher.waiting < 2:  # resolved to v1, queued behind the running batch
+        await asyncio.sleep(0.01)
+    backend.gate.set()
+    old, new = await asyncio.gather(in_flight, newer)
+    assert old.policy_version == 0 and new.policy_version == 1
+    for response, version in ((old, 0), (new, 1)):
+        for c in response.completions:
+            assert store.get_model(c.completion.key, CompletionRecord).policy_version == version
+    pinned = await generate(acts, request("pinned", samples=1, policy_version=0))
+    assert pinned.policy_version == 0
+    assert sorted(backend.loaded_versions()) == [(RUN, 0), (RUN, 1)]

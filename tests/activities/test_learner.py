@@ -1,0 +1,145 @@
+"""prepare_run / train_step through temporalio's ActivityEnvironment, on a real SeaweedFS."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+import activities.learner as learner_module
+from activities.learner import LearnerActivities, StepRecord
+from contracts.learner import GRPOConfig, PrepareRunRequest, TrainStepRequest, TrajectoryGroup
+from contracts.sandbox import ExecStatus
+from contracts.trajectory import Trajectory, TrajectoryTurn, trajectory_id
+from infra import keys
+from infra.policy import latest_policy, policy_manifest
+from infra.settings import Settings
+from infra.storage import ObjectStore
+
+RUN = "run-a"
+CONFIG = GRPOConfig(learning_rate=1e-3, micro_batch_size=4, max_staleness=1)
+
+
+def write_group(store: ObjectStore, task: str, version: int, seed: int) -> TrajectoryGroup:
+    rng = random.Random(seed)
+    refs, rewards = [], []
+    for sample in range(4):
+        reward = float(sample % 2)
+        completion = [rng.randrange(3, 259) for _ in range(10)]
+        turn = TrajectoryTurn(
+            turn=0, policy_version=version, prompt_token_ids=[1, *(rng.randrange(3, 259) for _ in range(8))],
+            completion_token_ids=completion, completion_logprobs=[-5.5] * len(completion),
+            completion_text="x", code="x", status=ExecStatus.FAILED, reward=reward,
+        )  # fmt: skip
+        trajectory = Trajectory(
+            id=trajectory_id(RUN, task, sample), run_id=RUN, task_id=task, sample=sample,
+            group_size=4, prompt="p", turns=[turn], reward=reward, solved=reward > 0,
+            policy_version=version, created_at="2026-01-01T00:00:00+00:00",
+        )  # fmt: skip
+        refs.append(
+            store.put_json(keys.trajectory_key(RUN, task, sample), trajectory, create_only=True)
+        )
+        rewards.append(reward)
+    return TrajectoryGroup(task_id=task, trajectories=refs, rewards=rewards, policy_version=version)
+
+
+class CountingActivities(LearnerActivities):
+    """The real activities, counting how many times the engine trained."""
+
+    trainings = 0
+
+    def _engine_at(self, *args: Any, **kwargs: Any) -> Any:
+        engine = super()._engine_at(*args, **kwargs)
+        CountingActivities.trainings += 1
+        return engine
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(home=tmp_path / "home")
+
+
+@pytest.mark.asyncio
+async def test_prepare_run_is_idempotent(store: ObjectStore, settings: Settings) -> None:
+    acts = LearnerActivities(settings, store)
+    env = ActivityEnvironment()
+    v0 = await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+    assert v0.version == 0 and latest_policy(store, RUN) == v0
+    again = await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+    assert again == v0
+    with pytest.raises(ApplicationError, match="base_model") as err:
+        await env.run(acts.prepare_run, PrepareRunRequest(run_id="r2", base_model="nope"))
+    assert err.value.non_retryable
+
+
+@pytest.mark.asyncio
+async def test_train_step_exactly_once_and_crash_resume(
+    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(learner_module, "HEARTBEAT_EVERY_S", 0.05)
+    beats: list[Any] = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: beats.append(details)
+    acts = CountingActivities(settings, store)
+    CountingActivities.trainings = 0
+    await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+
+    groups = [write_group(store, "t1", 0, 1), write_group(store, "t2", 0, 2)]
+    request = TrainStepRequest(run_id=RUN, step=0, groups=groups, config=CONFIG)
+    first = await env.run(acts.train_step, request)
+    assert first.policy.version == 1 and first.trained == 8 and first.dropped_stale == 0
+    assert first.reward_mean == 0.5 and latest_policy(store, RUN) == first.policy
+    ack = store.get_model(keys.learner_ack_key(RUN, 0), StepRecord)
+    assert sorted(ack.trained) == sorted(
+        trajectory_id(RUN, t, s) for t in ("t1", "t2") for s in range(4)
+    )
+    assert ack.policy == first.policy and first.ack.key == keys.learner_ack_key(RUN, 0)
+    assert beats, "a step that runs for seconds must heartbeat"
+
+    # a retry of the same step: same answer, no second training
+    assert await env.run(acts.train_step, request) == first
+    assert CountingActivities.trainings == 1
+
+    # the worker crashes; a new one resumes from published v1
+    fresh = CountingActivities(settings, store)
+    step1 = TrainStepRequest(
+        run_id=RUN, step=1, groups=[write_group(store, "t3", 1, 3)], config=CONFIG
+    )
+    second = await env.run(fresh.train_step, step1)
+    assert second.policy.version == 2 and fresh.engine.version == 2
+    assert CountingActivities.trainings == 2
+
+    # crash after publishing v3 but before its ack: the retry acks from the version, no training
+    step2 = TrainStepRequest(
+        run_id=RUN, step=2,
+        groups=[write_group(store, "t4", 2, 4), write_group(store, "t5", 0, 5)],
+        config=CONFIG,
+    )  # fmt: skip
+    third = await env.run(fresh.train_step, step2)
+    assert third.trained == 4 and third.dropped_stale == 4  # t5 is 2 versions behind step 2
+    store.delete(keys.learner_ack_key(RUN, 2))
+    rebooted = CountingActivities(settings, store)
+    assert await env.run(rebooted.train_step, step2) == third
+    assert rebooted.engine is None and CountingActivities.trainings == 3
+    manifest = policy_manifest(store, RUN, 3)
+    assert manifest is not None and "train_step.json" in manifest.files
+
+
+@pytest.mark.asyncio
+async def test_train_step_rejects_bad_refs(store: ObjectStore, settings: Settings) -> None:
+    acts = LearnerActivities(settings, store)
+    env = ActivityEnvironment()
+    await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+    group = write_group(store, "t1", 0, 1)
+    group.trajectories[2] = group.trajectories[2].model_copy(update={"sha256": "0" * 64})
+    request = TrainStepRequest(run_id=RUN, step=0, groups=[group], config=CONFIG)
+    with pytest.raises(ApplicationError, match=r"groups\[0\].trajectories\[2\]") as err:
+        await env.run(acts.train_step, request)
+    assert err.value.non_retryable
+    late = TrainStepRequest(run_id=RUN, step=5, groups=[group], config=CONFIG)
+    with pytest.raises(ApplicationError, match="version 5"):
+        await env.run(acts.train_step, late)

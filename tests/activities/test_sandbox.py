@@ -1,0 +1,101 @@
+"""The execute activity with real bwrap and a real SeaweedFS: results stored, statuses mapped,
+items run concurrently, platform faults retryable, bad input not."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.sandbox import SandboxActivities
+from contracts.sandbox import ExecStatus, ExecuteItem, ExecuteRequest, ExecutionResult
+from contracts.task import SandboxLimits
+from infra import keys
+from infra.sandbox.local import LocalBackend
+from infra.settings import Settings
+from infra.storage import ObjectStore
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None or os.geteuid() != 0, reason="needs bwrap and root"
+)
+
+RUN, TASK = "run-sbx", "add"
+TESTS = "def check(candidate):\n    assert candidate(1, 2) == 3\n"
+PROGRAMS = {
+    0: "def add(a, b):\n    return a + b\nprint('solved')\n",
+    1: "def add(a, b):\n    return a - b\n",
+    2: "import time\ntime.sleep(1.5)\ndef add(a, b):\n    return a + b\n",
+    3: "def add(a, b):\n    return a + b\nimport sys\nsys.exit(0)\n",
+}
+
+
+def request(store: ObjectStore, programs: dict[int, str], **overrides: object) -> ExecuteRequest:
+    items = [
+        ExecuteItem(sample=s, code=store.put_text(keys.turn_key(RUN, TASK, s, 0, "code.py"), code))
+        for s, code in programs.items()
+    ]
+    fields = {"run_id": RUN, "task_id": TASK, "turn": 0, "tests": TESTS, "entry_point": "add",
+              "limits": SandboxLimits(timeout_s=8), "items": items} | overrides  # fmt: skip
+    return ExecuteRequest(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_execute_stores_results_and_maps_statuses(store: ObjectStore) -> None:
+    acts = SandboxActivities(Settings(), store=store)
+    heartbeats: list[object] = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: heartbeats.append(details)
+    started = time.monotonic()
+    try:
+        response = await env.run(acts.execute, request(store, {0: PROGRAMS[0], 1: PROGRAMS[1], 3: PROGRAMS[3]}))
+    finally:
+        await acts.close()
+    assert [o.sample for o in response.outcomes] == [0, 1, 3]
+    assert [o.status for o in response.outcomes] == [ExecStatus.PASSED, ExecStatus.FAILED, ExecStatus.FAILED]
+    assert [(o.tests_passed, o.tests_total) for o in response.outcomes] == [(1, 1), (0, 1), (0, 1)]
+    solved = response.outcomes[0]
+    assert solved.result.key == keys.turn_key(RUN, TASK, 0, 0, "result.json")
+    stored = store.get_model(solved.result.key, ExecutionResult)
+    assert stored.status == ExecStatus.PASSED and stored.backend == "local"
+    assert store.get_text(keys.turn_key(RUN, TASK, 0, 0, "stdout.txt")) == "solved\n"
+    assert "AssertionError" in store.get_text(keys.turn_key(RUN, TASK, 1, 0, "stderr.txt"))
+    assert heartbeats and time.monotonic() - started < 30
+
+
+@pytest.mark.asyncio
+async def test_items_run_concurrently(store: ObjectStore) -> None:
+    acts = SandboxActivities(Settings(sandbox={"concurrency": 4}), store=store)
+    started = time.monotonic()
+    try:
+        response = await ActivityEnvironment().run(acts.execute, request(store, {s: PROGRAMS[2] for s in range(4)}))
+        elapsed = time.monotonic() - started
+    finally:
+        await acts.close()
+    assert all(o.status == ExecStatus.PASSED for o in response.outcomes)
+    assert elapsed < 4 * 1.5, f"4 programs sleeping 1.5 s each took {elapsed:.1f} s: not concurrent"
+
+
+@pytest.mark.asyncio
+async def test_platform_fault_is_a_retryable_error(store: ObjectStore) -> None:
+    backend = LocalBackend(Settings())
+    backend.bwrap = None
+    acts = SandboxActivities(Settings(), store=store, backend=backend)
+    with pytest.raises(ApplicationError) as caught:
+        await ActivityEnvironment().run(acts.execute, request(store, {0: PROGRAMS[0]}))
+    assert caught.value.type == "SandboxInfraError" and not caught.value.non_retryable
+    assert not store.exists(keys.turn_key(RUN, TASK, 0, 0, "result.json"))
+
+
+@pytest.mark.asyncio
+async def test_missing_code_is_invalid_input(store: ObjectStore) -> None:
+    acts = SandboxActivities(Settings(), store=store)
+    req = request(store, {0: PROGRAMS[0]})
+    req.items[0].code.key = "runs/nowhere/code.py"
+    with pytest.raises(ApplicationError) as caught:
+        await ActivityEnvironment().run(acts.execute, req)
+    await acts.close()
+    assert caught.value.non_retryable and "items[0].code" in str(caught.value)

@@ -1,0 +1,180 @@
+"""Local transformers backend on the `tiny` preset (a random 2-layer Llama): the decode loop's
+contract — seeded reproducibility, greedy = argmax, log-probs = teacher forcing, per-row EOS,
+left padding invisible, context budget, the LRU of loaded versions, and the batcher in front.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from contracts.task import SamplingParams
+from infra.inference import Batcher, PolicyHandle
+from infra.inference.local import (
+    NUCLEUS_K,
+    LoadedPolicy,
+    LocalBackend,
+    _nucleus_sample,
+    load_policy,
+    sample_batch,
+)
+from infra.policy import materialize_base_model
+from infra.settings import InferenceSettings, Settings
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny preset, built once per session (the preset caches under `home/models`)."""
+    return materialize_base_model("tiny", Settings(home=tmp_path_factory.getbasetemp() / "home"))
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_dir: Path) -> LoadedPolicy:
+    return load_policy(str(tiny_dir), CPU)
+
+
+def prompts(n: int) -> list[list[int]]:
+    """Prompts of different lengths (byte ids of the tiny vocabulary, 3..258)."""
+    return [[3 + (7 * i + 13 * k) % 250 for k in range(5 + 9 * i)] for i in range(n)]
+
+
+def teacher_forced(policy: LoadedPolicy, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """log softmax of the unpadded model over prompt + completion, at each completion token."""
+    with torch.inference_mode():
+        logits = policy.model(input_ids=torch.tensor([prompt + completion])).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    return logprobs.gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def test_seeded_sampling_is_reproducible_and_seed_dependent(policy: LoadedPolicy) -> None:
+    rows = prompts(3)
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=12, seed=s) for s in (1, 2, 3)
+    ]
+    first = sample_batch(policy, rows, params)
+    again = sample_batch(policy, rows, params)
+    assert [o.token_ids for o in first] == [o.token_ids for o in again]
+    other = [p.model_copy(update={"seed": p.seed + 100}) for p in params]  # type: ignore[operator]
+    assert [o.token_ids for o in sample_batch(policy, rows, other)] != [o.token_ids for o in first]
+
+
+def test_greedy_picks_the_argmax_every_step(policy: LoadedPolicy) -> None:
+    rows = prompts(2)
+    params = [SamplingParams(temperature=0.0, max_new_tokens=8)] * 2
+    outputs = sample_batch(policy, rows, params)
+    assert [o.token_ids for o in outputs] == [
+        o.token_ids for o in sample_batch(policy, rows, params)
+    ]
+    for prompt, output in zip(rows, outputs, strict=True):
+        with torch.inference_mode():
+            logits = policy.model(input_ids=torch.tensor([prompt + output.token_ids])).logits[0]
+        assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == output.token_ids
+
+
+def test_logprobs_equal_teacher_forced_recomputation(policy: LoadedPolicy) -> None:
+    rows = prompts(4)
+    params = [
+        SamplingParams(temperature=0.0, max_new_tokens=12),
+        SamplingParams(temperature=0.7, top_p=0.9, max_new_tokens=12, seed=5),
+        SamplingParams(temperature=1.3, top_p=1.0, max_new_tokens=5, seed=6),
+        SamplingParams(temperature=1.0, top_p=0.5, max_new_tokens=16, seed=7),
+    ]
+    outputs = sample_batch(policy, rows, params)
+    for prompt, param, output in zip(rows, params, outputs, strict=True):
+        assert len(output.token_ids) == len(output.logprobs) == param.max_new_tokens
+        assert output.finish_reason == "length"
+        expected = teacher_forced(policy, prompt, output.token_ids)
+        assert torch.allclose(torch.tensor(output.logprobs), expected, atol=1e-4)
+
+
+def test_left_padding_does_not_change_results(policy: LoadedPolicy) -> None:
+    rows = prompts(4)
+    params = [
+        SamplingParams(temperature=t, max_new_tokens=16, seed=i)
+        for i, t in enumerate((0.0, 1.0, 0.8, 0.0))
+    ]
+    batched = sample_batch(policy, rows, params)
+    for prompt, param, output in zip(rows, params, batched, strict=True):
+        (alone,) = sample_batch(policy, [prompt], [param])
+        assert alone.token_ids == output.token_ids
+        assert max(abs(a - b) for a, b in zip(alone.logprobs, output.logprobs, strict=True)) < 1e-4
+
+
+def test_rows_stop_independently_at_eos(policy: LoadedPolicy) -> None:
+    rows = prompts(2)
+    params = [SamplingParams(temperature=1.0, max_new_tokens=16, seed=s) for s in (11, 12)]
+    free = sample_batch(policy, rows, params)
+    # Declare a token of row 0 that row 1 never emits an EOS: row 0 must stop right there with
+    # "stop", row 1 must run on, unchanged, to its budget.
+    stop_at = next(
+        k for k, t in enumerate(free[0].token_ids)
+        if k >= 1 and t not in free[0].token_ids[:k] and t not in free[1].token_ids
+    )  # fmt: skip
+    eos = free[0].token_ids[stop_at]
+    stopping = dataclasses.replace(policy, eos_ids=frozenset({eos}))
+    first, second = sample_batch(stopping, rows, params)
+    assert first.token_ids == free[0].token_ids[: stop_at + 1] and first.finish_reason == "stop"
+    assert second.token_ids == free[1].token_ids and second.finish_reason == "length"
+    assert len(second.token_ids) == 16
+
+
+def test_budget_is_clamped_to_the_context(policy: LoadedPolicy) -> None:
+    near_full = [5] * (policy.max_context - 3)
+    over_full = [5] * policy.max_context
+    short, none = sample_batch(
+        policy, [near_full, over_full], [SamplingParams(temperature=0.0, max_new_tokens=10)] * 2
+    )
+    assert len(short.token_ids) == 3 and short.finish_reason == "length"
+    assert none.token_ids == [] and none.finish_reason == "length"
+
+
+def test_top_p_samples_only_the_nucleus_in_proportion() -> None:
+    probs = torch.tensor([0.15, 0.5, 0.05, 0.3])
+    uniforms = torch.linspace(0.0, 0.999, 1000)
+    rows = probs.expand(1000, 4)
+    nucleus = _nucleus_sample(rows, torch.full((1000,), 0.7), uniforms)
+    assert set(nucleus.tolist()) == {1, 3}  # 0.5 + 0.3 reaches 0.7; 0.15 and 0.05 are cut
+    assert (nucleus == 1).sum().item() == pytest.approx(1000 * 0.5 / 0.8, abs=2)
+    whole = _nucleus_sample(rows, torch.ones(1000), uniforms)
+    counts = torch.bincount(whole, minlength=4).float() / 1000
+    assert counts.tolist() == pytest.approx(probs.tolist(), abs=0.002)
+
+
+def test_a_nucleus_wider_than_the_top_k_is_still_exact() -> None:
+    vocab = 4 * NUCLEUS_K
+    flat = torch.full((1, vocab), 1.0 / vocab)  # its 0.9-nucleus is wider than NUCLEUS_K
+    picks = {
+        int(_nucleus_sample(flat, torch.tensor([0.9]), torch.tensor([u])))
+        for u in (0.0, 0.5, 0.999)
+    }
+    assert len(picks) == 3 and max(picks) >= NUCLEUS_K
+
+
+@pytest.mark.asyncio
+async def test_backend_keeps_at_most_two_versions_and_serves_through_the_batcher(
+    tiny_dir: Path,
+) -> None:
+    settings = Settings(inference=InferenceSettings(threads=1))
+    backend = LocalBackend(settings)
+    batcher = Batcher(backend, max_batch=8, max_wait_ms=20)
+    handles = [PolicyHandle("run-l", v, tiny_dir) for v in range(3)]
+    rows = prompts(6)
+    params = [SamplingParams(temperature=0.9, max_new_tokens=8, seed=i) for i in range(6)]
+    results = await asyncio.gather(
+        *(batcher.submit(p, q, handles[0]) for p, q in zip(rows, params, strict=True))
+    )
+    direct = sample_batch(load_policy(str(tiny_dir), CPU), rows, params)
+    assert [r.output.token_ids for r in results] == [o.token_ids for o in direct]
+    assert batcher.batches == 1 and results[0].batch_size == 6
+    assert results[0].batch_tokens_per_s > 0
+    for h in handles[1:]:
+        await batcher.submit(rows[0], params[0], h)
+    assert backend.loaded_versions() == [("run-l", 1), ("run-l", 2)]
+    await batcher.close()
+    await backend.close()

@@ -1,0 +1,231 @@
+"""Kubernetes sandbox backend: manifests validated for 1.33, API calls against a STUB API server.
+
+No API server can run here, so `recorded_k8s/stub_server.py` is a tiny HTTP server on
+127.0.0.1 that answers the official client with recorded response shapes and plays the kubelet
+by running the pod's command (launcher + harness, the real code) locally with the pod's env.
+Everything else — the client, the manifest, the launcher, the harness, the result parsing —
+is the production code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from contracts.sandbox import ExecStatus
+from contracts.task import SandboxLimits
+from infra.sandbox.base import SandboxBackend, SandboxInfraError
+from infra.sandbox.kubernetes import build_job_manifest, sandbox_rlimits
+from infra.sandbox.process import HarnessJob
+from tests.infra.sandbox.recorded_k8s.stub_server import NAMESPACE, StubKubeApi
+
+
+@pytest.fixture
+def stub() -> Iterator[StubKubeApi]:
+    server = StubKubeApi()
+    yield server
+    server.close()
+
+
+def _validate(manifest: dict[str, Any]) -> None:
+    kubernetes_validate.validate(manifest, "1.33.0", strict=True)
+
+
+@pytest.mark.parametrize("runtime_class", [None, "gvisor"])
+@pytest.mark.parametrize(
+    "limits",
+    [
+        SandboxLimits(),
+        SandboxLimits(timeout_s=0.5, memory_mb=16, tmpfs_mb=1),
+        SandboxLimits(timeout_s=3600, memory_mb=65536, tmpfs_mb=4096),
+    ],
+)
+def test_manifest_is_valid_and_locked_down(
+    limits: SandboxLimits, runtime_class: str | None
+) -> None:
+    job = HarnessJob("print(1)", "assert True", None, limits, sandbox_rlimits(limits))
+    manifest = build_job_manifest(
+        "tempered-sbx-0a1b2c3d4e5f",
+        NAMESPACE,
+        "python:3.11-slim",
+        job,
+        "n" * 32,
+        "sandbox worker/7",
+        runtime_class,
+    )
+    _validate(manifest)
+    spec, pod = manifest["spec"], manifest["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert spec["backoffLimit"] == 0 and spec["ttlSecondsAfterFinished"] > 0
+    assert spec["activeDeadlineSeconds"] >= limits.timeout_s
+    assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 65534
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["volumes"] == [
+        {"name": "work", "emptyDir": {"medium": "Memory", "sizeLimit": f"{limits.tmpfs_mb}Mi"}}
+    ]
+    assert container["resources"]["requests"] == container["resources"]["limits"]
+    assert pod.get("runtimeClassName") == runtime_class
+    labels = manifest["spec"]["template"]["metadata"]["labels"]
+    assert (
+        labels["app.kubernetes.io/component"] == "sandbox"
+        and labels["tempered.dev/sandbox"] == "true"
+    )
+    assert labels["tempered.dev/worker"] == "sandbox-worker-7"  # made a valid label value
+    assert "hostPath" not in json.dumps(manifest)
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert list(env)[2:] == [
+        "TEMPERED_HARNESS",
+        "TEMPERED_JOB_0",
+        "TEMPERED_RUN",
+        "TEMPERED_RESULT_NONCE",
+    ]
+    assert json.loads(env["TEMPERED_JOB_0"])["tests"] == "assert True"
+    assert json.loads(env["TEMPERED_JOB_0"])["nonce"] == job.nonce  # judged on the host
+    assert json.loads(env["TEMPERED_RUN"]) == {
+        "timeout_s": limits.timeout_s,
+        "output_bytes": limits.output_bytes,
+    }
+    assert "def main()" in env["TEMPERED_HARNESS"]
+
+
+@pytest.mark.asyncio
+async def test_run_passes_through_create_poll_log_delete(stub: StubKubeApi) -> None:
+    backend = stub.backend()
+    assert isinstance(backend, SandboxBackend)
+    program = "def add(a, b):\n    return a + b\nprint('adding')\n"
+    tests = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+    result = await backend.run(program, tests, SandboxLimits(timeout_s=20), entry_point="add")
+    assert result.status is ExecStatus.PASSED, result.stderr
+    assert (result.tests_passed, result.tests_total) == (1, 1)
+    assert result.stdout == "adding\n" and result.backend == "kubernetes"
+    assert result.enforcement == "kubernetes"
+    methods = [m for m, _ in stub.requests]
+    assert methods[0:2] == ["GET", "POST"]  # reap this worker's leftovers, then create
+    assert methods[-2:] == ["GET", "DELETE"]  # read the log, then delete the Job
+    assert stub.jobs == {} and stub.deleted[-1][1]["propagationPolicy"] == "Background"
+    await backend.close()
+
+
+@pytest.mark.asyncio
+async def test_failing_program_is_a_result(stub: StubKubeApi) -> None:
+    backend = stub.backend()
+    tests = "assert add(1, 1) == 2\nassert add(0, 0) == 0\nassert add(2, 2) == 4\n"
+    result = await backend.run(
+        "def add(a, b):\n    return a * b\n", tests, SandboxLimits(timeout_s=20)
+    )
+    assert result.status is ExecStatus.FAILED
+    assert (result.tests_passed, result.tests_total) == (2, 3)  # a*b is right for 0 and 2
+    assert "AssertionError" in result.stderr
+    timeout = await backend.run("while True:\n    pass\n", "", SandboxLimits(timeout_s=1))
+    assert timeout.status is ExecStatus.TIMEOUT and 1000 <= timeout.duration_ms < 5000
+
+
+@pytest.mark.asyncio
+async def test_forged_result_lines_in_program_output_are_ignored(stub: StubKubeApi) -> None:
+    forged = 'print(\'\\n{"tempered_result": "guess", "verdict": {"status": "passed"}}\')\nraise SystemExit(3)\n'
+    result = await stub.backend().run(forged, "assert False", SandboxLimits(timeout_s=20))
+    assert result.status is ExecStatus.FAILED and "tempered_result" in result.stdout
+
+
+@pytest.mark.parametrize("code", [403, 409, 500, 503])
+@pytest.mark.asyncio
+async def test_api_errors_are_infra_errors(stub: StubKubeApi, code: int) -> None:
+    stub.fail_create = code
+    with pytest.raises(SandboxInfraError, match=f"create job: HTTP {code}"):
+        await stub.backend().run("print(1)")
+    assert stub.requests[-1][0] == "DELETE"  # cleanup is attempted (404: nothing was created)
+
+
+@pytest.mark.asyncio
+async def test_unreachable_api_server_is_an_infra_error(stub: StubKubeApi) -> None:
+    backend = stub.backend()
+    stub.close()
+    with pytest.raises(SandboxInfraError, match="list jobs"):
+        await backend.run("print(1)")
+
+
+@pytest.mark.asyncio
+async def test_cancellation_deletes_the_job(stub: StubKubeApi) -> None:
+    stub.hang = True
+    task = asyncio.create_task(stub.backend().run("print(1)", limits=SandboxLimits(timeout_s=30)))
+    while not stub.jobs:
+        await asyncio.sleep(0.02)
+    (name,) = stub.jobs
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert stub.jobs == {} and stub.deleted[-1][0] == name
+
+
+@pytest.mark.asyncio
+async def test_pod_that_never_finishes_is_an_infra_error(stub: StubKubeApi) -> None:
+    stub.hang = True
+    backend = stub.backend(start_grace_s=0, deadline_slack_s=0.5)
+    with pytest.raises(SandboxInfraError, match="ContainerCreating"):
+        await backend.run("print(1)", limits=SandboxLimits(timeout_s=0.1))
+    assert stub.jobs == {}
+
+
+@pytest.mark.asyncio
+async def test_oom_killed_pod_is_memory_exceeded_other_failures_are_infra(
+    stub: StubKubeApi,
+) -> None:
+    stub.terminated_reason = "OOMKilled"
+    result = await stub.backend().run("x = bytearray(10**10)")
+    assert result.status is ExecStatus.MEMORY_EXCEEDED
+    stub.terminated_reason = "Error"
+    with pytest.raises(SandboxInfraError, match="without a result"):
+        await stub.backend().run("print(1)")
+
+
+@pytest.mark.asyncio
+async def test_first_run_reaps_only_this_workers_leftovers(stub: StubKubeApi) -> None:
+    stub.add_job("tempered-sbx-old", "sandbox-7f9c")
+    stub.add_job("tempered-sbx-other", "sandbox-other")
+    backend = stub.backend()
+    await backend.run("print(1)", limits=SandboxLimits(timeout_s=20))
+    assert list(stub.jobs) == ["tempered-sbx-other"]
+    await backend.run("print(2)", limits=SandboxLimits(timeout_s=20))
+    assert (
+        sum(1 for m, p in stub.requests if m == "GET" and p.endswith("/jobs")) == 1
+    )  # reaped once
+
+
+@pytest.mark.asyncio
+async def test_concurrent_runs_share_one_pod_poller(stub: StubKubeApi) -> None:
+    backend = stub.backend()
+    programs = [f"print({i} * {i})" for i in range(4)]
+    results = await asyncio.gather(
+        *(backend.run(p, limits=SandboxLimits(timeout_s=20)) for p in programs)
+    )
+    assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(4)]
+    assert all(r.status is ExecStatus.PASSED for r in results)
+    assert set(stub.pod_selectors) == {"tempered.dev/worker=sandbox-7f9c"}  # one list for all runs
+    await backend.close()
+
+
+@pytest.mark.asyncio
+async def test_large_jobs_are_split_across_env_values(stub: StubKubeApi) -> None:
+    padding = "# " + "x" * 250 + "\n"
+    program = padding * 800 + "def big():\n    return 42\n"  # ~200 KiB, over one env value's limit
+    result = await stub.backend().run(program, "assert big() == 42", SandboxLimits(timeout_s=20))
+    assert result.status is ExecStatus.PASSED and result.tests_passed == 1
+    with pytest.raises(ValueError, match="at most"):
+        await stub.backend().run(padding * 5000)
+
+
+@pytest.mark.asyncio
+async def test_output_is_capped_and_marked_truncated(stub: StubKubeApi) -> None:
+    limits = SandboxLimits(timeout_s=20, output_bytes=1024)
+    result = await stub.backend().run("print('y' * 100_000)", limits=limits)
+    assert result.status is ExecStatus.PASSED
+    assert result.truncated and len(result.stdout) == 1024

@@ -1,0 +1,188 @@
+"""The local (bubblewrap) backend against real bwrap: statuses, tests, limits, output caps."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+
+import psutil
+import pytest
+
+from contracts.sandbox import ExecStatus
+from contracts.task import SandboxLimits
+from infra.sandbox import SandboxInfraError, get_backend
+from infra.sandbox.local import SANDBOX_UID_RANGE, LocalBackend
+from infra.settings import Settings
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None or os.geteuid() != 0, reason="needs bwrap and root"
+)
+
+CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n"
+FAST = SandboxLimits(timeout_s=5)
+
+
+@pytest.fixture(scope="module")
+def backend() -> LocalBackend:
+    return LocalBackend(Settings(), warm=0)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("program", "tests", "entry_point", "status", "passed", "total"),
+    [
+        ("def add(a, b):\n    return a + b\n", CHECK, "add", ExecStatus.PASSED, 1, 1),
+        ("def add(a, b):\n    return a - b\n", CHECK, "add", ExecStatus.FAILED, 0, 1),
+        ("def add(a, b):\n    return a +\n", CHECK, "add", ExecStatus.ERROR, 0, 1),
+        ("def add(a, b):\n    return a / 0\n", CHECK, "add", ExecStatus.ERROR, 0, 1),
+        ("def plus(a, b):\n    return a + b\n", CHECK, "add", ExecStatus.ERROR, 0, 1),
+        ("raise ValueError('boom')\n", CHECK, "add", ExecStatus.ERROR, 0, 1),
+        ("def f(x):\n    return 2 * x\n", "assert f(1) == 2\nassert f(2) == 4\n", None, ExecStatus.PASSED, 2, 2),
+        ("def f(x):\n    return 2 * x\n", "assert f(1) == 2\nassert f(2) == 5\nassert f(3) == 6\n", None, ExecStatus.FAILED, 2, 3),
+        ("print('hello')\n", "", None, ExecStatus.PASSED, 0, 0),
+        ("import sys\nsys.exit(3)\n", "", None, ExecStatus.FAILED, 0, 0),
+        ("x = [1, 2\n", "", None, ExecStatus.ERROR, 0, 0),
+    ],
+)  # fmt: skip
+async def test_statuses(backend, program, tests, entry_point, status, passed, total) -> None:
+    result = await backend.run(program, tests, FAST, entry_point)
+    assert (result.status, result.tests_passed, result.tests_total) == (status, passed, total), result
+    assert result.backend == "local" and result.limits == FAST
+
+
+@pytest.mark.asyncio
+async def test_failure_reports_the_failing_line(backend) -> None:
+    result = await backend.run("def add(a, b):\n    return a - b\n", CHECK, FAST, "add")
+    assert 'File "tests.py", line 2, in check' in result.stderr
+    assert "AssertionError" in result.stderr and result.detail == "AssertionError"
+
+
+@pytest.mark.asyncio
+async def test_setup_in_tests_sees_the_program(backend) -> None:
+    tests = "import math\nHELPER = math.sqrt(4)\nassert f(HELPER) == 4.0\n"
+    result = await backend.run("def f(x):\n    return x * 2\n", tests, FAST)
+    assert result.status == ExecStatus.PASSED and result.tests_total == 1
+
+
+@pytest.mark.asyncio
+async def test_stdlib_introspection_still_works(backend) -> None:
+    program = (
+        "import re, json, typing, dataclasses, enum, threading, socket, logging, collections\n"
+        "from typing import List\n@dataclasses.dataclass\nclass P:\n    x: int\n"
+        "Pair = collections.namedtuple('Pair', 'a b')\nlogging.getLogger('t').warning('w')\n"
+        "def add(a: int, b: int) -> int:\n    return P(a).x + Pair(b, 0).a\n"
+    )
+    result = await backend.run(program, CHECK, FAST, "add")
+    assert result.status == ExecStatus.PASSED, result
+
+
+@pytest.mark.asyncio
+async def test_timeout(backend) -> None:
+    result = await backend.run("while True:\n    pass\n", CHECK, SandboxLimits(timeout_s=1), "add")
+    assert result.status == ExecStatus.TIMEOUT
+    assert 1000 <= result.duration_ms < 4000
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio
+async def test_cpu_limit_is_a_timeout(backend) -> None:
+    limits = SandboxLimits(timeout_s=60, cpu_s=1)
+    result = await backend.run("while True:\n    pass\n", "", limits)
+    assert result.status == ExecStatus.TIMEOUT and "CPU limit" in result.detail, result
+
+
+@pytest.mark.asyncio
+async def test_memory_exceeded_large_allocation(backend) -> None:
+    result = await backend.run("x = bytearray(8 * 2**30)\n", CHECK, FAST, "add")
+    assert result.status == ExecStatus.MEMORY_EXCEEDED
+    assert "MemoryError" in result.stderr
+
+
+@pytest.mark.asyncio
+async def test_memory_exceeded_gradual_growth(backend) -> None:
+    grow = "chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 20))\n"
+    result = await backend.run(grow, "", SandboxLimits(timeout_s=20, memory_mb=64))
+    assert result.status == ExecStatus.MEMORY_EXCEEDED, result
+
+
+@pytest.mark.asyncio
+async def test_output_is_truncated(backend) -> None:
+    limits = SandboxLimits(timeout_s=5, output_bytes=1000)
+    result = await backend.run("print('x' * 5000)\nimport sys\nprint('e' * 3000, file=sys.stderr)\n", "", limits)
+    assert result.status == ExecStatus.PASSED and result.truncated
+    assert result.stdout == "x" * 1000 and result.stderr == "e" * 1000
+
+
+@pytest.mark.asyncio
+async def test_small_output_is_not_truncated(backend) -> None:
+    result = await backend.run("print('ok')\n", "", FAST)
+    assert result.stdout == "ok\n" and not result.truncated
+
+
+@pytest.mark.asyncio
+async def test_enforcement_reports_cgroups_when_available(backend) -> None:
+    result = await backend.run("print(1)\n", "", FAST)
+    expected = "cgroup" if os.access("/sys/fs/cgroup/memory", os.W_OK) else "rlimit"
+    assert result.enforcement == backend.enforcement == expected
+
+
+@pytest.mark.asyncio
+async def test_rlimit_mode_still_enforces_memory() -> None:
+    backend = LocalBackend(Settings())
+    backend.use_cgroups, backend.enforcement = False, "rlimit"
+    result = await backend.run("x = bytearray(300 * 2**20)\n", "", SandboxLimits(memory_mb=128))
+    assert result.status == ExecStatus.MEMORY_EXCEEDED and result.enforcement == "rlimit"
+
+
+@pytest.mark.asyncio
+async def test_missing_bwrap_is_an_infra_error() -> None:
+    backend = LocalBackend(Settings())
+    backend.bwrap = None
+    with pytest.raises(SandboxInfraError):
+        await backend.run("print(1)\n")
+
+
+def test_get_backend_dispatches_by_name() -> None:
+    settings = Settings()
+    assert get_backend(settings).name == "local"
+    assert get_backend(settings, "gvisor").name == "gvisor"
+    with pytest.raises(ValueError, match="unknown sandbox backend"):
+        get_backend(settings, "docker")
+
+
+def _live_sandbox_processes() -> int:
+    return sum(
+        1
+        for p in psutil.process_iter(["uids", "status"])
+        if p.info["uids"] and p.info["uids"].real in SANDBOX_UID_RANGE and p.info["status"] != "zombie"
+    )
+
+
+@pytest.mark.asyncio
+async def test_warm_pool_runs_each_program_in_a_fresh_sandbox() -> None:
+    backend = LocalBackend(Settings(), warm=2)
+    leave_traces = (
+        "import os, time\nopen('/tmp/trace', 'w').write('secret')\n"
+        "if os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
+    )
+    look = "import os\nprint(os.path.exists('/tmp/trace'), len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
+    try:
+        await backend.run(leave_traces, "", FAST)
+        await backend.run(leave_traces, "", FAST)  # second run: the pool starts filling
+        for _ in range(100):
+            if sum(len(pool) for pool in backend._pool.values()) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert sum(len(pool) for pool in backend._pool.values()) == 2
+        result = await backend.run(look, "", FAST)  # served by a pre-started sandbox
+        assert result.stdout == "False 2\n", result  # no file, only its init and itself
+        limited = await backend.run("x = bytearray(200 * 2**20)\n", "", SandboxLimits(memory_mb=64))
+        assert limited.status == ExecStatus.MEMORY_EXCEEDED  # limits are applied per run
+    finally:
+        await backend.close()
+    for _ in range(40):
+        if _live_sandbox_processes() == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert _live_sandbox_processes() == 0

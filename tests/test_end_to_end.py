@@ -1,0 +1,133 @@
+"""End to end: `tempered up` on free ports, one worker process per queue, a task started with
+the `temporal` CLI (no Python), run to DONE; then a worker is SIGKILLed mid-task and replaced."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from contracts.names import Queue
+from infra.processes import free_port
+from infra.seaweed import pick_free_ports
+
+BIN = Path(sys.executable).parent
+TASK = {
+    "id": "e2e-add",
+    "prompt": "Write a Python function add(a, b) that returns a + b.",
+    "entry_point": "add",
+    "tests": "def check(candidate):\n    assert candidate(1, 2) == 3\n",
+}
+
+
+class Stack:
+    def __init__(self, home: Path) -> None:
+        s3_port, base = pick_free_ports()
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "TEMPERED_HOME": str(home),
+            "TEMPERED_TEMPORAL__ADDRESS": f"127.0.0.1:{self.port}",
+            "TEMPERED_TEMPORAL__UI_PORT": str(free_port()),
+            "TEMPERED_TEMPORAL__HTTP_PORT": str(free_port()),
+            "TEMPERED_S3__ENDPOINT": f"http://127.0.0.1:{s3_port}",
+            "TEMPERED_S3__EMBEDDED_BASE_PORT": str(base),
+            "TEMPERED_INFERENCE__BASE_MODEL": "tiny",
+            "TEMPERED_TELEMETRY__PROMETHEUS_PORT": "0",
+        }
+        self.workers: dict[Queue, subprocess.Popen[bytes]] = {}
+        self.home = home
+
+    def tempered(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "tempered"), *args], env=self.env, capture_output=True, text=True,
+            timeout=timeout,
+        )
+
+    def temporal(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "temporal"), *args, "--address", f"127.0.0.1:{self.port}"],
+            capture_output=True, text=True, timeout=120,
+        )
+
+    def start_worker(self, queue: Queue) -> None:
+        log = open(self.home / f"worker-{queue.value}-{len(self.workers)}.log", "ab")  # noqa: SIM115
+        self.workers[queue] = subprocess.Popen(
+            [str(BIN / "tempered"), "worker", queue.value], env=self.env, stdout=log, stderr=log
+        )
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    stack = Stack(tmp_path)
+    up = stack.tempered("up")
+    assert up.returncode == 0, up.stderr
+    again = stack.tempered("up")
+    assert "already running" in again.stdout  # idempotent
+    try:
+        yield stack
+    finally:
+        for process in stack.workers.values():
+            process.send_signal(signal.SIGTERM)
+        for process in stack.workers.values():
+            process.wait(60)
+        assert stack.tempered("down").returncode == 0
+
+
+def wait_done(stack: Stack, workflow_id: str, timeout_s: float = 240) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = stack.temporal("workflow", "describe", "--workflow-id", workflow_id, "-o", "json")
+        if out.returncode == 0:
+            described = json.loads(out.stdout)
+            status = described["workflowExecutionInfo"]["status"]
+            if status != "WORKFLOW_EXECUTION_STATUS_RUNNING":
+                return described
+        time.sleep(1)
+    raise AssertionError(f"{workflow_id} not finished after {timeout_s}s")
+
+
+@pytest.mark.slow
+def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack) -> None:
+    for queue in Queue:
+        stack.start_worker(queue)
+    workflow_id = f"e2e-{uuid.uuid4().hex[:6]}"
+    task_input = {"task": TASK, "run_id": "e2e", "group_size": 2, "max_turns": 2,
+                  "sampling": {"max_new_tokens": 16}, "heartbeat_timeout_s": 5}
+    started = stack.temporal(
+        "workflow", "start", "--task-queue", "agent-tasks", "--type", "AgentTaskWorkflow",
+        "--workflow-id", workflow_id, "--input", json.dumps(task_input),
+    )
+    assert started.returncode == 0, started.stderr
+    described = wait_done(stack, workflow_id)
+    assert described["workflowExecutionInfo"]["status"] == "WORKFLOW_EXECUTION_STATUS_COMPLETED"
+    history = stack.temporal("workflow", "show", "--workflow-id", workflow_id, "-o", "json").stdout
+    for activity in ("generate", "execute", "write_trajectories"):
+        assert f'"{activity}"' in history
+    attrs = json.dumps(described["workflowExecutionInfo"]["searchAttributes"])
+    assert "TemperedState" in attrs and "DONE" in attrs
+
+    # SIGKILL the sandbox worker while a second task runs; a new one takes over.
+    second = f"{workflow_id}-kill"
+    task_input["task"] = {**TASK, "id": "e2e-add-2"}
+    assert stack.temporal(
+        "workflow", "start", "--task-queue", "agent-tasks", "--type", "AgentTaskWorkflow",
+        "--workflow-id", second, "--input", json.dumps(task_input),
+    ).returncode == 0
+    time.sleep(1.0)
+    stack.workers[Queue.SANDBOX].send_signal(signal.SIGKILL)
+    stack.workers[Queue.SANDBOX].wait(10)
+    stack.start_worker(Queue.SANDBOX)
+    described = wait_done(stack, second)
+    assert described["workflowExecutionInfo"]["status"] == "WORKFLOW_EXECUTION_STATUS_COMPLETED"
+    result = stack.temporal("workflow", "result", "--workflow-id", second, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("trajectories") >= 1

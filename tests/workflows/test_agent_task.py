@@ -1,0 +1,130 @@
+"""AgentTaskWorkflow on the real dev server, with real S3, real bwrap sandbox, real trajectory
+writer; only the model is scripted (so rewards are known in advance)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowFailureError
+from temporalio.worker import Replayer
+from temporalio.client import WorkflowHistory
+
+from activities.rewards import RewardActivities
+from activities.sandbox import SandboxActivities
+from contracts.names import Queue
+from contracts.rollout import AgentTaskResult, TaskStatus
+from contracts.task import AgentTaskInput, TaskSpec
+from contracts.trajectory import Trajectory
+from infra import keys
+from infra.settings import Settings
+from infra.storage import ObjectStore
+from tests.workflows.harness import ScriptedModel, connect, running_workers
+from workflows.agent_task import AgentTaskWorkflow
+
+HISTORY = Path(__file__).parent / "histories" / "agent_task.json"
+TASK = TaskSpec(
+    id="add-two",
+    prompt="Write add(a, b) returning a + b.",
+    entry_point="add",
+    tests="def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
+)
+RIGHT = "def add(a, b):\n    return a + b\n"
+WRONG = "def add(a, b):\n    return a - b\n"
+
+
+def script(sample: int, turn: int) -> str:
+    """Sample 0 solves at once, sample 1 on its second turn, sample 2 never."""
+    return {0: RIGHT, 1: RIGHT if turn >= 1 else WRONG}.get(sample, WRONG)
+
+
+def settings_for(store: ObjectStore, address: str, namespace: str, tmp_path: Path) -> Settings:
+    return Settings(
+        home=tmp_path,
+        temporal={"address": address, "namespace": namespace},
+        s3=store.settings.model_copy(update={"bucket": store.bucket}),
+    )
+
+
+@pytest.mark.asyncio
+async def test_group_rolls_out_to_done_with_known_rewards(
+    temporal_server, namespace, store: ObjectStore, tmp_path: Path
+) -> None:
+    settings = settings_for(store, temporal_server.address, namespace, tmp_path)
+    client = await connect(temporal_server.address, namespace)
+    model = ScriptedModel(store, script)
+    run_id = f"wf-{uuid.uuid4().hex[:6]}"
+    task_input = AgentTaskInput(task=TASK, run_id=run_id, group_size=3, max_turns=3)
+    async with running_workers(
+        client,
+        {
+            Queue.AGENT_TASKS: {"workflows": [AgentTaskWorkflow]},
+            Queue.INFERENCE: {"activities": [model.generate]},
+            Queue.SANDBOX: {"activities": [SandboxActivities(settings, store).execute]},
+            Queue.REWARDS: {"activities": [RewardActivities(store).write_trajectories]},
+        },
+    ):
+        handle = await client.start_workflow(
+            AgentTaskWorkflow.run, task_input, id=f"{run_id}-task", task_queue=Queue.AGENT_TASKS.value
+        )
+        result: AgentTaskResult = await handle.result()
+        status: TaskStatus = await handle.query(AgentTaskWorkflow.status)
+
+    assert result.state == "DONE" and status.state == "DONE"
+    assert result.solved == [True, True, False]
+    assert result.rewards == pytest.approx([1.0, 0.9, -0.30000000000000004])
+    # turn 0: all three generate; turn 1: samples 1 and 2; turn 2: sample 2 only
+    assert [[i.sample for i in c.items] for c in model.calls] == [[0, 1, 2], [1, 2], [2]]
+    assert [len(s.turns) for s in status.samples] == [1, 2, 3]
+    assert model.calls[1].items[0].history[0].status == "failed"  # feedback reaches turn 1
+
+    stored = sorted(store.list_keys(keys.trajectories_prefix(run_id)))
+    assert stored == [keys.trajectory_key(run_id, TASK.id, s) for s in range(3)]
+    second = store.get_model(stored[1], Trajectory)
+    assert [t.status for t in second.turns] == ["failed", "passed"] and second.reward == pytest.approx(0.9)
+
+    history = await handle.fetch_history()
+    activity_types = {
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    }
+    assert activity_types == {"generate", "execute", "write_trajectories"}
+    listed = [
+        w.id
+        async for w in client.list_workflows(
+            f'TemperedRunId = "{run_id}" AND TemperedState = "DONE" AND TemperedReward >= 1.0'
+        )
+    ]
+    assert listed == [handle.id] or listed == []  # visibility is eventually consistent
+    if os.environ.get("TEMPERED_RECORD_HISTORIES"):
+        HISTORY.parent.mkdir(exist_ok=True)
+        HISTORY.write_text(history.to_json())
+
+
+@pytest.mark.asyncio
+async def test_invalid_task_fails_once_naming_the_field(temporal_server, namespace) -> None:
+    client = await connect(temporal_server.address, namespace)
+    bad = {"task": {"id": "x", "prompt": "p", "entry_point": "1bad", "tests": "pass"}, "group_size": 0}
+    async with running_workers(client, {Queue.AGENT_TASKS: {"workflows": [AgentTaskWorkflow]}}):
+        with pytest.raises(WorkflowFailureError) as caught:
+            await client.execute_workflow(
+                "AgentTaskWorkflow", bad, id=f"bad-{uuid.uuid4().hex[:6]}",
+                task_queue=Queue.AGENT_TASKS.value,
+            )
+    message = str(caught.value.cause)
+    assert "task.entry_point" in message and "group_size" in message
+    assert caught.value.cause.non_retryable  # type: ignore[union-attr]
+
+
+@pytest.mark.asyncio
+async def test_recorded_history_replays() -> None:
+    """A change that breaks determinism of AgentTaskWorkflow fails here."""
+    history = WorkflowHistory.from_json("recorded", json.loads(HISTORY.read_text()))
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(history)

@@ -1,0 +1,329 @@
+"""`tempered runs ls`, `tempered runs show RUN`, `tempered regrade RUN`: what a run stored.
+
+    tempered runs ls                              every run in the bucket, one line each
+    tempered runs show RUN                        tasks, trajectories, reward records, policies
+    tempered regrade RUN --grader v2 [--suite S]  re-score stored final programs, no generation
+
+`regrade` runs each trajectory's final program against the task's tests *as the task suite
+defines them now* (suite from `runs/<run>/run.json`, else `starter`, else `--suite`) through
+the configured sandbox backend, and writes one `RewardRecord` per trajectory, create-only, at
+`runs/<run>/rewards/<grader>/<task>--s<sample>.json`; old records are never overwritten.
+Platform failures (infra_error) are retried, then reported, never written as a reward.
+
+Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad input or S3 unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import re
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from pydantic import Field
+from rich.console import Console
+from rich.table import Table
+
+from contracts.common import Contract
+from contracts.learner import TrainingRunInput
+from contracts.sandbox import ExecStatus, ExecutionResult
+from contracts.task import RewardConfig, SandboxLimits, TaskSpec
+from contracts.trajectory import Trajectory
+from infra import keys
+from infra.storage import ObjectExists, ObjectNotFound, ObjectStore, StorageError
+
+if TYPE_CHECKING:
+    from infra.sandbox import SandboxBackend
+    from infra.settings import Settings
+
+CliFunc = Callable[[argparse.Namespace, "Settings"], int]
+INFRA_ATTEMPTS = 3
+_VERSION_DIR = re.compile(r"/v(\d+)/$")
+
+
+class RewardRecord(Contract):
+    """One regrade of one trajectory (`runs/<run>/rewards/<grader>/<task>--s<sample>.json`)."""
+
+    trajectory_id: str
+    grader: str
+    suite: str
+    status: ExecStatus
+    tests_passed: int = 0
+    tests_total: int = 0
+    solved: bool
+    reward: float
+    previous_solved: bool
+    previous_reward: float
+    detail: str = Field(default="", description="Tail of stderr when the program failed.")
+
+
+def register(subparsers: Any) -> None:
+    """Add `runs ls`, `runs show` and `regrade` to the `tempered` CLI."""
+    runs = subparsers.add_parser("runs", help="list and inspect stored runs")
+    commands = runs.add_subparsers(dest="runs_command", required=True, metavar="COMMAND")
+    commands.add_parser("ls", help="every run in the bucket").set_defaults(func=runs_ls)
+    show = commands.add_parser("show", help="one run: tasks, trajectories, rewards, policies")
+    show.add_argument("run")
+    show.set_defaults(func=runs_show)
+    again = subparsers.add_parser(
+        "regrade", help="re-score a run's trajectories without generating"
+    )
+    again.add_argument("run")
+    again.add_argument("--grader", default="current", help="name of this grading (a key part)")
+    again.add_argument(
+        "--suite", default=None, help="task suite (default: the run's, else starter)"
+    )
+    again.add_argument("--backend", default=None, help="sandbox backend (default: settings)")
+    again.set_defaults(func=regrade)
+
+
+def _user_errors(func: CliFunc) -> CliFunc:
+    """Storage problems and bad input: one line on stderr, exit 2, no traceback."""
+
+    @functools.wraps(func)
+    def wrapper(args: argparse.Namespace, settings: Settings) -> int:
+        try:
+            return func(args, settings)
+        except (StorageError, ValueError) as exc:
+            print(f"tempered {args.command}: {exc}", file=sys.stderr)
+            return 2
+
+    return wrapper
+
+
+def _open_store(settings: Settings) -> ObjectStore:
+    store = ObjectStore.from_settings(settings)
+    store.check()
+    return store
+
+
+def _names(store: ObjectStore, prefix: str) -> list[str]:
+    """Last path segment of each prefix right under `prefix`."""
+    return [p[len(prefix) :].rstrip("/") for p in store.list_prefixes(prefix)]
+
+
+def _require_run(store: ObjectStore, run: str) -> None:
+    if next(iter(store.list_keys(keys.run_prefix(run))), None) is None:
+        raise ValueError(
+            f"unknown run {run!r}: nothing stored under s3://{store.bucket}/runs/{run}/"
+        )
+
+
+def _policy_versions(store: ObjectStore, run: str) -> list[int]:
+    prefixes = store.list_prefixes(f"{keys.run_prefix(run)}policy/")
+    return sorted(int(m.group(1)) for p in prefixes if (m := _VERSION_DIR.search(p)))
+
+
+def _load_all(store: ObjectStore, keys_: list[str], cls: type[Any]) -> list[Any]:
+    with ThreadPoolExecutor(8) as pool:
+        return list(pool.map(lambda key: store.get_model(key, cls), keys_))
+
+
+def _run_record(store: ObjectStore, run: str) -> TrainingRunInput | None:
+    try:
+        return store.get_model(keys.run_record_key(run), TrainingRunInput)
+    except ObjectNotFound:
+        return None
+
+
+def _mean(values: list[float]) -> str:
+    return f"{sum(values) / len(values):+.3f}" if values else "-"
+
+
+@_user_errors
+def runs_ls(args: argparse.Namespace, settings: Settings) -> int:
+    from infra.policy import latest_policy
+
+    store = _open_store(settings)
+    table = Table(title=f"runs in s3://{store.bucket}")
+    for column in ("run", "tasks", "trajectories", "policy versions", "latest", "graders"):
+        table.add_column(column, justify="left" if column in ("run", "graders") else "right")
+    for run in _names(store, "runs/"):
+        latest = latest_policy(store, run)
+        table.add_row(
+            run,
+            str(len(_names(store, f"{keys.run_prefix(run)}tasks/"))),
+            str(sum(1 for _ in store.list_keys(keys.trajectories_prefix(run)))),
+            str(len(_policy_versions(store, run))),
+            f"v{latest.version}" if latest else "-",
+            ", ".join(_names(store, f"{keys.run_prefix(run)}rewards/")) or "-",
+        )
+    Console().print(table)
+    return 0
+
+
+@_user_errors
+def runs_show(args: argparse.Namespace, settings: Settings) -> int:
+    from infra.policy import latest_policy, policy_manifest
+
+    store = _open_store(settings)
+    run = args.run
+    _require_run(store, run)
+    console = Console()
+    spec = _run_record(store, run)
+    about = (
+        f"suite {spec.suite}, base {spec.base_model}, G={spec.group_size}"
+        if spec
+        else "no run.json"
+    )
+    console.print(f"[bold]{run}[/]  ({about})")
+    tasks = _names(store, f"{keys.run_prefix(run)}tasks/")
+    trajectories: list[Trajectory] = _load_all(
+        store, list(store.list_keys(keys.trajectories_prefix(run))), Trajectory
+    )
+    rewards = [t.reward for t in trajectories]
+    solved = sum(t.solved for t in trajectories)
+    console.print(
+        f"tasks {len(tasks)}  trajectories {len(trajectories)}  mean reward {_mean(rewards)}  "
+        f"solved {solved}/{len(trajectories)}"
+    )
+    per_task = Table(title="trajectories by task")
+    for column in ("task", "samples", "solved", "mean reward", "turns", "policy versions"):
+        per_task.add_column(column, justify="left" if column == "task" else "right")
+    for task in sorted({t.task_id for t in trajectories}):
+        group = [t for t in trajectories if t.task_id == task]
+        per_task.add_row(
+            task, str(len(group)), f"{sum(t.solved for t in group)}/{len(group)}",
+            _mean([t.reward for t in group]), str(max(len(t.turns) for t in group)),
+            ",".join(str(v) for v in sorted({t.policy_version for t in group})),
+        )  # fmt: skip
+    console.print(per_task)
+    graders = Table(title="reward records")
+    for column in ("grader", "records", "solved", "mean reward", "changed"):
+        graders.add_column(column, justify="left" if column == "grader" else "right")
+    for grader in _names(store, f"{keys.run_prefix(run)}rewards/"):
+        prefix = f"{keys.run_prefix(run)}rewards/{grader}/"
+        records: list[RewardRecord] = _load_all(store, list(store.list_keys(prefix)), RewardRecord)
+        changed = sum(r.solved != r.previous_solved for r in records)
+        graders.add_row(
+            grader, str(len(records)), f"{sum(r.solved for r in records)}/{len(records)}",
+            _mean([r.reward for r in records]), str(changed),
+        )  # fmt: skip
+    console.print(graders)
+    policies = Table(title="policy versions")
+    latest = latest_policy(store, run)
+    for column in ("version", "step", "created", "latest"):
+        policies.add_column(column)
+    for version in _policy_versions(store, run):
+        manifest = policy_manifest(store, run, version)
+        step = str(manifest.policy.step) if manifest else "incomplete"
+        created = manifest.policy.created_at if manifest else ""
+        mark = "*" if latest and latest.version == version else ""
+        policies.add_row(f"v{version}", step, created, mark)
+    console.print(policies)
+    return 0
+
+
+@_user_errors
+def regrade(args: argparse.Namespace, settings: Settings) -> int:
+    from infra.sandbox import get_backend
+    from infra.tasks import load_suite
+
+    grader: str = args.grader
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", grader):
+        raise ValueError(f"--grader {grader!r}: use letters, digits, '_', '.', '-'")
+    store = _open_store(settings)
+    _require_run(store, args.run)
+    spec = _run_record(store, args.run)
+    suite = args.suite or (spec.suite if spec else "starter")
+    tasks = {task.id: task for task in load_suite(suite)}
+    trajectories: list[Trajectory] = _load_all(
+        store, list(store.list_keys(keys.trajectories_prefix(args.run))), Trajectory
+    )
+    if not trajectories:
+        raise ValueError(f"run {args.run!r} has no trajectories to regrade")
+    grading = Regrading(
+        store, get_backend(settings, args.backend), grader, suite,
+        limits=spec.limits if spec else SandboxLimits(), reward=spec.reward if spec else RewardConfig(),
+        concurrency=settings.sandbox.concurrency,
+    )  # fmt: skip
+    outcome = asyncio.run(grading.run_all(trajectories, tasks))
+    console = Console()
+    table = Table(title=f"regrade of {args.run} by {grader!r} (suite {suite})")
+    for column in ("regraded", "changed", "unchanged", "conflicts", "skipped", "infra"):
+        table.add_column(column, justify="right")
+    table.add_row(*(str(len(outcome[k])) for k in Regrading.OUTCOMES))
+    console.print(table)
+    for kind in ("conflict", "skipped", "infra"):
+        for line in outcome[kind]:
+            console.print(f"[yellow]{kind}[/] {line}")
+    return 1 if outcome["skipped"] or outcome["infra"] else 0
+
+
+class Regrading:
+    """Re-scores trajectories through a sandbox backend and writes one RewardRecord each."""
+
+    OUTCOMES = ("regraded", "changed", "unchanged", "conflict", "skipped", "infra")
+
+    def __init__(
+        self, store: ObjectStore, backend: SandboxBackend, grader: str, suite: str, *,
+        limits: SandboxLimits, reward: RewardConfig, concurrency: int,
+    ):  # fmt: skip
+        self.store, self.backend, self.grader, self.suite = store, backend, grader, suite
+        self.limits, self.reward = limits, reward
+        self.gate = asyncio.Semaphore(concurrency)
+
+    async def run_all(
+        self, trajectories: list[Trajectory], tasks: dict[str, TaskSpec]
+    ) -> dict[str, list[str]]:
+        outcome: dict[str, list[str]] = {kind: [] for kind in self.OUTCOMES}
+        try:
+            results = await asyncio.gather(
+                *(self.one(t, tasks.get(t.task_id)) for t in trajectories)
+            )
+        finally:
+            await self.backend.close()
+        for trajectory, kinds in zip(trajectories, results, strict=True):
+            for kind, note in kinds:
+                outcome[kind].append(f"{trajectory.id}: {note}" if note else trajectory.id)
+        return outcome
+
+    async def one(self, trajectory: Trajectory, task: TaskSpec | None) -> list[tuple[str, str]]:
+        if task is None:
+            return [("skipped", f"task {trajectory.task_id!r} is not in suite {self.suite!r}")]
+        if not trajectory.turns:
+            return [("skipped", "trajectory has no turns")]
+        result = await self._execute(trajectory.turns[-1].code, task)
+        if result is None:
+            return [("infra", f"sandbox kept failing after {INFRA_ATTEMPTS} attempts")]
+        solved = result.status == ExecStatus.PASSED
+        earlier_failures = sum(t.status != ExecStatus.PASSED for t in trajectory.turns[:-1])
+        record = RewardRecord(
+            trajectory_id=trajectory.id, grader=self.grader, suite=self.suite,
+            status=result.status, tests_passed=result.tests_passed, tests_total=result.tests_total,
+            solved=solved, reward=self.reward.score(solved, earlier_failures + (not solved)),
+            previous_solved=trajectory.solved, previous_reward=trajectory.reward,
+            detail="" if solved else result.stderr[-400:],
+        )  # fmt: skip
+        key = keys.reward_key(trajectory.run_id, self.grader, trajectory.task_id, trajectory.sample)
+        try:
+            await asyncio.to_thread(self.store.put_json, key, record, create_only=True)
+        except ObjectExists:
+            return [("conflict", f"{key} holds a different record (flaky tests?); kept it")]
+        verdict = "changed" if solved != trajectory.solved else "unchanged"
+        return [("regraded", ""), (verdict, "")]
+
+    async def _execute(self, code: str, task: TaskSpec) -> ExecutionResult | None:
+        """Run `code` against the task's tests; None when the platform kept failing."""
+        from infra.sandbox import SandboxInfraError
+
+        for attempt in range(INFRA_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(attempt)
+            async with self.gate:
+                try:
+                    result = await self.backend.run(
+                        program=code,
+                        tests=task.tests,
+                        limits=self.limits,
+                        entry_point=task.entry_point,
+                    )
+                except SandboxInfraError:
+                    continue
+            if result.status != ExecStatus.INFRA_ERROR:
+                return result
+        return None

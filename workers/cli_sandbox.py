@@ -1,0 +1,83 @@
+"""`tempered sandbox run`: run one program (and its tests) in a sandbox and print the result.
+
+    tempered sandbox run solution.py --tests tests.py --entry-point add --json
+    tempered sandbox run spin.py --backend gvisor --timeout 2 --memory-mb 128
+
+Exit status 0 whenever the sandbox worked, whatever the program did (read `status`); 3 when the
+platform failed (`infra_error`, message on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from contracts.sandbox import ExecStatus, ExecutionResult
+from contracts.task import SandboxLimits
+from infra.settings import Settings
+
+INFRA_ERROR_EXIT = 3
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    sandbox = subparsers.add_parser("sandbox", help="run programs in the sandbox")
+    commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
+    run = commands.add_parser("run", help="run PROGRAM.py (then its tests) in a sandbox")
+    run.add_argument("program", type=Path, help="Python file to run")
+    run.add_argument("--tests", type=Path, help="Python file run after the program, in its namespace")
+    run.add_argument("--entry-point", help="function passed to the tests' check(candidate)")
+    run.add_argument("--backend", choices=["local", "gvisor", "kubernetes"], help="default: settings")
+    run.add_argument("--timeout", type=float, help="wall-clock limit in seconds")
+    run.add_argument("--memory-mb", type=int, help="memory limit in MiB")
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.set_defaults(func=run_cmd)
+
+
+def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
+    from infra.sandbox import SandboxInfraError, get_backend
+
+    overrides = {"timeout_s": args.timeout, "memory_mb": args.memory_mb}
+    limits = SandboxLimits(**{k: v for k, v in overrides.items() if v is not None})
+    program = args.program.read_text()
+    tests = args.tests.read_text() if args.tests else ""
+    backend_name = args.backend or settings.sandbox.backend
+
+    async def go() -> ExecutionResult:
+        backend = get_backend(settings, backend_name)
+        try:
+            return await backend.run(program, tests, limits, args.entry_point)
+        finally:
+            await backend.close()
+
+    try:
+        result = asyncio.run(go())
+    except SandboxInfraError as exc:
+        print(f"tempered sandbox run: infra_error: {exc}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"status": ExecStatus.INFRA_ERROR.value, "backend": backend_name,
+                              "limits": limits.model_dump(), "detail": str(exc)}))  # fmt: skip
+        return INFRA_ERROR_EXIT
+    if args.json:
+        print(result.model_dump_json())
+    else:
+        print(describe(result))
+    return 0
+
+
+def describe(result: ExecutionResult) -> str:
+    tests = f", tests {result.tests_passed}/{result.tests_total}" if result.tests_total else ""
+    lines = [
+        f"status: {result.status.value}{tests} ({result.backend}, {result.duration_ms} ms, "
+        f"exit {result.exit_code}, limits by {result.enforcement})"
+    ]
+    if result.detail:
+        lines.append(f"detail: {result.detail}")
+    for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+        if text:
+            lines.append(f"--- {name} ---\n{text.rstrip()}")
+    if result.truncated:
+        lines.append("(output truncated)")
+    return "\n".join(lines)

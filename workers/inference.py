@@ -1,0 +1,28 @@
+"""Worker of the `inference` queue: samples completions from the newest (or a pinned) policy.
+
+    tempered worker inference      # or: python -m workers.cli worker inference
+
+`settings.inference.backend` picks transformers in this process (`local`, CPU by default) or a
+vLLM server (`vllm`, at `settings.inference.vllm_url`). Concurrent `generate` activities share
+one batcher, so up to `2 * max_batch` activities are accepted at once: one batch runs while the
+next one fills. Needs the object store (history artefacts, policy versions).
+"""
+
+from __future__ import annotations
+
+from contracts.names import Queue
+from infra.settings import Settings
+from workers.plan import WorkerPlan
+
+QUEUE = Queue.INFERENCE
+
+
+def build(settings: Settings) -> WorkerPlan:
+    from activities.inference import InferenceActivities
+
+    activities = InferenceActivities(settings)
+    return WorkerPlan(
+        activities=[activities.generate],
+        max_concurrent_activities=settings.inference.max_batch * 2,
+        on_shutdown=activities.close,
+    )
