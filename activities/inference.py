@@ -9,8 +9,13 @@ prompt and completion token ids and log-probs the learner trains on) and `code.p
 
 Policy: `req.policy_version` None means the newest published version of `req.policy_run`
 (re-read every couple of seconds, so a hot reload needs no restart); a number means exactly
-that version. Seeds: with `sampling.seed = s`, sample i of turn t uses `s + 1000 * i + t`, so a
-retried activity reproduces its completions.
+that version. Seeds: with `sampling.seed = s`, sample i of turn t uses `s + 1000 * i + t`
+(not `s + i`: every turn of a sample gets its own stream), so a seeded run is reproducible.
+
+Retries: turn artefacts are written create-only. An attempt first reads what earlier attempts
+stored for its samples, reuses those records (after checking they answer the same prompt),
+samples the rest from the same policy version, and never overwrites: if an overlapping attempt
+stores a sample first, that record wins. A returned ref therefore always matches its bytes.
 
 Errors: storage and inference infrastructure failures are retryable; a request that can never
 succeed (no items, duplicate samples, a history turn without its execution result or whose
@@ -43,7 +48,6 @@ from contracts.task import SamplingParams
 from infra import keys
 from infra.inference import (
     Batcher,
-    BatchResult,
     InferenceBackend,
     InferenceError,
     PolicyHandle,
@@ -52,15 +56,28 @@ from infra.inference import (
 )
 from infra.inference.prompts import build_messages, encode_messages, extract_code
 from infra.settings import Settings
-from infra.storage import ObjectNotFound, ObjectStore
+from infra.storage import ObjectExists, ObjectNotFound, ObjectStore
 
 T = TypeVar("T")
+COMPLETION = "completion.json"
+CODE = "code.py"
 HEARTBEAT_S = 2.0
 MAX_TOKENIZERS = 4
 
 
 def _invalid(field: str, why: str) -> ApplicationError:
     return ApplicationError(f"{field}: {why}", type="InvalidInput", non_retryable=True)
+
+
+def _version(req: GenerateRequest, stored: list[CompletionRecord | None]) -> int | None:
+    """The version to sample: the request's, or the one an earlier attempt already used."""
+    earlier = {record.policy_version for record in stored if record is not None}
+    if not earlier:
+        return req.policy_version
+    version = min(earlier)
+    if req.policy_version is not None and earlier != {req.policy_version}:
+        raise _invalid("policy_version", f"turn already stored from version(s) {sorted(earlier)}")
+    return version
 
 
 def _now() -> str:
@@ -74,7 +91,7 @@ def sample_params(sampling: SamplingParams, sample: int, turn: int) -> SamplingP
     return sampling.model_copy(update={"seed": sampling.seed + 1000 * sample + turn})
 
 
-async def _heartbeating(awaitable: Awaitable[T], interval_s: float = HEARTBEAT_S) -> T:
+async def _heartbeating(awaitable: Awaitable[T], interval_s: float) -> T:
     """Await `awaitable`, heartbeating every `interval_s` (and cancelling it if we are)."""
     task = asyncio.ensure_future(awaitable)
     try:
@@ -101,41 +118,75 @@ class InferenceActivities:
         self.backend = backend or get_backend(settings)
         inference = settings.inference
         self.batcher = Batcher(self.backend, inference.max_batch, inference.max_wait_ms)
-        self.policies = PolicyResolver(self.store, settings.home / "cache" / "policies")
+        self.policies = PolicyResolver(
+            self.store, settings.home / "cache" / "policies", bootstrap=self._publish_base_model
+        )
         self._tokenizers: OrderedDict[Path, Any] = OrderedDict()
+        self.heartbeat_s = HEARTBEAT_S
+
+    def _publish_base_model(self, run_id: str) -> int:
+        """Version 0 of a run started without a training run: `settings.inference.base_model`."""
+        from infra.policy import materialize_base_model, publish_policy
+
+        local_dir = materialize_base_model(self.settings.inference.base_model, self.settings, self.store)
+        return publish_policy(self.store, run_id, 0, local_dir).version
 
     @activity.defn(name=Activity.GENERATE)
     async def generate(self, req: GenerateRequest) -> GenerateResponse:
         self._validate(req)
-        try:
-            policy = await self.policies.resolve(req.policy_run, req.policy_version)
-            tokenizer = await self._tokenizer(policy)
-            prompts = await asyncio.gather(
-                *(
-                    asyncio.to_thread(self._prompt_ids, tokenizer, req, index, item)
-                    for index, item in enumerate(req.items)
-                )
-            )
-            started_at = _now()
-            submits = [
-                self.batcher.submit(ids, sample_params(req.sampling, item.sample, req.turn), policy)
-                for ids, item in zip(prompts, req.items, strict=True)
-            ]
-            results = await _heartbeating(asyncio.gather(*submits))
+        try:  # heartbeats flow through downloads, model loads and queueing alike
+            return await _heartbeating(self._generate(req), self.heartbeat_s)
         except InferenceError as exc:
             raise ApplicationError(
                 str(exc), type="InferenceError", non_retryable=not exc.retryable
             ) from exc
-        finished_at = _now()
-        completions = await asyncio.gather(
+
+    async def _generate(self, req: GenerateRequest) -> GenerateResponse:
+        stored = await asyncio.gather(
+            *(asyncio.to_thread(self._stored, req, item) for item in req.items)
+        )
+        policy = await self.policies.resolve(req.policy_run, _version(req, stored))
+        tokenizer = await self.tokenizer(policy)
+        prompts = await asyncio.gather(
             *(
-                asyncio.to_thread(
-                    self._write, req, item, ids, result, tokenizer, started_at, finished_at
-                )
-                for item, ids, result in zip(req.items, prompts, results, strict=True)
+                asyncio.to_thread(self._prompt_ids, tokenizer, req, index, item)
+                for index, item in enumerate(req.items)
             )
         )
-        tokens = sum(c.num_tokens for c in completions)
+        for index, (record, prompt) in enumerate(zip(stored, prompts, strict=True)):
+            if record is not None and record.prompt_token_ids != prompt:
+                raise _invalid(f"items[{index}]", "turn already stored for another prompt")
+        todo = [i for i, record in enumerate(stored) if record is None]
+        started_at = _now()
+        results = await asyncio.gather(
+            *(
+                self.batcher.submit(
+                    prompts[i], sample_params(req.sampling, req.items[i].sample, req.turn), policy
+                )
+                for i in todo
+            )
+        )
+        finished_at = _now()
+        fresh = {
+            i: CompletionRecord(
+                text=tokenizer.decode(result.output.token_ids, skip_special_tokens=True),
+                prompt_token_ids=prompts[i],
+                completion_token_ids=result.output.token_ids,
+                logprobs=result.output.logprobs,
+                policy_version=result.policy.version,
+                finish_reason=result.output.finish_reason,
+                started_at=started_at,
+                finished_at=finished_at,
+            )
+            for i, result in zip(todo, results, strict=True)
+        }
+        completions = await asyncio.gather(
+            *(
+                asyncio.to_thread(self._write, req, item, fresh[i] if i in fresh else stored[i])
+                for i, item in enumerate(req.items)
+            )
+        )
+        tokens = sum(len(r.output.token_ids) for r in results)
         weighted = sum(len(r.output.token_ids) * r.batch_tokens_per_s for r in results)
         return GenerateResponse(
             policy_version=policy.version,
@@ -155,7 +206,8 @@ class InferenceActivities:
                 if turn.result is None:
                     raise _invalid(f"items[{i}].history[{k}].result", "turn was never executed")
 
-    async def _tokenizer(self, policy: PolicyHandle) -> Any:
+    async def tokenizer(self, policy: PolicyHandle) -> Any:
+        """The policy's tokenizer (a few are kept loaded)."""
         if policy.path not in self._tokenizers:
             from transformers import AutoTokenizer
 
@@ -182,42 +234,39 @@ class InferenceActivities:
             history.append((record.text, result))
         return encode_messages(tokenizer, build_messages(req.prompt, history))
 
+    def _stored(self, req: GenerateRequest, item: GenerateItem) -> CompletionRecord | None:
+        """The record an earlier attempt of this activity already stored, if any (blocking)."""
+        key = keys.turn_key(req.run_id, req.task_id, item.sample, req.turn, COMPLETION)
+        try:
+            return self.store.get_model(key, CompletionRecord)
+        except ObjectNotFound:
+            return None
+
     def _write(
-        self,
-        req: GenerateRequest,
-        item: GenerateItem,
-        prompt_ids: list[int],
-        result: BatchResult,
-        tokenizer: Any,
-        started_at: str,
-        finished_at: str,
+        self, req: GenerateRequest, item: GenerateItem, record: CompletionRecord | None
     ) -> Completion:
-        """Store completion.json and code.py of one sample (blocking)."""
-        output = result.output
-        text = tokenizer.decode(output.token_ids, skip_special_tokens=True)
-        record = CompletionRecord(
-            text=text,
-            prompt_token_ids=prompt_ids,
-            completion_token_ids=output.token_ids,
-            logprobs=output.logprobs,
-            policy_version=result.policy.version,
-            finish_reason=output.finish_reason,
-            started_at=started_at,
-            finished_at=finished_at,
-        )
-        key = keys.turn_key
-        completion_ref = self.store.put_json(
-            key(req.run_id, req.task_id, item.sample, req.turn, "completion.json"), record
-        )
-        code_ref = self.store.put_text(
-            key(req.run_id, req.task_id, item.sample, req.turn, "code.py"), extract_code(text)
-        )
+        """Store completion.json and code.py of one sample, create-only (blocking).
+
+        If another attempt stored a different completion first, that one wins and is returned:
+        a ref always matches the bytes under its key, whatever attempts overlap.
+        """
+        assert record is not None
+
+        def key(name: str) -> str:
+            return keys.turn_key(req.run_id, req.task_id, item.sample, req.turn, name)
+
+        try:
+            completion_ref = self.store.put_json(key(COMPLETION), record, create_only=True)
+        except ObjectExists:
+            record = self.store.get_model(key(COMPLETION), CompletionRecord)
+            completion_ref = self.store.put_json(key(COMPLETION), record, create_only=True)
+        code_ref = self.store.put_text(key(CODE), extract_code(record.text), create_only=True)
         return Completion(
             sample=item.sample,
             completion=completion_ref,
             code=code_ref,
-            num_tokens=len(output.token_ids),
-            finish_reason=output.finish_reason,
+            num_tokens=len(record.completion_token_ids),
+            finish_reason=record.finish_reason,
         )
 
     async def close(self) -> None:

@@ -48,7 +48,9 @@ class SandboxActivities:
     @activity.defn(name=Activity.EXECUTE)
     async def execute(self, req: ExecuteRequest) -> ExecuteResponse:
         if not req.items:
-            raise ApplicationError("items: nothing to execute", type="InvalidInput", non_retryable=True)
+            raise ApplicationError(
+                "items: nothing to execute", type="InvalidInput", non_retryable=True
+            )
         beating = asyncio.create_task(self._heartbeat(req))
         try:
             outcomes = await asyncio.gather(
@@ -60,18 +62,24 @@ class SandboxActivities:
                 await beating
         return ExecuteResponse(outcomes=list(outcomes))
 
-    async def _execute_one(self, req: ExecuteRequest, index: int, item: ExecuteItem) -> ExecuteOutcome:
+    async def _execute_one(
+        self, req: ExecuteRequest, index: int, item: ExecuteItem
+    ) -> ExecuteOutcome:
         try:
             program = await asyncio.to_thread(self.store.get_text, item.code.key)
         except ObjectNotFound as exc:
             raise ApplicationError(
-                f"items[{index}].code: no object at {item.code.key}", type="InvalidInput", non_retryable=True
+                f"items[{index}].code: no object at {item.code.key}",
+                type="InvalidInput",
+                non_retryable=True,
             ) from exc
         async with self._slots:
             try:
                 result = await self.backend.run(program, req.tests, req.limits, req.entry_point)
             except SandboxInfraError as exc:
-                raise ApplicationError(f"sample {item.sample}: {exc}", type="SandboxInfraError") from exc
+                raise ApplicationError(
+                    f"sample {item.sample}: {exc}", type="SandboxInfraError"
+                ) from exc
 
         def key(name: str) -> str:
             return keys.turn_key(req.run_id, req.task_id, item.sample, req.turn, name)

@@ -87,7 +87,9 @@ async def latency_ms(
     return statistics.median(times)
 
 
-async def throughput(runner: Runner, workload: tuple[str, str, str | None], runs: int, concurrency: int) -> float:
+async def throughput(
+    runner: Runner, workload: tuple[str, str, str | None], runs: int, concurrency: int
+) -> float:
     queue = iter(range(runs))
 
     async def worker() -> None:
@@ -108,7 +110,10 @@ async def measure(backends: list[str], runs: int, concurrency: int) -> dict[str,
         per_workload = {}
         for label, workload in WORKLOADS.items():
             await runner(*workload)  # warm-up (page cache, first cgroup)
-            bare_ms, box_ms = await latency_ms(bare, workload, n), await latency_ms(runner, workload, n)
+            bare_ms, box_ms = (
+                await latency_ms(bare, workload, n),
+                await latency_ms(runner, workload, n),
+            )
             bare_idle = await latency_ms(bare, workload, n, PAUSE_S)
             box_idle = await latency_ms(runner, workload, n, PAUSE_S)
             bare_rps = await throughput(bare, workload, n, concurrency)

@@ -28,7 +28,9 @@ class SamplingParams(Contract):
     temperature: float = Field(default=0.8, ge=0.0, le=2.0)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     max_new_tokens: int = Field(default=256, ge=1, le=8192)
-    seed: int | None = Field(default=None, description="Base seed; sample i uses seed + i.")
+    seed: int | None = Field(
+        default=None, description="Base seed; sample s at turn t uses seed + 1000·s + t."
+    )
 
 
 class RewardConfig(Contract):

@@ -103,6 +103,8 @@ class TelemetrySettings(_Section):
     """OTLP gRPC endpoint; None writes JSONL under the state dir instead."""
     prometheus_port: int = Field(default=0, ge=0, le=65535)
     """Base port of per-worker Prometheus endpoints; 0 disables them."""
+    prometheus_host: str = "127.0.0.1"
+    """Address the Prometheus endpoints bind to (0.0.0.0 in a pod, so Prometheus can scrape)."""
 
 
 class Settings(BaseSettings):

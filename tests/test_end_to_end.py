@@ -92,10 +92,34 @@ def wait_done(stack: Stack, workflow_id: str, timeout_s: float = 240) -> dict:
             if status != "WORKFLOW_EXECUTION_STATUS_RUNNING":
                 return described
         time.sleep(1)
-    raise AssertionError(f"{workflow_id} not finished after {timeout_s}s")
+    logs = "\n".join(
+        f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        for log in sorted(stack.home.glob("worker-*.log"))
+    )
+    raise AssertionError(f"{workflow_id} not finished after {timeout_s}s; worker logs:\n{logs}")
 
 
-@pytest.mark.slow
+def wait_state(stack: Stack, workflow_id: str, state: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = stack.temporal("workflow", "query", "--workflow-id", workflow_id, "--name", "status")
+        if f'"state":"{state}"' in out.stdout.replace(" ", ""):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{workflow_id} never reached {state}")
+
+
+def listed(stack: Stack, query: str) -> list[str]:
+    """Workflow ids matching a visibility query (retried: visibility is eventually consistent)."""
+    for _ in range(20):
+        out = stack.temporal("workflow", "list", "--query", query, "-o", "json")
+        ids = [w["execution"]["workflowId"] for w in json.loads(out.stdout or "[]")]
+        if ids:
+            return ids
+        time.sleep(0.5)
+    return []
+
+
 def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack) -> None:
     for queue in Queue:
         stack.start_worker(queue)
@@ -112,8 +136,7 @@ def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack
     history = stack.temporal("workflow", "show", "--workflow-id", workflow_id, "-o", "json").stdout
     for activity in ("generate", "execute", "write_trajectories"):
         assert f'"{activity}"' in history
-    attrs = json.dumps(described["workflowExecutionInfo"]["searchAttributes"])
-    assert "TemperedState" in attrs and "DONE" in attrs
+    assert listed(stack, f'WorkflowId = "{workflow_id}" AND TemperedState = "DONE"') == [workflow_id]
 
     # SIGKILL the sandbox worker while a second task runs; a new one takes over.
     second = f"{workflow_id}-kill"
@@ -122,7 +145,7 @@ def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack
         "workflow", "start", "--task-queue", "agent-tasks", "--type", "AgentTaskWorkflow",
         "--workflow-id", second, "--input", json.dumps(task_input),
     ).returncode == 0
-    time.sleep(1.0)
+    wait_state(stack, second, "EXECUTE")
     stack.workers[Queue.SANDBOX].send_signal(signal.SIGKILL)
     stack.workers[Queue.SANDBOX].wait(10)
     stack.start_worker(Queue.SANDBOX)
@@ -130,4 +153,6 @@ def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack
     assert described["workflowExecutionInfo"]["status"] == "WORKFLOW_EXECUTION_STATUS_COMPLETED"
     result = stack.temporal("workflow", "result", "--workflow-id", second, "-o", "json")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("trajectories") >= 1
+    outcome = json.loads(result.stdout)["result"]
+    assert len(outcome["rewards"]) == 2 and len(outcome["trajectories"]) == 2  # none twice
+    assert len({t["key"] for t in outcome["trajectories"]}) == 2

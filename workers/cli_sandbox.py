@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from pathlib import Path
 
@@ -27,9 +26,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
     run = commands.add_parser("run", help="run PROGRAM.py (then its tests) in a sandbox")
     run.add_argument("program", type=Path, help="Python file to run")
-    run.add_argument("--tests", type=Path, help="Python file run after the program, in its namespace")
+    run.add_argument(
+        "--tests", type=Path, help="Python file run after the program, in its namespace"
+    )
     run.add_argument("--entry-point", help="function passed to the tests' check(candidate)")
-    run.add_argument("--backend", choices=["local", "gvisor", "kubernetes"], help="default: settings")
+    run.add_argument(
+        "--backend", choices=["local", "gvisor", "kubernetes"], help="default: settings"
+    )
     run.add_argument("--timeout", type=float, help="wall-clock limit in seconds")
     run.add_argument("--memory-mb", type=int, help="memory limit in MiB")
     run.add_argument("--json", action="store_true", help="print one JSON object")
@@ -46,7 +49,10 @@ def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
     backend_name = args.backend or settings.sandbox.backend
 
     async def go() -> ExecutionResult:
-        backend = get_backend(settings, backend_name)
+        try:
+            backend = get_backend(settings, backend_name)
+        except Exception as exc:  # a backend that cannot even be set up (no runsc, no kubeconfig)
+            raise SandboxInfraError(f"cannot set up the {backend_name} backend: {exc}") from exc
         try:
             return await backend.run(program, tests, limits, args.entry_point)
         finally:
@@ -57,8 +63,11 @@ def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
     except SandboxInfraError as exc:
         print(f"tempered sandbox run: infra_error: {exc}", file=sys.stderr)
         if args.json:
-            print(json.dumps({"status": ExecStatus.INFRA_ERROR.value, "backend": backend_name,
-                              "limits": limits.model_dump(), "detail": str(exc)}))  # fmt: skip
+            failed = ExecutionResult(
+                status=ExecStatus.INFRA_ERROR, backend=backend_name, limits=limits, detail=str(exc)
+            )
+            print(failed.model_dump_json())
+
         return INFRA_ERROR_EXIT
     if args.json:
         print(result.model_dump_json())

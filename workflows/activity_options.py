@@ -8,9 +8,8 @@ invalid input are non-retryable.
 from datetime import timedelta
 from typing import Any
 
-from temporalio.common import RetryPolicy
-
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from contracts.names import ACTIVITY_QUEUE, Activity

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
@@ -93,8 +94,16 @@ class PolicyResolver:
     always exactly that version. Store calls run in threads.
     """
 
-    def __init__(self, store: ObjectStore, cache_dir: Path, latest_ttl_s: float = 2.0):
+    def __init__(
+        self,
+        store: ObjectStore,
+        cache_dir: Path,
+        latest_ttl_s: float = 2.0,
+        bootstrap: Callable[[str], int] | None = None,
+    ):
+        """`bootstrap(run_id)` publishes a version 0 for a run that has none (else an error)."""
         self.store = store
+        self.bootstrap = bootstrap
         self.cache_dir = Path(cache_dir)
         self.latest_ttl_s = latest_ttl_s
         self._latest: dict[str, tuple[int, float]] = {}
@@ -127,10 +136,14 @@ class PolicyResolver:
             if cached is not None and time.monotonic() - cached[1] < self.latest_ttl_s:
                 return cached[0]
             policy = await asyncio.to_thread(latest_policy, self.store, run_id)
-            if policy is None:
+            if policy is not None:
+                version = policy.version
+            elif self.bootstrap is not None:
+                version = await asyncio.to_thread(self.bootstrap, run_id)
+            else:
                 raise InferenceError(f"run {run_id!r} has no published policy yet (prepare_run)")
-            self._latest[run_id] = (policy.version, time.monotonic())
-            return policy.version
+            self._latest[run_id] = (version, time.monotonic())
+            return version
 
     async def _fetch(self, run_id: str, version: int) -> Path:
         from infra.policy import fetch_policy

@@ -25,7 +25,8 @@ from pathlib import Path
 from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
 from infra.sandbox.base import DEFAULT_LIMITS, SandboxInfraError
-from infra.sandbox.local import HARNESS_IN_SANDBOX, MB, OVERHEAD_PROCESSES, harness_file
+from infra.sandbox.cgroups import MB, OVERHEAD_PROCESSES
+from infra.sandbox.local import HARNESS_IN_SANDBOX, harness_file
 from infra.sandbox.process import HarnessJob, run_harness
 from infra.settings import Settings
 
@@ -45,7 +46,14 @@ def oci_config(python: str, limits: SandboxLimits, rlimits: dict[str, tuple[int,
     for name in ("bin", "lib", "lib64"):
         path = Path("/") / name
         if path.exists():
-            mounts.append({"destination": str(path), "type": "bind", "source": str(path.resolve()), "options": ro})
+            mounts.append(
+                {
+                    "destination": str(path),
+                    "type": "bind",
+                    "source": str(path.resolve()),
+                    "options": ro,
+                }
+            )
     return {
         "ociVersion": "1.0.0",
         "process": {
@@ -54,8 +62,12 @@ def oci_config(python: str, limits: SandboxLimits, rlimits: dict[str, tuple[int,
             "args": [python, "-S", "-I", HARNESS_IN_SANDBOX],
             "env": ["PATH=/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8", "MALLOC_ARENA_MAX=2"],
             "cwd": "/tmp",
-            "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
-            "rlimits": [{"type": name, "soft": soft, "hard": hard} for name, (soft, hard) in rlimits.items()],
+            "capabilities": {
+                k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
+            },
+            "rlimits": [
+                {"type": name, "soft": soft, "hard": hard} for name, (soft, hard) in rlimits.items()
+            ],
             "noNewPrivileges": True,
         },
         "root": {"path": "rootfs", "readonly": True},
@@ -81,14 +93,24 @@ class GVisorBackend:
         self.python = settings.sandbox.python
         self.runsc = shutil.which("runsc")
         self.platform = os.environ.get("TEMPERED_RUNSC_PLATFORM", "ptrace")
-        self.state = Path(tempfile.gettempdir()) / f"tempered-runsc-{os.getpid()}"
+        self.state = (
+            Path(tempfile.gettempdir()) / f"tempered-runsc-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
+        """runsc's state dir for this backend's containers, removed by `close`."""
 
     def _runsc(self, *args: str) -> list[str]:
         if not self.runsc:
             raise SandboxInfraError("runsc is not installed")
         if os.geteuid() != 0:
             raise SandboxInfraError("the gvisor backend runs containers as root (runsc run)")
-        return [self.runsc, "--root", str(self.state), "--network=none", f"--platform={self.platform}", *args]
+        return [
+            self.runsc,
+            "--root",
+            str(self.state),
+            "--network=none",
+            f"--platform={self.platform}",
+            *args,
+        ]
 
     async def run(
         self,
@@ -106,11 +128,15 @@ class GVisorBackend:
         }
         container = f"tempered-{uuid.uuid4().hex[:16]}"
         bundle = Path(tempfile.mkdtemp(prefix="tempered-gvisor-"))
-        (bundle / "rootfs").mkdir()
-        shutil.copy(harness_file(self.python), bundle / "rootfs" / HARNESS_IN_SANDBOX.lstrip("/"))
-        (bundle / "config.json").write_text(json.dumps(oci_config(self.python, limits, rlimits)))
-        argv = self._runsc("run", "--bundle", str(bundle), container)
         try:
+            argv = self._runsc("run", "--bundle", str(bundle), container)
+            (bundle / "rootfs").mkdir()
+            shutil.copy(
+                harness_file(self.python), bundle / "rootfs" / HARNESS_IN_SANDBOX.lstrip("/")
+            )
+            (bundle / "config.json").write_text(
+                json.dumps(oci_config(self.python, limits, rlimits))
+            )
             outcome = await run_harness(
                 argv,
                 HarnessJob(program, tests, entry_point, limits, rlimits),

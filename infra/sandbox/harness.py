@@ -41,10 +41,10 @@ import sys
 if False:  # typing only: importing `typing` or `types` costs start-up time
     import types
     from collections.abc import Mapping
+    from typing import Any
 
 VERDICT_FD = 3
 """Default file descriptor of the verdict pipe inside the sandbox (the job may name another)."""
-
 
 
 _BLOCKED_EVENTS = frozenset(
@@ -135,10 +135,16 @@ def _read_job() -> dict[str, object]:
     return job
 
 
-def _compile_units(units: list[dict[str, object]]) -> list[tuple[bool, types.CodeType]]:
-    """(is_test, code) per unit; the host split `tests` (see `process.split_tests`)."""
+def _compile_units(units: list[dict[str, Any]]) -> list[tuple[bool, types.CodeType]]:
+    """(is_test, code) per unit; the host split `tests` (see `process.split_tests`).
+
+    Each unit is compiled at its own line of tests.py, so tracebacks point at the real line.
+    """
     return [
-        (bool(u["test"]), compile("\n" * (int(u["line"]) - 1) + str(u["source"]), "tests.py", "exec"))  # type: ignore[call-overload]
+        (
+            bool(u["test"]),
+            compile("\n" * (int(u["line"]) - 1) + str(u["source"]), "tests.py", "exec"),
+        )
         for u in units
     ]
 

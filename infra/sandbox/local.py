@@ -17,11 +17,10 @@ The verdict comes from `harness.py` over a private pipe, signed with a per-run n
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import hashlib
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 from collections.abc import Coroutine
@@ -31,88 +30,19 @@ from pathlib import Path
 from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
 from infra.sandbox.base import DEFAULT_LIMITS, SandboxInfraError
+from infra.sandbox.cgroups import MB, OVERHEAD_PROCESSES, Cgroups
 from infra.sandbox.process import HarnessJob, Sandbox
 from infra.settings import Settings
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-CGROUP_CONTROLLERS = ("memory", "pids")
-"""No cpu controller: a shared parent group would squeeze all sandboxes into one task's CPU
-share under load; CPU time is bounded by RLIMIT_CPU, wall time by the deadline."""
 UID_BASE = 100_000
 """Sandbox uids are UID_BASE + (worker pid % 512) * 8192 + slot: no host account owns them."""
 SANDBOX_UID_RANGE = range(UID_BASE, UID_BASE + 512 * 8192)
-MB = 1 << 20
-OVERHEAD_PROCESSES = 2
-"""bwrap's outer process and its pid-1 init run under the sandbox uid too."""
 
 
-class Cgroups:
-    """One run's cgroups v1 directories (memory, pids); `None` from `create` if unavailable."""
-
-    def __init__(self, paths: dict[str, Path]) -> None:
-        self.paths = paths
-
-    @staticmethod
-    def available() -> bool:
-        return os.geteuid() == 0 and all(
-            os.access(CGROUP_ROOT / ctl, os.W_OK) and (CGROUP_ROOT / ctl / "cgroup.procs").exists()
-            for ctl in CGROUP_CONTROLLERS
-        )
-
-    @classmethod
-    def create(cls, name: str) -> Cgroups:
-        paths = {ctl: CGROUP_ROOT / ctl / "tempered" / name for ctl in CGROUP_CONTROLLERS}
-        try:
-            for path in paths.values():
-                path.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            cls(paths).remove()
-            raise SandboxInfraError(f"cannot create cgroups {name}: {exc}") from exc
-        return cls(paths)
-
-    def apply(self, limits: SandboxLimits) -> None:
-        """Set the run's memory and process limits (before its job reaches the sandbox)."""
-        paths = self.paths
-        try:
-            memory = str(limits.memory_mb * MB)
-            (paths["memory"] / "memory.limit_in_bytes").write_text(memory)
-            with contextlib.suppress(OSError):  # absent without swap accounting
-                (paths["memory"] / "memory.memsw.limit_in_bytes").write_text(memory)
-            (paths["pids"] / "pids.max").write_text(str(limits.max_processes + OVERHEAD_PROCESSES))
-        except OSError as exc:
-            raise SandboxInfraError(f"cannot set cgroup limits in {paths['memory']}: {exc}") from exc
-
-    def procs_files(self) -> list[Path]:
-        return [path / "cgroup.procs" for path in self.paths.values()]
-
-    def oom_killed(self) -> bool:
-        try:
-            control = (self.paths["memory"] / "memory.oom_control").read_text()
-            failcnt = int((self.paths["memory"] / "memory.failcnt").read_text())
-        except OSError:
-            return False
-        kills = dict(line.split() for line in control.splitlines()).get("oom_kill", "0")
-        return int(kills) > 0 or failcnt > 0
-
-    def pids(self) -> list[int]:
-        pids: set[int] = set()
-        for procs in self.procs_files():
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(line) for line in procs.read_text().split())
-        return sorted(pids)
-
-    def kill_all(self, spare: int | None = None) -> None:
-        """SIGKILL every process in the cgroups but `spare` (the launcher, which reaps the rest)."""
-        for pid in self.pids():
-            if pid == spare:
-                continue
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    def remove(self) -> None:
-        for path in self.paths.values():
-            with contextlib.suppress(OSError):
-                path.rmdir()
+def worker_uids(pid: int | None = None) -> range:
+    """The sandbox uids of the worker process `pid` (default: this one)."""
+    base = UID_BASE + ((os.getpid() if pid is None else pid) % 512) * 8192
+    return range(base, base + 8192)
 
 
 def root_binds() -> list[str]:
@@ -168,8 +98,10 @@ class LocalBackend:
         self.setpriv = shutil.which("setpriv")
         self.use_cgroups = Cgroups.available()
         self.enforcement = "cgroup" if self.use_cgroups else "rlimit"
+        if self.use_cgroups:
+            Cgroups.sweep_stale()
         self.warm = min(settings.sandbox.concurrency, 8) if warm is None else warm
-        self._uid_base = UID_BASE + (os.getpid() % 512) * 8192
+        self._uid_base = worker_uids().start
         self._free_slots: list[int] = []
         self._next_slot = 0
         self._pool: dict[int, list[Prepared]] = {}
@@ -297,7 +229,9 @@ class LocalBackend:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         idle = [prepared for pool in self._pool.values() for prepared in pool]
         self._pool.clear()
-        await asyncio.gather(*(self._release(prepared) for prepared in idle), return_exceptions=True)
+        await asyncio.gather(
+            *(self._release(prepared) for prepared in idle), return_exceptions=True
+        )
 
 
 async def _reap(cgroups: Cgroups) -> None:
@@ -319,21 +253,48 @@ def harness_source() -> str:
 
 
 def harness_file(python: str) -> Path:
-    """harness.py compiled by the sandbox's own interpreter, in a fresh world-readable dir.
+    """harness.py compiled by the sandbox's own interpreter, in a root-only-writable temp dir.
 
     Running the .pyc skips compiling ~300 lines at every start (a third of Python's start-up).
+    The dir is named by the source and interpreter, so workers share it instead of piling up.
     """
-    if python not in _COMPILED:
+    if python in _COMPILED:
+        return _COMPILED[python]
+    source = harness_source()
+    digest = hashlib.sha256(f"{python}\0{source}".encode()).hexdigest()[:16]
+    final = Path(tempfile.gettempdir()) / f"tempered-harness-{digest}"
+    compiled = final / "harness.pyc"
+    info = final.stat() if final.is_dir() and not final.is_symlink() else None
+    if not (
+        info and info.st_uid == os.geteuid() and not info.st_mode & 0o022 and compiled.is_file()
+    ):
         folder = Path(tempfile.mkdtemp(prefix="tempered-harness-"))
         folder.chmod(0o755)
-        source, compiled = folder / "harness.py", folder / "harness.pyc"
-        source.write_text(harness_source())
-        script = "import py_compile, sys; py_compile.compile(sys.argv[1], sys.argv[2], doraise=True)"
+        (folder / "harness.py").write_text(source)
+        script = (
+            "import py_compile, sys; py_compile.compile(sys.argv[1], sys.argv[2], doraise=True)"
+        )
         done = subprocess.run(  # noqa: S603 - our interpreter, our file
-            [python, "-S", "-I", "-c", script, str(source), str(compiled)], capture_output=True, check=False
+            [
+                python,
+                "-S",
+                "-I",
+                "-c",
+                script,
+                str(folder / "harness.py"),
+                str(folder / "harness.pyc"),
+            ],
+            capture_output=True,
+            check=False,
         )
         if done.returncode != 0:
-            raise SandboxInfraError(f"{python} cannot compile the harness: {done.stderr.decode()[-500:]}")
-        compiled.chmod(0o644)
-        _COMPILED[python] = compiled
-    return _COMPILED[python]
+            raise SandboxInfraError(
+                f"{python} cannot compile the harness: {done.stderr.decode()[-500:]}"
+            )
+        (folder / "harness.pyc").chmod(0o644)
+        try:
+            folder.rename(final)
+        except OSError:  # another worker won the race, or a stranger owns the name: use ours
+            final, compiled = folder, folder / "harness.pyc"
+    _COMPILED[python] = compiled
+    return compiled

@@ -209,9 +209,19 @@ class HarnessOutcome:
             verdict = verdicts[0]
             passed = int(verdict.get("tests_passed", 0))  # type: ignore[call-overload]
             total = int(verdict.get("tests_total", 0))  # type: ignore[call-overload]
-            return ExecStatus(str(verdict["status"])), passed, total, str(verdict.get("exc_type", ""))
+            return (
+                ExecStatus(str(verdict["status"])),
+                passed,
+                total,
+                str(verdict.get("exc_type", "")),
+            )
         if len(verdicts) > 1:
-            return ExecStatus.FAILED, 0, total, "more than one verdict: the harness was tampered with"
+            return (
+                ExecStatus.FAILED,
+                0,
+                total,
+                "more than one verdict: the harness was tampered with",
+            )
         if not ready:
             if self.timed_out:
                 raise SandboxInfraError(f"the sandbox did not start within {job.limits.timeout_s}s")
@@ -321,7 +331,9 @@ class Sandbox:
             except TimeoutError as exc:
                 readers.cancel()
                 raise SandboxInfraError("the sandbox did not die after SIGKILL") from exc
-        return HarnessOutcome(job, process.returncode, timed_out, duration_ms, stdout, stderr, verdict)
+        return HarnessOutcome(
+            job, process.returncode, timed_out, duration_ms, stdout, stderr, verdict
+        )
 
     async def stop(self, kill: Killer | None = None) -> None:
         """Kill the sandbox from the inside out, so the launcher reaps its own children.

@@ -88,7 +88,7 @@ async def test_generate_stores_exact_records_and_code(
     response = await generate(acts, request("add"))
     assert response.policy_version == 0 and response.tokens_per_s > 0
     assert [c.sample for c in response.completions] == [0, 1, 2]
-    tokenizer = await acts._tokenizer(await acts.policies.resolve(RUN))
+    tokenizer = await acts.tokenizer(await acts.policies.resolve(RUN))
     expected_prompt = encode_messages(tokenizer, build_messages(PROMPT))
     records = []
     for c in response.completions:
@@ -96,18 +96,47 @@ async def test_generate_stores_exact_records_and_code(
         assert c.code.key == keys.turn_key(RUN, "add", c.sample, 0, "code.py")
         record = store.get_model(c.completion.key, CompletionRecord)
         assert record.prompt_token_ids == expected_prompt
-        assert len(record.completion_token_ids) == len(record.logprobs) == c.num_tokens == 12
-        assert record.policy_version == 0 and record.finish_reason == c.finish_reason == "length"
+        assert len(record.completion_token_ids) == len(record.logprobs) == c.num_tokens
+        assert record.policy_version == 0 and record.finish_reason == c.finish_reason
+        if record.finish_reason == "stop":  # EOS (<|im_end|>, id 2) ends a row early
+            assert record.completion_token_ids[-1] == tokenizer.eos_token_id
+        else:
+            assert c.num_tokens == 12 and tokenizer.eos_token_id not in record.completion_token_ids
         assert record.text == tokenizer.decode(
             record.completion_token_ids, skip_special_tokens=True
         )
         assert store.get_text(c.code.key) == extract_code(record.text)
         records.append(record)
     assert len({tuple(r.completion_token_ids) for r in records}) == 3  # a seed per sample
-    again = await generate(acts, request("add"))  # a retried activity samples the same tokens
+    again = await generate(acts, request("add-again"))  # same seeds, same tokens
     for c, record in zip(again.completions, records, strict=True):
-        retried = store.get_model(c.completion.key, CompletionRecord)
-        assert retried.completion_token_ids == record.completion_token_ids
+        resampled = store.get_model(c.completion.key, CompletionRecord)
+        assert resampled.completion_token_ids == record.completion_token_ids
+
+
+@pytest.mark.asyncio
+async def test_a_retry_reuses_what_an_earlier_attempt_stored(
+    acts: InferenceActivities, store: ObjectStore, tiny_dir: Path
+) -> None:
+    unseeded = SamplingParams(temperature=1.0, max_new_tokens=6)
+    partial = await generate(acts, request("retry", samples=1, sampling=unseeded))
+    rows_before = acts.batcher.rows
+    # v1 appears; the retry covers samples 0 and 1: sample 0 is reused as stored, sample 1 is
+    # sampled from v0 too, so one turn never mixes versions.
+    await asyncio.to_thread(publish_policy, store, RUN, 1, tiny_dir, 1)
+    acts.policies.latest_ttl_s = 0.0
+    retry = await generate(acts, request("retry", samples=2, sampling=unseeded))
+    assert retry.policy_version == 0
+    assert retry.completions[0] == partial.completions[0]  # same refs, same bytes
+    assert acts.batcher.rows == rows_before + 1
+    record = store.get_model(retry.completions[1].completion.key, CompletionRecord)
+    assert record.policy_version == 0
+    with pytest.raises(ApplicationError, match="policy_version") as pinned:
+        await generate(acts, request("retry", samples=2, policy_version=1))
+    assert pinned.value.non_retryable
+    with pytest.raises(ApplicationError, match="another prompt") as changed:
+        await generate(acts, request("retry", samples=1, prompt="Write sub(a, b)."))
+    assert changed.value.non_retryable
 
 
 def test_seed_of_each_sample_and_turn() -> None:
@@ -133,7 +162,7 @@ async def test_next_turn_prompt_carries_the_feedback(
     second = (await generate(acts, request("fix", turn=1, items=[item]))).completions[0]
     assert second.completion.key == keys.turn_key(RUN, "fix", 0, 1, "completion.json")
     record = store.get_model(second.completion.key, CompletionRecord)
-    tokenizer = await acts._tokenizer(await acts.policies.resolve(RUN))
+    tokenizer = await acts.tokenizer(await acts.policies.resolve(RUN))
     prompt = tokenizer.decode(record.prompt_token_ids)
     assert "Tests passed: 0/2." in prompt and "NameError: name 'ad'" in prompt
     assert prompt.count("<|im_start|>assistant") == 2  # turn 0's answer, then the new turn
@@ -153,7 +182,7 @@ async def test_invalid_requests_fail_without_retry(
         "items[0].history[0].result": request(
             "bad", turn=1, items=[GenerateItem(sample=0, history=[unexecuted])]
         ),
-        "policy_version 7": request("bad", policy_version=7),
+        "policy_version 7": request("unpublished", policy_version=7),
     }
     for needle, bad in cases.items():
         with pytest.raises(
@@ -187,3 +216,31 @@ async def test_hot_reload_finishes_in_flight_work_on_the_old_version(
     pinned = await generate(acts, request("pinned", samples=1, policy_version=0))
     assert pinned.policy_version == 0
     assert sorted(backend.loaded_versions()) == [(RUN, 0), (RUN, 1)]
+
+
+@pytest.mark.asyncio
+async def test_heartbeats_flow_while_waiting_and_cancelled_requests_leave_the_queue(
+    acts: InferenceActivities,
+) -> None:
+    backend = acts.backend
+    assert isinstance(backend, GatedBackend)
+    acts.heartbeat_s = 0.05
+    backend.gate.clear()
+    beats: list[object] = []
+    held_env, doomed_env = ActivityEnvironment(), ActivityEnvironment()
+    held_env.on_heartbeat = lambda *details: beats.append(details)
+    held = asyncio.create_task(held_env.run(acts.generate, request("held", samples=2)))
+    while acts.batcher.running == 0:
+        await asyncio.sleep(0.01)
+    doomed = asyncio.create_task(doomed_env.run(acts.generate, request("doomed", samples=3)))
+    while acts.batcher.waiting < 3:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)
+    assert len(beats) >= 3  # the event loop stays free while the batch is held
+    doomed_env.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    assert acts.batcher.waiting == 0
+    backend.gate.set()
+    assert len((await held).completions) == 2
+    assert acts.batcher.rows == 2  # the cancelled samples were never generated

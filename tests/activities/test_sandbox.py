@@ -51,11 +51,17 @@ async def test_execute_stores_results_and_maps_statuses(store: ObjectStore) -> N
     env.on_heartbeat = lambda *details: heartbeats.append(details)
     started = time.monotonic()
     try:
-        response = await env.run(acts.execute, request(store, {0: PROGRAMS[0], 1: PROGRAMS[1], 3: PROGRAMS[3]}))
+        response = await env.run(
+            acts.execute, request(store, {0: PROGRAMS[0], 1: PROGRAMS[1], 3: PROGRAMS[3]})
+        )
     finally:
         await acts.close()
     assert [o.sample for o in response.outcomes] == [0, 1, 3]
-    assert [o.status for o in response.outcomes] == [ExecStatus.PASSED, ExecStatus.FAILED, ExecStatus.FAILED]
+    assert [o.status for o in response.outcomes] == [
+        ExecStatus.PASSED,
+        ExecStatus.FAILED,
+        ExecStatus.FAILED,
+    ]
     assert [(o.tests_passed, o.tests_total) for o in response.outcomes] == [(1, 1), (0, 1), (0, 1)]
     solved = response.outcomes[0]
     assert solved.result.key == keys.turn_key(RUN, TASK, 0, 0, "result.json")
@@ -71,7 +77,9 @@ async def test_items_run_concurrently(store: ObjectStore) -> None:
     acts = SandboxActivities(Settings(sandbox={"concurrency": 4}), store=store)
     started = time.monotonic()
     try:
-        response = await ActivityEnvironment().run(acts.execute, request(store, {s: PROGRAMS[2] for s in range(4)}))
+        response = await ActivityEnvironment().run(
+            acts.execute, request(store, {s: PROGRAMS[2] for s in range(4)})
+        )
         elapsed = time.monotonic() - started
     finally:
         await acts.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,13 +47,11 @@ def test_tiny_preset_is_deterministic_and_chat_ready(tiny_dir: Path, tmp_path: P
 
     again = materialize_base_model(TINY, Settings(home=tmp_path))
     assert _digest(again / "model.safetensors") == _digest(tiny_dir / "model.safetensors")
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer: Any = AutoTokenizer.from_pretrained(tiny_dir)
     text = "def f(x):\n    return 'é'"
     ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-    )
-    if isinstance(ids, dict) or hasattr(ids, "keys"):
-        ids = ids["input_ids"]
+        [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=True
+    )["input_ids"]
     decoded = tokenizer.decode(ids)
     assert decoded == f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
     assert tokenizer.eos_token_id == 2 and ids[0] == 1
@@ -133,7 +132,7 @@ def test_smollm2_converts_and_writes_python(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = materialize_base_model(SMOLLM2, Settings(home=tmp_path))
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer: Any = AutoTokenizer.from_pretrained(path)
     assert AutoModelForCausalLM.from_pretrained(path).dtype == torch.bfloat16  # as stored
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # fast on CPU
     assert model.config.num_hidden_layers == 30

@@ -9,9 +9,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowFailureError, WorkflowHistory
 from temporalio.worker import Replayer
-from temporalio.client import WorkflowHistory
 
 from activities.rewards import RewardActivities
 from activities.sandbox import SandboxActivities

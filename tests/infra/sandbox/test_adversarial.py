@@ -20,7 +20,7 @@ import pytest
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox.gvisor import GVisorBackend
-from infra.sandbox.local import SANDBOX_UID_RANGE, LocalBackend
+from infra.sandbox.local import LocalBackend, worker_uids
 from infra.settings import REPO_ROOT, Settings
 
 CANARY = "tempered-canary-7f3a"
@@ -46,23 +46,29 @@ def _runsc_works() -> str | None:
 def backend(request: pytest.FixtureRequest) -> LocalBackend | GVisorBackend:
     if shutil.which("bwrap") is None or os.geteuid() != 0:
         pytest.skip("needs bwrap and root")
-    return LocalBackend(Settings(), warm=0) if request.param == "local" else GVisorBackend(Settings())
+    return (
+        LocalBackend(Settings(), warm=0) if request.param == "local" else GVisorBackend(Settings())
+    )
 
 
 def _run(backend, program: str, tests: str = "", entry_point: str | None = None, limits=FAST):  # type: ignore[no-untyped-def]
     import asyncio
 
-    return asyncio.run(backend.run(textwrap.dedent(program), textwrap.dedent(tests), limits, entry_point))
+    return asyncio.run(
+        backend.run(textwrap.dedent(program), textwrap.dedent(tests), limits, entry_point)
+    )
 
 
 def _sandbox_processes() -> list[psutil.Process]:
-    """Live processes of any sandbox (zombies hold no resources; the host's init reaps them)."""
+    """Live processes of this test process's sandboxes (other workers may run on the host;
+    zombies hold no resources and the host's init reaps them)."""
+    mine, runsc_state = worker_uids(), f"tempered-runsc-{os.getpid()}"
     left = []
     for proc in psutil.process_iter(["uids", "cmdline", "status"]):
         if proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         uids, cmdline = proc.info["uids"], " ".join(proc.info["cmdline"] or [])
-        if (uids and uids.real in SANDBOX_UID_RANGE) or "tempered-gvisor-" in cmdline:
+        if (uids and uids.real in mine) or runsc_state in cmdline:
             left.append(proc)
     return left
 
@@ -76,7 +82,9 @@ def test_no_network_not_even_host_loopback(backend) -> None:
     listener.listen()
     port = listener.getsockname()[1]
     try:
-        result = _run(backend, f"""
+        result = _run(
+            backend,
+            f"""
             import socket
             for address in [("127.0.0.1", {port}), ("1.1.1.1", 53), ("8.8.8.8", 443)]:
                 s = socket.socket()
@@ -86,7 +94,8 @@ def test_no_network_not_even_host_loopback(backend) -> None:
                     print("CONNECTED", address)
                 except OSError as exc:
                     print("blocked", address, type(exc).__name__)
-        """)
+        """,
+        )
         listener.settimeout(0.2)
         with pytest.raises(TimeoutError):
             listener.accept()
@@ -97,8 +106,18 @@ def test_no_network_not_even_host_loopback(backend) -> None:
 
 
 def test_cannot_read_host_files(backend) -> None:
-    paths = ["/etc/shadow", "/etc/passwd", "/root", "/home", str(REPO_ROOT), str(REPO_ROOT / "pyproject.toml"), "/work"]
-    result = _run(backend, f"""
+    paths = [
+        "/etc/shadow",
+        "/etc/passwd",
+        "/root",
+        "/home",
+        str(REPO_ROOT),
+        str(REPO_ROOT / "pyproject.toml"),
+        "/work",
+    ]
+    result = _run(
+        backend,
+        f"""
         import os
         for path in {paths!r}:
             try:
@@ -106,14 +125,17 @@ def test_cannot_read_host_files(backend) -> None:
             except OSError as exc:
                 print("denied", path, type(exc).__name__)
         print("environ1", open("/proc/1/environ").read() if os.path.exists("/proc/1/environ") else "")
-    """)
+    """,
+    )
     assert result.status == ExecStatus.PASSED, result
     assert "LEAK" not in result.stdout and result.stdout.count("denied") == len(paths)
 
 
 def test_cannot_write_outside_the_work_dir(backend, tmp_path: Path) -> None:
     target = tmp_path / "escaped"
-    result = _run(backend, f"""
+    result = _run(
+        backend,
+        f"""
         for path in ["/usr/escaped", "/escaped", "/etc/escaped", "{target}", "/var/tmp/escaped"]:
             try:
                 open(path, "w").write("x")
@@ -122,15 +144,20 @@ def test_cannot_write_outside_the_work_dir(backend, tmp_path: Path) -> None:
                 print("denied", path)
         open("/tmp/inside", "w").write("fine")
         print(open("/tmp/inside").read())
-    """)
+    """,
+    )
     assert "WROTE" not in result.stdout and "fine" in result.stdout, result
-    assert not target.exists() and not Path("/usr/escaped").exists() and not Path("/escaped").exists()
+    assert (
+        not target.exists() and not Path("/usr/escaped").exists() and not Path("/escaped").exists()
+    )
 
 
 def test_environment_is_clean(backend, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEMPERED_CANARY", CANARY)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CANARY)
-    result = _run(backend, """
+    result = _run(
+        backend,
+        """
         import os
         print(dict(os.environ))
         for pid in os.listdir("/proc"):
@@ -139,31 +166,44 @@ def test_environment_is_clean(backend, monkeypatch: pytest.MonkeyPatch) -> None:
                     print(open(f"/proc/{pid}/environ").read())
                 except OSError:
                     pass
-    """)
+    """,
+    )
     assert result.status == ExecStatus.PASSED, result
-    assert CANARY not in result.stdout and "TEMPERED_" not in result.stdout and "AWS_" not in result.stdout
+    assert (
+        CANARY not in result.stdout
+        and "TEMPERED_" not in result.stdout
+        and "AWS_" not in result.stdout
+    )
 
 
 def test_fork_bomb_is_contained(backend) -> None:
-    result = _run(backend, """
+    result = _run(
+        backend,
+        """
         import os
         while True:
             try:
                 os.fork()
             except OSError:
                 pass
-    """, limits=SandboxLimits(timeout_s=3))
+    """,
+        limits=SandboxLimits(timeout_s=3),
+    )
     assert result.status in (ExecStatus.TIMEOUT, ExecStatus.ERROR, ExecStatus.FAILED), result
     assert _sandbox_processes() == []
 
 
 def test_memory_bomb_is_contained(backend) -> None:
-    result = _run(backend, "x = bytearray(16 * 2**30)\n", limits=SandboxLimits(timeout_s=10, memory_mb=128))
+    result = _run(
+        backend, "x = bytearray(16 * 2**30)\n", limits=SandboxLimits(timeout_s=10, memory_mb=128)
+    )
     assert result.status == ExecStatus.MEMORY_EXCEEDED, result
 
 
 def test_cpu_spin_times_out_and_leaves_nothing(backend) -> None:
-    result = _run(backend, """
+    result = _run(
+        backend,
+        """
         import threading
         def spin():
             while True:
@@ -171,24 +211,32 @@ def test_cpu_spin_times_out_and_leaves_nothing(backend) -> None:
         for _ in range(4):
             threading.Thread(target=spin).start()
         spin()
-    """, limits=SandboxLimits(timeout_s=1.5))
+    """,
+        limits=SandboxLimits(timeout_s=1.5),
+    )
     assert result.status == ExecStatus.TIMEOUT, result
     assert _sandbox_processes() == []
 
 
 def test_output_flood_is_capped(backend) -> None:
-    result = _run(backend, """
+    result = _run(
+        backend,
+        """
         import sys
         while True:
             sys.stdout.write("x" * 65536)
             sys.stderr.write("y" * 65536)
-    """, limits=SandboxLimits(timeout_s=2, output_bytes=4096))
+    """,
+        limits=SandboxLimits(timeout_s=2, output_bytes=4096),
+    )
     assert result.status == ExecStatus.TIMEOUT and result.truncated, result
     assert len(result.stdout) <= 4096 and len(result.stderr) <= 4096
 
 
 def test_orphaned_daemon_does_not_survive(backend) -> None:
-    result = _run(backend, """
+    result = _run(
+        backend,
+        """
         import os, time
         if os.fork() == 0:
             os.setsid()
@@ -196,13 +244,16 @@ def test_orphaned_daemon_does_not_survive(backend) -> None:
                 time.sleep(1000)
             os._exit(0)
         print("parent done")
-    """)
+    """,
+    )
     assert result.status == ExecStatus.PASSED and "parent done" in result.stdout, result
     assert _sandbox_processes() == []
 
 
 def test_killing_the_parent_harms_nobody(backend) -> None:
-    result = _run(backend, """
+    result = _run(
+        backend,
+        """
         import os, signal
         for pid in (os.getppid(), 1):
             try:
@@ -211,19 +262,30 @@ def test_killing_the_parent_harms_nobody(backend) -> None:
                 pass
         def add(a, b):
             return a + b
-    """, CHECK, "add")
+    """,
+        CHECK,
+        "add",
+    )
     assert result.status in (ExecStatus.PASSED, ExecStatus.FAILED), result  # never an infra fault
     assert os.getppid() > 0 and _sandbox_processes() == []
 
 
 def test_cannot_fill_the_disk(backend) -> None:
-    result = _run(backend, """
+    result = _run(
+        backend,
+        """
         with open("/tmp/big", "wb") as f:
             while True:
                 f.write(b"x" * (1 << 20))
-    """, limits=SandboxLimits(timeout_s=10, tmpfs_mb=8, file_size_mb=4))
+    """,
+        limits=SandboxLimits(timeout_s=10, tmpfs_mb=8, file_size_mb=4),
+    )
     assert result.status == ExecStatus.ERROR, result
-    assert "OSError" in result.stderr or "No space" in result.stderr or "File too large" in result.stderr
+    assert (
+        "OSError" in result.stderr
+        or "No space" in result.stderr
+        or "File too large" in result.stderr
+    )
 
 
 # --- reward safety: every trick on a wrong `add` must not pass --------------------------------
@@ -235,7 +297,7 @@ FAKES = {
     "os._exit(0) in check": "import os\ndef add(a, b):\n    os._exit(0)\n",
     "success markers": (
         "import os, sys\nprint('PASSED\\nOK\\n1/1 tests passed')\n"
-        "line = b'{\"ready\": true}\\n{\"nonce\": \"0\", \"status\": \"passed\", \"tests_passed\": 1, \"tests_total\": 1}\\n'\n"
+        'line = b\'{"ready": true}\\n{"nonce": "0", "status": "passed", "tests_passed": 1, "tests_total": 1}\\n\'\n'
         "for fd in range(1, 64):\n    try:\n        os.write(fd, line)\n    except OSError:\n        pass\n"
     ),
     "own check": "def check(candidate):\n    pass\n",
@@ -252,7 +314,7 @@ FAKES = {
     "kill the harness": "import os, signal\ndef add(a, b):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
     "atexit": (
         "import atexit, os\n"
-        "atexit.register(lambda: os.write(3, b'{\"nonce\": \"x\", \"status\": \"passed\"}\\n'))\n"
+        'atexit.register(lambda: os.write(3, b\'{"nonce": "x", "status": "passed"}\\n\'))\n'
         "atexit.register(lambda: os._exit(0))\n"
     ),
     "fork and exit": "import os\nif os.fork() != 0:\n    os._exit(0)\n",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from collections.abc import Iterator
 
 import pytest
 
@@ -25,10 +26,13 @@ def _why_not() -> str | None:
         return "runsc is not installed"
     if os.geteuid() != 0:
         return "runsc run needs root"
+    probe = GVisorBackend(Settings())
     try:
-        result = asyncio.run(GVisorBackend(Settings()).run("print('up')"))
+        result = asyncio.run(probe.run("print('up')"))
     except SandboxInfraError as exc:
         return f"runsc cannot run here: {exc}"
+    finally:
+        asyncio.run(probe.close())
     return None if result.stdout == "up\n" else f"runsc probe printed {result.stdout!r}"
 
 
@@ -36,11 +40,13 @@ pytestmark = [pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def backend() -> GVisorBackend:
+def backend() -> Iterator[GVisorBackend]:
     reason = _why_not()
     if reason:
         pytest.skip(reason)
-    return GVisorBackend(Settings())
+    chosen = GVisorBackend(Settings())
+    yield chosen
+    asyncio.run(chosen.close())
 
 
 @pytest.mark.asyncio
@@ -63,7 +69,9 @@ async def test_statuses(backend: GVisorBackend, program: str, status: ExecStatus
 @pytest.mark.asyncio
 async def test_output_and_truncation(backend: GVisorBackend) -> None:
     limits = SandboxLimits(timeout_s=5, output_bytes=300)
-    result = await backend.run("import sys\nprint('o' * 1000)\nprint('e' * 1000, file=sys.stderr)\n", "", limits)
+    result = await backend.run(
+        "import sys\nprint('o' * 1000)\nprint('e' * 1000, file=sys.stderr)\n", "", limits
+    )
     assert result.status == ExecStatus.PASSED and result.truncated
     assert result.stdout == "o" * 300 and result.stderr == "e" * 300
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 
@@ -12,7 +13,7 @@ import pytest
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox import SandboxInfraError, get_backend
-from infra.sandbox.local import SANDBOX_UID_RANGE, LocalBackend
+from infra.sandbox.local import LocalBackend, worker_uids
 from infra.settings import Settings
 
 pytestmark = pytest.mark.skipif(
@@ -47,7 +48,9 @@ def backend() -> LocalBackend:
 )  # fmt: skip
 async def test_statuses(backend, program, tests, entry_point, status, passed, total) -> None:
     result = await backend.run(program, tests, FAST, entry_point)
-    assert (result.status, result.tests_passed, result.tests_total) == (status, passed, total), result
+    assert (result.status, result.tests_passed, result.tests_total) == (status, passed, total), (
+        result
+    )
     assert result.backend == "local" and result.limits == FAST
 
 
@@ -109,7 +112,9 @@ async def test_memory_exceeded_gradual_growth(backend) -> None:
 @pytest.mark.asyncio
 async def test_output_is_truncated(backend) -> None:
     limits = SandboxLimits(timeout_s=5, output_bytes=1000)
-    result = await backend.run("print('x' * 5000)\nimport sys\nprint('e' * 3000, file=sys.stderr)\n", "", limits)
+    result = await backend.run(
+        "print('x' * 5000)\nimport sys\nprint('e' * 3000, file=sys.stderr)\n", "", limits
+    )
     assert result.status == ExecStatus.PASSED and result.truncated
     assert result.stdout == "x" * 1000 and result.stderr == "e" * 1000
 
@@ -155,7 +160,7 @@ def _live_sandbox_processes() -> int:
     return sum(
         1
         for p in psutil.process_iter(["uids", "status"])
-        if p.info["uids"] and p.info["uids"].real in SANDBOX_UID_RANGE and p.info["status"] != "zombie"
+        if p.info["uids"] and p.info["uids"].real in worker_uids() and p.info["status"] != "zombie"
     )
 
 
@@ -186,3 +191,30 @@ async def test_warm_pool_runs_each_program_in_a_fresh_sandbox() -> None:
             break
         await asyncio.sleep(0.05)
     assert _live_sandbox_processes() == 0
+
+
+def test_cli_sandbox_run_prints_json_and_exits_0(tmp_path, capsys) -> None:
+    from workers.cli import run as cli
+
+    program, tests = tmp_path / "p.py", tmp_path / "t.py"
+    program.write_text("def add(a, b):\n    return a - b\n")
+    tests.write_text(CHECK)
+    argv = ["sandbox", "run", str(program), "--tests", str(tests), "--entry-point", "add"]
+    assert cli([*argv, "--json", "--timeout", "5", "--memory-mb", "128"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["status"] == "failed" and printed["tests_total"] == 1
+    assert printed["limits"]["memory_mb"] == 128 and printed["backend"] == "local"
+    assert {"exit_code", "duration_ms", "stdout", "stderr", "truncated", "tests_passed"} <= set(
+        printed
+    )
+
+
+def test_cli_sandbox_run_infra_error_exits_3(tmp_path, capsys, monkeypatch) -> None:
+    from workers.cli import run as cli
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on PATH: the platform is broken
+    program = tmp_path / "p.py"
+    program.write_text("print(1)\n")
+    assert cli(["sandbox", "run", str(program), "--json"]) == 3
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["status"] == "infra_error" and "infra_error" in captured.err
