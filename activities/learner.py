@@ -51,6 +51,7 @@ from infra.policy import (
 )
 from infra.settings import Settings
 from infra.storage import ObjectNotFound, ObjectStore, sha256_bytes
+from infra.telemetry import record_learner_step, record_queue_wait, record_staleness, span
 
 T = TypeVar("T")
 STEP_RECORD = "train_step.json"
@@ -124,7 +125,12 @@ class LearnerActivities:
     async def train_step(self, req: TrainStepRequest) -> TrainStepResponse:
         """Produce policy version `req.step + 1` from `req.groups`, exactly once."""
         progress: dict[str, Any] = {"phase": "waiting for the engine", "step": req.step}
-        return await _with_heartbeats(lambda: self._step(req, progress), progress)
+        record_queue_wait()
+        with span("learner.train_step", run_id=req.run_id, step=req.step,
+                  policy_version=req.step + 1, groups=len(req.groups)):
+            response = await _with_heartbeats(lambda: self._step(req, progress), progress)
+        record_learner_step(response.duration_s)
+        return response
 
     # -- the step, in a thread ----------------------------------------------------------------
 
@@ -159,6 +165,8 @@ class LearnerActivities:
         engine = self._engine_at(req.run_id, req.step, req.config, progress)
         progress["phase"] = "read trajectories"
         groups = [self._read_group(req, g) for g in range(len(req.groups))]
+        for trajectory in (t for group in groups for t in group):
+            record_staleness(req.step - trajectory.policy_version)
         rewards = [t.reward for group in groups for t in group]
 
         def beat() -> None:

@@ -35,6 +35,7 @@ from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.trajectory import Trajectory, TrajectoryTurn, trajectory_id
 from infra import keys
 from infra.storage import ObjectExists, ObjectStore, sha256_bytes
+from infra.telemetry import record_rewards
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -62,6 +63,11 @@ class RewardActivities:
         )
         refs = [ref for ref, _ in written]
         created = sum(new for _, new in written)
+        record_rewards(
+            sum(s.reward for s in req.samples) / len(req.samples),
+            sum(s.solved for s in req.samples) / len(req.samples),
+            run_id=req.run_id,
+        )
         return WriteTrajectoriesResponse(trajectories=refs, created=created)
 
     def _assemble(

@@ -17,16 +17,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from datetime import timedelta
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from contracts.names import Activity
-from contracts.sandbox import ExecuteItem, ExecuteOutcome, ExecuteRequest, ExecuteResponse
+from contracts.sandbox import (
+    ExecuteItem,
+    ExecuteOutcome,
+    ExecuteRequest,
+    ExecuteResponse,
+    ExecutionResult,
+)
 from infra import keys
+from infra.circuit import CircuitBreaker, CircuitOpenError
 from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
 from infra.settings import Settings
 from infra.storage import ObjectNotFound, ObjectStore
+from infra.telemetry import (
+    record_circuit_state,
+    record_queue_wait,
+    record_sandbox_run,
+    sandbox_in_flight,
+    span,
+)
 
 HEARTBEAT_S = 5.0
 
@@ -44,6 +59,8 @@ class SandboxActivities:
         self.store = store if store is not None else ObjectStore.from_settings(settings)
         self.backend = backend if backend is not None else get_backend(settings)
         self._slots = asyncio.Semaphore(settings.sandbox.concurrency)
+        name = self.backend.name
+        self.breaker = CircuitBreaker(name, on_change=lambda state: record_circuit_state(name, state))
 
     @activity.defn(name=Activity.EXECUTE)
     async def execute(self, req: ExecuteRequest) -> ExecuteResponse:
@@ -51,6 +68,7 @@ class SandboxActivities:
             raise ApplicationError(
                 "items: nothing to execute", type="InvalidInput", non_retryable=True
             )
+        record_queue_wait()
         beating = asyncio.create_task(self._heartbeat(req))
         try:
             outcomes = await asyncio.gather(
@@ -73,13 +91,15 @@ class SandboxActivities:
                 type="InvalidInput",
                 non_retryable=True,
             ) from exc
+        backend = self.backend.name
         async with self._slots:
-            try:
-                result = await self.backend.run(program, req.tests, req.limits, req.entry_point)
-            except SandboxInfraError as exc:
-                raise ApplicationError(
-                    f"sample {item.sample}: {exc}", type="SandboxInfraError"
-                ) from exc
+            with (
+                span("sandbox.run", task_id=req.task_id, sample=item.sample, turn=req.turn,
+                     sandbox_backend=backend),
+                sandbox_in_flight(backend),
+            ):
+                result = await self._run_guarded(req, item, program)
+        record_sandbox_run(backend, result.status.value, result.duration_ms / 1000)
 
         def key(name: str) -> str:
             return keys.turn_key(req.run_id, req.task_id, item.sample, req.turn, name)
@@ -95,6 +115,20 @@ class SandboxActivities:
             duration_ms=result.duration_ms,
             result=ref,
         )
+
+    async def _run_guarded(self, req: ExecuteRequest, item: ExecuteItem, program: str) -> ExecutionResult:
+        """Run through the circuit breaker: a backend failing again and again is paused (the
+        activity fails fast and Temporal retries after the breaker's backoff)."""
+        try:
+            with self.breaker.guard(failures=(SandboxInfraError,)):
+                return await self.backend.run(program, req.tests, req.limits, req.entry_point)
+        except CircuitOpenError as exc:
+            raise ApplicationError(
+                str(exc), type="SandboxCircuitOpen",
+                next_retry_delay=timedelta(seconds=max(exc.retry_after_s, 1.0)),
+            ) from exc
+        except SandboxInfraError as exc:
+            raise ApplicationError(f"sample {item.sample}: {exc}", type="SandboxInfraError") from exc
 
     async def _heartbeat(self, req: ExecuteRequest) -> None:
         while True:

@@ -85,6 +85,10 @@ class LearnerProgress(Contract):
     step: int
     policy_version: int
     trained_groups: int
+    reward_mean: float = 0.0
+    loss: float = 0.0
+    dropped_stale: int = 0
+    staleness: int = Field(default=0, description="Versions between the oldest group and the step.")
 
 
 class LoadTasksRequest(Contract):

@@ -31,6 +31,9 @@ class SamplingParams(Contract):
     seed: int | None = Field(
         default=None, description="Base seed; sample s at turn t uses seed + 1000·s + t."
     )
+    stop_after_code_block: bool = Field(
+        default=False, description="Stop a completion once its first ``` block is closed."
+    )
 
 
 class RewardConfig(Contract):
@@ -80,4 +83,28 @@ class AgentTaskInput(Contract):
     )
     heartbeat_timeout_s: float = Field(
         default=30.0, ge=1.0, le=3600, description="An activity silent this long is retried."
+    )
+
+
+def eval_task_input(
+    task: TaskSpec,
+    *,
+    run_id: str,
+    policy_run: str,
+    policy_version: int,
+    sampling: SamplingParams,
+    limits: SandboxLimits,
+    heartbeat_timeout_s: float = 30.0,
+) -> AgentTaskInput:
+    """pass@1 rollout of one task: one greedy-or-given sample, one turn, a pinned policy."""
+    return AgentTaskInput(
+        task=task,
+        run_id=run_id,
+        group_size=1,
+        max_turns=1,
+        sampling=sampling,
+        limits=limits,
+        policy_run=policy_run,
+        policy_version=policy_version,
+        heartbeat_timeout_s=heartbeat_timeout_s,
     )

@@ -38,9 +38,9 @@ class Service:
         try:
             record = json.loads(self.pidfile.read_text())
             process = psutil.Process(record["pid"])
-            if abs(process.create_time() - record["created"]) < 1.0 and process.is_running():
-                if process.status() != psutil.STATUS_ZOMBIE:
-                    return int(record["pid"])
+            ours = abs(process.create_time() - record["created"]) < 1.0
+            if ours and process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                return int(record["pid"])
         except (FileNotFoundError, ValueError, KeyError, psutil.Error):
             pass
         self.pidfile.unlink(missing_ok=True)

@@ -4,82 +4,23 @@ the `temporal` CLI (no Python), run to DONE; then a worker is SIGKILLed mid-task
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
+from typing import TYPE_CHECKING
 
 from contracts.names import Queue
-from infra.processes import free_port
-from infra.seaweed import pick_free_ports
 
-BIN = Path(sys.executable).parent
+if TYPE_CHECKING:
+    from tests.fixtures.stack import Stack
+
+pytest_plugins = ["tests.fixtures.stack"]  # the `stack` fixture
 TASK = {
     "id": "e2e-add",
     "prompt": "Write a Python function add(a, b) that returns a + b.",
     "entry_point": "add",
     "tests": "def check(candidate):\n    assert candidate(1, 2) == 3\n",
 }
-
-
-class Stack:
-    def __init__(self, home: Path) -> None:
-        s3_port, base = pick_free_ports()
-        self.port = free_port()
-        self.env = {
-            **os.environ,
-            "TEMPERED_HOME": str(home),
-            "TEMPERED_TEMPORAL__ADDRESS": f"127.0.0.1:{self.port}",
-            "TEMPERED_TEMPORAL__UI_PORT": str(free_port()),
-            "TEMPERED_TEMPORAL__HTTP_PORT": str(free_port()),
-            "TEMPERED_S3__ENDPOINT": f"http://127.0.0.1:{s3_port}",
-            "TEMPERED_S3__EMBEDDED_BASE_PORT": str(base),
-            "TEMPERED_INFERENCE__BASE_MODEL": "tiny",
-            "TEMPERED_TELEMETRY__PROMETHEUS_PORT": "0",
-        }
-        self.workers: dict[Queue, subprocess.Popen[bytes]] = {}
-        self.home = home
-
-    def tempered(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(BIN / "tempered"), *args], env=self.env, capture_output=True, text=True,
-            timeout=timeout,
-        )
-
-    def temporal(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(BIN / "temporal"), *args, "--address", f"127.0.0.1:{self.port}"],
-            capture_output=True, text=True, timeout=120,
-        )
-
-    def start_worker(self, queue: Queue) -> None:
-        log = open(self.home / f"worker-{queue.value}-{len(self.workers)}.log", "ab")  # noqa: SIM115
-        self.workers[queue] = subprocess.Popen(
-            [str(BIN / "tempered"), "worker", queue.value], env=self.env, stdout=log, stderr=log
-        )
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    stack = Stack(tmp_path)
-    up = stack.tempered("up")
-    assert up.returncode == 0, up.stderr
-    again = stack.tempered("up")
-    assert "already running" in again.stdout  # idempotent
-    try:
-        yield stack
-    finally:
-        for process in stack.workers.values():
-            process.send_signal(signal.SIGTERM)
-        for process in stack.workers.values():
-            process.wait(60)
-        assert stack.tempered("down").returncode == 0
 
 
 def wait_done(stack: Stack, workflow_id: str, timeout_s: float = 240) -> dict:

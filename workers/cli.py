@@ -27,7 +27,13 @@ from pydantic import ValidationError
 
 from contracts.names import Queue
 
-SUBCOMMAND_MODULES = ("workers.cli_train", "workers.cli_sandbox", "workers.cli_tasks", "workers.cli_runs")
+SUBCOMMAND_MODULES = (
+    "workers.cli_train",
+    "workers.cli_eval",
+    "workers.cli_sandbox",
+    "workers.cli_tasks",
+    "workers.cli_runs",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -61,7 +61,7 @@ class LearnerWorkflow:
                      SearchAttr.POLICY_VERSION: response.policy.version}
                 )
             )
-            await self._report(state, response, len(batch))
+            await self._report(state, response, batch)
             if state.step < state.max_steps and (
                 steps_this_run >= state.steps_per_run or workflow.info().is_continue_as_new_suggested()
             ):
@@ -89,13 +89,21 @@ class LearnerWorkflow:
                 self._seen.add(group.task_id)
                 state.pending.append(group)
 
-    async def _report(self, state: LearnerInput, response: TrainStepResponse, groups: int) -> None:
+    async def _report(
+        self, state: LearnerInput, response: TrainStepResponse, batch: list[TrajectoryGroup]
+    ) -> None:
         if state.parent_workflow_id is None:
             return
         parent = workflow.get_external_workflow_handle(state.parent_workflow_id)
         await parent.signal(
             "learner_progress",
             LearnerProgress(
-                step=state.step, policy_version=response.policy.version, trained_groups=groups
+                step=state.step,
+                policy_version=response.policy.version,
+                trained_groups=len(batch),
+                reward_mean=response.reward_mean,
+                loss=response.loss,
+                dropped_stale=response.dropped_stale,
+                staleness=state.step - 1 - min(g.policy_version for g in batch),
             ),
         )

@@ -31,7 +31,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from contracts.names import Activity, Queue, SearchAttr
     from contracts.rollout import AgentTaskResult
-    from contracts.task import AgentTaskInput, TaskSpec
+    from contracts.task import AgentTaskInput, TaskSpec, eval_task_input
     from workflows.activity_options import activity_options
     from workflows.agent_task import AgentTaskWorkflow
     from workflows.learner import LearnerWorkflow
@@ -190,16 +190,13 @@ class TrainingRunWorkflow:
         results = await asyncio.gather(
             *(
                 self._agent_task(
-                    AgentTaskInput(
-                        task=task,
+                    eval_task_input(
+                        task,
                         run_id=eval_run,
-                        group_size=1,
-                        max_turns=1,
-                        sampling=run_input.eval_sampling,
-                        reward=run_input.reward,
-                        limits=run_input.limits,
                         policy_run=run_input.run_id,
                         policy_version=version,
+                        sampling=run_input.eval_sampling,
+                        limits=run_input.limits,
                         heartbeat_timeout_s=run_input.heartbeat_timeout_s,
                     ),
                     workflow_id=f"{eval_run}-{task.id}",

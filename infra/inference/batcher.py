@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from contracts.task import SamplingParams
 from infra.inference.base import GenerationOutput, InferenceBackend, PolicyHandle
+from infra.telemetry import record_inference_batch, span
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +131,10 @@ class Batcher:
         started = time.perf_counter()
         self._running = batch
         try:
-            outputs = await self.backend.generate(
-                [p.prompt for p in batch], [p.params for p in batch], policy
-            )
+            with span("model.generate", policy_version=policy.version, batch_size=len(batch)):
+                outputs = await self.backend.generate(
+                    [p.prompt for p in batch], [p.params for p in batch], policy
+                )
             if len(outputs) != len(batch):
                 raise RuntimeError(
                     f"backend returned {len(outputs)} outputs for {len(batch)} prompts"
@@ -147,6 +149,7 @@ class Batcher:
             self._running = []
         elapsed = max(time.perf_counter() - started, 1e-9)
         tokens = sum(len(o.token_ids) for o in outputs)
+        record_inference_batch(len(batch), tokens, elapsed)
         self.batches += 1
         self.rows += len(batch)
         log.debug(

@@ -50,6 +50,8 @@ class LoadedPolicy:
     eos_ids: frozenset[int]
     pad_id: int
     max_context: int
+    fence_ids: frozenset[int] = frozenset()
+    """Tokens whose text contains a code fence (```), for `stop_after_code_block`."""
 
 
 def load_policy(path: str, device: torch.device) -> LoadedPolicy:
@@ -69,7 +71,19 @@ def load_policy(path: str, device: torch.device) -> LoadedPolicy:
     if pad is None:
         pad = min(eos) if eos else 0
     max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
-    return LoadedPolicy(model, frozenset(eos), int(pad), max_context)
+    return LoadedPolicy(model, frozenset(eos), int(pad), max_context, _fence_ids(path))
+
+
+def _fence_ids(path: str) -> frozenset[int]:
+    """Ids of every token whose text contains a code fence (```)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return frozenset(
+        token_id
+        for token, token_id in tokenizer.get_vocab().items()
+        if "```" in tokenizer.convert_tokens_to_string([token])
+    )
 
 
 def _row_generator(seed: int | None) -> torch.Generator:
@@ -152,6 +166,7 @@ def sample_batch(
         return outputs
     generators = [_row_generator(params[i].seed) for i in rows]
     row_params = [params[i] for i in rows]
+    fences = [0] * len(prompts)  # code fences each row has written
 
     width = max(len(prompts[i]) for i in rows)
     input_ids = torch.full((len(rows), width), policy.pad_id, dtype=torch.long)
@@ -183,7 +198,8 @@ def sample_batch(
             output.token_ids.append(token)
             output.logprobs.append(logprob)
             finish: FinishReason | None = None
-            if token in policy.eos_ids:
+            fences[i] += token in policy.fence_ids
+            if token in policy.eos_ids or (params[i].stop_after_code_block and fences[i] >= 2):
                 finish = "stop"
             elif len(output.token_ids) >= budgets[i]:
                 finish = "length"

@@ -1,0 +1,228 @@
+"""What Temporal costs a rollout: AgentTaskWorkflow vs the same activity calls in a plain loop.
+
+    .venv/bin/python bench/orchestration.py [--tasks 24] [--group-size 4] [--max-turns 2]
+        [--concurrency 8] [--rounds 2] [--max-new-tokens 48]
+
+One private stack (`tempered up` on free ports: Temporal dev server with WAL SQLite, SeaweedFS),
+and in this process the production workers of agent-tasks, inference (the `tiny` model),
+sandbox (local bubblewrap) and rewards, built by `workers.runtime.build_worker`. The same
+starter-suite tasks are then rolled out twice per round, `--concurrency` tasks in flight:
+
+  tempered   each task is an AgentTaskWorkflow started on the dev server (generate, execute,
+             FEEDBACK, ..., write_trajectories as activities through task queues);
+  plain      an asyncio loop calls the very same bound activity methods (same objects, same
+             loaded model, same sandbox pool, same S3) directly, with the workflow's own
+             FEEDBACK step scoring the turns: no Temporal anywhere.
+
+The order alternates every round (plain first, then tempered first, ...) and medians are
+reported, so drifting machine load hits both sides. Printed and merged into bench/results.json
+under "orchestration": rollouts/s (a rollout = one sample of a group) of both, the Temporal
+share of wall time 1 - plain/tempered (target <= 10%), workflows/s, and the dev server's CPU
+seconds per workflow (psutil, server process and children).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from common import (
+    Stopwatch,
+    activity_method,
+    bench_stack,
+    cpu_seconds,
+    machine,
+    median_of,
+    merge_results,
+    production_workers,
+    temporal_pid,
+)
+
+from contracts.names import Queue, Workflow
+from contracts.rollout import (
+    AgentTaskResult,
+    GenerateItem,
+    GenerateRequest,
+    SampleState,
+    WriteTrajectoriesRequest,
+)
+from contracts.sandbox import ExecuteItem, ExecuteRequest
+from contracts.task import AgentTaskInput, SamplingParams, TaskSpec
+from infra.settings import InferenceSettings, Settings
+
+POLICY_RUN = "bench-orchestration-policy"
+QUEUES = [Queue.AGENT_TASKS, Queue.INFERENCE, Queue.SANDBOX, Queue.REWARDS]
+Rollout = Callable[[AgentTaskInput], Awaitable[int]]
+
+
+class PlainRollout:
+    """One task's rollout as a plain asyncio function over the workers' own activity methods."""
+
+    def __init__(self, plans: dict[Queue, Any]) -> None:
+        from temporalio.testing import ActivityEnvironment
+
+        self.env = ActivityEnvironment()  # activity context only (heartbeats go nowhere)
+        self.generate = activity_method(plans, Queue.INFERENCE, "generate")
+        self.execute = activity_method(plans, Queue.SANDBOX, "execute")
+        self.write = activity_method(plans, Queue.REWARDS, "write_trajectories")
+
+    async def __call__(self, task_input: AgentTaskInput) -> int:
+        """Roll `task_input` out as AgentTaskWorkflow would; returns the turns taken."""
+        from workflows.agent_task import AgentTaskWorkflow
+
+        task = task_input.task
+        scorer = AgentTaskWorkflow()  # its FEEDBACK step is pure: both sides score alike
+        scorer._samples = [SampleState(sample=i) for i in range(task_input.group_size)]
+        for turn in range(task_input.max_turns):
+            scorer._turn = turn
+            active = [s for s in scorer._samples if not s.solved]
+            generated = await self.env.run(self.generate, GenerateRequest(
+                run_id=task_input.run_id, task_id=task.id, turn=turn, prompt=task.prompt,
+                sampling=task_input.sampling, policy_run=task_input.policy_run or task_input.run_id,
+                policy_version=task_input.policy_version,
+                items=[GenerateItem(sample=s.sample, history=s.turns) for s in active],
+            ))  # fmt: skip
+            executed = await self.env.run(self.execute, ExecuteRequest(
+                run_id=task_input.run_id, task_id=task.id, turn=turn, tests=task.tests,
+                entry_point=task.entry_point, limits=task_input.limits,
+                items=[ExecuteItem(sample=c.sample, code=c.code) for c in generated.completions],
+            ))  # fmt: skip
+            scorer._feedback(task_input, generated, executed)
+            if all(s.solved for s in scorer._samples):
+                break
+        await self.env.run(self.write, WriteTrajectoriesRequest(
+            run_id=task_input.run_id, task=task, group_size=task_input.group_size,
+            samples=scorer._samples,
+        ))  # fmt: skip
+        return turn + 1
+
+
+def tempered_rollout(client: Any) -> Rollout:
+    async def run(task_input: AgentTaskInput) -> int:
+        result = await client.execute_workflow(
+            Workflow.AGENT_TASK.value,
+            task_input,
+            id=f"{task_input.run_id}-{task_input.task.id}",
+            task_queue=Queue.AGENT_TASKS.value,
+            result_type=AgentTaskResult,
+        )
+        return int(result.turns)
+
+    return run
+
+
+async def roll_out(rollout: Rollout, inputs: list[AgentTaskInput], concurrency: int) -> list[int]:
+    """Every input through `rollout`, at most `concurrency` in flight; the turns of each."""
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(task_input: AgentTaskInput) -> int:
+        async with slots:
+            return await rollout(task_input)
+
+    return list(await asyncio.gather(*(one(i) for i in inputs)))
+
+
+def task_inputs(tasks: list[TaskSpec], args: argparse.Namespace, run_id: str) -> list[AgentTaskInput]:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    return [
+        AgentTaskInput(
+            task=task, run_id=run_id, group_size=args.group_size, max_turns=args.max_turns,
+            sampling=sampling, policy_run=POLICY_RUN, policy_version=0,
+        )  # fmt: skip
+        for task in tasks
+    ]
+
+
+async def measure(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    from infra.policy import materialize_base_model, publish_policy
+    from infra.storage import ObjectStore
+    from infra.tasks import load_suite
+
+    store = ObjectStore.from_settings(settings)
+    base = await asyncio.to_thread(materialize_base_model, args.model, settings)
+    await asyncio.to_thread(publish_policy, store, POLICY_RUN, 0, base)
+    tasks = (load_suite("starter", split="train") * 4)[: args.tasks]
+    tasks = [t.model_copy(update={"id": f"{t.id}-{i}"}) for i, t in enumerate(tasks)]
+    server = temporal_pid(settings)
+    rows: dict[str, dict[str, list[float]]] = {"plain": {}, "tempered": {}}
+    async with production_workers(settings, QUEUES) as (client, plans):
+        modes: dict[str, Rollout] = {"plain": PlainRollout(plans), "tempered": tempered_rollout(client)}
+        for mode, rollout in modes.items():  # warm-up: model, tokenizer, sandbox pool, workers
+            await roll_out(rollout, task_inputs(tasks[:2], args, f"warm-{mode}"), 2)
+        for round_index in range(args.rounds):
+            order = list(modes) if round_index % 2 == 0 else list(reversed(modes))
+            for mode in order:
+                run_id = f"bench-{mode}-{round_index}-{uuid.uuid4().hex[:6]}"
+                server_cpu = cpu_seconds(server)
+                with Stopwatch() as watch:
+                    turns = await roll_out(modes[mode], task_inputs(tasks, args, run_id), args.concurrency)
+                row = rows[mode]
+                row.setdefault("wall_s", []).append(watch.seconds)
+                row.setdefault("server_cpu_s", []).append(cpu_seconds(server) - server_cpu)
+                row.setdefault("turns", []).append(sum(turns) / len(turns))
+                print(
+                    f"round {round_index} {mode:8s} {len(tasks)} tasks x G={args.group_size} in "
+                    f"{watch.seconds:6.2f} s = {len(tasks) * args.group_size / watch.seconds:6.2f} "
+                    f"rollouts/s (mean turns {sum(turns) / len(turns):.2f})",
+                    flush=True,
+                )
+    return summarize(rows, len(tasks), args)
+
+
+def summarize(rows: dict[str, dict[str, list[float]]], tasks: int, args: argparse.Namespace) -> dict[str, Any]:
+    rollouts = tasks * args.group_size
+    plain_s, tempered_s = median_of(rows["plain"]["wall_s"]), median_of(rows["tempered"]["wall_s"])
+    server_cpu = median_of(rows["tempered"]["server_cpu_s"])
+    return {
+        "model": args.model, "tasks": tasks, "group_size": args.group_size,
+        "max_turns": args.max_turns, "concurrency": args.concurrency, "rounds": args.rounds,
+        "max_new_tokens": args.max_new_tokens,
+        "plain_wall_s": round(plain_s, 3), "tempered_wall_s": round(tempered_s, 3),
+        "plain_rollouts_per_s": round(rollouts / plain_s, 3),
+        "tempered_rollouts_per_s": round(rollouts / tempered_s, 3),
+        "temporal_share": round(1 - plain_s / tempered_s, 4),
+        "target_temporal_share": 0.10,
+        "workflows_per_s": round(tasks / tempered_s, 3),
+        "server_cpu_s_per_workflow": round(server_cpu / tasks, 4),
+        "server_cpu_s_during_plain": round(median_of(rows["plain"]["server_cpu_s"]), 3),
+        "mean_turns": {m: round(median_of(r["turns"]), 3) for m, r in rows.items()},
+        "wall_s_per_round": {m: [round(x, 3) for x in r["wall_s"]] for m, r in rows.items()},
+        "machine": machine(),
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=24, help="starter tasks per round and mode")
+    parser.add_argument("--group-size", type=int, default=4, help="G, samples per task")
+    parser.add_argument("--max-turns", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=8, help="tasks in flight")
+    parser.add_argument("--rounds", type=int, default=2, help="measured rounds (order alternates)")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--model", default="tiny", help="base model preset (tiny | smollm2)")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tempered-bench-") as tmp:
+        home = Path(tmp)
+        with bench_stack(home, inference=InferenceSettings(base_model=args.model)) as settings:
+            report = asyncio.run(measure(settings, args))
+    share = report["temporal_share"]
+    print(
+        f"orchestration: tempered {report['tempered_rollouts_per_s']:.2f} rollouts/s vs plain "
+        f"{report['plain_rollouts_per_s']:.2f} rollouts/s -> Temporal share of wall time "
+        f"{100 * share:.1f}% (target <= 10%: {'met' if share <= 0.10 else 'NOT met'}); "
+        f"{report['workflows_per_s']:.2f} workflows/s; dev server "
+        f"{report['server_cpu_s_per_workflow'] * 1000:.1f} ms CPU per workflow; "
+        f"load average {report['machine']['load_average']}",
+        flush=True,
+    )
+    merge_results("orchestration", report)
+
+
+if __name__ == "__main__":
+    main()

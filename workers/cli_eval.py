@@ -1,0 +1,88 @@
+"""`tempered eval`: pass@1 of a policy through the same pipeline (agent tasks, one greedy turn).
+
+    tempered eval --run RUN --policy 3 --suite starter      # version 3 of a training run
+    tempered eval --policy smollm2 --suite humaneval        # a preset or HF dir, published as v0
+                                                            # of a fresh run `eval-<timestamp>`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from datetime import datetime
+
+from contracts.names import Queue, Workflow
+from contracts.rollout import AgentTaskResult
+from contracts.task import SamplingParams, SandboxLimits, TaskSpec, eval_task_input
+from infra.settings import Settings
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = sub.add_parser("eval", help="pass@1 of a policy on a suite")
+    parser.add_argument("--policy", required=True, help="version number (with --run), preset or HF dir")
+    parser.add_argument("--run", help="training run whose version --policy names")
+    parser.add_argument("--suite", default="starter", help="starter | humaneval | FILE.jsonl")
+    parser.add_argument("--split", default="heldout", choices=["heldout", "train", "all"])
+    parser.add_argument("--limit", type=int, help="only the first N tasks")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--concurrency", type=int, default=64, help="agent tasks in flight")
+    parser.set_defaults(func=eval_cmd)
+
+
+def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
+    from infra.tasks import load_suite
+
+    tasks = load_suite(args.suite, split=None if args.split == "all" else args.split)
+    tasks = tasks[: args.limit] if args.limit else tasks
+    if not tasks:
+        raise ValueError(f"suite {args.suite!r} has no {args.split} tasks")
+    policy_run, version = _policy(args, settings)
+    results = asyncio.run(_evaluate(settings, args, tasks, policy_run, version))
+    solved = sum(r.solved[0] for r in results)
+    summary = {"suite": args.suite, "split": args.split, "policy_run": policy_run,
+               "policy_version": version, "tasks": len(results), "solved": solved,
+               "pass_at_1": solved / len(results)}
+    print(json.dumps(summary))
+    return 0
+
+
+def _policy(args: argparse.Namespace, settings: Settings) -> tuple[str, int]:
+    """(run, version) to sample from; a preset/dir is published as version 0 of a new run."""
+    if args.policy.isdigit():
+        if not args.run:
+            raise ValueError("--policy VERSION needs --run RUN")
+        return args.run, int(args.policy)
+    from infra.policy import materialize_base_model, publish_policy
+    from infra.storage import ObjectStore
+
+    store = ObjectStore.from_settings(settings)
+    run = datetime.now().strftime("eval-%Y%m%d-%H%M%S")
+    publish_policy(store, run, 0, materialize_base_model(args.policy, settings, store))
+    return run, 0
+
+
+async def _evaluate(
+    settings: Settings, args: argparse.Namespace, tasks: list[TaskSpec], run: str, version: int
+) -> list[AgentTaskResult]:
+    from workers.runtime import connect
+
+    client = await connect(settings)
+    slots = asyncio.Semaphore(args.concurrency)
+    eval_run = f"{run}-eval-v{version}-{args.suite.replace('/', '_').replace('.', '_')}"
+    sampling = SamplingParams(
+        temperature=0.0, max_new_tokens=args.max_new_tokens, stop_after_code_block=True
+    )
+
+    async def one(task: TaskSpec) -> AgentTaskResult:
+        async with slots:
+            return await client.execute_workflow(
+                Workflow.AGENT_TASK.value,
+                eval_task_input(task, run_id=eval_run, policy_run=run, policy_version=version,
+                                sampling=sampling, limits=SandboxLimits()),
+                id=f"{eval_run}-{task.id}",
+                task_queue=Queue.AGENT_TASKS.value,
+                result_type=AgentTaskResult,
+            )
+
+    return list(await asyncio.gather(*(one(t) for t in tasks)))
