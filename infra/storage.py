@@ -27,11 +27,29 @@ from typing import Any, TypeVar
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
+from botocore.exceptions import ClientError
 from pydantic import BaseModel
 
 from contracts.common import ObjectRef
 from infra.settings import S3Settings, Settings
+from infra.storage_errors import (
+    BUCKET_EXISTS_CODES,
+    ObjectExists,
+    ObjectNotFound,
+    PermanentStorageError,
+    StorageError,
+    TransientStorageError,
+    translate_errors,
+)
+
+__all__ = [
+    "ObjectExists",
+    "ObjectNotFound",
+    "ObjectStore",
+    "PermanentStorageError",
+    "StorageError",
+    "TransientStorageError",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -41,38 +59,6 @@ PART_SIZE = 8 * 2**20
 PART_WORKERS = 4
 TEXT = "text/plain; charset=utf-8"
 _READ_CHUNK = 2**20
-
-_TRANSIENT_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
-    "InternalError", "ServiceUnavailable", "503", "500", "502", "504",
-}  # fmt: skip
-_CREDENTIAL_HINTS = {
-    "InvalidAccessKeyId": "unknown access key",
-    "SignatureDoesNotMatch": "wrong secret key",
-}
-_BUCKET_EXISTS_CODES = {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}
-_CONFLICT_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
-
-
-class StorageError(Exception):
-    """Base of every object-store error; the message is one line meant for a human."""
-
-
-class ObjectNotFound(StorageError):
-    pass
-
-
-class ObjectExists(StorageError):
-    """A create-only write found different content already stored under the key."""
-
-
-class TransientStorageError(StorageError):
-    """S3 unreachable, overloaded or timing out: retry later."""
-
-
-class PermanentStorageError(StorageError):
-    """Wrong credentials, missing bucket, bad endpoint: retrying will not help until it is fixed."""
-
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -128,7 +114,7 @@ class ObjectStore:
             try:
                 self._client.create_bucket(Bucket=self.bucket)
             except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") not in _BUCKET_EXISTS_CODES:
+                if exc.response.get("Error", {}).get("Code") not in BUCKET_EXISTS_CODES:
                     raise
 
     def wait_ready(self, timeout_s: float, probe_key: str = ".tempered-ready") -> None:
@@ -346,58 +332,5 @@ class ObjectStore:
             )  # fmt: skip
         return str(out["ETag"])
 
-    @contextlib.contextmanager
-    def _errors(self, op: str, key: str = "") -> Iterator[None]:
-        """Translate botocore exceptions raised inside into the typed errors above."""
-        try:
-            yield
-        except ClientError as exc:
-            raise self._classify_client_error(exc, op, key) from exc
-        except ParamValidationError as exc:
-            raise PermanentStorageError(f"invalid S3 {op} request for {key!r}: {exc}") from exc
-        except BotoCoreError as exc:  # connection refused, DNS, timeouts, closed connections
-            raise TransientStorageError(
-                f"cannot reach S3 at {self.endpoint}: {_reason(exc)}"
-            ) from exc
-
-    def _classify_client_error(self, exc: ClientError, op: str, key: str) -> StorageError:
-        error = exc.response.get("Error", {})
-        code = str(error.get("Code", ""))
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
-        where = f"s3://{self.bucket}/{key}" if key else f"s3://{self.bucket}"
-        if code in _CONFLICT_CODES or status in (409, 412):
-            return ObjectExists(f"{where} already exists")
-        if code == "NoSuchBucket":
-            return PermanentStorageError(
-                f"bucket '{self.bucket}' does not exist at {self.endpoint}: run `tempered up` or create it"
-            )
-        if code in ("NoSuchKey", "NotFound") or status == 404:
-            return ObjectNotFound(f"{where} not found")
-        if code in _CREDENTIAL_HINTS or (status == 403 and code == "403"):
-            return PermanentStorageError(
-                f"S3 at {self.endpoint} rejected the credentials for access key "
-                f"'{self.settings.access_key}' ({_CREDENTIAL_HINTS.get(code, 'forbidden')})"
-            )
-        if code == "AccessDenied" or status == 403:
-            return PermanentStorageError(
-                f"S3 at {self.endpoint} denied {op} on {where} to access key '{self.settings.access_key}'"
-            )
-        message = error.get("Message", "") or str(exc)
-        if code in _TRANSIENT_CODES or status >= 500:
-            return TransientStorageError(
-                f"S3 at {self.endpoint} failed {op} on {where}: {code} {message}"
-            )
-        return PermanentStorageError(f"S3 {op} on {where} failed: {code} {message}")
-
-
-def _reason(exc: BaseException) -> str:
-    """The root cause of a connection failure in a few words ("connection refused")."""
-    text = str(exc)
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ConnectionRefusedError) or "Connection refused" in str(seen):
-            return "connection refused"
-        seen = seen.__cause__ or seen.__context__
-    if "Name or service not known" in text or "nodename nor servname" in text:
-        return "unknown host name"
-    return f"{type(exc).__name__}: {text}"
+    def _errors(self, op: str, key: str = "") -> contextlib.AbstractContextManager[None]:
+        return translate_errors(op, key, self.endpoint, self.bucket, self.settings.access_key)

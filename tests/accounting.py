@@ -15,17 +15,22 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activities.learner import StepRecord
 from contracts.trajectory import Trajectory, trajectory_id
 from infra import keys
 from infra.storage import ObjectStore
 
+if TYPE_CHECKING:
+    from tests.fixtures.stack import Stack
+
 RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results.json"
+COMPLETED = "WORKFLOW_EXECUTION_STATUS_COMPLETED"
 _TRAJECTORY_NAME = re.compile(r"^(?P<task>.+)--s(?P<sample>\d+)\.json$")
 
 
@@ -127,3 +132,25 @@ def record_results(section: str, figures: dict[str, Any]) -> None:
     results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
     results[section] = figures
     RESULTS.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+
+
+def check_training_run(
+    stack: Stack, label: str, workflow_id: str, run_id: str, tasks: int, group_size: int,
+    faults: list[dict[str, Any]], started: float,
+) -> Ledger:
+    """Wait for a training run, check it end to end, print and record its figures."""
+    status = stack.wait_closed(workflow_id, timeout_s=600)
+    assert status == COMPLETED, f"{workflow_id}: {status}\n{stack.worker_logs()}"
+    result = stack.result(workflow_id)
+    ledger = account(stack.store(), run_id, tasks=result["tasks_started"], group_size=group_size)
+    wall_s = round(time.monotonic() - started, 1)
+    ledger.print(label)
+    print(f"[{label}] wall time {wall_s}s; faults: {faults}")
+    record_results(label, {**ledger.figures(), "wall_s": wall_s, "faults": faults,
+                           "steps": result["steps"], "tasks_done": result["tasks_done"],
+                           "tasks_started": result["tasks_started"]})
+    assert result["tasks_started"] == tasks, f"started {result['tasks_started']} of {tasks}"
+    assert result["tasks_done"] == result["tasks_started"], "a task never reached DONE"
+    assert result["steps"] == len(result["history"]) == ledger.steps
+    ledger.assert_exactly_once()
+    return ledger

@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 
 from contracts.names import Queue
 from infra.settings import Settings
+from workers.plan import WorkerPlan
 
 GRACEFUL_SHUTDOWN = timedelta(seconds=30)
 log = logging.getLogger("tempered.worker")
@@ -51,7 +52,9 @@ def worker_module(queue: Queue) -> ModuleType:
     return importlib.import_module(WORKER_MODULES[queue])
 
 
-async def build_worker(client: Client, queue: Queue, settings: Settings) -> tuple[Worker, object]:
+async def build_worker(
+    client: Client, queue: Queue, settings: Settings
+) -> tuple[Worker, WorkerPlan]:
     """The Worker of `queue`, built from that queue's entry module's plan."""
     plan = worker_module(queue).build(settings)
     worker = Worker(
@@ -88,7 +91,7 @@ async def run_workers(queues: list[Queue], settings: Settings) -> None:
     log.info("worker stopping: queues=%s", ",".join(q.value for q in queues))
     await asyncio.gather(*(worker.shutdown() for worker, _ in built), return_exceptions=True)
     for _, plan in built:
-        if getattr(plan, "on_shutdown", None) is not None:
+        if plan.on_shutdown is not None:
             await plan.on_shutdown()
     if telemetry is not None:
         telemetry.shutdown()

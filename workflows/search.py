@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from temporalio import workflow
@@ -14,7 +15,7 @@ from temporalio.common import (
 with workflow.unsafe.imports_passed_through():
     from contracts.names import SEARCH_ATTRIBUTE_TYPES, SearchAttr
 
-_KEY_FACTORIES = {
+_KEY_FACTORIES: dict[str, Callable[[str], SearchAttributeKey[Any]]] = {
     "Keyword": SearchAttributeKey.for_keyword,
     "Int": SearchAttributeKey.for_int,
     "Double": SearchAttributeKey.for_float,

@@ -1,0 +1,329 @@
+"""Wall time to a held-out pass@1 target: Tempered's training run vs TRL's GRPOTrainer.
+
+    .venv/bin/python bench/vs_trl.py --preset smollm2 [--target 0.3 | --gain 0.1] [--steps 30]
+    .venv/bin/python bench/vs_trl.py --preset tiny --target 0 --steps 3    # smoke: s/step only
+
+Same machine, same base model (the preset's, materialized once), same starter suite (train
+split to learn from, held-out split to evaluate), same reward (`RewardConfig.score` of the
+tests' verdict in the same sandbox backend, `infra.sandbox.get_backend(settings).run`), same G,
+prompts per step, learning rate (constant), clip, KL, max_new_tokens, temperature and top_p.
+Each side runs in a subprocess of its own (one after the other) and evaluates held-out pass@1
+greedily (one sample, one turn, every `--eval-every` steps, and before the first step):
+
+  tempered  a private stack (`tempered up` on free ports) and the production workers of every
+            queue in one process; a `TrainingRunWorkflow` started with eval_every=N; evals are
+            read from its `progress` query. Clock: from start_workflow (workers up, as a service).
+  trl       `trl.GRPOTrainer` (single-turn, batch = prompts_per_step x G, one optimizer step per
+            generation, DAPO token normalization like Tempered's), reward function running the
+            completion's code with the task's tests in the sandbox; a callback evaluates held-out
+            pass@1 with greedy `generate`. Clock: from loading the model.
+
+`--max-turns` (default 1) applies to Tempered only (TRL's GRPOTrainer is single-turn here), so
+the default compares equal work per step. Target: `--target P` (absolute pass@1), else `--gain
+G` over the side's own step-0 pass@1. A side stops once an eval reaches the target; the ratio
+Tempered/TRL of the times to target is reported (goal <= 0.8). With `--target 0` (the `tiny`
+model never passes a test) there is no time to target: every step runs, and wall time per step
+(evals included on both sides) is what is compared. Merged into bench/results.json ("vs_trl").
+TRL is a bench-only dependency (`pip install -e '.[bench]'`); without it the bench says so and
+exits 0 without writing results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from common import bench_stack, machine, median_of, merge_results, production_workers
+
+from contracts.learner import TrainingRunInput
+from contracts.names import Queue, Workflow
+from contracts.sandbox import ExecStatus
+from contracts.task import SamplingParams, SandboxLimits
+from infra.settings import InferenceSettings, Settings
+
+POLL_S = 0.5
+
+
+def experiment(args: argparse.Namespace) -> TrainingRunInput:
+    """The preset with this bench's overrides: what both sides train with."""
+    from workers.cli_train import load_preset
+
+    run = load_preset(args.preset, steps=args.steps, run_id=f"vs-trl-{uuid.uuid4().hex[:8]}")
+    given = {"learning_rate": args.lr, "groups_per_step": args.prompts_per_step}
+    grpo = run.grpo.model_copy(update={k: v for k, v in given.items() if v is not None})
+    tokens = args.max_new_tokens or run.sampling.max_new_tokens
+    sampling = run.sampling.model_copy(update={"max_new_tokens": tokens, "stop_after_code_block": False})
+    return run.model_copy(update={
+        "group_size": args.group_size or run.group_size, "max_turns": args.max_turns,
+        "eval_every": args.eval_every, "grpo": grpo, "sampling": sampling,
+        "eval_sampling": SamplingParams(temperature=0.0, max_new_tokens=tokens),
+    })  # fmt: skip
+
+
+def base_model_dir(spec: str) -> Path:
+    """The preset's HF directory, materialized once in the shared model cache (not per run)."""
+    from infra.policy import materialize_base_model
+    from infra.settings import load_settings
+
+    return materialize_base_model(spec, load_settings())
+
+
+def reached(pass_at_1: float, base: float | None, args: argparse.Namespace) -> bool:
+    if args.target is not None:
+        return args.target > 0 and pass_at_1 >= args.target
+    return base is not None and pass_at_1 >= base + args.gain
+
+
+# -- Tempered --------------------------------------------------------------------------------
+
+
+async def tempered_side(settings: Settings, run: TrainingRunInput, args: argparse.Namespace) -> dict[str, Any]:
+    from contracts.learner import TrainingRunResult
+
+    async with production_workers(settings, list(Queue)) as (client, _):
+        started = time.perf_counter()
+        handle = await client.start_workflow(
+            Workflow.TRAINING_RUN.value, run, id=f"train-{run.run_id}",
+            task_queue=Queue.AGENT_TASKS.value, result_type=TrainingRunResult,
+        )  # fmt: skip
+        evals: dict[int, dict[str, Any]] = {}
+        steps: dict[int, float] = {}
+        result = asyncio.ensure_future(handle.result())
+        target_s = None
+        while not result.done() and target_s is None:
+            await asyncio.wait([result], timeout=POLL_S)
+            try:
+                progress = await handle.query("progress")
+            except Exception:  # not queryable before its first workflow task
+                continue
+            now = time.perf_counter() - started
+            for p in progress.get("learner", []):
+                steps.setdefault(p["step"], now)
+            for e in progress.get("evals", []):
+                if e["policy_version"] not in evals:
+                    evals[e["policy_version"]] = {"step": e["policy_version"], "pass_at_1": e["pass_at_1"], "t_s": now}
+                    print(f"tempered: step {e['policy_version']} pass@1 {e['pass_at_1']:.3f} at {now:.1f}s", flush=True)
+            base = evals.get(0, {}).get("pass_at_1")
+            if any(reached(e["pass_at_1"], base, args) for e in evals.values()):
+                target_s = now
+        if target_s is None:
+            final = await result
+            for e in final.evals:
+                evals.setdefault(e.policy_version, {"step": e.policy_version, "pass_at_1": e.pass_at_1,
+                                                    "t_s": time.perf_counter() - started})  # fmt: skip
+        else:
+            result.cancel()
+            await handle.terminate("bench: target reached")
+        wall = time.perf_counter() - started
+    return side_report(wall, target_s, [evals[k] for k in sorted(evals)], [steps[k] for k in sorted(steps)])
+
+
+def side_report(wall: float, target_s: float | None, evals: list[dict[str, Any]], step_at: list[float]) -> dict[str, Any]:
+    gaps = [b - a for a, b in zip([0.0, *step_at], step_at, strict=False)]
+    return {"wall_s": round(wall, 2), "time_to_target_s": None if target_s is None else round(target_s, 2),
+            "steps": len(step_at), "s_per_step": round(wall / max(1, len(step_at)), 2),
+            "median_step_gap_s": round(median_of(gaps), 2), "evals": evals}  # fmt: skip
+
+
+# -- TRL -------------------------------------------------------------------------------------
+
+
+class SandboxPool:
+    """The sandbox backend on an event loop of its own thread, for TRL's synchronous hooks."""
+
+    def __init__(self, settings: Settings, limits: SandboxLimits) -> None:
+        from infra.sandbox import get_backend
+
+        self.limits = limits
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True, name="sandbox").start()
+        self.backend = self._call(self._in_loop(lambda: get_backend(settings)))
+        self.slots = self._call(self._in_loop(lambda: asyncio.Semaphore(settings.sandbox.concurrency)))
+
+    @staticmethod
+    async def _in_loop(make: Any) -> Any:
+        return make()
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def passed(self, codes: list[str], tasks: list[tuple[str, str]]) -> list[bool]:
+        """Whether each program passes its (tests, entry_point), all run concurrently."""
+
+        async def one(code: str, tests: str, entry_point: str) -> bool:
+            async with self.slots:
+                result = await self.backend.run(code, tests, self.limits, entry_point)
+            return bool(result.status == ExecStatus.PASSED)
+
+        async def every() -> list[bool]:
+            return list(await asyncio.gather(*(one(c, *t) for c, t in zip(codes, tasks, strict=True))))
+
+        return list(self._call(every()))
+
+    def close(self) -> None:
+        self._call(self.backend.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def trl_side(settings: Settings, run: TrainingRunInput, base_dir: Path, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from infra.inference.prompts import build_messages, encode_messages, extract_code
+    from infra.tasks import load_suite
+
+    pool = SandboxPool(settings, run.limits)
+    train, heldout = load_suite(run.suite, split="train"), load_suite(run.suite, split="heldout")
+
+    def sandbox_reward(completions: list[Any], tests: list[str], entry_point: list[str], **_: Any) -> list[float]:
+        codes = [extract_code(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+        solved = pool.passed(codes, list(zip(tests, entry_point, strict=True)))
+        return [run.reward.score(ok, 0 if ok else 1) for ok in solved]
+
+    started = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    evals: list[dict[str, Any]] = []
+    step_at: list[float] = []
+    target_at: list[float] = []
+
+    def evaluate(step: int) -> None:
+        rows = [encode_messages(tokenizer, build_messages(t.prompt)) for t in heldout]
+        width, pad = max(map(len, rows)), tokenizer.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=pad,
+                                 max_new_tokens=run.eval_sampling.max_new_tokens)  # fmt: skip
+        model.train()
+        codes = [extract_code(t) for t in tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)]
+        solved = pool.passed(codes, [(t.tests, t.entry_point) for t in heldout])
+        now = time.perf_counter() - started
+        evals.append({"step": step, "pass_at_1": sum(solved) / len(solved), "t_s": round(now, 2)})
+        print(f"trl: step {step} pass@1 {evals[-1]['pass_at_1']:.3f} at {now:.1f}s", flush=True)
+        if not target_at and reached(evals[-1]["pass_at_1"], evals[0]["pass_at_1"], args):
+            target_at.append(now)
+
+    class HeldoutEval(TrainerCallback):  # type: ignore[misc]
+        def on_train_begin(self, targs: Any, state: Any, control: Any, **_: Any) -> None:
+            evaluate(0)
+
+        def on_step_end(self, targs: Any, state: Any, control: Any, **_: Any) -> None:
+            step_at.append(time.perf_counter() - started)
+            if run.eval_every and (state.global_step % run.eval_every == 0 or state.global_step == run.steps):
+                evaluate(state.global_step)
+            control.should_training_stop = control.should_training_stop or bool(target_at)
+
+    dataset = Dataset.from_list(
+        [{"prompt": build_messages(t.prompt), "tests": t.tests, "entry_point": t.entry_point} for t in train]
+    )
+    config = GRPOConfig(
+        output_dir=str(out_dir), max_steps=run.steps, learning_rate=run.grpo.learning_rate,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_grad_norm=run.grpo.max_grad_norm, per_device_train_batch_size=run.grpo.groups_per_step * run.group_size,
+        gradient_accumulation_steps=1, num_generations=run.group_size, num_iterations=1,
+        max_completion_length=run.sampling.max_new_tokens, temperature=run.sampling.temperature,
+        top_p=run.sampling.top_p, beta=run.grpo.kl_coef, epsilon=run.grpo.clip_eps, loss_type="dapo",
+        scale_rewards="group", use_cpu=True, bf16=False, save_strategy="no", report_to="none",
+        logging_steps=1, disable_tqdm=True, seed=args.seed, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = GRPOTrainer(model=model, reward_funcs=sandbox_reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[HeldoutEval()])  # fmt: skip
+    trainer.train()
+    wall = time.perf_counter() - started
+    pool.close()
+    return side_report(wall, target_at[0] if target_at else None, evals, step_at)
+
+
+# -- both ------------------------------------------------------------------------------------
+
+
+def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One side in this process; returns its report."""
+    run = experiment(args)
+    base_dir = base_model_dir(run.base_model)
+    run = run.model_copy(update={"base_model": str(base_dir)})
+    with tempfile.TemporaryDirectory(prefix=f"tempered-vs-trl-{side}-") as tmp:
+        if side == "trl":
+            return trl_side(Settings(home=Path(tmp)), run, base_dir, args, Path(tmp) / "trl")
+        with bench_stack(Path(tmp), inference=InferenceSettings(base_model=str(base_dir))) as settings:
+            return asyncio.run(tempered_side(settings, run, args))
+
+
+def compare(args: argparse.Namespace, sides: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    run = experiment(args)
+    tempered, trl = sides["tempered"], sides["trl"]
+    report: dict[str, Any] = {
+        "preset": args.preset, "steps": run.steps, "group_size": run.group_size,
+        "prompts_per_step": run.grpo.groups_per_step, "learning_rate": run.grpo.learning_rate,
+        "max_new_tokens": run.sampling.max_new_tokens, "tempered_max_turns": run.max_turns,
+        "eval_every": run.eval_every, "target": args.target, "gain": None if args.target is not None else args.gain,
+        "tempered": tempered, "trl": trl, "goal_ratio": 0.8, "machine": machine(),
+    }  # fmt: skip
+    if tempered["time_to_target_s"] and trl["time_to_target_s"]:
+        report["measured"] = "time_to_target_s"
+        report["ratio"] = round(tempered["time_to_target_s"] / trl["time_to_target_s"], 3)
+    elif args.target == 0:
+        report["measured"] = "s_per_step (target 0: no time to target)"
+        report["ratio"] = round(tempered["s_per_step"] / trl["s_per_step"], 3)
+    else:
+        report["measured"] = "target not reached by both sides within the steps"
+        report["ratio"] = None
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny", help="configs/presets name (tiny | smollm2)")
+    parser.add_argument("--target", type=float, help="absolute held-out pass@1 to reach (0: s/step only)")
+    parser.add_argument("--gain", type=float, default=0.1, help="without --target: pass@1 gain over step 0")
+    parser.add_argument("--steps", type=int, help="most optimizer steps (default: the preset's)")
+    parser.add_argument("--group-size", type=int, help="G (default: the preset's)")
+    parser.add_argument("--prompts-per-step", type=int, help="groups per step (default: the preset's)")
+    parser.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
+    parser.add_argument("--max-new-tokens", type=int, help="default: the preset's")
+    parser.add_argument("--max-turns", type=int, default=1, help="Tempered's turns per task (TRL: 1)")
+    parser.add_argument("--eval-every", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--side", choices=["both", "tempered", "trl"], default="both")
+    parser.add_argument("--out", type=Path, help="(internal) where a single side writes its JSON")
+    args = parser.parse_args()
+    if importlib.util.find_spec("trl") is None:
+        print("vs_trl: skipped, TRL is not installed (pip install -e '.[bench]')", flush=True)
+        return
+    if args.side != "both":
+        report = run_side(args.side, args)
+        (args.out.write_text(json.dumps(report)) if args.out else print(json.dumps(report, indent=2)))
+        return
+    sides = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for side in ("tempered", "trl"):
+            out = Path(tmp) / f"{side}.json"
+            print(f"== vs_trl: {side} side", flush=True)
+            subprocess.run([sys.executable, __file__, *sys.argv[1:], "--side", side, "--out", str(out)], check=True)
+            sides[side] = json.loads(out.read_text())
+    report = compare(args, sides)
+    for side in ("tempered", "trl"):
+        s = sides[side]
+        print(f"{side:8s}: {s['steps']} steps in {s['wall_s']:.1f}s ({s['s_per_step']:.1f} s/step), "
+              f"time to target {s['time_to_target_s']}, evals " + " ".join(f"{e['step']}:{e['pass_at_1']:.2f}" for e in s["evals"]))  # fmt: skip
+    print(f"vs_trl: measured {report['measured']}: Tempered/TRL = {report['ratio']} (goal <= 0.8); "
+          f"load average {report['machine']['load_average']}", flush=True)  # fmt: skip
+    merge_results("vs_trl", report)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Typed object-store errors, and the translation of botocore's exceptions into them.
+
+`TransientStorageError` means retry later (the activity is retried); `PermanentStorageError`
+means fix the configuration (the message says what); `ObjectNotFound` and `ObjectExists` are
+answers, not failures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
+
+_TRANSIENT_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
+    "InternalError", "ServiceUnavailable", "503", "500", "502", "504",
+}  # fmt: skip
+_CREDENTIAL_HINTS = {
+    "InvalidAccessKeyId": "unknown access key",
+    "SignatureDoesNotMatch": "wrong secret key",
+}
+BUCKET_EXISTS_CODES = {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}
+_CONFLICT_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+
+
+class StorageError(Exception):
+    """Base of every object-store error; the message is one line meant for a human."""
+
+
+class ObjectNotFound(StorageError):
+    pass
+
+
+class ObjectExists(StorageError):
+    """A create-only write found different content already stored under the key."""
+
+
+class TransientStorageError(StorageError):
+    """S3 unreachable, overloaded or timing out: retry later."""
+
+
+class PermanentStorageError(StorageError):
+    """Wrong credentials, missing bucket, bad endpoint: retrying will not help until it is fixed."""
+
+
+@contextlib.contextmanager
+def translate_errors(
+op: str, key: str, endpoint: str, bucket: str, access_key: str
+) -> Iterator[None]:
+    """Translate botocore exceptions raised inside into the typed errors above."""
+    try:
+        yield
+    except ClientError as exc:
+        raise classify_client_error(exc, op, key, endpoint, bucket, access_key) from exc
+    except ParamValidationError as exc:
+        raise PermanentStorageError(f"invalid S3 {op} request for {key!r}: {exc}") from exc
+    except BotoCoreError as exc:  # connection refused, DNS, timeouts, closed connections
+        raise TransientStorageError(
+            f"cannot reach S3 at {endpoint}: {_reason(exc)}"
+        ) from exc
+
+def classify_client_error(
+    exc: ClientError, op: str, key: str, endpoint: str, bucket: str, access_key: str
+) -> StorageError:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    where = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
+    if code in _CONFLICT_CODES or status in (409, 412):
+        return ObjectExists(f"{where} already exists")
+    if code == "NoSuchBucket":
+        return PermanentStorageError(
+            f"bucket '{bucket}' does not exist at {endpoint}: run `tempered up` or create it"
+        )
+    if code in ("NoSuchKey", "NotFound") or status == 404:
+        return ObjectNotFound(f"{where} not found")
+    if code in _CREDENTIAL_HINTS or (status == 403 and code == "403"):
+        return PermanentStorageError(
+            f"S3 at {endpoint} rejected the credentials for access key "
+            f"'{access_key}' ({_CREDENTIAL_HINTS.get(code, 'forbidden')})"
+        )
+    if code == "AccessDenied" or status == 403:
+        return PermanentStorageError(
+            f"S3 at {endpoint} denied {op} on {where} to access key '{access_key}'"
+        )
+    message = error.get("Message", "") or str(exc)
+    if code in _TRANSIENT_CODES or status >= 500:
+        return TransientStorageError(
+            f"S3 at {endpoint} failed {op} on {where}: {code} {message}"
+        )
+    return PermanentStorageError(f"S3 {op} on {where} failed: {code} {message}")
+
+
+def _reason(exc: BaseException) -> str:
+    """The root cause of a connection failure in a few words ("connection refused")."""
+    text = str(exc)
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError) or "Connection refused" in str(seen):
+            return "connection refused"
+        seen = seen.__cause__ or seen.__context__
+    if "Name or service not known" in text or "nodename nor servname" in text:
+        return "unknown host name"
+    return f"{type(exc).__name__}: {text}"
