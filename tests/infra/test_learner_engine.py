@@ -131,3 +131,28 @@ def test_zero_stage_change_rebuilds_the_engine(
     assert engine.engine is not first and engine.engine.zero_optimization_stage() == 2
     assert metrics.grad_norm > 0
     assert any(not torch.equal(before[k], v) for k, v in weights(engine).items())
+
+
+def test_train_last_layers_leaves_lower_layers_and_embeddings_untouched(
+    tiny_dir: Path, groups: list[list[Trajectory]]
+) -> None:
+    engine = LearnerEngine("cpu")
+    top_only = CONFIG.model_copy(update={"train_last_layers": 1})
+    engine.load(tiny_dir, 0, top_only)
+    before = weights(engine)
+    metrics = engine.train_step(groups, top_only)
+    after = weights(engine)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert metrics.grad_norm > 0 and changed
+    assert all(k.startswith(("model.layers.1.", "model.norm")) for k in changed), changed
+
+
+def test_groups_without_signal_cost_no_compute(
+    tiny_dir: Path, groups: list[list[Trajectory]]
+) -> None:
+    """A group whose rewards are all equal has zero advantages: no rows are trained on."""
+    flat = [[t.model_copy(update={"reward": 0.5}) for t in group] for group in groups]
+    engine = LearnerEngine("cpu")
+    engine.load(tiny_dir, 0, CONFIG)
+    metrics = engine.train_step(flat, CONFIG)
+    assert metrics.rows == 0 and len(metrics.trained) == 8 and engine.version == 1
