@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import time
@@ -24,12 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common import machine, merge_results  # noqa: E402
+
 from contracts.sandbox import ExecStatus  # noqa: E402
 from contracts.task import SandboxLimits  # noqa: E402
 from infra.sandbox import get_backend  # noqa: E402
 from infra.settings import Settings  # noqa: E402
 
-RESULTS = Path(__file__).resolve().parent / "results.json"
 HUMANEVAL = (
     "def add(a: int, b: int) -> int:\n    return a + b\n",
     "def check(candidate):\n"
@@ -146,10 +146,8 @@ def main() -> None:
     parser.add_argument("--backends", default="local,gvisor")
     args = parser.parse_args()
     report = asyncio.run(measure(args.backends.split(","), args.runs, args.concurrency))
-    existing = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    existing["sandbox"] = report
-    RESULTS.write_text(json.dumps(existing, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {RESULTS} [sandbox]")
+    report["machine"] = machine()
+    merge_results("sandbox", report)
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ async def tempered_side(settings: Settings, run: TrainingRunInput, args: argpars
                 steps.setdefault(p["step"], now)
             for e in progress.get("evals", []):
                 if e["policy_version"] not in evals:
-                    evals[e["policy_version"]] = {"step": e["policy_version"], "pass_at_1": e["pass_at_1"], "t_s": now}
+                    evals[e["policy_version"]] = {"step": e["policy_version"], "pass_at_1": e["pass_at_1"], "t_s": round(now, 2)}
                     print(f"tempered: step {e['policy_version']} pass@1 {e['pass_at_1']:.3f} at {now:.1f}s", flush=True)
             base = evals.get(0, {}).get("pass_at_1")
             if any(reached(e["pass_at_1"], base, args) for e in evals.values()):
@@ -120,7 +120,7 @@ async def tempered_side(settings: Settings, run: TrainingRunInput, args: argpars
             final = await result
             for e in final.evals:
                 evals.setdefault(e.policy_version, {"step": e.policy_version, "pass_at_1": e.pass_at_1,
-                                                    "t_s": time.perf_counter() - started})  # fmt: skip
+                                                    "t_s": round(time.perf_counter() - started, 2)})  # fmt: skip
         else:
             result.cancel()
             await handle.terminate("bench: target reached")
@@ -132,7 +132,8 @@ def side_report(wall: float, target_s: float | None, evals: list[dict[str, Any]]
     gaps = [b - a for a, b in zip([0.0, *step_at], step_at, strict=False)]
     return {"wall_s": round(wall, 2), "time_to_target_s": None if target_s is None else round(target_s, 2),
             "steps": len(step_at), "s_per_step": round(wall / max(1, len(step_at)), 2),
-            "median_step_gap_s": round(median_of(gaps), 2), "evals": evals}  # fmt: skip
+            "median_step_gap_s": round(median_of(gaps), 2), "step_t_s": [round(t, 2) for t in step_at],
+            "evals": evals}  # fmt: skip
 
 
 # -- TRL -------------------------------------------------------------------------------------

@@ -3,8 +3,10 @@
 Loads the task suite (quarantined tasks skipped), publishes policy version 0, starts the
 `LearnerWorkflow` as a child, and keeps `concurrency` `AgentTaskWorkflow` children in flight
 until `steps × groups_per_step` groups have been rolled out (or the time budget is spent). Each
-finished group is signalled to the learner; rollouts go on while it trains (asynchronous RL, the
-learner bounds staleness). Held-out pass@1 is measured before training, every `eval_every`
+finished group is signalled to the learner; rollouts go on while it trains (asynchronous RL)
+but never run more than `grpo.max_staleness` steps ahead of it: the group for step b waits for
+version b − max_staleness and is pinned to the newest version known when it starts
+(`max_staleness = 0` is synchronous, on-policy GRPO). Held-out pass@1 is measured before training, every `eval_every`
 learner steps, and after the last step, through the same agent-task pipeline (greedy, one turn).
 """
 
@@ -136,16 +138,30 @@ class TrainingRunWorkflow:
             else None
         )
         jobs: list[asyncio.Task[None]] = []
+        per_step, lag = run_input.grpo.groups_per_step, run_input.grpo.max_staleness
         for index in range(total):
-            await workflow.wait_condition(lambda: self._in_flight < run_input.concurrency)
+            # bounded staleness: the group for learner step b is sampled from a version ≥ b − lag
+            await workflow.wait_condition(
+                lambda: self._in_flight < run_input.concurrency  # noqa: B023
+                and self._learner_steps >= index // per_step - lag  # noqa: B023
+            )
             if deadline is not None and workflow.now() >= deadline:
                 break
             epoch, position = divmod(index, len(order))
             task = order[position].model_copy(update={"id": f"{order[position].id}-e{epoch}"})
-            jobs.append(asyncio.create_task(self._rollout_one(task)))
+            jobs.append(asyncio.create_task(self._rollout_one(task, self._latest_version)))
         await asyncio.gather(*jobs)
 
-    async def _rollout_one(self, task: TaskSpec) -> None:
+    @property
+    def _learner_steps(self) -> int:
+        return max((p.step for p in self._progress), default=0)
+
+    @property
+    def _latest_version(self) -> int:
+        """Newest published policy version the learner has told us of (pinned per rollout)."""
+        return max((p.policy_version for p in self._progress), default=0)
+
+    async def _rollout_one(self, task: TaskSpec, policy_version: int) -> None:
         run_input = self._input
         self._in_flight += 1
         self._started += 1
@@ -159,6 +175,7 @@ class TrainingRunWorkflow:
                     sampling=run_input.sampling,
                     reward=run_input.reward,
                     limits=run_input.limits,
+                    policy_version=policy_version,
                     heartbeat_timeout_s=run_input.heartbeat_timeout_s,
                 ),
                 workflow_id=f"{run_input.run_id}-task-{task.id}",

@@ -1,0 +1,49 @@
+"""`tempered up / down / status` on free ports: idempotent, persistent, clear when a port is taken."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+from tests.fixtures.stack import Stack, stack  # noqa: F401  (fixture)
+
+
+def test_histories_survive_down_and_up(stack: Stack) -> None:  # noqa: F811
+    # No worker runs: the workflow just waits, which is enough to be listed and described.
+    started = stack.temporal(
+        "workflow", "start", "--task-queue", "agent-tasks", "--type", "AgentTaskWorkflow",
+        "--workflow-id", "survivor", "--input", json.dumps({"task": {"id": "t"}}),
+    )
+    assert started.returncode == 0, started.stderr
+    ref = stack.store().put_text("probe/persisted.txt", "still here")
+
+    down = stack.tempered("down")
+    assert down.returncode == 0 and "temporal: stopped" in down.stdout, down.stdout
+    assert "stopped" in stack.tempered("status").stdout
+    up = stack.tempered("up")
+    assert up.returncode == 0 and "started" in up.stdout, up.stderr
+
+    described = stack.temporal("workflow", "describe", "--workflow-id", "survivor", "-o", "json")
+    assert described.returncode == 0, described.stderr
+    assert json.loads(described.stdout)["workflowExecutionInfo"]["execution"]["workflowId"] == "survivor"
+    assert stack.store().get_text(ref.key) == "still here"
+    status = stack.tempered("status").stdout
+    assert "running (pid" in status and f"127.0.0.1:{stack.port}" in status
+
+
+def test_taken_port_is_a_clear_error_and_down_touches_only_ours(stack: Stack) -> None:  # noqa: F811
+    assert stack.tempered("down").returncode == 0
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", stack.port))
+    squatter.listen()
+    try:
+        up = stack.tempered("up")
+        assert up.returncode != 0
+        assert f"port 127.0.0.1:{stack.port} is taken by another process" in up.stderr
+        assert "Traceback" not in up.stderr
+        again = stack.tempered("down")  # nothing of ours runs: the squatter is left alone
+        assert again.returncode == 0 and "was not running" in again.stdout
+        socket.create_connection(("127.0.0.1", stack.port), timeout=2).close()  # still alive
+    finally:
+        squatter.close()
+    assert stack.tempered("up").returncode == 0
