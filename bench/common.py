@@ -4,6 +4,7 @@
         async with production_workers(settings, [Queue.INFERENCE, ...]) as (client, plans):
             ...                                        # the workers `tempered worker Q` would run
     merge_results("orchestration", report)            # bench/results.json, other keys kept
+    pool = SandboxPool(settings, limits); pool.passed(codes, [(tests, entry_point), ...])
 
 The stack is `infra.stack.up` (what `tempered up` starts) under a throw-away home on free
 127.0.0.1 ports, so a benchmark never touches a developer's stack on 7233/8233/8333.
@@ -11,11 +12,13 @@ The stack is `infra.stack.up` (what `tempered up` starts) under a throw-away hom
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import statistics
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
@@ -26,6 +29,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from contracts.names import Queue  # noqa: E402
+from contracts.sandbox import ExecStatus  # noqa: E402
+from contracts.task import SandboxLimits  # noqa: E402
 from infra.settings import S3Settings, Settings, TemporalSettings  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
@@ -143,3 +148,41 @@ class Stopwatch:
 
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.perf_counter() - self.started
+
+
+class SandboxPool:
+    """The configured sandbox backend on an event loop of its own thread, for synchronous callers
+    (e.g. a TRL reward function): `passed(...)` runs programs concurrently and blocks until done.
+    """
+
+    def __init__(self, settings: Settings, limits: SandboxLimits) -> None:
+        from infra.sandbox import get_backend
+
+        self.limits = limits
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True, name="sandbox").start()
+
+        async def build() -> tuple[Any, asyncio.Semaphore]:  # loop-bound objects, made in it
+            return get_backend(settings), asyncio.Semaphore(settings.sandbox.concurrency)
+
+        self.backend, self.slots = self._call(build())
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def passed(self, codes: list[str], tasks: list[tuple[str, str]]) -> list[bool]:
+        """Whether each program passes its (tests, entry_point), all run concurrently."""
+
+        async def one(code: str, tests: str, entry_point: str) -> bool:
+            async with self.slots:
+                result = await self.backend.run(code, tests, self.limits, entry_point)
+            return bool(result.status == ExecStatus.PASSED)
+
+        async def every() -> list[bool]:
+            return await asyncio.gather(*(one(c, *t) for c, t in zip(codes, tasks, strict=True)))
+
+        return list(self._call(every()))
+
+    def close(self) -> None:
+        self._call(self.backend.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)

@@ -151,7 +151,9 @@ async def measure(settings: Settings, args: argparse.Namespace) -> dict[str, Any
     server = temporal_pid(settings)
     rows: dict[str, dict[str, list[float]]] = {"plain": {}, "tempered": {}}
     async with production_workers(settings, QUEUES) as (client, plans):
-        modes: dict[str, Rollout] = {"plain": PlainRollout(plans), "tempered": tempered_rollout(client)}
+        modes: dict[str, Rollout] = {
+            "plain": PlainRollout(plans), "tempered": tempered_rollout(client)
+        }
         for mode, rollout in modes.items():  # warm-up: model, tokenizer, sandbox pool, workers
             await roll_out(rollout, task_inputs(tasks[:2], args, f"warm-{mode}"), 2)
         for round_index in range(args.rounds):
@@ -159,8 +161,9 @@ async def measure(settings: Settings, args: argparse.Namespace) -> dict[str, Any
             for mode in order:
                 run_id = f"bench-{mode}-{round_index}-{uuid.uuid4().hex[:6]}"
                 server_cpu = cpu_seconds(server)
+                inputs = task_inputs(tasks, args, run_id)
                 with Stopwatch() as watch:
-                    turns = await roll_out(modes[mode], task_inputs(tasks, args, run_id), args.concurrency)
+                    turns = await roll_out(modes[mode], inputs, args.concurrency)
                 row = rows[mode]
                 row.setdefault("wall_s", []).append(watch.seconds)
                 row.setdefault("server_cpu_s", []).append(cpu_seconds(server) - server_cpu)
@@ -174,7 +177,9 @@ async def measure(settings: Settings, args: argparse.Namespace) -> dict[str, Any
     return summarize(rows, len(tasks), args)
 
 
-def summarize(rows: dict[str, dict[str, list[float]]], tasks: int, args: argparse.Namespace) -> dict[str, Any]:
+def summarize(
+    rows: dict[str, dict[str, list[float]]], tasks: int, args: argparse.Namespace
+) -> dict[str, Any]:
     rollouts = tasks * args.group_size
     plain_s, tempered_s = median_of(rows["plain"]["wall_s"]), median_of(rows["tempered"]["wall_s"])
     server_cpu = median_of(rows["tempered"]["server_cpu_s"])

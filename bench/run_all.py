@@ -48,7 +48,8 @@ def summary(results: dict[str, Any]) -> list[str]:
     if orch:
         lines.append(
             f"orchestration: {orch['tempered_rollouts_per_s']} vs {orch['plain_rollouts_per_s']} "
-            f"rollouts/s (Tempered vs plain asyncio) -> Temporal share {100 * orch['temporal_share']:.1f}% "
+            f"rollouts/s (Tempered vs plain asyncio) -> Temporal share "
+            f"{100 * orch['temporal_share']:.1f}% "
             f"(target <= 10%), {orch['workflows_per_s']} workflows/s, "
             f"{1000 * orch['server_cpu_s_per_workflow']:.0f} ms server CPU/workflow, "
             f"load {orch['machine']['load_average']}"
@@ -74,7 +75,8 @@ def main() -> None:
         parser.error(f"unknown benchmark(s) {sorted(unknown)}; choose from {list(BENCHES)}")
     failed = []
     for name in chosen:
-        command = [sys.executable, str(HERE / f"{name}.py"), *BENCHES[name]["full" if args.full else "quick"]]
+        flags = BENCHES[name]["full" if args.full else "quick"]
+        command = [sys.executable, str(HERE / f"{name}.py"), *flags]
         print(f"== {name}: {' '.join(command[1:])}", flush=True)
         started = time.monotonic()
         code = subprocess.run(command).returncode

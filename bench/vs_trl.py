@@ -37,18 +37,23 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from common import bench_stack, machine, median_of, merge_results, production_workers
+from common import (
+    SandboxPool,
+    bench_stack,
+    machine,
+    median_of,
+    merge_results,
+    production_workers,
+)
 
 from contracts.learner import TrainingRunInput
 from contracts.names import Queue, Workflow
-from contracts.sandbox import ExecStatus
-from contracts.task import SamplingParams, SandboxLimits
+from contracts.task import SamplingParams, TaskSpec
 from infra.settings import InferenceSettings, Settings
 
 POLL_S = 0.5
@@ -62,7 +67,9 @@ def experiment(args: argparse.Namespace) -> TrainingRunInput:
     given = {"learning_rate": args.lr, "groups_per_step": args.prompts_per_step}
     grpo = run.grpo.model_copy(update={k: v for k, v in given.items() if v is not None})
     tokens = args.max_new_tokens or run.sampling.max_new_tokens
-    sampling = run.sampling.model_copy(update={"max_new_tokens": tokens, "stop_after_code_block": False})
+    sampling = run.sampling.model_copy(
+        update={"max_new_tokens": tokens, "stop_after_code_block": False}  # TRL cannot stop so
+    )
     return run.model_copy(update={
         "group_size": args.group_size or run.group_size, "max_turns": args.max_turns,
         "eval_every": args.eval_every, "grpo": grpo, "sampling": sampling,
@@ -84,169 +91,177 @@ def reached(pass_at_1: float, base: float | None, args: argparse.Namespace) -> b
     return base is not None and pass_at_1 >= base + args.gain
 
 
+class Timeline:
+    """When one side finished each optimizer step and each held-out eval (s since its clock)."""
+
+    def __init__(self, side: str, args: argparse.Namespace) -> None:
+        self.side, self.args = side, args
+        self.started = time.perf_counter()
+        self.steps: dict[int, float] = {}
+        self.evals: dict[int, dict[str, Any]] = {}
+        self.target_s: float | None = None
+
+    def now(self) -> float:
+        return time.perf_counter() - self.started
+
+    def stepped(self, step: int) -> None:
+        self.steps.setdefault(step, self.now())
+
+    def evaluated(self, step: int, pass_at_1: float) -> None:
+        if step in self.evals:
+            return
+        now = self.now()
+        self.evals[step] = {"step": step, "pass_at_1": pass_at_1, "t_s": round(now, 2)}
+        print(f"{self.side}: step {step} held-out pass@1 {pass_at_1:.3f} at {now:.1f}s", flush=True)
+        base = self.evals.get(0, {}).get("pass_at_1")
+        if self.target_s is None and any(
+            reached(e["pass_at_1"], base, self.args) for e in self.evals.values()
+        ):
+            self.target_s = now
+
+    def report(self) -> dict[str, Any]:
+        wall = self.now()
+        step_at = [self.steps[k] for k in sorted(self.steps)]
+        gaps = [b - a for a, b in zip([0.0, *step_at], step_at, strict=False)]
+        return {
+            "wall_s": round(wall, 2),
+            "time_to_target_s": None if self.target_s is None else round(self.target_s, 2),
+            "steps": len(step_at), "s_per_step": round(wall / max(1, len(step_at)), 2),
+            "median_step_gap_s": round(median_of(gaps), 2),
+            "step_t_s": [round(t, 2) for t in step_at],
+            "evals": [self.evals[k] for k in sorted(self.evals)],
+        }  # fmt: skip
+
+
 # -- Tempered --------------------------------------------------------------------------------
 
 
-async def tempered_side(settings: Settings, run: TrainingRunInput, args: argparse.Namespace) -> dict[str, Any]:
+async def tempered_side(
+    settings: Settings, run: TrainingRunInput, args: argparse.Namespace
+) -> dict[str, Any]:
     from contracts.learner import TrainingRunResult
 
     async with production_workers(settings, list(Queue)) as (client, _):
-        started = time.perf_counter()
+        timeline = Timeline("tempered", args)
         handle = await client.start_workflow(
             Workflow.TRAINING_RUN.value, run, id=f"train-{run.run_id}",
             task_queue=Queue.AGENT_TASKS.value, result_type=TrainingRunResult,
         )  # fmt: skip
-        evals: dict[int, dict[str, Any]] = {}
-        steps: dict[int, float] = {}
         result = asyncio.ensure_future(handle.result())
-        target_s = None
-        while not result.done() and target_s is None:
+        while not result.done() and timeline.target_s is None:
             await asyncio.wait([result], timeout=POLL_S)
             try:
                 progress = await handle.query("progress")
             except Exception:  # not queryable before its first workflow task
                 continue
-            now = time.perf_counter() - started
             for p in progress.get("learner", []):
-                steps.setdefault(p["step"], now)
+                timeline.stepped(p["step"])
             for e in progress.get("evals", []):
-                if e["policy_version"] not in evals:
-                    evals[e["policy_version"]] = {"step": e["policy_version"], "pass_at_1": e["pass_at_1"], "t_s": round(now, 2)}
-                    print(f"tempered: step {e['policy_version']} pass@1 {e['pass_at_1']:.3f} at {now:.1f}s", flush=True)
-            base = evals.get(0, {}).get("pass_at_1")
-            if any(reached(e["pass_at_1"], base, args) for e in evals.values()):
-                target_s = now
-        if target_s is None:
-            final = await result
-            for e in final.evals:
-                evals.setdefault(e.policy_version, {"step": e.policy_version, "pass_at_1": e.pass_at_1,
-                                                    "t_s": round(time.perf_counter() - started, 2)})  # fmt: skip
+                timeline.evaluated(e["policy_version"], e["pass_at_1"])
+        if timeline.target_s is None:
+            for e in (await result).evals:
+                timeline.evaluated(e.policy_version, e.pass_at_1)
         else:
             result.cancel()
             await handle.terminate("bench: target reached")
-        wall = time.perf_counter() - started
-    return side_report(wall, target_s, [evals[k] for k in sorted(evals)], [steps[k] for k in sorted(steps)])
-
-
-def side_report(wall: float, target_s: float | None, evals: list[dict[str, Any]], step_at: list[float]) -> dict[str, Any]:
-    gaps = [b - a for a, b in zip([0.0, *step_at], step_at, strict=False)]
-    return {"wall_s": round(wall, 2), "time_to_target_s": None if target_s is None else round(target_s, 2),
-            "steps": len(step_at), "s_per_step": round(wall / max(1, len(step_at)), 2),
-            "median_step_gap_s": round(median_of(gaps), 2), "step_t_s": [round(t, 2) for t in step_at],
-            "evals": evals}  # fmt: skip
+        return timeline.report()
 
 
 # -- TRL -------------------------------------------------------------------------------------
 
 
-class SandboxPool:
-    """The sandbox backend on an event loop of its own thread, for TRL's synchronous hooks."""
+def greedy_pass_at_1(
+    model: Any, tokenizer: Any, tasks: list[TaskSpec], pool: SandboxPool, max_new_tokens: int
+) -> float:
+    """Held-out pass@1: one greedy completion per task (Tempered's prompt), run by `pool`."""
+    import torch
 
-    def __init__(self, settings: Settings, limits: SandboxLimits) -> None:
-        from infra.sandbox import get_backend
+    from infra.inference.prompts import build_messages, encode_messages, extract_code
 
-        self.limits = limits
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True, name="sandbox").start()
-        self.backend = self._call(self._in_loop(lambda: get_backend(settings)))
-        self.slots = self._call(self._in_loop(lambda: asyncio.Semaphore(settings.sandbox.concurrency)))
-
-    @staticmethod
-    async def _in_loop(make: Any) -> Any:
-        return make()
-
-    def _call(self, coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
-
-    def passed(self, codes: list[str], tasks: list[tuple[str, str]]) -> list[bool]:
-        """Whether each program passes its (tests, entry_point), all run concurrently."""
-
-        async def one(code: str, tests: str, entry_point: str) -> bool:
-            async with self.slots:
-                result = await self.backend.run(code, tests, self.limits, entry_point)
-            return bool(result.status == ExecStatus.PASSED)
-
-        async def every() -> list[bool]:
-            return list(await asyncio.gather(*(one(c, *t) for c, t in zip(codes, tasks, strict=True))))
-
-        return list(self._call(every()))
-
-    def close(self) -> None:
-        self._call(self.backend.close())
-        self.loop.call_soon_threadsafe(self.loop.stop)
+    rows = [encode_messages(tokenizer, build_messages(t.prompt)) for t in tasks]
+    width, pad = max(map(len, rows)), tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=pad,
+            max_new_tokens=max_new_tokens,
+        )  # fmt: skip
+    model.train()
+    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    solved = pool.passed([extract_code(t) for t in texts], [(t.tests, t.entry_point) for t in tasks])
+    return sum(solved) / len(solved)
 
 
-def trl_side(settings: Settings, run: TrainingRunInput, base_dir: Path, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+def grpo_config(run: TrainingRunInput, seed: int, out_dir: Path) -> Any:
+    """TRL's GRPOConfig doing what one Tempered learner step does (on-policy, one generation)."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(out_dir), max_steps=run.steps, seed=seed, use_cpu=True, bf16=False,
+        learning_rate=run.grpo.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, max_grad_norm=run.grpo.max_grad_norm,
+        per_device_train_batch_size=run.grpo.groups_per_step * run.group_size,
+        gradient_accumulation_steps=1, num_generations=run.group_size, num_iterations=1,
+        max_completion_length=run.sampling.max_new_tokens, temperature=run.sampling.temperature,
+        top_p=run.sampling.top_p, beta=run.grpo.kl_coef, epsilon=run.grpo.clip_eps,
+        loss_type="dapo", scale_rewards="group", save_strategy="no", report_to="none",
+        logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
+    )  # fmt: skip
+
+
+def trl_side(
+    settings: Settings, run: TrainingRunInput, base_dir: Path, args: argparse.Namespace, out: Path
+) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
-    from infra.inference.prompts import build_messages, encode_messages, extract_code
+    from infra.inference.prompts import build_messages, extract_code
     from infra.tasks import load_suite
 
     pool = SandboxPool(settings, run.limits)
     train, heldout = load_suite(run.suite, split="train"), load_suite(run.suite, split="heldout")
 
-    def sandbox_reward(completions: list[Any], tests: list[str], entry_point: list[str], **_: Any) -> list[float]:
+    def sandbox_reward(
+        completions: list[Any], tests: list[str], entry_point: list[str], **_: Any
+    ) -> list[float | None]:
         codes = [extract_code(c[0]["content"] if isinstance(c, list) else c) for c in completions]
         solved = pool.passed(codes, list(zip(tests, entry_point, strict=True)))
-        return [run.reward.score(ok, 0 if ok else 1) for ok in solved]
+        return [run.reward.score(ok, 0 if ok else 1) for ok in solved]  # one turn: 1.0 or -0.1
 
-    started = time.perf_counter()
+    timeline = Timeline("trl", args)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    evals: list[dict[str, Any]] = []
-    step_at: list[float] = []
-    target_at: list[float] = []
 
     def evaluate(step: int) -> None:
-        rows = [encode_messages(tokenizer, build_messages(t.prompt)) for t in heldout]
-        width, pad = max(map(len, rows)), tokenizer.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-        model.eval()
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=pad,
-                                 max_new_tokens=run.eval_sampling.max_new_tokens)  # fmt: skip
-        model.train()
-        codes = [extract_code(t) for t in tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)]
-        solved = pool.passed(codes, [(t.tests, t.entry_point) for t in heldout])
-        now = time.perf_counter() - started
-        evals.append({"step": step, "pass_at_1": sum(solved) / len(solved), "t_s": round(now, 2)})
-        print(f"trl: step {step} pass@1 {evals[-1]['pass_at_1']:.3f} at {now:.1f}s", flush=True)
-        if not target_at and reached(evals[-1]["pass_at_1"], evals[0]["pass_at_1"], args):
-            target_at.append(now)
+        tokens = run.eval_sampling.max_new_tokens
+        timeline.evaluated(step, greedy_pass_at_1(model, tokenizer, heldout, pool, tokens))
 
     class HeldoutEval(TrainerCallback):  # type: ignore[misc]
-        def on_train_begin(self, targs: Any, state: Any, control: Any, **_: Any) -> None:
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             evaluate(0)
 
-        def on_step_end(self, targs: Any, state: Any, control: Any, **_: Any) -> None:
-            step_at.append(time.perf_counter() - started)
-            if run.eval_every and (state.global_step % run.eval_every == 0 or state.global_step == run.steps):
-                evaluate(state.global_step)
-            control.should_training_stop = control.should_training_stop or bool(target_at)
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            step = state.global_step
+            timeline.stepped(step)
+            if run.eval_every and (step % run.eval_every == 0 or step == run.steps):
+                evaluate(step)
+            control.should_training_stop |= timeline.target_s is not None
 
-    dataset = Dataset.from_list(
-        [{"prompt": build_messages(t.prompt), "tests": t.tests, "entry_point": t.entry_point} for t in train]
-    )
-    config = GRPOConfig(
-        output_dir=str(out_dir), max_steps=run.steps, learning_rate=run.grpo.learning_rate,
-        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=run.grpo.max_grad_norm, per_device_train_batch_size=run.grpo.groups_per_step * run.group_size,
-        gradient_accumulation_steps=1, num_generations=run.group_size, num_iterations=1,
-        max_completion_length=run.sampling.max_new_tokens, temperature=run.sampling.temperature,
-        top_p=run.sampling.top_p, beta=run.grpo.kl_coef, epsilon=run.grpo.clip_eps, loss_type="dapo",
-        scale_rewards="group", use_cpu=True, bf16=False, save_strategy="no", report_to="none",
-        logging_steps=1, disable_tqdm=True, seed=args.seed, dataloader_num_workers=0,
+    rows = [{"prompt": build_messages(t.prompt), "tests": t.tests, "entry_point": t.entry_point}
+            for t in train]  # fmt: skip
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=sandbox_reward, args=grpo_config(run, args.seed, out),
+        train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+        callbacks=[HeldoutEval()],
     )  # fmt: skip
-    trainer = GRPOTrainer(model=model, reward_funcs=sandbox_reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[HeldoutEval()])  # fmt: skip
     trainer.train()
-    wall = time.perf_counter() - started
+    report = timeline.report()
     pool.close()
-    return side_report(wall, target_at[0] if target_at else None, evals, step_at)
+    return report
 
 
 # -- both ------------------------------------------------------------------------------------
@@ -260,37 +275,58 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"tempered-vs-trl-{side}-") as tmp:
         if side == "trl":
             return trl_side(Settings(home=Path(tmp)), run, base_dir, args, Path(tmp) / "trl")
-        with bench_stack(Path(tmp), inference=InferenceSettings(base_model=str(base_dir))) as settings:
+        inference = InferenceSettings(base_model=str(base_dir))
+        with bench_stack(Path(tmp), inference=inference) as settings:
             return asyncio.run(tempered_side(settings, run, args))
 
 
 def compare(args: argparse.Namespace, sides: dict[str, dict[str, Any]]) -> dict[str, Any]:
     run = experiment(args)
     tempered, trl = sides["tempered"], sides["trl"]
+
+    def ratio(key: str) -> float | None:
+        return round(tempered[key] / trl[key], 3) if tempered[key] and trl[key] else None
+
     report: dict[str, Any] = {
         "preset": args.preset, "steps": run.steps, "group_size": run.group_size,
         "prompts_per_step": run.grpo.groups_per_step, "learning_rate": run.grpo.learning_rate,
         "max_new_tokens": run.sampling.max_new_tokens, "tempered_max_turns": run.max_turns,
-        "eval_every": run.eval_every, "target": args.target, "gain": None if args.target is not None else args.gain,
-        "tempered": tempered, "trl": trl, "goal_ratio": 0.8, "machine": machine(),
+        "eval_every": run.eval_every, "target": args.target,
+        "gain": None if args.target is not None else args.gain, "goal_ratio": 0.8,
+        "s_per_step_ratio": ratio("s_per_step"), "step_gap_ratio": ratio("median_step_gap_s"),
+        "tempered": tempered, "trl": trl, "machine": machine(),
     }  # fmt: skip
     if tempered["time_to_target_s"] and trl["time_to_target_s"]:
-        report["measured"] = "time_to_target_s"
-        report["ratio"] = round(tempered["time_to_target_s"] / trl["time_to_target_s"], 3)
+        report["measured"], report["ratio"] = "time_to_target_s", ratio("time_to_target_s")
     elif args.target == 0:
-        report["measured"] = "s_per_step (target 0: no time to target)"
-        report["ratio"] = round(tempered["s_per_step"] / trl["s_per_step"], 3)
+        report["measured"] = "s_per_step (target 0: no time to target; evals included)"
+        report["ratio"] = report["s_per_step_ratio"]
     else:
-        report["measured"] = "target not reached by both sides within the steps"
-        report["ratio"] = None
+        report["measured"], report["ratio"] = "target not reached by both sides", None
     return report
+
+
+def print_sides(report: dict[str, Any]) -> None:
+    for side in ("tempered", "trl"):
+        s = report[side]
+        evals = " ".join(f"{e['step']}:{e['pass_at_1']:.2f}" for e in s["evals"])
+        print(
+            f"{side:8s}: {s['steps']} steps in {s['wall_s']:.1f}s ({s['s_per_step']:.1f} s/step, "
+            f"median gap {s['median_step_gap_s']:.1f}s), time to target {s['time_to_target_s']}, "
+            f"held-out pass@1 by step {evals}"
+        )
+    print(
+        f"vs_trl: measured {report['measured']}: Tempered/TRL = {report['ratio']} (goal <= 0.8); "
+        f"median step gap ratio {report['step_gap_ratio']}; load {report['machine']['load_average']}",
+        flush=True,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny", help="configs/presets name (tiny | smollm2)")
-    parser.add_argument("--target", type=float, help="absolute held-out pass@1 to reach (0: s/step only)")
-    parser.add_argument("--gain", type=float, default=0.1, help="without --target: pass@1 gain over step 0")
+    parser.add_argument("--target", type=float, help="held-out pass@1 to reach (0: s/step only)")
+    parser.add_argument("--gain", type=float, default=0.1, help="else: pass@1 gain over step 0")
     parser.add_argument("--steps", type=int, help="most optimizer steps (default: the preset's)")
     parser.add_argument("--group-size", type=int, help="G (default: the preset's)")
     parser.add_argument("--prompts-per-step", type=int, help="groups per step (default: the preset's)")
@@ -307,22 +343,21 @@ def main() -> None:
         return
     if args.side != "both":
         report = run_side(args.side, args)
-        (args.out.write_text(json.dumps(report)) if args.out else print(json.dumps(report, indent=2)))
+        if args.out:
+            args.out.write_text(json.dumps(report))
+        else:
+            print(json.dumps(report, indent=2))
         return
     sides = {}
     with tempfile.TemporaryDirectory() as tmp:
         for side in ("tempered", "trl"):
             out = Path(tmp) / f"{side}.json"
             print(f"== vs_trl: {side} side", flush=True)
-            subprocess.run([sys.executable, __file__, *sys.argv[1:], "--side", side, "--out", str(out)], check=True)
+            command = [sys.executable, __file__, *sys.argv[1:], "--side", side, "--out", str(out)]
+            subprocess.run(command, check=True)
             sides[side] = json.loads(out.read_text())
     report = compare(args, sides)
-    for side in ("tempered", "trl"):
-        s = sides[side]
-        print(f"{side:8s}: {s['steps']} steps in {s['wall_s']:.1f}s ({s['s_per_step']:.1f} s/step), "
-              f"time to target {s['time_to_target_s']}, evals " + " ".join(f"{e['step']}:{e['pass_at_1']:.2f}" for e in s["evals"]))  # fmt: skip
-    print(f"vs_trl: measured {report['measured']}: Tempered/TRL = {report['ratio']} (goal <= 0.8); "
-          f"load average {report['machine']['load_average']}", flush=True)  # fmt: skip
+    print_sides(report)
     merge_results("vs_trl", report)
 
 

@@ -149,6 +149,7 @@ def check_training_run(
     record_results(label, {**ledger.figures(), "wall_s": wall_s, "faults": faults,
                            "steps": result["steps"], "tasks_done": result["tasks_done"],
                            "tasks_started": result["tasks_started"]})
+    assert not stack.dead_workers(), f"workers died: {stack.dead_workers()}"
     assert result["tasks_started"] == tasks, f"started {result['tasks_started']} of {tasks}"
     assert result["tasks_done"] == result["tasks_started"], "a task never reached DONE"
     assert result["steps"] == len(result["history"]) == ledger.steps

@@ -40,14 +40,15 @@ def wait_done(stack: Stack, workflow_id: str, timeout_s: float = 240) -> dict:
     raise AssertionError(f"{workflow_id} not finished after {timeout_s}s; worker logs:\n{logs}")
 
 
-def wait_state(stack: Stack, workflow_id: str, state: str, timeout_s: float = 120) -> None:
+def wait_pending(stack: Stack, workflow_id: str, activity: str, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        out = stack.temporal("workflow", "query", "--workflow-id", workflow_id, "--name", "status")
-        if f'"state":"{state}"' in out.stdout.replace(" ", ""):
+        out = stack.temporal("workflow", "describe", "--workflow-id", workflow_id, "-o", "json")
+        pending = json.loads(out.stdout or "{}").get("pendingActivities", [])
+        if any(p.get("activityType", {}).get("name") == activity for p in pending):
             return
-        time.sleep(0.05)
-    raise AssertionError(f"{workflow_id} never reached {state}")
+        time.sleep(0.2)
+    raise AssertionError(f"{workflow_id}: no pending {activity} activity after {timeout_s}s")
 
 
 def listed(stack: Stack, query: str) -> list[str]:
@@ -86,9 +87,11 @@ def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack
         "workflow", "start", "--task-queue", "agent-tasks", "--type", "AgentTaskWorkflow",
         "--workflow-id", second, "--input", json.dumps(task_input),
     ).returncode == 0
-    wait_state(stack, second, "EXECUTE")
     stack.workers[Queue.SANDBOX].send_signal(signal.SIGKILL)
     stack.workers[Queue.SANDBOX].wait(10)
+    running = stack.temporal("workflow", "describe", "--workflow-id", second, "-o", "json")
+    assert "WORKFLOW_EXECUTION_STATUS_RUNNING" in running.stdout  # killed mid-task
+    wait_pending(stack, second, "execute")  # EXECUTE is waiting for a sandbox worker
     stack.start_worker(Queue.SANDBOX)
     described = wait_done(stack, second)
     assert described["workflowExecutionInfo"]["status"] == "WORKFLOW_EXECUTION_STATUS_COMPLETED"

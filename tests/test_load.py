@@ -16,6 +16,7 @@ bench/results.json["load"].
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 
 pytest_plugins = ["tests.fixtures.stack"]  # the `stack` fixture
 
-TASKS = 1000
+TASKS = int(os.environ.get("TEMPERED_LOAD_TASKS", "1000"))
 GROUP_SIZE = 2
 IN_FLIGHT = 48
 BUDGET_S = 420.0
@@ -100,6 +101,7 @@ async def drive(client: Client, tasks: int) -> tuple[list[AgentTaskResult], list
 async def test_a_thousand_trivial_tasks(stack: Stack) -> None:
     for queue in (Queue.AGENT_TASKS, Queue.SANDBOX, Queue.REWARDS):
         stack.start_worker(queue)
+    stack.wait_workers_ready()
     model = ScriptedModel(stack.store(), lambda sample, turn: SOLUTION)
     client = await Client.connect(
         stack.settings.temporal.address, data_converter=pydantic_data_converter
