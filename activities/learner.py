@@ -50,7 +50,7 @@ from infra.policy import (
     publish_policy,
 )
 from infra.settings import Settings
-from infra.storage import ObjectNotFound, ObjectStore, sha256_bytes
+from infra.storage import ObjectExists, ObjectNotFound, ObjectStore, sha256_bytes
 from infra.telemetry import record_learner_step, record_queue_wait, record_staleness, span
 
 T = TypeVar("T")
@@ -105,6 +105,15 @@ class LearnerActivities:
         """Publish `req.base_model` as version 0 of the run; a no-op when v0 already exists."""
         if not _RUN_ID.match(req.run_id):
             raise _invalid("run_id", f"{req.run_id!r} is not a valid run id")
+        if req.run is not None:  # what `tempered runs show` and `regrade` read back
+            try:
+                await asyncio.to_thread(
+                    self.store.put_json, keys.run_record_key(req.run_id), req.run, create_only=True
+                )
+            except ObjectExists:
+                raise _invalid(
+                    "run_id", f"run {req.run_id!r} already exists with other settings"
+                ) from None
         manifest = await asyncio.to_thread(policy_manifest, self.store, req.run_id, 0)
         if manifest is not None:
             await asyncio.to_thread(advance_latest, self.store, manifest.policy)

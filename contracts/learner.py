@@ -47,6 +47,9 @@ class PrepareRunRequest(Contract):
 
     run_id: str
     base_model: str
+    run: "TrainingRunInput | None" = Field(
+        default=None, description="The run's input, stored once as runs/<run>/run.json."
+    )
 
 
 class TrainStepRequest(Contract):
@@ -140,3 +143,6 @@ class TrainingRunResult(Contract):
     tasks_done: int
     history: list[TrainStepResponse]
     evals: list[EvalResult]
+
+
+PrepareRunRequest.model_rebuild()

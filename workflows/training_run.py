@@ -72,7 +72,9 @@ class TrainingRunWorkflow:
         self._heldout = tasks.heldout
         base = await workflow.execute_activity(
             Activity.PREPARE_RUN.value,
-            PrepareRunRequest(run_id=run_input.run_id, base_model=run_input.base_model),
+            PrepareRunRequest(
+                run_id=run_input.run_id, base_model=run_input.base_model, run=run_input
+            ),
             result_type=PolicyVersion,
             **activity_options(Activity.PREPARE_RUN, max(run_input.heartbeat_timeout_s, 120)),
         )
