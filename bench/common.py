@@ -96,13 +96,13 @@ def temporal_pid(settings: Settings) -> int:
     return pid
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of `pid` and its children so far."""
+def cpu_seconds(pid: int | None = None, children: bool = True) -> float:
+    """User + system CPU seconds so far of `pid` (default: this process), and its live children."""
     import psutil
 
     process = psutil.Process(pid)
     total = 0.0
-    for proc in [process, *process.children(recursive=True)]:
+    for proc in [process, *(process.children(recursive=True) if children else [])]:
         with contextlib.suppress(psutil.Error):
             times = proc.cpu_times()
             total += times.user + times.system

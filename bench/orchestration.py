@@ -1,6 +1,6 @@
 """What Temporal costs a rollout: AgentTaskWorkflow vs the same activity calls in a plain loop.
 
-    .venv/bin/python bench/orchestration.py [--tasks 24] [--group-size 4] [--max-turns 2]
+    .venv/bin/python bench/orchestration.py [--tasks 16] [--group-size 4] [--max-turns 2]
         [--concurrency 8] [--rounds 2] [--max-new-tokens 48]
 
 One private stack (`tempered up` on free ports: Temporal dev server with WAL SQLite, SeaweedFS),
@@ -17,8 +17,10 @@ starter-suite tasks are then rolled out twice per round, `--concurrency` tasks i
 The order alternates every round (plain first, then tempered first, ...) and medians are
 reported, so drifting machine load hits both sides. Printed and merged into bench/results.json
 under "orchestration": rollouts/s (a rollout = one sample of a group) of both, the Temporal
-share of wall time 1 - plain/tempered (target <= 10%), workflows/s, and the dev server's CPU
-seconds per workflow (psutil, server process and children).
+share of wall time 1 - plain/tempered (target <= 10%), workflows/s, the dev server's CPU
+seconds per workflow (psutil, server process and children), and this process's CPU seconds per
+mode (the difference is the worker side's cost: SDK, workflow sandbox, payload conversion).
+On a machine with few cores every CPU second of either counts straight into wall time.
 """
 
 from __future__ import annotations
@@ -160,13 +162,14 @@ async def measure(settings: Settings, args: argparse.Namespace) -> dict[str, Any
             order = list(modes) if round_index % 2 == 0 else list(reversed(modes))
             for mode in order:
                 run_id = f"bench-{mode}-{round_index}-{uuid.uuid4().hex[:6]}"
-                server_cpu = cpu_seconds(server)
+                server_cpu, own_cpu = cpu_seconds(server), cpu_seconds(children=False)
                 inputs = task_inputs(tasks, args, run_id)
                 with Stopwatch() as watch:
                     turns = await roll_out(modes[mode], inputs, args.concurrency)
                 row = rows[mode]
                 row.setdefault("wall_s", []).append(watch.seconds)
                 row.setdefault("server_cpu_s", []).append(cpu_seconds(server) - server_cpu)
+                row.setdefault("worker_cpu_s", []).append(cpu_seconds(children=False) - own_cpu)
                 row.setdefault("turns", []).append(sum(turns) / len(turns))
                 print(
                     f"round {round_index} {mode:8s} {len(tasks)} tasks x G={args.group_size} in "
@@ -195,6 +198,7 @@ def summarize(
         "workflows_per_s": round(tasks / tempered_s, 3),
         "server_cpu_s_per_workflow": round(server_cpu / tasks, 4),
         "server_cpu_s_during_plain": round(median_of(rows["plain"]["server_cpu_s"]), 3),
+        "worker_process_cpu_s": {m: round(median_of(r["worker_cpu_s"]), 2) for m, r in rows.items()},
         "mean_turns": {m: round(median_of(r["turns"]), 3) for m, r in rows.items()},
         "wall_s_per_round": {m: [round(x, 3) for x in r["wall_s"]] for m, r in rows.items()},
         "machine": machine(),
@@ -203,7 +207,7 @@ def summarize(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=24, help="starter tasks per round and mode")
+    parser.add_argument("--tasks", type=int, default=16, help="starter tasks per round and mode")
     parser.add_argument("--group-size", type=int, default=4, help="G, samples per task")
     parser.add_argument("--max-turns", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=8, help="tasks in flight")

@@ -130,6 +130,7 @@ class Timeline:
             "median_step_gap_s": round(median_of(gaps), 2),
             "step_t_s": [round(t, 2) for t in step_at],
             "evals": [self.evals[k] for k in sorted(self.evals)],
+            "load_average_at_end": machine()["load_average"],
         }  # fmt: skip
 
 

@@ -24,7 +24,6 @@ from tests.accounting import check_training_run
 if TYPE_CHECKING:
     from tests.fixtures.stack import Fault, Stack
 
-pytest_plugins = ["tests.fixtures.stack"]  # the `stack` fixture
 
 STEPS = 5
 

@@ -14,7 +14,6 @@ from contracts.names import Queue
 if TYPE_CHECKING:
     from tests.fixtures.stack import Stack
 
-pytest_plugins = ["tests.fixtures.stack"]  # the `stack` fixture
 TASK = {
     "id": "e2e-add",
     "prompt": "Write a Python function add(a, b) that returns a + b.",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import socket
 
-from tests.fixtures.stack import Stack, stack  # noqa: F401  (fixture)
+from tests.fixtures.stack import Stack
 
 
-def test_histories_survive_down_and_up(stack: Stack) -> None:  # noqa: F811
+def test_histories_survive_down_and_up(stack: Stack) -> None:
     # No worker runs: the workflow just waits, which is enough to be listed and described.
     started = stack.temporal(
         "workflow", "start", "--task-queue", "agent-tasks", "--type", "AgentTaskWorkflow",
@@ -31,7 +31,7 @@ def test_histories_survive_down_and_up(stack: Stack) -> None:  # noqa: F811
     assert "running (pid" in status and f"127.0.0.1:{stack.port}" in status
 
 
-def test_taken_port_is_a_clear_error_and_down_touches_only_ours(stack: Stack) -> None:  # noqa: F811
+def test_taken_port_is_a_clear_error_and_down_touches_only_ours(stack: Stack) -> None:
     assert stack.tempered("down").returncode == 0
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", stack.port))

@@ -10,10 +10,10 @@ from contracts.names import Queue
 from infra import keys
 from infra.policy import latest_policy
 from tests.accounting import account, stored_trajectories
-from tests.fixtures.stack import Stack, stack  # noqa: F401  (fixture)
+from tests.fixtures.stack import Stack
 
 
-def test_tiny_preset_trains_three_steps_end_to_end(stack: Stack) -> None:  # noqa: F811
+def test_tiny_preset_trains_three_steps_end_to_end(stack: Stack) -> None:
     for queue in Queue:
         stack.start_worker(queue)
     trained = stack.tempered(
