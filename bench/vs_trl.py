@@ -68,7 +68,7 @@ def experiment(args: argparse.Namespace) -> TrainingRunInput:
     grpo = run.grpo.model_copy(update={k: v for k, v in given.items() if v is not None})
     tokens = args.max_new_tokens or run.sampling.max_new_tokens
     sampling = run.sampling.model_copy(
-        update={"max_new_tokens": tokens, "stop_after_code_block": False}  # TRL cannot stop so
+        update={"max_new_tokens": tokens, "stop_after_code_block": False}  # TRL has no such stop
     )
     return run.model_copy(update={
         "group_size": args.group_size or run.group_size, "max_turns": args.max_turns,

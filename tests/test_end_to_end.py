@@ -3,6 +3,7 @@ the `temporal` CLI (no Python), run to DONE; then a worker is SIGKILLed mid-task
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import time
@@ -77,6 +78,8 @@ def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack
     history = stack.temporal("workflow", "show", "--workflow-id", workflow_id, "-o", "json").stdout
     for activity in ("generate", "execute", "write_trajectories"):
         assert f'"{activity}"' in history
+    for state in ("GENERATE", "EXECUTE", "FEEDBACK", "DONE"):  # upserted TemperedState values
+        assert base64.b64encode(json.dumps(state).encode()).decode() in history, state
     assert listed(stack, f'WorkflowId = "{workflow_id}" AND TemperedState = "DONE"') == [workflow_id]
 
     # SIGKILL the sandbox worker while a second task runs; a new one takes over.

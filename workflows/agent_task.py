@@ -63,13 +63,13 @@ class AgentTaskWorkflow:
         self._samples: list[SampleState] = []
         self._policy_version: int | None = None
         self._aborted_reason: str | None = None
+        self._published: dict[SearchAttr, object] = {}
 
     @workflow.run
     async def run(self, raw: AgentTaskInput | dict[str, Any]) -> AgentTaskResult:
         task_input = parse_task_input(raw)
         task = task_input.task
         self._samples = [SampleState(sample=i) for i in range(task_input.group_size)]
-        self._publish(task_input)
         workflow.upsert_memo(
             {"task": task.id, "suite": task.suite, "prompt": task.prompt[:200],
              "group_size": task_input.group_size, "max_turns": task_input.max_turns}
@@ -82,9 +82,9 @@ class AgentTaskWorkflow:
             generated = await self._generate(task_input, active)
             self._move(State.EXECUTE, task_input)
             executed = await self._execute(task_input, generated)
-            self._move(State.FEEDBACK, task_input)
+            self._move(State.FEEDBACK, task_input, publish=False)
             self._feedback(task_input, generated, executed)
-            self._publish(task_input)
+            self._publish(task_input)  # FEEDBACK, with this turn's rewards
             next_state = after_feedback(
                 all_solved=all(s.solved for s in self._samples),
                 turn=turn,
@@ -211,20 +211,22 @@ class AgentTaskWorkflow:
                     f"(threshold {task_input.abort_after})"
                 )
 
-    def _move(self, target: State, task_input: AgentTaskInput) -> None:
+    def _move(self, target: State, task_input: AgentTaskInput, publish: bool = True) -> None:
         self._state = advance(self._state, target)
-        self._publish(task_input)
+        if publish:
+            self._publish(task_input)
 
     def _publish(self, task_input: AgentTaskInput) -> None:
-        workflow.upsert_search_attributes(
-            search_attribute_updates(
-                {
-                    SearchAttr.STATE: self._state.value,
-                    SearchAttr.TURN: self._turn,
-                    SearchAttr.REWARD: max((s.reward for s in self._samples), default=0.0),
-                    SearchAttr.POLICY_VERSION: self._policy_version,
-                    SearchAttr.TASK_ID: task_input.task.id,
-                    SearchAttr.RUN_ID: task_input.run_id,
-                }
-            )
-        )
+        """Upsert the search attributes that changed since the last upsert (one event)."""
+        current = {
+            SearchAttr.STATE: self._state.value,
+            SearchAttr.TURN: self._turn,
+            SearchAttr.REWARD: max((s.reward for s in self._samples), default=0.0),
+            SearchAttr.POLICY_VERSION: self._policy_version,
+            SearchAttr.TASK_ID: task_input.task.id,
+            SearchAttr.RUN_ID: task_input.run_id,
+        }
+        changed = {k: v for k, v in current.items() if self._published.get(k) != v}
+        self._published.update(changed)
+        if updates := search_attribute_updates(changed):
+            workflow.upsert_search_attributes(updates)
