@@ -37,6 +37,7 @@ test-all: setup
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_FLAGS)
 
 bench: setup
+	$(BIN)/pip install --quiet -e '.[bench]'   # TRL, for bench/vs_trl.py only
 	$(BIN)/python bench/run_all.py
 
 lint: setup

@@ -134,6 +134,7 @@ class TrainingRunInput(Contract):
     limits: SandboxLimits = SandboxLimits()
     grpo: GRPOConfig = GRPOConfig()
     heartbeat_timeout_s: float = Field(default=30.0, ge=1.0, le=3600)
+    seed: int = Field(default=0, description="Seeds the order in which training tasks are drawn.")
 
 
 class TrainingRunResult(Contract):

@@ -13,6 +13,7 @@ learner steps, and after the last step, through the same agent-task pipeline (gr
 from __future__ import annotations
 
 import asyncio
+import random
 from datetime import timedelta
 
 from temporalio import workflow
@@ -133,7 +134,7 @@ class TrainingRunWorkflow:
         run_input = self._input
         total = run_input.steps * run_input.grpo.groups_per_step
         order = list(train)
-        workflow.random().shuffle(order)
+        random.Random(run_input.seed).shuffle(order)  # same order for the same seed, every run
         deadline = (
             workflow.now() + timedelta(seconds=run_input.time_budget_s)
             if run_input.time_budget_s
