@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -182,7 +184,14 @@ class LearnerEngine:
             if self.device.startswith("cpu"):
                 _skip_cpu_comm_kernels()
             backend = "gloo" if self.device.startswith("cpu") else "nccl"
-            deepspeed.init_distributed(dist_backend=backend, verbose=False)
+            # A one-process group rendezvous through a fresh file, not a TCP port: a port picked
+            # as free can be taken before torch binds it, and a failed bind would repeat on
+            # every retry of the activity (seen as EADDRINUSE in CI).
+            rendezvous = Path(tempfile.gettempdir()) / f"tempered-dist-{os.getpid()}-{uuid.uuid4().hex}"
+            deepspeed.init_distributed(
+                dist_backend=backend, verbose=False, init_method=f"file://{rendezvous}",
+                rank=0, world_size=1,
+            )  # fmt: skip
         model.to(self.device)
         _train_only_last_layers(model, config.train_last_layers)
         trainable = [p for p in model.parameters() if p.requires_grad]
