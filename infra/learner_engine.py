@@ -75,7 +75,10 @@ def _free_port() -> int:
 
 
 def _prepare_single_process(device: str) -> None:
-    """Env of a one-process distributed group; must run before deepspeed is first imported."""
+    """Env of a one-process distributed group; must run before deepspeed is first imported.
+
+    The rendezvous itself goes through a file (see `_build`); these variables only tell
+    DeepSpeed that the group is already described, so it skips MPI discovery."""
     if device.startswith("cpu"):
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
