@@ -18,7 +18,6 @@ change of stage rebuilds the engine from the current weights.
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
 import uuid
@@ -32,6 +31,7 @@ import torch
 from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
 from infra import grpo
+from infra.processes import free_port
 
 
 @dataclass
@@ -68,12 +68,6 @@ def _stored_dtype(model_dir: Path) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _prepare_single_process(device: str) -> None:
     """Env of a one-process distributed group; must run before deepspeed is first imported.
 
@@ -84,7 +78,7 @@ def _prepare_single_process(device: str) -> None:
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(name, value)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
 
 
 def _skip_cpu_comm_kernels() -> None:
