@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Awaitable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
+from activities.heartbeat import heartbeating
+from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity
 from contracts.rollout import (
     Completion,
@@ -58,15 +58,10 @@ from infra.inference.prompts import build_messages, encode_messages, extract_cod
 from infra.settings import Settings
 from infra.storage import ObjectExists, ObjectNotFound, ObjectStore
 
-T = TypeVar("T")
 COMPLETION = "completion.json"
 CODE = "code.py"
 HEARTBEAT_S = 2.0
 MAX_TOKENIZERS = 4
-
-
-def _invalid(field: str, why: str) -> ApplicationError:
-    return ApplicationError(f"{field}: {why}", type="InvalidInput", non_retryable=True)
 
 
 def _version(req: GenerateRequest, stored: list[CompletionRecord | None]) -> int | None:
@@ -76,7 +71,7 @@ def _version(req: GenerateRequest, stored: list[CompletionRecord | None]) -> int
         return req.policy_version
     version = min(earlier)
     if req.policy_version is not None and earlier != {req.policy_version}:
-        raise _invalid("policy_version", f"turn already stored from version(s) {sorted(earlier)}")
+        raise invalid("policy_version", f"turn already stored from version(s) {sorted(earlier)}")
     return version
 
 
@@ -89,19 +84,6 @@ def sample_params(sampling: SamplingParams, sample: int, turn: int) -> SamplingP
     if sampling.seed is None:
         return sampling
     return sampling.model_copy(update={"seed": sampling.seed + 1000 * sample + turn})
-
-
-async def _heartbeating(awaitable: Awaitable[T], interval_s: float) -> T:
-    """Await `awaitable`, heartbeating every `interval_s` (and cancelling it if we are)."""
-    task = asyncio.ensure_future(awaitable)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=interval_s)
-            if done:
-                return task.result()
-            activity.heartbeat()
-    finally:
-        task.cancel()
 
 
 class InferenceActivities:
@@ -135,11 +117,10 @@ class InferenceActivities:
     async def generate(self, req: GenerateRequest) -> GenerateResponse:
         self._validate(req)
         try:  # heartbeats flow through downloads, model loads and queueing alike
-            return await _heartbeating(self._generate(req), self.heartbeat_s)
+            return await heartbeating(self._generate(req), every_s=self.heartbeat_s)
         except InferenceError as exc:
-            raise ApplicationError(
-                str(exc), type="InferenceError", non_retryable=not exc.retryable
-            ) from exc
+            kind = ErrorType.INFERENCE if exc.retryable else ErrorType.INVALID_INPUT
+            raise fail(kind, str(exc)) from exc
 
     async def _generate(self, req: GenerateRequest) -> GenerateResponse:
         stored = await asyncio.gather(
@@ -155,7 +136,7 @@ class InferenceActivities:
         )
         for index, (record, prompt) in enumerate(zip(stored, prompts, strict=True)):
             if record is not None and record.prompt_token_ids != prompt:
-                raise _invalid(f"items[{index}]", "turn already stored for another prompt")
+                raise invalid(f"items[{index}]", "turn already stored for another prompt")
         todo = [i for i, record in enumerate(stored) if record is None]
         started_at = _now()
         results = await asyncio.gather(
@@ -197,14 +178,14 @@ class InferenceActivities:
     @staticmethod
     def _validate(req: GenerateRequest) -> None:
         if not req.items:
-            raise _invalid("items", "no samples to generate for")
+            raise invalid("items", "no samples to generate for")
         samples = [item.sample for item in req.items]
         if len(set(samples)) != len(samples):
-            raise _invalid("items", f"duplicate sample indices {samples}")
+            raise invalid("items", f"duplicate sample indices {samples}")
         for i, item in enumerate(req.items):
             for k, turn in enumerate(item.history):
                 if turn.result is None:
-                    raise _invalid(f"items[{i}].history[{k}].result", "turn was never executed")
+                    raise invalid(f"items[{i}].history[{k}].result", "turn was never executed")
 
     async def tokenizer(self, policy: PolicyHandle) -> Any:
         """The policy's tokenizer (a few are kept loaded)."""
@@ -230,7 +211,7 @@ class InferenceActivities:
                 record = self.store.get_model(turn.completion.key, CompletionRecord)
                 result = self.store.get_model(turn.result.key, ExecutionResult)
             except ObjectNotFound as exc:
-                raise _invalid(field, f"artefact missing from the store: {exc}") from exc
+                raise invalid(field, f"artefact missing from the store: {exc}") from exc
             history.append((record.text, result))
         return encode_messages(tokenizer, build_messages(req.prompt, history))
 

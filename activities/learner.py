@@ -19,7 +19,6 @@ exactly once" is auditable from the store alone.
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
 import threading
 import time
@@ -27,15 +26,16 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from pydantic import Field
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
-from contracts.common import Contract, ObjectRef
+from activities.heartbeat import heartbeating
+from contracts.common import ObjectRef
+from contracts.errors import invalid
 from contracts.learner import (
     GRPOConfig,
     PolicyVersion,
     PrepareRunRequest,
+    StepRecord,
     TrainStepRequest,
     TrainStepResponse,
 )
@@ -50,42 +50,12 @@ from infra.policy import (
     publish_policy,
 )
 from infra.settings import Settings
-from infra.storage import ObjectExists, ObjectNotFound, ObjectStore, sha256_bytes
+from infra.storage import DigestMismatch, ObjectExists, ObjectNotFound, ObjectStore
 from infra.telemetry import record_learner_step, record_queue_wait, record_staleness, span
 
 T = TypeVar("T")
 STEP_RECORD = "train_step.json"
 HEARTBEAT_EVERY_S = 5.0
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-
-
-class StepRecord(Contract):
-    """What made one policy version; `train_step.json` inside it, and the learner's ack."""
-
-    run_id: str
-    step: int
-    attempt: str = Field(description="Id of the activity attempt whose weights these are.")
-    loss: float
-    trained: list[str] = Field(description="Trajectory ids trained on.")
-    dropped_stale: list[str] = Field(description="Trajectory ids dropped as too stale.")
-    reward_mean: float
-    duration_s: float
-    metrics: dict[str, float] = {}
-    policy: PolicyVersion | None = Field(default=None, description="Set in the ack only.")
-
-
-def _invalid(field: str, why: str) -> ApplicationError:
-    return ApplicationError(f"{field}: {why}", type="InvalidInput", non_retryable=True)
-
-
-async def _with_heartbeats(work: Callable[[], T], progress: dict[str, Any]) -> T:
-    """Run blocking `work` in a thread; heartbeat `progress` (updated by it) every few seconds."""
-    task: asyncio.Future[T] = asyncio.ensure_future(asyncio.to_thread(work))
-    while True:
-        done, _ = await asyncio.wait([task], timeout=HEARTBEAT_EVERY_S)
-        if done:
-            return await task
-        activity.heartbeat(dict(progress))
 
 
 class LearnerActivities:
@@ -103,15 +73,13 @@ class LearnerActivities:
     @activity.defn(name=Activity.PREPARE_RUN)
     async def prepare_run(self, req: PrepareRunRequest) -> PolicyVersion:
         """Publish `req.base_model` as version 0 of the run; a no-op when v0 already exists."""
-        if not _RUN_ID.match(req.run_id):
-            raise _invalid("run_id", f"{req.run_id!r} is not a valid run id")
         if req.run is not None:  # what `tempered runs show` and `regrade` read back
             try:
                 await asyncio.to_thread(
                     self.store.put_json, keys.run_record_key(req.run_id), req.run, create_only=True
                 )
             except ObjectExists:
-                raise _invalid(
+                raise invalid(
                     "run_id", f"run {req.run_id!r} already exists with other settings"
                 ) from None
         manifest = await asyncio.to_thread(policy_manifest, self.store, req.run_id, 0)
@@ -120,13 +88,13 @@ class LearnerActivities:
             return manifest.policy
         progress = {"phase": "materialize", "base_model": req.base_model}
         try:
-            base = await _with_heartbeats(
+            base = await _in_thread(
                 lambda: materialize_base_model(req.base_model, self.settings, self.store), progress
             )
         except ValueError as exc:
-            raise _invalid("base_model", str(exc)) from exc
+            raise invalid("base_model", str(exc)) from exc
         progress["phase"] = "publish"
-        return await _with_heartbeats(
+        return await _in_thread(
             lambda: publish_policy(self.store, req.run_id, 0, base, step=0), progress
         )
 
@@ -137,7 +105,7 @@ class LearnerActivities:
         record_queue_wait()
         with span("learner.train_step", run_id=req.run_id, step=req.step,
                   policy_version=req.step + 1, groups=len(req.groups)):
-            response = await _with_heartbeats(lambda: self._step(req, progress), progress)
+            response = await _in_thread(lambda: self._step(req, progress), progress)
         record_learner_step(response.duration_s)
         return response
 
@@ -185,7 +153,7 @@ class LearnerActivities:
         try:
             metrics = engine.train_step(groups, req.config, heartbeat=beat)
         except ValueError as exc:  # a trajectory that cannot be trained on (token/logprob counts)
-            raise _invalid("groups", str(exc)) from exc
+            raise invalid("groups", str(exc)) from exc
         attempt = uuid.uuid4().hex
         record = StepRecord(
             run_id=req.run_id, step=req.step, attempt=attempt, loss=metrics.loss,
@@ -223,7 +191,7 @@ class LearnerActivities:
             try:
                 local = fetch_policy(self.store, run_id, step, self.cache_dir)
             except ObjectNotFound as exc:
-                raise _invalid(
+                raise invalid(
                     "step", f"policy version {step} of run {run_id} is not published"
                 ) from exc
             started = time.perf_counter()
@@ -237,18 +205,25 @@ class LearnerActivities:
     def _read_group(self, req: TrainStepRequest, index: int) -> list[Trajectory]:
         group = req.groups[index]
         if len(group.rewards) not in (0, len(group.trajectories)):
-            raise _invalid(f"groups[{index}].rewards", "not one reward per trajectory")
+            raise invalid(f"groups[{index}].rewards", "not one reward per trajectory")
         trajectories = []
         for j, ref in enumerate(group.trajectories):
             where = f"groups[{index}].trajectories[{j}]"
             try:
-                data = self.store.get_bytes(ref.key)
+                data = self.store.get_verified(ref)
             except ObjectNotFound as exc:
-                raise _invalid(where, f"{ref.key} does not exist") from exc
-            if sha256_bytes(data) != ref.sha256:
-                raise _invalid(where, f"{ref.key} does not match its sha256")
+                raise invalid(where, f"{ref.key} does not exist") from exc
+            except DigestMismatch as exc:
+                raise invalid(where, str(exc)) from exc
             trajectories.append(Trajectory.model_validate_json(data))
         return trajectories
+
+
+async def _in_thread(work: Callable[[], T], progress: dict[str, Any]) -> T:
+    """Run blocking `work` in a thread, heartbeating `progress` (which it updates) meanwhile."""
+    return await heartbeating(
+        asyncio.to_thread(work), every_s=HEARTBEAT_EVERY_S, details=lambda: dict(progress)
+    )
 
 
 def _response(record: StepRecord, ack: ObjectRef) -> TrainStepResponse:

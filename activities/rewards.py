@@ -20,9 +20,9 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from contracts.common import ObjectRef
+from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity
 from contracts.rollout import (
     CompletionRecord,
@@ -34,14 +34,10 @@ from contracts.rollout import (
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.trajectory import Trajectory, TrajectoryTurn, trajectory_id
 from infra import keys
-from infra.storage import ObjectExists, ObjectStore, sha256_bytes
+from infra.storage import DigestMismatch, ObjectExists, ObjectStore, sha256_bytes
 from infra.telemetry import record_rewards
 
 M = TypeVar("M", bound=BaseModel)
-
-
-def _invalid(field: str, why: str) -> ApplicationError:
-    return ApplicationError(f"{field}: {why}", type="InvalidInput", non_retryable=True)
 
 
 class RewardActivities:
@@ -53,7 +49,7 @@ class RewardActivities:
     @activity.defn(name=Activity.WRITE_TRAJECTORIES)
     async def write_trajectories(self, req: WriteTrajectoriesRequest) -> WriteTrajectoriesResponse:
         if not req.samples:
-            raise _invalid("samples", "no samples to write")
+            raise invalid("samples", "no samples to write")
         trajectories = await asyncio.gather(
             *(asyncio.to_thread(self._assemble, req, i, s) for i, s in enumerate(req.samples))
         )
@@ -75,7 +71,7 @@ class RewardActivities:
     ) -> Trajectory:
         where = f"samples[{index}]"
         if not sample.turns:
-            raise _invalid(f"{where}.turns", f"sample {sample.sample} has no turns")
+            raise invalid(f"{where}.turns", f"sample {sample.sample} has no turns")
         turns = [self._turn(f"{where}.turns[{k}]", turn) for k, turn in enumerate(sample.turns)]
         last = turns[-1]
         return Trajectory(
@@ -100,9 +96,9 @@ class RewardActivities:
         )
         status = result.status if result else turn.status
         if status is None:
-            raise _invalid(f"{where}.status", "turn was never executed (no status, no result)")
+            raise invalid(f"{where}.status", "turn was never executed (no status, no result)")
         if status == ExecStatus.INFRA_ERROR:
-            raise _invalid(f"{where}.status", "infra_error is a platform fault, never a reward")
+            raise invalid(f"{where}.status", "infra_error is a platform fault, never a reward")
         return TrajectoryTurn(
             turn=turn.turn,
             policy_version=turn.policy_version,
@@ -120,10 +116,10 @@ class RewardActivities:
         )
 
     def _read(self, where: str, ref: ObjectRef) -> bytes:
-        data = self.store.get_bytes(ref.key)
-        if sha256_bytes(data) != ref.sha256:
-            raise _invalid(where, f"content of {ref.key} does not match its sha256 {ref.sha256}")
-        return data
+        try:
+            return self.store.get_verified(ref)
+        except DigestMismatch as exc:
+            raise invalid(where, str(exc)) from exc
 
     def _load(self, where: str, ref: ObjectRef, cls: type[M]) -> M:
         return cls.model_validate_json(self._read(where, ref))
@@ -138,5 +134,5 @@ class RewardActivities:
         try:
             ref = self.store.put_bytes(key, data, create_only=True, content_type="application/json")
         except ObjectExists as exc:  # a different trajectory: the rollout was not deterministic
-            raise ApplicationError(str(exc), type="ObjectExists", non_retryable=True) from exc
+            raise fail(ErrorType.STORED_CONFLICT, str(exc)) from exc
         return ref, True

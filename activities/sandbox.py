@@ -16,12 +16,12 @@ Served by `tempered worker sandbox` (workers/sandbox.py).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import timedelta
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
+from activities.heartbeat import heartbeating
+from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity
 from contracts.sandbox import (
     ExecuteItem,
@@ -65,19 +65,13 @@ class SandboxActivities:
     @activity.defn(name=Activity.EXECUTE)
     async def execute(self, req: ExecuteRequest) -> ExecuteResponse:
         if not req.items:
-            raise ApplicationError(
-                "items: nothing to execute", type="InvalidInput", non_retryable=True
-            )
+            raise invalid("items", "nothing to execute")
         record_queue_wait()
-        beating = asyncio.create_task(self._heartbeat(req))
-        try:
-            outcomes = await asyncio.gather(
-                *(self._execute_one(req, index, item) for index, item in enumerate(req.items))
-            )
-        finally:
-            beating.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beating
+        outcomes = await heartbeating(
+            asyncio.gather(*(self._execute_one(req, i, item) for i, item in enumerate(req.items))),
+            every_s=HEARTBEAT_S,
+            details=lambda: f"{req.task_id} turn {req.turn}: {len(req.items)} items",
+        )
         return ExecuteResponse(outcomes=list(outcomes))
 
     async def _execute_one(
@@ -86,11 +80,7 @@ class SandboxActivities:
         try:
             program = await asyncio.to_thread(self.store.get_text, item.code.key)
         except ObjectNotFound as exc:
-            raise ApplicationError(
-                f"items[{index}].code: no object at {item.code.key}",
-                type="InvalidInput",
-                non_retryable=True,
-            ) from exc
+            raise invalid(f"items[{index}].code", f"no object at {item.code.key}") from exc
         backend = self.backend.name
         async with self._slots:
             with (
@@ -123,17 +113,10 @@ class SandboxActivities:
             with self.breaker.guard(failures=(SandboxInfraError,)):
                 return await self.backend.run(program, req.tests, req.limits, req.entry_point)
         except CircuitOpenError as exc:
-            raise ApplicationError(
-                str(exc), type="SandboxCircuitOpen",
-                next_retry_delay=timedelta(seconds=max(exc.retry_after_s, 1.0)),
-            ) from exc
+            delay = timedelta(seconds=max(exc.retry_after_s, 1.0))
+            raise fail(ErrorType.SANDBOX_CIRCUIT_OPEN, str(exc), next_retry_delay=delay) from exc
         except SandboxInfraError as exc:
-            raise ApplicationError(f"sample {item.sample}: {exc}", type="SandboxInfraError") from exc
-
-    async def _heartbeat(self, req: ExecuteRequest) -> None:
-        while True:
-            activity.heartbeat(f"{req.task_id} turn {req.turn}: {len(req.items)} items")
-            await asyncio.sleep(HEARTBEAT_S)
+            raise fail(ErrorType.SANDBOX_INFRA, f"sample {item.sample}: {exc}") from exc
 
     async def close(self) -> None:
         await self.backend.close()

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
+from contracts.errors import invalid
 from contracts.learner import LoadTasksRequest, LoadTasksResponse
 from contracts.names import Activity
 from infra.settings import Settings
@@ -28,9 +28,7 @@ class TaskActivities:
         try:
             tasks = load_suite(request.suite)
         except (ValueError, FileNotFoundError) as err:
-            raise ApplicationError(
-                f"suite: {err}", type="InvalidRequest", non_retryable=True
-            ) from None
+            raise invalid("suite", str(err)) from None
         skipped = load_quarantine(self._settings, request.suite) if request.skip_quarantined else set()
         kept = [t for t in tasks if t.id not in skipped]
         return LoadTasksResponse(

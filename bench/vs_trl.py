@@ -231,7 +231,7 @@ def trl_side(
     ) -> list[float | None]:
         codes = [extract_code(c[0]["content"] if isinstance(c, list) else c) for c in completions]
         solved = pool.passed(codes, list(zip(tests, entry_point, strict=True)))
-        return [run.reward.score(ok, 0 if ok else 1) for ok in solved]  # one turn: 1.0 or -0.1
+        return [run.reward.score([ok]) for ok in solved]  # one turn: 1.0 or -0.1
 
     timeline = Timeline("trl", args)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)

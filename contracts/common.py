@@ -2,7 +2,7 @@
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 Identifier = Annotated[
     str,
@@ -10,11 +10,30 @@ Identifier = Annotated[
 ]
 """An id that is safe inside an S3 key and a Temporal workflow id: letters, digits, `_ . -`."""
 
+_IDENTIFIER: TypeAdapter[str] = TypeAdapter(Identifier)
+
+
+def is_identifier(value: str) -> bool:
+    """Whether `value` is a valid `Identifier` (for ids that arrive outside a contract)."""
+    try:
+        _IDENTIFIER.validate_python(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line naming every field at fault: `task.entry_point: String should match …; …`."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in e['loc']) or '<input>'}: {e['msg']}"
+        for e in error.errors()
+    )
+
 
 class Contract(BaseModel):
     """Base of every contract: unknown fields are an error, so a typo never passes silently."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
 class ObjectRef(Contract):

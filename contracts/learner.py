@@ -28,24 +28,34 @@ class TrajectoryGroup(Contract):
 
 
 class GRPOConfig(Contract):
+    """How the learner turns groups into an update (GRPO with a clipped importance ratio)."""
+
     learning_rate: float = Field(default=1e-5, gt=0, le=1.0)
-    kl_coef: float = Field(default=0.0, ge=0.0, description="KL to the reference; 0 disables it.")
+    """AdamW learning rate."""
+    kl_coef: float = Field(default=0.0, ge=0.0, le=10.0)
+    """Weight of the k3 KL estimate to the run's version 0; 0 disables it (no reference model)."""
     clip_eps: float = Field(default=0.2, gt=0.0, le=1.0)
-    max_grad_norm: float = Field(default=1.0, gt=0.0)
+    """PPO-style clip of the importance ratio to [1 − eps, 1 + eps]."""
+    max_grad_norm: float = Field(default=1.0, gt=0.0, le=1000.0)
+    """Gradients are clipped to this global norm."""
     zero_stage: int = Field(default=0, ge=0, le=3)
+    """DeepSpeed ZeRO stage of the learner engine."""
     micro_batch_size: int = Field(default=4, ge=1, le=1024)
-    groups_per_step: int = Field(default=4, ge=1, le=4096, description="Groups consumed per step.")
-    train_last_layers: int = Field(
-        default=0, ge=0, le=1024, description="Train only the last N decoder layers; 0 = all."
-    )
-    max_staleness: int = Field(default=2, ge=0, description="Oldest policy lag accepted.")
+    """Sequences per forward/backward pass; gradients accumulate over a step's micro-batches."""
+    groups_per_step: int = Field(default=4, ge=1, le=4096)
+    """Finished groups (tasks) consumed by one learner step."""
+    train_last_layers: int = Field(default=0, ge=0, le=1024)
+    """Train only the last N decoder layers (and the head); 0 trains all of them."""
+    max_staleness: int = Field(default=2, ge=0, le=1000)
+    """How many versions a group's policy may lag the step that trains on it."""
     stale_policy: Literal["drop", "downweight"] = "drop"
+    """What to do with a group older than `max_staleness`: drop it, or down-weight it."""
 
 
 class PrepareRunRequest(Contract):
     """Publish policy version 0 of a run from a preset, a local HF dir or an S3 prefix."""
 
-    run_id: str
+    run_id: Identifier
     base_model: str
     run: "TrainingRunInput | None" = Field(
         default=None, description="The run's input, stored once as runs/<run>/run.json."
@@ -57,6 +67,29 @@ class TrainStepRequest(Contract):
     step: int = Field(ge=0, description="Step index; produces policy version step + 1.")
     groups: list[TrajectoryGroup]
     config: GRPOConfig
+
+
+class PolicyManifest(Contract):
+    """`manifest.json` of a published version: what it is and every file with its digest."""
+
+    policy: PolicyVersion
+    files: dict[str, ObjectRef]
+
+
+class StepRecord(Contract):
+    """What made one policy version: `train_step.json` inside it, and the learner's ack
+    (`runs/<run>/learner/step-<n>.json`), which lists every trajectory consumed."""
+
+    run_id: str
+    step: int
+    attempt: str = Field(description="Id of the activity attempt whose weights these are.")
+    loss: float
+    trained: list[str] = Field(description="Trajectory ids trained on.")
+    dropped_stale: list[str] = Field(description="Trajectory ids dropped as too stale.")
+    reward_mean: float
+    duration_s: float
+    metrics: dict[str, float] = {}
+    policy: PolicyVersion | None = Field(default=None, description="Set in the ack only.")
 
 
 class TrainStepResponse(Contract):
@@ -95,6 +128,16 @@ class LearnerProgress(Contract):
     loss: float = 0.0
     dropped_stale: int = 0
     staleness: int = Field(default=0, description="Versions between the oldest group and the step.")
+
+
+class RunProgress(Contract):
+    """Answer of `TrainingRunWorkflow`'s `progress` query."""
+
+    tasks_started: int = Field(default=0, ge=0)
+    tasks_done: int = Field(default=0, ge=0)
+    in_flight: int = Field(default=0, ge=0)
+    learner: list[LearnerProgress] = Field(default=[], description="One entry per learner step.")
+    evals: list["EvalResult"] = Field(default=[], description="Held-out evaluations so far.")
 
 
 class LoadTasksRequest(Contract):
@@ -147,3 +190,4 @@ class TrainingRunResult(Contract):
 
 
 PrepareRunRequest.model_rebuild()
+RunProgress.model_rebuild()

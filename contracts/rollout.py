@@ -41,10 +41,6 @@ class SampleState(Contract):
     solved: bool = False
     reward: float = 0.0
 
-    @property
-    def done(self) -> bool:
-        return self.solved
-
 
 class TaskStatus(Contract):
     """Answer of the `status` query."""

@@ -4,6 +4,7 @@
 takes; see the README for an example.
 """
 
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field
@@ -39,12 +40,19 @@ class SamplingParams(Contract):
 class RewardConfig(Contract):
     """Reward of a sample: `solved` when its tests pass, plus `failed_turn` per failed round."""
 
-    solved: float = 1.0
-    failed_turn: float = -0.1
+    solved: float = Field(default=1.0, ge=-100, le=100, description="Reward of a solved sample.")
+    failed_turn: float = Field(
+        default=-0.1, ge=-100, le=100, description="Added once per round whose tests failed."
+    )
 
-    def score(self, solved: bool, failed_turns: int) -> float:
-        """Reward of a sample that failed `failed_turns` rounds and then did or did not solve."""
-        return (self.solved if solved else 0.0) + self.failed_turn * failed_turns
+    def score(self, rounds_passed: Sequence[bool]) -> float:
+        """The reward formula, in its one home: a sample whose rounds passed or failed as
+        `rounds_passed` says (the last round decides `solved`) scores `solved` if it solved,
+        plus `failed_turn` for every failed round. The workflow's FEEDBACK and `tempered
+        regrade` both call it."""
+        solved = bool(rounds_passed) and rounds_passed[-1]
+        failed = sum(1 for passed in rounds_passed if not passed)
+        return (self.solved if solved else 0.0) + self.failed_turn * failed
 
 
 class SandboxLimits(Contract):

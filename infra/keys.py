@@ -1,4 +1,4 @@
-"""The object-store key layout, in one place.
+"""The object-store key layout, in one place: no other module spells a key.
 
     runs/<run>/tasks/<task>/s<sample>/turn-<k>/completion.json   text, token ids, logprobs
     runs/<run>/tasks/<task>/s<sample>/turn-<k>/code.py           program extracted from it
@@ -14,8 +14,18 @@
 """
 
 
+import re
+
+RUNS_PREFIX = "runs/"
+_POLICY_DIR = re.compile(r"/policy/v(\d+)/$")
+
+
 def run_prefix(run: str) -> str:
-    return f"runs/{run}/"
+    return f"{RUNS_PREFIX}{run}/"
+
+
+def tasks_prefix(run: str) -> str:
+    return f"runs/{run}/tasks/"
 
 
 def turn_prefix(run: str, task: str, sample: int, turn: int) -> str:
@@ -34,12 +44,27 @@ def trajectory_key(run: str, task: str, sample: int) -> str:
     return f"{trajectories_prefix(run)}{task}--s{sample}.json"
 
 
+def rewards_prefix(run: str, grader: str | None = None) -> str:
+    """Every grader's records of `run`, or one grader's."""
+    return f"runs/{run}/rewards/" + (f"{grader}/" if grader else "")
+
+
 def reward_key(run: str, grader: str, task: str, sample: int) -> str:
-    return f"runs/{run}/rewards/{grader}/{task}--s{sample}.json"
+    return f"{rewards_prefix(run, grader)}{task}--s{sample}.json"
+
+
+def policies_prefix(run: str) -> str:
+    return f"runs/{run}/policy/"
+
+
+def policy_version_of(prefix: str) -> int | None:
+    """The version a `policy_prefix` names (None for any other prefix)."""
+    match = _POLICY_DIR.search(prefix)
+    return int(match.group(1)) if match else None
 
 
 def policy_prefix(run: str, version: int) -> str:
-    return f"runs/{run}/policy/v{version:06d}/"
+    return f"{policies_prefix(run)}v{version:06d}/"
 
 
 def policy_manifest_key(run: str, version: int) -> str:
@@ -47,7 +72,7 @@ def policy_manifest_key(run: str, version: int) -> str:
 
 
 def latest_policy_key(run: str) -> str:
-    return f"runs/{run}/policy/latest.json"
+    return f"{policies_prefix(run)}latest.json"
 
 
 def learner_ack_key(run: str, step: int) -> str:

@@ -36,8 +36,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-from contracts.common import Contract, ObjectRef
-from contracts.learner import PolicyVersion
+from contracts.learner import PolicyManifest, PolicyVersion
 from infra import keys
 from infra.settings import Settings
 from infra.storage import ObjectExists, ObjectNotFound, ObjectStore, StorageError, sha256_file
@@ -56,13 +55,6 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 """ChatML, as SmolLM2 uses (without its default system message)."""
-
-
-class PolicyManifest(Contract):
-    """`manifest.json` of a published version: what it is and every file with its digest."""
-
-    policy: PolicyVersion
-    files: dict[str, ObjectRef]
 
 
 class PolicyIntegrityError(StorageError):

@@ -10,7 +10,7 @@ Blocking: activities call it through `asyncio.to_thread`. Every object carries i
 writes use `If-None-Match: *`; rewriting identical content is a success (an idempotent retry),
 different content raises `ObjectExists`. botocore errors surface as the typed errors below:
 `TransientStorageError` (retry later), `PermanentStorageError` (fix the configuration),
-`ObjectNotFound`, `ObjectExists`.
+`ObjectNotFound`, `ObjectExists`, `DigestMismatch` (`get_verified`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from contracts.common import ObjectRef
 from infra.settings import S3Settings, Settings
 from infra.storage_errors import (
     BUCKET_EXISTS_CODES,
+    DigestMismatch,
     ObjectExists,
     ObjectNotFound,
     PermanentStorageError,
@@ -43,6 +44,7 @@ from infra.storage_errors import (
 )
 
 __all__ = [
+    "DigestMismatch",
     "ObjectExists",
     "ObjectNotFound",
     "ObjectStore",
@@ -209,6 +211,15 @@ class ObjectStore:
             body = self._client.get_object(Bucket=self.bucket, Key=key)["Body"]
             return bytes(body.read())
 
+    def get_verified(self, ref: ObjectRef) -> bytes:
+        """The bytes `ref` names, checked against its sha256 (`DigestMismatch` if they differ)."""
+        data = self.get_bytes(ref.key)
+        if sha256_bytes(data) != ref.sha256:
+            raise DigestMismatch(
+                f"s3://{self.bucket}/{ref.key} does not match its sha256 {ref.sha256[:12]}…"
+            )
+        return data
+
     def get_text(self, key: str) -> str:
         return self.get_bytes(key).decode()
 
@@ -257,14 +268,6 @@ class ObjectStore:
             self.download_file(key, target)
             written.append(target)
         return written
-
-    def presign(self, key: str, expires_s: int = 3600) -> str:
-        """A GET URL anyone can fetch for `expires_s` seconds."""
-        return str(
-            self._client.generate_presigned_url(
-                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_s
-            )
-        )
 
     def _list(self, prefix: str, section: str, field: str, **extra: str) -> Iterator[str]:
         pages = self._client.get_paginator("list_objects_v2").paginate(

@@ -36,6 +36,10 @@ class ObjectExists(StorageError):
     """A create-only write found different content already stored under the key."""
 
 
+class DigestMismatch(StorageError):
+    """An object's bytes do not match the sha256 of the ref that named it."""
+
+
 class TransientStorageError(StorageError):
     """S3 unreachable, overloaded or timing out: retry later."""
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from activities.learner import StepRecord
+from contracts.learner import StepRecord
 from contracts.trajectory import Trajectory, trajectory_id
 from infra import keys
 from infra.storage import ObjectStore

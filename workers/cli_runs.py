@@ -4,11 +4,9 @@
     tempered runs show RUN                        tasks, trajectories, reward records, policies
     tempered regrade RUN --grader v2 [--suite S]  re-score stored final programs, no generation
 
-`regrade` runs each trajectory's final program against the task's tests *as the task suite
-defines them now* (suite from `runs/<run>/run.json`, else `starter`, else `--suite`) through
-the configured sandbox backend, and writes one `RewardRecord` per trajectory, create-only, at
-`runs/<run>/rewards/<grader>/<task>--s<sample>.json`; old records are never overwritten.
-Platform failures (infra_error) are retried, then reported, never written as a reward.
+`regrade` re-scores each trajectory's final program against the task's tests *as the task
+suite defines them now* (suite from `--suite`, else the run's `run.json`, else `starter`); the
+work is `infra/regrade.py`'s, this module only finds the inputs and prints the outcome.
 
 Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad input or S3 unusable.
 """
@@ -18,47 +16,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import re
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
 from rich.console import Console
 from rich.table import Table
 
-from contracts.common import Contract
+from contracts.common import is_identifier
 from contracts.learner import TrainingRunInput
-from contracts.sandbox import ExecStatus, ExecutionResult
-from contracts.task import RewardConfig, SandboxLimits, TaskSpec
-from contracts.trajectory import Trajectory
+from contracts.task import RewardConfig, SandboxLimits
+from contracts.trajectory import RewardRecord, Trajectory
 from infra import keys
-from infra.storage import ObjectExists, ObjectNotFound, ObjectStore, StorageError
+from infra.regrade import OUTCOMES, Regrading
+from infra.storage import ObjectNotFound, ObjectStore, StorageError
 
 if TYPE_CHECKING:
-    from infra.sandbox import SandboxBackend
     from infra.settings import Settings
 
 CliFunc = Callable[[argparse.Namespace, "Settings"], int]
-INFRA_ATTEMPTS = 3
-_VERSION_DIR = re.compile(r"/v(\d+)/$")
-
-
-class RewardRecord(Contract):
-    """One regrade of one trajectory (`runs/<run>/rewards/<grader>/<task>--s<sample>.json`)."""
-
-    trajectory_id: str
-    grader: str
-    suite: str
-    status: ExecStatus
-    tests_passed: int = 0
-    tests_total: int = 0
-    solved: bool
-    reward: float
-    previous_solved: bool
-    previous_reward: float
-    detail: str = Field(default="", description="Tail of stderr when the program failed.")
 
 
 def register(subparsers: Any) -> None:
@@ -114,8 +91,8 @@ def _require_run(store: ObjectStore, run: str) -> None:
 
 
 def _policy_versions(store: ObjectStore, run: str) -> list[int]:
-    prefixes = store.list_prefixes(f"{keys.run_prefix(run)}policy/")
-    return sorted(int(m.group(1)) for p in prefixes if (m := _VERSION_DIR.search(p)))
+    found = (keys.policy_version_of(p) for p in store.list_prefixes(keys.policies_prefix(run)))
+    return sorted(version for version in found if version is not None)
 
 
 def _load_all(store: ObjectStore, keys_: list[str], cls: type[Any]) -> list[Any]:
@@ -142,15 +119,15 @@ def runs_ls(args: argparse.Namespace, settings: Settings) -> int:
     table = Table(title=f"runs in s3://{store.bucket}")
     for column in ("run", "tasks", "trajectories", "policy versions", "latest", "graders"):
         table.add_column(column, justify="left" if column in ("run", "graders") else "right")
-    for run in _names(store, "runs/"):
+    for run in _names(store, keys.RUNS_PREFIX):
         latest = latest_policy(store, run)
         table.add_row(
             run,
-            str(len(_names(store, f"{keys.run_prefix(run)}tasks/"))),
+            str(len(_names(store, keys.tasks_prefix(run)))),
             str(sum(1 for _ in store.list_keys(keys.trajectories_prefix(run)))),
             str(len(_policy_versions(store, run))),
             f"v{latest.version}" if latest else "-",
-            ", ".join(_names(store, f"{keys.run_prefix(run)}rewards/")) or "-",
+            ", ".join(_names(store, keys.rewards_prefix(run))) or "-",
         )
     Console().print(table)
     return 0
@@ -171,7 +148,7 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
         else "no run.json"
     )
     console.print(f"[bold]{run}[/]  ({about})")
-    tasks = _names(store, f"{keys.run_prefix(run)}tasks/")
+    tasks = _names(store, keys.tasks_prefix(run))
     trajectories: list[Trajectory] = _load_all(
         store, list(store.list_keys(keys.trajectories_prefix(run))), Trajectory
     )
@@ -195,8 +172,8 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
     graders = Table(title="reward records")
     for column in ("grader", "records", "solved", "mean reward", "changed"):
         graders.add_column(column, justify="left" if column == "grader" else "right")
-    for grader in _names(store, f"{keys.run_prefix(run)}rewards/"):
-        prefix = f"{keys.run_prefix(run)}rewards/{grader}/"
+    for grader in _names(store, keys.rewards_prefix(run)):
+        prefix = keys.rewards_prefix(run, grader)
         records: list[RewardRecord] = _load_all(store, list(store.list_keys(prefix)), RewardRecord)
         changed = sum(r.solved != r.previous_solved for r in records)
         graders.add_row(
@@ -224,7 +201,7 @@ def regrade(args: argparse.Namespace, settings: Settings) -> int:
     from infra.tasks import load_suite
 
     grader: str = args.grader
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*", grader):
+    if not is_identifier(grader):
         raise ValueError(f"--grader {grader!r}: use letters, digits, '_', '.', '-'")
     store = _open_store(settings)
     _require_run(store, args.run)
@@ -236,94 +213,31 @@ def regrade(args: argparse.Namespace, settings: Settings) -> int:
     )
     if not trajectories:
         raise ValueError(f"run {args.run!r} has no trajectories to regrade")
+    backend = get_backend(settings, args.backend)
     grading = Regrading(
-        store, get_backend(settings, args.backend), grader, suite,
-        limits=spec.limits if spec else SandboxLimits(), reward=spec.reward if spec else RewardConfig(),
+        store,
+        backend,
+        grader,
+        suite,
+        limits=spec.limits if spec else SandboxLimits(),
+        reward=spec.reward if spec else RewardConfig(),
         concurrency=settings.sandbox.concurrency,
-    )  # fmt: skip
-    outcome = asyncio.run(grading.run_all(trajectories, tasks))
+    )
+
+    async def regrade_all() -> dict[str, list[str]]:
+        try:
+            return await grading.run_all(trajectories, tasks)
+        finally:
+            await backend.close()
+
+    outcome = asyncio.run(regrade_all())
     console = Console()
     table = Table(title=f"regrade of {args.run} by {grader!r} (suite {suite})")
     for column in ("regraded", "changed", "unchanged", "conflicts", "skipped", "infra"):
         table.add_column(column, justify="right")
-    table.add_row(*(str(len(outcome[k])) for k in Regrading.OUTCOMES))
+    table.add_row(*(str(len(outcome[k])) for k in OUTCOMES))
     console.print(table)
     for kind in ("conflict", "skipped", "infra"):
         for line in outcome[kind]:
             console.print(f"[yellow]{kind}[/] {line}")
     return 1 if outcome["skipped"] or outcome["infra"] else 0
-
-
-class Regrading:
-    """Re-scores trajectories through a sandbox backend and writes one RewardRecord each."""
-
-    OUTCOMES = ("regraded", "changed", "unchanged", "conflict", "skipped", "infra")
-
-    def __init__(
-        self, store: ObjectStore, backend: SandboxBackend, grader: str, suite: str, *,
-        limits: SandboxLimits, reward: RewardConfig, concurrency: int,
-    ):  # fmt: skip
-        self.store, self.backend, self.grader, self.suite = store, backend, grader, suite
-        self.limits, self.reward = limits, reward
-        self.gate = asyncio.Semaphore(concurrency)
-
-    async def run_all(
-        self, trajectories: list[Trajectory], tasks: dict[str, TaskSpec]
-    ) -> dict[str, list[str]]:
-        outcome: dict[str, list[str]] = {kind: [] for kind in self.OUTCOMES}
-        try:
-            results = await asyncio.gather(
-                *(self.one(t, tasks.get(t.task_id)) for t in trajectories)
-            )
-        finally:
-            await self.backend.close()
-        for trajectory, kinds in zip(trajectories, results, strict=True):
-            for kind, note in kinds:
-                outcome[kind].append(f"{trajectory.id}: {note}" if note else trajectory.id)
-        return outcome
-
-    async def one(self, trajectory: Trajectory, task: TaskSpec | None) -> list[tuple[str, str]]:
-        if task is None:
-            return [("skipped", f"task {trajectory.task_id!r} is not in suite {self.suite!r}")]
-        if not trajectory.turns:
-            return [("skipped", "trajectory has no turns")]
-        result = await self._execute(trajectory.turns[-1].code, task)
-        if result is None:
-            return [("infra", f"sandbox kept failing after {INFRA_ATTEMPTS} attempts")]
-        solved = result.status == ExecStatus.PASSED
-        earlier_failures = sum(t.status != ExecStatus.PASSED for t in trajectory.turns[:-1])
-        record = RewardRecord(
-            trajectory_id=trajectory.id, grader=self.grader, suite=self.suite,
-            status=result.status, tests_passed=result.tests_passed, tests_total=result.tests_total,
-            solved=solved, reward=self.reward.score(solved, earlier_failures + (not solved)),
-            previous_solved=trajectory.solved, previous_reward=trajectory.reward,
-            detail="" if solved else result.stderr[-400:],
-        )  # fmt: skip
-        key = keys.reward_key(trajectory.run_id, self.grader, trajectory.task_id, trajectory.sample)
-        try:
-            await asyncio.to_thread(self.store.put_json, key, record, create_only=True)
-        except ObjectExists:
-            return [("conflict", f"{key} holds a different record (flaky tests?); kept it")]
-        verdict = "changed" if solved != trajectory.solved else "unchanged"
-        return [("regraded", ""), (verdict, "")]
-
-    async def _execute(self, code: str, task: TaskSpec) -> ExecutionResult | None:
-        """Run `code` against the task's tests; None when the platform kept failing."""
-        from infra.sandbox import SandboxInfraError
-
-        for attempt in range(INFRA_ATTEMPTS):
-            if attempt:
-                await asyncio.sleep(attempt)
-            async with self.gate:
-                try:
-                    result = await self.backend.run(
-                        program=code,
-                        tests=task.tests,
-                        limits=self.limits,
-                        entry_point=task.entry_point,
-                    )
-                except SandboxInfraError:
-                    continue
-            if result.status != ExecStatus.INFRA_ERROR:
-                return result
-        return None

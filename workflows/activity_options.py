@@ -1,8 +1,8 @@
 """Timeouts and retry policies per activity type, in one table.
 
-Infrastructure failures retry without limit (with capped backoff): a rollout waits out a dead
-worker or a restarting S3 instead of turning the outage into a reward. Only errors typed as
-invalid input are non-retryable.
+Infrastructure failures retry without limit, with the backoff of `contracts.errors.INFRA_RETRY`:
+a rollout waits out a dead worker or a restarting S3 instead of turning the outage into a
+reward. The error types that are never retried come from `contracts.errors.NON_RETRYABLE`.
 """
 
 from datetime import timedelta
@@ -12,9 +12,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from contracts.errors import INFRA_RETRY, NON_RETRYABLE
     from contracts.names import ACTIVITY_QUEUE, Activity
-
-NON_RETRYABLE = ["InvalidRequest", "InvalidTask"]
 
 _START_TO_CLOSE: dict[Activity, timedelta] = {
     Activity.GENERATE: timedelta(minutes=20),
@@ -33,9 +32,9 @@ def activity_options(activity: Activity, heartbeat_timeout_s: float) -> dict[str
         "start_to_close_timeout": _START_TO_CLOSE[activity],
         "heartbeat_timeout": timedelta(seconds=heartbeat_timeout_s),
         "retry_policy": RetryPolicy(
-            initial_interval=timedelta(seconds=1),
-            backoff_coefficient=2.0,
-            maximum_interval=timedelta(seconds=30),
+            initial_interval=timedelta(seconds=INFRA_RETRY.initial_s),
+            backoff_coefficient=INFRA_RETRY.coefficient,
+            maximum_interval=timedelta(seconds=INFRA_RETRY.max_s),
             non_retryable_error_types=NON_RETRYABLE,
         ),
     }

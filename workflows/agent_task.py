@@ -19,11 +19,12 @@ from __future__ import annotations
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
+    from contracts.common import describe_validation_error
+    from contracts.errors import ErrorType, fail
     from contracts.names import Activity, SearchAttr
     from contracts.rollout import (
         AgentTaskResult,
@@ -52,12 +53,8 @@ def parse_task_input(raw: AgentTaskInput | dict[str, Any]) -> AgentTaskInput:
     try:
         return AgentTaskInput.model_validate(raw)
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<input>'}: {e['msg']}" for e in err.errors()
-        )
-        raise ApplicationError(
-            f"invalid task: {problems}", type="InvalidTask", non_retryable=True
-        ) from None
+        problems = describe_validation_error(err)
+        raise fail(ErrorType.INVALID_TASK, f"invalid task: {problems}") from None
 
 
 @workflow.defn(name="AgentTaskWorkflow", sandboxed=False)
@@ -187,11 +184,10 @@ class AgentTaskWorkflow:
             sample = self._samples[completion.sample]
             outcome = outcomes[completion.sample]
             solved = outcome.status is ExecStatus.PASSED
-            failed_rounds = sum(1 for t in sample.turns if t.status is not ExecStatus.PASSED)
-            if not solved:
-                failed_rounds += 1
             sample.solved = solved
-            sample.reward = task_input.reward.score(solved, failed_rounds)
+            sample.reward = task_input.reward.score(
+                [t.status is ExecStatus.PASSED for t in sample.turns] + [solved]
+            )
             sample.turns.append(
                 TurnRecord(
                     turn=self._turn,

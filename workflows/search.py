@@ -8,7 +8,6 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import (
     SearchAttributeKey,
-    SearchAttributePair,
     SearchAttributeUpdate,
 )
 
@@ -29,8 +28,3 @@ KEYS: dict[SearchAttr, SearchAttributeKey[Any]] = {
 def search_attribute_updates(values: dict[SearchAttr, Any]) -> list[SearchAttributeUpdate[Any]]:
     """Updates for `workflow.upsert_search_attributes`; None values are left unset."""
     return [KEYS[attr].value_set(value) for attr, value in values.items() if value is not None]
-
-
-def search_attribute_pairs(values: dict[SearchAttr, Any]) -> list[SearchAttributePair[Any]]:
-    """Initial attributes for a workflow start (client or child)."""
-    return [SearchAttributePair(KEYS[attr], value) for attr, value in values.items() if value is not None]

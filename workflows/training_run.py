@@ -17,9 +17,9 @@ import random
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from contracts.errors import ErrorType, fail
     from contracts.learner import (
         EvalResult,
         LearnerInput,
@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
         LoadTasksResponse,
         PolicyVersion,
         PrepareRunRequest,
+        RunProgress,
         TrainingRunInput,
         TrainingRunResult,
         TrajectoryGroup,
@@ -66,10 +67,7 @@ class TrainingRunWorkflow:
             **activity_options(Activity.LOAD_TASKS, run_input.heartbeat_timeout_s),
         )
         if not tasks.train:
-            raise ApplicationError(
-                f"suite {run_input.suite!r} has no training tasks left", type="InvalidTask",
-                non_retryable=True,
-            )
+            raise fail(ErrorType.INVALID_TASK, f"suite {run_input.suite!r} has no training tasks left")
         self._heldout = tasks.heldout
         base = await workflow.execute_activity(
             Activity.PREPARE_RUN.value,
@@ -118,14 +116,14 @@ class TrainingRunWorkflow:
             self._start_eval(progress.policy_version)
 
     @workflow.query(name="progress")
-    def progress(self) -> dict[str, object]:
-        return {
-            "tasks_started": self._started,
-            "tasks_done": self._done,
-            "in_flight": self._in_flight,
-            "learner": [p.model_dump() for p in self._progress],
-            "evals": [e.model_dump() for e in self._evals],
-        }
+    def progress(self) -> RunProgress:
+        return RunProgress(
+            tasks_started=self._started,
+            tasks_done=self._done,
+            in_flight=self._in_flight,
+            learner=self._progress,
+            evals=self._evals,
+        )
 
     def _learner_id(self) -> str:
         return f"{workflow.info().workflow_id}-learner"

@@ -16,14 +16,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from contracts.common import describe_validation_error
 from contracts.task import TaskSpec
-
-
-def _describe(error: ValidationError) -> str:
-    first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "<line>"
-    more = f" (+{error.error_count() - 1} more)" if error.error_count() > 1 else ""
-    return f"field {field!r}: {first['msg']}{more}"
 
 
 def parse_line(text: str, where: str) -> TaskSpec:
@@ -37,7 +31,7 @@ def parse_line(text: str, where: str) -> TaskSpec:
     try:
         return TaskSpec.model_validate(data)
     except ValidationError as exc:
-        raise ValueError(f"{where}: {_describe(exc)}") from None
+        raise ValueError(f"{where}: {describe_validation_error(exc)}") from None
 
 
 def read_jsonl(path: str | Path) -> list[TaskSpec]:
@@ -55,7 +49,7 @@ def read_jsonl(path: str | Path) -> list[TaskSpec]:
         where = f"{path}:{number}"
         task = parse_line(line, where)
         if task.id in first_line:
-            raise ValueError(f"{where}: field 'id': {task.id!r} already used on line {first_line[task.id]}")
+            raise ValueError(f"{where}: id: {task.id!r} already used on line {first_line[task.id]}")
         first_line[task.id] = number
         tasks.append(task)
     if not tasks:

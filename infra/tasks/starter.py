@@ -18,29 +18,16 @@ the unit tests and `tempered tasks validate starter` prove the tests reject.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from contracts.task import TaskSpec
+from infra.tasks.starter_families import FAMILIES, Instance
 
 SUITE = "starter"
 INSTANCES_PER_FAMILY = 8
 TRAIN_PER_FAMILY = 6
 FLOAT_TOLERANCE = 1e-6
-
-
-@dataclass(frozen=True)
-class Instance:
-    """One concrete task of a family, before it is rendered into a `TaskSpec`."""
-
-    name: str
-    params: str  # e.g. "nums: list[int], k: int"
-    returns: str  # e.g. "list[int]"
-    spec: str  # docstring sentence(s): what the function returns
-    body: str  # canonical body, indented by four spaces
-    wrong_body: str  # a plausible mistake, indented by four spaces
-    inputs: tuple[tuple[Any, ...], ...]  # argument tuples the tests call the function with
 
 
 def program(instance: Instance, body: str) -> str:
@@ -98,8 +85,6 @@ def render(instance: Instance, task_id: str, split: str) -> TaskSpec:
 
 @cache
 def _generate() -> tuple[TaskSpec, ...]:
-    from infra.tasks.starter_families import FAMILIES
-
     tasks: list[TaskSpec] = []
     for family, make in FAMILIES.items():
         rng = random.Random(f"tempered-starter-{family}")  # str seeds hash stably (sha512)

@@ -10,14 +10,28 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-
-from infra.tasks.starter import Instance
+from dataclasses import dataclass
+from typing import Any
 
 WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
          "eleven", "twelve")
 SAMPLE_WORDS = ("apple", "river", "Stone", "level", "Noon", "racecar", "moon", "Kayak", "tree",
                 "banana", "Civic", "python", "radar", "open", "Level", "sky", "madam", "Hello",
                 "world", "refer", "stats", "Otto", "piano")
+
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One concrete task of a family, before it is rendered into a `TaskSpec`."""
+
+    name: str
+    params: str  # e.g. "nums: list[int], k: int"
+    returns: str  # e.g. "list[int]"
+    spec: str  # docstring sentence(s): what the function returns
+    body: str  # canonical body, indented by four spaces
+    wrong_body: str  # a plausible mistake, indented by four spaces
+    inputs: tuple[tuple[Any, ...], ...]  # argument tuples the tests call the function with
 
 
 def _ints(rng: random.Random, count: int, low: int = -9, high: int = 20) -> list[int]:

@@ -7,8 +7,8 @@ at bounded concurrency through one sandbox backend. A task is
 - **flaky** when it passes on some repeats and not others,
 - **weak** when its wrong solution passes (the tests would reward a wrong program),
 - **infra** when a run still hit a platform failure (`SandboxInfraError` or status
-  `infra_error`) after bounded retries with backoff — the task is not judged then, and never
-  counted as broken.
+  `infra_error`) after the offline retries of `contracts.errors.INFRA_RETRY` (through
+  `infra/sandbox/retrying.py`) — the task is not judged then, and never counted as broken.
 
 Broken, flaky and weak tasks are quarantined: `<home>/quarantine/<suite>.json` lists them and
 training skips them (`infra.tasks.load_quarantine`). Run it as
@@ -26,11 +26,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, computed_field
 
+from contracts.errors import INFRA_RETRY, Backoff
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import SandboxLimits, TaskSpec
-from infra.sandbox.base import SandboxBackend, SandboxInfraError
+from infra.sandbox.base import SandboxBackend
+from infra.sandbox.retrying import run_retrying
 from infra.tasks import load_suite, quarantine_path
 
 if TYPE_CHECKING:
@@ -41,17 +43,6 @@ VALIDATION_LIMITS = SandboxLimits(timeout_s=30.0)
 processes stay as in training, so a genuinely slow or hungry canonical solution still fails;
 only the wall clock, which on a loaded host measures contention rather than the task (HumanEval
 at C=8 on 2 busy cores: slowest canonical run 5.5 s wall for ~0.3 s of CPU), gets headroom."""
-
-
-class RetryPolicy(BaseModel):
-    """Bounded retries of platform failures: attempt i waits `backoff_s * 2**i` (capped) first."""
-
-    attempts: int = Field(default=4, ge=1)
-    backoff_s: float = Field(default=0.5, ge=0)
-    max_backoff_s: float = Field(default=8.0, ge=0)
-
-    def delay(self, failed_attempts: int) -> float:
-        return min(self.backoff_s * 2 ** (failed_attempts - 1), self.max_backoff_s)
 
 
 class RunRecord(BaseModel):
@@ -129,32 +120,28 @@ class ValidationReport(BaseModel):
         }
 
 
-async def run_with_retries(
+async def _run_once(
     backend: SandboxBackend,
     program: str,
     task: TaskSpec,
     limits: SandboxLimits,
     gate: asyncio.Semaphore,
-    retry: RetryPolicy,
+    backoff: Backoff,
 ) -> RunRecord:
     """One program against `task.tests`; platform failures are retried, never a verdict."""
-    detail = ""
-    for attempt in range(retry.attempts):
-        if attempt:
-            await asyncio.sleep(retry.delay(attempt))
-        async with gate:
-            try:
-                result: ExecutionResult = await backend.run(program, task.tests, limits, task.entry_point)
-            except SandboxInfraError as exc:
-                detail = f"{type(exc).__name__}: {exc}"
-                continue
-        if result.status == ExecStatus.INFRA_ERROR:
-            detail = result.detail or "infra_error"
-            continue
-        failure = "" if result.status == ExecStatus.PASSED else _failure(result)
-        return RunRecord(status=result.status, duration_ms=result.duration_ms,
-                         infra_retries=attempt, detail=failure)
-    return RunRecord(status=None, infra_retries=retry.attempts - 1, detail=detail)
+    attempted = await run_retrying(
+        backend, program, task.tests, limits, task.entry_point, gate=gate, backoff=backoff
+    )
+    result = attempted.result
+    if result is None:
+        return RunRecord(status=None, infra_retries=attempted.infra_retries, detail=attempted.detail)
+    failure = "" if result.status == ExecStatus.PASSED else _failure(result)
+    return RunRecord(
+        status=result.status,
+        duration_ms=result.duration_ms,
+        infra_retries=attempted.infra_retries,
+        detail=failure,
+    )
 
 
 def _failure(result: ExecutionResult) -> str:
@@ -172,7 +159,7 @@ async def validate_tasks(
     repeats: int = 5,
     concurrency: int = 8,
     limits: SandboxLimits = VALIDATION_LIMITS,
-    retry: RetryPolicy | None = None,
+    backoff: Backoff = INFRA_RETRY,
     on_run: Callable[[], None] | None = None,
 ) -> ValidationReport:
     """Run every task's canonical solution `repeats` times and its wrong solution once."""
@@ -181,10 +168,10 @@ async def validate_tasks(
     missing = [task.id for task in tasks if not task.canonical_solution]
     if missing:
         raise ValueError(f"tasks without a canonical_solution cannot be validated: {missing[:5]}")
-    gate, policy = asyncio.Semaphore(concurrency), retry or RetryPolicy()
+    gate = asyncio.Semaphore(concurrency)
 
     async def one(program: str, task: TaskSpec) -> RunRecord:
-        record = await run_with_retries(backend, program, task, limits, gate, policy)
+        record = await _run_once(backend, program, task, limits, gate, backoff)
         if on_run is not None:
             on_run()
         return record

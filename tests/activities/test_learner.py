@@ -11,8 +11,14 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 import activities.learner as learner_module
-from activities.learner import LearnerActivities, StepRecord
-from contracts.learner import GRPOConfig, PrepareRunRequest, TrainStepRequest, TrajectoryGroup
+from activities.learner import LearnerActivities
+from contracts.learner import (
+    GRPOConfig,
+    PrepareRunRequest,
+    StepRecord,
+    TrainStepRequest,
+    TrajectoryGroup,
+)
 from contracts.sandbox import ExecStatus
 from contracts.trajectory import Trajectory, TrajectoryTurn, trajectory_id
 from infra import keys

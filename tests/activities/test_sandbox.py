@@ -11,6 +11,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+from activities import sandbox as sandbox_activities
 from activities.sandbox import SandboxActivities
 from contracts.sandbox import ExecStatus, ExecuteItem, ExecuteRequest, ExecutionResult
 from contracts.task import SandboxLimits
@@ -44,7 +45,10 @@ def request(store: ObjectStore, programs: dict[int, str], **overrides: object) -
 
 
 @pytest.mark.asyncio
-async def test_execute_stores_results_and_maps_statuses(store: ObjectStore) -> None:
+async def test_execute_stores_results_and_maps_statuses(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sandbox_activities, "HEARTBEAT_S", 0.01)
     acts = SandboxActivities(Settings(), store=store)
     heartbeats: list[object] = []
     env = ActivityEnvironment()

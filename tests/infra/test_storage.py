@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ from contracts.task import TaskSpec
 from infra.seaweed import pick_free_ports
 from infra.storage import (
     MULTIPART_THRESHOLD,
+    DigestMismatch,
     ObjectExists,
     ObjectNotFound,
     ObjectStore,
@@ -137,14 +136,12 @@ def test_list_keys_paginates(seaweed: SeaweedServer, store: ObjectStore) -> None
     assert len(calls) == 4
 
 
-def test_presigned_url_is_fetchable(store: ObjectStore) -> None:
-    store.put_bytes("shared/log.txt", b"visible")
-    url = store.presign("shared/log.txt", expires_s=60)
-    with urllib.request.urlopen(url, timeout=5) as resp:
-        assert resp.read() == b"visible"
-    with pytest.raises(urllib.error.HTTPError) as err:
-        urllib.request.urlopen(url.replace("shared/log.txt", "shared/other"), timeout=5)
-    assert err.value.code == 403
+def test_get_verified_checks_the_digest(store: ObjectStore) -> None:
+    ref = store.put_bytes("shared/log.txt", b"visible")
+    assert store.get_verified(ref) == b"visible"
+    store.put_bytes("shared/log.txt", b"changed")
+    with pytest.raises(DigestMismatch, match="does not match its sha256"):
+        store.get_verified(ref)
 
 
 def test_unreachable_endpoint_is_transient(seaweed: SeaweedServer) -> None:

@@ -8,17 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from contracts.learner import PolicyVersion, TrainingRunInput
+from contracts.learner import PolicyManifest, PolicyVersion, TrainingRunInput
 from contracts.sandbox import ExecStatus
-from contracts.trajectory import Trajectory, TrajectoryTurn, trajectory_id
+from contracts.trajectory import RewardRecord, Trajectory, TrajectoryTurn, trajectory_id
 from infra import keys
-from infra.policy import PolicyManifest
 from infra.seaweed import pick_free_ports
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import load_suite
 from tests.fixtures.s3 import SeaweedServer
-from workers.cli_runs import RewardRecord, register
+from workers.cli_runs import register
 
 RUN = "demo"
 Capture = pytest.CaptureFixture[str]

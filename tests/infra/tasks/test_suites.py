@@ -119,12 +119,12 @@ def test_jsonl_round_trip_through_load_suite(tmp_path: Path) -> None:
     [
         ('{"id": "a", "prompt": "p", "entry_point": "f"', r"bad.jsonl:3: invalid JSON"),
         ('[1, 2]', r"bad.jsonl:3: expected a JSON object, got list"),
-        ('{"id": "a", "prompt": "p", "entry_point": "f"}', r"bad.jsonl:3: field 'tests': Field required"),
-        ('{"id": "a", "prompt": "p", "entry_point": "1f", "tests": "t"}', r"bad.jsonl:3: field 'entry_point'"),
-        ('{"id": "a b", "prompt": "p", "entry_point": "f", "tests": "t"}', r"bad.jsonl:3: field 'id'"),
-        ('{"id": "x", "prompt": "p", "entry_point": "f", "tests": "t", "split": "dev"}', r"bad.jsonl:3: field 'split'"),
-        ('{"id": "x", "prompt": "p", "entry_point": "f", "tests": "t", "test": "t"}', r"bad.jsonl:3: field 'test': Extra"),
-        ('{"id": "ok", "prompt": "p", "entry_point": "f", "tests": "t"}', r"bad.jsonl:3: field 'id': 'ok' already used on line 1"),
+        ('{"id": "a", "prompt": "p", "entry_point": "f"}', r"bad.jsonl:3: tests: Field required"),
+        ('{"id": "a", "prompt": "p", "entry_point": "1f", "tests": "t"}', r"bad.jsonl:3: entry_point"),
+        ('{"id": "a b", "prompt": "p", "entry_point": "f", "tests": "t"}', r"bad.jsonl:3: id"),
+        ('{"id": "x", "prompt": "p", "entry_point": "f", "tests": "t", "split": "dev"}', r"bad.jsonl:3: split"),
+        ('{"id": "x", "prompt": "p", "entry_point": "f", "tests": "t", "test": "t"}', r"bad.jsonl:3: test: Extra"),
+        ('{"id": "ok", "prompt": "p", "entry_point": "f", "tests": "t"}', r"bad.jsonl:3: id: 'ok' already used on line 1"),
     ],
 )
 def test_jsonl_errors_name_file_line_and_field(tmp_path: Path, line: str, message: str) -> None:

@@ -10,15 +10,16 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from contracts.errors import Backoff
 from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits, TaskSpec
 from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
 from infra.settings import Settings
 from infra.tasks import load_quarantine, load_suite
-from infra.tasks.validate import RetryPolicy, validate_tasks, write_quarantine
+from infra.tasks.validate import validate_tasks, write_quarantine
 from workers import cli_tasks
 
-FAST_RETRY = RetryPolicy(attempts=3, backoff_s=0.01)
+FAST_RETRY = Backoff(initial_s=0.01, coefficient=2.0, max_s=0.05, offline_attempts=3)
 DEFAULT_LIMITS = SandboxLimits()
 
 
@@ -119,7 +120,7 @@ async def test_platform_faults_are_retried_not_counted_against_the_task(
     task = load_suite("starter")[0]
     platform = FlakyPlatform(backend, faults=2)
     report = await validate_tasks([task], platform, suite="starter", repeats=1, concurrency=1,
-                                  retry=FAST_RETRY)
+                                  backoff=FAST_RETRY)
     assert report.tasks[0].verdict == "clean" and report.infra_retries == 2
 
 
@@ -127,9 +128,9 @@ async def test_platform_faults_are_retried_not_counted_against_the_task(
 async def test_persistent_platform_faults_are_infra_not_broken(backend: SandboxBackend) -> None:
     task = load_suite("starter")[0]
     platform = FlakyPlatform(backend, faults=10**6)
-    report = await validate_tasks([task], platform, suite="starter", repeats=2, retry=FAST_RETRY)
+    report = await validate_tasks([task], platform, suite="starter", repeats=2, backoff=FAST_RETRY)
     assert report.ids("infra") == [task.id] and report.ids("broken") == []
-    assert report.quarantined == [] and platform.calls == 3 * FAST_RETRY.attempts
+    assert report.quarantined == [] and platform.calls == 3 * FAST_RETRY.offline_attempts
     assert "injected platform fault" in report.tasks[0].canonical[0].detail
 
 

@@ -1,0 +1,96 @@
+"""Re-score a run's stored trajectories without generating: what `tempered regrade` does.
+
+Each trajectory's final program runs against the task's tests *as the task suite defines them
+now*, through a sandbox backend, with platform failures retried as every offline path retries
+them (`infra/sandbox/retrying.py`). The new reward comes from the one reward formula
+(`RewardConfig.score`, which the workflow's FEEDBACK also calls): earlier rounds keep their
+recorded verdicts, the final round gets the new one. One `RewardRecord` per trajectory is
+written create-only at `keys.reward_key(run, grader, task, sample)`; old records are never
+overwritten, and a rerun with the same verdicts is a no-op.
+
+    outcome = await Regrading(store, backend, "v2", "starter", limits=…, reward=…,
+                              concurrency=8).run_all(trajectories, tasks)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+from contracts.errors import INFRA_RETRY, Backoff
+from contracts.sandbox import ExecStatus
+from contracts.task import RewardConfig, SandboxLimits, TaskSpec
+from contracts.trajectory import RewardRecord, Trajectory
+from infra import keys
+from infra.sandbox.base import SandboxBackend
+from infra.sandbox.retrying import run_retrying
+from infra.storage import ObjectExists, ObjectStore
+
+OUTCOMES = ("regraded", "changed", "unchanged", "conflict", "skipped", "infra")
+"""What `Regrading.run_all` counts; a trajectory lands in one or two of them."""
+
+
+class Regrading:
+    """Re-scores trajectories through a sandbox backend and writes one RewardRecord each."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        backend: SandboxBackend,
+        grader: str,
+        suite: str,
+        *,
+        limits: SandboxLimits,
+        reward: RewardConfig,
+        concurrency: int,
+        backoff: Backoff = INFRA_RETRY,
+    ):
+        self.store, self.backend, self.grader, self.suite = store, backend, grader, suite
+        self.limits, self.reward, self.backoff = limits, reward, backoff
+        self.gate = asyncio.Semaphore(concurrency)
+
+    async def run_all(
+        self, trajectories: list[Trajectory], tasks: Mapping[str, TaskSpec]
+    ) -> dict[str, list[str]]:
+        """Regrade every trajectory; `{outcome: ["<trajectory id>[: note]", ...]}`."""
+        outcome: dict[str, list[str]] = {kind: [] for kind in OUTCOMES}
+        results = await asyncio.gather(*(self.one(t, tasks.get(t.task_id)) for t in trajectories))
+        for trajectory, kinds in zip(trajectories, results, strict=True):
+            for kind, note in kinds:
+                outcome[kind].append(f"{trajectory.id}: {note}" if note else trajectory.id)
+        return outcome
+
+    async def one(self, trajectory: Trajectory, task: TaskSpec | None) -> list[tuple[str, str]]:
+        if task is None:
+            return [("skipped", f"task {trajectory.task_id!r} is not in suite {self.suite!r}")]
+        if not trajectory.turns:
+            return [("skipped", "trajectory has no turns")]
+        attempted = await run_retrying(
+            self.backend, trajectory.turns[-1].code, task.tests, self.limits, task.entry_point,
+            gate=self.gate, backoff=self.backoff,
+        )
+        result = attempted.result
+        if result is None:
+            tries = self.backoff.offline_attempts
+            return [("infra", f"sandbox kept failing after {tries} attempts: {attempted.detail}")]
+        solved = result.status == ExecStatus.PASSED
+        earlier = [turn.status == ExecStatus.PASSED for turn in trajectory.turns[:-1]]
+        record = RewardRecord(
+            trajectory_id=trajectory.id,
+            grader=self.grader,
+            suite=self.suite,
+            status=result.status,
+            tests_passed=result.tests_passed,
+            tests_total=result.tests_total,
+            solved=solved,
+            reward=self.reward.score([*earlier, solved]),
+            previous_solved=trajectory.solved,
+            previous_reward=trajectory.reward,
+            detail="" if solved else result.stderr[-400:],
+        )
+        key = keys.reward_key(trajectory.run_id, self.grader, trajectory.task_id, trajectory.sample)
+        try:
+            await asyncio.to_thread(self.store.put_json, key, record, create_only=True)
+        except ObjectExists:
+            return [("conflict", f"{key} holds a different record (flaky tests?); kept it")]
+        return [("regraded", ""), ("changed" if solved != trajectory.solved else "unchanged", "")]
