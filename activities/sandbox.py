@@ -3,8 +3,10 @@
 For each item the program is read from the object store (`item.code`), run in the configured
 sandbox backend with the request's tests, entry point and limits, and its full
 `ExecutionResult` plus stdout/stderr are written under the turn's keys
-(`runs/<run>/tasks/<task>/s<sample>/turn-<k>/{result.json,stdout.txt,stderr.txt}`). Items run
-concurrently, at most `settings.sandbox.concurrency` at once.
+(`keys.attempt_key`: one set per activity attempt, written create-only, so an orphaned attempt
+that finishes after its retry can never change the bytes a returned ref names). Items run
+concurrently, at most `settings.sandbox.concurrency` at once; the first item that fails
+cancels its siblings.
 
 What the program does is a result (passed/failed/error/timeout/memory_exceeded); a platform
 fault (`SandboxInfraError`) or an S3 failure raises a retryable error and is never an outcome.
@@ -60,22 +62,38 @@ class SandboxActivities:
         self.backend = backend if backend is not None else get_backend(settings)
         self._slots = asyncio.Semaphore(settings.sandbox.concurrency)
         name = self.backend.name
-        self.breaker = CircuitBreaker(name, on_change=lambda state: record_circuit_state(name, state))
+        self.breaker = CircuitBreaker(
+            name, on_change=lambda state: record_circuit_state(name, state)
+        )
 
     @activity.defn(name=Activity.EXECUTE)
     async def execute(self, req: ExecuteRequest) -> ExecuteResponse:
         if not req.items:
             raise invalid("items", "nothing to execute")
         record_queue_wait()
+        attempt = activity.info().attempt
         outcomes = await heartbeating(
-            asyncio.gather(*(self._execute_one(req, i, item) for i, item in enumerate(req.items))),
+            self._execute_all(req, attempt),
             every_s=HEARTBEAT_S,
             details=lambda: f"{req.task_id} turn {req.turn}: {len(req.items)} items",
         )
-        return ExecuteResponse(outcomes=list(outcomes))
+        return ExecuteResponse(outcomes=outcomes)
+
+    async def _execute_all(self, req: ExecuteRequest, attempt: int) -> list[ExecuteOutcome]:
+        """Every item concurrently; the first item that fails cancels its siblings (the whole
+        attempt is retried, and a retry must not race this attempt's leftovers)."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(self._execute_one(req, index, item, attempt))
+                    for index, item in enumerate(req.items)
+                ]
+        except ExceptionGroup as failed:  # Temporal must see the item's own (typed) error
+            raise failed.exceptions[0] from None
+        return [task.result() for task in tasks]
 
     async def _execute_one(
-        self, req: ExecuteRequest, index: int, item: ExecuteItem
+        self, req: ExecuteRequest, index: int, item: ExecuteItem, attempt: int
     ) -> ExecuteOutcome:
         try:
             program = await asyncio.to_thread(self.store.get_text, item.code.key)
@@ -84,19 +102,26 @@ class SandboxActivities:
         backend = self.backend.name
         async with self._slots:
             with (
-                span("sandbox.run", task_id=req.task_id, sample=item.sample, turn=req.turn,
-                     sandbox_backend=backend),
+                span(
+                    "sandbox.run",
+                    task_id=req.task_id,
+                    sample=item.sample,
+                    turn=req.turn,
+                    sandbox_backend=backend,
+                ),
                 sandbox_in_flight(backend),
             ):
                 result = await self._run_guarded(req, item, program)
         record_sandbox_run(backend, result.status.value, result.duration_ms / 1000)
 
         def key(name: str) -> str:
-            return keys.turn_key(req.run_id, req.task_id, item.sample, req.turn, name)
+            return keys.attempt_key(req.run_id, req.task_id, item.sample, req.turn, attempt, name)
 
-        ref = await asyncio.to_thread(self.store.put_json, key("result.json"), result)
-        await asyncio.to_thread(self.store.put_text, key("stdout.txt"), result.stdout)
-        await asyncio.to_thread(self.store.put_text, key("stderr.txt"), result.stderr)
+        ref = await asyncio.to_thread(
+            self.store.put_json, key("result.json"), result, create_only=True
+        )
+        for name, text in (("stdout.txt", result.stdout), ("stderr.txt", result.stderr)):
+            await asyncio.to_thread(self.store.put_text, key(name), text, create_only=True)
         return ExecuteOutcome(
             sample=item.sample,
             status=result.status,
@@ -106,7 +131,9 @@ class SandboxActivities:
             result=ref,
         )
 
-    async def _run_guarded(self, req: ExecuteRequest, item: ExecuteItem, program: str) -> ExecutionResult:
+    async def _run_guarded(
+        self, req: ExecuteRequest, item: ExecuteItem, program: str
+    ) -> ExecutionResult:
         """Run through the circuit breaker: a backend failing again and again is paused (the
         activity fails fast and Temporal retries after the breaker's backoff)."""
         try:

@@ -29,7 +29,9 @@ class TaskActivities:
             tasks = load_suite(request.suite)
         except (ValueError, FileNotFoundError) as err:
             raise invalid("suite", str(err)) from None
-        skipped = load_quarantine(self._settings, request.suite) if request.skip_quarantined else set()
+        skipped = (
+            load_quarantine(self._settings, request.suite) if request.skip_quarantined else set()
+        )
         kept = [t for t in tasks if t.id not in skipped]
         return LoadTasksResponse(
             train=[t for t in kept if t.split == "train"],

@@ -83,24 +83,45 @@ class PlainRollout:
         for turn in range(task_input.max_turns):
             scorer._turn = turn
             active = [s for s in scorer._samples if not s.solved]
-            generated = await self.env.run(self.generate, GenerateRequest(
-                run_id=task_input.run_id, task_id=task.id, turn=turn, prompt=task.prompt,
-                sampling=task_input.sampling, policy_run=task_input.policy_run or task_input.run_id,
-                policy_version=task_input.policy_version,
-                items=[GenerateItem(sample=s.sample, history=s.turns) for s in active],
-            ))  # fmt: skip
-            executed = await self.env.run(self.execute, ExecuteRequest(
-                run_id=task_input.run_id, task_id=task.id, turn=turn, tests=task.tests,
-                entry_point=task.entry_point, limits=task_input.limits,
-                items=[ExecuteItem(sample=c.sample, code=c.code) for c in generated.completions],
-            ))  # fmt: skip
+            generated = await self.env.run(
+                self.generate,
+                GenerateRequest(
+                    run_id=task_input.run_id,
+                    task_id=task.id,
+                    turn=turn,
+                    prompt=task.prompt,
+                    sampling=task_input.sampling,
+                    policy_run=task_input.policy_run or task_input.run_id,
+                    policy_version=task_input.policy_version,
+                    items=[GenerateItem(sample=s.sample, history=s.turns) for s in active],
+                ),
+            )
+            executed = await self.env.run(
+                self.execute,
+                ExecuteRequest(
+                    run_id=task_input.run_id,
+                    task_id=task.id,
+                    turn=turn,
+                    tests=task.tests,
+                    entry_point=task.entry_point,
+                    limits=task_input.limits,
+                    items=[
+                        ExecuteItem(sample=c.sample, code=c.code) for c in generated.completions
+                    ],
+                ),
+            )
             scorer._feedback(task_input, generated, executed)
             if all(s.solved for s in scorer._samples):
                 break
-        await self.env.run(self.write, WriteTrajectoriesRequest(
-            run_id=task_input.run_id, task=task, group_size=task_input.group_size,
-            samples=scorer._samples,
-        ))  # fmt: skip
+        await self.env.run(
+            self.write,
+            WriteTrajectoriesRequest(
+                run_id=task_input.run_id,
+                task=task,
+                group_size=task_input.group_size,
+                samples=scorer._samples,
+            ),
+        )
         return turn + 1
 
 
@@ -129,13 +150,20 @@ async def roll_out(rollout: Rollout, inputs: list[AgentTaskInput], concurrency: 
     return list(await asyncio.gather(*(one(i) for i in inputs)))
 
 
-def task_inputs(tasks: list[TaskSpec], args: argparse.Namespace, run_id: str) -> list[AgentTaskInput]:
+def task_inputs(
+    tasks: list[TaskSpec], args: argparse.Namespace, run_id: str
+) -> list[AgentTaskInput]:
     sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=args.seed)
     return [
         AgentTaskInput(
-            task=task, run_id=run_id, group_size=args.group_size, max_turns=args.max_turns,
-            sampling=sampling, policy_run=POLICY_RUN, policy_version=0,
-        )  # fmt: skip
+            task=task,
+            run_id=run_id,
+            group_size=args.group_size,
+            max_turns=args.max_turns,
+            sampling=sampling,
+            policy_run=POLICY_RUN,
+            policy_version=0,
+        )
         for task in tasks
     ]
 
@@ -154,7 +182,8 @@ async def measure(settings: Settings, args: argparse.Namespace) -> dict[str, Any
     rows: dict[str, dict[str, list[float]]] = {"plain": {}, "tempered": {}}
     async with production_workers(settings, QUEUES) as (client, plans):
         modes: dict[str, Rollout] = {
-            "plain": PlainRollout(plans), "tempered": tempered_rollout(client)
+            "plain": PlainRollout(plans),
+            "tempered": tempered_rollout(client),
         }
         for mode, rollout in modes.items():  # warm-up: model, tokenizer, sandbox pool, workers
             await roll_out(rollout, task_inputs(tasks[:2], args, f"warm-{mode}"), 2)
@@ -187,10 +216,15 @@ def summarize(
     plain_s, tempered_s = median_of(rows["plain"]["wall_s"]), median_of(rows["tempered"]["wall_s"])
     server_cpu = median_of(rows["tempered"]["server_cpu_s"])
     return {
-        "model": args.model, "tasks": tasks, "group_size": args.group_size,
-        "max_turns": args.max_turns, "concurrency": args.concurrency, "rounds": args.rounds,
+        "model": args.model,
+        "tasks": tasks,
+        "group_size": args.group_size,
+        "max_turns": args.max_turns,
+        "concurrency": args.concurrency,
+        "rounds": args.rounds,
         "max_new_tokens": args.max_new_tokens,
-        "plain_wall_s": round(plain_s, 3), "tempered_wall_s": round(tempered_s, 3),
+        "plain_wall_s": round(plain_s, 3),
+        "tempered_wall_s": round(tempered_s, 3),
         "plain_rollouts_per_s": round(rollouts / plain_s, 3),
         "tempered_rollouts_per_s": round(rollouts / tempered_s, 3),
         "temporal_share": round(1 - plain_s / tempered_s, 4),
@@ -198,11 +232,13 @@ def summarize(
         "workflows_per_s": round(tasks / tempered_s, 3),
         "server_cpu_s_per_workflow": round(server_cpu / tasks, 4),
         "server_cpu_s_during_plain": round(median_of(rows["plain"]["server_cpu_s"]), 3),
-        "worker_process_cpu_s": {m: round(median_of(r["worker_cpu_s"]), 2) for m, r in rows.items()},
+        "worker_process_cpu_s": {
+            m: round(median_of(r["worker_cpu_s"]), 2) for m, r in rows.items()
+        },
         "mean_turns": {m: round(median_of(r["turns"]), 3) for m, r in rows.items()},
         "wall_s_per_round": {m: [round(x, 3) for x in r["wall_s"]] for m, r in rows.items()},
         "machine": machine(),
-    }  # fmt: skip
+    }
 
 
 def main() -> None:

@@ -25,9 +25,21 @@ BENCHES: dict[str, dict[str, list[str]]] = {
     "sandbox": {"quick": ["--runs", "10"], "full": ["--runs", "30"]},
     "orchestration": {
         "quick": ["--tasks", "16", "--rounds", "2"],
-        "full": ["--model", "smollm2", "--tasks", "16", "--group-size", "8", "--max-turns", "2",
-                 "--max-new-tokens", "160", "--rounds", "2"],
-    },  # fmt: skip
+        "full": [
+            "--model",
+            "smollm2",
+            "--tasks",
+            "16",
+            "--group-size",
+            "8",
+            "--max-turns",
+            "2",
+            "--max-new-tokens",
+            "160",
+            "--rounds",
+            "2",
+        ],
+    },
     "vs_trl": {
         "quick": ["--preset", "tiny", "--target", "0", "--steps", "3"],
         "full": ["--preset", "smollm2", "--steps", "30", "--gain", "0.1"],

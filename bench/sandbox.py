@@ -45,9 +45,14 @@ Runner = Callable[[str, str, str | None], Awaitable[None]]
 async def bare(program: str, tests: str, entry_point: str | None) -> None:
     source = program + "\n" + tests + (f"\ncheck({entry_point})\n" if entry_point else "")
     process = await asyncio.create_subprocess_exec(
-        "/usr/bin/python3", "-S", "-I", "-c", source,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        "/usr/bin/python3",
+        "-S",
+        "-I",
+        "-c",
+        source,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     await process.communicate()
     if process.returncode != 0:
         raise RuntimeError("bare python failed")
@@ -119,13 +124,16 @@ async def measure(backends: list[str], runs: int, concurrency: int) -> dict[str,
             bare_rps = await throughput(bare, workload, n, concurrency)
             box_rps = await throughput(runner, workload, n, concurrency)
             per_workload[label] = {
-                "bare_latency_ms": round(bare_ms, 2), "latency_ms": round(box_ms, 2),
+                "bare_latency_ms": round(bare_ms, 2),
+                "latency_ms": round(box_ms, 2),
                 "latency_ratio": round(box_ms / bare_ms, 2),
-                "bare_latency_paced_ms": round(bare_idle, 2), "latency_paced_ms": round(box_idle, 2),
+                "bare_latency_paced_ms": round(bare_idle, 2),
+                "latency_paced_ms": round(box_idle, 2),
                 "latency_paced_ratio": round(box_idle / bare_idle, 2),
-                "bare_throughput_rps": round(bare_rps, 2), "throughput_rps": round(box_rps, 2),
+                "bare_throughput_rps": round(bare_rps, 2),
+                "throughput_rps": round(box_rps, 2),
                 "throughput_fraction": round(box_rps / bare_rps, 3),
-            }  # fmt: skip
+            }
             row = per_workload[label]
             print(
                 f"{name:7s} {label:10s} latency {box_ms:7.1f} ms vs bare {bare_ms:6.1f} ms "

@@ -52,17 +52,17 @@ from common import (
 )
 
 from contracts.learner import TrainingRunInput
-from contracts.names import Queue, Workflow
+from contracts.names import Queue
 from contracts.task import SamplingParams, TaskSpec
+from infra.presets import load_preset
 from infra.settings import InferenceSettings, Settings
+from workers.training import start_run, watch
 
 POLL_S = 0.5
 
 
 def experiment(args: argparse.Namespace) -> TrainingRunInput:
     """The preset with this bench's overrides: what both sides train with."""
-    from workers.cli_train import load_preset
-
     run = load_preset(args.preset, steps=args.steps, run_id=f"vs-trl-{uuid.uuid4().hex[:8]}")
     given = {"learning_rate": args.lr, "groups_per_step": args.prompts_per_step}
     grpo = run.grpo.model_copy(update={k: v for k, v in given.items() if v is not None})
@@ -70,11 +70,16 @@ def experiment(args: argparse.Namespace) -> TrainingRunInput:
     sampling = run.sampling.model_copy(
         update={"max_new_tokens": tokens, "stop_after_code_block": False}  # TRL has no such stop
     )
-    return run.model_copy(update={
-        "group_size": args.group_size or run.group_size, "max_turns": args.max_turns,
-        "eval_every": args.eval_every, "grpo": grpo, "sampling": sampling,
-        "eval_sampling": SamplingParams(temperature=0.0, max_new_tokens=tokens),
-    })  # fmt: skip
+    return run.model_copy(
+        update={
+            "group_size": args.group_size or run.group_size,
+            "max_turns": args.max_turns,
+            "eval_every": args.eval_every,
+            "grpo": grpo,
+            "sampling": sampling,
+            "eval_sampling": SamplingParams(temperature=0.0, max_new_tokens=tokens),
+        }
+    )
 
 
 def base_model_dir(spec: str) -> Path:
@@ -126,12 +131,13 @@ class Timeline:
         return {
             "wall_s": round(wall, 2),
             "time_to_target_s": None if self.target_s is None else round(self.target_s, 2),
-            "steps": len(step_at), "s_per_step": round(wall / max(1, len(step_at)), 2),
+            "steps": len(step_at),
+            "s_per_step": round(wall / max(1, len(step_at)), 2),
             "median_step_gap_s": round(median_of(gaps), 2),
             "step_t_s": [round(t, 2) for t in step_at],
             "evals": [self.evals[k] for k in sorted(self.evals)],
             "load_average_at_end": machine()["load_average"],
-        }  # fmt: skip
+        }
 
 
 # -- Tempered --------------------------------------------------------------------------------
@@ -140,28 +146,22 @@ class Timeline:
 async def tempered_side(
     settings: Settings, run: TrainingRunInput, args: argparse.Namespace
 ) -> dict[str, Any]:
-    from contracts.learner import TrainingRunResult
-
     async with production_workers(settings, list(Queue)) as (client, _):
         timeline = Timeline("tempered", args)
-        handle = await client.start_workflow(
-            Workflow.TRAINING_RUN.value, run, id=f"train-{run.run_id}",
-            task_queue=Queue.AGENT_TASKS.value, result_type=TrainingRunResult,
-        )  # fmt: skip
+        handle = await start_run(client, run)
         result = asyncio.ensure_future(handle.result())
-        while not result.done() and timeline.target_s is None:
-            await asyncio.wait([result], timeout=POLL_S)
-            try:
-                progress = await handle.query("progress")
-            except Exception:  # not queryable before its first workflow task
-                continue
-            for p in progress.get("learner", []):
-                timeline.stepped(p["step"])
-            for e in progress.get("evals", []):
-                timeline.evaluated(e["policy_version"], e["pass_at_1"])
+        async for progress in watch(handle, result, POLL_S):
+            if progress is None:
+                continue  # not queryable before its first workflow task
+            for step in progress.learner:
+                timeline.stepped(step.step)
+            for evaluation in progress.evals:
+                timeline.evaluated(evaluation.policy_version, evaluation.pass_at_1)
+            if timeline.target_s is not None:
+                break
         if timeline.target_s is None:
-            for e in (await result).evals:
-                timeline.evaluated(e.policy_version, e.pass_at_1)
+            for evaluation in (await result).evals:
+                timeline.evaluated(evaluation.policy_version, evaluation.pass_at_1)
         else:
             result.cancel()
             await handle.terminate("bench: target reached")
@@ -186,12 +186,17 @@ def greedy_pass_at_1(
     model.eval()
     with torch.no_grad():
         out = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=False, pad_token_id=pad,
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            pad_token_id=pad,
             max_new_tokens=max_new_tokens,
-        )  # fmt: skip
+        )
     model.train()
     texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-    solved = pool.passed([extract_code(t) for t in texts], [(t.tests, t.entry_point) for t in tasks])
+    solved = pool.passed(
+        [extract_code(t) for t in texts], [(t.tests, t.entry_point) for t in tasks]
+    )
     return sum(solved) / len(solved)
 
 
@@ -200,16 +205,33 @@ def grpo_config(run: TrainingRunInput, seed: int, out_dir: Path) -> Any:
     from trl import GRPOConfig
 
     return GRPOConfig(
-        output_dir=str(out_dir), max_steps=run.steps, seed=seed, use_cpu=True, bf16=False,
-        learning_rate=run.grpo.learning_rate, lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=0.0, max_grad_norm=run.grpo.max_grad_norm,
+        output_dir=str(out_dir),
+        max_steps=run.steps,
+        seed=seed,
+        use_cpu=True,
+        bf16=False,
+        learning_rate=run.grpo.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=run.grpo.max_grad_norm,
         per_device_train_batch_size=run.grpo.groups_per_step * run.group_size,
-        gradient_accumulation_steps=1, num_generations=run.group_size, num_iterations=1,
-        max_completion_length=run.sampling.max_new_tokens, temperature=run.sampling.temperature,
-        top_p=run.sampling.top_p, beta=run.grpo.kl_coef, epsilon=run.grpo.clip_eps,
-        loss_type="dapo", scale_rewards="group", save_strategy="no", report_to="none",
-        logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
-    )  # fmt: skip
+        gradient_accumulation_steps=1,
+        num_generations=run.group_size,
+        num_iterations=1,
+        max_completion_length=run.sampling.max_new_tokens,
+        temperature=run.sampling.temperature,
+        top_p=run.sampling.top_p,
+        beta=run.grpo.kl_coef,
+        epsilon=run.grpo.clip_eps,
+        loss_type="dapo",
+        scale_rewards="group",
+        save_strategy="no",
+        report_to="none",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
 
 
 def trl_side(
@@ -252,13 +274,18 @@ def trl_side(
                 evaluate(step)
             control.should_training_stop |= timeline.target_s is not None
 
-    rows = [{"prompt": build_messages(t.prompt), "tests": t.tests, "entry_point": t.entry_point}
-            for t in train]  # fmt: skip
+    rows = [
+        {"prompt": build_messages(t.prompt), "tests": t.tests, "entry_point": t.entry_point}
+        for t in train
+    ]
     trainer = GRPOTrainer(
-        model=model, reward_funcs=sandbox_reward, args=grpo_config(run, args.seed, out),
-        train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+        model=model,
+        reward_funcs=sandbox_reward,
+        args=grpo_config(run, args.seed, out),
+        train_dataset=Dataset.from_list(rows),
+        processing_class=tokenizer,
         callbacks=[HeldoutEval()],
-    )  # fmt: skip
+    )
     trainer.train()
     report = timeline.report()
     pool.close()
@@ -289,14 +316,23 @@ def compare(args: argparse.Namespace, sides: dict[str, dict[str, Any]]) -> dict[
         return round(tempered[key] / trl[key], 3) if tempered[key] and trl[key] else None
 
     report: dict[str, Any] = {
-        "preset": args.preset, "steps": run.steps, "group_size": run.group_size,
-        "prompts_per_step": run.grpo.groups_per_step, "learning_rate": run.grpo.learning_rate,
-        "max_new_tokens": run.sampling.max_new_tokens, "tempered_max_turns": run.max_turns,
-        "eval_every": run.eval_every, "target": args.target,
-        "gain": None if args.target is not None else args.gain, "goal_ratio": 0.8,
-        "s_per_step_ratio": ratio("s_per_step"), "step_gap_ratio": ratio("median_step_gap_s"),
-        "tempered": tempered, "trl": trl, "machine": machine(),
-    }  # fmt: skip
+        "preset": args.preset,
+        "steps": run.steps,
+        "group_size": run.group_size,
+        "prompts_per_step": run.grpo.groups_per_step,
+        "learning_rate": run.grpo.learning_rate,
+        "max_new_tokens": run.sampling.max_new_tokens,
+        "tempered_max_turns": run.max_turns,
+        "eval_every": run.eval_every,
+        "target": args.target,
+        "gain": None if args.target is not None else args.gain,
+        "goal_ratio": 0.8,
+        "s_per_step_ratio": ratio("s_per_step"),
+        "step_gap_ratio": ratio("median_step_gap_s"),
+        "tempered": tempered,
+        "trl": trl,
+        "machine": machine(),
+    }
     if tempered["time_to_target_s"] and trl["time_to_target_s"]:
         report["measured"], report["ratio"] = "time_to_target_s", ratio("time_to_target_s")
     elif args.target == 0:
@@ -330,10 +366,14 @@ def main() -> None:
     parser.add_argument("--gain", type=float, default=0.1, help="else: pass@1 gain over step 0")
     parser.add_argument("--steps", type=int, help="most optimizer steps (default: the preset's)")
     parser.add_argument("--group-size", type=int, help="G (default: the preset's)")
-    parser.add_argument("--prompts-per-step", type=int, help="groups per step (default: the preset's)")
+    parser.add_argument(
+        "--prompts-per-step", type=int, help="groups per step (default: the preset's)"
+    )
     parser.add_argument("--lr", type=float, help="learning rate (default: the preset's)")
     parser.add_argument("--max-new-tokens", type=int, help="default: the preset's")
-    parser.add_argument("--max-turns", type=int, default=1, help="Tempered's turns per task (TRL: 1)")
+    parser.add_argument(
+        "--max-turns", type=int, default=1, help="Tempered's turns per task (TRL: 1)"
+    )
     parser.add_argument("--eval-every", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--side", choices=["both", "tempered", "trl"], default="both")

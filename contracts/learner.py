@@ -83,8 +83,12 @@ class StepRecord(Contract):
     run_id: str
     step: int
     attempt: str = Field(description="Id of the activity attempt whose weights these are.")
+    groups: list[str] = Field(description="Task ids of the groups the step was asked to train.")
     loss: float
-    trained: list[str] = Field(description="Trajectory ids trained on.")
+    trained: list[str] = Field(description="Trajectory ids whose tokens were in the update.")
+    skipped: dict[str, str] = Field(
+        default={}, description="Trajectory id → why it gave no gradient (e.g. zero advantage)."
+    )
     dropped_stale: list[str] = Field(description="Trajectory ids dropped as too stale.")
     reward_mean: float
     duration_s: float
@@ -95,7 +99,8 @@ class StepRecord(Contract):
 class TrainStepResponse(Contract):
     policy: PolicyVersion
     loss: float
-    trained: int = Field(description="Trajectories used in the step.")
+    trained: int = Field(description="Trajectories whose tokens were in the update.")
+    skipped: int = Field(default=0, description="Trajectories that gave no gradient.")
     dropped_stale: int = 0
     reward_mean: float = 0.0
     duration_s: float = 0.0
@@ -115,7 +120,9 @@ class LearnerInput(Contract):
     finish_when_drained: bool = False
     parent_workflow_id: str | None = Field(default=None, description="Told of each step by signal.")
     heartbeat_timeout_s: float = Field(default=120.0, ge=1.0, le=3600)
-    steps_per_run: int = Field(default=50, ge=1, description="Continue-as-new after this many steps.")
+    steps_per_run: int = Field(
+        default=50, ge=1, description="Continue-as-new after this many steps."
+    )
 
 
 class LearnerProgress(Contract):
@@ -169,7 +176,9 @@ class TrainingRunInput(Contract):
     group_size: int = Field(default=4, ge=1, le=256)
     max_turns: int = Field(default=2, ge=1, le=32)
     concurrency: int = Field(default=8, ge=1, le=100000, description="Agent tasks in flight.")
-    eval_every: int = Field(default=0, ge=0, description="Held-out eval every N steps; 0 = ends only.")
+    eval_every: int = Field(
+        default=0, ge=0, description="Held-out eval every N steps; 0 = ends only."
+    )
     time_budget_s: float = Field(default=0, ge=0, description="Stop after this long; 0 = none.")
     sampling: SamplingParams = SamplingParams()
     eval_sampling: SamplingParams = SamplingParams(temperature=0.0)

@@ -32,7 +32,9 @@ class ExecutionResult(Contract):
     tests_total: int = Field(default=0, ge=0)
     backend: str = "local"
     limits: SandboxLimits = SandboxLimits()
-    enforcement: str = Field(default="rlimit", description="How limits were enforced: cgroup|rlimit|kubernetes.")
+    enforcement: str = Field(
+        default="rlimit", description="How limits were enforced: cgroup|rlimit|kubernetes."
+    )
     detail: str = Field(default="", description="Why, for the platform's statuses (infra_error).")
 
 

@@ -17,7 +17,9 @@ class TaskSpec(Contract):
 
     id: Identifier
     prompt: str = Field(min_length=1, description="What the model is asked to write.")
-    entry_point: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Function under test.")
+    entry_point: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Function under test."
+    )
     tests: str = Field(min_length=1, description="Python run after the program in its namespace.")
     canonical_solution: str | None = Field(default=None, description="A known-good program.")
     wrong_solution: str | None = Field(default=None, description="A program the tests must reject.")

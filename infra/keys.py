@@ -1,18 +1,19 @@
 """The object-store key layout, in one place: no other module spells a key.
 
-    runs/<run>/tasks/<task>/s<sample>/turn-<k>/completion.json   text, token ids, logprobs
-    runs/<run>/tasks/<task>/s<sample>/turn-<k>/code.py           program extracted from it
-    runs/<run>/tasks/<task>/s<sample>/turn-<k>/result.json       ExecutionResult
-    runs/<run>/tasks/<task>/s<sample>/turn-<k>/stdout.txt|stderr.txt
-    runs/<run>/trajectories/<task>--s<sample>.json               Trajectory, written once
-    runs/<run>/rewards/<grader>/<task>--s<sample>.json           regrade records, written once
-    runs/<run>/policy/v<version>/...                             HF directory of a policy
-    runs/<run>/policy/v<version>/manifest.json                   written last: version complete
-    runs/<run>/policy/latest.json                                pointer, written after manifest
-    runs/<run>/learner/step-<step>.json                          ack: trajectories consumed
-    runs/<run>/run.json                                          TrainingRunInput of the run
+runs/<run>/tasks/<task>/s<sample>/turn-<k>/completion.json   text, token ids, logprobs
+runs/<run>/tasks/<task>/s<sample>/turn-<k>/code.py           program extracted from it
+runs/<run>/tasks/<task>/s<sample>/turn-<k>/attempt-<a>/result.json   ExecutionResult,
+runs/<run>/tasks/<task>/s<sample>/turn-<k>/attempt-<a>/stdout.txt|stderr.txt
+                         written once per activity attempt, so an orphaned attempt that
+                         finishes late never changes what a later attempt's refs name
+runs/<run>/trajectories/<task>--s<sample>.json               Trajectory, written once
+runs/<run>/rewards/<grader>/<task>--s<sample>.json           regrade records, written once
+runs/<run>/policy/v<version>/...                             HF directory of a policy
+runs/<run>/policy/v<version>/manifest.json                   written last: version complete
+runs/<run>/policy/latest.json                                pointer, written after manifest
+runs/<run>/learner/step-<step>.json                          ack: trajectories consumed
+runs/<run>/run.json                                          TrainingRunInput of the run
 """
-
 
 import re
 
@@ -34,6 +35,10 @@ def turn_prefix(run: str, task: str, sample: int, turn: int) -> str:
 
 def turn_key(run: str, task: str, sample: int, turn: int, name: str) -> str:
     return turn_prefix(run, task, sample, turn) + name
+
+
+def attempt_key(run: str, task: str, sample: int, turn: int, attempt: int, name: str) -> str:
+    return f"{turn_prefix(run, task, sample, turn)}attempt-{attempt}/{name}"
 
 
 def trajectories_prefix(run: str) -> str:

@@ -17,7 +17,11 @@ change of stage rebuilds the engine from the current weights.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -27,11 +31,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
 from infra import grpo
 from infra.processes import free_port
+
+
+class NonFiniteLoss(ArithmeticError):
+    """A step's loss was NaN/inf: the update was not applied, the engine must reload."""
 
 
 @dataclass
@@ -40,7 +49,8 @@ class StepMetrics:
     grad_norm: float
     tokens: int
     rows: int
-    trained: list[str]  # trajectory ids trained on
+    trained: list[str]  # trajectory ids whose tokens were in the applied update
+    skipped: dict[str, str]  # trajectory id -> why it gave no gradient (e.g. zero advantage)
     dropped_stale: list[str]
     clip_fraction: float
     kl_sampler: float  # mean k3 KL of the trained policy (before the update) to the sampler
@@ -60,8 +70,6 @@ def _written_by_save(name: str) -> bool:
 
 def _stored_dtype(model_dir: Path) -> torch.dtype:
     """The dtype a checkpoint's weights are stored in (config.json), float32 if unnamed."""
-    import json
-
     config = json.loads((model_dir / "config.json").read_text())
     name = config.get("dtype") or config.get("torch_dtype") or "float32"
     dtype = getattr(torch, str(name).removeprefix("torch."), None)
@@ -89,11 +97,21 @@ def _skip_cpu_comm_kernels() -> None:
     table in one module-level dict (`deepspeed.ops.__compatible_ops__`) and consults it before
     building, so marking the two ops incompatible makes it fall back to plain gloo.
     """
-    import deepspeed.ops
+    import deepspeed.ops  # after _prepare_single_process: deepspeed reads the env at import
 
     compatible = deepspeed.ops.__compatible_ops__
     compatible["deepspeed_shm_comm"] = False
     compatible["deepspeed_ccl_comm"] = False
+
+
+def _why_no_gradient(
+    trajectory_id: str, groups: Sequence[Sequence[Trajectory]], config: GRPOConfig
+) -> str:
+    """The reason a used (not stale) trajectory contributed no row to the update."""
+    group = next(g for g in groups if any(t.id == trajectory_id for t in g))
+    if config.kl_coef == 0 and len({t.reward for t in group}) <= 1:
+        return "zero advantage: every sample of its group got the same reward"
+    return "no completion tokens to train on"
 
 
 def _train_only_last_layers(model: torch.nn.Module, layers: int) -> None:
@@ -138,8 +156,6 @@ class LearnerEngine:
 
     def load(self, base_dir: Path, version: int, config: GRPOConfig | None = None) -> None:
         """Load the HF directory `base_dir` as policy `version` and build a fresh engine."""
-        from transformers import AutoModelForCausalLM
-
         model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
         self.save_dtype = _stored_dtype(Path(base_dir))
         pad = model.config.pad_token_id
@@ -155,8 +171,6 @@ class LearnerEngine:
 
     def save(self, out_dir: Path) -> None:
         """Write the current weights (and the loaded tokenizer/config files) as an HF directory."""
-        import shutil
-
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         copy = self._copy_of_weights(self.save_dtype)  # a plain model: tied weights, config dtype
@@ -175,7 +189,7 @@ class LearnerEngine:
 
     def _build(self, model: torch.nn.Module, config: GRPOConfig) -> None:
         _prepare_single_process(self.device)
-        import deepspeed
+        import deepspeed  # only now: the env above must be set before deepspeed's first import
 
         if not torch.distributed.is_initialized():
             if self.device.startswith("cpu"):
@@ -184,11 +198,16 @@ class LearnerEngine:
             # A one-process group rendezvous through a fresh file, not a TCP port: a port picked
             # as free can be taken before torch binds it, and a failed bind would repeat on
             # every retry of the activity (seen as EADDRINUSE in CI).
-            rendezvous = Path(tempfile.gettempdir()) / f"tempered-dist-{os.getpid()}-{uuid.uuid4().hex}"
+            rendezvous = (
+                Path(tempfile.gettempdir()) / f"tempered-dist-{os.getpid()}-{uuid.uuid4().hex}"
+            )
             deepspeed.init_distributed(
-                dist_backend=backend, verbose=False, init_method=f"file://{rendezvous}",
-                rank=0, world_size=1,
-            )  # fmt: skip
+                dist_backend=backend,
+                verbose=False,
+                init_method=f"file://{rendezvous}",
+                rank=0,
+                world_size=1,
+            )
         model.to(self.device)
         _train_only_last_layers(model, config.train_last_layers)
         trainable = [p for p in model.parameters() if p.requires_grad]
@@ -207,18 +226,14 @@ class LearnerEngine:
 
     def _gathered(self) -> Any:
         """Context in which ZeRO-3 partitioned parameters are whole (a no-op below stage 3)."""
-        import contextlib
-
         if self._config is None or self._config.zero_stage < 3:
             return contextlib.nullcontext()
-        import deepspeed
+        import deepspeed  # imported by _build already; local so _build's order stays the rule
 
         return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None)
 
     def _copy_of_weights(self, dtype: torch.dtype) -> Any:
         """A new CPU model of the same architecture holding the current weights in `dtype`."""
-        from transformers import AutoModelForCausalLM
-
         with self._gathered():
             state = {k: v.detach().to("cpu") for k, v in self.module.state_dict().items()}
         model: Any = AutoModelForCausalLM.from_config(self.module.config, dtype=dtype)
@@ -228,7 +243,11 @@ class LearnerEngine:
     def _apply_config(self, config: GRPOConfig) -> None:
         """Adopt this step's knobs; a new ZeRO stage or clip norm rebuilds the engine."""
         assert self._config is not None
-        built = (self._config.zero_stage, self._config.max_grad_norm, self._config.train_last_layers)
+        built = (
+            self._config.zero_stage,
+            self._config.max_grad_norm,
+            self._config.train_last_layers,
+        )
         if (config.zero_stage, config.max_grad_norm, config.train_last_layers) != built:
             self._build(self._copy_of_weights(torch.float32), config)
         for group in self.engine.optimizer.param_groups:
@@ -254,15 +273,18 @@ class LearnerEngine:
         started = time.perf_counter()
         self._apply_config(config)
         rows: list[grpo.Row] = []
-        trained: list[str] = []
+        used: list[str] = []
         dropped: list[str] = []
         for group in groups:
             part = grpo.rows_from_group(group, self.version, config)
             rows += part.rows
-            trained += part.used
+            used += part.used
             dropped += part.dropped
         if config.kl_coef == 0:  # a zero advantage gives no gradient: skip its compute
             rows = [row for row in rows if row.advantage != 0.0]
+        with_rows = {row.trajectory_id for row in rows}
+        trained = [i for i in used if i in with_rows]
+        skipped = {i: _why_no_gradient(i, groups, config) for i in used if i not in with_rows}
         grpo.normalize(rows, self.normalization)
         totals = {"tokens": 0.0, "clipped": 0.0, "kl_sampler": 0.0, "kl_ref": 0.0}
         loss_sum = 0.0
@@ -278,9 +300,12 @@ class LearnerEngine:
             logprobs = grpo.token_logprobs(logits, batch.input_ids)
             reference = self._reference_logprobs(batch) if config.kl_coef > 0 else None
             loss, stats = grpo.grpo_loss(
-                logprobs, batch, clip_eps=config.clip_eps, ref_logprobs=reference,
+                logprobs,
+                batch,
+                clip_eps=config.clip_eps,
+                ref_logprobs=reference,
                 kl_coef=config.kl_coef,
-            )  # fmt: skip
+            )
             engine.backward(loss, scale_wrt_gas=False)
             loss_sum += float(loss.detach())
             for key in totals:
@@ -288,6 +313,10 @@ class LearnerEngine:
             if heartbeat is not None:
                 heartbeat()
         grad_norm = 0.0
+        if not math.isfinite(loss_sum):  # never apply (or publish) a NaN/inf update
+            message = f"step on version {self.version} gave loss {loss_sum}; nothing was applied"
+            self.version = None  # gradients are poisoned: reload the last published version
+            raise NonFiniteLoss(message)
         if batches:
             unclipped = self._grad_norm() if config.zero_stage == 0 else None
             engine.step()
@@ -297,11 +326,18 @@ class LearnerEngine:
         tokens = max(totals["tokens"], 1.0)
         duration = time.perf_counter() - started
         return StepMetrics(
-            loss=grpo.finite(loss_sum), grad_norm=grpo.finite(grad_norm), tokens=int(totals["tokens"]),
-            rows=len(rows), trained=trained, dropped_stale=dropped,
-            clip_fraction=totals["clipped"] / tokens, kl_sampler=totals["kl_sampler"] / tokens,
-            kl_ref=totals["kl_ref"] / tokens, duration_s=duration,
-        )  # fmt: skip
+            loss=grpo.finite(loss_sum),
+            grad_norm=grpo.finite(grad_norm),
+            tokens=int(totals["tokens"]),
+            rows=len(rows),
+            trained=trained,
+            skipped=skipped,
+            dropped_stale=dropped,
+            clip_fraction=totals["clipped"] / tokens,
+            kl_sampler=totals["kl_sampler"] / tokens,
+            kl_ref=totals["kl_ref"] / tokens,
+            duration_s=duration,
+        )
 
     @torch.no_grad()
     def _grad_norm(self) -> float:
@@ -314,11 +350,9 @@ class LearnerEngine:
         if self._reference is None:
             if self._reference_dir is None:
                 raise RuntimeError("kl_coef > 0 needs set_reference(dir) first")
-            from transformers import AutoModelForCausalLM
-
-            ref: Any = AutoModelForCausalLM.from_pretrained(
-                self._reference_dir, dtype=torch.float32
-            )
+                ref: Any = AutoModelForCausalLM.from_pretrained(
+                    self._reference_dir, dtype=torch.float32
+                )
             self._reference = ref.to(self.device).eval()
         logits = self._reference(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False

@@ -23,18 +23,18 @@ that won; the `latest.json` pointer is written after it and only ever moves forw
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
+
+from filelock import FileLock
 
 from contracts.learner import PolicyManifest, PolicyVersion
 from infra import keys
@@ -93,7 +93,7 @@ def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / f".{target.name}.lock"):
+    with FileLock(target.parent / f".{target.name}.lock"):
         if (target / "config.json").is_file():
             return target
         tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
@@ -104,16 +104,6 @@ def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _byte_level_tokenizer() -> object:
@@ -153,10 +143,18 @@ def _build_tiny(out: Path) -> None:
 
     tokenizer = _byte_level_tokenizer()
     config = LlamaConfig(
-        vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
-    )  # fmt: skip
+        vocab_size=259,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = LlamaForCausalLM(config)  # float32 by default
@@ -238,9 +236,12 @@ def publish_policy(
             for name, path in named.items()
         }
         policy = PolicyVersion(
-            run_id=run_id, version=version, prefix=prefix, step=step,
+            run_id=run_id,
+            version=version,
+            prefix=prefix,
+            step=step,
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        )  # fmt: skip
+        )
         try:
             store.put_json(
                 manifest_key, PolicyManifest(policy=policy, files=refs), create_only=True

@@ -52,8 +52,13 @@ class Service:
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
         with open(self.logfile, "ab") as log:
             process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env=env, cwd=self.home,
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+                cwd=self.home,
             )
         created = psutil.Process(process.pid).create_time()
         self.pidfile.write_text(json.dumps({"pid": process.pid, "created": created, "argv": argv}))
@@ -109,7 +114,31 @@ def wait_for_port(host: str, port: int, timeout_s: float, service: Service | Non
     raise TimeoutError(f"{host}:{port} did not open within {timeout_s:.0f}s")
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+PORT_RANGE = range(10000, 32000)
+"""Where embedded servers and tests pick ports: below the kernel's ephemeral range (32768–60999
+by default), where an outgoing connection may hold any port at any moment."""
+
+
+def ephemeral_ports() -> range:
+    """The kernel's range for outgoing connections' local ports."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
+def free_port(candidates: range = PORT_RANGE) -> int:
+    """A port of `candidates` (outside the ephemeral range) that can be bound right now."""
+    ephemeral = ephemeral_ports()
+    ports = [p for p in candidates if p not in ephemeral]
+    start = int.from_bytes(os.urandom(4), "little")
+    for attempt in range(len(ports)):
+        port = ports[(start + attempt * 7919) % len(ports)]
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {candidates.start}..{candidates.stop - 1}")

@@ -66,8 +66,13 @@ class Regrading:
         if not trajectory.turns:
             return [("skipped", "trajectory has no turns")]
         attempted = await run_retrying(
-            self.backend, trajectory.turns[-1].code, task.tests, self.limits, task.entry_point,
-            gate=self.gate, backoff=self.backoff,
+            self.backend,
+            trajectory.turns[-1].code,
+            task.tests,
+            self.limits,
+            task.entry_point,
+            gate=self.gate,
+            backoff=self.backoff,
         )
         result = attempted.result
         if result is None:

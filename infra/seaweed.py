@@ -42,18 +42,16 @@ S3_CONFIG_NAME = "s3-identities.json"
 class SeaweedPorts:
     """Every port `weed mini` listens on (HTTP ports; each also has HTTP + GRPC_OFFSET)."""
 
-    s3: int = 8333
-    master: int = 9333
-    volume: int = 9340
-    filer: int = 8888
-    admin: int = 23646
-    webdav: int = 7333
+    s3: int
+    master: int
+    volume: int
+    filer: int
+    admin: int
+    webdav: int
 
     @classmethod
-    def from_base(cls, s3_port: int, base_port: int | None) -> SeaweedPorts:
-        """SeaweedFS's defaults when `base_port` is None, else base_port .. base_port+4."""
-        if base_port is None:
-            return cls(s3=s3_port)
+    def from_base(cls, s3_port: int, base_port: int) -> SeaweedPorts:
+        """S3 on `s3_port`, the other servers on base_port .. base_port+4."""
         if not 1024 <= base_port <= 65535 - GRPC_OFFSET - 4:
             raise ValueError(
                 f"base_port {base_port} leaves no room for its gRPC ports (+{GRPC_OFFSET})"
@@ -99,7 +97,7 @@ def seaweed_command(
     s3_port: int,
     access_key: str,
     secret_key: str,
-    base_port: int | None = None,
+    base_port: int = 9333,
     *,
     buckets: Iterable[str] = (),
 ) -> list[str]:
@@ -166,8 +164,11 @@ def ports_free(ports: Iterable[int]) -> bool:
     return True
 
 
-def pick_free_ports(low: int = 20000, high: int = 30000) -> tuple[int, int]:
-    """(s3_port, base_port) with every port of the layout free: for tests and parallel stacks."""
+def pick_free_ports(low: int = 10000, high: int = 22000) -> tuple[int, int]:
+    """(s3_port, base_port) with every port of the layout free: for tests and parallel stacks.
+
+    The default range keeps the gRPC ports (+GRPC_OFFSET) below the kernel's ephemeral range,
+    where a client connection can take a port between our check and SeaweedFS's bind."""
     rng = int.from_bytes(os.urandom(4), "little")
     span = (high - low) // 8
     for attempt in range(span):

@@ -20,6 +20,7 @@ from contracts.names import SEARCH_ATTRIBUTE_TYPES
 from infra.processes import Service, port_open, wait_for_port
 from infra.seaweed import SeaweedPorts, seaweed_command, wait_s3_ready
 from infra.settings import Settings
+from infra.storage import ObjectStore
 
 START_TIMEOUT_S = 60.0
 
@@ -62,17 +63,27 @@ def temporal_command(settings: Settings) -> list[str]:
     endpoint = temporal_endpoint(settings)
     command = [
         str(Path(sys.executable).parent / "temporal"),
-        "server", "start-dev",
-        "--ip", endpoint.host,
-        "--port", str(endpoint.port),
-        "--http-port", str(settings.temporal.http_port),
-        "--ui-port", str(settings.temporal.ui_port),
+        "server",
+        "start-dev",
+        "--ip",
+        endpoint.host,
+        "--port",
+        str(endpoint.port),
+        "--http-port",
+        str(settings.temporal.http_port),
+        "--ui-port",
+        str(settings.temporal.ui_port),
         "--ui-disable-news-fetch",
-        "--namespace", settings.temporal.namespace,
-        "--db-filename", str(settings.home / "temporal.db"),
-        "--sqlite-pragma", "journal_mode=wal",
-        "--sqlite-pragma", "synchronous=normal",
-        "--log-level", "warn",
+        "--namespace",
+        settings.temporal.namespace,
+        "--db-filename",
+        str(settings.home / "temporal.db"),
+        "--sqlite-pragma",
+        "journal_mode=wal",
+        "--sqlite-pragma",
+        "synchronous=normal",
+        "--log-level",
+        "warn",
     ]
     for attr, kind in SEARCH_ATTRIBUTE_TYPES.items():
         command += ["--search-attribute", f"{attr.value}={kind}"]
@@ -102,7 +113,8 @@ def status(settings: Settings) -> dict[str, str]:
     pid = temporal_service(settings).pid()
     result["temporal"] = (
         f"running (pid {pid}) at {temporal}, UI http://{temporal.host}:{settings.temporal.ui_port}"
-        if pid else "stopped"
+        if pid
+        else "stopped"
     )
     s3 = s3_endpoint(settings)
     pid = seaweed_service(settings).pid()
@@ -131,9 +143,7 @@ def _start_temporal(settings: Settings) -> str:
     except (RuntimeError, TimeoutError) as err:
         service.stop()
         raise StackError(f"Temporal dev server did not start: {err}") from None
-    return (
-        f"temporal: started at {endpoint}, UI http://{endpoint.host}:{settings.temporal.ui_port}"
-    )
+    return f"temporal: started at {endpoint}, UI http://{endpoint.host}:{settings.temporal.ui_port}"
 
 
 def _start_seaweed(settings: Settings) -> str:
@@ -171,8 +181,7 @@ def _start_seaweed(settings: Settings) -> str:
 
 
 def _ensure_bucket(settings: Settings) -> None:
-    from infra.storage import ObjectStore
-
     store = ObjectStore.from_settings(settings)
     store.ensure_bucket()
     store.wait_ready(START_TIMEOUT_S)  # after a restart, reads fail until volumes re-register
+    store.check_create_only()

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -61,6 +62,8 @@ PART_SIZE = 8 * 2**20
 PART_WORKERS = 4
 TEXT = "text/plain; charset=utf-8"
 _READ_CHUNK = 2**20
+PROBE_PREFIX = ".tempered-probe/"
+
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
@@ -102,9 +105,10 @@ class ObjectStore:
         except ValueError as exc:
             raise PermanentStorageError(f"bad S3 endpoint URL {s3.endpoint!r}: {exc}") from None
         self._transfer = TransferConfig(
-            multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=PART_SIZE,
+            multipart_threshold=MULTIPART_THRESHOLD,
+            multipart_chunksize=PART_SIZE,
             max_concurrency=PART_WORKERS,
-        )  # fmt: skip
+        )
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ObjectStore:
@@ -140,6 +144,25 @@ class ObjectStore:
         with self._errors("list"):
             self._client.list_objects_v2(Bucket=self.bucket, MaxKeys=1)
 
+    def check_create_only(self) -> None:
+        """Refuse a store that ignores `If-None-Match: *` (create-only writes, and with them
+        exactly-once trajectories, acks and policy versions, depend on it): write a fresh probe
+        key twice with different content; the second write must be refused."""
+        probe = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+        try:
+            self.put_bytes(probe, b"first", create_only=True)
+            try:
+                self.put_bytes(probe, b"second", create_only=True)
+            except ObjectExists:
+                return
+            raise PermanentStorageError(
+                f"S3 at {self.endpoint} ignores If-None-Match (a create-only write overwrote "
+                f"{probe}); Tempered needs conditional writes for exactly-once results"
+            )
+        finally:
+            with contextlib.suppress(StorageError):
+                self.delete(probe)
+
     def put_bytes(
         self,
         key: str,
@@ -150,9 +173,12 @@ class ObjectStore:
     ) -> ObjectRef:
         ref = ObjectRef(key=key, size=len(data), sha256=sha256_bytes(data))
         args: dict[str, Any] = {
-            "Bucket": self.bucket, "Key": key, "Body": data, "ContentType": content_type,
+            "Bucket": self.bucket,
+            "Key": key,
+            "Body": data,
+            "ContentType": content_type,
             "Metadata": {"sha256": ref.sha256},
-        }  # fmt: skip
+        }
         if create_only:
             args["IfNoneMatch"] = "*"
         try:
@@ -299,9 +325,11 @@ class ObjectStore:
     def _multipart_upload(self, path: Path, ref: ObjectRef, create_only: bool) -> None:
         with self._errors("multipart upload", ref.key):
             upload_id = self._client.create_multipart_upload(
-                Bucket=self.bucket, Key=ref.key, Metadata={"sha256": ref.sha256},
+                Bucket=self.bucket,
+                Key=ref.key,
+                Metadata={"sha256": ref.sha256},
                 ContentType="application/octet-stream",
-            )["UploadId"]  # fmt: skip
+            )["UploadId"]
         try:
             offsets = range(0, ref.size, PART_SIZE)
             with ThreadPoolExecutor(PART_WORKERS) as pool:
@@ -310,9 +338,11 @@ class ObjectStore:
                 )
             parts = [{"PartNumber": i + 1, "ETag": etag} for i, etag in enumerate(etags)]
             args: dict[str, Any] = {
-                "Bucket": self.bucket, "Key": ref.key, "UploadId": upload_id,
+                "Bucket": self.bucket,
+                "Key": ref.key,
+                "UploadId": upload_id,
                 "MultipartUpload": {"Parts": parts},
-            }  # fmt: skip
+            }
             if create_only:
                 args["IfNoneMatch"] = "*"
             with self._errors("complete multipart upload", ref.key):
@@ -330,9 +360,12 @@ class ObjectStore:
             chunk = fh.read(PART_SIZE)
         with self._errors("upload part", key):
             out = self._client.upload_part(
-                Bucket=self.bucket, Key=key, UploadId=upload_id,
-                PartNumber=offset // PART_SIZE + 1, Body=chunk,
-            )  # fmt: skip
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload_id,
+                PartNumber=offset // PART_SIZE + 1,
+                Body=chunk,
+            )
         return str(out["ETag"])
 
     def _errors(self, op: str, key: str = "") -> contextlib.AbstractContextManager[None]:

@@ -13,9 +13,18 @@ from collections.abc import Iterator
 from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
 
 _TRANSIENT_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeTooSkewed",
-    "InternalError", "ServiceUnavailable", "503", "500", "502", "504",
-}  # fmt: skip
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+    "503",
+    "500",
+    "502",
+    "504",
+}
 _CREDENTIAL_HINTS = {
     "InvalidAccessKeyId": "unknown access key",
     "SignatureDoesNotMatch": "wrong secret key",
@@ -50,7 +59,7 @@ class PermanentStorageError(StorageError):
 
 @contextlib.contextmanager
 def translate_errors(
-op: str, key: str, endpoint: str, bucket: str, access_key: str
+    op: str, key: str, endpoint: str, bucket: str, access_key: str
 ) -> Iterator[None]:
     """Translate botocore exceptions raised inside into the typed errors above."""
     try:
@@ -60,9 +69,8 @@ op: str, key: str, endpoint: str, bucket: str, access_key: str
     except ParamValidationError as exc:
         raise PermanentStorageError(f"invalid S3 {op} request for {key!r}: {exc}") from exc
     except BotoCoreError as exc:  # connection refused, DNS, timeouts, closed connections
-        raise TransientStorageError(
-            f"cannot reach S3 at {endpoint}: {_reason(exc)}"
-        ) from exc
+        raise TransientStorageError(f"cannot reach S3 at {endpoint}: {_reason(exc)}") from exc
+
 
 def classify_client_error(
     exc: ClientError, op: str, key: str, endpoint: str, bucket: str, access_key: str
@@ -90,9 +98,7 @@ def classify_client_error(
         )
     message = error.get("Message", "") or str(exc)
     if code in _TRANSIENT_CODES or status >= 500:
-        return TransientStorageError(
-            f"S3 at {endpoint} failed {op} on {where}: {code} {message}"
-        )
+        return TransientStorageError(f"S3 at {endpoint} failed {op} on {where}: {code} {message}")
     return PermanentStorageError(f"S3 {op} on {where} failed: {code} {message}")
 
 

@@ -22,23 +22,41 @@ from __future__ import annotations
 import os
 import resource
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import psutil
+import temporalio.activity
+import temporalio.client
+import temporalio.worker
 from opentelemetry import trace
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricReader,
+    PeriodicExportingMetricReader,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from prometheus_client import CollectorRegistry, start_http_server
+from temporalio.contrib.opentelemetry import TracingInterceptor
+from temporalio.runtime import OpenTelemetryConfig, PrometheusConfig, Runtime, TelemetryConfig
 
 from contracts.names import Queue
 from infra.settings import Settings
-from infra.telemetry_files import LIVE_WINDOW_S, JsonlMetricExporter, JsonlSink, JsonlSpanExporter
+from infra.telemetry_files import (
+    LIVE_WINDOW_S,
+    JsonlMetricExporter,
+    JsonlSink,
+    JsonlSpanExporter,
+    WorkerFigures,
+)
 from infra.telemetry_files import read_live_figures as _read_figures
 
 PORT_OFFSETS: dict[str, int] = {
@@ -62,10 +80,6 @@ def prometheus_port_for(settings: Settings, service: str) -> int | None:
     if base <= 0 or service not in PORT_OFFSETS:
         return None
     return base + PORT_OFFSETS[service]
-
-
-def _prometheus_host(settings: Settings) -> str:
-    return str(getattr(settings.telemetry, "prometheus_host", "127.0.0.1"))
 
 
 class _Instruments:
@@ -99,6 +113,19 @@ class _Instruments:
             "{token}/s",
             "Throughput of one generate call.",
             explicit_bucket_boundaries_advisory=[10, 50, 100, 250, 500, 1000, 2500, 5000, 10000],
+        )
+        self.activity_in_flight = meter.create_up_down_counter(
+            "tempered.activity.in_flight", "{attempt}", "Activity attempts executing now, by queue."
+        )
+        self.activity_attempts = meter.create_counter(
+            "tempered.activity.attempts",
+            "{attempt}",
+            "Finished activity attempts by queue and outcome (ok, error, cancelled).",
+        )
+        self.activity_last_error = meter.create_gauge(
+            "tempered.activity.last_error_time",
+            "s",
+            "Unix time of a queue's newest failed attempt.",
         )
         self.queue_wait = histogram(
             "tempered.activity.queue_wait",
@@ -169,23 +196,18 @@ class Telemetry:
         self.jsonl_path: Path | None = jsonl.path if jsonl else None
         self.prometheus_port = prometheus_port_for(settings, service) if prometheus_server else None
         self._jsonl, self._prometheus_server = jsonl, prometheus_server
-        self._runtime: Any = None
+        self._runtime: Runtime | None = None
 
-    def temporal_runtime(self) -> Any:
+    def temporal_runtime(self) -> Runtime:
         """A `temporalio.runtime.Runtime` exporting the SDK's metrics (created once)."""
-        from temporalio.runtime import (
-            OpenTelemetryConfig,
-            PrometheusConfig,
-            Runtime,
-            TelemetryConfig,
-        )
-
         if self._runtime is None:
             port = prometheus_port_for(self.settings, self.service)
             endpoint = self.settings.telemetry.otlp_endpoint
             if port is not None:
-                address = f"{_prometheus_host(self.settings)}:{port + SDK_PORT_SHIFT}"
-                metrics: Any = PrometheusConfig(bind_address=address)
+                address = f"{self.settings.telemetry.prometheus_host}:{port + SDK_PORT_SHIFT}"
+                metrics: PrometheusConfig | OpenTelemetryConfig = PrometheusConfig(
+                    bind_address=address
+                )
             elif endpoint:
                 metrics = OpenTelemetryConfig(url=endpoint)
             else:
@@ -197,11 +219,10 @@ class Telemetry:
             )
         return self._runtime
 
-    def interceptors(self) -> list[Any]:
-        """Temporal client/worker interceptors that trace workflows and activities."""
-        from temporalio.contrib.opentelemetry import TracingInterceptor
-
-        return [TracingInterceptor(self.tracer)]
+    def interceptors(self) -> list[temporalio.client.Interceptor]:
+        """Temporal client/worker interceptors: tracing of workflows and activities (outermost),
+        then the per-queue activity figures of `ActivityFigures`."""
+        return [TracingInterceptor(self.tracer), ActivityFigures()]
 
     def flush(self) -> None:
         """Export pending spans and a metric snapshot now."""
@@ -231,11 +252,14 @@ def setup_telemetry(settings: Settings, service: str, export_interval_s: float =
     jsonl: JsonlSink | None = None
     span_exporter: SpanExporter
     if settings.telemetry.otlp_endpoint:
+        # the gRPC exporters cost ~0.06 s to import: only processes that use a collector pay
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
         span_exporter = OTLPSpanExporter(endpoint=settings.telemetry.otlp_endpoint)
-        metric_exporter: Any = OTLPMetricExporter(endpoint=settings.telemetry.otlp_endpoint)
+        metric_exporter: MetricExporter = OTLPMetricExporter(
+            endpoint=settings.telemetry.otlp_endpoint
+        )
     else:
         jsonl = JsonlSink(settings.home / "telemetry" / f"{service}-{os.getpid()}.jsonl")
         span_exporter, metric_exporter = JsonlSpanExporter(jsonl), JsonlMetricExporter(jsonl)
@@ -247,13 +271,10 @@ def setup_telemetry(settings: Settings, service: str, export_interval_s: float =
     prometheus_server = None
     port = prometheus_port_for(settings, service)
     if port is not None:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-        from prometheus_client import CollectorRegistry, start_http_server
-
         registry = CollectorRegistry()
         readers.append(PrometheusMetricReader(registry=registry))
         prometheus_server, _ = start_http_server(
-            port, _prometheus_host(settings), registry=registry
+            port, settings.telemetry.prometheus_host, registry=registry
         )
     tracer_provider = TracerProvider(resource=resource_)
     tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
@@ -268,10 +289,44 @@ def setup_telemetry(settings: Settings, service: str, export_interval_s: float =
 
 def read_live_figures(
     settings: Settings, max_age_s: float | None = LIVE_WINDOW_S
-) -> dict[str, Any]:
-    """Per worker (`<service>-<pid>`): RSS, CPU, sandbox outcomes and p50, tokens/s, reward…
+) -> dict[str, WorkerFigures]:
+    """Per worker process (`<service>-<pid>`): activity attempts by queue (in flight, per
+    second, failed, last error), RSS, CPU, sandbox outcomes and p50, tokens/s, reward…
     Workers whose file has not changed for `max_age_s` (None: no limit) are left out."""
     return _read_figures(settings.home / "telemetry", max_age_s)
+
+
+class ActivityFigures(temporalio.client.Interceptor, temporalio.worker.Interceptor):
+    """Counts a worker's activity attempts by task queue: in flight, finished by outcome, and
+    when one last failed; tags the attempt's span (the tracing interceptor's) `tempered.queue`."""
+
+    def intercept_activity(
+        self, next: temporalio.worker.ActivityInboundInterceptor
+    ) -> temporalio.worker.ActivityInboundInterceptor:
+        return _CountedActivity(next)
+
+
+class _CountedActivity(temporalio.worker.ActivityInboundInterceptor):
+    async def execute_activity(self, input: temporalio.worker.ExecuteActivityInput) -> Any:
+        queue = temporalio.activity.info().task_queue
+        trace.get_current_span().set_attribute("tempered.queue", queue)
+        if (m := _instruments) is None:
+            return await super().execute_activity(input)
+        attrs = {"queue": queue}
+        m.activity_in_flight.add(1, attrs)
+        outcome = "ok"
+        try:
+            return await super().execute_activity(input)
+        except Exception:
+            outcome = "error"
+            m.activity_last_error.set(time.time(), attrs)
+            raise
+        except BaseException:  # cancelled (worker shutdown, heartbeat timeout, run cancelled)
+            outcome = "cancelled"
+            raise
+        finally:
+            m.activity_in_flight.add(-1, attrs)
+            m.activity_attempts.add(1, {**attrs, "outcome": outcome})
 
 
 # ---- spans and recording helpers (no-ops until setup_telemetry) ---------------------------
@@ -322,9 +377,7 @@ def record_inference_batch(batch_size: int, new_tokens: int, seconds: float) -> 
 
 def record_queue_wait() -> float | None:
     """Inside an activity: record and return its attempt's schedule-to-start seconds."""
-    from temporalio import activity
-
-    info = activity.info()
+    info = temporalio.activity.info()
     wait = (info.started_time - info.current_attempt_scheduled_time).total_seconds()
     if (m := _instruments) is not None:
         m.queue_wait.record(

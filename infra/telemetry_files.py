@@ -7,8 +7,11 @@ When no OTLP collector is configured, every worker appends its spans and metric 
     {"kind": "metrics", "ts": 1732950000.1, "points": [{"name": …, "attrs": …, "value": …}]}
 
 Metric records are cumulative snapshots, so the newest one is the worker's current state;
-`read_live_figures(settings)` tails each file and turns the newest snapshot into the handful
-of figures a user on one machine needs (RSS, CPU, sandbox outcomes, p50 latency, tokens/s…).
+`read_live_figures(settings)` tails each file and turns the newest snapshots into a
+`WorkerFigures`: per task queue the activity attempts in flight, finished per second, failed,
+and the newest failure's message (from the failed spans in the tail), plus RSS, CPU, sandbox
+outcomes and p50 latency, tokens/s, reward. With an OTLP collector there are no files: the same
+figures are in the collector's metrics and traces.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import StatusCode
+from pydantic import BaseModel, Field
 
 TAIL_BYTES = 512 * 1024
 """How much of each file's end `read_live_figures` reads to find the newest snapshots."""
@@ -115,6 +120,7 @@ def _span_record(span: ReadableSpan) -> dict[str, Any]:
         "start": start / 1e9,
         "duration_ms": round((end - start) / 1e6, 3),
         "status": span.status.status_code.name,
+        "error": span.status.description if span.status.status_code == StatusCode.ERROR else None,
         "attrs": dict(span.attributes or {}),
         "events": [e.name for e in span.events],
     }
@@ -149,6 +155,45 @@ def _metric_points(data: MetricsData) -> Iterable[dict[str, Any]]:
 # ---- reading back -------------------------------------------------------------------------
 
 
+class QueueFigures(BaseModel):
+    """Activity attempts one worker process ran for one task queue."""
+
+    in_flight: int = Field(default=0, description="Attempts executing now.")
+    succeeded: int = Field(default=0, description="Attempts that returned, since the start.")
+    failed: int = Field(default=0, description="Attempts that raised, since the start.")
+    per_s: float | None = Field(default=None, description="Finished attempts per second lately.")
+    last_error_at: float | None = Field(default=None, description="Unix time of the last failure.")
+    last_error: str | None = Field(
+        default=None, description="'activity: Type: message' of the newest failure in the tail."
+    )
+
+
+class WorkerFigures(BaseModel):
+    """What `tempered status` shows of one worker process (one `<service>-<pid>.jsonl` file)."""
+
+    service: str = Field(description="The queues it serves, joined by '+'.")
+    pid: int
+    alive: bool = Field(description="Whether the process still runs.")
+    age_s: float = Field(description="Seconds since its newest metric snapshot.")
+    queues: dict[str, QueueFigures] = Field(default={}, description="By task queue.")
+    rss_mb: float | None = None
+    rss_peak_mb: float | None = None
+    cpu_percent: float | None = None
+    sandbox_runs: dict[str, int] = Field(default={}, description="Sandboxed runs by status.")
+    sandbox_runs_per_s: float | None = None
+    sandbox_in_flight: int = 0
+    sandbox_p50_s: float | None = None
+    tokens_per_s: float | None = None
+    reward_mean: float | None = None
+    pass_rate: float | None = None
+    learner_steps: int = 0
+    learner_step_mean_s: float | None = None
+
+    @property
+    def queue_names(self) -> list[str]:
+        return self.service.split("+")
+
+
 def histogram_quantile(bounds: Sequence[float], buckets: Sequence[int], q: float) -> float | None:
     """Quantile `q` of an explicit-bucket histogram, interpolated linearly inside its bucket."""
     total = sum(buckets)
@@ -164,22 +209,30 @@ def histogram_quantile(bounds: Sequence[float], buckets: Sequence[int], q: float
     return bounds[-1] if bounds else None
 
 
-def _tail_records(path: Path, kind: str, keep: int) -> list[dict[str, Any]]:
-    """The last `keep` records of `kind` within the final TAIL_BYTES of `path`, oldest first."""
+SNAPSHOTS_KEPT = 4
+"""Newest metric snapshots read per file: the current state and a few to take rates against."""
+
+
+def _tail_records(path: Path) -> list[dict[str, Any]]:
+    """The newest SNAPSHOTS_KEPT metric snapshots and every failed span within the final
+    TAIL_BYTES of `path`, oldest first (other lines are not parsed)."""
     with path.open("rb") as handle:
         size = handle.seek(0, os.SEEK_END)
         handle.seek(max(0, size - TAIL_BYTES))
         lines = handle.read().decode("utf-8", errors="replace").splitlines()
     found: list[dict[str, Any]] = []
+    snapshots = 0
     for line in reversed(lines):
+        wanted = '"ERROR"' in line or ('"metrics"' in line and snapshots < SNAPSHOTS_KEPT)
+        if not wanted:
+            continue
         try:
             record = json.loads(line)
         except ValueError:
             continue  # a torn first line of the tail, or a write in progress
-        if isinstance(record, dict) and record.get("kind") == kind:
+        if isinstance(record, dict):
             found.append(record)
-            if len(found) == keep:
-                break
+            snapshots += record.get("kind") == "metrics"
     return found[::-1]
 
 
@@ -187,8 +240,9 @@ def _points(record: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return [p for p in record.get("points", []) if p.get("name") == name]
 
 
-def _total(record: dict[str, Any], name: str) -> float:
-    return float(sum(p.get("value", 0) for p in _points(record, name)))
+def _total(record: dict[str, Any], name: str, **attrs: str) -> float:
+    points = _points(record, name)
+    return float(sum(p.get("value", 0) for p in points if attrs.items() <= p["attrs"].items()))
 
 
 def _merged_histogram(record: dict[str, Any], name: str) -> tuple[list[float], list[int], float]:
@@ -209,9 +263,62 @@ def _latest_gauge(record: dict[str, Any], name: str) -> float | None:
     return float(points[-1]["value"]) if points else None
 
 
-def figures_from_records(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Figures of one worker from its newest metric snapshots (oldest first)."""
-    latest = records[-1]
+class _Snapshots:
+    """The newest metric snapshot of a worker, and the one to take rates against."""
+
+    def __init__(self, snapshots: list[dict[str, Any]]) -> None:
+        self.latest = snapshots[-1]
+        # the newest snapshot at least RATE_WINDOW_S older (a shutdown snapshot often follows a
+        # periodic one within milliseconds), else the oldest one kept; none if only one
+        older = [r for r in snapshots[:-1] if self.latest["ts"] - r["ts"] >= RATE_WINDOW_S]
+        self.previous = older[-1] if older else (snapshots[0] if len(snapshots) > 1 else None)
+
+    def rate(self, name: str, **attrs: str) -> float | None:
+        """Per-second growth of counter `name` (points matching `attrs`) between the two."""
+        if self.previous is None or self.latest["ts"] <= self.previous["ts"]:
+            return None
+        grown = _total(self.latest, name, **attrs) - _total(self.previous, name, **attrs)
+        return round(grown / (self.latest["ts"] - self.previous["ts"]), 2)
+
+
+def _queue_figures(
+    snapshots: _Snapshots, failures: list[dict[str, Any]]
+) -> dict[str, QueueFigures]:
+    latest = snapshots.latest
+    queues: dict[str, QueueFigures] = {}
+    for name in ("tempered.activity.attempts", "tempered.activity.in_flight"):
+        for point in _points(latest, name):
+            queues.setdefault(str(point["attrs"].get("queue", "?")), QueueFigures())
+    for queue, figures in queues.items():
+        figures.in_flight = int(_total(latest, "tempered.activity.in_flight", queue=queue))
+        attempts = "tempered.activity.attempts"
+        figures.succeeded = int(_total(latest, attempts, queue=queue, outcome="ok"))
+        figures.failed = int(_total(latest, attempts, queue=queue, outcome="error"))
+        figures.per_s = snapshots.rate(attempts, queue=queue)
+        times = [
+            p["value"]
+            for p in _points(latest, "tempered.activity.last_error_time")
+            if p["attrs"].get("queue") == queue
+        ]
+        figures.last_error_at = max(times) if times else None
+        mine = [s for s in failures if s.get("attrs", {}).get("tempered.queue") == queue]
+        if mine:
+            newest = mine[-1]
+            activity = str(newest["name"]).removeprefix("RunActivity:")
+            figures.last_error = f"{activity}: {newest.get('error') or 'failed'}"
+    return queues
+
+
+def worker_figures(
+    service: str, pid: int, alive: bool, records: list[dict[str, Any]]
+) -> WorkerFigures | None:
+    """Figures of one worker from its file's tail records (oldest first); None without metrics."""
+    metrics = [r for r in records if r.get("kind") == "metrics"][-SNAPSHOTS_KEPT:]
+    if not metrics:
+        return None
+    failures = [r for r in records if r.get("kind") == "span" and r.get("status") == "ERROR"]
+    snapshots = _Snapshots(metrics)
+    latest = snapshots.latest
     runs: dict[str, int] = {}
     for point in _points(latest, "tempered.sandbox.runs"):
         status = str(point["attrs"].get("status", "?"))
@@ -220,60 +327,51 @@ def figures_from_records(records: list[dict[str, Any]]) -> dict[str, Any]:
     p50 = histogram_quantile(bounds, buckets, 0.5)
     _, step_buckets, step_sum = _merged_histogram(latest, "tempered.learner.step_time")
     steps = sum(step_buckets)
-    tokens_per_s = None
-    if len(records) >= 2:
-        # the newest snapshot at least RATE_WINDOW_S older (a shutdown snapshot often follows
-        # a periodic one within milliseconds), else the oldest one kept
-        older = [r for r in records[:-1] if latest["ts"] - r["ts"] >= RATE_WINDOW_S]
-        previous = older[-1] if older else records[0]
-        elapsed = latest["ts"] - previous["ts"]
-        tokens = _total(latest, "tempered.inference.tokens") - _total(
-            previous, "tempered.inference.tokens"
-        )
-        if elapsed > 0:
-            tokens_per_s = round(tokens / elapsed, 2)
     rss = _latest_gauge(latest, "tempered.process.rss")
     rss_peak = _latest_gauge(latest, "tempered.process.rss_peak")
-    return {
-        "age_s": round(max(time.time() - latest["ts"], 0.0), 1),
-        "rss_mb": None if rss is None else round(rss / 2**20, 1),
-        "rss_peak_mb": None if rss_peak is None else round(rss_peak / 2**20, 1),
-        "cpu_percent": _latest_gauge(latest, "tempered.process.cpu_percent"),
-        "sandbox_runs": runs,
-        "sandbox_in_flight": int(_total(latest, "tempered.sandbox.in_flight")),
-        "sandbox_p50_s": None if p50 is None else round(p50, 4),
-        "tokens_per_s": tokens_per_s,
-        "reward_mean": _latest_gauge(latest, "tempered.reward.mean"),
-        "pass_rate": _latest_gauge(latest, "tempered.reward.pass_rate"),
-        "learner_steps": steps,
-        "learner_step_mean_s": round(step_sum / steps, 4) if steps else None,
-    }
+    return WorkerFigures(
+        service=service,
+        pid=pid,
+        alive=alive,
+        age_s=round(max(time.time() - latest["ts"], 0.0), 1),
+        queues=_queue_figures(snapshots, failures),
+        rss_mb=None if rss is None else round(rss / 2**20, 1),
+        rss_peak_mb=None if rss_peak is None else round(rss_peak / 2**20, 1),
+        cpu_percent=_latest_gauge(latest, "tempered.process.cpu_percent"),
+        sandbox_runs=runs,
+        sandbox_runs_per_s=snapshots.rate("tempered.sandbox.runs"),
+        sandbox_in_flight=int(_total(latest, "tempered.sandbox.in_flight")),
+        sandbox_p50_s=None if p50 is None else round(p50, 4),
+        tokens_per_s=snapshots.rate("tempered.inference.tokens"),
+        reward_mean=_latest_gauge(latest, "tempered.reward.mean"),
+        pass_rate=_latest_gauge(latest, "tempered.reward.pass_rate"),
+        learner_steps=steps,
+        learner_step_mean_s=round(step_sum / steps, 4) if steps else None,
+    )
 
 
 def read_live_figures(
     telemetry_dir: Path, max_age_s: float | None = LIVE_WINDOW_S
-) -> dict[str, Any]:
+) -> dict[str, WorkerFigures]:
     """`{"<service>-<pid>": figures}` for every JSONL file under `telemetry_dir`.
 
-    Files of processes that are gone are still reported (with `alive: False`) unless older
-    than `max_age_s`, so a crashed worker's last state stays visible.
+    Files of processes that are gone are still reported (with `alive=False`) unless older
+    than `max_age_s`, so a crashed worker's last state and error stay visible.
     """
-    workers: dict[str, Any] = {}
+    workers: dict[str, WorkerFigures] = {}
     if not telemetry_dir.is_dir():
         return workers
     now = time.time()
     for path in sorted(telemetry_dir.glob("*-*.jsonl")):
         if max_age_s is not None and now - path.stat().st_mtime > max_age_s:
             continue
-        records = _tail_records(path, "metrics", keep=4)
-        if not records:
-            continue
         service, _, pid_text = path.stem.rpartition("-")
         if not pid_text.isdigit():
             continue
-        figures = figures_from_records(records)
-        figures.update(service=service, pid=int(pid_text), alive=_pid_alive(int(pid_text)))
-        workers[path.stem] = figures
+        pid = int(pid_text)
+        figures = worker_figures(service, pid, _pid_alive(pid), _tail_records(path))
+        if figures is not None:
+            workers[path.stem] = figures
     return workers
 
 

@@ -8,7 +8,8 @@
 What is checked: the trajectory documents under `runs/<run>/trajectories/` (one per task and
 sample; each document's id, task and sample agree with its key; no (task, sample) twice), and
 the learner's acks `runs/<run>/learner/step-*.json` (every stored trajectory id listed exactly
-once over all steps, as trained or dropped as stale; nothing acked that is not stored).
+once over all steps: as trained — its tokens were in an update the optimizer applied —, as
+skipped with a reason, or as dropped for staleness; nothing acked that is not stored).
 """
 
 from __future__ import annotations
@@ -43,9 +44,11 @@ class Ledger:
     duplicates: int = 0  # (task, sample) or trajectory id stored more than once
     mismatched: list[str] = field(default_factory=list)  # document disagrees with its key
     steps: int = 0
-    acked: int = 0  # ids listed over all acks (trained + dropped as stale)
-    trained: int = 0
+    acked: int = 0  # ids listed over all acks (trained + skipped + dropped as stale)
+    trained: int = 0  # in an update the optimizer applied
+    skipped: int = 0  # listed with the reason they gave no gradient (e.g. zero advantage)
     dropped_stale: int = 0
+    skip_reasons: dict[str, int] = field(default_factory=dict)
     acked_twice: list[str] = field(default_factory=list)
     never_acked: list[str] = field(default_factory=list)
     acked_not_stored: list[str] = field(default_factory=list)
@@ -66,7 +69,8 @@ class Ledger:
             f"\n[{label}] run {self.run_id}: tasks {f['tasks']}, trajectories expected "
             f"{f['expected']} stored {f['stored']}, duplicates {f['duplicates']}, mismatched "
             f"{f['mismatched']}; learner steps {f['steps']}, acked {f['acked']} (trained "
-            f"{f['trained']}, dropped stale {f['dropped_stale']}), acked twice "
+            f"{f['trained']}, skipped {f['skipped']} {f['skip_reasons']}, dropped stale "
+            f"{f['dropped_stale']}), acked twice "
             f"{f['acked_twice']}, never acked {f['never_acked']}, acked but not stored "
             f"{f['acked_not_stored']}"
         )
@@ -78,6 +82,7 @@ class Ledger:
         assert not self.acked_twice, f"trained on more than once: {self.acked_twice[:5]}"
         assert not self.never_acked, f"never trained on: {self.never_acked[:5]}"
         assert not self.acked_not_stored, f"acked but not stored: {self.acked_not_stored[:5]}"
+        assert self.acked == self.trained + self.skipped + self.dropped_stale
 
 
 def stored_trajectories(store: ObjectStore, run_id: str) -> list[tuple[str, Trajectory]]:
@@ -106,8 +111,11 @@ def account(
         name = _TRAJECTORY_NAME.match(key.removeprefix(prefix))
         expected_id = trajectory_id(run_id, doc.task_id, doc.sample)
         if (
-            name is None or name["task"] != doc.task_id or int(name["sample"]) != doc.sample
-            or doc.id != expected_id or doc.run_id != run_id
+            name is None
+            or name["task"] != doc.task_id
+            or int(name["sample"]) != doc.sample
+            or doc.id != expected_id
+            or doc.run_id != run_id
         ):
             ledger.mismatched.append(key)
     pairs = Counter((doc.task_id, doc.sample) for _, doc in documents)
@@ -117,8 +125,10 @@ def account(
         return ledger
     records = learner_acks(store, run_id)
     ledger.steps = len(records)
-    listed = Counter(i for r in records for i in (*r.trained, *r.dropped_stale))
+    listed = Counter(i for r in records for i in (*r.trained, *r.skipped, *r.dropped_stale))
     ledger.trained = sum(len(r.trained) for r in records)
+    ledger.skipped = sum(len(r.skipped) for r in records)
+    ledger.skip_reasons = dict(Counter(why for r in records for why in r.skipped.values()))
     ledger.dropped_stale = sum(len(r.dropped_stale) for r in records)
     ledger.acked = sum(listed.values())
     ledger.acked_twice = sorted(i for i, n in listed.items() if n > 1)
@@ -135,8 +145,14 @@ def record_results(section: str, figures: dict[str, Any]) -> None:
 
 
 def check_training_run(
-    stack: Stack, label: str, workflow_id: str, run_id: str, tasks: int, group_size: int,
-    faults: list[dict[str, Any]], started: float,
+    stack: Stack,
+    label: str,
+    workflow_id: str,
+    run_id: str,
+    tasks: int,
+    group_size: int,
+    faults: list[dict[str, Any]],
+    started: float,
 ) -> Ledger:
     """Wait for a training run, check it end to end, print and record its figures."""
     status = stack.wait_closed(workflow_id, timeout_s=600)
@@ -146,9 +162,17 @@ def check_training_run(
     wall_s = round(time.monotonic() - started, 1)
     ledger.print(label)
     print(f"[{label}] wall time {wall_s}s; faults: {faults}")
-    record_results(label, {**ledger.figures(), "wall_s": wall_s, "faults": faults,
-                           "steps": result["steps"], "tasks_done": result["tasks_done"],
-                           "tasks_started": result["tasks_started"]})
+    record_results(
+        label,
+        {
+            **ledger.figures(),
+            "wall_s": wall_s,
+            "faults": faults,
+            "steps": result["steps"],
+            "tasks_done": result["tasks_done"],
+            "tasks_started": result["tasks_started"],
+        },
+    )
     assert not stack.dead_workers(), f"workers died: {stack.dead_workers()}"
     assert result["tasks_started"] == tasks, f"started {result['tasks_started']} of {tasks}"
     assert result["tasks_done"] == result["tasks_started"], "a task never reached DONE"

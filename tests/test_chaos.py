@@ -47,22 +47,44 @@ def test_every_worker_killed_and_servers_restarted_mid_run(stack: Stack) -> None
     # The learner goes first: its first train_step (engine start-up) is the long one; later
     # steps on the tiny model have no signal (equal rewards) and take milliseconds.
     faults: list[Fault] = [
-        ("SIGKILL learner mid-train_step", stack.activity_pending(learner_id, "train_step"),
-         kill(Queue.LEARNER)),
-        ("SIGKILL inference mid-GENERATE", stack.tasks_in_state(run_id, "GENERATE"),
-         kill(Queue.INFERENCE)),
-        ("SIGKILL sandbox mid-EXECUTE", stack.tasks_in_state(run_id, "EXECUTE"),
-         kill(Queue.SANDBOX)),
-        ("SIGKILL agent-tasks (workflow worker)", stack.tasks_in_state(run_id, "GENERATE"),
-         kill(Queue.AGENT_TASKS)),
-        ("SIGKILL rewards while trajectories are written",
-         either(stack.tasks_in_state(run_id, "DONE"),
-                stack.progress_reached(workflow_id, tasks_done=3)),
-         kill(Queue.REWARDS)),
-        ("restart SeaweedFS", stack.progress_reached(workflow_id, learner_steps=1),
-         lambda: stack.restart_seaweed(down_s=3)),
-        ("restart the Temporal dev server", stack.progress_reached(workflow_id, learner_steps=2),
-         lambda: stack.restart_temporal(down_s=3)),
+        (
+            "SIGKILL learner mid-train_step",
+            stack.activity_pending(learner_id, "train_step"),
+            kill(Queue.LEARNER),
+        ),
+        (
+            "SIGKILL inference mid-GENERATE",
+            stack.tasks_in_state(run_id, "GENERATE"),
+            kill(Queue.INFERENCE),
+        ),
+        (
+            "SIGKILL sandbox mid-EXECUTE",
+            stack.tasks_in_state(run_id, "EXECUTE"),
+            kill(Queue.SANDBOX),
+        ),
+        (
+            "SIGKILL agent-tasks (workflow worker)",
+            stack.tasks_in_state(run_id, "GENERATE"),
+            kill(Queue.AGENT_TASKS),
+        ),
+        (
+            "SIGKILL rewards while trajectories are written",
+            either(
+                stack.tasks_in_state(run_id, "DONE"),
+                stack.progress_reached(workflow_id, tasks_done=3),
+            ),
+            kill(Queue.REWARDS),
+        ),
+        (
+            "restart SeaweedFS",
+            stack.progress_reached(workflow_id, learner_steps=1),
+            lambda: stack.restart_seaweed(down_s=3),
+        ),
+        (
+            "restart the Temporal dev server",
+            stack.progress_reached(workflow_id, learner_steps=2),
+            lambda: stack.restart_temporal(down_s=3),
+        ),
     ]
     log = stack.drill(workflow_id, faults, timeout_s=400)
     check_training_run(stack, "chaos", workflow_id, run_id, tasks, group_size, log, started)

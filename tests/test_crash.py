@@ -44,12 +44,21 @@ def test_killed_workers_and_restarted_servers_lose_and_duplicate_nothing(stack: 
         stack.start_worker(Queue.REWARDS)
 
     faults: list[Fault] = [
-        ("SIGKILL sandbox+rewards workers mid-EXECUTE",
-         stack.tasks_in_state(run_id, "EXECUTE"), kill_sandbox_and_rewards),
-        ("restart SeaweedFS", stack.progress_reached(workflow_id, tasks_done=2),
-         lambda: stack.restart_seaweed(down_s=3)),
-        ("restart the Temporal dev server", stack.progress_reached(workflow_id, learner_steps=1),
-         lambda: stack.restart_temporal(down_s=3)),
+        (
+            "SIGKILL sandbox+rewards workers mid-EXECUTE",
+            stack.tasks_in_state(run_id, "EXECUTE"),
+            kill_sandbox_and_rewards,
+        ),
+        (
+            "restart SeaweedFS",
+            stack.progress_reached(workflow_id, tasks_done=2),
+            lambda: stack.restart_seaweed(down_s=3),
+        ),
+        (
+            "restart the Temporal dev server",
+            stack.progress_reached(workflow_id, learner_steps=1),
+            lambda: stack.restart_temporal(down_s=3),
+        ),
     ]
     log = stack.drill(workflow_id, faults)
     check_training_run(stack, "crash", workflow_id, run_id, tasks, group_size, log, started)

@@ -29,11 +29,25 @@ def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack
     for queue in Queue:
         stack.start_worker(queue)
     workflow_id = f"e2e-{uuid.uuid4().hex[:6]}"
-    task_input = {"task": TASK, "run_id": "e2e", "group_size": 2, "max_turns": 2,
-                  "sampling": {"max_new_tokens": 16}, "heartbeat_timeout_s": 5}
+    task_input = {
+        "task": TASK,
+        "run_id": "e2e",
+        "group_size": 2,
+        "max_turns": 2,
+        "sampling": {"max_new_tokens": 16},
+        "heartbeat_timeout_s": 5,
+    }
     started = stack.temporal(
-        "workflow", "start", "--task-queue", "agent-tasks", "--type", "AgentTaskWorkflow",
-        "--workflow-id", workflow_id, "--input", json.dumps(task_input),
+        "workflow",
+        "start",
+        "--task-queue",
+        "agent-tasks",
+        "--type",
+        "AgentTaskWorkflow",
+        "--workflow-id",
+        workflow_id,
+        "--input",
+        json.dumps(task_input),
     )
     assert started.returncode == 0, started.stderr
     assert stack.wait_closed(workflow_id, timeout_s=240) == COMPLETED
@@ -48,10 +62,21 @@ def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack
     # SIGKILL the sandbox worker while a second task runs; a new one takes over.
     second = f"{workflow_id}-kill"
     task_input["task"] = {**TASK, "id": "e2e-add-2"}
-    assert stack.temporal(
-        "workflow", "start", "--task-queue", "agent-tasks", "--type", "AgentTaskWorkflow",
-        "--workflow-id", second, "--input", json.dumps(task_input),
-    ).returncode == 0
+    assert (
+        stack.temporal(
+            "workflow",
+            "start",
+            "--task-queue",
+            "agent-tasks",
+            "--type",
+            "AgentTaskWorkflow",
+            "--workflow-id",
+            second,
+            "--input",
+            json.dumps(task_input),
+        ).returncode
+        == 0
+    )
     stack.workers[Queue.SANDBOX].send_signal(signal.SIGKILL)
     stack.workers[Queue.SANDBOX].wait(10)
     running = stack.temporal("workflow", "describe", "--workflow-id", second, "-o", "json")

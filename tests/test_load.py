@@ -49,7 +49,9 @@ SOLUTION = "def add(a, b):\n    return a + b\n"
 
 def task_input(index: int) -> AgentTaskInput:
     task = TaskSpec(
-        id=f"add-{index:04d}", prompt="Write add(a, b) returning a + b.", entry_point="add",
+        id=f"add-{index:04d}",
+        prompt="Write add(a, b) returning a + b.",
+        entry_point="add",
         tests="def check(candidate):\n    assert candidate(2, 3) == 5\n",
         canonical_solution=SOLUTION,
     )
@@ -78,8 +80,11 @@ async def drive(client: Client, tasks: int) -> tuple[list[AgentTaskResult], list
         try:
             begun = time.monotonic()
             handle = await client.start_workflow(
-                Workflow.AGENT_TASK.value, task_input(index), id=f"load-{index:04d}",
-                task_queue=Queue.AGENT_TASKS.value, result_type=AgentTaskResult,
+                Workflow.AGENT_TASK.value,
+                task_input(index),
+                id=f"load-{index:04d}",
+                task_queue=Queue.AGENT_TASKS.value,
+                result_type=AgentTaskResult,
             )
             results.append(await handle.result())
             latencies.append(time.monotonic() - begun)
@@ -109,8 +114,11 @@ async def test_a_thousand_trivial_tasks(stack: Stack) -> None:
     )
     with ThreadPoolExecutor(max_workers=16) as pool:
         async with Worker(
-            client, task_queue=Queue.INFERENCE.value, activities=[scripted_generate(model)],
-            activity_executor=pool, max_concurrent_activities=16,
+            client,
+            task_queue=Queue.INFERENCE.value,
+            activities=[scripted_generate(model)],
+            activity_executor=pool,
+            max_concurrent_activities=16,
         ):
             results, latencies, wall_s = await drive(client, TASKS)
 
@@ -121,13 +129,18 @@ async def test_a_thousand_trivial_tasks(stack: Stack) -> None:
     ledger.print("load")
     cut = sorted(latencies)
     figures = {
-        "tasks_target": TASKS, "budget_s": BUDGET_S, "tasks_done": len(results), "group_size": GROUP_SIZE,
-        "in_flight": IN_FLIGHT, "wall_s": round(wall_s, 1),
+        "tasks_target": TASKS,
+        "budget_s": BUDGET_S,
+        "tasks_done": len(results),
+        "group_size": GROUP_SIZE,
+        "in_flight": IN_FLIGHT,
+        "wall_s": round(wall_s, 1),
         "tasks_per_s": round(len(results) / wall_s, 2),
         "tasks_per_min": round(60 * len(results) / wall_s, 1),
         "latency_p50_s": round(statistics.median(cut), 2),
         "latency_p99_s": round(cut[min(len(cut) - 1, int(0.99 * len(cut)))], 2),
-        "trajectories_expected": ledger.expected, "trajectories_stored": ledger.stored,
+        "trajectories_expected": ledger.expected,
+        "trajectories_stored": ledger.stored,
         "duplicates": ledger.duplicates,
     }
     print(f"[load] {figures}")
@@ -139,5 +152,6 @@ async def test_a_thousand_trivial_tasks(stack: Stack) -> None:
     if started < TASKS:  # a slow (shared) machine: the rate above is the finding, not a failure
         warnings.warn(
             f"load: {started} of {TASKS} tasks within the {BUDGET_S:.0f}s budget "
-            f"({figures['tasks_per_min']} tasks/min)", stacklevel=1,
+            f"({figures['tasks_per_min']} tasks/min)",
+            stacklevel=1,
         )

@@ -11,8 +11,16 @@ from tests.fixtures.stack import Stack
 def test_histories_survive_down_and_up(stack: Stack) -> None:
     # No worker runs: the workflow just waits, which is enough to be listed and described.
     started = stack.temporal(
-        "workflow", "start", "--task-queue", "agent-tasks", "--type", "AgentTaskWorkflow",
-        "--workflow-id", "survivor", "--input", json.dumps({"task": {"id": "t"}}),
+        "workflow",
+        "start",
+        "--task-queue",
+        "agent-tasks",
+        "--type",
+        "AgentTaskWorkflow",
+        "--workflow-id",
+        "survivor",
+        "--input",
+        json.dumps({"task": {"id": "t"}}),
     )
     assert started.returncode == 0, started.stderr
     ref = stack.store().put_text("probe/persisted.txt", "still here")
@@ -25,7 +33,10 @@ def test_histories_survive_down_and_up(stack: Stack) -> None:
 
     described = stack.temporal("workflow", "describe", "--workflow-id", "survivor", "-o", "json")
     assert described.returncode == 0, described.stderr
-    assert json.loads(described.stdout)["workflowExecutionInfo"]["execution"]["workflowId"] == "survivor"
+    assert (
+        json.loads(described.stdout)["workflowExecutionInfo"]["execution"]["workflowId"]
+        == "survivor"
+    )
     assert stack.store().get_text(ref.key) == "still here"
     status = stack.tempered("status").stdout
     assert "running (pid" in status and f"127.0.0.1:{stack.port}" in status

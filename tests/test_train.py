@@ -17,7 +17,14 @@ def test_tiny_preset_trains_three_steps_end_to_end(stack: Stack) -> None:
     for queue in Queue:
         stack.start_worker(queue)
     trained = stack.tempered(
-        "train", "--preset", "tiny", "--steps", "3", "--run-id", "tiny3", "--no-workers",
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "3",
+        "--run-id",
+        "tiny3",
+        "--no-workers",
         timeout=600,
     )
     assert trained.returncode == 0, trained.stderr[-3000:] + stack.worker_logs()

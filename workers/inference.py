@@ -3,21 +3,21 @@
     tempered worker inference      # or: python -m workers.cli worker inference
 
 `settings.inference.backend` picks transformers in this process (`local`, CPU by default) or a
-vLLM server (`vllm`, at `settings.inference.vllm_url`). Concurrent `generate` activities share
-one batcher, so up to `2 * max_batch` activities are accepted at once: one batch runs while the
-next one fills. Needs the object store (history artefacts, policy versions).
+vLLM server (`vllm`). Concurrent `generate` activities share one batcher, so up to
+`2 * max_batch` activities are accepted at once: one batch runs while the next one fills.
+Needs the object store (history artefacts, policy versions). torch and transformers are
+imported when the worker is built, not when this module is.
 """
 
 from __future__ import annotations
 
-from contracts.names import Queue
 from infra.settings import Settings
 from workers.plan import WorkerPlan
 
-QUEUE = Queue.INFERENCE
-
 
 def build(settings: Settings) -> WorkerPlan:
+    # activities.inference brings the model stack (torch, transformers, the vLLM client):
+    # only an inference worker pays for it, not `tempered --help` nor the other queues' workers
     from activities.inference import InferenceActivities
 
     activities = InferenceActivities(settings)

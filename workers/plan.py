@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -15,4 +15,3 @@ class WorkerPlan:
     workflows: Sequence[type] = ()
     max_concurrent_activities: int = 16
     on_shutdown: Callable[[], Awaitable[None]] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)

@@ -8,18 +8,14 @@ Needs only the object store (settings.s3); no GPU, no sandbox.
 
 from __future__ import annotations
 
-from contracts.names import Queue
+from activities.rewards import RewardActivities
+from activities.tasks import TaskActivities
 from infra.settings import Settings
+from infra.storage import ObjectStore
 from workers.plan import WorkerPlan
-
-QUEUE = Queue.REWARDS
 
 
 def build(settings: Settings) -> WorkerPlan:
-    from activities.rewards import RewardActivities
-    from activities.tasks import TaskActivities
-    from infra.storage import ObjectStore
-
     rewards = RewardActivities(ObjectStore.from_settings(settings))
     tasks = TaskActivities(settings)
     return WorkerPlan(

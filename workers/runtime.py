@@ -3,60 +3,62 @@
     tempered worker sandbox      # one queue, its own process
     tempered worker all          # every queue in one process (development)
 
-Shutdown is graceful: on SIGTERM/SIGINT the worker stops polling, lets in-flight activities
-finish for `GRACEFUL_SHUTDOWN` (they are retried elsewhere otherwise), then exits.
+`BUILDERS` maps each queue to its entry module's `build(settings) -> WorkerPlan`. Shutdown is
+graceful: on SIGTERM/SIGINT the worker stops polling, lets in-flight activities finish for
+`GRACEFUL_SHUTDOWN` (they are retried elsewhere otherwise), then exits.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import os
 import signal
 import socket
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from types import ModuleType
 
-from temporalio.client import Client
+from temporalio.client import Client, Interceptor
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import Runtime
 from temporalio.worker import Worker
 
 from contracts.names import Queue
 from infra.settings import Settings
+from infra.telemetry import setup_telemetry
+from workers import agent_tasks, inference, learner, rewards, sandbox
 from workers.plan import WorkerPlan
 
 GRACEFUL_SHUTDOWN = timedelta(seconds=30)
 log = logging.getLogger("tempered.worker")
 
-WORKER_MODULES: dict[Queue, str] = {
-    Queue.AGENT_TASKS: "workers.agent_tasks",
-    Queue.INFERENCE: "workers.inference",
-    Queue.SANDBOX: "workers.sandbox",
-    Queue.REWARDS: "workers.rewards",
-    Queue.LEARNER: "workers.learner",
+BUILDERS: dict[Queue, Callable[[Settings], WorkerPlan]] = {
+    Queue.AGENT_TASKS: agent_tasks.build,
+    Queue.INFERENCE: inference.build,
+    Queue.SANDBOX: sandbox.build,
+    Queue.REWARDS: rewards.build,
+    Queue.LEARNER: learner.build,
 }
 
 
-async def connect(settings: Settings, **kwargs: object) -> Client:
+async def connect(
+    settings: Settings, interceptors: Sequence[Interceptor] = (), runtime: Runtime | None = None
+) -> Client:
     """A client with the pydantic data converter (every client and worker uses it)."""
     return await Client.connect(
         settings.temporal.address,
         namespace=settings.temporal.namespace,
         data_converter=pydantic_data_converter,
-        **kwargs,  # type: ignore[arg-type]
+        interceptors=interceptors,
+        runtime=runtime,
     )
-
-
-def worker_module(queue: Queue) -> ModuleType:
-    return importlib.import_module(WORKER_MODULES[queue])
 
 
 async def build_worker(
     client: Client, queue: Queue, settings: Settings
 ) -> tuple[Worker, WorkerPlan]:
     """The Worker of `queue`, built from that queue's entry module's plan."""
-    plan = worker_module(queue).build(settings)
+    plan = BUILDERS[queue](settings)
     worker = Worker(
         client,
         task_queue=queue.value,
@@ -71,13 +73,8 @@ async def build_worker(
 
 async def run_workers(queues: list[Queue], settings: Settings) -> None:
     """Run the workers of `queues` in this process until SIGTERM/SIGINT."""
-    telemetry = _telemetry(settings, "+".join(q.value for q in queues))
-    options = (
-        {"interceptors": telemetry.interceptors(), "runtime": telemetry.temporal_runtime()}
-        if telemetry is not None
-        else {}
-    )
-    client = await connect(settings, **options)
+    telemetry = setup_telemetry(settings, "+".join(q.value for q in queues))
+    client = await connect(settings, telemetry.interceptors(), telemetry.temporal_runtime())
     built = [await build_worker(client, q, settings) for q in queues]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -93,17 +90,7 @@ async def run_workers(queues: list[Queue], settings: Settings) -> None:
     for _, plan in built:
         if plan.on_shutdown is not None:
             await plan.on_shutdown()
-    if telemetry is not None:
-        telemetry.shutdown()
+    telemetry.shutdown()
     for task in done:
-        if task is not waiter and task.exception() is not None:
-            raise task.exception()  # type: ignore[misc]
-
-
-def _telemetry(settings: Settings, service: str):  # type: ignore[no-untyped-def]
-    """OpenTelemetry for this process, when the telemetry module is available."""
-    try:
-        from infra.telemetry import setup_telemetry
-    except ImportError:
-        return None
-    return setup_telemetry(settings, service)
+        if task is not waiter and (error := task.exception()) is not None:
+            raise error

@@ -8,16 +8,12 @@ the object store (settings.s3). Runs as root on a host with bwrap (local) or run
 
 from __future__ import annotations
 
-from contracts.names import Queue
+from activities.sandbox import SandboxActivities
 from infra.settings import Settings
 from workers.plan import WorkerPlan
 
-QUEUE = Queue.SANDBOX
-
 
 def build(settings: Settings) -> WorkerPlan:
-    from activities.sandbox import SandboxActivities
-
     activities = SandboxActivities(settings)
     return WorkerPlan(
         activities=[activities.execute],

@@ -73,8 +73,13 @@ class AgentTaskWorkflow:
         task = task_input.task
         self._samples = [SampleState(sample=i) for i in range(task_input.group_size)]
         workflow.upsert_memo(
-            {"task": task.id, "suite": task.suite, "prompt": task.prompt[:200],
-             "group_size": task_input.group_size, "max_turns": task_input.max_turns}
+            {
+                "task": task.id,
+                "suite": task.suite,
+                "prompt": task.prompt[:200],
+                "group_size": task_input.group_size,
+                "max_turns": task_input.max_turns,
+            }
         )
 
         for turn in range(task_input.max_turns):
@@ -100,7 +105,9 @@ class AgentTaskWorkflow:
         written = await workflow.execute_activity(
             Activity.WRITE_TRAJECTORIES.value,
             WriteTrajectoriesRequest(
-                run_id=task_input.run_id, task=task, group_size=task_input.group_size,
+                run_id=task_input.run_id,
+                task=task,
+                group_size=task_input.group_size,
                 samples=self._samples,
             ),
             result_type=WriteTrajectoriesResponse,

@@ -35,7 +35,9 @@ def advance(current: State, target: State) -> State:
     """Return `target` if `current → target` is legal, else raise `IllegalTransition`."""
     if target not in TRANSITIONS[current]:
         allowed = ", ".join(sorted(TRANSITIONS[current])) or "nothing (terminal)"
-        raise IllegalTransition(f"{current} → {target} is not allowed; {current} may go to {allowed}")
+        raise IllegalTransition(
+            f"{current} → {target} is not allowed; {current} may go to {allowed}"
+        )
     return target
 
 

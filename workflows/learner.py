@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.activity_options import activity_options
     from workflows.search import search_attribute_updates
 
+
 @workflow.defn(name="LearnerWorkflow")
 class LearnerWorkflow:
     @workflow.init
@@ -57,13 +58,16 @@ class LearnerWorkflow:
             steps_this_run += 1
             workflow.upsert_search_attributes(
                 search_attribute_updates(
-                    {SearchAttr.RUN_ID: state.run_id,
-                     SearchAttr.POLICY_VERSION: response.policy.version}
+                    {
+                        SearchAttr.RUN_ID: state.run_id,
+                        SearchAttr.POLICY_VERSION: response.policy.version,
+                    }
                 )
             )
             await self._report(state, response, batch)
             if state.step < state.max_steps and (
-                steps_this_run >= state.steps_per_run or workflow.info().is_continue_as_new_suggested()
+                steps_this_run >= state.steps_per_run
+                or workflow.info().is_continue_as_new_suggested()
             ):
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 state.finish_when_drained = self._finish

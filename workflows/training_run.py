@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import random
 from datetime import timedelta
+from functools import partial
 
 from temporalio import workflow
 
@@ -67,7 +68,9 @@ class TrainingRunWorkflow:
             **activity_options(Activity.LOAD_TASKS, run_input.heartbeat_timeout_s),
         )
         if not tasks.train:
-            raise fail(ErrorType.INVALID_TASK, f"suite {run_input.suite!r} has no training tasks left")
+            raise fail(
+                ErrorType.INVALID_TASK, f"suite {run_input.suite!r} has no training tasks left"
+            )
         self._heldout = tasks.heldout
         base = await workflow.execute_activity(
             Activity.PREPARE_RUN.value,
@@ -142,16 +145,18 @@ class TrainingRunWorkflow:
         per_step, lag = run_input.grpo.groups_per_step, run_input.grpo.max_staleness
         for index in range(total):
             # bounded staleness: the group for learner step b is sampled from a version ≥ b − lag
-            await workflow.wait_condition(
-                lambda: self._in_flight < run_input.concurrency  # noqa: B023
-                and self._learner_steps >= index // per_step - lag  # noqa: B023
-            )
+            await workflow.wait_condition(partial(self._may_start, index // per_step - lag))
             if deadline is not None and workflow.now() >= deadline:
                 break
             epoch, position = divmod(index, len(order))
             task = order[position].model_copy(update={"id": f"{order[position].id}-e{epoch}"})
             jobs.append(asyncio.create_task(self._rollout_one(task, self._latest_version)))
         await asyncio.gather(*jobs)
+
+    def _may_start(self, min_learner_steps: int) -> bool:
+        """A slot is free and the learner is far enough along for the next group."""
+        in_flight_ok = self._in_flight < self._input.concurrency
+        return in_flight_ok and self._learner_steps >= min_learner_steps
 
     @property
     def _learner_steps(self) -> int:

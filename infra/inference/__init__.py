@@ -6,13 +6,10 @@
     policy = await PolicyResolver(store, cache_dir).resolve(run_id)        # newest version
     result = await batcher.submit(prompt_ids, sampling_params, policy)
 
-Backends are imported lazily so a worker only loads what it uses (torch for `local`).
+Each backend is built from its own settings sub-model (`settings.inference.local`, `.vllm`).
 """
 
 from __future__ import annotations
-
-from importlib import import_module
-from typing import TYPE_CHECKING
 
 from infra.inference.base import (
     GenerationOutput,
@@ -22,12 +19,10 @@ from infra.inference.base import (
     PolicyResolver,
 )
 from infra.inference.batcher import Batcher, BatchResult
-
-if TYPE_CHECKING:
-    from infra.settings import Settings
+from infra.inference.vllm import VLLMBackend
+from infra.settings import InferenceBackendName, Settings, unknown_backend
 
 __all__ = [
-    "BACKENDS",
     "BatchResult",
     "Batcher",
     "GenerationOutput",
@@ -38,17 +33,17 @@ __all__ = [
     "get_backend",
 ]
 
-BACKENDS: dict[str, tuple[str, str]] = {
-    "local": ("infra.inference.local", "LocalBackend"),
-    "vllm": ("infra.inference.vllm", "VLLMBackend"),
-}
-
 
 def get_backend(settings: Settings, name: str | None = None) -> InferenceBackend:
-    """The backend named `name` (default `settings.inference.backend`), built from `settings`."""
-    chosen = name or settings.inference.backend
-    if chosen not in BACKENDS:
-        raise ValueError(f"unknown inference backend {chosen!r}; choose one of {sorted(BACKENDS)}")
-    module_name, class_name = BACKENDS[chosen]
-    backend: InferenceBackend = getattr(import_module(module_name), class_name)(settings)
-    return backend
+    """The backend named `name` (default `settings.inference.backend`), built from its settings."""
+    inference = settings.inference
+    match name or inference.backend:
+        case "local":
+            # Imported here: it imports torch (~2 s), which a vLLM worker never needs.
+            from infra.inference.local import LocalBackend
+
+            return LocalBackend(inference.local)
+        case "vllm":
+            return VLLMBackend(inference.vllm)
+        case unknown:
+            raise unknown_backend("inference", unknown, InferenceBackendName)

@@ -1,6 +1,6 @@
 """Local inference backend: transformers in the worker process (CPU by default), batched.
 
-    backend = LocalBackend(settings)     # settings.inference.device / .threads
+    backend = LocalBackend(settings.inference.local)     # device, threads, max_loaded
     outputs = await backend.generate(prompt_ids, params, policy)
 
 `sample_batch` is its own decode loop rather than `model.generate`, because every row has its
@@ -29,15 +29,13 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from contracts.task import SamplingParams
 from infra.inference.base import FinishReason, GenerationOutput, InferenceError, PolicyHandle
-
-if TYPE_CHECKING:
-    from infra.settings import Settings
+from infra.settings import LocalInferenceSettings
 
 log = logging.getLogger(__name__)
 
@@ -233,11 +231,12 @@ class LocalBackend:
 
     name = "local"
 
-    def __init__(self, settings: Settings, max_loaded: int = 2):
-        self.device = torch.device(settings.inference.device)
-        if settings.inference.threads > 0:
-            torch.set_num_threads(settings.inference.threads)
-        self.max_loaded = max_loaded
+    def __init__(self, config: LocalInferenceSettings | None = None):
+        config = config or LocalInferenceSettings()
+        self.device = torch.device(config.device)
+        if config.threads > 0:
+            torch.set_num_threads(config.threads)
+        self.max_loaded = config.max_loaded
         self._loaded: OrderedDict[tuple[str, int], LoadedPolicy] = OrderedDict()
         self._lock = threading.Lock()  # one forward at a time, and guards `_loaded`
         self.tokens_generated = 0

@@ -1,9 +1,9 @@
 """vLLM backend: the same `InferenceBackend` over a vLLM OpenAI-compatible server.
 
-    TEMPERED_INFERENCE__BACKEND=vllm TEMPERED_INFERENCE__VLLM_URL=http://gpu-0:8000/v1 \\
+    TEMPERED_INFERENCE__BACKEND=vllm TEMPERED_INFERENCE__VLLM__URL=http://gpu-0:8000/v1 \\
         tempered worker inference
 
-Each prompt is one `POST {vllm_url}/completions` with the prompt as token ids and its own
+Each prompt is one `POST {url}/completions` with the prompt as token ids and its own
 sampling params (temperature, top_p, max_tokens, seed); the calls of a batch go out together
 and vLLM's continuous batching schedules them. The request asks for `logprobs: 0` (the sampled
 token's log-prob only), `return_token_ids` (vLLM >= 0.10.2: `choices[0].token_ids`) and, for
@@ -22,17 +22,13 @@ request for a version the server does not serve gets a 404, surfaced as a retrya
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
 from contracts.task import SamplingParams
 from infra.inference.base import FinishReason, GenerationOutput, InferenceError, PolicyHandle
-
-if TYPE_CHECKING:
-    from infra.settings import Settings
-
-REQUEST_TIMEOUT_S = 600.0
+from infra.settings import VLLMSettings
 
 
 def completion_request(prompt: list[int], params: SamplingParams, model: str) -> dict[str, Any]:
@@ -79,9 +75,12 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, settings: Settings, timeout_s: float = REQUEST_TIMEOUT_S):
-        self.url = settings.inference.vllm_url.rstrip("/") + "/completions"
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s, connect=10.0)
+    def __init__(self, config: VLLMSettings | None = None):
+        config = config or VLLMSettings()
+        self.url = config.url.rstrip("/") + "/completions"
+        self.timeout = aiohttp.ClientTimeout(
+            total=config.timeout_s, connect=config.connect_timeout_s
+        )
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:

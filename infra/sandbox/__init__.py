@@ -4,34 +4,30 @@
     backend = get_backend(settings)            # settings.sandbox.backend, or name="gvisor"
     result = await backend.run(program, tests, limits, entry_point="add")
 
-Backends are imported lazily so a worker only loads what it uses.
+Each backend is built from its own settings sub-model (`settings.sandbox.local`, `.gvisor`,
+`.kubernetes`); nothing else of `Settings` reaches it.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING
-
 from infra.sandbox.base import SandboxBackend, SandboxInfraError
+from infra.sandbox.gvisor import GVisorBackend
+from infra.sandbox.kubernetes import KubernetesBackend
+from infra.sandbox.local import LocalBackend
+from infra.settings import SandboxBackendName, Settings, unknown_backend
 
-if TYPE_CHECKING:
-    from infra.settings import Settings
-
-__all__ = ["BACKENDS", "SandboxBackend", "SandboxInfraError", "get_backend"]
-
-BACKENDS: dict[str, tuple[str, str]] = {
-    "local": ("infra.sandbox.local", "LocalBackend"),
-    "gvisor": ("infra.sandbox.gvisor", "GVisorBackend"),
-    "kubernetes": ("infra.sandbox.kubernetes", "KubernetesBackend"),
-}
+__all__ = ["SandboxBackend", "SandboxInfraError", "get_backend"]
 
 
 def get_backend(settings: Settings, name: str | None = None) -> SandboxBackend:
-    """The backend named `name` (default `settings.sandbox.backend`), built from `settings`."""
-    chosen = name or settings.sandbox.backend
-    if chosen not in BACKENDS:
-        raise ValueError(f"unknown sandbox backend {chosen!r}; choose one of {sorted(BACKENDS)}")
-    module_name, class_name = BACKENDS[chosen]
-    backend_cls = getattr(import_module(module_name), class_name)
-    backend: SandboxBackend = backend_cls(settings)
-    return backend
+    """The backend named `name` (default `settings.sandbox.backend`), built from its settings."""
+    sandbox = settings.sandbox
+    match name or sandbox.backend:
+        case "local":
+            return LocalBackend(sandbox.local, warm=min(sandbox.local.warm, sandbox.concurrency))
+        case "gvisor":
+            return GVisorBackend(sandbox.gvisor)
+        case "kubernetes":
+            return KubernetesBackend(sandbox.kubernetes)
+        case unknown:
+            raise unknown_backend("sandbox", unknown, SandboxBackendName)

@@ -5,10 +5,12 @@ an empty read-only root, read-only /usr, a size-limited tmpfs at /tmp, no capabi
 no-new-privileges, uid 65534, rlimits, and memory/pids limits on the sandbox's cgroups. gVisor
 passes stdio only, so the harness reports on stderr, still signed with the run's nonce.
 
-    backend = GVisorBackend(load_settings())     # SandboxInfraError if runsc cannot work here
+    backend = GVisorBackend(load_settings().sandbox.gvisor)   # or get_backend(settings)
     result = await backend.run(program, tests, limits, entry_point)
+    # SandboxInfraError where runsc cannot work (not installed, not root, kernel says no)
 
-Set TEMPERED_RUNSC_PLATFORM (ptrace|kvm|systrap) to pick another platform.
+`settings.sandbox.gvisor.platform` (TEMPERED_SANDBOX__GVISOR__PLATFORM: ptrace|systrap|kvm)
+picks runsc's platform.
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
 from infra.sandbox.base import DEFAULT_LIMITS, SandboxInfraError
 from infra.sandbox.cgroups import MB, OVERHEAD_PROCESSES
-from infra.sandbox.local import HARNESS_IN_SANDBOX, harness_file
+from infra.sandbox.harness_file import HARNESS_IN_SANDBOX, harness_file
 from infra.sandbox.process import HarnessJob, run_harness
-from infra.settings import Settings
+from infra.settings import GVisorSettings
 
 SENTRY_MEMORY_MB = 256
 """Memory of gVisor's own kernel (Sentry) on top of the program's limit."""
@@ -38,11 +40,20 @@ def oci_config(python: str, limits: SandboxLimits, rlimits: dict[str, tuple[int,
     ro = ["rbind", "ro", "nosuid", "nodev"]
     mounts = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
-        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755", "size=1m"]},
-        {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
-         "options": ["nosuid", "nodev", f"size={limits.tmpfs_mb}m", "mode=1777"]},
+        {
+            "destination": "/dev",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "mode=755", "size=1m"],
+        },
+        {
+            "destination": "/tmp",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "nodev", f"size={limits.tmpfs_mb}m", "mode=1777"],
+        },
         {"destination": "/usr", "type": "bind", "source": "/usr", "options": ro},
-    ]  # fmt: skip
+    ]
     for name in ("bin", "lib", "lib64"):
         path = Path("/") / name
         if path.exists():
@@ -89,10 +100,11 @@ class GVisorBackend:
     name = "gvisor"
     enforcement = "cgroup"
 
-    def __init__(self, settings: Settings) -> None:
-        self.python = settings.sandbox.python
+    def __init__(self, config: GVisorSettings | None = None) -> None:
+        config = config or GVisorSettings()
+        self.python = config.python
         self.runsc = shutil.which("runsc")
-        self.platform = os.environ.get("TEMPERED_RUNSC_PLATFORM", "ptrace")
+        self.platform = config.platform
         self.state = (
             Path(tempfile.gettempdir()) / f"tempered-runsc-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         )

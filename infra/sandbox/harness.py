@@ -1,6 +1,6 @@
 """The program run *inside* every sandbox: runs untrusted code, then its tests, and reports.
 
-Backends start it as `python3 -S -I /harness.pyc` (`local.harness_file()`, compiled once by the
+Backends start it as `python3 -S -I /harness.pyc` (harness_file.py, compiled once by the
 sandbox's interpreter; or `-c <source>`) with the job on stdin as one dict
 `{program, tests, units, entry_point, nonce, rlimits, verdict_fd}`, marshalled (or JSON, slower: json's imports cost as much as Python's own start-up) and a
 verdict pipe on `verdict_fd` (3 by default): a `{"ready": True}` line once the job is read, then
@@ -208,14 +208,26 @@ def main() -> None:
         exit_now(0)
     status, passed, total, error, exc_type = result  # type: ignore[misc]
     if not (
-        type(status) is str_type and type(passed) is int_type and type(total) is int_type
-        and type(error) is str_type and type(exc_type) is str_type and status in SEVERITY
-    ):  # fmt: skip
+        type(status) is str_type
+        and type(passed) is int_type
+        and type(total) is int_type
+        and type(error) is str_type
+        and type(exc_type) is str_type
+        and status in SEVERITY
+    ):
         exit_now(0)
     if status == "passed" and passed != total:
         status = "failed"
-    line = render({"nonce": nonce, "status": status, "tests_passed": passed, "tests_total": total,
-                   "error": error[-4000:], "exc_type": exc_type})  # fmt: skip
+    line = render(
+        {
+            "nonce": nonce,
+            "status": status,
+            "tests_passed": passed,
+            "tests_total": total,
+            "error": error[-4000:],
+            "exc_type": exc_type,
+        }
+    )
     write(verdict_fd, ("\n" + line + "\n").encode())
     exit_now(0)
 

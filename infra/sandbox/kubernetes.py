@@ -1,6 +1,6 @@
 """Kubernetes sandbox backend: every execution is a locked-down Job in the sandbox namespace.
 
-    backend = KubernetesBackend(settings)          # in-cluster config, else ~/.kube/config
+    backend = KubernetesBackend(settings.sandbox.kubernetes)  # in-cluster, else ~/.kube/config
     result = await backend.run(program, tests, limits, entry_point="add")
     await backend.close()
 
@@ -45,7 +45,7 @@ from infra.sandbox.kubernetes_job import (
     sandbox_rlimits,
 )
 from infra.sandbox.process import HarnessJob
-from infra.settings import Settings
+from infra.settings import KubernetesSandboxSettings
 
 __all__ = ["SANDBOX_LABELS", "KubernetesBackend", "build_job_manifest", "sandbox_rlimits"]
 
@@ -63,7 +63,7 @@ class KubernetesBackend:
 
     def __init__(
         self,
-        settings: Settings,
+        config: KubernetesSandboxSettings | None = None,
         api_client: Any | None = None,
         worker_id: str | None = None,
         poll_interval_s: float = 0.25,
@@ -71,20 +71,22 @@ class KubernetesBackend:
         request_timeout_s: float = 30.0,
         deadline_slack_s: float = DEADLINE_SLACK_S,
     ) -> None:
-        from kubernetes import client, config
+        # Imported here: the client costs ~0.25 s, which workers of other backends never need.
+        from kubernetes import client
+        from kubernetes import config as kube_config
 
+        config = config or KubernetesSandboxSettings()
+        self.namespace, self.image = config.namespace, config.image
+        self.runtime_class = config.runtime_class
         if api_client is None:
             if os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config.load_incluster_config()
+                kube_config.load_incluster_config()
             else:
-                config.load_kube_config()
+                kube_config.load_kube_config()
             api_client = client.ApiClient()
         self._api_client = api_client
         self._batch, self._core = client.BatchV1Api(api_client), client.CoreV1Api(api_client)
         self._delete_options = client.V1DeleteOptions(propagation_policy="Background")
-        self.namespace = settings.sandbox.kubernetes_namespace
-        self.image = settings.sandbox.kubernetes_image
-        self.runtime_class = settings.sandbox.runtime_class
         self.worker_id = label_value(
             worker_id or os.environ.get("TEMPERED_WORKER_ID") or socket.gethostname()
         )

@@ -8,7 +8,7 @@ at /tmp as its work dir, an empty environment, and `--die-with-parent --new-sess
 sandbox's pid 1 is bwrap's init: when the program exits or is killed at its deadline, every
 process it left behind dies with the pid namespace.
 
-    backend = LocalBackend(load_settings())
+    backend = LocalBackend(load_settings().sandbox.local)       # or get_backend(settings)
     result = await backend.run("def add(a, b): return a + b", tests, SandboxLimits(), "add")
 
 The verdict comes from `harness.py` over a private pipe, signed with a per-run nonce.
@@ -17,12 +17,9 @@ The verdict comes from `harness.py` over a private pipe, signed with a per-run n
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import shlex
 import shutil
-import subprocess
-import tempfile
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +28,9 @@ from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
 from infra.sandbox.base import DEFAULT_LIMITS, SandboxInfraError
 from infra.sandbox.cgroups import MB, OVERHEAD_PROCESSES, Cgroups
+from infra.sandbox.harness_file import HARNESS_IN_SANDBOX, harness_file
 from infra.sandbox.process import HarnessJob, Sandbox
-from infra.settings import Settings
+from infra.settings import LocalSandboxSettings
 
 UID_BASE = 100_000
 """Sandbox uids are UID_BASE + (worker pid % 512) * 8192 + slot: no host account owns them."""
@@ -59,16 +57,49 @@ def root_binds() -> list[str]:
 
 def bwrap_args(tmpfs_mb: int, harness: Path, inner_uid: int = 65534) -> list[str]:
     return [
-        "--unshare-all", "--unshare-user", "--disable-userns",
-        "--uid", str(inner_uid), "--gid", str(inner_uid),
-        "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--hostname", "sandbox",
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--uid",
+        str(inner_uid),
+        "--gid",
+        str(inner_uid),
+        "--cap-drop",
+        "ALL",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
         *root_binds(),
-        "--ro-bind", str(harness), HARNESS_IN_SANDBOX, "--proc", "/proc", "--dev", "/dev",
-        "--size", str(tmpfs_mb * MB), "--tmpfs", "/tmp", "--chdir", "/tmp",
-        "--remount-ro", "/",
-        "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
-        "--setenv", "LANG", "C.UTF-8", "--setenv", "MALLOC_ARENA_MAX", "2",
-    ]  # fmt: skip
+        "--ro-bind",
+        str(harness),
+        HARNESS_IN_SANDBOX,
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(tmpfs_mb * MB),
+        "--tmpfs",
+        "/tmp",
+        "--chdir",
+        "/tmp",
+        "--remount-ro",
+        "/",
+        "--clearenv",
+        "--setenv",
+        "PATH",
+        "/usr/bin:/bin",
+        "--setenv",
+        "HOME",
+        "/tmp",
+        "--setenv",
+        "LANG",
+        "C.UTF-8",
+        "--setenv",
+        "MALLOC_ARENA_MAX",
+        "2",
+    ]
 
 
 @dataclass
@@ -87,20 +118,22 @@ class LocalBackend:
     Warm pool: from its second run on, the backend keeps up to `warm` sandboxes started ahead
     of time per tmpfs size (bwrap + interpreter + harness, waiting on stdin). Each serves exactly
     one program and is then destroyed, so isolation between runs is that of a cold start; the
-    pool only moves start-up off the latency path (`warm=0` turns it off).
+    pool only moves start-up off the latency path (`warm=0` turns it off; default
+    `config.warm`).
     """
 
     name = "local"
 
-    def __init__(self, settings: Settings, warm: int | None = None) -> None:
-        self.python = settings.sandbox.python
+    def __init__(self, config: LocalSandboxSettings | None = None, warm: int | None = None) -> None:
+        config = config or LocalSandboxSettings()
+        self.python = config.python
         self.bwrap = shutil.which("bwrap")
         self.setpriv = shutil.which("setpriv")
         self.use_cgroups = Cgroups.available()
         self.enforcement = "cgroup" if self.use_cgroups else "rlimit"
         if self.use_cgroups:
             Cgroups.sweep_stale()
-        self.warm = min(settings.sandbox.concurrency, 8) if warm is None else warm
+        self.warm = config.warm if warm is None else warm
         self._uid_base = worker_uids().start
         self._free_slots: list[int] = []
         self._next_slot = 0
@@ -242,59 +275,3 @@ async def _reap(cgroups: Cgroups) -> None:
             break
         await asyncio.sleep(0.005)
     cgroups.remove()
-
-
-HARNESS_IN_SANDBOX = "/harness.pyc"
-_COMPILED: dict[str, Path] = {}
-
-
-def harness_source() -> str:
-    return (Path(__file__).parent / "harness.py").read_text()
-
-
-def harness_file(python: str) -> Path:
-    """harness.py compiled by the sandbox's own interpreter, in a root-only-writable temp dir.
-
-    Running the .pyc skips compiling ~300 lines at every start (a third of Python's start-up).
-    The dir is named by the source and interpreter, so workers share it instead of piling up.
-    """
-    if python in _COMPILED:
-        return _COMPILED[python]
-    source = harness_source()
-    digest = hashlib.sha256(f"{python}\0{source}".encode()).hexdigest()[:16]
-    final = Path(tempfile.gettempdir()) / f"tempered-harness-{digest}"
-    compiled = final / "harness.pyc"
-    info = final.stat() if final.is_dir() and not final.is_symlink() else None
-    if not (
-        info and info.st_uid == os.geteuid() and not info.st_mode & 0o022 and compiled.is_file()
-    ):
-        folder = Path(tempfile.mkdtemp(prefix="tempered-harness-"))
-        folder.chmod(0o755)
-        (folder / "harness.py").write_text(source)
-        script = (
-            "import py_compile, sys; py_compile.compile(sys.argv[1], sys.argv[2], doraise=True)"
-        )
-        done = subprocess.run(  # noqa: S603 - our interpreter, our file
-            [
-                python,
-                "-S",
-                "-I",
-                "-c",
-                script,
-                str(folder / "harness.py"),
-                str(folder / "harness.pyc"),
-            ],
-            capture_output=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise SandboxInfraError(
-                f"{python} cannot compile the harness: {done.stderr.decode()[-500:]}"
-            )
-        (folder / "harness.pyc").chmod(0o644)
-        try:
-            folder.rename(final)
-        except OSError:  # another worker won the race, or a stranger owns the name: use ours
-            final, compiled = folder, folder / "harness.pyc"
-    _COMPILED[python] = compiled
-    return compiled

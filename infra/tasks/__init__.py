@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contracts.task import TaskSpec
+from infra.tasks.humaneval import humaneval_tasks
+from infra.tasks.jsonl import read_jsonl
+from infra.tasks.starter import starter_tasks
 
 if TYPE_CHECKING:
     from infra.settings import Settings
@@ -35,13 +38,7 @@ __all__ = [
 
 
 def _builtin(name: str) -> list[TaskSpec]:
-    if name == "starter":
-        from infra.tasks.starter import starter_tasks
-
-        return starter_tasks()
-    from infra.tasks.humaneval import humaneval_tasks
-
-    return humaneval_tasks()
+    return starter_tasks() if name == "starter" else humaneval_tasks()
 
 
 def load_suite(name: str, *, split: str | None = None) -> list[TaskSpec]:
@@ -55,8 +52,6 @@ def load_suite(name: str, *, split: str | None = None) -> list[TaskSpec]:
     if name in BUILTIN_SUITES:
         tasks = _builtin(name)
     elif name.endswith(".jsonl") or Path(name).is_file():
-        from infra.tasks.jsonl import read_jsonl
-
         if not Path(name).is_file():
             raise ValueError(f"{name}: no such task file")
         tasks = read_jsonl(name)
@@ -89,4 +84,6 @@ def load_quarantine(settings: Settings, suite: str) -> set[str]:
         document = json.loads(path.read_text(encoding="utf-8"))
         return {str(task_id) for task_id in document["quarantined"]}
     except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not a quarantine list ({exc}); rerun `tempered tasks validate`") from None
+        raise ValueError(
+            f"{path}: not a quarantine list ({exc}); rerun `tempered tasks validate`"
+        ) from None

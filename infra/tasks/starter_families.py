@@ -13,12 +13,46 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-         "eleven", "twelve")
-SAMPLE_WORDS = ("apple", "river", "Stone", "level", "Noon", "racecar", "moon", "Kayak", "tree",
-                "banana", "Civic", "python", "radar", "open", "Level", "sky", "madam", "Hello",
-                "world", "refer", "stats", "Otto", "piano")
-
+WORDS = (
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+)
+SAMPLE_WORDS = (
+    "apple",
+    "river",
+    "Stone",
+    "level",
+    "Noon",
+    "racecar",
+    "moon",
+    "Kayak",
+    "tree",
+    "banana",
+    "Civic",
+    "python",
+    "radar",
+    "open",
+    "Level",
+    "sky",
+    "madam",
+    "Hello",
+    "world",
+    "refer",
+    "stats",
+    "Otto",
+    "piano",
+)
 
 
 @dataclass(frozen=True)
@@ -50,31 +84,59 @@ def add_constant(rng: random.Random) -> Instance:
     k = rng.randint(2, 12)
     name = rng.choice(["add_{w}", "plus_{w}", "increase_by_{w}"]).format(w=WORDS[k])
     inputs = [(x,) for x in [rng.randint(0, 30), 0, rng.randint(-20, -1), rng.randint(31, 99)]]
-    return Instance(name, "x: int", "int", f"Return `x` plus {k}.",
-                    f"    return x + {k}", f"    return x + {k - 1}", tuple(inputs))
+    return Instance(
+        name,
+        "x: int",
+        "int",
+        f"Return `x` plus {k}.",
+        f"    return x + {k}",
+        f"    return x + {k - 1}",
+        tuple(inputs),
+    )
 
 
 def multiply_constant(rng: random.Random) -> Instance:
     k = rng.randint(3, 12)
     name = rng.choice(["times_{w}", "multiply_by_{w}", "scale_by_{w}"]).format(w=WORDS[k])
     inputs = [(x,) for x in [rng.randint(1, 12), 0, rng.randint(-9, -1), rng.randint(13, 50)]]
-    return Instance(name, "x: int", "int", f"Return `x` multiplied by {k}.",
-                    f"    return x * {k}", f"    return x + {k}", tuple(inputs))
+    return Instance(
+        name,
+        "x: int",
+        "int",
+        f"Return `x` multiplied by {k}.",
+        f"    return x * {k}",
+        f"    return x + {k}",
+        tuple(inputs),
+    )
 
 
 def linear(rng: random.Random) -> Instance:
     a, b = rng.randint(2, 9), rng.randint(1, 20)
     name = rng.choice(["line_value", "apply_rule", "compute_score", "transform"])
     inputs = [(x,) for x in [rng.randint(1, 10), 0, rng.randint(-10, -1), rng.randint(11, 40)]]
-    return Instance(name, "x: int", "int", f"Return {a} times `x`, plus {b}.",
-                    f"    return {a} * x + {b}", f"    return {a} * (x + {b})", tuple(inputs))
+    return Instance(
+        name,
+        "x: int",
+        "int",
+        f"Return {a} times `x`, plus {b}.",
+        f"    return {a} * x + {b}",
+        f"    return {a} * (x + {b})",
+        tuple(inputs),
+    )
 
 
 def reverse_string(rng: random.Random) -> Instance:
     name = rng.choice(["reverse_text", "reverse_string", "backwards", "flip_string"])
     inputs = [(_word(rng).lower(),), (_text(rng, 2),), ("",), ("ab",), (_word(rng),)]
-    return Instance(name, "s: str", "str", "Return the string `s` reversed.",
-                    "    return s[::-1]", "    return s[:-1][::-1]", tuple(inputs))
+    return Instance(
+        name,
+        "s: str",
+        "str",
+        "Return the string `s` reversed.",
+        "    return s[::-1]",
+        "    return s[:-1][::-1]",
+        tuple(inputs),
+    )
 
 
 def change_case(rng: random.Random) -> Instance:
@@ -82,10 +144,15 @@ def change_case(rng: random.Random) -> Instance:
     which = "uppercase" if upper else "lowercase"
     name = rng.choice(["to_{c}", "make_{c}", "convert_to_{c}"]).format(c=which)
     inputs = [(_text(rng, 2),), ("MiXeD 42",), ("",), (_word(rng).swapcase(),)]
-    return Instance(name, "s: str", "str",
-                    f"Return `s` with every letter converted to {which}.",
-                    f"    return s.{'upper' if upper else 'lower'}()",
-                    "    return s.title()", tuple(inputs))
+    return Instance(
+        name,
+        "s: str",
+        "str",
+        f"Return `s` with every letter converted to {which}.",
+        f"    return s.{'upper' if upper else 'lower'}()",
+        "    return s.title()",
+        tuple(inputs),
+    )
 
 
 def repeat_string(rng: random.Random) -> Instance:
@@ -94,19 +161,30 @@ def repeat_string(rng: random.Random) -> Instance:
     joined = f"joined by {sep!r}" if sep else "with nothing in between"
     wrong = f"    return (s + {sep!r}) * {k}" if sep else f"    return s * {k - 1}"
     inputs = [(_word(rng).lower(),), ("ab",), ("x",), (_word(rng),)]
-    return Instance(name, "s: str", "str", f"Return `s` repeated {k} times, {joined}.",
-                    f"    return {sep!r}.join([s] * {k})", wrong, tuple(inputs))
+    return Instance(
+        name,
+        "s: str",
+        "str",
+        f"Return `s` repeated {k} times, {joined}.",
+        f"    return {sep!r}.join([s] * {k})",
+        wrong,
+        tuple(inputs),
+    )
 
 
 def sum_above(rng: random.Random) -> Instance:
     k = rng.randint(1, 5)  # not 0: adding a zero hides the >= bug
     name = rng.choice(["sum_above_{w}", "total_over_{w}", "add_up_above_{w}"]).format(w=WORDS[k])
     lists = [_ints(rng, 5) + [k], [k, k + 1], [], _ints(rng, 6, -5, 10) + [k]]
-    return Instance(name, "nums: list[int]", "int",
-                    f"Return the sum of the numbers in `nums` that are greater than {k}.",
-                    f"    return sum(x for x in nums if x > {k})",
-                    f"    return sum(x for x in nums if x >= {k})",
-                    tuple((rng.sample(xs, len(xs)),) for xs in lists))
+    return Instance(
+        name,
+        "nums: list[int]",
+        "int",
+        f"Return the sum of the numbers in `nums` that are greater than {k}.",
+        f"    return sum(x for x in nums if x > {k})",
+        f"    return sum(x for x in nums if x >= {k})",
+        tuple((rng.sample(xs, len(xs)),) for xs in lists),
+    )
 
 
 def extreme(rng: random.Random) -> Instance:
@@ -115,11 +193,22 @@ def extreme(rng: random.Random) -> Instance:
     name = rng.choice(["{w}_number", "find_{w}", "pick_{w}"]).format(w=which)
     best, op = ("max", ">") if largest else ("min", "<")
     sign = -1 if largest else 1  # the list the "start from 0" bug gets wrong
-    lists = [_ints(rng, 5), [4, 9, 1, 7], [sign * x for x in _ints(rng, 4, 1, 30)], [rng.randint(-9, 9)]]
+    lists = [
+        _ints(rng, 5),
+        [4, 9, 1, 7],
+        [sign * x for x in _ints(rng, 4, 1, 30)],
+        [rng.randint(-9, 9)],
+    ]
     wrong = f"    best = 0\n    for x in nums:\n        if x {op} best:\n            best = x\n    return best"
-    return Instance(name, "nums: list[int]", "int",
-                    f"Return the {which} number in the non-empty list `nums`.",
-                    f"    return {best}(nums)", wrong, tuple((xs,) for xs in lists))
+    return Instance(
+        name,
+        "nums: list[int]",
+        "int",
+        f"Return the {which} number in the non-empty list `nums`.",
+        f"    return {best}(nums)",
+        wrong,
+        tuple((xs,) for xs in lists),
+    )
 
 
 def keep_parity(rng: random.Random) -> Instance:
@@ -128,19 +217,27 @@ def keep_parity(rng: random.Random) -> Instance:
     name = rng.choice(["keep_{w}", "only_{w}", "filter_{w}"]).format(w=which)
     lists = [_ints(rng, 6), [1, 2, 3, 4, 5], [], _ints(rng, 8, -20, 20)]
     keep, inverted = ("x % 2 == 0", "x % 2 == 1") if even else ("x % 2 == 1", "x % 2 == 0")
-    return Instance(name, "nums: list[int]", "list[int]",
-                    f"Return a list of the {which} numbers in `nums`, in their original order.",
-                    f"    return [x for x in nums if {keep}]",
-                    f"    return [x for x in nums if {inverted}]",
-                    tuple((xs,) for xs in lists))
+    return Instance(
+        name,
+        "nums: list[int]",
+        "list[int]",
+        f"Return a list of the {which} numbers in `nums`, in their original order.",
+        f"    return [x for x in nums if {keep}]",
+        f"    return [x for x in nums if {inverted}]",
+        tuple((xs,) for xs in lists),
+    )
 
 
 def count_letters(rng: random.Random) -> Instance:
     if rng.random() < 0.5:
         name = rng.choice(["count_vowels", "vowel_count", "number_of_vowels"])
-        spec = "Return how many characters of `s` are vowels (a, e, i, o, u), in upper or lower case."
-        body, wrong = "    return sum(1 for c in s.lower() if c in 'aeiou')", (
-            "    return sum(1 for c in s if c in 'aeiou')")
+        spec = (
+            "Return how many characters of `s` are vowels (a, e, i, o, u), in upper or lower case."
+        )
+        body, wrong = (
+            "    return sum(1 for c in s.lower() if c in 'aeiou')",
+            ("    return sum(1 for c in s if c in 'aeiou')"),
+        )
         inputs = [(_text(rng, 2),), ("AEIOU xyz",), ("",), ("Education",)]
     else:
         letter = rng.choice("aeiorst")
@@ -155,25 +252,45 @@ def clamp(rng: random.Random) -> Instance:
     low = rng.randint(-10, 5)
     high = low + rng.randint(3, 20)
     name = rng.choice(["clamp", "limit", "bound", "clip_value"])
-    inputs = [(rng.randint(low, high),), (low - rng.randint(1, 9),), (high + rng.randint(1, 9),),
-              (low,), (high,)]
-    spec = (f"Return `x` limited to the range {low}..{high}: {low} if `x` is below {low},\n"
-            f"{high} if `x` is above {high}, otherwise `x` itself.")
-    return Instance(name, "x: int", "int", spec, f"    return max({low}, min(x, {high}))",
-                    f"    return max({low}, x)", tuple(inputs))
+    inputs = [
+        (rng.randint(low, high),),
+        (low - rng.randint(1, 9),),
+        (high + rng.randint(1, 9),),
+        (low,),
+        (high,),
+    ]
+    spec = (
+        f"Return `x` limited to the range {low}..{high}: {low} if `x` is below {low},\n"
+        f"{high} if `x` is above {high}, otherwise `x` itself."
+    )
+    return Instance(
+        name,
+        "x: int",
+        "int",
+        spec,
+        f"    return max({low}, min(x, {high}))",
+        f"    return max({low}, x)",
+        tuple(inputs),
+    )
 
 
 def fizzbuzz(rng: random.Random) -> Instance:
     a, b = rng.choice([(3, 5), (2, 7), (3, 7), (4, 5), (2, 5)])
     first, second = rng.choice([("Fizz", "Buzz"), ("Foo", "Bar"), ("Ping", "Pong")])
     name = rng.choice(["fizzbuzz", "say_number", f"{first.lower()}_{second.lower()}"])
-    spec = (f"Return {first + second!r} if `n` is divisible by both {a} and {b}, {first!r} if it is\n"
-            f"divisible only by {a}, {second!r} if only by {b}, otherwise `n` as a string.")
-    body = (f"    if n % {a} == 0 and n % {b} == 0:\n        return {first + second!r}\n"
-            f"    if n % {a} == 0:\n        return {first!r}\n"
-            f"    if n % {b} == 0:\n        return {second!r}\n    return str(n)")
-    wrong = (f"    if n % {a} == 0:\n        return {first!r}\n"
-             f"    if n % {b} == 0:\n        return {second!r}\n    return str(n)")
+    spec = (
+        f"Return {first + second!r} if `n` is divisible by both {a} and {b}, {first!r} if it is\n"
+        f"divisible only by {a}, {second!r} if only by {b}, otherwise `n` as a string."
+    )
+    body = (
+        f"    if n % {a} == 0 and n % {b} == 0:\n        return {first + second!r}\n"
+        f"    if n % {a} == 0:\n        return {first!r}\n"
+        f"    if n % {b} == 0:\n        return {second!r}\n    return str(n)"
+    )
+    wrong = (
+        f"    if n % {a} == 0:\n        return {first!r}\n"
+        f"    if n % {b} == 0:\n        return {second!r}\n    return str(n)"
+    )
     inputs = [(a * b * rng.randint(2, 4),), (a,), (b,), (a * b + 1,), (a * b,)]
     return Instance(name, "n: int", "str", spec, body, wrong, tuple(inputs))
 
@@ -188,9 +305,15 @@ def palindrome(rng: random.Random) -> Instance:
         body, wrong = "    t = s.lower()\n    return t == t[::-1]", "    return s == s[::-1]"
     else:
         body, wrong = "    return s == s[::-1]", "    t = s.lower()\n    return t == t[::-1]"
-    return Instance(name, "s: str", "bool",
-                    f"Return True if `s` reads the same forwards and backwards ({case}),\n"
-                    "otherwise False.", body, wrong, tuple(inputs))
+    return Instance(
+        name,
+        "s: str",
+        "bool",
+        f"Return True if `s` reads the same forwards and backwards ({case}),\notherwise False.",
+        body,
+        wrong,
+        tuple(inputs),
+    )
 
 
 def temperature(rng: random.Random) -> Instance:
@@ -219,8 +342,9 @@ def running(rng: random.Random) -> Instance:
         spec = "Return the running maxima of `nums`: item i is max(nums[0], ..., nums[i])."
         body = "    out = []\n    for x in nums:\n        out.append(max(out[-1], x) if out else x)\n    return out"
         wrong = "    return [max(nums[: i + 1]) for i in range(len(nums) - 1)]"
-    return Instance(name, "nums: list[int]", "list[int]", spec, body, wrong,
-                    tuple((xs,) for xs in lists))
+    return Instance(
+        name, "nums: list[int]", "list[int]", spec, body, wrong, tuple((xs,) for xs in lists)
+    )
 
 
 def dedupe(rng: random.Random) -> Instance:
@@ -231,12 +355,17 @@ def dedupe(rng: random.Random) -> Instance:
     else:
         params, returns = "items: list[str]", "list[str]"
         lists = [[_word(rng) for _ in range(6)], ["b", "a", "b", "c", "a"], [], ["x", "x"]]
-    return Instance(name, params, returns,
-                    "Return `items` without duplicates, keeping the first occurrence of each\n"
-                    "item and the original order.",
-                    "    seen = set()\n    out = []\n    for item in items:\n        if item not in seen:\n"
-                    "            seen.add(item)\n            out.append(item)\n    return out",
-                    "    return sorted(set(items))", tuple((xs,) for xs in lists))
+    return Instance(
+        name,
+        params,
+        returns,
+        "Return `items` without duplicates, keeping the first occurrence of each\n"
+        "item and the original order.",
+        "    seen = set()\n    out = []\n    for item in items:\n        if item not in seen:\n"
+        "            seen.add(item)\n            out.append(item)\n    return out",
+        "    return sorted(set(items))",
+        tuple((xs,) for xs in lists),
+    )
 
 
 def count_compared(rng: random.Random) -> Instance:
@@ -245,21 +374,32 @@ def count_compared(rng: random.Random) -> Instance:
     which, op, wrong_op = ("greater", ">", ">=") if greater else ("less", "<", "<=")
     name = f"count_{which}_than_{WORDS[k]}"
     lists = [_ints(rng, 6) + [k], [k, k, k + 1, k - 1], [], _ints(rng, 9, -20, 20)]
-    return Instance(name, "nums: list[int]", "int",
-                    f"Return how many numbers in `nums` are {which} than {k}.",
-                    f"    return sum(1 for x in nums if x {op} {k})",
-                    f"    return sum(1 for x in nums if x {wrong_op} {k})",
-                    tuple((rng.sample(xs, len(xs)),) for xs in lists))
+    return Instance(
+        name,
+        "nums: list[int]",
+        "int",
+        f"Return how many numbers in `nums` are {which} than {k}.",
+        f"    return sum(1 for x in nums if x {op} {k})",
+        f"    return sum(1 for x in nums if x {wrong_op} {k})",
+        tuple((rng.sample(xs, len(xs)),) for xs in lists),
+    )
 
 
 def powers(rng: random.Random) -> Instance:
     p = rng.randint(2, 3)
-    name = rng.choice(["{w}_each", "raise_each", "power_all"]).format(w="square" if p == 2 else "cube")
+    name = rng.choice(["{w}_each", "raise_each", "power_all"]).format(
+        w="square" if p == 2 else "cube"
+    )
     lists = [_ints(rng, 4, -5, 9), [3, 4], [], [10]]
-    return Instance(name, "nums: list[int]", "list[int]",
-                    f"Return a new list with each number in `nums` raised to the power {p}.",
-                    f"    return [x ** {p} for x in nums]", f"    return [x * {p} for x in nums]",
-                    tuple((xs,) for xs in lists))
+    return Instance(
+        name,
+        "nums: list[int]",
+        "list[int]",
+        f"Return a new list with each number in `nums` raised to the power {p}.",
+        f"    return [x ** {p} for x in nums]",
+        f"    return [x * {p} for x in nums]",
+        tuple((xs,) for xs in lists),
+    )
 
 
 def digits(rng: random.Random) -> Instance:
@@ -267,7 +407,10 @@ def digits(rng: random.Random) -> Instance:
     if rng.random() < 0.5:
         name = rng.choice(["digit_sum", "sum_of_digits", "add_digits"])
         spec = "Return the sum of the decimal digits of the non-negative integer `n`."
-        body, wrong = "    return sum(int(d) for d in str(n))", "    return sum(int(d) for d in str(n)[1:])"
+        body, wrong = (
+            "    return sum(int(d) for d in str(n))",
+            "    return sum(int(d) for d in str(n)[1:])",
+        )
     else:
         name = rng.choice(["count_digits", "digit_count", "number_length"])
         spec = "Return how many decimal digits the non-negative integer `n` has (0 has one digit)."
@@ -283,8 +426,10 @@ def words(rng: random.Random) -> Instance:
         body, wrong = "    return len(s.split())", "    return s.count(' ') + 1"
         return Instance(name, "s: str", "int", spec, body, wrong, tuple(texts))
     name = rng.choice(["longest_word", "find_longest_word", "biggest_word"])
-    spec = ("Return the longest whitespace-separated word in `s` (the first one if several\n"
-            "are equally long), or '' if `s` has no words.")
+    spec = (
+        "Return the longest whitespace-separated word in `s` (the first one if several\n"
+        "are equally long), or '' if `s` has no words."
+    )
     body = "    best = ''\n    for w in s.split():\n        if len(w) > len(best):\n            best = w\n    return best"
     wrong = "    best = ''\n    for w in s.split():\n        if len(w) >= len(best):\n            best = w\n    return best"
     texts.append(("cat dog emu",))

@@ -101,7 +101,11 @@ class ValidationReport(BaseModel):
 
     @property
     def infra_retries(self) -> int:
-        records = [run for task in self.tasks for run in task.canonical + ([task.wrong] if task.wrong else [])]
+        records = [
+            run
+            for task in self.tasks
+            for run in task.canonical + ([task.wrong] if task.wrong else [])
+        ]
         return sum(run.infra_retries for run in records)
 
     def quarantine_document(self) -> dict[str, object]:
@@ -134,7 +138,9 @@ async def _run_once(
     )
     result = attempted.result
     if result is None:
-        return RunRecord(status=None, infra_retries=attempted.infra_retries, detail=attempted.detail)
+        return RunRecord(
+            status=None, infra_retries=attempted.infra_retries, detail=attempted.detail
+        )
     failure = "" if result.status == ExecStatus.PASSED else _failure(result)
     return RunRecord(
         status=result.status,
@@ -180,15 +186,23 @@ async def validate_tasks(
         canonical = [one(task.canonical_solution or "", task) for _ in range(repeats)]
         wrong = one(task.wrong_solution, task) if task.wrong_solution else None
         records = await asyncio.gather(*canonical, *([wrong] if wrong else []))
-        return TaskCheck(task_id=task.id, canonical=list(records[:repeats]),
-                         wrong=records[repeats] if wrong else None)
+        return TaskCheck(
+            task_id=task.id,
+            canonical=list(records[:repeats]),
+            wrong=records[repeats] if wrong else None,
+        )
 
     created_at = datetime.now(UTC).isoformat(timespec="seconds")
     started = time.perf_counter()
     checks = await asyncio.gather(*(check(task) for task in tasks))
     return ValidationReport(
-        suite=suite, backend=backend.name, repeats=repeats, concurrency=concurrency,
-        limits=limits, created_at=created_at, wall_s=round(time.perf_counter() - started, 2),
+        suite=suite,
+        backend=backend.name,
+        repeats=repeats,
+        concurrency=concurrency,
+        limits=limits,
+        created_at=created_at,
+        wall_s=round(time.perf_counter() - started, 2),
         tasks=list(checks),
     )
 
@@ -237,7 +251,14 @@ async def validate_suite(
     tasks = load_suite(suite, split=split)[:limit]
     backend = get_backend(settings, backend_name)
     try:
-        return await validate_tasks(tasks, backend, suite=suite, repeats=repeats,
-                                    concurrency=concurrency, limits=limits, on_run=on_run)
+        return await validate_tasks(
+            tasks,
+            backend,
+            suite=suite,
+            repeats=repeats,
+            concurrency=concurrency,
+            limits=limits,
+            on_run=on_run,
+        )
     finally:
         await backend.close()

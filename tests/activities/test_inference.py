@@ -22,7 +22,7 @@ from infra.inference import GenerationOutput, PolicyHandle
 from infra.inference.local import LocalBackend
 from infra.inference.prompts import build_messages, encode_messages, extract_code
 from infra.policy import materialize_base_model, publish_policy
-from infra.settings import InferenceSettings, Settings
+from infra.settings import InferenceSettings, LocalInferenceSettings, Settings
 from infra.storage import ObjectStore
 
 RUN = "run-gen"
@@ -32,8 +32,8 @@ PROMPT = "Write add(a, b) returning a + b."
 class GatedBackend(LocalBackend):
     """The local backend, holding each batch until `gate` opens (to hold a batch in flight)."""
 
-    def __init__(self, settings: Settings):
-        super().__init__(settings)
+    def __init__(self, config: LocalInferenceSettings):
+        super().__init__(config)
         self.gate = asyncio.Event()
         self.gate.set()
 
@@ -55,10 +55,15 @@ async def acts(
     tmp_path: Path, store: ObjectStore, tiny_dir: Path
 ) -> AsyncIterator[InferenceActivities]:
     settings = Settings(
-        home=tmp_path, inference=InferenceSettings(max_batch=8, max_wait_ms=20, threads=1)
+        home=tmp_path,
+        inference=InferenceSettings(
+            max_batch=8, max_wait_ms=20, local=LocalInferenceSettings(threads=1)
+        ),
     )
     await asyncio.to_thread(publish_policy, store, RUN, 0, tiny_dir)
-    activities = InferenceActivities(settings, store=store, backend=GatedBackend(settings))
+    activities = InferenceActivities(
+        settings, store=store, backend=GatedBackend(settings.inference.local)
+    )
     yield activities
     await activities.close()
 
@@ -155,9 +160,15 @@ async def test_next_turn_prompt_carries_the_feedback(
     )
     result_ref = store.put_json(keys.turn_key(RUN, "fix", 0, 0, "result.json"), result)
     turn0 = TurnRecord(
-        turn=0, policy_version=0, completion=first.completion, code=first.code,
-        num_tokens=first.num_tokens, status=ExecStatus.FAILED, tests_total=2, result=result_ref,
-    )  # fmt: skip
+        turn=0,
+        policy_version=0,
+        completion=first.completion,
+        code=first.code,
+        num_tokens=first.num_tokens,
+        status=ExecStatus.FAILED,
+        tests_total=2,
+        result=result_ref,
+    )
     item = GenerateItem(sample=0, history=[turn0])
     second = (await generate(acts, request("fix", turn=1, items=[item]))).completions[0]
     assert second.completion.key == keys.turn_key(RUN, "fix", 0, 1, "completion.json")

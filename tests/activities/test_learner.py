@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from temporalio.testing import ActivityEnvironment
 
 import activities.learner as learner_module
 from activities.learner import LearnerActivities
+from contracts.errors import ErrorType
 from contracts.learner import (
     GRPOConfig,
     PrepareRunRequest,
@@ -21,7 +23,7 @@ from contracts.learner import (
 )
 from contracts.sandbox import ExecStatus
 from contracts.trajectory import Trajectory, TrajectoryTurn, trajectory_id
-from infra import keys
+from infra import grpo, keys
 from infra.policy import latest_policy, policy_manifest
 from infra.settings import Settings
 from infra.storage import ObjectStore
@@ -37,15 +39,29 @@ def write_group(store: ObjectStore, task: str, version: int, seed: int) -> Traje
         reward = float(sample % 2)
         completion = [rng.randrange(3, 259) for _ in range(10)]
         turn = TrajectoryTurn(
-            turn=0, policy_version=version, prompt_token_ids=[1, *(rng.randrange(3, 259) for _ in range(8))],
-            completion_token_ids=completion, completion_logprobs=[-5.5] * len(completion),
-            completion_text="x", code="x", status=ExecStatus.FAILED, reward=reward,
-        )  # fmt: skip
+            turn=0,
+            policy_version=version,
+            prompt_token_ids=[1, *(rng.randrange(3, 259) for _ in range(8))],
+            completion_token_ids=completion,
+            completion_logprobs=[-5.5] * len(completion),
+            completion_text="x",
+            code="x",
+            status=ExecStatus.FAILED,
+            reward=reward,
+        )
         trajectory = Trajectory(
-            id=trajectory_id(RUN, task, sample), run_id=RUN, task_id=task, sample=sample,
-            group_size=4, prompt="p", turns=[turn], reward=reward, solved=reward > 0,
-            policy_version=version, created_at="2026-01-01T00:00:00+00:00",
-        )  # fmt: skip
+            id=trajectory_id(RUN, task, sample),
+            run_id=RUN,
+            task_id=task,
+            sample=sample,
+            group_size=4,
+            prompt="p",
+            turns=[turn],
+            reward=reward,
+            solved=reward > 0,
+            policy_version=version,
+            created_at="2026-01-01T00:00:00+00:00",
+        )
         refs.append(
             store.put_json(keys.trajectory_key(RUN, task, sample), trajectory, create_only=True)
         )
@@ -109,6 +125,11 @@ async def test_train_step_exactly_once_and_crash_resume(
     # a retry of the same step: same answer, no second training
     assert await env.run(acts.train_step, request) == first
     assert CountingActivities.trainings == 1
+    # the same step asked for other groups is an error, never a silent "done"
+    other = request.model_copy(update={"groups": [groups[0], write_group(store, "t9", 0, 1)]})
+    with pytest.raises(ApplicationError, match="recorded for groups") as refused:
+        await env.run(acts.train_step, other)
+    assert refused.value.type == ErrorType.STORED_CONFLICT and refused.value.non_retryable
 
     # the worker crashes; a new one resumes from published v1
     fresh = CountingActivities(settings, store)
@@ -121,14 +142,18 @@ async def test_train_step_exactly_once_and_crash_resume(
 
     # crash after publishing v3 but before its ack: the retry acks from the version, no training
     step2 = TrainStepRequest(
-        run_id=RUN, step=2,
+        run_id=RUN,
+        step=2,
         groups=[write_group(store, "t4", 2, 4), write_group(store, "t5", 0, 5)],
         config=CONFIG,
-    )  # fmt: skip
+    )
     third = await env.run(fresh.train_step, step2)
     assert third.trained == 4 and third.dropped_stale == 4  # t5 is 2 versions behind step 2
     store.delete(keys.learner_ack_key(RUN, 2))
     rebooted = CountingActivities(settings, store)
+    with pytest.raises(ApplicationError, match="recorded for groups"):  # from the version, too
+        await env.run(rebooted.train_step, step2.model_copy(update={"groups": step2.groups[:1]}))
+    store.delete(keys.learner_ack_key(RUN, 2))
     assert await env.run(rebooted.train_step, step2) == third
     assert rebooted.engine is None and CountingActivities.trainings == 3
     manifest = policy_manifest(store, RUN, 3)
@@ -149,3 +174,31 @@ async def test_train_step_rejects_bad_refs(store: ObjectStore, settings: Setting
     late = TrainStepRequest(run_id=RUN, step=5, groups=[group], config=CONFIG)
     with pytest.raises(ApplicationError, match="version 5"):
         await env.run(acts.train_step, late)
+
+
+@pytest.mark.asyncio
+async def test_non_finite_loss_fails_loudly_and_publishes_nothing(
+    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    acts = LearnerActivities(settings, store)
+    env = ActivityEnvironment()
+    await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+    request = TrainStepRequest(
+        run_id=RUN, step=0, groups=[write_group(store, "t1", 0, 1)], config=CONFIG
+    )
+    real_loss = grpo.grpo_loss
+
+    def diverging(*args: Any, **kwargs: Any) -> Any:
+        loss, stats = real_loss(*args, **kwargs)
+        return loss * float("nan"), stats
+
+    monkeypatch.setattr(grpo, "grpo_loss", diverging)
+    with pytest.raises(ApplicationError, match="gave loss nan") as err:
+        await env.run(acts.train_step, request)
+    assert err.value.type == ErrorType.NON_FINITE_LOSS and err.value.non_retryable
+    assert policy_manifest(store, RUN, 1) is None and latest_policy(store, RUN).version == 0
+    assert not store.exists(keys.learner_ack_key(RUN, 0))
+
+    monkeypatch.setattr(grpo, "grpo_loss", real_loss)  # the fault is gone: the step trains
+    done = await env.run(acts.train_step, request)
+    assert done.policy.version == 1 and math.isfinite(done.loss)

@@ -39,8 +39,15 @@ def request(store: ObjectStore, programs: dict[int, str], **overrides: object) -
         ExecuteItem(sample=s, code=store.put_text(keys.turn_key(RUN, TASK, s, 0, "code.py"), code))
         for s, code in programs.items()
     ]
-    fields = {"run_id": RUN, "task_id": TASK, "turn": 0, "tests": TESTS, "entry_point": "add",
-              "limits": SandboxLimits(timeout_s=8), "items": items} | overrides  # fmt: skip
+    fields = {
+        "run_id": RUN,
+        "task_id": TASK,
+        "turn": 0,
+        "tests": TESTS,
+        "entry_point": "add",
+        "limits": SandboxLimits(timeout_s=8),
+        "items": items,
+    } | overrides
     return ExecuteRequest(**fields)  # type: ignore[arg-type]
 
 
@@ -68,11 +75,11 @@ async def test_execute_stores_results_and_maps_statuses(
     ]
     assert [(o.tests_passed, o.tests_total) for o in response.outcomes] == [(1, 1), (0, 1), (0, 1)]
     solved = response.outcomes[0]
-    assert solved.result.key == keys.turn_key(RUN, TASK, 0, 0, "result.json")
+    assert solved.result.key == keys.attempt_key(RUN, TASK, 0, 0, 1, "result.json")
     stored = store.get_model(solved.result.key, ExecutionResult)
     assert stored.status == ExecStatus.PASSED and stored.backend == "local"
-    assert store.get_text(keys.turn_key(RUN, TASK, 0, 0, "stdout.txt")) == "solved\n"
-    assert "AssertionError" in store.get_text(keys.turn_key(RUN, TASK, 1, 0, "stderr.txt"))
+    assert store.get_text(keys.attempt_key(RUN, TASK, 0, 0, 1, "stdout.txt")) == "solved\n"
+    assert "AssertionError" in store.get_text(keys.attempt_key(RUN, TASK, 1, 0, 1, "stderr.txt"))
     assert heartbeats and time.monotonic() - started < 30
 
 
@@ -93,13 +100,13 @@ async def test_items_run_concurrently(store: ObjectStore) -> None:
 
 @pytest.mark.asyncio
 async def test_platform_fault_is_a_retryable_error(store: ObjectStore) -> None:
-    backend = LocalBackend(Settings())
+    backend = LocalBackend()
     backend.bwrap = None
     acts = SandboxActivities(Settings(), store=store, backend=backend)
     with pytest.raises(ApplicationError) as caught:
         await ActivityEnvironment().run(acts.execute, request(store, {0: PROGRAMS[0]}))
     assert caught.value.type == "SandboxInfraError" and not caught.value.non_retryable
-    assert not store.exists(keys.turn_key(RUN, TASK, 0, 0, "result.json"))
+    assert not list(store.list_keys(keys.turn_prefix(RUN, TASK, 0, 0) + "attempt-"))
 
 
 @pytest.mark.asyncio

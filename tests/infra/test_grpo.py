@@ -15,18 +15,32 @@ from infra import grpo
 
 def turn(prompt: list[int], completion: list[int], version: int = 0, k: int = 0) -> TrajectoryTurn:
     return TrajectoryTurn(
-        turn=k, policy_version=version, prompt_token_ids=prompt, completion_token_ids=completion,
-        completion_logprobs=[-1.0] * len(completion), completion_text="", code="",
-        status=ExecStatus.FAILED, reward=0.0,
-    )  # fmt: skip
+        turn=k,
+        policy_version=version,
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        completion_logprobs=[-1.0] * len(completion),
+        completion_text="",
+        code="",
+        status=ExecStatus.FAILED,
+        reward=0.0,
+    )
 
 
 def trajectory(sample: int, reward: float, turns: list[TrajectoryTurn]) -> Trajectory:
     return Trajectory(
-        id=f"r.t.s{sample}", run_id="r", task_id="t", sample=sample, group_size=4, prompt="p",
-        turns=turns, reward=reward, solved=reward > 0, policy_version=turns[-1].policy_version,
+        id=f"r.t.s{sample}",
+        run_id="r",
+        task_id="t",
+        sample=sample,
+        group_size=4,
+        prompt="p",
+        turns=turns,
+        reward=reward,
+        solved=reward > 0,
+        policy_version=turns[-1].policy_version,
         created_at="",
-    )  # fmt: skip
+    )
 
 
 def test_group_advantages_hand_computed() -> None:

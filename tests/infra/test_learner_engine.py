@@ -39,10 +39,16 @@ def groups(tiny_dir: Path) -> list[list[Trajectory]]:
             logprobs = engine.sequence_logprobs(grpo.collate([row], pad_id=0))
             old = logprobs[0, len(prompt) - 1 :].tolist()
             turn = TrajectoryTurn(
-                turn=0, policy_version=0, prompt_token_ids=prompt, completion_token_ids=completion,
-                completion_logprobs=old, completion_text="", code="", status=ExecStatus.FAILED,
+                turn=0,
+                policy_version=0,
+                prompt_token_ids=prompt,
+                completion_token_ids=completion,
+                completion_logprobs=old,
+                completion_text="",
+                code="",
+                status=ExecStatus.FAILED,
                 reward=float(sample % 2),
-            )  # fmt: skip
+            )
             group.append(
                 Trajectory(
                     id=f"r.t{task}.s{sample}",
@@ -56,7 +62,7 @@ def groups(tiny_dir: Path) -> list[list[Trajectory]]:
                     solved=sample % 2 == 1,
                     policy_version=0,
                     created_at="",
-                )  # fmt: skip
+                )
             )
         out.append(group)
     return out
@@ -155,4 +161,8 @@ def test_groups_without_signal_cost_no_compute(
     engine = LearnerEngine("cpu")
     engine.load(tiny_dir, 0, CONFIG)
     metrics = engine.train_step(flat, CONFIG)
-    assert metrics.rows == 0 and len(metrics.trained) == 8 and engine.version == 1
+    assert metrics.rows == 0 and metrics.trained == [] and engine.version == 1
+    assert len(metrics.skipped) == 8
+    assert set(metrics.skipped.values()) == {
+        "zero advantage: every sample of its group got the same reward"
+    }

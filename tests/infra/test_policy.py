@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from infra.policy import (
     SMOLLM2,
     TINY,
     PolicyIntegrityError,
+    _build_once,
     fetch_policy,
     latest_policy,
     materialize_base_model,
@@ -64,6 +67,21 @@ def test_materialize_local_dir_and_rejects_unknown(tiny_dir: Path, tmp_path: Pat
     assert materialize_base_model(str(tiny_dir), settings) == tiny_dir.resolve()
     with pytest.raises(ValueError, match="no-such-model"):
         materialize_base_model("no-such-model", settings)
+
+
+def test_concurrent_materializations_build_once(tmp_path: Path) -> None:
+    builds: list[Path] = []
+
+    def build(out: Path) -> None:
+        builds.append(out)
+        time.sleep(0.2)  # long enough that every caller arrives while it runs
+        (out / "config.json").write_text("{}")
+
+    target = tmp_path / "models" / "m"
+    with ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(lambda _: _build_once(target, build), range(4)))
+    assert done == [target] * 4 and len(builds) == 1
+    assert sorted(p.name for p in target.parent.iterdir()) == [".m.lock", "m"]  # no tmp left
 
 
 def test_publish_fetch_round_trip(store: ObjectStore, tiny_dir: Path, tmp_path: Path) -> None:
@@ -133,7 +151,9 @@ def test_smollm2_converts_and_writes_python(tmp_path: Path) -> None:
 
     path = materialize_base_model(SMOLLM2, Settings(home=tmp_path))
     tokenizer: Any = AutoTokenizer.from_pretrained(path)
-    assert AutoModelForCausalLM.from_pretrained(path).dtype == torch.float32  # as stored: updates must not round away
+    assert (
+        AutoModelForCausalLM.from_pretrained(path).dtype == torch.float32
+    )  # as stored: updates must not round away
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)  # fast on CPU
     assert model.config.num_hidden_layers == 30
     messages = [{"role": "user", "content": "Write a Python function is_even(n)."}]

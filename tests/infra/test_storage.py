@@ -15,6 +15,7 @@ from contracts.task import TaskSpec
 from infra.seaweed import pick_free_ports
 from infra.storage import (
     MULTIPART_THRESHOLD,
+    PROBE_PREFIX,
     DigestMismatch,
     ObjectExists,
     ObjectNotFound,
@@ -156,10 +157,16 @@ def test_unreachable_endpoint_is_transient(seaweed: SeaweedServer) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"secret_key": SecretStr("wrong")}, "rejected the credentials for access key 'test-key' (wrong secret key)"),
-        ({"access_key": "nobody"}, "rejected the credentials for access key 'nobody' (unknown access key)"),
+        (
+            {"secret_key": SecretStr("wrong")},
+            "rejected the credentials for access key 'test-key' (wrong secret key)",
+        ),
+        (
+            {"access_key": "nobody"},
+            "rejected the credentials for access key 'nobody' (unknown access key)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_wrong_credentials_are_permanent(
     seaweed: SeaweedServer, store: ObjectStore, change: dict[str, Any], message: str
 ) -> None:
@@ -194,3 +201,16 @@ def test_store_recovers_after_restart(seaweed: SeaweedServer, store: ObjectStore
     assert store.get_bytes("durable") == b"kept"
     store.put_bytes("after", b"new", create_only=True)
     assert store.exists("after")
+
+
+def test_store_that_ignores_if_none_match_is_refused(store: ObjectStore) -> None:
+    store.check_create_only()  # SeaweedFS enforces conditional writes
+    assert not list(store.list_keys(PROBE_PREFIX)), "the probe cleans up after itself"
+
+    def drop_condition(params: dict[str, Any], **_: Any) -> None:
+        params.pop("IfNoneMatch", None)  # as a store that ignores the header would behave
+
+    store._client.meta.events.register("provide-client-params.s3.PutObject", drop_condition)
+    with pytest.raises(PermanentStorageError, match="ignores If-None-Match") as err:
+        store.check_create_only()
+    assert str(err.value).count("\n") == 0

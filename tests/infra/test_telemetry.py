@@ -8,14 +8,22 @@ import re
 import socket
 import time
 import urllib.request
+import uuid
 from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from temporalio import activity, workflow
+from temporalio.client import Client
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+from temporalio.worker import Worker
 
 from infra import telemetry as tm
 from infra.settings import Settings
 from infra.telemetry_files import histogram_quantile
+from tests.fixtures.temporal import TemporalServer
 
 
 def _free_port() -> int:
@@ -150,14 +158,17 @@ def test_read_live_figures_aggregates_the_newest_snapshots(tmp_path: Path) -> No
     figures = tm.read_live_figures(settings)
     assert list(figures) == [telemetry.jsonl_path.stem]  # a file with no metrics is skipped
     worker = figures[telemetry.jsonl_path.stem]
-    assert worker["service"] == "inference" and worker["alive"] is True
-    assert worker["sandbox_runs"] == {"passed": 3, "failed": 1, "timeout": 1}
-    assert 0.025 <= worker["sandbox_p50_s"] <= 0.05
-    assert 300 / 5 < worker["tokens_per_s"] < 300 / 0.2 + 1  # 300 tokens between two snapshots
-    assert worker["reward_mean"] == 0.4 and worker["pass_rate"] == 0.5
-    assert worker["learner_steps"] == 2 and worker["learner_step_mean_s"] == 3.0
-    assert worker["rss_mb"] > 10 and worker["rss_peak_mb"] >= worker["rss_mb"]
-    assert 0 <= worker["age_s"] < 60
+    assert worker.service == "inference" and worker.alive is True
+    assert worker.sandbox_runs == {"passed": 3, "failed": 1, "timeout": 1}
+    assert worker.sandbox_p50_s is not None and 0.025 <= worker.sandbox_p50_s <= 0.05
+    tokens_per_s = worker.tokens_per_s
+    assert tokens_per_s is not None and 300 / 5 < tokens_per_s < 300 / 0.2 + 1  # 300 tokens
+    assert worker.reward_mean == 0.4 and worker.pass_rate == 0.5
+    assert worker.learner_steps == 2 and worker.learner_step_mean_s == 3.0
+    assert worker.rss_mb is not None and worker.rss_mb > 10
+    assert worker.rss_peak_mb is not None and worker.rss_peak_mb >= worker.rss_mb
+    assert 0 <= worker.age_s < 60
+    assert worker.queues == {}  # no activity ran in this process
     assert tm.read_live_figures(Settings(home=tmp_path / "absent")) == {}
     old = time.time() - 3600
     os.utime(telemetry.jsonl_path, (old, old))
@@ -173,8 +184,6 @@ def test_histogram_quantile_interpolates_within_a_bucket() -> None:
 
 
 def test_queue_wait_is_schedule_to_start_of_the_attempt(tmp_path: Path) -> None:
-    from datetime import timedelta
-
     from temporalio.testing import ActivityEnvironment
 
     environment = ActivityEnvironment()
@@ -193,3 +202,59 @@ def test_queue_wait_is_schedule_to_start_of_the_attempt(tmp_path: Path) -> None:
     (wait,) = [p for p in snapshot["points"] if p["name"] == "tempered.activity.queue_wait"]
     assert wait["count"] == 1 and wait["sum"] == 1.5
     assert wait["attrs"] == {"activity": info.activity_type, "queue": info.task_queue}
+
+
+@workflow.defn(sandboxed=False)
+class _TwoAttempts:
+    """Runs `_succeed`, then `_explode` once (no retry)."""
+
+    @workflow.run
+    async def run(self) -> str:
+        timeout = timedelta(seconds=30)
+        await workflow.execute_activity(_succeed, start_to_close_timeout=timeout)
+        try:
+            once = RetryPolicy(maximum_attempts=1)
+            await workflow.execute_activity(
+                _explode, start_to_close_timeout=timeout, retry_policy=once
+            )
+        except ActivityError:
+            return "failed once"
+        return "unexpected success"
+
+
+@activity.defn
+async def _succeed() -> str:
+    return "ok"
+
+
+@activity.defn
+async def _explode() -> str:
+    raise RuntimeError("the sandbox backend is gone")
+
+
+@pytest.mark.asyncio
+async def test_activity_figures_count_attempts_by_queue_and_keep_the_last_error(
+    tmp_path: Path, temporal_server: TemporalServer, namespace: str
+) -> None:
+    settings = Settings(home=tmp_path)
+    telemetry = tm.setup_telemetry(settings, "sandbox", export_interval_s=60)
+    started = time.time()
+    try:
+        client = await Client.connect(
+            temporal_server.address, namespace=namespace, interceptors=telemetry.interceptors()
+        )
+        async with Worker(
+            client, task_queue="sandbox", workflows=[_TwoAttempts], activities=[_succeed, _explode]
+        ):
+            outcome = await client.execute_workflow(
+                _TwoAttempts.run, id=f"two-attempts-{uuid.uuid4()}", task_queue="sandbox"
+            )
+        assert outcome == "failed once"
+        telemetry.flush()
+    finally:
+        telemetry.shutdown()
+    worker = tm.read_live_figures(settings)[f"sandbox-{os.getpid()}"]
+    sandbox = worker.queues["sandbox"]
+    assert (sandbox.in_flight, sandbox.succeeded, sandbox.failed) == (0, 1, 1)
+    assert sandbox.last_error_at is not None and started <= sandbox.last_error_at <= time.time()
+    assert sandbox.last_error == "_explode: RuntimeError: the sandbox backend is gone"

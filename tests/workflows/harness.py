@@ -22,7 +22,9 @@ from infra.storage import ObjectStore
 
 
 async def connect(address: str, namespace: str) -> Client:
-    return await Client.connect(address, namespace=namespace, data_converter=pydantic_data_converter)
+    return await Client.connect(
+        address, namespace=namespace, data_converter=pydantic_data_converter
+    )
 
 
 @contextlib.asynccontextmanager
@@ -54,11 +56,16 @@ class ScriptedModel:
         for item in request.items:
             code = self.script(item.sample, request.turn)
             text = f"```python\n{code}\n```"
+
             def key(name: str, sample: int = item.sample) -> str:
                 return keys.turn_key(request.run_id, request.task_id, sample, request.turn, name)
+
             record = CompletionRecord(
-                text=text, prompt_token_ids=[1, 2, 3], completion_token_ids=[4, 5],
-                logprobs=[-0.5, -0.25], policy_version=self.version,
+                text=text,
+                prompt_token_ids=[1, 2, 3],
+                completion_token_ids=[4, 5],
+                logprobs=[-0.5, -0.25],
+                policy_version=self.version,
             )
             completions.append(
                 Completion(

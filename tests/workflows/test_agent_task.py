@@ -67,7 +67,10 @@ async def test_group_rolls_out_to_done_with_known_rewards(
         },
     ):
         handle = await client.start_workflow(
-            AgentTaskWorkflow.run, task_input, id=f"{run_id}-task", task_queue=Queue.AGENT_TASKS.value
+            AgentTaskWorkflow.run,
+            task_input,
+            id=f"{run_id}-task",
+            task_queue=Queue.AGENT_TASKS.value,
         )
         result: AgentTaskResult = await handle.result()
         status: TaskStatus = await handle.query(AgentTaskWorkflow.status)
@@ -83,7 +86,10 @@ async def test_group_rolls_out_to_done_with_known_rewards(
     stored = sorted(store.list_keys(keys.trajectories_prefix(run_id)))
     assert stored == [keys.trajectory_key(run_id, TASK.id, s) for s in range(3)]
     second = store.get_model(stored[1], Trajectory)
-    assert [t.status for t in second.turns] == ["failed", "passed"] and second.reward == pytest.approx(0.9)
+    assert [t.status for t in second.turns] == [
+        "failed",
+        "passed",
+    ] and second.reward == pytest.approx(0.9)
 
     history = await handle.fetch_history()
     activity_types = {
@@ -107,11 +113,16 @@ async def test_group_rolls_out_to_done_with_known_rewards(
 @pytest.mark.asyncio
 async def test_invalid_task_fails_once_naming_the_field(temporal_server, namespace) -> None:
     client = await connect(temporal_server.address, namespace)
-    bad = {"task": {"id": "x", "prompt": "p", "entry_point": "1bad", "tests": "pass"}, "group_size": 0}
+    bad = {
+        "task": {"id": "x", "prompt": "p", "entry_point": "1bad", "tests": "pass"},
+        "group_size": 0,
+    }
     async with running_workers(client, {Queue.AGENT_TASKS: {"workflows": [AgentTaskWorkflow]}}):
         with pytest.raises(WorkflowFailureError) as caught:
             await client.execute_workflow(
-                "AgentTaskWorkflow", bad, id=f"bad-{uuid.uuid4().hex[:6]}",
+                "AgentTaskWorkflow",
+                bad,
+                id=f"bad-{uuid.uuid4().hex[:6]}",
                 task_queue=Queue.AGENT_TASKS.value,
             )
     message = str(caught.value.cause)

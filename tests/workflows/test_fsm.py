@@ -41,5 +41,10 @@ def test_table_covers_every_state_and_done_is_terminal() -> None:
         (False, 0, 3, True, State.DONE),
     ],
 )
-def test_after_feedback(all_solved: bool, turn: int, max_turns: int, aborted: bool, expected: State) -> None:
-    assert after_feedback(all_solved=all_solved, turn=turn, max_turns=max_turns, aborted=aborted) is expected
+def test_after_feedback(
+    all_solved: bool, turn: int, max_turns: int, aborted: bool, expected: State
+) -> None:
+    assert (
+        after_feedback(all_solved=all_solved, turn=turn, max_turns=max_turns, aborted=aborted)
+        is expected
+    )

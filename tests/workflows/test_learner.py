@@ -45,7 +45,9 @@ class ScriptedTrainer:
         version = request.step + 1
         return TrainStepResponse(
             policy=PolicyVersion(run_id=request.run_id, version=version, prefix=f"p/{version}"),
-            loss=0.0, trained=len(request.groups), ack=REF,
+            loss=0.0,
+            trained=len(request.groups),
+            ack=REF,
         )
 
 
@@ -63,7 +65,9 @@ async def test_each_group_trained_once_across_continue_as_new() -> None:
             handle = await env.client.start_workflow(
                 LearnerWorkflow.run,
                 LearnerInput(
-                    run_id="r", config=GRPOConfig(groups_per_step=2), max_steps=10,
+                    run_id="r",
+                    config=GRPOConfig(groups_per_step=2),
+                    max_steps=10,
                     steps_per_run=1,
                 ),
                 id="learner-test",

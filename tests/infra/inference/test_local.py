@@ -23,7 +23,7 @@ from infra.inference.local import (
     sample_batch,
 )
 from infra.policy import materialize_base_model
-from infra.settings import InferenceSettings, Settings
+from infra.settings import LocalInferenceSettings, Settings
 
 CPU = torch.device("cpu")
 
@@ -113,9 +113,10 @@ def test_rows_stop_independently_at_eos(policy: LoadedPolicy) -> None:
     # Declare a token of row 0 that row 1 never emits an EOS: row 0 must stop right there with
     # "stop", row 1 must run on, unchanged, to its budget.
     stop_at = next(
-        k for k, t in enumerate(free[0].token_ids)
+        k
+        for k, t in enumerate(free[0].token_ids)
         if k >= 1 and t not in free[0].token_ids[:k] and t not in free[1].token_ids
-    )  # fmt: skip
+    )
     eos = free[0].token_ids[stop_at]
     stopping = dataclasses.replace(policy, eos_ids=frozenset({eos}))
     first, second = sample_batch(stopping, rows, params)
@@ -160,8 +161,7 @@ def test_a_nucleus_wider_than_the_top_k_is_still_exact() -> None:
 async def test_backend_keeps_at_most_two_versions_and_serves_through_the_batcher(
     tiny_dir: Path,
 ) -> None:
-    settings = Settings(inference=InferenceSettings(threads=1))
-    backend = LocalBackend(settings)
+    backend = LocalBackend(LocalInferenceSettings(threads=1))
     batcher = Batcher(backend, max_batch=8, max_wait_ms=20)
     handles = [PolicyHandle("run-l", v, tiny_dir) for v in range(3)]
     rows = prompts(6)

@@ -47,8 +47,13 @@ def test_history_renders_each_completion_and_its_feedback() -> None:
     slow = ExecutionResult(status=ExecStatus.TIMEOUT, limits=SandboxLimits(timeout_s=2.5))
     messages = build_messages("Write add.", [("first try", failed), ("second try", slow)])
     assert [m["role"] for m in messages] == [
-        "system", "user", "assistant", "user", "assistant", "user",
-    ]  # fmt: skip
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+    ]
     assert messages[2]["content"] == "first try" and messages[4]["content"] == "second try"
     first_feedback = messages[3]["content"]
     assert "status: failed" in first_feedback and "Tests passed: 1/3." in first_feedback

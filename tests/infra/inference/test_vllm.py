@@ -17,7 +17,7 @@ from aiohttp import web
 from contracts.task import SamplingParams
 from infra.inference import InferenceError, PolicyHandle, get_backend
 from infra.inference.vllm import VLLMBackend
-from infra.settings import InferenceSettings, Settings
+from infra.settings import Settings
 
 SERVED = PolicyHandle("run-v", 3, Path("/unused"))
 
@@ -77,7 +77,7 @@ async def fake_vllm() -> AsyncIterator[tuple[FakeVLLM, str]]:
 
 
 def backend_for(url: str) -> VLLMBackend:
-    backend = get_backend(Settings(inference=InferenceSettings(backend="vllm", vllm_url=url)))
+    backend = get_backend(Settings(inference={"backend": "vllm", "vllm": {"url": url}}))
     assert isinstance(backend, VLLMBackend)
     return backend
 

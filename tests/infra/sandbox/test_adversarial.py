@@ -21,7 +21,7 @@ from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox.gvisor import GVisorBackend
 from infra.sandbox.local import LocalBackend, worker_uids
-from infra.settings import REPO_ROOT, Settings
+from tests.paths import REPO_ROOT
 
 CANARY = "tempered-canary-7f3a"
 FAST = SandboxLimits(timeout_s=5)
@@ -40,15 +40,19 @@ def _runsc_works() -> str | None:
     scope="module",
     params=[
         "local",
-        pytest.param("gvisor", marks=[pytest.mark.slow, pytest.mark.skipif(bool(_runsc_works()), reason=str(_runsc_works()))]),
+        pytest.param(
+            "gvisor",
+            marks=[
+                pytest.mark.slow,
+                pytest.mark.skipif(bool(_runsc_works()), reason=str(_runsc_works())),
+            ],
+        ),
     ],
-)  # fmt: skip
+)
 def backend(request: pytest.FixtureRequest) -> LocalBackend | GVisorBackend:
     if shutil.which("bwrap") is None or os.geteuid() != 0:
         pytest.skip("needs bwrap and root")
-    return (
-        LocalBackend(Settings(), warm=0) if request.param == "local" else GVisorBackend(Settings())
-    )
+    return LocalBackend(warm=0) if request.param == "local" else GVisorBackend()
 
 
 def _run(backend, program: str, tests: str = "", entry_point: str | None = None, limits=FAST):  # type: ignore[no-untyped-def]

@@ -16,7 +16,6 @@ from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox import SandboxInfraError
 from infra.sandbox.gvisor import GVisorBackend
-from infra.settings import Settings
 
 CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n"
 
@@ -26,7 +25,7 @@ def _why_not() -> str | None:
         return "runsc is not installed"
     if os.geteuid() != 0:
         return "runsc run needs root"
-    probe = GVisorBackend(Settings())
+    probe = GVisorBackend()
     try:
         result = asyncio.run(probe.run("print('up')"))
     except SandboxInfraError as exc:
@@ -44,7 +43,7 @@ def backend() -> Iterator[GVisorBackend]:
     reason = _why_not()
     if reason:
         pytest.skip(reason)
-    chosen = GVisorBackend(Settings())
+    chosen = GVisorBackend()
     yield chosen
     asyncio.run(chosen.close())
 
@@ -78,7 +77,7 @@ async def test_output_and_truncation(backend: GVisorBackend) -> None:
 
 @pytest.mark.asyncio
 async def test_missing_runsc_is_an_infra_error() -> None:
-    backend = GVisorBackend(Settings())
+    backend = GVisorBackend()
     backend.runsc = None
     with pytest.raises(SandboxInfraError, match="runsc"):
         await backend.run("print(1)")

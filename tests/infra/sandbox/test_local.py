@@ -26,7 +26,7 @@ FAST = SandboxLimits(timeout_s=5)
 
 @pytest.fixture(scope="module")
 def backend() -> LocalBackend:
-    return LocalBackend(Settings(), warm=0)
+    return LocalBackend(warm=0)
 
 
 @pytest.mark.asyncio
@@ -39,13 +39,27 @@ def backend() -> LocalBackend:
         ("def add(a, b):\n    return a / 0\n", CHECK, "add", ExecStatus.ERROR, 0, 1),
         ("def plus(a, b):\n    return a + b\n", CHECK, "add", ExecStatus.ERROR, 0, 1),
         ("raise ValueError('boom')\n", CHECK, "add", ExecStatus.ERROR, 0, 1),
-        ("def f(x):\n    return 2 * x\n", "assert f(1) == 2\nassert f(2) == 4\n", None, ExecStatus.PASSED, 2, 2),
-        ("def f(x):\n    return 2 * x\n", "assert f(1) == 2\nassert f(2) == 5\nassert f(3) == 6\n", None, ExecStatus.FAILED, 2, 3),
+        (
+            "def f(x):\n    return 2 * x\n",
+            "assert f(1) == 2\nassert f(2) == 4\n",
+            None,
+            ExecStatus.PASSED,
+            2,
+            2,
+        ),
+        (
+            "def f(x):\n    return 2 * x\n",
+            "assert f(1) == 2\nassert f(2) == 5\nassert f(3) == 6\n",
+            None,
+            ExecStatus.FAILED,
+            2,
+            3,
+        ),
         ("print('hello')\n", "", None, ExecStatus.PASSED, 0, 0),
         ("import sys\nsys.exit(3)\n", "", None, ExecStatus.FAILED, 0, 0),
         ("x = [1, 2\n", "", None, ExecStatus.ERROR, 0, 0),
     ],
-)  # fmt: skip
+)
 async def test_statuses(backend, program, tests, entry_point, status, passed, total) -> None:
     result = await backend.run(program, tests, FAST, entry_point)
     assert (result.status, result.tests_passed, result.tests_total) == (status, passed, total), (
@@ -134,7 +148,7 @@ async def test_enforcement_reports_cgroups_when_available(backend) -> None:
 
 @pytest.mark.asyncio
 async def test_rlimit_mode_still_enforces_memory() -> None:
-    backend = LocalBackend(Settings())
+    backend = LocalBackend()
     backend.use_cgroups, backend.enforcement = False, "rlimit"
     result = await backend.run("x = bytearray(300 * 2**20)\n", "", SandboxLimits(memory_mb=128))
     assert result.status == ExecStatus.MEMORY_EXCEEDED and result.enforcement == "rlimit"
@@ -142,7 +156,7 @@ async def test_rlimit_mode_still_enforces_memory() -> None:
 
 @pytest.mark.asyncio
 async def test_missing_bwrap_is_an_infra_error() -> None:
-    backend = LocalBackend(Settings())
+    backend = LocalBackend()
     backend.bwrap = None
     with pytest.raises(SandboxInfraError):
         await backend.run("print(1)\n")
@@ -166,7 +180,7 @@ def _live_sandbox_processes() -> int:
 
 @pytest.mark.asyncio
 async def test_warm_pool_runs_each_program_in_a_fresh_sandbox() -> None:
-    backend = LocalBackend(Settings(), warm=2)
+    backend = LocalBackend(warm=2)
     leave_traces = (
         "import os, time\nopen('/tmp/trace', 'w').write('secret')\n"
         "if os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"

@@ -62,8 +62,14 @@ def test_starter_is_deterministic_across_calls_and_processes() -> None:
     assert load_suite("starter")[0].prompt != "mutated"
     here = hashlib.sha256("".join(t.model_dump_json() for t in second).encode()).hexdigest()
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    other = subprocess.run([sys.executable, "-c", DIGEST], cwd=REPO, env=env, check=True,
-                           capture_output=True, text=True).stdout.strip()
+    other = subprocess.run(
+        [sys.executable, "-c", DIGEST],
+        cwd=REPO,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     assert other == here
 
 
@@ -73,7 +79,9 @@ def test_starter_prompts_name_entry_point_and_ask_for_code() -> None:
         assert f">>> {task.entry_point}(" in task.prompt, task.id
         assert "```python" in task.prompt and len(task.prompt) < 600, task.id
         assert (task.canonical_solution or "").startswith(f"def {task.entry_point}("), task.id
-        assert task.tests.count("assert candidate(") + task.tests.count("assert abs(candidate(") >= 3
+        assert (
+            task.tests.count("assert candidate(") + task.tests.count("assert abs(candidate(") >= 3
+        )
 
 
 def test_starter_canonical_passes_and_wrong_fails_every_task() -> None:
@@ -118,13 +126,25 @@ def test_jsonl_round_trip_through_load_suite(tmp_path: Path) -> None:
     ("line", "message"),
     [
         ('{"id": "a", "prompt": "p", "entry_point": "f"', r"bad.jsonl:3: invalid JSON"),
-        ('[1, 2]', r"bad.jsonl:3: expected a JSON object, got list"),
+        ("[1, 2]", r"bad.jsonl:3: expected a JSON object, got list"),
         ('{"id": "a", "prompt": "p", "entry_point": "f"}', r"bad.jsonl:3: tests: Field required"),
-        ('{"id": "a", "prompt": "p", "entry_point": "1f", "tests": "t"}', r"bad.jsonl:3: entry_point"),
+        (
+            '{"id": "a", "prompt": "p", "entry_point": "1f", "tests": "t"}',
+            r"bad.jsonl:3: entry_point",
+        ),
         ('{"id": "a b", "prompt": "p", "entry_point": "f", "tests": "t"}', r"bad.jsonl:3: id"),
-        ('{"id": "x", "prompt": "p", "entry_point": "f", "tests": "t", "split": "dev"}', r"bad.jsonl:3: split"),
-        ('{"id": "x", "prompt": "p", "entry_point": "f", "tests": "t", "test": "t"}', r"bad.jsonl:3: test: Extra"),
-        ('{"id": "ok", "prompt": "p", "entry_point": "f", "tests": "t"}', r"bad.jsonl:3: id: 'ok' already used on line 1"),
+        (
+            '{"id": "x", "prompt": "p", "entry_point": "f", "tests": "t", "split": "dev"}',
+            r"bad.jsonl:3: split",
+        ),
+        (
+            '{"id": "x", "prompt": "p", "entry_point": "f", "tests": "t", "test": "t"}',
+            r"bad.jsonl:3: test: Extra",
+        ),
+        (
+            '{"id": "ok", "prompt": "p", "entry_point": "f", "tests": "t"}',
+            r"bad.jsonl:3: id: 'ok' already used on line 1",
+        ),
     ],
 )
 def test_jsonl_errors_name_file_line_and_field(tmp_path: Path, line: str, message: str) -> None:

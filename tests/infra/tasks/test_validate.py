@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
 from infra.settings import Settings
 from infra.tasks import load_quarantine, load_suite
 from infra.tasks.validate import validate_tasks, write_quarantine
-from workers import cli_tasks
+from workers.cli import run
 
 FAST_RETRY = Backoff(initial_s=0.01, coefficient=2.0, max_s=0.05, offline_attempts=3)
 DEFAULT_LIMITS = SandboxLimits()
@@ -43,8 +42,13 @@ class FlakyPlatform:
     def __init__(self, inner: SandboxBackend, faults: int) -> None:
         self.inner, self.faults, self.name, self.calls = inner, faults, inner.name, 0
 
-    async def run(self, program: str, tests: str = "", limits: SandboxLimits = DEFAULT_LIMITS,
-                  entry_point: str | None = None) -> ExecutionResult:
+    async def run(
+        self,
+        program: str,
+        tests: str = "",
+        limits: SandboxLimits = DEFAULT_LIMITS,
+        entry_point: str | None = None,
+    ) -> ExecutionResult:
         self.calls += 1
         if self.calls <= self.faults:
             raise SandboxInfraError(f"injected platform fault {self.calls}")
@@ -61,10 +65,18 @@ def sample_tasks() -> list[TaskSpec]:
 
 def broken_and_weak(template: TaskSpec) -> list[TaskSpec]:
     canonical, tests = template.canonical_solution or "", template.tests
-    broken = template.model_copy(update={
-        "id": "deliberately-broken", "canonical_solution": canonical.replace("return", "return -1 +", 1)})
-    weak = template.model_copy(update={
-        "id": "deliberately-weak", "tests": "def check(candidate):\n    assert candidate is not None\n"})
+    broken = template.model_copy(
+        update={
+            "id": "deliberately-broken",
+            "canonical_solution": canonical.replace("return", "return -1 +", 1),
+        }
+    )
+    weak = template.model_copy(
+        update={
+            "id": "deliberately-weak",
+            "tests": "def check(candidate):\n    assert candidate is not None\n",
+        }
+    )
     assert broken.canonical_solution != canonical and weak.tests != tests
     return [broken, weak]
 
@@ -77,14 +89,19 @@ async def test_validate_flags_broken_and_weak_and_passes_good_tasks(
     tasks = good + broken_and_weak(good[0])
     report = await validate_tasks(tasks, backend, suite="starter", repeats=2, concurrency=4)
     verdicts = {task.task_id: task.verdict for task in report.tasks}
-    assert verdicts == {**{t.id: "clean" for t in good},
-                        "deliberately-broken": "broken", "deliberately-weak": "weak"}
+    assert verdicts == {
+        **{t.id: "clean" for t in good},
+        "deliberately-broken": "broken",
+        "deliberately-weak": "weak",
+    }
     assert report.runs == len(tasks) * 3 and report.wall_s > 0
     broken = next(t for t in report.tasks if t.task_id == "deliberately-broken")
     assert [run.status for run in broken.canonical] == ["failed", "failed"]
     path = write_quarantine(settings, report)
     document = json.loads(path.read_text())
-    assert document["broken"] == ["deliberately-broken"] and document["weak"] == ["deliberately-weak"]
+    assert document["broken"] == ["deliberately-broken"] and document["weak"] == [
+        "deliberately-weak"
+    ]
     assert document["repeats"] == 2 and document["suite"] == "starter"
     assert load_quarantine(settings, "starter") == {"deliberately-broken", "deliberately-weak"}
 
@@ -104,8 +121,12 @@ async def test_partial_revalidation_keeps_other_quarantined_tasks(
 @pytest.mark.asyncio
 async def test_randomly_passing_task_is_flaky(backend: SandboxBackend) -> None:
     coin = TaskSpec(
-        id="coin-flip", prompt="p", entry_point="f", canonical_solution="def f():\n    return 1\n",
-        tests="import os\n\ndef check(candidate):\n    assert os.urandom(1)[0] % 2 == 0\n")
+        id="coin-flip",
+        prompt="p",
+        entry_point="f",
+        canonical_solution="def f():\n    return 1\n",
+        tests="import os\n\ndef check(candidate):\n    assert os.urandom(1)[0] % 2 == 0\n",
+    )
     report = await validate_tasks([coin], backend, suite="coin", repeats=24, concurrency=8)
     # P(24 fair coin flips all agree) = 2**-23: the verdict is flaky unless os.urandom is broken
     [check] = report.tasks
@@ -119,8 +140,9 @@ async def test_platform_faults_are_retried_not_counted_against_the_task(
 ) -> None:
     task = load_suite("starter")[0]
     platform = FlakyPlatform(backend, faults=2)
-    report = await validate_tasks([task], platform, suite="starter", repeats=1, concurrency=1,
-                                  backoff=FAST_RETRY)
+    report = await validate_tasks(
+        [task], platform, suite="starter", repeats=1, concurrency=1, backoff=FAST_RETRY
+    )
     assert report.tasks[0].verdict == "clean" and report.infra_retries == 2
 
 
@@ -135,17 +157,28 @@ async def test_persistent_platform_faults_are_infra_not_broken(backend: SandboxB
 
 
 def run_cli(settings: Settings, *argv: str) -> int:
-    parser = argparse.ArgumentParser(prog="tempered")
-    cli_tasks.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
-    code: int = args.func(args, settings)
-    return code
+    return run(list(argv), settings)
 
 
-def test_cli_validate_and_ls(settings: Settings, tmp_path: Path,
-                             capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_cli(settings, "tasks", "validate", "starter", "--limit", "3", "--repeats", "1",
-                   "--backend", "local", "--json") == 0
+def test_cli_validate_and_ls(
+    settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        run_cli(
+            settings,
+            "tasks",
+            "validate",
+            "starter",
+            "--limit",
+            "3",
+            "--repeats",
+            "1",
+            "--backend",
+            "local",
+            "--json",
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert [t["verdict"] for t in report["tasks"]] == ["clean"] * 3
     assert load_quarantine(settings, "starter") == set()
@@ -158,14 +191,40 @@ def test_cli_validate_and_ls(settings: Settings, tmp_path: Path,
 
 @pytest.mark.slow
 def test_full_starter_suite_is_clean(settings: Settings) -> None:
-    assert run_cli(settings, "tasks", "validate", "starter", "--repeats", "2",
-                   "--concurrency", "8", "--backend", "local") == 0
+    assert (
+        run_cli(
+            settings,
+            "tasks",
+            "validate",
+            "starter",
+            "--repeats",
+            "2",
+            "--concurrency",
+            "8",
+            "--backend",
+            "local",
+        )
+        == 0
+    )
     assert load_quarantine(settings, "starter") == set()
 
 
 @pytest.mark.slow
 def test_full_humaneval_is_clean_at_k5_c8(settings: Settings) -> None:
-    assert run_cli(settings, "tasks", "validate", "humaneval", "--repeats", "5",
-                   "--concurrency", "8", "--backend", "local") == 0
+    assert (
+        run_cli(
+            settings,
+            "tasks",
+            "validate",
+            "humaneval",
+            "--repeats",
+            "5",
+            "--concurrency",
+            "8",
+            "--backend",
+            "local",
+        )
+        == 0
+    )
     document = json.loads((settings.home / "quarantine" / "humaneval.json").read_text())
     assert document["tasks"] == 164 and document["quarantined"] == [] and document["infra"] == []

@@ -23,7 +23,7 @@ from kubernetes import client
 from contracts.task import SandboxLimits
 from infra.sandbox.kubernetes import KubernetesBackend, build_job_manifest
 from infra.sandbox.process import HarnessJob
-from infra.settings import Settings
+from infra.settings import KubernetesSandboxSettings
 
 RECORDED = Path(__file__).parent
 NAMESPACE = "tempered-sandbox"
@@ -181,10 +181,12 @@ class StubKubeApi:
     def backend(self, **kwargs: Any) -> KubernetesBackend:
         config = client.Configuration(host=self.url)
         config.retries = 0
-        settings = Settings(sandbox={"backend": "kubernetes", "kubernetes_namespace": NAMESPACE})
         kwargs.setdefault("poll_interval_s", 0.05)
         return KubernetesBackend(
-            settings, api_client=client.ApiClient(config), worker_id="sandbox-7f9c", **kwargs
+            KubernetesSandboxSettings(namespace=NAMESPACE),
+            api_client=client.ApiClient(config),
+            worker_id="sandbox-7f9c",
+            **kwargs,
         )
 
     def close(self) -> None:

@@ -3,6 +3,9 @@
     tempered eval --run RUN --policy 3 --suite starter      # version 3 of a training run
     tempered eval --policy smollm2 --suite humaneval        # a preset or HF dir, published as v0
                                                             # of a fresh run `eval-<timestamp>`
+
+Needs the stack and the workers running (`tempered up`, `tempered worker all`); prints one JSON
+line. Held-out evals during training are the TrainingRunWorkflow's, not this command's.
 """
 
 from __future__ import annotations
@@ -12,15 +15,22 @@ import asyncio
 import json
 from datetime import datetime
 
-from contracts.names import Queue, Workflow
+from contracts.names import Queue
 from contracts.rollout import AgentTaskResult
 from contracts.task import SamplingParams, SandboxLimits, TaskSpec, eval_task_input
+from infra.policy import materialize_base_model, publish_policy
 from infra.settings import Settings
+from infra.storage import ObjectStore
+from infra.tasks import load_suite
+from workers.runtime import connect
+from workflows.agent_task import AgentTaskWorkflow
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = sub.add_parser("eval", help="pass@1 of a policy on a suite")
-    parser.add_argument("--policy", required=True, help="version number (with --run), preset or HF dir")
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = commands.add_parser("eval", help="pass@1 of a policy on a suite")
+    parser.add_argument(
+        "--policy", required=True, help="version number (with --run), preset or HF dir"
+    )
     parser.add_argument("--run", help="training run whose version --policy names")
     parser.add_argument("--suite", default="starter", help="starter | humaneval | FILE.jsonl")
     parser.add_argument("--split", default="heldout", choices=["heldout", "train", "all"])
@@ -31,8 +41,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
-    from infra.tasks import load_suite
-
     tasks = load_suite(args.suite, split=None if args.split == "all" else args.split)
     tasks = tasks[: args.limit] if args.limit else tasks
     if not tasks:
@@ -40,9 +48,15 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
     policy_run, version = _policy(args, settings)
     results = asyncio.run(_evaluate(settings, args, tasks, policy_run, version))
     solved = sum(r.solved[0] for r in results)
-    summary = {"suite": args.suite, "split": args.split, "policy_run": policy_run,
-               "policy_version": version, "tasks": len(results), "solved": solved,
-               "pass_at_1": solved / len(results)}
+    summary = {
+        "suite": args.suite,
+        "split": args.split,
+        "policy_run": policy_run,
+        "policy_version": version,
+        "tasks": len(results),
+        "solved": solved,
+        "pass_at_1": solved / len(results),
+    }
     print(json.dumps(summary))
     return 0
 
@@ -53,9 +67,6 @@ def _policy(args: argparse.Namespace, settings: Settings) -> tuple[str, int]:
         if not args.run:
             raise ValueError("--policy VERSION needs --run RUN")
         return args.run, int(args.policy)
-    from infra.policy import materialize_base_model, publish_policy
-    from infra.storage import ObjectStore
-
     store = ObjectStore.from_settings(settings)
     run = datetime.now().strftime("eval-%Y%m%d-%H%M%S")
     publish_policy(store, run, 0, materialize_base_model(args.policy, settings, store))
@@ -65,8 +76,6 @@ def _policy(args: argparse.Namespace, settings: Settings) -> tuple[str, int]:
 async def _evaluate(
     settings: Settings, args: argparse.Namespace, tasks: list[TaskSpec], run: str, version: int
 ) -> list[AgentTaskResult]:
-    from workers.runtime import connect
-
     client = await connect(settings)
     slots = asyncio.Semaphore(args.concurrency)
     eval_run = f"{run}-eval-v{version}-{args.suite.replace('/', '_').replace('.', '_')}"
@@ -75,14 +84,20 @@ async def _evaluate(
     )
 
     async def one(task: TaskSpec) -> AgentTaskResult:
+        request = eval_task_input(
+            task,
+            run_id=eval_run,
+            policy_run=run,
+            policy_version=version,
+            sampling=sampling,
+            limits=SandboxLimits(),
+        )
         async with slots:
             return await client.execute_workflow(
-                Workflow.AGENT_TASK.value,
-                eval_task_input(task, run_id=eval_run, policy_run=run, policy_version=version,
-                                sampling=sampling, limits=SandboxLimits()),
+                AgentTaskWorkflow.run,
+                request,
                 id=f"{eval_run}-{task.id}",
                 task_queue=Queue.AGENT_TASKS.value,
-                result_type=AgentTaskResult,
             )
 
     return list(await asyncio.gather(*(one(t) for t in tasks)))

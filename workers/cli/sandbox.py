@@ -4,7 +4,8 @@
     tempered sandbox run spin.py --backend gvisor --timeout 2 --memory-mb 128
 
 Exit status 0 whenever the sandbox worked, whatever the program did (read `status`); 3 when the
-platform failed (`infra_error`, message on stderr).
+platform failed (`infra_error`, message on stderr). Runs the backend in this process, as the
+sandbox activity does, without Temporal or S3.
 """
 
 from __future__ import annotations
@@ -13,26 +14,26 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import get_args
 
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import SandboxLimits
-from infra.settings import Settings
+from infra.sandbox import SandboxInfraError, get_backend
+from infra.settings import SandboxBackendName, Settings
 
 INFRA_ERROR_EXIT = 3
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    sandbox = subparsers.add_parser("sandbox", help="run programs in the sandbox")
-    commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
-    run = commands.add_parser("run", help="run PROGRAM.py (then its tests) in a sandbox")
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sandbox = commands.add_parser("sandbox", help="run programs in the sandbox")
+    actions = sandbox.add_subparsers(dest="sandbox_command", required=True, metavar="COMMAND")
+    run = actions.add_parser("run", help="run PROGRAM.py (then its tests) in a sandbox")
     run.add_argument("program", type=Path, help="Python file to run")
     run.add_argument(
         "--tests", type=Path, help="Python file run after the program, in its namespace"
     )
     run.add_argument("--entry-point", help="function passed to the tests' check(candidate)")
-    run.add_argument(
-        "--backend", choices=["local", "gvisor", "kubernetes"], help="default: settings"
-    )
+    run.add_argument("--backend", choices=get_args(SandboxBackendName), help="default: settings")
     run.add_argument("--timeout", type=float, help="wall-clock limit in seconds")
     run.add_argument("--memory-mb", type=int, help="memory limit in MiB")
     run.add_argument("--json", action="store_true", help="print one JSON object")
@@ -40,8 +41,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 
 def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
-    from infra.sandbox import SandboxInfraError, get_backend
-
     overrides = {"timeout_s": args.timeout, "memory_mb": args.memory_mb}
     limits = SandboxLimits(**{k: v for k, v in overrides.items() if v is not None})
     program = args.program.read_text()
@@ -67,12 +66,8 @@ def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
                 status=ExecStatus.INFRA_ERROR, backend=backend_name, limits=limits, detail=str(exc)
             )
             print(failed.model_dump_json())
-
         return INFRA_ERROR_EXIT
-    if args.json:
-        print(result.model_dump_json())
-    else:
-        print(describe(result))
+    print(result.model_dump_json() if args.json else describe(result))
     return 0
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
@@ -17,18 +16,14 @@ from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import load_suite
 from tests.fixtures.s3 import SeaweedServer
-from workers.cli_runs import register
+from workers.cli import run
 
 RUN = "demo"
 Capture = pytest.CaptureFixture[str]
 
 
 def cli(argv: list[str], settings: Settings) -> int:
-    parser = argparse.ArgumentParser(prog="tempered")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    code: int = args.func(args, settings)
-    return code
+    return run(argv, settings)
 
 
 def settings_for(
@@ -41,15 +36,29 @@ def settings_for(
 
 def trajectory(task_id: str, sample: int, code: str, solved: bool) -> Trajectory:
     turn = TrajectoryTurn(
-        turn=0, policy_version=sample, prompt_token_ids=[1], completion_token_ids=[2],
-        completion_logprobs=[-0.1], completion_text=code, code=code,
-        status=ExecStatus.PASSED if solved else ExecStatus.FAILED, reward=1.0 if solved else -0.1,
-    )  # fmt: skip
+        turn=0,
+        policy_version=sample,
+        prompt_token_ids=[1],
+        completion_token_ids=[2],
+        completion_logprobs=[-0.1],
+        completion_text=code,
+        code=code,
+        status=ExecStatus.PASSED if solved else ExecStatus.FAILED,
+        reward=1.0 if solved else -0.1,
+    )
     return Trajectory(
-        id=trajectory_id(RUN, task_id, sample), run_id=RUN, task_id=task_id, sample=sample,
-        group_size=2, prompt="p", turns=[turn], reward=turn.reward, solved=solved,
-        policy_version=sample, created_at="2025-01-01T00:00:00Z",
-    )  # fmt: skip
+        id=trajectory_id(RUN, task_id, sample),
+        run_id=RUN,
+        task_id=task_id,
+        sample=sample,
+        group_size=2,
+        prompt="p",
+        turns=[turn],
+        reward=turn.reward,
+        solved=solved,
+        policy_version=sample,
+        created_at="2025-01-01T00:00:00Z",
+    )
 
 
 @pytest.fixture
@@ -122,11 +131,19 @@ def test_runs_show(
 @pytest.mark.parametrize(
     ("argv", "s3", "message"),
     [
-        (["runs", "show", "nope"], {}, "tempered runs: unknown run 'nope': nothing stored under s3://"),
-        (["runs", "ls"], {"access_key": "intruder"}, "rejected the credentials for access key 'intruder'"),
+        (
+            ["runs", "show", "nope"],
+            {},
+            "tempered runs: unknown run 'nope': nothing stored under s3://",
+        ),
+        (
+            ["runs", "ls"],
+            {"access_key": "intruder"},
+            "rejected the credentials for access key 'intruder'",
+        ),
         (["regrade", "nope", "--grader", "bad/name"], {}, "--grader 'bad/name': use letters"),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_one_line_exit_2(
     seaweed: SeaweedServer,
     store: ObjectStore,

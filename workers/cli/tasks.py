@@ -5,6 +5,7 @@
 
 `validate` exits 0 when every task is clean, 1 when it quarantined tasks (broken, flaky or
 weak tests), 2 when some runs kept failing for platform reasons (infra) or the input was bad.
+The verdicts and the quarantine file are `infra.tasks.validate`'s; this module prints them.
 """
 
 from __future__ import annotations
@@ -12,38 +13,50 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from typing import get_args
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from infra.settings import SandboxBackendName, Settings
 from infra.tasks import SPLITS, load_suite
+from infra.tasks.validate import (
+    VALIDATION_LIMITS,
+    ValidationReport,
+    validate_suite,
+    write_quarantine,
+)
 
-if TYPE_CHECKING:
-    from infra.settings import Settings
-    from infra.tasks.validate import ValidationReport
+VERDICT_STYLE = {
+    "clean": "green",
+    "broken": "red",
+    "flaky": "yellow",
+    "weak": "magenta",
+    "infra": "cyan",
+}
 
-VERDICT_STYLE = {"clean": "green", "broken": "red", "flaky": "yellow", "weak": "magenta", "infra": "cyan"}
 
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tasks = commands.add_parser("tasks", help="list and validate task suites")
+    actions = tasks.add_subparsers(dest="tasks_command", required=True, metavar="COMMAND")
 
-def register(subparsers: Any) -> None:
-    """Add `tasks ls` and `tasks validate` to the `tempered` CLI."""
-    tasks = subparsers.add_parser("tasks", help="list and validate task suites")
-    commands = tasks.add_subparsers(dest="tasks_command", required=True, metavar="COMMAND")
-
-    listing = commands.add_parser("ls", help="list a suite's task ids and splits")
+    listing = actions.add_parser("ls", help="list a suite's task ids and splits")
     listing.add_argument("suite", help="starter | humaneval | path to a .jsonl file")
     listing.add_argument("--split", choices=SPLITS, default=None)
     listing.add_argument("--json", action="store_true", help="print JSON lines")
     listing.set_defaults(func=list_tasks)
 
-    check = commands.add_parser("validate", help="run canonical/wrong solutions; write quarantine")
+    check = actions.add_parser("validate", help="run canonical/wrong solutions; write quarantine")
     check.add_argument("suite", help="starter | humaneval | path to a .jsonl file")
     check.add_argument("--repeats", type=int, default=5, help="canonical runs per task (K)")
-    check.add_argument("--concurrency", type=int, default=None,
-                       help="sandbox runs in flight (C; default: settings.sandbox.concurrency)")
-    check.add_argument("--backend", default=None, help="sandbox backend (default: settings)")
+    check.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="sandbox runs in flight (C; default: settings.sandbox.concurrency)",
+    )
+    check.add_argument("--backend", choices=get_args(SandboxBackendName), help="default: settings")
     check.add_argument("--split", choices=SPLITS, default=None)
     check.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     check.add_argument("--timeout", type=float, default=None, help="per-run wall limit, seconds")
@@ -72,8 +85,6 @@ def list_tasks(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def validate(args: argparse.Namespace, settings: Settings) -> int:
-    from infra.tasks.validate import VALIDATION_LIMITS, validate_suite, write_quarantine
-
     console = Console(stderr=args.json)
     limits = VALIDATION_LIMITS
     concurrency = args.concurrency or settings.sandbox.concurrency
@@ -81,14 +92,28 @@ def validate(args: argparse.Namespace, settings: Settings) -> int:
         limits = limits.model_copy(update={"timeout_s": args.timeout})
     try:
         total = len(load_suite(args.suite, split=args.split)[: args.limit])
-        with Progress(TextColumn("validating {task.description}"), BarColumn(),
-                      MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                      transient=True) as progress:
+        with Progress(
+            TextColumn("validating {task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as progress:
             bar = progress.add_task(args.suite, total=total * (args.repeats + 1))
-            report = asyncio.run(validate_suite(
-                settings, args.suite, repeats=args.repeats, concurrency=concurrency,
-                backend_name=args.backend, split=args.split, limit=args.limit, limits=limits,
-                on_run=lambda: progress.advance(bar)))
+            report = asyncio.run(
+                validate_suite(
+                    settings,
+                    args.suite,
+                    repeats=args.repeats,
+                    concurrency=concurrency,
+                    backend_name=args.backend,
+                    split=args.split,
+                    limit=args.limit,
+                    limits=limits,
+                    on_run=lambda: progress.advance(bar),
+                )
+            )
     except ValueError as exc:
         console.print(f"[red]error:[/] {exc}")
         return 2
@@ -105,8 +130,11 @@ def validate(args: argparse.Namespace, settings: Settings) -> int:
 
 def print_summary(console: Console, report: ValidationReport) -> None:
     """One row per verdict, then one row per task that is not clean."""
-    summary = Table(title=f"{report.suite}: {len(report.tasks)} tasks", min_width=40,
-                    caption=f"K={report.repeats} C={report.concurrency} backend={report.backend}")
+    summary = Table(
+        title=f"{report.suite}: {len(report.tasks)} tasks",
+        min_width=40,
+        caption=f"K={report.repeats} C={report.concurrency} backend={report.backend}",
+    )
     summary.add_column("verdict")
     summary.add_column("tasks", justify="right")
     for verdict, style in VERDICT_STYLE.items():
@@ -121,13 +149,16 @@ def print_summary(console: Console, report: ValidationReport) -> None:
             runs = ", ".join(str(run.status) if run.status else "infra" for run in task.canonical)
             wrong = str(task.wrong.status) if task.wrong and task.wrong.status else "-"
             first = next((run.detail for run in task.canonical if run.detail), "")
-            detail.add_row(task.task_id, f"[{VERDICT_STYLE[task.verdict]}]{task.verdict}[/]",
-                           runs, wrong, first[-200:])
+            verdict = f"[{VERDICT_STYLE[task.verdict]}]{task.verdict}[/]"
+            detail.add_row(task.task_id, verdict, runs, wrong, first[-200:])
         console.print(detail)
     slowest_ms, slowest_task = max(
         ((run.duration_ms, task.task_id) for task in report.tasks for run in task.canonical),
-        default=(0, "-"))
-    console.print(f"{report.runs} runs in {report.wall_s:.1f} s wall "
-                  f"({report.runs / max(report.wall_s, 1e-9):.1f} runs/s); slowest canonical run "
-                  f"{slowest_ms} ms ({slowest_task}); infra retries {report.infra_retries}; "
-                  f"quarantined {len(report.quarantined)}")
+        default=(0, "-"),
+    )
+    console.print(
+        f"{report.runs} runs in {report.wall_s:.1f} s wall "
+        f"({report.runs / max(report.wall_s, 1e-9):.1f} runs/s); slowest canonical run "
+        f"{slowest_ms} ms ({slowest_task}); infra retries {report.infra_retries}; "
+        f"quarantined {len(report.quarantined)}"
+    )

@@ -1,18 +1,24 @@
-"""The report of a training run: `report.json` (per-step metrics, pass@1) and `reward_curve.png`."""
+"""The report of a training run: `report.json` (per-step metrics, pass@1) and `reward_curve.png`
+under `<home>/reports/<run>/`, written by `tempered train` when the run ends."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from contracts.learner import TrainingRunInput, TrainingRunResult
 from infra.settings import Settings
 
 
+def report_dir(settings: Settings, run_id: str) -> Path:
+    return settings.home / "reports" / run_id
+
+
 def write_report(
     settings: Settings, run_input: TrainingRunInput, result: TrainingRunResult, wall_s: float
 ) -> Path:
-    out = settings.home / "reports" / run_input.run_id
+    out = report_dir(settings, run_input.run_id)
     out.mkdir(parents=True, exist_ok=True)
     evals = sorted(result.evals, key=lambda e: e.policy_version)
     report = {
@@ -42,7 +48,8 @@ def write_report(
     return out
 
 
-def _plot(path: Path, report: dict) -> None:  # type: ignore[type-arg]
+def _plot(path: Path, report: dict[str, Any]) -> None:
+    # matplotlib costs ~0.35 s to import: only a finished run pays it, not every `tempered` call
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,12 +57,15 @@ def _plot(path: Path, report: dict) -> None:  # type: ignore[type-arg]
 
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = [s["step"] for s in report["steps"]]
-    ax.plot(steps, [s["reward_mean"] for s in report["steps"]], marker="o", label="train reward (mean)")
+    ax.plot(
+        steps, [s["reward_mean"] for s in report["steps"]], marker="o", label="train reward (mean)"
+    )
     if report["evals"]:
         ax.plot(
             [e["policy_version"] for e in report["evals"]],
             [e["pass_at_1"] for e in report["evals"]],
-            marker="s", label="held-out pass@1",
+            marker="s",
+            label="held-out pass@1",
         )
     ax.set_xlabel("learner step (= policy version)")
     ax.set_title(f"Tempered run {report['run_id']}")

@@ -19,8 +19,9 @@ import functools
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TypeVar, get_args
 
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
@@ -29,36 +30,36 @@ from contracts.learner import TrainingRunInput
 from contracts.task import RewardConfig, SandboxLimits
 from contracts.trajectory import RewardRecord, Trajectory
 from infra import keys
+from infra.policy import latest_policy, policy_manifest
 from infra.regrade import OUTCOMES, Regrading
+from infra.sandbox import get_backend
+from infra.settings import SandboxBackendName, Settings
 from infra.storage import ObjectNotFound, ObjectStore, StorageError
+from infra.tasks import load_suite
 
-if TYPE_CHECKING:
-    from infra.settings import Settings
-
-CliFunc = Callable[[argparse.Namespace, "Settings"], int]
+Command = Callable[[argparse.Namespace, Settings], int]
+Record = TypeVar("Record", bound=BaseModel)
 
 
-def register(subparsers: Any) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `runs ls`, `runs show` and `regrade` to the `tempered` CLI."""
-    runs = subparsers.add_parser("runs", help="list and inspect stored runs")
-    commands = runs.add_subparsers(dest="runs_command", required=True, metavar="COMMAND")
-    commands.add_parser("ls", help="every run in the bucket").set_defaults(func=runs_ls)
-    show = commands.add_parser("show", help="one run: tasks, trajectories, rewards, policies")
+    runs = commands.add_parser("runs", help="list and inspect stored runs")
+    actions = runs.add_subparsers(dest="runs_command", required=True, metavar="COMMAND")
+    actions.add_parser("ls", help="every run in the bucket").set_defaults(func=runs_ls)
+    show = actions.add_parser("show", help="one run: tasks, trajectories, rewards, policies")
     show.add_argument("run")
     show.set_defaults(func=runs_show)
-    again = subparsers.add_parser(
-        "regrade", help="re-score a run's trajectories without generating"
-    )
+    again = commands.add_parser("regrade", help="re-score a run's trajectories without generating")
     again.add_argument("run")
     again.add_argument("--grader", default="current", help="name of this grading (a key part)")
     again.add_argument(
         "--suite", default=None, help="task suite (default: the run's, else starter)"
     )
-    again.add_argument("--backend", default=None, help="sandbox backend (default: settings)")
+    again.add_argument("--backend", choices=get_args(SandboxBackendName), help="default: settings")
     again.set_defaults(func=regrade)
 
 
-def _user_errors(func: CliFunc) -> CliFunc:
+def _user_errors(func: Command) -> Command:
     """Storage problems and bad input: one line on stderr, exit 2, no traceback."""
 
     @functools.wraps(func)
@@ -95,7 +96,7 @@ def _policy_versions(store: ObjectStore, run: str) -> list[int]:
     return sorted(version for version in found if version is not None)
 
 
-def _load_all(store: ObjectStore, keys_: list[str], cls: type[Any]) -> list[Any]:
+def _load_all(store: ObjectStore, keys_: list[str], cls: type[Record]) -> list[Record]:
     with ThreadPoolExecutor(8) as pool:
         return list(pool.map(lambda key: store.get_model(key, cls), keys_))
 
@@ -113,8 +114,6 @@ def _mean(values: list[float]) -> str:
 
 @_user_errors
 def runs_ls(args: argparse.Namespace, settings: Settings) -> int:
-    from infra.policy import latest_policy
-
     store = _open_store(settings)
     table = Table(title=f"runs in s3://{store.bucket}")
     for column in ("run", "tasks", "trajectories", "policy versions", "latest", "graders"):
@@ -135,8 +134,6 @@ def runs_ls(args: argparse.Namespace, settings: Settings) -> int:
 
 @_user_errors
 def runs_show(args: argparse.Namespace, settings: Settings) -> int:
-    from infra.policy import latest_policy, policy_manifest
-
     store = _open_store(settings)
     run = args.run
     _require_run(store, run)
@@ -149,7 +146,7 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
     )
     console.print(f"[bold]{run}[/]  ({about})")
     tasks = _names(store, keys.tasks_prefix(run))
-    trajectories: list[Trajectory] = _load_all(
+    trajectories = _load_all(
         store, list(store.list_keys(keys.trajectories_prefix(run))), Trajectory
     )
     rewards = [t.reward for t in trajectories]
@@ -164,22 +161,28 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
     for task in sorted({t.task_id for t in trajectories}):
         group = [t for t in trajectories if t.task_id == task]
         per_task.add_row(
-            task, str(len(group)), f"{sum(t.solved for t in group)}/{len(group)}",
-            _mean([t.reward for t in group]), str(max(len(t.turns) for t in group)),
+            task,
+            str(len(group)),
+            f"{sum(t.solved for t in group)}/{len(group)}",
+            _mean([t.reward for t in group]),
+            str(max(len(t.turns) for t in group)),
             ",".join(str(v) for v in sorted({t.policy_version for t in group})),
-        )  # fmt: skip
+        )
     console.print(per_task)
     graders = Table(title="reward records")
     for column in ("grader", "records", "solved", "mean reward", "changed"):
         graders.add_column(column, justify="left" if column == "grader" else "right")
     for grader in _names(store, keys.rewards_prefix(run)):
         prefix = keys.rewards_prefix(run, grader)
-        records: list[RewardRecord] = _load_all(store, list(store.list_keys(prefix)), RewardRecord)
+        records = _load_all(store, list(store.list_keys(prefix)), RewardRecord)
         changed = sum(r.solved != r.previous_solved for r in records)
         graders.add_row(
-            grader, str(len(records)), f"{sum(r.solved for r in records)}/{len(records)}",
-            _mean([r.reward for r in records]), str(changed),
-        )  # fmt: skip
+            grader,
+            str(len(records)),
+            f"{sum(r.solved for r in records)}/{len(records)}",
+            _mean([r.reward for r in records]),
+            str(changed),
+        )
     console.print(graders)
     policies = Table(title="policy versions")
     latest = latest_policy(store, run)
@@ -197,9 +200,6 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
 
 @_user_errors
 def regrade(args: argparse.Namespace, settings: Settings) -> int:
-    from infra.sandbox import get_backend
-    from infra.tasks import load_suite
-
     grader: str = args.grader
     if not is_identifier(grader):
         raise ValueError(f"--grader {grader!r}: use letters, digits, '_', '.', '-'")
@@ -208,7 +208,7 @@ def regrade(args: argparse.Namespace, settings: Settings) -> int:
     spec = _run_record(store, args.run)
     suite = args.suite or (spec.suite if spec else "starter")
     tasks = {task.id: task for task in load_suite(suite)}
-    trajectories: list[Trajectory] = _load_all(
+    trajectories = _load_all(
         store, list(store.list_keys(keys.trajectories_prefix(args.run))), Trajectory
     )
     if not trajectories:

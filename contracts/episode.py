@@ -1,0 +1,168 @@
+"""Contracts of agent episodes: tools, tool calls, workspace sessions, steps and verdicts.
+
+An episode is one sample of a task's GRPO group, acting through an environment's tools:
+
+    INIT      open_sessions    (queue sandbox: a workspace per episode, on one sandbox worker)
+    GENERATE  generate         (queue inference: the model's turn, token ids in and out)
+    EXECUTE   env_step         (the session's worker queue: parse and run one tool call)
+    FEEDBACK  (in the workflow: step bookkeeping; done on submit / step or context budget)
+    DONE      verify_episodes  (queue sandbox: a fresh verifier sandbox per final workspace)
+              close_sessions   (the session's worker queue; best effort, a TTL reaps the rest)
+
+Sessions are sticky: a session lives on the sandbox worker that opened it, and its steps go to
+that worker's own task queue (`SessionRef.queue`). After every step the workspace is
+snapshotted to S3 (content-addressed); when the worker dies, `open_sessions` restores the
+session on another worker from `SessionRef.snapshot` and the step is run again there.
+Payloads carry references only: no workspace, log or observation text crosses Temporal.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field
+
+from contracts.common import Contract, Identifier, ObjectRef
+from contracts.sandbox import ExecStatus
+from contracts.task import SandboxLimits
+
+
+class EnvName(StrEnum):
+    """The environments (infra/environments/, one file each)."""
+
+    CODE = "code"
+    """Write one function; the action is the answer, the observation its test log."""
+    WORKSPACE = "workspace"
+    """Act in a directory with tools (bash, read_file, write_file, submit); verified at DONE."""
+
+
+class ToolSpec(Contract):
+    """One tool as the chat template's `tools` argument expects it (OpenAI function format)."""
+
+    name: str = Field(pattern=r"^[a-z_][a-z0-9_]*$")
+    description: str
+    parameters: dict[str, Any] = Field(description="JSON schema of the arguments object.")
+
+
+class ToolCall(Contract):
+    """The action parsed from one model turn; `error` set when the turn held no valid call."""
+
+    name: str = ""
+    arguments: dict[str, Any] = {}
+    error: str | None = Field(
+        default=None,
+        description="Why the turn is not a valid call (malformed, unknown tool, bad "
+        "arguments): it becomes an error observation and counts as a step.",
+    )
+
+
+class EpisodeEnd(StrEnum):
+    """Why an episode stopped acting (before DONE verifies it)."""
+
+    SUBMITTED = "submitted"
+    """The agent called `submit` (workspace) or its answer passed (code)."""
+    STEP_BUDGET = "step_budget"
+    """`max_steps` steps were taken."""
+    CONTEXT_BUDGET = "context_budget"
+    """The next prompt would not fit the context budget; ended and recorded, never cut."""
+    ABORTED = "aborted"
+    """The task was aborted (circuit breaker or an operator's signal)."""
+
+
+class SessionRef(Contract):
+    """Where one episode's workspace lives, and its last durable state."""
+
+    session_id: Identifier
+    queue: str = Field(description="Task queue of the sandbox worker holding the session.")
+    snapshot: ObjectRef = Field(description="Last snapshot (a compressed tree) in the store.")
+    tree_digest: str = Field(description="sha256 over the workspace's paths, modes, contents.")
+
+
+class OpenSessionsRequest(Contract):
+    """Open (or restore, from `snapshots`) one session per sample, all on one worker."""
+
+    run_id: Identifier
+    task_id: Identifier
+    env: EnvName
+    workspace: ObjectRef = Field(description="The task's initial workspace (a snapshot).")
+    samples: list[int]
+    snapshots: dict[int, ObjectRef] = Field(
+        default={}, description="Sample → snapshot to restore instead of the initial one."
+    )
+    limits: SandboxLimits = SandboxLimits()
+
+
+class OpenSessionsResponse(Contract):
+    sessions: dict[int, SessionRef] = Field(description="Sample → its session.")
+
+
+class EnvStepItem(Contract):
+    sample: int = Field(ge=0)
+    session: SessionRef
+    completion: ObjectRef = Field(
+        description="The turn's CompletionRecord (its text holds the call)."
+    )
+
+
+class EnvStepRequest(Contract):
+    """Run each item's tool call in its session; every item's session is on this worker."""
+
+    run_id: Identifier
+    task_id: Identifier
+    step: int = Field(ge=0)
+    env: EnvName
+    limits: SandboxLimits = SandboxLimits()
+    items: list[EnvStepItem]
+
+
+class EnvStepOutcome(Contract):
+    sample: int
+    call: ToolCall
+    observation: ObjectRef = Field(description="Observation text, as the model will read it.")
+    status: ExecStatus | None = Field(
+        default=None, description="Of a command or program the call ran (None: no run)."
+    )
+    submitted: bool = False
+    session: SessionRef = Field(description="The session after the step (new snapshot).")
+
+
+class EnvStepResponse(Contract):
+    outcomes: list[EnvStepOutcome]
+
+
+class VerifyItem(Contract):
+    sample: int = Field(ge=0)
+    snapshot: ObjectRef = Field(description="The final workspace of the episode.")
+
+
+class VerifyRequest(Contract):
+    """Score final workspaces in fresh verifier sandboxes holding the hidden tests."""
+
+    run_id: Identifier
+    task_id: Identifier
+    env: EnvName
+    tests: ObjectRef = Field(description="The task's hidden tests (never in a workspace).")
+    limits: SandboxLimits = SandboxLimits()
+    items: list[VerifyItem]
+
+
+class Verdict(Contract):
+    sample: int
+    status: ExecStatus
+    tests_passed: int = Field(default=0, ge=0)
+    tests_total: int = Field(default=0, ge=0)
+    score: float = Field(ge=0.0, le=1.0, description="1.0 when every hidden test passed.")
+    result: ObjectRef = Field(description="The verifier's full ExecutionResult.")
+
+
+class VerifyResponse(Contract):
+    verdicts: list[Verdict]
+
+
+class CloseSessionsRequest(Contract):
+    session_ids: list[Identifier]
+
+
+class CloseSessionsResponse(Contract):
+    closed: int = Field(ge=0)

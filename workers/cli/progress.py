@@ -1,0 +1,102 @@
+"""Live progress of a training run in the terminal (`tempered train`), and the few phrases
+`tempered status` shares with it (step, reward, pass@1 of a `RunProgress`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from contracts.learner import (
+    EvalResult,
+    LearnerProgress,
+    RunProgress,
+    TrainingRunInput,
+    TrainingRunResult,
+)
+from infra.settings import Settings
+from infra.telemetry import read_live_figures
+from workers.training import RunHandle, watch
+
+
+async def follow(
+    handle: RunHandle, run_input: TrainingRunInput, settings: Settings
+) -> TrainingRunResult:
+    """Render progress until the run ends; return its result."""
+    result = asyncio.ensure_future(handle.result())
+    started = time.monotonic()
+    console = Console()
+    latest = RunProgress()
+    with Live(console=console, refresh_per_second=2, transient=not console.is_terminal) as live:
+        async for progress in watch(handle, result):
+            latest = progress or latest  # not queryable yet (first task not run): keep the last
+            live.update(view(run_input, latest, time.monotonic() - started, settings))
+    outcome = result.result()
+    console.print(summary(outcome, time.monotonic() - started))
+    return outcome
+
+
+def view(
+    run_input: TrainingRunInput, progress: RunProgress, elapsed: float, settings: Settings
+) -> Table:
+    """One figure per line, so it reads at any terminal width."""
+    tokens_per_s, sandbox_runs_per_s = _worker_figures(settings)
+    grid = Table.grid(padding=(0, 2))
+    grid.title = f"{run_input.run_id}: {run_input.base_model} on {run_input.suite}"
+    grid.title_justify = "left"
+    grid.add_column(style="bold")
+    grid.add_column()
+    last = last_step(progress)
+    step, version = (last.step, last.policy_version) if last else (0, 0)
+    evals = "  ".join(f"v{e.policy_version} {e.pass_at_1:.2f}" for e in progress.evals)
+    rows = {
+        "elapsed": f"{elapsed:.0f} s",
+        "step": f"{step}/{run_input.steps}, policy v{version}",
+        "tasks": f"{progress.tasks_done} done, {progress.in_flight} in flight, "
+        f"{progress.tasks_started} started",
+        "reward": reward_text(last),
+        "staleness": str(last.staleness) if last else "-",
+        "pass@1": evals or "-",
+        "inference": f"{tokens_per_s:.0f} tokens/s",
+        "sandbox": f"{sandbox_runs_per_s:.1f} runs/s",
+    }
+    for name, value in rows.items():
+        grid.add_row(name, value)
+    return grid
+
+
+def last_step(progress: RunProgress) -> LearnerProgress | None:
+    return progress.learner[-1] if progress.learner else None
+
+
+def reward_text(step: LearnerProgress | None) -> str:
+    """Mean reward of the latest learner step."""
+    return f"{step.reward_mean:+.3f}" if step else "-"
+
+
+def pass_at_1_text(evals: list[EvalResult]) -> str:
+    """The newest held-out pass@1 and the policy version it measured."""
+    if not evals:
+        return "-"
+    newest = max(evals, key=lambda e: e.policy_version)
+    return f"{newest.pass_at_1:.2f} (v{newest.policy_version})"
+
+
+def summary(result: TrainingRunResult, elapsed: float) -> str:
+    evals = ", ".join(f"v{e.policy_version} {e.pass_at_1:.3f}" for e in result.evals)
+    return (
+        f"run {result.run_id} finished in {elapsed:.0f}s: {result.steps} steps, "
+        f"{result.tasks_done}/{result.tasks_started} tasks; held-out pass@1: {evals or 'n/a'}"
+    )
+
+
+def _worker_figures(settings: Settings) -> tuple[float, float]:
+    """(inference tokens/s, sandbox runs/s) of the live workers, from their telemetry."""
+    alive = [worker for worker in read_live_figures(settings).values() if worker.alive]
+    return (
+        sum(worker.tokens_per_s or 0.0 for worker in alive),
+        sum(worker.sandbox_runs_per_s or 0.0 for worker in alive),
+    )

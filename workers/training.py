@@ -1,0 +1,105 @@
+"""Start a training run and follow it: what `tempered train`, `tempered status` and
+bench/vs_trl.py share (none of them reaches into another's module for it).
+
+    handle = await start_run(client, run_input)       # a TrainingRunWorkflow on agent-tasks
+    result = asyncio.ensure_future(handle.result())
+    async for progress in watch(handle, result):       # RunProgress, or None before it answers
+        ...
+    runs = await running_runs(client)                  # every running training run, with progress
+
+Progress is the workflow's `progress` query, read as the typed `contracts.learner.RunProgress`.
+Starting the stack and the workers is not done here (see `workers.background`, `infra.stack`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel, Field
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowHandle,
+    WorkflowQueryFailedError,
+)
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError
+
+from contracts.learner import RunProgress, TrainingRunInput, TrainingRunResult
+from contracts.names import Queue, SearchAttr, Workflow
+from workflows.search import KEYS
+from workflows.training_run import TrainingRunWorkflow
+
+POLL_S = 2.0
+"""How often `watch` asks a run for its progress."""
+QUERY_TIMEOUT = timedelta(seconds=5)
+"""A run that does not answer within this (no agent-tasks worker polls) reports no progress."""
+
+RunHandle = WorkflowHandle[TrainingRunWorkflow, TrainingRunResult]
+
+
+def workflow_id(run_id: str) -> str:
+    """Id of the TrainingRunWorkflow of `run_id` (one run, one workflow)."""
+    return f"train-{run_id}"
+
+
+async def start_run(client: Client, run_input: TrainingRunInput) -> RunHandle:
+    """Start the TrainingRunWorkflow of `run_input` on the agent-tasks queue, findable by its
+    TemperedRunId from the start (the workflow sets it again on its first task)."""
+    return await client.start_workflow(
+        TrainingRunWorkflow.run,
+        run_input,
+        id=workflow_id(run_input.run_id),
+        task_queue=Queue.AGENT_TASKS.value,
+        search_attributes=TypedSearchAttributes(
+            [SearchAttributePair(KEYS[SearchAttr.RUN_ID], run_input.run_id)]
+        ),
+    )
+
+
+async def query_progress(handle: RunHandle) -> RunProgress | None:
+    """The run's progress; None while it cannot answer (before its first workflow task, or
+    with no agent-tasks worker polling)."""
+    try:
+        return await handle.query(TrainingRunWorkflow.progress, rpc_timeout=QUERY_TIMEOUT)
+    except (WorkflowQueryFailedError, RPCError):
+        return None
+
+
+async def watch(
+    handle: RunHandle, done: asyncio.Future[Any], poll_s: float = POLL_S
+) -> AsyncIterator[RunProgress | None]:
+    """The run's progress every `poll_s` seconds until `done` (its result) completes."""
+    while not done.done():
+        yield await query_progress(handle)
+        await asyncio.wait([done], timeout=poll_s)
+
+
+class RunningRun(BaseModel):
+    """A training run that is running now, as `tempered status` shows it."""
+
+    run_id: str = Field(description="The TemperedRunId search attribute.")
+    workflow_id: str
+    progress: RunProgress | None = Field(description="None: it did not answer the query.")
+
+
+async def running_runs(client: Client) -> list[RunningRun]:
+    """Every running TrainingRunWorkflow (a visibility query), with its progress."""
+    query = f'WorkflowType = "{Workflow.TRAINING_RUN.value}" AND ExecutionStatus = "Running"'
+    executions = [execution async for execution in client.list_workflows(query)]
+
+    async def describe(execution: WorkflowExecution) -> RunningRun:
+        handle = client.get_workflow_handle_for(
+            TrainingRunWorkflow.run, execution.id, run_id=execution.run_id
+        )
+        run_id = execution.typed_search_attributes.get(KEYS[SearchAttr.RUN_ID])
+        return RunningRun(
+            run_id=run_id or execution.id,
+            workflow_id=execution.id,
+            progress=await query_progress(handle),
+        )
+
+    return list(await asyncio.gather(*(describe(e) for e in executions)))
