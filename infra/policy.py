@@ -108,6 +108,8 @@ def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
 
 def _byte_level_tokenizer() -> object:
     """A byte-level tokenizer: ids 0-2 are ChatML specials (as in SmolLM2), 3-258 the bytes."""
+    # tokenizers, torch, transformers: imported where used, as a worker that only reads the
+    # store (the rewards worker, the CLI) must not pay their seconds of start-up
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

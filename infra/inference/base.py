@@ -22,12 +22,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from contracts.task import SamplingParams
-
-if TYPE_CHECKING:
-    from infra.storage import ObjectStore
+from infra.policy import fetch_policy, latest_policy
+from infra.storage import ObjectNotFound, ObjectStore
 
 FinishReason = Literal["stop", "length"]
 
@@ -126,8 +125,6 @@ class PolicyResolver:
 
     async def latest_version(self, run_id: str) -> int:
         """Newest published version of `run_id` (cached for `latest_ttl_s`)."""
-        from infra.policy import latest_policy
-
         cached = self._latest.get(run_id)
         if cached is not None and time.monotonic() - cached[1] < self.latest_ttl_s:
             return cached[0]
@@ -146,8 +143,6 @@ class PolicyResolver:
             return version
 
     async def _fetch(self, run_id: str, version: int) -> Path:
-        from infra.policy import fetch_policy
-        from infra.storage import ObjectNotFound
 
         try:
             return await asyncio.to_thread(

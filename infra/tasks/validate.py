@@ -31,6 +31,7 @@ from pydantic import BaseModel, computed_field
 from contracts.errors import INFRA_RETRY, Backoff
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import SandboxLimits, TaskSpec
+from infra.sandbox import get_backend
 from infra.sandbox.base import SandboxBackend
 from infra.sandbox.retrying import run_retrying
 from infra.tasks import load_suite, quarantine_path
@@ -246,8 +247,6 @@ async def validate_suite(
     on_run: Callable[[], None] | None = None,
 ) -> ValidationReport:
     """Load `suite`, validate it through the configured sandbox backend, close the backend."""
-    from infra.sandbox import get_backend
-
     tasks = load_suite(suite, split=split)[:limit]
     backend = get_backend(settings, backend_name)
     try:
