@@ -25,16 +25,7 @@ from pydantic import Field
 
 from contracts.common import Contract, Identifier, ObjectRef
 from contracts.sandbox import ExecStatus
-from contracts.task import SandboxLimits
-
-
-class EnvName(StrEnum):
-    """The environments (infra/environments/, one file each)."""
-
-    CODE = "code"
-    """Write one function; the action is the answer, the observation its test log."""
-    WORKSPACE = "workspace"
-    """Act in a directory with tools (bash, read_file, write_file, submit); verified at DONE."""
+from contracts.task import EnvName, SandboxLimits
 
 
 class ToolSpec(Contract):
@@ -166,3 +157,36 @@ class CloseSessionsRequest(Contract):
 
 class CloseSessionsResponse(Contract):
     closed: int = Field(ge=0)
+
+
+def _tool(name: str, description: str, **properties: str) -> ToolSpec:
+    return ToolSpec(
+        name=name,
+        description=description,
+        parameters={
+            "type": "object",
+            "properties": {
+                key: {"type": "string", "description": d} for key, d in properties.items()
+            },
+            "required": list(properties),
+        },
+    )
+
+
+WORKSPACE_TOOLS: tuple[ToolSpec, ...] = (
+    _tool(
+        "bash",
+        "Run a shell command in the workspace (no network; time, output and process limits). "
+        "Returns its exit code, stdout and stderr.",
+        command="The command, run by /bin/sh -c in the workspace directory.",
+    ),
+    _tool("read_file", "Read a text file of the workspace.", path="Path relative to it."),
+    _tool(
+        "write_file",
+        "Create or overwrite a text file of the workspace.",
+        path="Path relative to the workspace.",
+        content="The whole new content of the file.",
+    ),
+    _tool("submit", "Finish the episode: the workspace as it is now is graded."),
+)
+"""The tools of the `workspace` environment, as the chat template's `tools` argument takes them."""

@@ -4,27 +4,61 @@
 takes; see the README for an example.
 """
 
+from __future__ import annotations
+
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from contracts.common import Contract, Identifier
+from contracts.common import Contract, Identifier, ObjectRef
+
+
+class EnvName(StrEnum):
+    """The environments (infra/environments/, one file each)."""
+
+    CODE = "code"
+    """Write one function; the action is the answer, the observation its test log."""
+    WORKSPACE = "workspace"
+    """Act in a directory with tools (bash, read_file, write_file, submit); verified at DONE."""
+
+
+class WorkspaceSpec(Contract):
+    """What a `workspace` task adds: its initial tree and its hidden tests, both in the store."""
+
+    files: ObjectRef = Field(description="The initial workspace: a snapshot (compressed tree).")
+    verifier: ObjectRef = Field(
+        description="The hidden tests (a compressed tree); never copied into the workspace."
+    )
+    workdir: str = Field(default="/app", pattern=r"^/[A-Za-z0-9_./-]*$")
+    """Where the workspace is mounted in the sandbox (Harbor's Dockerfile WORKDIR)."""
 
 
 class TaskSpec(Contract):
-    """One task: write `entry_point` so that `tests` pass (HumanEval's `check(candidate)` style)."""
+    """One task. `code`: write `entry_point` so that `tests` pass (HumanEval's `check(candidate)`
+    style). `workspace`: change the tree in `workspace.files` so that its hidden tests pass."""
 
     id: Identifier
-    prompt: str = Field(min_length=1, description="What the model is asked to write.")
-    entry_point: str = Field(
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Function under test."
+    prompt: str = Field(min_length=1, description="What the model is asked to do.")
+    env: EnvName = EnvName.CODE
+    entry_point: str | None = Field(
+        default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Function under test."
     )
-    tests: str = Field(min_length=1, description="Python run after the program in its namespace.")
+    tests: str = Field(default="", description="Python run after the program in its namespace.")
+    workspace: WorkspaceSpec | None = Field(default=None, description="For `workspace` tasks.")
     canonical_solution: str | None = Field(default=None, description="A known-good program.")
     wrong_solution: str | None = Field(default=None, description="A program the tests must reject.")
     suite: str = Field(default="user", description="Name of the suite the task came from.")
     split: Literal["train", "heldout"] = "train"
+
+    @model_validator(mode="after")
+    def _fields_of_its_env(self) -> TaskSpec:
+        if self.env is EnvName.CODE and not (self.entry_point and self.tests):
+            raise ValueError("a code task needs entry_point and tests")
+        if self.env is EnvName.WORKSPACE and self.workspace is None:
+            raise ValueError("a workspace task needs workspace (files and verifier)")
+        return self
 
 
 class SamplingParams(Contract):
