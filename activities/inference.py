@@ -1,26 +1,34 @@
-"""The `generate` activity (queue `inference`): one turn of G samples of one agent task.
+"""The `generate` activity (queue `inference`): one step of the active episodes of one task.
 
-For every item (sample) it renders the chat prompt (task prompt, then each earlier turn's
-completion and execution feedback, read from S3), tokenizes it once with the policy's chat
-template, and submits it to the worker's shared `Batcher`, which coalesces rows from every
+Token in, token out. For every item (episode) it builds the prompt ids with the policy's
+`ChatFormat` (infra/inference/prompts.py): at step 0 the chat template's rendering of the system
+prompt and the task (with the tools for `workspace`); at step k > 0 exactly the previous step's
+prompt and completion ids (its stored `CompletionRecord`, `item.previous`) followed by the
+observation's tokens (`item.observation`), never a re-tokenisation of the history. An item whose
+prompt plus `max_new_tokens` exceeds `max_context_tokens` is not sampled: it is reported in
+`over_budget` and the workflow ends that episode (`context_budget`).
+
+The rest are submitted to the worker's shared `Batcher`, which coalesces rows from every
 concurrently running activity into batched backend calls. Each completion is written to
-`keys.turn_key(run, task, sample, turn, "completion.json")` (a `CompletionRecord`: the exact
-prompt and completion token ids and log-probs the learner trains on) and `code.py`.
+`keys.turn_key(run, task, sample, step, "completion.json")` (a `CompletionRecord`: the exact
+prompt and completion ids and log-probs the learner trains on), and its action is parsed: `code`
+writes the program to `code.py`; `workspace` returns the `ToolCall` (infra/inference/toolcalls.py,
+which never raises: a malformed call comes back with `error` set and costs the episode a step).
 
 Policy: `req.policy_version` None means the newest published version of `req.policy_run`
 (re-read every couple of seconds, so a hot reload needs no restart); a number means exactly
-that version. Seeds: with `sampling.seed = s`, sample i of turn t uses `s + 1000 * i + t`
-(not `s + i`: every turn of a sample gets its own stream), so a seeded run is reproducible.
+that version. Seeds: with `sampling.seed = s`, sample i of step t uses `s + 1000 * i + t`
+(not `s + i`: every step of a sample gets its own stream), so a seeded run is reproducible.
 
-Retries: turn artefacts are written create-only. An attempt first reads what earlier attempts
+Retries: step artefacts are written create-only. An attempt first reads what earlier attempts
 stored for its samples, reuses those records (after checking they answer the same prompt),
 samples the rest from the same policy version, and never overwrites: if an overlapping attempt
 stores a sample first, that record wins. A returned ref therefore always matches its bytes.
 
 Errors: storage and inference infrastructure failures are retryable; a request that can never
-succeed (no items, duplicate samples, a history turn without its execution result or whose
-artefacts are missing, an unpublished pinned version) raises a non-retryable ApplicationError
-naming the field. Served by `tempered worker inference` (workers/inference.py).
+succeed (no items, duplicate samples, a step k > 0 without its previous record or observation,
+an artefact missing or not matching its digest, an unpublished pinned version) raises a
+non-retryable ApplicationError naming the field. Served by `tempered worker inference`.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from typing import Any
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
+from contracts.common import ObjectRef
+from contracts.episode import WORKSPACE_TOOLS
 from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity
 from contracts.rollout import (
@@ -43,8 +53,7 @@ from contracts.rollout import (
     GenerateRequest,
     GenerateResponse,
 )
-from contracts.sandbox import ExecutionResult
-from contracts.task import SamplingParams
+from contracts.task import EnvName, SamplingParams
 from infra import keys
 from infra.inference import (
     Batcher,
@@ -54,14 +63,15 @@ from infra.inference import (
     PolicyResolver,
     get_backend,
 )
-from infra.inference.prompts import build_messages, encode_messages, extract_code
+from infra.inference.prompts import ChatFormat, extract_code, observation_text
+from infra.inference.toolcalls import parse_tool_call
 from infra.settings import Settings
-from infra.storage import ObjectExists, ObjectNotFound, ObjectStore
+from infra.storage import DigestMismatch, ObjectExists, ObjectNotFound, ObjectStore
 
 COMPLETION = "completion.json"
 CODE = "code.py"
 HEARTBEAT_S = 2.0
-MAX_TOKENIZERS = 4
+MAX_FORMATS = 4
 
 
 def _version(req: GenerateRequest, stored: list[CompletionRecord | None]) -> int | None:
@@ -103,7 +113,7 @@ class InferenceActivities:
         self.policies = PolicyResolver(
             self.store, settings.home / "cache" / "policies", bootstrap=self._publish_base_model
         )
-        self._tokenizers: OrderedDict[Path, Any] = OrderedDict()
+        self._formats: OrderedDict[tuple[Path, EnvName], ChatFormat] = OrderedDict()
         self.heartbeat_s = HEARTBEAT_S
 
     def _publish_base_model(self, run_id: str) -> int:
@@ -129,17 +139,19 @@ class InferenceActivities:
             *(asyncio.to_thread(self._stored, req, item) for item in req.items)
         )
         policy = await self.policies.resolve(req.policy_run, _version(req, stored))
-        tokenizer = await self.tokenizer(policy)
+        chat = await self.chat_format(policy, req.env)
         prompts = await asyncio.gather(
             *(
-                asyncio.to_thread(self._prompt_ids, tokenizer, req, index, item)
+                asyncio.to_thread(self._prompt_ids, chat, req, index, item)
                 for index, item in enumerate(req.items)
             )
         )
         for index, (record, prompt) in enumerate(zip(stored, prompts, strict=True)):
             if record is not None and record.prompt_token_ids != prompt:
                 raise invalid(f"items[{index}]", "turn already stored for another prompt")
-        todo = [i for i, record in enumerate(stored) if record is None]
+        budget = req.max_context_tokens - req.sampling.max_new_tokens
+        over = {i for i, prompt in enumerate(prompts) if len(prompt) > budget}
+        todo = [i for i, record in enumerate(stored) if record is None and i not in over]
         started_at = _now()
         results = await asyncio.gather(
             *(
@@ -150,9 +162,10 @@ class InferenceActivities:
             )
         )
         finished_at = _now()
-        fresh = {
-            i: CompletionRecord(
-                text=tokenizer.decode(result.output.token_ids, skip_special_tokens=True),
+        records = dict(enumerate(stored))
+        for i, result in zip(todo, results, strict=True):
+            records[i] = CompletionRecord(
+                text=chat.tokenizer.decode(result.output.token_ids, skip_special_tokens=True),
                 prompt_token_ids=prompts[i],
                 completion_token_ids=result.output.token_ids,
                 logprobs=result.output.logprobs,
@@ -161,12 +174,11 @@ class InferenceActivities:
                 started_at=started_at,
                 finished_at=finished_at,
             )
-            for i, result in zip(todo, results, strict=True)
-        }
         completions = await asyncio.gather(
             *(
-                asyncio.to_thread(self._write, req, item, fresh[i] if i in fresh else stored[i])
+                asyncio.to_thread(self._write, req, item, records[i])
                 for i, item in enumerate(req.items)
+                if i not in over
             )
         )
         tokens = sum(len(r.output.token_ids) for r in results)
@@ -174,6 +186,7 @@ class InferenceActivities:
         return GenerateResponse(
             policy_version=policy.version,
             completions=list(completions),
+            over_budget={req.items[i].sample: len(prompts[i]) for i in sorted(over)},
             tokens_per_s=round(weighted / tokens, 2) if tokens else 0.0,
         )
 
@@ -185,37 +198,51 @@ class InferenceActivities:
         if len(set(samples)) != len(samples):
             raise invalid("items", f"duplicate sample indices {samples}")
         for i, item in enumerate(req.items):
-            for k, turn in enumerate(item.history):
-                if turn.result is None:
-                    raise invalid(f"items[{i}].history[{k}].result", "turn was never executed")
+            if req.turn == 0 and (item.previous or item.observation):
+                raise invalid(f"items[{i}]", "step 0 has no previous step")
+            if req.turn > 0 and (item.previous is None or item.observation is None):
+                raise invalid(
+                    f"items[{i}]", f"step {req.turn} needs the previous completion and observation"
+                )
 
-    async def tokenizer(self, policy: PolicyHandle) -> Any:
-        """The policy's tokenizer (a few are kept loaded)."""
-        if policy.path not in self._tokenizers:
-            from transformers import AutoTokenizer
+    async def chat_format(self, policy: PolicyHandle, env: EnvName) -> ChatFormat:
+        """The policy's chat format for `env` (a few are kept, sharing the policy's tokenizer)."""
+        key = (policy.path, env)
+        if key not in self._formats:
+            from transformers import AutoTokenizer  # seconds to import: only inference pays
 
-            loaded = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(policy.path))
-            self._tokenizers[policy.path] = loaded
-            while len(self._tokenizers) > MAX_TOKENIZERS:
-                self._tokenizers.popitem(last=False)
-        self._tokenizers.move_to_end(policy.path)
-        return self._tokenizers[policy.path]
+            loaded = [f for (path, _), f in self._formats.items() if path == policy.path]
+            if loaded:
+                tokenizer = loaded[0].tokenizer
+            else:
+                load = AutoTokenizer.from_pretrained
+                tokenizer = await asyncio.to_thread(load, str(policy.path))
+            try:
+                self._formats[key] = ChatFormat(tokenizer, env)
+            except ValueError as exc:
+                raise InferenceError(f"policy {policy.name}: {exc}", retryable=False) from exc
+            while len(self._formats) > MAX_FORMATS:
+                self._formats.popitem(last=False)
+        self._formats.move_to_end(key)
+        return self._formats[key]
 
     def _prompt_ids(
-        self, tokenizer: Any, req: GenerateRequest, index: int, item: GenerateItem
+        self, chat: ChatFormat, req: GenerateRequest, index: int, item: GenerateItem
     ) -> list[int]:
-        """Render and tokenize one sample's conversation (blocking: reads history from S3)."""
-        history: list[tuple[str, ExecutionResult]] = []
-        for k, turn in enumerate(item.history):
-            field = f"items[{index}].history[{k}]"
-            assert turn.result is not None  # checked by _validate
-            try:
-                record = self.store.get_model(turn.completion.key, CompletionRecord)
-                result = self.store.get_model(turn.result.key, ExecutionResult)
-            except ObjectNotFound as exc:
-                raise invalid(field, f"artefact missing from the store: {exc}") from exc
-            history.append((record.text, result))
-        return encode_messages(tokenizer, build_messages(req.prompt, history))
+        """The prompt of one episode's step (blocking: reads the previous step from S3)."""
+        if item.previous is None or item.observation is None:
+            return chat.first_prompt(req.prompt)
+        previous = CompletionRecord.model_validate_json(
+            self._read(f"items[{index}].previous", item.previous)
+        )
+        observation = self._read(f"items[{index}].observation", item.observation)
+        return chat.next_prompt(previous, observation_text(req.env, observation))
+
+    def _read(self, field: str, ref: ObjectRef) -> bytes:
+        try:
+            return self.store.get_verified(ref)
+        except (ObjectNotFound, DigestMismatch) as exc:
+            raise invalid(field, str(exc)) from exc
 
     def _stored(self, req: GenerateRequest, item: GenerateItem) -> CompletionRecord | None:
         """The record an earlier attempt of this activity already stored, if any (blocking)."""
@@ -228,7 +255,7 @@ class InferenceActivities:
     def _write(
         self, req: GenerateRequest, item: GenerateItem, record: CompletionRecord | None
     ) -> Completion:
-        """Store completion.json and code.py of one sample, create-only (blocking).
+        """Store completion.json (and `code`'s code.py) of one sample, create-only (blocking).
 
         If another attempt stored a different completion first, that one wins and is returned:
         a ref always matches the bytes under its key, whatever attempts overlap.
@@ -243,13 +270,19 @@ class InferenceActivities:
         except ObjectExists:
             record = self.store.get_model(key(COMPLETION), CompletionRecord)
             completion_ref = self.store.put_json(key(COMPLETION), record, create_only=True)
-        code_ref = self.store.put_text(key(CODE), extract_code(record.text), create_only=True)
+        action: dict[str, Any] = {}
+        if req.env is EnvName.CODE:
+            code = extract_code(record.text)
+            action["code"] = self.store.put_text(key(CODE), code, create_only=True)
+        else:
+            action["call"] = parse_tool_call(record.text, WORKSPACE_TOOLS)
         return Completion(
             sample=item.sample,
             completion=completion_ref,
-            code=code_ref,
             num_tokens=len(record.completion_token_ids),
+            prompt_tokens=len(record.prompt_token_ids),
             finish_reason=record.finish_reason,
+            **action,
         )
 
     async def close(self) -> None:

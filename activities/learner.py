@@ -1,7 +1,10 @@
 """Activities of the `learner` queue: `prepare_run` (publish version 0) and `train_step` (GRPO).
 
 Served by `tempered worker learner` (workers/learner.py), one activity at a time: the DeepSpeed
-engine lives in this object across steps, so consecutive steps never reload weights.
+engine lives in this object across steps (in this process, or as `learner.ranks` ranks under
+torchrun that this process drives, see infra/learner_ranks.py), so consecutive steps never
+reload weights. A rank group that dies fails the step as retryable (`LearnerInfraError`); the
+next attempt starts a fresh group, which reloads the last published version.
 
 `train_step(step=n)` produces policy version n + 1 exactly once:
 1. the ack `keys.learner_ack_key(run, n)` exists → return the response recorded in it;
@@ -11,7 +14,9 @@ engine lives in this object across steps, so consecutive steps never reload weig
    an attempt whose weights never got published), read and verify the groups' trajectories,
    run the GRPO step in a thread (heartbeating), save, write `train_step.json` (which
    trajectories made this version) into the directory, publish it as version n + 1 (first
-   publisher wins), then write the ack create-only and return.
+   publisher wins), then write the ack create-only and return. With `GRPOConfig.lora_rank > 0`
+   the version is a LoRA adapter directory over the full-weight version it trains on
+   (`PolicyVersion.adapter_of`, the run's version 0 unless the run switched to LoRA later).
 The ack lists every trajectory id trained on (its tokens were in the applied update), every
 one skipped with the reason (a group whose samples all scored the same gives no gradient), and
 every one dropped as stale, so "trained on exactly once" is auditable from the store alone.
@@ -34,6 +39,7 @@ from contracts.common import ObjectRef
 from contracts.errors import ErrorType, fail, invalid
 from contracts.learner import (
     GRPOConfig,
+    PolicyManifest,
     PolicyVersion,
     PrepareRunRequest,
     StepRecord,
@@ -43,8 +49,10 @@ from contracts.learner import (
 from contracts.names import Activity
 from contracts.trajectory import Trajectory
 from infra import keys
-from infra.learner_engine import LearnerEngine, NonFiniteLoss
+from infra.learner_base import Learner, NonFiniteLoss
+from infra.learner_ranks import RankGroupFailed, open_learner
 from infra.policy import (
+    MANIFEST,
     advance_latest,
     fetch_policy,
     materialize_base_model,
@@ -68,7 +76,7 @@ class LearnerActivities:
         self.store = store or ObjectStore.from_settings(settings)
         self.cache_dir = settings.home / "cache" / "policies"
         self.work_dir = settings.home / "learner"
-        self.engine: LearnerEngine | None = None  # built on the first step
+        self.engine: Learner | None = None  # built on the first step
         self._engine_run: str | None = None
         self._engine_lock = threading.Lock()
 
@@ -125,7 +133,18 @@ class LearnerActivities:
         with self._engine_lock:
             progress["phase"] = "check"
             done = self._recorded(req)
-            return done if done is not None else self._train(req, progress)
+            if done is not None:
+                return done
+            try:
+                return self._train(req, progress)
+            except RankGroupFailed as exc:  # the group is gone; the retry starts a fresh one
+                raise fail(ErrorType.LEARNER_INFRA, f"step {req.step}: {exc}") from exc
+
+    def close(self) -> None:
+        """Release the engine (end the rank group); the worker calls it at shutdown."""
+        with self._engine_lock:
+            if self.engine is not None:
+                self.engine.close()
 
     def _recorded(self, req: TrainStepRequest) -> TrainStepResponse | None:
         """The response of a step already done (ack written, or version published), when it
@@ -165,7 +184,7 @@ class LearnerActivities:
         try:
             metrics = engine.train_step(groups, req.config, heartbeat=beat)
         except ValueError as exc:  # a trajectory that cannot be trained on (token/logprob counts)
-            raise invalid("groups", str(exc)) from exc
+            raise invalid("groups", str(exc)) from exc  # or LoRA settings changed mid-run
         except NonFiniteLoss as exc:  # the same groups would diverge again: fail loudly
             raise fail(ErrorType.NON_FINITE_LOSS, f"step {req.step}: {exc}") from exc
         attempt = uuid.uuid4().hex
@@ -184,10 +203,13 @@ class LearnerActivities:
         )
         progress["phase"] = "publish"
         out = self.work_dir / req.run_id / f".v{req.step + 1}.{attempt[:8]}"
+        base = engine.adapter_of
         try:
-            engine.save(out)
+            engine.save(out, base_name=f"{req.run_id}/v{base}" if base is not None else "")
             (out / STEP_RECORD).write_text(record.model_dump_json(indent=1))
-            policy = publish_policy(self.store, req.run_id, req.step + 1, out, step=req.step + 1)
+            policy = publish_policy(
+                self.store, req.run_id, req.step + 1, out, step=req.step + 1, adapter_of=base
+            )
         except BaseException:
             engine.version = None  # weights moved on but were not published: reload next time
             raise
@@ -200,12 +222,11 @@ class LearnerActivities:
 
     def _engine_at(
         self, run_id: str, step: int, config: GRPOConfig, progress: dict[str, Any]
-    ) -> LearnerEngine:
+    ) -> Learner:
         """The engine holding version `step` of `run_id`, reloaded from the store if needed."""
-
         if self.engine is None:
-            learner = self.settings.learner
-            self.engine = LearnerEngine(device=learner.device, threads=learner.threads)
+            log = self.settings.home / "logs" / "learner-ranks.log"
+            self.engine = open_learner(self.settings.learner, log)
         if self._engine_run != run_id or self.engine.version != step:
             progress["phase"] = f"load v{step}"
             try:
@@ -214,8 +235,18 @@ class LearnerActivities:
                 raise invalid(
                     "step", f"policy version {step} of run {run_id} is not published"
                 ) from exc
+            policy = PolicyManifest.model_validate_json((local / MANIFEST).read_bytes()).policy
             started = time.perf_counter()
-            self.engine.load(local, step, config)
+            try:
+                if policy.adapter_of is None:
+                    self.engine.load(local, step, config)
+                else:  # a LoRA version: its adapter over the full weights it names
+                    weights = fetch_policy(self.store, run_id, policy.adapter_of, self.cache_dir)
+                    self.engine.load(
+                        weights, step, config, adapter_dir=local, adapter_of=policy.adapter_of
+                    )
+            except ValueError as exc:  # e.g. a LoRA version asked to train full weights
+                raise invalid("config", str(exc)) from exc
             progress["load_s"] = round(time.perf_counter() - started, 2)
             self._engine_run = run_id
         if config.kl_coef > 0:

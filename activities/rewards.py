@@ -1,14 +1,17 @@
 """The `write_trajectories` activity (queue `rewards`): one finished agent task → G trajectories.
 
-Each sample's stored turn artefacts (completion.json, code.py, result.json) are assembled into a
-`contracts.trajectory.Trajectory` and written create-only at `keys.trajectory_key`. The document
-is a pure function of the request and of those artefacts (its timestamps come from the
-completion records, never from the clock), so a retried activity writes identical bytes and
+Each episode's stored step records (completion.json, and code.py for `code`) are assembled into
+a `contracts.trajectory.Trajectory` (format 2: one token sequence per episode with its loss mask
+and sampled log-probs, see `token_sequence`) and written create-only at `keys.trajectory_key`.
+The document is a pure function of the request and of those artefacts (its timestamps come from
+the completion records, never from the clock), so a retried activity writes identical bytes and
 reports `created=0`.
 
 Storage failures propagate as retryable errors (S3 down is never a reward); a request that can
-never succeed (no turns, an `infra_error` turn, an artefact whose digest does not match its ref,
-a different trajectory already stored under the key) raises a non-retryable ApplicationError.
+never succeed (an episode that never ended, a `code` step never executed, an `infra_error`
+step or verdict, an artefact whose digest does not match its ref, a step whose prompt does not
+extend the previous step's prompt and completion, a different trajectory already stored under
+the key) raises a non-retryable ApplicationError naming the field.
 
 Served by `tempered worker rewards` (workers/rewards.py).
 """
@@ -16,6 +19,8 @@ Served by `tempered worker rewards` (workers/rewards.py).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from pydantic import BaseModel
@@ -26,18 +31,63 @@ from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity
 from contracts.rollout import (
     CompletionRecord,
-    SampleState,
-    TurnRecord,
+    EpisodeState,
+    EpisodeStep,
     WriteTrajectoriesRequest,
     WriteTrajectoriesResponse,
 )
-from contracts.sandbox import ExecStatus, ExecutionResult
-from contracts.trajectory import Trajectory, TrajectoryTurn, trajectory_id
+from contracts.sandbox import ExecStatus
+from contracts.task import EnvName
+from contracts.trajectory import Trajectory, TrajectoryStep, trajectory_id
 from infra import keys
 from infra.storage import DigestMismatch, ObjectExists, ObjectStore, sha256_bytes
 from infra.telemetry import record_rewards
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class PrefixBroken(ValueError):
+    """A step's prompt does not start with the previous step's prompt and completion."""
+
+    def __init__(self, step: int):
+        super().__init__(
+            f"step {step}'s prompt does not extend step {step - 1}'s prompt and completion "
+            "(token in, token out is broken: the ids were re-rendered or re-tokenized)"
+        )
+        self.step = step
+
+
+@dataclass
+class TokenSequence:
+    """An episode's tokens, which of them the policy sampled, and their log-probs."""
+
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+
+def token_sequence(records: Sequence[CompletionRecord]) -> TokenSequence:
+    """One sequence from an episode's steps: the last prompt and completion, with a mask of 1
+    on every step's completion tokens and 0 on prompt, observation and template tokens.
+    Raises PrefixBroken when a step's prompt is not the previous prompt + completion + more,
+    ValueError when a record's log-probs are not one per completion token."""
+    out = TokenSequence()
+    for k, record in enumerate(records):
+        completion = record.completion_token_ids
+        if len(record.logprobs) != len(completion):
+            raise ValueError(
+                f"step {k}: {len(record.logprobs)} logprobs for {len(completion)} tokens"
+            )
+        prompt = record.prompt_token_ids
+        if prompt[: len(out.token_ids)] != out.token_ids:
+            raise PrefixBroken(k)
+        added = len(prompt) - len(out.token_ids)
+        out.loss_mask += [0] * added + [1] * len(completion)
+        out.logprobs += [0.0] * added + list(record.logprobs)
+        out.spans.append((len(prompt), len(prompt) + len(completion)))
+        out.token_ids = [*prompt, *completion]
+    return out
 
 
 class RewardActivities:
@@ -67,52 +117,80 @@ class RewardActivities:
         return WriteTrajectoriesResponse(trajectories=refs, created=created)
 
     def _assemble(
-        self, req: WriteTrajectoriesRequest, index: int, sample: SampleState
+        self, req: WriteTrajectoriesRequest, index: int, episode: EpisodeState
     ) -> Trajectory:
         where = f"samples[{index}]"
-        if not sample.turns:
-            raise invalid(f"{where}.turns", f"sample {sample.sample} has no turns")
-        turns = [self._turn(f"{where}.turns[{k}]", turn) for k, turn in enumerate(sample.turns)]
-        last = turns[-1]
+        if episode.end is None:
+            raise invalid(f"{where}.end", f"sample {episode.sample} never ended")
+        if episode.verdict is not None and episode.verdict.status is ExecStatus.INFRA_ERROR:
+            raise invalid(f"{where}.verdict", "infra_error is a platform fault, never a reward")
+        records = [
+            self._load(f"{where}.steps[{k}].completion", step.completion, CompletionRecord)
+            for k, step in enumerate(episode.steps)
+        ]
+        try:
+            sequence = token_sequence(records)
+        except PrefixBroken as exc:
+            raise invalid(f"{where}.steps[{exc.step}]", str(exc)) from exc
+        except ValueError as exc:
+            raise invalid(f"{where}.steps", str(exc)) from exc
+        steps = [
+            self._step(f"{where}.steps[{k}]", req.task.env, step, record, span)
+            for k, (step, record, span) in enumerate(
+                zip(episode.steps, records, sequence.spans, strict=True)
+            )
+        ]
+        last = records[-1] if records else None
         return Trajectory(
-            id=trajectory_id(req.run_id, req.task.id, sample.sample),
+            id=trajectory_id(req.run_id, req.task.id, episode.sample),
             run_id=req.run_id,
             task_id=req.task.id,
-            sample=sample.sample,
+            sample=episode.sample,
             group_size=req.group_size,
+            env=req.task.env,
             prompt=req.task.prompt,
-            turns=turns,
-            reward=sample.reward,
-            solved=sample.solved,
-            policy_version=last.policy_version,
-            created_at=last.finished_at or last.started_at,
+            token_ids=sequence.token_ids,
+            loss_mask=sequence.loss_mask,
+            logprobs=sequence.logprobs,
+            steps=steps,
+            end=episode.end,
+            reward=episode.reward,
+            solved=episode.solved,
+            verifier=episode.verdict.result if episode.verdict else None,
+            policy_version=last.policy_version if last else 0,
+            created_at=(last.finished_at or last.started_at) if last else "",
         )
 
-    def _turn(self, where: str, turn: TurnRecord) -> TrajectoryTurn:
-        completion = self._load(f"{where}.completion", turn.completion, CompletionRecord)
-        code = self._read(f"{where}.code", turn.code).decode()
-        result = (
-            self._load(f"{where}.result", turn.result, ExecutionResult) if turn.result else None
-        )
-        status = result.status if result else turn.status
-        if status is None:
-            raise invalid(f"{where}.status", "turn was never executed (no status, no result)")
-        if status == ExecStatus.INFRA_ERROR:
+    def _step(
+        self,
+        where: str,
+        env: EnvName,
+        step: EpisodeStep,
+        record: CompletionRecord,
+        span: tuple[int, int],
+    ) -> TrajectoryStep:
+        if step.status is ExecStatus.INFRA_ERROR:
             raise invalid(f"{where}.status", "infra_error is a platform fault, never a reward")
-        return TrajectoryTurn(
-            turn=turn.turn,
-            policy_version=turn.policy_version,
-            prompt_token_ids=completion.prompt_token_ids,
-            completion_token_ids=completion.completion_token_ids,
-            completion_logprobs=completion.logprobs,
-            completion_text=completion.text,
+        code = None
+        if env is EnvName.CODE:
+            if step.status is None or step.code is None:
+                raise invalid(f"{where}.status", "step was never executed (no status or code)")
+            code = self._read(f"{where}.code", step.code).decode()
+        return TrajectoryStep(
+            step=step.step,
+            policy_version=step.policy_version,
+            span=span,
+            completion_text=record.text,
+            finish_reason=record.finish_reason,
             code=code,
-            status=status,
-            tests_passed=result.tests_passed if result else turn.tests_passed,
-            tests_total=result.tests_total if result else turn.tests_total,
-            reward=turn.reward if turn.reward is not None else 0.0,
-            started_at=completion.started_at,
-            finished_at=completion.finished_at,
+            call=step.call,
+            observation=step.observation,
+            status=step.status,
+            tests_passed=step.tests_passed,
+            tests_total=step.tests_total,
+            reward=step.reward if step.reward is not None else 0.0,
+            started_at=record.started_at,
+            finished_at=record.finished_at,
         )
 
     def _read(self, where: str, ref: ObjectRef) -> bytes:

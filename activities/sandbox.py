@@ -1,10 +1,11 @@
 """The `execute` activity (queue `sandbox`): run every sample's program against the task's tests.
 
 For each item the program is read from the object store (`item.code`), run in the configured
-sandbox backend with the request's tests, entry point and limits, and its full
-`ExecutionResult` plus stdout/stderr are written under the turn's keys
-(`keys.attempt_key`: one set per activity attempt, written create-only, so an orphaned attempt
-that finishes after its retry can never change the bytes a returned ref names). Items run
+sandbox backend with the request's tests, the task's helpers (trusted code, run beside the
+tests in the verifier's checker), entry point and limits, and its full `ExecutionResult` plus
+stdout/stderr are written under the turn's keys (`keys.attempt_key`: one set per activity
+attempt, written create-only, so an orphaned attempt that finishes after its retry can never
+change the bytes a returned ref names). Items run
 concurrently, at most `settings.sandbox.concurrency` at once; the first item that fails
 cancels its siblings.
 
@@ -138,7 +139,9 @@ class SandboxActivities:
         activity fails fast and Temporal retries after the breaker's backoff)."""
         try:
             with self.breaker.guard(failures=(SandboxInfraError,)):
-                return await self.backend.run(program, req.tests, req.limits, req.entry_point)
+                return await self.backend.run(
+                    program, req.tests, req.limits, req.entry_point, helpers=req.helpers
+                )
         except CircuitOpenError as exc:
             delay = timedelta(seconds=max(exc.retry_after_s, 1.0))
             raise fail(ErrorType.SANDBOX_CIRCUIT_OPEN, str(exc), next_retry_delay=delay) from exc

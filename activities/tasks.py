@@ -1,40 +1,73 @@
 """The `load_tasks` activity (queue `rewards`): a suite's train and held-out tasks, minus quarantine.
 
-Task files are read here, not in the workflow, so the workflow stays deterministic.
+Task files are read here, not in the workflow, so the workflow stays deterministic. For a
+`workspace` suite (the built-in one, or `harbor:DIR`) each task's initial workspace and hidden
+tests are uploaded to the object store (content-addressed trees, `infra/environments/tree.py`:
+uploading them again is a no-op), so the refs in `TaskSpec.workspace` name stored trees. Harbor
+task directories that cannot be loaded are skipped and logged, naming the task and file.
 """
 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from temporalio import activity
 
 from contracts.errors import invalid
 from contracts.learner import LoadTasksRequest, LoadTasksResponse
 from contracts.names import Activity
+from contracts.task import TaskSpec
 from infra.settings import Settings
-from infra.tasks import load_quarantine, load_suite
+from infra.storage import ObjectStore
+from infra.tasks import is_workspace_suite, load_quarantine, load_suite, load_workspace_suite
+
+UPLOADS = 16
+"""Tree objects uploaded at once."""
 
 
 class TaskActivities:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, store: ObjectStore | None = None) -> None:
         self._settings = settings
+        self._store = store
+
+    @property
+    def store(self) -> ObjectStore:
+        if self._store is None:
+            self._store = ObjectStore.from_settings(self._settings)
+        return self._store
 
     @activity.defn(name=Activity.LOAD_TASKS.value)
     async def load_tasks(self, request: LoadTasksRequest) -> LoadTasksResponse:
         return await asyncio.to_thread(self._load, request)
 
     def _load(self, request: LoadTasksRequest) -> LoadTasksResponse:
-        try:
-            tasks = load_suite(request.suite)
-        except (ValueError, FileNotFoundError) as err:
-            raise invalid("suite", str(err)) from None
         skipped = (
             load_quarantine(self._settings, request.suite) if request.skip_quarantined else set()
         )
+        try:
+            if is_workspace_suite(request.suite):
+                tasks = self._upload(request.suite, skipped)
+            else:
+                tasks = load_suite(request.suite)
+        except (ValueError, FileNotFoundError) as err:
+            raise invalid("suite", str(err)) from None
         kept = [t for t in tasks if t.id not in skipped]
         return LoadTasksResponse(
             train=[t for t in kept if t.split == "train"],
             heldout=[t for t in kept if t.split == "heldout"],
             quarantined=sorted(skipped & {t.id for t in tasks}),
         )
+
+    def _upload(self, suite: str, skipped: set[str]) -> list[TaskSpec]:
+        """The suite's tasks, with the trees of those not skipped in the store."""
+        tasks = load_workspace_suite(suite)
+        objects = {
+            key: data
+            for task in tasks
+            if task.spec.id not in skipped
+            for key, data in task.objects.items()
+        }
+        with ThreadPoolExecutor(UPLOADS) as pool:
+            list(pool.map(lambda item: self.store.put_bytes(*item), objects.items()))
+        return [task.spec for task in tasks]

@@ -4,7 +4,7 @@
         async with production_workers(settings, [Queue.INFERENCE, ...]) as (client, plans):
             ...                                        # the workers `tempered worker Q` would run
     merge_results("orchestration", report)            # bench/results.json, other keys kept
-    pool = SandboxPool(settings, limits); pool.passed(codes, [(tests, entry_point), ...])
+    pool = SandboxPool(settings, limits); pool.passed(codes, tasks)  # one TaskSpec per program
 
 The stack is `infra.stack.up` (what `tempered up` starts) under a throw-away home on free
 127.0.0.1 ports, so a benchmark never touches a developer's stack on 7233/8233/8333.
@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 from contracts.names import Queue  # noqa: E402
 from contracts.sandbox import ExecStatus  # noqa: E402
-from contracts.task import SandboxLimits  # noqa: E402
+from contracts.task import SandboxLimits, TaskSpec  # noqa: E402
 from infra.settings import S3Settings, Settings, TemporalSettings  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results.json"
@@ -66,7 +66,10 @@ def stack_settings(home: Path, **overrides: Any) -> Settings:
     return Settings(
         home=home,
         temporal=TemporalSettings(
-            address=f"127.0.0.1:{free_port()}", ui_port=free_port(), http_port=free_port()
+            address=f"127.0.0.1:{free_port()}",
+            ui_port=free_port(),
+            http_port=free_port(),
+            codec_port=free_port(),
         ),
         s3=S3Settings(endpoint=f"http://127.0.0.1:{s3_port}", embedded_base_port=base_port),
         **overrides,
@@ -170,16 +173,18 @@ class SandboxPool:
     def _call(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
-    def passed(self, codes: list[str], tasks: list[tuple[str, str]]) -> list[bool]:
-        """Whether each program passes its (tests, entry_point), all run concurrently."""
+    def passed(self, codes: list[str], tasks: list[TaskSpec]) -> list[bool]:
+        """Whether each program passes its task's tests, all run concurrently."""
 
-        async def one(code: str, tests: str, entry_point: str) -> bool:
+        async def one(code: str, task: TaskSpec) -> bool:
             async with self.slots:
-                result = await self.backend.run(code, tests, self.limits, entry_point)
+                result = await self.backend.run(
+                    code, task.tests, self.limits, task.entry_point, task.helpers
+                )
             return bool(result.status == ExecStatus.PASSED)
 
         async def every() -> list[bool]:
-            return await asyncio.gather(*(one(c, *t) for c, t in zip(codes, tasks, strict=True)))
+            return await asyncio.gather(*(one(c, t) for c, t in zip(codes, tasks, strict=True)))
 
         return list(self._call(every()))
 

@@ -9,7 +9,9 @@ sandbox (local bubblewrap) and rewards, built by `workers.runtime.build_worker`.
 starter-suite tasks are then rolled out twice per round, `--concurrency` tasks in flight:
 
   tempered   each task is an AgentTaskWorkflow started on the dev server (generate, execute,
-             FEEDBACK, ..., write_trajectories as activities through task queues);
+             FEEDBACK, ..., write_trajectories as activities through task queues), started
+             eagerly (its first workflow task runs in this process's worker, no round trip
+             through the agent-tasks queue) with its memo and search attributes on the start;
   plain      an asyncio loop calls the very same bound activity methods (same objects, same
              loaded model, same sandbox pool, same S3) directly, with the workflow's own
              FEEDBACK step scoring the turns: no Temporal anywhere.
@@ -45,17 +47,18 @@ from common import (
     temporal_pid,
 )
 
+from contracts.episode import EpisodeEnd
 from contracts.names import Queue, Workflow
 from contracts.rollout import (
     AgentTaskResult,
     GenerateItem,
     GenerateRequest,
-    SampleState,
     WriteTrajectoriesRequest,
 )
 from contracts.sandbox import ExecuteItem, ExecuteRequest
 from contracts.task import AgentTaskInput, SamplingParams, TaskSpec
 from infra.settings import InferenceSettings, Settings
+from workflows.search import task_start_options
 
 POLICY_RUN = "bench-orchestration-policy"
 QUEUES = [Queue.AGENT_TASKS, Queue.INFERENCE, Queue.SANDBOX, Queue.REWARDS]
@@ -74,26 +77,33 @@ class PlainRollout:
         self.write = activity_method(plans, Queue.REWARDS, "write_trajectories")
 
     async def __call__(self, task_input: AgentTaskInput) -> int:
-        """Roll `task_input` out as AgentTaskWorkflow would; returns the turns taken."""
-        from workflows.agent_task import AgentTaskWorkflow
+        """Roll `task_input` out as AgentTaskWorkflow would; returns the steps taken."""
+        from workflows.episodes import EpisodeGroup
 
         task = task_input.task
-        scorer = AgentTaskWorkflow()  # its FEEDBACK step is pure: both sides score alike
-        scorer._samples = [SampleState(sample=i) for i in range(task_input.group_size)]
-        for turn in range(task_input.max_turns):
-            scorer._turn = turn
-            active = [s for s in scorer._samples if not s.solved]
+        group = EpisodeGroup(task_input)  # the workflow's own FEEDBACK: both sides score alike
+        for step in range(task_input.max_turns):
+            acting = group.acting()
             generated = await self.env.run(
                 self.generate,
                 GenerateRequest(
                     run_id=task_input.run_id,
                     task_id=task.id,
-                    turn=turn,
+                    turn=step,
+                    env=task.env,
                     prompt=task.prompt,
                     sampling=task_input.sampling,
+                    max_context_tokens=task_input.max_context_tokens,
                     policy_run=task_input.policy_run or task_input.run_id,
                     policy_version=task_input.policy_version,
-                    items=[GenerateItem(sample=s.sample, history=s.turns) for s in active],
+                    items=[
+                        GenerateItem(
+                            sample=e.sample,
+                            previous=e.steps[-1].completion if e.steps else None,
+                            observation=e.steps[-1].observation if e.steps else None,
+                        )
+                        for e in acting
+                    ],
                 ),
             )
             executed = await self.env.run(
@@ -101,28 +111,31 @@ class PlainRollout:
                 ExecuteRequest(
                     run_id=task_input.run_id,
                     task_id=task.id,
-                    turn=turn,
+                    turn=step,
                     tests=task.tests,
                     entry_point=task.entry_point,
                     limits=task_input.limits,
                     items=[
-                        ExecuteItem(sample=c.sample, code=c.code) for c in generated.completions
+                        ExecuteItem(sample=c.sample, code=c.code)
+                        for c in generated.completions
+                        if c.code is not None
                     ],
                 ),
             )
-            scorer._feedback(task_input, generated, executed)
-            if all(s.solved for s in scorer._samples):
+            group.feedback(step, generated, {o.sample: o for o in executed.outcomes})
+            if group.all_ended():
                 break
+        group.end_acting(EpisodeEnd.STEP_BUDGET)
         await self.env.run(
             self.write,
             WriteTrajectoriesRequest(
                 run_id=task_input.run_id,
                 task=task,
                 group_size=task_input.group_size,
-                samples=scorer._samples,
+                samples=group.episodes,
             ),
         )
-        return turn + 1
+        return max(len(e.steps) for e in group.episodes)
 
 
 def tempered_rollout(client: Any) -> Rollout:
@@ -133,6 +146,8 @@ def tempered_rollout(client: Any) -> Rollout:
             id=f"{task_input.run_id}-{task_input.task.id}",
             task_queue=Queue.AGENT_TASKS.value,
             result_type=AgentTaskResult,
+            request_eager_start=True,  # the first workflow task runs here, no queue round trip
+            **task_start_options(task_input),  # memo and run/task attributes on the start event
         )
         return int(result.turns)
 

@@ -40,6 +40,10 @@ BENCHES: dict[str, dict[str, list[str]]] = {
             "2",
         ],
     },
+    "concurrency": {
+        "quick": ["--levels", "1000"],
+        "full": ["--levels", "1000,2500,5000,10000"],
+    },
     "vs_trl": {
         "quick": ["--preset", "tiny", "--target", "0", "--steps", "3"],
         "full": ["--preset", "smollm2", "--steps", "30", "--gain", "0.1"],
@@ -65,6 +69,14 @@ def summary(results: dict[str, Any]) -> list[str]:
             f"(target <= 10%), {orch['workflows_per_s']} workflows/s, "
             f"{1000 * orch['server_cpu_s_per_workflow']:.0f} ms server CPU/workflow, "
             f"load {orch['machine']['load_average']}"
+        )
+    for row in results.get("concurrency", {}).get("levels", []):
+        lines.append(
+            f"concurrency: {row['in_flight']} in flight, {row['start_per_s']} starts/s, "
+            f"{row['completion_per_s']} done/s, schedule-to-start p99 "
+            f"{row['schedule_to_start_fill_ms']['p99']} ms, "
+            f"{row['server_cpu_ms_per_task']['total']} ms server CPU/task, "
+            f"{row['worker_mb_per_1000_in_flight']} MB/1k in flight"
         )
     trl = results.get("vs_trl")
     if trl:

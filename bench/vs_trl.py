@@ -177,9 +177,11 @@ def greedy_pass_at_1(
     """Held-out pass@1: one greedy completion per task (Tempered's prompt), run by `pool`."""
     import torch
 
-    from infra.inference.prompts import build_messages, encode_messages, extract_code
+    from contracts.task import EnvName
+    from infra.inference.prompts import ChatFormat, extract_code
 
-    rows = [encode_messages(tokenizer, build_messages(t.prompt)) for t in tasks]
+    chat = ChatFormat(tokenizer, EnvName.CODE)
+    rows = [chat.first_prompt(t.prompt) for t in tasks]
     width, pad = max(map(len, rows)), tokenizer.pad_token_id
     ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
@@ -194,9 +196,7 @@ def greedy_pass_at_1(
         )
     model.train()
     texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-    solved = pool.passed(
-        [extract_code(t) for t in texts], [(t.tests, t.entry_point) for t in tasks]
-    )
+    solved = pool.passed([extract_code(t) for t in texts], tasks)
     return sum(solved) / len(solved)
 
 
@@ -242,17 +242,16 @@ def trl_side(
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOTrainer
 
-    from infra.inference.prompts import build_messages, extract_code
+    from infra.inference.prompts import extract_code, task_messages
     from infra.tasks import load_suite
 
     pool = SandboxPool(settings, run.limits)
     train, heldout = load_suite(run.suite, split="train"), load_suite(run.suite, split="heldout")
+    by_id = {t.id: t for t in train}
 
-    def sandbox_reward(
-        completions: list[Any], tests: list[str], entry_point: list[str], **_: Any
-    ) -> list[float | None]:
+    def sandbox_reward(completions: list[Any], task_id: list[str], **_: Any) -> list[float | None]:
         codes = [extract_code(c[0]["content"] if isinstance(c, list) else c) for c in completions]
-        solved = pool.passed(codes, list(zip(tests, entry_point, strict=True)))
+        solved = pool.passed(codes, [by_id[i] for i in task_id])
         return [run.reward.score([ok]) for ok in solved]  # one turn: 1.0 or -0.1
 
     timeline = Timeline("trl", args)
@@ -274,10 +273,7 @@ def trl_side(
                 evaluate(step)
             control.should_training_stop |= timeline.target_s is not None
 
-    rows = [
-        {"prompt": build_messages(t.prompt), "tests": t.tests, "entry_point": t.entry_point}
-        for t in train
-    ]
+    rows = [{"prompt": task_messages(t.prompt), "task_id": t.id} for t in train]
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=sandbox_reward,

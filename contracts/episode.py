@@ -3,8 +3,9 @@
 An episode is one sample of a task's GRPO group, acting through an environment's tools:
 
     INIT      open_sessions    (queue sandbox: a workspace per episode, on one sandbox worker)
-    GENERATE  generate         (queue inference: the model's turn, token ids in and out)
-    EXECUTE   env_step         (the session's worker queue: parse and run one tool call)
+    GENERATE  generate         (queue inference: the model's turn, token ids in and out; its
+                                tool call parsed by infra/inference/toolcalls.py)
+    EXECUTE   env_step         (the session's worker queue: run that tool call)
     FEEDBACK  (in the workflow: step bookkeeping; done on submit / step or context budget)
     DONE      verify_episodes  (queue sandbox: a fresh verifier sandbox per final workspace)
               close_sessions   (the session's worker queue; best effort, a TTL reaps the rest)
@@ -25,7 +26,7 @@ from pydantic import Field
 
 from contracts.common import Contract, Identifier, ObjectRef
 from contracts.sandbox import ExecStatus
-from contracts.task import EnvName, SandboxLimits
+from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
 
 
 class ToolSpec(Contract):
@@ -54,7 +55,7 @@ class EpisodeEnd(StrEnum):
     SUBMITTED = "submitted"
     """The agent called `submit` (workspace) or its answer passed (code)."""
     STEP_BUDGET = "step_budget"
-    """`max_steps` steps were taken."""
+    """`max_turns` steps were taken (`AgentTaskInput.max_turns`: one model turn per step)."""
     CONTEXT_BUDGET = "context_budget"
     """The next prompt would not fit the context budget; ended and recorded, never cut."""
     ABORTED = "aborted"
@@ -76,7 +77,10 @@ class OpenSessionsRequest(Contract):
     run_id: Identifier
     task_id: Identifier
     env: EnvName
-    workspace: ObjectRef = Field(description="The task's initial workspace (a snapshot).")
+    workspace: WorkspaceSpec = Field(
+        description="The task's workspace: sessions start from `files`, mounted at `workdir`; "
+        "the hidden tests (`verifier`) are never fetched here."
+    )
     samples: list[int]
     snapshots: dict[int, ObjectRef] = Field(
         default={}, description="Sample → snapshot to restore instead of the initial one."
@@ -93,6 +97,10 @@ class EnvStepItem(Contract):
     session: SessionRef
     completion: ObjectRef = Field(
         description="The turn's CompletionRecord (its text holds the call)."
+    )
+    call: ToolCall = Field(
+        description="The call GENERATE parsed from that text (`infra/inference/toolcalls.py`); "
+        "run as given. With `error` set it is not run: the error is the observation."
     )
 
 
@@ -133,7 +141,10 @@ class VerifyRequest(Contract):
     run_id: Identifier
     task_id: Identifier
     env: EnvName
-    tests: ObjectRef = Field(description="The task's hidden tests (never in a workspace).")
+    workspace: WorkspaceSpec = Field(
+        description="The task's workspace: its hidden tests (`verifier`, never in a "
+        "workspace) and where the final tree is mounted for them (`workdir`, `env_vars`)."
+    )
     limits: SandboxLimits = SandboxLimits()
     items: list[VerifyItem]
 

@@ -37,6 +37,14 @@ class ErrorType(StrEnum):
     """The sandbox platform failed (not the program): retried, never a reward."""
     SANDBOX_CIRCUIT_OPEN = "SandboxCircuitOpen"
     """The sandbox backend is paused by its circuit breaker: retried after its backoff."""
+    LEARNER_INFRA = "LearnerInfraError"
+    """The learner's rank group died or did not start (a rank killed, crashed, hung): retried
+    on a fresh group, which reloads the last published version."""
+    LEARNER_FAILED = "LearnerFailed"
+    """A training run's learner failed (its reason follows): the run fails with it."""
+    SESSION_LOST = "SessionLost"
+    """A workspace session is not on the worker its queue names (restarted, reaped by its TTL):
+    not retried there; the workflow restores the session from its last snapshot elsewhere."""
 
 
 RETRYABLE: dict[ErrorType, bool] = {
@@ -47,6 +55,9 @@ RETRYABLE: dict[ErrorType, bool] = {
     ErrorType.INFERENCE: True,
     ErrorType.SANDBOX_INFRA: True,
     ErrorType.SANDBOX_CIRCUIT_OPEN: True,
+    ErrorType.LEARNER_INFRA: True,
+    ErrorType.SESSION_LOST: False,
+    ErrorType.LEARNER_FAILED: False,
 }
 
 NON_RETRYABLE: list[str] = [kind.value for kind, retry in RETRYABLE.items() if not retry]

@@ -1,6 +1,8 @@
-"""Contracts of the learner side: policy versions, trajectory groups, train steps, training runs."""
+"""Contracts of the learner side: policy versions, trajectory groups, train steps, training runs,
+and the bounded state the learner and the training run carry through continue-as-new."""
 
-from typing import Literal
+from datetime import datetime
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -9,13 +11,18 @@ from contracts.task import RewardConfig, SamplingParams, SandboxLimits, TaskSpec
 
 
 class PolicyVersion(Contract):
-    """A published policy: an HF causal-LM directory stored under `prefix`."""
+    """A published policy: an HF causal-LM directory stored under `prefix`, or, when
+    `adapter_of` is set, a PEFT LoRA adapter directory (adapter_config.json,
+    adapter_model.safetensors, tokenizer files) over version `adapter_of` of the same run."""
 
     run_id: str
     version: int = Field(ge=0)
     prefix: str = Field(description="Key prefix of the HF directory (config, tokenizer, weights).")
     step: int = Field(default=0, ge=0)
     created_at: str = ""
+    adapter_of: int | None = Field(
+        default=None, ge=0, description="A LoRA adapter over this full-weight version of the run."
+    )
 
 
 class TrajectoryGroup(Contract):
@@ -50,6 +57,19 @@ class GRPOConfig(Contract):
     """How many versions a group's policy may lag the step that trains on it."""
     stale_policy: Literal["drop", "downweight"] = "drop"
     """What to do with a group older than `max_staleness`: drop it, or down-weight it."""
+    lora_rank: int = Field(default=0, ge=0, le=256)
+    """Rank of LoRA adapters trained instead of the full weights (PEFT, no dropout); 0 trains
+    the full weights. Versions are then adapters over the run's full-weight version (megabytes
+    each); the `vllm` backend serves ranks up to `inference.vllm.max_lora_rank`. Fixed for a run."""
+    lora_alpha: int = Field(default=32, ge=1, le=4096)
+    """LoRA scaling numerator: an adapter adds (lora_alpha / lora_rank) · B·A to each target."""
+    lora_target_modules: list[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]] = Field(
+        default=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1,
+        max_length=64,
+    )
+    """Names of the linear modules that get an adapter (Llama-style projections by default);
+    with `train_last_layers`, only those of the last N decoder layers."""
 
 
 class PrepareRunRequest(Contract):
@@ -107,22 +127,73 @@ class TrainStepResponse(Contract):
     ack: ObjectRef = Field(description="Acknowledgement record: which trajectories were consumed.")
 
 
+class HistoryBudget(Contract):
+    """How much of Temporal's per-run history limits (51,200 events, 50 MiB) a long-lived
+    workflow may use before it continues as new; the defaults are 20% of each."""
+
+    events: int = Field(default=10_240, ge=200, le=51_200)
+    """Continue as new before the run's history could pass this many events."""
+    bytes: int = Field(default=10 * 1024 * 1024, ge=64 * 1024, le=50 * 1024 * 1024)
+    """Continue as new before the run's history could pass this many bytes."""
+
+
+class LedgerSegment(Contract):
+    """What one continue-as-new segment of a `LearnerWorkflow` trained on, stored once at
+    `keys.learner_ledger_key(run, segment)` (activity `record_ledger`): the learner's dedup set
+    of every earlier segment, read back by `find_consumed`."""
+
+    run_id: Identifier
+    segment: int = Field(ge=0)
+    first_step: int = Field(ge=0, description="First learner step of the segment.")
+    next_step: int = Field(ge=0, description="First step of the next segment.")
+    consumed: list[str] = Field(description="Task ids of the groups the segment's steps took.")
+
+
+class FindConsumedRequest(Contract):
+    """Which of `task_ids` a ledger segment `0 … segments − 1` of `run_id` lists."""
+
+    run_id: Identifier
+    segments: int = Field(ge=0, description="Segments written so far.")
+    task_ids: list[str]
+
+
+class FindConsumedResponse(Contract):
+    consumed: list[str] = Field(description="Those of the asked ids an earlier segment took.")
+
+
 class LearnerInput(Contract):
-    """Input (and continue-as-new state) of `LearnerWorkflow`."""
+    """Input (and continue-as-new state) of `LearnerWorkflow`: constant in size. Task ids of
+    earlier segments live in the ledger (`segment` segments written so far), steps in the acks;
+    `pending` is bounded by the producer (the run's staleness gate and concurrency)."""
 
     run_id: Identifier
     config: GRPOConfig = GRPOConfig()
     max_steps: int = Field(default=10, ge=0)
     step: int = Field(default=0, ge=0)
     pending: list[TrajectoryGroup] = []
-    consumed: list[str] = Field(default=[], description="Task ids already trained on.")
-    history: list[TrainStepResponse] = []
+    consumed: list[str] = Field(
+        default=[],
+        description="Task ids trained on in this segment, not yet in the ledger (empty at the "
+        "start of a segment; a run of the previous release carried all of them here).",
+    )
+    history: list[TrainStepResponse] = Field(
+        default=[], description="The last `HISTORY_TAIL` steps (every step: the acks)."
+    )
     finish_when_drained: bool = False
     parent_workflow_id: str | None = Field(default=None, description="Told of each step by signal.")
     heartbeat_timeout_s: float = Field(default=120.0, ge=1.0, le=3600)
     steps_per_run: int = Field(
         default=50, ge=1, description="Continue-as-new after this many steps."
     )
+    segment: int = Field(default=0, ge=0, description="Ledger segments written so far.")
+    budget: HistoryBudget = HistoryBudget()
+
+
+class LearnerDone(Contract):
+    """Signal `learner_done` from the learner to its training run: how it ended."""
+
+    final: LearnerInput | None = Field(default=None, description="Its last state, if it ended.")
+    error: str | None = Field(default=None, description="Why it failed, if it failed.")
 
 
 class LearnerProgress(Contract):
@@ -143,7 +214,9 @@ class RunProgress(Contract):
     tasks_started: int = Field(default=0, ge=0)
     tasks_done: int = Field(default=0, ge=0)
     in_flight: int = Field(default=0, ge=0)
-    learner: list[LearnerProgress] = Field(default=[], description="One entry per learner step.")
+    learner: list[LearnerProgress] = Field(
+        default=[], description="The last `PROGRESS_TAIL` learner steps, oldest first."
+    )
     evals: list["EvalResult"] = Field(default=[], description="Held-out evaluations so far.")
 
 
@@ -159,11 +232,16 @@ class LoadTasksResponse(Contract):
 
 
 class EvalResult(Contract):
-    """Held-out pass@1 of one policy version (greedy, one turn, through the same pipeline)."""
+    """Held-out figures of one policy version: one greedy episode per held-out task, up to the
+    run's `max_turns` turns, through the same pipeline as training."""
 
     policy_version: int
-    pass_at_1: float
+    pass_at_1: float = Field(description="Share of tasks solved at the first turn.")
     tasks: int
+    solve_rate: float | None = Field(
+        default=None, description="Share of tasks solved within `turns` turns (None: not run)."
+    )
+    turns: int = Field(default=1, ge=1, description="The turns each episode could take.")
 
 
 class TrainingRunInput(Contract):
@@ -174,8 +252,16 @@ class TrainingRunInput(Contract):
     base_model: str = "tiny"
     steps: int = Field(default=3, ge=1, le=100000)
     group_size: int = Field(default=4, ge=1, le=256)
-    max_turns: int = Field(default=2, ge=1, le=32)
-    concurrency: int = Field(default=8, ge=1, le=100000, description="Agent tasks in flight.")
+    max_turns: int = Field(default=2, ge=1, le=256, description="Steps per episode at most.")
+    max_context_tokens: int = Field(
+        default=4096, ge=64, le=1 << 20, description="Context budget of an episode (tokens)."
+    )
+    concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=2000,
+        description="Agent tasks in flight (Temporal allows a workflow 2,000 pending children).",
+    )
     eval_every: int = Field(
         default=0, ge=0, description="Held-out eval every N steps; 0 = ends only."
     )
@@ -187,6 +273,24 @@ class TrainingRunInput(Contract):
     grpo: GRPOConfig = GRPOConfig()
     heartbeat_timeout_s: float = Field(default=30.0, ge=1.0, le=3600)
     seed: int = Field(default=0, description="Seeds the order in which training tasks are drawn.")
+    budget: HistoryBudget = HistoryBudget()
+    resume: "RunResume | None" = Field(
+        default=None, description="Set by the run itself when it continues as new."
+    )
+
+
+class RunResume(Contract):
+    """Where a `TrainingRunWorkflow` continues after continue-as-new: constant in size (the
+    suite, counters, bounded tails). No agent task is in flight at that moment (the run drains
+    them first); the learner lives on (a child that outlives its parent's runs)."""
+
+    tasks: LoadTasksResponse
+    started: int = Field(ge=0, description="Training tasks started so far (the next index).")
+    done: int = Field(ge=0)
+    progress: list[LearnerProgress] = Field(description="The last `PROGRESS_TAIL` steps.")
+    evals: list[EvalResult] = Field(description="The first and the last `EVAL_TAIL` evals.")
+    deadline: datetime | None = Field(description="When the time budget ends (None: never).")
+    segment: int = Field(ge=1, description="Runs of this workflow before this one.")
 
 
 class TrainingRunResult(Contract):
@@ -194,9 +298,12 @@ class TrainingRunResult(Contract):
     steps: int
     tasks_started: int
     tasks_done: int
-    history: list[TrainStepResponse]
+    history: list[TrainStepResponse] = Field(
+        description="The last `HISTORY_TAIL` steps (every step: the acks in the store)."
+    )
     evals: list[EvalResult]
 
 
 PrepareRunRequest.model_rebuild()
 RunProgress.model_rebuild()
+TrainingRunInput.model_rebuild()

@@ -31,6 +31,12 @@ class Activity(StrEnum):
     LOAD_TASKS = "load_tasks"
     PREPARE_RUN = "prepare_run"
     TRAIN_STEP = "train_step"
+    RECORD_LEDGER = "record_ledger"
+    FIND_CONSUMED = "find_consumed"
+    OPEN_SESSIONS = "open_sessions"
+    ENV_STEP = "env_step"
+    VERIFY_EPISODES = "verify_episodes"
+    CLOSE_SESSIONS = "close_sessions"
 
 
 ACTIVITY_QUEUE: dict[Activity, Queue] = {
@@ -40,7 +46,16 @@ ACTIVITY_QUEUE: dict[Activity, Queue] = {
     Activity.LOAD_TASKS: Queue.REWARDS,
     Activity.PREPARE_RUN: Queue.LEARNER,
     Activity.TRAIN_STEP: Queue.LEARNER,
+    Activity.RECORD_LEDGER: Queue.REWARDS,
+    Activity.FIND_CONSUMED: Queue.REWARDS,
+    Activity.OPEN_SESSIONS: Queue.SANDBOX,
+    Activity.ENV_STEP: Queue.SANDBOX,
+    Activity.VERIFY_EPISODES: Queue.SANDBOX,
+    Activity.CLOSE_SESSIONS: Queue.SANDBOX,
 }
+"""The queue each activity is registered on. `env_step` and `close_sessions` are *called* on the
+queue of the sandbox worker that holds the session (`SessionRef.queue`), which that worker
+polls besides `sandbox`."""
 
 
 class SearchAttr(StrEnum):
@@ -52,6 +67,7 @@ class SearchAttr(StrEnum):
     POLICY_VERSION = "TemperedPolicyVersion"
     TASK_ID = "TemperedTaskId"
     RUN_ID = "TemperedRunId"
+    TOOL_CALLS = "TemperedToolCalls"
 
 
 SEARCH_ATTRIBUTE_TYPES: dict[SearchAttr, str] = {
@@ -61,4 +77,5 @@ SEARCH_ATTRIBUTE_TYPES: dict[SearchAttr, str] = {
     SearchAttr.POLICY_VERSION: "Int",
     SearchAttr.TASK_ID: "Keyword",
     SearchAttr.RUN_ID: "Keyword",
+    SearchAttr.TOOL_CALLS: "Int",
 }

@@ -1,14 +1,20 @@
-"""Contracts of a rollout: turns, samples, the status query, GENERATE and trajectory writing."""
+"""Contracts of a rollout: episode steps, the status query, GENERATE and trajectory writing.
+
+An agent task is a GRPO group of G episodes (samples). Each episode is a list of steps; a step
+is one model turn (GENERATE), the action it held run (EXECUTE) and its observation (FEEDBACK).
+Everything here carries references; texts and token ids live in the store.
+"""
 
 from pydantic import Field
 
 from contracts.common import Contract, ObjectRef
+from contracts.episode import EpisodeEnd, SessionRef, ToolCall, Verdict
 from contracts.sandbox import ExecStatus
-from contracts.task import SamplingParams, TaskSpec
+from contracts.task import EnvName, SamplingParams, TaskSpec
 
 
 class CompletionRecord(Contract):
-    """`completion.json` of a turn: exactly what was sampled, for the learner and for replay."""
+    """`completion.json` of a step: exactly what was sampled, for the learner and for replay."""
 
     text: str
     prompt_token_ids: list[int]
@@ -20,24 +26,35 @@ class CompletionRecord(Contract):
     finished_at: str = ""
 
 
-class TurnRecord(Contract):
-    """One generate → execute → feedback round of one sample (references only)."""
+class EpisodeStep(Contract):
+    """One generate → execute → feedback step of one episode (references only)."""
 
-    turn: int = Field(ge=0)
+    step: int = Field(ge=0)
     policy_version: int = Field(ge=0)
-    completion: ObjectRef  # completion.json: text, prompt/completion token ids, logprobs
-    code: ObjectRef  # code.py extracted from the completion
-    num_tokens: int = Field(default=0, ge=0)
+    completion: ObjectRef = Field(description="completion.json: text, token ids, logprobs.")
+    code: ObjectRef | None = Field(default=None, description="`code`: the program run.")
+    call: ToolCall | None = Field(default=None, description="`workspace`: the tool call.")
+    num_tokens: int = Field(default=0, ge=0, description="Completion tokens.")
+    prompt_tokens: int = Field(default=0, ge=0)
+    observation: ObjectRef | None = Field(
+        default=None,
+        description="What the model is shown next: `code` the execution's result.json, "
+        "`workspace` the tool's result text.",
+    )
     status: ExecStatus | None = None
     tests_passed: int = 0
     tests_total: int = 0
-    result: ObjectRef | None = None  # result.json of the execution
-    reward: float | None = None
+    reward: float | None = Field(default=None, description="The episode's reward so far.")
 
 
-class SampleState(Contract):
+class EpisodeState(Contract):
+    """One episode (sample) of a group: its steps, its session, how it ended."""
+
     sample: int = Field(ge=0)
-    turns: list[TurnRecord] = []
+    steps: list[EpisodeStep] = []
+    end: EpisodeEnd | None = Field(default=None, description="None while it still acts.")
+    session: SessionRef | None = Field(default=None, description="`workspace`: its sandbox.")
+    verdict: Verdict | None = Field(default=None, description="`workspace`: set at DONE.")
     solved: bool = False
     reward: float = 0.0
 
@@ -46,9 +63,9 @@ class TaskStatus(Contract):
     """Answer of the `status` query."""
 
     state: str
-    turn: int
+    turn: int = Field(description="The step the group is on.")
     policy_version: int | None = None
-    samples: list[SampleState]
+    samples: list[EpisodeState]
     aborted_reason: str | None = None
 
 
@@ -56,28 +73,37 @@ class AgentTaskResult(Contract):
     run_id: str
     task_id: str
     state: str
-    turns: int
+    turns: int = Field(description="Steps of the longest episode.")
     rewards: list[float]
     solved: list[bool]
     best_reward: float
-    policy_versions: list[int] = Field(description="Policy version of each sample's last turn.")
+    policy_versions: list[int] = Field(description="Policy version of each sample's last step.")
     trajectories: list[ObjectRef]
     aborted_reason: str | None = None
+    steps: list[int] = Field(default=[], description="Steps each sample took.")
+    ends: list[EpisodeEnd] = Field(default=[], description="How each sample's episode ended.")
 
 
 class GenerateItem(Contract):
-    """One sample to generate for; `history` are its earlier turns (their stored artefacts)."""
+    """One episode to generate for. Step 0: nothing (the prompt is rendered from the task).
+    Step k > 0: the previous step's completion record and its observation, both in the store;
+    the prompt is the previous prompt and completion with the observation's tokens appended."""
 
     sample: int = Field(ge=0)
-    history: list[TurnRecord] = []
+    previous: ObjectRef | None = Field(default=None, description="Previous CompletionRecord.")
+    observation: ObjectRef | None = Field(default=None, description="Its observation.")
 
 
 class GenerateRequest(Contract):
     run_id: str
     task_id: str
-    turn: int = Field(ge=0)
-    prompt: str
+    turn: int = Field(ge=0, description="The step.")
+    env: EnvName = EnvName.CODE
+    prompt: str = Field(description="The task's instruction (rendered at step 0).")
     sampling: SamplingParams
+    max_context_tokens: int = Field(
+        default=1 << 20, ge=1, description="A prompt + max_new_tokens above this is not sampled."
+    )
     policy_run: str = Field(description="Run whose published policies are sampled.")
     policy_version: int | None = Field(default=None, description="None = newest published.")
     items: list[GenerateItem]
@@ -86,24 +112,31 @@ class GenerateRequest(Contract):
 class Completion(Contract):
     sample: int
     completion: ObjectRef
-    code: ObjectRef
+    code: ObjectRef | None = Field(default=None, description="`code`: code.py extracted.")
+    call: ToolCall | None = Field(default=None, description="`workspace`: the parsed call.")
     num_tokens: int = 0
+    prompt_tokens: int = 0
     finish_reason: str = "stop"
 
 
 class GenerateResponse(Contract):
     policy_version: int
     completions: list[Completion]
+    over_budget: dict[int, int] = Field(
+        default={},
+        description="Sample → tokens of its next prompt, for samples not sampled because that "
+        "prompt plus max_new_tokens exceeds max_context_tokens.",
+    )
     tokens_per_s: float = 0.0
 
 
 class WriteTrajectoriesRequest(Contract):
-    """Write each sample's trajectory once (create-only, deterministic key)."""
+    """Write each episode's trajectory once (create-only, deterministic key)."""
 
     run_id: str
     task: TaskSpec
     group_size: int
-    samples: list[SampleState]
+    samples: list[EpisodeState]
 
 
 class WriteTrajectoriesResponse(Contract):

@@ -50,6 +50,9 @@ class ExecuteRequest(Contract):
     task_id: str
     turn: int = Field(ge=0)
     tests: str = ""
+    helpers: str = Field(
+        default="", description="The task's trusted helper code (TaskSpec.helpers)."
+    )
     entry_point: str | None = None
     limits: SandboxLimits = SandboxLimits()
     items: list[ExecuteItem]

@@ -33,6 +33,9 @@ class WorkspaceSpec(Contract):
     )
     workdir: str = Field(default="/app", pattern=r"^/[A-Za-z0-9_./-]*$")
     """Where the workspace is mounted in the sandbox (Harbor's Dockerfile WORKDIR)."""
+    env_vars: dict[str, str] = {}
+    """Environment variables of every command run in the workspace and of its verifier (the
+    Dockerfile's ENV)."""
 
 
 class TaskSpec(Contract):
@@ -46,6 +49,12 @@ class TaskSpec(Contract):
         default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Function under test."
     )
     tests: str = Field(default="", description="Python run after the program in its namespace.")
+    helpers: str = Field(
+        default="",
+        description="Trusted task code (e.g. helpers the prompt defines) run beside the tests on "
+        "the verifier's checker side, never from the model's output, so a program cannot redefine "
+        "what the tests call.",
+    )
     workspace: WorkspaceSpec | None = Field(default=None, description="For `workspace` tasks.")
     canonical_solution: str | None = Field(default=None, description="A known-good program.")
     wrong_solution: str | None = Field(default=None, description="A program the tests must reject.")
@@ -71,24 +80,32 @@ class SamplingParams(Contract):
     stop_after_code_block: bool = Field(
         default=False, description="Stop a completion once its first ``` block is closed."
     )
+    stop_after_tool_call: bool = Field(
+        default=False, description="Stop a completion once its first </tool_call> is written."
+    )
 
 
 class RewardConfig(Contract):
-    """Reward of a sample: `solved` when its tests pass, plus `failed_turn` per failed round."""
+    """Reward of a sample: `solved` when its tests pass, plus `failed_turn` per failed round;
+    a `workspace` episode earns `solved` times its verifier's score."""
 
     solved: float = Field(default=1.0, ge=-100, le=100, description="Reward of a solved sample.")
     failed_turn: float = Field(
         default=-0.1, ge=-100, le=100, description="Added once per round whose tests failed."
     )
 
-    def score(self, rounds_passed: Sequence[bool]) -> float:
+    def score(self, rounds_passed: Sequence[bool], verdict: float | None = None) -> float:
         """The reward formula, in its one home: a sample whose rounds passed or failed as
         `rounds_passed` says (the last round decides `solved`) scores `solved` if it solved,
-        plus `failed_turn` for every failed round. The workflow's FEEDBACK and `tempered
-        regrade` both call it."""
-        solved = bool(rounds_passed) and rounds_passed[-1]
+        plus `failed_turn` for every failed round. A `workspace` episode has no test rounds:
+        its final workspace's `verdict` (the verifier's score in [0, 1]) earns
+        `solved * verdict`. The workflow's FEEDBACK and DONE and `tempered regrade` call it."""
+        if verdict is not None:
+            earned = self.solved * verdict
+        else:
+            earned = self.solved if rounds_passed and rounds_passed[-1] else 0.0
         failed = sum(1 for passed in rounds_passed if not passed)
-        return (self.solved if solved else 0.0) + self.failed_turn * failed
+        return earned + self.failed_turn * failed
 
 
 class SandboxLimits(Contract):
@@ -109,7 +126,17 @@ class AgentTaskInput(Contract):
     task: TaskSpec
     run_id: Identifier = "adhoc"
     group_size: int = Field(default=4, ge=1, le=256, description="G, samples in the group.")
-    max_turns: int = Field(default=3, ge=1, le=32, description="Generate/execute rounds at most.")
+    max_turns: int = Field(
+        default=3, ge=1, le=256, description="Steps (generate/execute rounds) per episode at most."
+    )
+    max_context_tokens: int = Field(
+        default=4096,
+        ge=64,
+        le=1 << 20,
+        description="Context budget of an episode: a step whose prompt plus "
+        "`sampling.max_new_tokens` would exceed it is not taken; the episode ends as "
+        "`context_budget`.",
+    )
     sampling: SamplingParams = SamplingParams()
     reward: RewardConfig = RewardConfig()
     limits: SandboxLimits = SandboxLimits()
@@ -128,6 +155,13 @@ class AgentTaskInput(Contract):
     heartbeat_timeout_s: float = Field(
         default=30.0, ge=1.0, le=3600, description="An activity silent this long is retried."
     )
+    session_timeout_s: float = Field(
+        default=30.0,
+        ge=1.0,
+        le=3600,
+        description="`workspace`: a step not picked up this long by the sandbox worker holding "
+        "its session finds that worker gone; the session is restored on another.",
+    )
 
 
 def eval_task_input(
@@ -138,14 +172,18 @@ def eval_task_input(
     policy_version: int,
     sampling: SamplingParams,
     limits: SandboxLimits,
+    max_turns: int = 1,
+    max_context_tokens: int = 4096,
     heartbeat_timeout_s: float = 30.0,
 ) -> AgentTaskInput:
-    """pass@1 rollout of one task: one greedy-or-given sample, one turn, a pinned policy."""
+    """Evaluation rollout of one task: one greedy-or-given sample, up to `max_turns` turns, a
+    pinned policy (pass@1 is whether its first turn solved it)."""
     return AgentTaskInput(
         task=task,
         run_id=run_id,
         group_size=1,
-        max_turns=1,
+        max_turns=max_turns,
+        max_context_tokens=max_context_tokens,
         sampling=sampling,
         limits=limits,
         policy_run=policy_run,

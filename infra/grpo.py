@@ -1,6 +1,6 @@
 """The GRPO objective in plain torch: advantages, staleness, batching, the clipped token loss.
 
-    rows = rows_from_group(trajectories, step=5, config=cfg)         # one row per turn
+    rows = rows_from_group(trajectories, step=5, config=cfg)         # one row per episode
     for micro in micro_batches(rows, cfg.micro_batch_size, pad_id=0):
         logprobs = token_logprobs(model(micro.input_ids, ...).logits, micro.input_ids)
         loss, stats = grpo_loss(logprobs, micro, clip_eps=cfg.clip_eps)
@@ -10,18 +10,19 @@ Choices, stated once:
 - Advantage of sample i in a group: (r_i - mean(r)) / (std(r) + eps), std the unbiased sample
   std (as DeepSeekMath/TRL); exactly 0 for every sample when the group's rewards are identical
   (no signal) or the group has one sample.
-- Every turn of a multi-turn trajectory is one training row: its `prompt_token_ids` (exactly
-  what the model saw, never re-tokenized) followed by its completion tokens; only the completion
-  tokens are in the loss, each weighted by the sample's advantage.
+- Every episode is one training row: its trajectory's `token_ids` (exactly what the model saw
+  and sampled over all its steps, never re-tokenized) with its `loss_mask`: only the tokens the
+  policy sampled (mask 1) are in the loss, each weighted by the sample's advantage; prompt,
+  observation and template tokens (mask 0) get no gradient.
 - Ratio: exp(logp_now - logp_sampled), against the temperature-1 log-probs recorded at sampling
-  time (`completion_logprobs`), PPO-clipped to [1 - eps, 1 + eps].
+  time (the trajectory's `logprobs`), PPO-clipped to [1 - eps, 1 + eps].
 - KL to the reference (when kl_coef > 0): the k3 estimator exp(ref - logp) - (ref - logp) - 1.
 - Normalisation "tokens" (default, as in DAPO): the step's loss is the sum of per-token losses
-  over *all* completion tokens of the step divided by their count, so a long completion is not
+  over *all* sampled tokens of the step divided by their count, so a long episode is not
   worth less per token than a short one. "sequence" (original GRPO): mean within each row, then
   mean over rows. Either way each row carries a precomputed per-token `scale`, so micro-batch
   losses simply add up to the step's loss (gradient accumulation needs no further scaling).
-- Staleness: a trajectory whose oldest turn is more than `max_staleness` versions behind the
+- Staleness: a trajectory whose oldest step is more than `max_staleness` versions behind the
   learner is dropped ("drop") or weighted 0.5 ** (extra lag) ("downweight").
 """
 
@@ -63,19 +64,20 @@ def staleness_weight(
 
 @dataclass
 class Row:
-    """One turn of one trajectory, ready to batch."""
+    """One episode (trajectory), ready to batch; the three lists are aligned token by token."""
 
     trajectory_id: str
-    input_ids: list[int]  # prompt tokens then completion tokens
-    prompt_len: int
-    old_logprobs: list[float]  # one per completion token
+    input_ids: list[int]  # the episode's token sequence
+    loss_mask: list[int]  # 1 where the policy sampled the token, 0 elsewhere
+    old_logprobs: list[float]  # the sampled log-prob where the mask is 1, else 0
     advantage: float
     weight: float = 1.0  # staleness weight
     scale: float = 0.0  # per-token loss scale, set by normalize()
 
     @property
-    def completion_len(self) -> int:
-        return len(self.input_ids) - self.prompt_len
+    def sampled(self) -> int:
+        """Tokens in the loss."""
+        return sum(self.loss_mask)
 
 
 @dataclass
@@ -90,43 +92,37 @@ def rows_from_group(trajectories: Sequence[Trajectory], step: int, config: GRPOC
     advantages = group_advantages([t.reward for t in trajectories])
     out = GroupRows(rows=[], used=[], dropped=[])
     for trajectory, advantage in zip(trajectories, advantages, strict=True):
-        oldest = min((turn.policy_version for turn in trajectory.turns), default=step)
-        oldest = min(oldest, trajectory.policy_version)
+        oldest = min(trajectory.oldest_policy_version, trajectory.policy_version)
         weight = staleness_weight(oldest, step, config.max_staleness, config.stale_policy)
         if weight == 0.0:
             out.dropped.append(trajectory.id)
             continue
         out.used.append(trajectory.id)
-        for turn in trajectory.turns:
-            if len(turn.completion_logprobs) != len(turn.completion_token_ids):
-                raise ValueError(
-                    f"trajectory {trajectory.id} turn {turn.turn}: completion_logprobs has "
-                    f"{len(turn.completion_logprobs)} entries for "
-                    f"{len(turn.completion_token_ids)} completion_token_ids"
-                )
-            if not turn.completion_token_ids or not turn.prompt_token_ids:
-                continue
-            out.rows.append(
-                Row(
-                    trajectory_id=trajectory.id,
-                    input_ids=[*turn.prompt_token_ids, *turn.completion_token_ids],
-                    prompt_len=len(turn.prompt_token_ids),
-                    old_logprobs=list(turn.completion_logprobs),
-                    advantage=advantage,
-                    weight=weight,
-                )
+        if trajectory.loss_mask[:1] == [1]:
+            raise ValueError(f"trajectory {trajectory.id}: its first token is marked as sampled")
+        if not any(trajectory.loss_mask):
+            continue  # nothing sampled (an episode the context budget ended before its 1st step)
+        out.rows.append(
+            Row(
+                trajectory_id=trajectory.id,
+                input_ids=list(trajectory.token_ids),
+                loss_mask=list(trajectory.loss_mask),
+                old_logprobs=list(trajectory.logprobs),
+                advantage=advantage,
+                weight=weight,
             )
+        )
     return out
 
 
 def normalize(rows: Sequence[Row], mode: Normalization = "tokens") -> None:
     """Set each row's per-token `scale` so that the step's loss is the chosen mean."""
-    total_tokens = sum(r.completion_len for r in rows)
+    total_tokens = sum(r.sampled for r in rows)
     for row in rows:
         if mode == "tokens":
             row.scale = row.weight / total_tokens
         else:
-            row.scale = row.weight / (row.completion_len * len(rows))
+            row.scale = row.weight / (row.sampled * len(rows))
 
 
 @dataclass
@@ -135,7 +131,7 @@ class MicroBatch:
 
     input_ids: torch.Tensor  # (B, T) long
     attention_mask: torch.Tensor  # (B, T) long
-    loss_mask: torch.Tensor  # (B, T-1) float: 1 on completion tokens
+    loss_mask: torch.Tensor  # (B, T-1) float: 1 where the predicted token was sampled
     old_logprobs: torch.Tensor  # (B, T-1) float
     advantages: torch.Tensor  # (B, 1) float
     token_scale: torch.Tensor  # (B, T-1) float: loss_mask * row.scale
@@ -159,9 +155,9 @@ def collate(rows: Sequence[Row], pad_id: int) -> MicroBatch:
         n = len(row.input_ids)
         input_ids[i, :n] = torch.tensor(row.input_ids)
         attention[i, :n] = 1
-        # target position j predicts input_ids[j + 1]: completion tokens are j in [p-1, n-1)
-        loss_mask[i, row.prompt_len - 1 : n - 1] = 1.0
-        old[i, row.prompt_len - 1 : n - 1] = torch.tensor(row.old_logprobs)
+        # target position j predicts input_ids[j + 1]: its mask and old log-prob are token j+1's
+        loss_mask[i, : n - 1] = torch.tensor(row.loss_mask[1:], dtype=torch.float)
+        old[i, : n - 1] = torch.tensor(row.old_logprobs[1:]) * loss_mask[i, : n - 1]
     scales = torch.tensor([r.scale for r in rows])[:, None]
     return MicroBatch(
         input_ids=input_ids,
@@ -200,7 +196,7 @@ def grpo_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the step loss, and token sums for the step's statistics.
 
-    Returned stats are sums over completion tokens (divide by `tokens` for means): `clipped`
+    Returned stats are sums over sampled tokens (divide by `tokens` for means): `clipped`
     (tokens whose clipped branch is active), `ratio`, `kl_sampler` (k3 to the sampling policy),
     `kl_ref` (k3 to the reference, when given).
     """

@@ -12,7 +12,17 @@ runs/<run>/policy/v<version>/...                             HF directory of a p
 runs/<run>/policy/v<version>/manifest.json                   written last: version complete
 runs/<run>/policy/latest.json                                pointer, written after manifest
 runs/<run>/learner/step-<step>.json                          ack: trajectories consumed
+runs/<run>/learner/ledger-<segment>.json                     task ids one continue-as-new
+                                                             segment of the learner took
 runs/<run>/run.json                                          TrainingRunInput of the run
+runs/<run>/tasks/<task>/s<sample>/turn-<k>/observation-<sha>.txt   a tool call's result text
+runs/<run>/tasks/<task>/s<sample>/verdict-<sha>.json         the verifier's ExecutionResult
+                         both named by a prefix of their content's sha256, so a step or a
+                         check run again (on another worker) never overwrites what a ref names
+workspaces/packs/<sha[:2]>/<sha>.z                           files of workspace trees (zlib)
+workspaces/trees/<sha[:2]>/<sha>.json.z                      a tree's manifest (snapshots,
+                         initial workspaces, hidden tests); both content-addressed, shared by
+                         every run (infra/environments/tree.py)
 """
 
 import re
@@ -80,9 +90,37 @@ def latest_policy_key(run: str) -> str:
     return f"{policies_prefix(run)}latest.json"
 
 
+def learner_prefix(run: str) -> str:
+    return f"runs/{run}/learner/"
+
+
 def learner_ack_key(run: str, step: int) -> str:
-    return f"runs/{run}/learner/step-{step:06d}.json"
+    return f"{learner_prefix(run)}step-{step:06d}.json"
+
+
+def learner_ledger_key(run: str, segment: int) -> str:
+    return f"{learner_prefix(run)}ledger-{segment:06d}.json"
+
+
+def learner_ledger_prefix(run: str) -> str:
+    return f"{learner_prefix(run)}ledger-"
 
 
 def run_record_key(run: str) -> str:
     return f"runs/{run}/run.json"
+
+
+def observation_key(run: str, task: str, sample: int, step: int, digest: str) -> str:
+    return turn_key(run, task, sample, step, f"observation-{digest[:16]}.txt")
+
+
+def verdict_key(run: str, task: str, sample: int, digest: str) -> str:
+    return f"runs/{run}/tasks/{task}/s{sample}/verdict-{digest[:16]}.json"
+
+
+def pack_key(digest: str) -> str:
+    return f"workspaces/packs/{digest[:2]}/{digest}.z"
+
+
+def tree_key(digest: str) -> str:
+    return f"workspaces/trees/{digest[:2]}/{digest}.json.z"

@@ -1,4 +1,4 @@
-"""The learner's DeepSpeed engine: one policy held in memory across GRPO steps.
+"""The learner's DeepSpeed engine: one policy held in memory across GRPO steps, on one rank of N.
 
     engine = LearnerEngine(device="cpu")
     engine.load(policy_dir, version=3)               # weights of policy version 3
@@ -6,13 +6,20 @@
     engine.save(out_dir)                             # HF directory of version 4
 
 The engine is built once per `load` (deepspeed.initialize with a plain torch AdamW, so no fused
-Adam or other extension is JIT-compiled) and reused for every following step. On CPU it runs a
-one-process gloo group (DS_ACCELERATOR=cpu); on CUDA the NCCL default. Weights and optimizer are
-float32; `save` writes the weights in the dtype the loaded checkpoint had (bf16 for smollm2), so
-published versions keep the base model's size. After a crash the learner reloads the last
-published version: the AdamW moments restart from zero then (documented trade-off: versions are
-plain HF directories that inference loads directly). ZeRO stage 0-3 comes from GRPOConfig; a
-change of stage rebuilds the engine from the current weights.
+Adam or other extension is JIT-compiled) and reused for every following step. Alone (the
+learner worker with `learner.ranks = 1`) it forms a one-process group; as one rank of N
+(`infra.learner_ranks`, started by torchrun) it joins the group torchrun describes, takes every
+N-th micro-batch of the step and lets DeepSpeed reduce the gradients, so the summed gradient is
+the one-rank gradient (each row's loss scale is computed over the whole step first). CPU uses
+gloo (DS_ACCELERATOR=cpu), CUDA NCCL. Weights and optimizer are float32; `save` writes the
+weights in the dtype the loaded checkpoint had, so published versions keep the base model's size.
+
+With `GRPOConfig.lora_rank > 0` only LoRA adapters train (`infra.learner_lora`) and `save`
+writes an adapter directory over the full-weight version `adapter_of`. After a crash the
+learner reloads the last published version: the AdamW moments restart from zero then
+(documented trade-off: versions are plain HF/PEFT directories that inference loads directly).
+ZeRO stage 0-3 comes from GRPOConfig; a change of stage rebuilds the engine from the current
+weights.
 """
 
 from __future__ import annotations
@@ -20,13 +27,9 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import shutil
-import tempfile
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,36 +39,15 @@ from transformers import AutoModelForCausalLM
 from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
 from infra import grpo
-from infra.processes import free_port
-
-
-class NonFiniteLoss(ArithmeticError):
-    """A step's loss was NaN/inf: the update was not applied, the engine must reload."""
-
-
-@dataclass
-class StepMetrics:
-    loss: float
-    grad_norm: float
-    tokens: int
-    rows: int
-    trained: list[str]  # trajectory ids whose tokens were in the applied update
-    skipped: dict[str, str]  # trajectory id -> why it gave no gradient (e.g. zero advantage)
-    dropped_stale: list[str]
-    clip_fraction: float
-    kl_sampler: float  # mean k3 KL of the trained policy (before the update) to the sampler
-    kl_ref: float
-    duration_s: float
-
-    def summary(self) -> dict[str, float]:
-        """Scalar metrics only (for the ack record and logs)."""
-        return {k: v for k, v in asdict(self).items() if isinstance(v, int | float)}
+from infra.learner_base import NonFiniteLoss, StepMetrics, init_single_process
+from infra.learner_lora import ADAPTER_CONFIG, LoraSpec, save_adapter
 
 
 def _written_by_save(name: str) -> bool:
-    """Files of an HF directory that `save` writes itself (or that are not the model's)."""
+    """Files of a policy directory that `save` writes itself (or that are not the model's)."""
     weights = name.endswith((".safetensors", ".bin")) or name.endswith(".index.json")
-    return weights or name in ("config.json", "generation_config.json", "manifest.json")
+    own = ("config.json", "generation_config.json", "manifest.json", ADAPTER_CONFIG)
+    return weights or name in own
 
 
 def _stored_dtype(model_dir: Path) -> torch.dtype:
@@ -74,34 +56,6 @@ def _stored_dtype(model_dir: Path) -> torch.dtype:
     name = config.get("dtype") or config.get("torch_dtype") or "float32"
     dtype = getattr(torch, str(name).removeprefix("torch."), None)
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
-
-
-def _prepare_single_process(device: str) -> None:
-    """Env of a one-process distributed group; must run before deepspeed is first imported.
-
-    The rendezvous itself goes through a file (see `_build`); these variables only tell
-    DeepSpeed that the group is already described, so it skips MPI discovery."""
-    if device.startswith("cpu"):
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
-        os.environ.setdefault(name, value)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(free_port()))
-
-
-def _skip_cpu_comm_kernels() -> None:
-    """Keep DeepSpeed from JIT-compiling its CPU shared-memory/oneCCL all-reduce kernels.
-
-    They speed up all-reduce *between* CPU processes on one host; this is one process, and
-    building them costs minutes of g++ on first use. DeepSpeed keeps the probed compatibility
-    table in one module-level dict (`deepspeed.ops.__compatible_ops__`) and consults it before
-    building, so marking the two ops incompatible makes it fall back to plain gloo.
-    """
-    import deepspeed.ops  # after _prepare_single_process: deepspeed reads the env at import
-
-    compatible = deepspeed.ops.__compatible_ops__
-    compatible["deepspeed_shm_comm"] = False
-    compatible["deepspeed_ccl_comm"] = False
 
 
 def _why_no_gradient(
@@ -148,68 +102,99 @@ class LearnerEngine:
         self.engine: Any = None
         self.pad_id = 0
         self.save_dtype = torch.float32
+        self.rank, self.world = 0, 1
         self._config: GRPOConfig | None = None
+        self._lora: LoraSpec | None = None
+        self._adapter_of: int | None = None
+        self._base_config: Any = None  # the transformers config of the full-weight model
         self._reference: Any = None  # frozen PreTrainedModel for the KL term
         self._reference_dir: Path | None = None
 
     # -- weights -------------------------------------------------------------------------------
 
-    def load(self, base_dir: Path, version: int, config: GRPOConfig | None = None) -> None:
-        """Load the HF directory `base_dir` as policy `version` and build a fresh engine."""
-        model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-        self.save_dtype = _stored_dtype(Path(base_dir))
+    def load(
+        self,
+        model_dir: Path,
+        version: int,
+        config: GRPOConfig | None = None,
+        *,
+        adapter_dir: Path | None = None,
+        adapter_of: int | None = None,
+    ) -> None:
+        """Load the HF directory `model_dir` as policy `version` and build a fresh engine; with
+        `adapter_dir`, version `version` is that LoRA adapter over `model_dir` (= `adapter_of`)."""
+        if (adapter_dir is None) != (adapter_of is None):
+            raise TypeError("adapter_dir and adapter_of go together")
+        config = config or GRPOConfig()
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        self.save_dtype = _stored_dtype(Path(model_dir))
         pad = model.config.pad_token_id
         self.pad_id = int(pad if pad is not None else (model.config.eos_token_id or 0))
-        self._base_dir = Path(base_dir)
-        self._build(model, config or GRPOConfig())
+        self._base_dir, self._base_config = Path(model_dir), model.config
+        self._lora = LoraSpec.of(config, model.config.num_hidden_layers)
+        if adapter_dir is not None:
+            if self._lora is None:
+                raise ValueError(
+                    f"policy version {version} is a LoRA adapter over v{adapter_of}: its run "
+                    "trains adapters (lora_rank must stay > 0)"
+                )
+            model = self._lora.load(model, Path(adapter_dir))
+        elif self._lora is not None:
+            model = self._lora.wrap(model)
+        self._adapter_of = (
+            (adapter_of if adapter_dir is not None else version) if self._lora else None
+        )
+        self._build(model, config)
         self.version = version
+
+    @property
+    def adapter_of(self) -> int | None:
+        return self._adapter_of
 
     def set_reference(self, reference_dir: Path | None) -> None:
         """The frozen model the KL term pulls towards (the run's version 0); loaded on first use."""
         if reference_dir != self._reference_dir:
             self._reference_dir, self._reference = reference_dir, None
 
-    def save(self, out_dir: Path) -> None:
-        """Write the current weights (and the loaded tokenizer/config files) as an HF directory."""
+    def save(self, out_dir: Path, base_name: str = "") -> None:
+        """Write the current weights (rank 0; every rank must call it: ZeRO-3 gathers) with the
+        loaded tokenizer files: an HF directory, or with LoRA an adapter directory whose
+        `base_model_name_or_path` is `base_name`."""
         out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        copy = self._copy_of_weights(self.save_dtype)  # a plain model: tied weights, config dtype
-        copy.generation_config = self.module.generation_config
-        copy.save_pretrained(out_dir)
-        for path in self._base_dir.iterdir():  # tokenizer, chat template, ...
-            if path.is_file() and not _written_by_save(path.name):
-                shutil.copy2(path, out_dir / path.name)
+        if self._lora is not None:
+            with self._gathered(trainable_only=True):
+                if self.rank == 0:
+                    save_adapter(self.module, out_dir, base_name)
+        else:
+            state = self._state()
+            if self.rank == 0:
+                copy = self._model_from(state, self.save_dtype)  # a plain model: tied weights
+                copy.generation_config = self.module.generation_config
+                copy.save_pretrained(out_dir)
+        if self.rank == 0:
+            for path in self._base_dir.iterdir():  # tokenizer, chat template, ...
+                if path.is_file() and not _written_by_save(path.name):
+                    shutil.copy2(path, out_dir / path.name)
+
+    def close(self) -> None:
+        """Nothing to release in-process (the group of a rank ends with its process)."""
 
     @property
     def module(self) -> Any:
-        """The wrapped transformers model (a PreTrainedModel)."""
+        """The wrapped transformers model (a PreTrainedModel, or a peft model over one)."""
         if self.engine is None:
             raise RuntimeError("LearnerEngine.load() has not been called")
-        return self.engine.module  # type: ignore[no-any-return]
+        return self.engine.module
 
     def _build(self, model: torch.nn.Module, config: GRPOConfig) -> None:
-        _prepare_single_process(self.device)
-        import deepspeed  # only now: the env above must be set before deepspeed's first import
-
         if not torch.distributed.is_initialized():
-            if self.device.startswith("cpu"):
-                _skip_cpu_comm_kernels()
-            backend = "gloo" if self.device.startswith("cpu") else "nccl"
-            # A one-process group rendezvous through a fresh file, not a TCP port: a port picked
-            # as free can be taken before torch binds it, and a failed bind would repeat on
-            # every retry of the activity (seen as EADDRINUSE in CI).
-            rendezvous = (
-                Path(tempfile.gettempdir()) / f"tempered-dist-{os.getpid()}-{uuid.uuid4().hex}"
-            )
-            deepspeed.init_distributed(
-                dist_backend=backend,
-                verbose=False,
-                init_method=f"file://{rendezvous}",
-                rank=0,
-                world_size=1,
-            )
+            init_single_process(self.device)
+        import deepspeed  # after the group: prepare_deepspeed set what its first import reads
+
+        self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         model.to(self.device)
-        _train_only_last_layers(model, config.train_last_layers)
+        if self._lora is None:
+            _train_only_last_layers(model, config.train_last_layers)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
         ds_config = {
@@ -224,32 +209,46 @@ class LearnerEngine:
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self._config = config
 
-    def _gathered(self) -> Any:
+    def _gathered(self, trainable_only: bool = False) -> Any:
         """Context in which ZeRO-3 partitioned parameters are whole (a no-op below stage 3)."""
         if self._config is None or self._config.zero_stage < 3:
             return contextlib.nullcontext()
         import deepspeed  # imported by _build already; local so _build's order stays the rule
 
-        return deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None)
+        params = [p for p in self.module.parameters() if p.requires_grad or not trainable_only]
+        return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
-    def _copy_of_weights(self, dtype: torch.dtype) -> Any:
-        """A new CPU model of the same architecture holding the current weights in `dtype`."""
+    def _state(self) -> dict[str, torch.Tensor]:
+        """The current weights, whole and on CPU (every rank must call it: ZeRO-3 gathers)."""
         with self._gathered():
-            state = {k: v.detach().to("cpu") for k, v in self.module.state_dict().items()}
-        model: Any = AutoModelForCausalLM.from_config(self.module.config, dtype=dtype)
+            return {k: v.detach().to("cpu") for k, v in self.module.state_dict().items()}
+
+    def _model_from(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> Any:
+        """A new CPU model of the same architecture (adapters too) holding `state` in `dtype`."""
+        model: Any = AutoModelForCausalLM.from_config(self._base_config, dtype=dtype)
+        if self._lora is not None:
+            model = self._lora.wrap(model)
         model.load_state_dict(state)
         return model
 
     def _apply_config(self, config: GRPOConfig) -> None:
         """Adopt this step's knobs; a new ZeRO stage or clip norm rebuilds the engine."""
         assert self._config is not None
+        if self._lora is not None or config.lora_rank > 0:
+            wanted = LoraSpec.of(config, self._base_config.num_hidden_layers)
+            if wanted != self._lora:
+                raise ValueError(
+                    f"this step asks for LoRA {wanted}, the engine trains {self._lora}: LoRA "
+                    "settings (lora_rank, lora_alpha, lora_target_modules, train_last_layers) "
+                    "are fixed for a run"
+                )
         built = (
             self._config.zero_stage,
             self._config.max_grad_norm,
             self._config.train_last_layers,
         )
         if (config.zero_stage, config.max_grad_norm, config.train_last_layers) != built:
-            self._build(self._copy_of_weights(torch.float32), config)
+            self._build(self._model_from(self._state(), torch.float32), config)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = config.learning_rate
         self._config = config
@@ -266,7 +265,8 @@ class LearnerEngine:
 
         Trajectories more than `config.max_staleness` versions behind `self.version` are dropped
         or down-weighted. The version advances by one even when nothing was trainable (an empty
-        step publishes unchanged weights, so the version sequence has no gaps).
+        step publishes unchanged weights, so the version sequence has no gaps). Every rank of a
+        group calls it with the same groups; rank r runs micro-batches r, r + N, ...
         """
         if self.version is None:
             raise RuntimeError("LearnerEngine.load() has not been called")
@@ -285,15 +285,19 @@ class LearnerEngine:
         with_rows = {row.trajectory_id for row in rows}
         trained = [i for i in used if i in with_rows]
         skipped = {i: _why_no_gradient(i, groups, config) for i in used if i not in with_rows}
-        grpo.normalize(rows, self.normalization)
-        totals = {"tokens": 0.0, "clipped": 0.0, "kl_sampler": 0.0, "kl_ref": 0.0}
-        loss_sum = 0.0
+        grpo.normalize(rows, self.normalization)  # over the whole step, before any split
+        batches = list(grpo.micro_batches(rows, config.micro_batch_size, self.pad_id))
+        # this rank's share, and as many passes on every rank (ZeRO's collectives pair up): a
+        # rank short of one repeats its first batch with its loss times zero
+        mine = batches[self.rank :: self.world]
+        passes = math.ceil(len(batches) / self.world)
+        totals = torch.zeros(5, dtype=torch.float64)  # loss, tokens, clipped, kl_sampler, kl_ref
         engine = self.engine
         engine.train()
-        batches = list(grpo.micro_batches(rows, config.micro_batch_size, self.pad_id))
-        for index, batch in enumerate(batches):
-            engine.set_gradient_accumulation_boundary(index == len(batches) - 1)
-            batch = batch.to(self.device)
+        for index in range(passes):
+            real = index < len(mine)
+            batch = (mine[index] if real else batches[0]).to(self.device)
+            engine.set_gradient_accumulation_boundary(index == passes - 1)
             logits = engine(
                 input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
             ).logits
@@ -306,12 +310,17 @@ class LearnerEngine:
                 ref_logprobs=reference,
                 kl_coef=config.kl_coef,
             )
-            engine.backward(loss, scale_wrt_gas=False)
-            loss_sum += float(loss.detach())
-            for key in totals:
-                totals[key] += stats.get(key, 0.0)
+            # DeepSpeed averages gradients over the ranks; the step's gradient is their sum
+            engine.backward(loss * (self.world if real else 0.0), scale_wrt_gas=False)
+            if real:
+                totals += torch.tensor(
+                    [float(loss.detach())]
+                    + [stats.get(k, 0.0) for k in ("tokens", "clipped", "kl_sampler", "kl_ref")],
+                    dtype=torch.float64,
+                )
             if heartbeat is not None:
                 heartbeat()
+        loss_sum, tokens, clipped, kl_sampler, kl_ref = self._summed(totals)
         grad_norm = 0.0
         if not math.isfinite(loss_sum):  # never apply (or publish) a NaN/inf update
             message = f"step on version {self.version} gave loss {loss_sum}; nothing was applied"
@@ -323,21 +332,28 @@ class LearnerEngine:
             reported = engine.get_global_grad_norm()  # ZeRO's optimizers record it; stage 0 not
             grad_norm = float(reported if reported is not None else unclipped or 0.0)
         self.version += 1
-        tokens = max(totals["tokens"], 1.0)
-        duration = time.perf_counter() - started
         return StepMetrics(
             loss=grpo.finite(loss_sum),
             grad_norm=grpo.finite(grad_norm),
-            tokens=int(totals["tokens"]),
+            tokens=int(tokens),
             rows=len(rows),
             trained=trained,
             skipped=skipped,
             dropped_stale=dropped,
-            clip_fraction=totals["clipped"] / tokens,
-            kl_sampler=totals["kl_sampler"] / tokens,
-            kl_ref=totals["kl_ref"] / tokens,
-            duration_s=duration,
+            clip_fraction=clipped / max(tokens, 1.0),
+            kl_sampler=kl_sampler / max(tokens, 1.0),
+            kl_ref=kl_ref / max(tokens, 1.0),
+            duration_s=time.perf_counter() - started,
         )
+
+    def _summed(self, totals: torch.Tensor) -> list[float]:
+        """Per-rank sums added over the group (every rank gets the step's totals)."""
+        if self.world > 1:
+            device = "cpu" if self.device.startswith("cpu") else self.device
+            reduced = totals.to(device)
+            torch.distributed.all_reduce(reduced)
+            totals = reduced.cpu()
+        return [float(x) for x in totals]
 
     @torch.no_grad()
     def _grad_norm(self) -> float:
@@ -350,9 +366,9 @@ class LearnerEngine:
         if self._reference is None:
             if self._reference_dir is None:
                 raise RuntimeError("kl_coef > 0 needs set_reference(dir) first")
-                ref: Any = AutoModelForCausalLM.from_pretrained(
-                    self._reference_dir, dtype=torch.float32
-                )
+            ref: Any = AutoModelForCausalLM.from_pretrained(
+                self._reference_dir, dtype=torch.float32
+            )
             self._reference = ref.to(self.device).eval()
         logits = self._reference(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False

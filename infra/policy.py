@@ -1,6 +1,8 @@
 """Policies: base-model presets, and versioned policy directories in the object store.
 
-A policy is a Hugging Face causal-LM directory (config.json, tokenizer files, model.safetensors).
+A policy is a Hugging Face causal-LM directory (config.json, tokenizer files, model.safetensors),
+or a PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors, tokenizer
+files) over a full-weight version of the same run (`PolicyVersion.adapter_of`).
 
     base = materialize_base_model("tiny", settings)          # or "smollm2", a dir, "s3://prefix"
     v0 = publish_policy(store, "run-1", 0, base)
@@ -208,25 +210,33 @@ def _download_prefix(store: ObjectStore, prefix: str, out: Path) -> None:
 # -- versions in the store ---------------------------------------------------------------------
 
 
-def _local_files(local_dir: Path) -> dict[str, Path]:
+def _local_files(local_dir: Path, adapter: bool = False) -> dict[str, Path]:
     files = sorted(p for p in local_dir.rglob("*") if p.is_file())
     named = {p.relative_to(local_dir).as_posix(): p for p in files}
     named.pop(MANIFEST, None)  # a fetched directory carries its manifest; it is never content
-    if "config.json" not in named:
-        raise ValueError(f"{local_dir} is not an HF model directory (no config.json)")
+    needed = "adapter_config.json" if adapter else "config.json"
+    if needed not in named:
+        kind = "a PEFT adapter" if adapter else "an HF model"
+        raise ValueError(f"{local_dir} is not {kind} directory (no {needed})")
     return named
 
 
 def publish_policy(
-    store: ObjectStore, run_id: str, version: int, local_dir: Path, step: int = 0
+    store: ObjectStore,
+    run_id: str,
+    version: int,
+    local_dir: Path,
+    step: int = 0,
+    adapter_of: int | None = None,
 ) -> PolicyVersion:
     """Publish `local_dir` as `version` of `run_id`; returns the version actually stored.
 
+    With `adapter_of`, `local_dir` is a PEFT LoRA adapter over that full-weight version.
     First publisher wins: if the version's manifest already exists (a retry, or a concurrent
     publisher), its PolicyVersion is returned unchanged; compare `prefix` to tell whether it is
     these bytes. The latest pointer is advanced (never moved back) in every case.
     """
-    named = _local_files(Path(local_dir))
+    named = _local_files(Path(local_dir), adapter=adapter_of is not None)
     digests = {name: sha256_file(path) for name, path in named.items()}
     tree = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()[:16]
     manifest_key = keys.policy_manifest_key(run_id, version)
@@ -243,6 +253,7 @@ def publish_policy(
             prefix=prefix,
             step=step,
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            adapter_of=adapter_of,
         )
         try:
             store.put_json(

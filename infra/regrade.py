@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from contracts.errors import INFRA_RETRY, Backoff
 from contracts.sandbox import ExecStatus
-from contracts.task import RewardConfig, SandboxLimits, TaskSpec
+from contracts.task import EnvName, RewardConfig, SandboxLimits, TaskSpec
 from contracts.trajectory import RewardRecord, Trajectory
 from infra import keys
 from infra.sandbox.base import SandboxBackend
@@ -63,14 +63,18 @@ class Regrading:
     async def one(self, trajectory: Trajectory, task: TaskSpec | None) -> list[tuple[str, str]]:
         if task is None:
             return [("skipped", f"task {trajectory.task_id!r} is not in suite {self.suite!r}")]
-        if not trajectory.turns:
-            return [("skipped", "trajectory has no turns")]
+        if trajectory.env is not EnvName.CODE:
+            return [("skipped", f"a {trajectory.env} episode is graded by its verifier")]
+        final = trajectory.steps[-1].code if trajectory.steps else None
+        if final is None:
+            return [("skipped", "trajectory has no program")]
         attempted = await run_retrying(
             self.backend,
-            trajectory.turns[-1].code,
+            final,
             task.tests,
             self.limits,
             task.entry_point,
+            helpers=task.helpers,
             gate=self.gate,
             backoff=self.backoff,
         )
@@ -79,7 +83,7 @@ class Regrading:
             tries = self.backoff.offline_attempts
             return [("infra", f"sandbox kept failing after {tries} attempts: {attempted.detail}")]
         solved = result.status == ExecStatus.PASSED
-        earlier = [turn.status == ExecStatus.PASSED for turn in trajectory.turns[:-1]]
+        earlier = [step.status == ExecStatus.PASSED for step in trajectory.steps[:-1]]
         record = RewardRecord(
             trajectory_id=trajectory.id,
             grader=self.grader,

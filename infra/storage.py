@@ -237,6 +237,14 @@ class ObjectStore:
             body = self._client.get_object(Bucket=self.bucket, Key=key)["Body"]
             return bytes(body.read())
 
+    def get_first(self, key: str, limit: int) -> bytes:
+        """At most the first `limit` (≥ 1) bytes of the object: one ranged GET."""
+        with self._errors("get", key):
+            body = self._client.get_object(
+                Bucket=self.bucket, Key=key, Range=f"bytes=0-{max(limit, 1) - 1}"
+            )["Body"]
+            return bytes(body.read())
+
     def get_verified(self, ref: ObjectRef) -> bytes:
         """The bytes `ref` names, checked against its sha256 (`DigestMismatch` if they differ)."""
         data = self.get_bytes(ref.key)

@@ -90,7 +90,7 @@ def test_wheel_ships_every_package_and_the_presets(wheel: Path) -> None:
     for package in ("contracts", "workflows", "activities", "workers", "infra"):
         assert f"{package}/__init__.py" in names
     assert {"infra/presets/tiny.toml", "infra/presets/smollm2.toml"} <= names
-    assert {"infra/sandbox/harness.py", "infra/sandbox/pod_launcher.py"} <= names  # read as text
+    assert {"infra/sandbox/zygote.py", "infra/sandbox/pod_launcher.py"} <= names  # read as text
     assert not [n for n in names if n.startswith(("tests/", "bench/", "charts/"))]
 
 

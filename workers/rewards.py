@@ -1,5 +1,6 @@
 """Worker of the `rewards` queue: writes each finished agent task's trajectories to S3, once,
-and loads task suites for training runs (`load_tasks`).
+loads task suites for training runs (`load_tasks`), and keeps the learner's ledger
+(`record_ledger`, `find_consumed`).
 
     tempered worker rewards        # or: python -m workers.cli worker rewards
 
@@ -8,6 +9,7 @@ Needs only the object store (settings.s3); no GPU, no sandbox.
 
 from __future__ import annotations
 
+from activities.ledger import LedgerActivities
 from activities.rewards import RewardActivities
 from activities.tasks import TaskActivities
 from infra.settings import Settings
@@ -16,8 +18,15 @@ from workers.plan import WorkerPlan
 
 
 def build(settings: Settings) -> WorkerPlan:
-    rewards = RewardActivities(ObjectStore.from_settings(settings))
+    store = ObjectStore.from_settings(settings)
+    rewards, ledger = RewardActivities(store), LedgerActivities(store)
     tasks = TaskActivities(settings)
     return WorkerPlan(
-        activities=[rewards.write_trajectories, tasks.load_tasks], max_concurrent_activities=16
+        activities=[
+            rewards.write_trajectories,
+            tasks.load_tasks,
+            ledger.record_ledger,
+            ledger.find_consumed,
+        ],
+        max_concurrent_activities=16,
     )

@@ -3,8 +3,9 @@
     tempered worker sandbox      # one queue, its own process
     tempered worker all          # every queue in one process (development)
 
-`BUILDERS` maps each queue to its entry module's `build(settings) -> WorkerPlan`. Shutdown is
-graceful: on SIGTERM/SIGINT the worker stops polling, lets in-flight activities finish for
+`BUILDERS` maps each queue to its entry module's `build(settings) -> WorkerPlan`. The workflow
+worker is versioned (`workers.versioning`: a pinned Worker Deployment build, made current once
+it polls). Shutdown is graceful: on SIGTERM/SIGINT the worker stops polling, lets in-flight activities finish for
 `GRACEFUL_SHUTDOWN` (they are retried elsewhere otherwise), then exits.
 """
 
@@ -28,6 +29,7 @@ from infra.settings import Settings
 from infra.telemetry import setup_telemetry
 from workers import agent_tasks, inference, learner, rewards, sandbox
 from workers.plan import WorkerPlan
+from workers.versioning import deployment_config, promote_in_background
 
 GRACEFUL_SHUTDOWN = timedelta(seconds=30)
 log = logging.getLogger("tempered.worker")
@@ -57,8 +59,10 @@ async def connect(
 async def build_worker(
     client: Client, queue: Queue, settings: Settings
 ) -> tuple[Worker, WorkerPlan]:
-    """The Worker of `queue`, built from that queue's entry module's plan."""
+    """The Worker of `queue`, built from that queue's entry module's plan (a workflow worker
+    is made its deployment's current build in the background, once it polls)."""
     plan = BUILDERS[queue](settings)
+    versioning = deployment_config(settings, plan)
     worker = Worker(
         client,
         task_queue=queue.value,
@@ -67,8 +71,23 @@ async def build_worker(
         max_concurrent_activities=plan.max_concurrent_activities,
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
         identity=f"{queue.value}@{socket.gethostname()}:{os.getpid()}",
+        deployment_config=versioning,
     )
+    promote_in_background(client, settings, versioning)
     return worker, plan
+
+
+def own_queue_worker(client: Client, plan: WorkerPlan) -> Worker:
+    """The Worker of a plan's own queue (same activity instances, this process only)."""
+    assert plan.own_queue is not None
+    return Worker(
+        client,
+        task_queue=plan.own_queue,
+        activities=list(plan.own_queue_activities),
+        max_concurrent_activities=plan.own_queue_max_concurrent,
+        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        identity=f"{plan.own_queue}@{socket.gethostname()}:{os.getpid()}",
+    )
 
 
 async def run_workers(queues: list[Queue], settings: Settings) -> None:
@@ -76,17 +95,20 @@ async def run_workers(queues: list[Queue], settings: Settings) -> None:
     telemetry = setup_telemetry(settings, "+".join(q.value for q in queues))
     client = await connect(settings, telemetry.interceptors(), telemetry.temporal_runtime())
     built = [await build_worker(client, q, settings) for q in queues]
+    workers = [worker for worker, _ in built]
+    workers += [own_queue_worker(client, plan) for _, plan in built if plan.own_queue]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    runs = [asyncio.create_task(worker.run()) for worker, _ in built]
-    for queue in queues:
-        log.info("worker ready: queue=%s temporal=%s", queue.value, settings.temporal.address)
+    runs = [asyncio.create_task(worker.run()) for worker in workers]
+    for worker in workers:
+        queue = worker.task_queue
+        log.info("worker ready: queue=%s temporal=%s", queue, settings.temporal.address)
     waiter = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait([waiter, *runs], return_when=asyncio.FIRST_COMPLETED)
     log.info("worker stopping: queues=%s", ",".join(q.value for q in queues))
-    await asyncio.gather(*(worker.shutdown() for worker, _ in built), return_exceptions=True)
+    await asyncio.gather(*(worker.shutdown() for worker in workers), return_exceptions=True)
     for _, plan in built:
         if plan.on_shutdown is not None:
             await plan.on_shutdown()

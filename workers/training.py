@@ -92,7 +92,7 @@ async def running_runs(client: Client) -> list[RunningRun]:
     executions = [execution async for execution in client.list_workflows(query)]
 
     async def describe(execution: WorkflowExecution) -> RunningRun:
-        handle = client.get_workflow_handle_for(
+        handle: RunHandle = client.get_workflow_handle_for(
             TrainingRunWorkflow.run, execution.id, run_id=execution.run_id
         )
         run_id = execution.typed_search_attributes.get(KEYS[SearchAttr.RUN_ID])

@@ -3,6 +3,11 @@
 Infrastructure failures retry without limit, with the backoff of `contracts.errors.INFRA_RETRY`:
 a rollout waits out a dead worker or a restarting S3 instead of turning the outage into a
 reward. The error types that are never retried come from `contracts.errors.NON_RETRYABLE`.
+
+Steps of a workspace session go to the queue of the sandbox worker that holds it (`queue=`)
+with a schedule-to-start timeout: a worker that is gone never picks the step up, the timeout
+(which Temporal does not retry) ends the activity, and the workflow restores the session
+elsewhere. `attempts` bounds best-effort calls (closing sessions); 0 means unlimited.
 """
 
 from datetime import timedelta
@@ -22,19 +27,36 @@ _START_TO_CLOSE: dict[Activity, timedelta] = {
     Activity.LOAD_TASKS: timedelta(minutes=5),
     Activity.PREPARE_RUN: timedelta(minutes=30),
     Activity.TRAIN_STEP: timedelta(minutes=60),
+    Activity.RECORD_LEDGER: timedelta(minutes=2),
+    Activity.FIND_CONSUMED: timedelta(minutes=2),
+    Activity.OPEN_SESSIONS: timedelta(minutes=10),
+    Activity.ENV_STEP: timedelta(minutes=20),
+    Activity.VERIFY_EPISODES: timedelta(minutes=20),
+    Activity.CLOSE_SESSIONS: timedelta(minutes=2),
 }
 
 
-def activity_options(activity: Activity, heartbeat_timeout_s: float) -> dict[str, Any]:
-    """Keyword arguments for `workflow.execute_activity` of `activity`."""
-    return {
-        "task_queue": ACTIVITY_QUEUE[activity].value,
+def activity_options(
+    activity: Activity,
+    heartbeat_timeout_s: float,
+    *,
+    queue: str | None = None,
+    schedule_to_start_s: float | None = None,
+    attempts: int = 0,
+) -> dict[str, Any]:
+    """Keyword arguments for `workflow.execute_activity` of `activity` (on `queue` if given)."""
+    options: dict[str, Any] = {
+        "task_queue": queue or ACTIVITY_QUEUE[activity].value,
         "start_to_close_timeout": _START_TO_CLOSE[activity],
         "heartbeat_timeout": timedelta(seconds=heartbeat_timeout_s),
         "retry_policy": RetryPolicy(
             initial_interval=timedelta(seconds=INFRA_RETRY.initial_s),
             backoff_coefficient=INFRA_RETRY.coefficient,
             maximum_interval=timedelta(seconds=INFRA_RETRY.max_s),
+            maximum_attempts=attempts,
             non_retryable_error_types=NON_RETRYABLE,
         ),
     }
+    if schedule_to_start_s is not None:
+        options["schedule_to_start_timeout"] = timedelta(seconds=schedule_to_start_s)
+    return options

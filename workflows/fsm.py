@@ -1,7 +1,11 @@
-"""The agent-task state machine, as data.
+"""The agent-task state machine, as data: the phases of a group of episodes.
 
-    INIT ─▶ GENERATE ─▶ EXECUTE ─▶ FEEDBACK ─┬─▶ GENERATE   (another turn for failed samples)
-                                              └─▶ DONE       (solved | out of turns | aborted)
+    INIT ─▶ GENERATE ─▶ EXECUTE ─▶ FEEDBACK ─┬─▶ GENERATE   (another step for acting episodes)
+                                              └─▶ DONE       (all ended | out of steps | aborted)
+
+INIT opens the workspace sessions (`workspace`), GENERATE is a model turn of every acting
+episode, EXECUTE runs the actions, FEEDBACK records the steps and ends episodes (submitted or
+solved; the context budget ends an episode at GENERATE), DONE verifies and writes trajectories.
 
 `TRANSITIONS` is the single source of truth; `advance` raises `IllegalTransition` for any move
 it does not list. Pure Python, safe inside workflows.
@@ -41,8 +45,9 @@ def advance(current: State, target: State) -> State:
     return target
 
 
-def after_feedback(*, all_solved: bool, turn: int, max_turns: int, aborted: bool) -> State:
-    """Where FEEDBACK leads: DONE when solved, out of turns or aborted, else another GENERATE."""
-    if all_solved or aborted or turn + 1 >= max_turns:
+def after_feedback(*, all_ended: bool, turn: int, max_turns: int, aborted: bool) -> State:
+    """Where FEEDBACK leads: DONE when every episode ended, the step budget is spent or the task
+    was aborted, else another GENERATE."""
+    if all_ended or aborted or turn + 1 >= max_turns:
         return State.DONE
     return State.GENERATE

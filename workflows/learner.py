@@ -1,27 +1,60 @@
 """`LearnerWorkflow`: turns finished GRPO groups into policy versions, one `train_step` at a time.
 
 Groups arrive by the `add_groups` signal (from the training run, or any client). The learner
-takes `groups_per_step` of them per step, runs the `train_step` activity (queue `learner`) which
-publishes policy version step+1, and records which tasks it consumed, so each group is trained on
-exactly once: duplicates by task id are ignored, and the `consumed` set travels across
-continue-as-new (every `steps_per_run` steps, or when the server suggests it). It ends after `max_steps`, or, once told `finish`, when its queue is drained.
+takes `groups_per_step` of them per step, runs the `train_step` activity (queue `learner`),
+which publishes policy version step+1, and tells its parent (`learner_progress`). It ends after
+`max_steps`, or, once told `finish`, when its queue is drained; then it tells its parent
+`learner_done` (also when it fails).
+
+Each group is trained on exactly once, with state that stays constant in size:
+- A segment is one run between continues-as-new. It continues as new after `steps_per_run`
+  steps, when the server suggests it, or before its history could pass `budget` (20% of
+  Temporal's limits by default; looking one step ahead, at what a step has added on average),
+  whichever comes first; only `pending` groups (bounded by the producer's flow control) and the
+  last `HISTORY_TAIL` step results travel with it.
+- The task ids a segment trained on are written to the ledger (`record_ledger`, one object per
+  segment, `keys.learner_ledger_key`) before it continues; every step is also in its ack.
+- A group whose id this segment has seen is dropped at once; before a later segment trains on
+  a batch it asks the ledger (`find_consumed`) which ids an earlier segment took, and drops
+  those: a re-sent group is trained on once however late it comes.
+
+Runs of the previous release (all consumed ids and steps carried in the input) replay as they
+were: everything new is behind `workflow.patched(LEDGER_PATCH)`.
 """
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from temporalio import workflow
+from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     from contracts.learner import (
+        FindConsumedRequest,
+        FindConsumedResponse,
+        LearnerDone,
         LearnerInput,
         LearnerProgress,
+        LedgerSegment,
         TrainStepRequest,
         TrainStepResponse,
         TrajectoryGroup,
     )
     from contracts.names import Activity, SearchAttr
     from workflows.activity_options import activity_options
+    from workflows.budget import spent
     from workflows.search import search_attribute_updates
+
+STEP_EVENTS = 16
+"""Events one step adds at least (look-ahead): its activities, the search-attribute upsert, the
+progress signal, the groups' signals, and the workflow tasks they wake."""
+RESERVE_EVENTS = 16
+"""Writing the ledger segment and the continue-as-new itself."""
+HISTORY_TAIL = 100
+"""Step results a segment carries (and the run reports); every step is in its ack."""
+LEDGER_PATCH = "tempered-learner-ledger"
+"""Marks runs that write the ledger and signal `learner_done` (not the previous release)."""
 
 
 @workflow.defn(name="LearnerWorkflow")
@@ -30,19 +63,63 @@ class LearnerWorkflow:
     def __init__(self, learner_input: LearnerInput) -> None:
         self._state = learner_input
         self._seen = set(learner_input.consumed) | {g.task_id for g in learner_input.pending}
+        self._checked: set[str] = set()  # pending ids no earlier segment took
         self._finish = learner_input.finish_when_drained
+        self._signals = 0
+        self._steps = 0  # steps of this segment
+        # a previous release's input lists every id consumed since step 0
+        self._first_step = 0 if learner_input.consumed else learner_input.step
+        self._at_start = (0, 0)  # history (events, bytes) when this run began
 
     @workflow.run
     async def run(self, learner_input: LearnerInput) -> LearnerInput:
+        try:
+            await self._train()
+        except FailureError as err:
+            if workflow.patched(LEDGER_PATCH):
+                await self._tell_parent(LearnerDone(error=_reason(err)))
+            raise
+        if workflow.patched(LEDGER_PATCH):
+            await self._record_segment()
+            await self._tell_parent(LearnerDone(final=self._state))
+        return self._state
+
+    @workflow.signal(name="add_groups")
+    def add_groups(self, groups: list[TrajectoryGroup]) -> None:
+        self._signals += 1
+        for group in groups:
+            if group.task_id not in self._seen:  # a re-sent group is trained on once
+                self._seen.add(group.task_id)
+                self._state.pending.append(group)
+
+    @workflow.signal(name="finish")
+    def finish(self) -> None:
+        """Train on what is queued (a last partial batch included), then end."""
+        self._finish = True
+
+    @workflow.query(name="status")
+    def status(self) -> LearnerInput:
+        return self._state
+
+    async def _train(self) -> None:
         state = self._state
-        steps_this_run = 0
+        info = workflow.info()
+        self._at_start = (info.get_current_history_length(), info.get_current_history_size())
         while state.step < state.max_steps:
             await workflow.wait_condition(
-                lambda: len(state.pending) >= state.config.groups_per_step or self._finish
+                lambda: (
+                    len(state.pending) >= state.config.groups_per_step
+                    or self._finish
+                    or self._idle_and_spent()
+                )
             )
+            if self._idle_and_spent():
+                await self._continue_as_new()
             if not state.pending:
                 break
-            batch = state.pending[: state.config.groups_per_step]
+            batch = await self._unconsumed_batch()
+            if batch is None:
+                continue  # re-sent groups were dropped: wait for others
             response = await workflow.execute_activity(
                 Activity.TRAIN_STEP.value,
                 TrainStepRequest(
@@ -54,8 +131,9 @@ class LearnerWorkflow:
             del state.pending[: len(batch)]
             state.consumed.extend(g.task_id for g in batch)
             state.history.append(response)
+            del state.history[:-HISTORY_TAIL]
             state.step += 1
-            steps_this_run += 1
+            self._steps += 1
             workflow.upsert_search_attributes(
                 search_attribute_updates(
                     {
@@ -66,32 +144,77 @@ class LearnerWorkflow:
             )
             await self._report(state, response, batch)
             if state.step < state.max_steps and (
-                steps_this_run >= state.steps_per_run
+                self._steps >= state.steps_per_run
                 or workflow.info().is_continue_as_new_suggested()
+                or self._budget_spent()
             ):
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                state.finish_when_drained = self._finish
-                workflow.continue_as_new(state)
-        return state
+                await self._continue_as_new()
 
-    @workflow.signal(name="add_groups")
-    def add_groups(self, groups: list[TrajectoryGroup]) -> None:
-        self._enqueue(self._state, groups)
+    def _idle_and_spent(self) -> bool:
+        """Waiting for groups with the budget spent (many signals, few steps): continue now."""
+        return (self._steps > 0 or self._signals > 0) and self._budget_spent()
 
-    @workflow.signal(name="finish")
-    def finish(self) -> None:
-        """Train on what is queued (a last partial batch included), then end."""
-        self._finish = True
+    def _budget_spent(self) -> bool:
+        """Whether one more step (as large as the average so far) would pass the budget."""
+        info, (events, size), steps = workflow.info(), self._at_start, max(self._steps, 1)
+        per_step = max(STEP_EVENTS, -(-(info.get_current_history_length() - events) // steps))
+        return spent(
+            self._state.budget,
+            ahead_events=per_step + RESERVE_EVENTS,
+            # one step's bytes, and the continue-as-new event, which carries the next input
+            ahead_bytes=(info.get_current_history_size() - size) // steps + size,
+        )
 
-    @workflow.query(name="status")
-    def status(self) -> LearnerInput:
-        return self._state
+    async def _unconsumed_batch(self) -> list[TrajectoryGroup] | None:
+        """The next batch, or None after dropping groups an earlier segment already took."""
+        state = self._state
+        batch = state.pending[: state.config.groups_per_step]
+        unchecked = [g.task_id for g in batch if g.task_id not in self._checked]
+        if state.segment == 0 or not unchecked:
+            return batch
+        found = await workflow.execute_activity(
+            Activity.FIND_CONSUMED.value,
+            FindConsumedRequest(run_id=state.run_id, segments=state.segment, task_ids=unchecked),
+            result_type=FindConsumedResponse,
+            **activity_options(Activity.FIND_CONSUMED, state.heartbeat_timeout_s),
+        )
+        self._checked.update(unchecked)
+        if not found.consumed:
+            return batch
+        taken = set(found.consumed)
+        state.pending = [g for g in state.pending if g.task_id not in taken]
+        return None
 
-    def _enqueue(self, state: LearnerInput, groups: list[TrajectoryGroup]) -> None:
-        for group in groups:
-            if group.task_id not in self._seen:  # a re-sent group is trained on once
-                self._seen.add(group.task_id)
-                state.pending.append(group)
+    async def _continue_as_new(self) -> NoReturn:
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        if workflow.patched(LEDGER_PATCH):
+            await self._record_segment()
+        self._state.finish_when_drained = self._finish
+        workflow.continue_as_new(
+            self._state,
+            # the next segment starts on the current build (worker versioning pins the others)
+            initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE,
+        )
+
+    async def _record_segment(self) -> None:
+        """Move this segment's consumed ids from the state to the ledger."""
+        state = self._state
+        if not state.consumed:
+            return
+        await workflow.execute_activity(
+            Activity.RECORD_LEDGER.value,
+            LedgerSegment(
+                run_id=state.run_id,
+                segment=state.segment,
+                first_step=self._first_step,
+                next_step=state.step,
+                consumed=state.consumed,
+            ),
+            **activity_options(Activity.RECORD_LEDGER, state.heartbeat_timeout_s),
+        )
+        state.segment += 1
+        state.consumed = []
+        self._first_step = state.step
 
     async def _report(
         self, state: LearnerInput, response: TrainStepResponse, batch: list[TrajectoryGroup]
@@ -111,3 +234,17 @@ class LearnerWorkflow:
                 staleness=state.step - 1 - min(g.policy_version for g in batch),
             ),
         )
+
+    async def _tell_parent(self, done: LearnerDone) -> None:
+        if self._state.parent_workflow_id is not None:
+            parent = workflow.get_external_workflow_handle(self._state.parent_workflow_id)
+            await parent.signal("learner_done", done)
+
+
+def _reason(error: BaseException | None) -> str:
+    """`Activity task failed: step 3: loss is nan`: the messages down the cause chain."""
+    messages = []
+    while error is not None:
+        messages.append(str(error))
+        error = error.cause if isinstance(error, FailureError) else error.__cause__
+    return ": ".join(messages)

@@ -1,4 +1,5 @@
-"""Typed search-attribute keys for Tempered's custom attributes (registered by `tempered up`)."""
+"""Typed search-attribute keys for Tempered's custom attributes (registered by `tempered up`),
+and what an agent task is started with so it is described from its first event."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ from typing import Any
 from temporalio import workflow
 from temporalio.common import (
     SearchAttributeKey,
+    SearchAttributePair,
     SearchAttributeUpdate,
+    TypedSearchAttributes,
 )
 
 with workflow.unsafe.imports_passed_through():
     from contracts.names import SEARCH_ATTRIBUTE_TYPES, SearchAttr
+    from contracts.task import AgentTaskInput
 
 _KEY_FACTORIES: dict[str, Callable[[str], SearchAttributeKey[Any]]] = {
     "Keyword": SearchAttributeKey.for_keyword,
@@ -28,3 +32,25 @@ KEYS: dict[SearchAttr, SearchAttributeKey[Any]] = {
 def search_attribute_updates(values: dict[SearchAttr, Any]) -> list[SearchAttributeUpdate[Any]]:
     """Updates for `workflow.upsert_search_attributes`; None values are left unset."""
     return [KEYS[attr].value_set(value) for attr, value in values.items() if value is not None]
+
+
+def task_start_options(task_input: AgentTaskInput) -> dict[str, Any]:
+    """Keyword arguments for starting an `AgentTaskWorkflow` (as a child or from a client): its
+    memo and its constant search attributes (run, task) ride on the start event, so visibility
+    knows them from the start and the workflow need not upsert them (a write each)."""
+    task = task_input.task
+    return {
+        "memo": {
+            "task": task.id,
+            "suite": task.suite,
+            "prompt": task.prompt[:200],
+            "group_size": task_input.group_size,
+            "max_turns": task_input.max_turns,
+        },
+        "search_attributes": TypedSearchAttributes(
+            [
+                SearchAttributePair(KEYS[SearchAttr.RUN_ID], task_input.run_id),
+                SearchAttributePair(KEYS[SearchAttr.TASK_ID], task.id),
+            ]
+        ),
+    }

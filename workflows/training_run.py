@@ -6,23 +6,39 @@ until `steps × groups_per_step` groups have been rolled out (or the time budget
 finished group is signalled to the learner; rollouts go on while it trains (asynchronous RL)
 but never run more than `grpo.max_staleness` steps ahead of it: the group for step b waits for
 version b − max_staleness and is pinned to the newest version known when it starts
-(`max_staleness = 0` is synchronous, on-policy GRPO). Held-out pass@1 is measured before training, every `eval_every`
-learner steps, and after the last step, through the same agent-task pipeline (greedy, one turn).
+(`max_staleness = 0` is synchronous, on-policy GRPO). Held-out pass@1 (solved at turn 1) and
+the solve rate within `max_turns` turns are measured before training, every `eval_every`
+learner steps, and after the last step, through the same agent-task pipeline (greedy).
+
+Bounded history: before its history could pass `budget` (20% of Temporal's 51,200 events and
+50 MiB by default) — counting, for every child still in flight and every evaluation still to
+come, what a task has added so far on average (at least `EVENTS_PER_TASK` events), and the
+continue-as-new itself; checked before each start and before the run's ending —, the run stops
+starting tasks, lets the ones in flight finish and report (a drain), and continues as new with
+a `RunResume`: the suite, counters and the last `PROGRESS_TAIL` learner steps, nothing that
+grows with the run. The learner is started with `ParentClosePolicy.ABANDON`, so it outlives
+the run that started it; it finds the current run by workflow id (`learner_progress`,
+`learner_done`), as the run finds it (`add_groups`, `finish`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
+from typing import NoReturn
 
 from temporalio import workflow
+from temporalio.exceptions import FailureError
+from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from contracts.errors import ErrorType, fail
     from contracts.learner import (
         EvalResult,
+        LearnerDone,
         LearnerInput,
         LearnerProgress,
         LoadTasksRequest,
@@ -30,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         PolicyVersion,
         PrepareRunRequest,
         RunProgress,
+        RunResume,
         TrainingRunInput,
         TrainingRunResult,
         TrajectoryGroup,
@@ -39,8 +56,20 @@ with workflow.unsafe.imports_passed_through():
     from contracts.task import AgentTaskInput, TaskSpec, eval_task_input
     from workflows.activity_options import activity_options
     from workflows.agent_task import AgentTaskWorkflow
+    from workflows.budget import spent
     from workflows.learner import LearnerWorkflow
-    from workflows.search import search_attribute_updates
+    from workflows.search import search_attribute_updates, task_start_options
+
+PROGRESS_TAIL = 100
+"""Learner steps the run keeps (and its `progress` query shows)."""
+EVAL_TAIL = 32
+"""Evaluations the run keeps besides the first (before training)."""
+EVENTS_PER_TASK = 12
+"""Events a training task adds to the run's history, at least as far as the look-ahead goes:
+its start (2) and completion (1), its group signalled to the learner (2), the workflow tasks
+they wake (3 each, fewer when batched), and its share of `learner_progress` signals."""
+RESERVE_EVENTS = 16
+"""The continue-as-new itself, and a signal or two arriving while it is decided."""
 
 
 @workflow.defn(name="TrainingRunWorkflow")
@@ -48,16 +77,58 @@ class TrainingRunWorkflow:
     @workflow.init
     def __init__(self, run_input: TrainingRunInput) -> None:
         self._input = run_input
-        self._progress: list[LearnerProgress] = []
-        self._evals: list[EvalResult] = []
+        resume = run_input.resume
+        self._progress: list[LearnerProgress] = list(resume.progress) if resume else []
+        self._evals: list[EvalResult] = list(resume.evals) if resume else []
         self._eval_jobs: list[asyncio.Task[None]] = []
-        self._heldout: list[TaskSpec] = []
+        self._rollouts: list[asyncio.Task[None]] = []
+        self._heldout: list[TaskSpec] = resume.tasks.heldout if resume else []
         self._in_flight = 0
-        self._started = 0
-        self._done = 0
+        self._evaluating = 0  # eval children in flight
+        self._started = resume.started if resume else 0
+        self._done = resume.done if resume else 0
+        self._learner_done: LearnerDone | None = None
+        self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
 
     @workflow.run
     async def run(self, run_input: TrainingRunInput) -> TrainingRunResult:
+        resume = run_input.resume
+        learner = None
+        if resume is None:
+            tasks, learner = await self._begin(run_input)
+            budget_s = run_input.time_budget_s
+            deadline = workflow.now() + timedelta(seconds=budget_s) if budget_s else None
+        else:
+            tasks, deadline = resume.tasks, resume.deadline
+        try:
+            await self._roll_out(tasks, deadline)
+            await workflow.get_external_workflow_handle(self._learner_id()).signal(
+                LearnerWorkflow.finish
+            )
+            final = await learner if learner is not None else await self._learner_final()
+        except (asyncio.CancelledError, FailureError):
+            if self._learner_done is None:  # it outlives this run by design, not the training
+                with contextlib.suppress(FailureError):  # it may have ended meanwhile
+                    await workflow.get_external_workflow_handle(self._learner_id()).cancel()
+            raise
+        if final.history and not any(
+            e.policy_version == final.history[-1].policy.version for e in self._evals
+        ):
+            self._start_eval(final.history[-1].policy.version)
+        await asyncio.gather(*self._eval_jobs)
+        return TrainingRunResult(
+            run_id=run_input.run_id,
+            steps=final.step,
+            tasks_started=self._started,
+            tasks_done=self._done,
+            history=final.history,
+            evals=sorted(self._evals, key=lambda e: e.policy_version),
+        )
+
+    async def _begin(
+        self, run_input: TrainingRunInput
+    ) -> tuple[LoadTasksResponse, ChildWorkflowHandle[LearnerWorkflow, LearnerInput]]:
+        """The first run's start: the suite, version 0 and its eval, the learner."""
         workflow.upsert_search_attributes(
             search_attribute_updates({SearchAttr.RUN_ID: run_input.run_id})
         )
@@ -88,35 +159,25 @@ class TrainingRunWorkflow:
                 config=run_input.grpo,
                 max_steps=run_input.steps,
                 parent_workflow_id=workflow.info().workflow_id,
+                budget=run_input.budget,
             ),
             id=self._learner_id(),
             task_queue=Queue.AGENT_TASKS.value,
+            parent_close_policy=ParentClosePolicy.ABANDON,  # it outlives continue-as-new
         )
-        await self._roll_out(tasks.train)
-        await workflow.get_external_workflow_handle(self._learner_id()).signal(
-            LearnerWorkflow.finish
-        )
-        final = await learner
-        if final.history and not any(
-            e.policy_version == final.history[-1].policy.version for e in self._evals
-        ):
-            self._start_eval(final.history[-1].policy.version)
-        await asyncio.gather(*self._eval_jobs)
-        return TrainingRunResult(
-            run_id=run_input.run_id,
-            steps=final.step,
-            tasks_started=self._started,
-            tasks_done=self._done,
-            history=final.history,
-            evals=sorted(self._evals, key=lambda e: e.policy_version),
-        )
+        return tasks, learner
 
     @workflow.signal(name="learner_progress")
     def learner_progress(self, progress: LearnerProgress) -> None:
         self._progress.append(progress)
+        del self._progress[:-PROGRESS_TAIL]
         every = self._input.eval_every
         if every and progress.step % every == 0 and progress.step < self._input.steps:
             self._start_eval(progress.policy_version)
+
+    @workflow.signal(name="learner_done")
+    def learner_done(self, done: LearnerDone) -> None:
+        self._learner_done = done
 
     @workflow.query(name="progress")
     def progress(self) -> RunProgress:
@@ -131,32 +192,92 @@ class TrainingRunWorkflow:
     def _learner_id(self) -> str:
         return f"{workflow.info().workflow_id}-learner"
 
-    async def _roll_out(self, train: list[TaskSpec]) -> None:
+    async def _roll_out(self, tasks: LoadTasksResponse, deadline: datetime | None) -> None:
         run_input = self._input
         total = run_input.steps * run_input.grpo.groups_per_step
-        order = list(train)
+        order = list(tasks.train)
         random.Random(run_input.seed).shuffle(order)  # same order for the same seed, every run
-        deadline = (
-            workflow.now() + timedelta(seconds=run_input.time_budget_s)
-            if run_input.time_budget_s
-            else None
-        )
-        jobs: list[asyncio.Task[None]] = []
         per_step, lag = run_input.grpo.groups_per_step, run_input.grpo.max_staleness
-        for index in range(total):
+        info = workflow.info()
+        self._at_start = (info.get_current_history_length(), info.get_current_history_size())
+        for index in range(self._started, total):
             # bounded staleness: the group for learner step b is sampled from a version ≥ b − lag
             await workflow.wait_condition(partial(self._may_start, index // per_step - lag))
+            self._raise_if_learner_failed()
             if deadline is not None and workflow.now() >= deadline:
                 break
+            if self._history_full():
+                await self._continue_as_new(tasks, deadline)
             epoch, position = divmod(index, len(order))
             task = order[position].model_copy(update={"id": f"{order[position].id}-e{epoch}"})
-            jobs.append(asyncio.create_task(self._rollout_one(task, self._latest_version)))
-        await asyncio.gather(*jobs)
+            self._rollouts.append(
+                asyncio.create_task(self._rollout_one(task, self._latest_version))
+            )
+        if self._history_full(ending=True):  # the run's ending must fit as well
+            await self._continue_as_new(tasks, deadline)
+        await asyncio.gather(*self._rollouts)
 
     def _may_start(self, min_learner_steps: int) -> bool:
-        """A slot is free and the learner is far enough along for the next group."""
+        """A slot is free and the learner is far enough along for the next group (or the
+        learner failed: the run fails too)."""
         in_flight_ok = self._in_flight < self._input.concurrency
-        return in_flight_ok and self._learner_steps >= min_learner_steps
+        ready = in_flight_ok and self._learner_steps >= min_learner_steps
+        return ready or self._learner_failed()
+
+    def _history_full(self, *, ending: bool = False) -> bool:
+        """Whether the history, with what the children in flight and the evaluations still to
+        come will add (and, at the `ending`, the learner's last reports), reaches the budget."""
+        if not self._rollouts:
+            return False  # a segment starts one task at least
+        info, (events, size), tasks = workflow.info(), self._at_start, len(self._rollouts)
+        per_task_events = max(
+            EVENTS_PER_TASK, -(-(info.get_current_history_length() - events) // tasks)
+        )
+        per_task_bytes = (info.get_current_history_size() - size) // tasks
+        children = (
+            self._in_flight + self._evaluating + len(self._heldout) * self._evals_ahead(ending)
+        )
+        return spent(
+            self._input.budget,
+            ahead_events=per_task_events * children + RESERVE_EVENTS,
+            # the continue-as-new event carries the next input: about this run's own
+            ahead_bytes=per_task_bytes * children + size,
+        )
+
+    def _evals_ahead(self, ending: bool) -> int:
+        """Evaluations that may start before the children in flight are done: one per
+        `eval_every` learner steps that the groups started so far (and the next) allow, and,
+        at the ending, the one after the last step."""
+        run_input, every = self._input, self._input.eval_every
+        reachable = min((self._started + 1) // run_input.grpo.groups_per_step, run_input.steps - 1)
+        periodic = max(reachable // every - self._learner_steps // every, 0) if every else 0
+        return periodic + int(ending)
+
+    async def _continue_as_new(
+        self, tasks: LoadTasksResponse, deadline: datetime | None
+    ) -> NoReturn:
+        """Drain (every child finished and reported), then continue as new from here."""
+        while True:  # a `learner_progress` arriving meanwhile may start one more evaluation
+            await asyncio.gather(*self._rollouts, *self._eval_jobs)
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            if all(job.done() for job in self._eval_jobs):
+                break
+        self._raise_if_learner_failed()
+        first_eval = self._evals[:1]
+        resume = RunResume(
+            tasks=tasks,
+            started=self._started,
+            done=self._done,
+            progress=self._progress,
+            evals=first_eval + self._evals[1:][-EVAL_TAIL:],
+            deadline=deadline,
+            segment=(self._input.resume.segment if self._input.resume else 0) + 1,
+        )
+        workflow.continue_as_new(
+            self._input.model_copy(update={"resume": resume}),
+            # the next segment starts on the current build (worker versioning pins the others)
+            initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE,
+        )
 
     @property
     def _learner_steps(self) -> int:
@@ -166,6 +287,20 @@ class TrainingRunWorkflow:
     def _latest_version(self) -> int:
         """Newest published policy version the learner has told us of (pinned per rollout)."""
         return max((p.policy_version for p in self._progress), default=0)
+
+    def _learner_failed(self) -> bool:
+        return self._learner_done is not None and self._learner_done.error is not None
+
+    def _raise_if_learner_failed(self) -> None:
+        if self._learner_done is not None and self._learner_done.error is not None:
+            raise fail(ErrorType.LEARNER_FAILED, f"the learner failed: {self._learner_done.error}")
+
+    async def _learner_final(self) -> LearnerInput:
+        """The learner's last state, told by `learner_done` (it is no child of this run)."""
+        await workflow.wait_condition(lambda: self._learner_done is not None)
+        self._raise_if_learner_failed()
+        assert self._learner_done is not None and self._learner_done.final is not None
+        return self._learner_done.final
 
     async def _rollout_one(self, task: TaskSpec, policy_version: int) -> None:
         run_input = self._input
@@ -178,6 +313,7 @@ class TrainingRunWorkflow:
                     run_id=run_input.run_id,
                     group_size=run_input.group_size,
                     max_turns=run_input.max_turns,
+                    max_context_tokens=run_input.max_context_tokens,
                     sampling=run_input.sampling,
                     reward=run_input.reward,
                     limits=run_input.limits,
@@ -205,31 +341,45 @@ class TrainingRunWorkflow:
         self._eval_jobs.append(asyncio.create_task(self._evaluate(version)))
 
     async def _evaluate(self, version: int) -> None:
-        """Held-out pass@1 of `version`: one greedy sample, one turn, per held-out task."""
+        """Held-out figures of `version`: one greedy episode of up to `max_turns` turns per
+        held-out task; pass@1 counts those solved at turn 1, the solve rate all solved."""
         run_input = self._input
         if not self._heldout:
             return
         eval_run = f"{run_input.run_id}-eval-v{version}"
-        results = await asyncio.gather(
-            *(
-                self._agent_task(
-                    eval_task_input(
-                        task,
-                        run_id=eval_run,
-                        policy_run=run_input.run_id,
-                        policy_version=version,
-                        sampling=run_input.eval_sampling,
-                        limits=run_input.limits,
-                        heartbeat_timeout_s=run_input.heartbeat_timeout_s,
-                    ),
-                    workflow_id=f"{eval_run}-{task.id}",
+        self._evaluating += len(self._heldout)
+        try:
+            results = await asyncio.gather(
+                *(
+                    self._agent_task(
+                        eval_task_input(
+                            task,
+                            run_id=eval_run,
+                            policy_run=run_input.run_id,
+                            policy_version=version,
+                            sampling=run_input.eval_sampling,
+                            limits=run_input.limits,
+                            max_turns=run_input.max_turns,
+                            max_context_tokens=run_input.max_context_tokens,
+                            heartbeat_timeout_s=run_input.heartbeat_timeout_s,
+                        ),
+                        workflow_id=f"{eval_run}-{task.id}",
+                    )
+                    for task in self._heldout
                 )
-                for task in self._heldout
             )
-        )
+        finally:
+            self._evaluating -= len(self._heldout)
+        first_turn = sum(1 for r in results if r.solved[0] and r.turns == 1)  # G = 1
         solved = sum(1 for r in results if r.solved[0])
         self._evals.append(
-            EvalResult(policy_version=version, pass_at_1=solved / len(results), tasks=len(results))
+            EvalResult(
+                policy_version=version,
+                pass_at_1=first_turn / len(results),
+                solve_rate=solved / len(results),
+                tasks=len(results),
+                turns=run_input.max_turns,
+            )
         )
 
     async def _agent_task(self, task_input: AgentTaskInput, workflow_id: str) -> AgentTaskResult:
@@ -238,4 +388,5 @@ class TrainingRunWorkflow:
             task_input,
             id=workflow_id,
             task_queue=Queue.AGENT_TASKS.value,
+            **task_start_options(task_input),
         )

@@ -6,7 +6,8 @@
     policy = await PolicyResolver(store, cache_dir).resolve(run_id)        # newest version
     result = await batcher.submit(prompt_ids, sampling_params, policy)
 
-Each backend is built from its own settings sub-model (`settings.inference.local`, `.vllm`).
+Each backend is built from its own settings sub-model (`settings.inference.local`, `.vllm`);
+`get_backend` starts the `vllm` engine (on `settings.inference.base_model`) before it returns.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from infra.inference.base import (
     PolicyResolver,
 )
 from infra.inference.batcher import Batcher, BatchResult
-from infra.inference.vllm import VLLMBackend
 from infra.settings import InferenceBackendName, Settings, unknown_backend
 
 __all__ = [
@@ -34,8 +34,12 @@ __all__ = [
 ]
 
 
-def get_backend(settings: Settings, name: str | None = None) -> InferenceBackend:
-    """The backend named `name` (default `settings.inference.backend`), built from its settings."""
+def get_backend(
+    settings: Settings, name: str | None = None, start: bool = True
+) -> InferenceBackend:
+    """The backend named `name` (default `settings.inference.backend`), built from its settings;
+    a `vllm` engine is started and warmed up unless `start` is False (blocks for tens of
+    seconds; an engine that cannot start raises `InferenceError` with one line saying why)."""
     inference = settings.inference
     match name or inference.backend:
         case "local":
@@ -44,6 +48,13 @@ def get_backend(settings: Settings, name: str | None = None) -> InferenceBackend
 
             return LocalBackend(inference.local)
         case "vllm":
-            return VLLMBackend(inference.vllm)
+            from infra.inference.vllm import VLLMBackend
+
+            backend = VLLMBackend(inference.vllm, wait_s=inference.policy_wait_s)
+            if start:
+                from infra.policy import materialize_base_model
+
+                backend.start(materialize_base_model(inference.base_model, settings))
+            return backend
         case unknown:
             raise unknown_backend("inference", unknown, InferenceBackendName)

@@ -10,9 +10,16 @@ Each output carries, per sampled token, `log softmax(logits)` of the policy at t
 (the policy's own probability of that token, which is what the PPO/GRPO ratio needs), not
 the probability under the temperature/top-p-shaped sampling distribution.
 
-Backends: `local` (transformers, `infra.inference.local`), `vllm` (an OpenAI-compatible vLLM
-server, `infra.inference.vllm`). `PolicyResolver` turns "run R, version N or newest" into a
-`PolicyHandle` with the version's files on local disk (`infra.policy.fetch_policy`).
+Backends: `local` (transformers, `infra.inference.local`), `vllm` (a vLLM engine in the worker,
+`infra.inference.vllm`). A backend with `continuous_batching` takes concurrent calls and lets new
+rows join its running batch; the `Batcher` then hands each request straight through.
+
+`PolicyResolver` turns "run R, version N or newest" into a `PolicyHandle` with the version's
+files on local disk (`infra.policy.fetch_policy`). A version is either full weights or a LoRA
+adapter (`PolicyVersion.adapter_of`) whose handle carries the full-weight version it applies to
+(`handle.base`). A request pinned to a version that is not published yet waits for it, polling
+`latest.json`, for at most `wait_s`; a version older than the newest that has no manifest was
+never published and fails at once.
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
+from contracts.learner import PolicyManifest
 from contracts.task import SamplingParams
-from infra.policy import fetch_policy, latest_policy
+from infra.policy import MANIFEST, fetch_policy, latest_policy
+from infra.settings import InferenceSettings
 from infra.storage import ObjectNotFound, ObjectStore
 
 FinishReason = Literal["stop", "length"]
@@ -44,18 +53,26 @@ class InferenceError(Exception):
 
 @dataclass(frozen=True)
 class PolicyHandle:
-    """One published policy version, resolved to a local HF directory (config, tokenizer, weights).
-
-    `name` is what a serving backend calls the version (vLLM's `model` field).
+    """One published policy version, resolved to a local directory: an HF causal LM (config,
+    tokenizer, weights), or for a LoRA version a PEFT adapter (adapter_config.json,
+    adapter_model.safetensors, tokenizer) over the full-weight version `base`.
     """
 
     run_id: str
     version: int
     path: Path
+    base: PolicyHandle | None = None
+    """The full-weight version a LoRA version's adapter applies to; None for full weights."""
 
     @property
     def name(self) -> str:
+        """`<run>/v<version>`: how logs and engines call the version."""
         return f"{self.run_id}/v{self.version}"
+
+    @property
+    def weights(self) -> PolicyHandle:
+        """The full-weight version that serves this one: itself, or its adapter's base."""
+        return self.base or self
 
 
 @dataclass
@@ -72,6 +89,9 @@ class InferenceBackend(Protocol):
     """Samples completions; one instance serves many `generate` calls (one at a time or not)."""
 
     name: str
+    continuous_batching: bool
+    """True: concurrent `generate` calls join one running batch inside the backend (so the
+    batcher passes requests through); False: one call at a time, batched by the batcher."""
 
     async def generate(
         self, prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle
@@ -90,7 +110,8 @@ class PolicyResolver:
     `None` means the newest published version: `latest.json` is re-read at most every
     `latest_ttl_s` seconds per run, so a new version is picked up within that delay. Each
     version is downloaded once (concurrent resolvers share the download); a specific version is
-    always exactly that version. Store calls run in threads.
+    always exactly that version, and one not published yet is waited for (at most `wait_s`,
+    default `settings.inference.policy_wait_s`). Store calls run in threads.
     """
 
     def __init__(
@@ -99,12 +120,14 @@ class PolicyResolver:
         cache_dir: Path,
         latest_ttl_s: float = 2.0,
         bootstrap: Callable[[str], int] | None = None,
+        wait_s: float | None = None,
     ):
         """`bootstrap(run_id)` publishes a version 0 for a run that has none (else an error)."""
         self.store = store
         self.bootstrap = bootstrap
         self.cache_dir = Path(cache_dir)
         self.latest_ttl_s = latest_ttl_s
+        self.wait_s = InferenceSettings().policy_wait_s if wait_s is None else wait_s
         self._latest: dict[str, tuple[int, float]] = {}
         self._handles: dict[tuple[str, int], PolicyHandle] = {}
         self._locks: dict[object, asyncio.Lock] = {}
@@ -119,8 +142,7 @@ class PolicyResolver:
         if key not in self._handles:
             async with self._lock(key):
                 if key not in self._handles:
-                    path = await self._fetch(run_id, version)
-                    self._handles[key] = PolicyHandle(run_id, version, path)
+                    self._handles[key] = await self._handle(run_id, version)
         return self._handles[key]
 
     async def latest_version(self, run_id: str) -> int:
@@ -142,13 +164,45 @@ class PolicyResolver:
             self._latest[run_id] = (version, time.monotonic())
             return version
 
-    async def _fetch(self, run_id: str, version: int) -> Path:
-
-        try:
-            return await asyncio.to_thread(
-                fetch_policy, self.store, run_id, version, self.cache_dir
-            )
-        except ObjectNotFound as exc:
+    async def _handle(self, run_id: str, version: int) -> PolicyHandle:
+        path = await self._fetch(run_id, version)
+        manifest = PolicyManifest.model_validate_json((path / MANIFEST).read_bytes())
+        base_version = manifest.policy.adapter_of
+        if base_version is None:
+            return PolicyHandle(run_id, version, path)
+        base = await self.resolve(run_id, base_version)
+        if base.base is not None:
             raise InferenceError(
-                f"policy_version {version} of run {run_id!r} is not published", retryable=False
-            ) from exc
+                f"policy {run_id}/v{version} is an adapter over v{base_version}, itself an "
+                "adapter: adapter_of must name a full-weight version",
+                retryable=False,
+            )
+        return PolicyHandle(run_id, version, path, base)
+
+    async def _fetch(self, run_id: str, version: int) -> Path:
+        """The version's directory; waits (at most `wait_s`) while it is not published yet."""
+        deadline = time.monotonic() + self.wait_s
+        newest: int | None = None
+        while True:
+            try:
+                return await asyncio.to_thread(
+                    fetch_policy, self.store, run_id, version, self.cache_dir
+                )
+            except ObjectNotFound:
+                if newest is not None and newest >= version:  # checked again after latest moved
+                    raise InferenceError(
+                        f"policy_version {version} of run {run_id!r} was never published "
+                        f"(the newest is v{newest})",
+                        retryable=False,
+                    ) from None
+            latest = await asyncio.to_thread(latest_policy, self.store, run_id)
+            newest = None if latest is None else latest.version
+            if newest is not None and newest >= version:
+                continue  # published meanwhile, or skipped: the next fetch tells
+            if time.monotonic() >= deadline:
+                raise InferenceError(
+                    f"policy_version {version} of run {run_id!r} was not published within "
+                    f"{self.wait_s:.0f}s (newest: {'none' if newest is None else f'v{newest}'})",
+                    retryable=False,
+                )
+            await asyncio.sleep(min(self.latest_ttl_s, max(deadline - time.monotonic(), 0.0)))

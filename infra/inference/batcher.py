@@ -10,6 +10,13 @@ up to `max_batch` rows, and runs one backend call at a time. Results are routed 
 caller's future. Requests for another version wait for the next batch, so a newly published
 version is picked up by new requests while a running batch finishes on the old one; nothing is
 dropped. A caller that is cancelled before its batch starts is skipped.
+
+A backend with `continuous_batching` (vLLM) batches inside itself and takes concurrent calls:
+every request then goes straight to it, so rows join the engine's running batch as they arrive.
+
+Either way every backend call is a `model.generate` span (the run report's profile takes the
+engine's busy time from their union) and the batcher keeps `busy_s`: seconds with at least one
+request in the backend.
 """
 
 from __future__ import annotations
@@ -63,11 +70,15 @@ class Batcher:
         self._running: list[_Pending] = []
         self._runner: asyncio.Task[None] | None = None
         self._closed = False
+        self._direct = 0  # requests in a continuous-batching backend now
+        self._tokens = 0  # tokens of every finished request, for per-request engine throughput
+        self._busy_since: float | None = None
+        self.busy_s = 0.0
 
     @property
     def running(self) -> int:
-        """Rows of the batch the backend is working on now (0 when idle)."""
-        return len(self._running)
+        """Rows the backend is working on now (0 when idle)."""
+        return len(self._running) + self._direct
 
     @property
     def waiting(self) -> int:
@@ -80,12 +91,46 @@ class Batcher:
         """Generate one completion; returns when the batch holding it is done."""
         if self._closed:
             raise RuntimeError("batcher is closed")
+        if self.backend.continuous_batching:
+            return await self._pass_through(prompt, params, policy)
         future: asyncio.Future[BatchResult] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(prompt, params, policy, future))
         self._arrived.set()
         if self._runner is None or self._runner.done():
             self._runner = asyncio.create_task(self._run(), name="inference-batcher")
         return await future
+
+    async def _pass_through(
+        self, prompt: list[int], params: SamplingParams, policy: PolicyHandle
+    ) -> BatchResult:
+        """One request straight into a continuous-batching backend. Its throughput figure is
+        the engine's over the request's lifetime: every token finished meanwhile, per second."""
+        if self._direct == 0:
+            self._busy(True)
+        self._direct += 1
+        in_batch, tokens_before = self._direct, self._tokens
+        started = time.perf_counter()
+        try:
+            with span("model.generate", policy_version=policy.version, batch_size=1):
+                (output,) = await self.backend.generate([prompt], [params], policy)
+        finally:
+            self._direct -= 1
+            if self._direct == 0:
+                self._busy(False)
+        elapsed = max(time.perf_counter() - started, 1e-9)
+        self._tokens += len(output.token_ids)
+        self.batches += 1
+        self.rows += 1
+        record_inference_batch(1, len(output.token_ids), elapsed)
+        return BatchResult(output, policy, in_batch, (self._tokens - tokens_before) / elapsed)
+
+    def _busy(self, busy: bool) -> None:
+        now = time.perf_counter()
+        if busy:
+            self._busy_since = now
+        elif self._busy_since is not None:
+            self.busy_s += now - self._busy_since
+            self._busy_since = None
 
     def _same_policy(self, policy: PolicyHandle) -> int:
         return sum(1 for p in self._pending if p.policy == policy and not p.future.done())
@@ -130,6 +175,7 @@ class Batcher:
         policy = batch[0].policy
         started = time.perf_counter()
         self._running = batch
+        self._busy(True)
         try:
             with span("model.generate", policy_version=policy.version, batch_size=len(batch)):
                 outputs = await self.backend.generate(
@@ -147,6 +193,7 @@ class Batcher:
             return
         finally:
             self._running = []
+            self._busy(False)
         elapsed = max(time.perf_counter() - started, 1e-9)
         tokens = sum(len(o.token_ids) for o in outputs)
         record_inference_batch(len(batch), tokens, elapsed)

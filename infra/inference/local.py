@@ -1,20 +1,25 @@
-"""Local inference backend: transformers in the worker process (CPU by default), batched.
+"""Local inference backend: transformers in the worker process (CPU by default), with
+continuous batching.
 
-    backend = LocalBackend(settings.inference.local)     # device, threads, max_loaded
+    backend = LocalBackend(settings.inference.local)     # device, threads, max_loaded, max_rows
     outputs = await backend.generate(prompt_ids, params, policy)
 
-`sample_batch` is its own decode loop rather than `model.generate`, because every row has its
-own sampling params (temperature, top-p, max_new_tokens, seed): prompts are left-padded into one
-batch, the KV cache is reused between steps, rows that finish (EOS or their token budget) are
-dropped from the batch, and each row draws from its own `torch.Generator`, so a seeded row
-samples the same tokens whatever else shares its batch. Temperature 0 is greedy (argmax).
+The decode loop is `infra.inference.decoder` rather than `model.generate`, because every row
+has its own sampling params (temperature, top-p, max_new_tokens, seed, stop rules) and rows join
+the running batch between decode steps: a request that arrives while others decode is
+prefilled and merged into their KV cache, and a row leaves as soon as it ends (EOS, its token
+budget, the end of its first code block or tool call). Each row draws from its own
+`torch.Generator`, so a seeded row samples the same tokens whatever else shares its batch.
+Temperature 0 is greedy (argmax). `sample_batch` runs the same loop on a fixed set of rows.
 
 Log-probs: for each sampled token we store `log_softmax(logits)[token]` of the raw logits at
 temperature 1 (the policy's own probability), which is what the learner's importance ratio
 compares against; it is *not* the log-prob under the temperature/top-p sampling distribution.
 
-At most `max_loaded` policy versions (default 2) stay loaded; a batch keeps a reference to its
-model, so evicting a version never disturbs a batch that is still running on it.
+One policy version decodes at a time; requests for another wait until the running rows finish.
+At most `max_loaded` full-weight versions (default 2) stay loaded; a batch keeps a reference to
+its model, so evicting a version never disturbs a batch that is still running on it. A LoRA
+version (`PolicyHandle.base`) is its base's model with the version's adapter applied (peft).
 
 Throughput on this machine:  python -m infra.inference.local smollm2 --batch 1 8 32
 """
@@ -24,17 +29,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import random
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from contracts.task import SamplingParams
-from infra.inference.base import FinishReason, GenerationOutput, InferenceError, PolicyHandle
+from infra.inference.base import GenerationOutput, InferenceError, PolicyHandle
+from infra.inference.decoder import Decoder, RowBatch
+from infra.inference.stops import StopRules
 from infra.settings import LocalInferenceSettings
 
 log = logging.getLogger(__name__)
@@ -50,6 +57,18 @@ class LoadedPolicy:
     max_context: int
     fence_ids: frozenset[int] = frozenset()
     """Tokens whose text contains a code fence (```), for `stop_after_code_block`."""
+    close_ids: frozenset[int] = frozenset()
+    """Tokens whose text contains `>` (the end of `</tool_call>`), for `stop_after_tool_call`."""
+    decode: Callable[[list[int]], str] = lambda ids: ""
+    """The tokenizer's decode (special tokens kept), to look for `</tool_call>`."""
+    adapter: str | None = None
+    """A LoRA version: the name of its adapter in `model` (a peft model over its base)."""
+    base: tuple[str, int] | None = None
+    """A LoRA version: (run, version) of its base."""
+
+    @property
+    def stops(self) -> StopRules:
+        return StopRules(self.fence_ids, self.close_ids, self.decode)
 
 
 def load_policy(path: str, device: torch.device) -> LoadedPolicy:
@@ -69,25 +88,27 @@ def load_policy(path: str, device: torch.device) -> LoadedPolicy:
     if pad is None:
         pad = min(eos) if eos else 0
     max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
-    return LoadedPolicy(model, frozenset(eos), int(pad), max_context, _fence_ids(path))
-
-
-def _fence_ids(path: str) -> frozenset[int]:
-    """Ids of every token whose text contains a code fence (```)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    return frozenset(
-        token_id
+    texts = {
+        token_id: tokenizer.convert_tokens_to_string([token])
         for token, token_id in tokenizer.get_vocab().items()
-        if "```" in tokenizer.convert_tokens_to_string([token])
+    }
+    return LoadedPolicy(
+        model,
+        frozenset(eos),
+        int(pad),
+        max_context,
+        fence_ids=frozenset(i for i, text in texts.items() if "```" in text),
+        close_ids=frozenset(i for i, text in texts.items() if ">" in text),
+        decode=lambda ids: str(tokenizer.decode(ids)),
     )
 
 
-def _row_generator(seed: int | None) -> torch.Generator:
-    generator = torch.Generator()
-    generator.manual_seed(seed if seed is not None else random.getrandbits(63))
-    return generator
+def _closed_tool_call(policy: LoadedPolicy, token_ids: list[int]) -> bool:
+    """Whether the completion just wrote `</tool_call>` (checked only on tokens holding `>`)."""
+    return policy.stops.closes_tool_call(token_ids)
 
 
 NUCLEUS_K = 256
@@ -145,91 +166,33 @@ def _choose(
     return chosen
 
 
-@torch.inference_mode()
 def sample_batch(
     policy: LoadedPolicy, prompts: list[list[int]], params: list[SamplingParams]
 ) -> list[GenerationOutput]:
-    """Sample one completion per prompt in one left-padded, KV-cached batch."""
+    """Sample one completion per prompt in one KV-cached batch (the decoder's loop, every row
+    admitted at once)."""
     if len(prompts) != len(params):
         raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-    model = policy.model
-    device = next(model.parameters()).device
-    budgets = [
-        min(p.max_new_tokens, policy.max_context - len(ids))
-        for ids, p in zip(prompts, params, strict=True)
-    ]
-    outputs = [GenerationOutput([], [], "length") for _ in prompts]
-    rows = [i for i, b in enumerate(budgets) if b > 0 and prompts[i]]  # rows still decoding
-    if not rows:
-        return outputs
-    generators = [_row_generator(params[i].seed) for i in rows]
-    row_params = [params[i] for i in rows]
-    fences = [0] * len(prompts)  # code fences each row has written
-
-    width = max(len(prompts[i]) for i in rows)
-    input_ids = torch.full((len(rows), width), policy.pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, i in enumerate(rows):
-        input_ids[r, width - len(prompts[i]) :] = torch.tensor(prompts[i])
-        mask[r, width - len(prompts[i]) :] = 1
-    input_ids, mask = input_ids.to(device), mask.to(device)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=positions,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache = out.cache
-    next_position = positions[:, -1:] + 1
-
-    for _ in range(max(budgets[i] for i in rows)):
-        logits = out.logits[:, -1, :].float()
-        tokens = _choose(logits, row_params, generators)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None])[:, 0]
-        keep: list[int] = []
-        for r, (i, token, logprob) in enumerate(
-            zip(rows, tokens.tolist(), logprobs.tolist(), strict=True)
-        ):
-            output = outputs[i]
-            output.token_ids.append(token)
-            output.logprobs.append(logprob)
-            finish: FinishReason | None = None
-            fences[i] += token in policy.fence_ids
-            if token in policy.eos_ids or (params[i].stop_after_code_block and fences[i] >= 2):
-                finish = "stop"
-            elif len(output.token_ids) >= budgets[i]:
-                finish = "length"
-            if finish is None:
-                keep.append(r)
-            else:
-                output.finish_reason = finish
-        if not keep:
-            break
-        if len(keep) < len(rows):  # drop finished rows from the batch and the cache
-            index = torch.tensor(keep, device=device)
-            cache.batch_select_indices(index)
-            tokens, mask, next_position = tokens[index], mask[index], next_position[index]
-            rows = [rows[r] for r in keep]
-            generators = [generators[r] for r in keep]
-            row_params = [row_params[r] for r in keep]
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-        out = model(
-            input_ids=tokens[:, None],
-            attention_mask=mask,
-            position_ids=next_position,
-            cache=cache,
-            use_cache=True,
-        )
-        next_position = next_position + 1
-    return outputs
+    batch = RowBatch(policy, _choose)
+    rows = [batch.row(prompt, row) for prompt, row in zip(prompts, params, strict=True)]
+    batch.admit(rows)
+    while batch.rows:
+        batch.step()
+    return [row.output for row in rows]
 
 
 class LocalBackend:
-    """`InferenceBackend` running transformers in this process; one batch at a time."""
+    """`InferenceBackend` running transformers in this process, continuously batched: rows of
+    concurrent calls join one running batch (`infra.inference.decoder.Decoder`, on a thread).
+
+    A LoRA version (`PolicyHandle.base` set) runs its base's model with its adapter applied
+    (peft): the base is loaded once, each adapter (megabytes) is added to it by name, and a
+    batch activates the adapter of its version (a batch of the base version turns them off).
+    Models and adapters are loaded on the decoder's thread, between batches, never under one.
+    """
 
     name = "local"
+    continuous_batching = True
 
     def __init__(self, config: LocalInferenceSettings | None = None):
         config = config or LocalInferenceSettings()
@@ -237,16 +200,41 @@ class LocalBackend:
         if config.threads > 0:
             torch.set_num_threads(config.threads)
         self.max_loaded = config.max_loaded
+        self.max_adapters = config.max_adapters
         self._loaded: OrderedDict[tuple[str, int], LoadedPolicy] = OrderedDict()
-        self._lock = threading.Lock()  # one forward at a time, and guards `_loaded`
-        self.tokens_generated = 0
-        self.busy_s = 0.0
+        self._adapters: OrderedDict[tuple[str, int], LoadedPolicy] = OrderedDict()
+        self._peft: dict[tuple[str, int], Any] = {}  # base version -> its PeftModel
+        self._handles: dict[tuple[str, int], PolicyHandle] = {}
+        self._lock = threading.Lock()  # guards the caches
+        self._decoder = Decoder(config.max_rows, self._batch)
+
+    @property
+    def tokens_generated(self) -> int:
+        return self._decoder.tokens
+
+    @property
+    def busy_s(self) -> float:
+        return self._decoder.busy_s
 
     def loaded_versions(self) -> list[tuple[str, int]]:
-        """(run, version) of the loaded policies, least recently used first."""
+        """(run, version) of the loaded full-weight policies, least recently used first."""
         return list(self._loaded)
 
+    def _batch(self, key: object) -> RowBatch:
+        """A new batch of version `key` (on the decoder's thread: no batch runs)."""
+        with self._lock:
+            policy = self._policy(self._handles[key])  # type: ignore[index]
+            peft = self._peft.get(policy.base or key)  # type: ignore[call-overload]
+            if peft is not None and policy.adapter is not None:
+                peft.base_model.enable_adapter_layers()
+                peft.set_adapter(policy.adapter)
+            elif peft is not None:  # the base version of a model that carries adapters
+                peft.base_model.disable_adapter_layers()
+        return RowBatch(policy, _choose)
+
     def _policy(self, handle: PolicyHandle) -> LoadedPolicy:
+        if handle.base is not None:
+            return self._adapted(handle, handle.base)
         key = (handle.run_id, handle.version)
         if key in self._loaded:
             self._loaded.move_to_end(key)
@@ -262,28 +250,69 @@ class LocalBackend:
         self._loaded[key] = policy
         while len(self._loaded) > self.max_loaded:
             evicted, _ = self._loaded.popitem(last=False)
+            self._peft.pop(evicted, None)
+            for adapter in [k for k, v in self._adapters.items() if v.base == evicted]:
+                del self._adapters[adapter]
             log.info("evicted policy %s/v%d", *evicted)
         return policy
 
-    def generate_sync(
-        self, prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle
-    ) -> list[GenerationOutput]:
-        with self._lock:
-            loaded = self._policy(policy)
-            started = time.perf_counter()
-            outputs = sample_batch(loaded, prompts, params)
-            self.busy_s += time.perf_counter() - started
-            self.tokens_generated += sum(len(o.token_ids) for o in outputs)
-            return outputs
+    def _adapted(self, handle: PolicyHandle, base: PolicyHandle) -> LoadedPolicy:
+        """The LoRA version `handle`: its base's model with the version's adapter added."""
+        key = (handle.run_id, handle.version)
+        if key in self._adapters:
+            self._adapters.move_to_end(key)
+            return self._adapters[key]
+        base_key = (base.run_id, base.version)
+        base_policy = self._policy(base)
+        # peft imports in ~1 s: only a worker that serves a LoRA version pays for it
+        from peft import PeftModel
+
+        name = _adapter_name(handle)
+        try:
+            peft = self._peft.get(base_key)
+            if peft is None:
+                peft = PeftModel.from_pretrained(
+                    base_policy.model, str(handle.path), adapter_name=name
+                )
+                self._peft[base_key] = peft.eval()
+            else:
+                peft.load_adapter(str(handle.path), adapter_name=name)
+        except (OSError, ValueError, KeyError) as exc:
+            raise InferenceError(
+                f"cannot load LoRA policy {handle.name} from {handle.path}: {exc}"
+            ) from exc
+        policy = dataclasses.replace(base_policy, model=peft, adapter=name, base=base_key)
+        self._adapters[key] = policy
+        while len(self._adapters) > self.max_adapters:
+            evicted, old = self._adapters.popitem(last=False)
+            self._peft[old.base].delete_adapter(old.adapter)  # type: ignore[index]
+            log.info("dropped LoRA adapter %s/v%d", *evicted)
+        return policy
 
     async def generate(
         self, prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle
     ) -> list[GenerationOutput]:
-        return await asyncio.to_thread(self.generate_sync, prompts, params, policy)
+        if len(prompts) != len(params):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        key = (policy.run_id, policy.version)
+        self._handles[key] = policy
+        futures = [
+            self._decoder.submit(key, prompt, row)
+            for prompt, row in zip(prompts, params, strict=True)
+        ]
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
     async def close(self) -> None:
+        await asyncio.to_thread(self._decoder.close)
         with self._lock:
             self._loaded.clear()
+            self._adapters.clear()
+            self._peft.clear()
+
+
+def _adapter_name(handle: PolicyHandle) -> str:
+    """peft adapter names may not contain dots; run ids are identifiers."""
+    return f"{handle.run_id}-v{handle.version}".replace(".", "_")
 
 
 def benchmark(model_dir: str, batches: list[int], new_tokens: int, prompt_tokens: int) -> None:

@@ -1,32 +1,64 @@
-"""Chat prompts of a sample's turn, and the code extracted from a completion.
+"""An episode's prompts, token in and token out, and the code extracted from a completion.
 
-    messages = build_messages(task_prompt, [(completion_text, execution_result), ...])
-    prompt_ids = encode_messages(tokenizer, messages)   # stored verbatim in CompletionRecord
-    code = extract_code(completion_text)
+    chat = ChatFormat(tokenizer, EnvName.WORKSPACE)
+    ids = chat.first_prompt(task_prompt)                    # step 0: system + task (+ tools)
+    ids = chat.next_prompt(previous_record, observation)    # step k > 0
+    code = extract_code(completion_text)                    # the `code` environment's action
 
-A turn's conversation is: system (answer with one ```python block defining the function), user
-(the task prompt), then for every earlier turn the assistant's completion text and a user
-message with feedback from its execution (status, tests passed/total, the tail of stderr and
-stdout, at most `FEEDBACK_CHARS` characters) asking for a fix. The tokenizer's own chat template
-renders it, with the generation prompt appended; those ids are what the model is fed and what
-the learner trains on, so nothing is ever re-tokenized.
+Step 0 renders the system prompt and the task with the tokenizer's chat template (for
+`workspace` the tools too: as the template's `tools=` where it renders them, else the fallback
+block of `infra.inference.toolcalls`) and appends the generation prompt.
+
+Step k > 0 never re-renders or re-tokenizes the conversation. Its prompt is, exactly:
+
+    previous.prompt_token_ids + previous.completion_token_ids
+    + [end_of_turn]          only if the completion did not end with it (cut by
+                             max_new_tokens, or stopped after its code block / tool call)
+    + observation_ids(obs)   the template's rendering of one more message and the
+                             generation prompt, tokenized on its own
+
+`observation_ids` is the delta of the template: it renders [system, user, assistant(P),
+observation] with a placeholder P as the assistant's text, and keeps what follows
+P + end_of_turn (e.g. `\\n<|im_start|>user\\n…<|im_end|>\\n<|im_start|>assistant\\n`). Only
+the suffix after the assistant's text is used, so templates that render the *last* assistant
+message differently (Qwen3's think block) give the same delta. `end_of_turn` is the special
+token the template closes an assistant message with (`<|im_end|>` for ChatML); a template that
+closes it with anything else is refused with a clear error.
+
+The observation message: for `code`, a `user` message with the test log and a request to fix
+(`feedback_text`; the model called no tool, so there is no tool result to answer); for
+`workspace`, the tool's result as a `tool` message, or the fallback `user` message wrapping it
+in `<tool_response>` tags (`toolcalls.observation_message`), clipped to `OBSERVATION_CHARS`.
+
+Not covered: the tool-call format itself (`infra.inference.toolcalls`), sampling.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Any
 
+from contracts.episode import WORKSPACE_TOOLS
+from contracts.rollout import CompletionRecord
 from contracts.sandbox import ExecStatus, ExecutionResult
+from contracts.task import EnvName
+from infra.inference import toolcalls
 
 SYSTEM_PROMPT = (
     "You are an expert Python programmer. Solve the task by writing the requested function. "
     "Answer with exactly one ```python code block that defines the function (and any imports "
     "or helpers it needs); do not include tests, example usage or input() calls."
 )
+WORKSPACE_SYSTEM_PROMPT = (
+    "You are an expert software engineer working in a repository. Use the tools to read the "
+    "code, change it and run its tests. Call exactly one tool per turn and wait for its result. "
+    "When the task is done, call submit."
+)
 FEEDBACK_CHARS = 1500
-"""Most characters of program output quoted back in one feedback message."""
+"""Most characters of program output quoted back in one `code` feedback message."""
+OBSERVATION_CHARS = 4000
+"""Most characters of one tool result shown to the model (head and tail kept)."""
+PLACEHOLDER = "TEMPERED-ASSISTANT-PLACEHOLDER"
 
 _STATUS_TEXT = {
     ExecStatus.PASSED: "All tests passed.",
@@ -49,7 +81,7 @@ def _tail(text: str, limit: int) -> str:
 
 
 def feedback_text(result: ExecutionResult, max_chars: int = FEEDBACK_CHARS) -> str:
-    """The user message reporting one execution: status, tests, output tails, a request to fix."""
+    """The `code` observation: status, tests, output tails, a request to fix."""
     lines = [f"{_STATUS_TEXT[result.status]} (status: {result.status.value})"]
     if result.tests_total:
         lines.append(f"Tests passed: {result.tests_passed}/{result.tests_total}.")
@@ -68,28 +100,109 @@ def feedback_text(result: ExecutionResult, max_chars: int = FEEDBACK_CHARS) -> s
     return "\n".join(lines)
 
 
-def build_messages(
-    prompt: str, history: Sequence[tuple[str, ExecutionResult]] = ()
-) -> list[dict[str, str]]:
-    """System + task prompt, then (completion, feedback) for every earlier turn, oldest first."""
-    messages = [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": prompt},
-    ]
-    for completion_text, result in history:
-        messages.append({"role": "assistant", "content": completion_text})
-        messages.append({"role": "user", "content": feedback_text(result)})
-    return messages
+def clip(text: str, limit: int = OBSERVATION_CHARS) -> str:
+    """`text`, or its head and tail around a note of how much was left out."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit // 2], text[len(text) - limit // 2 :]
+    return f"{head}\n[... {len(text) - len(head) - len(tail)} characters left out ...]\n{tail}"
 
 
-def encode_messages(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of `messages` under the tokenizer's chat template, generation prompt appended."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the policy's tokenizer has no chat template")
-    ids = tokenizer.apply_chat_template(
-        messages, tokenize=True, add_generation_prompt=True, return_dict=False
-    )
-    return [int(t) for t in ids]
+def observation_text(env: EnvName, data: bytes) -> str:
+    """What the model reads of a stored observation: `code` stores the execution's result.json
+    (rendered by `feedback_text`), `workspace` the tool's result as text."""
+    if env is EnvName.CODE:
+        return feedback_text(ExecutionResult.model_validate_json(data))
+    return data.decode("utf-8", errors="replace")
+
+
+def task_messages(prompt: str, system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
+    """The first turn's conversation: the system prompt, then the task."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
+
+
+class ChatFormat:
+    """How one tokenizer's chat template renders the episodes of one environment."""
+
+    def __init__(self, tokenizer: Any, env: EnvName):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the policy's tokenizer has no chat template")
+        self.tokenizer, self.env = tokenizer, env
+        self.tools = WORKSPACE_TOOLS if env is EnvName.WORKSPACE else ()
+        self.native_tools = bool(self.tools) and toolcalls.template_renders_tools(
+            tokenizer, self.tools
+        )
+        self._template_args: dict[str, Any] = (
+            {"tools": toolcalls.tool_schemas(self.tools)} if self.native_tools else {}
+        )
+        self.end_of_turn, self._end_of_turn_text = self._find_end_of_turn()
+
+    def system_prompt(self) -> str:
+        if self.env is EnvName.CODE:
+            return SYSTEM_PROMPT
+        if self.native_tools:
+            return WORKSPACE_SYSTEM_PROMPT
+        return f"{WORKSPACE_SYSTEM_PROMPT}\n\n{toolcalls.tools_system_block(self.tools)}"
+
+    def first_prompt(self, prompt: str) -> list[int]:
+        """Step 0: system prompt and task, generation prompt appended."""
+        ids = self.tokenizer.apply_chat_template(
+            task_messages(prompt, self.system_prompt()),
+            tokenize=True,
+            add_generation_prompt=True,
+            return_dict=False,
+            **self._template_args,
+        )
+        return [int(t) for t in ids]
+
+    def observation_message(self, text: str) -> dict[str, str]:
+        if self.env is EnvName.CODE:
+            return {"role": "user", "content": text}
+        return toolcalls.observation_message(clip(text), tool_role=self.native_tools)
+
+    def observation_ids(self, text: str) -> list[int]:
+        """The template's tokens between an assistant's end of turn and the next generation."""
+        rendered = self._render_after_assistant(self.observation_message(text))
+        if not rendered.startswith(self._end_of_turn_text):
+            raise ValueError(
+                "the chat template does not close an assistant message with "
+                f"{self._end_of_turn_text!r} when another message follows"
+            )
+        delta = rendered[len(self._end_of_turn_text) :]
+        return [int(t) for t in self.tokenizer.encode(delta, add_special_tokens=False)]
+
+    def next_prompt(self, previous: CompletionRecord, observation: str) -> list[int]:
+        """Step k > 0: the previous step's exact ids, its end of turn, the observation."""
+        ids = [*previous.prompt_token_ids, *previous.completion_token_ids]
+        if previous.completion_token_ids[-1:] != [self.end_of_turn]:
+            ids.append(self.end_of_turn)
+        return ids + self.observation_ids(observation)
+
+    def _render_after_assistant(self, *following: dict[str, str]) -> str:
+        """The template's text after an assistant message's content (P), `following` after it."""
+        messages = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": PLACEHOLDER},
+            *following,
+        ]
+        rendered: str = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=bool(following), **self._template_args
+        )
+        at = rendered.find(PLACEHOLDER)
+        if at < 0:
+            raise ValueError("the chat template drops the assistant's message text")
+        return rendered[at + len(PLACEHOLDER) :]
+
+    def _find_end_of_turn(self) -> tuple[int, str]:
+        after = self._render_after_assistant()
+        ids = self.tokenizer.encode(after, add_special_tokens=False)
+        if not ids or ids[0] not in set(self.tokenizer.all_special_ids):
+            raise ValueError(
+                f"the chat template ends an assistant message with {after!r}, not with a "
+                "special token: token-in/token-out episodes need an end-of-turn token"
+            )
+        return int(ids[0]), self.tokenizer.decode([ids[0]])
 
 
 def extract_code(text: str) -> str:

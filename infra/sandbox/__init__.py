@@ -1,11 +1,17 @@
-"""Sandbox backends: run untrusted model-written Python under strict limits.
+"""Sandbox backends: run untrusted model-written Python against its tests, under strict limits.
 
     from infra.sandbox import get_backend
     backend = get_backend(settings)            # settings.sandbox.backend, or name="gvisor"
-    result = await backend.run(program, tests, limits, entry_point="add")
+    result = await backend.run(program, tests, limits, entry_point="add", helpers=task.helpers)
 
-Each backend is built from its own settings sub-model (`settings.sandbox.local`, `.gvisor`,
-`.kubernetes`); nothing else of `Settings` reaches it.
+Every backend runs the same two-process verifier (`verifier.py`): the tests, the task's helpers
+and the verdict live in a checker process; the program runs in a separate, confined candidate
+process and is only ever called with, and answers in, plain data (`codec.py`). Nothing of the
+program shares an interpreter, memory or a file descriptor with the code that decides the
+verdict, which is why a wrong program cannot make it say `passed` (tests/infra/sandbox/
+test_adversarial.py tries, class by class). Each backend is built from its own settings
+sub-model (`settings.sandbox.local`, `.gvisor`, `.kubernetes`); nothing else of `Settings`
+reaches it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The sandbox backend Protocol every backend (local bwrap, gVisor, Kubernetes) implements.
 
-A backend runs one untrusted Python program (optionally followed by its tests) under
-`SandboxLimits` and returns an `ExecutionResult`. What the *program* does is always a result
-(passed/failed/error/timeout/memory_exceeded); only a fault of the platform itself raises
-`SandboxInfraError`, which callers retry and never turn into a reward.
+A backend runs one untrusted Python program against its tests under `SandboxLimits` and returns
+an `ExecutionResult`. The tests, the task's helpers and the verdict live in a checker process
+the program cannot reach; the program is only ever called with, and answers in, plain data
+(`verifier.py`). What the *program* does is always a result (passed/failed/error/timeout/
+memory_exceeded); only a fault of the platform itself raises `SandboxInfraError`, which callers
+retry and never turn into a reward.
 """
 
 from __future__ import annotations
@@ -33,8 +35,11 @@ class SandboxBackend(Protocol):
         tests: str = "",
         limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
+        helpers: str = "",
     ) -> ExecutionResult:
-        """Run `program`, then `tests` in its namespace, then `check(entry_point)` if given."""
+        """Run `program`, then every unit of `tests` and `check(entry_point)` (if given) against
+        it. `helpers` is the task's own code (`TaskSpec.helpers`, trusted), run beside the tests
+        so that what they call is the task's and never the program's."""
         ...
 
     async def close(self) -> None:

@@ -1,9 +1,16 @@
-"""Per-run cgroups v1 (memory, pids) for the local sandbox backend.
+"""Per-run cgroups v1 (memory, pids) for the verifier's candidates (local and gVisor backends).
 
     cgroups = Cgroups.create("1234-7")     # /sys/fs/cgroup/{memory,pids}/tempered/1234-7
     cgroups.apply(limits)                  # memory.limit_in_bytes, pids.max
-    ... start the sandbox inside them (its launcher writes its pid to `procs_files()`) ...
-    cgroups.oom_killed(); cgroups.kill_all(spare=launcher_pid); cgroups.remove()
+    ... the candidate joins them (local: it writes itself to `cgroup.procs`; gVisor: runsc
+        makes a child group for the whole sandbox) ...
+    cgroups.memory_event(); cgroups.kill_all(); cgroups.remove()
+
+`memory_event` tells the run's own limit ("limit": the group hit it) from an OOM kill that the
+limit did not cause ("global": the kernel's OOM killer took one of the run's processes while
+the group was under its limit, i.e. the host ran out of memory), from cgroup v1's
+failure counts and peak usage and `memory.oom_control` (whose `oom_kill` counts every OOM kill
+of a member, whoever's limit caused it).
 
 No cpu controller: a shared parent group would squeeze all sandboxes into one task's CPU share
 under load; CPU time is bounded by RLIMIT_CPU and wall time by the deadline instead.
@@ -18,12 +25,15 @@ from pathlib import Path
 
 from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
+from infra.sandbox.judge import MemoryEvent
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_CONTROLLERS = ("memory", "pids")
 MB = 1 << 20
+LIMIT_SLACK = 4 * MB
+"""How close to its limit a group's peak usage must come for the limit to count as reached."""
 OVERHEAD_PROCESSES = 2
-"""bwrap's outer process and its pid-1 init run under the sandbox uid too."""
+"""Processes a bwrap sandbox runs beside the program (its outer process and its init)."""
 
 
 class Cgroups:
@@ -50,15 +60,26 @@ class Cgroups:
             raise SandboxInfraError(f"cannot create cgroups {name}: {exc}") from exc
         return cls(paths)
 
-    def apply(self, limits: SandboxLimits) -> None:
-        """Set the run's memory and process limits (before its job reaches the sandbox)."""
+    @property
+    def name(self) -> str:
+        return self.paths["memory"].name
+
+    def apply(
+        self,
+        limits: SandboxLimits,
+        memory_overhead_mb: int = 0,
+        processes_overhead: int = OVERHEAD_PROCESSES,
+    ) -> None:
+        """Set the run's memory and process limits (before its job reaches the sandbox), plus
+        what the sandbox itself needs on top of the program's (gVisor's kernel)."""
         paths = self.paths
         try:
-            memory = str(limits.memory_mb * MB)
+            memory = str((limits.memory_mb + memory_overhead_mb) * MB)
             (paths["memory"] / "memory.limit_in_bytes").write_text(memory)
             with contextlib.suppress(OSError):  # absent without swap accounting
                 (paths["memory"] / "memory.memsw.limit_in_bytes").write_text(memory)
-            (paths["pids"] / "pids.max").write_text(str(limits.max_processes + OVERHEAD_PROCESSES))
+            pids = limits.max_processes + processes_overhead
+            (paths["pids"] / "pids.max").write_text(str(pids))
         except OSError as exc:
             raise SandboxInfraError(
                 f"cannot set cgroup limits in {paths['memory']}: {exc}"
@@ -66,35 +87,78 @@ class Cgroups:
 
     @staticmethod
     def sweep_stale() -> None:
-        """Remove empty run cgroups left by workers that died (named `<worker pid>-<slot>`)."""
-        for ctl in CGROUP_CONTROLLERS:
-            for path in (CGROUP_ROOT / ctl / "tempered").glob("*-*"):
-                pid = path.name.split("-", 1)[0]
-                if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        """Remove empty run cgroups left by workers that died (named `<worker pid>-<slot>`), in
+        every controller (runsc makes a run's group in all of them)."""
+        for path in CGROUP_ROOT.glob("*/tempered/*-*"):
+            pid = path.name.split("-", 1)[0]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                for group in sorted(path.rglob("*"), reverse=True):
                     with contextlib.suppress(OSError):
-                        path.rmdir()
+                        group.rmdir()
+                with contextlib.suppress(OSError):
+                    path.rmdir()
 
     def procs_files(self) -> list[Path]:
         return [path / "cgroup.procs" for path in self.paths.values()]
 
-    def oom_killed(self) -> bool:
+    def memory_event(self) -> MemoryEvent:
+        """ "limit" if the group reached its memory limit, "global" if one of its processes was
+        OOM-killed while it never did, else "" (also when unreadable). Reached: a failed charge
+        was counted, or the peak usage came within `LIMIT_SLACK` of the limit (some kernels
+        no longer count cgroup v1's failcnt; an allocation that fails may be that large)."""
+        memory = self.paths["memory"]
+
+        def read(name: str) -> int:
+            with contextlib.suppress(OSError, ValueError):  # memsw: absent without swap accounting
+                return int((memory / name).read_text())
+            return 0
+
         try:
-            control = (self.paths["memory"] / "memory.oom_control").read_text()
-            failcnt = int((self.paths["memory"] / "memory.failcnt").read_text())
+            control = (memory / "memory.oom_control").read_text()
         except OSError:
-            return False
+            return ""
+        reached = read("memory.failcnt") + read("memory.memsw.failcnt") > 0 or (
+            read("memory.max_usage_in_bytes") >= read("memory.limit_in_bytes") - LIMIT_SLACK
+        )
         kills = dict(line.split() for line in control.splitlines()).get("oom_kill", "0")
-        return int(kills) > 0 or failcnt > 0
+        return "limit" if reached else "global" if int(kills) > 0 else ""
+
+    def process_limit_reached(self) -> bool:
+        """Whether the group's process count ever reached its limit (its peak, counted over
+        the groups below it too: gVisor's Sentry dies when it cannot start a thread)."""
+        pids = self.paths["pids"]
+        try:
+            peak, limit = (pids / "pids.peak").read_text(), (pids / "pids.max").read_text()
+            return limit.strip() != "max" and int(peak) >= int(limit)
+        except (OSError, ValueError):  # kernels before 6.8 have no pids.peak
+            return False
+
+    def cpu_wait(self) -> tuple[float, float] | None:
+        """(seconds the run's pid 1, the process that answers the checker, spent runnable but
+        waiting for a CPU; CPU seconds all the run's processes used), from the kernel's
+        schedstat and stat; None when no process of the run is its sandbox's pid 1."""
+        wait, cpu, found, tick = 0.0, 0.0, False, os.sysconf("SC_CLK_TCK")
+        for pid in self.pids():
+            with contextlib.suppress(OSError, ValueError, IndexError, StopIteration):
+                proc = Path(f"/proc/{pid}")
+                fields = (proc / "stat").read_text().rpartition(")")[2].split()
+                cpu += sum(int(field) for field in fields[11:15]) / tick  # utime .. cstime
+                status = (proc / "status").read_text().splitlines()
+                if next(line for line in status if line.startswith("NSpid:")).split()[-1] == "1":
+                    wait, found = int((proc / "schedstat").read_text().split()[1]) / 1e9, True
+        return (wait, cpu) if found else None
 
     def pids(self) -> list[int]:
+        """Every process in the groups and the groups below them (gVisor's sandbox group)."""
         pids: set[int] = set()
-        for procs in self.procs_files():
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(line) for line in procs.read_text().split())
+        for path in self.paths.values():
+            for procs in path.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(line) for line in procs.read_text().split())
         return sorted(pids)
 
     def kill_all(self, spare: int | None = None) -> None:
-        """SIGKILL every process in the cgroups but `spare` (the launcher, which reaps the rest)."""
+        """SIGKILL every process in the cgroups but `spare` (a launcher that reaps the rest)."""
         for pid in self.pids():
             if pid == spare:
                 continue

@@ -8,14 +8,16 @@ The Job manifest comes from `kubernetes_job.build_job_manifest` (pure, validated
 Here are the API calls, made with the official client (synchronous, so each runs in a
 thread): create the Job; wait for its pod to finish — one shared poller lists this worker's
 sandbox pods for all runs in flight, so API load does not grow with concurrency; read the
-launcher's result line from the pod log; delete the Job (propagation Background).
+launcher's result line from the pod log; delete the Job (propagation Background). The pod runs
+the same two-process verifier as the other backends (`pod_launcher.py`), and the host judges
+its report with the same rules (`judge.py`) against its own count of test units.
 
 The Job is deleted when the run ends, when the awaiting task is cancelled, and (for Jobs
 labelled with this worker's id, `TEMPERED_WORKER_ID` or the hostname) when the backend first
 runs — no leaked pods; `activeDeadlineSeconds` and `ttlSecondsAfterFinished` bound anything
 a killed worker leaves. Every API or transport failure (refused connection, 5xx, 403, 409, a
-pod that never starts) raises `SandboxInfraError`; only the program's behaviour becomes an
-`ExecutionResult`.
+pod that never starts, a pod that ends without the launcher's result line) raises
+`SandboxInfraError`; only the program's behaviour becomes an `ExecutionResult`.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from contracts.sandbox import ExecStatus, ExecutionResult
+from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
-from infra.sandbox.base import SandboxInfraError
+from infra.sandbox.base import DEFAULT_LIMITS, SandboxInfraError
+from infra.sandbox.judge import expected_units, judge, split_tests
 from infra.sandbox.kubernetes_job import (
     CONTAINER,
     JOB_LABEL,
@@ -40,11 +43,11 @@ from infra.sandbox.kubernetes_job import (
     WORKER_LABEL,
     build_job_manifest,
     label_value,
-    outcome_from_launcher,
+    observed_from_record,
     parse_pod_log,
     sandbox_rlimits,
 )
-from infra.sandbox.process import HarnessJob
+from infra.sandbox.verifier import checker_job
 from infra.settings import KubernetesSandboxSettings
 
 __all__ = ["SANDBOX_LABELS", "KubernetesBackend", "build_job_manifest", "sandbox_rlimits"]
@@ -53,7 +56,6 @@ DEADLINE_SLACK_S = 10
 """How long past the Job's activeDeadlineSeconds we keep waiting before giving up."""
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-DEFAULT_LIMITS = SandboxLimits()
 
 
 class KubernetesBackend:
@@ -131,6 +133,7 @@ class KubernetesBackend:
         tests: str = "",
         limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
+        helpers: str = "",
     ) -> ExecutionResult:
         async with self._start_lock:
             if not self._started:
@@ -138,12 +141,15 @@ class KubernetesBackend:
                 self._started = True
         name = f"tempered-sbx-{secrets.token_hex(6)}"
         nonce = secrets.token_hex(16)
-        job = HarnessJob(program, tests, entry_point, limits, sandbox_rlimits(limits))
+        units = split_tests(tests, entry_point)
+        rlimits = sandbox_rlimits(limits)
+        job = checker_job(program, tests, helpers, units, entry_point, limits, rlimits)
         manifest = build_job_manifest(
             name,
             self.namespace,
             self.image,
             job,
+            limits,
             nonce,
             self.worker_id,
             self.runtime_class,
@@ -168,11 +174,14 @@ class KubernetesBackend:
             await asyncio.shield(self._delete_quietly(name))
         record = parse_pod_log(pod_log, nonce)
         if record is None:
-            return self._pod_without_result(pod, limits)
-        outcome = outcome_from_launcher(job, record)
-        return outcome.result(
-            self.name, limits, "kubernetes", oom_killed=bool(record.get("oom_killed"))
-        )
+            raise SandboxInfraError(
+                f"kubernetes pod {pod.metadata.name} ended without a result "
+                f"({_terminated_reason(pod)})"
+            )
+        if record.get("fault"):
+            raise SandboxInfraError(f"kubernetes pod {pod.metadata.name}: {record['fault']}")
+        seen = observed_from_record(record, limits)
+        return judge(seen, expected_units(units, entry_point), limits, self.name, "kubernetes")
 
     async def _wait_for_pod(self, job_name: str, deadline: float) -> Any:
         """The Job's pod once it succeeded or failed; SandboxInfraError if it never gets there."""
@@ -218,21 +227,6 @@ class KubernetesBackend:
                 else:
                     self._pod_states[str(job_name)] = _pod_state(pod)
             await asyncio.sleep(self.poll_interval_s)
-
-    def _pod_without_result(self, pod: Any, limits: SandboxLimits) -> ExecutionResult:
-        """A finished pod with no result line: OOM-killed launcher is the program's doing."""
-        reason = _terminated_reason(pod)
-        if reason == "OOMKilled":
-            return ExecutionResult(
-                status=ExecStatus.MEMORY_EXCEEDED,
-                backend=self.name,
-                limits=limits,
-                enforcement="kubernetes",
-                stderr="[sandbox] pod OOMKilled\n",
-            )
-        raise SandboxInfraError(
-            f"kubernetes pod {pod.metadata.name} ended without a result ({reason})"
-        )
 
     async def _delete(self, job_name: str) -> None:
         from kubernetes.client.exceptions import ApiException

@@ -2,16 +2,22 @@
 
 No API calls here (those are in `kubernetes.py`), so every manifest can be validated offline:
 
-    job = HarnessJob(program, tests, entry_point, limits, sandbox_rlimits(limits))
+    job = checker_job(program, tests, helpers, units, entry_point, limits, sandbox_rlimits(limits))
     manifest = build_job_manifest("tempered-sbx-1a2b", "tempered-sandbox", "python:3.11-slim",
-                                  job, result_nonce, worker_id="sandbox-0")
+                                  job, limits, result_nonce, worker_id="sandbox-0")
+    observed = observed_from_record(parse_pod_log(log, result_nonce), limits)
 
-The Job: non-root uid 65534, read-only root, all capabilities dropped, seccomp RuntimeDefault,
-no service-account token, no service links, a memory-backed emptyDir work dir, requests =
-limits, `activeDeadlineSeconds`, `ttlSecondsAfterFinished`, `backoffLimit: 0`, optional
-`runtimeClassName`, and the labels the chart's deny-all NetworkPolicy selects. The harness, the
-job (program, tests, host nonce) and the launcher travel in the pod spec (env/args), never
-as host paths or mounted files the program could read; `pod_launcher.py` is PID 1.
+The pod runs the verifier's two processes under `pod_launcher.py` (PID 1, root): the checker
+and the candidate under two other uids, the candidate with every privilege dropped and a
+seccomp filter before it execs (see that module). So the container runs as root with every
+capability dropped but the four the launcher needs (CAP_SETUID, CAP_SETGID to change uids,
+CAP_SETPCAP to empty the candidate's bounding set, CAP_KILL to kill what it left):
+allowPrivilegeEscalation false, not privileged, read-only root, seccomp RuntimeDefault, no
+service-account token, no service links, a memory-backed emptyDir work dir, requests = limits,
+`activeDeadlineSeconds`, `ttlSecondsAfterFinished`, `backoffLimit: 0`, optional
+`runtimeClassName`, and the labels the chart's deny-all NetworkPolicy selects. That is the
+"baseline" Pod Security Standard (the chart's sandbox namespace enforces it). The sources, the
+job and the launcher travel in the pod spec (env/args), never as host paths or mounted files.
 """
 
 from __future__ import annotations
@@ -23,24 +29,30 @@ from pathlib import Path
 from typing import Any
 
 from contracts.task import SandboxLimits
-from infra.sandbox.process import VERDICT_CAP, Capture, HarnessJob, HarnessOutcome
+from infra.sandbox.forkserver import sources, zygote_source
+from infra.sandbox.judge import Exit, Observed
+from infra.sandbox.process import Capture
 
-HARNESS_SOURCE = (Path(__file__).parent / "harness.py").read_text()
-"""The in-sandbox harness, shipped in the pod's env (the pod image has no Tempered)."""
 LAUNCHER_SOURCE = (Path(__file__).parent / "pod_launcher.py").read_text()
+SOURCES = json.dumps({**sources(), "infra.sandbox.zygote": zygote_source()})
+"""The sandbox's modules, shipped in the pod's env (the pod image has no Tempered)."""
 CONTAINER = "sandbox"
 WORKER_LABEL = "tempered.dev/worker"
 JOB_LABEL = "tempered.dev/job"
 SANDBOX_LABELS = {"app.kubernetes.io/component": "sandbox", "tempered.dev/sandbox": "true"}
-LAUNCHER_OVERHEAD_MB = 48
-"""Memory of the launcher and interpreter on top of the program's `memory_mb` and tmpfs."""
+LAUNCHER_CAPABILITIES = ["SETUID", "SETGID", "SETPCAP", "KILL"]
+"""All the pod keeps: the launcher changes its children's uids, empties the candidate's
+bounding set, and kills whatever the candidate left."""
+LAUNCHER_OVERHEAD_MB = 96
+"""Memory of the launcher, the checker and their interpreters on top of the program's
+`memory_mb` and tmpfs."""
 START_GRACE_S = 60
 """Seconds a pod may take to be scheduled and started before its deadline counts as ours."""
 TTL_AFTER_FINISHED_S = 300
 ENV_CHUNK = 96 * 1024
-"""One env value stays under Linux's 128 KiB MAX_ARG_STRLEN; the job is split into chunks."""
+"""One env value stays under Linux's 128 KiB MAX_ARG_STRLEN; larger values are split."""
 MAX_JOB_BYTES = 1024 * 1024
-"""Largest job (program + tests) a pod spec carries (etcd keeps objects under 1.5 MiB)."""
+"""Largest job (program + tests + helpers) a pod spec carries (etcd keeps objects < 1.5 MiB)."""
 
 
 def label_value(text: str) -> str:
@@ -49,42 +61,48 @@ def label_value(text: str) -> str:
 
 
 def sandbox_rlimits(limits: SandboxLimits) -> dict[str, tuple[int, int]]:
-    """Rlimits the harness sets on itself in the pod. Memory and processes are the cgroup's job
-    (container limits, the node's pod pids limit): uid 65534 is shared by every sandbox pod on
-    a node, so a per-uid RLIMIT_NPROC would make pods starve each other."""
-    file_size = limits.file_size_mb * 2**20
+    """Rlimits the candidate sets on itself in the pod. Memory is the pod's cgroup's job (the
+    address space cap only turns absurd allocations into a fast MemoryError) and processes the
+    node's pod pids limit: the candidate's uid is shared by every sandbox pod on a node, so a
+    per-uid RLIMIT_NPROC would make pods starve each other."""
+    file_size, space = limits.file_size_mb * 2**20, (2 * limits.memory_mb + 256) * 2**20
     return {
         "RLIMIT_CPU": (limits.cpu_s, limits.cpu_s + 1),
         "RLIMIT_FSIZE": (file_size, file_size),
         "RLIMIT_CORE": (0, 0),
+        "RLIMIT_AS": (space, space),
     }
 
 
-def job_env(job: HarnessJob) -> list[dict[str, str]]:
-    """The harness job as TEMPERED_JOB_0..N env values (ASCII JSON, each under ENV_CHUNK)."""
-    payload = job.payload(verdict_fd=-1).decode("ascii")
-    if len(payload) > MAX_JOB_BYTES:
-        raise ValueError(
-            f"program + tests are {len(payload)} bytes; a sandbox Job carries at most {MAX_JOB_BYTES}"
-        )
-    chunks = [payload[i : i + ENV_CHUNK] for i in range(0, len(payload), ENV_CHUNK)]
-    return [{"name": f"TEMPERED_JOB_{i}", "value": chunk} for i, chunk in enumerate(chunks)]
+def _chunks(prefix: str, text: str) -> list[dict[str, str]]:
+    """`text` as PREFIX_0..N env values, each under ENV_CHUNK."""
+    parts = [text[i : i + ENV_CHUNK] for i in range(0, len(text), ENV_CHUNK)] or [""]
+    return [{"name": f"{prefix}{i}", "value": part} for i, part in enumerate(parts)]
 
 
 def build_job_manifest(
     name: str,
     namespace: str,
     image: str,
-    job: HarnessJob,
+    job: dict[str, object],
+    limits: SandboxLimits,
     result_nonce: str,
     worker_id: str,
     runtime_class: str | None = None,
     cpu: str = "1",
     start_grace_s: int = START_GRACE_S,
 ) -> dict[str, Any]:
-    """The batch/v1 Job running the harness `job` under `job.limits`; pure, no API calls."""
-    limits = job.limits
-    run = {"timeout_s": limits.timeout_s, "output_bytes": limits.output_bytes}
+    """The batch/v1 Job running the checker `job` under `limits`; pure, no API calls."""
+    payload = json.dumps(job)
+    if len(payload) > MAX_JOB_BYTES:
+        raise ValueError(
+            f"program + tests are {len(payload)} bytes; a sandbox Job carries at most {MAX_JOB_BYTES}"
+        )
+    run = {
+        "timeout_s": limits.timeout_s,
+        "start_timeout_s": job["start_timeout_s"],
+        "output_bytes": limits.output_bytes,
+    }
     memory = f"{limits.memory_mb + limits.tmpfs_mb + LAUNCHER_OVERHEAD_MB}Mi"
     labels = {
         **SANDBOX_LABELS,
@@ -92,46 +110,42 @@ def build_job_manifest(
         JOB_LABEL: name,
         "app.kubernetes.io/name": "tempered",
     }
+    container = {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", "-S", "-I", "-c", LAUNCHER_SOURCE],
+        "workingDir": "/work",
+        "env": [
+            {"name": "HOME", "value": "/work"},
+            {"name": "TMPDIR", "value": "/work"},
+            *_chunks("TEMPERED_SOURCES_", SOURCES),
+            *_chunks("TEMPERED_JOB_", payload),
+            {"name": "TEMPERED_RUN", "value": json.dumps(run)},
+            {"name": "TEMPERED_RESULT_NONCE", "value": result_nonce},
+        ],
+        "resources": {
+            "requests": {"cpu": cpu, "memory": memory},
+            "limits": {"cpu": cpu, "memory": memory},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": False,
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "capabilities": {"drop": ["ALL"], "add": LAUNCHER_CAPABILITIES},
+        },
+        "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+    }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 1,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 65534,
-            "runAsGroup": 65534,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [
-            {
-                "name": CONTAINER,
-                "image": image,
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["python3", "-S", "-I", "-c", LAUNCHER_SOURCE],
-                "workingDir": "/work",
-                "env": [
-                    {"name": "HOME", "value": "/work"},
-                    {"name": "TMPDIR", "value": "/work"},
-                    {"name": "TEMPERED_HARNESS", "value": HARNESS_SOURCE},
-                    *job_env(job),
-                    {"name": "TEMPERED_RUN", "value": json.dumps(run)},
-                    {"name": "TEMPERED_RESULT_NONCE", "value": result_nonce},
-                ],
-                "resources": {
-                    "requests": {"cpu": cpu, "memory": memory},
-                    "limits": {"cpu": cpu, "memory": memory},
-                },
-                "securityContext": {
-                    "allowPrivilegeEscalation": False,
-                    "privileged": False,
-                    "readOnlyRootFilesystem": True,
-                    "runAsNonRoot": True,
-                    "capabilities": {"drop": ["ALL"]},
-                },
-                "volumeMounts": [{"name": "work", "mountPath": "/work"}],
-            }
-        ],
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
         "volumes": [
             {"name": "work", "emptyDir": {"medium": "Memory", "sizeLimit": f"{limits.tmpfs_mb}Mi"}}
         ],
@@ -166,19 +180,28 @@ def parse_pod_log(log: str, result_nonce: str) -> dict[str, Any] | None:
     return found
 
 
-def outcome_from_launcher(job: HarnessJob, record: dict[str, Any]) -> HarnessOutcome:
-    """The launcher's report as the `HarnessOutcome` the process-based backends produce."""
+def observed_from_record(record: dict[str, Any], limits: SandboxLimits) -> Observed:
+    """The launcher's report as what the host judges (`judge.judge`). A SIGKILL of the
+    candidate is never foreign here: in the pod it can send itself one."""
 
-    def capture(key: str, limit: int) -> Capture:
-        text = str(record.get(key, ""))
-        return Capture(limit, bytearray(text.encode()), bool(record.get(f"{key}_truncated")))
+    def capture(key: str) -> Capture:
+        text = str(record.get(key) or "")
+        limit = limits.output_bytes
+        return Capture(
+            limit, bytearray(text.encode()[:limit]), bool(record.get(f"{key}_truncated"))
+        )
 
-    return HarnessOutcome(
-        job,
-        returncode=record.get("exit_code"),
+    ended = record.get("exit")
+    verdict = record.get("verdict")
+    memory = str(record.get("memory") or "")
+    return Observed(
+        verdict=verdict if isinstance(verdict, dict) else None,
         timed_out=bool(record.get("timed_out")),
-        duration_ms=max(int(record.get("duration_ms", 0)), 0),
-        stdout=capture("stdout", job.limits.output_bytes),
-        stderr=capture("stderr", job.limits.output_bytes),
-        verdict_stream=capture("verdict_stream", VERDICT_CAP),
+        duration_ms=max(int(record.get("duration_ms") or 0), 0),
+        exit=Exit(int(ended[0]), float(ended[1])) if ended else None,
+        memory=memory if memory in ("limit", "global") else "",  # type: ignore[arg-type]
+        stdout=capture("stdout"),
+        stderr=capture("stderr"),
+        killed=bool(record.get("killed", True)),
+        sigkill_is_foreign=False,
     )

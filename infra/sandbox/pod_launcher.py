@@ -1,147 +1,335 @@
-"""PID 1 of every Kubernetes sandbox pod: runs the harness and prints one result line to the log.
+"""PID 1 of every Kubernetes sandbox pod: runs a checker and a candidate, prints one result line.
 
-The Kubernetes backend starts the container as `python3 -S -I -c <this file's source>` with
-these environment variables: TEMPERED_HARNESS (the source of `infra/sandbox/harness.py`),
-TEMPERED_JOB_0..N (the harness job exactly as `infra.sandbox.process.HarnessJob.payload` makes
-it, host nonce included, split to keep each value under Linux's 128 KiB limit), TEMPERED_RUN (`{"timeout_s", "output_bytes"}`) and
-TEMPERED_RESULT_NONCE. It never runs inside the worker and imports nothing of Tempered (the
-sandbox image is a plain Python image); it is the in-pod half of `process.run_harness`.
+The Kubernetes backend starts the container (root, with only CAP_SETUID, CAP_SETGID,
+CAP_SETPCAP and CAP_KILL) as `python3 -S -I -c <this file's source>` with these variables:
+TEMPERED_SOURCES_0..N (JSON {module: source} of `codec`, `confine`, `candidate`, `checker`,
+`zygote`), TEMPERED_JOB_0..N (the checker's job, JSON, as the local verifier sends it), TEMPERED_RUN
+(`{"timeout_s", "start_timeout_s", "output_bytes"}`) and TEMPERED_RESULT_NONCE, each split to
+keep a value under Linux's 128 KiB limit. It imports nothing of Tempered from files (the image
+is a plain Python image). In order:
 
-What it does, in order:
-1. Pops the variables and makes itself non-dumpable (prctl), so the untrusted child, which
-   runs as the same uid, can read neither /proc/1/environ (tests, nonces) nor /proc/1/fd (the
-   pod log).
-2. Runs the harness in a new session with the job on stdin and the verdict pipe at the
-   `verdict_fd` it writes into the job; stdout/stderr are read through pipes and capped.
-3. Kills the whole session at the wall-clock deadline; detects cgroup OOM kills through
-   /sys/fs/cgroup/memory.events.
-4. Prints `{"tempered_result": <nonce>, ...}` (exit code, captures, the raw verdict stream) as
-   the last line of its stdout. The backend reads it with the pod-log API, ignores every line
-   without the result nonce, and judges the verdict stream with the host's harness nonce.
+1. Pops the variables, makes itself non-dumpable (so nothing can read its memory, environment
+   or fds, the pod log among them), and becomes the reaper of every orphan (it is PID 1; when
+   a test runs it elsewhere, a child subreaper).
+2. Forks the **checker**: its own uid (`CHECKER_UID`), no capabilities, not dumpable,
+   no_new_privs, with the job socket and its ends of the call pipes; it runs `checker.main`.
+3. Forks the **candidate**: oom_score_adj 1000 (the kernel's OOM killer takes the program
+   first), its ends of the pipes and its output pipes only, then `confine.drop_privileges`
+   (a second uid, `CANDIDATE_UID`; bounding set, capabilities, groups dropped, no_new_privs,
+   seccomp; every call checked, then verified) and *execs* a fresh interpreter running only
+   `codec` and `candidate` (`zygote.py serve`), so no byte of the job or this process is in
+   its memory. The candidate cannot signal PID 1 or the checker (other uids, no CAP_KILL), nor
+   turn its own end into a platform fault: a SIGKILL it sends itself is judged its own.
+4. Sends the job to the checker, captures the candidate's output, waits for the verdict (the
+   checker's deadline is the run's: no starvation bound in a pod, whose CPU is its own), kills every process the candidate left (orphans come to PID 1), and reads
+   the pod's memory events (its own limit hit, or an OOM kill without it: the node's).
+5. Prints `{"tempered_result": <nonce>, verdict, exit, memory, ...}` as the last line of its
+   stdout. The host reads it with the pod-log API, ignores every line without the nonce, and
+   judges it with `judge.judge` against its own count of test units.
+
+A setup step that fails (a prctl, a uid change, a missing module) ends the pod with a result
+line whose `fault` says which: the host reports a platform fault, never a result.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import select
 import signal
-import subprocess
+import socket
 import sys
-import threading
 import time
+from types import ModuleType
+from typing import Any
 
-MEMORY_EVENTS = "/sys/fs/cgroup/memory.events"
-VERDICT_CAP = 1 << 20
-"""Bytes of the verdict stream kept (as `process.VERDICT_CAP`)."""
-DRAIN_AFTER_EXIT_S = 0.5
-"""How long to keep reading pipes once the harness has exited (a child may still hold them)."""
+CHECKER_UID = 10_001
+"""The checker's uid in the pod (no account owns it)."""
+CANDIDATE_UID = 10_002
+"""The candidate's uid in the pod: another one, so neither can signal or read the other."""
+VERDICT_GRACE_S = 1.0
+EXIT_GRACE_S = 0.5
+KILL_GRACE_S = 5.0
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 4, 38, 36
+CANDIDATE_MODULES = ("infra.sandbox.codec", "infra.sandbox.candidate")
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _oom_kills() -> int:
+def prctl(option: int, value: int) -> None:
+    if _libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl({option}): {os.strerror(errno)}")
+
+
+def pop_chunks(prefix: str) -> str:
+    """The value split over PREFIX_0..N, removed from the environment."""
+    keys = sorted(
+        (int(key.rpartition("_")[2]), key) for key in os.environ if key.startswith(prefix)
+    )
+    return "".join(os.environ.pop(key) for _, key in keys)
+
+
+def install(sources: dict[str, str]) -> ModuleType:
+    """Load `zygote.py` from its source, then every module through its `install`."""
+    module = type(sys)("infra.sandbox.zygote")
+    exec(
+        compile(sources["infra.sandbox.zygote"], "<infra.sandbox.zygote>", "exec"), module.__dict__
+    )
+    module.install(sources)
+    return sys.modules["infra.sandbox.zygote"]
+
+
+def start_checker(zygote: ModuleType, fds: list[int]) -> int:
+    """Fork the checker with `fds` (job socket, calls write end, replies read end)."""
+    pid = os.fork()
+    if pid:
+        return pid
+    status = 125
     try:
-        with open(MEMORY_EVENTS) as events:
-            for line in events:
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
+        os.setsid()
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        zygote.place_fds(fds, (3, 4, 5))
+        os.setgroups([])
+        os.setresgid(CHECKER_UID, CHECKER_UID, CHECKER_UID)
+        os.setresuid(CHECKER_UID, CHECKER_UID, CHECKER_UID)
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        prctl(PR_SET_DUMPABLE, 0)
+        with open("/proc/self/status") as report:
+            fields = dict(line.split(":", 1) for line in report if ":" in line)
+        caps = [int(fields[name], 16) for name in ("CapInh", "CapPrm", "CapEff", "CapAmb")]
+        if os.getresuid() != (CHECKER_UID,) * 3 or any(caps):
+            raise OSError("the checker did not become an unprivileged user")
+        status = 1
+        from infra.sandbox import checker
+
+        checker.main(3, 4, 5)
+        status = 0
+    finally:
+        os._exit(status)
+
+
+def start_candidate(zygote: ModuleType, sources: dict[str, str], fds: list[int], home: str) -> int:
+    """Fork the candidate with `fds` (calls read end, replies write end, stdout, stderr),
+    confined, exec'ing a fresh interpreter that serves the program."""
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        os.setsid()
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        with open("/proc/self/oom_score_adj", "w") as adj:
+            adj.write("1000")
+        zygote.place_fds(fds, (3, 4, 1, 2))
+        os.chdir(home)
+        from infra.sandbox import confine
+
+        confine.Confinement().drop_privileges(CANDIDATE_UID)
+        argv = [
+            sys.executable,
+            "-S",
+            "-I",
+            "-c",
+            sources["infra.sandbox.zygote"],
+            "serve",
+            "3",
+            "4",
+        ]
+        argv += [part for name in CANDIDATE_MODULES for part in (name, sources[name])]
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": home,
+            "TMPDIR": home,
+            "LANG": "C.UTF-8",
+        }
+        os.execve(sys.executable, argv, env)
+    except BaseException as exc:
+        os.write(2, f"sandbox setup failed: {exc!r}\n".encode())
+    finally:
+        os._exit(125)
+
+
+class Output:
+    """One output pipe of the candidate, captured up to `cap` bytes."""
+
+    def __init__(self, fd: int, cap: int) -> None:
+        self.fd, self.cap, self.data, self.truncated = fd, cap, bytearray(), False
+
+    def read(self) -> bool:
+        """Read what is there; False at the end (or, non-blocking, when nothing is there now)."""
+        try:
+            chunk = os.read(self.fd, 1 << 16)
+        except BlockingIOError:
+            return False
+        room = self.cap - len(self.data)
+        self.truncated = self.truncated or len(chunk) > room
+        self.data += chunk[: max(room, 0)]
+        return bool(chunk)
+
+
+def memory_counters() -> tuple[int, int]:
+    """(times the pod hit its memory limit, OOM kills in the pod), cgroup v2 or v1."""
+    try:
+        with open("/sys/fs/cgroup/memory.events") as events:
+            fields = dict(line.split() for line in events)
+        return int(fields.get("oom", 0)), int(fields.get("oom_kill", 0))
     except (OSError, ValueError):
         pass
-    return 0
-
-
-def _make_undumpable() -> None:
     try:
-        import ctypes
+        with open("/sys/fs/cgroup/memory/memory.failcnt") as failcnt:
+            hits = int(failcnt.read())
+        with open("/sys/fs/cgroup/memory/memory.oom_control") as control:
+            fields = dict(line.split() for line in control)
+        return hits, int(fields.get("oom_kill", 0))
+    except (OSError, ValueError):
+        return 0, 0
 
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 4
-    except (OSError, AttributeError):
-        pass
+
+class Frames:
+    """Frames the checker writes on its job socket, read without blocking: ("started",), then
+    its verdict (a dict)."""
+
+    def __init__(self, sock: socket.socket, codec: ModuleType) -> None:
+        self.sock, self.codec, self.buffer, self.closed = sock, codec, b"", False
+        sock.setblocking(False)
+
+    def verdict(self) -> dict[str, Any] | None:
+        """Read what is there; the verdict once it is complete, else None."""
+        with contextlib.suppress(BlockingIOError):
+            chunk = self.sock.recv(1 << 20)
+            self.closed = not chunk
+            self.buffer += chunk
+        while len(self.buffer) >= 4:
+            size = self.codec.frame_length(self.buffer[:4])
+            if len(self.buffer) < 4 + size:
+                return None
+            body, self.buffer = self.buffer[4 : 4 + size], self.buffer[4 + size :]
+            message = self.codec.decode(body)
+            if type(message) is dict:
+                return message
+        return None
 
 
-def _run(harness: str, job: dict[str, object], timeout_s: float, cap: int) -> dict[str, object]:
-    verdict_read, verdict_write = os.pipe()
-    job = dict(job, verdict_fd=verdict_write)
-    oom_before, started = _oom_kills(), time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-S", "-I", "-c", harness],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        pass_fds=(verdict_write,),
-        start_new_session=True,
-        cwd=os.environ.get("HOME", "/"),
-        env={
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": os.environ.get("HOME", "/"),
-            "TMPDIR": os.environ.get("TMPDIR", "/tmp"),
-            "PYTHONDONTWRITEBYTECODE": "1",
-        },
-    )
-    os.close(verdict_write)
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    payload, stdin = json.dumps(job).encode(), proc.stdin
+def children() -> list[int]:
+    """Pids whose parent is this process (orphans come here: PID 1 or a subreaper)."""
+    me, found = str(os.getpid()), []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError, IndexError), open(f"/proc/{name}/stat") as stat:
+                if stat.read().rpartition(")")[2].split()[1] == me:
+                    found.append(int(name))
+    return found
 
-    def feed() -> None:
+
+def reap(exits: dict[int, tuple[int, float]]) -> None:
+    """Collect every exited child's (wait status, CPU seconds) into `exits`."""
+    while True:
         try:
-            stdin.write(payload)
-            stdin.close()
-        except OSError:
-            pass
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        exits[pid] = (status, usage.ru_utime + usage.ru_stime)
 
-    threading.Thread(target=feed, daemon=True).start()
-    out, err = proc.stdout.fileno(), proc.stderr.fileno()
-    buffers = {out: bytearray(), err: bytearray(), verdict_read: bytearray()}
-    caps = {out: cap, err: cap, verdict_read: VERDICT_CAP}
-    truncated = {out: False, err: False, verdict_read: False}
-    open_fds = set(buffers)
-    timed_out = False
-    deadline, exited_at = started + timeout_s, None
-    while open_fds:
-        now = time.monotonic()
-        if now >= deadline:
-            timed_out = proc.poll() is None
+
+def kill_all(spare: int, exits: dict[int, tuple[int, float]]) -> bool:
+    """SIGKILL every child but `spare` (the checker) until none is left; False if some stayed."""
+    deadline = time.monotonic() + KILL_GRACE_S
+    while time.monotonic() < deadline:
+        reap(exits)
+        left = [pid for pid in children() if pid != spare]
+        if not left:
+            return True
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+    return False
+
+
+def run(
+    sources: dict[str, str], job: dict[str, Any], settings: dict[str, Any], home: str
+) -> dict[str, Any]:
+    """Run the job; the result record (everything but the nonce)."""
+    zygote = install(sources)
+    from infra.sandbox import codec
+
+    calls_r, calls_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    ours, theirs = socket.socketpair()
+    checker = start_checker(zygote, [theirs.fileno(), calls_w, replies_r])
+    candidate = start_candidate(zygote, sources, [calls_r, replies_w, out_w, err_w], home)
+    for fd in (calls_r, calls_w, replies_r, replies_w, out_w, err_w):
+        os.close(fd)
+    theirs.close()
+    before, exits = memory_counters(), dict[int, tuple[int, float]]()
+    outputs = [Output(out_r, settings["output_bytes"]), Output(err_r, settings["output_bytes"])]
+    started = time.monotonic()
+    deadline = started + settings["start_timeout_s"] + settings["timeout_s"] + VERDICT_GRACE_S
+    ours.sendall(codec.frame(job))
+    frames, verdict, timed_out, open_outputs = Frames(ours, codec), None, False, list(outputs)
+    while verdict is None and not frames.closed:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            timed_out = True
             break
-        if exited_at is None and proc.poll() is not None:
-            exited_at = now
-        if exited_at is not None and now - exited_at > DRAIN_AFTER_EXIT_S:
-            break
-        ready, _, _ = select.select(list(open_fds), [], [], min(deadline - now, 0.1))
-        for fd in ready:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                open_fds.discard(fd)
-                continue
-            room = caps[fd] - len(buffers[fd])
-            truncated[fd] = truncated[fd] or len(chunk) > room
-            buffers[fd] += chunk[: max(room, 0)]
-    with contextlib.suppress(OSError):  # the session may already be gone
-        os.killpg(proc.pid, signal.SIGKILL)
-    exit_code = proc.wait()
+        ready = select.select([ours.fileno(), *(o.fd for o in open_outputs)], [], [], left)[0]
+        for output in [o for o in open_outputs if o.fd in ready]:
+            if not output.read():  # ready and nothing read: the end of the pipe
+                open_outputs.remove(output)
+        if ours.fileno() in ready:
+            try:
+                verdict = frames.verdict()
+            except codec.CodecError:
+                break  # the checker is trusted: a bad frame means it failed
+    duration_ms = int((time.monotonic() - started) * 1000)
+    own_end = None
+    if verdict is not None and verdict.get("lost") == "exited":  # did it end by itself?
+        end = time.monotonic() + EXIT_GRACE_S
+        while own_end is None and time.monotonic() < end:
+            reap(exits)
+            own_end = exits.get(candidate)
+            time.sleep(0.005)
+    for output in outputs:  # what it wrote before it answered, without waiting for writers
+        os.set_blocking(output.fd, False)
+        while output in open_outputs and output.read() and len(output.data) < output.cap:
+            pass
+    gone = kill_all(checker, exits)
+    ended = own_end or exits.get(candidate)
+    after = memory_counters()
+    hits, kills = after[0] - before[0], after[1] - before[1]
     return {
-        "exit_code": exit_code,
-        "duration_ms": int((time.monotonic() - started) * 1000),
+        "verdict": verdict,
         "timed_out": timed_out,
-        "oom_killed": _oom_kills() > oom_before,
-        "stdout": bytes(buffers[out]).decode("utf-8", "replace"),
-        "stderr": bytes(buffers[err]).decode("utf-8", "replace"),
-        "stdout_truncated": truncated[out],
-        "stderr_truncated": truncated[err],
-        "verdict_stream": bytes(buffers[verdict_read]).decode("utf-8", "replace"),
+        "duration_ms": duration_ms,
+        "exit": list(ended) if ended else None,
+        "killed": own_end is None,
+        "memory": "limit" if hits else "global" if kills else "",
+        "stdout": bytes(outputs[0].data).decode("utf-8", "replace"),
+        "stderr": bytes(outputs[1].data).decode("utf-8", "replace"),
+        "stdout_truncated": outputs[0].truncated,
+        "stderr_truncated": outputs[1].truncated,
+        "fault": "" if gone else "the candidate's processes did not die after SIGKILL",
     }
 
 
 def main() -> None:
-    harness = os.environ.pop("TEMPERED_HARNESS")
-    chunks = sorted(
-        (int(k.rpartition("_")[2]), k) for k in os.environ if k.startswith("TEMPERED_JOB_")
-    )
-    job = json.loads("".join(os.environ.pop(k) for _, k in chunks))
-    run = json.loads(os.environ.pop("TEMPERED_RUN"))
-    nonce = os.environ.pop("TEMPERED_RESULT_NONCE")
-    _make_undumpable()
-    result = _run(harness, job, float(run["timeout_s"]), int(run["output_bytes"]))
+    nonce = os.environ.pop("TEMPERED_RESULT_NONCE", "")
+    try:
+        sources = json.loads(pop_chunks("TEMPERED_SOURCES_"))
+        job = json.loads(pop_chunks("TEMPERED_JOB_"))
+        settings = json.loads(os.environ.pop("TEMPERED_RUN"))
+        home = os.environ.get("HOME", "/tmp")
+        prctl(PR_SET_DUMPABLE, 0)
+        if os.getpid() != 1:
+            prctl(PR_SET_CHILD_SUBREAPER, 1)
+        result = run(sources, job, settings, home)
+    except Exception as exc:  # setup failed: the platform's fault, never a result
+        result = {"fault": f"the pod launcher failed: {exc!r}"}
     sys.stdout.write("\n" + json.dumps({"tempered_result": nonce, **result}) + "\n")
     sys.stdout.flush()
 

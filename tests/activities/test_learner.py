@@ -1,4 +1,5 @@
-"""prepare_run / train_step through temporalio's ActivityEnvironment, on a real SeaweedFS."""
+"""prepare_run / train_step through temporalio's ActivityEnvironment, on a real SeaweedFS: exactly
+once, crash resume, bad refs, NaN losses, and LoRA versions served by the local backend."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -21,12 +23,16 @@ from contracts.learner import (
     TrainStepRequest,
     TrajectoryGroup,
 )
-from contracts.sandbox import ExecStatus
-from contracts.trajectory import Trajectory, TrajectoryTurn, trajectory_id
+from contracts.task import SamplingParams
+from contracts.trajectory import trajectory_id
 from infra import grpo, keys
-from infra.policy import latest_policy, policy_manifest
-from infra.settings import Settings
+from infra.inference.base import PolicyResolver
+from infra.inference.local import LocalBackend
+from infra.learner_engine import LearnerEngine
+from infra.policy import latest_policy, materialize_base_model, policy_manifest
+from infra.settings import LocalInferenceSettings, Settings
 from infra.storage import ObjectStore
+from tests.trajectories import Step, trajectory
 
 RUN = "run-a"
 CONFIG = GRPOConfig(learning_rate=1e-3, micro_batch_size=4, max_staleness=1)
@@ -38,32 +44,17 @@ def write_group(store: ObjectStore, task: str, version: int, seed: int) -> Traje
     for sample in range(4):
         reward = float(sample % 2)
         completion = [rng.randrange(3, 259) for _ in range(10)]
-        turn = TrajectoryTurn(
-            turn=0,
-            policy_version=version,
-            prompt_token_ids=[1, *(rng.randrange(3, 259) for _ in range(8))],
-            completion_token_ids=completion,
-            completion_logprobs=[-5.5] * len(completion),
-            completion_text="x",
-            code="x",
-            status=ExecStatus.FAILED,
+        prompt = [1, *(rng.randrange(3, 259) for _ in range(8))]
+        record = trajectory(
+            [Step(prompt, completion, [-5.5] * len(completion), policy_version=version, code="x")],
             reward=reward,
-        )
-        trajectory = Trajectory(
-            id=trajectory_id(RUN, task, sample),
             run_id=RUN,
             task_id=task,
             sample=sample,
-            group_size=4,
-            prompt="p",
-            turns=[turn],
-            reward=reward,
-            solved=reward > 0,
-            policy_version=version,
             created_at="2026-01-01T00:00:00+00:00",
         )
         refs.append(
-            store.put_json(keys.trajectory_key(RUN, task, sample), trajectory, create_only=True)
+            store.put_json(keys.trajectory_key(RUN, task, sample), record, create_only=True)
         )
         rewards.append(reward)
     return TrajectoryGroup(task_id=task, trajectories=refs, rewards=rewards, policy_version=version)
@@ -202,3 +193,69 @@ async def test_non_finite_loss_fails_loudly_and_publishes_nothing(
     monkeypatch.setattr(grpo, "grpo_loss", real_loss)  # the fault is gone: the step trains
     done = await env.run(acts.train_step, request)
     assert done.policy.version == 1 and math.isfinite(done.loss)
+
+
+@pytest.mark.asyncio
+async def test_lora_versions_are_adapters_and_the_served_policy_follows_them(
+    store: ObjectStore, settings: Settings
+) -> None:
+    """Four LoRA steps that reward one completion of a prompt: every version is an adapter of
+    megabytes over v0, and the policy the inference worker serves comes to complete the prompt
+    with exactly the rewarded tokens (greedy), which v0 does not."""
+    config = CONFIG.model_copy(
+        update={"lora_rank": 8, "lora_alpha": 16, "learning_rate": 1e-2, "max_staleness": 8}
+    )
+    env = ActivityEnvironment()
+    acts = LearnerActivities(settings, store)
+    v0 = await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+    generator = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, 259, (10,), generator=generator).tolist()
+    completions = [torch.randint(3, 259, (4,), generator=generator).tolist() for _ in range(4)]
+    rewarded = completions[0]
+    scorer = LearnerEngine("cpu")  # the learner's own log-probs of v0, then of each version
+    scorer.load(materialize_base_model("tiny", settings), 0, config)
+    for step in range(4):
+        if step == 3:  # the worker restarts: the next step reloads v3 as v0 + its adapter
+            acts = LearnerActivities(settings, store)
+        refs = []
+        for sample, completion in enumerate(completions):
+            n = len(prompt) + len(completion)
+            row = grpo.Row("x", prompt + completion, [0] * n, [0.0] * n, 0.0)
+            old = scorer.sequence_logprobs(grpo.collate([row], pad_id=0))[0, len(prompt) - 1 :]
+            record = trajectory(
+                [Step(prompt, completion, old.tolist(), policy_version=step)],
+                reward=float(sample == 0),
+                run_id=RUN,
+                task_id=f"s{step}",
+                sample=sample,
+            )
+            refs.append(store.put_json(keys.trajectory_key(RUN, f"s{step}", sample), record))
+        group = TrajectoryGroup(
+            task_id=f"s{step}", trajectories=refs, rewards=[1.0, 0, 0, 0], policy_version=step
+        )
+        request = TrainStepRequest(run_id=RUN, step=step, groups=[group], config=config)
+        done = await env.run(acts.train_step, request)
+        assert done.policy.adapter_of == 0 and done.trained == 4
+        scorer = acts.engine  # in-process: it holds the new version
+
+    manifest = policy_manifest(store, RUN, 4)
+    assert manifest is not None and manifest.policy.adapter_of == 0
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= set(
+        manifest.files
+    )
+    assert "model.safetensors" not in manifest.files and "config.json" not in manifest.files
+    adapter_size = manifest.files["adapter_model.safetensors"].size
+    full = policy_manifest(store, RUN, 0)
+    assert full is not None and adapter_size < full.files["model.safetensors"].size / 2
+
+    resolver = PolicyResolver(store, settings.home / "cache" / "served", wait_s=0)
+    backend = LocalBackend(LocalInferenceSettings())
+    greedy = [SamplingParams(temperature=0.0, max_new_tokens=4)]
+    try:
+        before = await backend.generate([prompt], greedy, await resolver.resolve(RUN, v0.version))
+        served = await resolver.resolve(RUN, 4)
+        after = await backend.generate([prompt], greedy, served)
+    finally:
+        await backend.close()
+    assert served.base is not None and served.base.version == 0
+    assert before[0].token_ids != rewarded and after[0].token_ids == rewarded

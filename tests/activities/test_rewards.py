@@ -1,4 +1,5 @@
-"""write_trajectories against a real SeaweedFS: assembled once, retries are byte-identical no-ops."""
+"""write_trajectories against a real SeaweedFS: one token sequence per episode with its mask,
+assembled once, retries are byte-identical no-ops, broken inputs fail without retry."""
 
 from __future__ import annotations
 
@@ -6,10 +7,17 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.rewards import RewardActivities
-from contracts.rollout import CompletionRecord, SampleState, TurnRecord, WriteTrajectoriesRequest
+from activities.rewards import PrefixBroken, RewardActivities, token_sequence
+from contracts.episode import EpisodeEnd, ToolCall, Verdict
+from contracts.rollout import (
+    CompletionRecord,
+    EpisodeState,
+    EpisodeStep,
+    WriteTrajectoriesRequest,
+    WriteTrajectoriesResponse,
+)
 from contracts.sandbox import ExecStatus, ExecutionResult
-from contracts.task import TaskSpec
+from contracts.task import EnvName, TaskSpec, WorkspaceSpec
 from contracts.trajectory import Trajectory
 from infra import keys
 from infra.storage import ObjectStore
@@ -18,104 +26,198 @@ RUN = "run-rw"
 TASK = TaskSpec(
     id="add", prompt="Write add(a, b).", entry_point="add", tests="assert add(1, 2) == 3"
 )
+EOT = 2
 
 
-def stored_turn(store: ObjectStore, sample: int, turn: int, passed: bool) -> TurnRecord:
-    """Write one turn's artefacts the way generate/execute do, and return its record."""
-    code = "def add(a, b):\n    return a + b\n" if passed else "def add(a, b):\n    return a - b\n"
-    completion = CompletionRecord(
-        text=f"```python\n{code}```",
-        prompt_token_ids=[1, 2, 3],
-        completion_token_ids=[10 + sample, 20 + turn],
-        logprobs=[-0.5, -1.25],
-        policy_version=turn,
-        started_at=f"2025-01-01T00:0{turn}:00Z",
-        finished_at=f"2025-01-01T00:0{turn}:0{sample}Z",
+def record(prompt: list[int], completion: list[int], step: int, sample: int) -> CompletionRecord:
+    return CompletionRecord(
+        text=f"completion {step}",
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        logprobs=[-0.5 - 0.25 * i for i in range(len(completion))],
+        policy_version=step,
+        started_at=f"2025-01-01T00:0{step}:00Z",
+        finished_at=f"2025-01-01T00:0{step}:0{sample}Z",
     )
+
+
+def stored_step(
+    store: ObjectStore, sample: int, step: int, passed: bool, prompt: list[int]
+) -> tuple[EpisodeStep, CompletionRecord]:
+    """Write one step's artefacts the way generate/execute do, and return its record."""
+    code = "def add(a, b):\n    return a + b\n" if passed else "def add(a, b):\n    return a - b\n"
+    completion = record(prompt, [10 + sample, 20 + step, EOT], step, sample)
     status = ExecStatus.PASSED if passed else ExecStatus.FAILED
     result = ExecutionResult(status=status, tests_passed=int(passed), tests_total=1)
 
     def key(name: str) -> str:
-        return keys.turn_key(RUN, TASK.id, sample, turn, name)
+        return keys.turn_key(RUN, TASK.id, sample, step, name)
 
-    return TurnRecord(
-        turn=turn,
-        policy_version=turn,
+    return EpisodeStep(
+        step=step,
+        policy_version=step,
         completion=store.put_json(key("completion.json"), completion, create_only=True),
         code=store.put_text(key("code.py"), code, create_only=True),
         status=status,
         tests_passed=int(passed),
         tests_total=1,
-        result=store.put_json(key("result.json"), result, create_only=True),
+        observation=store.put_json(key("result.json"), result, create_only=True),
         reward=1.0 if passed else -0.1,
-    )
+    ), completion
 
 
 def request(store: ObjectStore, group_size: int = 3) -> WriteTrajectoriesRequest:
     samples = []
     for s in range(group_size):
-        solved = s != 0  # sample 0 fails both turns; the others solve on turn 1
-        turns = [stored_turn(store, s, 0, False), stored_turn(store, s, 1, solved)]
+        solved = s != 0  # sample 0 fails both steps; the others solve at step 1
+        first, done = stored_step(store, s, 0, False, [1, 2, 3])
+        observation = [30, 31]  # the feedback's tokens
+        second, _ = stored_step(
+            store, s, 1, solved, done.prompt_token_ids + done.completion_token_ids + observation
+        )
+        end = EpisodeEnd.SUBMITTED if solved else EpisodeEnd.STEP_BUDGET
         samples.append(
-            SampleState(sample=s, turns=turns, solved=solved, reward=0.9 if solved else -0.2)
+            EpisodeState(
+                sample=s,
+                steps=[first, second],
+                end=end,
+                solved=solved,
+                reward=0.9 if solved else -0.2,
+            )
         )
     return WriteTrajectoriesRequest(run_id=RUN, task=TASK, group_size=group_size, samples=samples)
 
 
+async def write(store: ObjectStore, req: WriteTrajectoriesRequest) -> WriteTrajectoriesResponse:
+    return await ActivityEnvironment().run(RewardActivities(store).write_trajectories, req)
+
+
 @pytest.mark.asyncio
 async def test_writes_each_trajectory_once(store: ObjectStore) -> None:
-    activities = RewardActivities(store)
-    env = ActivityEnvironment()
     req = request(store)
-
-    first = await env.run(activities.write_trajectories, req)
+    first = await write(store, req)
     assert first.created == 3
     assert [ref.key for ref in first.trajectories] == [
         keys.trajectory_key(RUN, TASK.id, s) for s in range(3)
     ]
     stored = [store.get_bytes(ref.key) for ref in first.trajectories]
 
-    retry = await env.run(activities.write_trajectories, req)
+    retry = await write(store, req)
     assert retry.created == 0
     assert retry.trajectories == first.trajectories
     assert [store.get_bytes(ref.key) for ref in retry.trajectories] == stored
 
     trajectory = store.get_model(first.trajectories[1].key, Trajectory)
-    assert trajectory.id == f"{RUN}.{TASK.id}.s1"
-    assert trajectory.solved and trajectory.reward == 0.9
-    assert [t.status for t in trajectory.turns] == [ExecStatus.FAILED, ExecStatus.PASSED]
-    assert trajectory.turns[1].completion_token_ids == [11, 21]
-    assert trajectory.turns[1].code.endswith("return a + b\n")
-    assert trajectory.turns[0].reward == -0.1
+    assert trajectory.id == f"{RUN}.{TASK.id}.s1" and trajectory.format_version == 2
+    assert trajectory.solved and trajectory.reward == 0.9 and trajectory.end == "submitted"
+    # prompt [1 2 3], sampled [11 20 EOT], feedback [30 31], sampled [11 21 EOT]
+    assert trajectory.token_ids == [1, 2, 3, 11, 20, EOT, 30, 31, 11, 21, EOT]
+    assert trajectory.loss_mask == [0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1]
+    assert trajectory.logprobs == [0, 0, 0, -0.5, -0.75, -1.0, 0, 0, -0.5, -0.75, -1.0]
+    assert [s.span for s in trajectory.steps] == [(3, 6), (8, 11)]
+    assert [s.status for s in trajectory.steps] == [ExecStatus.FAILED, ExecStatus.PASSED]
+    assert trajectory.steps[1].code and trajectory.steps[1].code.endswith("return a + b\n")
+    assert trajectory.steps[0].reward == -0.1
+    assert trajectory.steps[0].observation == req.samples[1].steps[0].observation
     assert trajectory.created_at == "2025-01-01T00:01:01Z"  # last completion, not the clock
 
 
-@pytest.mark.asyncio
-async def test_rejects_tampered_artefact(store: ObjectStore) -> None:
-    req = request(store, group_size=1)
-    code_ref = req.samples[0].turns[0].code
-    store.put_text(code_ref.key, "import os  # swapped after the fact\n")
-    with pytest.raises(ApplicationError, match=r"samples\[0\]\.turns\[0\]\.code") as err:
-        await ActivityEnvironment().run(RewardActivities(store).write_trajectories, req)
-    assert err.value.non_retryable
+def test_token_sequence_checks_the_prefix_property() -> None:
+    first = record([1, 2], [5, EOT], 0, 0)
+    good = record([1, 2, 5, EOT, 7], [8], 1, 0)
+    assert token_sequence([first, good]).loss_mask == [0, 0, 1, 1, 0, 1]
+    cut = record([1, 2, 5, 7], [8], 1, 0)  # the end of turn was dropped: a re-rendering
+    with pytest.raises(PrefixBroken, match="step 1's prompt does not extend step 0's"):
+        token_sequence([first, cut])
+    retokenized = record([1, 2, 6, EOT, 7], [8], 1, 0)
+    with pytest.raises(PrefixBroken):
+        token_sequence([first, retokenized])
+    assert token_sequence([]).token_ids == []
 
 
 @pytest.mark.asyncio
-async def test_infra_error_turn_never_becomes_a_trajectory(store: ObjectStore) -> None:
+async def test_a_broken_prefix_fails_without_retry(store: ObjectStore) -> None:
     req = request(store, group_size=1)
-    req.samples[0].turns[1].result = None
-    req.samples[0].turns[1].status = ExecStatus.INFRA_ERROR
-    with pytest.raises(ApplicationError, match="never a reward") as err:
-        await ActivityEnvironment().run(RewardActivities(store).write_trajectories, req)
+    req.samples[0].steps[1] = stored_step(store, 0, 7, True, [1, 2, 3, 99])[0]
+    with pytest.raises(ApplicationError, match=r"samples\[0\]\.steps\[1\]: step 1") as err:
+        await write(store, req)
     assert err.value.non_retryable
     assert not store.exists(keys.trajectory_key(RUN, TASK.id, 0))
 
 
 @pytest.mark.asyncio
+async def test_rejects_tampered_artefact(store: ObjectStore) -> None:
+    req = request(store, group_size=1)
+    code_ref = req.samples[0].steps[0].code
+    assert code_ref is not None
+    store.put_text(code_ref.key, "import os  # swapped after the fact\n")
+    with pytest.raises(ApplicationError, match=r"samples\[0\]\.steps\[0\]\.code") as err:
+        await write(store, req)
+    assert err.value.non_retryable
+
+
+@pytest.mark.asyncio
+async def test_infra_error_step_or_unended_episode_never_becomes_a_trajectory(
+    store: ObjectStore,
+) -> None:
+    req = request(store, group_size=1)
+    req.samples[0].steps[1].status = ExecStatus.INFRA_ERROR
+    with pytest.raises(ApplicationError, match="never a reward") as err:
+        await write(store, req)
+    assert err.value.non_retryable
+    req = request(store, group_size=1)
+    req.samples[0].end = None
+    with pytest.raises(ApplicationError, match=r"samples\[0\]\.end") as err:
+        await write(store, req)
+    assert err.value.non_retryable
+    assert not store.exists(keys.trajectory_key(RUN, TASK.id, 0))
+
+
+@pytest.mark.asyncio
+async def test_workspace_episodes_record_calls_ends_and_the_verdict(store: ObjectStore) -> None:
+    files, tests = store.put_text("ws/f", "f"), store.put_text("ws/t", "t")
+    task = TaskSpec(
+        id="ws",
+        prompt="Fix calc.py.",
+        env=EnvName.WORKSPACE,
+        workspace=WorkspaceSpec(files=files, verifier=tests),
+    )
+    completion = record([1, 2], [5, 6], 0, 0)
+    step = EpisodeStep(
+        step=0,
+        policy_version=0,
+        completion=store.put_json("ws/c.json", completion),
+        call=ToolCall(name="submit"),
+        observation=store.put_text("ws/o.txt", "submitted"),
+    )
+    result = store.put_json("ws/v.json", ExecutionResult(status=ExecStatus.PASSED))
+    verdict = Verdict(sample=0, status=ExecStatus.PASSED, score=1.0, result=result)
+    episodes = [
+        EpisodeState(
+            sample=0,
+            steps=[step],
+            end=EpisodeEnd.SUBMITTED,
+            verdict=verdict,
+            solved=True,
+            reward=1.0,
+        ),
+        EpisodeState(sample=1, end=EpisodeEnd.CONTEXT_BUDGET),  # no step fitted the budget
+    ]
+    written = await write(
+        store, WriteTrajectoriesRequest(run_id=RUN, task=task, group_size=2, samples=episodes)
+    )
+    submitted, ended = (store.get_model(r.key, Trajectory) for r in written.trajectories)
+    assert submitted.env == "workspace" and submitted.steps[0].call == ToolCall(name="submit")
+    assert submitted.verifier == result and submitted.steps[0].code is None
+    assert submitted.token_ids == [1, 2, 5, 6] and submitted.loss_mask == [0, 0, 1, 1]
+    assert ended.end == "context_budget" and ended.token_ids == [] and ended.steps == []
+
+
+@pytest.mark.asyncio
 async def test_different_trajectory_under_same_key_is_refused(store: ObjectStore) -> None:
     req = request(store, group_size=1)
-    await ActivityEnvironment().run(RewardActivities(store).write_trajectories, req)
+    await write(store, req)
     req.samples[0].reward = 0.5
     with pytest.raises(ApplicationError, match="already holds different content") as err:
-        await ActivityEnvironment().run(RewardActivities(store).write_trajectories, req)
+        await write(store, req)
     assert err.value.non_retryable

@@ -101,12 +101,28 @@ async def test_items_run_concurrently(store: ObjectStore) -> None:
 @pytest.mark.asyncio
 async def test_platform_fault_is_a_retryable_error(store: ObjectStore) -> None:
     backend = LocalBackend()
-    backend.bwrap = None
+    backend.verifier.bwrap = None
     acts = SandboxActivities(Settings(), store=store, backend=backend)
     with pytest.raises(ApplicationError) as caught:
         await ActivityEnvironment().run(acts.execute, request(store, {0: PROGRAMS[0]}))
     assert caught.value.type == "SandboxInfraError" and not caught.value.non_retryable
     assert not list(store.list_keys(keys.turn_prefix(RUN, TASK, 0, 0) + "attempt-"))
+
+
+@pytest.mark.asyncio
+async def test_the_tasks_helpers_reach_the_checker(store: ObjectStore) -> None:
+    helpers = "def double(x):\n    return 2 * x\n"  # the task's: the program's copy is ignored
+    add = "def add(a, b):\n    return a + b\n"
+    programs = {0: add, 1: add + "def double(x):\n    return 3\n", 2: add.replace("+", "*")}
+    tests = "assert double(add(1, 2)) == 6\n"
+    acts = SandboxActivities(Settings(), store=store)
+    try:
+        req = request(store, programs, tests=tests, entry_point=None, helpers=helpers)
+        response = await ActivityEnvironment().run(acts.execute, req)
+    finally:
+        await acts.close()
+    statuses = [o.status for o in response.outcomes]
+    assert statuses == [ExecStatus.PASSED, ExecStatus.PASSED, ExecStatus.FAILED]
 
 
 @pytest.mark.asyncio

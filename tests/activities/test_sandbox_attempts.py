@@ -69,8 +69,9 @@ class DelayedBackend:
         tests: str = "",
         limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
+        helpers: str = "",
     ) -> ExecutionResult:
-        result: ExecutionResult = await self.inner.run(program, tests, limits, entry_point)  # type: ignore[attr-defined]
+        result: ExecutionResult = await self.inner.run(program, tests, limits, entry_point, helpers)  # type: ignore[attr-defined]
         if "slow attempt" in program:
             await self.gate.wait()
             return result.model_copy(update={"stdout": self.marker})
@@ -119,6 +120,7 @@ class FailingOnSecond:
         tests: str = "",
         limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
+        helpers: str = "",
     ) -> ExecutionResult:
         if "fault" in program:
             await self.sibling_running.wait()  # fail while the other item is mid-run

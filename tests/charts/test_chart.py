@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from contracts.task import SandboxLimits
 from infra.sandbox.kubernetes import SANDBOX_LABELS, build_job_manifest, sandbox_rlimits
-from infra.sandbox.process import HarnessJob
+from infra.sandbox.verifier import checker_job
 from infra.settings import Settings
 from infra.telemetry import PORT_OFFSETS, SDK_PORT_SHIFT, prometheus_port_for
 from tests.paths import REPO_ROOT
@@ -240,14 +240,21 @@ def test_rbac_is_scoped_to_the_sandbox_namespace() -> None:
         {"kind": "ServiceAccount", "name": "tempered-sandbox", "namespace": RELEASE_NAMESPACE}
     ]
     namespace = objects(docs, "Namespace")["tempered-sandbox"]
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
 
 
 def _sandbox_job(runtime_class: str | None = None) -> dict[str, Any]:
     limits = SandboxLimits()
-    job = HarnessJob("print(1)", "", None, limits, sandbox_rlimits(limits))
+    job = checker_job("print(1)", "", "", [], None, limits, sandbox_rlimits(limits))
     return build_job_manifest(
-        "tempered-sbx-1", "tempered-sandbox", "python:3.11-slim", job, "n", "w", runtime_class
+        "tempered-sbx-1",
+        "tempered-sandbox",
+        "python:3.11-slim",
+        job,
+        limits,
+        "n",
+        "w",
+        runtime_class,
     )
 
 
@@ -373,3 +380,25 @@ def test_the_chart_runs_the_images_own_user() -> None:
     assert "\nUSER 10001:10001" in (REPO_ROOT / "Dockerfile").read_text()
     for deployment in deployments(render()).values():
         assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 10001
+
+
+def test_agent_tasks_is_versioned_and_scales_on_its_builds_backlog(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    docs = render(None, "workers.agent-tasks.keda.enabled=true", "image.tag=2.3.4")
+    temporal = settings_from(worker_env(docs, "agent-tasks"), monkeypatch).temporal
+    assert (temporal.versioning, temporal.deployment, temporal.build_id) == (
+        "pinned",
+        "tempered",
+        "2.3.4",  # the image tag names the build
+    )
+    (scaled,) = [
+        s for s in objects(docs, "ScaledObject").values() if "agent-tasks" in s["metadata"]["name"]
+    ]
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["metadata"]["queueTypes"] == "workflow"
+    assert trigger["metadata"]["workerDeploymentName"] == "tempered"
+    assert trigger["metadata"]["workerDeploymentBuildId"] == "2.3.4"
+    unversioned = render(None, "workers.agent-tasks.keda.enabled=true", "temporal.versioning=off")
+    (scaled,) = [s for s in objects(unversioned, "ScaledObject").values()]
+    assert "workerDeploymentName" not in scaled["spec"]["triggers"][0]["metadata"]

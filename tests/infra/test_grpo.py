@@ -1,4 +1,5 @@
-"""GRPO math on hand-computed cases: advantages, staleness, masking, clipping, KL, normalisation."""
+"""GRPO math on hand-computed cases: advantages, staleness, masking, clipping, KL, normalisation,
+and multi-step rows: the trained ids are the trajectory's, masked tokens get no gradient."""
 
 from __future__ import annotations
 
@@ -8,38 +9,21 @@ import pytest
 import torch
 
 from contracts.learner import GRPOConfig
-from contracts.sandbox import ExecStatus
-from contracts.trajectory import Trajectory, TrajectoryTurn
 from infra import grpo
+from tests.trajectories import Step, trajectory
 
 
-def turn(prompt: list[int], completion: list[int], version: int = 0, k: int = 0) -> TrajectoryTurn:
-    return TrajectoryTurn(
-        turn=k,
-        policy_version=version,
-        prompt_token_ids=prompt,
-        completion_token_ids=completion,
-        completion_logprobs=[-1.0] * len(completion),
-        completion_text="",
-        code="",
-        status=ExecStatus.FAILED,
-        reward=0.0,
-    )
-
-
-def trajectory(sample: int, reward: float, turns: list[TrajectoryTurn]) -> Trajectory:
-    return Trajectory(
-        id=f"r.t.s{sample}",
-        run_id="r",
-        task_id="t",
-        sample=sample,
-        group_size=4,
-        prompt="p",
-        turns=turns,
-        reward=reward,
-        solved=reward > 0,
-        policy_version=turns[-1].policy_version,
-        created_at="",
+def row(
+    prompt: list[int], completion: list[int], old: list[float], advantage: float, **kw: float
+) -> grpo.Row:
+    """A one-step row: `prompt` masked out, `completion` sampled with log-probs `old`."""
+    return grpo.Row(
+        "a",
+        [*prompt, *completion],
+        [0] * len(prompt) + [1] * len(completion),
+        [0.0] * len(prompt) + old,
+        advantage,
+        **kw,
     )
 
 
@@ -60,48 +44,74 @@ def test_staleness_weight() -> None:
     assert grpo.staleness_weight(1, 5, 2, "downweight") == 0.25
 
 
-def test_rows_multi_turn_and_stale_drop() -> None:
-    fresh = trajectory(0, 1.0, [turn([1, 5], [7, 8], 4, 0), turn([1, 5, 7, 8, 9], [6], 5, 1)])
-    stale = trajectory(1, 0.0, [turn([1, 5], [9], 1)])  # 4 versions behind step 5
-    others = [trajectory(2, 0.0, [turn([1], [3], 5)]), trajectory(3, 0.0, [turn([1], [4], 5)])]
+def test_one_row_per_episode_and_stale_drop() -> None:
+    # step 0: prompt [1, 5], sampled [7, 8]; step 1: observation [2, 9] added, sampled [6]
+    fresh = trajectory(
+        [Step([1, 5], [7, 8], [-0.1, -0.2], 4), Step([2, 9], [6], [-0.3], 5)], reward=1.0
+    )
+    stale = trajectory([Step([1, 5], [9], policy_version=1)], sample=1)  # 4 behind step 5
+    others = [
+        trajectory([Step([1], [3], policy_version=5)], sample=2),
+        trajectory([Step([1], [4], policy_version=5)], sample=3),
+    ]
     out = grpo.rows_from_group([fresh, stale, *others], step=5, config=GRPOConfig(max_staleness=2))
     assert out.dropped == ["r.t.s1"] and out.used == ["r.t.s0", "r.t.s2", "r.t.s3"]
-    first, second = out.rows[:2]
-    # each turn is its own row, prompt tokens exactly as recorded, same advantage (baseline
-    # computed over all four rewards, the dropped one included)
-    assert first.input_ids == [1, 5, 7, 8] and first.prompt_len == 2
-    assert second.input_ids == [1, 5, 7, 8, 9, 6] and second.prompt_len == 5
-    assert first.advantage == second.advantage == pytest.approx(1.5, abs=1e-5)
-    # a multi-turn trajectory is as stale as its oldest turn
-    mixed = trajectory(0, 1.0, [turn([1], [2], 2, 0), turn([1], [2], 5, 1)])
+    first = out.rows[0]
+    # the episode is one row: its ids exactly as sampled, the mask on the sampled tokens only,
+    # the advantage from all four rewards (the dropped one's included)
+    assert first.input_ids == fresh.token_ids == [1, 5, 7, 8, 2, 9, 6]
+    assert first.loss_mask == [0, 0, 1, 1, 0, 0, 1] and first.sampled == 3
+    assert first.old_logprobs == [0.0, 0.0, -0.1, -0.2, 0.0, 0.0, -0.3]
+    assert first.advantage == pytest.approx(1.5, abs=1e-5)
+    # a multi-step trajectory is as stale as its oldest step
+    mixed = trajectory([Step([1], [2], policy_version=2), Step([3], [2], policy_version=5)])
     assert grpo.rows_from_group([mixed], step=5, config=GRPOConfig(max_staleness=2)).dropped
 
 
-def test_rows_reject_mismatched_logprobs() -> None:
-    bad = turn([1, 2], [3, 4])
-    bad.completion_logprobs = [-1.0]
-    with pytest.raises(ValueError, match="completion_logprobs"):
-        grpo.rows_from_group([trajectory(0, 1.0, [bad])], step=0, config=GRPOConfig())
+def test_an_episode_with_nothing_sampled_gives_no_row() -> None:
+    ended_at_once = trajectory([])
+    out = grpo.rows_from_group([ended_at_once], step=0, config=GRPOConfig())
+    assert out.rows == [] and out.used == ["r.t.s0"]
 
 
-def test_collate_masks_prompt_and_padding() -> None:
+def test_collate_masks_prompt_observation_and_padding() -> None:
     rows = [
-        grpo.Row("a", [1, 2, 3, 4], prompt_len=2, old_logprobs=[-0.1, -0.2], advantage=1.0),
-        grpo.Row("b", [1, 5], prompt_len=1, old_logprobs=[-0.3], advantage=-1.0),
+        grpo.Row("a", [1, 2, 3, 4, 5, 6], [0, 0, 1, 0, 0, 1], [0, 0, -0.1, 0, 0, -0.2], 1.0),
+        grpo.Row("b", [1, 5], [0, 1], [0.0, -0.3], -1.0),
     ]
     grpo.normalize(rows, "tokens")
     batch = grpo.collate(rows, pad_id=0)
-    assert batch.input_ids.tolist() == [[1, 2, 3, 4], [1, 5, 0, 0]]
-    assert batch.attention_mask.tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
-    # position j predicts token j+1: row a's completion tokens 3, 4 are predicted at 1, 2
-    assert batch.loss_mask.tolist() == [[0, 1, 1], [1, 0, 0]]
-    assert torch.allclose(batch.old_logprobs, torch.tensor([[0, -0.1, -0.2], [-0.3, 0, 0]]))
-    assert torch.allclose(batch.token_scale, torch.tensor([[0, 1, 1], [1, 0, 0]]) / 3)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 4, 5, 6], [1, 5, 0, 0, 0, 0]]
+    assert batch.attention_mask.tolist() == [[1] * 6, [1, 1, 0, 0, 0, 0]]
+    # position j predicts token j+1: row a's sampled tokens 3 and 6 are predicted at 1 and 4
+    assert batch.loss_mask.tolist() == [[0, 1, 0, 0, 1], [1, 0, 0, 0, 0]]
+    expected_old = torch.tensor([[0, -0.1, 0, 0, -0.2], [-0.3, 0, 0, 0, 0]])
+    assert torch.allclose(batch.old_logprobs, expected_old)
+    assert torch.allclose(batch.token_scale, batch.loss_mask / 3)
+
+
+def test_masked_tokens_get_zero_gradient() -> None:
+    """Observation and template tokens inside an episode are in the forward pass, not the loss."""
+    episode = trajectory([Step([1, 2], [3, 4]), Step([5, 6, 7], [8])], reward=1.0)
+    group = [episode, trajectory([Step([1, 2], [9])], sample=1)]
+    (first, _) = grpo.rows_from_group(group, step=0, config=GRPOConfig()).rows
+    grpo.normalize([first])
+    batch = grpo.collate([first], pad_id=0)
+    logprobs = torch.full(batch.loss_mask.shape, -1.0, requires_grad=True)  # ratio 1
+    loss, stats = grpo.grpo_loss(logprobs, batch, clip_eps=0.2)
+    loss.backward()
+    assert logprobs.grad is not None
+    gradient = logprobs.grad[0].tolist()
+    predicted = batch.input_ids[0, 1:].tolist()  # the token each position predicts
+    for token, grad in zip(predicted, gradient, strict=True):
+        sampled = token in (3, 4, 8)
+        assert (grad != 0.0) == sampled, (token, grad)
+    assert stats["tokens"] == 3
 
 
 def test_normalization_modes() -> None:
-    short = grpo.Row("a", [1, 2], prompt_len=1, old_logprobs=[0.0], advantage=1.0)
-    long = grpo.Row("b", [1, 2, 3, 4], prompt_len=1, old_logprobs=[0.0] * 3, advantage=1.0)
+    short = row([1], [2], [0.0], 1.0)
+    long = row([1], [2, 3, 4], [0.0] * 3, 1.0)
     grpo.normalize([short, long], "tokens")
     assert (short.scale, long.scale) == (0.25, 0.25)
     grpo.normalize([short, long], "sequence")
@@ -112,9 +122,9 @@ def test_normalization_modes() -> None:
 
 
 def one_row_batch(advantage: float, old: list[float]) -> grpo.MicroBatch:
-    row = grpo.Row("a", [1, 2, 3, 4], prompt_len=1, old_logprobs=old, advantage=advantage)
-    grpo.normalize([row])
-    return grpo.collate([row], pad_id=0)
+    one = row([1], [2, 3, 4], old, advantage)
+    grpo.normalize([one])
+    return grpo.collate([one], pad_id=0)
 
 
 def test_clipped_loss_hand_computed() -> None:
@@ -152,8 +162,8 @@ def test_loss_ignores_prompt_and_padding_positions() -> None:
     batch = one_row_batch(1.0, [-1.0, -1.0, -1.0])
     two = grpo.collate(
         [
-            grpo.Row("a", [1, 2, 3, 4], 2, [-1.0, -1.0], 1.0, scale=0.5),
-            grpo.Row("b", [1, 2], 1, [-1.0], 1.0, scale=0.5),
+            row([1, 2], [3, 4], [-1.0, -1.0], 1.0, scale=0.5),
+            row([1], [2], [-1.0], 1.0, scale=0.5),
         ],
         pad_id=0,
     )

@@ -1,19 +1,22 @@
-"""The DeepSpeed learner engine on the tiny preset (CPU, gloo): steps learn, save/load round-trips."""
+"""The DeepSpeed learner engine on the tiny preset (CPU, gloo): steps learn, save/load round-trips,
+LoRA adapters train alone and save as PEFT adapter directories."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from contracts.learner import GRPOConfig
-from contracts.sandbox import ExecStatus
-from contracts.trajectory import Trajectory, TrajectoryTurn
+from contracts.trajectory import Trajectory
 from infra import grpo
 from infra.learner_engine import LearnerEngine
 from infra.policy import TINY, materialize_base_model
 from infra.settings import Settings
+from tests.learner_groups import on_policy_groups
 
 CONFIG = GRPOConfig(learning_rate=3e-3, micro_batch_size=3, max_staleness=8)
 
@@ -26,46 +29,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def groups(tiny_dir: Path) -> list[list[Trajectory]]:
     """Two groups of four one-turn samples with on-policy log-probs of the base model."""
-    engine = LearnerEngine("cpu")
-    engine.load(tiny_dir, 0, CONFIG)
-    generator = torch.Generator().manual_seed(1)
-    out = []
-    for task in range(2):
-        group = []
-        for sample in range(4):
-            prompt = torch.randint(3, 259, (12,), generator=generator).tolist()
-            completion = torch.randint(3, 259, (8 + 4 * sample,), generator=generator).tolist()
-            row = grpo.Row("x", prompt + completion, len(prompt), [0.0] * len(completion), 0.0)
-            logprobs = engine.sequence_logprobs(grpo.collate([row], pad_id=0))
-            old = logprobs[0, len(prompt) - 1 :].tolist()
-            turn = TrajectoryTurn(
-                turn=0,
-                policy_version=0,
-                prompt_token_ids=prompt,
-                completion_token_ids=completion,
-                completion_logprobs=old,
-                completion_text="",
-                code="",
-                status=ExecStatus.FAILED,
-                reward=float(sample % 2),
-            )
-            group.append(
-                Trajectory(
-                    id=f"r.t{task}.s{sample}",
-                    run_id="r",
-                    task_id=f"t{task}",
-                    sample=sample,
-                    group_size=4,
-                    prompt="p",
-                    turns=[turn],
-                    reward=float(sample % 2),
-                    solved=sample % 2 == 1,
-                    policy_version=0,
-                    created_at="",
-                )
-            )
-        out.append(group)
-    return out
+    return on_policy_groups(tiny_dir)
 
 
 def weights(engine: LearnerEngine) -> dict[str, torch.Tensor]:
@@ -166,3 +130,41 @@ def test_groups_without_signal_cost_no_compute(
     assert set(metrics.skipped.values()) == {
         "zero advantage: every sample of its group got the same reward"
     }
+
+
+def test_lora_trains_adapters_only_and_saves_an_adapter_directory(
+    tiny_dir: Path, groups: list[list[Trajectory]], tmp_path: Path
+) -> None:
+    lora = CONFIG.model_copy(update={"lora_rank": 4, "lora_alpha": 8, "learning_rate": 1e-2})
+    engine = LearnerEngine("cpu")
+    engine.load(tiny_dir, 0, lora)
+    assert engine.adapter_of == 0
+    before = weights(engine)
+    losses = [engine.train_step(groups, lora).loss for _ in range(3)]
+    assert losses[-1] < losses[0] - 1e-3, losses
+    after = weights(engine)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(".lora_A." in k or ".lora_B." in k for k in changed), changed
+
+    engine.save(tmp_path / "v3", base_name="run/v0")
+    files = {p.name for p in (tmp_path / "v3").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= files
+    assert not files & {"config.json", "model.safetensors", "README.md"}
+    config = json.loads((tmp_path / "v3" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["task_type"] == "CAUSAL_LM"
+    assert (config["r"], config["lora_alpha"], config["lora_dropout"]) == (4, 8, 0.0)
+    assert sorted(config["target_modules"]) == sorted(lora.lora_target_modules)
+    assert config["base_model_name_or_path"] == "run/v0"
+    adapter = load_file(str(tmp_path / "v3" / "adapter_model.safetensors"))
+    assert all(".lora_A." in k or ".lora_B." in k for k in adapter)
+    assert len(adapter) == 2 * 7 * 2  # A and B of 7 projections in 2 layers
+
+    # the adapter reloads as version 3 over v0: same log-probs, same adapter settings enforced
+    reloaded = LearnerEngine("cpu")
+    reloaded.load(tiny_dir, 3, lora, adapter_dir=tmp_path / "v3", adapter_of=0)
+    batch = grpo.collate(grpo.rows_from_group(groups[0], 3, lora).rows, pad_id=0)
+    assert torch.allclose(engine.sequence_logprobs(batch), reloaded.sequence_logprobs(batch))
+    with pytest.raises(ValueError, match="fixed for a run"):
+        reloaded.train_step(groups, lora.model_copy(update={"lora_rank": 8}))
+    with pytest.raises(ValueError, match="lora_rank must stay > 0"):
+        LearnerEngine("cpu").load(tiny_dir, 3, CONFIG, adapter_dir=tmp_path / "v3", adapter_of=0)

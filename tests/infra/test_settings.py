@@ -60,13 +60,13 @@ def test_nested_env_reaches_each_backend(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("TEMPERED_SANDBOX__KUBERNETES__IMAGE", "registry.example/py:3.11")
     monkeypatch.setenv("TEMPERED_SANDBOX__KUBERNETES__RUNTIME_CLASS", "gvisor")
     monkeypatch.setenv("TEMPERED_SANDBOX__GVISOR__PLATFORM", "systrap")
-    monkeypatch.setenv("TEMPERED_INFERENCE__VLLM__URL", "http://gpu-0:8000/v1")
+    monkeypatch.setenv("TEMPERED_INFERENCE__VLLM__KV_CACHE_GIB", "1.5")
     monkeypatch.setenv("TEMPERED_INFERENCE__LOCAL__THREADS", "3")
     settings = load_settings()
     assert settings.sandbox.kubernetes.image == "registry.example/py:3.11"
     assert settings.sandbox.kubernetes.runtime_class == "gvisor"
     assert settings.sandbox.gvisor.platform == "systrap"
-    assert settings.inference.vllm.url == "http://gpu-0:8000/v1"
+    assert settings.inference.vllm.kv_cache_gib == 1.5
     assert settings.inference.local.threads == 3
 
 
@@ -82,17 +82,14 @@ def test_toml_file_is_read_without_touching_the_environment(
     path = write(
         clean / "my.toml",
         "[sandbox]\nconcurrency = 3\n[sandbox.local]\nwarm = 0\n"
-        '[inference]\nbackend = "vllm"\nvllm.url = "http://gpu-0:8000/v1"\n',
+        '[inference]\nbackend = "vllm"\nvllm.max_num_seqs = 16\n',
     )
     before = dict(os.environ)
     settings = load_settings(path)
     assert dict(os.environ) == before
     assert settings.config == path
     assert (settings.sandbox.concurrency, settings.sandbox.local.warm) == (3, 0)
-    assert (settings.inference.backend, settings.inference.vllm.url) == (
-        "vllm",
-        "http://gpu-0:8000/v1",
-    )
+    assert (settings.inference.backend, settings.inference.vllm.max_num_seqs) == ("vllm", 16)
     assert Settings().sandbox.concurrency == 8  # nothing of that file lingers
     monkeypatch.setenv("TEMPERED_SANDBOX__CONCURRENCY", "5")  # env outranks the file …
     assert load_settings(path).sandbox.concurrency == 5
@@ -127,7 +124,7 @@ def test_home_is_tempered_home_else_the_working_directory(
         ({"sandbox": {"local": {"python": "python3"}}}, "sandbox.local.python: String should"),
         ({"sandbox": {"gvisor": {"platform": "hyperv"}}}, "sandbox.gvisor.platform: Input should"),
         ({"inference": {"local": {"device": "gpu"}}}, "inference.local.device: String should"),
-        ({"inference": {"vllm": {"url": "gpu-0:8000"}}}, "inference.vllm.url: String should"),
+        ({"inference": {"vllm": {"max_lora_rank": 12}}}, "inference.vllm.max_lora_rank: Input"),
         ({"inference": {"backend": "tgi"}}, "inference.backend: Input should be 'local' or 'vllm'"),
     ],
 )
@@ -176,16 +173,16 @@ def test_factories_hand_each_backend_only_its_sub_model() -> None:
             "local": {"python": "/usr/bin/python3", "warm": 20},
             "gvisor": {"platform": "systrap"},
         },
-        inference={"backend": "vllm", "vllm": {"url": "http://gpu-0:8000/v1/", "timeout_s": 9}},
+        inference={"backend": "vllm", "vllm": {"max_num_seqs": 9, "enforce_eager": False}},
     )
     local = sandbox_backend(settings)
     assert isinstance(local, LocalBackend)
     assert (local.python, local.warm) == ("/usr/bin/python3", 3)  # the pool never outgrows C
     gvisor = sandbox_backend(settings, "gvisor")
     assert isinstance(gvisor, GVisorBackend) and gvisor.platform == "systrap"
-    vllm = inference_backend(settings)
+    vllm = inference_backend(settings, start=False)  # starting it takes tens of seconds
     assert isinstance(vllm, VLLMBackend)
-    assert (vllm.url, vllm.timeout.total) == ("http://gpu-0:8000/v1/completions", 9)
+    assert vllm.config is settings.inference.vllm
     with pytest.raises(ValueError, match="unknown sandbox backend 'docker'; choose one of local"):
         sandbox_backend(settings, "docker")
     with pytest.raises(ValueError, match="unknown inference backend 'tgi'; choose one of local"):

@@ -80,16 +80,22 @@ async def test_group_rolls_out_to_done_with_known_rewards(
     assert result.rewards == pytest.approx([1.0, 0.9, -0.30000000000000004])
     # turn 0: all three generate; turn 1: samples 1 and 2; turn 2: sample 2 only
     assert [[i.sample for i in c.items] for c in model.calls] == [[0, 1, 2], [1, 2], [2]]
-    assert [len(s.turns) for s in status.samples] == [1, 2, 3]
-    assert model.calls[1].items[0].history[0].status == "failed"  # feedback reaches turn 1
+    assert [len(s.steps) for s in status.samples] == [1, 2, 3]
+    assert [s.end for s in status.samples] == ["submitted", "submitted", "step_budget"]
+    assert result.steps == [1, 2, 3] and result.ends == ["submitted", "submitted", "step_budget"]
+    # step 1 gets step 0's completion and its result (the test log) by reference
+    first_step = status.samples[1].steps[0]
+    assert first_step.status == "failed" and first_step.observation is not None
+    item = model.calls[1].items[0]
+    assert (item.previous, item.observation) == (first_step.completion, first_step.observation)
 
     stored = sorted(store.list_keys(keys.trajectories_prefix(run_id)))
     assert stored == [keys.trajectory_key(run_id, TASK.id, s) for s in range(3)]
     second = store.get_model(stored[1], Trajectory)
-    assert [t.status for t in second.turns] == [
-        "failed",
-        "passed",
-    ] and second.reward == pytest.approx(0.9)
+    assert [t.status for t in second.steps] == ["failed", "passed"]
+    assert second.reward == pytest.approx(0.9) and second.end == "submitted"
+    assert second.token_ids == [1, 2, 3, 4, 5, 6, 7, 4, 5]  # the scripted model's ids
+    assert second.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1, 1]
 
     history = await handle.fetch_history()
     activity_types = {

@@ -31,7 +31,7 @@ def test_table_covers_every_state_and_done_is_terminal() -> None:
 
 
 @pytest.mark.parametrize(
-    ("all_solved", "turn", "max_turns", "aborted", "expected"),
+    ("all_ended", "turn", "max_turns", "aborted", "expected"),
     [
         (True, 0, 3, False, State.DONE),
         (False, 0, 3, False, State.GENERATE),
@@ -42,9 +42,9 @@ def test_table_covers_every_state_and_done_is_terminal() -> None:
     ],
 )
 def test_after_feedback(
-    all_solved: bool, turn: int, max_turns: int, aborted: bool, expected: State
+    all_ended: bool, turn: int, max_turns: int, aborted: bool, expected: State
 ) -> None:
     assert (
-        after_feedback(all_solved=all_solved, turn=turn, max_turns=max_turns, aborted=aborted)
+        after_feedback(all_ended=all_ended, turn=turn, max_turns=max_turns, aborted=aborted)
         is expected
     )

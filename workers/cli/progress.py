@@ -1,5 +1,7 @@
 """Live progress of a training run in the terminal (`tempered train`), and the few phrases
-`tempered status` shares with it (step, reward, pass@1 of a `RunProgress`)."""
+`tempered status` shares with it (step, reward, pass@1 of a `RunProgress`). Besides the run's
+own figures it shows every task queue's backlog (`workers.backlog`), so a queue whose workers
+cannot keep up is named while it happens."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import time
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from temporalio.client import Client
+from temporalio.service import RPCError
 
 from contracts.learner import (
     EvalResult,
@@ -19,11 +23,12 @@ from contracts.learner import (
 )
 from infra.settings import Settings
 from infra.telemetry import read_live_figures
+from workers.backlog import QueueBacklog, backlog_text, queue_backlogs
 from workers.training import RunHandle, watch
 
 
 async def follow(
-    handle: RunHandle, run_input: TrainingRunInput, settings: Settings
+    client: Client, handle: RunHandle, run_input: TrainingRunInput, settings: Settings
 ) -> TrainingRunResult:
     """Render progress until the run ends; return its result."""
     result = asyncio.ensure_future(handle.result())
@@ -33,14 +38,19 @@ async def follow(
     with Live(console=console, refresh_per_second=2, transient=not console.is_terminal) as live:
         async for progress in watch(handle, result):
             latest = progress or latest  # not queryable yet (first task not run): keep the last
-            live.update(view(run_input, latest, time.monotonic() - started, settings))
+            backlogs = await _backlogs(client)
+            live.update(view(run_input, latest, time.monotonic() - started, settings, backlogs))
     outcome = result.result()
     console.print(summary(outcome, time.monotonic() - started))
     return outcome
 
 
 def view(
-    run_input: TrainingRunInput, progress: RunProgress, elapsed: float, settings: Settings
+    run_input: TrainingRunInput,
+    progress: RunProgress,
+    elapsed: float,
+    settings: Settings,
+    backlogs: list[QueueBacklog] | None = None,
 ) -> Table:
     """One figure per line, so it reads at any terminal width."""
     tokens_per_s, sandbox_runs_per_s = _worker_figures(settings)
@@ -51,7 +61,7 @@ def view(
     grid.add_column()
     last = last_step(progress)
     step, version = (last.step, last.policy_version) if last else (0, 0)
-    evals = "  ".join(f"v{e.policy_version} {e.pass_at_1:.2f}" for e in progress.evals)
+    evals = "  ".join(eval_text(e) for e in progress.evals)
     rows = {
         "elapsed": f"{elapsed:.0f} s",
         "step": f"{step}/{run_input.steps}, policy v{version}",
@@ -62,6 +72,7 @@ def view(
         "pass@1": evals or "-",
         "inference": f"{tokens_per_s:.0f} tokens/s",
         "sandbox": f"{sandbox_runs_per_s:.1f} runs/s",
+        "waiting": backlog_text(backlogs) if backlogs is not None else "-",
     }
     for name, value in rows.items():
         grid.add_row(name, value)
@@ -85,12 +96,34 @@ def pass_at_1_text(evals: list[EvalResult]) -> str:
     return f"{newest.pass_at_1:.2f} (v{newest.policy_version})"
 
 
+def eval_text(evaluation: EvalResult) -> str:
+    """`v3 0.20` (pass@1 at turn 1), or `v3 0.20 / 0.35` with the solve rate within T turns."""
+    text = f"v{evaluation.policy_version} {evaluation.pass_at_1:.2f}"
+    if evaluation.turns > 1 and evaluation.solve_rate is not None:
+        text += f" / {evaluation.solve_rate:.2f}"
+    return text
+
+
+def eval_label(evals: list[EvalResult]) -> str:
+    turns = max((e.turns for e in evals), default=1)
+    return "held-out pass@1" + (f" / solved within {turns} turns" if turns > 1 else "")
+
+
 def summary(result: TrainingRunResult, elapsed: float) -> str:
-    evals = ", ".join(f"v{e.policy_version} {e.pass_at_1:.3f}" for e in result.evals)
+    evals = ", ".join(eval_text(e) for e in result.evals)
     return (
         f"run {result.run_id} finished in {elapsed:.0f}s: {result.steps} steps, "
-        f"{result.tasks_done}/{result.tasks_started} tasks; held-out pass@1: {evals or 'n/a'}"
+        f"{result.tasks_done}/{result.tasks_started} tasks; {eval_label(result.evals)}: "
+        f"{evals or 'n/a'}"
     )
+
+
+async def _backlogs(client: Client) -> list[QueueBacklog] | None:
+    """Every queue's backlog; None when Temporal does not say (the figures are optional)."""
+    try:
+        return await queue_backlogs(client)
+    except RPCError:
+        return None
 
 
 def _worker_figures(settings: Settings) -> tuple[float, float]:

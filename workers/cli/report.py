@@ -1,5 +1,6 @@
-"""The report of a training run: `report.json` (per-step metrics, pass@1) and `reward_curve.png`
-under `<home>/reports/<run>/`, written by `tempered train` when the run ends."""
+"""The report of a training run: `report.json` (per-step metrics; held-out pass@1 at turn 1 and
+the solve rate within the run's `max_turns` turns, before and after training) and
+`reward_curve.png` under `<home>/reports/<run>/`, written by `tempered train` when the run ends."""
 
 from __future__ import annotations
 
@@ -38,11 +39,15 @@ def write_report(
             for i, h in enumerate(result.history)
         ],
         "evals": [e.model_dump() for e in evals],
+        "eval_turns": run_input.max_turns,
         "pass_at_1_before": evals[0].pass_at_1 if evals else None,
         "pass_at_1_after": evals[-1].pass_at_1 if evals else None,
+        "solve_rate_before": evals[0].solve_rate if evals else None,
+        "solve_rate_after": evals[-1].solve_rate if evals else None,
         "tasks_started": result.tasks_started,
         "tasks_done": result.tasks_done,
     }
+    report["profile"] = write_profile(settings, result.run_id, wall_s, out)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     _plot(out / "reward_curve.png", report)
     return out
@@ -61,12 +66,20 @@ def _plot(path: Path, report: dict[str, Any]) -> None:
         steps, [s["reward_mean"] for s in report["steps"]], marker="o", label="train reward (mean)"
     )
     if report["evals"]:
+        versions = [e["policy_version"] for e in report["evals"]]
         ax.plot(
-            [e["policy_version"] for e in report["evals"]],
+            versions,
             [e["pass_at_1"] for e in report["evals"]],
             marker="s",
-            label="held-out pass@1",
+            label="held-out pass@1 (turn 1)",
         )
+        if report["eval_turns"] > 1:
+            ax.plot(
+                versions,
+                [e["solve_rate"] or 0.0 for e in report["evals"]],
+                marker="^",
+                label=f"held-out solved within {report['eval_turns']} turns",
+            )
     ax.set_xlabel("learner step (= policy version)")
     ax.set_title(f"Tempered run {report['run_id']}")
     ax.grid(alpha=0.3)
@@ -74,3 +87,39 @@ def _plot(path: Path, report: dict[str, Any]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def write_profile(settings: Settings, run_id: str, wall_s: float, out: Path) -> dict[str, Any]:
+    """Where the run's wall time went (`infra.telemetry_profile`, from the workers' span files):
+    printed as a table, drawn as a stacked bar in `profile.png`, returned for report.json."""
+    import time
+
+    from infra.telemetry_profile import run_profile
+
+    ended = time.time()
+    profile = run_profile(settings.home / "telemetry", run_id, ended - wall_s, ended)
+    wall = profile.wall_s or 1.0
+    print(f"where the {profile.wall_s:.0f} s went ({profile.spans} spans):")
+    for name, seconds in profile.segments.items():
+        busy = profile.busy.get(name)
+        own = f"   (active {busy:7.1f} s in all)" if busy is not None else ""
+        print(f"  {name:<11} {seconds:7.1f} s {100 * seconds / wall:5.1f}%{own}")
+    print(f"  inference engine idle {profile.inference_idle_s:.1f} s of {profile.wall_s:.0f} s")
+    import matplotlib  # ~0.35 s to import: only a finished run pays it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 1.8))
+    left = 0.0
+    for name, seconds in profile.segments.items():
+        ax.barh([0], [seconds], left=left, label=f"{name} {100 * seconds / wall:.0f}%")
+        left += seconds
+    ax.set_yticks([])
+    ax.set_xlabel("wall time (s)")
+    ax.set_title(f"Where run {run_id}'s wall time went")
+    ax.legend(ncol=3, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.45))
+    fig.tight_layout()
+    fig.savefig(out / "profile.png", dpi=100)
+    plt.close(fig)
+    return profile.model_dump()

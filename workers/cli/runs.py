@@ -2,6 +2,8 @@
 
     tempered runs ls                              every run in the bucket, one line each
     tempered runs show RUN                        tasks, trajectories, reward records, policies
+    tempered runs show RUN --task ID [--sample N] an episode step by step: the model's call
+                                                  (code or tool call), what it was shown back
     tempered regrade RUN --grader v2 [--suite S]  re-score stored final programs, no generation
 
 `regrade` re-scores each trajectory's final program against the task's tests *as the task
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import json
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,13 +26,17 @@ from typing import TypeVar, get_args
 
 from pydantic import BaseModel
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from contracts.common import is_identifier
 from contracts.learner import TrainingRunInput
+from contracts.sandbox import ExecutionResult
 from contracts.task import RewardConfig, SandboxLimits
-from contracts.trajectory import RewardRecord, Trajectory
+from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
 from infra import keys
+from infra.inference.prompts import clip, observation_text
 from infra.policy import latest_policy, policy_manifest
 from infra.regrade import OUTCOMES, Regrading
 from infra.sandbox import get_backend
@@ -38,6 +45,8 @@ from infra.storage import ObjectNotFound, ObjectStore, StorageError
 from infra.tasks import load_suite
 
 Command = Callable[[argparse.Namespace, Settings], int]
+SHOWN_CHARS = 2000
+"""Most characters of one observation `runs show --task` prints."""
 Record = TypeVar("Record", bound=BaseModel)
 
 
@@ -48,6 +57,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     actions.add_parser("ls", help="every run in the bucket").set_defaults(func=runs_ls)
     show = actions.add_parser("show", help="one run: tasks, trajectories, rewards, policies")
     show.add_argument("run")
+    show.add_argument("--task", help="print this task's episodes step by step")
+    show.add_argument("--sample", type=int, help="with --task: only this sample")
     show.set_defaults(func=runs_show)
     again = commands.add_parser("regrade", help="re-score a run's trajectories without generating")
     again.add_argument("run")
@@ -138,6 +149,10 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
     run = args.run
     _require_run(store, run)
     console = Console()
+    if args.task is not None:
+        return show_episodes(console, store, run, args.task, args.sample)
+    if args.sample is not None:
+        raise ValueError("--sample needs --task")
     spec = _run_record(store, run)
     about = (
         f"suite {spec.suite}, base {spec.base_model}, G={spec.group_size}"
@@ -156,7 +171,7 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
         f"solved {solved}/{len(trajectories)}"
     )
     per_task = Table(title="trajectories by task")
-    for column in ("task", "samples", "solved", "mean reward", "turns", "policy versions"):
+    for column in ("task", "samples", "solved", "mean reward", "steps", "policy versions"):
         per_task.add_column(column, justify="left" if column == "task" else "right")
     for task in sorted({t.task_id for t in trajectories}):
         group = [t for t in trajectories if t.task_id == task]
@@ -165,7 +180,7 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
             str(len(group)),
             f"{sum(t.solved for t in group)}/{len(group)}",
             _mean([t.reward for t in group]),
-            str(max(len(t.turns) for t in group)),
+            str(max(len(t.steps) for t in group)),
             ",".join(str(v) for v in sorted({t.policy_version for t in group})),
         )
     console.print(per_task)
@@ -196,6 +211,59 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
         policies.add_row(f"v{version}", step, created, mark)
     console.print(policies)
     return 0
+
+
+def show_episodes(
+    console: Console, store: ObjectStore, run: str, task: str, sample: int | None
+) -> int:
+    """Each stored episode of `task` (or only `sample`), step by step, from the store."""
+    prefix = keys.trajectories_prefix(run)
+    names = [k for k in store.list_keys(prefix) if k.startswith(f"{prefix}{task}--s")]
+    trajectories = sorted(_load_all(store, names, Trajectory), key=lambda t: t.sample)
+    if sample is not None:
+        trajectories = [t for t in trajectories if t.sample == sample]
+    if not trajectories:
+        which = f"task {task!r}" + (f" sample {sample}" if sample is not None else "")
+        raise ValueError(f"run {run!r} has no trajectory of {which}")
+    for trajectory in trajectories:
+        print_episode(console, store, trajectory)
+    return 0
+
+
+def print_episode(console: Console, store: ObjectStore, trajectory: Trajectory) -> None:
+    console.rule()
+    console.print(
+        f"[bold]{trajectory.task_id} sample {trajectory.sample}[/]: {len(trajectory.steps)} "
+        f"steps, ended {trajectory.end.value}, reward {trajectory.reward:+.3f}, "
+        f"{'solved' if trajectory.solved else 'not solved'}"
+    )
+    for step in trajectory.steps:
+        status = f", {step.status.value}" if step.status else ""
+        tokens = step.span[1] - step.span[0]
+        console.print(
+            f"[bold]step {step.step}[/] (policy v{step.policy_version}, {tokens} tokens, "
+            f"{step.finish_reason}{status})"
+        )
+        console.print(Padding(Text(_action_text(step)), (0, 0, 0, 2)))
+        if step.observation is not None:
+            data = store.get_verified(step.observation)
+            shown = clip(observation_text(trajectory.env, data), SHOWN_CHARS)
+            console.print(Padding(Text(shown, style="dim"), (0, 0, 0, 2)))
+    if trajectory.verifier is not None:
+        result = store.get_model(trajectory.verifier.key, ExecutionResult)
+        console.print(
+            f"[bold]verifier[/]: {result.status.value}, "
+            f"{result.tests_passed}/{result.tests_total} hidden tests"
+        )
+
+
+def _action_text(step: TrajectoryStep) -> str:
+    """The model's call: its tool call (or why it was none), else its program."""
+    if step.call is None:
+        return f"program:\n{step.code or ''}".rstrip()
+    if step.call.error:
+        return f"no valid call ({step.call.error}); the model wrote:\n{step.completion_text}"
+    return f"{step.call.name}({json.dumps(step.call.arguments, ensure_ascii=False)})"
 
 
 @_user_errors

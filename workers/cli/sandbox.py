@@ -1,7 +1,12 @@
 """`tempered sandbox run`: run one program (and its tests) in a sandbox and print the result.
 
     tempered sandbox run solution.py --tests tests.py --entry-point add --json
+    tempered sandbox run solution.py --tests tests.py --helpers task_helpers.py
     tempered sandbox run spin.py --backend gvisor --timeout 2 --memory-mb 128
+
+The verdict comes from the verifier's checker process, which holds the tests (and the task's
+helpers: trusted code run beside them, never the program's); the program runs in its own
+sandboxed process and is only called with plain data (infra/sandbox/verifier.py).
 
 Exit status 0 whenever the sandbox worked, whatever the program did (read `status`); 3 when the
 platform failed (`infra_error`, message on stderr). Runs the backend in this process, as the
@@ -30,7 +35,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run = actions.add_parser("run", help="run PROGRAM.py (then its tests) in a sandbox")
     run.add_argument("program", type=Path, help="Python file to run")
     run.add_argument(
-        "--tests", type=Path, help="Python file run after the program, in its namespace"
+        "--tests", type=Path, help="Python file of tests that call the program's functions"
+    )
+    run.add_argument(
+        "--helpers", type=Path, help="trusted task code the tests may use (run beside them)"
     )
     run.add_argument("--entry-point", help="function passed to the tests' check(candidate)")
     run.add_argument("--backend", choices=get_args(SandboxBackendName), help="default: settings")
@@ -45,6 +53,7 @@ def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
     limits = SandboxLimits(**{k: v for k, v in overrides.items() if v is not None})
     program = args.program.read_text()
     tests = args.tests.read_text() if args.tests else ""
+    helpers = args.helpers.read_text() if args.helpers else ""
     backend_name = args.backend or settings.sandbox.backend
 
     async def go() -> ExecutionResult:
@@ -53,7 +62,7 @@ def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
         except Exception as exc:  # a backend that cannot even be set up (no runsc, no kubeconfig)
             raise SandboxInfraError(f"cannot set up the {backend_name} backend: {exc}") from exc
         try:
-            return await backend.run(program, tests, limits, args.entry_point)
+            return await backend.run(program, tests, limits, args.entry_point, helpers=helpers)
         finally:
             await backend.close()
 

@@ -1,14 +1,17 @@
 """`tempered status`: what an operator looks for, readable in an 80-column terminal.
 
     tempered status          the services; per task queue, each worker process serving it (alive,
-                             attempts in flight, finished per second, failed, last error); per
-                             running training run its step, reward, pass@1 and staleness
+                             attempts in flight, finished per second, failed, last error) and its
+                             backlog (tasks waiting, the oldest's age, added and dispatched per
+                             second, pollers); per running training run its step, reward,
+                             pass@1 and staleness
     tempered status --json   the same as raw figures: `infra.telemetry.read_live_figures` per
                              worker process and each run's `RunProgress`
 
 Worker figures come from the workers' telemetry files under `<home>/telemetry/` (with an OTLP
-collector configured there are none: the collector has them). Runs are found by a visibility
-query for running `TrainingRunWorkflow`s and read through their `progress` query.
+collector configured there are none: the collector has them). Backlogs are Temporal's
+(`workers.backlog`, DescribeTaskQueue). Runs are found by a visibility query for running
+`TrainingRunWorkflow`s and read through their `progress` query.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from infra.settings import Settings
 from infra.telemetry import read_live_figures
 from infra.telemetry_files import QueueFigures, WorkerFigures
 from workers.background import background_workers
+from workers.backlog import QueueBacklog, queue_backlogs
 from workers.cli.progress import last_step, pass_at_1_text, reward_text
 from workers.runtime import connect
 from workers.training import RunningRun, running_runs
@@ -56,6 +60,10 @@ class StatusReport(BaseModel):
     )
     workers: dict[str, WorkerFigures] = Field(
         default={}, description="`<service>-<pid>` → figures from its telemetry file."
+    )
+    backlogs: list[QueueBacklog] | None = Field(
+        default=None,
+        description="Per task queue, its waiting tasks; None: Temporal is unreachable.",
     )
     runs: list[RunningRun] | None = Field(
         default=None, description="Running training runs; None when Temporal is unreachable."
@@ -85,6 +93,7 @@ async def collect(settings: Settings) -> StatusReport:
     )
     try:
         client = await asyncio.wait_for(connect(settings), CONNECT_TIMEOUT_S)
+        report.backlogs = await queue_backlogs(client)
         report.runs = await running_runs(client)
     except (RuntimeError, OSError, TimeoutError, RPCError) as exc:  # refused, unreachable, …
         report.temporal_error = str(exc) or type(exc).__name__
@@ -131,6 +140,8 @@ def render(report: StatusReport, console: Console, now: float | None = None) -> 
     console.print(services)
     rows = worker_rows(report)
     console.print(_workers_table(rows, now))
+    if report.backlogs is not None:
+        console.print(_backlog_table(report.backlogs))
     for row in rows:
         if row.figures is not None and row.figures.last_error:
             when = _ago(row.figures.last_error_at, now)
@@ -175,6 +186,24 @@ def _workers_table(rows: list[WorkerRow], now: float) -> Table:
             _number(figures.per_s),
             str(figures.failed),
             _ago(figures.last_error_at, now),
+        )
+    return table
+
+
+def _backlog_table(backlogs: list[QueueBacklog]) -> Table:
+    table = _table("task queues")
+    table.caption = "waiting: tasks no worker has taken yet (workflow tasks on agent-tasks)"
+    table.add_column("queue", no_wrap=True)
+    for name in ("waiting", "oldest", "added/s", "taken/s", "pollers"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for backlog in backlogs:
+        table.add_row(
+            backlog.queue,
+            str(backlog.backlog),
+            f"{backlog.oldest_s:.0f}s" if backlog.backlog else "-",
+            _number(backlog.added_per_s),
+            _number(backlog.dispatched_per_s),
+            str(backlog.pollers),
         )
     return table
 

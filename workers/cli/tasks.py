@@ -2,6 +2,7 @@
 
     tempered tasks ls starter --split heldout
     tempered tasks validate humaneval --repeats 5 --concurrency 8 [--backend gvisor] [--json]
+    tempered tasks validate harbor:examples/harbor     # workspace suites: solve.sh K times
 
 `validate` exits 0 when every task is clean, 1 when it quarantined tasks (broken, flaky or
 weak tests), 2 when some runs kept failing for platform reasons (infra) or the input was bad.
@@ -20,14 +21,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from infra.settings import SandboxBackendName, Settings
-from infra.tasks import SPLITS, load_suite
+from infra.tasks import SPLITS, is_workspace_suite, load_suite
 from infra.tasks.validate import (
     VALIDATION_LIMITS,
     ValidationReport,
     validate_suite,
     write_quarantine,
 )
+from infra.tasks.workspace_validate import validate_workspace_suite
 
+SUITES = "starter | humaneval | workspace | harbor:DIR | path to a .jsonl file"
 VERDICT_STYLE = {
     "clean": "green",
     "broken": "red",
@@ -42,13 +45,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     actions = tasks.add_subparsers(dest="tasks_command", required=True, metavar="COMMAND")
 
     listing = actions.add_parser("ls", help="list a suite's task ids and splits")
-    listing.add_argument("suite", help="starter | humaneval | path to a .jsonl file")
+    listing.add_argument("suite", help=SUITES)
     listing.add_argument("--split", choices=SPLITS, default=None)
     listing.add_argument("--json", action="store_true", help="print JSON lines")
     listing.set_defaults(func=list_tasks)
 
     check = actions.add_parser("validate", help="run canonical/wrong solutions; write quarantine")
-    check.add_argument("suite", help="starter | humaneval | path to a .jsonl file")
+    check.add_argument("suite", help=SUITES)
     check.add_argument("--repeats", type=int, default=5, help="canonical runs per task (K)")
     check.add_argument(
         "--concurrency",
@@ -101,8 +104,11 @@ def validate(args: argparse.Namespace, settings: Settings) -> int:
             transient=True,
         ) as progress:
             bar = progress.add_task(args.suite, total=total * (args.repeats + 1))
+            validator = (
+                validate_workspace_suite if is_workspace_suite(args.suite) else validate_suite
+            )
             report = asyncio.run(
-                validate_suite(
+                validator(
                     settings,
                     args.suite,
                     repeats=args.repeats,

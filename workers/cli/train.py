@@ -108,4 +108,4 @@ async def _train(settings: Settings, run_input: TrainingRunInput) -> TrainingRun
     client = await connect(settings)
     handle = await start_run(client, run_input)
     print(f"started {Workflow.TRAINING_RUN.value} {handle.id}")
-    return await follow(handle, run_input, settings)
+    return await follow(client, handle, run_input, settings)

@@ -26,6 +26,11 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
+{{- /* The agent-tasks worker's build id: temporal.buildId, else the image tag. */ -}}
+{{- define "tempered.buildId" -}}
+{{- .Values.temporal.buildId | default (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
 {{- define "tempered.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}

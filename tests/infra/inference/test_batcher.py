@@ -27,6 +27,7 @@ class RecordingBackend:
     """Answers each row with [sum(prompt), max_new_tokens, seed, version]; records every call."""
 
     name = "recording"
+    continuous_batching = False
 
     def __init__(self, delay_s: float = 0.02, fail_first: int = 0):
         self.delay_s = delay_s
@@ -155,3 +156,20 @@ async def test_close_fails_waiting_callers() -> None:
             await task
     with pytest.raises(RuntimeError, match="closed"):
         await batcher.submit([3], SamplingParams(), handle(0))
+
+
+@pytest.mark.asyncio
+async def test_a_continuous_batching_backend_gets_every_request_at_once() -> None:
+    backend = RecordingBackend(delay_s=0.05)
+    backend.continuous_batching = True  # type: ignore[misc]
+    batcher = Batcher(backend, max_batch=4, max_wait_ms=1000)
+    started = time.monotonic()
+    results = await asyncio.gather(
+        *(batcher.submit([i], SamplingParams(seed=i), handle(i % 2)) for i in range(10))
+    )
+    assert time.monotonic() - started < 0.9  # nobody waited for a batch to fill
+    assert [r.output.token_ids[2:] for r in results] == [[i, i % 2] for i in range(10)]
+    assert backend.calls == [(1, i % 2) for i in range(10)]  # straight through, both versions
+    assert backend.max_active == 10 and batcher.running == 0
+    assert results[-1].batch_size == 10 and batcher.busy_s > 0
+    await batcher.close()

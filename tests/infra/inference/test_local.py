@@ -18,6 +18,7 @@ from infra.inference.local import (
     NUCLEUS_K,
     LoadedPolicy,
     LocalBackend,
+    _closed_tool_call,
     _nucleus_sample,
     load_policy,
     sample_batch,
@@ -125,6 +126,46 @@ def test_rows_stop_independently_at_eos(policy: LoadedPolicy) -> None:
     assert len(second.token_ids) == 16
 
 
+def test_a_tool_call_is_detected_when_its_closing_tag_is_written(
+    policy: LoadedPolicy, tiny_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_dir))
+    written = tokenizer.encode(
+        '<tool_call>{"name": "submit"}</tool_call>', add_special_tokens=False
+    )
+    assert _closed_tool_call(policy, written)
+    assert not _closed_tool_call(policy, written[:-1])  # "</tool_call" is not closed yet
+    assert not _closed_tool_call(policy, tokenizer.encode("a -> b", add_special_tokens=False))
+
+
+def test_stop_after_tool_call_ends_the_row_at_the_closing_tag(policy: LoadedPolicy) -> None:
+    rows = prompts(2)
+    params = [SamplingParams(temperature=1.0, max_new_tokens=16, seed=s) for s in (21, 22)]
+    free = sample_batch(policy, rows, params)
+    # Pretend a token row 0 samples (and row 1 never does) closes a tool call: with the option
+    # row 0 stops right after it, row 1 runs on unchanged; without it nothing changes.
+    close = next(
+        t
+        for k, t in enumerate(free[0].token_ids)
+        if k >= 1 and t not in free[0].token_ids[:k] and t not in free[1].token_ids
+    )
+    stopping = dataclasses.replace(
+        policy,
+        close_ids=frozenset({close}),
+        decode=lambda ids: "</tool_call>" if ids[-1] == close else "",
+    )
+    tool_params = [p.model_copy(update={"stop_after_tool_call": True}) for p in params]
+    first, second = sample_batch(stopping, rows, tool_params)
+    at = free[0].token_ids.index(close)
+    assert first.token_ids == free[0].token_ids[: at + 1] and first.finish_reason == "stop"
+    assert second.token_ids == free[1].token_ids
+    assert [o.token_ids for o in sample_batch(stopping, rows, params)] == [
+        o.token_ids for o in free
+    ]
+
+
 def test_budget_is_clamped_to_the_context(policy: LoadedPolicy) -> None:
     near_full = [5] * (policy.max_context - 3)
     over_full = [5] * policy.max_context
@@ -171,10 +212,100 @@ async def test_backend_keeps_at_most_two_versions_and_serves_through_the_batcher
     )
     direct = sample_batch(load_policy(str(tiny_dir), CPU), rows, params)
     assert [r.output.token_ids for r in results] == [o.token_ids for o in direct]
-    assert batcher.batches == 1 and results[0].batch_size == 6
+    assert batcher.rows == 6 and max(r.batch_size for r in results) > 1  # decoded together
     assert results[0].batch_tokens_per_s > 0
     for h in handles[1:]:
         await batcher.submit(rows[0], params[0], h)
     assert backend.loaded_versions() == [("run-l", 1), ("run-l", 2)]
     await batcher.close()
     await backend.close()
+
+
+def greedy_ids(model: object, prompt: list[int], steps: int) -> list[int]:
+    """Greedy continuation by repeated full forwards (no cache): the reference decode."""
+    ids = list(prompt)
+    with torch.inference_mode():
+        for _ in range(steps):
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]  # type: ignore[operator]
+            ids.append(int(logits.argmax()))
+    return ids[len(prompt) :]
+
+
+@pytest.mark.asyncio
+async def test_lora_versions_apply_their_adapter_over_one_loaded_base(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    from peft import PeftModel
+
+    from tests.infra.inference.policies import load_model, lora_adapter
+
+    base = PolicyHandle("lora", 0, tiny_dir)
+    first = PolicyHandle("lora", 1, lora_adapter(tiny_dir, tmp_path / "a", seed=1, scale=0.5), base)
+    second = PolicyHandle(
+        "lora", 2, lora_adapter(tiny_dir, tmp_path / "b", seed=2, scale=0.5), base
+    )
+    backend = LocalBackend(LocalInferenceSettings(max_loaded=1))
+    rows = prompts(2)
+    greedy = [SamplingParams(temperature=0.0, max_new_tokens=8, seed=None)] * 2
+    before = await backend.generate(rows, greedy, base)
+    tuned = {h.version: await backend.generate(rows, greedy, h) for h in (first, second)}
+    after = await backend.generate(rows, greedy, base)
+    assert backend.loaded_versions() == [("lora", 0)]  # the base, loaded once
+    assert [o.token_ids for o in after] == [o.token_ids for o in before]  # adapters off
+    assert [o.token_ids for o in tuned[1]] != [o.token_ids for o in tuned[2]]
+    for handle in (first, second):
+        reference = PeftModel.from_pretrained(load_model(tiny_dir), str(handle.path)).eval()
+        expected = [greedy_ids(reference, row, 8) for row in rows]
+        assert [o.token_ids for o in tuned[handle.version]] == expected
+    assert [o.token_ids for o in tuned[1]] != [o.token_ids for o in before]
+    await backend.close()
+
+
+@pytest.mark.asyncio
+async def test_rows_that_arrive_while_others_decode_join_them_and_sample_the_same(
+    tiny_dir: Path, policy: LoadedPolicy
+) -> None:
+    backend = LocalBackend(LocalInferenceSettings(threads=1))
+    handle = PolicyHandle("join", 0, tiny_dir)
+    rows = prompts(5)
+    free = [dataclasses.replace(policy, eos_ids=frozenset())]  # every row runs its budget
+    long_params = [SamplingParams(temperature=0.0, max_new_tokens=640)] * 2
+    joining = [SamplingParams(temperature=1.0, max_new_tokens=12, seed=s) for s in (5, 6, 7)]
+    backend._handles[("join", 0)] = handle
+    with backend._lock:  # the running batch never stops at EOS: it outlives the joiners
+        backend._loaded[("join", 0)] = free[0]
+    running = asyncio.create_task(backend.generate(rows[:2], long_params, handle))
+    await asyncio.sleep(0.3)
+    assert not running.done()
+    joined = await backend.generate(rows[2:], joining, handle)  # prefilled, merged, decoded
+    assert not running.done()  # they finished while the first rows were still decoding
+    long_rows = await running
+    alone = sample_batch(free[0], rows[2:], joining)
+    assert [o.token_ids for o in joined] == [o.token_ids for o in alone]
+    assert (
+        max(
+            abs(a - b)
+            for got, want in zip(joined, alone, strict=True)
+            for a, b in zip(got.logprobs, want.logprobs, strict=True)
+        )
+        < 1e-4
+    )
+    assert [o.token_ids for o in long_rows] == [
+        o.token_ids for o in sample_batch(free[0], rows[:2], long_params)
+    ]
+    await backend.close()
+
+
+def test_samples_of_one_prompt_share_a_prefill_and_still_sample_on_their_own(
+    policy: LoadedPolicy,
+) -> None:
+    prompt, other = prompts(2)
+    seeded = [SamplingParams(temperature=1.0, max_new_tokens=10, seed=s) for s in (1, 2, 3)]
+    rows = [(prompt, seeded[0]), (other, seeded[0]), (prompt, seeded[1]), (prompt, seeded[2])]
+    shared = sample_batch(policy, [r for r, _ in rows], [q for _, q in rows])
+    for output, (row, params) in zip(shared, rows, strict=True):
+        (alone,) = sample_batch(policy, [row], [params])
+        assert output.token_ids == alone.token_ids
+        diffs = [abs(a - b) for a, b in zip(output.logprobs, alone.logprobs, strict=True)]
+        assert max(diffs) < 1e-5
+    assert len({tuple(o.token_ids) for o in (shared[0], shared[2], shared[3])}) == 3

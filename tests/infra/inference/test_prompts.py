@@ -1,41 +1,186 @@
-"""Prompt rendering (system, task, completion/feedback history) and code extraction."""
+"""Prompts of an episode, token in and token out: the first prompt is the chat template's
+rendering (tools natively or by the fallback), each later prompt is the previous ids plus the
+template's delta for the observation; feedback text; code extraction."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from contracts.rollout import CompletionRecord
 from contracts.sandbox import ExecStatus, ExecutionResult
-from contracts.task import SandboxLimits
+from contracts.task import EnvName, SandboxLimits
 from infra.inference.prompts import (
     FEEDBACK_CHARS,
+    OBSERVATION_CHARS,
     SYSTEM_PROMPT,
-    build_messages,
-    encode_messages,
+    WORKSPACE_SYSTEM_PROMPT,
+    ChatFormat,
+    clip,
     extract_code,
     feedback_text,
 )
-from infra.policy import materialize_base_model
+from infra.policy import SMOLLM2_DIR, materialize_base_model
 from infra.settings import Settings
+from tests.paths import REPO_ROOT
+
+SMOLLM2 = REPO_ROOT / ".tempered" / "models" / SMOLLM2_DIR
+
+QWEN_LIKE = (  # Qwen2.5's structure: tools in the system message, `tool` as a wrapped user turn
+    "{%- if tools %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '\\n\\n# Tools\\n"
+    "<tools>' }}{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools><|im_end|>\\n' }}{%- else %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages[1:] %}{%- if message.role == 'tool' %}"
+    "{%- if messages[loop.index0].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 2].role != 'tool' %}{{- '<|im_end|>\\n' }}"
+    "{%- endif %}{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+THINKING = (  # Qwen3's quirk: the *last* assistant message is rendered with a think block
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.role == 'assistant' and loop.last %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}{{- message.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> object:
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from transformers import AutoTokenizer
 
     home: Path = tmp_path_factory.getbasetemp() / "home"
     return AutoTokenizer.from_pretrained(str(materialize_base_model("tiny", Settings(home=home))))
 
 
-def test_first_turn_is_system_and_task() -> None:
-    assert build_messages("Write add(a, b).") == [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": "Write add(a, b)."},
-    ]
+def with_template(tokenizer: Any, template: str) -> Any:
+    other = copy.deepcopy(tokenizer)
+    other.chat_template = template
+    return other
 
 
-def test_history_renders_each_completion_and_its_feedback() -> None:
+def record(prompt: list[int], completion: list[int]) -> CompletionRecord:
+    return CompletionRecord(
+        text="",
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        logprobs=[-1.0] * len(completion),
+        policy_version=0,
+    )
+
+
+def test_code_first_prompt_is_the_template_with_a_generation_prompt(tokenizer: Any) -> None:
+    chat = ChatFormat(tokenizer, EnvName.CODE)
+    text = tokenizer.decode(chat.first_prompt("Write add(a, b)."))
+    assert text == tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": "Write add(a, b)."},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert chat.end_of_turn == tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_next_prompt_is_previous_ids_then_the_rendered_observation(tokenizer: Any) -> None:
+    """The ids are never re-rendered, yet equal the template's rendering of the conversation."""
+    chat = ChatFormat(tokenizer, EnvName.CODE)
+    first = chat.first_prompt("Write add(a, b).")
+    answer = tokenizer.encode(
+        "```python\ndef add(a, b): return a - b\n```", add_special_tokens=False
+    )
+    stopped = record(first, [*answer, chat.end_of_turn])  # ended with its end of turn
+    feedback = feedback_text(ExecutionResult(status=ExecStatus.FAILED, stderr="AssertionError"))
+    second = chat.next_prompt(stopped, feedback)
+    assert second[: len(first) + len(answer) + 1] == first + answer + [chat.end_of_turn]
+    assert tokenizer.decode(second) == tokenizer.apply_chat_template(
+        [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": "Write add(a, b)."},
+            {"role": "assistant", "content": tokenizer.decode(answer)},
+            {"role": "user", "content": feedback},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    cut = record(first, answer)  # cut by max_new_tokens or a stop rule: the end of turn is added
+    assert chat.next_prompt(cut, feedback) == second
+
+
+def test_workspace_without_template_tools_uses_the_fallback(tokenizer: Any) -> None:
+    chat = ChatFormat(tokenizer, EnvName.WORKSPACE)
+    assert not chat.native_tools  # the tiny preset's ChatML, like SmolLM2's, ignores `tools`
+    text = tokenizer.decode(chat.first_prompt("Fix the bug in calc.py."))
+    assert text.startswith("<|im_start|>system\n" + WORKSPACE_SYSTEM_PROMPT + "\n\n# Tools")
+    assert '"name": "write_file"' in text and "<tool_call>" in text
+    delta = tokenizer.decode(chat.observation_ids("exit code 0"))
+    assert delta == (
+        "\n<|im_start|>user\n<tool_response>\nexit code 0\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_workspace_with_template_tools_uses_them_and_the_tool_role(tokenizer: Any) -> None:
+    chat = ChatFormat(with_template(tokenizer, QWEN_LIKE), EnvName.WORKSPACE)
+    assert chat.native_tools
+    text = tokenizer.decode(chat.first_prompt("Fix it."))
+    assert text.startswith("<|im_start|>system\n" + WORKSPACE_SYSTEM_PROMPT + "\n\n# Tools\n")
+    assert text.count('"name": "bash"') == 1  # listed once, by the template
+    delta = tokenizer.decode(chat.observation_ids("3 passed"))
+    assert delta == (
+        "\n<|im_start|>user\n<tool_response>\n3 passed\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_the_delta_ignores_how_the_last_assistant_message_is_rendered(tokenizer: Any) -> None:
+    plain = ChatFormat(tokenizer, EnvName.CODE)
+    thinking = ChatFormat(with_template(tokenizer, THINKING), EnvName.CODE)
+    assert thinking.observation_ids("again") == plain.observation_ids("again")
+
+
+def test_smollm2_template(tokenizer: Any) -> None:
+    if not (SMOLLM2 / "tokenizer.json").is_file():
+        pytest.skip("SmolLM2 is not converted here (make train does it)")
+    from transformers import AutoTokenizer
+
+    smol = AutoTokenizer.from_pretrained(str(SMOLLM2))
+    chat = ChatFormat(smol, EnvName.WORKSPACE)
+    assert not chat.native_tools and chat.end_of_turn == smol.eos_token_id
+    first = chat.first_prompt("Fix it.")
+    assert "You are a helpful AI assistant named SmolLM" not in smol.decode(first)
+    delta = smol.decode(chat.observation_ids("ok"))
+    assert delta.startswith("\n<|im_start|>user\n<tool_response>\nok\n</tool_response>")
+
+
+def test_templates_without_an_end_of_turn_token_are_refused(tokenizer: Any) -> None:
+    loose = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n\n{% endfor %}"
+    with pytest.raises(ValueError, match="not with a special token"):
+        ChatFormat(with_template(tokenizer, loose), EnvName.CODE)
+
+    class Plain:
+        chat_template = None
+
+    with pytest.raises(ValueError, match="no chat template"):
+        ChatFormat(Plain(), EnvName.CODE)
+
+
+def test_long_tool_results_keep_head_and_tail() -> None:
+    text = "".join(f"line {i}\n" for i in range(3000))
+    clipped = clip(text)
+    assert clipped.startswith("line 0\n") and clipped.endswith("line 2999\n")
+    assert len(clipped) < OBSERVATION_CHARS + 60 and "characters left out" in clipped
+    assert clip("short") == "short"
+
+
+def test_feedback_reports_status_tests_and_output() -> None:
     failed = ExecutionResult(
         status=ExecStatus.FAILED,
         exit_code=1,
@@ -44,23 +189,12 @@ def test_history_renders_each_completion_and_its_feedback() -> None:
         stderr="Traceback (most recent call last):\nAssertionError: add(2, 2) != 4",
         stdout="debug 42",
     )
+    text = feedback_text(failed)
+    assert "status: failed" in text and "Tests passed: 1/3." in text
+    assert "AssertionError: add(2, 2) != 4" in text and "debug 42" in text
+    assert text.rstrip().endswith("defining the function.")
     slow = ExecutionResult(status=ExecStatus.TIMEOUT, limits=SandboxLimits(timeout_s=2.5))
-    messages = build_messages("Write add.", [("first try", failed), ("second try", slow)])
-    assert [m["role"] for m in messages] == [
-        "system",
-        "user",
-        "assistant",
-        "user",
-        "assistant",
-        "user",
-    ]
-    assert messages[2]["content"] == "first try" and messages[4]["content"] == "second try"
-    first_feedback = messages[3]["content"]
-    assert "status: failed" in first_feedback and "Tests passed: 1/3." in first_feedback
-    assert "AssertionError: add(2, 2) != 4" in first_feedback and "debug 42" in first_feedback
-    assert first_feedback.rstrip().endswith("defining the function.")
-    assert "status: timeout" in messages[5]["content"]
-    assert "Time limit: 2.5 s." in messages[5]["content"]
+    assert "Time limit: 2.5 s." in feedback_text(slow)
 
 
 def test_feedback_quotes_only_the_tail_of_long_output() -> None:
@@ -70,26 +204,6 @@ def test_feedback_quotes_only_the_tail_of_long_output() -> None:
     assert "line 1999" in text and "line 0\n" not in text
     assert len(text) < FEEDBACK_CHARS + 600
     assert "stdout" not in text  # stderr used the whole budget
-
-
-def test_prompt_ids_are_the_chat_template_with_a_generation_prompt(tokenizer: object) -> None:
-    messages = build_messages("Write add(a, b).")
-    ids = encode_messages(tokenizer, messages)
-    text = tokenizer.decode(ids)  # type: ignore[attr-defined]
-    assert text.startswith("<|im_start|>system\n" + SYSTEM_PROMPT)
-    assert text.endswith("<|im_start|>user\nWrite add(a, b).<|im_end|>\n<|im_start|>assistant\n")
-    rendered = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
-        messages, tokenize=False, add_generation_prompt=True
-    )
-    assert text == rendered
-
-
-def test_a_tokenizer_without_chat_template_is_refused(tokenizer: object) -> None:
-    class Plain:
-        chat_template = None
-
-    with pytest.raises(ValueError, match="chat template"):
-        encode_messages(Plain(), build_messages("x"))
 
 
 @pytest.mark.parametrize(

@@ -1,94 +1,114 @@
-"""Hostile programs against every backend that can run here (local bwrap, gVisor).
+"""Hostile programs against every backend that can run here (local, then gVisor).
 
-Host safety: no network (loopback included), no host files or environment, no writes outside
-the work dir, nothing left running, fork/memory/output bombs contained. Reward safety: every
-known way to fake a pass gets `failed` (or `error`), never `passed`. gVisor cases are slow.
+Reward safety: every attack of `attacks.py` (a wrong program plus one trick of a class issue 10
+names) ends in a status other than `passed`, with no test counted as passed, and never as a
+platform fault (a program must not turn its failure into a retried infra_error either); the
+honest program passes the very same tests. Host safety: no network (loopback included), no
+host files or environment, no writes outside the run's tmpfs, nothing left running, fork,
+memory, CPU, output and disk bombs contained. Needs root and bwrap (and runsc for gVisor).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
-import subprocess
-import textwrap
 from pathlib import Path
 
-import psutil
 import pytest
 
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
-from infra.sandbox.gvisor import GVisorBackend
-from infra.sandbox.local import LocalBackend, worker_uids
+from infra.tasks.humaneval import humaneval_tasks
+from tests.infra.sandbox.attacks import CASES, REDEFINED_HELPERS, TESTS
+from tests.infra.sandbox.verifier_box import Box, needs_root
 from tests.paths import REPO_ROOT
 
+pytestmark = needs_root
+LIMITS = SandboxLimits(timeout_s=2)
+"""Short deadlines: a program spinning until one passes must get that much CPU within
+`judge.starvation_bound`, or its run is (rightly) the host's fault, on a loaded host too."""
 CANARY = "tempered-canary-7f3a"
-FAST = SandboxLimits(timeout_s=5)
-CHECK = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
-WRONG = "def add(a, b):\n    return a - b\n"
-NOT_PASSED = (ExecStatus.FAILED, ExecStatus.ERROR)
+ADD = "def add(a, b):\n    return a + b\n"
 
 
-def _runsc_works() -> str | None:
-    if shutil.which("runsc") is None or os.geteuid() != 0:
-        return "runsc missing or not root"
-    return None
+# --- reward safety -------------------------------------------------------------------------
 
 
-@pytest.fixture(
-    scope="module",
-    params=[
-        "local",
-        pytest.param(
-            "gvisor",
-            marks=[
-                pytest.mark.slow,
-                pytest.mark.skipif(bool(_runsc_works()), reason=str(_runsc_works())),
-            ],
-        ),
+@pytest.mark.parametrize(("trick", "program"), CASES, ids=[trick for trick, _ in CASES])
+def test_a_wrong_program_never_passes(any_box: Box, trick: str, program: str) -> None:
+    result = any_box.run(program, TESTS, "add", limits=LIMITS)
+    assert result.status != ExecStatus.PASSED, (trick, result)
+    assert result.tests_passed == 0 and result.tests_total == 1, (trick, result)
+    assert "FOUND THE TESTS" not in result.stdout and "EXTRA FD" not in result.stdout, result
+
+
+def test_the_honest_program_passes_the_same_tests(any_box: Box) -> None:
+    result = any_box.run(ADD, TESTS, "add", limits=LIMITS)
+    assert result.status == ExecStatus.PASSED and result.tests_passed == 1, result
+
+
+def test_nothing_forged_outlives_the_check(any_box: Box) -> None:
+    assert any_box.leftovers("outlive") == []
+
+
+@pytest.mark.parametrize("name", ["StopIteration", "StopAsyncIteration"])
+def test_raising_stop_iteration_cannot_end_a_tests_loop_early(any_box: Box, name: str) -> None:
+    program = f"def is_even(x):\n    raise {name}\n"
+    tests = "assert all(map(is_even, [2, 3, 4]))\nassert not any(map(is_even, [3]))\n"
+    result = any_box.run(program, tests, limits=LIMITS)
+    assert result.status == ExecStatus.ERROR and result.tests_passed == 0, result
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        "import os\ndef add(a, b):\n    os._exit(0)\n",
+        "import time\ndef add(a, b):\n    time.sleep(60)\n",
     ],
+    ids=["exits", "hangs"],
 )
-def backend(request: pytest.FixtureRequest) -> LocalBackend | GVisorBackend:
-    if shutil.which("bwrap") is None or os.geteuid() != 0:
-        pytest.skip("needs bwrap and root")
-    return LocalBackend(warm=0) if request.param == "local" else GVisorBackend()
-
-
-def _run(backend, program: str, tests: str = "", entry_point: str | None = None, limits=FAST):  # type: ignore[no-untyped-def]
-    import asyncio
-
-    return asyncio.run(
-        backend.run(textwrap.dedent(program), textwrap.dedent(tests), limits, entry_point)
+def test_a_lost_candidate_ends_the_run_even_if_the_test_catches_it(
+    any_box: Box, program: str
+) -> None:
+    tests = (
+        "def check(candidate):\n    try:\n        result = candidate(2, 3)\n"
+        "    except BaseException:\n        result = 5  # a test that tolerates any error\n"
+        "    assert result == 5\n"
     )
+    result = any_box.run(program, tests, "add", limits=SandboxLimits(timeout_s=1))
+    assert result.status in (ExecStatus.FAILED, ExecStatus.TIMEOUT), result
+    assert result.tests_passed == 0, result
 
 
-def _sandbox_processes() -> list[psutil.Process]:
-    """Live processes of this test process's sandboxes (other workers may run on the host;
-    zombies hold no resources and the host's init reaps them)."""
-    mine, runsc_state = worker_uids(), f"tempered-runsc-{os.getpid()}"
-    left = []
-    for proc in psutil.process_iter(["uids", "cmdline", "status"]):
-        if proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        uids, cmdline = proc.info["uids"], " ".join(proc.info["cmdline"] or [])
-        if (uids and uids.real in mine) or runsc_state in cmdline:
-            left.append(proc)
-    return left
+def test_patched_builtins_do_not_leak_into_assert_only_tests(any_box: Box) -> None:
+    program = "import builtins\nbuiltins.len = lambda x: 3\ndef f(x):\n    return [x]\n"
+    result = any_box.run(program, "assert len(f(1)) == 3\n", limits=LIMITS)
+    assert result.status == ExecStatus.FAILED and result.tests_passed == 0, result
 
 
-# --- host safety ----------------------------------------------------------------------------
+@pytest.mark.parametrize("number", sorted(REDEFINED_HELPERS))
+def test_redefining_task_helpers_changes_nothing(any_box: Box, number: int) -> None:
+    task = humaneval_tasks()[number]
+    limits = SandboxLimits(timeout_s=30)
+    cheat = any_box.run(
+        REDEFINED_HELPERS[number], task.tests, task.entry_point, task.helpers, limits
+    )
+    assert cheat.status != ExecStatus.PASSED and cheat.tests_passed == 0, cheat
+    honest = any_box.run(
+        task.canonical_solution or "", task.tests, task.entry_point, task.helpers, limits
+    )
+    assert honest.status == ExecStatus.PASSED, honest
 
 
-def test_no_network_not_even_host_loopback(backend) -> None:
+# --- host safety ---------------------------------------------------------------------------
+
+
+def test_no_network_not_even_host_loopback(any_box: Box) -> None:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
     try:
-        result = _run(
-            backend,
-            f"""
+        result = any_box.run(f"""
             import socket
             for address in [("127.0.0.1", {port}), ("1.1.1.1", 53), ("8.8.8.8", 443)]:
                 s = socket.socket()
@@ -98,8 +118,7 @@ def test_no_network_not_even_host_loopback(backend) -> None:
                     print("CONNECTED", address)
                 except OSError as exc:
                     print("blocked", address, type(exc).__name__)
-        """,
-        )
+        """)
         listener.settimeout(0.2)
         with pytest.raises(TimeoutError):
             listener.accept()
@@ -109,37 +128,36 @@ def test_no_network_not_even_host_loopback(backend) -> None:
     assert "CONNECTED" not in result.stdout and result.stdout.count("blocked") == 3
 
 
-def test_cannot_read_host_files(backend) -> None:
-    paths = [
-        "/etc/shadow",
-        "/etc/passwd",
-        "/root",
-        "/home",
-        str(REPO_ROOT),
-        str(REPO_ROOT / "pyproject.toml"),
-        "/work",
-    ]
-    result = _run(
-        backend,
-        f"""
+def test_cannot_read_host_files_or_environment(
+    any_box: Box, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEMPERED_CANARY", CANARY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CANARY)
+    paths = ["/etc/shadow", "/etc/passwd", "/root", "/home", str(REPO_ROOT), "/work"]
+    paths.append(str(REPO_ROOT / "pyproject.toml"))
+    result = any_box.run(f"""
         import os
         for path in {paths!r}:
             try:
                 print("LEAK", path, os.listdir(path) if os.path.isdir(path) else open(path).read()[:20])
             except OSError as exc:
                 print("denied", path, type(exc).__name__)
-        print("environ1", open("/proc/1/environ").read() if os.path.exists("/proc/1/environ") else "")
-    """,
-    )
+        print(dict(os.environ))
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    print(open(f"/proc/{{pid}}/environ").read())
+                except OSError:
+                    pass
+    """)
     assert result.status == ExecStatus.PASSED, result
     assert "LEAK" not in result.stdout and result.stdout.count("denied") == len(paths)
+    assert CANARY not in result.stdout and "TEMPERED_" not in result.stdout
 
 
-def test_cannot_write_outside_the_work_dir(backend, tmp_path: Path) -> None:
+def test_cannot_write_outside_its_tmpfs(any_box: Box, tmp_path: Path) -> None:
     target = tmp_path / "escaped"
-    result = _run(
-        backend,
-        f"""
+    result = any_box.run(f"""
         for path in ["/usr/escaped", "/escaped", "/etc/escaped", "{target}", "/var/tmp/escaped"]:
             try:
                 open(path, "w").write("x")
@@ -148,222 +166,63 @@ def test_cannot_write_outside_the_work_dir(backend, tmp_path: Path) -> None:
                 print("denied", path)
         open("/tmp/inside", "w").write("fine")
         print(open("/tmp/inside").read())
-    """,
-    )
+    """)
     assert "WROTE" not in result.stdout and "fine" in result.stdout, result
-    assert (
-        not target.exists() and not Path("/usr/escaped").exists() and not Path("/escaped").exists()
+    assert not target.exists() and not Path("/usr/escaped").exists()
+    assert not Path("/escaped").exists()
+
+
+def test_a_fork_bomb_is_contained(any_box: Box) -> None:
+    program = (
+        "import os\nopen('/tmp/bomb', 'w').close()\nwhile True:\n    try:\n        os.fork()\n"
+        "    except OSError:\n        pass\n"
     )
+    result = any_box.run(program, limits=SandboxLimits(timeout_s=1.5, max_processes=16))
+    assert result.status in (ExecStatus.TIMEOUT, ExecStatus.FAILED, ExecStatus.ERROR), result
+    assert any_box.leftovers("bomb") == []
 
 
-def test_environment_is_clean(backend, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TEMPERED_CANARY", CANARY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CANARY)
-    result = _run(
-        backend,
-        """
-        import os
-        print(dict(os.environ))
-        for pid in os.listdir("/proc"):
-            if pid.isdigit():
-                try:
-                    print(open(f"/proc/{pid}/environ").read())
-                except OSError:
-                    pass
-    """,
-    )
-    assert result.status == ExecStatus.PASSED, result
-    assert (
-        CANARY not in result.stdout
-        and "TEMPERED_" not in result.stdout
-        and "AWS_" not in result.stdout
-    )
-
-
-def test_fork_bomb_is_contained(backend) -> None:
-    result = _run(
-        backend,
-        """
-        import os
-        while True:
-            try:
-                os.fork()
-            except OSError:
-                pass
-    """,
-        limits=SandboxLimits(timeout_s=3),
-    )
-    assert result.status in (ExecStatus.TIMEOUT, ExecStatus.ERROR, ExecStatus.FAILED), result
-    assert _sandbox_processes() == []
-
-
-def test_memory_bomb_is_contained(backend) -> None:
-    result = _run(
-        backend, "x = bytearray(16 * 2**30)\n", limits=SandboxLimits(timeout_s=10, memory_mb=128)
-    )
+def test_a_memory_bomb_is_contained(any_box: Box) -> None:
+    limits = SandboxLimits(timeout_s=10, memory_mb=128)
+    result = any_box.run("x = bytearray(16 * 2**30)\n", limits=limits)
+    assert result.status == ExecStatus.MEMORY_EXCEEDED, result
+    grow = "blocks = []\nwhile True:\n    blocks.append(bytearray(1 << 20))\n    blocks[-1][::4096] = b'x' * 256\n"
+    result = any_box.run(grow, TESTS, "add", limits=limits)
     assert result.status == ExecStatus.MEMORY_EXCEEDED, result
 
 
-def test_cpu_spin_times_out_and_leaves_nothing(backend) -> None:
-    result = _run(
-        backend,
-        """
-        import threading
-        def spin():
-            while True:
-                pass
-        for _ in range(4):
-            threading.Thread(target=spin).start()
-        spin()
-    """,
-        limits=SandboxLimits(timeout_s=1.5),
+def test_a_cpu_spin_times_out_and_leaves_nothing(any_box: Box) -> None:
+    program = (
+        "import threading\nopen('/tmp/spin', 'w').close()\ndef spin():\n    while True:\n"
+        "        pass\nfor _ in range(4):\n    threading.Thread(target=spin).start()\nspin()\n"
     )
+    result = any_box.run(program, limits=SandboxLimits(timeout_s=1.5))
     assert result.status == ExecStatus.TIMEOUT, result
-    assert _sandbox_processes() == []
+    assert any_box.leftovers("spin") == []
 
 
-def test_output_flood_is_capped(backend) -> None:
-    result = _run(
-        backend,
-        """
-        import sys
-        while True:
-            sys.stdout.write("x" * 65536)
-            sys.stderr.write("y" * 65536)
-    """,
-        limits=SandboxLimits(timeout_s=2, output_bytes=4096),
-    )
+def test_an_output_flood_is_capped(any_box: Box) -> None:
+    program = "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n    sys.stderr.write('y' * 65536)\n"
+    result = any_box.run(program, limits=SandboxLimits(timeout_s=2, output_bytes=4096))
     assert result.status == ExecStatus.TIMEOUT and result.truncated, result
     assert len(result.stdout) <= 4096 and len(result.stderr) <= 4096
 
 
-def test_orphaned_daemon_does_not_survive(backend) -> None:
-    result = _run(
-        backend,
-        """
-        import os, time
-        if os.fork() == 0:
-            os.setsid()
-            if os.fork() == 0:
-                time.sleep(1000)
-            os._exit(0)
-        print("parent done")
-    """,
+def test_an_orphaned_daemon_does_not_survive(any_box: Box) -> None:
+    program = (
+        "import os, time\nopen('/tmp/daemon', 'w').close()\nif os.fork() == 0:\n    os.setsid()\n"
+        "    if os.fork() == 0:\n        time.sleep(1000)\n    os._exit(0)\nprint('parent done')\n"
     )
+    result = any_box.run(program)
     assert result.status == ExecStatus.PASSED and "parent done" in result.stdout, result
-    assert _sandbox_processes() == []
+    assert any_box.leftovers("daemon") == []
 
 
-def test_killing_the_parent_harms_nobody(backend) -> None:
-    result = _run(
-        backend,
-        """
-        import os, signal
-        for pid in (os.getppid(), 1):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        def add(a, b):
-            return a + b
-    """,
-        CHECK,
-        "add",
+def test_cannot_fill_the_disk(any_box: Box) -> None:
+    program = (
+        "with open('/tmp/big', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))\n"
     )
-    assert result.status in (ExecStatus.PASSED, ExecStatus.FAILED), result  # never an infra fault
-    assert os.getppid() > 0 and _sandbox_processes() == []
-
-
-def test_cannot_fill_the_disk(backend) -> None:
-    result = _run(
-        backend,
-        """
-        with open("/tmp/big", "wb") as f:
-            while True:
-                f.write(b"x" * (1 << 20))
-    """,
-        limits=SandboxLimits(timeout_s=10, tmpfs_mb=8, file_size_mb=4),
-    )
+    limits = SandboxLimits(timeout_s=10, tmpfs_mb=8, file_size_mb=64)
+    result = any_box.run(program, limits=limits)
     assert result.status == ExecStatus.ERROR, result
-    assert (
-        "OSError" in result.stderr
-        or "No space" in result.stderr
-        or "File too large" in result.stderr
-    )
-
-
-# --- reward safety: every trick on a wrong `add` must not pass --------------------------------
-
-FAKES = {
-    "os._exit(0) early": "import os\nos._exit(0)\n",
-    "sys.exit(0) early": "import sys\nsys.exit(0)\n",
-    "raise SystemExit in check": "def add(a, b):\n    raise SystemExit(0)\n",
-    "os._exit(0) in check": "import os\ndef add(a, b):\n    os._exit(0)\n",
-    "success markers": (
-        "import os, sys\nprint('PASSED\\nOK\\n1/1 tests passed')\n"
-        'line = b\'{"ready": true}\\n{"nonce": "0", "status": "passed", "tests_passed": 1, "tests_total": 1}\\n\'\n'
-        "for fd in range(1, 64):\n    try:\n        os.write(fd, line)\n    except OSError:\n        pass\n"
-    ),
-    "own check": "def check(candidate):\n    pass\n",
-    "delete and rewrite tests": (
-        "import os\nfor d in ('/tmp', '.', '/'):\n    for p in os.listdir(d):\n        try:\n            os.remove(os.path.join(d, p))\n        except OSError:\n            pass\n"
-        "open('/tmp/tests.py', 'w').write('def check(c): pass')\n"
-    ),
-    "patch AssertionError and builtins": (
-        "import builtins\nclass Nope(Exception):\n    pass\nbuiltins.AssertionError = Nope\n"
-        "builtins.abs = lambda x: 0\nbuiltins.isinstance = lambda *a: True\nAssertionError = Nope\n"
-    ),
-    "shadow a builtin the tests use": "def abs(x):\n    return 0\n",
-    "patch a module the tests use": "import math\nmath.isclose = lambda *a, **k: True\n",
-    "kill the harness": "import os, signal\ndef add(a, b):\n    os.kill(os.getpid(), signal.SIGKILL)\n",
-    "atexit": (
-        "import atexit, os\n"
-        'atexit.register(lambda: os.write(3, b\'{"nonce": "x", "status": "passed"}\\n\'))\n'
-        "atexit.register(lambda: os._exit(0))\n"
-    ),
-    "fork and exit": "import os\nif os.fork() != 0:\n    os._exit(0)\n",
-    "walk frames for the nonce and forge a verdict": (
-        "import os, re, sys\nfound = set()\nf = sys._getframe()\nwhile f is not None:\n"
-        "    found.update(re.findall(r'[0-9a-f]{64}', repr(f.f_locals)))\n    f = f.f_back\n"
-        "for nonce in found or {'0' * 64}:\n"
-        "    line = repr({'nonce': nonce, 'status': 'passed', 'tests_passed': 1, 'tests_total': 1,"
-        " 'error': '', 'exc_type': ''})\n"
-        "    for fd in range(1, 64):\n        try:\n            os.write(fd, ('\\n' + line + '\\n').encode())\n"
-        "        except OSError:\n            pass\n"
-    ),
-    "other threads' frames": "import sys\nprint(sys._current_frames())\n",
-    "walk the heap": "import gc\nprint([o for o in gc.get_objects() if isinstance(o, str) and len(o) == 64])\n",
-    "trace the harness": "import sys\nsys.settrace(lambda *a: None)\n",
-    "read own memory": "open('/proc/self/mem', 'rb')\n",
-}
-TESTS_USING_BUILTINS = (
-    "import math\n"
-    "def check(candidate):\n"
-    "    assert abs(candidate(2, 3) - 5) < 1e-9\n"
-    "    assert math.isclose(candidate(1, 1), 2)\n"
-    "    assert isinstance(candidate(1, 1), int) and candidate(1, 1) == 2\n"
-)
-
-
-@pytest.mark.parametrize("trick", list(FAKES))
-def test_reward_faking_never_passes(backend, trick: str) -> None:
-    program = FAKES[trick] + ("" if "def add" in FAKES[trick] else WRONG)
-    result = _run(backend, program, TESTS_USING_BUILTINS, "add")
-    assert result.status in NOT_PASSED, (trick, result)
-    assert result.tests_passed == 0 and result.tests_total == 1
-
-
-def test_the_honest_program_passes_the_same_tests(backend) -> None:
-    result = _run(backend, "def add(a, b):\n    return a + b\n", TESTS_USING_BUILTINS, "add")
-    assert result.status == ExecStatus.PASSED and result.tests_passed == 1, result
-
-
-def test_patched_builtins_do_not_leak_into_assert_only_tests(backend) -> None:
-    program = "import builtins\nbuiltins.len = lambda x: 3\ndef f(x):\n    return [x]\n"
-    result = _run(backend, program, "assert len(f(1)) == 3\n")
-    assert result.status == ExecStatus.FAILED and result.tests_passed == 0, result
-
-
-def test_no_sandbox_process_is_left_at_the_end() -> None:
-    subprocess.run(["sync"], check=False)
-    assert _sandbox_processes() == []
+    assert "No space left" in result.stderr or "File too large" in result.stderr, result

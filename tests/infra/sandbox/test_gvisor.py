@@ -1,54 +1,34 @@
-"""The gVisor backend against the real runsc: the same contract as local (slow: ~1 s a run).
-
-Skipped, with the reason, where runsc is missing or cannot start a container on this kernel.
-"""
+"""The gVisor backend against the real runsc: the local backend's contract, with the candidate in
+a gVisor container; how a container's end is read (its own exit, its own SIGKILL, a dead
+sandbox). Skipped, with the reason, where runsc is missing or cannot start a container here.
+Hostile programs: test_adversarial.py (it runs every case on gVisor too)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox import SandboxInfraError
 from infra.sandbox.gvisor import GVisorBackend
+from tests.infra.sandbox.verifier_box import Box, gvisor_missing
 
 CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n"
 
 
-def _why_not() -> str | None:
-    if shutil.which("runsc") is None:
-        return "runsc is not installed"
-    if os.geteuid() != 0:
-        return "runsc run needs root"
-    probe = GVisorBackend()
-    try:
-        result = asyncio.run(probe.run("print('up')"))
-    except SandboxInfraError as exc:
-        return f"runsc cannot run here: {exc}"
-    finally:
-        asyncio.run(probe.close())
-    return None if result.stdout == "up\n" else f"runsc probe printed {result.stdout!r}"
-
-
-pytestmark = [pytest.mark.slow]
-
-
 @pytest.fixture(scope="module")
-def backend() -> Iterator[GVisorBackend]:
-    reason = _why_not()
-    if reason:
+def gvisor() -> Iterator[Box]:
+    if reason := gvisor_missing():
         pytest.skip(reason)
-    chosen = GVisorBackend()
-    yield chosen
-    asyncio.run(chosen.close())
+    box = Box("gvisor")
+    yield box
+    box.close()
 
 
-@pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("program", "status"),
     [
@@ -57,27 +37,55 @@ def backend() -> Iterator[GVisorBackend]:
         ("def add(a, b):\n    return a +\n", ExecStatus.ERROR),
         ("x = bytearray(8 * 2**30)\n", ExecStatus.MEMORY_EXCEEDED),
         ("while True:\n    pass\n", ExecStatus.TIMEOUT),
+        ("import os\nos._exit(3)\n", ExecStatus.FAILED),
+        ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", ExecStatus.FAILED),
     ],
 )
-async def test_statuses(backend: GVisorBackend, program: str, status: ExecStatus) -> None:
-    result = await backend.run(program, CHECK, SandboxLimits(timeout_s=3), "add")
+def test_statuses(gvisor: Box, program: str, status: ExecStatus) -> None:
+    result = gvisor.run(program, CHECK, "add", limits=SandboxLimits(timeout_s=3))
     assert result.status == status, result
     assert result.backend == "gvisor" and result.tests_total == 1
 
 
-@pytest.mark.asyncio
-async def test_output_and_truncation(backend: GVisorBackend) -> None:
+def test_the_programs_output_reaches_stdout_capped(gvisor: Box) -> None:
     limits = SandboxLimits(timeout_s=5, output_bytes=300)
-    result = await backend.run(
-        "import sys\nprint('o' * 1000)\nprint('e' * 1000, file=sys.stderr)\n", "", limits
-    )
-    assert result.status == ExecStatus.PASSED and result.truncated
-    assert result.stdout == "o" * 300 and result.stderr == "e" * 300
+    program = "import sys\nprint('o' * 200, flush=True)\nprint('e' * 1000, file=sys.stderr)\n"
+    result = gvisor.run(program, limits=limits)
+    assert result.status == ExecStatus.PASSED and result.truncated, result
+    assert result.stdout == "o" * 200 + "\n" + "e" * 99  # stderr joins stdout (stdio only)
 
 
-@pytest.mark.asyncio
-async def test_missing_runsc_is_an_infra_error() -> None:
-    backend = GVisorBackend()
-    backend.runsc = None
+def test_the_candidate_is_alone_in_its_container(gvisor: Box) -> None:
+    program = "import os\nprint(os.getpid(), [p for p in os.listdir('/proc') if p.isdigit()])\n"
+    assert gvisor.run(program).stdout == "1 ['1']\n"
+
+
+def test_a_dead_sandbox_is_a_platform_fault(gvisor: Box) -> None:
+    async def kill_the_sentry_mid_run() -> None:
+        run = asyncio.ensure_future(
+            gvisor.run_async(
+                "import time\ndef add(a, b):\n    time.sleep(30)\n",
+                CHECK,
+                "add",
+                limits=SandboxLimits(timeout_s=20),
+            )
+        )
+        await asyncio.sleep(1.0)
+        assert isinstance(gvisor.backend, GVisorBackend)
+        state = str(gvisor.backend.launcher.state)
+        for proc in psutil.process_iter(["cmdline"]):
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if state in cmdline and " boot " in cmdline:
+                proc.kill()  # every sandbox of the backend: the one in flight among them
+        await run
+
+    with pytest.raises(SandboxInfraError, match="sandbox died"):
+        gvisor.loop.run_until_complete(kill_the_sentry_mid_run())
+    assert gvisor.run("def add(a, b):\n    return a + b\n", CHECK, "add").status == "passed"
+
+
+def test_missing_runsc_is_an_infra_error() -> None:
+    backend = GVisorBackend(warm=0)
+    backend.launcher.runsc = None
     with pytest.raises(SandboxInfraError, match="runsc"):
-        await backend.run("print(1)")
+        asyncio.run(backend.run("print(1)"))

@@ -2,9 +2,9 @@
 
 No API server can run here, so `recorded_k8s/stub_server.py` is a tiny HTTP server on
 127.0.0.1 that answers the official client with recorded response shapes and plays the kubelet
-by running the pod's command (launcher + harness, the real code) locally with the pod's env.
-Everything else — the client, the manifest, the launcher, the harness, the result parsing —
-is the production code.
+by running the pod's command (the launcher, its checker and candidate: the real code) locally,
+as root, with the pod's env. Everything else — the client, the manifest, the launcher, the
+verifier's modules, the judging — is the production code.
 """
 
 from __future__ import annotations
@@ -19,10 +19,13 @@ import pytest
 
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
+from infra.sandbox import kubernetes_job
 from infra.sandbox.base import SandboxBackend, SandboxInfraError
 from infra.sandbox.kubernetes import build_job_manifest, sandbox_rlimits
-from infra.sandbox.process import HarnessJob
+from infra.sandbox.verifier import checker_job
 from tests.infra.sandbox.recorded_k8s.stub_server import NAMESPACE, StubKubeApi
+
+CHECK = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
 
 
 @pytest.fixture
@@ -48,12 +51,13 @@ def _validate(manifest: dict[str, Any]) -> None:
 def test_manifest_is_valid_and_locked_down(
     limits: SandboxLimits, runtime_class: str | None
 ) -> None:
-    job = HarnessJob("print(1)", "assert True", None, limits, sandbox_rlimits(limits))
+    job = checker_job("print(1)", "assert True", "", [], None, limits, sandbox_rlimits(limits))
     manifest = build_job_manifest(
         "tempered-sbx-0a1b2c3d4e5f",
         NAMESPACE,
         "python:3.11-slim",
         job,
+        limits,
         "n" * 32,
         "sandbox worker/7",
         runtime_class,
@@ -64,11 +68,15 @@ def test_manifest_is_valid_and_locked_down(
     assert spec["backoffLimit"] == 0 and spec["ttlSecondsAfterFinished"] > 0
     assert spec["activeDeadlineSeconds"] >= limits.timeout_s
     assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
-    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 65534
-    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["privileged"] is False
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["runAsUser"] == 0  # the launcher; the checker and candidate drop to others
+    assert security["capabilities"] == {
+        "drop": ["ALL"],
+        "add": ["SETUID", "SETGID", "SETPCAP", "KILL"],
+    }
     assert pod["volumes"] == [
         {"name": "work", "emptyDir": {"medium": "Memory", "sizeLimit": f"{limits.tmpfs_mb}Mi"}}
     ]
@@ -82,19 +90,20 @@ def test_manifest_is_valid_and_locked_down(
     assert labels["tempered.dev/worker"] == "sandbox-worker-7"  # made a valid label value
     assert "hostPath" not in json.dumps(manifest)
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert list(env)[2:] == [
-        "TEMPERED_HARNESS",
+    assert [name for name in env if not name.startswith("TEMPERED_SOURCES_")] == [
+        "HOME",
+        "TMPDIR",
         "TEMPERED_JOB_0",
         "TEMPERED_RUN",
         "TEMPERED_RESULT_NONCE",
     ]
+    assert all(len(value) < 128 * 1024 for value in env.values())
     assert json.loads(env["TEMPERED_JOB_0"])["tests"] == "assert True"
-    assert json.loads(env["TEMPERED_JOB_0"])["nonce"] == job.nonce  # judged on the host
-    assert json.loads(env["TEMPERED_RUN"]) == {
-        "timeout_s": limits.timeout_s,
-        "output_bytes": limits.output_bytes,
+    assert json.loads(env["TEMPERED_RUN"])["timeout_s"] == limits.timeout_s
+    sources = json.loads("".join(v for k, v in env.items() if k.startswith("TEMPERED_SOURCES_")))
+    assert set(sources) == {
+        f"infra.sandbox.{m}" for m in ("codec", "confine", "candidate", "checker", "zygote")
     }
-    assert "def main()" in env["TEMPERED_HARNESS"]
 
 
 @pytest.mark.asyncio
@@ -175,16 +184,50 @@ async def test_pod_that_never_finishes_is_an_infra_error(stub: StubKubeApi) -> N
     assert stub.jobs == {}
 
 
+@pytest.mark.parametrize("reason", ["OOMKilled", "Error"])
 @pytest.mark.asyncio
-async def test_oom_killed_pod_is_memory_exceeded_other_failures_are_infra(
+async def test_a_pod_without_the_launchers_result_is_an_infra_error(
+    stub: StubKubeApi, reason: str
+) -> None:
+    stub.terminated_reason = reason  # the launcher (PID 1) itself died: nothing judged the run
+    with pytest.raises(SandboxInfraError, match=f"without a result \\({reason}\\)"):
+        await stub.backend().run("x = bytearray(10**10)")
+
+
+@pytest.mark.asyncio
+async def test_a_candidate_that_cannot_drop_its_privileges_never_runs(
+    stub: StubKubeApi, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sources = json.loads(kubernetes_job.SOURCES)
+    del sources["infra.sandbox.confine"]  # the candidate cannot drop its privileges
+    monkeypatch.setattr(kubernetes_job, "SOURCES", json.dumps(sources))
+    with pytest.raises(SandboxInfraError, match="did not start: sandbox setup failed.*confine"):
+        await stub.backend().run("def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3")
+
+
+@pytest.mark.asyncio
+async def test_in_the_pod_the_program_is_confined_and_cannot_fake_a_fault(
     stub: StubKubeApi,
 ) -> None:
-    stub.terminated_reason = "OOMKilled"
-    result = await stub.backend().run("x = bytearray(10**10)")
-    assert result.status is ExecStatus.MEMORY_EXCEEDED
-    stub.terminated_reason = "Error"
-    with pytest.raises(SandboxInfraError, match="without a result"):
-        await stub.backend().run("print(1)")
+    program = """
+import os, signal
+status = open("/proc/self/status").read()
+print("uid", os.getuid(), "seccomp", "Seccomp:\t2" in status, "caps", "CapBnd:\t0000000000000000" in status)
+for path in ("/proc/1/environ", f"/proc/{os.getppid()}/environ", f"/proc/{os.getppid()}/mem"):
+    try:
+        open(path, "rb").read(100)
+        print("READ", path)
+    except OSError:
+        print("denied", path)
+print("environ", sorted(os.environ))
+def add(a, b):
+    os.kill(os.getpid(), signal.SIGKILL)  # its own end must stay its own: failed, not infra
+"""
+    result = await stub.backend().run(program, CHECK, SandboxLimits(timeout_s=20), "add")
+    assert result.status is ExecStatus.FAILED and result.tests_passed == 0, result
+    lines = result.stdout.splitlines()
+    assert lines[0] == "uid 10002 seccomp True caps True" and "READ" not in result.stdout, lines
+    assert lines[-1] == "environ ['HOME', 'LANG', 'PATH', 'TMPDIR']", lines
 
 
 @pytest.mark.asyncio

@@ -1,4 +1,5 @@
-"""The local (bubblewrap) backend against real bwrap: statuses, tests, limits, output caps."""
+"""The local backend (the two-process verifier under bwrap) through its public API: statuses,
+tests, limits, output caps, the warm pool, failing closed, and `tempered sandbox run`."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ import asyncio
 import json
 import os
 import shutil
+from collections.abc import AsyncIterator
 
 import psutil
 import pytest
+import pytest_asyncio
 
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
-from infra.sandbox import SandboxInfraError, get_backend
+from infra.sandbox import SandboxInfraError, get_backend, verifier
 from infra.sandbox.local import LocalBackend, worker_uids
 from infra.settings import Settings
 
@@ -24,9 +27,12 @@ CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert cand
 FAST = SandboxLimits(timeout_s=5)
 
 
-@pytest.fixture(scope="module")
-def backend() -> LocalBackend:
-    return LocalBackend(warm=0)
+@pytest_asyncio.fixture
+async def backend() -> AsyncIterator[LocalBackend]:
+    """One backend per test: a backend's zygotes belong to the event loop that started them."""
+    local = LocalBackend(warm=1)
+    yield local
+    await local.close()
 
 
 @pytest.mark.asyncio
@@ -96,7 +102,8 @@ async def test_stdlib_introspection_still_works(backend) -> None:
 
 @pytest.mark.asyncio
 async def test_timeout(backend) -> None:
-    result = await backend.run("while True:\n    pass\n", CHECK, SandboxLimits(timeout_s=1), "add")
+    sleeper = "import time\ntime.sleep(60)\n"  # its own time, however loaded the host is
+    result = await backend.run(sleeper, CHECK, SandboxLimits(timeout_s=1), "add")
     assert result.status == ExecStatus.TIMEOUT
     assert 1000 <= result.duration_ms < 4000
 
@@ -148,18 +155,30 @@ async def test_enforcement_reports_cgroups_when_available(backend) -> None:
 
 @pytest.mark.asyncio
 async def test_rlimit_mode_still_enforces_memory() -> None:
-    backend = LocalBackend()
-    backend.use_cgroups, backend.enforcement = False, "rlimit"
-    result = await backend.run("x = bytearray(300 * 2**20)\n", "", SandboxLimits(memory_mb=128))
+    backend = LocalBackend(warm=0)
+    backend.verifier.use_cgroups, backend.verifier.enforcement = False, "rlimit"
+    try:
+        limits = SandboxLimits(memory_mb=128)
+        result = await backend.run("x = bytearray(300 * 2**20)\n", "", limits)
+    finally:
+        await backend.close()
     assert result.status == ExecStatus.MEMORY_EXCEEDED and result.enforcement == "rlimit"
 
 
 @pytest.mark.asyncio
 async def test_missing_bwrap_is_an_infra_error() -> None:
     backend = LocalBackend()
-    backend.bwrap = None
-    with pytest.raises(SandboxInfraError):
+    backend.verifier.bwrap = None
+    with pytest.raises(SandboxInfraError, match="needs root, bwrap and setpriv"):
         await backend.run("print(1)\n")
+
+
+@pytest.mark.asyncio
+async def test_without_root_it_fails_closed_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(verifier.os, "geteuid", lambda: 1000)
+    with pytest.raises(SandboxInfraError, match="needs root") as raised:
+        await LocalBackend(warm=0).run("print(1)\n")
+    assert "\n" not in str(raised.value)
 
 
 def test_get_backend_dispatches_by_name() -> None:
@@ -185,17 +204,18 @@ async def test_warm_pool_runs_each_program_in_a_fresh_sandbox() -> None:
         "import os, time\nopen('/tmp/trace', 'w').write('secret')\n"
         "if os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n"
     )
-    look = "import os\nprint(os.path.exists('/tmp/trace'), len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
+    look = "import os\nprint(os.path.exists('/tmp/trace'), [p for p in os.listdir('/proc') if p.isdigit()])\n"
     try:
         await backend.run(leave_traces, "", FAST)
-        await backend.run(leave_traces, "", FAST)  # second run: the pool starts filling
+        await backend.run(leave_traces, "", FAST)
+        pool = backend.verifier._pool
         for _ in range(100):
-            if sum(len(pool) for pool in backend._pool.values()) == 2:
+            if sum(len(pairs) for pairs in pool.values()) == 2:
                 break
             await asyncio.sleep(0.05)
-        assert sum(len(pool) for pool in backend._pool.values()) == 2
-        result = await backend.run(look, "", FAST)  # served by a pre-started sandbox
-        assert result.stdout == "False 2\n", result  # no file, only its init and itself
+        assert sum(len(pairs) for pairs in pool.values()) == 2
+        result = await backend.run(look, "", FAST)  # served by a pre-started pair
+        assert result.stdout == "False ['1']\n", result  # no file, and it is alone: pid 1
         limited = await backend.run("x = bytearray(200 * 2**20)\n", "", SandboxLimits(memory_mb=64))
         assert limited.status == ExecStatus.MEMORY_EXCEEDED  # limits are applied per run
     finally:
@@ -221,6 +241,22 @@ def test_cli_sandbox_run_prints_json_and_exits_0(tmp_path, capsys) -> None:
     assert {"exit_code", "duration_ms", "stdout", "stderr", "truncated", "tests_passed"} <= set(
         printed
     )
+
+
+def test_cli_sandbox_run_uses_the_task_helpers(tmp_path, capsys) -> None:
+    from workers.cli import run as cli
+
+    files = {
+        "p.py": "def encode(s):\n    return s\n",  # a cheat: its own helper is the identity
+        "t.py": "assert decode(encode('abc')) == 'abc'\nassert encode('abc') == 'bcd'\n",
+        "h.py": "def decode(s):\n    return ''.join(chr(ord(c) - 1) for c in s)\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    argv = ["sandbox", "run", str(tmp_path / "p.py"), "--tests", str(tmp_path / "t.py")]
+    assert cli([*argv, "--helpers", str(tmp_path / "h.py"), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["status"] == "failed" and printed["tests_passed"] == 0, printed
 
 
 def test_cli_sandbox_run_infra_error_exits_3(tmp_path, capsys, monkeypatch) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 from infra.tasks.helpers import task_helpers
 from infra.tasks.humaneval import humaneval_tasks
+from infra.tasks.jsonl import read_jsonl, write_jsonl
 
 
 def _names(source: str) -> list[str]:
@@ -52,3 +54,11 @@ def test_stubs_expressions_and_prose_are_left_out() -> None:
     assert _names(task_helpers(prompt, "solve")) == ["Import", "helper", "AnnAssign", "decorated"]
     assert task_helpers("Write a function add(a, b) that adds.", "add") == ""
     assert task_helpers("add", "add") == ""
+
+
+def test_the_humaneval_suite_carries_its_helpers_and_jsonl_tasks_may_too(tmp_path: Path) -> None:
+    tasks = humaneval_tasks()
+    assert all(task.helpers == task_helpers(task.prompt, task.entry_point) for task in tasks)
+    assert "def encode_cyclic" in tasks[38].helpers and "def poly" in tasks[32].helpers
+    path = write_jsonl([tasks[38]], tmp_path / "mine.jsonl")
+    assert read_jsonl(path)[0].helpers == tasks[38].helpers

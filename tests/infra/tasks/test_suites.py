@@ -127,7 +127,10 @@ def test_jsonl_round_trip_through_load_suite(tmp_path: Path) -> None:
     [
         ('{"id": "a", "prompt": "p", "entry_point": "f"', r"bad.jsonl:3: invalid JSON"),
         ("[1, 2]", r"bad.jsonl:3: expected a JSON object, got list"),
-        ('{"id": "a", "prompt": "p", "entry_point": "f"}', r"bad.jsonl:3: <input>: Value error, a code task needs entry_point and tests"),
+        (
+            '{"id": "a", "prompt": "p", "entry_point": "f"}',
+            r"bad.jsonl:3: <input>: Value error, a code task needs entry_point and tests",
+        ),
         (
             '{"id": "a", "prompt": "p", "entry_point": "1f", "tests": "t"}',
             r"bad.jsonl:3: entry_point",

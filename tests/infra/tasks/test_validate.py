@@ -48,11 +48,12 @@ class FlakyPlatform:
         tests: str = "",
         limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
+        helpers: str = "",
     ) -> ExecutionResult:
         self.calls += 1
         if self.calls <= self.faults:
             raise SandboxInfraError(f"injected platform fault {self.calls}")
-        return await self.inner.run(program, tests, limits, entry_point)
+        return await self.inner.run(program, tests, limits, entry_point, helpers)
 
     async def close(self) -> None:
         await self.inner.close()

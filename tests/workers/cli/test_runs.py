@@ -7,15 +7,18 @@ from pathlib import Path
 
 import pytest
 
+from contracts.episode import EpisodeEnd, ToolCall
 from contracts.learner import PolicyManifest, PolicyVersion, TrainingRunInput
-from contracts.sandbox import ExecStatus
-from contracts.trajectory import RewardRecord, Trajectory, TrajectoryTurn, trajectory_id
+from contracts.sandbox import ExecStatus, ExecutionResult
+from contracts.task import EnvName
+from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
 from infra import keys
 from infra.seaweed import pick_free_ports
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import load_suite
 from tests.fixtures.s3 import SeaweedServer
+from tests.trajectories import Step, trajectory
 from workers.cli import run
 
 RUN = "demo"
@@ -34,29 +37,16 @@ def settings_for(
     )
 
 
-def trajectory(task_id: str, sample: int, code: str, solved: bool) -> Trajectory:
-    turn = TrajectoryTurn(
-        turn=0,
-        policy_version=sample,
-        prompt_token_ids=[1],
-        completion_token_ids=[2],
-        completion_logprobs=[-0.1],
-        completion_text=code,
-        code=code,
-        status=ExecStatus.PASSED if solved else ExecStatus.FAILED,
+def demo(task_id: str, sample: int, code: str, solved: bool) -> Trajectory:
+    status = ExecStatus.PASSED if solved else ExecStatus.FAILED
+    return trajectory(
+        [Step([1], [2], policy_version=sample, code=code, status=status)],
         reward=1.0 if solved else -0.1,
-    )
-    return Trajectory(
-        id=trajectory_id(RUN, task_id, sample),
         run_id=RUN,
         task_id=task_id,
         sample=sample,
         group_size=2,
-        prompt="p",
-        turns=[turn],
-        reward=turn.reward,
         solved=solved,
-        policy_version=sample,
         created_at="2025-01-01T00:00:00Z",
     )
 
@@ -69,15 +59,15 @@ def demo_run(store: ObjectStore) -> list[Trajectory]:
     first, second = load_suite("starter", split="train")[:2]
     assert first.canonical_solution and second.canonical_solution and second.wrong_solution
     stored = [
-        trajectory(first.id, 0, first.canonical_solution, solved=False),
-        trajectory(first.id, 1, first.canonical_solution, solved=True),
-        trajectory(second.id, 0, second.canonical_solution, solved=True),
-        trajectory(second.id, 1, second.wrong_solution, solved=True),
+        demo(first.id, 0, first.canonical_solution, solved=False),
+        demo(first.id, 1, first.canonical_solution, solved=True),
+        demo(second.id, 0, second.canonical_solution, solved=True),
+        demo(second.id, 1, second.wrong_solution, solved=True),
     ]
     store.put_json(keys.run_record_key(RUN), TrainingRunInput(run_id=RUN, group_size=2))
     for t in stored:
         store.put_json(keys.trajectory_key(RUN, t.task_id, t.sample), t)
-        store.put_text(keys.turn_key(RUN, t.task_id, t.sample, 0, "code.py"), t.turns[0].code)
+        store.put_text(keys.turn_key(RUN, t.task_id, t.sample, 0, "code.py"), t.steps[0].code or "")
     for version in (0, 1):
         policy = PolicyVersion(
             run_id=RUN, version=version, prefix=keys.policy_prefix(RUN, version), step=version
@@ -126,6 +116,54 @@ def test_runs_show(
         rf"{re.escape(first_task)}\s*│\s*2\s*│\s*1/2\s*│\s*\+0\.450\s*│\s*1\s*│\s*0,1", out
     ), out
     assert re.search(r"v1\s*│\s*1\s*│\s*│\s*\*", out), out
+
+
+def test_runs_show_task_prints_each_episode_step_by_step(
+    seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path, capsys: Capture
+) -> None:
+    observations = [
+        store.put_text("obs/0", "fixed.py: return a - b"),
+        store.put_text("obs/1", "wrote fixed.py"),
+        store.put_text("obs/2", "error: no tool call found"),
+        store.put_text("obs/3", "submitted"),
+    ]
+    calls = [
+        ToolCall(name="read_file", arguments={"path": "fixed.py"}),
+        ToolCall(name="write_file", arguments={"path": "fixed.py", "content": "ok"}),
+        ToolCall(error="no tool call found"),
+        ToolCall(name="submit"),
+    ]
+    episode = trajectory(
+        [Step([1, 2], [3]), Step([4], [5]), Step([6], [7]), Step([8], [9])],
+        reward=1.0,
+        run_id=RUN,
+        task_id="ws-1",
+        end=EpisodeEnd.SUBMITTED,
+    )
+    verifier = store.put_json(
+        "verdict.json", ExecutionResult(status=ExecStatus.PASSED, tests_passed=3, tests_total=3)
+    )
+    steps: list[TrajectoryStep] = [
+        s.model_copy(update={"call": c, "observation": o, "code": None, "status": None})
+        for s, c, o in zip(episode.steps, calls, observations, strict=True)
+    ]
+    steps[2].completion_text = "I think the bug is in line 2."
+    episode = episode.model_copy(
+        update={"env": EnvName.WORKSPACE, "steps": steps, "verifier": verifier}
+    )
+    store.put_json(keys.trajectory_key(RUN, "ws-1", 0), episode)
+    settings = settings_for(seaweed, store, tmp_path)
+    assert cli(["runs", "show", RUN, "--task", "ws-1"], settings) == 0
+    out = capsys.readouterr().out
+    assert "ws-1 sample 0: 4 steps, ended submitted, reward +1.000, solved" in out
+    assert 'read_file({"path": "fixed.py"})' in out and "fixed.py: return a - b" in out
+    assert 'write_file({"path": "fixed.py", "content": "ok"})' in out
+    assert "no valid call (no tool call found); the model wrote:" in out
+    assert "I think the bug is in line 2." in out and "submit({})" in out
+    assert "verifier: passed, 3/3 hidden tests" in out
+    assert out.index("step 0") < out.index("step 1") < out.index("step 3")
+    assert cli(["runs", "show", RUN, "--task", "ws-1", "--sample", "3"], settings) == 2
+    assert "has no trajectory of task 'ws-1' sample 3" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

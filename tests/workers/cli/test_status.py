@@ -20,6 +20,7 @@ from infra import telemetry as tm
 from infra.settings import Settings, TemporalSettings
 from infra.telemetry_files import QueueFigures, WorkerFigures
 from tests.fixtures.temporal import TemporalServer
+from workers.backlog import QueueBacklog
 from workers.cli import run
 from workers.cli.status import StatusReport, render
 from workers.runtime import BUILDERS, connect
@@ -44,6 +45,18 @@ def busy_cluster() -> StatusReport:
             "s3": "running (pid 41240) at http://127.0.0.1:8333",
         },
         background_workers={"learner": 51234},
+        backlogs=[
+            QueueBacklog(
+                queue=q.value,
+                kind="workflow" if q is Queue.AGENT_TASKS else "activity",
+                backlog=1234 if q is Queue.INFERENCE else 0,
+                oldest_s=95.0 if q is Queue.INFERENCE else 0.0,
+                added_per_s=40.5,
+                dispatched_per_s=12.25,
+                pollers=3,
+            )
+            for q in Queue
+        ],
         workers={
             f"{everything}-41300": WorkerFigures(
                 service=everything,
@@ -112,6 +125,9 @@ def test_status_at_80_columns_shows_every_cell_whole() -> None:
         "reward",
         "pass@1",
         "stale",
+        "waiting",
+        "oldest",
+        "taken/s",
     ):
         assert header in text, header
 
@@ -128,6 +144,8 @@ def test_status_at_80_columns_shows_every_cell_whole() -> None:
     row("agent-tasks", "41300", "up", "-")
     row("run-20250101-120000", "1234", "4000/4096", "96", "+0.350", "0.42 (v1200)", "2")
     row("stuck", "?")
+    row("inference", "1234", "95s", "40.5", "12.2", "3")  # the task queues table
+    row("sandbox", "0", "-", "40.5", "12.2", "3")
     assert "stuck: no answer to the progress query" in text
     assert ERROR in " ".join(text.split())  # the last error in full, wrapped at spaces
 
@@ -155,8 +173,13 @@ def test_status_json_has_the_raw_figures_and_a_queue_nobody_serves_says_so(
     raw = json.loads(capsys.readouterr().out)
     worker = raw["workers"][f"sandbox-{os.getpid()}"]
     assert worker["alive"] is True and worker["sandbox_runs"] == {"passed": 1}
-    assert raw["services"] == {"temporal": "stopped", "s3": "stopped"}
-    assert raw["runs"] is None and raw["temporal"] == "127.0.0.1:1" and raw["temporal_error"]
+    assert raw["services"] == {"temporal": "stopped", "s3": "stopped", "codec": "stopped"}
+    assert (
+        raw["runs"] is None
+        and raw["backlogs"] is None
+        and raw["temporal"] == "127.0.0.1:1"
+        and raw["temporal_error"]
+    )
     assert run(["status"], settings) == 0
     assert "cannot reach Temporal at 127.0.0.1:1" in capsys.readouterr().out
 
@@ -184,7 +207,9 @@ async def test_status_finds_running_training_runs_and_reads_their_progress(
                 assert await asyncio.to_thread(run, ["status", "--json"], settings) == 0
                 raw = json.loads(capsys.readouterr().out)
                 answered = raw["runs"] and raw["runs"][0]["progress"] is not None
-                if answered or time.monotonic() > deadline:
+                waiting = {b["queue"]: b["backlog"] for b in raw["backlogs"] or []}
+                seen = waiting.get(Queue.REWARDS.value)  # the server's figures lag a little
+                if (answered and seen) or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.5)
             assert raw["temporal_error"] is None
@@ -192,6 +217,8 @@ async def test_status_finds_running_training_runs_and_reads_their_progress(
             assert found["run_id"] == "status-probe"  # the TemperedRunId search attribute
             assert found["workflow_id"] == handle.id == "train-status-probe"
             assert RunProgress.model_validate(found["progress"]) == RunProgress()
+            assert waiting[Queue.REWARDS.value] == 1  # load_tasks, and no rewards worker
+            assert waiting[Queue.AGENT_TASKS.value] == 0  # the workflow worker keeps up
             assert await asyncio.to_thread(run, ["status"], settings) == 0
             assert any(
                 line.split()[:2] == ["status-probe", "0"]

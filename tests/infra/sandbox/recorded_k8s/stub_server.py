@@ -2,8 +2,10 @@
 
 It answers the official client on 127.0.0.1 with the response bodies in this folder (trimmed
 copies of what a 1.33 API server returns, `$NAME`/`$NAMESPACE` filled per request) and plays
-the kubelet: when a Job is created it runs the pod's command (launcher + harness, the real
-code) as a local process with the pod's env and serves its stdout as the pod log.
+the kubelet: when a Job is created it runs the pod's command (the pod launcher with its checker
+and candidate, the real code) as a local process with the pod's env, as root like the pod's
+container, and serves its stdout as the pod log. There is no pod pid namespace here: the
+launcher is a child subreaper instead of PID 1.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from kubernetes import client
 
 from contracts.task import SandboxLimits
 from infra.sandbox.kubernetes import KubernetesBackend, build_job_manifest
-from infra.sandbox.process import HarnessJob
+from infra.sandbox.verifier import checker_job
 from infra.settings import KubernetesSandboxSettings
 
 RECORDED = Path(__file__).parent
@@ -75,8 +77,9 @@ class StubKubeApi:
         return pod
 
     def add_job(self, name: str, worker: str) -> None:
-        job = HarnessJob("", "", None, SandboxLimits())
-        manifest = build_job_manifest(name, NAMESPACE, "python:3.11-slim", job, "n", worker)
+        limits = SandboxLimits()
+        job = checker_job("", "", "", [], None, limits, {})
+        manifest = build_job_manifest(name, NAMESPACE, "python:3.11-slim", job, limits, "n", worker)
         self.jobs[name] = {"manifest": manifest, "done": True, "log": "", "phase": "Succeeded"}
 
     def _kubelet(self, name: str) -> None:

@@ -1,0 +1,261 @@
+"""Activities of workspace sessions: `open_sessions`, `env_step`, `verify_episodes`,
+`close_sessions` (served by `tempered worker sandbox`, workers/sandbox.py).
+
+Queues. Every sandbox worker polls the shared `sandbox` queue and its own queue,
+`sandbox-<host>-<pid>` (`own_queue()`, Temporal's worker-specific task queue pattern):
+
+    open_sessions    sandbox       a session per sample on THIS worker, from the task's initial
+                                   tree or the given snapshots; each `SessionRef.queue` names
+                                   this worker's own queue
+    env_step         own queue     run each item's tool call in its session, write the
+                                   observation text to the store, snapshot the workspace
+    close_sessions   own queue     remove sessions (best effort: a TTL reaps the rest)
+    verify_episodes  sandbox       score final snapshots against the hidden tests in fresh
+                                   verifier sandboxes (any worker)
+
+A worker that died never polls its own queue again: a step sent there ends by its
+schedule-to-start timeout, and the workflow restores the sessions from their last snapshots
+with `open_sessions` on `sandbox`. A session this worker no longer holds (closed, reaped by
+the TTL) fails its step with the non-retryable `SessionLost`, which the workflow treats alike.
+
+Errors: an agent's bad action is an observation, never an error; a task whose check is broken
+is `InvalidTask` (non-retryable, naming the task and file); a snapshot that does not exist or
+does not match its digest is `InvalidInput`; platform and storage faults are retried.
+Observations and verdicts are written create-only under keys named by their content's digest,
+so a step or a check run again (elsewhere) never changes what a returned ref names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import TypeVar
+
+from temporalio import activity
+
+from activities.heartbeat import heartbeating
+from contracts.episode import (
+    CloseSessionsRequest,
+    CloseSessionsResponse,
+    EnvStepItem,
+    EnvStepOutcome,
+    EnvStepRequest,
+    EnvStepResponse,
+    OpenSessionsRequest,
+    OpenSessionsResponse,
+    SessionRef,
+    Verdict,
+    VerifyItem,
+    VerifyRequest,
+    VerifyResponse,
+)
+from contracts.errors import ErrorType, fail, invalid
+from contracts.names import Activity, Queue
+from contracts.task import EnvName
+from infra import keys
+from infra.environments.checks import InvalidTask
+from infra.environments.sessions import SessionHost
+from infra.environments.snapshots import StoreObjects, Trees
+from infra.environments.tree import TreeError
+from infra.environments.workspace import SessionLost, WorkspaceEnvironment, WorkspaceState
+from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
+from infra.sandbox.workspace import CommandRunner
+from infra.settings import Settings
+from infra.storage import ObjectStore
+from infra.telemetry import record_queue_wait, record_sandbox_run, sandbox_in_flight, span
+
+HEARTBEAT_S = 5.0
+WORKSPACE_BACKEND = "workspace"
+"""How telemetry names the sandbox of workspace commands (metrics `backend` label)."""
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def own_queue(pid: int | None = None) -> str:
+    """This worker process's own task queue: `sandbox-<host>-<pid>`."""
+    return f"{Queue.SANDBOX.value}-{socket.gethostname()}-{os.getpid() if pid is None else pid}"
+
+
+def session_id(run_id: str, task_id: str, sample: int) -> str:
+    """A session's id: the sample, and a digest of the run and task (an Identifier)."""
+    digest = hashlib.sha256(f"{run_id}\0{task_id}".encode()).hexdigest()[:20]
+    return f"s{sample}-{digest}"
+
+
+def _digest(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
+
+
+class EnvironmentActivities:
+    """The session activities of one sandbox worker; holds its sessions and their stores."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        queue: str | None = None,
+        store: ObjectStore | None = None,
+        backend: SandboxBackend | None = None,
+    ) -> None:
+        """`backend` runs the `functions` checks (the worker's, shared with `execute`; closed
+        here only when made here)."""
+        config = settings.sandbox.workspaces
+        self.queue = queue or own_queue()
+        self.store = store if store is not None else ObjectStore.from_settings(settings)
+        self.trees = Trees(StoreObjects(self.store), cache_bytes=config.blob_cache_mb << 20)
+        self.host = SessionHost(config)
+        self._owned_backend = backend is None
+        self.backend = backend if backend is not None else get_backend(settings)
+        self.env = WorkspaceEnvironment(self.host, self.trees, CommandRunner(), self.backend)
+        self._slots = asyncio.Semaphore(settings.sandbox.concurrency)
+
+    # -- the activities ----------------------------------------------------------------------
+
+    @activity.defn(name=Activity.OPEN_SESSIONS.value)
+    async def open_sessions(self, req: OpenSessionsRequest) -> OpenSessionsResponse:
+        _workspace_only(req.env)
+        if not req.samples:
+            raise invalid("samples", "no sessions to open")
+        opened = await self._each(req.samples, lambda sample: self._open(req, sample), req.task_id)
+        return OpenSessionsResponse(sessions=dict(zip(req.samples, opened, strict=True)))
+
+    @activity.defn(name=Activity.ENV_STEP.value)
+    async def env_step(self, req: EnvStepRequest) -> EnvStepResponse:
+        record_queue_wait()
+        _workspace_only(req.env)
+        if not req.items:
+            raise invalid("items", "no steps to run")
+        outcomes = await self._each(req.items, lambda item: self._step(req, item), req.task_id)
+        return EnvStepResponse(outcomes=outcomes)
+
+    @activity.defn(name=Activity.VERIFY_EPISODES.value)
+    async def verify_episodes(self, req: VerifyRequest) -> VerifyResponse:
+        _workspace_only(req.env)
+        if not req.items:
+            raise invalid("items", "nothing to verify")
+        verdicts = await self._each(req.items, lambda item: self._verify(req, item), req.task_id)
+        return VerifyResponse(verdicts=verdicts)
+
+    @activity.defn(name=Activity.CLOSE_SESSIONS.value)
+    async def close_sessions(self, req: CloseSessionsRequest) -> CloseSessionsResponse:
+        return CloseSessionsResponse(closed=await self.env.close(req.session_ids))
+
+    # -- one item each -----------------------------------------------------------------------
+
+    async def _open(self, req: OpenSessionsRequest, sample: int) -> SessionRef:
+        snapshot = req.snapshots.get(sample)
+        where = f"snapshots[{sample}]" if snapshot else "workspace.files"
+        with _faults(where):
+            state = await self.env.reset(
+                req.workspace, session_id(req.run_id, req.task_id, sample), snapshot
+            )
+        return self._ref(state)
+
+    async def _step(self, req: EnvStepRequest, item: EnvStepItem) -> EnvStepOutcome:
+        session = item.session
+        state = WorkspaceState(session.session_id, session.snapshot, session.tree_digest)
+        tool = item.call.name if item.call.error is None else "malformed"
+        with (
+            _faults(f"sample {item.sample}: session.snapshot"),
+            span(
+                "sandbox.env_step",
+                task_id=req.task_id,
+                sample=item.sample,
+                turn=req.step,
+                tool=tool,
+            ),
+            sandbox_in_flight(WORKSPACE_BACKEND),
+        ):
+            started = time.perf_counter()
+            try:
+                after, seen = await self.env.step(state, item.call, req.limits)
+            except SessionLost as exc:
+                raise fail(ErrorType.SESSION_LOST, f"sample {item.sample}: {exc}") from exc
+        if seen.status is not None:
+            record_sandbox_run(WORKSPACE_BACKEND, seen.status.value, time.perf_counter() - started)
+        key = keys.observation_key(
+            req.run_id, req.task_id, item.sample, req.step, _digest(seen.text)
+        )
+        observation = await asyncio.to_thread(self.store.put_text, key, seen.text, create_only=True)
+        return EnvStepOutcome(
+            sample=item.sample,
+            call=item.call,
+            observation=observation,
+            status=seen.status,
+            submitted=seen.submitted,
+            session=self._ref(after),
+        )
+
+    async def _verify(self, req: VerifyRequest, item: VerifyItem) -> Verdict:
+        state = WorkspaceState(f"verify-s{item.sample}", item.snapshot)
+        with _faults(f"items[sample {item.sample}].snapshot"):
+            try:
+                graded = await self.env.verify(req.workspace, state, req.limits)
+            except InvalidTask as exc:
+                raise fail(ErrorType.INVALID_TASK, f"task {req.task_id}: {exc}") from exc
+        result = graded.result
+        data = result.model_dump_json()
+        key = keys.verdict_key(req.run_id, req.task_id, item.sample, _digest(data))
+        ref = await asyncio.to_thread(self.store.put_json, key, result, create_only=True)
+        return Verdict(
+            sample=item.sample,
+            status=result.status,
+            tests_passed=result.tests_passed,
+            tests_total=result.tests_total,
+            score=graded.score,
+            result=ref,
+        )
+
+    def _ref(self, state: WorkspaceState) -> SessionRef:
+        return SessionRef(
+            session_id=state.session_id,
+            queue=self.queue,
+            snapshot=state.snapshot,
+            tree_digest=state.tree_digest,
+        )
+
+    async def _each(
+        self, items: Sequence[T], work: Callable[[T], Awaitable[R]], what: str
+    ) -> list[R]:
+        """`work` on every item concurrently (at most `sandbox.concurrency` at once),
+        heartbeating; the first failure cancels the rest and is raised as it is."""
+
+        async def bounded(item: T) -> R:
+            async with self._slots:
+                return await work(item)
+
+        async def all_items() -> list[R]:
+            try:
+                async with asyncio.TaskGroup() as group:
+                    tasks = [group.create_task(bounded(item)) for item in items]
+            except ExceptionGroup as failed:  # Temporal must see the item's own (typed) error
+                raise failed.exceptions[0] from None
+            return [task.result() for task in tasks]
+
+        return await heartbeating(all_items(), every_s=HEARTBEAT_S, details=lambda: what)
+
+    async def close(self) -> None:
+        await self.host.shutdown()
+        self.trees.close()
+        if self._owned_backend:
+            await self.backend.close()
+
+
+def _workspace_only(env: EnvName) -> None:
+    if env is not EnvName.WORKSPACE:
+        raise invalid("env", f"{env.value} tasks have no sessions (only workspace tasks do)")
+
+
+@contextlib.contextmanager
+def _faults(where: str) -> Iterator[None]:
+    """Turn an item's platform and tree faults into the activity's typed errors."""
+    try:
+        yield
+    except SandboxInfraError as exc:
+        raise fail(ErrorType.SANDBOX_INFRA, f"{where}: {exc}") from exc
+    except TreeError as exc:
+        raise invalid(where, str(exc)) from exc

@@ -1,0 +1,2 @@
+#!/bin/bash
+cat "$DATA_DIR"/*.txt | wc -l > /app/total.txt

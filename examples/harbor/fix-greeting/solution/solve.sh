@@ -1,0 +1,5 @@
+#!/bin/bash
+cat > /app/greet.py <<'PY'
+def greet(name):
+    return f"Hello, {name or 'world'}!"
+PY

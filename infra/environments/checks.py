@@ -1,0 +1,171 @@
+"""Scoring a final workspace against hidden tests, in a verifier sandbox the agent never saw.
+
+    graded = await check_functions(backend, workspace, contents, check, tests, limits)
+    graded = await check_script(runner, scratch, spec, check, uid, limits, slot_name)
+
+Two kinds (`tree.Check.kind`, carried by the hidden-tests tree):
+
+- `functions` (the built-in `workspace` suite): the two-process verifier of the sandbox
+  backend (`SandboxBackend.run`). The candidate process gets a program that writes the
+  workspace's files into its private /tmp and star-imports the modules under test; the checker
+  process holds the hidden tests (top-level asserts naming those modules' functions) and calls
+  the functions as data. The score is the share of hidden asserts that passed.
+- `script` (Harbor tasks): `bash /tests/test.sh` in a fresh workspace sandbox, the final
+  workspace at its workdir (a copy: the session is untouched), the tests at /tests read-only,
+  /logs/verifier writable; the score is the number the script wrote to
+  /logs/verifier/reward.txt. The script runs with the workspace's code, as in Harbor.
+
+A task whose check cannot work (no check in the tests tree, a script that exits without a
+reward, a reward that is not a number in [0, 1]) raises `InvalidTask`, naming the file; that
+is the task's fault, never retried and never a reward.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+
+from contracts.sandbox import ExecStatus, ExecutionResult
+from contracts.task import SandboxLimits, WorkspaceSpec
+from infra.environments.base import Graded
+from infra.environments.tree import Check, Manifest
+from infra.sandbox.base import SandboxBackend
+from infra.sandbox.workspace import CommandResult, CommandRunner, Mounts
+
+REWARD_FILE = "reward.txt"
+LOGS_DIR = "/logs/verifier"
+TESTS_DIR = "/tests"
+MAX_PROGRAM_FILE = 1 << 20
+"""Workspace files larger than this are not copied into the functions check."""
+
+
+class InvalidTask(ValueError):
+    """The task's own check is broken (not the agent's workspace)."""
+
+
+def check_limits(check: Check, limits: SandboxLimits) -> SandboxLimits:
+    """The run's limits, with the wall and CPU time the task's check asks for if it asks more."""
+    timeout = max(limits.timeout_s, check.timeout_s or 0.0)
+    return limits.model_copy(
+        update={"timeout_s": timeout, "cpu_s": max(limits.cpu_s, int(timeout))}
+    )
+
+
+def functions_program(files: Mapping[str, bytes], modules: list[str]) -> str:
+    """A program that writes `files` under /tmp/workspace and imports `modules`' names."""
+    packed = {path: base64.b64encode(data).decode() for path, data in files.items()}
+    blob = base64.b64encode(zlib.compress(json.dumps(packed).encode())).decode()
+    imports = "".join(f"from {module} import *  # noqa: F403\n" for module in modules)
+    return (
+        "def _materialize():\n"
+        "    import base64, json, os, sys, zlib\n"
+        "    root = '/tmp/workspace'\n"
+        f"    files = json.loads(zlib.decompress(base64.b64decode({blob!r})))\n"
+        "    for path, data in files.items():\n"
+        "        target = os.path.join(root, path)\n"
+        "        os.makedirs(os.path.dirname(target), exist_ok=True)\n"
+        "        with open(target, 'wb') as out:\n"
+        "            out.write(base64.b64decode(data))\n"
+        "    sys.path.insert(0, root)\n"
+        "    os.chdir(root)\n"
+        "\n"
+        "_materialize()\n"
+        "del _materialize\n"
+        f"{imports}"
+    )
+
+
+async def check_functions(
+    backend: SandboxBackend, workspace: Manifest, contents: Mapping[str, bytes], check: Check,
+    tests: str, limits: SandboxLimits,
+) -> Graded:  # fmt: skip
+    files = {
+        entry.path: contents[entry.sha256]
+        for entry in workspace.files()
+        if entry.size <= MAX_PROGRAM_FILE
+    }
+    program = functions_program(files, check.modules)
+    result = await backend.run(program, tests, check_limits(check, limits))
+    if result.status is ExecStatus.PASSED:
+        return Graded(result, 1.0)
+    score = result.tests_passed / result.tests_total if result.tests_total else 0.0
+    return Graded(result, min(score, 1.0))
+
+
+async def check_script(
+    runner: CommandRunner, scratch: Path, spec: WorkspaceSpec, check: Check, uid: int,
+    limits: SandboxLimits, slot_name: str,
+) -> Graded:  # fmt: skip
+    """Run Harbor's test script over `scratch/ws` (the final workspace, owned by `uid`) with
+    `scratch/tests` at /tests; `scratch/logs` becomes /logs/verifier."""
+    logs = scratch / "logs"
+    logs.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(logs, uid, uid)
+    mounts = Mounts(
+        workspace=scratch / "ws",
+        workdir=spec.workdir,
+        extra=((scratch / "tests", TESTS_DIR, False), (logs, LOGS_DIR, True)),
+        env={**spec.env_vars, **check.env},
+    )
+    limits = check_limits(check, limits)
+    ran = await runner.run(f"bash {TESTS_DIR}/{check.tests}", mounts, uid, limits, slot_name)
+    if ran.status in (ExecStatus.TIMEOUT, ExecStatus.MEMORY_EXCEEDED):
+        return Graded(_result(ran, runner, limits, ran.status, 0.0), 0.0)
+    reward = read_reward(logs / REWARD_FILE, check, ran)
+    status = ExecStatus.PASSED if reward >= 1.0 else ExecStatus.FAILED
+    return Graded(_result(ran, runner, limits, status, reward), reward)
+
+
+def read_reward(path: Path, check: Check, ran: CommandResult) -> float:
+    """The number in reward.txt (opened without following links, at most 64 bytes read)."""
+    where = f"tests/{check.tests}"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise InvalidTask(
+            f"{where} wrote no reward to {LOGS_DIR}/{REWARD_FILE} ({ran.detail or 'exit status 0'}); "
+            f"stderr: {ran.stderr.strip()[-300:]!r}"
+        ) from None
+    except OSError as exc:
+        raise InvalidTask(
+            f"{where}: {LOGS_DIR}/{REWARD_FILE} is not a regular file ({exc.strerror})"
+        ) from None
+    with os.fdopen(fd, "rb") as handle:
+        text = handle.read(64).decode("ascii", "replace").strip()
+    try:
+        reward = float(text)
+    except ValueError:
+        raise InvalidTask(
+            f"{where} wrote {text[:20]!r} to {LOGS_DIR}/{REWARD_FILE}, not a number"
+        ) from None
+    if not 0.0 <= reward <= 1.0:
+        raise InvalidTask(f"{where} wrote the reward {reward}, outside [0, 1]")
+    return reward
+
+
+def _result(
+    ran: CommandResult,
+    runner: CommandRunner,
+    limits: SandboxLimits,
+    status: ExecStatus,
+    reward: float,
+) -> ExecutionResult:
+    return ExecutionResult(
+        status=status,
+        exit_code=ran.exit_code,
+        duration_ms=ran.duration_ms,
+        stdout=ran.stdout,
+        stderr=ran.stderr,
+        truncated=ran.truncated,
+        tests_passed=1 if reward >= 1.0 else 0,
+        tests_total=1,
+        backend="local",
+        limits=limits,
+        enforcement="cgroup" if runner.use_cgroups else "rlimit",
+        detail=ran.detail or f"reward {reward:g}",
+    )

@@ -1,0 +1,232 @@
+"""Workspace sessions on one sandbox worker: their directories, uids, TTL, and the sweeps.
+
+    host = SessionHost(settings.sandbox.workspaces)         # sweeps what dead workers left
+    session = host.create("s3-1a2b3c4d", WorkspaceSpec(...))
+    ... steps (infra/environments/workspace.py) ...
+    await host.close(["s3-1a2b3c4d"])                       # or the TTL sweeper does it
+
+On disk, each worker process owns one directory named by its pid and the kernel's start time
+of that pid, so a pid reused by a later process never looks alive:
+
+    <root>/<pid>-<start>/                 root-owned, 0711
+        <session id>/ws/                  the workspace, owned by the session's uid, 0700
+        verify-<n>/                       a verifier's scratch trees (workspace, tests, logs)
+
+Every session and verifier run holds one uid slot (`infra/sandbox/workspace.session_uid`):
+its own uid, its own cgroups (`<pid>-w<slot>`). When a worker starts it removes what dead
+workers left: their directories, the processes still running under their uids (bwrap's
+`--die-with-parent` normally took them already) and their cgroups. A session that no step
+touched for `ttl_s` is closed by the sweeper task; its last snapshot stays in the store, so a
+later step restores it (`SessionLost` → `open_sessions` with the snapshot). The sweeper also
+removes, within `SWEEP_S`, what workers that died after this one started left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import signal
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from contracts.common import ObjectRef
+from contracts.task import WorkspaceSpec
+from infra.environments.snapshots import Scanner
+from infra.environments.tree import Manifest
+from infra.sandbox.base import SandboxInfraError
+from infra.sandbox.workspace import SESSION_UID_BASE, SLOTS, session_uid, sweep_cgroups
+from infra.settings import WorkspaceSettings
+
+log = logging.getLogger("tempered.sessions")
+SWEEP_S = 30.0
+"""How often the sweeper looks for idle sessions and dead workers' leftovers."""
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot (None if there is none)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # field 22 of stat(5); fields[0] is field 3
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def worker_dir_name(pid: int | None = None) -> str:
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}-{_start_ticks(pid)}"
+
+
+@dataclass
+class Session:
+    """One episode's workspace on this worker, and its last durable state."""
+
+    id: str
+    slot: int
+    directory: Path
+    spec: WorkspaceSpec
+    scanner: Scanner
+    snapshot: ObjectRef | None = None
+    manifest: Manifest | None = None
+    """The tree `snapshot` names (None with it: the workspace must be restored)."""
+    last_used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def uid(self) -> int:
+        return session_uid(self.slot)
+
+    @property
+    def workspace(self) -> Path:
+        return self.directory / "ws"
+
+
+@dataclass
+class Sweep:
+    """What a start-up sweep removed."""
+
+    directories: int = 0
+    processes: int = 0
+    cgroups: int = 0
+
+
+class SessionHost:
+    """The sessions of this worker process."""
+
+    def __init__(self, config: WorkspaceSettings) -> None:
+        self.config = config
+        self.root = config.root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o711)  # sandbox uids pass through to their own 0700 workspace
+        if blocked := [p for p in self.root.parents if not p.stat().st_mode & stat.S_IXOTH]:
+            raise SandboxInfraError(
+                f"sandbox uids cannot reach {self.root}: {blocked[0]} is not searchable by "
+                "others (o+x); set sandbox.workspaces.root elsewhere"
+            )
+        self.swept = sweep_dead(self.root)
+        self.directory = self.root / worker_dir_name()
+        self.directory.mkdir(mode=0o711)
+        self.directory.chmod(0o711)
+        self.sessions: dict[str, Session] = {}
+        self._free = list(range(SLOTS - 1, -1, -1))
+        self._scratch = itertools.count()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def take_slot(self) -> int:
+        if not self._free:
+            raise SandboxInfraError(f"more than {SLOTS} sessions and checks on one worker")
+        return self._free.pop()
+
+    def release_slot(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def create(self, session_id: str, spec: WorkspaceSpec) -> Session:
+        """A new, empty session (its workspace directory exists, owned by its uid)."""
+        if session_id in self.sessions:
+            raise ValueError(f"session {session_id} exists")
+        slot = self.take_slot()
+        directory = self.directory / session_id
+        try:
+            directory.mkdir(mode=0o711)
+            (directory / "ws").mkdir(mode=0o700)
+            if os.geteuid() == 0:
+                os.chown(directory / "ws", session_uid(slot), session_uid(slot))
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            self.release_slot(slot)
+            raise
+        max_bytes = self.config.max_workspace_mb << 20
+        session = Session(session_id, slot, directory, spec, Scanner(max_bytes))
+        self.sessions[session_id] = session
+        self.start_sweeper()
+        return session
+
+    def scratch(self) -> Path:
+        """A fresh directory for one verifier run (removed by `discard`, or by a sweep)."""
+        path = self.directory / f"verify-{next(self._scratch)}"
+        path.mkdir(mode=0o711)
+        return path
+
+    @staticmethod
+    def discard(path: Path) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    async def close(self, session_ids: list[str]) -> int:
+        """Remove these sessions (unknown ids are skipped); returns how many were here."""
+        closed = 0
+        for session_id in session_ids:
+            session = self.sessions.pop(session_id, None)
+            if session is None:
+                continue
+            async with session.lock:  # a step still running finishes first
+                await asyncio.to_thread(self.discard, session.directory)
+            self.release_slot(session.slot)
+            closed += 1
+        return closed
+
+    def start_sweeper(self) -> None:
+        """Start the TTL sweeper on the running loop (once)."""
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_expired())
+
+    async def _sweep_expired(self) -> None:
+        """Every SWEEP_S at most: close idle sessions, and remove what workers that died
+        since this one started left on the host."""
+        ttl = self.config.ttl_s
+        while True:
+            await asyncio.sleep(min(SWEEP_S, ttl / 4))
+            now = time.monotonic()
+            idle = [s.id for s in self.sessions.values() if now - s.last_used > ttl]
+            if idle:
+                closed = await self.close(idle)
+                log.info("closed %d sessions idle for more than %.0fs", closed, ttl)
+            swept = await asyncio.to_thread(sweep_dead, self.root)
+            if swept.directories:
+                log.info("removed what dead sandbox workers left: %s", swept)
+
+    async def shutdown(self) -> None:
+        """Close every session and remove this worker's directory."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        await self.close(list(self.sessions))
+        await asyncio.to_thread(self.discard, self.directory)
+
+
+def sweep_dead(root: Path) -> Sweep:
+    """Remove what dead workers left under `root`: directories, processes, cgroups."""
+    swept = Sweep()
+    for directory in root.iterdir():
+        pid_text, _, ticks = directory.name.partition("-")
+        if not pid_text.isdigit() or not directory.is_dir():
+            continue
+        pid = int(pid_text)
+        if ticks == str(_start_ticks(pid)):
+            continue  # its worker is alive
+        if _start_ticks(pid) is None:  # no process has its pid: its uids and cgroups are free
+            swept.processes += _kill_uids(pid)
+            swept.cgroups += sweep_cgroups(pid)
+        shutil.rmtree(directory, ignore_errors=True)
+        swept.directories += 1
+    return swept
+
+
+def _kill_uids(pid: int) -> int:
+    """SIGKILL every process running under a workspace uid of worker `pid`."""
+    uids = range(SESSION_UID_BASE + pid * SLOTS, SESSION_UID_BASE + (pid + 1) * SLOTS)
+    killed = 0
+    for process in psutil.process_iter(["uids"]):
+        with contextlib.suppress(psutil.Error, TypeError):
+            if process.info["uids"].real in uids:
+                os.kill(process.pid, signal.SIGKILL)
+                killed += 1
+    return killed

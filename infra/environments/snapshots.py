@@ -1,0 +1,350 @@
+"""Trees on disk and in the object store: snapshot a workspace, restore one, fetch and store.
+
+    trees = Trees(StoreObjects(store))                  # or Trees(MemoryObjects()) offline
+    scanner = Scanner(max_bytes=256 << 20)
+    entries, new = scanner.scan(workspace, previous.packed())   # reads changed files only
+    ref, manifest = trees.commit(entries, new, previous)        # one pack + one manifest
+    restore(manifest, trees.get_contents(manifest), fresh_dir, uid)
+
+The workspace is written by sandboxed code, so the scan never follows a link and opens every
+path relative to its parent's descriptor with O_NOFOLLOW: a link to /etc/shadow is stored as a
+link, a FIFO is skipped, nothing outside the directory is ever read. A restore writes into a
+fresh directory only, from a manifest that has nothing below a link (`tree.Manifest`), and
+hands every path to the session's uid.
+
+Blocking (file system, boto3): callers run these in a thread. The scan remembers each file's
+(inode, size, times, mode) and its digest, so a step that changed one file reads one file; a
+commit uploads its pack and its manifest in parallel (the manifest's ref is returned only once
+both are stored, so no caller ever holds a ref to a manifest whose pack is missing).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections import OrderedDict
+from collections.abc import Collection, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol
+
+from contracts.common import ObjectRef
+from infra.environments.tree import (
+    MAX_PACKS,
+    Check,
+    Entry,
+    Manifest,
+    Pack,
+    TreeError,
+    make_pack,
+    manifest_ref,
+    sha256,
+)
+from infra.storage import ObjectNotFound, ObjectStore
+
+MAX_ENTRIES = 100_000
+"""Paths one workspace may hold."""
+PARALLEL = 8
+"""Pack and manifest uploads or downloads in flight at once."""
+MANIFESTS = 1024
+"""Manifests kept in memory."""
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class Objects(Protocol):
+    """Where stored bytes live: the object store, or a dict."""
+
+    def get(self, key: str) -> bytes: ...
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+
+class StoreObjects:
+    """`Objects` in the S3 store (plain PUTs: every key is content-addressed)."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def get(self, key: str) -> bytes:
+        return self.store.get_bytes(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.store.put_bytes(key, data)
+
+
+class MemoryObjects(dict[str, bytes]):
+    """`Objects` in memory (validation without a store, tests)."""
+
+    def get(self, key: str) -> bytes:  # type: ignore[override]
+        try:
+            return self[key]
+        except KeyError:
+            raise ObjectNotFound(key) from None
+
+    def put(self, key: str, data: bytes) -> None:
+        self[key] = data
+
+
+class Trees:
+    """Stored trees, with bounded LRU caches of the manifests and packs this process read or
+    wrote (all immutable: named by their digests). Concurrent reads of one pack fetch it once
+    (the G sessions of a group open from one initial tree)."""
+
+    def __init__(self, objects: Objects, cache_bytes: int = 256 << 20) -> None:
+        self.objects = objects
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[str, dict[str, bytes]] = OrderedDict()
+        self._cached = 0
+        self._manifests: OrderedDict[str, Manifest] = OrderedDict()
+        self._lock = threading.Lock()
+        self._fetching: dict[str, threading.Lock] = {}
+        self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="trees")
+
+    def get_manifest(self, ref: ObjectRef) -> Manifest:
+        """The manifest `ref` names, checked against its digest."""
+        with self._lock:
+            if (cached := self._manifests.get(ref.sha256)) is not None:
+                self._manifests.move_to_end(ref.sha256)
+                return cached
+        manifest = self._read_manifest(ref)
+        with self._lock:
+            self._manifests[ref.sha256] = manifest
+            if len(self._manifests) > MANIFESTS:
+                self._manifests.popitem(last=False)
+        return manifest
+
+    def _read_manifest(self, ref: ObjectRef) -> Manifest:
+        try:
+            data = self.objects.get(ref.key)
+        except ObjectNotFound:
+            raise TreeError(f"no tree at {ref.key}") from None
+        if sha256(data) != ref.sha256:
+            raise TreeError(f"{ref.key} does not match its sha256 {ref.sha256[:12]}…")
+        manifest = Manifest.decode(data)
+        if missing := manifest.contents() - manifest.packed():
+            raise TreeError(f"{ref.key}: {len(missing)} contents are in none of its packs")
+        return manifest
+
+    def get_contents(self, manifest: Manifest) -> dict[str, bytes]:
+        """Digest → content of every file of `manifest` (its packs fetched in parallel)."""
+        found = self._unpacked(manifest.packs)
+        return {digest: found[digest] for digest in manifest.contents()}
+
+    def commit(
+        self, entries: list[Entry], new: Mapping[str, bytes], previous: Manifest | None,
+        check: Check | None = None,
+    ) -> tuple[ObjectRef, Manifest]:  # fmt: skip
+        """Store the tree `entries` (with `check`): the contents none of `previous`'s packs
+        hold, from `new`, in one new pack, unless the tree is due to be packed anew."""
+        needed = {entry.sha256 for entry in entries if entry.kind == "file"}
+        kept = [
+            p
+            for p in (previous.packs if previous else [])
+            if any(d in needed for d, _ in p.contents)
+        ]
+        fresh = needed - {digest for pack in kept for digest, _ in pack.contents}
+        if absent := [digest[:12] for digest in fresh if digest not in new]:
+            raise TreeError(f"no bytes for the contents {absent} of the tree")
+        packs, uploads = list(kept), {}
+        if fresh:
+            pack, stored = make_pack({digest: new[digest] for digest in fresh})
+            packs.append(pack)
+            uploads[pack.key] = (pack, stored, {digest: new[digest] for digest in fresh})
+        live = sum(size for size in _sizes(entries).values())
+        held = sum(size for pack in packs for _, size in pack.contents)
+        if len(packs) > MAX_PACKS or held > 2 * live:
+            everything = {**self._unpacked(kept), **new}
+            pack, stored = make_pack({digest: everything[digest] for digest in needed})
+            packs, uploads = [pack], {pack.key: (pack, stored, {d: everything[d] for d in needed})}
+        manifest = Manifest(entries=sorted(entries, key=lambda e: e.path), packs=packs, check=check)
+        ref, data = manifest_ref(manifest)
+        writes = [(key, stored) for key, (_, stored, _) in uploads.items()] + [(ref.key, data)]
+        list(self._pool.map(lambda item: self.objects.put(*item), writes))
+        for pack, _, contents in uploads.values():
+            self._remember(pack.sha256, contents)
+        return ref, manifest
+
+    def _unpacked(self, packs: list[Pack]) -> dict[str, bytes]:
+        """Every content of `packs`, from the cache or fetched in parallel."""
+        with self._lock:
+            cached = {p.sha256: self._cache[p.sha256] for p in packs if p.sha256 in self._cache}
+            for digest in cached:
+                self._cache.move_to_end(digest)
+        missing = [pack for pack in packs if pack.sha256 not in cached]
+        found: dict[str, bytes] = {}
+        for contents in [*cached.values(), *self._pool.map(self._fetch, missing)]:
+            found.update(contents)
+        return found
+
+    def _fetch(self, pack: Pack) -> dict[str, bytes]:
+        with self._lock:
+            fetching = self._fetching.setdefault(pack.sha256, threading.Lock())
+        with fetching:  # another thread fetching the same pack: wait, then take it cached
+            with self._lock:
+                if (cached := self._cache.get(pack.sha256)) is not None:
+                    return cached
+            try:
+                contents = pack.unpack(self.objects.get(pack.key))
+            except ObjectNotFound:
+                raise TreeError(f"pack {pack.key} of the tree is missing") from None
+            finally:
+                with self._lock:
+                    self._fetching.pop(pack.sha256, None)
+            self._remember(pack.sha256, contents)
+            return contents
+
+    def _remember(self, digest: str, contents: dict[str, bytes]) -> None:
+        size = sum(len(data) for data in contents.values())
+        with self._lock:
+            if digest in self._cache or size > self.cache_bytes // 4:
+                return
+            self._cache[digest] = contents
+            self._cached += size
+            while self._cached > self.cache_bytes:
+                _, evicted = self._cache.popitem(last=False)
+                self._cached -= sum(len(data) for data in evicted.values())
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _sizes(entries: list[Entry]) -> dict[str, int]:
+    return {entry.sha256: entry.size for entry in entries if entry.kind == "file"}
+
+
+StatKey = tuple[int, int, int, int, int]
+
+
+class Scanner:
+    """Snapshots one directory again and again, reading only the files that changed."""
+
+    def __init__(self, max_bytes: int, max_entries: int = MAX_ENTRIES) -> None:
+        self.max_bytes, self.max_entries = max_bytes, max_entries
+        self._digests: dict[str, tuple[StatKey, str]] = {}
+
+    def scan(self, root: Path, stored: Collection[str]) -> tuple[list[Entry], dict[str, bytes]]:
+        """The entries of the tree under `root`, and the contents of its files that are not
+        already `stored` (digests). TreeError past `max_bytes` or `max_entries`."""
+        entries: list[Entry] = []
+        blobs: dict[str, bytes] = {}
+        seen: dict[str, tuple[StatKey, str]] = {}
+        total = 0
+        fd = os.open(root, _DIR_FLAGS)
+        try:
+            for path, parent_fd, name, info in _walk(fd, ""):
+                if len(entries) >= self.max_entries:
+                    raise TreeError(f"the workspace holds more than {self.max_entries} paths")
+                if stat.S_ISDIR(info.st_mode):
+                    entries.append(Entry(path=path, kind="dir"))
+                elif stat.S_ISLNK(info.st_mode):
+                    target = os.readlink(name, dir_fd=parent_fd)
+                    entries.append(Entry(path=path, kind="link", target=target))
+                else:
+                    total += info.st_size
+                    if total > self.max_bytes:
+                        raise TreeError(f"the workspace holds more than {self.max_bytes >> 20} MB")
+                    digest, data = self._digest(path, parent_fd, name, info, stored)
+                    if data is not None:
+                        blobs[digest] = data
+                    seen[path] = (_stat_key(info), digest)
+                    entries.append(
+                        Entry(
+                            path=path,
+                            kind="file",
+                            sha256=digest,
+                            size=info.st_size,
+                            executable=bool(info.st_mode & 0o111),
+                        )  # fmt: skip
+                    )
+        finally:
+            os.close(fd)
+        self._digests = seen
+        return entries, blobs
+
+    def _digest(
+        self, path: str, parent_fd: int, name: str, info: os.stat_result,
+        stored: Collection[str],
+    ) -> tuple[str, bytes | None]:  # fmt: skip
+        """The file's digest, and its bytes unless they are already stored."""
+        remembered = self._digests.get(path)
+        if remembered is not None and remembered[0] == _stat_key(info) and remembered[1] in stored:
+            return remembered[1], None
+        fd = os.open(name, _FILE_FLAGS, dir_fd=parent_fd)
+        try:
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode) or opened.st_ino != info.st_ino:
+                raise TreeError(f"{path!r} changed while it was read")
+            with os.fdopen(os.dup(fd), "rb") as handle:
+                data = handle.read(info.st_size + 1)
+        finally:
+            os.close(fd)
+        if len(data) != info.st_size:
+            raise TreeError(f"{path!r} changed while it was read")
+        digest = sha256(data)
+        return digest, None if digest in stored else data
+
+    def prime(self, root: Path, manifest: Manifest) -> None:
+        """Remember the digests of a tree just restored under `root` (no need to read it)."""
+        self._digests = {}
+        for entry in manifest.files():
+            info = os.lstat(root / entry.path)
+            self._digests[entry.path] = (_stat_key(info), entry.sha256)
+
+
+def _stat_key(info: os.stat_result) -> StatKey:
+    return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode)
+
+
+def _walk(dir_fd: int, prefix: str) -> Iterator[tuple[str, int, str, os.stat_result]]:
+    """(path, parent fd, name, lstat) of every directory, link and regular file under the open
+    directory `dir_fd`, never following a link; special files and names that are not UTF-8
+    are skipped."""
+    with os.scandir(dir_fd) as listing:
+        names = sorted(entry.name for entry in listing)
+    for name in names:
+        path = f"{prefix}{name}"
+        try:
+            path.encode()
+        except UnicodeEncodeError:
+            continue
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if stat.S_ISDIR(info.st_mode):
+            yield path, dir_fd, name, info
+            child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+            try:
+                yield from _walk(child, path + "/")
+            finally:
+                os.close(child)
+        elif stat.S_ISLNK(info.st_mode) or stat.S_ISREG(info.st_mode):
+            yield path, dir_fd, name, info
+
+
+def restore(manifest: Manifest, contents: Mapping[str, bytes], root: Path, uid: int | None) -> None:
+    """Write the tree into `root` (which must be empty) and hand it to `uid` (None: as is)."""
+    if any(root.iterdir()):
+        raise TreeError(f"{root} is not empty")
+    for entry in manifest.entries:
+        target = root / entry.path
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        if entry.kind == "dir":
+            target.mkdir(exist_ok=True, mode=0o755)
+        elif entry.kind == "link":
+            os.symlink(entry.target, target)
+        else:
+            mode = 0o755 if entry.executable else 0o644
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(contents[entry.sha256])
+            os.chmod(target, mode)  # whatever the umask
+    if uid is not None:
+        chown_tree(root, uid)
+
+
+def chown_tree(root: Path, uid: int) -> None:
+    """Give `root` and everything below it (links themselves, never their targets) to `uid`."""
+    os.chown(root, uid, uid)
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            os.chown(os.path.join(directory, name), uid, uid, follow_symlinks=False)

@@ -1,0 +1,342 @@
+"""The `workspace` environment: a directory the agent works in through tools.
+
+    env = WorkspaceEnvironment(host, trees, CommandRunner(), backend)
+    state = await env.reset(task.workspace, "s0-1a2b")            # restore the initial tree
+    state, seen = await env.step(state, ToolCall(name="bash", arguments={"command": "ls"}), limits)
+    graded = await env.verify(task.workspace, state, limits)      # hidden tests, fresh sandbox
+
+Tools (`contracts.episode.WORKSPACE_TOOLS`):
+
+- `bash`: `/bin/sh -c command` in a fresh sandbox over the workspace, mounted read-write at the
+  task's workdir (`infra/sandbox/workspace.py`: own uid and cgroups, no network, wall-time,
+  CPU, output, file-size, process and memory limits). The observation is the exit code and
+  what it printed.
+- `read_file`, `write_file`: done by the host in the workspace directory, for paths the agent
+  names relative to the workspace or absolute under its workdir; links are followed only
+  within the workspace (`paths.py`).
+- `submit`: ends the episode; the workspace as it is is graded at DONE.
+
+A malformed call, an unknown tool, bad arguments or a path out of the workspace give an error
+observation (a step like any other). After every step the workspace is snapshotted
+(`snapshots.py`): only changed files are read and uploaded, and nothing is uploaded when the
+tree is unchanged; the new state names the snapshot and the tree digest. A step is always run
+from the state it is given: if the session holds another tree (a retried step whose first
+attempt got further), it is restored from that state's snapshot first, so a step's outcome
+depends only on its state and its call.
+
+Not covered: interactive commands (stdin is empty), a command's output streamed back while it
+runs, a disk quota inside one command (the size is checked after it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from contracts.common import ObjectRef
+from contracts.episode import WORKSPACE_TOOLS, ToolCall, ToolSpec
+from contracts.sandbox import ExecStatus
+from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
+from infra.environments.base import Graded, Observation
+from infra.environments.checks import InvalidTask, check_functions, check_script
+from infra.environments.paths import PathError, resolve
+from infra.environments.sessions import Session, SessionHost
+from infra.environments.snapshots import Trees, restore
+from infra.environments.tree import TreeError, tree_digest
+from infra.sandbox.base import SandboxBackend
+from infra.sandbox.workspace import CommandResult, CommandRunner, Mounts, cgroup_name, session_uid
+
+SOLUTION_DIR, SOLVE = "/solution", "solve.sh"
+"""Where Harbor's oracle finds the reference solution, and what it runs."""
+TOOLS: dict[str, ToolSpec] = {tool.name: tool for tool in WORKSPACE_TOOLS}
+
+
+class SessionLost(LookupError):
+    """The session is not on this worker (it was closed, reaped by its TTL, or never here)."""
+
+
+@dataclass(frozen=True)
+class WorkspaceState:
+    """Where an episode's workspace is and its last durable state."""
+
+    session_id: str
+    snapshot: ObjectRef
+    tree_digest: str = ""
+
+
+def bad_arguments(tool: ToolSpec, arguments: dict[str, object]) -> str | None:
+    """Why `arguments` do not fit `tool`'s schema (every argument a required string), or None."""
+    expected = set(tool.parameters["properties"])
+    if missing := sorted(expected - arguments.keys()):
+        return f"{tool.name} needs the argument(s) {', '.join(missing)}"
+    if extra := sorted(arguments.keys() - expected):
+        return f"{tool.name} takes no argument(s) {', '.join(extra)}"
+    if wrong := sorted(name for name, value in arguments.items() if not isinstance(value, str)):
+        return f"{tool.name}: {', '.join(wrong)} must be a string"
+    return None
+
+
+def command_text(result: CommandResult, limit: int) -> str:
+    """A command's observation: how it ended and what it printed."""
+    if result.status in (ExecStatus.TIMEOUT, ExecStatus.MEMORY_EXCEEDED):
+        lines = [f"the command was killed: {result.detail}"]
+    else:
+        lines = [f"exit code: {result.exit_code}"]
+    for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
+        if text:
+            lines += [f"{name}:", text.rstrip("\n")]
+    if result.truncated:
+        lines.append(f"(output cut at {limit} bytes per stream)")
+    return "\n".join(lines)
+
+
+class WorkspaceEnvironment:
+    """Sessions of `workspace` episodes on this worker, and their verification."""
+
+    name = EnvName.WORKSPACE
+    tools: tuple[ToolSpec, ...] = WORKSPACE_TOOLS
+
+    def __init__(
+        self, host: SessionHost, trees: Trees, runner: CommandRunner, backend: SandboxBackend
+    ) -> None:
+        self.host, self.trees, self.runner, self.backend = host, trees, runner, backend
+
+    # -- reset and close ---------------------------------------------------------------------
+
+    async def reset(
+        self, task: WorkspaceSpec, session_id: str, snapshot: ObjectRef | None = None
+    ) -> WorkspaceState:
+        """A session holding `snapshot` (default: the task's initial tree). An existing session
+        of that id on this worker (a retried open) is replaced."""
+        await self.host.close([session_id])
+        session = self.host.create(session_id, task)
+        try:
+            await self._restore(session, snapshot or task.files)
+        except BaseException:
+            await self.host.close([session_id])
+            raise
+        return self._state(session)
+
+    async def close(self, session_ids: Sequence[str]) -> int:
+        return await self.host.close(list(session_ids))
+
+    async def _restore(self, session: Session, snapshot: ObjectRef) -> None:
+        """Make the session's workspace exactly the tree `snapshot` names."""
+        manifest = await asyncio.to_thread(self.trees.get_manifest, snapshot)
+        contents = await asyncio.to_thread(self.trees.get_contents, manifest)
+
+        def write() -> None:
+            self.host.discard(session.workspace)
+            session.workspace.mkdir(mode=0o700)
+            uid = session.uid if os.geteuid() == 0 else None
+            restore(manifest, contents, session.workspace, uid)
+            session.scanner.prime(session.workspace, manifest)
+
+        await asyncio.to_thread(write)
+        session.snapshot, session.manifest = snapshot, manifest
+
+    def _state(self, session: Session) -> WorkspaceState:
+        assert session.snapshot is not None and session.manifest is not None
+        return WorkspaceState(session.id, session.snapshot, session.manifest.digest())
+
+    # -- step --------------------------------------------------------------------------------
+
+    async def step(
+        self, state: WorkspaceState, action: ToolCall, limits: SandboxLimits
+    ) -> tuple[WorkspaceState, Observation]:
+        """Run one tool call from `state`; raises SessionLost if the session is not here."""
+        session = self.host.sessions.get(state.session_id)
+        if session is None:
+            raise SessionLost(f"session {state.session_id} is not on this worker")
+        async with session.lock:
+            session.last_used = time.monotonic()
+            if session.snapshot is None or session.snapshot.sha256 != state.snapshot.sha256:
+                await self._restore(session, state.snapshot)
+            try:
+                observation = await self._act(session, action, limits)
+                if action.error is None and action.name in ("bash", "write_file"):
+                    observation = await self._snapshot(session, observation)
+            except BaseException:
+                session.snapshot = session.manifest = None  # not durable: restore next time
+                raise
+            session.last_used = time.monotonic()
+            return self._state(session), observation
+
+    async def _snapshot(self, session: Session, observation: Observation) -> Observation:
+        """Store the workspace after a step that may have changed it; a workspace grown past
+        its size limit is put back as it was, and the agent is told."""
+        previous = session.manifest
+        assert session.snapshot is not None and previous is not None
+        try:
+            entries, new = await asyncio.to_thread(
+                session.scanner.scan, session.workspace, previous.packed()
+            )
+        except TreeError as exc:
+            await self._restore(session, session.snapshot)
+            text = f"{observation.text}\nerror: {exc}; the step's changes were undone"
+            return Observation(text, observation.status, observation.submitted)
+        if tree_digest(entries) != previous.digest():
+            session.snapshot, session.manifest = await asyncio.to_thread(
+                self.trees.commit, entries, new, previous
+            )
+        return observation
+
+    async def _act(self, session: Session, call: ToolCall, limits: SandboxLimits) -> Observation:
+        if call.error is not None:
+            return Observation(f"error: {call.error}")
+        tool = TOOLS.get(call.name)
+        if tool is None:
+            return Observation(
+                f"error: there is no tool {call.name!r}; the tools are {', '.join(TOOLS)}"
+            )
+        if problem := bad_arguments(tool, call.arguments):
+            return Observation(f"error: {problem}")
+        arguments = {name: str(value) for name, value in call.arguments.items()}
+        try:
+            match call.name:
+                case "bash":
+                    return await self._bash(session, arguments["command"], limits)
+                case "read_file":
+                    return await asyncio.to_thread(self._read, session, arguments["path"], limits)
+                case "write_file":
+                    return await asyncio.to_thread(
+                        self._write, session, arguments["path"], arguments["content"], limits
+                    )
+                case "submit":
+                    text = "submitted: the workspace will be graded as it is now"
+                    return Observation(text, submitted=True)
+        except PathError as exc:
+            return Observation(f"error: {exc}")
+        raise AssertionError(f"tool {call.name} has no implementation")
+
+    async def _bash(
+        self, session: Session, command: str, limits: SandboxLimits,
+        extra: tuple[tuple[Path, str, bool], ...] = (),
+    ) -> Observation:  # fmt: skip
+        spec = session.spec
+        mounts = Mounts(session.workspace, spec.workdir, extra=extra, env=spec.env_vars)
+        name = cgroup_name(session.slot)
+        result = await self.runner.run(command, mounts, session.uid, limits, name)
+        return Observation(command_text(result, limits.output_bytes), result.status)
+
+    async def solve(
+        self, state: WorkspaceState, solution: ObjectRef, limits: SandboxLimits
+    ) -> tuple[WorkspaceState, Observation]:
+        """Harbor's oracle, for `tempered tasks validate`: `bash /solution/solve.sh` in the
+        workspace, with the task's reference solution tree read-only at /solution."""
+        session = self.host.sessions.get(state.session_id)
+        if session is None:
+            raise SessionLost(f"session {state.session_id} is not on this worker")
+        manifest = await asyncio.to_thread(self.trees.get_manifest, solution)
+        contents = await asyncio.to_thread(self.trees.get_contents, manifest)
+        scratch = self.host.scratch()
+        try:
+            await asyncio.to_thread(restore, manifest, contents, scratch, None)
+            async with session.lock:
+                command = f"bash {SOLUTION_DIR}/{SOLVE}"
+                seen = await self._bash(session, command, limits, ((scratch, SOLUTION_DIR, False),))
+                seen = await self._snapshot(session, seen)
+                return self._state(session), seen
+        finally:
+            await asyncio.to_thread(self.host.discard, scratch)
+
+    def _read(self, session: Session, path: str, limits: SandboxLimits) -> Observation:
+        relative = resolve(session.workspace, session.spec.workdir, path)
+        try:
+            fd = os.open(session.workspace / relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return Observation(f"error: {path}: no such file")
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            os.close(fd)
+            return Observation(
+                f"error: {path} is {'a directory' if stat.S_ISDIR(kind) else 'not a file'}"
+            )
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(limits.output_bytes + 1)
+        try:
+            text = data[: limits.output_bytes].decode()
+        except UnicodeDecodeError:
+            return Observation(f"error: {path} is not a UTF-8 text file")
+        if len(data) > limits.output_bytes:
+            text += f"\n(cut at {limits.output_bytes} bytes)"
+        return Observation(text)
+
+    def _write(
+        self, session: Session, path: str, content: str, limits: SandboxLimits
+    ) -> Observation:
+        data = content.encode()
+        if len(data) > limits.file_size_mb << 20:
+            return Observation(f"error: the content is larger than {limits.file_size_mb} MB")
+        relative = resolve(session.workspace, session.spec.workdir, path)
+        if not relative:
+            return Observation(f"error: {path} is the workspace itself")
+        target = session.workspace / relative
+        self._make_parents(session, target.parent)
+        if target.is_dir():
+            return Observation(f"error: {path} is a directory")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+        fd = os.open(target, flags, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            if os.geteuid() == 0:
+                os.fchown(handle.fileno(), session.uid, session.uid)
+            handle.write(data)
+        return Observation(f"wrote {len(data)} bytes to {relative}")
+
+    def _make_parents(self, session: Session, directory: Path) -> None:
+        """Create the missing directories down to `directory`, owned by the session's uid
+        (every existing one was checked to be a real directory by `resolve`)."""
+        missing = []
+        while not directory.exists():
+            missing.append(directory)
+            directory = directory.parent
+        for path in reversed(missing):
+            path.mkdir(mode=0o755)
+            if os.geteuid() == 0:
+                os.chown(path, session.uid, session.uid)
+
+    # -- verify ------------------------------------------------------------------------------
+
+    async def verify(
+        self, task: WorkspaceSpec, state: WorkspaceState, limits: SandboxLimits
+    ) -> Graded:
+        """Score the tree `state.snapshot` names with the task's hidden tests, in a fresh
+        verifier sandbox (the session, if any, is not touched)."""
+        workspace = await asyncio.to_thread(self.trees.get_manifest, state.snapshot)
+        tests = await asyncio.to_thread(self.trees.get_manifest, task.verifier)
+        check = tests.check
+        if check is None:
+            raise InvalidTask("the hidden tests say nothing about how they are checked")
+        contents = await asyncio.to_thread(self.trees.get_contents, workspace)
+        test_contents = await asyncio.to_thread(self.trees.get_contents, tests)
+        if check.kind == "functions":
+            entry = next((e for e in tests.files() if e.path == check.tests), None)
+            if entry is None:
+                raise InvalidTask(f"the hidden tests hold no {check.tests}")
+            source = test_contents[entry.sha256].decode()
+            return await check_functions(self.backend, workspace, contents, check, source, limits)
+        slot = self.host.take_slot()
+        scratch = self.host.scratch()
+        try:
+            uid = session_uid(slot) if os.geteuid() == 0 else None
+
+            def lay_out() -> None:
+                for name, tree, files, owner in (
+                    ("ws", workspace, contents, uid),
+                    ("tests", tests, test_contents, None),
+                ):
+                    (scratch / name).mkdir(mode=0o755)
+                    restore(tree, files, scratch / name, owner)
+
+            await asyncio.to_thread(lay_out)
+            return await check_script(
+                self.runner, scratch, task, check, uid or os.geteuid(), limits, cgroup_name(slot)
+            )
+        finally:
+            await asyncio.to_thread(self.host.discard, scratch)
+            self.host.release_slot(slot)

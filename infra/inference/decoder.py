@@ -1,0 +1,312 @@
+"""The local backend's decode loop: rows join a running, KV-cached batch between decode steps.
+
+    batch = RowBatch(policy, choose)   # policy: model, pad_id, eos_ids, max_context, stops
+    batch.admit([batch.row(prompt, params) for ...])   # prefill, merge the KV into the batch
+    while batch.rows:
+        for row in batch.step():       # one token for every row; the rows that ended
+            ...row.output
+
+    decoder = Decoder(max_rows=64, start=load_and_activate)   # a thread: continuous batching
+    output = await asyncio.wrap_future(decoder.submit(key, prompt, params))
+
+`RowBatch` is one transformers model's batch: each admitted row is prefilled with its prompt
+(left-padded among the rows admitted with it; rows admitted together with the same prompt, the
+samples of one task, share one prefill), and its KV cache is merged into the running
+batch's by left-padding the shorter of the two along the sequence (the attention mask hides
+the padding; every row carries its own position ids). A row that ends (EOS, a stop rule of
+`infra.inference.stops`, its token budget) leaves the batch at once, and columns that only
+padding still occupies are trimmed. Every row samples from its own generator: one uniform per
+step, so a seeded row's tokens do not depend on which rows share its batch.
+
+`Decoder` runs a `RowBatch` on a thread of its own, one policy version at a time: requests of
+the running version join between steps; once another version has rows waiting, the running
+version stops admitting, finishes its rows (the drain), and the waiting version starts (its
+model loaded and, for a LoRA version, its adapter activated, by `start`, on this thread).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from contracts.task import SamplingParams
+from infra.inference.base import FinishReason, GenerationOutput, InferenceError
+from infra.inference.stops import RowWatch, StopRules
+
+log = logging.getLogger(__name__)
+Choose = Callable[[torch.Tensor, list[SamplingParams], list[torch.Generator]], torch.Tensor]
+
+
+class BatchPolicy(Protocol):
+    """What a batch needs of a loaded policy (`infra.inference.local.LoadedPolicy`)."""
+
+    model: Any
+    eos_ids: frozenset[int]
+    pad_id: int
+    max_context: int
+
+    @property
+    def stops(self) -> StopRules: ...
+
+
+@dataclass
+class Row:
+    """One completion being sampled."""
+
+    prompt: list[int]
+    params: SamplingParams
+    budget: int
+    generator: torch.Generator
+    watch: RowWatch | None = None
+    output: GenerationOutput = field(default_factory=lambda: GenerationOutput([], [], "length"))
+    future: Future[GenerationOutput] | None = None
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    missing = width - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
+class RowBatch:
+    """The running batch of one model: KV cache, attention mask, next positions, next logits."""
+
+    def __init__(self, policy: BatchPolicy, choose: Choose):
+        self.policy, self.model, self.choose = policy, policy.model, choose
+        self.pad_id, self.eos_ids = policy.pad_id, policy.eos_ids
+        self.device = next(self.model.parameters()).device
+        self.rows: list[Row] = []
+        self._cache: Any = None
+        self._mask = torch.zeros((0, 0), dtype=torch.long)
+        self._positions = torch.zeros((0, 1), dtype=torch.long)
+        self._logits: torch.Tensor | None = None
+
+    def row(self, prompt: list[int], params: SamplingParams) -> Row:
+        """A row of this batch's policy (its budget clamped to the context)."""
+        generator = torch.Generator()
+        generator.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
+        budget = min(params.max_new_tokens, self.policy.max_context - len(prompt))
+        return Row(prompt, params, budget, generator, self.policy.stops.watch(params))
+
+    @torch.inference_mode()
+    def admit(self, rows: list[Row]) -> list[Row]:
+        """Prefill `rows` and add them to the batch; returns those with nothing to sample
+        (an empty prompt, no budget left), which are done as they are."""
+        empty = [r for r in rows if r.budget <= 0 or not r.prompt]
+        rows = [r for r in rows if r.budget > 0 and r.prompt]
+        if not rows:
+            return empty
+        # rows with the same prompt (a task's samples) are prefilled once, their KV copied
+        unique: dict[tuple[int, ...], int] = {}
+        copies = [unique.setdefault(tuple(r.prompt), len(unique)) for r in rows]
+        width = max(len(prompt) for prompt in unique)
+        ids = torch.full((len(unique), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for i, prompt in enumerate(unique):
+            ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        if len(unique) < len(rows):
+            index = torch.tensor(copies, device=self.device)
+            out.past_key_values.batch_select_indices(index)
+            out.logits, mask, positions = out.logits[index], mask[index], positions[index]
+        logits = out.logits[:, -1, :].float()
+        if self._cache is None:
+            self._cache, self._mask, self._logits = out.past_key_values, mask, logits
+            self._positions = positions[:, -1:] + 1
+        else:
+            assert self._logits is not None
+            length = max(self._mask.shape[1], width)
+            for old, new in zip(self._cache.layers, out.past_key_values.layers, strict=True):
+                old.keys = torch.cat(
+                    [_pad_left(old.keys, length, 2), _pad_left(new.keys, length, 2)]
+                )
+                old.values = torch.cat(
+                    [_pad_left(old.values, length, 2), _pad_left(new.values, length, 2)]
+                )
+            self._mask = torch.cat([_pad_left(self._mask, length, 1), _pad_left(mask, length, 1)])
+            self._positions = torch.cat([self._positions, positions[:, -1:] + 1])
+            self._logits = torch.cat([self._logits, logits])
+        self.rows.extend(rows)
+        return empty
+
+    @torch.inference_mode()
+    def step(self) -> list[Row]:
+        """Sample one token for every row; returns the rows that ended (and leave the batch)."""
+        if not self.rows:
+            return []
+        assert self._logits is not None
+        tokens = self.choose(
+            self._logits, [r.params for r in self.rows], [r.generator for r in self.rows]
+        )
+        logprobs = torch.log_softmax(self._logits, dim=-1).gather(-1, tokens[:, None])[:, 0]
+        keep: list[int] = []
+        ended: list[Row] = []
+        for r, (row, token, logprob) in enumerate(
+            zip(self.rows, tokens.tolist(), logprobs.tolist(), strict=True)
+        ):
+            finish = self._finish(row, token, logprob)
+            if finish is None:
+                keep.append(r)
+            else:
+                row.output.finish_reason = finish
+                ended.append(row)
+        if not keep:
+            self.rows, self._cache, self._logits = [], None, None
+            return ended
+        if ended:
+            index = torch.tensor(keep, device=self.device)
+            self._cache.batch_select_indices(index)
+            tokens, self._mask = tokens[index], self._mask[index]
+            self._positions = self._positions[index]
+            self.rows = [self.rows[r] for r in keep]
+            self._trim()
+        self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=-1)
+        out = self.model(
+            input_ids=tokens[:, None],
+            attention_mask=self._mask,
+            position_ids=self._positions,
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._logits = out.logits[:, -1, :].float()
+        self._positions = self._positions + 1
+        return ended
+
+    def _finish(self, row: Row, token: int, logprob: float) -> FinishReason | None:
+        if row.future is not None and row.future.cancelled():
+            return "stop"  # nobody waits for it any more: free its place
+        row.output.token_ids.append(token)
+        row.output.logprobs.append(logprob)
+        stopped = row.watch is not None and row.watch.add(token)
+        if token in self.eos_ids or stopped:
+            return "stop"
+        return "length" if len(row.output.token_ids) >= row.budget else None
+
+    def _trim(self) -> None:
+        """Drop leading columns that are padding in every row (left by rows that ended)."""
+        used = self._mask.any(dim=0).nonzero()
+        start = int(used[0]) if len(used) else 0
+        if start > 0:
+            self._mask = self._mask[:, start:]
+            for layer in self._cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+
+
+Start = Callable[[Hashable], RowBatch]
+"""Makes the batch of a policy version: loads its model, activates its adapter."""
+_Item = tuple[Hashable, list[int], SamplingParams, "Future[GenerationOutput]"]
+
+
+class Decoder:
+    """Continuous batching on a thread: `submit` rows of any version; one version decodes at a
+    time, the others wait for its drain."""
+
+    def __init__(self, max_rows: int, start: Start):
+        self.max_rows, self._start = max_rows, start
+        self._queue: deque[_Item] = deque()
+        self._changed = threading.Condition()
+        self._closed = False
+        self.busy_s = 0.0
+        self.tokens = 0
+        self._thread = threading.Thread(target=self._run, name="decoder", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, key: Hashable, prompt: list[int], params: SamplingParams
+    ) -> Future[GenerationOutput]:
+        future: Future[GenerationOutput] = Future()
+        with self._changed:
+            if self._closed:
+                raise InferenceError("the local backend is closed", retryable=False)
+            self._queue.append((key, prompt, params, future))
+            self._changed.notify()
+        return future
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+        self._thread.join(timeout=60)
+
+    def _take(self, key: Hashable | None, room: int) -> tuple[Hashable | None, list[_Item]]:
+        """Requests to admit: of the running version unless another one waits (then none, so
+        the batch drains); with no batch running, the oldest waiting version's."""
+        with self._changed:
+            while not self._closed and not self._queue and key is None:
+                self._changed.wait()
+            if key is None and self._queue:
+                key = self._queue[0][0]
+            if room < self.max_rows and any(item[0] != key for item in self._queue):
+                return key, []  # drain first
+            taken = [item for item in self._queue if item[0] == key][:room]
+            for item in taken:
+                self._queue.remove(item)
+            return key, [item for item in taken if not item[3].cancelled()]
+
+    def _run(self) -> None:
+        key: Hashable | None = None
+        batch: RowBatch | None = None
+        while not self._closed:
+            running = batch is not None and bool(batch.rows)
+            room = self.max_rows - (len(batch.rows) if batch is not None else 0)
+            key, items = self._take(key if running else None, room)
+            if key is None:
+                continue
+            started = time.perf_counter()
+            rows: list[Row] = []
+            try:
+                if batch is None or not batch.rows:
+                    batch = self._start(key)
+                for _, prompt, params, future in items:
+                    rows.append(batch.row(prompt, params))
+                    rows[-1].future = future
+                self._resolve(batch.admit(rows))
+                self._resolve(batch.step())
+            except Exception as exc:  # the batch is lost: every row of it fails
+                log.warning("decode batch of %s failed: %r", key, exc)
+                error = exc if isinstance(exc, InferenceError) else InferenceError(repr(exc))
+                _fail([*_futures(batch), *(item[3] for item in items)], error)
+                batch = None
+            self.busy_s += time.perf_counter() - started
+        with self._changed:
+            waiting = [item[3] for item in self._queue]
+        _fail([*waiting, *_futures(batch)], InferenceError("the local backend closed"))
+
+    def _resolve(self, rows: list[Row]) -> None:
+        for row in rows:
+            self.tokens += len(row.output.token_ids)
+            if row.future is not None:
+                with contextlib.suppress(InvalidStateError):  # its caller gave up on it
+                    row.future.set_result(row.output)
+
+
+def _futures(batch: RowBatch | None) -> list[Future[GenerationOutput]]:
+    return [r.future for r in (batch.rows if batch else []) if r.future is not None]
+
+
+def _fail(futures: list[Future[GenerationOutput]], error: Exception) -> None:
+    for future in futures:
+        with contextlib.suppress(InvalidStateError):  # done, or its caller gave up on it
+            future.set_exception(error)

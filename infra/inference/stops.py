@@ -1,0 +1,81 @@
+"""Where a completion stops besides EOS and its token budget, decided token by token.
+
+    rules = StopRules.of(tokenizer)                 # once per tokenizer
+    watch = rules.watch(params)                     # once per row; None: no rule applies
+    if watch is not None and watch.add(token):      # after each sampled token
+        ...                                         # the row is done, this token included
+
+`stop_after_code_block` ends a row at the token that closes its first ``` block (the second
+token holding a fence); `stop_after_tool_call` at the token that completes its first
+`</tool_call>` (checked only on tokens holding `>`, by decoding the row's last few tokens).
+Both backends use it: the local decode loop (`infra.inference.decoder`) after every step, the
+`vllm` backend on the tokens it streams; token ids only, never a re-tokenisation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from contracts.task import SamplingParams
+from infra.inference.toolcalls import CALL_CLOSE
+
+TAIL_TOKENS = 16
+"""Tokens decoded to find `</tool_call>` (it is at most a dozen tokens in any vocabulary)."""
+
+
+@dataclass(frozen=True)
+class StopRules:
+    """What a tokenizer's vocabulary says about fences and tags."""
+
+    fence_ids: frozenset[int]
+    """Tokens whose text contains a code fence (```)."""
+    close_ids: frozenset[int]
+    """Tokens whose text contains `>`, the end of `</tool_call>`."""
+    decode: Callable[[list[int]], str]
+    """The tokenizer's decode, special tokens kept."""
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> StopRules:
+        texts = {
+            token_id: tokenizer.convert_tokens_to_string([token])
+            for token, token_id in tokenizer.get_vocab().items()
+        }
+        return cls(
+            fence_ids=frozenset(i for i, text in texts.items() if "```" in text),
+            close_ids=frozenset(i for i, text in texts.items() if ">" in text),
+            decode=lambda ids: str(tokenizer.decode(ids)),
+        )
+
+    def closes_tool_call(self, tokens: list[int]) -> bool:
+        """Whether the completion `tokens` just wrote `</tool_call>` (its last token holds `>`
+        and the text of the last few tokens has the tag)."""
+        if not tokens or tokens[-1] not in self.close_ids:
+            return False
+        return CALL_CLOSE in self.decode(tokens[-TAIL_TOKENS:])
+
+    def watch(self, params: SamplingParams) -> RowWatch | None:
+        """A watch over one row's tokens, or None when none of its stop options is set."""
+        if not (params.stop_after_code_block or params.stop_after_tool_call):
+            return None
+        return RowWatch(self, params.stop_after_code_block, params.stop_after_tool_call)
+
+
+@dataclass
+class RowWatch:
+    """The stop state of one row: fed every sampled token in order."""
+
+    rules: StopRules
+    code_block: bool
+    tool_call: bool
+    tokens: list[int] = field(default_factory=list)
+    fences: int = 0
+
+    def add(self, token: int) -> bool:
+        """Whether the row ends with `token`."""
+        self.tokens.append(token)
+        self.fences += token in self.rules.fence_ids
+        if self.code_block and self.fences >= 2:
+            return True
+        return self.tool_call and self.rules.closes_tool_call(self.tokens)

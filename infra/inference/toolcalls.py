@@ -1,0 +1,142 @@
+"""The tool-call format, rendered and parsed in one place: Hermes-style tags around JSON.
+
+    <tool_call>
+    {"name": "bash", "arguments": {"command": "pytest -q"}}
+    </tool_call>
+
+SmolLM2's and Qwen's chat templates speak this format. Qwen's template renders the `tools`
+argument itself (a `# Tools` block in the system message) and has a `tool` role; SmolLM2's
+template and the tiny preset's ChatML ignore both. For those, the documented fallback is used:
+
+- the tools are listed in the system message by `tools_system_block` (the same words Qwen's
+  template writes: the tools as JSON lines inside `<tools></tools>`, and the call format), and
+- a tool's result comes back as a `user` message wrapping it in `<tool_response>` tags
+  (`observation_message`), which is what Qwen's template renders a `tool` message as anyway.
+
+`template_renders_tools(tokenizer)` decides which (it renders a conversation with and without
+`tools` and compares). `parse_tool_call` turns a model's turn into a `ToolCall`, leniently where
+intent is unambiguous (arguments given as a JSON string, `parameters` for `arguments`, a code
+fence inside the tags, a missing closing tag, junk after the JSON) and strictly otherwise: one
+call per turn (the first); no call, broken JSON, an unknown tool or bad arguments give a `ToolCall` whose `error`
+says what was wrong, in words the model can act on. It never raises.
+
+Not covered here: running a call (infra/environments/), how a template is rendered into token
+ids (infra/inference/prompts.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from contracts.episode import ToolCall, ToolSpec
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+CALL_EXAMPLE = (
+    f'{CALL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CALL_CLOSE}'
+)
+
+
+def tool_schemas(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    """`tools` as chat templates take them: OpenAI's `{"type": "function", "function": …}`."""
+    return [{"type": "function", "function": tool.model_dump()} for tool in tools]
+
+
+def tools_system_block(tools: Sequence[ToolSpec]) -> str:
+    """The fallback's tool list and call format, appended to the system message."""
+    listed = "\n".join(json.dumps(schema) for schema in tool_schemas(tools))
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{listed}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments "
+        f"within {CALL_OPEN}{CALL_CLOSE} XML tags:\n{CALL_EXAMPLE}"
+    )
+
+
+def template_renders_tools(tokenizer: Any, tools: Sequence[ToolSpec]) -> bool:
+    """Whether the tokenizer's chat template renders the `tools` argument (and so, by the
+    convention of the templates that do, a `tool` role)."""
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+
+    def render(**extra: Any) -> str:
+        text: str = tokenizer.apply_chat_template(messages, tokenize=False, **extra)
+        return text
+
+    return render(tools=tool_schemas(tools)) != render()
+
+
+def observation_message(text: str, *, tool_role: bool) -> dict[str, str]:
+    """A tool's result as the next message: role `tool`, or the fallback's wrapped `user`."""
+    if tool_role:
+        return {"role": "tool", "content": text}
+    return {"role": "user", "content": f"{RESPONSE_OPEN}\n{text}\n{RESPONSE_CLOSE}"}
+
+
+def render_tool_call(call: ToolCall) -> str:
+    """The text of `call` in the format the model is asked to write (for scripted turns)."""
+    body = json.dumps({"name": call.name, "arguments": call.arguments})
+    return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
+
+
+def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall:
+    """The first tool call in a model's turn, checked against `tools`; never raises."""
+    start = text.find(CALL_OPEN)
+    if start < 0:
+        return _error(f"no tool call found. Answer with exactly one call: {CALL_EXAMPLE}")
+    body = text[start + len(CALL_OPEN) :].lstrip()
+    if body.startswith("```"):  # a code fence inside the tags: skip its opening line
+        body = body.partition("\n")[2].lstrip()
+    try:  # the first JSON value; what follows it (a closing tag, a fence, junk) is ignored
+        value, _ = json.JSONDecoder().raw_decode(body)
+    except json.JSONDecodeError as exc:
+        return _error(f"the tool call is not valid JSON ({exc.msg} at character {exc.pos})")
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return _error('the tool call must be a JSON object with a "name" and "arguments"')
+    name: str = value["name"]
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if isinstance(arguments, str):  # OpenAI style: the arguments object as a JSON string
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            return _error(f"the arguments of {name!r} are not a JSON object", name)
+    if not isinstance(arguments, dict):
+        return _error(f"the arguments of {name!r} must be a JSON object", name)
+    by_name = {tool.name: tool for tool in tools}
+    tool = by_name.get(name)
+    if tool is None:
+        known = ", ".join(by_name)
+        return _error(f"unknown tool {name!r}; the tools are: {known}", name, arguments)
+    problem = _check_arguments(tool, arguments)
+    if problem:
+        return _error(f"bad arguments for {name!r}: {problem}", name, arguments)
+    return ToolCall(name=name, arguments=arguments)
+
+
+def _check_arguments(tool: ToolSpec, arguments: dict[str, Any]) -> str | None:
+    """What is wrong with `arguments` under the tool's (flat) JSON schema, or None."""
+    properties: dict[str, Any] = tool.parameters.get("properties", {})
+    missing = [key for key in tool.parameters.get("required", []) if key not in arguments]
+    if missing:
+        return "missing " + ", ".join(repr(key) for key in missing)
+    unknown = [key for key in arguments if key not in properties]
+    if unknown:
+        expected = ", ".join(repr(key) for key in properties) or "none"
+        return f"unexpected {', '.join(repr(k) for k in unknown)} (expected: {expected})"
+    types: dict[str, type | tuple[type, ...]] = {
+        "string": str,
+        "integer": int,
+        "number": (int, float),
+        "boolean": bool,
+    }
+    for key, value in arguments.items():
+        kind = properties[key].get("type")
+        if kind in types and not isinstance(value, types[kind]):
+            return f"{key!r} must be a {kind}"
+    return None
+
+
+def _error(why: str, name: str = "", arguments: dict[str, Any] | None = None) -> ToolCall:
+    return ToolCall(name=name, arguments=arguments or {}, error=why)

@@ -1,0 +1,124 @@
+"""What every learner shares: the Protocol the activities drive, a step's metrics, and how a
+process joins DeepSpeed's distributed group.
+
+    learner: Learner = LearnerEngine("cpu")          # in this process (infra.learner_engine)
+    learner: Learner = RankGroup(settings.learner)   # N ranks under torchrun (infra.learner_ranks)
+
+`prepare_deepspeed(device)` must run before `deepspeed` is first imported, in the worker and in
+every rank; `init_single_process` forms the one-process group of a learner that trains in the
+worker itself.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+from contracts.learner import GRPOConfig
+from contracts.trajectory import Trajectory
+from infra.processes import free_port
+
+
+class NonFiniteLoss(ArithmeticError):
+    """A step's loss was NaN/inf: the update was not applied, the engine must reload."""
+
+
+@dataclass
+class StepMetrics:
+    loss: float
+    grad_norm: float
+    tokens: int
+    rows: int
+    trained: list[str]  # trajectory ids whose tokens were in the applied update
+    skipped: dict[str, str]  # trajectory id -> why it gave no gradient (e.g. zero advantage)
+    dropped_stale: list[str]
+    clip_fraction: float
+    kl_sampler: float  # mean k3 KL of the trained policy (before the update) to the sampler
+    kl_ref: float
+    duration_s: float
+
+    def summary(self) -> dict[str, float]:
+        """Scalar metrics only (for the ack record and logs)."""
+        return {k: v for k, v in asdict(self).items() if isinstance(v, int | float)}
+
+
+class Learner(Protocol):
+    """What the learner activities drive: an engine in this process, or a group of ranks."""
+
+    version: int | None
+    """The policy version the weights in memory are; None = reload before the next step."""
+
+    @property
+    def adapter_of(self) -> int | None:
+        """The full-weight version the trained LoRA adapters apply to; None for full weights."""
+        ...
+
+    def load(
+        self,
+        model_dir: Path,
+        version: int,
+        config: GRPOConfig | None = None,
+        *,
+        adapter_dir: Path | None = None,
+        adapter_of: int | None = None,
+    ) -> None: ...
+
+    def set_reference(self, reference_dir: Path | None) -> None: ...
+
+    def train_step(
+        self,
+        groups: Sequence[Sequence[Trajectory]],
+        config: GRPOConfig,
+        heartbeat: Callable[[], None] | None = None,
+    ) -> StepMetrics: ...
+
+    def save(self, out_dir: Path, base_name: str = "") -> None: ...
+
+    def close(self) -> None: ...
+
+
+def prepare_deepspeed(device: str) -> None:
+    """Set what DeepSpeed reads at its first import, and keep it from building CPU kernels.
+
+    Must run before `deepspeed` is first imported. On CPU, DeepSpeed would JIT-compile its
+    shared-memory/oneCCL all-reduce kernels (minutes of g++ on first use); it keeps the probed
+    compatibility table in one module-level dict (`deepspeed.ops.__compatible_ops__`) and
+    consults it before building, so marking the two ops incompatible makes it use plain gloo.
+    """
+    if device.startswith("cpu"):
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed.ops  # after the env above: deepspeed reads it at import
+
+    if device.startswith("cpu"):
+        compatible = deepspeed.ops.__compatible_ops__
+        compatible["deepspeed_shm_comm"] = False
+        compatible["deepspeed_ccl_comm"] = False
+
+
+def init_single_process(device: str) -> None:
+    """A one-process distributed group (the learner trains in the worker process).
+
+    The rendezvous goes through a fresh file, not a TCP port: a port picked as free can be taken
+    before torch binds it, and a failed bind would repeat on every retry of the activity (seen
+    as EADDRINUSE in CI). The variables only tell DeepSpeed the group is described already.
+    """
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(name, value)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    prepare_deepspeed(device)
+    import deepspeed  # only now: prepare_deepspeed must precede its first import
+
+    rendezvous = Path(tempfile.gettempdir()) / f"tempered-dist-{os.getpid()}-{uuid.uuid4().hex}"
+    deepspeed.init_distributed(
+        dist_backend="gloo" if device.startswith("cpu") else "nccl",
+        verbose=False,
+        init_method=f"file://{rendezvous}",
+        rank=0,
+        world_size=1,
+    )

@@ -1,0 +1,376 @@
+"""The checker process: holds the tests and the verdict, and calls the program only as data.
+
+`main(job_fd, calls_fd, replies_fd)` runs in a child of the checker zygote (`zygote.py`): its
+own uid, no network, read-only file system, not dumpable, and no code of the model anywhere in
+its memory (the Kubernetes pod's launcher forks it the same way, `pod_launcher.py`). It reads
+the job from the host on `job_fd` (a codec frame: program, tests, units, helpers, entry point,
+its deadline, how long the candidate may take to come up, the candidate's rlimits), then:
+
+1. waits for the candidate's ("ready",) (up to `start_timeout_s`: a sandbox that never comes
+   up is a platform fault), tells the host ("started",) on `job_fd`, starts its own clock
+   (`deadline_s`), and sends the candidate ("load", program, rlimits);
+2. builds the test namespace: a proxy for each callable the program defines (calling it sends
+   ("call", name, args, kwargs) and returns the decoded reply, a fresh object of this process,
+   or raises the builtin exception of the reported name), the program's small plain-data
+   globals, then the task's helpers (code from the task's prompt, trusted) run *here*, so
+   `poly`, `encode_cyclic` or `check` always mean the task's own;
+3. runs every test unit (`judge.split_tests`) and `check(<entry point>)`, and writes one
+   verdict frame to `job_fd`: {status, tests_passed, tests_total, error, exc_type, lost}.
+
+`lost` is "" when the candidate answered throughout, else why it stopped: "not_ready" (its
+sandbox never came up: a platform fault), "exited" (end of file: the program exited or was
+killed), "timeout" (no answer before the deadline) or "protocol" (bytes that are not a frame of
+plain data). The host decides the final status from the verdict, its own unit count, and the
+candidate's exit status and cgroup events.
+
+Not covered: tests that pass callables or other non-data objects to the program, or that look
+at the arguments after a call (mutations stay in the candidate).
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import select
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from infra.sandbox import codec
+
+SEVERITY = {"passed": 0, "failed": 1, "error": 2, "memory_exceeded": 3}
+LOST_REASONS = ("not_ready", "exited", "timeout", "protocol")
+REPORT_CHARS = 8000
+"""Tracebacks of failing units kept in the verdict (the first ones)."""
+CHECKER_ADDRESS_SPACE = 4 << 30
+"""RLIMIT_AS of a checker: decoded replies are capped by `codec`, so this only stops runaways."""
+
+
+class CandidateLost(BaseException):  # noqa: N818 - a BaseException, and sticky (Channel.lost)
+    """The candidate stopped answering; the whole run ends with `reason` (see LOST_REASONS),
+    whatever a test does with the exception."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(
+            f"the program stopped answering ({reason}){': ' + detail if detail else ''}"
+        )
+        self.reason = reason
+
+
+class CandidateFault(BaseException):  # noqa: N818 - a BaseException, and counted (faults)
+    """A call's reply cannot stand for a value: not plain data, or SystemExit and the like.
+    It fails the test unit it happened in, even if the test catches it."""
+
+
+class ProgramError(Exception):
+    """The program raised an exception that has no builtin or task-defined class of its name."""
+
+
+class Channel:
+    """The checker's end of the call pipes, with the run's deadline on every read and write."""
+
+    def __init__(self, calls_fd: int, replies_fd: int, deadline: float) -> None:
+        self.calls_fd, self.replies_fd, self.deadline = calls_fd, replies_fd, deadline
+        self.faults = 0
+        self.lost: CandidateLost | None = None
+        """Set for good when the candidate stops answering, even if a test catches it."""
+        self.reader = codec.FrameReader(replies_fd)
+        self._readable, self._writable = select.poll(), select.poll()
+        self._readable.register(replies_fd, select.POLLIN)
+        self._writable.register(calls_fd, select.POLLOUT)
+        self.namespace: dict[str, object] = {}
+        """Where task-defined exception classes are looked up (the test namespace)."""
+        os.set_blocking(calls_fd, False)
+
+    def _wait(self, poller: select.poll) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0 or not poller.poll(left * 1000):
+            raise CandidateLost("timeout")
+
+    def _await_reply(self) -> None:
+        self._wait(self._readable)
+
+    def send(self, message: object) -> None:
+        self._write(codec.frame(message))
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            self._wait(self._writable)
+            try:
+                view = view[os.write(self.calls_fd, view) :]
+            except BlockingIOError:
+                continue
+            except OSError as exc:  # EPIPE: the candidate is gone
+                raise CandidateLost("exited", str(exc)) from None
+
+    def receive(self) -> tuple[object, ...]:
+        try:
+            message = self.reader.read(self._await_reply)
+        except codec.EndOfFile:
+            raise CandidateLost("exited") from None
+        except codec.CodecError as exc:
+            raise CandidateLost("protocol", str(exc)) from None
+        if type(message) is not tuple or not message or type(message[0]) is not str:
+            raise CandidateLost("protocol", "a reply that is not a tagged tuple")
+        return message
+
+    def call(self, name: str, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+        """The program's `name(*args, **kwargs)`, as a fresh value or exception of this process.
+        Once the candidate is lost, every call (and the unit, see `Run.run_unit`) ends so."""
+        if self.lost is not None:
+            raise self.lost
+        try:
+            return self._call(name, args, kwargs)
+        except CandidateLost as lost:
+            self.lost = lost
+            raise
+
+    def _call(self, name: str, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+        try:
+            request = codec.frame(("call", name, args, kwargs))
+        except codec.NotPlainData as exc:
+            raise TypeError(f"{name}() can only be called with plain data here: {exc}") from None
+        self._write(request)
+        reply = self.receive()
+        if reply[0] == "return" and len(reply) == 2:
+            return reply[1]
+        if reply[0] == "raised" and len(reply) == 2:
+            raised = program_exception(reply[1], self.namespace)
+            self.faults += isinstance(raised, CandidateFault)
+            raise raised
+        if reply[0] == "invalid" and len(reply) == 2:
+            self.faults += 1
+            raise CandidateFault(f"{name}(): {reply[1]}")
+        raise CandidateLost("protocol", f"unexpected reply {str(reply[0])[:40]!r}")
+
+
+class Proxy:
+    """Stands for one of the program's functions in the tests: calls it through the channel."""
+
+    def __init__(self, channel: Channel, name: str) -> None:
+        self._channel, self.__name__, self.__qualname__ = channel, name, name
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        return self._channel.call(self.__name__, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<function {self.__name__} of the program>"
+
+
+def program_exception(error: Any, namespace: dict[str, object]) -> BaseException:
+    """A fresh exception of this process for the candidate's `error` data: the task-defined or
+    builtin class of that name, else its nearest builtin base, else ProgramError."""
+    try:
+        name, base, args, message, lines = error
+        name, base, message = str(name), str(base), str(message)
+        lines = [str(line) for line in lines]
+    except (TypeError, ValueError):
+        return CandidateLost("protocol", "a malformed exception")
+    if name in ("SystemExit", "KeyboardInterrupt", "GeneratorExit"):
+        exc: BaseException = CandidateFault(f"the program raised {name} ({message})")
+    elif base in ("StopIteration", "StopAsyncIteration"):  # as PEP 479: it must not end a loop
+        exc = RuntimeError(f"the program raised {name}")
+    else:
+        cls = _exception_class(name, namespace) or _exception_class(base, namespace)
+        exc = ProgramError(f"{name}: {message}" if message else name)
+        if cls is not None:
+            try:
+                exc = cls(*args) if type(args) is tuple else cls(message)
+            except Exception:  # noqa: BLE001 - a class whose constructor wants other arguments
+                exc = ProgramError(f"{name}: {message}")
+    exc.program_traceback = lines  # type: ignore[attr-defined]
+    return exc
+
+
+def _exception_class(name: str, namespace: dict[str, object]) -> type[Exception] | None:
+    cls = namespace.get(name, getattr(builtins, name, None))
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        return cls
+    return None
+
+
+def describe(exc: BaseException, files: dict[str, str]) -> str:
+    """Traceback text of `exc` over the tests' and helpers' lines, then the program's own."""
+    lines, tb = [], exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename in files:
+            lines.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}')
+            source = files[code.co_filename].splitlines()
+            if 0 < tb.tb_lineno <= len(source):
+                lines.append("    " + source[tb.tb_lineno - 1].strip())
+        tb = tb.tb_next
+    lines += getattr(exc, "program_traceback", [])
+    if isinstance(exc, SyntaxError) and exc.filename in files:
+        lines.append(f'  File "{exc.filename}", line {exc.lineno}')
+    if lines:
+        lines.insert(0, "Traceback (most recent call last):")
+    try:
+        message = str(exc)
+    except Exception:  # noqa: BLE001
+        message = "<unprintable>"
+    lines.append(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+    return "\n".join(lines) + "\n"
+
+
+def classify(exc: BaseException) -> str:
+    if isinstance(exc, MemoryError):
+        return "memory_exceeded"
+    if isinstance(exc, AssertionError | SystemExit | CandidateFault):
+        return "failed"
+    return "error"
+
+
+class Run:
+    """One job's evaluation: the outcome so far, and the rules that make it a verdict."""
+
+    def __init__(self, job: dict[str, Any], channel: Channel, job_fd: int) -> None:
+        self.job, self.channel, self.job_fd = job, channel, job_fd
+        self.files = {
+            "tests.py": str(job.get("tests") or ""),
+            "helpers.py": str(job.get("helpers") or ""),
+        }
+        self.units = [
+            (bool(u["test"]), int(u["line"]), str(u["source"])) for u in job.get("units") or []
+        ]
+        self.entry_point = str(job["entry_point"]) if job.get("entry_point") else None
+        self.total = (1 if self.entry_point else 0) + sum(
+            1 for is_test, _, _ in self.units if is_test
+        )
+        self.passed, self.worst, self.error, self.exc_type = 0, "passed", "", ""
+
+    def verdict(self, status: str | None = None, lost: str = "") -> dict[str, object]:
+        status = status or self.worst
+        if status == "passed" and (self.passed != self.total or lost):
+            status = "failed"
+        return {
+            "status": status,
+            "tests_passed": self.passed,
+            "tests_total": self.total,
+            "error": self.error[:REPORT_CHARS],
+            "exc_type": self.exc_type,
+            "lost": lost,
+        }
+
+    def record(self, exc: BaseException, status: str | None = None) -> str:
+        """Note a failure: its traceback joins the report; the worst one names the status."""
+        status = status or classify(exc)
+        if len(self.error) < REPORT_CHARS:
+            self.error += describe(exc, self.files)
+        if SEVERITY[status] > SEVERITY[self.worst]:
+            self.worst, self.exc_type = status, type(exc).__name__
+        return status
+
+    def load(self) -> dict[str, object] | None:
+        """Load the program in the candidate; its exports, or None (the verdict is decided)."""
+        channel = self.channel
+        try:
+            ready = channel.receive()
+        except CandidateLost as lost:
+            raise CandidateLost("not_ready", str(lost)) from None
+        if ready != ("ready",):
+            raise CandidateLost("not_ready", "the first message was not ready")
+        channel.deadline = time.monotonic() + float(self.job["deadline_s"])
+        codec.write_all(self.job_fd, codec.frame(("started",)))
+        channel.send(("load", self.job["program"], self.job.get("rlimits") or {}))
+        reply = channel.receive()
+        if reply[0] == "loaded" and len(reply) == 2 and type(reply[1]) is dict:
+            return reply[1]
+        if reply[0] == "raised" and len(reply) == 2:
+            exc = program_exception(reply[1], {})
+            if isinstance(exc, CandidateLost):
+                raise exc
+            status = self.record(exc)
+            self.worst = "error" if status == "failed" else status
+        elif reply[0] == "exited" and len(reply) == 2:
+            code = reply[1]
+            if self.units or self.entry_point or code not in (None, 0):
+                self.record(CandidateFault(f"the program exited (SystemExit: {code})"), "failed")
+        else:
+            raise CandidateLost("protocol", "an unexpected reply to load")
+        return None
+
+    def namespace(self, exports: dict[str, object]) -> dict[str, object]:
+        namespace: dict[str, object] = {"__name__": "__main__", "__builtins__": builtins}
+        for name, export in exports.items():
+            if type(name) is not str or not name.isidentifier() or hasattr(builtins, name):
+                continue
+            if export is None:
+                namespace[name] = Proxy(self.channel, name)
+            elif type(export) is tuple and len(export) == 1:
+                namespace[name] = export[0]
+        self.channel.namespace = namespace
+        return namespace
+
+    def evaluate(self) -> dict[str, object]:
+        """The verdict; CandidateLost propagates to `main`."""
+        exports = self.load()
+        if exports is None:
+            return self.verdict()
+        if not self.units and not self.entry_point:
+            return self.verdict("passed")
+        namespace = self.namespace(exports)
+        try:
+            if self.files["helpers.py"]:
+                exec(compile(self.files["helpers.py"], "helpers.py", "exec"), namespace)  # noqa: S102 - the task's own code
+            units = [
+                (t, compile("\n" * (line - 1) + source, "tests.py", "exec"))
+                for t, line, source in self.units
+            ]
+        except Exception as exc:  # noqa: BLE001 - the task's code is broken: no test can run
+            status = self.record(exc)
+            return self.verdict("error" if status == "failed" else status)
+        for is_test, code in units:
+            if not self.run_unit(partial(exec, code, namespace), is_test):
+                return self.verdict("error" if self.worst == "failed" else self.worst)
+        if self.entry_point:
+            check, candidate = namespace.get("check"), Proxy(self.channel, self.entry_point)
+            if self.entry_point not in exports or exports[self.entry_point] is not None:
+                self.record(NameError(f"the program does not define {self.entry_point}()"))
+            elif not callable(check):
+                self.record(NameError("the tests do not define check(candidate)"))
+            else:
+                self.run_unit(lambda: check(candidate), True)
+        return self.verdict()
+
+    def run_unit(self, action: Callable[[], object], is_test: bool) -> bool:
+        """Run one unit; False when a setup unit failed (the remaining units cannot run)."""
+        faults = self.channel.faults
+        try:
+            action()
+        except CandidateLost:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - every failure of a unit is a result
+            if self.channel.lost is not None:  # the test caught it: the run still ends here
+                raise self.channel.lost from None
+            self.record(exc)
+            return is_test
+        if self.channel.lost is not None:
+            raise self.channel.lost
+        if self.channel.faults != faults:  # a CandidateFault the test caught still fails it
+            self.record(CandidateFault("a call in this test did not end with plain data"))
+            return is_test
+        self.passed += is_test
+        return True
+
+
+def main(job_fd: int, calls_fd: int, replies_fd: int) -> None:
+    """Read the job, evaluate it against the candidate, write the verdict, exit."""
+    job: dict[str, Any] = codec.read_frame(job_fd)
+    if type(job) is not dict:
+        os._exit(2)
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (CHECKER_ADDRESS_SPACE, CHECKER_ADDRESS_SPACE))
+    start_deadline = time.monotonic() + float(job["start_timeout_s"])
+    run = Run(job, Channel(calls_fd, replies_fd, start_deadline), job_fd)
+    try:
+        verdict = run.evaluate()
+    except CandidateLost as lost:
+        verdict = run.verdict("failed", lost.reason)
+        verdict["error"] = verdict["error"] or str(lost)
+    except MemoryError:
+        verdict = run.verdict("memory_exceeded")
+    codec.write_all(job_fd, codec.frame(verdict))

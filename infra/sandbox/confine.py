@@ -1,0 +1,224 @@
+"""Confines a freshly forked candidate process: the per-run half of the candidate sandbox.
+
+The candidate zygote (`zygote.py`) runs as root inside a bubblewrap sandbox that already has a
+read-only root (/usr, /bin, /lib*, a read-only /dev with null, zero, full, random, urandom),
+no network and its own pid/ipc/uts namespaces. For each run it forks a child with
+`PidNamespaces.fork` (pid 1 of a fresh pid namespace), and the child calls
+`Confinement.apply(...)` (prepared once in the zygote) before any job exists:
+
+- dies with the zygote (PR_SET_PDEATHSIG), new session, joins the run's cgroups (memory, pids);
+- fresh mount, network, ipc, uts and cgroup namespaces; its own /proc (so it sees only its pid
+  namespace), a private size-limited tmpfs at /tmp (also bound at /dev/shm), the cgroup file
+  systems unmounted, hostname "sandbox";
+- every capability dropped (bounding set included), no supplementary groups, the run's own
+  uid/gid (no host account owns it, no other process runs under it), no_new_privs;
+- a seccomp filter that refuses new user namespaces (like bwrap's --disable-userns) and
+  clone3 (whose flags a filter cannot read; the C library falls back to clone).
+
+Every step is checked and a failure raises OSError: the caller exits and the run is reported
+as a platform fault, never started half-confined. Kill pid 1 (the candidate) and the kernel
+kills every process of the namespace. The Kubernetes pod's launcher uses the second half alone
+(`Confinement.drop_privileges`: uid, capabilities, groups, no_new_privs, seccomp, verified),
+as a pod has no namespaces to make. Stdlib only (loaded by `zygote.py` and `pod_launcher.py`).
+
+Not covered: architectures other than x86_64 and aarch64 (refused), CPU isolation (RLIMIT_CPU
+and the host's deadline bound CPU time instead).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import struct
+
+# <sched.h>, <sys/mount.h>, <linux/prctl.h>
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS = 0x00020000, 0x02000000, 0x04000000
+CLONE_NEWIPC, CLONE_NEWUSER = 0x08000000, 0x10000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_BIND, MS_REC, MS_PRIVATE, MNT_DETACH = 4096, 16384, 1 << 18, 2
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP = 1, 4, 24
+PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 38, 22
+SECCOMP_MODE_FILTER = 2
+SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_ERRNO, SECCOMP_RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
+ARCHES = {  # machine: (AUDIT_ARCH_*, clone, unshare, clone3)
+    "x86_64": (0xC000003E, 56, 272, 435),
+    "aarch64": (0xC00000B7, 220, 97, 435),
+}
+EXPECTED_STATUS = {
+    "CapInh": 0,
+    "CapPrm": 0,
+    "CapEff": 0,
+    "CapBnd": 0,
+    "CapAmb": 0,
+    "NoNewPrivs": 1,
+    "Seccomp": 2,
+}
+"""What /proc/self/status must say once a candidate is confined (every field must be there)."""
+CGROUP_MOUNTS = ("/cg/memory", "/cg/pids")
+"""Where the candidate zygote's bwrap binds the host's `tempered` cgroup folders."""
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def prctl(option: int, value: int = 0) -> None:
+    _check(_libc.prctl(option, ctypes.c_ulong(value), 0, 0, 0), f"prctl({option})")
+
+
+def _mount(
+    source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None
+) -> None:
+    encoded = [None if text is None else text.encode() for text in (source, target, fstype, data)]
+    _check(
+        _libc.mount(encoded[0], encoded[1], encoded[2], ctypes.c_ulong(flags), encoded[3]),
+        f"mount {target}",
+    )
+
+
+def _umount(target: str) -> None:
+    _check(_libc.umount2(target.encode(), MNT_DETACH), f"umount {target}")
+
+
+class PidNamespaces:
+    """Forks each child as pid 1 of a new pid namespace: unshare(CLONE_NEWPID), fork, then
+    setns back to our own, so the next child gets a fresh namespace too. The caller must be
+    single-threaded (a zygote)."""
+
+    def __init__(self) -> None:
+        self.own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+
+    def fork(self) -> int:
+        _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+        try:
+            pid = os.fork()
+        except BaseException:
+            self._restore()
+            raise
+        if pid != 0:
+            self._restore()
+        return pid
+
+    def _restore(self) -> None:
+        if _libc.setns(self.own, CLONE_NEWPID) != 0:  # later children would share a namespace
+            os.write(2, b"zygote: cannot return to its own pid namespace\n")
+            os._exit(70)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = (
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    )
+
+
+def _clear_capabilities() -> None:
+    header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+def _seccomp_program() -> list[tuple[int, int, int, int]]:
+    """EPERM for clone/unshare with CLONE_NEWUSER, ENOSYS for clone3 (whose flags live in
+    memory a filter cannot read), kill on another architecture or the x32 ABI."""
+    machine = os.uname().machine
+    if machine not in ARCHES:
+        raise OSError(f"confine: no seccomp filter for {machine}")
+    arch, clone, unshare, clone3 = ARCHES[machine]
+    kill, ld, jeq, jge, jset, ret = SECCOMP_RET_KILL_PROCESS, 0x20, 0x15, 0x35, 0x45, 0x06
+    return [
+        (ld, 0, 0, 4),  # 0: architecture
+        (jeq, 1, 0, arch),
+        (ret, 0, 0, kill),
+        (ld, 0, 0, 0),  # 3: syscall number
+        (jge, 0, 1, 0x40000000),  # x32 syscalls on x86_64
+        (ret, 0, 0, kill),
+        (jeq, 0, 1, clone3),  # 6
+        (ret, 0, 0, SECCOMP_RET_ERRNO | 38),  # ENOSYS
+        (jeq, 1, 0, unshare),  # 8
+        (jeq, 0, 3, clone),
+        (ld, 0, 0, 16),  # 10: low word of the first argument (flags)
+        (jset, 0, 1, CLONE_NEWUSER),
+        (ret, 0, 0, SECCOMP_RET_ERRNO | 1),  # EPERM
+        (ret, 0, 0, SECCOMP_RET_ALLOW),  # 13
+    ]
+
+
+class Confinement:
+    """What every child's confinement needs, prepared once in the zygote (so a fork only
+    issues system calls): the seccomp program and the kernel's highest capability number."""
+
+    def __init__(self) -> None:
+        program = _seccomp_program()
+        packed = b"".join(struct.pack("=HBBI", *insn) for insn in program)
+        self._filters = ctypes.create_string_buffer(packed, len(packed))
+        self._fprog = _SockFprog(len(program), ctypes.addressof(self._filters))
+        with open("/proc/sys/kernel/cap_last_cap") as handle:
+            self._last_cap = int(handle.read())
+
+    def apply(self, uid: int, cgroup_procs: list[str], tmpfs_mb: int) -> None:
+        """Confine the calling process (a fresh child, pid 1 of its pid namespace, root)."""
+        if os.getpid() != 1:
+            raise OSError("confine: not pid 1 of a new pid namespace")
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.setsid()
+        for procs in cgroup_procs:
+            with open(procs, "w") as handle:
+                handle.write("0")
+        flags = CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP
+        _check(_libc.unshare(flags), "unshare")
+        _mount(None, "/", None, MS_REC | MS_PRIVATE)
+        for path in CGROUP_MOUNTS:
+            if os.path.ismount(path):
+                _umount(path)
+        _umount("/proc")
+        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=1777")
+        _mount("/tmp", "/dev/shm", None, MS_BIND)
+        socket.sethostname("sandbox")
+        os.chdir("/tmp")
+        self.drop_privileges(uid)
+
+    def drop_privileges(self, uid: int) -> None:
+        """Become `uid` for good: every capability dropped (the bounding set too, which needs
+        CAP_SETPCAP), no supplementary groups, no_new_privs, the seccomp filter; then verify.
+        The Kubernetes pod's launcher calls this alone (its pod has no namespaces to make)."""
+        for cap in range(self._last_cap + 1):
+            prctl(PR_CAPBSET_DROP, cap)
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)  # clears the permitted, effective and ambient sets
+        _clear_capabilities()  # and the inheritable set, which a uid change keeps
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+        prctl(PR_SET_DUMPABLE, 1)  # the uid change cleared it; /proc/self stays the program's
+        mode = ctypes.c_ulong(SECCOMP_MODE_FILTER)
+        _check(_libc.prctl(PR_SET_SECCOMP, mode, ctypes.byref(self._fprog), 0, 0), "seccomp")
+        _verify(uid)
+
+
+def _verify(uid: int) -> None:
+    """Fail closed unless the kernel confirms the uid, capabilities, no_new_privs and seccomp."""
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid) or os.getgroups():
+        raise OSError("confine: the uid did not change")
+    with open("/proc/self/status") as handle:
+        status = dict(line.split(":", 1) for line in handle if ":" in line)
+    for field, expected in EXPECTED_STATUS.items():
+        if field not in status:
+            raise OSError(f"confine: /proc/self/status has no {field}")
+        if int(status[field].strip(), 16 if field.startswith("Cap") else 10) != expected:
+            raise OSError(f"confine: {field} is {status[field].strip()}")

@@ -1,0 +1,210 @@
+"""How the host counts test units and turns what it saw of one run into an `ExecutionResult`.
+
+    units = split_tests(tests, entry_point)              # the host's own count of test units
+    result = judge(observed, expected_units, limits, backend="local", enforcement="cgroup")
+
+`observed` is the checker's verdict (or None), whether the host's deadline passed, and how the
+candidate ended (`Exit`: wait status, CPU time, a platform fault its launcher saw), the run's
+memory events, and whether the host killed it. The rules, in their one home:
+
+- `passed` only when the checker's verdict says so *and* its counts equal the host's own count
+  of test units, which is > 0 whenever there are tests;
+- the candidate stopped answering ("lost"): the run's own memory limit was hit →
+  memory_exceeded; its process limit was reached → failed; its launcher saw the platform end it (a zygote or gVisor sandbox died) → a
+  platform fault; an OOM kill without the run's limit being hit (a global OOM kill) → a platform
+  fault; SIGXCPU,
+  or SIGKILL after using its CPU limit → timeout; SIGKILL otherwise → a platform fault only
+  where the program cannot SIGKILL itself (`sigkill_is_foreign`: the local candidate is pid 1 of
+  its own pid namespace), else the program's own end; anything else → failed (an early exit, a
+  closed or abused channel);
+- the deadline passed: timeout once the program had its deadline's worth of time
+  (`deadline_state`: time spent waiting for a CPU it never got does not count); the host
+  starved it (the worker's own overload) → a platform fault;
+- no verdict: past the deadline → timeout, else the checker died → a platform fault; a
+  candidate whose sandbox never came up → a platform fault.
+
+Platform faults raise `SandboxInfraError` (retried, never a reward). Pure functions; tested
+with fabricated observations in tests/infra/sandbox/test_judge.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from contracts.sandbox import ExecStatus, ExecutionResult
+from contracts.task import SandboxLimits
+from infra.sandbox.base import SandboxInfraError
+from infra.sandbox.process import Capture
+
+STARVATION_FACTOR, STARVATION_SLACK_S = 3.0, 20.0
+"""A program gets `timeout_s + max(3 * timeout_s, 20 s)` of wall time to have had `timeout_s`:
+its run is a platform fault only when the host gave it (all its processes together) less than
+about a tenth of a CPU for that long (sessions share a CPU fairly under autogroup scheduling)."""
+MemoryEvent = Literal["", "limit", "global"]
+"""What the run's memory accounting saw: nothing, its own limit hit, or an OOM kill of one of
+its processes while its own limit was never hit (the host ran out of memory)."""
+
+
+def split_tests(tests: str, entry_point: str | None) -> list[dict[str, object]]:
+    """Test units: each top-level `assert` is one test, other statements are setup.
+
+    Tests without a top-level assert run as one unit, which is itself the one test unless an
+    entry point is given (then `check(entry_point)` is the test). Split here, on the host, so
+    the count the verdict must match is the host's own.
+    """
+    if not tests:
+        return []
+    try:
+        tree = ast.parse(tests)
+    except SyntaxError:
+        return [{"test": entry_point is None, "line": 1, "source": tests}]
+    if not any(isinstance(stmt, ast.Assert) for stmt in tree.body):
+        return [{"test": entry_point is None, "line": 1, "source": tests}]
+    lines = tests.splitlines(keepends=True)
+    units: list[dict[str, object]] = []
+    for stmt in tree.body:
+        first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])])
+        source = "".join(lines[first - 1 : stmt.end_lineno])
+        units.append({"test": isinstance(stmt, ast.Assert), "line": first, "source": source})
+    return units
+
+
+def expected_units(units: list[dict[str, object]], entry_point: str | None) -> int:
+    """How many test units a run of `units` (and `check(entry_point)`) must report passed."""
+    return (1 if entry_point else 0) + sum(bool(unit["test"]) for unit in units)
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How the candidate ended, as its launcher saw it."""
+
+    status: int
+    """A wait status (`os.waitstatus_to_exitcode` reads it)."""
+    cpu_s: float = 0.0
+    fault: str = ""
+    """Set when the platform ended it (its zygote or gVisor sandbox died): a platform fault."""
+
+
+@dataclass
+class Observed:
+    """What the host learned of one run, before it is judged."""
+
+    verdict: dict[str, Any] | None
+    timed_out: bool
+    duration_ms: int
+    exit: Exit | None
+    memory: MemoryEvent
+    stdout: Capture
+    stderr: Capture
+    killed: bool
+    """The host killed the candidate (so its exit status is the host's doing, not its own)."""
+    sigkill_is_foreign: bool = True
+    """Whether a SIGKILL can only come from outside the candidate's sandbox."""
+    process_limit: bool = False
+    """The run's processes reached their limit (a sandbox may die of it: gVisor's Sentry)."""
+    starved: bool = False
+    """The host stopped waiting because it never gave the program its time (`deadline_state`)."""
+
+
+def judge(
+    seen: Observed, expected: int, limits: SandboxLimits, backend: str, enforcement: str
+) -> ExecutionResult:
+    """The run's result from the checker's verdict, the host's own count of test units
+    (`expected`) and how the candidate ended. Raises SandboxInfraError for platform faults."""
+    verdict = seen.verdict
+    if verdict is None and not seen.timed_out:
+        raise SandboxInfraError("the checker ended without a verdict")
+    verdict = verdict or {"lost": "timeout"}
+    lost = str(verdict.get("lost") or "")
+    exit_code: int | None = 0
+    passed, total = int(verdict.get("tests_passed") or 0), int(verdict.get("tests_total") or 0)
+    error, detail = str(verdict.get("error") or ""), str(verdict.get("exc_type") or "")
+    if lost == "not_ready":
+        stderr = seen.stderr.text()[-2000:] or seen.stdout.text()[-2000:]
+        raise SandboxInfraError(f"the candidate sandbox did not start: {stderr}")
+    if lost == "timeout":
+        if seen.starved:
+            bound = starvation_bound(limits.timeout_s)
+            raise SandboxInfraError(
+                f"the host starved the program: in {bound:.0f}s it did not get the "
+                f"{limits.timeout_s}s of time its deadline gives it (it waited for a CPU)"
+            )
+        status, detail = ExecStatus.TIMEOUT, f"wall-clock deadline of {limits.timeout_s}s"
+        exit_code = None
+    elif lost:
+        status, detail, exit_code = _ended_early(seen, lost, expected, limits)
+    else:
+        status = ExecStatus(str(verdict.get("status")))
+        if status == ExecStatus.PASSED and not passed == total == expected:
+            status = ExecStatus.FAILED
+            detail = f"the verdict counts {passed}/{total}, the host {expected}"
+    stderr = seen.stderr.text()
+    if error and error not in stderr:
+        stderr = (stderr + error)[-limits.output_bytes :]
+    return ExecutionResult(
+        status=status,
+        exit_code=exit_code,
+        duration_ms=seen.duration_ms,
+        stdout=seen.stdout.text(),
+        stderr=stderr,
+        truncated=seen.stdout.truncated or seen.stderr.truncated,
+        tests_passed=passed,
+        tests_total=max(total, expected),
+        backend=backend,
+        limits=limits,
+        enforcement=enforcement,
+        detail=detail,
+    )
+
+
+def starvation_bound(timeout_s: float) -> float:
+    """The wall time within which a program must have had its deadline's worth of time."""
+    return timeout_s + max(STARVATION_FACTOR * timeout_s, STARVATION_SLACK_S)
+
+
+def deadline_state(
+    elapsed_s: float, cpu_wait: tuple[float, float] | None, limits: SandboxLimits
+) -> Literal["running", "timeout", "starved"]:
+    """Whether a program still answering after `elapsed_s` of wall time had its time.
+
+    Its time is what it used of the wall clock: not the time its answering process spent
+    runnable but waiting for a CPU, unless its processes together burnt that much CPU (then it
+    starved itself). `cpu_wait` is (that wait, the run's CPU seconds) (`Cgroups.cpu_wait`; None:
+    unknown, so the wall clock counts). "timeout" once it had `limits.timeout_s`; "starved"
+    when `starvation_bound` passed first (the worker's own overload: a platform fault)."""
+    used = elapsed_s if cpu_wait is None else max(elapsed_s - cpu_wait[0], cpu_wait[1])
+    if used >= limits.timeout_s:
+        return "timeout"
+    return "starved" if elapsed_s >= starvation_bound(limits.timeout_s) else "running"
+
+
+def _ended_early(
+    seen: Observed, lost: str, expected: int, limits: SandboxLimits
+) -> tuple[ExecStatus, str, int | None]:
+    """(status, detail, exit code) of a candidate that stopped answering before the verdict:
+    it exited, was killed, or broke the protocol."""
+    if seen.memory == "limit":
+        return ExecStatus.MEMORY_EXCEEDED, "killed by the memory limit", None
+    if seen.process_limit:
+        return ExecStatus.FAILED, f"reached its limit of {limits.max_processes} processes", None
+    if seen.exit is not None and seen.exit.fault:
+        raise SandboxInfraError(seen.exit.fault)
+    if seen.memory == "global":
+        raise SandboxInfraError("an OOM kill outside the run's own memory limit (host memory)")
+    code = None
+    if not seen.killed and seen.exit is not None:
+        code = os.waitstatus_to_exitcode(seen.exit.status)  # its own end, not the host's kill
+    cpu_s = seen.exit.cpu_s if seen.exit is not None else 0.0
+    if code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu_s >= limits.cpu_s):
+        return ExecStatus.TIMEOUT, f"CPU limit of {limits.cpu_s}s", code
+    if code == -signal.SIGKILL and seen.sigkill_is_foreign:
+        raise SandboxInfraError("the candidate was killed from outside its sandbox")
+    if lost == "protocol":
+        return ExecStatus.FAILED, "the program broke the call protocol", code
+    if expected == 0 and code == 0:
+        return ExecStatus.PASSED, "", code
+    return ExecStatus.FAILED, "the program exited before its tests reported", code

@@ -1,0 +1,76 @@
+"""What the verifier needs of the sandbox its candidates run in: the `CandidateLauncher` Protocol.
+
+    launcher = ForkServer("candidate", candidate_zygote_argv(...))     # local.py
+    launcher = RunscLauncher(settings.sandbox.gvisor)                 # gvisor.py
+    verifier = Verifier(launcher)
+
+A launcher starts one candidate per run, confined as a `CandidateSpec` says, holding exactly
+the fds it is given, and reports how it ended (`judge.Exit`); `candidate_rlimits` are the
+limits every candidate sets on itself before the program runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from contracts.task import SandboxLimits
+from infra.sandbox.cgroups import MB, Cgroups
+from infra.sandbox.judge import Exit
+
+
+@dataclass(frozen=True)
+class CandidateSpec:
+    """What a launcher needs to start one run's candidate."""
+
+    uid: int
+    tmpfs_mb: int
+    cgroups: Cgroups | None
+
+
+class CandidateLauncher(Protocol):
+    """Starts one candidate per run (the local backend's candidate `ForkServer`, gVisor's
+    `RunscLauncher`) with fds [calls (read), replies (write), stdout, stderr] and reports how
+    it ended. `kill` must end everything the candidate started."""
+
+    sigkill_is_foreign: bool
+    """Whether a SIGKILL can only come from outside the candidate's sandbox (see judge.py)."""
+    memory_overhead_mb: int
+    """Memory the sandbox itself needs on top of the program's limit (gVisor's kernel)."""
+    processes_overhead: int
+    """Processes the sandbox itself runs on top of the program's limit."""
+    exit_grace_s: float
+    """How long a candidate that closed its channel may take to end by itself."""
+    kill_grace_s: float
+    """How long a killed candidate may take to go away before that is a platform fault."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def fork(self, run_id: int, spec: CandidateSpec, fds: list[int]) -> None: ...
+
+    def kill(self, run_id: int) -> None: ...
+
+    async def exited(self, run_id: int, timeout_s: float) -> Exit: ...
+
+    def has_exited(self, run_id: int) -> bool: ...
+
+    def forget(self, run_id: int) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def candidate_rlimits(limits: SandboxLimits, cgroups: bool) -> dict[str, tuple[int, int]]:
+    """Limits the candidate sets on itself before the program runs (RLIMIT_NPROC counts the
+    candidate too). Address space: the limit itself without cgroups; with them (which bound
+    real memory), a generous cap that turns absurd allocations into a fast MemoryError."""
+    space = limits.memory_mb * MB if not cgroups else (2 * limits.memory_mb + 256) * MB
+    return {
+        "RLIMIT_CPU": (limits.cpu_s, limits.cpu_s + 1),
+        "RLIMIT_FSIZE": (limits.file_size_mb * MB, limits.file_size_mb * MB),
+        "RLIMIT_CORE": (0, 0),
+        "RLIMIT_NPROC": (limits.max_processes + 1,) * 2,
+        "RLIMIT_AS": (space, space),
+    }

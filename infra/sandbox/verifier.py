@@ -1,0 +1,399 @@
+"""The two-process verifier: a trusted checker calls an untrusted candidate, data only.
+
+    verifier = Verifier(launcher, name="local", warm=4)       # local.py, gvisor.py build one
+    result = await verifier.run(program, tests, limits, entry_point="add", helpers=helpers)
+    await verifier.close()
+
+Per run, two fresh processes, paired by two pipes and nothing else:
+
+- the **checker** (`checker.py`), forked from the checker zygote (`forkserver.py`): runs as the
+  worker's checker uid, in a bubblewrap sandbox with no network, holds the tests, the task's
+  helpers and the verdict, and reports to this host over a socket only it holds;
+- the **candidate** (`candidate.py`), started by the backend's `CandidateLauncher`: runs the
+  model's program under its own uid (local: pid 1 of fresh namespaces, forked by the candidate
+  zygote and confined by `confine.py`; gVisor: a fresh runsc container) and answers calls with
+  plain data (`codec.py`).
+
+The candidate holds exactly its ends of the two pipes and its output pipes to this host. It
+cannot see, signal, ptrace or read the checker (another uid, another pid namespace or
+kernel), and nothing but decoded plain data crosses from it to the checker, so no object,
+frame, closure or memory of the grader is ever reachable from model code. The host counts the
+test units itself (`judge.split_tests`) and reports `passed` only when the checker says every
+unit ran and passed and its counts equal the host's count (> 0 whenever there are tests).
+
+The host keeps the run's deadline: the checker says when the candidate is up ("started"), and
+the program has had its time once it used `timeout_s` of the wall clock, not counting time its
+answering process spent runnable but waiting for a CPU (`judge.deadline_state`); a host that
+never gave it that time within `judge.starvation_bound` makes the run a platform fault.
+
+Warm pool: pairs are started ahead of time (per tmpfs size), each serves one run and is then
+killed; nothing of a job exists in a pair before its run, and nothing is reused across runs.
+Needs root (namespaces, uids, cgroups), bwrap and setpriv; raises SandboxInfraError otherwise.
+
+Not covered: the Kubernetes backend, whose pod runs its own checker and candidate
+(`pod_launcher.py`) and is judged by the same `judge.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import shutil
+import socket
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass
+
+from contracts.sandbox import ExecutionResult
+from contracts.task import SandboxLimits
+from infra.sandbox import codec
+from infra.sandbox.base import DEFAULT_LIMITS, SandboxInfraError
+from infra.sandbox.cgroups import Cgroups
+from infra.sandbox.channels import JobSocket, OutputPipe
+from infra.sandbox.forkserver import ForkServer, checker_zygote_argv, worker_uids
+from infra.sandbox.judge import (
+    Exit,
+    Observed,
+    deadline_state,
+    expected_units,
+    judge,
+    split_tests,
+    starvation_bound,
+)
+from infra.sandbox.launcher import CandidateLauncher, CandidateSpec, candidate_rlimits
+from infra.sandbox.process import KILL_GRACE_S, Capture
+
+VERDICT_GRACE_S = 1.0
+"""How long past the candidate's start deadline the host waits for the checker to say so."""
+DEADLINE_POLL_S = 0.1
+"""How often the host looks again, past the deadline, whether the program had its time."""
+START_TIMEOUT_S = 30.0
+"""How long a candidate may take to come up before that is a platform fault."""
+_TAKEN_SLOTS: set[int] = set()
+"""Uid slots held by any verifier of this process, until their run's processes are gone."""
+
+
+def checker_job(
+    program: str,
+    tests: str,
+    helpers: str,
+    units: list[dict[str, object]],
+    entry_point: str | None,
+    limits: SandboxLimits,
+    rlimits: dict[str, tuple[int, int]],
+    deadline_s: float | None = None,
+) -> dict[str, object]:
+    """What a checker is sent for one run (see checker.py): plain data only. `deadline_s`: the
+    checker's own deadline once the candidate is up (default the run's timeout; the verifier
+    gives it the starvation bound, as the host decides when the program had its time)."""
+    return {
+        "program": program,
+        "tests": tests,
+        "helpers": helpers,
+        "units": units,
+        "entry_point": entry_point,
+        "deadline_s": limits.timeout_s if deadline_s is None else deadline_s,
+        "start_timeout_s": START_TIMEOUT_S,
+        "rlimits": rlimits,
+    }
+
+
+@dataclass
+class Pair:
+    """A forked checker and candidate waiting for one job, and what the host holds of them."""
+
+    run_id: int
+    slot: int
+    tmpfs_mb: int
+    cgroups: Cgroups | None
+    job: socket.socket
+    stdout: int
+    stderr: int
+    released: bool = False
+
+
+class Verifier:
+    """Runs programs against tests in checker/candidate pairs; one instance serves many runs."""
+
+    def __init__(
+        self,
+        launcher: CandidateLauncher,
+        python: str = "/usr/bin/python3",
+        warm: int = 4,
+        name: str = "local",
+        slots: range = range(1, 8192),
+    ) -> None:
+        """`slots`: offsets in the worker's uid range (`worker_uids`) that candidates may use
+        (also naming their cgroups); offset 0 is the checkers' uid."""
+        if slots.start < 1 or slots.stop > 8192:
+            raise ValueError("slots must lie within 1..8191")
+        self.launcher, self.python, self.warm, self.name = launcher, python, warm, name
+        self.slots = slots
+        self.bwrap, self.setpriv = shutil.which("bwrap"), shutil.which("setpriv")
+        self.use_cgroups = Cgroups.available()
+        self.enforcement = "cgroup" if self.use_cgroups else "rlimit"
+        self._uids = worker_uids()
+        self._ids = itertools.count(1)
+        self._pool: dict[int, list[Pair]] = {}
+        self._filling: dict[int, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._fills: set[asyncio.Task[None]] = set()
+        self._checker: ForkServer | None = None
+        self._starting: asyncio.Lock | None = None
+
+    def _started(self) -> ForkServer | None:
+        checker = self._checker
+        return checker if checker and checker.alive and self.launcher.alive else None
+
+    async def _start(self) -> ForkServer:
+        """The checker zygote and the candidate launcher, (re)started when either is down."""
+        if checker := self._started():
+            return checker
+        self._starting = self._starting or asyncio.Lock()
+        async with self._starting:
+            if checker := self._started():
+                return checker
+            if os.geteuid() != 0 or not self.bwrap or not self.setpriv:
+                raise SandboxInfraError(
+                    f"the {self.name} sandbox needs root, bwrap and setpriv on this host"
+                )
+            if not os.path.exists(self.python):
+                raise SandboxInfraError(f"the checkers' interpreter {self.python} is missing")
+            await self._stop()
+            if self.use_cgroups:
+                Cgroups.sweep_stale()
+            argv = checker_zygote_argv(self.python, self._uids.start, self.bwrap, self.setpriv)
+            checker = ForkServer("checker", argv)
+            started = [checker.start(), self.launcher.start()]
+            failed = [e for e in await asyncio.gather(*started, return_exceptions=True) if e]
+            if failed:
+                await asyncio.gather(checker.close(), self.launcher.close())
+                raise failed[0]
+            self._checker = checker
+            return checker
+
+    def _take_slot(self) -> int:
+        """The lowest uid slot no verifier of this process holds (slot = uid and cgroup name)."""
+        for slot in self.slots:
+            if slot not in _TAKEN_SLOTS:
+                _TAKEN_SLOTS.add(slot)
+                return slot
+        raise SandboxInfraError(f"more than {len(self.slots)} concurrent runs in one worker")
+
+    async def _prepare(self, tmpfs_mb: int) -> Pair:
+        """Fork a checker (first) and a candidate for one run, joined by two pipes."""
+        checker = await self._start()
+        slot, run_id = self._take_slot(), next(self._ids)
+        cgroups: Cgroups | None = None
+        fds: list[int] = []  # every fd made here
+        ours: set[int] = set()  # those the host keeps
+        try:
+            cgroups = Cgroups.create(f"{os.getpid()}-{slot}") if self.use_cgroups else None
+            for _ in range(4):
+                fds += os.pipe()
+            fds += [end.detach() for end in socket.socketpair()]
+            calls_r, calls_w, replies_r, replies_w, out_r, out_w, err_r, err_w, job, job_child = fds
+            spec = CandidateSpec(self._uids.start + slot, tmpfs_mb, cgroups)
+            await asyncio.gather(  # the checker's fork is asked for first
+                checker.fork(run_id, None, [job_child, calls_w, replies_r]),
+                self.launcher.fork(run_id, spec, [calls_r, replies_w, out_w, err_w]),
+            )
+            ours = {job, out_r, err_r}
+            return Pair(run_id, slot, tmpfs_mb, cgroups, socket.socket(fileno=job), out_r, err_r)
+        except BaseException:
+            await self._abandon(run_id, slot, cgroups)
+            raise
+        finally:
+            for fd in fds:
+                if fd not in ours:
+                    os.close(fd)
+
+    async def run(
+        self,
+        program: str,
+        tests: str = "",
+        limits: SandboxLimits = DEFAULT_LIMITS,
+        entry_point: str | None = None,
+        helpers: str = "",
+    ) -> ExecutionResult:
+        """Run `program` against `tests` (with the task's `helpers` on the checker's side)."""
+        units = split_tests(tests, entry_point)
+        pair = self._take_warm(limits.tmpfs_mb) or await self._prepare(limits.tmpfs_mb)
+        if self.warm:
+            self._refill(limits.tmpfs_mb)
+        rlimits = candidate_rlimits(limits, pair.cgroups is not None)
+        bound = starvation_bound(limits.timeout_s) + VERDICT_GRACE_S  # the host decides first
+        job = checker_job(program, tests, helpers, units, entry_point, limits, rlimits, bound)
+        try:
+            seen = await self._execute(pair, job, limits)
+        finally:
+            self._spawn(self._release(pair))
+        return judge(seen, expected_units(units, entry_point), limits, self.name, self.enforcement)
+
+    async def _execute(self, pair: Pair, job: dict[str, object], limits: SandboxLimits) -> Observed:
+        launcher, cgroups = self.launcher, pair.cgroups
+        if cgroups is not None:
+            cgroups.apply(limits, launcher.memory_overhead_mb, launcher.processes_overhead)
+        stdout, stderr = Capture(limits.output_bytes), Capture(limits.output_bytes)
+        outputs = [
+            await OutputPipe.open(pair.stdout, stdout),
+            await OutputPipe.open(pair.stderr, stderr),
+        ]
+        started = time.monotonic()
+        try:
+            verdict, deadline = await self._await_verdict(pair, job, limits)
+            duration_ms = int((time.monotonic() - started) * 1000)
+            if verdict is not None and not verdict.get("lost"):
+                # It answered throughout and flushed its output before every answer: what it
+                # wrote is in the pipes now; `_release` kills it in the background.
+                for output in outputs:
+                    output.take_the_rest()
+                return Observed(verdict, False, duration_ms, None, "", stdout, stderr, True)
+            own_end: Exit | None = None
+            if verdict is not None and verdict.get("lost") == "exited":  # did it end by itself?
+                with contextlib.suppress(TimeoutError):
+                    own_end = await launcher.exited(pair.run_id, launcher.exit_grace_s)
+            launcher.kill(pair.run_id)
+            if self._checker is not None:
+                self._checker.kill(pair.run_id)
+            if cgroups is not None:
+                cgroups.kill_all()
+            try:
+                ended = own_end or await launcher.exited(pair.run_id, launcher.kill_grace_s)
+                await asyncio.wait_for(
+                    asyncio.gather(*(asyncio.shield(o.closed) for o in outputs)),
+                    launcher.kill_grace_s,
+                )
+            except TimeoutError as exc:
+                raise SandboxInfraError("the candidate did not die after SIGKILL") from exc
+        finally:
+            for output in outputs:
+                output.close()
+        return Observed(
+            verdict,
+            deadline != "",
+            duration_ms,
+            ended,
+            cgroups.memory_event() if cgroups is not None else "",
+            stdout,
+            stderr,
+            killed=own_end is None,
+            sigkill_is_foreign=launcher.sigkill_is_foreign,
+            process_limit=cgroups is not None and cgroups.process_limit_reached(),
+            starved=deadline == "starved",
+        )
+
+    async def _await_verdict(
+        self, pair: Pair, job: dict[str, object], limits: SandboxLimits
+    ) -> tuple[dict[str, object] | None, str]:
+        """Send the job; the checker's verdict (None if it died without one), and "" or why
+        the host stopped waiting first: "timeout" (the program had its deadline's worth of
+        time) or "starved" (the host never gave it that time: `judge.deadline_state`)."""
+        frames = JobSocket(pair.job)
+        try:
+            await frames.send(job)
+            first = await asyncio.wait_for(frames.next(), START_TIMEOUT_S + VERDICT_GRACE_S)
+            if first != ("started",):  # the candidate never came up: the checker said why
+                return (first if type(first) is dict else None), ""
+            started, reading = time.monotonic(), asyncio.ensure_future(frames.next())
+            try:
+                done, _ = await asyncio.wait({reading}, timeout=limits.timeout_s)
+                while not done:
+                    cpu_wait = pair.cgroups.cpu_wait() if pair.cgroups is not None else None
+                    state = deadline_state(time.monotonic() - started, cpu_wait, limits)
+                    if state != "running":
+                        return None, state
+                    done, _ = await asyncio.wait({reading}, timeout=DEADLINE_POLL_S)
+                verdict = reading.result()
+            finally:
+                reading.cancel()
+        except (TimeoutError, OSError, codec.CodecError):
+            return None, ""  # no verdict, and not the program's deadline: the checker failed
+        return (verdict if type(verdict) is dict else None), ""
+
+    async def _release(self, pair: Pair) -> None:
+        if pair.released:
+            return
+        pair.released = True
+        pair.job.close()
+        for fd in (pair.stdout, pair.stderr):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        await self._abandon(pair.run_id, pair.slot, pair.cgroups)
+
+    async def _abandon(self, run_id: int, slot: int, cgroups: Cgroups | None) -> None:
+        """Kill what a run left and free its uid slot once its processes are gone (a slot
+        whose cgroups still hold a process after the kill grace is never handed out again)."""
+        servers: list[CandidateLauncher | ForkServer] = [self.launcher]
+        if self._checker is not None:
+            servers.append(self._checker)
+        for server in servers:
+            server.kill(run_id)
+        for server in servers:
+            with contextlib.suppress(TimeoutError, KeyError):
+                await server.exited(run_id, server.kill_grace_s)
+            server.forget(run_id)
+        gone = True
+        if cgroups is not None:
+            for _ in range(int(KILL_GRACE_S / 0.005)):
+                cgroups.kill_all()
+                if not cgroups.pids():
+                    break
+                await asyncio.sleep(0.005)
+            gone = not cgroups.pids()
+            cgroups.remove()
+        if gone:
+            _TAKEN_SLOTS.discard(slot)
+
+    def _take_warm(self, tmpfs_mb: int) -> Pair | None:
+        """A warm pair whose processes are both still alive, if any."""
+        pool, checker = self._pool.get(tmpfs_mb, []), self._started()
+        while pool:
+            pair = pool.pop()
+            servers = (self.launcher, checker) if checker else ()
+            if servers and not any(server.has_exited(pair.run_id) for server in servers):
+                return pair
+            self._spawn(self._release(pair))
+        return None
+
+    def _refill(self, tmpfs_mb: int) -> None:
+        missing = self.warm - len(self._pool.get(tmpfs_mb, [])) - self._filling.get(tmpfs_mb, 0)
+        for _ in range(max(missing, 0)):
+            self._filling[tmpfs_mb] = self._filling.get(tmpfs_mb, 0) + 1
+            self._spawn(self._fill_one(tmpfs_mb), filling=True)
+
+    async def _fill_one(self, tmpfs_mb: int) -> None:
+        try:
+            pair = await self._prepare(tmpfs_mb)
+        except SandboxInfraError:
+            return  # the next run that needs a pair reports the fault
+        finally:
+            self._filling[tmpfs_mb] -= 1
+        self._pool.setdefault(tmpfs_mb, []).append(pair)
+
+    def _spawn(self, work: Coroutine[object, object, None], filling: bool = False) -> None:
+        """Run `work` in the background: a fill (cancelled by `close`) or a release (awaited)."""
+        task = asyncio.get_running_loop().create_task(work)
+        tasks = self._fills if filling else self._tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _stop(self) -> None:
+        """Stop the checker zygote and the launcher (which kill whatever they started)."""
+        await asyncio.gather(
+            *([self._checker.close()] if self._checker else []), self.launcher.close()
+        )
+        self._checker = None
+
+    async def close(self) -> None:
+        """Stop filling the pool, let released runs finish dying, destroy the warm pairs, and
+        stop the checker zygote and the launcher."""
+        for task in list(self._fills):
+            task.cancel()
+        await asyncio.gather(*self._fills, *self._tasks, return_exceptions=True)
+        idle = [pair for pool in self._pool.values() for pair in pool]
+        self._pool.clear()
+        await asyncio.gather(*(self._release(pair) for pair in idle), return_exceptions=True)
+        await self._stop()

@@ -1,0 +1,333 @@
+"""Runs one shell command over a workspace directory: a fresh bubblewrap sandbox per command.
+
+    runner = CommandRunner()
+    result = await runner.run(
+        "python3 -m unittest -q", Mounts(workspace=Path("/var/ws/7"), workdir="/app"),
+        uid=session_uid(7), limits=SandboxLimits(), name="w7",
+    )
+    result.exit_code, result.stdout, result.status      # ExecStatus: passed = exit status 0
+
+The confinement is the local backend's (`infra/sandbox/local.py`): the command runs under its
+own uid (no host account owns it; RLIMIT_NPROC counts only its processes), in its own cgroups
+(memory, pids; `cgroups.py`), in a bwrap sandbox with every namespace unshared (no network at
+all), every capability dropped, no nested user namespaces, the host's /usr, /bin and /lib* read
+only (`local.root_binds`), a private size-limited /tmp, and `--die-with-parent`: when the
+worker dies, the sandbox dies with it. The workspace is bound read-write at `workdir` (and
+extra trees read-only or read-write where a verifier wants them: Harbor's /tests,
+/logs/verifier, /solution), so what the command changes there is what the next step sees.
+Limits: wall time (the whole sandbox is killed at the deadline), CPU time, file size and
+processes (rlimits set by the launching shell), memory (the cgroup), output (captured up to
+`limits.output_bytes` per stream, the rest drained).
+
+bwrap reports on a status fd once the sandbox is up and again with the command's exit code,
+so a sandbox that never came up is a platform fault (`SandboxInfraError`), never a result.
+
+Not covered: a disk quota on the workspace (the environment bounds its size after each step),
+images (the host's system is the sandbox's root file system).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from contracts.sandbox import ExecStatus
+from contracts.task import SandboxLimits
+from infra.sandbox.base import SandboxInfraError
+from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT, MB, Cgroups
+from infra.sandbox.local import root_binds
+from infra.sandbox.process import KILL_GRACE_S, Capture
+
+SESSION_UID_BASE = 10_000_000
+"""Workspace uids are SESSION_UID_BASE + pid·SLOTS + slot: unique per live worker process,
+above the local backend's range (`local.SANDBOX_UID_RANGE`), owned by no host account."""
+SLOTS = 512
+"""Workspace uids (sessions and verifier runs) one worker holds at once."""
+WRAPPER_PROCESSES = 1
+"""bwrap's outer process counts against the command's process limits (the command itself is
+pid 1 of its namespace, `--as-pid-1`: no bwrap init that the host's init would have to reap)."""
+INNER_UID = 1000
+"""The uid the command sees inside its user namespace."""
+HIDDEN_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/proc", "/dev", "/etc")
+"""Where no workspace or tree may be mounted (the sandbox's own system)."""
+SYSTEM_FILES = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/localtime")
+"""Host files bound read-only when present: alternatives (awk, editor) resolve, the loader is fast."""
+BASE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "TERM": "dumb",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+"""Every command's environment, before the task's own variables. No bytecode caches: they
+would make the workspace's tree digest depend on file times."""
+
+
+def session_uid(slot: int, pid: int | None = None) -> int:
+    """The uid of workspace slot `slot` of worker `pid` (default: this process)."""
+    if not 0 <= slot < SLOTS:
+        raise ValueError(f"slot {slot} is outside 0..{SLOTS - 1}")
+    return SESSION_UID_BASE + (os.getpid() if pid is None else pid) * SLOTS + slot
+
+
+def cgroup_name(slot: int, pid: int | None = None) -> str:
+    """Cgroup name of a slot: `<pid>-w<slot>`, which `Cgroups.sweep_stale` reaps once the
+    worker is gone."""
+    return f"{os.getpid() if pid is None else pid}-w{slot}"
+
+
+def check_mount_point(path: str) -> str:
+    """`path` if it is an absolute, normal path outside the sandbox's system; else ValueError."""
+    if not path.startswith("/") or os.path.normpath(path) != path or path == "/":
+        raise ValueError(f"{path!r} is not an absolute, normalised directory below /")
+    if any(path == hidden or path.startswith(hidden + "/") for hidden in HIDDEN_PATHS):
+        raise ValueError(f"{path!r} lies in the sandbox's system directories")
+    return path
+
+
+@dataclass(frozen=True)
+class Mounts:
+    """What the sandbox sees besides the host's system: the workspace, bound read-write at
+    `workdir` (also the command's working directory), and extra host trees."""
+
+    workspace: Path
+    workdir: str = "/app"
+    extra: tuple[tuple[Path, str, bool], ...] = ()
+    """(host path, sandbox path, writable)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables added to `BASE_ENV` (a task's ENV)."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command did."""
+
+    status: ExecStatus
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    truncated: bool
+    duration_ms: int
+    detail: str = ""
+
+
+class CommandRunner:
+    """Runs commands in fresh sandboxes; one instance serves many concurrent commands."""
+
+    def __init__(self) -> None:
+        self.bwrap = shutil.which("bwrap")
+        self.setpriv = shutil.which("setpriv")
+        self.root = os.geteuid() == 0
+        self.use_cgroups = Cgroups.available()
+
+    def argv(
+        self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits,
+        cgroups: Cgroups | None, status_fd: int,
+    ) -> list[str]:  # fmt: skip
+        """[shell: join cgroups, set rlimits] → setpriv to `uid` → bwrap → /bin/sh -c command."""
+        if not self.bwrap:
+            raise SandboxInfraError("bwrap is missing")
+        binds = ["--bind", str(mounts.workspace), check_mount_point(mounts.workdir)]
+        for host, inside, writable in mounts.extra:
+            binds += ["--bind" if writable else "--ro-bind", str(host), check_mount_point(inside)]
+        for path in SYSTEM_FILES:
+            binds += ["--ro-bind-try", path, path]
+        env = [arg for key, value in {**BASE_ENV, **mounts.env}.items()
+               for arg in ("--setenv", key, value)]  # fmt: skip
+        sandbox = [
+            self.bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
+            "--uid", str(INNER_UID), "--gid", str(INNER_UID), "--cap-drop", "ALL",
+            "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox", *root_binds(),
+            "--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmpfs_mb * MB),
+            "--tmpfs", "/tmp", *binds, "--chdir", mounts.workdir, "--remount-ro", "/",
+            "--json-status-fd", str(status_fd), "--clearenv", *env,
+            "/bin/sh", "-c", command,
+        ]  # fmt: skip
+        if self.root:
+            if not self.setpriv:
+                raise SandboxInfraError("running as root needs setpriv to drop to a sandbox uid")
+            drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--nnp"]
+            sandbox = drop + sandbox
+        joins = cgroups.procs_files() if cgroups is not None else []
+        prelude = [f"echo $$ > {shlex.quote(str(procs))}" for procs in joins] + [
+            f"ulimit -t {limits.cpu_s}",
+            f"ulimit -f {limits.file_size_mb * MB // 512}",
+            f"ulimit -p {limits.max_processes + WRAPPER_PROCESSES}",
+            "ulimit -c 0",
+        ]
+        if cgroups is None:  # no memory cgroup: bound the address space instead
+            prelude.append(f"ulimit -v {limits.memory_mb * 1024}")
+        return ["/bin/sh", "-c", " && ".join(prelude) + ' && exec "$@"', "sandbox", *sandbox]
+
+    async def run(
+        self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits, name: str
+    ) -> CommandResult:
+        """Run `command` (by /bin/sh -c) over `mounts` as `uid`, in cgroups named `name`."""
+        cgroups = Cgroups.create(name) if self.use_cgroups else None
+        try:
+            if cgroups is not None:
+                cgroups.apply(limits, processes_overhead=WRAPPER_PROCESSES)
+            return await self._run(command, mounts, uid, limits, cgroups)
+        finally:
+            if cgroups is not None:
+                await reap(cgroups)
+
+    async def _run(
+        self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits,
+        cgroups: Cgroups | None,
+    ) -> CommandResult:  # fmt: skip
+        status_r, status_w = os.pipe()
+        try:
+            argv = self.argv(command, mounts, uid, limits, cgroups, status_w)
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(status_w,),
+                start_new_session=True,
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            )
+        except OSError as exc:
+            os.close(status_r)
+            raise SandboxInfraError(f"cannot start the workspace sandbox: {exc}") from exc
+        finally:
+            os.close(status_w)
+        status = asyncio.StreamReader()
+        transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(status), os.fdopen(status_r, "rb", 0)
+        )
+        stdout, stderr = Capture(limits.output_bytes), Capture(limits.output_bytes)
+        assert process.stdout and process.stderr
+        readers = asyncio.gather(
+            stdout.drain(process.stdout), stderr.drain(process.stderr), status.read()
+        )
+        started, timed_out = time.monotonic(), False
+        try:
+            await asyncio.wait_for(asyncio.shield(process.wait()), limits.timeout_s)
+        except TimeoutError:
+            timed_out = True
+        finally:
+            try:
+                await _kill(process, cgroups)
+                duration_ms = int((time.monotonic() - started) * 1000)
+                *_, reported = await asyncio.wait_for(readers, KILL_GRACE_S)
+            except TimeoutError as exc:  # a process outside our reach holds the pipes
+                readers.cancel()
+                raise SandboxInfraError("the workspace sandbox did not die after SIGKILL") from exc
+            finally:
+                transport.close()
+        event = cgroups.memory_event() if cgroups is not None else ""
+        if event == "global":
+            raise SandboxInfraError("the host ran out of memory (a global OOM kill)")
+        messages = _status_messages(reported)
+        return _result(messages, timed_out, event == "limit", limits, duration_ms, stdout, stderr)
+
+
+def _status_messages(data: bytes) -> dict[str, object]:
+    """bwrap's JSON status messages (one object per line), merged."""
+    merged: dict[str, object] = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        with contextlib.suppress(ValueError):
+            message = json.loads(line)
+            if isinstance(message, dict):
+                merged.update(message)
+    return merged
+
+
+def _result(
+    messages: dict[str, object], timed_out: bool, oom: bool, limits: SandboxLimits,
+    duration_ms: int, stdout: Capture, stderr: Capture,
+) -> CommandResult:  # fmt: skip
+    if "child-pid" not in messages:
+        if timed_out:
+            raise SandboxInfraError(f"the workspace sandbox did not start in {limits.timeout_s}s")
+        raise SandboxInfraError(f"the workspace sandbox failed to start: {stderr.text()[-2000:]}")
+    code = messages.get("exit-code")
+    exit_code = code if isinstance(code, int) else None
+    if exit_code is None and not (oom or timed_out):  # bwrap itself failed (a mount, a uid)
+        raise SandboxInfraError(f"the workspace sandbox failed to set up: {stderr.text()[-2000:]}")
+    if oom:
+        status, detail = ExecStatus.MEMORY_EXCEEDED, f"memory limit of {limits.memory_mb} MB"
+    elif timed_out:
+        status, detail = ExecStatus.TIMEOUT, f"wall-clock deadline of {limits.timeout_s}s"
+    elif exit_code == 128 + signal.SIGXCPU:
+        status, detail = ExecStatus.TIMEOUT, f"CPU limit of {limits.cpu_s}s"
+    elif exit_code == 0:
+        status, detail = ExecStatus.PASSED, ""
+    else:
+        status, detail = ExecStatus.FAILED, f"exit status {exit_code}"
+    return CommandResult(
+        status=status,
+        exit_code=exit_code,
+        stdout=stdout.text(),
+        stderr=stderr.text(),
+        truncated=stdout.truncated or stderr.truncated,
+        duration_ms=duration_ms,
+        detail=detail,
+    )
+
+
+async def _kill(process: asyncio.subprocess.Process, cgroups: Cgroups | None) -> None:
+    """Kill the sandbox from the inside out, so bwrap reaps its own children: every process
+    but bwrap (its cgroups' members, or its descendants), then bwrap once it has exited by
+    itself or after a grace period. Killing bwrap first would orphan its pid-1 init to the
+    host's init, which may leave it a zombie under the sandbox uid."""
+    if process.returncode is None:
+        inside = set(cgroups.pids()) if cgroups is not None else set()
+        with contextlib.suppress(psutil.Error):
+            inside |= {child.pid for child in psutil.Process(process.pid).children(recursive=True)}
+        for pid in inside - {process.pid}:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(process.wait(), KILL_GRACE_S / 2)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    try:
+        await asyncio.wait_for(process.wait(), KILL_GRACE_S)
+    except TimeoutError as exc:
+        raise SandboxInfraError("the workspace sandbox did not die after SIGKILL") from exc
+
+
+async def reap(cgroups: Cgroups) -> None:
+    """Kill whatever is left in `cgroups` and remove them."""
+    for _ in range(int(KILL_GRACE_S / 0.005)):
+        cgroups.kill_all()
+        if not cgroups.pids():
+            break
+        await asyncio.sleep(0.005)
+    cgroups.remove()
+
+
+def sweep_cgroups(pid: int) -> int:
+    """Kill what is left in the workspace cgroups of the dead worker `pid` and remove them;
+    returns how many there were."""
+    if not Cgroups.available():
+        return 0
+    names = {
+        path.name
+        for ctl in CGROUP_CONTROLLERS
+        for path in (CGROUP_ROOT / ctl / "tempered").glob(f"{pid}-w*")
+    }
+    for name in names:
+        cgroups = Cgroups(
+            {ctl: CGROUP_ROOT / ctl / "tempered" / name for ctl in CGROUP_CONTROLLERS}
+        )
+        for _ in range(int(KILL_GRACE_S / 0.005)):
+            cgroups.kill_all()
+            if not cgroups.pids():
+                break
+            time.sleep(0.005)
+        cgroups.remove()
+    return len(names)

@@ -1,0 +1,272 @@
+"""Harbor task directories as `workspace` tasks (`--suite harbor:PATH`).
+
+    tasks, errors = load_harbor("examples/harbor")    # a task directory, or a directory of them
+
+A task directory (Harbor's layout):
+
+    task.toml            [verifier] timeout_sec, env; [metadata] split = "train"|"heldout"
+    instruction.md       the prompt
+    environment/         Dockerfile + build context: the initial workspace
+    tests/test.sh        the check: writes a number in [0, 1] to /logs/verifier/reward.txt
+    solution/solve.sh    optional reference solution (run by `tempered tasks validate`)
+
+Paths are Harbor's: the workspace at the Dockerfile's WORKDIR (/app when it sets none), the
+tests at /tests (read-only, only while verifying), the solution at /solution, the verifier's
+output under /logs/verifier/. The local and gVisor backends run a task's environment as a
+file tree over the host's read-only system, so the Dockerfile may only use FROM (the base is
+ignored), WORKDIR, COPY (build-context files into the workspace; `--chown`/`--chmod` ignored)
+and ENV (`$VAR` and `${VAR}` expand); any other instruction is an error naming the file and
+line. A task with bad input (no instruction.md, an unreadable task.toml, a Dockerfile it
+cannot use) is reported with its directory and file, and the other tasks still load.
+
+Not covered: images (the Kubernetes backend's business), multi-stage builds, `.dockerignore`.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from contracts.common import describe_validation_error, is_identifier
+from infra.environments.tree import Check, File
+from infra.sandbox.workspace import BASE_ENV, check_mount_point
+from infra.tasks.workspace_task import WorkspaceTask, workspace_task
+
+PREFIX = "harbor:"
+DEFAULT_WORKDIR = "/app"
+INSTRUCTIONS = {"FROM", "WORKDIR", "COPY", "ENV"}
+_VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
+
+
+class TaskInputError(ValueError):
+    """A task directory that cannot be loaded; the message names the task and the file."""
+
+
+def is_harbor(suite: str) -> bool:
+    return suite.startswith(PREFIX)
+
+
+def load_harbor(path: str | Path) -> tuple[list[WorkspaceTask], list[str]]:
+    """The tasks under `path` (a task directory, or a directory of task directories, sorted)
+    and one error line per task directory that could not be loaded."""
+    root = Path(path)
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such directory of Harbor tasks")
+    directories = [root] if (root / "task.toml").exists() else sorted(
+        child for child in root.iterdir() if child.is_dir() and (child / "task.toml").exists()
+    )  # fmt: skip
+    if not directories:
+        raise ValueError(f"{root}: no Harbor task (a directory with task.toml) in it")
+    tasks, errors = [], []
+    for directory in directories:
+        try:
+            tasks.append(load_task(directory, suite=f"{PREFIX}{path}"))
+        except TaskInputError as exc:
+            errors.append(str(exc))
+    return tasks, errors
+
+
+def load_task(directory: Path, suite: str) -> WorkspaceTask:
+    """One Harbor task directory as a workspace task; TaskInputError naming the file at fault."""
+    name = directory.name
+    if not is_identifier(name):
+        raise TaskInputError(f"{directory}: the directory name is not a valid task id")
+
+    def fail(file: str, why: str) -> TaskInputError:
+        return TaskInputError(f"task {name}: {directory / file}: {why}")
+
+    try:
+        config = tomllib.loads((directory / "task.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise fail("task.toml", f"unreadable ({exc})") from None
+    try:
+        prompt = (directory / "instruction.md").read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise fail("instruction.md", f"missing or unreadable ({exc.__class__.__name__})") from None
+    if not prompt:
+        raise fail("instruction.md", "empty")
+    if not (directory / "tests" / "test.sh").is_file():
+        raise fail("tests/test.sh", "missing: the check that writes /logs/verifier/reward.txt")
+    dockerfile = directory / "environment" / "Dockerfile"
+    if not dockerfile.is_file():
+        raise fail("environment/Dockerfile", "missing")
+    try:
+        workdir, files, env = read_dockerfile(dockerfile)
+        verifier = _table(config, "verifier")
+        metadata = _table(config, "metadata")
+        check = Check(
+            kind="script",
+            tests="test.sh",
+            timeout_s=verifier.get("timeout_sec"),
+            env={str(k): str(v) for k, v in dict(verifier.get("env") or {}).items()},
+        )
+        return workspace_task(
+            name,
+            prompt,
+            files,
+            _tree(directory / "tests"),
+            check,
+            solution=_tree(directory / "solution") if (directory / "solution").is_dir() else None,
+            workdir=workdir,
+            env_vars=env,
+            suite=suite,
+            split=metadata.get("split", "train"),
+        )
+    except ValidationError as exc:
+        raise fail("task.toml", describe_validation_error(exc)) from None
+    except TaskInputError as exc:
+        raise TaskInputError(f"task {name}: {exc}") from None
+
+
+def _table(config: dict[str, Any], key: str) -> dict[str, Any]:
+    table = config.get(key) or {}
+    if not isinstance(table, dict):
+        raise TaskInputError(f"task.toml: [{key}] is not a table")
+    return table
+
+
+def _tree(root: Path) -> dict[str, File]:
+    """Every regular file under `root` (links are not followed), by relative path."""
+    return {
+        path.relative_to(root).as_posix(): File(
+            path.read_bytes(), bool(path.stat().st_mode & 0o111)
+        )
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and not path.is_symlink()
+    }
+
+
+def read_dockerfile(path: Path) -> tuple[str, dict[str, File], dict[str, str]]:
+    """(WORKDIR, the workspace's files, ENV) of a Dockerfile that only uses FROM, WORKDIR, COPY
+    and ENV; TaskInputError naming the file and line otherwise."""
+    context = path.parent
+    workdir, env = DEFAULT_WORKDIR, dict[str, str]()
+    copies: list[tuple[int, str, dict[str, File]]] = []
+    froms = 0
+    for number, instruction, arguments in _instructions(path):
+
+        def fail(why: str, number: int = number) -> TaskInputError:
+            return TaskInputError(f"{path}:{number}: {why}")
+
+        if instruction not in INSTRUCTIONS:
+            raise fail(
+                f"{instruction} is not supported: the local and gVisor backends understand only "
+                f"{', '.join(sorted(INSTRUCTIONS))} (the base image's files are the host's)"
+            )
+        if instruction == "FROM":
+            froms += 1
+            if froms > 1:
+                raise fail("multi-stage builds (a second FROM) are not supported")
+        elif instruction == "WORKDIR":
+            workdir = posixpath.normpath(posixpath.join(workdir, _expand(arguments, env)))
+            try:
+                check_mount_point(workdir)
+            except ValueError as exc:
+                raise fail(f"WORKDIR {exc}") from None
+        elif instruction == "ENV":
+            env.update(_env(arguments, env, fail))
+        else:
+            words = _words(arguments)
+            if any(word.startswith("--from") for word in words):
+                raise fail("COPY --from (multi-stage) is not supported")
+            words = [word for word in words if not word.startswith("--")]
+            if len(words) < 2:
+                raise fail("COPY needs a source and a destination")
+            *sources, destination = (_expand(word, env) for word in words)
+            target = posixpath.normpath(posixpath.join(workdir, destination))
+            files = {}
+            for source in sources:
+                into = destination.endswith("/") or len(sources) > 1 or target == workdir
+                files.update(_copy(context, source, target, into, fail))
+            copies.append((number, target, files))
+    tree: dict[str, File] = {}
+    for number, target, files in copies:
+        for absolute, file in files.items():
+            if not absolute.startswith(workdir.rstrip("/") + "/"):
+                raise TaskInputError(
+                    f"{path}:{number}: COPY to {target} lies outside the workspace {workdir}"
+                )
+            tree[posixpath.relpath(absolute, workdir)] = file
+    return workdir, tree, env
+
+
+def _instructions(path: Path) -> list[tuple[int, str, str]]:
+    """(line number, INSTRUCTION, arguments), continuation lines joined, comments dropped."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskInputError(f"{path}: unreadable ({exc})") from None
+    result, pending, start = [], "", 0
+    for number, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        text, pending = pending + stripped, ""
+        instruction, _, arguments = text.partition(" ")
+        result.append((start, instruction.upper(), arguments.strip()))
+    if pending:
+        raise TaskInputError(f"{path}:{start}: the file ends inside a continued line")
+    return result
+
+
+def _words(arguments: str) -> list[str]:
+    if arguments.startswith("["):
+        try:
+            words = json.loads(arguments)
+        except ValueError:
+            words = None
+        if isinstance(words, list) and all(isinstance(word, str) for word in words):
+            return words
+    return shlex.split(arguments)
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    scope = {**BASE_ENV, **env}
+    return _VARIABLE.sub(lambda m: scope.get(m.group(1) or m.group(2), ""), text)
+
+
+def _env(arguments: str, env: dict[str, str], fail: Any) -> dict[str, str]:
+    words = shlex.split(arguments)
+    if words and "=" not in words[0]:  # the legacy form: ENV KEY value with spaces
+        key, _, value = arguments.partition(" ")
+        return {key: _expand(value.strip(), env)}
+    pairs: dict[str, str] = {}
+    for word in words:
+        key, equals, value = word.partition("=")
+        if not equals or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise fail(f"ENV {word!r} is not KEY=value")
+        pairs[key] = _expand(value, {**env, **pairs})
+    return pairs
+
+
+def _copy(context: Path, source: str, target: str, into: bool, fail: Any) -> dict[str, File]:
+    """The files COPY `source` puts at or under `target` (absolute paths)."""
+    matches = (
+        sorted(context.glob(source)) if any(c in source for c in "*?[") else [context / source]
+    )
+    files = {}
+    for match in matches:
+        resolved = match.resolve()
+        if not resolved.is_relative_to(context.resolve()):
+            raise fail(f"COPY {source} lies outside the build context {context}")
+        if not match.exists():
+            raise fail(f"COPY {source}: no such file in {context}")
+        if match.is_dir():
+            for relative, file in _tree(match).items():
+                files[posixpath.join(target, relative)] = file
+        else:
+            destination = posixpath.join(target, match.name) if into else target
+            files[destination] = File(match.read_bytes(), bool(match.stat().st_mode & 0o111))
+    return files

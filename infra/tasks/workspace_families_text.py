@@ -1,0 +1,295 @@
+"""Six text-processing families of the built-in `workspace` suite (rendered by workspace.py).
+
+Each family is a function `rng -> Repo`: a module with a bug or a missing function, the README
+sentence that states the intended behaviour, the reference module, and the calls the visible
+and hidden tests make (their expected values are computed from the reference, so tests and
+reference cannot disagree). Every bug is one the visible tests expose.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from infra.tasks.workspace_repo import Repo
+
+WORDS = ("alpha", "beta", "Gamma", "delta", "Echo", "fox", "Golf", "hotel", "India", "juliet")
+
+
+def _title(rng: random.Random) -> str:
+    words = rng.sample(WORDS, rng.randint(2, 4))
+    glue = [rng.choice(("  ", " - ", ", ", "! ", " & ", "_")) for _ in words[1:]]
+    return (
+        rng.choice(("", " ", "--"))
+        + words[0]
+        + "".join(g + w for g, w in zip(glue, words[1:], strict=True))
+        + rng.choice(("", "!", " ", "?"))
+    )
+
+
+def slugify(rng: random.Random) -> Repo:
+    sep = rng.choice(("-", "_"))
+    name = rng.choice(("slugify", "make_slug", "to_slug"))
+    fixed = f'''"""URL slugs for page titles."""
+
+import re
+
+
+def {name}(title: str) -> str:
+    """Lower-case `title`; every run of characters that are not letters or digits becomes
+    one {sep!r}; no {sep!r} at either end."""
+    return re.sub(r"[^a-z0-9]+", {sep!r}, title.lower()).strip({sep!r})
+'''
+    buggy = fixed.replace(
+        f're.sub(r"[^a-z0-9]+", {sep!r}, title.lower()).strip({sep!r})',
+        f'"".join(c if c.isalnum() else {sep!r} for c in title.lower())',
+    )
+    titles = [_title(rng) for _ in range(9)] + ["Hello World", "  spaced   out  "]
+    return Repo(
+        module=rng.choice(("slugs", "webtext", "naming", "urlkit")),
+        summary=f"`{name}(title)` turns a page title into a URL slug",
+        behaviour=(
+            f"`{name}(title)` lower-cases the title, replaces every run of characters that are "
+            f"not letters or digits by a single `{sep}`, and strips `{sep}` from both ends: "
+            f"`{name}('Hello,  World!')` is `'hello{sep}world'`."
+        ),
+        source=buggy,
+        fixed=fixed,
+        visible=[(name, ("Hello,  World!",)), (name, (titles[0],))],
+        hidden=[(name, (title,)) for title in titles[1:]],
+    )
+
+
+def durations(rng: random.Random) -> Repo:
+    units = {"h": 3600, "m": 60, "s": 1} | ({"d": 86400} if rng.random() < 0.5 else {})
+    name = rng.choice(("parse_duration", "to_seconds", "duration_seconds"))
+    table = ", ".join(f'"{u}": {v}' for u, v in units.items())
+    fixed = f'''"""Durations such as "1h30m" in seconds."""
+
+import re
+
+UNITS = {{{table}}}
+
+
+def {name}(text: str) -> int:
+    """Seconds in `text`: numbers each followed by a unit ({", ".join(units)})."""
+    total = 0
+    for amount, unit in re.findall(r"(\\d+)([a-z])", text):
+        total += int(amount) * UNITS[unit]
+    return total
+'''
+    buggy = fixed.replace('"m": 60', '"m": 100')
+    cases = []
+    for _ in range(8):
+        picked = rng.sample(sorted(units), rng.randint(1, len(units)))
+        cases.append(
+            "".join(f"{rng.randint(1, 59)}{u}" for u in sorted(picked, key=lambda u: -units[u]))
+        )
+    return Repo(
+        module=rng.choice(("timeparse", "durations", "clock", "timing")),
+        summary=f"`{name}(text)` converts a duration such as `1h30m` to seconds",
+        behaviour=(
+            f"`{name}(text)` returns the number of seconds in a duration written as numbers "
+            f"each followed by a unit: "
+            + ", ".join(f"`{u}` = {v} s" for u, v in units.items())
+            + f". `{name}('1h30m')` is `5400`."
+        ),
+        source=buggy,
+        fixed=fixed,
+        visible=[(name, ("1h30m",)), (name, ("45s",))],
+        hidden=[(name, (case,)) for case in cases] + [(name, ("2m",))],
+    )
+
+
+def roman(rng: random.Random) -> Repo:
+    name = rng.choice(("to_roman", "roman_numeral", "as_roman"))
+    fixed = f'''"""Roman numerals."""
+
+NUMERALS = [
+    (1000, "M"), (900, "CM"), (500, "D"), (400, "CD"), (100, "C"), (90, "XC"),
+    (50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I"),
+]
+
+
+def {name}(number: int) -> str:
+    """`number` (1 to 3999) in Roman numerals, with subtractive forms (IV, XC, CM)."""
+    digits = []
+    for value, numeral in NUMERALS:
+        count, number = divmod(number, value)
+        digits.append(numeral * count)
+    return "".join(digits)
+'''
+    buggy = fixed.replace(
+        """    (1000, "M"), (900, "CM"), (500, "D"), (400, "CD"), (100, "C"), (90, "XC"),
+    (50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I"),""",
+        """    (1000, "M"), (500, "D"), (100, "C"), (50, "L"), (10, "X"), (5, "V"), (1, "I"),""",
+    )
+    numbers = [rng.randint(1, 3999) for _ in range(6)] + [rng.choice((4, 9, 14, 19)), 944, 1994]
+    return Repo(
+        module=rng.choice(("numerals", "romans", "notation", "numfmt")),
+        summary=f"`{name}(number)` writes a number in Roman numerals",
+        behaviour=(
+            f"`{name}(number)` writes 1 to 3999 in Roman numerals using the subtractive forms "
+            f"IV, IX, XL, XC, CD and CM: `{name}(1994)` is `'MCMXCIV'`."
+        ),
+        source=buggy,
+        fixed=fixed,
+        visible=[(name, (1994,)), (name, (8,))],
+        hidden=[(name, (n,)) for n in numbers],
+    )
+
+
+def brackets(rng: random.Random) -> Repo:
+    pairs = {"(": ")", "[": "]", "{": "}"} | ({"<": ">"} if rng.random() < 0.5 else {})
+    name = rng.choice(("is_balanced", "balanced", "brackets_match"))
+    table = ", ".join(f"{o!r}: {c!r}" for o, c in pairs.items())
+    fixed = f'''"""Bracket matching."""
+
+PAIRS = {{{table}}}
+
+
+def {name}(text: str) -> bool:
+    """Whether every bracket in `text` is closed by its partner in the right order."""
+    stack = []
+    for char in text:
+        if char in PAIRS:
+            stack.append(PAIRS[char])
+        elif char in PAIRS.values():
+            if not stack or stack.pop() != char:
+                return False
+    return not stack
+'''
+    buggy = fixed.replace(
+        """            if not stack or stack.pop() != char:
+                return False""",
+        """            if not stack:
+                return False
+            stack.pop()""",
+    )
+    alphabet = "".join(pairs) + "".join(pairs.values()) + "ab "
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(2, 10))) for _ in range(6)]
+    opener, closer = rng.choice(sorted(pairs.items()))
+    texts += [f"a{opener}b{closer}", "([)]", f"{opener}{{[]}}{closer}", "(("]
+    return Repo(
+        module=rng.choice(("syntax", "parens", "matcher", "bracketing")),
+        summary=f"`{name}(text)` checks that brackets are balanced",
+        behaviour=(
+            f"`{name}(text)` is True when every bracket of the kinds "
+            + " ".join(o + c for o, c in pairs.items())
+            + " in `text` is closed by the matching kind, innermost first; other characters "
+            f"are ignored. `{name}('([)]')` is False."
+        ),
+        source=buggy,
+        fixed=fixed,
+        visible=[(name, ("([)]",)), (name, ("(a[b]c)",))],
+        hidden=[(name, (text,)) for text in texts],
+    )
+
+
+def run_length(rng: random.Random) -> Repo:
+    count_first = rng.random() < 0.5
+    pattern = r"(\d+)(\D)" if count_first else r"(\D)(\d+)"
+    pair = "count, char" if count_first else "char, count"
+    piece = 'f"{len(run)}{run[0]}"' if count_first else 'f"{run[0]}{len(run)}"'
+    fixed = f'''"""Run-length encoding of text without digits."""
+
+import itertools
+import re
+
+
+def encode(text: str) -> str:
+    """Each run of one character as {"count then character" if count_first else "character then count"}."""
+    return "".join({piece} for run in ("".join(g) for _, g in itertools.groupby(text)))
+
+
+def decode(encoded: str) -> str:
+    """The text `encode` was given."""
+    return "".join(char * int(count) for {pair} in re.findall(r"{pattern}", encoded))
+'''
+    buggy = (
+        fixed[: fixed.index("def decode")]
+        + '''def decode(encoded: str) -> str:
+    """The text `encode` was given."""
+    raise NotImplementedError
+'''
+    )
+    texts = [
+        "".join(rng.choice("abc") * rng.randint(1, 12) for _ in range(rng.randint(1, 5)))
+        for _ in range(6)
+    ]
+    example = "aaabcc"
+    return Repo(
+        module=rng.choice(("rle", "runs", "packing", "squeeze")),
+        summary="`decode(encoded)` undoes the run-length encoding that `encode(text)` makes",
+        behaviour=(
+            "`encode(text)` writes each run of one character as "
+            + ("its length then the character" if count_first else "the character then its length")
+            + f" (`encode({example!r})` is `{_rle(example, count_first)!r}`); `decode(encoded)` "
+            "returns the original text, so `decode(encode(text)) == text`. `decode` is missing."
+        ),
+        source=buggy,
+        fixed=fixed,
+        visible=[("decode", (_rle(example, count_first),)), ("encode", (example,))],
+        hidden=[("decode", (_rle(text, count_first),)) for text in texts] + [("decode", ("",))],
+    )
+
+
+def _rle(text: str, count_first: bool) -> str:
+    runs = ("".join(group) for _, group in itertools.groupby(text))
+    return "".join(f"{len(r)}{r[0]}" if count_first else f"{r[0]}{len(r)}" for r in runs)
+
+
+def top_words(rng: random.Random) -> Repo:
+    stop = tuple(sorted(rng.sample(("the", "a", "and", "of", "to", "in"), 3)))
+    name = rng.choice(("top_words", "most_common_words", "frequent_words"))
+    fixed = f'''"""Word frequencies."""
+
+import re
+from collections import Counter
+
+STOPWORDS = {set(stop)!r}
+
+
+def {name}(text: str, n: int) -> list[tuple[str, int]]:
+    """The `n` most frequent words of `text` (case-insensitive, stop words left out), most
+    frequent first, ties in alphabetical order."""
+    words = [w for w in re.findall(r"[a-z']+", text.lower()) if w not in STOPWORDS]
+    return sorted(Counter(words).items(), key=lambda item: (-item[1], item[0]))[:n]
+'''
+    buggy = fixed.replace(
+        'words = [w for w in re.findall(r"[a-z\']+", text.lower()) if w not in STOPWORDS]',
+        'words = re.findall(r"[A-Za-z\']+", text)',
+    ).replace("key=lambda item: (-item[1], item[0])", "key=lambda item: -item[1]")
+    vocabulary = [w.lower() for w in WORDS[:6]] + list(stop)
+    texts = [
+        " ".join(
+            rng.choice(vocabulary).capitalize() if rng.random() < 0.3 else rng.choice(vocabulary)
+            for _ in range(rng.randint(6, 20))
+        )
+        for _ in range(6)
+    ]
+    sample = f"The fox and the Fox {stop[0]} a fox, the hotel. Hotel!"
+    return Repo(
+        module=rng.choice(("wordfreq", "textstats", "corpus", "counting")),
+        summary=f"`{name}(text, n)` lists the most frequent words",
+        behaviour=(
+            f"`{name}(text, n)` returns the `n` most frequent words of `text` as (word, count) "
+            f"pairs, most frequent first and ties in alphabetical order. Words are runs of "
+            f"letters and apostrophes, compared in lower case; the stop words "
+            f"{', '.join(stop)} are left out."
+        ),
+        source=buggy,
+        fixed=fixed,
+        visible=[(name, (sample, 2)), (name, ("b a c b a", 3))],
+        hidden=[(name, (text, rng.randint(1, 4))) for text in texts],
+    )
+
+
+FAMILIES = {
+    "slugify": slugify,
+    "durations": durations,
+    "roman": roman,
+    "brackets": brackets,
+    "rle": run_length,
+    "topwords": top_words,
+}

@@ -1,0 +1,136 @@
+"""A mini-repository of the built-in `workspace` suite, and how it becomes a task.
+
+    repo = FAMILIES["roman"](rng)             # a Repo: module, README, bug, reference, calls
+    task = render(repo, "workspace-roman-0", "train")
+
+The workspace holds the module with its bug (or missing function), `README.md` stating the
+behaviour, and `test_<module>.py`, example tests the agent may run (`python3 test_<module>.py`).
+The hidden tests are top-level asserts on more calls (`assert f(x) == y`), run by the
+two-process verifier against the module's functions. Expected values are computed here by
+running the reference module (our own, trusted code), so they always agree with it. The
+reference solution, `solve.sh`, writes the reference module over the buggy one.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from infra.environments.tree import Check, File
+from infra.tasks.workspace_task import SOLVE, WorkspaceTask, workspace_task
+
+SUITE = "workspace"
+HIDDEN_TESTS = "hidden_tests.py"
+FLOAT_TOLERANCE = 1e-9
+
+Call = tuple[str, tuple[Any, ...]]
+"""(function name, positional arguments)."""
+
+
+@dataclass(frozen=True)
+class Repo:
+    """One instance of a family, before it is rendered into a task."""
+
+    module: str
+    summary: str
+    """What the function does, one phrase (the task's first line)."""
+    behaviour: str
+    """The README's statement of the intended behaviour, with an example."""
+    source: str
+    """The module as the agent finds it (with the bug, or without the function)."""
+    fixed: str
+    """The reference module."""
+    visible: Sequence[Call]
+    hidden: Sequence[Call]
+    extra: dict[str, str] = field(default_factory=dict)
+    """Other files of the repository (a helper module), path → text."""
+
+
+def _results(repo: Repo, calls: Sequence[Call]) -> list[Any]:
+    """What the reference module returns for `calls` (its helper modules importable)."""
+    helpers = {path.removesuffix(".py"): text for path, text in repo.extra.items()}
+    for name, text in helpers.items():
+        module = types.ModuleType(name)
+        exec(compile(text, f"<{name}>", "exec"), module.__dict__)  # noqa: S102 - our own code
+        sys.modules[name] = module
+    namespace: dict[str, Any] = {}
+    try:
+        exec(compile(repo.fixed, f"<{repo.module}>", "exec"), namespace)  # noqa: S102 - ours
+        return [namespace[name](*args) for name, args in calls]
+    finally:
+        for name in helpers:
+            sys.modules.pop(name, None)
+
+
+def _call(name: str, args: tuple[Any, ...]) -> str:
+    return f"{name}({', '.join(repr(arg) for arg in args)})"
+
+
+def _assertion(name: str, args: tuple[Any, ...], expected: Any) -> str:
+    if isinstance(expected, float):
+        return f"assert abs({_call(name, args)} - {expected!r}) < {FLOAT_TOLERANCE}\n"
+    return f"assert {_call(name, args)} == {expected!r}\n"
+
+
+def visible_tests(repo: Repo, expected: list[Any]) -> str:
+    cases = ",\n".join(
+        f"    ({name!r}, {args!r}, {value!r})"
+        for (name, args), value in zip(repo.visible, expected, strict=True)
+    )
+    return f'''"""Example tests of {repo.module}.py: run `python3 test_{repo.module}.py`."""
+
+import {repo.module}
+
+CASES = [
+{cases},
+]
+
+failed = 0
+for name, args, expected in CASES:
+    try:
+        got = getattr({repo.module}, name)(*args)
+    except Exception as exc:  # a failing call is a failed case
+        got = exc
+    if got != expected:
+        failed += 1
+        print(f"FAIL {{name}}{{args!r}}: expected {{expected!r}}, got {{got!r}}")
+print(f"{{len(CASES) - failed}}/{{len(CASES)}} example tests passed")
+raise SystemExit(1 if failed else 0)
+'''
+
+
+def render(repo: Repo, task_id: str, split: Literal["train", "heldout"]) -> WorkspaceTask:
+    module_file = f"{repo.module}.py"
+    readme = (
+        f"# {repo.module}\n\n{repo.behaviour}\n\n"
+        f"Run the example tests with `python3 test_{repo.module}.py`.\n"
+    )
+    hidden = "".join(
+        _assertion(name, args, value)
+        for (name, args), value in zip(repo.hidden, _results(repo, repo.hidden), strict=True)
+    )
+    prompt = (
+        f"The repository in your working directory (/app) has a Python module, {module_file}, "
+        f"in which {repo.summary}. It does not behave as README.md says. Fix it, run the "
+        f"example tests (`python3 test_{repo.module}.py`) to check your work, and call "
+        "`submit` when you are done. Hidden tests will check more cases."
+    )
+    solve = f"#!/bin/sh\ncat > {module_file} <<'EOF'\n{repo.fixed}EOF\n"
+    return workspace_task(
+        task_id,
+        prompt,
+        {
+            module_file: repo.source,
+            "README.md": readme,
+            f"test_{repo.module}.py": visible_tests(repo, _results(repo, repo.visible)),
+            **repo.extra,
+        },
+        {HIDDEN_TESTS: hidden},
+        Check(kind="functions", tests=HIDDEN_TESTS, modules=[repo.module]),
+        solution={SOLVE: File(solve.encode(), executable=True)},
+        suite=SUITE,
+        split=split,
+    )

@@ -1,0 +1,183 @@
+"""Validate a `workspace` suite (built-in or Harbor): solutions solve, untouched workspaces don't.
+
+For every task, `repeats` fresh sessions each run the reference solution (Harbor's oracle:
+`bash /solution/solve.sh` in the workspace) and are verified; each must score 1.0. One more
+session is verified untouched and must score below 1.0. The verdicts and the quarantine list
+are `infra/tasks/validate.py`'s (solution runs are its canonical runs, the untouched workspace
+its wrong solution: broken, flaky, weak, infra, clean). Everything runs on this host, with the
+trees in memory: no object store, no Temporal.
+
+    report = await validate_workspace_suite(settings, "harbor:examples/harbor", repeats=5)
+    tempered tasks validate workspace --repeats 5
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from contracts.errors import INFRA_RETRY
+from contracts.sandbox import ExecStatus
+from contracts.task import SandboxLimits
+from infra.environments.checks import InvalidTask
+from infra.environments.sessions import SessionHost
+from infra.environments.snapshots import MemoryObjects, Trees
+from infra.environments.workspace import WorkspaceEnvironment
+from infra.sandbox import get_backend
+from infra.sandbox.base import SandboxInfraError
+from infra.sandbox.workspace import CommandRunner
+from infra.settings import Settings
+from infra.tasks import load_workspace_suite
+from infra.tasks.validate import VALIDATION_LIMITS, RunRecord, TaskCheck, ValidationReport
+from infra.tasks.workspace_task import WorkspaceTask
+
+_ids = itertools.count()
+
+
+async def _attempt(
+    env: WorkspaceEnvironment, task: WorkspaceTask, solve: bool, limits: SandboxLimits
+) -> RunRecord:
+    """One session: reset, the solution if `solve`, verify, close. Platform faults raise."""
+    workspace = task.spec.workspace
+    assert workspace is not None
+    session_id = f"validate-{next(_ids)}"
+    started = time.perf_counter()
+    try:
+        state = await env.reset(workspace, session_id)
+        if solve:
+            assert task.solution is not None
+            state, seen = await env.solve(state, task.solution.ref, limits)
+            if seen.status is not ExecStatus.PASSED:
+                return RunRecord(status=ExecStatus.FAILED, detail=f"solve.sh: {seen.text[-300:]}")
+        graded = await env.verify(workspace, state, limits)
+    except InvalidTask as exc:
+        return RunRecord(status=ExecStatus.ERROR, detail=str(exc))
+    finally:
+        await env.close([session_id])
+    result = graded.result
+    if graded.score >= 1.0:
+        status, detail = ExecStatus.PASSED, ""
+    else:  # scored below 1.0: its own status unless that says passed
+        status = result.status if result.status is not ExecStatus.PASSED else ExecStatus.FAILED
+        detail = f"score {graded.score:g}: {result.detail} {result.stderr[-200:]}".strip()
+    duration_ms = int((time.perf_counter() - started) * 1000)
+    return RunRecord(status=status, duration_ms=duration_ms, detail=detail)
+
+
+async def _retrying(
+    env: WorkspaceEnvironment, task: WorkspaceTask, solve: bool, limits: SandboxLimits
+) -> RunRecord:
+    """`_attempt`, with platform faults retried as offline paths do (`INFRA_RETRY`)."""
+    faults: list[str] = []
+    retrying = AsyncRetrying(
+        stop=stop_after_attempt(INFRA_RETRY.offline_attempts),
+        wait=wait_exponential(
+            multiplier=INFRA_RETRY.initial_s,
+            exp_base=INFRA_RETRY.coefficient,
+            max=INFRA_RETRY.max_s,
+        ),
+        retry=retry_if_exception_type(SandboxInfraError),
+        before_sleep=lambda state: faults.append(
+            str(state.outcome.exception() if state.outcome else "")
+        ),
+    )
+    try:
+        record: RunRecord = await retrying(_attempt, env, task, solve, limits)
+    except RetryError as exc:
+        return RunRecord(
+            status=None, infra_retries=len(faults), detail=str(exc.last_attempt.exception())
+        )
+    return record.model_copy(update={"infra_retries": len(faults)})
+
+
+async def validate_workspace_tasks(
+    tasks: list[WorkspaceTask],
+    env: WorkspaceEnvironment,
+    *,
+    suite: str,
+    repeats: int = 5,
+    concurrency: int = 8,
+    limits: SandboxLimits = VALIDATION_LIMITS,
+    on_run: Callable[[], None] | None = None,
+) -> ValidationReport:
+    """Run every task's solution in `repeats` fresh sessions and verify one untouched session."""
+    if repeats < 1 or concurrency < 1:
+        raise ValueError("repeats and concurrency must be at least 1")
+    if missing := [task.spec.id for task in tasks if task.solution is None]:
+        raise ValueError(f"tasks without a solution/solve.sh cannot be validated: {missing[:5]}")
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(task: WorkspaceTask, solve: bool) -> RunRecord:
+        async with gate:
+            record = await _retrying(env, task, solve, limits)
+        if on_run is not None:
+            on_run()
+        return record
+
+    async def check(task: WorkspaceTask) -> TaskCheck:
+        records = await asyncio.gather(*(one(task, True) for _ in range(repeats)), one(task, False))
+        return TaskCheck(task_id=task.spec.id, canonical=list(records[:-1]), wrong=records[-1])
+
+    created_at = datetime.now(UTC).isoformat(timespec="seconds")
+    started = time.perf_counter()
+    checks = await asyncio.gather(*(check(task) for task in tasks))
+    return ValidationReport(
+        suite=suite,
+        backend=env.backend.name,
+        repeats=repeats,
+        concurrency=concurrency,
+        limits=limits,
+        created_at=created_at,
+        wall_s=round(time.perf_counter() - started, 2),
+        tasks=list(checks),
+    )
+
+
+async def validate_workspace_suite(
+    settings: Settings,
+    suite: str,
+    *,
+    repeats: int = 5,
+    concurrency: int = 8,
+    backend_name: str | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    limits: SandboxLimits = VALIDATION_LIMITS,
+    on_run: Callable[[], None] | None = None,
+) -> ValidationReport:
+    """Load a workspace suite and validate it on this host (trees in memory)."""
+    tasks = load_workspace_suite(suite, split=split)[:limit]
+    objects = MemoryObjects()
+    for task in tasks:
+        objects.update(task.objects)
+        if task.solution is not None:
+            objects.update(task.solution.objects)
+    trees = Trees(objects)
+    host = SessionHost(settings.sandbox.workspaces)
+    backend = get_backend(settings, backend_name)
+    env = WorkspaceEnvironment(host, trees, CommandRunner(), backend)
+    try:
+        return await validate_workspace_tasks(
+            tasks,
+            env,
+            suite=suite,
+            repeats=repeats,
+            concurrency=concurrency,
+            limits=limits,
+            on_run=on_run,
+        )
+    finally:
+        await host.shutdown()
+        trees.close()
+        await backend.close()

@@ -1,0 +1,164 @@
+"""Where a training run's wall time went, from the workers' span files (the run report's profile).
+
+    profile = run_profile(settings.home / "telemetry", run_id, started_at, ended_at)
+    profile.segments        # {"learner": s, "evaluation": s, ...}: an exclusive split of wall_s
+
+Reads the spans every worker's JSONL exporter wrote (`<home>/telemetry/*.jsonl`, see
+`infra.telemetry_files`) inside the run's time window, and turns them into intervals:
+
+  learner      `learner.train_step` spans of the run
+  evaluation   activity spans (`RunActivity:*`) of the run's held-out evaluation workflows
+               (`<run>-eval-v<N>-<task>`, as `workflows/training_run.py` names them)
+  inference    `model.generate` spans: the inference backend had a batch (or, for a
+               continuous-batching engine, a request) to work on
+  sandbox      `sandbox.run` spans: model-written code running
+  activities   any other activity span of the run: waiting for a batch slot, store reads and
+               writes, rewards, prepare_run
+
+Each instant of the window goes to the first of these that is active (`segments`, in that
+order), and what none covers is `temporal`: workflow tasks, scheduling, polling, start-up and
+idle waits. `busy` is each category's own active time (they overlap: inference and sandboxes
+run side by side), and `inference_idle_s` the window minus the inference engine's busy time.
+
+Not covered: a setup that exports to an OTLP collector instead of files (no spans here: the
+profile is empty and says so); spans still in a worker's export buffer when the run ends (the
+exporters flush every few seconds).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+Interval = tuple[float, float]
+ORDER = ("learner", "evaluation", "inference", "sandbox", "activities")
+"""Categories in the order an instant is attributed (the first active one takes it)."""
+EVAL_MARK = "-eval-v"
+"""Eval workflows of run R are `R-eval-v<version>-<task>` (workflows/training_run.py)."""
+
+
+class RunProfile(BaseModel):
+    """Where a run's wall time went (seconds)."""
+
+    wall_s: float = Field(description="The run's window.")
+    segments: dict[str, float] = Field(
+        description="An exclusive split of wall_s: ORDER's categories, then `temporal`."
+    )
+    busy: dict[str, float] = Field(description="Each category's own active time (overlapping).")
+    inference_idle_s: float = Field(description="wall_s minus the inference engine's busy time.")
+    spans: int = Field(description="Spans read inside the window.")
+
+
+def run_profile(telemetry_dir: Path, run_id: str, started: float, ended: float) -> RunProfile:
+    """The profile of run `run_id` over [started, ended] (Unix seconds)."""
+    window = (started, max(ended, started))
+    intervals: dict[str, list[Interval]] = {name: [] for name in ORDER}
+    count = 0
+    for span in _spans(telemetry_dir, window):
+        category = _category(span, run_id)
+        if category is not None:
+            start = float(span["start"])
+            intervals[category].append((start, start + float(span["duration_ms"]) / 1000))
+            count += 1
+    wall = window[1] - window[0]
+    unions = {name: _union(_clip(spans, window)) for name, spans in intervals.items()}
+    segments: dict[str, float] = {}
+    left = [window]
+    for name in ORDER:
+        taken = _intersect(unions[name], left)
+        segments[name] = _length(taken)
+        left = _subtract(left, taken)
+    segments["temporal"] = _length(left)
+    return RunProfile(
+        wall_s=round(wall, 2),
+        segments={k: round(v, 2) for k, v in segments.items()},
+        busy={k: round(_length(v), 2) for k, v in unions.items()},
+        inference_idle_s=round(wall - _length(unions["inference"]), 2),
+        spans=count,
+    )
+
+
+def _category(span: dict[str, Any], run_id: str) -> str | None:
+    name, attrs = str(span.get("name", "")), span.get("attrs") or {}
+    if name.startswith("RunActivity:"):
+        workflow = str(attrs.get("temporalWorkflowID", ""))
+        if run_id not in workflow:
+            return None
+        return "evaluation" if f"{run_id}{EVAL_MARK}" in workflow else "activities"
+    if name == "learner.train_step":
+        return "learner" if attrs.get("tempered.run_id") in (None, run_id) else None
+    return {"model.generate": "inference", "sandbox.run": "sandbox"}.get(name)
+
+
+def _spans(telemetry_dir: Path, window: Interval) -> Iterator[dict[str, Any]]:
+    """Span records of every JSONL file that overlap `window` (metric lines are skipped)."""
+    for path in sorted(telemetry_dir.glob("*.jsonl")) if telemetry_dir.is_dir() else []:
+        if path.stat().st_mtime < window[0]:
+            continue  # last written before the run began
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if not line.startswith('{"kind":"span"'):
+                    continue
+                try:
+                    span = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                start = float(span.get("start") or 0)
+                if (
+                    start < window[1]
+                    and start + float(span.get("duration_ms") or 0) / 1000 > window[0]
+                ):
+                    yield span
+
+
+def _clip(intervals: Iterable[Interval], window: Interval) -> list[Interval]:
+    return [(max(a, window[0]), min(b, window[1])) for a, b in intervals if b > a]
+
+
+def _union(intervals: list[Interval]) -> list[Interval]:
+    merged: list[Interval] = []
+    for a, b in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _intersect(xs: list[Interval], ys: list[Interval]) -> list[Interval]:
+    """Both sorted and disjoint."""
+    out: list[Interval] = []
+    i = j = 0
+    while i < len(xs) and j < len(ys):
+        a, b = max(xs[i][0], ys[j][0]), min(xs[i][1], ys[j][1])
+        if a < b:
+            out.append((a, b))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _subtract(xs: list[Interval], ys: list[Interval]) -> list[Interval]:
+    """xs minus ys (ys ⊆ xs, both sorted and disjoint)."""
+    out: list[Interval] = []
+    for a, b in xs:
+        cursor = a
+        for c, d in ys:
+            if d <= cursor or c >= b:
+                continue
+            if c > cursor:
+                out.append((cursor, c))
+            cursor = max(cursor, d)
+        if cursor < b:
+            out.append((cursor, b))
+    return out
+
+
+def _length(intervals: list[Interval]) -> float:
+    return sum(b - a for a, b in intervals)

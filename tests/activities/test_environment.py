@@ -1,0 +1,188 @@
+"""The session activities with real bwrap and a real SeaweedFS: sessions open on this worker's
+queue, steps store their observation and a new snapshot, verdicts come from the hidden tests,
+closed sessions are lost (non-retryable), a broken check is the task's fault."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.environment import EnvironmentActivities, session_id
+from contracts.common import ObjectRef
+from contracts.episode import (
+    CloseSessionsRequest,
+    EnvStepItem,
+    EnvStepRequest,
+    OpenSessionsRequest,
+    SessionRef,
+    ToolCall,
+    VerifyItem,
+    VerifyRequest,
+)
+from contracts.errors import ErrorType
+from contracts.sandbox import ExecStatus, ExecutionResult
+from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
+from infra.environments.tree import Check, pack_files
+from infra.sandbox.local import LocalBackend
+from infra.settings import SandboxSettings, Settings, WorkspaceSettings
+from infra.storage import ObjectStore
+from infra.tasks.workspace import workspace_tasks
+from tests.infra.environments.conftest import needs_root, session_root
+
+pytestmark = [needs_root, pytest.mark.asyncio]
+RUN, QUEUE = "run-env", "sandbox-test-host-1"
+LIMITS = SandboxLimits(timeout_s=8)
+COMPLETION = ObjectRef(key="runs/x/completion.json", size=0, sha256="0" * 64)
+TASK = workspace_tasks()[4]  # workspace-slugify-4
+
+
+@pytest_asyncio.fixture
+async def acts(store: ObjectStore) -> AsyncIterator[EnvironmentActivities]:
+    root = session_root()
+    settings = Settings(sandbox=SandboxSettings(workspaces=WorkspaceSettings(root=root)))
+    activities = EnvironmentActivities(settings, QUEUE, store, LocalBackend(warm=0))
+    for key, data in TASK.objects.items():
+        store.put_bytes(key, data)
+    try:
+        yield activities
+    finally:
+        await activities.close()
+        await activities.backend.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def spec() -> WorkspaceSpec:
+    assert TASK.spec.workspace is not None
+    return TASK.spec.workspace
+
+
+async def open_two(acts: EnvironmentActivities) -> dict[int, SessionRef]:
+    request = OpenSessionsRequest(
+        run_id=RUN, task_id=TASK.spec.id, env=EnvName.WORKSPACE, workspace=spec(), samples=[0, 1]
+    )
+    return (await ActivityEnvironment().run(acts.open_sessions, request)).sessions
+
+
+def step(sessions: dict[int, SessionRef], index: int, calls: dict[int, ToolCall]) -> EnvStepRequest:
+    items = [
+        EnvStepItem(sample=s, session=sessions[s], completion=COMPLETION, call=call)
+        for s, call in calls.items()
+    ]
+    return EnvStepRequest(
+        run_id=RUN,
+        task_id=TASK.spec.id,
+        step=index,
+        env=EnvName.WORKSPACE,
+        limits=LIMITS,
+        items=items,
+    )
+
+
+async def test_an_episode_through_the_activities(
+    acts: EnvironmentActivities, store: ObjectStore
+) -> None:
+    sessions = await open_two(acts)
+    assert {s: ref.queue for s, ref in sessions.items()} == {0: QUEUE, 1: QUEUE}
+    assert sessions[0].session_id == session_id(RUN, TASK.spec.id, 0)
+    assert sessions[0].snapshot == spec().files == sessions[1].snapshot
+    run_examples = ToolCall(name="bash", arguments={"command": "python3 test_*.py"})
+    fixed = TASK.spec.canonical_solution
+    assert fixed is not None
+    solve = ToolCall(name="bash", arguments={"command": fixed})
+    steps = await ActivityEnvironment().run(
+        acts.env_step, step(sessions, 0, {0: run_examples, 1: solve})
+    )
+    outcome = {o.sample: o for o in steps.outcomes}
+    assert outcome[0].status is ExecStatus.FAILED and "0/2 example tests passed" in store.get_text(
+        outcome[0].observation.key
+    )
+    assert outcome[0].session.snapshot == sessions[0].snapshot  # running tests changed nothing
+    assert (
+        outcome[1].status is ExecStatus.PASSED
+        and outcome[1].session.tree_digest != sessions[1].tree_digest
+    )
+    assert store.head(outcome[1].session.snapshot.key) == outcome[1].session.snapshot
+    sessions = {s: o.session for s, o in outcome.items()}
+    submit = ToolCall(name="submit")
+    steps = await ActivityEnvironment().run(acts.env_step, step(sessions, 1, {1: submit}))
+    assert steps.outcomes[0].submitted
+    verify = VerifyRequest(
+        run_id=RUN, task_id=TASK.spec.id, env=EnvName.WORKSPACE, workspace=spec(), limits=LIMITS,
+        items=[VerifyItem(sample=s, snapshot=ref.snapshot) for s, ref in sessions.items()],
+    )  # fmt: skip
+    verdicts = {
+        v.sample: v
+        for v in (await ActivityEnvironment().run(acts.verify_episodes, verify)).verdicts
+    }
+    assert verdicts[1].score == 1.0 and verdicts[1].status is ExecStatus.PASSED
+    assert verdicts[0].score < 1.0 and verdicts[0].tests_total == 10
+    assert store.get_model(verdicts[0].result.key, ExecutionResult).status is ExecStatus.FAILED
+    closed = await ActivityEnvironment().run(
+        acts.close_sessions,
+        CloseSessionsRequest(session_ids=[r.session_id for r in sessions.values()]),
+    )
+    assert closed.closed == 2
+    with pytest.raises(ApplicationError) as lost:
+        await ActivityEnvironment().run(acts.env_step, step(sessions, 2, {0: run_examples}))
+    assert lost.value.type == ErrorType.SESSION_LOST and lost.value.non_retryable
+
+
+async def test_a_restored_session_continues_from_its_snapshot(acts: EnvironmentActivities) -> None:
+    sessions = await open_two(acts)
+    write = ToolCall(name="write_file", arguments={"path": "notes.txt", "content": "remember\n"})
+    written = (
+        (await ActivityEnvironment().run(acts.env_step, step(sessions, 0, {0: write})))
+        .outcomes[0]
+        .session
+    )
+    await ActivityEnvironment().run(
+        acts.close_sessions, CloseSessionsRequest(session_ids=[written.session_id])
+    )
+    request = OpenSessionsRequest(
+        run_id=RUN, task_id=TASK.spec.id, env=EnvName.WORKSPACE, workspace=spec(), samples=[0],
+        snapshots={0: written.snapshot},
+    )  # fmt: skip
+    restored = (await ActivityEnvironment().run(acts.open_sessions, request)).sessions[0]
+    assert restored.tree_digest == written.tree_digest
+    read = ToolCall(name="read_file", arguments={"path": "notes.txt"})
+    outcome = (
+        await ActivityEnvironment().run(acts.env_step, step({0: restored}, 1, {0: read}))
+    ).outcomes[0]
+    assert acts.store.get_text(outcome.observation.key) == "remember\n"
+
+
+async def test_bad_requests_and_broken_checks_are_not_retried(
+    acts: EnvironmentActivities, store: ObjectStore
+) -> None:
+    request = OpenSessionsRequest(
+        run_id=RUN, task_id="t", env=EnvName.CODE, workspace=spec(), samples=[0]
+    )
+    with pytest.raises(ApplicationError) as wrong_env:
+        await ActivityEnvironment().run(acts.open_sessions, request)
+    assert wrong_env.value.type == ErrorType.INVALID_INPUT
+    missing = spec().model_copy(
+        update={"files": ObjectRef(key="workspaces/trees/00/none", size=1, sha256="1" * 64)}
+    )
+    with pytest.raises(ApplicationError) as no_tree:
+        await ActivityEnvironment().run(
+            acts.open_sessions,
+            request.model_copy(update={"env": EnvName.WORKSPACE, "workspace": missing}),
+        )
+    assert no_tree.value.type == ErrorType.INVALID_INPUT and "no tree" in str(no_tree.value)
+    silent = pack_files({"test.sh": "exit 0\n"}, Check(kind="script"))
+    for key, data in silent.objects.items():
+        store.put_bytes(key, data)
+    broken = spec().model_copy(update={"verifier": silent.ref})
+    verify = VerifyRequest(
+        run_id=RUN, task_id="broken-task", env=EnvName.WORKSPACE, workspace=broken, limits=LIMITS,
+        items=[VerifyItem(sample=0, snapshot=spec().files)],
+    )  # fmt: skip
+    with pytest.raises(ApplicationError) as no_reward:
+        await ActivityEnvironment().run(acts.verify_episodes, verify)
+    assert no_reward.value.type == ErrorType.INVALID_TASK and no_reward.value.non_retryable
+    assert "task broken-task: tests/test.sh wrote no reward" in str(no_reward.value)

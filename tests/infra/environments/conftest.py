@@ -1,0 +1,77 @@
+"""Fixtures of the environment tests: a workspace environment over real bwrap, trees in memory.
+
+rig       a `Rig`: WorkspaceEnvironment + SessionHost (its own root under /tmp) + Trees over
+          MemoryObjects + the local sandbox backend (two-process verifier, started lazily)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from contracts.task import WorkspaceSpec
+from infra.environments.sessions import SessionHost
+from infra.environments.snapshots import MemoryObjects, Trees
+from infra.environments.tree import Check, File, Packed, pack_files
+from infra.environments.workspace import WorkspaceEnvironment
+from infra.sandbox.local import LocalBackend
+from infra.sandbox.workspace import CommandRunner
+from infra.settings import WorkspaceSettings
+
+needs_root = pytest.mark.skipif(
+    shutil.which("bwrap") is None or os.geteuid() != 0, reason="needs bwrap and root"
+)
+SCRIPT_CHECK = Check(kind="script", tests="test.sh")
+
+
+def session_root() -> Path:
+    """A fresh sessions root whose parents sandbox uids can pass (pytest's tmp_path is 0700)."""
+    return Path(tempfile.mkdtemp(prefix="tempered-test-sessions-"))
+
+
+@dataclass
+class Rig:
+    env: WorkspaceEnvironment
+    host: SessionHost
+    objects: MemoryObjects
+    trees: Trees
+
+    def add(self, packed: Packed) -> Packed:
+        self.objects.update(packed.objects)
+        return packed
+
+    def spec(
+        self,
+        files: Mapping[str, File | bytes | str],
+        tests: Mapping[str, File | bytes | str] | None = None,
+        check: Check = SCRIPT_CHECK,
+        **fields: object,
+    ) -> WorkspaceSpec:
+        initial = self.add(pack_files(files))
+        hidden = self.add(
+            pack_files(tests or {"test.sh": "echo 1 > /logs/verifier/reward.txt\n"}, check)
+        )
+        return WorkspaceSpec(files=initial.ref, verifier=hidden.ref, **fields)  # type: ignore[arg-type]
+
+
+@pytest_asyncio.fixture
+async def rig() -> AsyncIterator[Rig]:
+    objects = MemoryObjects()
+    trees = Trees(objects)
+    root = session_root()
+    host = SessionHost(WorkspaceSettings(root=root, max_workspace_mb=2))
+    backend = LocalBackend(warm=0)
+    try:
+        yield Rig(WorkspaceEnvironment(host, trees, CommandRunner(), backend), host, objects, trees)
+    finally:
+        await host.shutdown()
+        await backend.close()
+        trees.close()
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,116 @@
+"""Snapshots on disk and in the store: a scan and a restore round-trip a tree (equal digests),
+a second scan reads only what changed and a commit stores only that, links and special files
+are never followed, size limits hold, trees span few packs, and S3 holds them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from contracts.common import ObjectRef
+from infra.environments.snapshots import MemoryObjects, Scanner, StoreObjects, Trees, restore
+from infra.environments.tree import MAX_PACKS, TreeError, pack_files, tree_digest
+from infra.storage import ObjectStore
+
+
+def write_tree(root: Path) -> None:
+    (root / "src").mkdir()
+    (root / "src" / "lib.py").write_text("def f():\n    return 1\n")
+    (root / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (root / "run.sh").chmod(0o755)
+    (root / "empty").mkdir()
+    (root / "data.bin").write_bytes(os.urandom(4096))
+    os.symlink("/etc/shadow", root / "shadow")
+    os.symlink("src/lib.py", root / "alias.py")
+    os.mkfifo(root / "fifo")
+
+
+def test_scan_then_restore_round_trips_the_tree(tmp_path: Path) -> None:
+    source, copy = tmp_path / "source", tmp_path / "copy"
+    source.mkdir()
+    copy.mkdir()
+    write_tree(source)
+    trees = Trees(MemoryObjects())
+    entries, new = Scanner(1 << 20).scan(source, set())
+    ref, manifest = trees.commit(entries, new, None)
+    kinds = {e.path: e.kind for e in manifest.entries}
+    assert kinds == {"alias.py": "link", "data.bin": "file", "empty": "dir", "run.sh": "file",
+                     "shadow": "link", "src": "dir", "src/lib.py": "file"}  # fmt: skip
+    assert next(e for e in manifest.entries if e.path == "shadow").target == "/etc/shadow"
+    assert next(e for e in manifest.entries if e.path == "run.sh").executable
+    fresh = Trees(trees.objects)  # another worker: nothing cached
+    restored = fresh.get_manifest(ref)
+    restore(restored, fresh.get_contents(restored), copy, uid=None)
+    again, _ = Scanner(1 << 20).scan(copy, set())
+    assert tree_digest(again) == manifest.digest() == restored.digest()
+    assert os.readlink(copy / "shadow") == "/etc/shadow"
+    assert os.access(copy / "run.sh", os.X_OK)
+
+
+def test_a_second_scan_reads_and_stores_only_what_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for n in range(20):
+        (tmp_path / f"f{n}.txt").write_text(f"file {n}\n")
+    objects = MemoryObjects()
+    trees, scanner = Trees(objects), Scanner(1 << 20)
+    _, first = trees.commit(*scanner.scan(tmp_path, set()), None)
+    (tmp_path / "f3.txt").write_text("changed\n")
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str, flags: int, *args: object, **kwargs: object) -> int:
+        opened.append(str(path))
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", counting_open)
+    entries, new = scanner.scan(tmp_path, first.packed())
+    assert [path for path in opened if path.endswith(".txt")] == ["f3.txt"]
+    assert list(new.values()) == [b"changed\n"]
+    stored = len(objects)
+    _, second = trees.commit(entries, new, first)
+    assert len(objects) == stored + 2  # one pack (the changed file) and one manifest
+    assert second.packs[0] == first.packs[0] and second.packs[1].contents == [(next(iter(new)), 8)]
+
+
+def test_a_tree_spans_at_most_max_packs(tmp_path: Path) -> None:
+    trees, scanner = Trees(MemoryObjects()), Scanner(1 << 20)
+    for n in range(4):
+        (tmp_path / f"f{n}.txt").write_text("x" * 100)
+    _, manifest = trees.commit(*scanner.scan(tmp_path, set()), None)
+    for step in range(3 * MAX_PACKS):
+        (tmp_path / f"f{step % 4}.txt").write_text(f"step {step}" * 30)
+        _, manifest = trees.commit(*scanner.scan(tmp_path, manifest.packed()), manifest)
+        assert len(manifest.packs) <= MAX_PACKS
+    dead = sum(size for p in manifest.packs for _, size in p.contents)
+    assert dead <= 2 * sum(e.size for e in manifest.files())
+
+
+def test_limits_and_non_empty_targets_are_tree_errors(tmp_path: Path) -> None:
+    (tmp_path / "big").write_bytes(b"x" * 2048)
+    with pytest.raises(TreeError, match="more than"):
+        Scanner(max_bytes=1024).scan(tmp_path, set())
+    with pytest.raises(TreeError, match="paths"):
+        Scanner(1 << 20, max_entries=0).scan(tmp_path, set())
+    with pytest.raises(TreeError, match="not empty"):
+        restore(pack_files({}).manifest, {}, tmp_path, uid=None)
+    with pytest.raises(TreeError, match="no bytes"):
+        Trees(MemoryObjects()).commit(Scanner(1 << 20).scan(tmp_path, set())[0], {}, None)
+
+
+def test_trees_in_s3(store: ObjectStore) -> None:
+    packed = pack_files({"a.txt": "same", "b/c.txt": "one"})
+    for key, data in packed.objects.items():
+        store.put_bytes(key, data)
+    trees = Trees(StoreObjects(store))
+    manifest = trees.get_manifest(packed.ref)
+    assert trees.get_contents(manifest) == {
+        e.sha256: d for e, d in zip(manifest.files(), (b"same", b"one"), strict=True)
+    }
+    store.delete(manifest.packs[0].key)
+    with pytest.raises(TreeError, match="missing"):
+        Trees(StoreObjects(store)).get_contents(manifest)
+    with pytest.raises(TreeError, match="no tree"):
+        trees.get_manifest(ObjectRef(key="workspaces/trees/none", size=1, sha256="1" * 64))

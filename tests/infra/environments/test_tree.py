@@ -1,0 +1,83 @@
+"""The tree format: manifests refuse what could write through a link, digests ignore what a
+workspace's content does not depend on, stored trees round-trip."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from infra import keys
+from infra.environments.tree import (
+    Check,
+    Entry,
+    File,
+    Manifest,
+    TreeError,
+    make_pack,
+    pack_files,
+    sha256,
+)
+
+DIGEST = "0" * 64
+
+
+def test_pack_files_is_content_addressed_and_round_trips() -> None:
+    packed = pack_files({"pkg/mod.py": "x = 1\n", "run.sh": File(b"#!/bin/sh\n", executable=True)})
+    assert [e.path for e in packed.manifest.entries] == ["pkg", "pkg/mod.py", "run.sh"]
+    assert packed.ref.key == keys.tree_key(packed.ref.sha256)
+    assert sha256(packed.objects[packed.ref.key]) == packed.ref.sha256
+    assert Manifest.decode(packed.objects[packed.ref.key]) == packed.manifest
+    [pack] = packed.manifest.packs
+    contents = pack.unpack(packed.objects[keys.pack_key(pack.sha256)])
+    assert contents[packed.manifest.entries[1].sha256] == b"x = 1\n" and len(contents) == 2
+    assert (
+        pack_files({"run.sh": File(b"#!/bin/sh\n", True), "pkg/mod.py": "x = 1\n"}).ref
+        == packed.ref
+    )
+
+
+def test_the_digest_covers_contents_paths_and_the_executable_bit_only() -> None:
+    base = pack_files({"a.py": "1"}).manifest
+    assert pack_files({"a.py": "1"}, Check(kind="script")).manifest.digest() == base.digest()
+    for other in ({"a.py": "2"}, {"b.py": "1"}, {"a.py": File(b"1", executable=True)}):
+        assert pack_files(other).manifest.digest() != base.digest()
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [Entry(path="/etc/passwd", kind="file", sha256=DIGEST)],
+        [Entry(path="../up", kind="file", sha256=DIGEST)],
+        [Entry(path="a/../b", kind="file", sha256=DIGEST)],
+        [
+            Entry(path="link", kind="link", target="/etc"),
+            Entry(path="link/passwd", kind="file", sha256=DIGEST),
+        ],
+        [Entry(path="f", kind="file", sha256=DIGEST), Entry(path="f/g", kind="dir")],
+        [Entry(path="b", kind="dir"), Entry(path="a", kind="dir")],
+        [Entry(path="a", kind="file")],
+    ],
+    ids=[
+        "absolute",
+        "dotdot",
+        "unnormalised",
+        "below-a-link",
+        "below-a-file",
+        "unsorted",
+        "no-blob",
+    ],
+)
+def test_manifests_refuse_paths_that_could_escape_or_collide(entries: list[Entry]) -> None:
+    with pytest.raises(ValidationError):
+        Manifest(entries=entries)
+
+
+def test_corrupt_objects_are_tree_errors() -> None:
+    with pytest.raises(TreeError, match="not a tree manifest"):
+        Manifest.decode(b"not zlib")
+    pack, stored = make_pack({sha256(b"content"): b"content"})
+    with pytest.raises(TreeError, match="does not match"):
+        pack.unpack(stored + b"x")
+    forged, stored = make_pack({sha256(b"content"): b"forged!"})
+    with pytest.raises(TreeError, match="corrupt"):
+        forged.unpack(stored)

@@ -1,0 +1,171 @@
+"""The `workspace` environment on real bwrap: each tool, errors as observations (never
+crashes), paths kept inside the workspace, snapshots after steps, a retried step run from its
+state, and both kinds of checks in a fresh sandbox."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from contracts.episode import ToolCall
+from contracts.sandbox import ExecStatus
+from contracts.task import SandboxLimits
+from infra.environments.checks import InvalidTask
+from infra.environments.tree import Check
+from infra.environments.workspace import SessionLost, WorkspaceState
+from tests.infra.environments.conftest import Rig, needs_root
+
+pytestmark = [needs_root, pytest.mark.asyncio]
+LIMITS = SandboxLimits(timeout_s=5)
+FILES = {"calc.py": "def add(a, b):\n    return a - b\n", "README.md": "add(a, b) is a + b\n"}
+FUNCTIONS = Check(kind="functions", tests="hidden.py", modules=["calc"])
+HIDDEN = {"hidden.py": "assert add(1, 2) == 3\nassert add(2, 2) == 4\nassert add(0, 0) == 0\n"}
+
+
+def call(name: str, **arguments: object) -> ToolCall:
+    return ToolCall(name=name, arguments=arguments)
+
+
+async def test_each_tool(rig: Rig) -> None:
+    spec = rig.spec(FILES)
+    state = await rig.env.reset(spec, "s0")
+    state, seen = await rig.env.step(
+        state, call("bash", command="ls; echo oops >&2; exit 4"), LIMITS
+    )
+    assert seen.status is ExecStatus.FAILED
+    assert seen.text == "exit code: 4\nstdout:\nREADME.md\ncalc.py\nstderr:\noops"
+    state, seen = await rig.env.step(state, call("read_file", path="/app/calc.py"), LIMITS)
+    assert seen.text == FILES["calc.py"] and seen.status is None
+    before = state.tree_digest
+    state, seen = await rig.env.step(
+        state, call("write_file", path="pkg/new.py", content="x = 1\n"), LIMITS
+    )
+    assert seen.text == "wrote 6 bytes to pkg/new.py" and state.tree_digest != before
+    workspace = rig.host.sessions["s0"].workspace
+    assert (workspace / "pkg" / "new.py").stat().st_uid == rig.host.sessions["s0"].uid
+    state, seen = await rig.env.step(state, call("bash", command="cat pkg/new.py"), LIMITS)
+    assert "x = 1" in seen.text
+    state, seen = await rig.env.step(state, call("submit"), LIMITS)
+    assert seen.submitted
+
+
+@pytest.mark.parametrize(
+    ("action", "error"),
+    [
+        (ToolCall(error="no <tool_call> in the turn"), "error: no <tool_call> in the turn"),
+        (call("rm_rf"), "there is no tool 'rm_rf'"),
+        (call("bash"), "bash needs the argument(s) command"),
+        (call("bash", command="ls", cwd="/"), "bash takes no argument(s) cwd"),
+        (call("read_file", path=7), "path must be a string"),
+        (call("read_file", path="../../etc/passwd"), "outside the workspace"),
+        (call("read_file", path="/etc/passwd"), "outside the workspace"),
+        (call("write_file", path="/usr/lib/x", content=""), "outside the workspace"),
+        (call("read_file", path="out/passwd"), "outside the workspace"),  # out -> /etc
+        (call("write_file", path="up/x", content="x"), "outside the workspace"),  # up -> ..
+        (call("read_file", path="missing.txt"), "no such file"),
+        (call("read_file", path="."), "is a directory"),
+        (call("read_file", path="calc.py/x"), "is not a directory"),
+    ],
+)
+async def test_bad_calls_are_error_observations(rig: Rig, action: ToolCall, error: str) -> None:
+    state = await rig.env.reset(rig.spec(FILES), "s0")
+    state, _ = await rig.env.step(
+        state, call("bash", command="ln -s /etc out; ln -s .. up"), LIMITS
+    )
+    after, seen = await rig.env.step(state, action, LIMITS)
+    assert error in seen.text and seen.status is None and not seen.submitted
+    assert after.tree_digest == state.tree_digest
+
+
+async def test_links_inside_the_workspace_are_followed(rig: Rig) -> None:
+    state = await rig.env.reset(rig.spec(FILES), "s0")
+    state, _ = await rig.env.step(
+        state,
+        call("bash", command="mkdir d && ln -s ../calc.py d/alias && ln -s /app/README.md abs"),
+        LIMITS,
+    )
+    _, seen = await rig.env.step(state, call("read_file", path="d/alias"), LIMITS)
+    assert seen.text == FILES["calc.py"]
+    _, seen = await rig.env.step(state, call("read_file", path="abs"), LIMITS)
+    assert seen.text == FILES["README.md"]
+
+
+async def test_limits_become_observations_and_a_too_large_workspace_is_undone(rig: Rig) -> None:
+    state = await rig.env.reset(rig.spec(FILES), "s0")
+    _, seen = await rig.env.step(
+        state, call("bash", command="sleep 30"), LIMITS.model_copy(update={"timeout_s": 1})
+    )
+    assert seen.status is ExecStatus.TIMEOUT and "killed" in seen.text
+    after, seen = await rig.env.step(
+        state, call("bash", command="head -c 3000000 /dev/zero > big"), LIMITS
+    )
+    assert "more than 2 MB" in seen.text and "undone" in seen.text  # the rig allows 2 MB
+    assert after.tree_digest == state.tree_digest
+    assert not (rig.host.sessions["s0"].workspace / "big").exists()
+
+
+async def test_a_step_runs_from_the_state_it_is_given(rig: Rig) -> None:
+    """A retried step whose first attempt got further (or a stale session) is run again from
+    the snapshot its state names, so the outcome depends only on (state, call)."""
+    state = await rig.env.reset(rig.spec(FILES), "s0")
+    append = call("bash", command="echo x >> log.txt; wc -l < log.txt")
+    first, seen = await rig.env.step(state, append, LIMITS)
+    again, seen_again = await rig.env.step(state, append, LIMITS)  # the same step, retried
+    assert seen.text == seen_again.text == "exit code: 0\nstdout:\n1"
+    assert first == again
+    with pytest.raises(SessionLost):
+        await rig.env.step(WorkspaceState("elsewhere", state.snapshot), append, LIMITS)
+
+
+async def test_snapshots_are_skipped_when_nothing_changed(rig: Rig) -> None:
+    state = await rig.env.reset(rig.spec(FILES), "s0")
+    stored = len(rig.objects)
+    after, _ = await rig.env.step(state, call("bash", command="cat calc.py"), LIMITS)
+    assert after == state and len(rig.objects) == stored
+
+
+async def test_functions_check_scores_the_share_of_hidden_asserts(rig: Rig) -> None:
+    spec = rig.spec(FILES, HIDDEN, FUNCTIONS)
+    state = await rig.env.reset(spec, "s0")
+    graded = await rig.env.verify(spec, state, LIMITS)
+    assert graded.result.status is ExecStatus.FAILED
+    assert graded.score == pytest.approx(1 / 3)  # add(0, 0) == 0 holds for a - b too
+    fixed = "def add(a, b):\n    return a + b\n"
+    state, _ = await rig.env.step(state, call("write_file", path="calc.py", content=fixed), LIMITS)
+    graded = await rig.env.verify(spec, state, LIMITS)
+    assert graded.result.status is ExecStatus.PASSED and graded.score == 1.0
+    assert "hidden.py" not in os.listdir(rig.host.sessions["s0"].workspace)
+
+
+async def test_script_check_reads_the_reward_and_keeps_tests_read_only(rig: Rig) -> None:
+    script = (
+        "cd /app && touch /tests/planted 2>/dev/null && echo 0 > /logs/verifier/reward.txt && exit\n"
+        "python3 -c 'import calc; print(calc.add(2, 3))' | grep -qx 5 "
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0.25 > /logs/verifier/reward.txt\n"
+    )
+    spec = rig.spec(FILES, {"test.sh": script}, workdir="/srv/repo", env_vars={"MODE": "x"})
+    state = await rig.env.reset(spec, "s0")
+    assert (await rig.env.verify(spec, state, LIMITS)).score == 0.25
+    fixed = "def add(a, b):\n    return a + b\n"
+    state, _ = await rig.env.step(
+        state, call("write_file", path="/srv/repo/calc.py", content=fixed), LIMITS
+    )
+    graded = await rig.env.verify(spec, state, LIMITS)
+    assert graded.score == 1.0 and graded.result.status is ExecStatus.PASSED
+
+
+@pytest.mark.parametrize(
+    ("script", "error"),
+    [
+        ("exit 0\n", "wrote no reward"),
+        ("echo lots > /logs/verifier/reward.txt\n", "not a number"),
+        ("echo 3 > /logs/verifier/reward.txt\n", r"outside \[0, 1\]"),
+        ("ln -s /etc/hostname /logs/verifier/reward.txt\n", "not a regular file"),
+    ],
+)
+async def test_a_broken_check_is_the_tasks_fault(rig: Rig, script: str, error: str) -> None:
+    spec = rig.spec(FILES, {"test.sh": script})
+    state = await rig.env.reset(spec, "s0")
+    with pytest.raises(InvalidTask, match=error):
+        await rig.env.verify(spec, state, LIMITS)

@@ -1,0 +1,92 @@
+"""The version gate alone (pure asyncio): every request runs on the version it named, versions
+switch only between drains, waiters of a version are admitted as one cohort, a bounded wait
+fails clearly, and a failed load leaves nothing loaded."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from infra.inference import InferenceError
+from infra.inference.gate import VersionGate
+
+
+class Engine:
+    """Holds one version; records what each request ran on and every load."""
+
+    def __init__(self) -> None:
+        self.weights: str | None = None
+        self.loads: list[str] = []
+        self.fail_next = False
+
+    async def load(self, version: str) -> None:
+        await asyncio.sleep(0.01)
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("reload failed")
+        self.weights = version
+        self.loads.append(version)
+
+
+async def request(gate: VersionGate[str], engine: Engine, version: str, seen: list[str]) -> None:
+    async with gate.serving(version):
+        for _ in range(3):  # the weights must not change under a running request
+            seen.append(f"{version}:{engine.weights}")
+            await asyncio.sleep(0.005)
+
+
+@pytest.mark.asyncio
+async def test_interleaved_versions_each_run_on_their_own_weights_in_few_loads() -> None:
+    engine = Engine()
+    gate = VersionGate(engine.load, wait_s=10)
+    seen: list[str] = []
+    versions = ["v0", "v1"] * 6
+    await asyncio.gather(*(request(gate, engine, v, seen) for v in versions))
+    assert all(entry.split(":")[0] == entry.split(":")[1] for entry in seen)
+    assert len(seen) == 3 * len(versions)
+    assert engine.loads == ["v0", "v1"]  # cohorts, not a load per request
+    assert gate.in_flight == 0
+
+
+@pytest.mark.asyncio
+async def test_a_waiting_version_is_not_starved_by_new_requests_for_the_loaded_one() -> None:
+    engine = Engine()
+    gate = VersionGate(engine.load, wait_s=10)
+    seen: list[str] = []
+    first = asyncio.create_task(request(gate, engine, "v0", seen))
+    await asyncio.sleep(0.02)
+    other = asyncio.create_task(request(gate, engine, "v1", seen))
+    await asyncio.sleep(0)
+    late = asyncio.create_task(request(gate, engine, "v0", seen))  # after v1 started waiting
+    await asyncio.gather(first, other, late)
+    assert engine.loads == ["v0", "v1", "v0"]
+
+
+@pytest.mark.asyncio
+async def test_a_wait_longer_than_the_bound_is_a_clear_error() -> None:
+    engine = Engine()
+    gate = VersionGate(engine.load, wait_s=0.05)
+    async with gate.serving("v0"):
+        with pytest.raises(InferenceError, match=r"v1 not loaded within 0s \(serving v0, 1 requ"):
+            async with gate.serving("v1"):
+                pass
+    async with gate.serving("v1"):  # and the gate still works
+        assert engine.weights == "v1"
+
+
+@pytest.mark.asyncio
+async def test_a_failed_load_fails_its_request_and_the_next_one_loads_again() -> None:
+    engine = Engine()
+    gate = VersionGate(engine.load, wait_s=10)
+    engine.fail_next = True
+    with pytest.raises(RuntimeError, match="reload failed"):
+        async with gate.serving("v0"):
+            pass
+    assert gate.loaded is None and gate.in_flight == 0
+    async with gate.serving("v0"):
+        assert engine.weights == "v0"
+    gate.invalidate()  # e.g. the engine died
+    async with gate.serving("v0"):
+        pass
+    assert engine.loads == ["v0", "v0"]

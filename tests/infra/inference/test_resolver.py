@@ -1,0 +1,68 @@
+"""PolicyResolver against a real SeaweedFS: pinned versions not published yet are waited for
+(bounded), versions that were skipped fail at once, LoRA versions carry their base."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.inference import InferenceError, PolicyResolver
+from infra.policy import materialize_base_model, publish_policy
+from infra.settings import Settings
+from infra.storage import ObjectStore
+from tests.infra.inference.policies import publish_adapter
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return materialize_base_model("tiny", Settings(home=tmp_path_factory.getbasetemp() / "home"))
+
+
+@pytest.mark.asyncio
+async def test_a_pinned_version_is_waited_for_until_it_is_published(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    publish_policy(store, "wait", 0, tiny_dir)
+    policies = PolicyResolver(store, tmp_path, latest_ttl_s=0.2, wait_s=60)
+    asked = asyncio.create_task(policies.resolve("wait", 1))
+    await asyncio.sleep(1.0)
+    assert not asked.done()
+    await asyncio.to_thread(publish_policy, store, "wait", 1, tiny_dir, 1)
+    handle = await asyncio.wait_for(asked, 30)
+    assert (handle.version, handle.base) == (1, None)
+    assert (handle.path / "config.json").is_file()
+
+
+@pytest.mark.asyncio
+async def test_the_wait_is_bounded_and_a_skipped_version_fails_at_once(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    publish_policy(store, "late", 0, tiny_dir)
+    policies = PolicyResolver(store, tmp_path, latest_ttl_s=0.1, wait_s=0.5)
+    with pytest.raises(InferenceError, match=r"v.* 2 of run 'late' was not published within 0s"):
+        await policies.resolve("late", 2)
+    publish_policy(store, "late", 3, tiny_dir, step=3)  # version 2 was skipped for good
+    started = time.monotonic()
+    with pytest.raises(InferenceError, match="was never published \\(the newest is v3\\)") as err:
+        await PolicyResolver(store, tmp_path, wait_s=60).resolve("late", 2)
+    assert not err.value.retryable and time.monotonic() - started < 10
+
+
+@pytest.mark.asyncio
+async def test_a_lora_version_resolves_with_its_full_weight_base(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"not read here")
+    publish_policy(store, "lora", 0, tiny_dir)
+    publish_adapter(store, "lora", 1, adapter, adapter_of=0)
+    policies = PolicyResolver(store, tmp_path / "cache")
+    tuned = await policies.resolve("lora", None)  # the newest: the adapter
+    assert tuned.version == 1 and tuned.base == await policies.resolve("lora", 0)
+    assert tuned.weights.path / "config.json" != tuned.path / "config.json"
+    assert (tuned.path / "adapter_config.json").is_file()

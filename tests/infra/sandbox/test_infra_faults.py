@@ -1,0 +1,325 @@
+"""Infrastructure faults after the sandbox is ready are told apart from the program's failure.
+
+Each test starts a real run on the local backend (public API only: `get_backend(settings)`,
+`backend.run(program, tests, limits, entry_point)`), waits until the model's program is inside
+the function the tests call, then strikes it from the host, as the platform's own faults do:
+
+- a host-side SIGKILL of the candidate (an operator, the kubelet, a node agent) → infra_error;
+- the same for every process of the run, checker included → infra_error;
+- a real kernel OOM kill that is not the sandbox's own limit (the candidate moved into a
+  tighter cgroup of the test's, standing in for a global OOM: its own limit is never reached)
+  → infra_error;
+- starvation by the host (the candidate throttled to 1% of a CPU by a cgroup of the test's,
+  standing in for the worker's own overload) so its wall-clock deadline passes while it was
+  runnable but not run → infra_error;
+and, as controls, the program's own failures keep their statuses: over its own memory limit →
+memory_exceeded; spinning past its CPU limit → timeout; starving its own answering thread with
+threads of its own → timeout; SIGKILLing itself or exiting mid-call → failed or error.
+`infra_error` here means the run's status, or `SandboxInfraError` raised (both are retried and
+never become a reward).
+
+The test needs nothing of the backend's insides: the program names itself (`/proc/self/comm`)
+so the test can find it among this process's descendants, and waits for SIGUSR1 where the test
+must act first (move it into a cgroup). The cgroup cases need root and writable cgroups v1
+(`memory`, `cpu`); they are skipped, with the reason, elsewhere. Each test's docstring says what
+the backend must do to pass it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import textwrap
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from contracts.sandbox import ExecStatus
+from contracts.task import SandboxLimits
+from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
+from infra.settings import Settings
+
+pytestmark = [
+    pytest.mark.skipif(
+        shutil.which("bwrap") is None or os.geteuid() != 0, reason="needs bwrap and root"
+    ),
+    pytest.mark.asyncio,
+]
+
+CGROUP_V1 = Path("/sys/fs/cgroup")
+INFRA = "infra_error"
+CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n"
+NAMED = (
+    'open("/proc/self/comm", "w").write("{mark}")\n'
+    "import os, signal, time\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGUSR1}})  # for sigwait (pid 1)\n"
+)
+FAST = SandboxLimits(timeout_s=10)
+
+
+def program(mark: str, body: str) -> str:
+    """A program that names its process `mark` and whose add(a, b) runs `body` first."""
+    indented = textwrap.indent(textwrap.dedent(body).strip(), "    ")
+    return NAMED.format(mark=mark) + f"def add(a, b):\n{indented}\n    return a + b\n"
+
+
+def named(mark: str) -> list[psutil.Process]:
+    """This process's descendants named `mark` (by the program itself)."""
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if process.name() == mark:
+                found.append(process)
+    return found
+
+
+def cold_backend() -> SandboxBackend:
+    """The configured backend with no warm pool: every process born during a run is its own."""
+    settings = Settings()
+    settings.sandbox.local.warm = 0
+    return get_backend(settings)
+
+
+async def strike(
+    mark: str,
+    prog: str,
+    limits: SandboxLimits,
+    action: Callable[[psutil.Process], None],
+) -> str:
+    """Run `prog`; once its process named `mark` exists, do `action` to it; the outcome."""
+    backend = cold_backend()
+    try:
+        run = asyncio.create_task(backend.run(prog, CHECK, limits, "add"))
+        for _ in range(400):
+            if found := named(mark):
+                await asyncio.sleep(0.3)  # let it enter add() and wait there
+                action(found[0])
+                break
+            if run.done():
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail(f"no process named {mark!r} appeared: the program never ran")
+        return await outcome(run)
+    finally:
+        await backend.close()
+
+
+async def outcome(run: asyncio.Task[object]) -> str:
+    """The run's status, or "infra_error" for `SandboxInfraError` (both are retried)."""
+    try:
+        result = await asyncio.wait_for(run, 120)
+    except SandboxInfraError:
+        return INFRA
+    return str(result.status)  # type: ignore[attr-defined]
+
+
+def mark() -> str:
+    return f"tmpd-{uuid.uuid4().hex[:8]}"  # comm holds 15 characters
+
+
+def writable(controller: str) -> str | None:
+    """Why a cgroup v1 `controller` cannot be used here, or None."""
+    path = CGROUP_V1 / controller
+    if not (path / "cgroup.procs").exists() or not os.access(path, os.W_OK):
+        return f"needs a writable cgroup v1 {controller} controller"
+    return None
+
+
+@contextlib.contextmanager
+def cgroup(parent: Path, limits: dict[str, str]) -> Iterator[Path]:
+    """A cgroup of the test's under `parent` with `limits` (files → values), removed after."""
+    path = parent / f"tmpd-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    try:
+        for name, value in limits.items():
+            (path / name).write_text(value)
+        yield path
+    finally:
+        for _ in range(100):  # its processes are dead; the kernel may take a moment to say so
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            if not path.exists():
+                break
+            time.sleep(0.05)
+
+
+def memory_cgroup_of(pid: int) -> Path:
+    """The cgroup v1 memory directory `pid` is in."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return CGROUP_V1 / "memory" / path.lstrip("/")
+    raise AssertionError(f"process {pid} is in no memory cgroup")
+
+
+def move_and_go(target: Path) -> Callable[[psutil.Process], None]:
+    """Action: move the process into `target`, then tell it to go on (SIGUSR1)."""
+
+    def act(process: psutil.Process) -> None:
+        (target / "cgroup.procs").write_text(str(process.pid))
+        process.send_signal(signal.SIGUSR1)
+
+    return act
+
+
+# -- the platform's faults: infra_error ------------------------------------------------------
+
+
+async def test_a_host_sigkill_of_the_candidate_is_an_infra_error() -> None:
+    """The candidate is its pid namespace's init: nothing inside the sandbox can SIGKILL it, so
+    a SIGKILL the backend did not send (deadline) and no OOM of its own cgroup explains comes
+    from the host. Backend: report infra_error for it, not failed."""
+    name = mark()
+    kill = lambda process: process.send_signal(signal.SIGKILL)  # noqa: E731
+    status = await strike(name, program(name, "time.sleep(30)"), SandboxLimits(timeout_s=20), kill)
+    assert status == INFRA
+
+
+async def test_a_host_sigkill_of_the_whole_run_is_an_infra_error() -> None:
+    """Every process born for the run (candidate, checker and their launchers; no warm pool,
+    and the backend's long-lived processes started by a first run) killed: no verdict ever
+    comes. Backend: a run whose trusted checker died without a verdict, when the backend did
+    not kill it, is infra_error."""
+    name = mark()
+    backend = cold_backend()
+    try:
+        warm_up = await backend.run("def add(a, b):\n    return a + b\n", CHECK, FAST, "add")
+        assert warm_up.status == ExecStatus.PASSED, warm_up
+        before = {p.pid for p in psutil.Process().children(recursive=True)}
+        limits = SandboxLimits(timeout_s=20)
+        run = asyncio.create_task(
+            backend.run(program(name, "time.sleep(30)"), CHECK, limits, "add")
+        )
+        while not named(name):
+            assert not run.done(), "the program ended before the test could act"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        born = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        assert len(born) >= 2, f"expected a candidate and a checker, found {born}"
+        for process in born:
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGKILL)
+        assert await outcome(run) == INFRA
+    finally:
+        await backend.close()
+
+
+@pytest.mark.skipif(bool(writable("memory")), reason=str(writable("memory")))
+async def test_an_oom_kill_that_is_not_the_sandbox_limit_is_an_infra_error() -> None:
+    """A real kernel OOM kill of the candidate in a 48 MB cgroup of the test's, inside its own
+    1 GB one, whose limit it never reaches (as in a global OOM). Backend: memory_exceeded only
+    when the run's own cgroup reached its limit (v1: memory.failcnt > 0 or max_usage_in_bytes
+    at the limit; v2: memory.events `max`/`oom` > 0); an OOM kill without that is
+    infra_error."""
+    name = mark()
+    body = """
+        signal.sigwait({signal.SIGUSR1})
+        hog = [b"x" * (8 << 20) for _ in range(40)]
+    """
+    limits = SandboxLimits(timeout_s=20, memory_mb=1024)
+
+    async def run() -> str:
+        backend = cold_backend()
+        try:
+            task = asyncio.create_task(backend.run(program(name, body), CHECK, limits, "add"))
+            while not (found := named(name)):
+                assert not task.done(), "the program ended before the test could act"
+                await asyncio.sleep(0.05)
+            own = memory_cgroup_of(found[0].pid)  # the run's cgroup, limit 1 GB
+            tight = {"memory.limit_in_bytes": str(48 << 20)}  # no swap here: the limit kills
+            try:
+                with cgroup(own, tight) as inside:
+                    await asyncio.sleep(0.3)
+                    move_and_go(inside)(found[0])
+                    status = await outcome(task)
+                    oom = (inside / "memory.oom_control").read_text().split()
+                    assert int(oom[oom.index("oom_kill") + 1]) >= 1, "the kernel killed nothing"
+                    return status
+            finally:  # the backend could not remove its run cgroup while ours was inside it
+                with contextlib.suppress(OSError):
+                    own.rmdir()
+        finally:
+            await backend.close()
+
+    assert await run() == INFRA
+
+
+@pytest.mark.skipif(bool(writable("cpu")), reason=str(writable("cpu")))
+async def test_a_program_starved_of_cpu_by_the_host_is_an_infra_error() -> None:
+    """The candidate throttled to 1% of a CPU (a cgroup of the test's) while it computes: its
+    wall-clock deadline passes while it was runnable but not run (/proc/<pid>/schedstat's
+    run_delay holds nearly all of it). Backend: a deadline is the program's fault only when it
+    used the time (CPU, or blocked by itself); one spent waiting for a CPU is infra_error (or
+    extend the deadline by that wait, up to a bound, then infra_error)."""
+    name = mark()
+    body = """
+        signal.sigwait({signal.SIGUSR1})
+        total = 0
+        for i in range(3 * 10**7):
+            total += i
+    """
+    with cgroup(CGROUP_V1 / "cpu", {"cpu.cfs_quota_us": "1000"}) as slow:
+        limits = SandboxLimits(timeout_s=4, cpu_s=60)
+        status = await strike(name, program(name, body), limits, move_and_go(slow))
+    assert status == INFRA
+
+
+# -- the program's own failures keep their statuses ------------------------------------------
+
+
+async def test_a_program_over_its_own_memory_limit_is_memory_exceeded() -> None:
+    name = mark()
+    body = "hog = [b'x' * (8 << 20) for _ in range(64)]"
+    limits = SandboxLimits(timeout_s=20, memory_mb=128)
+    status = await strike(name, program(name, body), limits, lambda process: None)
+    assert status == ExecStatus.MEMORY_EXCEEDED
+
+
+async def test_a_program_spinning_past_its_cpu_limit_is_a_timeout() -> None:
+    name = mark()
+    limits = SandboxLimits(timeout_s=30, cpu_s=1)
+    status = await strike(name, program(name, "while True:\n    pass"), limits, lambda p: None)
+    assert status == ExecStatus.TIMEOUT
+
+
+async def test_a_program_that_starves_itself_is_a_timeout() -> None:
+    """Spinning threads of its own keep its answering thread waiting for a CPU: that wait is the
+    program's doing (its processes used the CPUs), so the deadline is its timeout."""
+    name = mark()
+    body = """
+        import threading
+        def spin():
+            while True:
+                pass
+        for _ in range(8):
+            threading.Thread(target=spin, daemon=True).start()
+        while True:
+            pass
+    """
+    limits = SandboxLimits(timeout_s=1.5, cpu_s=60)
+    status = await strike(name, program(name, body), limits, lambda process: None)
+    assert status == ExecStatus.TIMEOUT
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "os.kill(os.getpid(), signal.SIGKILL)\nos.kill(1, signal.SIGKILL)\nreturn a - b",
+        "os._exit(3)",
+    ],
+    ids=["sigkill-itself", "exit-mid-call"],
+)
+async def test_a_program_that_ends_itself_is_its_own_failure(body: str) -> None:
+    """Only the host can SIGKILL the candidate (its pid namespace's init ignores it from
+    inside), and an exit of its own is the program's doing: failed or error, never retried."""
+    name = mark()
+    status = await strike(name, program(name, body), SandboxLimits(timeout_s=20), lambda p: None)
+    assert status in (ExecStatus.FAILED, ExecStatus.ERROR)

@@ -1,0 +1,135 @@
+"""How the host judges a verifier run: its own unit count, early ends, platform faults."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+
+from contracts.sandbox import ExecStatus
+from contracts.task import SandboxLimits
+from infra.sandbox.base import SandboxInfraError
+from infra.sandbox.judge import (
+    Exit,
+    Observed,
+    deadline_state,
+    expected_units,
+    judge,
+    split_tests,
+    starvation_bound,
+)
+from infra.sandbox.process import Capture
+
+FAST = SandboxLimits(timeout_s=5, cpu_s=2)
+PASSED = {
+    "status": "passed",
+    "tests_passed": 1,
+    "tests_total": 1,
+    "error": "",
+    "exc_type": "",
+    "lost": "",
+}
+LOST = {**PASSED, "status": "failed", "tests_passed": 0, "lost": "exited"}
+EXITED_3, SIGKILLED, SIGXCPU = 3 << 8, signal.SIGKILL, signal.SIGXCPU  # wait statuses
+
+
+def _seen(verdict: dict[str, object] | None, **fields: Any) -> Observed:
+    base: dict[str, Any] = {
+        "timed_out": False,
+        "duration_ms": 1,
+        "exit": None,
+        "memory": "",
+        "stdout": Capture(100),
+        "stderr": Capture(100),
+        "killed": True,
+    }
+    return Observed(verdict, **{**base, **fields})
+
+
+def _status(seen: Observed, expected: int = 1) -> ExecStatus:
+    return judge(seen, expected, FAST, "local", "cgroup").status
+
+
+def test_the_host_count_must_match_the_checkers() -> None:
+    assert _status(_seen(PASSED)) == ExecStatus.PASSED
+    assert _status(_seen(PASSED), expected=2) == ExecStatus.FAILED
+    assert _status(_seen({**PASSED, "tests_passed": 0, "tests_total": 0})) == ExecStatus.FAILED
+
+
+def test_the_host_counts_units_itself() -> None:
+    tests = (
+        "import math\nassert f(1) == 1\nx = 2\nassert f(x) == 2\ndef check(c):\n    assert c(1)\n"
+    )
+    assert expected_units(split_tests(tests, None), None) == 2
+    assert expected_units(split_tests(tests, "f"), "f") == 3
+    assert expected_units(split_tests("def check(c):\n    assert c(1)\n", "f"), "f") == 1
+    assert expected_units(split_tests("", None), None) == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "status"),
+    [
+        ({"memory": "limit"}, ExecStatus.MEMORY_EXCEEDED),
+        (
+            {"memory": "limit", "exit": Exit(SIGKILLED, fault="sandbox died")},
+            ExecStatus.MEMORY_EXCEEDED,
+        ),
+        ({"process_limit": True, "exit": Exit(SIGKILLED, fault="sandbox died")}, ExecStatus.FAILED),
+        ({"exit": Exit(SIGXCPU), "killed": False}, ExecStatus.TIMEOUT),
+        ({"exit": Exit(SIGKILLED, cpu_s=2.5), "killed": False}, ExecStatus.TIMEOUT),
+        ({"exit": Exit(EXITED_3), "killed": False}, ExecStatus.FAILED),
+        ({"exit": Exit(SIGKILLED)}, ExecStatus.FAILED),  # the host killed it: its status is ours
+        (
+            {"exit": Exit(SIGKILLED), "killed": False, "sigkill_is_foreign": False},
+            ExecStatus.FAILED,
+        ),
+    ],
+)
+def test_how_an_early_end_is_judged(fields: dict[str, Any], status: ExecStatus) -> None:
+    assert _status(_seen(LOST, **fields)) == status
+
+
+@pytest.mark.parametrize(
+    ("verdict", "fields", "reason"),
+    [
+        (LOST, {"exit": Exit(SIGKILLED), "killed": False}, "killed from outside"),
+        (LOST, {"memory": "global"}, "outside the run's own memory limit"),
+        (LOST, {"exit": Exit(SIGKILLED, fault="the candidate zygote died")}, "zygote"),
+        ({**LOST, "lost": "not_ready"}, {}, "did not start"),
+        (None, {}, "without a verdict"),
+    ],
+)
+def test_platform_faults_are_never_results(
+    verdict: dict[str, object] | None, fields: dict[str, Any], reason: str
+) -> None:
+    with pytest.raises(SandboxInfraError, match=reason):
+        judge(_seen(verdict, **fields), 1, FAST, "local", "cgroup")
+
+
+def test_a_deadline_counts_the_time_the_program_had() -> None:
+    one_s = SandboxLimits(timeout_s=1)  # its starvation bound: 1 + max(3, 20) = 21 s
+    assert starvation_bound(1) == 21 and starvation_bound(10) == 40
+    assert deadline_state(1.2, None, one_s) == "timeout"  # unknown: the wall clock counts
+    assert deadline_state(1.2, (0.1, 0.1), one_s) == "timeout"  # it ran or slept: its time
+    assert deadline_state(1.2, (1.0, 0.2), one_s) == "running"  # it waited for a CPU: more
+    assert deadline_state(7.0, (6.0, 1.0), one_s) == "timeout"  # it got its 1 s at last
+    assert deadline_state(1.2, (1.1, 1.2), one_s) == "timeout"  # its own threads starved it
+    assert deadline_state(20.0, (19.9, 0.1), one_s) == "running"
+    assert deadline_state(21.0, (20.9, 0.1), one_s) == "starved"  # the host never gave it 1 s
+
+
+def test_a_starved_program_is_the_hosts_fault() -> None:
+    with pytest.raises(SandboxInfraError, match="starved"):
+        _status(_seen(None, timed_out=True, starved=True))
+
+
+def test_no_verdict_past_the_deadline_is_a_timeout() -> None:
+    assert _status(_seen(None, timed_out=True)) == ExecStatus.TIMEOUT
+    assert _status(_seen({**LOST, "lost": "timeout"})) == ExecStatus.TIMEOUT
+
+
+def test_a_program_without_tests_is_judged_by_its_exit() -> None:
+    ended = {"killed": False}
+    assert _status(_seen(LOST, exit=Exit(0), **ended), expected=0) == ExecStatus.PASSED
+    assert _status(_seen(LOST, exit=Exit(EXITED_3), **ended), expected=0) == ExecStatus.FAILED

@@ -1,0 +1,106 @@
+"""The built-in `workspace` suite: 60 deterministic mini-repositories (48 train, 12 held out)
+of three or four files, whose example tests expose the bug, and which validate: the reference
+solution scores 1.0 every time, the untouched workspace below it."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from infra.settings import SandboxSettings, Settings, WorkspaceSettings
+from infra.tasks import load_suite
+from infra.tasks.workspace import FAMILIES, workspace_tasks
+from infra.tasks.workspace_task import WorkspaceTask
+from infra.tasks.workspace_validate import validate_workspace_suite
+from tests.infra.environments.conftest import needs_root, session_root
+
+
+def files_of(task: WorkspaceTask) -> dict[str, bytes]:
+    [pack] = task.files.manifest.packs
+    contents = pack.unpack(task.files.objects[pack.key])
+    return {entry.path: contents[entry.sha256] for entry in task.files.manifest.files()}
+
+
+def test_the_suite_is_deterministic_split_and_small() -> None:
+    tasks = workspace_tasks()
+    assert len(tasks) == 60 and len(FAMILIES) == 12
+    assert Counter(task.spec.split for task in tasks) == {"train": 48, "heldout": 12}
+    assert len({task.spec.id for task in tasks}) == 60
+    again = workspace_tasks.__wrapped__()  # rendered afresh from the seeds
+    assert [t.spec for t in again] == [t.spec for t in tasks]
+    for task in tasks:
+        names = sorted(files_of(task))
+        assert 3 <= len(names) <= 4 and "README.md" in names, (task.spec.id, names)
+        assert task.tests.manifest.check is not None and task.solution is not None
+        assert not set(names) & {e.path for e in task.tests.manifest.files()}
+    assert [t.id for t in load_suite("workspace", split="heldout")][:2] == [
+        "workspace-slugify-4",
+        "workspace-durations-4",
+    ]
+
+
+@pytest.mark.parametrize("task", workspace_tasks()[::5], ids=lambda t: t.spec.id)
+def test_the_example_tests_expose_the_bug_and_pass_with_the_solution(
+    task: WorkspaceTask, tmp_path: Path
+) -> None:
+    for path, data in files_of(task).items():
+        (tmp_path / path).write_bytes(data)
+    example = next(path for path in files_of(task) if path.startswith("test_"))
+
+    def examples() -> subprocess.CompletedProcess[str]:  # our own code: safe to run here
+        return subprocess.run(
+            [sys.executable, example], cwd=tmp_path, capture_output=True, text=True, timeout=30
+        )
+
+    assert examples().returncode == 1
+    assert task.spec.canonical_solution is not None
+    subprocess.run(["sh", "-c", task.spec.canonical_solution], cwd=tmp_path, check=True)
+    assert examples().returncode == 0, examples().stdout
+
+
+def validate(repeats: int, limit: int | None = None) -> list[tuple[str, str]]:
+    root = session_root()
+    settings = Settings(sandbox=SandboxSettings(workspaces=WorkspaceSettings(root=root)))
+    try:
+        report = asyncio.run(
+            validate_workspace_suite(
+                settings, "workspace", repeats=repeats, concurrency=4, limit=limit
+            )
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert report.runs == len(report.tasks) * (repeats + 1)
+    return [(task.task_id, task.verdict) for task in report.tasks if task.verdict != "clean"]
+
+
+@needs_root
+def test_the_first_tasks_validate() -> None:
+    assert validate(repeats=1, limit=6) == []
+
+
+@needs_root
+@pytest.mark.slow
+def test_every_task_validates_five_times() -> None:
+    assert validate(repeats=5) == []
+
+
+@needs_root
+def test_the_harbor_examples_validate() -> None:
+    root = session_root()
+    settings = Settings(sandbox=SandboxSettings(workspaces=WorkspaceSettings(root=root)))
+    examples = Path(__file__).resolve().parents[3] / "examples" / "harbor"
+    try:
+        report = asyncio.run(
+            validate_workspace_suite(settings, f"harbor:{examples}", repeats=2, concurrency=3)
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert {task.task_id: task.verdict for task in report.tasks} == dict.fromkeys(
+        ("count-lines", "fix-greeting", "sort-names"), "clean"
+    )

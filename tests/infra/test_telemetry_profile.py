@@ -1,0 +1,56 @@
+"""The run profile from span files: an exclusive split of the window by category priority, each
+category's own busy time, other runs' spans and spans outside the window left out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from infra.telemetry_profile import run_profile
+
+T0 = 1_700_000_000.0
+
+
+def span(name: str, start: float, seconds: float, **attrs: str) -> str:
+    record = {"kind": "span", "name": name, "start": T0 + start, "duration_ms": seconds * 1000}
+    return json.dumps({**record, "attrs": attrs}, separators=(",", ":")) + "\n"
+
+
+def test_the_window_is_split_by_priority_and_other_runs_are_left_out(tmp_path: Path) -> None:
+    (tmp_path / "inference-1.jsonl").write_text(
+        span("model.generate", 0, 40)  # 0-40 busy
+        + span("model.generate", 30, 20)  # overlaps: busy 0-50
+        + span("RunActivity:generate", 0, 55, temporalWorkflowID="r1-task-a")
+        + span("RunActivity:generate", 60, 10, temporalWorkflowID="r1-eval-v0-a")  # eval 60-70
+        + span("RunActivity:generate", 0, 90, temporalWorkflowID="other-task-a")  # not ours
+        + span("model.generate", 200, 5)  # outside the window
+        + '{"kind":"metrics","ts":1,"points":[]}\n'
+    )
+    (tmp_path / "learner-2.jsonl").write_text(
+        span("learner.train_step", 45, 20, **{"tempered.run_id": "r1"})  # learner 45-65
+    )
+    (tmp_path / "sandbox-3.jsonl").write_text(span("sandbox.run", 40, 30))  # 40-70
+    profile = run_profile(tmp_path, "r1", T0, T0 + 100)
+    assert profile.wall_s == 100
+    assert profile.segments == {
+        "learner": 20.0,  # 45-65
+        "evaluation": 5.0,  # 60-70, less the learner's
+        "inference": 45.0,  # 0-50, less the above
+        "sandbox": 0.0,  # 40-70: all taken already
+        "activities": 0.0,  # 0-55: likewise
+        "temporal": 30.0,  # 70-100: nothing ran
+    }
+    assert profile.busy == {
+        "learner": 20.0,
+        "evaluation": 10.0,
+        "inference": 50.0,
+        "sandbox": 30.0,
+        "activities": 55.0,
+    }
+    assert profile.inference_idle_s == 50
+    assert profile.spans == 6
+
+
+def test_no_span_files_is_an_all_temporal_profile(tmp_path: Path) -> None:
+    profile = run_profile(tmp_path / "none", "r1", T0, T0 + 10)
+    assert profile.segments["temporal"] == 10 and profile.spans == 0

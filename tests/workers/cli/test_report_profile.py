@@ -1,0 +1,40 @@
+"""The run report's profile: from the workers' span files to report.json's `profile`, the
+terminal table and profile.png."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.settings import Settings
+from workers.cli.report import write_profile
+
+
+def test_the_profile_is_printed_drawn_and_returned(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    telemetry = tmp_path / "telemetry"
+    telemetry.mkdir()
+    now = time.time()
+    spans = [
+        {"name": "model.generate", "start": now - 8, "duration_ms": 4000, "attrs": {}},
+        {
+            "name": "learner.train_step",
+            "start": now - 3,
+            "duration_ms": 2000,
+            "attrs": {"tempered.run_id": "r"},
+        },
+    ]
+    (telemetry / "inference-1.jsonl").write_text(
+        "".join(json.dumps({"kind": "span", **s}, separators=(",", ":")) + "\n" for s in spans)
+    )
+    profile = write_profile(Settings(home=tmp_path), "r", 10.0, tmp_path)
+    assert profile["segments"]["inference"] == pytest.approx(4, abs=0.1)
+    assert profile["segments"]["learner"] == pytest.approx(2, abs=0.1)
+    assert sum(profile["segments"].values()) == pytest.approx(profile["wall_s"], abs=0.05)
+    table = capsys.readouterr().out
+    assert "inference" in table and "learner" in table and "engine idle" in table
+    assert (tmp_path / "profile.png").stat().st_size > 1000

@@ -1,0 +1,88 @@
+"""Worker versioning on the real dev server: a workflow that started on one build of the
+agent-tasks worker finishes on it after a new build became current; new workflows start on the
+new build. Both workers are built by `workers.runtime.build_worker`, as `tempered worker` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client, WorkflowHandle
+
+from contracts.learner import LearnerInput
+from contracts.names import Queue
+from infra.settings import Settings
+from workers.runtime import build_worker, connect
+from workers.versioning import workflow_code_digest
+from workflows.learner import LearnerWorkflow
+
+
+def settings(address: str, namespace: str, build: str, home: Path) -> Settings:
+    return Settings(
+        home=home, temporal={"address": address, "namespace": namespace, "build_id": build}
+    )
+
+
+async def builds_that_ran(handle: WorkflowHandle[LearnerWorkflow, LearnerInput]) -> set[str]:
+    """Build ids of every workflow task the handle's workflow completed."""
+    history = await handle.fetch_history()
+    return {
+        e.workflow_task_completed_event_attributes.deployment_version.build_id
+        for e in history.events
+        if e.HasField("workflow_task_completed_event_attributes")
+    }
+
+
+async def start_learner(client: Client) -> WorkflowHandle[LearnerWorkflow, LearnerInput]:
+    """A learner that waits for groups (so it is running when the build changes)."""
+    return await client.start_workflow(
+        LearnerWorkflow.run,
+        LearnerInput(run_id="versioning", max_steps=1),
+        id=f"learner-{uuid.uuid4().hex[:8]}",
+        task_queue=Queue.AGENT_TASKS.value,
+    )
+
+
+async def wait_until_running_on(
+    handle: WorkflowHandle[LearnerWorkflow, LearnerInput], build: str
+) -> None:
+    for _ in range(100):
+        if build in await builds_that_ran(handle):
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{handle.id} never ran a workflow task on {build}")
+
+
+@pytest.mark.asyncio
+async def test_running_workflows_finish_on_their_build(
+    temporal_server, namespace, tmp_path: Path
+) -> None:
+    old = settings(temporal_server.address, namespace, "b1", tmp_path)
+    new = settings(temporal_server.address, namespace, "b2", tmp_path)
+    client = await connect(old)
+    old_worker, _ = await build_worker(client, Queue.AGENT_TASKS, old)
+    async with old_worker:
+        running = await start_learner(client)
+        await wait_until_running_on(running, "b1")
+        new_worker, _ = await build_worker(client, Queue.AGENT_TASKS, new)
+        async with new_worker:
+            await asyncio.sleep(2)  # b2 polls and is made current
+            started_later = await start_learner(client)
+            await wait_until_running_on(started_later, "b2")
+            for handle in (running, started_later):
+                await handle.signal(LearnerWorkflow.finish)
+                await handle.result()
+    assert await builds_that_ran(running) == {"b1"}
+    assert await builds_that_ran(started_later) == {"b2"}
+    description = await running.describe()
+    versioning = description.raw_description.workflow_execution_info.versioning_info
+    assert versioning.deployment_version.build_id == "b1"
+
+
+def test_build_id_is_a_digest_of_the_workflow_code() -> None:
+    digest = workflow_code_digest()
+    assert len(digest) == 12 and digest == workflow_code_digest()
+    assert Settings(temporal={"build_id": "v1.2"}).temporal.build_id == "v1.2"

@@ -1,0 +1,155 @@
+"""Scripted stand-ins for everything below the control plane, for tests of the training run and
+the learner (tests/test_scale.py, tests/workflows/test_replay.py).
+
+    suite = ScriptedSuite(train=50, heldout=2)      # load_tasks, prepare_run
+    trainer = ScriptedTrainer()                      # train_step: remembers every group it got
+    async with control_plane(client, store, suite, trainer):   # the workers of all three queues
+        ...
+
+`StandInAgentTask` is registered under the name `AgentTaskWorkflow`: it sleeps a few (skipped,
+on the time-skipping server) seconds and returns a finished group, so a run of 20,000 tasks
+exercises the training run and the learner, not the episode pipeline (tested on its own in
+tests/workflows/test_agent_task.py). Its input and result are plain dicts, read and written in
+the shape of `AgentTaskInput` / `AgentTaskResult`, so it does not change with those models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity, workflow
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.ledger import LedgerActivities
+from contracts.common import ObjectRef
+from contracts.learner import (
+    LoadTasksRequest,
+    LoadTasksResponse,
+    PolicyVersion,
+    PrepareRunRequest,
+    TrainStepRequest,
+    TrainStepResponse,
+)
+from contracts.names import Activity, Queue
+from contracts.task import TaskSpec
+from infra.storage import ObjectStore
+from workflows.learner import LearnerWorkflow
+from workflows.training_run import TrainingRunWorkflow
+
+DIGEST = "0" * 64
+
+
+def task_spec(index: int, split: str = "train") -> TaskSpec:
+    return TaskSpec(
+        id=f"{split}-{index}",
+        prompt=f"Write f() returning {index}.",
+        entry_point="f",
+        tests=f"def check(candidate):\n    assert candidate() == {index}\n",
+        split=split,
+    )
+
+
+class ScriptedSuite:
+    """`load_tasks` (a suite of `train` + `heldout` tasks) and `prepare_run` (version 0)."""
+
+    def __init__(self, train: int, heldout: int = 0) -> None:
+        self.train = [task_spec(i) for i in range(train)]
+        self.heldout = [task_spec(i, "heldout") for i in range(heldout)]
+
+    @activity.defn(name=Activity.LOAD_TASKS.value)
+    async def load_tasks(self, request: LoadTasksRequest) -> LoadTasksResponse:
+        return LoadTasksResponse(train=self.train, heldout=self.heldout)
+
+    @activity.defn(name=Activity.PREPARE_RUN.value)
+    async def prepare_run(self, request: PrepareRunRequest) -> PolicyVersion:
+        return PolicyVersion(run_id=request.run_id, version=0, prefix="p/0")
+
+
+class ScriptedTrainer:
+    """`train_step`: publishes version step + 1 at once and remembers each step's groups."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, list[str]] = {}
+        """Step → task ids of its groups (a retried step overwrites its own entry)."""
+
+    @activity.defn(name=Activity.TRAIN_STEP.value)
+    async def train_step(self, request: TrainStepRequest) -> TrainStepResponse:
+        self.steps[request.step] = [g.task_id for g in request.groups]
+        version = request.step + 1
+        trajectories = sum(len(g.trajectories) for g in request.groups)
+        return TrainStepResponse(
+            policy=PolicyVersion(run_id=request.run_id, version=version, prefix=f"p/{version}"),
+            loss=0.0,
+            trained=trajectories,
+            reward_mean=0.5,
+            ack=ObjectRef(key=f"ack/{request.step}", size=1, sha256=DIGEST),
+        )
+
+    def trained(self) -> list[str]:
+        """Every task id trained on, over all steps, in step order."""
+        return [task for step in sorted(self.steps) for task in self.steps[step]]
+
+
+@workflow.defn(name="AgentTaskWorkflow", sandboxed=False)
+class StandInAgentTask:
+    """A finished group after 1–30 (skippable) seconds: half the samples solved."""
+
+    @workflow.run
+    async def run(self, raw: dict[str, Any]) -> dict[str, Any]:
+        task_id, run_id = raw["task"]["id"], raw.get("run_id", "adhoc")
+        size = int(raw.get("group_size", 4))
+        version = int(raw.get("policy_version") or 0)
+        await workflow.sleep(timedelta(seconds=1 + zlib.crc32(task_id.encode()) % 30))
+        rewards = [1.0 if s % 2 == 0 else 0.0 for s in range(size)]
+        return {
+            "run_id": run_id,
+            "task_id": task_id,
+            "state": "DONE",
+            "turns": 1,
+            "rewards": rewards,
+            "solved": [r > 0 for r in rewards],
+            "best_reward": max(rewards),
+            "policy_versions": [version] * size,
+            "trajectories": [
+                {
+                    "key": f"runs/{run_id}/trajectories/{task_id}--s{s}.json",
+                    "size": 1,
+                    "sha256": DIGEST,
+                }
+                for s in range(size)
+            ],
+        }
+
+
+@contextlib.asynccontextmanager
+async def control_plane(
+    client: Client, store: ObjectStore, suite: ScriptedSuite, trainer: ScriptedTrainer
+) -> AsyncIterator[None]:
+    """The run, the learner and the stand-in tasks (agent-tasks), the scripted suite and trainer
+    (learner), the suite loader and the real ledger (rewards), for the `with` block."""
+    ledger = LedgerActivities(store)
+    workflows = [TrainingRunWorkflow, LearnerWorkflow, StandInAgentTask]
+    async with (
+        Worker(
+            client,
+            task_queue=Queue.AGENT_TASKS.value,
+            workflows=workflows,
+            max_concurrent_workflow_tasks=64,
+        ),
+        Worker(
+            client,
+            task_queue=Queue.LEARNER.value,
+            activities=[trainer.train_step, suite.prepare_run],
+        ),
+        Worker(
+            client,
+            task_queue=Queue.REWARDS.value,
+            activities=[suite.load_tasks, ledger.record_ledger, ledger.find_consumed],
+        ),
+    ):
+        yield

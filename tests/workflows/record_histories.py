@@ -1,0 +1,99 @@
+"""Record the histories tests/workflows/test_replay.py replays: run this on a release's code and
+commit what it writes as the next release's "previous release" histories.
+
+    git worktree add /tmp/release <release>
+    cd /tmp/release && python -m tests.workflows.record_histories tests/workflows/histories/
+
+It runs, on a dev server of its own and a SeaweedFS of its own, with the scripted activities of
+tests/workflows/control_plane.py: a training run of 6 tasks (3 learner steps of 2 groups, evals
+at v0, v2, v3) and a learner that continues as new after 2 steps, and writes
+`training_run.json`, `learner_child.json` (that run's learner) and `learner.json` (the first run
+of the other). `agent_task.json` comes from test_agent_task.py (`TEMPERED_RECORD_HISTORIES=1`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from contracts.common import ObjectRef
+from contracts.learner import GRPOConfig, LearnerInput, TrainingRunInput, TrajectoryGroup
+from contracts.names import Queue
+from tests.fixtures.s3 import SeaweedServer
+from tests.fixtures.temporal import start_dev_server
+from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
+from workflows.learner import LearnerWorkflow
+from workflows.training_run import TrainingRunWorkflow
+
+REF = ObjectRef(key="k", size=1, sha256="0" * 64)
+RUN = TrainingRunInput(
+    run_id="replay-run",
+    steps=3,
+    group_size=2,
+    concurrency=3,
+    eval_every=2,
+    grpo=GRPOConfig(groups_per_step=2, max_staleness=1),
+)
+
+
+def group(task: str) -> TrajectoryGroup:
+    return TrajectoryGroup(task_id=task, trajectories=[REF], rewards=[1.0], policy_version=0)
+
+
+async def record(out: Path, client: Client, store_dir: Path) -> None:
+    seaweed = SeaweedServer(store_dir)
+    seaweed.start()
+    try:
+        suite, trainer = ScriptedSuite(train=5, heldout=2), ScriptedTrainer()
+        async with control_plane(client, seaweed.store(), suite, trainer):
+            run = await client.start_workflow(
+                TrainingRunWorkflow.run, RUN, id="train-replay-run", task_queue=Queue.AGENT_TASKS
+            )
+            await run.result()
+            (out / "training_run.json").write_text((await run.fetch_history()).to_json())
+            child = client.get_workflow_handle(f"{run.id}-learner")
+            (out / "learner_child.json").write_text((await child.fetch_history()).to_json())
+
+            learner = await client.start_workflow(
+                LearnerWorkflow.run,
+                LearnerInput(
+                    run_id="replay-learner",
+                    config=GRPOConfig(groups_per_step=2),
+                    max_steps=10,
+                    steps_per_run=2,
+                ),
+                id="replay-learner",
+                task_queue=Queue.AGENT_TASKS,
+            )
+            first_run = learner.first_execution_run_id
+            await learner.signal(LearnerWorkflow.add_groups, [group("a"), group("b"), group("a")])
+            await learner.signal(LearnerWorkflow.add_groups, [group("c"), group("b")])
+            await learner.signal(LearnerWorkflow.add_groups, [group("d"), group("e")])
+            await learner.signal(LearnerWorkflow.finish)
+            await learner.result()
+            first = client.get_workflow_handle(learner.id, run_id=first_run)
+            (out / "learner.json").write_text((await first.fetch_history()).to_json())
+    finally:
+        seaweed.stop()
+
+
+async def main(out: Path) -> None:
+    server = start_dev_server()
+    try:
+        client = await Client.connect(
+            server.address, namespace="test-0", data_converter=pydantic_data_converter
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            await record(out, client, Path(tmp))
+    finally:
+        server.process.terminate()
+        server.process.wait(15)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(Path(sys.argv[1])))

@@ -1,0 +1,87 @@
+"""Safe upgrades: the histories the previous release recorded replay on this code, and a change
+to a workflow's command sequence is caught here unless it is behind `workflow.patched`.
+
+The histories under histories/ are the previous release's: `agent_task.json` from its
+tests/workflows/test_agent_task.py, the others from a training run of 6 tasks (3 learner steps,
+evals at v0, v2, v3) and a learner that continued as new, run with the scripted activities of
+tests/workflows/control_plane.py on the code of that release (`git worktree add … <release>`,
+then `python -m tests.workflows.record_histories histories/` there). Running workflows of an
+old build finish on that build (worker versioning pins them, see workers/runtime.py); these
+tests cover what versioning does not: workflows started before it, and in-place patches.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from contracts.learner import LearnerInput, TrajectoryGroup
+from workflows.agent_task import AgentTaskWorkflow
+from workflows.learner import LearnerWorkflow
+from workflows.training_run import TrainingRunWorkflow
+
+HISTORIES = Path(__file__).parent / "histories"
+RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran under)
+    "agent_task.json": (AgentTaskWorkflow, "agent-task"),
+    "learner.json": (LearnerWorkflow, "replay-learner"),  # two steps, then continue-as-new
+    # a training run's learner (progress signals, finish) and the run (children, evals)
+    "learner_child.json": (LearnerWorkflow, "train-replay-run-learner"),
+    "training_run.json": (TrainingRunWorkflow, "train-replay-run"),
+}
+
+
+def recorded(name: str) -> WorkflowHistory:
+    workflow_id = RECORDED[name][1]
+    return WorkflowHistory.from_json(workflow_id, json.loads((HISTORIES / name).read_text()))
+
+
+async def replay(history: WorkflowHistory, *workflows: type) -> None:
+    replayer = Replayer(workflows=list(workflows), data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(history)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("name", sorted(RECORDED))
+async def test_previous_release_replays(name: str) -> None:
+    await replay(recorded(name), RECORDED[name][0])
+
+
+class _OneMoreTimer(LearnerWorkflow):
+    """The learner with a timer before every batch: one more command per step."""
+
+    async def _unconsumed_batch(self) -> list[TrajectoryGroup] | None:
+        if self.patch is None or workflow.patched(self.patch):
+            await workflow.sleep(timedelta(seconds=1))
+        return await super()._unconsumed_batch()
+
+    patch: str | None = None
+
+
+@workflow.defn(name="LearnerWorkflow")
+class UnpatchedLearner(_OneMoreTimer):
+    @workflow.run
+    async def run(self, learner_input: LearnerInput) -> LearnerInput:
+        return await super().run(learner_input)
+
+
+@workflow.defn(name="LearnerWorkflow")
+class PatchedLearner(_OneMoreTimer):
+    patch = "timer-before-batch"
+
+    @workflow.run
+    async def run(self, learner_input: LearnerInput) -> LearnerInput:
+        return await super().run(learner_input)
+
+
+@pytest.mark.asyncio
+async def test_changed_commands_fail_the_replay_unless_patched() -> None:
+    with pytest.raises(workflow.NondeterminismError, match="(?i)timer|activity|nondetermin"):
+        await replay(recorded("learner.json"), UnpatchedLearner)
+    await replay(recorded("learner.json"), PatchedLearner)

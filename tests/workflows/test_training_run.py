@@ -1,0 +1,99 @@
+"""TrainingRunWorkflow's ends besides success, on the time-skipping test server with scripted
+tasks, suite and train step (tests/workflows/control_plane.py): a failed learner fails the run
+(told by `learner_done`, also after the run continued as new), and a cancelled run cancels the
+learner it started (which outlives the run's continues-as-new by design, not the run)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from contracts.errors import ErrorType, fail
+from contracts.learner import (
+    GRPOConfig,
+    HistoryBudget,
+    TrainingRunInput,
+    TrainStepRequest,
+    TrainStepResponse,
+)
+from contracts.names import Activity, Queue
+from infra.storage import ObjectStore
+from tests.fixtures.temporal import register_search_attributes
+from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
+from workflows.training_run import TrainingRunWorkflow
+
+TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
+RUN = TrainingRunInput(
+    run_id="ends",
+    steps=40,
+    group_size=2,
+    concurrency=8,
+    grpo=GRPOConfig(groups_per_step=2, max_staleness=1),
+    budget=HistoryBudget(events=400, bytes=256 * 1024),  # continues as new early
+)
+
+
+class DivergingTrainer(ScriptedTrainer):
+    """Trains until `at`, then the loss is NaN (a non-retryable failure)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+
+    @activity.defn(name=Activity.TRAIN_STEP.value)
+    async def train_step(self, request: TrainStepRequest) -> TrainStepResponse:
+        if request.step >= self.at:
+            raise fail(ErrorType.NON_FINITE_LOSS, f"step {request.step}: loss is nan")
+        return await super().train_step(request)
+
+
+@pytest.mark.asyncio
+async def test_a_failed_learner_fails_the_run(store: ObjectStore) -> None:
+    trainer = DivergingTrainer(at=15)  # after the run has continued as new
+    async with await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
+    ) as env:
+        await register_search_attributes(env.client)
+        async with control_plane(env.client, store, ScriptedSuite(train=10), trainer):
+            handle = await env.client.start_workflow(
+                TrainingRunWorkflow.run, RUN, id="train-fails", task_queue=Queue.AGENT_TASKS.value
+            )
+            with pytest.raises(WorkflowFailureError) as failed:
+                await handle.result()
+            first = (await handle.fetch_history()).events[0]
+            attributes = first.workflow_execution_started_event_attributes
+    assert attributes.continued_execution_run_id, "the run failed before it continued as new"
+    assert "LearnerFailed" in repr(failed.value.cause) and "loss is nan" in repr(failed.value.cause)
+    assert max(trainer.steps) == 14
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_run_cancels_its_learner(store: ObjectStore) -> None:
+    trainer = ScriptedTrainer()
+    async with await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
+    ) as env:
+        await register_search_attributes(env.client)
+        async with control_plane(env.client, store, ScriptedSuite(train=10), trainer):
+            handle = await env.client.start_workflow(
+                TrainingRunWorkflow.run,
+                RUN.model_copy(update={"run_id": "ends-cancel"}),
+                id="train-cancel",
+                task_queue=Queue.AGENT_TASKS.value,
+            )
+            while len(trainer.steps) < 15:  # after the run has continued as new
+                await env.sleep(1)  # skips the stand-in tasks' timers (a plain sleep would not)
+            await handle.cancel()
+            with pytest.raises(WorkflowFailureError):
+                await handle.result()
+            learner = env.client.get_workflow_handle("train-cancel-learner")
+            with pytest.raises(WorkflowFailureError):
+                await learner.result()
+            status = (await learner.describe()).status
+    assert status == WorkflowExecutionStatus.CANCELED

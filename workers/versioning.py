@@ -1,0 +1,105 @@
+"""Worker versioning of the workflow worker: running workflows finish on the code that started
+them.
+
+The agent-tasks worker (the only one with workflows) polls as version `<deployment>.<build>` of
+a Temporal Worker Deployment, `PINNED` by default: a workflow stays on the build that ran its
+first task, children start on their parent's build, and `LearnerWorkflow` and
+`TrainingRunWorkflow` move to the current build at their next continue-as-new (they ask for
+`AUTO_UPGRADE` there). Activity workers are unversioned: their contracts change additively.
+
+    config = deployment_config(settings, plan)     # None for activity workers, or versioning off
+    promotion = promote_in_background(client, config)   # this build becomes current once polling
+
+The build id is `settings.temporal.build_id` (e.g. the image tag) or a digest of the code that
+decides a workflow's commands (the `workflows` and `contracts` packages), so an unchanged
+workflow keeps its build across releases of everything else. What versioning does not cover —
+workflows started before it, and changes made in place — is `workflow.patched`'s, checked by
+tests/workflows/test_replay.py against the previous release's histories.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from pathlib import Path
+
+from temporalio.api.workflowservice.v1 import SetWorkerDeploymentCurrentVersionRequest
+from temporalio.client import Client
+from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
+from temporalio.service import RPCError
+from temporalio.worker import WorkerDeploymentConfig
+
+import contracts
+import workflows
+from infra.settings import Settings
+from workers.plan import WorkerPlan
+
+PROMOTE_TIMEOUT_S = 60.0
+"""How long a new build waits to be registered (its first poll) before it is made current."""
+log = logging.getLogger("tempered.worker")
+_promotions: set[asyncio.Task[None]] = set()  # referenced until done
+
+
+def workflow_code_digest() -> str:
+    """12 hex digits over every module of the `workflows` and `contracts` packages."""
+    digest = hashlib.sha256()
+    for package in (workflows, contracts):
+        root = Path(package.__path__[0])
+        for path in sorted(root.rglob("*.py")):
+            digest.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def build_id(settings: Settings) -> str:
+    return settings.temporal.build_id or workflow_code_digest()
+
+
+def deployment_config(settings: Settings, plan: WorkerPlan) -> WorkerDeploymentConfig | None:
+    """The versioning of a worker serving `plan`: pinned for workflows, none for activities."""
+    if settings.temporal.versioning == "off" or not plan.workflows:
+        return None
+    return WorkerDeploymentConfig(
+        version=WorkerDeploymentVersion(settings.temporal.deployment, build_id(settings)),
+        use_worker_versioning=True,
+        default_versioning_behavior=VersioningBehavior.PINNED,
+    )
+
+
+async def promote(client: Client, version: WorkerDeploymentVersion) -> None:
+    """Make `version` its deployment's current version, as soon as the server knows it."""
+    request = SetWorkerDeploymentCurrentVersionRequest(
+        namespace=client.namespace,
+        deployment_name=version.deployment_name,
+        build_id=version.build_id,
+        identity=client.identity,
+    )
+    deadline = asyncio.get_running_loop().time() + PROMOTE_TIMEOUT_S
+    while True:
+        try:
+            await client.workflow_service.set_worker_deployment_current_version(request)
+        except RPCError as err:  # not registered yet: the worker has not polled
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"could not make {version} current: {err}") from err
+            await asyncio.sleep(0.25)
+            continue
+        log.info("build %s of %s is current", version.build_id, version.deployment_name)
+        return
+
+
+def promote_in_background(
+    client: Client, settings: Settings, config: WorkerDeploymentConfig | None
+) -> None:
+    """`promote` once the worker polls (when versioned and `settings.temporal.promote`)."""
+    if config is None or not settings.temporal.promote:
+        return
+    task = asyncio.create_task(promote(client, config.version))
+    _promotions.add(task)
+    task.add_done_callback(_promoted)
+
+
+def _promoted(task: asyncio.Task[None]) -> None:
+    _promotions.discard(task)
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.error("%s: workflows on this queue wait until a build is made current", error)

@@ -1,0 +1,191 @@
+"""The workspace sessions of one task's group, as `AgentTaskWorkflow` drives them.
+
+    sessions = Sessions(task_input, group)
+    await sessions.open(group.episodes)           # INIT: a session per episode, on one worker
+    outcomes = await sessions.step(step, generated)   # EXECUTE: the tool calls, where they live
+    await sessions.verify()                       # DONE: the verifier's verdicts → the group
+    await sessions.close()                        # DONE, failure or cancellation; never raises
+
+Sessions are sticky: a step goes to the task queue of the sandbox worker that holds its
+session (`SessionRef.queue`), with a schedule-to-start timeout of `session_timeout_s`. When
+that worker is gone (the timeout, which Temporal does not retry) or no longer holds the session
+(`SessionLost`), the sessions are restored from their last snapshots by `open_sessions` on the
+shared `sandbox` queue and the step runs again on the worker that restored them; the workflow
+records the step once. A worker that was only slow keeps its orphaned sessions until its TTL.
+Workflow code: contracts and Temporal only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+
+with workflow.unsafe.imports_passed_through():
+    from contracts.common import ObjectRef
+    from contracts.episode import (
+        CloseSessionsRequest,
+        CloseSessionsResponse,
+        EnvStepItem,
+        EnvStepOutcome,
+        EnvStepRequest,
+        EnvStepResponse,
+        OpenSessionsRequest,
+        OpenSessionsResponse,
+        VerifyItem,
+        VerifyRequest,
+        VerifyResponse,
+    )
+    from contracts.errors import ErrorType, fail
+    from contracts.names import Activity
+    from contracts.rollout import EpisodeState, GenerateResponse
+    from contracts.task import AgentTaskInput, WorkspaceSpec
+    from workflows.activity_options import activity_options
+    from workflows.episodes import EpisodeGroup
+
+CLOSE_ATTEMPTS = 3
+"""Closing sessions is best effort: a few tries, then the sandbox worker's TTL reaps them."""
+
+
+def session_lost(error: ActivityError) -> bool:
+    """Whether a step failed because its session's worker is gone or no longer holds it."""
+    cause = error.cause
+    if isinstance(cause, TimeoutError):
+        return cause.type is TimeoutType.SCHEDULE_TO_START
+    return isinstance(cause, ApplicationError) and cause.type == ErrorType.SESSION_LOST
+
+
+class Sessions:
+    """Opens, steps, verifies and closes the sessions of `group`'s episodes."""
+
+    def __init__(self, task_input: AgentTaskInput, group: EpisodeGroup):
+        if task_input.task.workspace is None:
+            raise fail(ErrorType.INVALID_TASK, f"task {task_input.task.id} has no workspace")
+        self.input, self.group = task_input, group
+        self.workspace: WorkspaceSpec = task_input.task.workspace
+
+    async def open(self, episodes: list[EpisodeState], restore: bool = False) -> None:
+        """A session per episode, on one worker: fresh, or from each one's last snapshot."""
+        task_input = self.input
+        snapshots: dict[int, ObjectRef] = {}
+        if restore:
+            snapshots = {e.sample: e.session.snapshot for e in episodes if e.session}
+        opened = await workflow.execute_activity(
+            Activity.OPEN_SESSIONS.value,
+            OpenSessionsRequest(
+                run_id=task_input.run_id,
+                task_id=task_input.task.id,
+                env=task_input.task.env,
+                workspace=self.workspace,
+                samples=[e.sample for e in episodes],
+                snapshots=snapshots,
+                limits=task_input.limits,
+            ),
+            result_type=OpenSessionsResponse,
+            **activity_options(Activity.OPEN_SESSIONS, task_input.heartbeat_timeout_s),
+        )
+        for episode in episodes:
+            episode.session = opened.sessions[episode.sample]
+
+    async def step(self, step: int, generated: GenerateResponse) -> dict[int, EnvStepOutcome]:
+        """Run every completion's tool call: one `env_step` per worker holding sessions."""
+        by_queue: dict[str, list[EnvStepItem]] = defaultdict(list)
+        for c in generated.completions:
+            session = self.group.episodes[c.sample].session
+            if session is None or c.call is None:
+                raise fail(ErrorType.INVALID_INPUT, f"sample {c.sample}: no session or no call")
+            by_queue[session.queue].append(
+                EnvStepItem(sample=c.sample, session=session, completion=c.completion, call=c.call)
+            )
+        parts = await asyncio.gather(*(self._step_on(step, items) for items in by_queue.values()))
+        return {o.sample: o for part in parts for o in part}
+
+    async def _step_on(self, step: int, items: list[EnvStepItem]) -> list[EnvStepOutcome]:
+        """Run the step where its sessions live; restore them elsewhere if they are lost."""
+        task_input = self.input
+        while True:
+            queue = items[0].session.queue
+            try:
+                response = await workflow.execute_activity(
+                    Activity.ENV_STEP.value,
+                    EnvStepRequest(
+                        run_id=task_input.run_id,
+                        task_id=task_input.task.id,
+                        step=step,
+                        env=task_input.task.env,
+                        limits=task_input.limits,
+                        items=items,
+                    ),
+                    result_type=EnvStepResponse,
+                    **activity_options(
+                        Activity.ENV_STEP,
+                        task_input.heartbeat_timeout_s,
+                        queue=queue,
+                        schedule_to_start_s=task_input.session_timeout_s,
+                    ),
+                )
+                return response.outcomes
+            except ActivityError as error:
+                if not session_lost(error):
+                    raise
+            lost = [self.group.episodes[i.sample] for i in items]
+            workflow.logger.warning(
+                "sandbox worker %s lost the sessions of samples %s at step %d: restoring them",
+                queue,
+                [e.sample for e in lost],
+                step,
+            )
+            await self.open(lost, restore=True)
+            items = [
+                i.model_copy(update={"session": e.session})
+                for i, e in zip(items, lost, strict=True)
+            ]
+
+    async def verify(self) -> None:
+        """Score each final workspace in a fresh verifier sandbox; the group takes the verdicts."""
+        task_input = self.input
+        verified = await workflow.execute_activity(
+            Activity.VERIFY_EPISODES.value,
+            VerifyRequest(
+                run_id=task_input.run_id,
+                task_id=task_input.task.id,
+                env=task_input.task.env,
+                workspace=self.workspace,
+                limits=task_input.limits,
+                items=[
+                    VerifyItem(sample=e.sample, snapshot=e.session.snapshot)
+                    for e in self.group.episodes
+                    if e.session is not None
+                ],
+            ),
+            result_type=VerifyResponse,
+            **activity_options(Activity.VERIFY_EPISODES, task_input.heartbeat_timeout_s),
+        )
+        self.group.judge(verified.verdicts)
+
+    async def close(self) -> None:
+        """Close every session, on its worker's queue; best effort, never raises."""
+        by_queue: dict[str, list[str]] = defaultdict(list)
+        for e in self.group.episodes:
+            if e.session is not None:
+                by_queue[e.session.queue].append(e.session.session_id)
+        await asyncio.gather(*(self._close_on(q, ids) for q, ids in by_queue.items()))
+
+    async def _close_on(self, queue: str, session_ids: list[str]) -> None:
+        try:
+            await workflow.execute_activity(
+                Activity.CLOSE_SESSIONS.value,
+                CloseSessionsRequest(session_ids=session_ids),
+                result_type=CloseSessionsResponse,
+                **activity_options(
+                    Activity.CLOSE_SESSIONS,
+                    self.input.heartbeat_timeout_s,
+                    queue=queue,
+                    schedule_to_start_s=self.input.session_timeout_s,
+                    attempts=CLOSE_ATTEMPTS,
+                ),
+            )
+        except ActivityError as error:
+            workflow.logger.warning("closing sessions on %s failed: %s", queue, error.cause)
