@@ -8,10 +8,11 @@ on a loaded machine) and every test loads its own versions into it, live:
   of every sampled token (greedy and seeded T=0.9 rows) is within `LOGPROB_TOL` of the
   learner's recomputation; the long prompt (> one 128-token cache block) would hit stale
   prefix-cache blocks if the reload did not reset them;
-- `stop_after_code_block` cuts where the transformers backend cuts;
+- `stop_after_code_block` cuts where the transformers backend cuts (slow);
 - a LoRA version decodes beside its base in one batch (no reload), changes the outputs, and
   equals transformers + peft (marked slow: it builds an adapter and a peft reference);
-- a request for a version not published yet waits, and is served once it is published.
+- a request for a version not published yet waits, and is served once it is published (slow;
+  the wait itself is tests/infra/inference/test_gate.py's, in `make test`).
 
 LOGPROB_TOL = 1e-4: both sides compute in float32; the differences are kernel rounding
 (measured: max 1.6e-5 over 40-token completions). The learner's importance ratio
@@ -149,6 +150,7 @@ async def test_a_published_version_is_served_live_like_transformers_serves_it(
     assert again[0].token_ids == served[1][2].token_ids
 
 
+@pytest.mark.slow  # `make test` keeps one real-engine test: the live update
 @pytest.mark.asyncio
 async def test_a_code_block_completion_stops_where_transformers_stops_it(
     engine: VLLMBackend,
@@ -199,6 +201,7 @@ async def test_a_lora_version_decodes_beside_its_base_and_changes_its_outputs(
     assert_logprobs_match(smollm2, prompts, on_tuned, model=peft)
 
 
+@pytest.mark.slow  # the wait itself: test_gate.py, in `make test`
 @pytest.mark.asyncio
 async def test_a_request_for_a_version_not_yet_published_waits_for_it(
     engine: VLLMBackend,
