@@ -10,10 +10,13 @@ retry and never turn into a reward.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
+
+if TYPE_CHECKING:  # verifier.py imports this module
+    from infra.sandbox.verifier import Verifier
 
 DEFAULT_LIMITS = SandboxLimits()
 """The limits a `run` without explicit limits gets."""
@@ -45,3 +48,30 @@ class SandboxBackend(Protocol):
     async def close(self) -> None:
         """Release whatever the backend holds (pools, clients)."""
         ...
+
+
+class VerifierBackend:
+    """A backend whose runs are its `Verifier`'s (local, gVisor): it only chooses the launcher."""
+
+    name: str
+    verifier: Verifier
+
+    @property
+    def enforcement(self) -> str:
+        return self.verifier.enforcement
+
+    async def run(
+        self,
+        program: str,
+        tests: str = "",
+        limits: SandboxLimits = DEFAULT_LIMITS,
+        entry_point: str | None = None,
+        helpers: str = "",
+    ) -> ExecutionResult:
+        """Run `program`, then `tests` and `check(entry_point)` against it, with the task's
+        `helpers` (trusted code from the task) on the checker's side."""
+        return await self.verifier.run(program, tests, limits, entry_point, helpers)
+
+    async def close(self) -> None:
+        """Destroy the warm pairs and stop the launchers."""
+        await self.verifier.close()

@@ -38,9 +38,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 
-from contracts.sandbox import ExecutionResult
-from contracts.task import SandboxLimits
-from infra.sandbox.base import DEFAULT_LIMITS, SandboxInfraError
+from infra.sandbox.base import SandboxInfraError, VerifierBackend
 from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT
 from infra.sandbox.forkserver import zygote_source
 from infra.sandbox.judge import Exit
@@ -277,7 +275,7 @@ def _remove_runsc_cgroups(name: str) -> None:
                 group.rmdir()
 
 
-class GVisorBackend:
+class GVisorBackend(VerifierBackend):
     """Runs each program in a fresh checker (on this host) / gVisor candidate pair."""
 
     name = "gvisor"
@@ -287,21 +285,3 @@ class GVisorBackend:
         self.python, self.platform = config.python, config.platform
         self.launcher = RunscLauncher(config)
         self.verifier = Verifier(self.launcher, config.python, warm, self.name)
-
-    @property
-    def enforcement(self) -> str:
-        return self.verifier.enforcement
-
-    async def run(
-        self,
-        program: str,
-        tests: str = "",
-        limits: SandboxLimits = DEFAULT_LIMITS,
-        entry_point: str | None = None,
-        helpers: str = "",
-    ) -> ExecutionResult:
-        """As `LocalBackend.run`, with the candidate in gVisor."""
-        return await self.verifier.run(program, tests, limits, entry_point, helpers)
-
-    async def close(self) -> None:
-        await self.verifier.close()

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import shutil
 
-from contracts.sandbox import ExecutionResult
-from contracts.task import SandboxLimits
-from infra.sandbox.base import DEFAULT_LIMITS
+from infra.sandbox.base import VerifierBackend
 from infra.sandbox.cgroups import Cgroups
 from infra.sandbox.forkserver import (
     SANDBOX_UID_RANGE,
@@ -39,7 +37,7 @@ from infra.settings import LocalSandboxSettings
 __all__ = ["SANDBOX_UID_RANGE", "LocalBackend", "root_binds", "worker_uids"]
 
 
-class LocalBackend:
+class LocalBackend(VerifierBackend):
     """Runs each program in a fresh checker/candidate pair on this host.
 
     Warm pool: up to `warm` pairs per tmpfs size are started ahead of time; each serves exactly
@@ -56,23 +54,3 @@ class LocalBackend:
             "candidate", candidate_zygote_argv(self.python, bwrap, Cgroups.available())
         )
         self.verifier = Verifier(launcher, self.python, self.warm, self.name)
-
-    @property
-    def enforcement(self) -> str:
-        return self.verifier.enforcement
-
-    async def run(
-        self,
-        program: str,
-        tests: str = "",
-        limits: SandboxLimits = DEFAULT_LIMITS,
-        entry_point: str | None = None,
-        helpers: str = "",
-    ) -> ExecutionResult:
-        """Run `program`, then `tests` and `check(entry_point)` against it, with the task's
-        `helpers` (trusted code from the task) on the checker's side."""
-        return await self.verifier.run(program, tests, limits, entry_point, helpers)
-
-    async def close(self) -> None:
-        """Destroy the warm pairs and stop both zygotes."""
-        await self.verifier.close()
