@@ -38,7 +38,7 @@ from typing import TypeVar
 
 from temporalio import activity
 
-from activities.heartbeat import heartbeating
+from activities.heartbeat import heartbeating_each
 from contracts.episode import (
     CloseSessionsRequest,
     CloseSessionsResponse,
@@ -228,15 +228,7 @@ class EnvironmentActivities:
             async with self._slots:
                 return await work(item)
 
-        async def all_items() -> list[R]:
-            try:
-                async with asyncio.TaskGroup() as group:
-                    tasks = [group.create_task(bounded(item)) for item in items]
-            except ExceptionGroup as failed:  # Temporal must see the item's own (typed) error
-                raise failed.exceptions[0] from None
-            return [task.result() for task in tasks]
-
-        return await heartbeating(all_items(), every_s=HEARTBEAT_S, details=lambda: what)
+        return await heartbeating_each(items, bounded, every_s=HEARTBEAT_S, details=lambda: what)
 
     async def close(self) -> None:
         await self.host.shutdown()

@@ -1,22 +1,27 @@
 """Heartbeats of long activities, in one place.
 
     result = await heartbeating(self._generate(req), every_s=2.0)
-    result = await heartbeating(asyncio.to_thread(work), every_s=5.0, details=lambda: dict(progress))
+    result = await heartbeating(asyncio.to_thread(work), every_s=5.0, details=progress.copy)
+    outcomes = await heartbeating_each(req.items, self._one, every_s=5.0)
 
 An activity that stops heartbeating for its `heartbeat_timeout` is retried elsewhere, so every
 activity that can take longer than that (model loads, batched generation, sandbox runs, learner
 steps) awaits its work through `heartbeating`. Cancelling the activity cancels the work.
+`heartbeating_each` is the shape of a batch activity (one request, N items run concurrently):
+the first item that fails cancels its siblings and its own error is what the activity raises.
+Bounding concurrency is the caller's, around as much of an item's work as it needs.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, TypeVar
 
 from temporalio import activity
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 async def heartbeating(
@@ -35,3 +40,26 @@ async def heartbeating(
                 activity.heartbeat(details())
     finally:
         task.cancel()
+
+
+async def heartbeating_each(
+    items: Iterable[T],
+    work: Callable[[T], Coroutine[Any, Any, R]],
+    *,
+    every_s: float,
+    details: Callable[[], object] | None = None,
+) -> list[R]:
+    """`work` on every item concurrently, heartbeating as `heartbeating` does; the results in
+    the items' order. The first item that fails cancels its siblings (the whole attempt is
+    retried, and a retry must not race this attempt's leftovers) and its error is raised as it
+    is, not in an ExceptionGroup: Temporal must see the item's own typed error."""
+
+    async def every_item() -> list[R]:
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(work(item)) for item in items]
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        return [task.result() for task in tasks]
+
+    return await heartbeating(every_item(), every_s=every_s, details=details)

@@ -5,9 +5,9 @@ sandbox backend with the request's tests, the task's helpers (trusted code, run 
 tests in the verifier's checker), entry point and limits, and its full `ExecutionResult` plus
 stdout/stderr are written under the turn's keys (`keys.attempt_key`: one set per activity
 attempt, written create-only, so an orphaned attempt that finishes after its retry can never
-change the bytes a returned ref names). Items run
-concurrently, at most `settings.sandbox.concurrency` at once; the first item that fails
-cancels its siblings.
+change the bytes a returned ref names). Items run concurrently, at most
+`settings.sandbox.concurrency` programs at once; the first item that fails cancels its
+siblings (`activities.heartbeat.heartbeating_each`).
 
 What the program does is a result (passed/failed/error/timeout/memory_exceeded); a platform
 fault (`SandboxInfraError`) or an S3 failure raises a retryable error and is never an outcome.
@@ -23,7 +23,7 @@ from datetime import timedelta
 
 from temporalio import activity
 
-from activities.heartbeat import heartbeating
+from activities.heartbeat import heartbeating_each
 from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity
 from contracts.sandbox import (
@@ -73,29 +73,16 @@ class SandboxActivities:
             raise invalid("items", "nothing to execute")
         record_queue_wait()
         attempt = activity.info().attempt
-        outcomes = await heartbeating(
-            self._execute_all(req, attempt),
+        outcomes = await heartbeating_each(
+            range(len(req.items)),
+            lambda index: self._execute_one(req, index, attempt),
             every_s=HEARTBEAT_S,
             details=lambda: f"{req.task_id} turn {req.turn}: {len(req.items)} items",
         )
         return ExecuteResponse(outcomes=outcomes)
 
-    async def _execute_all(self, req: ExecuteRequest, attempt: int) -> list[ExecuteOutcome]:
-        """Every item concurrently; the first item that fails cancels its siblings (the whole
-        attempt is retried, and a retry must not race this attempt's leftovers)."""
-        try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [
-                    group.create_task(self._execute_one(req, index, item, attempt))
-                    for index, item in enumerate(req.items)
-                ]
-        except ExceptionGroup as failed:  # Temporal must see the item's own (typed) error
-            raise failed.exceptions[0] from None
-        return [task.result() for task in tasks]
-
-    async def _execute_one(
-        self, req: ExecuteRequest, index: int, item: ExecuteItem, attempt: int
-    ) -> ExecuteOutcome:
+    async def _execute_one(self, req: ExecuteRequest, index: int, attempt: int) -> ExecuteOutcome:
+        item = req.items[index]
         try:
             program = await asyncio.to_thread(self.store.get_text, item.code.key)
         except ObjectNotFound as exc:

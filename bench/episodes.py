@@ -100,7 +100,7 @@ async def snapshot_cost(settings: Settings, steps: int) -> dict[str, Any]:
         snapshot_s.append(watch.seconds)
         return result
 
-    env._snapshot = timed  # type: ignore[method-assign]
+    env._snapshot = timed  # type: ignore[method-assign,assignment]
     try:
         state = await env.reset(spec, "bench")
         step_s = []
@@ -140,7 +140,7 @@ async def snapshot_cost(settings: Settings, steps: int) -> dict[str, Any]:
     return report
 
 
-def episode_script(task_index: int) -> tuple[Any, list[dict[int, ToolCall]]]:
+def episode_script(task_index: int) -> tuple[Any, list[ToolCall]]:
     task = workspace_tasks()[task_index]
     module = next(
         e.path for e in task.files.manifest.files() if e.path.startswith("test_")

@@ -1,6 +1,7 @@
 """Wall time to a held-out pass@1 target: Tempered's training run vs TRL's GRPOTrainer.
 
     .venv/bin/python bench/vs_trl.py --preset smollm2 [--target 0.3 | --gain 0.1] [--steps 30]
+    .venv/bin/python bench/vs_trl.py --full       # smollm2, to +10 points, <= 30 steps, eval every 2
     .venv/bin/python bench/vs_trl.py --preset tiny --target 0 --steps 3    # smoke: s/step only
 
 Same machine, same base model (the preset's, materialized once), same starter suite (train
@@ -13,10 +14,11 @@ greedily (one sample, one turn, every `--eval-every` steps, and before the first
   tempered  a private stack (`tempered up` on free ports) and the production workers of every
             queue in one process; a `TrainingRunWorkflow` started with eval_every=N; evals are
             read from its `progress` query. Clock: from start_workflow (workers up, as a service).
-  trl       `trl.GRPOTrainer` (single-turn, batch = prompts_per_step x G, one optimizer step per
-            generation, DAPO token normalization like Tempered's), reward function running the
-            completion's code with the task's tests in the sandbox; a callback evaluates held-out
-            pass@1 with greedy `generate`. Clock: from loading the model.
+  trl       bench/trl_side.py: `trl.GRPOTrainer` (single-turn, batch = prompts_per_step x G,
+            one optimizer step per generation, DAPO token normalization like Tempered's, the
+            same trainable layers), reward function running the completion's code with the
+            task's tests in the sandbox; a callback evaluates held-out pass@1 with greedy
+            `generate`. Clock: from loading the model.
 
 `--max-turns` (default 1) applies to Tempered only (TRL's GRPOTrainer is single-turn here), so
 the default compares equal work per step. Target: `--target P` (absolute pass@1), else `--gain
@@ -43,28 +45,34 @@ from pathlib import Path
 from typing import Any
 
 from common import (
-    SandboxPool,
     bench_stack,
     machine,
     median_of,
     merge_results,
     production_workers,
 )
+from trl_side import trl_side
 
 from contracts.learner import TrainingRunInput
 from contracts.names import Queue
-from contracts.task import SamplingParams, TaskSpec
+from contracts.task import SamplingParams
 from infra.presets import load_preset
 from infra.settings import InferenceSettings, Settings
 from workers.training import start_run, watch
 
 POLL_S = 0.5
+FULL = ["--preset", "smollm2", "--gain", "0.1", "--steps", "30", "--eval-every", "2"]
+"""`--full`: the default run's model and suite, to +10 points held-out, at most 30 steps."""
 
 
 def experiment(args: argparse.Namespace) -> TrainingRunInput:
     """The preset with this bench's overrides: what both sides train with."""
     run = load_preset(args.preset, steps=args.steps, run_id=f"vs-trl-{uuid.uuid4().hex[:8]}")
-    given = {"learning_rate": args.lr, "groups_per_step": args.prompts_per_step}
+    given = {
+        "learning_rate": args.lr,
+        "groups_per_step": args.prompts_per_step,
+        "train_last_layers": args.train_last_layers,
+    }
     grpo = run.grpo.model_copy(update={k: v for k, v in given.items() if v is not None})
     tokens = args.max_new_tokens or run.sampling.max_new_tokens
     sampling = run.sampling.model_copy(
@@ -168,126 +176,6 @@ async def tempered_side(
         return timeline.report()
 
 
-# -- TRL -------------------------------------------------------------------------------------
-
-
-def greedy_pass_at_1(
-    model: Any, tokenizer: Any, tasks: list[TaskSpec], pool: SandboxPool, max_new_tokens: int
-) -> float:
-    """Held-out pass@1: one greedy completion per task (Tempered's prompt), run by `pool`."""
-    import torch
-
-    from contracts.task import EnvName
-    from infra.inference.prompts import ChatFormat, extract_code
-
-    chat = ChatFormat(tokenizer, EnvName.CODE)
-    rows = [chat.first_prompt(t.prompt) for t in tasks]
-    width, pad = max(map(len, rows)), tokenizer.pad_token_id
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-    model.eval()
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            do_sample=False,
-            pad_token_id=pad,
-            max_new_tokens=max_new_tokens,
-        )
-    model.train()
-    texts = tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-    solved = pool.passed([extract_code(t) for t in texts], tasks)
-    return sum(solved) / len(solved)
-
-
-def grpo_config(run: TrainingRunInput, seed: int, out_dir: Path) -> Any:
-    """TRL's GRPOConfig doing what one Tempered learner step does (on-policy, one generation)."""
-    from trl import GRPOConfig
-
-    return GRPOConfig(
-        output_dir=str(out_dir),
-        max_steps=run.steps,
-        seed=seed,
-        use_cpu=True,
-        bf16=False,
-        learning_rate=run.grpo.learning_rate,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_grad_norm=run.grpo.max_grad_norm,
-        per_device_train_batch_size=run.grpo.groups_per_step * run.group_size,
-        gradient_accumulation_steps=1,
-        num_generations=run.group_size,
-        num_iterations=1,
-        max_completion_length=run.sampling.max_new_tokens,
-        temperature=run.sampling.temperature,
-        top_p=run.sampling.top_p,
-        beta=run.grpo.kl_coef,
-        epsilon=run.grpo.clip_eps,
-        loss_type="dapo",
-        scale_rewards="group",
-        save_strategy="no",
-        report_to="none",
-        logging_steps=1,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-    )
-
-
-def trl_side(
-    settings: Settings, run: TrainingRunInput, base_dir: Path, args: argparse.Namespace, out: Path
-) -> dict[str, Any]:
-    import torch
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOTrainer
-
-    from infra.inference.prompts import extract_code, task_messages
-    from infra.tasks import load_suite
-
-    pool = SandboxPool(settings, run.limits)
-    train, heldout = load_suite(run.suite, split="train"), load_suite(run.suite, split="heldout")
-    by_id = {t.id: t for t in train}
-
-    def sandbox_reward(completions: list[Any], task_id: list[str], **_: Any) -> list[float | None]:
-        codes = [extract_code(c[0]["content"] if isinstance(c, list) else c) for c in completions]
-        solved = pool.passed(codes, [by_id[i] for i in task_id])
-        return [run.reward.score([ok]) for ok in solved]  # one turn: 1.0 or -0.1
-
-    timeline = Timeline("trl", args)
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
-
-    def evaluate(step: int) -> None:
-        tokens = run.eval_sampling.max_new_tokens
-        timeline.evaluated(step, greedy_pass_at_1(model, tokenizer, heldout, pool, tokens))
-
-    class HeldoutEval(TrainerCallback):  # type: ignore[misc]
-        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            evaluate(0)
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            step = state.global_step
-            timeline.stepped(step)
-            if run.eval_every and (step % run.eval_every == 0 or step == run.steps):
-                evaluate(step)
-            control.should_training_stop |= timeline.target_s is not None
-
-    rows = [{"prompt": task_messages(t.prompt), "task_id": t.id} for t in train]
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=sandbox_reward,
-        args=grpo_config(run, args.seed, out),
-        train_dataset=Dataset.from_list(rows),
-        processing_class=tokenizer,
-        callbacks=[HeldoutEval()],
-    )
-    trainer.train()
-    report = timeline.report()
-    pool.close()
-    return report
-
-
 # -- both ------------------------------------------------------------------------------------
 
 
@@ -298,7 +186,11 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     run = run.model_copy(update={"base_model": str(base_dir)})
     with tempfile.TemporaryDirectory(prefix=f"tempered-vs-trl-{side}-") as tmp:
         if side == "trl":
-            return trl_side(Settings(home=Path(tmp)), run, base_dir, args, Path(tmp) / "trl")
+            timeline = Timeline("trl", args)
+            trl_side(
+                Settings(home=Path(tmp)), run, base_dir, args.seed, timeline, Path(tmp) / "trl"
+            )
+            return timeline.report()
         inference = InferenceSettings(base_model=str(base_dir))
         with bench_stack(Path(tmp), inference=inference) as settings:
             return asyncio.run(tempered_side(settings, run, args))
@@ -370,11 +262,24 @@ def main() -> None:
     parser.add_argument(
         "--max-turns", type=int, default=1, help="Tempered's turns per task (TRL: 1)"
     )
+    parser.add_argument(
+        "--train-last-layers", type=int, help="both sides (0: all; default: the preset's)"
+    )
     parser.add_argument("--eval-every", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--full", action="store_true", help=f"the full comparison: {' '.join(FULL)} unless given"
+    )
     parser.add_argument("--side", choices=["both", "tempered", "trl"], default="both")
     parser.add_argument("--out", type=Path, help="(internal) where a single side writes its JSON")
     args = parser.parse_args()
+    if args.full:  # the flags FULL names, where the command line does not give them
+        given = {word.split("=")[0] for word in sys.argv[1:] if word.startswith("--")}
+        full = parser.parse_args(FULL)
+        for flag in FULL[::2]:
+            if flag not in given:
+                name = flag.removeprefix("--").replace("-", "_")
+                setattr(args, name, getattr(full, name))
     if importlib.util.find_spec("trl") is None:
         print("vs_trl: skipped, TRL is not installed (pip install -e '.[bench]')", flush=True)
         return

@@ -19,10 +19,11 @@ runs/<run>/tasks/<task>/s<sample>/turn-<k>/observation-<sha>.txt   a tool call's
 runs/<run>/tasks/<task>/s<sample>/verdict-<sha>.json         the verifier's ExecutionResult
                          both named by a prefix of their content's sha256, so a step or a
                          check run again (on another worker) never overwrites what a ref names
-workspaces/packs/<sha[:2]>/<sha>.z                           files of workspace trees (zlib)
-workspaces/trees/<sha[:2]>/<sha>.json.z                      a tree's manifest (snapshots,
-                         initial workspaces, hidden tests); both content-addressed, shared by
-                         every run (infra/environments/tree.py)
+workspaces/trees/<sha[:2]>/<sha>.json.z                      a tree (snapshots, initial
+                         workspaces, hidden tests): its manifest and the contents new in it
+workspaces/packs/<sha[:2]>/<sha>.z                           file contents of trees stored
+                         before contents moved into the tree's object (read only); both
+                         content-addressed, shared by every run (infra/environments/tree.py)
 """
 
 import re

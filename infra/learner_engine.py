@@ -68,7 +68,7 @@ def _why_no_gradient(
     return "no completion tokens to train on"
 
 
-def _train_only_last_layers(model: torch.nn.Module, layers: int) -> None:
+def train_only_last_layers(model: torch.nn.Module, layers: int) -> None:
     """Freeze all but the last `layers` decoder layers and the final norm (0: train everything).
 
     On CPU this is what makes a 135M-parameter step affordable: backward stops at the first
@@ -194,7 +194,7 @@ class LearnerEngine:
         self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
         model.to(self.device)
         if self._lora is None:
-            _train_only_last_layers(model, config.train_last_layers)
+            train_only_last_layers(model, config.train_last_layers)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
         ds_config = {

@@ -14,13 +14,13 @@ Spans and metrics go to the OTLP gRPC collector at `settings.telemetry.otlp_endp
 without one, to `<home>/telemetry/<service>-<pid>.jsonl`, which `read_live_figures` (used by
 `tempered status`) aggregates. With `settings.telemetry.prometheus_port > 0` each worker also
 serves its metrics at `http://<host>:<port_for(service)>/metrics` and the Temporal SDK's own
-metrics `SDK_PORT_SHIFT` ports above. The `record_*` helpers are no-ops until setup.
+metrics `SDK_PORT_SHIFT` ports above. The `record_*` helpers are no-ops until setup; the
+instruments they record onto (names, units, buckets) are defined in `telemetry_instruments.py`.
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import threading
 import time
 from collections.abc import Iterator
@@ -28,13 +28,11 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-import psutil
 import temporalio.activity
 import temporalio.client
 import temporalio.worker
 from opentelemetry import trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     MetricExporter,
@@ -58,6 +56,7 @@ from infra.telemetry_files import (
     WorkerFigures,
 )
 from infra.telemetry_files import read_live_figures as _read_figures
+from infra.telemetry_instruments import CIRCUIT_STATES, Instruments
 
 PORT_OFFSETS: dict[str, int] = {
     Queue.AGENT_TASKS: 0,
@@ -69,9 +68,6 @@ PORT_OFFSETS: dict[str, int] = {
 """Prometheus port of a worker = `settings.telemetry.prometheus_port` + its offset."""
 SDK_PORT_SHIFT = 10
 """The Temporal SDK's metrics of a worker are served this many ports above its own."""
-SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
-COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-CIRCUIT_STATES = {"closed": 0, "half_open": 1, "open": 2}
 
 
 def prometheus_port_for(settings: Settings, service: str) -> int | None:
@@ -82,97 +78,7 @@ def prometheus_port_for(settings: Settings, service: str) -> int | None:
     return base + PORT_OFFSETS[service]
 
 
-class _Instruments:
-    """Every instrument Tempered records, created on one meter."""
-
-    def __init__(self, meter: Meter) -> None:
-        histogram, seconds = meter.create_histogram, list(SECONDS_BUCKETS)
-        self.sandbox_duration = histogram(
-            "tempered.sandbox.duration",
-            "s",
-            "Wall time of one sandboxed run.",
-            explicit_bucket_boundaries_advisory=seconds,
-        )
-        self.sandbox_runs = meter.create_counter(
-            "tempered.sandbox.runs", "{run}", "Sandboxed runs by status and backend."
-        )
-        self.sandbox_in_flight = meter.create_up_down_counter(
-            "tempered.sandbox.in_flight", "{run}", "Sandboxed runs executing now."
-        )
-        self.batch_size = histogram(
-            "tempered.inference.batch_size",
-            "{sequence}",
-            "Sequences per generate call.",
-            explicit_bucket_boundaries_advisory=list(COUNT_BUCKETS),
-        )
-        self.tokens = meter.create_counter(
-            "tempered.inference.tokens", "{token}", "Generated tokens."
-        )
-        self.tokens_per_second = histogram(
-            "tempered.inference.tokens_per_second",
-            "{token}/s",
-            "Throughput of one generate call.",
-            explicit_bucket_boundaries_advisory=[10, 50, 100, 250, 500, 1000, 2500, 5000, 10000],
-        )
-        self.activity_in_flight = meter.create_up_down_counter(
-            "tempered.activity.in_flight", "{attempt}", "Activity attempts executing now, by queue."
-        )
-        self.activity_attempts = meter.create_counter(
-            "tempered.activity.attempts",
-            "{attempt}",
-            "Finished activity attempts by queue and outcome (ok, error, cancelled).",
-        )
-        self.activity_last_error = meter.create_gauge(
-            "tempered.activity.last_error_time",
-            "s",
-            "Unix time of a queue's newest failed attempt.",
-        )
-        self.queue_wait = histogram(
-            "tempered.activity.queue_wait",
-            "s",
-            "Schedule-to-start latency of activity attempts.",
-            explicit_bucket_boundaries_advisory=seconds,
-        )
-        self.reward_mean = meter.create_gauge(
-            "tempered.reward.mean", "1", "Mean reward of a batch."
-        )
-        self.pass_rate = meter.create_gauge(
-            "tempered.reward.pass_rate", "1", "Share of solved samples."
-        )
-        self.staleness = histogram(
-            "tempered.policy.staleness",
-            "{version}",
-            "Policy versions behind the learner.",
-            explicit_bucket_boundaries_advisory=[0, 1, 2, 3, 4, 8, 16],
-        )
-        self.step_time = histogram(
-            "tempered.learner.step_time",
-            "s",
-            "Wall time of one train step.",
-            explicit_bucket_boundaries_advisory=seconds,
-        )
-        self.circuit_state = meter.create_gauge(
-            "tempered.circuit.state", "1", "Sandbox backend breaker: 0 closed, 1 half-open, 2 open."
-        )
-        process = psutil.Process()
-        process.cpu_percent(None)  # primes the counter; the first reading is otherwise 0
-
-        def rss(_: CallbackOptions) -> list[Observation]:
-            return [Observation(process.memory_info().rss)]
-
-        def rss_peak(_: CallbackOptions) -> list[Observation]:
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-            return [Observation(max(peak, process.memory_info().rss))]
-
-        def cpu(_: CallbackOptions) -> list[Observation]:
-            return [Observation(process.cpu_percent(None))]
-
-        meter.create_observable_gauge("tempered.process.rss", [rss], "By", "Resident set size.")
-        meter.create_observable_gauge("tempered.process.rss_peak", [rss_peak], "By", "Peak RSS.")
-        meter.create_observable_gauge("tempered.process.cpu_percent", [cpu], "%", "CPU use.")
-
-
-_instruments: _Instruments | None = None
+_instruments: Instruments | None = None
 _tracer: trace.Tracer = trace.NoOpTracer()
 _lock = threading.Lock()
 
@@ -283,7 +189,7 @@ def setup_telemetry(settings: Settings, service: str, export_interval_s: float =
         settings, service, tracer_provider, meter_provider, jsonl, prometheus_server
     )
     with _lock:
-        _instruments, _tracer = _Instruments(telemetry.meter), telemetry.tracer
+        _instruments, _tracer = Instruments(telemetry.meter), telemetry.tracer
     return telemetry
 
 

@@ -3,7 +3,7 @@
     trees = Trees(StoreObjects(store))                  # or Trees(MemoryObjects()) offline
     scanner = Scanner(max_bytes=256 << 20)
     entries, new = scanner.scan(workspace, previous.packed())   # reads changed files only
-    ref, manifest = trees.commit(entries, new, previous)        # one pack + one manifest
+    ref, manifest = trees.commit(entries, new, previous)        # one PUT: manifest + new contents
     restore(manifest, trees.get_contents(manifest), fresh_dir, uid)
 
 The workspace is written by sandboxed code, so the scan never follows a link and opens every
@@ -14,8 +14,8 @@ hands every path to the session's uid.
 
 Blocking (file system, boto3): callers run these in a thread. The scan remembers each file's
 (inode, size, times, mode) and its digest, so a step that changed one file reads one file; a
-commit uploads its pack and its manifest in parallel (the manifest's ref is returned only once
-both are stored, so no caller ever holds a ref to a manifest whose pack is missing).
+commit uploads one object, the manifest with the contents new since `previous` inline, so no
+caller ever holds a ref to a manifest whose contents are missing.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from infra.environments.tree import (
     Manifest,
     Pack,
     TreeError,
-    make_pack,
+    decode_tree,
     manifest_ref,
     sha256,
 )
@@ -46,7 +46,7 @@ from infra.storage import ObjectNotFound, ObjectStore
 MAX_ENTRIES = 100_000
 """Paths one workspace may hold."""
 PARALLEL = 8
-"""Pack and manifest uploads or downloads in flight at once."""
+"""Pack downloads in flight at once."""
 MANIFESTS = 1024
 """Manifests kept in memory."""
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -122,48 +122,49 @@ class Trees:
             raise TreeError(f"no tree at {ref.key}") from None
         if sha256(data) != ref.sha256:
             raise TreeError(f"{ref.key} does not match its sha256 {ref.sha256[:12]}…")
-        manifest = Manifest.decode(data)
+        manifest, inline = decode_tree(data)
         if missing := manifest.contents() - manifest.packed():
             raise TreeError(f"{ref.key}: {len(missing)} contents are in none of its packs")
+        if inline:
+            self._remember(ref.sha256, inline)
         return manifest
 
     def get_contents(self, manifest: Manifest) -> dict[str, bytes]:
         """Digest → content of every file of `manifest` (its packs fetched in parallel)."""
-        found = self._unpacked(manifest.packs)
+        found = self._unpacked(manifest.all_packs())
         return {digest: found[digest] for digest in manifest.contents()}
 
     def commit(
         self, entries: list[Entry], new: Mapping[str, bytes], previous: Manifest | None,
         check: Check | None = None,
     ) -> tuple[ObjectRef, Manifest]:  # fmt: skip
-        """Store the tree `entries` (with `check`): the contents none of `previous`'s packs
-        hold, from `new`, in one new pack, unless the tree is due to be packed anew."""
+        """Store the tree `entries` (with `check`) in one object: the contents none of
+        `previous`'s objects hold, from `new`, inline; or every content inline when the tree is
+        due to be packed anew."""
         needed = {entry.sha256 for entry in entries if entry.kind == "file"}
-        kept = [
-            p
-            for p in (previous.packs if previous else [])
-            if any(d in needed for d, _ in p.contents)
-        ]
+        earlier = previous.all_packs() if previous else []
+        kept = [p for p in earlier if any(d in needed for d, _ in p.contents)]
         fresh = needed - {digest for pack in kept for digest, _ in pack.contents}
         if absent := [digest[:12] for digest in fresh if digest not in new]:
             raise TreeError(f"no bytes for the contents {absent} of the tree")
-        packs, uploads = list(kept), {}
-        if fresh:
-            pack, stored = make_pack({digest: new[digest] for digest in fresh})
-            packs.append(pack)
-            uploads[pack.key] = (pack, stored, {digest: new[digest] for digest in fresh})
-        live = sum(size for size in _sizes(entries).values())
-        held = sum(size for pack in packs for _, size in pack.contents)
-        if len(packs) > MAX_PACKS or held > 2 * live:
+        inline = {digest: new[digest] for digest in fresh}
+        live = sum(_sizes(entries).values())
+        held = sum(size for pack in kept for _, size in pack.contents) + sum(
+            map(len, inline.values())
+        )
+        if len(kept) >= MAX_PACKS or held > 2 * live:
             everything = {**self._unpacked(kept), **new}
-            pack, stored = make_pack({digest: everything[digest] for digest in needed})
-            packs, uploads = [pack], {pack.key: (pack, stored, {d: everything[d] for d in needed})}
-        manifest = Manifest(entries=sorted(entries, key=lambda e: e.path), packs=packs, check=check)
-        ref, data = manifest_ref(manifest)
-        writes = [(key, stored) for key, (_, stored, _) in uploads.items()] + [(ref.key, data)]
-        list(self._pool.map(lambda item: self.objects.put(*item), writes))
-        for pack, _, contents in uploads.values():
-            self._remember(pack.sha256, contents)
+            kept, inline = [], {digest: everything[digest] for digest in needed}
+        manifest = Manifest(
+            entries=sorted(entries, key=lambda e: e.path),
+            packs=kept,
+            inline=[(digest, len(inline[digest])) for digest in sorted(inline)],
+            check=check,
+        )
+        ref, data = manifest_ref(manifest, inline)
+        self.objects.put(ref.key, data)
+        if inline:
+            self._remember(ref.sha256, inline)
         return ref, manifest
 
     def _unpacked(self, packs: list[Pack]) -> dict[str, bytes]:

@@ -2,26 +2,28 @@
 
 A tree (a workspace, or a task's hidden tests) is stored as
 
-    workspaces/packs/<sha[:2]>/<sha>.z        file contents, concatenated and zlib-compressed,
-                                              named by the sha256 of the stored bytes
     workspaces/trees/<sha[:2]>/<sha>.json.z   the manifest: every path with its kind, its
-                                              executable bit and its content's digest, and the
-                                              packs holding those contents (zlib-compressed
-                                              JSON named by its own sha256)
+                                              executable bit and its content's digest, the
+                                              earlier objects holding those contents, and
+                                              after the JSON line the contents new in this
+                                              tree (zlib-compressed, named by its sha256)
+    workspaces/packs/<sha[:2]>/<sha>.z        file contents, concatenated and zlib-compressed
+                                              (read, no longer written: trees stored before
+                                              contents moved into the manifest's object)
 
-A snapshot after a step uploads one pack with the contents the step created (none if it
-changed nothing) and one manifest that still names earlier packs for the other files; once a
-tree spans more than `MAX_PACKS` packs, or its packs hold more dead bytes than live ones, the
-snapshot packs everything anew. So a restore is a few large GETs whatever the number of files,
-and a step that changed one file uploads that file. The manifest's `ObjectRef` is what payloads
-carry (`SessionRef.snapshot`, `WorkspaceSpec.files`).
+A snapshot after a step uploads one object: the manifest, with the contents the step created
+inline (none if it changed nothing); for the other files it names the earlier trees (or packs)
+holding them. Once a tree spans more than `MAX_PACKS` of them, or they hold more dead bytes than
+live ones, the snapshot holds every content inline. So a restore is a few large GETs whatever
+the number of files, a step that changed one file uploads that file, and a snapshot is one PUT.
+The manifest's `ObjectRef` is what payloads carry (`SessionRef.snapshot`, `WorkspaceSpec.files`).
 
 The tree digest (`Manifest.digest`) is the sha256 of the entries alone (paths, kinds, the
 executable bit, contents, link targets; not the packs): equal digests mean equal workspaces,
 whatever the file times, owners, packing, or the order files were written in.
 
     packed = pack_files({"lib.py": "def f(): ...\\n", "run.sh": File(b"...", executable=True)})
-    packed.manifest.digest(), packed.ref, packed.objects     # key → bytes, ready to upload
+    packed.manifest.digest(), packed.ref, packed.objects     # key → bytes (one), to upload
 
 A hidden-tests tree also says how it is checked (`Check`): Harbor's `test.sh`, or the built-in
 suite's function tests run by the two-process verifier.
@@ -40,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from contracts.common import ObjectRef
 from infra import keys
@@ -108,7 +110,7 @@ class Check(BaseModel):
 
 
 class Pack(BaseModel):
-    """One stored pack: the contents it holds, in order."""
+    """One stored object holding contents, in order: a pack, or the inline contents of a tree."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -118,26 +120,37 @@ class Pack(BaseModel):
     """Stored bytes."""
     contents: list[tuple[str, int]]
     """(digest, size) of each content, in the order they are concatenated."""
+    tree: bool = False
+    """The object is a stored tree (its manifest's inline contents), not a pack."""
 
     @property
     def key(self) -> str:
-        return keys.pack_key(self.sha256)
+        return keys.tree_key(self.sha256) if self.tree else keys.pack_key(self.sha256)
 
     def unpack(self, stored: bytes) -> dict[str, bytes]:
-        """Digest → content of this pack's stored bytes, each content checked."""
+        """Digest → content of this object's stored bytes, each content checked."""
         if sha256(stored) != self.sha256:
-            raise TreeError(f"pack {self.sha256[:12]}… does not match its digest")
+            raise TreeError(f"{self.key} does not match its digest")
+        if self.tree:
+            return decode_tree(stored)[1]
         try:
             data = zlib.decompress(stored)
         except zlib.error as exc:
             raise TreeError(f"pack {self.sha256[:12]}… is not zlib data: {exc}") from None
-        contents, offset = {}, 0
-        for digest, size in self.contents:
-            content = data[offset : offset + size]
-            if sha256(content) != digest:
-                raise TreeError(f"pack {self.sha256[:12]}… holds a corrupt content")
-            contents[digest], offset = content, offset + size
-        return contents
+        return _split(data, self.contents, self.key)
+
+
+def _split(data: bytes, listing: list[tuple[str, int]], where: str) -> dict[str, bytes]:
+    """Digest → content of the concatenated `data`, each checked against its digest."""
+    contents, offset = {}, 0
+    for digest, size in listing:
+        content = data[offset : offset + size]
+        if sha256(content) != digest:
+            raise TreeError(f"{where} holds a corrupt content")
+        contents[digest], offset = content, offset + size
+    if offset != len(data):
+        raise TreeError(f"{where} holds {len(data) - offset} bytes its listing does not name")
+    return contents
 
 
 def make_pack(contents: Mapping[str, bytes]) -> tuple[Pack, bytes]:
@@ -157,7 +170,12 @@ class Manifest(BaseModel):
     version: Literal[1] = 1
     entries: list[Entry]
     packs: list[Pack] = []
+    """Earlier stored objects holding some of its contents."""
+    inline: list[tuple[str, int]] = []
+    """(digest, size) of the contents stored in this manifest's own object, after its JSON."""
     check: Check | None = None
+    _stored: ObjectRef | None = PrivateAttr(default=None)
+    """Where it is stored, once it is (`manifest_ref`, `decode_tree`)."""
 
     @model_validator(mode="after")
     def _well_formed(self) -> Manifest:
@@ -184,16 +202,13 @@ class Manifest(BaseModel):
         """The tree digest: sha256 over the entries (not the packs or `check`)."""
         return tree_digest(self.entries)
 
-    def encode(self) -> bytes:
-        data = self.model_dump_json(exclude_defaults=True).encode()
-        return zlib.compress(data, COMPRESSION_LEVEL)
-
-    @classmethod
-    def decode(cls, data: bytes) -> Manifest:
-        try:
-            return cls.model_validate_json(zlib.decompress(data))
-        except (zlib.error, ValueError) as exc:
-            raise TreeError(f"not a tree manifest: {str(exc).splitlines()[0]}") from None
+    def encode(self, inline: Mapping[str, bytes]) -> bytes:
+        """The stored bytes: the JSON line, then the `inline` contents in listing order."""
+        if set(inline) != {digest for digest, _ in self.inline}:
+            raise TreeError("the inline contents given are not the ones the manifest lists")
+        head = self.model_dump_json(exclude_defaults=True).encode()  # one line: JSON escapes \n
+        body = b"".join([head, b"\n", *(inline[digest] for digest, _ in self.inline)])
+        return zlib.compress(body, COMPRESSION_LEVEL)
 
     def files(self) -> list[Entry]:
         return [entry for entry in self.entries if entry.kind == "file"]
@@ -203,8 +218,32 @@ class Manifest(BaseModel):
         return {entry.sha256 for entry in self.files()}
 
     def packed(self) -> set[str]:
-        """Digests of the contents its packs hold."""
-        return {digest for pack in self.packs for digest, _ in pack.contents}
+        """Digests of the contents stored with it (inline or in earlier objects)."""
+        return {digest for pack in self.all_packs() for digest, _ in pack.contents}
+
+    def all_packs(self) -> list[Pack]:
+        """The objects holding its contents: its packs, and its own object if it has inline
+        contents (TreeError if it is not stored yet)."""
+        if not self.inline:
+            return list(self.packs)
+        if self._stored is None:
+            raise TreeError("the manifest's own object is not stored yet")
+        own = Pack(
+            sha256=self._stored.sha256, size=self._stored.size, contents=self.inline, tree=True
+        )
+        return [*self.packs, own]
+
+
+def decode_tree(stored: bytes) -> tuple[Manifest, dict[str, bytes]]:
+    """A stored tree's manifest and its inline contents (digest → bytes, each checked)."""
+    try:
+        head, _, tail = zlib.decompress(stored).partition(b"\n")
+        manifest = Manifest.model_validate_json(head)
+    except (zlib.error, ValueError) as exc:
+        raise TreeError(f"not a tree manifest: {str(exc).splitlines()[0]}") from None
+    digest = sha256(stored)
+    manifest._stored = ObjectRef(key=keys.tree_key(digest), size=len(stored), sha256=digest)
+    return manifest, _split(tail, manifest.inline, f"tree {digest[:12]}…")
 
 
 def tree_digest(entries: Sequence[Entry]) -> str:
@@ -215,11 +254,15 @@ def tree_digest(entries: Sequence[Entry]) -> str:
     return sha256(json.dumps(listing, sort_keys=True, separators=(",", ":")).encode())
 
 
-def manifest_ref(manifest: Manifest) -> tuple[ObjectRef, bytes]:
-    """Where `manifest` is stored (content-addressed) and its stored bytes."""
-    data = manifest.encode()
+def manifest_ref(
+    manifest: Manifest, inline: Mapping[str, bytes] | None = None
+) -> tuple[ObjectRef, bytes]:
+    """Where `manifest` (with its `inline` contents) is stored, content-addressed, and its
+    stored bytes."""
+    data = manifest.encode(inline or {})
     digest = sha256(data)
-    return ObjectRef(key=keys.tree_key(digest), size=len(data), sha256=digest), data
+    manifest._stored = ObjectRef(key=keys.tree_key(digest), size=len(data), sha256=digest)
+    return manifest._stored, data
 
 
 @dataclass(frozen=True)
@@ -237,7 +280,7 @@ class Packed:
     manifest: Manifest
     ref: ObjectRef
     objects: dict[str, bytes]
-    """Object key → stored bytes (the manifest and its pack)."""
+    """Object key → stored bytes (the manifest, its contents inline)."""
 
 
 def pack_files(files: Mapping[str, File | bytes | str], check: Check | None = None) -> Packed:
@@ -256,16 +299,11 @@ def pack_files(files: Mapping[str, File | bytes | str], check: Check | None = No
         while parent and parent not in entries:
             entries[parent] = Entry(path=parent, kind="dir")
             parent = posixpath.dirname(parent)
-    objects: dict[str, bytes] = {}
-    packs = []
-    if contents:
-        pack, stored = make_pack(contents)
-        packs, objects[pack.key] = [pack], stored
     listing = [entries[path] for path in sorted(entries)]
-    manifest = Manifest(entries=listing, packs=packs, check=check)
-    ref, data = manifest_ref(manifest)
-    objects[ref.key] = data
-    return Packed(manifest, ref, objects)
+    inline = [(digest, len(contents[digest])) for digest in sorted(contents)]
+    manifest = Manifest(entries=listing, inline=inline, check=check)
+    ref, data = manifest_ref(manifest, contents)
+    return Packed(manifest, ref, {ref.key: data})
 
 
 def _bytes(content: bytes | str) -> bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from tenacity import (
     AsyncRetrying,
@@ -27,6 +28,21 @@ from contracts.errors import INFRA_RETRY, Backoff
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxBackend, SandboxInfraError
+
+
+def offline_retrying(
+    fault: type[BaseException], backoff: Backoff = INFRA_RETRY, **options: Any
+) -> AsyncRetrying:
+    """Tenacity's retrying of `fault` with the offline paths' backoff (at most
+    `backoff.offline_attempts` attempts); `options` go to `AsyncRetrying` (e.g. before_sleep)."""
+    return AsyncRetrying(
+        stop=stop_after_attempt(backoff.offline_attempts),
+        wait=wait_exponential(
+            multiplier=backoff.initial_s, exp_base=backoff.coefficient, max=backoff.max_s
+        ),
+        retry=retry_if_exception_type(fault),
+        **options,
+    )
 
 
 @dataclass(frozen=True)
@@ -70,15 +86,8 @@ async def run_retrying(
             raise _PlatformFault
         return result
 
-    retrying = AsyncRetrying(
-        stop=stop_after_attempt(backoff.offline_attempts),
-        wait=wait_exponential(
-            multiplier=backoff.initial_s, exp_base=backoff.coefficient, max=backoff.max_s
-        ),
-        retry=retry_if_exception_type(_PlatformFault),
-    )
     try:
-        result: ExecutionResult = await retrying(attempt)
+        result: ExecutionResult = await offline_retrying(_PlatformFault, backoff)(attempt)
     except RetryError:
         return Attempted(None, len(failures) - 1, failures[-1] if failures else "")
     return Attempted(result, len(failures))

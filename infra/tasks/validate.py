@@ -11,7 +11,9 @@ at bounded concurrency through one sandbox backend. A task is
   `infra/sandbox/retrying.py`) — the task is not judged then, and never counted as broken.
 
 Broken, flaky and weak tasks are quarantined: `<home>/quarantine/<suite>.json` lists them and
-training skips them (`infra.tasks.load_quarantine`). Run it as
+training skips them (`infra.tasks.load_quarantine`). The verdicts, the report and the driver
+(`run_checks`, given each task's runs as `TaskRuns`) are shared with workspace suites
+(`workspace_validate.py`), which differ only in how one run goes. Run it as
 
     tempered tasks validate humaneval --repeats 5 --concurrency 8
 """
@@ -21,8 +23,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -125,12 +129,67 @@ class ValidationReport(BaseModel):
         }
 
 
+@dataclass(frozen=True)
+class TaskRuns:
+    """One task as `run_checks` sees it: how to run each of its programs once."""
+
+    task_id: str
+    canonical: Callable[[], Awaitable[RunRecord]]
+    wrong: Callable[[], Awaitable[RunRecord]] | None = None  # None: no wrong solution to check
+
+
+async def run_checks(
+    tasks: list[TaskRuns],
+    *,
+    suite: str,
+    backend: str,
+    repeats: int,
+    concurrency: int,
+    limits: SandboxLimits,
+    on_run: Callable[[], None] | None = None,
+) -> ValidationReport:
+    """The driver of every suite: each task's canonical run `repeats` times and its wrong run
+    once, all tasks at once but at most `concurrency` runs at a time; `on_run()` after each."""
+    if repeats < 1 or concurrency < 1:
+        raise ValueError("repeats and concurrency must be at least 1")
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(run: Callable[[], Awaitable[RunRecord]]) -> RunRecord:
+        async with gate:
+            record = await run()
+        if on_run is not None:
+            on_run()
+        return record
+
+    async def check(task: TaskRuns) -> TaskCheck:
+        wrong = [one(task.wrong)] if task.wrong else []
+        records = await asyncio.gather(*(one(task.canonical) for _ in range(repeats)), *wrong)
+        return TaskCheck(
+            task_id=task.task_id,
+            canonical=records[:repeats],
+            wrong=records[repeats] if wrong else None,
+        )
+
+    created_at = datetime.now(UTC).isoformat(timespec="seconds")
+    started = time.perf_counter()
+    checks = await asyncio.gather(*(check(task) for task in tasks))
+    return ValidationReport(
+        suite=suite,
+        backend=backend,
+        repeats=repeats,
+        concurrency=concurrency,
+        limits=limits,
+        created_at=created_at,
+        wall_s=round(time.perf_counter() - started, 2),
+        tasks=checks,
+    )
+
+
 async def _run_once(
     backend: SandboxBackend,
     program: str,
     task: TaskSpec,
     limits: SandboxLimits,
-    gate: asyncio.Semaphore,
     backoff: Backoff,
 ) -> RunRecord:
     """One program against `task.tests`; platform failures are retried, never a verdict."""
@@ -141,7 +200,6 @@ async def _run_once(
         limits,
         task.entry_point,
         helpers=task.helpers,
-        gate=gate,
         backoff=backoff,
     )
     result = attempted.result
@@ -177,41 +235,29 @@ async def validate_tasks(
     on_run: Callable[[], None] | None = None,
 ) -> ValidationReport:
     """Run every task's canonical solution `repeats` times and its wrong solution once."""
-    if repeats < 1 or concurrency < 1:
-        raise ValueError("repeats and concurrency must be at least 1")
     missing = [task.id for task in tasks if not task.canonical_solution]
     if missing:
         raise ValueError(f"tasks without a canonical_solution cannot be validated: {missing[:5]}")
-    gate = asyncio.Semaphore(concurrency)
 
-    async def one(program: str, task: TaskSpec) -> RunRecord:
-        record = await _run_once(backend, program, task, limits, gate, backoff)
-        if on_run is not None:
-            on_run()
-        return record
+    def run(program: str, task: TaskSpec) -> Callable[[], Awaitable[RunRecord]]:
+        return partial(_run_once, backend, program, task, limits, backoff)
 
-    async def check(task: TaskSpec) -> TaskCheck:
-        canonical = [one(task.canonical_solution or "", task) for _ in range(repeats)]
-        wrong = one(task.wrong_solution, task) if task.wrong_solution else None
-        records = await asyncio.gather(*canonical, *([wrong] if wrong else []))
-        return TaskCheck(
-            task_id=task.id,
-            canonical=list(records[:repeats]),
-            wrong=records[repeats] if wrong else None,
+    runs = [
+        TaskRuns(
+            task.id,
+            canonical=run(task.canonical_solution or "", task),
+            wrong=run(task.wrong_solution, task) if task.wrong_solution else None,
         )
-
-    created_at = datetime.now(UTC).isoformat(timespec="seconds")
-    started = time.perf_counter()
-    checks = await asyncio.gather(*(check(task) for task in tasks))
-    return ValidationReport(
+        for task in tasks
+    ]
+    return await run_checks(
+        runs,
         suite=suite,
         backend=backend.name,
         repeats=repeats,
         concurrency=concurrency,
         limits=limits,
-        created_at=created_at,
-        wall_s=round(time.perf_counter() - started, 2),
-        tasks=list(checks),
+        on_run=on_run,
     )
 
 

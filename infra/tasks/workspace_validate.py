@@ -2,10 +2,11 @@
 
 For every task, `repeats` fresh sessions each run the reference solution (Harbor's oracle:
 `bash /solution/solve.sh` in the workspace) and are verified; each must score 1.0. One more
-session is verified untouched and must score below 1.0. The verdicts and the quarantine list
-are `infra/tasks/validate.py`'s (solution runs are its canonical runs, the untouched workspace
-its wrong solution: broken, flaky, weak, infra, clean). Everything runs on this host, with the
-trees in memory: no object store, no Temporal.
+session is verified untouched and must score below 1.0. The driver, the verdicts and the
+quarantine list are `infra/tasks/validate.py`'s (solution runs are its canonical runs, the
+untouched workspace its wrong solution: broken, flaky, weak, infra, clean); this module says
+only how one run goes. Everything runs on this host, with the trees in memory: no object store,
+no Temporal.
 
     report = await validate_workspace_suite(settings, "harbor:examples/harbor", repeats=5)
     tempered tasks validate workspace --repeats 5
@@ -13,21 +14,13 @@ trees in memory: no object store, no Temporal.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from functools import partial
 
-from tenacity import (
-    AsyncRetrying,
-    RetryError,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-)
+from tenacity import RetryError
 
-from contracts.errors import INFRA_RETRY
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.environments.checks import InvalidTask
@@ -36,10 +29,17 @@ from infra.environments.snapshots import MemoryObjects, Trees
 from infra.environments.workspace import WorkspaceEnvironment
 from infra.sandbox import get_backend
 from infra.sandbox.base import SandboxInfraError
+from infra.sandbox.retrying import offline_retrying
 from infra.sandbox.workspace import CommandRunner
 from infra.settings import Settings
 from infra.tasks import load_workspace_suite
-from infra.tasks.validate import VALIDATION_LIMITS, RunRecord, TaskCheck, ValidationReport
+from infra.tasks.validate import (
+    VALIDATION_LIMITS,
+    RunRecord,
+    TaskRuns,
+    ValidationReport,
+    run_checks,
+)
 from infra.tasks.workspace_task import WorkspaceTask
 
 _ids = itertools.count()
@@ -80,14 +80,8 @@ async def _retrying(
 ) -> RunRecord:
     """`_attempt`, with platform faults retried as offline paths do (`INFRA_RETRY`)."""
     faults: list[str] = []
-    retrying = AsyncRetrying(
-        stop=stop_after_attempt(INFRA_RETRY.offline_attempts),
-        wait=wait_exponential(
-            multiplier=INFRA_RETRY.initial_s,
-            exp_base=INFRA_RETRY.coefficient,
-            max=INFRA_RETRY.max_s,
-        ),
-        retry=retry_if_exception_type(SandboxInfraError),
+    retrying = offline_retrying(
+        SandboxInfraError,
         before_sleep=lambda state: faults.append(
             str(state.outcome.exception() if state.outcome else "")
         ),
@@ -112,35 +106,24 @@ async def validate_workspace_tasks(
     on_run: Callable[[], None] | None = None,
 ) -> ValidationReport:
     """Run every task's solution in `repeats` fresh sessions and verify one untouched session."""
-    if repeats < 1 or concurrency < 1:
-        raise ValueError("repeats and concurrency must be at least 1")
     if missing := [task.spec.id for task in tasks if task.solution is None]:
         raise ValueError(f"tasks without a solution/solve.sh cannot be validated: {missing[:5]}")
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(task: WorkspaceTask, solve: bool) -> RunRecord:
-        async with gate:
-            record = await _retrying(env, task, solve, limits)
-        if on_run is not None:
-            on_run()
-        return record
-
-    async def check(task: WorkspaceTask) -> TaskCheck:
-        records = await asyncio.gather(*(one(task, True) for _ in range(repeats)), one(task, False))
-        return TaskCheck(task_id=task.spec.id, canonical=list(records[:-1]), wrong=records[-1])
-
-    created_at = datetime.now(UTC).isoformat(timespec="seconds")
-    started = time.perf_counter()
-    checks = await asyncio.gather(*(check(task) for task in tasks))
-    return ValidationReport(
+    runs = [
+        TaskRuns(
+            task.spec.id,
+            canonical=partial(_retrying, env, task, True, limits),
+            wrong=partial(_retrying, env, task, False, limits),
+        )
+        for task in tasks
+    ]
+    return await run_checks(
+        runs,
         suite=suite,
         backend=env.backend.name,
         repeats=repeats,
         concurrency=concurrency,
         limits=limits,
-        created_at=created_at,
-        wall_s=round(time.perf_counter() - started, 2),
-        tasks=list(checks),
+        on_run=on_run,
     )
 
 

@@ -1,118 +1,46 @@
-"""The Helm chart: lint, render, validate for Kubernetes 1.33, and check what matters.
+"""The Helm chart: lint, render, validate for Kubernetes 1.33, and check the workers.
 
-Needs the helm binary (`scripts/install-helm.sh` puts it in .tempered/bin; the Makefile's setup
-runs it); skipped with that hint when it is missing. Rendered objects are validated with
-kubernetes-validate (strict, 1.33) except CRD kinds it has no schema for (CRD_KINDS), which get
-a structural check here instead.
+Rendered objects are validated with kubernetes-validate (strict, 1.33) except CRD kinds it has
+no schema for (CRD_KINDS), which get a structural check here instead. What the workers see is
+checked against the settings model: their environment, ports, GPUs, per-worker overrides,
+autoscaling (HPA or KEDA) and Worker Versioning. The sandbox namespace (RBAC, network policy,
+limits, gVisor) is tests/charts/test_chart_sandbox.py's; the learner's ranks and /dev/shm are
+tests/charts/test_learner_chart.py's. Skipped without helm (see tests/charts/chart.py).
 """
 
 from __future__ import annotations
 
-import functools
-import os
-import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 from pydantic import BaseModel
 
-from contracts.task import SandboxLimits
-from infra.sandbox.kubernetes import SANDBOX_LABELS, build_job_manifest, sandbox_rlimits
-from infra.sandbox.verifier import checker_job
 from infra.settings import Settings
 from infra.telemetry import PORT_OFFSETS, SDK_PORT_SHIFT, prometheus_port_for
+from tests.charts.chart import (
+    CHART,
+    HELM,
+    VALUE_SETS,
+    WORKERS,
+    container,
+    deployments,
+    helm_run,
+    needs_helm,
+    objects,
+    render,
+    settings_from,
+    value_set_id,
+    worker_env,
+)
 from tests.paths import REPO_ROOT
 
-CHART = REPO_ROOT / "charts" / "tempered"
-CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-VALUE_SETS = [None, *CI_VALUES]
-RELEASE_NAMESPACE = "tempered"
+pytestmark = needs_helm
+
 KUBERNETES_VERSION = "1.33.0"
 CRD_KINDS = {("keda.sh/v1alpha1", "ScaledObject")}
 """Kinds kubernetes-validate has no schema for; checked structurally in test_keda_*."""
-WORKERS = ["agent-tasks", "inference", "sandbox", "rewards", "learner"]
-
-
-def _helm() -> str | None:
-    for candidate in (
-        shutil.which("helm"),
-        os.environ.get("TEMPERED_HOME", "") + "/bin/helm",
-        str(REPO_ROOT / ".tempered" / "bin" / "helm"),
-    ):
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-HELM = _helm()
-pytestmark = pytest.mark.skipif(
-    HELM is None, reason="helm not installed: run scripts/install-helm.sh"
-)
-
-
-def _ids(values: Path | None) -> str:
-    return "default" if values is None else values.name
-
-
-def _helm_run(*args: str) -> str:
-    assert HELM is not None
-    done = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
-
-
-@functools.cache
-def render(values: Path | None = None, *sets: str) -> list[dict[str, Any]]:
-    args = ["template", "tempered", str(CHART), "--namespace", RELEASE_NAMESPACE]
-    args += ["-f", str(values)] if values else []
-    for item in sets:
-        args += ["--set", item]
-    return [doc for doc in yaml.safe_load_all(_helm_run(*args)) if doc]
-
-
-def objects(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
-
-
-def deployments(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Deployments by queue."""
-    return {
-        d["metadata"]["labels"]["tempered.dev/queue"]: d
-        for d in objects(docs, "Deployment").values()
-    }
-
-
-def container(deployment: dict[str, Any]) -> dict[str, Any]:
-    (only,) = deployment["spec"]["template"]["spec"]["containers"]
-    return only
-
-
-def worker_env(docs: list[dict[str, Any]], queue: str) -> dict[str, str]:
-    """The TEMPERED_* environment a worker process sees (ConfigMap, Secret, its own env)."""
-    env: dict[str, str] = {}
-    for source in container(deployments(docs)[queue])["envFrom"]:
-        if "configMapRef" in source:
-            env.update(objects(docs, "ConfigMap")[source["configMapRef"]["name"]]["data"])
-        secret = objects(docs, "Secret").get(source.get("secretRef", {}).get("name", ""))
-        if secret:
-            env.update(secret["stringData"])
-    env.update(
-        {e["name"]: e["value"] for e in container(deployments(docs)[queue])["env"] if "value" in e}
-    )
-    return env
-
-
-def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
-    for name in [n for n in os.environ if n.startswith("TEMPERED_")]:
-        monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.chdir(CHART)  # no tempered.toml here
-    return Settings()
 
 
 def names_a_field(env_name: str) -> bool:
@@ -129,9 +57,9 @@ def names_a_field(env_name: str) -> bool:
     return leaf in model.model_fields
 
 
-@pytest.mark.parametrize("values", VALUE_SETS, ids=_ids)
+@pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
 def test_helm_lint_strict(values: Path | None) -> None:
-    _helm_run("lint", "--strict", str(CHART), *(["-f", str(values)] if values else []))
+    helm_run("lint", "--strict", str(CHART), *(["-f", str(values)] if values else []))
 
 
 def test_values_schema_rejects_a_misspelt_worker_key() -> None:
@@ -145,7 +73,7 @@ def test_values_schema_rejects_a_misspelt_worker_key() -> None:
     assert done.returncode != 0 and "replica" in done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("values", VALUE_SETS, ids=_ids)
+@pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
 def test_every_rendered_object_validates_for_1_33(values: Path | None) -> None:
     docs = render(values)
     for doc in docs:
@@ -155,7 +83,7 @@ def test_every_rendered_object_validates_for_1_33(values: Path | None) -> None:
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
 
 
-@pytest.mark.parametrize("values", VALUE_SETS, ids=_ids)
+@pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
 def test_settings_env_is_the_settings_model(
     values: Path | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -208,86 +136,6 @@ def test_gpu_requests_on_inference_and_learner(
         resources = container(deployment)["resources"]
         gpus = {resources.get(k, {}).get("nvidia.com/gpu") for k in ("requests", "limits")}
         assert gpus == {expected.get(queue)}, (queue, resources)
-
-
-def test_rbac_is_scoped_to_the_sandbox_namespace() -> None:
-    docs = render()
-    (role,) = objects(docs, "Role").values()
-    (binding,) = objects(docs, "RoleBinding").values()
-    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "tempered-sandbox"
-    granted = {
-        (res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]
-    }
-    # every call infra/sandbox/kubernetes.py makes, and nothing cluster-wide or secret-related
-    needed = {
-        ("jobs", "create"),
-        ("jobs", "list"),
-        ("jobs", "delete"),
-        ("pods", "list"),
-        ("pods/log", "get"),
-    }
-    assert needed <= granted
-    assert not any(
-        res in ("secrets", "*") or verb in ("*", "escalate", "bind", "impersonate")
-        for res, verb in granted
-    )
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "Role",
-        "name": role["metadata"]["name"],
-    }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "tempered-sandbox", "namespace": RELEASE_NAMESPACE}
-    ]
-    namespace = objects(docs, "Namespace")["tempered-sandbox"]
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
-
-
-def _sandbox_job(runtime_class: str | None = None) -> dict[str, Any]:
-    limits = SandboxLimits()
-    job = checker_job("print(1)", "", "", [], None, limits, sandbox_rlimits(limits))
-    return build_job_manifest(
-        "tempered-sbx-1",
-        "tempered-sandbox",
-        "python:3.11-slim",
-        job,
-        limits,
-        "n",
-        "w",
-        runtime_class,
-    )
-
-
-def test_network_policy_denies_all_traffic_of_sandbox_pods() -> None:
-    (policy,) = objects(render(), "NetworkPolicy").values()
-    spec = policy["spec"]
-    assert policy["metadata"]["namespace"] == "tempered-sandbox"
-    assert spec["policyTypes"] == ["Ingress", "Egress"]
-    assert spec["ingress"] == [] and spec["egress"] == []
-    pod_labels = _sandbox_job()["spec"]["template"]["metadata"]["labels"]
-    assert spec["podSelector"]["matchLabels"] == SANDBOX_LABELS
-    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
-
-
-def _quantity(text: str) -> float:
-    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "m": 1e-3}
-    for suffix, factor in units.items():
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * factor
-    return float(text)
-
-
-def test_default_sandbox_job_fits_the_namespace_limits() -> None:
-    docs = render()
-    (limit_range,) = objects(docs, "LimitRange").values()
-    maximum = limit_range["spec"]["limits"][0]["max"]
-    resources = _sandbox_job()["spec"]["template"]["spec"]["containers"][0]["resources"]
-    for kind in ("cpu", "memory"):
-        assert _quantity(resources["limits"][kind]) <= _quantity(maximum[kind])
-    (quota,) = objects(docs, "ResourceQuota").values()
-    assert _quantity(quota["spec"]["hard"]["limits.memory"]) >= _quantity(
-        resources["limits"]["memory"]
-    )
 
 
 def test_per_worker_overrides_merge_over_defaults() -> None:
@@ -358,21 +206,6 @@ def test_keda_scales_activity_workers_on_their_task_queue() -> None:
         assert all(isinstance(v, str) for v in trigger["metadata"].values())  # KEDA wants strings
         assert 0 <= spec["minReplicaCount"] < spec["maxReplicaCount"]
     assert scaled["tempered-sandbox"]["spec"]["triggers"][0]["metadata"]["targetQueueSize"] == "32"
-
-
-def test_gvisor_runtime_class_reaches_the_sandbox_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
-    docs = render(CHART / "ci" / "gvisor-values.yaml")
-    (runtime_class,) = objects(docs, "RuntimeClass").values()
-    assert runtime_class["handler"] == "runsc"
-    assert runtime_class["scheduling"]["nodeSelector"] == {"sandbox.gke.io/runtime": "gvisor"}
-    assert runtime_class["overhead"]["podFixed"] == {"cpu": "100m", "memory": "64Mi"}
-    settings = settings_from(worker_env(docs, "sandbox"), monkeypatch)
-    kubernetes = settings.sandbox.kubernetes
-    assert kubernetes.runtime_class == runtime_class["metadata"]["name"] == "gvisor"
-    assert kubernetes.image == "registry.example.com/tempered/sandbox-python:3.11"
-    job = _sandbox_job(kubernetes.runtime_class)
-    assert job["spec"]["template"]["spec"]["runtimeClassName"] == "gvisor"
-    assert not objects(render(), "RuntimeClass")  # opt-in
 
 
 def test_the_chart_runs_the_images_own_user() -> None:

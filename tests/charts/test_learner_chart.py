@@ -11,19 +11,17 @@ from typing import Any
 
 import pytest
 
-from tests.charts.test_chart import (
+from tests.charts.chart import (
     CHART,
-    HELM,
     container,
     deployments,
+    needs_helm,
     render,
     settings_from,
     worker_env,
 )
 
-pytestmark = pytest.mark.skipif(
-    HELM is None, reason="helm not installed: run scripts/install-helm.sh"
-)
+pytestmark = needs_helm
 
 
 def shm_volume(deployment: dict[str, Any]) -> dict[str, Any] | None:

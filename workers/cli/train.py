@@ -42,6 +42,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     train.add_argument("--suite", help="starter | humaneval | tasks.jsonl")
     train.add_argument("--run-id", help="default: run-<timestamp>")
     train.add_argument("--time-budget", type=float, help="stop rolling out after N seconds")
+    train.add_argument(
+        "--seed", type=int, help="order of the training tasks (default: the preset's)"
+    )
     train.add_argument("--no-workers", action="store_true", help="do not start background workers")
     train.add_argument(
         "--dry-run", action="store_true", help="print the plan as JSON and start nothing"
@@ -58,6 +61,7 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
             suite=args.suite,
             run_id=args.run_id,
             time_budget_s=args.time_budget,
+            seed=args.seed,
         )
     except ValueError as exc:  # unknown preset, bad TOML, an override out of bounds
         print(f"tempered train: {exc}", file=sys.stderr)

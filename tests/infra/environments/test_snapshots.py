@@ -11,7 +11,7 @@ import pytest
 
 from contracts.common import ObjectRef
 from infra.environments.snapshots import MemoryObjects, Scanner, StoreObjects, Trees, restore
-from infra.environments.tree import MAX_PACKS, TreeError, pack_files, tree_digest
+from infra.environments.tree import MAX_PACKS, Entry, TreeError, pack_files, sha256, tree_digest
 from infra.storage import ObjectStore
 
 
@@ -71,8 +71,8 @@ def test_a_second_scan_reads_and_stores_only_what_changed(
     assert list(new.values()) == [b"changed\n"]
     stored = len(objects)
     _, second = trees.commit(entries, new, first)
-    assert len(objects) == stored + 2  # one pack (the changed file) and one manifest
-    assert second.packs[0] == first.packs[0] and second.packs[1].contents == [(next(iter(new)), 8)]
+    assert len(objects) == stored + 1  # one object: the manifest with the changed file inline
+    assert second.packs == first.all_packs() and second.inline == [(next(iter(new)), 8)]
 
 
 def test_a_tree_spans_at_most_max_packs(tmp_path: Path) -> None:
@@ -84,7 +84,7 @@ def test_a_tree_spans_at_most_max_packs(tmp_path: Path) -> None:
         (tmp_path / f"f{step % 4}.txt").write_text(f"step {step}" * 30)
         _, manifest = trees.commit(*scanner.scan(tmp_path, manifest.packed()), manifest)
         assert len(manifest.packs) <= MAX_PACKS
-    dead = sum(size for p in manifest.packs for _, size in p.contents)
+    dead = sum(size for p in manifest.all_packs() for _, size in p.contents)
     assert dead <= 2 * sum(e.size for e in manifest.files())
 
 
@@ -109,8 +109,14 @@ def test_trees_in_s3(store: ObjectStore) -> None:
     assert trees.get_contents(manifest) == {
         e.sha256: d for e, d in zip(manifest.files(), (b"same", b"one"), strict=True)
     }
-    store.delete(manifest.packs[0].key)
+    changed = [
+        *manifest.entries[:2],
+        Entry(path="b/c.txt", kind="file", sha256=sha256(b"new"), size=3),
+    ]
+    ref, later = trees.commit(changed, {sha256(b"new"): b"new"}, manifest)
+    assert later.packs == manifest.all_packs()  # "same" is not uploaded again
+    store.delete(packed.ref.key)
     with pytest.raises(TreeError, match="missing"):
-        Trees(StoreObjects(store)).get_contents(manifest)
+        Trees(StoreObjects(store)).get_contents(Trees(StoreObjects(store)).get_manifest(ref))
     with pytest.raises(TreeError, match="no tree"):
         trees.get_manifest(ObjectRef(key="workspaces/trees/none", size=1, sha256="1" * 64))

@@ -3,6 +3,8 @@ workspace's content does not depend on, stored trees round-trip."""
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 from pydantic import ValidationError
 
@@ -13,6 +15,7 @@ from infra.environments.tree import (
     File,
     Manifest,
     TreeError,
+    decode_tree,
     make_pack,
     pack_files,
     sha256,
@@ -26,10 +29,12 @@ def test_pack_files_is_content_addressed_and_round_trips() -> None:
     assert [e.path for e in packed.manifest.entries] == ["pkg", "pkg/mod.py", "run.sh"]
     assert packed.ref.key == keys.tree_key(packed.ref.sha256)
     assert sha256(packed.objects[packed.ref.key]) == packed.ref.sha256
-    assert Manifest.decode(packed.objects[packed.ref.key]) == packed.manifest
-    [pack] = packed.manifest.packs
-    contents = pack.unpack(packed.objects[keys.pack_key(pack.sha256)])
+    assert list(packed.objects) == [packed.ref.key]  # one object: contents inline
+    manifest, contents = decode_tree(packed.objects[packed.ref.key])
+    assert manifest == packed.manifest and not manifest.packs
     assert contents[packed.manifest.entries[1].sha256] == b"x = 1\n" and len(contents) == 2
+    [own] = manifest.all_packs()  # what a later tree names to reuse these contents
+    assert own.key == packed.ref.key and own.unpack(packed.objects[own.key]) == contents
     assert (
         pack_files({"run.sh": File(b"#!/bin/sh\n", True), "pkg/mod.py": "x = 1\n"}).ref
         == packed.ref
@@ -74,7 +79,17 @@ def test_manifests_refuse_paths_that_could_escape_or_collide(entries: list[Entry
 
 def test_corrupt_objects_are_tree_errors() -> None:
     with pytest.raises(TreeError, match="not a tree manifest"):
-        Manifest.decode(b"not zlib")
+        decode_tree(b"not zlib")
+    packed = pack_files({"a.py": "content"})
+    stored = packed.objects[packed.ref.key]
+    forged = zlib.compress(zlib.decompress(stored).replace(b"\ncontent", b"\nforged!"))
+    with pytest.raises(TreeError, match="corrupt"):
+        decode_tree(forged)
+    with pytest.raises(TreeError, match="does not name"):
+        decode_tree(zlib.compress(zlib.decompress(stored) + b"tail"))
+    with pytest.raises(TreeError, match="not stored yet"):
+        Manifest(entries=[], inline=[(DIGEST, 0)]).all_packs()
+    # packs of the earlier layout (contents apart from the manifest) still read
     pack, stored = make_pack({sha256(b"content"): b"content"})
     with pytest.raises(TreeError, match="does not match"):
         pack.unpack(stored + b"x")

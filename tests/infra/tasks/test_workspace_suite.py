@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.environments.tree import decode_tree
 from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from infra.tasks import load_suite
 from infra.tasks.workspace import FAMILIES, workspace_tasks
@@ -22,8 +23,7 @@ from tests.infra.environments.conftest import needs_root, session_root
 
 
 def files_of(task: WorkspaceTask) -> dict[str, bytes]:
-    [pack] = task.files.manifest.packs
-    contents = pack.unpack(task.files.objects[pack.key])
+    contents = decode_tree(task.files.objects[task.files.ref.key])[1]
     return {entry.path: contents[entry.sha256] for entry in task.files.manifest.files()}
 
 

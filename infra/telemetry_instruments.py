@@ -1,0 +1,113 @@
+"""The catalogue of Tempered's OpenTelemetry instruments: names, units, buckets, meanings.
+
+`Instruments(meter)` creates every histogram, counter and gauge the workers record onto, plus
+observable gauges of the process's RSS, peak RSS and CPU. `infra/telemetry.py` creates one per
+process in `setup_telemetry` and records through its `record_*` helpers; nothing else should
+create instruments, so each metric is named and described here only. The JSONL reader
+(`infra/telemetry_files.py`) looks figures up by these names; Prometheus spells them with
+underscores (`tempered_sandbox_runs_total`).
+"""
+
+from __future__ import annotations
+
+import resource
+
+import psutil
+from opentelemetry.metrics import CallbackOptions, Meter, Observation
+
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+"""Histogram bucket bounds of durations: 5 ms to 15 minutes."""
+COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+"""Histogram bucket bounds of counts (sequences per batch)."""
+CIRCUIT_STATES = {"closed": 0, "half_open": 1, "open": 2}
+"""The value `tempered.circuit.state` records for each `infra.circuit.CircuitState`."""
+
+
+class Instruments:
+    """Every instrument Tempered records, created on one meter."""
+
+    def __init__(self, meter: Meter) -> None:
+        histogram, seconds = meter.create_histogram, list(SECONDS_BUCKETS)
+        self.sandbox_duration = histogram(
+            "tempered.sandbox.duration",
+            "s",
+            "Wall time of one sandboxed run.",
+            explicit_bucket_boundaries_advisory=seconds,
+        )
+        self.sandbox_runs = meter.create_counter(
+            "tempered.sandbox.runs", "{run}", "Sandboxed runs by status and backend."
+        )
+        self.sandbox_in_flight = meter.create_up_down_counter(
+            "tempered.sandbox.in_flight", "{run}", "Sandboxed runs executing now."
+        )
+        self.batch_size = histogram(
+            "tempered.inference.batch_size",
+            "{sequence}",
+            "Sequences per generate call.",
+            explicit_bucket_boundaries_advisory=list(COUNT_BUCKETS),
+        )
+        self.tokens = meter.create_counter(
+            "tempered.inference.tokens", "{token}", "Generated tokens."
+        )
+        self.tokens_per_second = histogram(
+            "tempered.inference.tokens_per_second",
+            "{token}/s",
+            "Throughput of one generate call.",
+            explicit_bucket_boundaries_advisory=[10, 50, 100, 250, 500, 1000, 2500, 5000, 10000],
+        )
+        self.activity_in_flight = meter.create_up_down_counter(
+            "tempered.activity.in_flight", "{attempt}", "Activity attempts executing now, by queue."
+        )
+        self.activity_attempts = meter.create_counter(
+            "tempered.activity.attempts",
+            "{attempt}",
+            "Finished activity attempts by queue and outcome (ok, error, cancelled).",
+        )
+        self.activity_last_error = meter.create_gauge(
+            "tempered.activity.last_error_time",
+            "s",
+            "Unix time of a queue's newest failed attempt.",
+        )
+        self.queue_wait = histogram(
+            "tempered.activity.queue_wait",
+            "s",
+            "Schedule-to-start latency of activity attempts.",
+            explicit_bucket_boundaries_advisory=seconds,
+        )
+        self.reward_mean = meter.create_gauge(
+            "tempered.reward.mean", "1", "Mean reward of a batch."
+        )
+        self.pass_rate = meter.create_gauge(
+            "tempered.reward.pass_rate", "1", "Share of solved samples."
+        )
+        self.staleness = histogram(
+            "tempered.policy.staleness",
+            "{version}",
+            "Policy versions behind the learner.",
+            explicit_bucket_boundaries_advisory=[0, 1, 2, 3, 4, 8, 16],
+        )
+        self.step_time = histogram(
+            "tempered.learner.step_time",
+            "s",
+            "Wall time of one train step.",
+            explicit_bucket_boundaries_advisory=seconds,
+        )
+        self.circuit_state = meter.create_gauge(
+            "tempered.circuit.state", "1", "Sandbox backend breaker: 0 closed, 1 half-open, 2 open."
+        )
+        process = psutil.Process()
+        process.cpu_percent(None)  # primes the counter; the first reading is otherwise 0
+
+        def rss(_: CallbackOptions) -> list[Observation]:
+            return [Observation(process.memory_info().rss)]
+
+        def rss_peak(_: CallbackOptions) -> list[Observation]:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+            return [Observation(max(peak, process.memory_info().rss))]
+
+        def cpu(_: CallbackOptions) -> list[Observation]:
+            return [Observation(process.cpu_percent(None))]
+
+        meter.create_observable_gauge("tempered.process.rss", [rss], "By", "Resident set size.")
+        meter.create_observable_gauge("tempered.process.rss_peak", [rss_peak], "By", "Peak RSS.")
+        meter.create_observable_gauge("tempered.process.cpu_percent", [cpu], "%", "CPU use.")
