@@ -131,12 +131,12 @@ class Pack(BaseModel):
         """Digest → content of this object's stored bytes, each content checked."""
         if sha256(stored) != self.sha256:
             raise TreeError(f"{self.key} does not match its digest")
-        if self.tree:
-            return decode_tree(stored)[1]
         try:
             data = zlib.decompress(stored)
         except zlib.error as exc:
-            raise TreeError(f"pack {self.sha256[:12]}… is not zlib data: {exc}") from None
+            raise TreeError(f"{self.key} is not zlib data: {exc}") from None
+        if self.tree:  # the contents follow the manifest's JSON line, which is not needed here
+            data = data.partition(b"\n")[2]
         return _split(data, self.contents, self.key)
 
 
@@ -176,6 +176,7 @@ class Manifest(BaseModel):
     check: Check | None = None
     _stored: ObjectRef | None = PrivateAttr(default=None)
     """Where it is stored, once it is (`manifest_ref`, `decode_tree`)."""
+    _digest: str = PrivateAttr(default="")
 
     @model_validator(mode="after")
     def _well_formed(self) -> Manifest:
@@ -199,8 +200,10 @@ class Manifest(BaseModel):
         return self
 
     def digest(self) -> str:
-        """The tree digest: sha256 over the entries (not the packs or `check`)."""
-        return tree_digest(self.entries)
+        """The tree digest: sha256 over the entries (not the packs or `check`); computed once."""
+        if not self._digest:
+            self._digest = tree_digest(self.entries)
+        return self._digest
 
     def encode(self, inline: Mapping[str, bytes]) -> bytes:
         """The stored bytes: the JSON line, then the `inline` contents in listing order."""

@@ -47,7 +47,7 @@ from infra.environments.checks import InvalidTask, check_functions, check_script
 from infra.environments.paths import PathError, resolve
 from infra.environments.sessions import Session, SessionHost
 from infra.environments.snapshots import Trees, restore
-from infra.environments.tree import TreeError, tree_digest
+from infra.environments.tree import Manifest, TreeError, tree_digest
 from infra.sandbox.base import SandboxBackend
 from infra.sandbox.workspace import CommandResult, CommandRunner, Mounts, cgroup_name, session_uid
 
@@ -172,18 +172,25 @@ class WorkspaceEnvironment:
         its size limit is put back as it was, and the agent is told."""
         previous = session.manifest
         assert session.snapshot is not None and previous is not None
-        try:
-            entries, new = await asyncio.to_thread(
-                session.scanner.scan, session.workspace, previous.packed()
-            )
-        except TreeError as exc:
+
+        def scan_and_store() -> TreeError | tuple[ObjectRef, Manifest] | None:
+            """One trip to a thread: the scan (its TreeError returned: the step is undone), then
+            the commit if the tree changed."""
+            try:
+                entries, new = session.scanner.scan(session.workspace, previous.packed())
+            except TreeError as exc:
+                return exc
+            if tree_digest(entries) == previous.digest():
+                return None
+            return self.trees.commit(entries, new, previous)
+
+        stored = await asyncio.to_thread(scan_and_store)
+        if isinstance(stored, TreeError):
             await self._restore(session, session.snapshot)
-            text = f"{observation.text}\nerror: {exc}; the step's changes were undone"
+            text = f"{observation.text}\nerror: {stored}; the step's changes were undone"
             return Observation(text, observation.status, observation.submitted)
-        if tree_digest(entries) != previous.digest():
-            session.snapshot, session.manifest = await asyncio.to_thread(
-                self.trees.commit, entries, new, previous
-            )
+        if stored is not None:
+            session.snapshot, session.manifest = stored
         return observation
 
     async def _act(self, session: Session, call: ToolCall, limits: SandboxLimits) -> Observation:
