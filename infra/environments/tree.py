@@ -154,7 +154,8 @@ def _split(data: bytes, listing: list[tuple[str, int]], where: str) -> dict[str,
 
 
 def make_pack(contents: Mapping[str, bytes]) -> tuple[Pack, bytes]:
-    """A pack of `contents` (digest → bytes) and its stored bytes."""
+    """A pack of `contents` (digest → bytes) and its stored bytes: the earlier layout, which
+    trees still read (nothing writes it but tests of that reading)."""
     order = sorted(contents)
     stored = zlib.compress(b"".join(contents[d] for d in order), COMPRESSION_LEVEL)
     listing = [(digest, len(contents[digest])) for digest in order]
@@ -177,6 +178,7 @@ class Manifest(BaseModel):
     _stored: ObjectRef | None = PrivateAttr(default=None)
     """Where it is stored, once it is (`manifest_ref`, `decode_tree`)."""
     _digest: str = PrivateAttr(default="")
+    """`digest()`, once computed."""
 
     @model_validator(mode="after")
     def _well_formed(self) -> Manifest:

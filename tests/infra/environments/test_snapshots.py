@@ -11,7 +11,17 @@ import pytest
 
 from contracts.common import ObjectRef
 from infra.environments.snapshots import MemoryObjects, Scanner, StoreObjects, Trees, restore
-from infra.environments.tree import MAX_PACKS, Entry, TreeError, pack_files, sha256, tree_digest
+from infra.environments.tree import (
+    MAX_PACKS,
+    Entry,
+    Manifest,
+    TreeError,
+    make_pack,
+    manifest_ref,
+    pack_files,
+    sha256,
+    tree_digest,
+)
 from infra.storage import ObjectStore
 
 
@@ -120,3 +130,21 @@ def test_trees_in_s3(store: ObjectStore) -> None:
         Trees(StoreObjects(store)).get_contents(Trees(StoreObjects(store)).get_manifest(ref))
     with pytest.raises(TreeError, match="no tree"):
         trees.get_manifest(ObjectRef(key="workspaces/trees/none", size=1, sha256="1" * 64))
+
+
+def test_trees_of_the_earlier_layout_still_read_and_grow() -> None:
+    """A tree stored before contents moved into the manifest's object (a pack beside it)."""
+    old = pack_files({"a.txt": "kept", "b.txt": "old"}).manifest
+    pack, stored = make_pack(
+        {e.sha256: d for e, d in zip(old.files(), (b"kept", b"old"), strict=True)}
+    )
+    earlier = Manifest(entries=old.entries, packs=[pack])
+    objects = MemoryObjects({pack.key: stored})
+    ref, data = manifest_ref(earlier)
+    objects[ref.key] = data
+    trees = Trees(objects)
+    manifest = trees.get_manifest(ref)
+    assert set(trees.get_contents(manifest).values()) == {b"kept", b"old"}
+    changed = [manifest.entries[0], Entry(path="b.txt", kind="file", sha256=sha256(b"new"), size=3)]
+    _, later = trees.commit(changed, {sha256(b"new"): b"new"}, manifest)
+    assert later.packs == [pack] and later.inline == [(sha256(b"new"), 3)]
