@@ -19,11 +19,23 @@ def test_dry_run_prints_the_plan_and_starts_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     settings = Settings(home=tmp_path / "home")
-    argv = ["train", "--preset", "tiny", "--steps", "5", "--run-id", "dry", "--dry-run"]
+    argv = [
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "5",
+        "--seed",
+        "7",
+        "--run-id",
+        "dry",
+        "--dry-run",
+    ]
     assert run(argv, settings) == 0
     plan = json.loads(capsys.readouterr().out)
     run_input = TrainingRunInput.model_validate(plan["input"])
-    assert (run_input.run_id, run_input.steps, run_input.base_model) == ("dry", 5, "tiny")
+    assert (run_input.run_id, run_input.steps, run_input.seed) == ("dry", 5, 7)
+    assert run_input.base_model == "tiny"
     assert plan["workflow"] == {
         "type": "TrainingRunWorkflow",
         "id": "train-dry",
