@@ -273,13 +273,8 @@ def main() -> None:
     parser.add_argument("--side", choices=["both", "tempered", "trl"], default="both")
     parser.add_argument("--out", type=Path, help="(internal) where a single side writes its JSON")
     args = parser.parse_args()
-    if args.full:  # the flags FULL names, where the command line does not give them
-        given = {word.split("=")[0] for word in sys.argv[1:] if word.startswith("--")}
-        full = parser.parse_args(FULL)
-        for flag in FULL[::2]:
-            if flag not in given:
-                name = flag.removeprefix("--").replace("-", "_")
-                setattr(args, name, getattr(full, name))
+    if args.full:  # FULL first, so what the command line gives wins (argparse keeps the last)
+        args = parser.parse_args([*FULL, *sys.argv[1:]])
     if importlib.util.find_spec("trl") is None:
         print("vs_trl: skipped, TRL is not installed (pip install -e '.[bench]')", flush=True)
         return
