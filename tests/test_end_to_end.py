@@ -54,7 +54,7 @@ def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack
     history = stack.temporal("workflow", "show", "--workflow-id", workflow_id, "-o", "json").stdout
     for activity in ("generate", "execute", "write_trajectories"):
         assert f'"{activity}"' in history
-    for state in ("GENERATE", "EXECUTE", "FEEDBACK", "DONE"):  # upserted TemperedState values
+    for state in ("GENERATE", "EXECUTE", "DONE"):  # upserted TemperedState values
         assert base64.b64encode(json.dumps(state).encode()).decode() in history, state
     done_query = f'WorkflowId = "{workflow_id}" AND TemperedState = "DONE"'
     stack.wait_for("the task listed as DONE", lambda: stack.count(done_query) == 1, 10)

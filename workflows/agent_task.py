@@ -26,6 +26,10 @@ adds about 15 events and a few kB per episode: a 50-step group of G=8 writing a 
 every step measured 782 events and 1.7 MiB (tests/workflows/test_episodes.py), 1.5% and 3.5%
 of the 51,200-event / 50 MB history limits, so no continue-as-new is needed.
 
+Visibility: `TemperedState` is upserted on the moves a task waits in (INIT for `workspace`,
+GENERATE, EXECUTE) and at DONE, with the turn, best reward and tool calls so far; FEEDBACK runs
+within one workflow task, so its figures ride on the next move's upsert (`status` shows it).
+
 It is the one workflow that runs by the thousand, so it runs outside the SDK's sandbox (which
 re-imports the workflow's modules for every run): `bench/orchestration.py` measured the Temporal
 share of rollout wall time at 10.8% unsandboxed vs 15.8% sandboxed. Determinism is guarded by
@@ -68,6 +72,15 @@ with workflow.unsafe.imports_passed_through():
     from workflows.sessions import Sessions
 
 
+FEWER_WRITES_PATCH = "tempered-task-fewer-writes"
+"""Marks runs that upsert once per visible move (GENERATE, EXECUTE, DONE) and take their memo
+from the start when it is there. The previous release also upserted at FEEDBACK, in the same
+workflow task as the next move, and always upserted its memo: each is an event and a
+visibility write (bench/orchestration.py: all upserts together are a quarter of the dev
+server's CPU per task). The patch's marker costs two events per task: once no run of the
+previous release is left, `workflow.deprecate_patch` ends that."""
+
+
 def parse_task_input(raw: AgentTaskInput | dict[str, Any]) -> AgentTaskInput:
     """Validate the workflow input; a bad task fails the workflow (never retried) naming the field."""
     if isinstance(raw, AgentTaskInput):
@@ -88,21 +101,24 @@ class AgentTaskWorkflow:
         self._policy_version: int | None = None
         self._aborted_reason: str | None = None
         self._published: dict[SearchAttr, object] = {}
+        self._lean = False  # FEWER_WRITES_PATCH: set at the start of `run`
 
     @workflow.run
     async def run(self, raw: AgentTaskInput | dict[str, Any]) -> AgentTaskResult:
         task_input = parse_task_input(raw)
         task = task_input.task
         group = self._group = EpisodeGroup(task_input)
-        workflow.upsert_memo(
-            {
-                "task": task.id,
-                "suite": task.suite,
-                "prompt": task.prompt[:200],
-                "group_size": task_input.group_size,
-                "max_turns": task_input.max_turns,
-            }
-        )
+        self._lean = workflow.patched(FEWER_WRITES_PATCH)
+        if not (self._lean and "task" in workflow.memo()):  # else the start carried it
+            workflow.upsert_memo(
+                {
+                    "task": task.id,
+                    "suite": task.suite,
+                    "prompt": task.prompt[:200],
+                    "group_size": task_input.group_size,
+                    "max_turns": task_input.max_turns,
+                }
+            )
         sessions = Sessions(task_input, group) if task.env is EnvName.WORKSPACE else None
         try:
             if sessions is not None:
@@ -168,7 +184,8 @@ class AgentTaskWorkflow:
             if next_state is State.DONE:
                 aborted = self._aborted_reason is not None
                 group.end_acting(EpisodeEnd.ABORTED if aborted else EpisodeEnd.STEP_BUDGET)
-            self._publish(task_input)  # FEEDBACK, with this step's rewards
+            if not self._lean:  # else this step's rewards ride on the next move's upsert
+                self._publish(task_input)
             if next_state is State.DONE:
                 return
 

@@ -14,7 +14,7 @@ from temporalio.worker import Replayer
 
 from activities.rewards import RewardActivities
 from activities.sandbox import SandboxActivities
-from contracts.names import Queue
+from contracts.names import Queue, SearchAttr
 from contracts.rollout import AgentTaskResult, TaskStatus
 from contracts.task import AgentTaskInput, TaskSpec
 from contracts.trajectory import Trajectory
@@ -23,6 +23,7 @@ from infra.settings import Settings
 from infra.storage import ObjectStore
 from tests.workflows.harness import ScriptedModel, connect, running_workers
 from workflows.agent_task import AgentTaskWorkflow
+from workflows.search import task_start_options
 
 HISTORY = Path(__file__).parent / "histories" / "agent_task.json"
 TASK = TaskSpec(
@@ -104,6 +105,9 @@ async def test_group_rolls_out_to_done_with_known_rewards(
         if e.HasField("activity_task_scheduled_event_attributes")
     }
     assert activity_types == {"generate", "execute", "write_trajectories"}
+    # one upsert per visible move (FEEDBACK's figures ride on the next one), memo upserted
+    assert upserted_states(history) == ["GENERATE", "EXECUTE"] * 3 + ["DONE"]
+    assert memo_upserts(history) == 1
     listed = [
         w.id
         async for w in client.list_workflows(
@@ -114,6 +118,53 @@ async def test_group_rolls_out_to_done_with_known_rewards(
     if os.environ.get("TEMPERED_RECORD_HISTORIES"):
         HISTORY.parent.mkdir(exist_ok=True)
         HISTORY.write_text(history.to_json())
+
+
+def upserted_states(history: WorkflowHistory) -> list[str]:
+    """The TemperedState values the workflow upserted, in order."""
+    upserts = [
+        e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+        for e in history.events
+        if e.HasField("upsert_workflow_search_attributes_event_attributes")
+    ]
+    key = SearchAttr.STATE.value
+    return [json.loads(fields[key].data) for fields in upserts if key in fields]
+
+
+def memo_upserts(history: WorkflowHistory) -> int:
+    return sum(e.HasField("workflow_properties_modified_event_attributes") for e in history.events)
+
+
+@pytest.mark.asyncio
+async def test_a_task_started_with_its_memo_writes_no_memo(
+    temporal_server, namespace, store: ObjectStore, tmp_path: Path
+) -> None:
+    """As the training run starts its tasks (`task_start_options`): the memo and the run's and
+    task's attributes ride on the start event, so the workflow writes neither."""
+    settings = settings_for(store, temporal_server.address, namespace, tmp_path)
+    client = await connect(temporal_server.address, namespace)
+    task_input = AgentTaskInput(task=TASK, run_id=f"memo-{uuid.uuid4().hex[:6]}", max_turns=1)
+    async with running_workers(
+        client,
+        {
+            Queue.AGENT_TASKS: {"workflows": [AgentTaskWorkflow]},
+            Queue.INFERENCE: {"activities": [ScriptedModel(store, script).generate]},
+            Queue.SANDBOX: {"activities": [SandboxActivities(settings, store).execute]},
+            Queue.REWARDS: {"activities": [RewardActivities(store).write_trajectories]},
+        },
+    ):
+        handle = await client.start_workflow(
+            AgentTaskWorkflow.run,
+            task_input,
+            id=f"{task_input.run_id}-task",
+            task_queue=Queue.AGENT_TASKS.value,
+            **task_start_options(task_input),
+        )
+        await handle.result()
+    history = await handle.fetch_history()
+    assert memo_upserts(history) == 0
+    assert upserted_states(history) == ["GENERATE", "EXECUTE", "DONE"]
+    assert (await (await handle.describe()).memo())["task"] == TASK.id
 
 
 @pytest.mark.asyncio
