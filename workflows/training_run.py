@@ -102,9 +102,7 @@ class TrainingRunWorkflow:
             tasks, deadline = resume.tasks, resume.deadline
         try:
             await self._roll_out(tasks, deadline)
-            await workflow.get_external_workflow_handle(self._learner_id()).signal(
-                LearnerWorkflow.finish
-            )
+            await self._finish_learner()
             final = await learner if learner is not None else await self._learner_final()
         except (asyncio.CancelledError, FailureError):
             if self._learner_done is None:  # it outlives this run by design, not the training
@@ -287,6 +285,16 @@ class TrainingRunWorkflow:
     def _latest_version(self) -> int:
         """Newest published policy version the learner has told us of (pinned per rollout)."""
         return max((p.policy_version for p in self._progress), default=0)
+
+    async def _finish_learner(self) -> None:
+        """Tell the learner to train on what is queued and end. Having taken every step it ends
+        by itself, maybe before this lands; its `learner_done` (sent first) is then here."""
+        learner = workflow.get_external_workflow_handle(self._learner_id())
+        try:
+            await learner.signal(LearnerWorkflow.finish)
+        except FailureError:
+            if self._learner_done is None:  # gone without a word (terminated)
+                raise
 
     def _learner_failed(self) -> bool:
         return self._learner_done is not None and self._learner_done.error is not None
