@@ -1,7 +1,8 @@
 """TrainingRunWorkflow's ends besides success, on the time-skipping test server with scripted
 tasks, suite and train step (tests/workflows/control_plane.py): a failed learner fails the run
 (told by `learner_done`, also after the run continued as new), and a cancelled run cancels the
-learner it started (which outlives the run's continues-as-new by design, not the run)."""
+learner it started (which outlives the run's continues-as-new by design, not the run), and a
+learner that ended by itself before the run's `finish` landed is not a failure."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ from contracts.errors import ErrorType, fail
 from contracts.learner import (
     GRPOConfig,
     HistoryBudget,
+    LearnerDone,
+    LearnerInput,
+    LoadTasksResponse,
+    RunResume,
     TrainingRunInput,
     TrainStepRequest,
     TrainStepResponse,
@@ -97,3 +102,44 @@ async def test_a_cancelled_run_cancels_its_learner(store: ObjectStore) -> None:
                 await learner.result()
             status = (await learner.describe()).status
     assert status == WorkflowExecutionStatus.CANCELED
+
+
+@pytest.mark.asyncio
+async def test_a_learner_that_ended_before_finish_is_not_a_failure(store: ObjectStore) -> None:
+    """Having taken every step, the learner ends by itself, and may be gone before the run's
+    `finish` lands (seen at 20,000 tasks). Made certain here: the run's last segment starts
+    with every task done and its learner's `learner_done` already in, and no learner exists."""
+    suite = ScriptedSuite(train=4)
+    final = LearnerInput(run_id="ended", max_steps=2, step=2)
+    resume = RunResume(
+        tasks=LoadTasksResponse(train=suite.train, heldout=[]),
+        started=4,
+        done=4,
+        progress=[],
+        evals=[],
+        deadline=None,
+        segment=3,
+    )
+    run = RUN.model_copy(update={"run_id": "ended", "steps": 2, "resume": resume})
+    async with await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
+    ) as env:
+        await register_search_attributes(env.client)
+        async with control_plane(env.client, store, suite, ScriptedTrainer()):
+            handle = await env.client.start_workflow(
+                TrainingRunWorkflow.run,
+                run,
+                id="train-ended",
+                task_queue=Queue.AGENT_TASKS.value,
+                start_signal="learner_done",
+                start_signal_args=[LearnerDone(final=final)],
+            )
+            result = await handle.result()
+            history = await handle.fetch_history()
+    assert (result.steps, result.tasks_done) == (2, 4)
+    failed = [
+        e
+        for e in history.events
+        if e.HasField("signal_external_workflow_execution_failed_event_attributes")
+    ]
+    assert len(failed) == 1, "the run's finish was expected to find no learner"
