@@ -68,7 +68,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.activity_options import activity_options
     from workflows.episodes import EpisodeGroup
     from workflows.fsm import State, advance, after_feedback
-    from workflows.search import search_attribute_updates
+    from workflows.search import search_attribute_updates, task_memo
     from workflows.sessions import Sessions
 
 
@@ -110,15 +110,7 @@ class AgentTaskWorkflow:
         group = self._group = EpisodeGroup(task_input)
         self._lean = workflow.patched(FEWER_WRITES_PATCH)
         if not (self._lean and "task" in workflow.memo()):  # else the start carried it
-            workflow.upsert_memo(
-                {
-                    "task": task.id,
-                    "suite": task.suite,
-                    "prompt": task.prompt[:200],
-                    "group_size": task_input.group_size,
-                    "max_turns": task_input.max_turns,
-                }
-            )
+            workflow.upsert_memo(task_memo(task_input))
         sessions = Sessions(task_input, group) if task.env is EnvName.WORKSPACE else None
         try:
             if sessions is not None:

@@ -34,19 +34,25 @@ def search_attribute_updates(values: dict[SearchAttr, Any]) -> list[SearchAttrib
     return [KEYS[attr].value_set(value) for attr, value in values.items() if value is not None]
 
 
+def task_memo(task_input: AgentTaskInput) -> dict[str, Any]:
+    """What an agent task's memo shows in the UI's list (set on its start, or by the task)."""
+    task = task_input.task
+    return {
+        "task": task.id,
+        "suite": task.suite,
+        "prompt": task.prompt[:200],
+        "group_size": task_input.group_size,
+        "max_turns": task_input.max_turns,
+    }
+
+
 def task_start_options(task_input: AgentTaskInput) -> dict[str, Any]:
     """Keyword arguments for starting an `AgentTaskWorkflow` (as a child or from a client): its
     memo and its constant search attributes (run, task) ride on the start event, so visibility
     knows them from the start and the workflow need not upsert them (a write each)."""
     task = task_input.task
     return {
-        "memo": {
-            "task": task.id,
-            "suite": task.suite,
-            "prompt": task.prompt[:200],
-            "group_size": task_input.group_size,
-            "max_turns": task_input.max_turns,
-        },
+        "memo": task_memo(task_input),
         "search_attributes": TypedSearchAttributes(
             [
                 SearchAttributePair(KEYS[SearchAttr.RUN_ID], task_input.run_id),
