@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import WorkflowFailureError, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
 
 from activities.rewards import RewardActivities
 from activities.sandbox import SandboxActivities
@@ -23,6 +23,7 @@ from infra import keys
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from tests.workflows.harness import ScriptedModel, connect, running_workers
+from tests.workflows.replaying import replay
 from workflows.agent_task import AgentTaskWorkflow
 from workflows.search import task_start_options
 
@@ -50,6 +51,18 @@ def settings_for(store: ObjectStore, address: str, namespace: str, tmp_path: Pat
     )
 
 
+def task_workers(
+    settings: Settings, store: ObjectStore, model: ScriptedModel
+) -> dict[Queue | str, dict[str, Sequence[Any]]]:
+    """The agent task's workers: the real sandbox and trajectory writer, a scripted model."""
+    return {
+        Queue.AGENT_TASKS: {"workflows": [AgentTaskWorkflow]},
+        Queue.INFERENCE: {"activities": [model.generate]},
+        Queue.SANDBOX: {"activities": [SandboxActivities(settings, store).execute]},
+        Queue.REWARDS: {"activities": [RewardActivities(store).write_trajectories]},
+    }
+
+
 @pytest.mark.asyncio
 async def test_group_rolls_out_to_done_with_known_rewards(
     temporal_server, namespace, store: ObjectStore, tmp_path: Path
@@ -59,15 +72,7 @@ async def test_group_rolls_out_to_done_with_known_rewards(
     model = ScriptedModel(store, script)
     run_id = f"wf-{uuid.uuid4().hex[:6]}"
     task_input = AgentTaskInput(task=TASK, run_id=run_id, group_size=3, max_turns=3)
-    async with running_workers(
-        client,
-        {
-            Queue.AGENT_TASKS: {"workflows": [AgentTaskWorkflow]},
-            Queue.INFERENCE: {"activities": [model.generate]},
-            Queue.SANDBOX: {"activities": [SandboxActivities(settings, store).execute]},
-            Queue.REWARDS: {"activities": [RewardActivities(store).write_trajectories]},
-        },
-    ):
+    async with running_workers(client, task_workers(settings, store, model)):
         handle = await client.start_workflow(
             AgentTaskWorkflow.run,
             task_input,
@@ -145,15 +150,8 @@ async def test_a_task_started_with_its_memo_writes_no_memo(
     settings = settings_for(store, temporal_server.address, namespace, tmp_path)
     client = await connect(temporal_server.address, namespace)
     task_input = AgentTaskInput(task=TASK, run_id=f"memo-{uuid.uuid4().hex[:6]}", max_turns=1)
-    async with running_workers(
-        client,
-        {
-            Queue.AGENT_TASKS: {"workflows": [AgentTaskWorkflow]},
-            Queue.INFERENCE: {"activities": [ScriptedModel(store, script).generate]},
-            Queue.SANDBOX: {"activities": [SandboxActivities(settings, store).execute]},
-            Queue.REWARDS: {"activities": [RewardActivities(store).write_trajectories]},
-        },
-    ):
+    model = ScriptedModel(store, script)
+    async with running_workers(client, task_workers(settings, store, model)):
         handle = await client.start_workflow(
             AgentTaskWorkflow.run,
             task_input,
@@ -166,8 +164,7 @@ async def test_a_task_started_with_its_memo_writes_no_memo(
     assert memo_upserts(history) == 0
     assert upserted_states(history) == ["GENERATE", "EXECUTE", "DONE"]
     assert (await (await handle.describe()).memo())["task"] == TASK.id
-    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
-    await replayer.replay_workflow(history)  # the patched path replays on its own history
+    await replay(history, AgentTaskWorkflow)  # the patched path replays on its own history
 
 
 @pytest.mark.asyncio
@@ -194,5 +191,4 @@ async def test_invalid_task_fails_once_naming_the_field(temporal_server, namespa
 async def test_recorded_history_replays() -> None:
     """A change that breaks determinism of AgentTaskWorkflow fails here."""
     history = WorkflowHistory.from_json("recorded", json.loads(HISTORY.read_text()))
-    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
-    await replayer.replay_workflow(history)
+    await replay(history, AgentTaskWorkflow)

@@ -17,8 +17,6 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
 
 from activities.rewards import RewardActivities
 from contracts.episode import ToolCall
@@ -35,6 +33,7 @@ from tests.workflows.harness import (
     running_workers,
     tree_digest,
 )
+from tests.workflows.replaying import replay
 from workflows.agent_task import AgentTaskWorkflow
 from workflows.search import KEYS
 
@@ -151,8 +150,7 @@ async def test_workspace_group_acts_with_tools_to_done(
 async def test_recorded_workspace_history_replays() -> None:
     """A change that breaks determinism of workspace episodes fails here."""
     history = WorkflowHistory.from_json("recorded", json.loads(HISTORY.read_text()))
-    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
-    await replayer.replay_workflow(history)
+    await replay(history, AgentTaskWorkflow)
 
 
 @pytest.mark.asyncio

@@ -19,10 +19,9 @@ from pathlib import Path
 import pytest
 from temporalio import workflow
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
 
 from contracts.learner import LearnerInput, TrajectoryGroup
+from tests.workflows.replaying import replay
 from workflows.agent_task import AgentTaskWorkflow
 from workflows.learner import LearnerWorkflow
 from workflows.training_run import TrainingRunWorkflow
@@ -40,11 +39,6 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
 def recorded(name: str) -> WorkflowHistory:
     workflow_id = RECORDED[name][1]
     return WorkflowHistory.from_json(workflow_id, json.loads((HISTORIES / name).read_text()))
-
-
-async def replay(history: WorkflowHistory, *workflows: type) -> None:
-    replayer = Replayer(workflows=list(workflows), data_converter=pydantic_data_converter)
-    await replayer.replay_workflow(history)
 
 
 @pytest.mark.asyncio
