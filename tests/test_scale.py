@@ -46,6 +46,7 @@ from tests.accounting import record_results
 from tests.fixtures.temporal import register_search_attributes
 from tests.paths import REPO_ROOT
 from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
+from workflows.budget import TASK_TIMEOUT
 from workflows.training_run import TrainingRunWorkflow
 
 TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
@@ -101,6 +102,7 @@ async def run_at_scale(
                 run_input,
                 id=f"train-{run_input.run_id}",
                 task_queue=Queue.AGENT_TASKS.value,
+                task_timeout=TASK_TIMEOUT,
             )
             result: TrainingRunResult = await handle.result()
             wall_s = time.monotonic() - started

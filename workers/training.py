@@ -30,6 +30,7 @@ from temporalio.service import RPCError
 
 from contracts.learner import RunProgress, TrainingRunInput, TrainingRunResult
 from contracts.names import Queue, SearchAttr, Workflow
+from workflows.budget import TASK_TIMEOUT
 from workflows.search import KEYS
 from workflows.training_run import TrainingRunWorkflow
 
@@ -54,6 +55,7 @@ async def start_run(client: Client, run_input: TrainingRunInput) -> RunHandle:
         run_input,
         id=workflow_id(run_input.run_id),
         task_queue=Queue.AGENT_TASKS.value,
+        task_timeout=TASK_TIMEOUT,
         search_attributes=TypedSearchAttributes(
             [SearchAttributePair(KEYS[SearchAttr.RUN_ID], run_input.run_id)]
         ),

@@ -43,8 +43,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from contracts.names import Activity, SearchAttr
     from workflows.activity_options import activity_options
-    from workflows.budget import spent
+    from workflows.budget import TASK_TIMEOUT, spent
     from workflows.search import search_attribute_updates
+    from workflows.signals import signal_run
 
 STEP_EVENTS = 16
 """Events one step adds at least (look-ahead): its activities, the search-attribute upsert, the
@@ -192,6 +193,7 @@ class LearnerWorkflow:
         self._state.finish_when_drained = self._finish
         workflow.continue_as_new(
             self._state,
+            task_timeout=TASK_TIMEOUT,
             # the next segment starts on the current build (worker versioning pins the others)
             initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE,
         )
@@ -221,24 +223,20 @@ class LearnerWorkflow:
     ) -> None:
         if state.parent_workflow_id is None:
             return
-        parent = workflow.get_external_workflow_handle(state.parent_workflow_id)
-        await parent.signal(
-            "learner_progress",
-            LearnerProgress(
-                step=state.step,
-                policy_version=response.policy.version,
-                trained_groups=len(batch),
-                reward_mean=response.reward_mean,
-                loss=response.loss,
-                dropped_stale=response.dropped_stale,
-                staleness=state.step - 1 - min(g.policy_version for g in batch),
-            ),
+        progress = LearnerProgress(
+            step=state.step,
+            policy_version=response.policy.version,
+            trained_groups=len(batch),
+            reward_mean=response.reward_mean,
+            loss=response.loss,
+            dropped_stale=response.dropped_stale,
+            staleness=state.step - 1 - min(g.policy_version for g in batch),
         )
+        await signal_run(state.parent_workflow_id, "learner_progress", [progress])
 
     async def _tell_parent(self, done: LearnerDone) -> None:
         if self._state.parent_workflow_id is not None:
-            parent = workflow.get_external_workflow_handle(self._state.parent_workflow_id)
-            await parent.signal("learner_done", done)
+            await signal_run(self._state.parent_workflow_id, "learner_done", [done])
 
 
 def _reason(error: BaseException | None) -> str:

@@ -56,9 +56,10 @@ with workflow.unsafe.imports_passed_through():
     from contracts.task import AgentTaskInput, TaskSpec, eval_task_input
     from workflows.activity_options import activity_options
     from workflows.agent_task import AgentTaskWorkflow
-    from workflows.budget import spent
+    from workflows.budget import TASK_TIMEOUT, spent
     from workflows.learner import LearnerWorkflow
     from workflows.search import search_attribute_updates, task_start_options
+    from workflows.signals import signal_run
 
 PROGRESS_TAIL = 100
 """Learner steps the run keeps (and its `progress` query shows)."""
@@ -162,6 +163,7 @@ class TrainingRunWorkflow:
             id=self._learner_id(),
             task_queue=Queue.AGENT_TASKS.value,
             parent_close_policy=ParentClosePolicy.ABANDON,  # it outlives continue-as-new
+            task_timeout=TASK_TIMEOUT,
         )
         return tasks, learner
 
@@ -273,6 +275,7 @@ class TrainingRunWorkflow:
         )
         workflow.continue_as_new(
             self._input.model_copy(update={"resume": resume}),
+            task_timeout=TASK_TIMEOUT,
             # the next segment starts on the current build (worker versioning pins the others)
             initial_versioning_behavior=workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE,
         )
@@ -289,12 +292,10 @@ class TrainingRunWorkflow:
     async def _finish_learner(self) -> None:
         """Tell the learner to train on what is queued and end. Having taken every step it ends
         by itself, maybe before this lands; its `learner_done` (sent first) is then here."""
-        learner = workflow.get_external_workflow_handle(self._learner_id())
-        try:
-            await learner.signal(LearnerWorkflow.finish)
-        except FailureError:
-            if self._learner_done is None:  # gone without a word (terminated)
-                raise
+        await signal_run(self._learner_id(), "finish", gone=self._learner_ended)
+
+    def _learner_ended(self) -> bool:
+        return self._learner_done is not None
 
     def _learner_failed(self) -> bool:
         return self._learner_done is not None and self._learner_done.error is not None
@@ -333,17 +334,13 @@ class TrainingRunWorkflow:
         finally:
             self._in_flight -= 1
         self._done += 1
-        await workflow.get_external_workflow_handle(self._learner_id()).signal(
-            LearnerWorkflow.add_groups,
-            [
-                TrajectoryGroup(
-                    task_id=task.id,
-                    trajectories=result.trajectories,
-                    rewards=result.rewards,
-                    policy_version=min(result.policy_versions),
-                )
-            ],
+        group = TrajectoryGroup(
+            task_id=task.id,
+            trajectories=result.trajectories,
+            rewards=result.rewards,
+            policy_version=min(result.policy_versions),
         )
+        await signal_run(self._learner_id(), "add_groups", [[group]], gone=self._learner_ended)
 
     def _start_eval(self, version: int) -> None:
         self._eval_jobs.append(asyncio.create_task(self._evaluate(version)))
