@@ -29,5 +29,6 @@ def spent(budget: HistoryBudget, *, ahead_events: int = 0, ahead_bytes: int = 0)
 TASK_TIMEOUT = timedelta(seconds=60)
 """Workflow task timeout of the long-lived workflows (given at start and at each continue-as-new).
 A worker that lost one from its cache replays its whole history in one workflow task: a
-10,055-event training-run segment took 5–11 s to replay on this 2-core machine, idle. Under Temporal's default of 10 s, every retry of
-such a task timed out again (the 20,000-task test livelocked in 57 timeouts)."""
+10,055-event training-run segment took 10–12 s to replay on this 2-core machine, idle. Under
+Temporal's default of 10 s, every retry of such a task timed out again (the 20,000-task test
+livelocked in 57 timeouts)."""
