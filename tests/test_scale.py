@@ -29,8 +29,6 @@ from pathlib import Path
 import pytest
 from temporalio.api.history.v1 import History
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
 from contracts.learner import (
     GRPOConfig,
@@ -39,17 +37,14 @@ from contracts.learner import (
     TrainingRunInput,
     TrainingRunResult,
 )
-from contracts.names import Queue
 from infra import keys
 from infra.storage import ObjectStore
 from tests.accounting import record_results
-from tests.fixtures.temporal import register_search_attributes
+from tests.fixtures.temporal import time_skipping_server
 from tests.paths import REPO_ROOT
 from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
-from workflows.budget import TASK_TIMEOUT
-from workflows.training_run import TrainingRunWorkflow
+from workers.training import start_run
 
-TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
 EVENT_LIMIT, BYTE_LIMIT = 51_200, 50 * 1024 * 1024
 """Temporal's hard limits on one run's history."""
 
@@ -91,25 +86,15 @@ async def run_at_scale(
     store: ObjectStore, run_input: TrainingRunInput, train_tasks: int
 ) -> tuple[TrainingRunResult, ScriptedTrainer, list[Chain], float]:
     suite, trainer = ScriptedSuite(train=train_tasks, heldout=2), ScriptedTrainer()
-    async with await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
-    ) as env:
-        await register_search_attributes(env.client)
-        async with control_plane(env.client, store, suite, trainer):
-            started = time.monotonic()
-            handle = await env.client.start_workflow(
-                TrainingRunWorkflow.run,
-                run_input,
-                id=f"train-{run_input.run_id}",
-                task_queue=Queue.AGENT_TASKS.value,
-                task_timeout=TASK_TIMEOUT,
-            )
-            result: TrainingRunResult = await handle.result()
-            wall_s = time.monotonic() - started
-            chains = [
-                await chain(env.client, workflow_id, await first_run(env.client, workflow_id))
-                for workflow_id in (handle.id, f"{handle.id}-learner")
-            ]
+    async with time_skipping_server() as env, control_plane(env.client, store, suite, trainer):
+        started = time.monotonic()
+        handle = await start_run(env.client, run_input)
+        result: TrainingRunResult = await handle.result()
+        wall_s = time.monotonic() - started
+        chains = [
+            await chain(env.client, workflow_id, await first_run(env.client, workflow_id))
+            for workflow_id in (handle.id, f"{handle.id}-learner")
+        ]
     return result, trainer, chains, wall_s
 
 

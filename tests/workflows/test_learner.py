@@ -7,12 +7,8 @@ bookkeeping is under test here (the real step is tested in tests/activities/test
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from activities.ledger import LedgerActivities
@@ -21,11 +17,10 @@ from contracts.learner import GRPOConfig, LearnerInput, LedgerSegment, Trajector
 from contracts.names import Queue
 from infra import keys
 from infra.storage import ObjectStore
-from tests.fixtures.temporal import register_search_attributes
+from tests.fixtures.temporal import time_skipping_server
 from tests.workflows.control_plane import ScriptedTrainer
 from workflows.learner import LearnerWorkflow
 
-TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
 REF = ObjectRef(key="k", size=1, sha256="0" * 64)
 
 
@@ -42,39 +37,36 @@ def ledger(store: ObjectStore, run_id: str) -> list[LedgerSegment]:
 async def test_each_group_trained_once_across_continue_as_new(store: ObjectStore) -> None:
     trainer = ScriptedTrainer()
     ledger_activities = LedgerActivities(store)
-    async with await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
-    ) as env:
-        await register_search_attributes(env.client)
-        async with (
-            Worker(env.client, task_queue=Queue.AGENT_TASKS.value, workflows=[LearnerWorkflow]),
-            Worker(env.client, task_queue=Queue.LEARNER.value, activities=[trainer.train_step]),
-            Worker(
-                env.client,
-                task_queue=Queue.REWARDS.value,
-                activities=[ledger_activities.record_ledger, ledger_activities.find_consumed],
+    async with (
+        time_skipping_server() as env,
+        Worker(env.client, task_queue=Queue.AGENT_TASKS.value, workflows=[LearnerWorkflow]),
+        Worker(env.client, task_queue=Queue.LEARNER.value, activities=[trainer.train_step]),
+        Worker(
+            env.client,
+            task_queue=Queue.REWARDS.value,
+            activities=[ledger_activities.record_ledger, ledger_activities.find_consumed],
+        ),
+    ):
+        handle = await env.client.start_workflow(
+            LearnerWorkflow.run,
+            LearnerInput(
+                run_id="r",
+                config=GRPOConfig(groups_per_step=2),
+                max_steps=10,
+                steps_per_run=1,
             ),
-        ):
-            handle = await env.client.start_workflow(
-                LearnerWorkflow.run,
-                LearnerInput(
-                    run_id="r",
-                    config=GRPOConfig(groups_per_step=2),
-                    max_steps=10,
-                    steps_per_run=1,
-                ),
-                id="learner-test",
-                task_queue=Queue.AGENT_TASKS.value,
-            )
-            await handle.signal(LearnerWorkflow.add_groups, [group("a"), group("b"), group("a")])
-            await handle.signal(LearnerWorkflow.add_groups, [group("c"), group("b")])
-            await handle.signal(LearnerWorkflow.add_groups, [group("d"), group("e")])
-            while len(trainer.steps) < 2:  # (a, b) and (c, d): e waits for a partner
-                await asyncio.sleep(0.05)
-            # a, once more, after the segment that trained it has gone: the ledger drops it
-            await handle.signal(LearnerWorkflow.add_groups, [group("a"), group("f")])
-            await handle.signal(LearnerWorkflow.finish)
-            final: LearnerInput = await handle.result()
+            id="learner-test",
+            task_queue=Queue.AGENT_TASKS.value,
+        )
+        await handle.signal(LearnerWorkflow.add_groups, [group("a"), group("b"), group("a")])
+        await handle.signal(LearnerWorkflow.add_groups, [group("c"), group("b")])
+        await handle.signal(LearnerWorkflow.add_groups, [group("d"), group("e")])
+        while len(trainer.steps) < 2:  # (a, b) and (c, d): e waits for a partner
+            await asyncio.sleep(0.05)
+        # a, once more, after the segment that trained it has gone: the ledger drops it
+        await handle.signal(LearnerWorkflow.add_groups, [group("a"), group("f")])
+        await handle.signal(LearnerWorkflow.finish)
+        final: LearnerInput = await handle.result()
 
     trained = trainer.trained()
     assert sorted(trained) == ["a", "b", "c", "d", "e", "f"]  # each once, duplicates ignored

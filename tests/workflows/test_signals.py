@@ -5,9 +5,9 @@ caller says the target is gone, and raised once the retries are spent."""
 from __future__ import annotations
 
 import asyncio
-import sys
+import contextlib
 import uuid
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import pytest
 from temporalio import workflow
@@ -16,9 +16,9 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from tests.fixtures.temporal import time_skipping_server
 from workflows.signals import RETRY_DELAYS_S, signal_run
 
-TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
 QUEUE = "signals-test"
 
 
@@ -45,6 +45,15 @@ class Receiver:
         return self._got
 
 
+@contextlib.asynccontextmanager
+async def senders_and_receivers() -> AsyncIterator[WorkflowEnvironment]:
+    async with (
+        time_skipping_server() as env,
+        Worker(env.client, task_queue=QUEUE, workflows=[Sender, Receiver]),
+    ):
+        yield env
+
+
 async def events(client: Client, workflow_id: str, kind: int) -> int:
     history = await client.get_workflow_handle(workflow_id).fetch_history()
     return sum(1 for e in history.events if e.event_type == kind)
@@ -52,12 +61,7 @@ async def events(client: Client, workflow_id: str, kind: int) -> int:
 
 @pytest.mark.asyncio
 async def test_a_signal_waits_for_its_target_to_appear() -> None:
-    async with (
-        await WorkflowEnvironment.start_time_skipping(
-            test_server_existing_path=str(TEST_SERVER)
-        ) as env,
-        Worker(env.client, task_queue=QUEUE, workflows=[Sender, Receiver]),
-    ):
+    async with senders_and_receivers() as env:
         target, sender = f"target-{uuid.uuid4()}", f"sender-{uuid.uuid4()}"
         with env.auto_time_skipping_disabled():
             handle = await env.client.start_workflow(
@@ -76,12 +80,7 @@ async def test_a_signal_waits_for_its_target_to_appear() -> None:
 
 @pytest.mark.asyncio
 async def test_a_signal_to_a_target_gone_for_good_gives_up_or_fails() -> None:
-    async with (
-        await WorkflowEnvironment.start_time_skipping(
-            test_server_existing_path=str(TEST_SERVER)
-        ) as env,
-        Worker(env.client, task_queue=QUEUE, workflows=[Sender, Receiver]),
-    ):
+    async with senders_and_receivers() as env:
         gone = await env.client.execute_workflow(
             Sender.run, args=["nobody", True], id=f"gone-{uuid.uuid4()}", task_queue=QUEUE
         )

@@ -6,14 +6,9 @@ learner that ended by itself before the run's `finish` landed is not a failure."
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
 from contracts.errors import ErrorType, fail
 from contracts.learner import (
@@ -29,11 +24,10 @@ from contracts.learner import (
 )
 from contracts.names import Activity, Queue
 from infra.storage import ObjectStore
-from tests.fixtures.temporal import register_search_attributes
+from tests.fixtures.temporal import time_skipping_server
 from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
 from workflows.training_run import TrainingRunWorkflow
 
-TEST_SERVER = Path(sys.executable).parent / "temporal-test-server"
 RUN = TrainingRunInput(
     run_id="ends",
     steps=40,
@@ -61,18 +55,17 @@ class DivergingTrainer(ScriptedTrainer):
 @pytest.mark.asyncio
 async def test_a_failed_learner_fails_the_run(store: ObjectStore) -> None:
     trainer = DivergingTrainer(at=15)  # after the run has continued as new
-    async with await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
-    ) as env:
-        await register_search_attributes(env.client)
-        async with control_plane(env.client, store, ScriptedSuite(train=10), trainer):
-            handle = await env.client.start_workflow(
-                TrainingRunWorkflow.run, RUN, id="train-fails", task_queue=Queue.AGENT_TASKS.value
-            )
-            with pytest.raises(WorkflowFailureError) as failed:
-                await handle.result()
-            first = (await handle.fetch_history()).events[0]
-            attributes = first.workflow_execution_started_event_attributes
+    async with (
+        time_skipping_server() as env,
+        control_plane(env.client, store, ScriptedSuite(train=10), trainer),
+    ):
+        handle = await env.client.start_workflow(
+            TrainingRunWorkflow.run, RUN, id="train-fails", task_queue=Queue.AGENT_TASKS.value
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+        first = (await handle.fetch_history()).events[0]
+        attributes = first.workflow_execution_started_event_attributes
     assert attributes.continued_execution_run_id, "the run failed before it continued as new"
     assert "LearnerFailed" in repr(failed.value.cause) and "loss is nan" in repr(failed.value.cause)
     assert max(trainer.steps) == 14
@@ -81,26 +74,25 @@ async def test_a_failed_learner_fails_the_run(store: ObjectStore) -> None:
 @pytest.mark.asyncio
 async def test_a_cancelled_run_cancels_its_learner(store: ObjectStore) -> None:
     trainer = ScriptedTrainer()
-    async with await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
-    ) as env:
-        await register_search_attributes(env.client)
-        async with control_plane(env.client, store, ScriptedSuite(train=10), trainer):
-            handle = await env.client.start_workflow(
-                TrainingRunWorkflow.run,
-                RUN.model_copy(update={"run_id": "ends-cancel"}),
-                id="train-cancel",
-                task_queue=Queue.AGENT_TASKS.value,
-            )
-            while len(trainer.steps) < 15:  # after the run has continued as new
-                await env.sleep(1)  # skips the stand-in tasks' timers (a plain sleep would not)
-            await handle.cancel()
-            with pytest.raises(WorkflowFailureError):
-                await handle.result()
-            learner = env.client.get_workflow_handle("train-cancel-learner")
-            with pytest.raises(WorkflowFailureError):
-                await learner.result()
-            status = (await learner.describe()).status
+    async with (
+        time_skipping_server() as env,
+        control_plane(env.client, store, ScriptedSuite(train=10), trainer),
+    ):
+        handle = await env.client.start_workflow(
+            TrainingRunWorkflow.run,
+            RUN.model_copy(update={"run_id": "ends-cancel"}),
+            id="train-cancel",
+            task_queue=Queue.AGENT_TASKS.value,
+        )
+        while len(trainer.steps) < 15:  # after the run has continued as new
+            await env.sleep(1)  # skips the stand-in tasks' timers (a plain sleep would not)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await handle.result()
+        learner = env.client.get_workflow_handle("train-cancel-learner")
+        with pytest.raises(WorkflowFailureError):
+            await learner.result()
+        status = (await learner.describe()).status
     assert status == WorkflowExecutionStatus.CANCELED
 
 
@@ -121,21 +113,20 @@ async def test_a_learner_that_ended_before_finish_is_not_a_failure(store: Object
         segment=3,
     )
     run = RUN.model_copy(update={"run_id": "ended", "steps": 2, "resume": resume})
-    async with await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=str(TEST_SERVER), data_converter=pydantic_data_converter
-    ) as env:
-        await register_search_attributes(env.client)
-        async with control_plane(env.client, store, suite, ScriptedTrainer()):
-            handle = await env.client.start_workflow(
-                TrainingRunWorkflow.run,
-                run,
-                id="train-ended",
-                task_queue=Queue.AGENT_TASKS.value,
-                start_signal="learner_done",
-                start_signal_args=[LearnerDone(final=final)],
-            )
-            result = await handle.result()
-            history = await handle.fetch_history()
+    async with (
+        time_skipping_server() as env,
+        control_plane(env.client, store, suite, ScriptedTrainer()),
+    ):
+        handle = await env.client.start_workflow(
+            TrainingRunWorkflow.run,
+            run,
+            id="train-ended",
+            task_queue=Queue.AGENT_TASKS.value,
+            start_signal="learner_done",
+            start_signal_args=[LearnerDone(final=final)],
+        )
+        result = await handle.result()
+        history = await handle.fetch_history()
     assert (result.steps, result.tasks_done) == (2, 4)
     failed = [
         e
