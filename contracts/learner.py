@@ -1,13 +1,22 @@
 """Contracts of the learner side: policy versions, trajectory groups, train steps, training runs,
 and the bounded state the learner and the training run carry through continue-as-new."""
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import Field
 
 from contracts.common import Contract, Identifier, ObjectRef
-from contracts.task import RewardConfig, SamplingParams, SandboxLimits, TaskSpec
+from contracts.rollout import AgentTaskResult
+from contracts.task import (
+    AgentTaskInput,
+    RewardConfig,
+    SamplingParams,
+    SandboxLimits,
+    TaskSpec,
+    eval_task_input,
+)
 
 
 class PolicyVersion(Contract):
@@ -218,6 +227,9 @@ class RunProgress(Contract):
         default=[], description="The last `PROGRESS_TAIL` learner steps, oldest first."
     )
     evals: list["EvalResult"] = Field(default=[], description="Held-out evaluations so far.")
+    stopping: str | None = Field(
+        default=None, description="Told to stop (`stop`): why. It starts no more tasks."
+    )
 
 
 class LoadTasksRequest(Contract):
@@ -242,6 +254,20 @@ class EvalResult(Contract):
         default=None, description="Share of tasks solved within `turns` turns (None: not run)."
     )
     turns: int = Field(default=1, ge=1, description="The turns each episode could take.")
+
+    @classmethod
+    def of(cls, version: int, results: Sequence[AgentTaskResult], turns: int) -> "EvalResult":
+        """The figures of one greedy episode (G = 1) per held-out task, up to `turns` turns."""
+        first_turn = sum(1 for r in results if r.solved[0] and r.turns == 1)
+        solved = sum(1 for r in results if r.solved[0])
+        count = len(results)
+        return cls(
+            policy_version=version,
+            pass_at_1=first_turn / count,
+            solve_rate=solved / count,
+            tasks=count,
+            turns=turns,
+        )
 
 
 class TrainingRunInput(Contract):
@@ -278,6 +304,20 @@ class TrainingRunInput(Contract):
         default=None, description="Set by the run itself when it continues as new."
     )
 
+    def eval_input(self, task: TaskSpec, eval_run: str, version: int) -> AgentTaskInput:
+        """The held-out rollout of `task` by policy `version`, with this run's settings."""
+        return eval_task_input(
+            task,
+            run_id=eval_run,
+            policy_run=self.run_id,
+            policy_version=version,
+            sampling=self.eval_sampling,
+            limits=self.limits,
+            max_turns=self.max_turns,
+            max_context_tokens=self.max_context_tokens,
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
+        )
+
 
 class RunResume(Contract):
     """Where a `TrainingRunWorkflow` continues after continue-as-new: constant in size (the
@@ -291,6 +331,9 @@ class RunResume(Contract):
     evals: list[EvalResult] = Field(description="The first and the last `EVAL_TAIL` evals.")
     deadline: datetime | None = Field(description="When the time budget ends (None: never).")
     segment: int = Field(ge=1, description="Runs of this workflow before this one.")
+    stopped: str | None = Field(
+        default=None, description="Why the run was told to stop starting tasks (`stop`)."
+    )
 
 
 class TrainingRunResult(Contract):
@@ -302,6 +345,9 @@ class TrainingRunResult(Contract):
         description="The last `HISTORY_TAIL` steps (every step: the acks in the store)."
     )
     evals: list[EvalResult]
+    stopped: str | None = Field(
+        default=None, description="Why the run ended before its steps: the `stop` signal's reason."
+    )
 
 
 PrepareRunRequest.model_rebuild()

@@ -1,4 +1,5 @@
-"""The names every part of Tempered shares: task queues, workflows, activities, search attributes.
+"""The names every part of Tempered shares: task queues, workflows, activities, signals, search
+attributes.
 
 Workflows call activities by these names, so a workflow module never imports an activity module.
 """
@@ -37,6 +38,24 @@ class Activity(StrEnum):
     ENV_STEP = "env_step"
     VERIFY_EPISODES = "verify_episodes"
     CLOSE_SESSIONS = "close_sessions"
+
+
+class Signal(StrEnum):
+    """Workflow signals, by the workflow that handles them."""
+
+    ABORT = "abort"
+    """AgentTaskWorkflow: stop after the current step (circuit breaker, operator)."""
+    ADD_GROUPS = "add_groups"
+    """LearnerWorkflow: finished groups to train on (from the run)."""
+    FINISH = "finish"
+    """LearnerWorkflow: train on what is queued, then end (from the run)."""
+    LEARNER_PROGRESS = "learner_progress"
+    """TrainingRunWorkflow: a learner step done (from the learner)."""
+    LEARNER_DONE = "learner_done"
+    """TrainingRunWorkflow: the learner ended, with its final state or error."""
+    STOP = "stop"
+    """TrainingRunWorkflow: start no more tasks; finish those in flight, the learner's last
+    step and the final evaluation (`tempered runs stop`)."""
 
 
 ACTIVITY_QUEUE: dict[Activity, Queue] = {

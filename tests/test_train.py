@@ -1,16 +1,20 @@
 """`tempered train --preset tiny --steps 3` through the real stack: the learner publishes three
 versions, inference picks each one up (the tiny preset is synchronous, max_staleness 0, so the
-groups of step b are sampled from version b), and every trajectory is trained on exactly once."""
+groups of step b are sampled from version b), and every trajectory is trained on exactly once.
+A run also outlives its command: Ctrl-C detaches, `tempered train --attach` follows it again
+and `tempered stop` ends it early, as a finished run ends."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 
 from contracts.names import Queue
 from infra import keys
 from infra.policy import latest_policy
 from tests.accounting import account, stored_trajectories
-from tests.fixtures.stack import Stack
+from tests.fixtures.stack import BIN, RUNNING, Stack
 
 
 def test_tiny_preset_trains_three_steps_end_to_end(stack: Stack) -> None:
@@ -41,3 +45,45 @@ def test_tiny_preset_trains_three_steps_end_to_end(stack: Stack) -> None:
     ledger = account(store, "tiny3", tasks=6, group_size=4)
     ledger.assert_exactly_once()
     assert store.exists(keys.learner_ack_key("tiny3", 2))
+
+
+def test_a_run_outlives_its_command_and_stops_when_told(stack: Stack) -> None:
+    for queue in Queue:
+        stack.start_worker(queue)
+
+    def tempered(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [str(BIN / "tempered"), *args],
+            env={**stack.env, "PYTHONUNBUFFERED": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    train = tempered("train", "--preset", "tiny", "--steps", "50", "--run-id", "long", "--no-workers")  # fmt: skip
+    stack.wait_for("a finished task", stack.progress_reached("train-long", tasks_done=1), 300)
+    train.send_signal(signal.SIGINT)  # Ctrl-C
+    _, err = train.communicate(timeout=60)
+    assert train.returncode == 130, err[-3000:]
+    assert "tempered train --attach long" in err and "tempered stop long" in err
+    assert stack.status("train-long") == RUNNING, "Ctrl-C ended the run, not only the command"
+
+    attached = tempered("train", "--attach", "long", "--no-workers")
+    assert attached.stdout is not None
+    lines = [attached.stdout.readline() for _ in range(4)]  # the stack's lines, then ours
+    assert any("attached to TrainingRunWorkflow train-long" in line for line in lines), lines
+    missing = stack.tempered("stop", "no-such-run")
+    assert missing.returncode == 2 and "no training run 'no-such-run'" in missing.stderr
+    stopped = stack.tempered("stop", "long", "--reason", "enough for a test")
+    assert stopped.returncode == 0, stopped.stderr
+    out, err = attached.communicate(timeout=600)
+    assert attached.returncode == 0, err[-3000:] + stack.worker_logs()
+    assert "stopped: enough for a test" in out
+
+    report = json.loads((stack.home / "reports" / "long" / "report.json").read_text())
+    steps = len(report["steps"])
+    assert report["stopped"] == "enough for a test" and 0 < steps < 50
+    assert report["tasks_started"] == report["tasks_done"] < 50 * 2
+    assert report["evals"][-1]["policy_version"] == steps, "no final evaluation"
+    again = stack.tempered("train", "--attach", "long", "--no-workers")
+    assert again.returncode == 2 and "is not running (completed)" in again.stderr

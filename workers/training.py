@@ -6,6 +6,8 @@ bench/vs_trl.py share (none of them reaches into another's module for it).
     async for progress in watch(handle, result):       # RunProgress, or None before it answers
         ...
     runs = await running_runs(client)                  # every running training run, with progress
+    handle, run_input, since = await attach(client, run_id)   # a running run, to follow again
+    said = await stop_run(client, run_id, reason="enough", cancel=False)   # `tempered stop`
 
 Progress is the workflow's `progress` query, read as the typed `contracts.learner.RunProgress`.
 Starting the stack and the workers is not done here (see `workers.background`, `infra.stack`).
@@ -15,21 +17,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
 from temporalio.client import (
     Client,
     WorkflowExecution,
+    WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.learner import RunProgress, TrainingRunInput, TrainingRunResult
-from contracts.names import Queue, SearchAttr, Workflow
+from contracts.names import Queue, SearchAttr, Signal, Workflow
 from workflows.budget import TASK_TIMEOUT
 from workflows.search import KEYS
 from workflows.training_run import TrainingRunWorkflow
@@ -105,3 +108,46 @@ async def running_runs(client: Client) -> list[RunningRun]:
         )
 
     return list(await asyncio.gather(*(describe(e) for e in executions)))
+
+
+async def running_handle(client: Client, run_id: str) -> RunHandle:
+    """The handle of training run `run_id` (its current segment); a ValueError naming the run
+    when there is none or it is no longer running."""
+    handle: RunHandle = client.get_workflow_handle_for(TrainingRunWorkflow.run, workflow_id(run_id))
+    try:
+        status = (await handle.describe()).status
+    except RPCError as err:
+        if err.status is RPCStatusCode.NOT_FOUND:
+            raise ValueError(f"no training run {run_id!r} (workflow {handle.id})") from None
+        raise
+    if status is not WorkflowExecutionStatus.RUNNING:
+        state = status.name.lower().replace("_", " ") if status else "unknown"
+        raise ValueError(f"training run {run_id!r} is not running ({state})")
+    return handle
+
+
+async def attach(client: Client, run_id: str) -> tuple[RunHandle, TrainingRunInput, datetime]:
+    """A running run to follow again: its handle, its input (from its current segment's first
+    event) and when its first segment started."""
+    handle = await running_handle(client, run_id)
+    first = await anext(aiter(handle.fetch_history_events(page_size=1)))
+    payloads = first.workflow_execution_started_event_attributes.input.payloads
+    [run_input] = await client.data_converter.decode(payloads, [TrainingRunInput])
+    query = f'WorkflowId = "{handle.id}"'
+    started = [execution.start_time async for execution in client.list_workflows(query)]
+    return handle, run_input, min(started)
+
+
+async def stop_run(client: Client, run_id: str, *, reason: str, cancel: bool) -> str:
+    """Tell run `run_id` to stop starting tasks (its tasks in flight, its learner's last step and
+    the final evaluation still run), or with `cancel` cancel it and its learner now; one line
+    saying what was done."""
+    handle = await running_handle(client, run_id)
+    if cancel:
+        await handle.cancel()
+        return f"cancelled run {run_id}: its tasks in flight and its learner are cancelled too"
+    await handle.signal(Signal.STOP, reason)
+    return (
+        f"told run {run_id} to stop: no new tasks; the ones in flight, the learner's last step "
+        f"and the final evaluation still run (follow: tempered train --attach {run_id})"
+    )

@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.common import describe_validation_error
     from contracts.episode import EnvStepOutcome, EpisodeEnd
     from contracts.errors import ErrorType, fail
-    from contracts.names import Activity, SearchAttr
+    from contracts.names import Activity, SearchAttr, Signal
     from contracts.rollout import (
         AgentTaskResult,
         EpisodeState,
@@ -149,7 +149,7 @@ class AgentTaskWorkflow:
             aborted_reason=self._aborted_reason,
         )
 
-    @workflow.signal(name="abort")
+    @workflow.signal(name=Signal.ABORT)
     def abort(self, reason: str) -> None:
         """Stop after the current step (the circuit breaker, or an operator)."""
         self._aborted_reason = self._aborted_reason or (reason or "aborted by signal")

@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
         TrainStepResponse,
         TrajectoryGroup,
     )
-    from contracts.names import Activity, SearchAttr
+    from contracts.names import Activity, SearchAttr, Signal
     from workflows.activity_options import activity_options
     from workflows.budget import TASK_TIMEOUT, spent
     from workflows.search import search_attribute_updates
@@ -85,7 +85,7 @@ class LearnerWorkflow:
             await self._tell_parent(LearnerDone(final=self._state))
         return self._state
 
-    @workflow.signal(name="add_groups")
+    @workflow.signal(name=Signal.ADD_GROUPS)
     def add_groups(self, groups: list[TrajectoryGroup]) -> None:
         self._signals += 1
         for group in groups:
@@ -93,7 +93,7 @@ class LearnerWorkflow:
                 self._seen.add(group.task_id)
                 self._state.pending.append(group)
 
-    @workflow.signal(name="finish")
+    @workflow.signal(name=Signal.FINISH)
     def finish(self) -> None:
         """Train on what is queued (a last partial batch included), then end."""
         self._finish = True
@@ -232,11 +232,11 @@ class LearnerWorkflow:
             dropped_stale=response.dropped_stale,
             staleness=state.step - 1 - min(g.policy_version for g in batch),
         )
-        await signal_run(state.parent_workflow_id, "learner_progress", [progress])
+        await signal_run(state.parent_workflow_id, Signal.LEARNER_PROGRESS, [progress])
 
     async def _tell_parent(self, done: LearnerDone) -> None:
         if self._state.parent_workflow_id is not None:
-            await signal_run(self._state.parent_workflow_id, "learner_done", [done])
+            await signal_run(self._state.parent_workflow_id, Signal.LEARNER_DONE, [done])
 
 
 def _reason(error: BaseException | None) -> str:

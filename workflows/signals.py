@@ -21,6 +21,9 @@ from typing import Any
 from temporalio import workflow
 from temporalio.exceptions import FailureError
 
+with workflow.unsafe.imports_passed_through():
+    from contracts.names import Signal
+
 SIGNAL_RETRY_PATCH = "tempered-signal-retry"
 RETRY_DELAYS_S = (1, 2, 4, 8, 16)
 """Waits before each retry of a signal that found no run (31 s in all)."""
@@ -32,7 +35,7 @@ def _never() -> bool:
 
 async def signal_run(
     workflow_id: str,
-    signal: str,
+    signal: Signal,
     args: Sequence[Any] = (),
     *,
     gone: Callable[[], bool] = _never,

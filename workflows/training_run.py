@@ -51,9 +51,9 @@ with workflow.unsafe.imports_passed_through():
         TrainingRunResult,
         TrajectoryGroup,
     )
-    from contracts.names import Activity, Queue, SearchAttr
+    from contracts.names import Activity, Queue, SearchAttr, Signal
     from contracts.rollout import AgentTaskResult
-    from contracts.task import AgentTaskInput, TaskSpec, eval_task_input
+    from contracts.task import AgentTaskInput, TaskSpec
     from workflows.activity_options import activity_options
     from workflows.agent_task import AgentTaskWorkflow
     from workflows.budget import TASK_TIMEOUT, spent
@@ -89,6 +89,7 @@ class TrainingRunWorkflow:
         self._started = resume.started if resume else 0
         self._done = resume.done if resume else 0
         self._learner_done: LearnerDone | None = None
+        self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
         self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
 
     @workflow.run
@@ -122,6 +123,7 @@ class TrainingRunWorkflow:
             tasks_done=self._done,
             history=final.history,
             evals=sorted(self._evals, key=lambda e: e.policy_version),
+            stopped=self._stopped,
         )
 
     async def _begin(
@@ -167,7 +169,7 @@ class TrainingRunWorkflow:
         )
         return tasks, learner
 
-    @workflow.signal(name="learner_progress")
+    @workflow.signal(name=Signal.LEARNER_PROGRESS)
     def learner_progress(self, progress: LearnerProgress) -> None:
         self._progress.append(progress)
         del self._progress[:-PROGRESS_TAIL]
@@ -175,9 +177,14 @@ class TrainingRunWorkflow:
         if every and progress.step % every == 0 and progress.step < self._input.steps:
             self._start_eval(progress.policy_version)
 
-    @workflow.signal(name="learner_done")
+    @workflow.signal(name=Signal.LEARNER_DONE)
     def learner_done(self, done: LearnerDone) -> None:
         self._learner_done = done
+
+    @workflow.signal(name=Signal.STOP)
+    def stop(self, reason: str) -> None:
+        """Start no more tasks (`tempered runs stop`); the rest of the run ends as usual."""
+        self._stopped = self._stopped or reason or "stopped by signal"
 
     @workflow.query(name="progress")
     def progress(self) -> RunProgress:
@@ -187,6 +194,7 @@ class TrainingRunWorkflow:
             in_flight=self._in_flight,
             learner=self._progress,
             evals=self._evals,
+            stopping=self._stopped,
         )
 
     def _learner_id(self) -> str:
@@ -204,7 +212,7 @@ class TrainingRunWorkflow:
             # bounded staleness: the group for learner step b is sampled from a version ≥ b − lag
             await workflow.wait_condition(partial(self._may_start, index // per_step - lag))
             self._raise_if_learner_failed()
-            if deadline is not None and workflow.now() >= deadline:
+            if self._stopped is not None or (deadline is not None and workflow.now() >= deadline):
                 break
             if self._history_full():
                 await self._continue_as_new(tasks, deadline)
@@ -219,10 +227,10 @@ class TrainingRunWorkflow:
 
     def _may_start(self, min_learner_steps: int) -> bool:
         """A slot is free and the learner is far enough along for the next group (or the
-        learner failed: the run fails too)."""
+        learner failed: the run fails too; or the run was told to stop)."""
         in_flight_ok = self._in_flight < self._input.concurrency
         ready = in_flight_ok and self._learner_steps >= min_learner_steps
-        return ready or self._learner_failed()
+        return ready or self._learner_error is not None or self._stopped is not None
 
     def _history_full(self, *, ending: bool = False) -> bool:
         """Whether the history, with what the children in flight and the evaluations still to
@@ -272,6 +280,7 @@ class TrainingRunWorkflow:
             evals=first_eval + self._evals[1:][-EVAL_TAIL:],
             deadline=deadline,
             segment=(self._input.resume.segment if self._input.resume else 0) + 1,
+            stopped=self._stopped,
         )
         workflow.continue_as_new(
             self._input.model_copy(update={"resume": resume}),
@@ -292,17 +301,18 @@ class TrainingRunWorkflow:
     async def _finish_learner(self) -> None:
         """Tell the learner to train on what is queued and end. Having taken every step it ends
         by itself, maybe before this lands; its `learner_done` (sent first) is then here."""
-        await signal_run(self._learner_id(), "finish", gone=self._learner_ended)
+        await signal_run(self._learner_id(), Signal.FINISH, gone=self._learner_ended)
 
     def _learner_ended(self) -> bool:
         return self._learner_done is not None
 
-    def _learner_failed(self) -> bool:
-        return self._learner_done is not None and self._learner_done.error is not None
+    @property
+    def _learner_error(self) -> str | None:
+        return self._learner_done.error if self._learner_done is not None else None
 
     def _raise_if_learner_failed(self) -> None:
-        if self._learner_done is not None and self._learner_done.error is not None:
-            raise fail(ErrorType.LEARNER_FAILED, f"the learner failed: {self._learner_done.error}")
+        if self._learner_error is not None:
+            raise fail(ErrorType.LEARNER_FAILED, f"the learner failed: {self._learner_error}")
 
     async def _learner_final(self) -> LearnerInput:
         """The learner's last state, told by `learner_done` (it is no child of this run)."""
@@ -340,7 +350,7 @@ class TrainingRunWorkflow:
             rewards=result.rewards,
             policy_version=min(result.policy_versions),
         )
-        await signal_run(self._learner_id(), "add_groups", [[group]], gone=self._learner_ended)
+        await signal_run(self._learner_id(), Signal.ADD_GROUPS, [[group]], gone=self._learner_ended)
 
     def _start_eval(self, version: int) -> None:
         self._eval_jobs.append(asyncio.create_task(self._evaluate(version)))
@@ -357,17 +367,7 @@ class TrainingRunWorkflow:
             results = await asyncio.gather(
                 *(
                     self._agent_task(
-                        eval_task_input(
-                            task,
-                            run_id=eval_run,
-                            policy_run=run_input.run_id,
-                            policy_version=version,
-                            sampling=run_input.eval_sampling,
-                            limits=run_input.limits,
-                            max_turns=run_input.max_turns,
-                            max_context_tokens=run_input.max_context_tokens,
-                            heartbeat_timeout_s=run_input.heartbeat_timeout_s,
-                        ),
+                        run_input.eval_input(task, eval_run, version),
                         workflow_id=f"{eval_run}-{task.id}",
                     )
                     for task in self._heldout
@@ -375,17 +375,7 @@ class TrainingRunWorkflow:
             )
         finally:
             self._evaluating -= len(self._heldout)
-        first_turn = sum(1 for r in results if r.solved[0] and r.turns == 1)  # G = 1
-        solved = sum(1 for r in results if r.solved[0])
-        self._evals.append(
-            EvalResult(
-                policy_version=version,
-                pass_at_1=first_turn / len(results),
-                solve_rate=solved / len(results),
-                tasks=len(results),
-                turns=run_input.max_turns,
-            )
-        )
+        self._evals.append(EvalResult.of(version, results, run_input.max_turns))
 
     async def _agent_task(self, task_input: AgentTaskInput, workflow_id: str) -> AgentTaskResult:
         return await workflow.execute_child_workflow(

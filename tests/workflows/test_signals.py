@@ -16,6 +16,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from contracts.names import Signal
 from tests.fixtures.temporal import time_skipping_server
 from workflows.signals import RETRY_DELAYS_S, signal_run
 
@@ -26,7 +27,7 @@ QUEUE = "signals-test"
 class Sender:
     @workflow.run
     async def run(self, target: str, gone: bool) -> bool:
-        return await signal_run(target, "ping", ["hello"], gone=lambda: gone)
+        return await signal_run(target, Signal.ABORT, ["hello"], gone=lambda: gone)
 
 
 @workflow.defn(sandboxed=False)
@@ -34,8 +35,8 @@ class Receiver:
     def __init__(self) -> None:
         self._got: str | None = None
 
-    @workflow.signal
-    def ping(self, value: str) -> None:
+    @workflow.signal(name=Signal.ABORT)
+    def abort(self, value: str) -> None:
         self._got = value
 
     @workflow.run

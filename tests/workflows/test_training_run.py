@@ -1,14 +1,15 @@
 """TrainingRunWorkflow's ends besides success, on the time-skipping test server with scripted
 tasks, suite and train step (tests/workflows/control_plane.py): a failed learner fails the run
 (told by `learner_done`, also after the run continued as new), and a cancelled run cancels the
-learner it started (which outlives the run's continues-as-new by design, not the run), and a
-learner that ended by itself before the run's `finish` landed is not a failure."""
+learner it started (which outlives the run's continues-as-new by design, not the run), a
+learner that ended by itself before the run's `finish` landed is not a failure, and a run told
+to `stop` starts no more tasks but ends as a finished run does (also across continue-as-new)."""
 
 from __future__ import annotations
 
 import pytest
 from temporalio import activity
-from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHistory
 
 from contracts.errors import ErrorType, fail
 from contracts.learner import (
@@ -19,10 +20,11 @@ from contracts.learner import (
     LoadTasksResponse,
     RunResume,
     TrainingRunInput,
+    TrainingRunResult,
     TrainStepRequest,
     TrainStepResponse,
 )
-from contracts.names import Activity, Queue
+from contracts.names import Activity, Queue, Signal
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import time_skipping_server
 from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
@@ -96,23 +98,24 @@ async def test_a_cancelled_run_cancels_its_learner(store: ObjectStore) -> None:
     assert status == WorkflowExecutionStatus.CANCELED
 
 
-@pytest.mark.asyncio
-async def test_a_learner_that_ended_before_finish_is_not_a_failure(store: ObjectStore) -> None:
-    """Having taken every step, the learner ends by itself, and may be gone before the run's
-    `finish` lands (seen at 20,000 tasks). Made certain here: the run's last segment starts
-    with every task done and its learner's `learner_done` already in, and no learner exists."""
+async def last_segment(
+    store: ObjectStore, run_id: str, *, started: int, learner_step: int, stopped: str | None = None
+) -> tuple[TrainingRunResult, WorkflowHistory]:
+    """A run's segment of a 2-step run over 4 tasks that starts with `started` of them done and
+    its learner's `learner_done` already in (at `learner_step`), and no learner exists."""
     suite = ScriptedSuite(train=4)
-    final = LearnerInput(run_id="ended", max_steps=2, step=2)
     resume = RunResume(
         tasks=LoadTasksResponse(train=suite.train, heldout=[]),
-        started=4,
-        done=4,
+        started=started,
+        done=started,
         progress=[],
         evals=[],
         deadline=None,
         segment=3,
+        stopped=stopped,
     )
-    run = RUN.model_copy(update={"run_id": "ended", "steps": 2, "resume": resume})
+    run = RUN.model_copy(update={"run_id": run_id, "steps": 2, "resume": resume})
+    final = LearnerInput(run_id=run_id, max_steps=2, step=learner_step)
     async with (
         time_skipping_server() as env,
         control_plane(env.client, store, suite, ScriptedTrainer()),
@@ -120,13 +123,20 @@ async def test_a_learner_that_ended_before_finish_is_not_a_failure(store: Object
         handle = await env.client.start_workflow(
             TrainingRunWorkflow.run,
             run,
-            id="train-ended",
+            id=f"train-{run_id}",
             task_queue=Queue.AGENT_TASKS.value,
-            start_signal="learner_done",
+            start_signal=Signal.LEARNER_DONE,
             start_signal_args=[LearnerDone(final=final)],
         )
-        result = await handle.result()
-        history = await handle.fetch_history()
+        return await handle.result(), await handle.fetch_history()
+
+
+@pytest.mark.asyncio
+async def test_a_learner_that_ended_before_finish_is_not_a_failure(store: ObjectStore) -> None:
+    """Having taken every step, the learner ends by itself, and may be gone before the run's
+    `finish` lands (seen at 20,000 tasks). Made certain here: the run's last segment starts
+    with every task done and its learner's `learner_done` already in, and no learner exists."""
+    result, history = await last_segment(store, "ended", started=4, learner_step=2)
     assert (result.steps, result.tasks_done) == (2, 4)
     failed = [
         e
@@ -134,3 +144,40 @@ async def test_a_learner_that_ended_before_finish_is_not_a_failure(store: Object
         if e.HasField("signal_external_workflow_execution_failed_event_attributes")
     ]
     assert len(failed) == 1, "the run's finish was expected to find no learner"
+
+
+@pytest.mark.asyncio
+async def test_a_stopped_run_starts_no_more_tasks_and_ends_as_usual(store: ObjectStore) -> None:
+    """`stop` (what `tempered runs stop` sends), after the run has continued as new: the tasks
+    in flight finish and are trained on, the learner takes its last step and ends, the final
+    evaluation runs, and the result says why it ended early."""
+    trainer = ScriptedTrainer()
+    run = RUN.model_copy(update={"run_id": "ends-stop"})
+    async with (
+        time_skipping_server() as env,
+        control_plane(env.client, store, ScriptedSuite(train=10, heldout=2), trainer),
+    ):
+        handle = await env.client.start_workflow(
+            TrainingRunWorkflow.run, run, id="train-stop", task_queue=Queue.AGENT_TASKS.value
+        )
+        while len(trainer.steps) < 12:  # after the run has continued as new
+            await env.sleep(1)
+        await handle.signal(TrainingRunWorkflow.stop, "enough for today")
+        result = await handle.result()
+        progress = await handle.query(TrainingRunWorkflow.progress)
+        learner = await env.client.get_workflow_handle("train-stop-learner").describe()
+    trained = [task for groups in trainer.steps.values() for task in groups]
+    assert result.stopped == "enough for today" and progress.stopping == "enough for today"
+    assert 12 <= result.steps < run.steps, "the stop did not end the run early"
+    assert result.tasks_started < run.steps * run.grpo.groups_per_step
+    assert result.tasks_done == result.tasks_started == len(trained) == len(set(trained))
+    assert learner.status == WorkflowExecutionStatus.COMPLETED
+    assert [e.policy_version for e in result.evals] == [0, result.steps]
+
+
+@pytest.mark.asyncio
+async def test_a_stop_is_carried_through_continue_as_new(store: ObjectStore) -> None:
+    """A segment that continues a stopped run (the stop landed while it drained) starts
+    nothing: its learner is told to finish with what it has."""
+    result, _ = await last_segment(store, "carried", started=2, learner_step=1, stopped="told")
+    assert (result.tasks_started, result.steps, result.stopped) == (2, 1, "told")

@@ -5,6 +5,8 @@
     tempered worker QUEUE|all              run a task queue's worker in the foreground
     tempered train [--preset tiny] ...     a training run, with progress and a report
     tempered train ... --dry-run           the plan: run input, stack, workers; starts nothing
+    tempered train --attach RUN            follow a running run again (Ctrl-C only detaches)
+    tempered stop RUN [--cancel]           no new tasks, then the usual ending (or cancel now)
     tempered eval --policy V --suite S     held-out pass@1 of a policy version
     tempered sandbox run PROGRAM.py        run one program as the sandbox activity would
     tempered tasks ls | validate SUITE     list a suite; canonical solutions pass, wrong ones fail

@@ -66,7 +66,8 @@ def view(
         "elapsed": f"{elapsed:.0f} s",
         "step": f"{step}/{run_input.steps}, policy v{version}",
         "tasks": f"{progress.tasks_done} done, {progress.in_flight} in flight, "
-        f"{progress.tasks_started} started",
+        f"{progress.tasks_started} started"
+        + (f"; stopping ({progress.stopping}): no new ones" if progress.stopping else ""),
         "reward": reward_text(last),
         "staleness": str(last.staleness) if last else "-",
         "pass@1": evals or "-",
@@ -111,8 +112,9 @@ def eval_label(evals: list[EvalResult]) -> str:
 
 def summary(result: TrainingRunResult, elapsed: float) -> str:
     evals = ", ".join(eval_text(e) for e in result.evals)
+    stopped = f" (stopped: {result.stopped})" if result.stopped else ""
     return (
-        f"run {result.run_id} finished in {elapsed:.0f}s: {result.steps} steps, "
+        f"run {result.run_id} finished in {elapsed:.0f}s{stopped}: {result.steps} steps, "
         f"{result.tasks_done}/{result.tasks_started} tasks; {eval_label(result.evals)}: "
         f"{evals or 'n/a'}"
     )

@@ -46,6 +46,7 @@ def write_report(
         "solve_rate_after": evals[-1].solve_rate if evals else None,
         "tasks_started": result.tasks_started,
         "tasks_done": result.tasks_done,
+        "stopped": result.stopped,
     }
     report["profile"] = write_profile(settings, result.run_id, wall_s, out)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")

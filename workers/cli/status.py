@@ -221,7 +221,7 @@ def _runs_table(runs: list[RunningRun]) -> Table:
             continue
         last = last_step(progress)
         table.add_row(
-            run.run_id,
+            run.run_id + (" (stopping)" if progress.stopping else ""),
             str(last.step) if last else "0",
             f"{progress.tasks_done}/{progress.tasks_started}",
             str(progress.in_flight),

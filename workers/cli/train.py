@@ -8,7 +8,16 @@
 running, starts a `TrainingRunWorkflow` (`workers.training`), shows its progress, and writes
 `report.json` and `reward_curve.png` under `<home>/reports/<run>/`. Presets are
 `infra.presets`; `tempered eval` measures a policy on its own (`workers/cli/evaluate.py`).
-Exit status: 0 done, 1 the run failed, 2 a bad preset or override (nothing started).
+
+The run is a durable workflow and does not depend on this command: Ctrl-C detaches (the run
+goes on in the background workers), and
+
+    tempered train --attach RUN                 # follows it again and writes its report
+    tempered stop RUN [--reason TEXT]           # no new tasks; it ends as a finished run does
+    tempered stop RUN --cancel                  # cancel it now, learner included; no report
+
+Exit status: 0 done, 1 the run failed, 2 a bad preset, override or run (nothing started),
+130 detached.
 """
 
 from __future__ import annotations
@@ -18,7 +27,10 @@ import asyncio
 import json
 import sys
 import time
+from datetime import UTC, datetime
 from typing import Any
+
+from temporalio.client import Client
 
 from contracts.learner import TrainingRunInput, TrainingRunResult
 from contracts.names import Queue, Workflow
@@ -29,7 +41,7 @@ from workers.background import ensure_workers
 from workers.cli.progress import follow
 from workers.cli.report import report_dir, write_report
 from workers.runtime import connect
-from workers.training import start_run, workflow_id
+from workers.training import RunHandle, attach, start_run, stop_run, workflow_id
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,10 +61,20 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     train.add_argument(
         "--dry-run", action="store_true", help="print the plan as JSON and start nothing"
     )
+    train.add_argument("--attach", metavar="RUN", help="follow a running run, write its report")
     train.set_defaults(func=train_cmd)
+    stop = commands.add_parser("stop", help="stop a running training run")
+    stop.add_argument("run")
+    stop.add_argument("--reason", default="stopped from the command line", help="recorded")
+    stop.add_argument(
+        "--cancel", action="store_true", help="cancel now, learner included (no final eval)"
+    )
+    stop.set_defaults(func=stop_cmd)
 
 
 def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
+    if args.attach:
+        return _attach_cmd(args, settings)
     try:
         run_input = load_preset(
             args.preset,
@@ -69,14 +91,39 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
     if args.dry_run:
         print(json.dumps(plan(settings, run_input, workers=not args.no_workers), indent=2))
         return 0
-    for line in stack.up(settings):
-        print(line)
-    if not args.no_workers:
-        for line in ensure_workers(settings):
-            print(line)
+    _bring_up(settings, workers=not args.no_workers)
     started = time.monotonic()
     result = asyncio.run(_train(settings, run_input))
-    out = write_report(settings, run_input, result, time.monotonic() - started)
+    return _report(settings, run_input, result, time.monotonic() - started)
+
+
+def _attach_cmd(args: argparse.Namespace, settings: Settings) -> int:
+    _bring_up(settings, workers=not args.no_workers)
+    try:
+        run_input, result, wall_s = asyncio.run(_attach(settings, args.attach))
+    except ValueError as exc:  # no such run, or it has ended
+        print(f"tempered train: {exc}", file=sys.stderr)
+        return 2
+    return _report(settings, run_input, result, wall_s)
+
+
+def stop_cmd(args: argparse.Namespace, settings: Settings) -> int:
+    async def stop() -> str:
+        client = await connect(settings)
+        return await stop_run(client, args.run, reason=args.reason, cancel=args.cancel)
+
+    try:
+        print(asyncio.run(stop()))
+    except ValueError as exc:
+        print(f"tempered stop: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _report(
+    settings: Settings, run_input: TrainingRunInput, result: TrainingRunResult, wall_s: float
+) -> int:
+    out = write_report(settings, run_input, result, wall_s)
     ui = f"http://127.0.0.1:{settings.temporal.ui_port}/namespaces/{settings.temporal.namespace}"
     print(f"report: {out / 'report.json'}  curve: {out / 'reward_curve.png'}")
     print(f"Temporal UI: {ui}/workflows?query=TemperedRunId%3D%22{run_input.run_id}%22")
@@ -108,8 +155,44 @@ def plan(settings: Settings, run_input: TrainingRunInput, workers: bool) -> dict
     }
 
 
+def _bring_up(settings: Settings, workers: bool) -> None:
+    """The stack and the background workers, where not running (a rebooted machine's stack
+    restarts from its files, and the runs it held go on)."""
+    for line in stack.up(settings):
+        print(line)
+    for line in ensure_workers(settings) if workers else []:
+        print(line)
+
+
 async def _train(settings: Settings, run_input: TrainingRunInput) -> TrainingRunResult:
     client = await connect(settings)
     handle = await start_run(client, run_input)
     print(f"started {Workflow.TRAINING_RUN.value} {handle.id}")
-    return await follow(client, handle, run_input, settings)
+    return await _follow(client, handle, run_input, settings)
+
+
+async def _attach(
+    settings: Settings, run_id: str
+) -> tuple[TrainingRunInput, TrainingRunResult, float]:
+    """Follow running run `run_id` to its end: its input, result and wall time so far."""
+    client = await connect(settings)
+    handle, run_input, since = await attach(client, run_id)
+    print(f"attached to {Workflow.TRAINING_RUN.value} {handle.id} (started {since:%H:%M:%S} UTC)")
+    result = await _follow(client, handle, run_input, settings)
+    return run_input, result, (datetime.now(UTC) - since).total_seconds()
+
+
+async def _follow(
+    client: Client, handle: RunHandle, run_input: TrainingRunInput, settings: Settings
+) -> TrainingRunResult:
+    try:
+        return await follow(client, handle, run_input, settings)
+    except asyncio.CancelledError:  # Ctrl-C: the run is durable and goes on without us
+        run = run_input.run_id
+        print(
+            f"detached; run {run} goes on in the background workers.\n"
+            f"  follow it again: tempered train --attach {run}\n"
+            f"  stop it:         tempered stop {run} [--cancel]",
+            file=sys.stderr,
+        )
+        raise
