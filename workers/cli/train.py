@@ -97,7 +97,17 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
     return _report(settings, run_input, result, time.monotonic() - started)
 
 
+RUN_OPTIONS = ("steps", "base_model", "suite", "run_id", "time_budget", "seed", "dry_run")
+"""What shapes a new run: `--attach` follows a run as it was started and takes none of them."""
+
+
 def _attach_cmd(args: argparse.Namespace, settings: Settings) -> int:
+    given = [f"--{name.replace('_', '-')}" for name in RUN_OPTIONS if getattr(args, name)]
+    given += ["--preset"] if args.preset != DEFAULT else []
+    if given:
+        problem = f"--attach takes no run options (got {', '.join(given)})"
+        print(f"tempered train: {problem}", file=sys.stderr)
+        return 2
     _bring_up(settings, workers=not args.no_workers)
     try:
         run_input, result, wall_s = asyncio.run(_attach(settings, args.attach))

@@ -1,4 +1,5 @@
-"""`tempered train --dry-run` prints the plan and starts nothing; `tempered --help` stays light."""
+"""`tempered train --dry-run` prints the plan and starts nothing, as bad options do; `tempered
+--help` stays light."""
 
 from __future__ import annotations
 
@@ -78,3 +79,13 @@ def test_help_parses_without_importing_torch() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_attach_takes_no_run_options_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = Settings(home=tmp_path / "home")
+    assert run(["train", "--attach", "r1", "--steps", "3", "--preset", "tiny"], settings) == 2
+    error = capsys.readouterr().err
+    assert error == "tempered train: --attach takes no run options (got --steps, --preset)\n"
+    assert not settings.home.exists()
