@@ -55,7 +55,7 @@ class Signal(StrEnum):
     """TrainingRunWorkflow: the learner ended, with its final state or error."""
     STOP = "stop"
     """TrainingRunWorkflow: start no more tasks; finish those in flight, the learner's last
-    step and the final evaluation (`tempered runs stop`)."""
+    step and the final evaluation (`tempered stop`)."""
 
 
 ACTIVITY_QUEUE: dict[Activity, Queue] = {

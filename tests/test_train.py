@@ -7,14 +7,21 @@ and `tempered stop` ends it early, as a finished run ends."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
+import sys
 
 from contracts.names import Queue
 from infra import keys
 from infra.policy import latest_policy
 from tests.accounting import account, stored_trajectories
 from tests.fixtures.stack import BIN, RUNNING, Stack
+
+DEFAULT_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
 
 
 def test_tiny_preset_trains_three_steps_end_to_end(stack: Stack) -> None:
@@ -32,6 +39,8 @@ def test_tiny_preset_trains_three_steps_end_to_end(stack: Stack) -> None:
         timeout=600,
     )
     assert trained.returncode == 0, trained.stderr[-3000:] + stack.worker_logs()
+    lines = re.findall(r"\] step (\d)/3 v\d \| tasks \d+ done", trained.stdout)  # not a terminal
+    assert lines and lines == sorted(lines), trained.stdout
     report = json.loads((stack.home / "reports" / "tiny3" / "report.json").read_text())
     assert [s["policy_version"] for s in report["steps"]] == [1, 2, 3]
     assert [e["policy_version"] for e in report["evals"]] == [0, 3]
@@ -52,8 +61,10 @@ def test_a_run_outlives_its_command_and_stops_when_told(stack: Stack) -> None:
         stack.start_worker(queue)
 
     def tempered(*args: str) -> subprocess.Popen[str]:
+        """`tempered ARGS`, with Ctrl-C's default action even where this test runs with SIGINT
+        ignored (a background job of a non-interactive shell: its children inherit that)."""
         return subprocess.Popen(
-            [str(BIN / "tempered"), *args],
+            [sys.executable, "-c", DEFAULT_SIGINT, str(BIN / "tempered"), *args],
             env={**stack.env, "PYTHONUNBUFFERED": "1"},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

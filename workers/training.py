@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -32,7 +32,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.learner import RunProgress, TrainingRunInput, TrainingRunResult
-from contracts.names import Queue, SearchAttr, Signal, Workflow
+from contracts.names import Queue, SearchAttr, Workflow
 from workflows.budget import TASK_TIMEOUT
 from workflows.search import KEYS
 from workflows.training_run import TrainingRunWorkflow
@@ -133,9 +133,10 @@ async def attach(client: Client, run_id: str) -> tuple[RunHandle, TrainingRunInp
     first = await anext(aiter(handle.fetch_history_events(page_size=1)))
     payloads = first.workflow_execution_started_event_attributes.input.payloads
     [run_input] = await client.data_converter.decode(payloads, [TrainingRunInput])
-    query = f'WorkflowId = "{handle.id}"'
+    this_segment = first.event_time.ToDatetime(tzinfo=UTC)
+    query = f'WorkflowId = "{handle.id}"'  # every segment, the continued-as-new ones too
     started = [execution.start_time async for execution in client.list_workflows(query)]
-    return handle, run_input, min(started)
+    return handle, run_input, min(started, default=this_segment)
 
 
 async def stop_run(client: Client, run_id: str, *, reason: str, cancel: bool) -> str:
@@ -146,7 +147,7 @@ async def stop_run(client: Client, run_id: str, *, reason: str, cancel: bool) ->
     if cancel:
         await handle.cancel()
         return f"cancelled run {run_id}: its tasks in flight and its learner are cancelled too"
-    await handle.signal(Signal.STOP, reason)
+    await handle.signal(TrainingRunWorkflow.stop, reason)
     return (
         f"told run {run_id} to stop: no new tasks; the ones in flight, the learner's last step "
         f"and the final evaluation still run (follow: tempered train --attach {run_id})"

@@ -2,10 +2,12 @@
 
 Loads the task suite (quarantined tasks skipped), publishes policy version 0, starts the
 `LearnerWorkflow` as a child, and keeps `concurrency` `AgentTaskWorkflow` children in flight
-until `steps × groups_per_step` groups have been rolled out (or the time budget is spent). Each
-finished group is signalled to the learner; rollouts go on while it trains (asynchronous RL)
-but never run more than `grpo.max_staleness` steps ahead of it: the group for step b waits for
-version b − max_staleness and is pinned to the newest version known when it starts
+until `steps × groups_per_step` groups have been rolled out (or the time budget is spent, or a
+`stop` signal came: then the tasks in flight, the learner's last step and the final evaluation
+still run, and the result says why it stopped). Each finished group is signalled to the
+learner; rollouts go on while it trains (asynchronous RL) but never run more than
+`grpo.max_staleness` steps ahead of it: the group for step b waits for version
+b − max_staleness and is pinned to the newest version known when it starts
 (`max_staleness = 0` is synchronous, on-policy GRPO). Held-out pass@1 (solved at turn 1) and
 the solve rate within `max_turns` turns are measured before training, every `eval_every`
 learner steps, and after the last step, through the same agent-task pipeline (greedy).
@@ -183,7 +185,7 @@ class TrainingRunWorkflow:
 
     @workflow.signal(name=Signal.STOP)
     def stop(self, reason: str) -> None:
-        """Start no more tasks (`tempered runs stop`); the rest of the run ends as usual."""
+        """Start no more tasks (`tempered stop`); the rest of the run ends as usual."""
         self._stopped = self._stopped or reason or "stopped by signal"
 
     @workflow.query(name="progress")

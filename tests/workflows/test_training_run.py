@@ -148,7 +148,7 @@ async def test_a_learner_that_ended_before_finish_is_not_a_failure(store: Object
 
 @pytest.mark.asyncio
 async def test_a_stopped_run_starts_no_more_tasks_and_ends_as_usual(store: ObjectStore) -> None:
-    """`stop` (what `tempered runs stop` sends), after the run has continued as new: the tasks
+    """`stop` (what `tempered stop` sends), after the run has continued as new: the tasks
     in flight finish and are trained on, the learner takes its last step and ends, the final
     evaluation runs, and the result says why it ended early."""
     trainer = ScriptedTrainer()

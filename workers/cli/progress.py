@@ -26,23 +26,50 @@ from infra.telemetry import read_live_figures
 from workers.backlog import QueueBacklog, backlog_text, queue_backlogs
 from workers.training import RunHandle, watch
 
+LOG_EVERY_S = 15.0
+"""Off a terminal, the most often a progress line is printed (a learner step prints at once)."""
+
 
 async def follow(
     client: Client, handle: RunHandle, run_input: TrainingRunInput, settings: Settings
 ) -> TrainingRunResult:
-    """Render progress until the run ends; return its result."""
+    """Render progress until the run ends (a live table on a terminal, else a plain line when
+    a figure changes, at most every `LOG_EVERY_S` unless the learner stepped); return its
+    result."""
     result = asyncio.ensure_future(handle.result())
     started = time.monotonic()
     console = Console()
     latest = RunProgress()
-    with Live(console=console, refresh_per_second=2, transient=not console.is_terminal) as live:
+    if console.is_terminal:
+        with Live(console=console, refresh_per_second=2) as live:
+            async for progress in watch(handle, result):
+                latest = progress or latest  # not queryable yet (no task run): keep the last
+                backlogs = await _backlogs(client)
+                live.update(view(run_input, latest, time.monotonic() - started, settings, backlogs))
+    else:  # a log file or a pipe: lines that read in order, no redraws
+        printed, printed_at = "", -LOG_EVERY_S
         async for progress in watch(handle, result):
-            latest = progress or latest  # not queryable yet (first task not run): keep the last
-            backlogs = await _backlogs(client)
-            live.update(view(run_input, latest, time.monotonic() - started, settings, backlogs))
+            latest, elapsed = progress or latest, time.monotonic() - started
+            line = progress_line(run_input, latest)
+            stepped = line.split(" |")[0] != printed.split(" |")[0]
+            if line != printed and (stepped or elapsed - printed_at >= LOG_EVERY_S):
+                print(f"[{elapsed:5.0f} s] {line}", flush=True)
+                printed, printed_at = line, elapsed
     outcome = result.result()
     console.print(summary(outcome, time.monotonic() - started))
     return outcome
+
+
+def progress_line(run_input: TrainingRunInput, progress: RunProgress) -> str:
+    """`step 2/6 v2 | tasks 9 done, 8 in flight | reward +0.150 | pass@1 v0 0.40 / 0.40`."""
+    last = last_step(progress)
+    step, version = (last.step, last.policy_version) if last else (0, 0)
+    evals = "  ".join(eval_text(e) for e in progress.evals) or "-"
+    stopping = f" | stopping ({progress.stopping})" if progress.stopping else ""
+    return (
+        f"step {step}/{run_input.steps} v{version} | tasks {progress.tasks_done} done, "
+        f"{progress.in_flight} in flight | reward {reward_text(last)} | pass@1 {evals}{stopping}"
+    )
 
 
 def view(
