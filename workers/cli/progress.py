@@ -28,14 +28,16 @@ from workers.training import RunHandle, watch
 
 LOG_EVERY_S = 15.0
 """Off a terminal, the most often a progress line is printed (a learner step prints at once)."""
+ALIVE_S = 60.0
+"""Off a terminal, the longest it stays silent: the line is printed again, unchanged."""
 
 
 async def follow(
     client: Client, handle: RunHandle, run_input: TrainingRunInput, settings: Settings
 ) -> TrainingRunResult:
     """Render progress until the run ends (a live table on a terminal, else a plain line when
-    a figure changes, at most every `LOG_EVERY_S` unless the learner stepped); return its
-    result."""
+    a figure changes, at most every `LOG_EVERY_S` unless the learner stepped, and at least
+    every `ALIVE_S`); return its result."""
     result = asyncio.ensure_future(handle.result())
     started = time.monotonic()
     console = Console()
@@ -52,7 +54,8 @@ async def follow(
             latest, elapsed = progress or latest, time.monotonic() - started
             line = progress_line(run_input, latest)
             stepped = line.split(" |")[0] != printed.split(" |")[0]
-            if line != printed and (stepped or elapsed - printed_at >= LOG_EVERY_S):
+            quiet_s = elapsed - printed_at
+            if (line != printed and (stepped or quiet_s >= LOG_EVERY_S)) or quiet_s >= ALIVE_S:
                 print(f"[{elapsed:5.0f} s] {line}", flush=True)
                 printed, printed_at = line, elapsed
     outcome = result.result()
