@@ -49,15 +49,15 @@ async def follow(
                 backlogs = await _backlogs(client)
                 live.update(view(run_input, latest, time.monotonic() - started, settings, backlogs))
     else:  # a log file or a pipe: lines that read in order, no redraws
-        printed, printed_at = "", -LOG_EVERY_S
+        printed, printed_at, printed_step = "", -ALIVE_S, None
         async for progress in watch(handle, result):
             latest, elapsed = progress or latest, time.monotonic() - started
-            line = progress_line(run_input, latest)
-            stepped = line.split(" |")[0] != printed.split(" |")[0]
+            line, step = progress_line(run_input, latest), last_step(latest)
             quiet_s = elapsed - printed_at
-            if (line != printed and (stepped or quiet_s >= LOG_EVERY_S)) or quiet_s >= ALIVE_S:
+            changed = line != printed and (step != printed_step or quiet_s >= LOG_EVERY_S)
+            if changed or quiet_s >= ALIVE_S:
                 print(f"[{elapsed:5.0f} s] {line}", flush=True)
-                printed, printed_at = line, elapsed
+                printed, printed_at, printed_step = line, elapsed, step
     outcome = result.result()
     console.print(summary(outcome, time.monotonic() - started))
     return outcome
