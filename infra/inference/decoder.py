@@ -11,12 +11,13 @@
 
 `RowBatch` is one transformers model's batch: each admitted row is prefilled with its prompt
 (left-padded among the rows admitted with it; rows admitted together with the same prompt, the
-samples of one task, share one prefill), and its KV cache is merged into the running
-batch's by left-padding the shorter of the two along the sequence (the attention mask hides
-the padding; every row carries its own position ids). A row that ends (EOS, a stop rule of
-`infra.inference.stops`, its token budget) leaves the batch at once, and columns that only
-padding still occupies are trimmed. Every row samples from its own generator: one uniform per
-step, so a seeded row's tokens do not depend on which rows share its batch.
+samples of one task, share one prefill), and its KV cache joins the running batch's
+`infra.inference.kvcache.SlotCache` right-aligned, the shorter side left-padded (the
+attention mask hides the padding; every row carries its own position ids). A row that ends
+(EOS, a stop rule of `infra.inference.stops`, its token budget) leaves the batch at once (the
+last row takes its slot), and columns that only padding still occupies are trimmed. Every row
+samples from its own generator: one uniform per step, so a seeded row's tokens do not depend
+on which rows share its batch.
 
 `Decoder` runs a `RowBatch` on a thread of its own, one policy version at a time: requests of
 the running version join between steps; once another version has rows waiting, the running
@@ -41,6 +42,7 @@ import torch
 
 from contracts.task import SamplingParams
 from infra.inference.base import FinishReason, GenerationOutput, InferenceError
+from infra.inference.kvcache import SlotCache, compaction
 from infra.inference.stops import RowWatch, StopRules
 
 log = logging.getLogger(__name__)
@@ -89,7 +91,7 @@ class RowBatch:
         self.pad_id, self.eos_ids = policy.pad_id, policy.eos_ids
         self.device = next(self.model.parameters()).device
         self.rows: list[Row] = []
-        self._cache: Any = None
+        self._cache: SlotCache | None = None
         self._mask = torch.zeros((0, 0), dtype=torch.long)
         self._positions = torch.zeros((0, 1), dtype=torch.long)
         self._logits: torch.Tensor | None = None
@@ -133,21 +135,16 @@ class RowBatch:
             out.logits, mask, positions = out.logits[index], mask[index], positions[index]
         logits = out.logits[:, -1, :].float()
         if self._cache is None:
-            self._cache, self._mask, self._logits = out.past_key_values, mask, logits
+            self._cache = SlotCache(len(out.past_key_values.layers))
+            self._mask, self._logits = mask, logits
             self._positions = positions[:, -1:] + 1
         else:
             assert self._logits is not None
             length = max(self._mask.shape[1], width)
-            for old, new in zip(self._cache.layers, out.past_key_values.layers, strict=True):
-                old.keys = torch.cat(
-                    [_pad_left(old.keys, length, 2), _pad_left(new.keys, length, 2)]
-                )
-                old.values = torch.cat(
-                    [_pad_left(old.values, length, 2), _pad_left(new.values, length, 2)]
-                )
             self._mask = torch.cat([_pad_left(self._mask, length, 1), _pad_left(mask, length, 1)])
             self._positions = torch.cat([self._positions, positions[:, -1:] + 1])
             self._logits = torch.cat([self._logits, logits])
+        self._cache.admit(out.past_key_values, mask)
         self.rows.extend(rows)
         return empty
 
@@ -161,26 +158,26 @@ class RowBatch:
             self._logits, [r.params for r in self.rows], [r.generator for r in self.rows]
         )
         logprobs = torch.log_softmax(self._logits, dim=-1).gather(-1, tokens[:, None])[:, 0]
-        keep: list[int] = []
-        ended: list[Row] = []
+        gone: list[int] = []
         for r, (row, token, logprob) in enumerate(
             zip(self.rows, tokens.tolist(), logprobs.tolist(), strict=True)
         ):
             finish = self._finish(row, token, logprob)
-            if finish is None:
-                keep.append(r)
-            else:
+            if finish is not None:
                 row.output.finish_reason = finish
-                ended.append(row)
-        if not keep:
+                gone.append(r)
+        ended = [self.rows[r] for r in gone]
+        if len(gone) == len(self.rows):
             self.rows, self._cache, self._logits = [], None, None
             return ended
-        if ended:
-            index = torch.tensor(keep, device=self.device)
+        assert self._cache is not None
+        if gone:
+            order = compaction(len(self.rows), gone)
+            index = torch.tensor(order, device=self.device)
             self._cache.batch_select_indices(index)
             tokens, self._mask = tokens[index], self._mask[index]
             self._positions = self._positions[index]
-            self.rows = [self.rows[r] for r in keep]
+            self.rows = [self.rows[r] for r in order]
             self._trim()
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=-1)
         out = self.model(
@@ -208,10 +205,9 @@ class RowBatch:
         """Drop leading columns that are padding in every row (left by rows that ended)."""
         used = self._mask.any(dim=0).nonzero()
         start = int(used[0]) if len(used) else 0
-        if start > 0:
+        if start > 0 and self._cache is not None:
             self._mask = self._mask[:, start:]
-            for layer in self._cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, start:], layer.values[:, :, start:]
+            self._cache.trim(start)
 
 
 Start = Callable[[Hashable], RowBatch]

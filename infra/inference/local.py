@@ -41,6 +41,7 @@ import torch
 from contracts.task import SamplingParams
 from infra.inference.base import GenerationOutput, InferenceError, PolicyHandle
 from infra.inference.decoder import Decoder, RowBatch
+from infra.inference.kvcache import ATTENTION, register_attention
 from infra.inference.stops import StopRules
 from infra.settings import LocalInferenceSettings
 
@@ -75,7 +76,10 @@ def load_policy(path: str, device: torch.device) -> LoadedPolicy:
     """Load an HF causal-LM directory in float32, in eval mode, on `device`."""
     from transformers import AutoModelForCausalLM
 
-    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    register_attention()
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation=ATTENTION
+    )
     model = model.to(device).eval()
     config, gen_config = model.config, model.generation_config
     eos: set[int] = set()

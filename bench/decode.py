@@ -1,0 +1,129 @@
+"""One decode step of a running batch: the local backend's KV store vs transformers' own cache,
+side by side in one run, at the shapes a default run's batch goes through.
+
+    .venv/bin/python bench/decode.py [--rows 16,64] [--columns 300,800] [--steps 10]
+
+For each (rows, columns) both sides decode the same batch of SmolLM2-135M-Instruct (the
+smollm2 preset's fp32 model; `make train` or `tempered eval --policy smollm2` materialises it):
+prompts of columns/3..columns random tokens, left-padded as a running batch is.
+
+- `transformers`: the model with SDPA attention and a `DynamicCache`, stepped as
+  `generate` steps a padded batch (the cache concatenated anew each step; with a padding mask,
+  SDPA gets the KV heads repeated to the query heads);
+- `tempered`: `infra.inference.decoder.RowBatch`, the local backend's batch (its `SlotCache`
+  appends in place and its decode attention reads the grouped KV heads directly).
+
+Both sides pick greedily (argmax), so only the model step differs. Each prints milliseconds
+per step and tokens/s; the ratio is tempered over transformers tokens/s.
+The rows never end here (no EOS), so neither side pays for rows leaving. Merged into
+bench/results.json under "decode". Not covered: prefill, and sampling (top-p sorts on CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from typing import Any
+
+import torch
+from common import machine, merge_results  # first: puts the repo root on sys.path
+
+from contracts.task import SamplingParams
+from infra.inference.decoder import RowBatch
+from infra.inference.local import _choose, load_policy
+from infra.policy import materialize_base_model
+from infra.settings import Settings
+
+
+def prompts(rows: int, columns: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [
+        [rng.randrange(100, 40_000) for _ in range(rng.randint(columns // 3, columns))]
+        for _ in range(rows)
+    ]
+
+
+@torch.inference_mode()
+def transformers_step_s(model: Any, rows: list[list[int]], steps: int) -> float:
+    from transformers import DynamicCache
+
+    width = max(len(r) for r in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row), 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
+    token = out.logits[:, -1:].argmax(-1)
+    position = positions[:, -1:]
+    started = time.perf_counter()
+    for _ in range(steps):
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        position = position + 1
+        out = model(
+            input_ids=token, attention_mask=mask, position_ids=position, past_key_values=cache
+        )
+        token = out.logits[:, -1:].argmax(-1)
+    return (time.perf_counter() - started) / steps
+
+
+def tempered_step_s(policy: Any, rows: list[list[int]], steps: int) -> float:
+    batch = RowBatch(policy, _choose)
+    params = SamplingParams(temperature=0.0, max_new_tokens=steps + 1)
+    batch.admit([batch.row(row, params) for row in rows])
+    for row in batch.rows:
+        row.watch = None
+    batch.eos_ids = frozenset()
+    started = time.perf_counter()
+    for _ in range(steps):
+        batch.step()
+    return (time.perf_counter() - started) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", default="16,64")
+    parser.add_argument("--columns", default="300,800")
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+    from transformers import AutoModelForCausalLM
+
+    path = str(materialize_base_model("smollm2", Settings()))
+    policy = load_policy(path, torch.device("cpu"))
+    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    plain.set_attn_implementation("sdpa")
+    results = []
+    for rows in (int(r) for r in args.rows.split(",")):
+        for columns in (int(c) for c in args.columns.split(",")):
+            batch = prompts(rows, columns, seed=rows * 1000 + columns)
+            load = os.getloadavg()[0]
+            before = transformers_step_s(plain, batch, args.steps)
+            after = tempered_step_s(policy, batch, args.steps)
+            figure = {
+                "rows": rows,
+                "columns": columns,
+                "load": load,
+                "transformers_ms": round(before * 1000, 1),
+                "tempered_ms": round(after * 1000, 1),
+                "transformers_tok_s": round(rows / before, 1),
+                "tempered_tok_s": round(rows / after, 1),
+                "ratio": round(before / after, 2),
+            }
+            results.append(figure)
+            print(
+                f"{rows:>3} rows × {columns:>4} columns (load {load:.1f}): transformers "
+                f"{figure['transformers_ms']:>7} ms/step {figure['transformers_tok_s']:>6} tok/s"
+                f" | tempered {figure['tempered_ms']:>6} ms/step "
+                f"{figure['tempered_tok_s']:>6} tok/s | {figure['ratio']}×",
+                flush=True,
+            )
+    merge_results(
+        "decode", {"machine": machine(), "threads": torch.get_num_threads(), "runs": results}
+    )
+
+
+if __name__ == "__main__":
+    main()
