@@ -243,6 +243,14 @@ class LoadTasksResponse(Contract):
     quarantined: list[str] = []
 
 
+def spread(tasks: Sequence[TaskSpec], limit: int) -> list[TaskSpec]:
+    """`limit` of `tasks` evenly spaced over the list (all of them when `limit` is 0 or at least
+    their number): a suite listed family by family keeps every family."""
+    if limit <= 0 or limit >= len(tasks):
+        return list(tasks)
+    return [tasks[i * len(tasks) // limit] for i in range(limit)]
+
+
 class EvalResult(Contract):
     """Held-out figures of one policy version: one greedy episode per held-out task, up to the
     run's `max_turns` turns, through the same pipeline as training."""
@@ -290,6 +298,12 @@ class TrainingRunInput(Contract):
     )
     eval_every: int = Field(
         default=0, ge=0, description="Held-out eval every N steps; 0 = ends only."
+    )
+    heldout_limit: int = Field(
+        default=0,
+        ge=0,
+        description="Held-out tasks each eval runs: 0 = all of the suite's; N = N of them spread "
+        "evenly over the suite's held-out list (`spread`), the same N at every eval.",
     )
     time_budget_s: float = Field(default=0, ge=0, description="Stop after this long; 0 = none.")
     sampling: SamplingParams = SamplingParams()

@@ -186,6 +186,27 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tenso
     return -flat.view_as(targets)
 
 
+def sampled_positions(batch: MicroBatch) -> torch.Tensor:
+    """Positions j (of T-1) where some row of the batch predicts a sampled token: the only ones
+    whose log-probs the loss reads."""
+    return batch.loss_mask.any(dim=0).nonzero()[:, 0]
+
+
+def token_logprobs_at(
+    logits: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """`token_logprobs` from the logits at `positions` only (`logits`: (B, len(positions), V),
+    as `logits_to_keep=positions` returns them): shape (B, T-1), zero at the other positions.
+    The LM head and the log-softmax then cost the sampled tokens' share of the sequence."""
+    targets = input_ids[:, positions + 1]
+    flat = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none"
+    )
+    width = input_ids.size(1) - 1
+    out = flat.new_zeros((input_ids.size(0), width))
+    return out.index_copy(1, positions, -flat.view_as(targets))
+
+
 def grpo_loss(
     logprobs: torch.Tensor,
     batch: MicroBatch,

@@ -50,6 +50,19 @@ def _written_by_save(name: str) -> bool:
     return weights or name in own
 
 
+def _sampled_logprobs(model: Any, batch: grpo.MicroBatch) -> torch.Tensor:
+    """The batch's token log-probs (B, T-1) where the loss reads them (zero elsewhere): the LM
+    head runs only at positions that predict a sampled token (`logits_to_keep`)."""
+    positions = grpo.sampled_positions(batch)
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        use_cache=False,
+        logits_to_keep=positions,
+    ).logits
+    return grpo.token_logprobs_at(logits, batch.input_ids, positions)
+
+
 def _stored_dtype(model_dir: Path) -> torch.dtype:
     """The dtype a checkpoint's weights are stored in (config.json), float32 if unnamed."""
     config = json.loads((model_dir / "config.json").read_text())
@@ -298,10 +311,7 @@ class LearnerEngine:
             real = index < len(mine)
             batch = (mine[index] if real else batches[0]).to(self.device)
             engine.set_gradient_accumulation_boundary(index == passes - 1)
-            logits = engine(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-            ).logits
-            logprobs = grpo.token_logprobs(logits, batch.input_ids)
+            logprobs = _sampled_logprobs(engine, batch)
             reference = self._reference_logprobs(batch) if config.kl_coef > 0 else None
             loss, stats = grpo.grpo_loss(
                 logprobs,
@@ -370,10 +380,7 @@ class LearnerEngine:
                 self._reference_dir, dtype=torch.float32
             )
             self._reference = ref.to(self.device).eval()
-        logits = self._reference(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False
-        ).logits
-        return grpo.token_logprobs(logits, batch.input_ids)
+        return _sampled_logprobs(self._reference, batch)
 
     @torch.no_grad()
     def sequence_logprobs(self, batch: grpo.MicroBatch) -> torch.Tensor:

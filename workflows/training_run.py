@@ -52,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         TrainingRunInput,
         TrainingRunResult,
         TrajectoryGroup,
+        spread,
     )
     from contracts.names import Activity, Queue, SearchAttr, Signal
     from contracts.rollout import AgentTaskResult
@@ -85,7 +86,7 @@ class TrainingRunWorkflow:
         self._evals: list[EvalResult] = list(resume.evals) if resume else []
         self._eval_jobs: list[asyncio.Task[None]] = []
         self._rollouts: list[asyncio.Task[None]] = []
-        self._heldout: list[TaskSpec] = resume.tasks.heldout if resume else []
+        self._heldout = spread(resume.tasks.heldout, run_input.heldout_limit) if resume else []
         self._in_flight = 0
         self._evaluating = 0  # eval children in flight
         self._started = resume.started if resume else 0
@@ -145,7 +146,7 @@ class TrainingRunWorkflow:
             raise fail(
                 ErrorType.INVALID_TASK, f"suite {run_input.suite!r} has no training tasks left"
             )
-        self._heldout = tasks.heldout
+        self._heldout = spread(tasks.heldout, run_input.heldout_limit)
         base = await workflow.execute_activity(
             Activity.PREPARE_RUN.value,
             PrepareRunRequest(

@@ -3,7 +3,7 @@ Harbor task directories, quarantine.
 
     from infra.tasks import load_suite, load_quarantine
     train = load_suite("starter", split="train")          # 120 tasks
-    heldout = load_suite("starter", split="heldout")      # 40 tasks
+    heldout = load_suite("starter", split="heldout")      # 80 tasks
     tasks = load_suite("harbor:examples/harbor")          # workspace tasks from Harbor dirs
     with_trees = load_workspace_suite("workspace")        # their trees too (for uploads)
     skip = load_quarantine(settings, "starter")           # ids `tempered tasks validate` flagged

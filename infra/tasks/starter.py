@@ -1,9 +1,9 @@
 """The built-in `starter` suite: small, procedurally generated Python function tasks.
 
 Twenty task families (see `infra/tasks/starter_families.py`), from trivial (add a constant) to
-moderate (fizzbuzz with custom words, running maxima, deduplication). Each family yields 8
+moderate (fizzbuzz with custom words, running maxima, deduplication). Each family yields 10
 seeded instances whose constants, function names and test values differ; instances 0-5 are
-`train`, 6-7 are `heldout` (120 / 40 tasks). Held-out tasks are therefore *new instances of
+`train`, 6-9 are `heldout` (120 / 80 tasks: one held-out task is 1.25 points). Held-out tasks are therefore *new instances of
 the families seen in training*, which is what lets a ~135M-parameter policy measurably improve
 its held-out pass@1 from a few minutes of GRPO.
 
@@ -12,7 +12,7 @@ so canonical and tests cannot disagree; the family's `wrong_body` is a plausible
 the unit tests and `tempered tasks validate starter` prove the tests reject.
 
     from infra.tasks.starter import starter_tasks
-    tasks = starter_tasks()          # 160 TaskSpecs, identical on every call and machine
+    tasks = starter_tasks()          # 200 TaskSpecs, identical on every call and machine
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from contracts.task import TaskSpec
 from infra.tasks.starter_families import FAMILIES, Instance
 
 SUITE = "starter"
-INSTANCES_PER_FAMILY = 8
+INSTANCES_PER_FAMILY = 10
 TRAIN_PER_FAMILY = 6
 FLOAT_TOLERANCE = 1e-6
 

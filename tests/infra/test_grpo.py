@@ -181,3 +181,30 @@ def test_token_logprobs_match_log_softmax() -> None:
     ids = torch.randint(0, 11, (2, 5))
     expected = torch.log_softmax(logits, -1)[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
     assert torch.allclose(grpo.token_logprobs(logits, ids), expected, atol=1e-6)
+
+
+def test_logprobs_at_sampled_positions_give_the_full_loss_and_gradient() -> None:
+    """The learner computes logits only where a row predicts a sampled token
+    (`sampled_positions`); the loss, its statistics and its gradient are the full ones."""
+    batch = grpo.collate(
+        [
+            row([1, 2, 3], [4, 5], [-1.0, -2.0], 1.0, scale=0.5),
+            row([1, 2], [3, 4, 5], [-1.5, -1.0, -0.5], -1.0, scale=0.25),
+        ],
+        pad_id=0,
+    )
+    torch.manual_seed(0)
+    full_logits = torch.randn(2, batch.input_ids.size(1), 11, requires_grad=True)
+    positions = grpo.sampled_positions(batch)
+    assert positions.tolist() == [1, 2, 3]  # position 0 predicts a prompt token in both rows
+    kept_logits = full_logits[:, positions]
+    full = grpo.token_logprobs(full_logits, batch.input_ids)
+    kept = grpo.token_logprobs_at(kept_logits, batch.input_ids, positions)
+    assert torch.allclose(full * batch.loss_mask, kept * batch.loss_mask, atol=1e-6)
+    full_loss, full_stats = grpo.grpo_loss(full, batch, clip_eps=0.2)
+    kept_loss, kept_stats = grpo.grpo_loss(kept, batch, clip_eps=0.2)
+    assert kept_loss.item() == pytest.approx(full_loss.item(), abs=1e-6)
+    assert kept_stats == pytest.approx(full_stats, abs=1e-5)
+    (full_grad,) = torch.autograd.grad(full_loss, full_logits)
+    (kept_grad,) = torch.autograd.grad(kept_loss, full_logits)
+    assert torch.allclose(full_grad, kept_grad, atol=1e-7)

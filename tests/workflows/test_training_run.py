@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHistory
+from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.errors import ErrorType, fail
 from contracts.learner import (
@@ -23,6 +24,7 @@ from contracts.learner import (
     TrainingRunResult,
     TrainStepRequest,
     TrainStepResponse,
+    spread,
 )
 from contracts.names import Activity, Queue, Signal
 from infra.storage import ObjectStore
@@ -181,3 +183,39 @@ async def test_a_stop_is_carried_through_continue_as_new(store: ObjectStore) -> 
     nothing: its learner is told to finish with what it has."""
     result, _ = await last_segment(store, "carried", started=2, learner_step=1, stopped="told")
     assert (result.tasks_started, result.steps, result.stopped) == (2, 1, "told")
+
+
+def test_spread_keeps_the_ends_and_the_spacing() -> None:
+    tasks = ScriptedSuite(train=0, heldout=10).heldout
+    assert [t.id for t in spread(tasks, 4)] == [tasks[i].id for i in (0, 2, 5, 7)]
+    assert spread(tasks, 0) == spread(tasks, 10) == spread(tasks, 99) == tasks
+
+
+@pytest.mark.asyncio
+async def test_heldout_limit_evaluates_the_same_spread_tasks_in_every_segment(
+    store: ObjectStore,
+) -> None:
+    """`heldout_limit` 4 of 10 held-out tasks: the first eval (in the first segment) and the
+    last (after the run continued as new) both run exactly the spread 4."""
+    run = RUN.model_copy(update={"run_id": "spread", "steps": 12, "heldout_limit": 4})
+    suite = ScriptedSuite(train=30, heldout=10)
+    async with (
+        time_skipping_server() as env,
+        control_plane(env.client, store, suite, ScriptedTrainer()),
+    ):
+        handle = await env.client.start_workflow(
+            TrainingRunWorkflow.run, run, id="train-spread", task_queue=Queue.AGENT_TASKS.value
+        )
+        result = await handle.result()
+        first = env.client.get_workflow_handle("train-spread", run_id=handle.result_run_id)
+        first_status = (await first.describe()).status
+        evaluated = set()
+        for task in suite.heldout:
+            try:
+                await env.client.get_workflow_handle(f"spread-eval-v0-{task.id}").describe()
+                evaluated.add(task.id)
+            except RPCError as err:
+                assert err.status == RPCStatusCode.NOT_FOUND
+    assert first_status == WorkflowExecutionStatus.CONTINUED_AS_NEW, "no continue-as-new"
+    assert [(e.policy_version, e.tasks) for e in result.evals] == [(0, 4), (12, 4)]
+    assert evaluated == {t.id for t in spread(suite.heldout, 4)}

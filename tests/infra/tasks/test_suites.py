@@ -41,7 +41,7 @@ def _passes(program: str, task: TaskSpec) -> bool:
 def test_starter_counts_ids_and_splits() -> None:
     tasks = load_suite("starter")
     train, heldout = load_suite("starter", split="train"), load_suite("starter", split="heldout")
-    assert (len(tasks), len(train), len(heldout)) == (160, 120, 40)
+    assert (len(tasks), len(train), len(heldout)) == (200, 120, 80)
     ids = [task.id for task in tasks]
     assert len(set(ids)) == len(ids)
     assert {t.id for t in train}.isdisjoint({t.id for t in heldout})

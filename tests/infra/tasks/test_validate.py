@@ -186,7 +186,7 @@ def test_cli_validate_and_ls(
 
     assert run_cli(settings, "tasks", "ls", "starter", "--split", "heldout", "--json") == 0
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(listed) == 40 and {row["split"] for row in listed} == {"heldout"}
+    assert len(listed) == 80 and {row["split"] for row in listed} == {"heldout"}
     assert run_cli(settings, "tasks", "ls", str(tmp_path / "absent.jsonl")) == 2
 
 
