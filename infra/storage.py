@@ -232,6 +232,23 @@ class ObjectStore:
         with self._errors("delete", key):
             self._client.delete_object(Bucket=self.bucket, Key=key)
 
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every key under `prefix` (S3 DeleteObjects, 1,000 a request); how many."""
+        doomed = list(self.list_keys(prefix))
+        for start in range(0, len(doomed), 1000):
+            objects = [{"Key": key} for key in doomed[start : start + 1000]]
+            with self._errors("delete", prefix):
+                reply = self._client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True}
+                )
+            if reply.get("Errors"):
+                first = reply["Errors"][0]
+                raise TransientStorageError(
+                    f"delete under {prefix}: {len(reply['Errors'])} keys not deleted, e.g. "
+                    f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}"
+                )
+        return len(doomed)
+
     def get_bytes(self, key: str) -> bytes:
         with self._errors("get", key):
             body = self._client.get_object(Bucket=self.bucket, Key=key)["Body"]

@@ -5,20 +5,27 @@
     tempered runs show RUN --task ID [--sample N] an episode step by step: the model's call
                                                   (code or tool call), what it was shown back
     tempered regrade RUN --grader v2 [--suite S]  re-score stored final programs, no generation
+    tempered runs rm RUN [RUN ...] [--force]      delete runs: their objects (their evaluations'
+                                                  too) and their locally cached policy versions
 
 `regrade` re-scores each trajectory's final program against the task's tests *as the task
 suite defines them now* (suite from `--suite`, else the run's `run.json`, else `starter`); the
 work is `infra/regrade.py`'s, this module only finds the inputs and prints the outcome.
 
-Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad input or S3 unusable.
+`rm` refuses a run that is still running, and (without `--force`) any run when Temporal cannot
+be asked. Content-addressed workspace objects (`trees/`, `packs/`) are shared between runs and
+stay. Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad input or S3 unusable.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
+import re
+import shutil
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +50,8 @@ from infra.sandbox import get_backend
 from infra.settings import SandboxBackendName, Settings
 from infra.storage import ObjectNotFound, ObjectStore, StorageError
 from infra.tasks import load_suite
+from workers.runtime import connect
+from workers.training import running_handle
 
 Command = Callable[[argparse.Namespace, Settings], int]
 SHOWN_CHARS = 2000
@@ -60,6 +69,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     show.add_argument("--task", help="print this task's episodes step by step")
     show.add_argument("--sample", type=int, help="with --task: only this sample")
     show.set_defaults(func=runs_show)
+    remove = actions.add_parser("rm", help="delete runs' objects and cached policy versions")
+    remove.add_argument("runs", nargs="+", metavar="RUN")
+    remove.add_argument(
+        "--force", action="store_true", help="also when Temporal cannot say whether they run"
+    )
+    remove.set_defaults(func=runs_rm)
     again = commands.add_parser("regrade", help="re-score a run's trajectories without generating")
     again.add_argument("run")
     again.add_argument("--grader", default="current", help="name of this grading (a key part)")
@@ -211,6 +226,48 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
         policies.add_row(f"v{version}", step, created, mark)
     console.print(policies)
     return 0
+
+
+@_user_errors
+def runs_rm(args: argparse.Namespace, settings: Settings) -> int:
+    store = _open_store(settings)
+    for run in args.runs:
+        _require_run(store, run)
+    try:
+        running = asyncio.run(_running(settings, args.runs))
+    except (OSError, RuntimeError) as exc:  # no Temporal to ask
+        if not args.force:
+            raise ValueError(
+                f"cannot tell whether {', '.join(args.runs)} still run (Temporal at "
+                f"{settings.temporal.address}: {exc}); nothing deleted (--force deletes anyway)"
+            ) from None
+        running = []
+    if running:
+        raise ValueError(f"still running: {', '.join(running)} (`tempered stop` it first)")
+    cache = settings.home / "cache" / "policies"
+    for run in args.runs:
+        evals = [p for p in store.list_prefixes(keys.RUNS_PREFIX) if _is_eval_of(p, run)]
+        deleted = sum(store.delete_prefix(p) for p in [keys.run_prefix(run), *evals])
+        shutil.rmtree(cache / run, ignore_errors=True)
+        print(f"deleted run {run}: {deleted} objects ({len(evals)} evaluations), cached policies")
+    return 0
+
+
+async def _running(settings: Settings, runs: list[str]) -> list[str]:
+    """The runs of `runs` whose training run workflow is running."""
+    client = await connect(settings)
+    found = []
+    for run in runs:
+        with contextlib.suppress(ValueError):  # no such workflow, or it ended
+            await running_handle(client, run)
+            found.append(run)
+    return found
+
+
+def _is_eval_of(prefix: str, run: str) -> bool:
+    """Whether `prefix` (`runs/<name>/`) holds an evaluation of `run` (`<run>-eval-v<N>`)."""
+    name = prefix.removeprefix(keys.RUNS_PREFIX).rstrip("/")
+    return re.fullmatch(rf"{re.escape(run)}-eval-v\d+", name) is not None
 
 
 def show_episodes(

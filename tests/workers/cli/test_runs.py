@@ -1,4 +1,4 @@
-"""`tempered runs ls/show` and `tempered regrade` on a small fabricated run in a real SeaweedFS."""
+"""`tempered runs ls/show/rm` and `tempered regrade` on a small fabricated run in a real SeaweedFS."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from contracts.task import EnvName
 from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
 from infra import keys
 from infra.seaweed import pick_free_ports
-from infra.settings import Settings
+from infra.settings import Settings, TemporalSettings
 from infra.storage import ObjectStore
 from infra.tasks import load_suite
 from tests.fixtures.s3 import SeaweedServer
@@ -164,6 +164,44 @@ def test_runs_show_task_prints_each_episode_step_by_step(
     assert out.index("step 0") < out.index("step 1") < out.index("step 3")
     assert cli(["runs", "show", RUN, "--task", "ws-1", "--sample", "3"], settings) == 2
     assert "has no trajectory of task 'ws-1' sample 3" in capsys.readouterr().err
+
+
+def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
+    seaweed: SeaweedServer,
+    store: ObjectStore,
+    demo_run: list[Trajectory],
+    tmp_path: Path,
+    capsys: Capture,
+) -> None:
+    for key in (
+        "runs/demo-eval-v0/a",
+        "runs/demo-eval-v12/b",
+        "runs/demo-eval-vx/c",
+        "runs/demo2/d",
+    ):
+        store.put_text(key, "x")
+    cached = tmp_path / "cache" / "policies" / RUN / "v1"
+    cached.mkdir(parents=True)
+    (cached / "model.safetensors").write_bytes(b"weights")
+    settings = settings_for(seaweed, store, tmp_path).model_copy(
+        update={"temporal": TemporalSettings(address=f"127.0.0.1:{pick_free_ports()[0]}")}
+    )
+    before = sorted(store.list_keys(keys.RUNS_PREFIX))
+
+    assert cli(["runs", "rm", RUN], settings) == 2  # Temporal cannot say whether it runs
+    assert "nothing deleted (--force deletes anyway)" in capsys.readouterr().err
+    assert sorted(store.list_keys(keys.RUNS_PREFIX)) == before and cached.exists()
+
+    assert cli(["runs", "rm", RUN, "--force"], settings) == 0
+    assert "deleted run demo: 14 objects (2 evaluations)" in capsys.readouterr().out
+    assert sorted(store.list_keys(keys.RUNS_PREFIX)) == [
+        "runs/demo-eval-vx/c",
+        "runs/demo2/d",
+        "runs/other/run.json",
+    ]
+    assert not (tmp_path / "cache" / "policies" / RUN).exists()
+    assert cli(["runs", "rm", RUN, "--force"], settings) == 2  # gone: an unknown run now
+    assert "unknown run 'demo'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
