@@ -36,6 +36,7 @@ from rich.console import Console
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
+from temporalio.service import RPCError
 
 from contracts.common import is_identifier
 from contracts.learner import TrainingRunInput
@@ -235,7 +236,7 @@ def runs_rm(args: argparse.Namespace, settings: Settings) -> int:
         _require_run(store, run)
     try:
         running = asyncio.run(_running(settings, args.runs))
-    except (OSError, RuntimeError) as exc:  # no Temporal to ask
+    except (OSError, RuntimeError, RPCError) as exc:  # no Temporal to ask, or it failed
         if not args.force:
             raise ValueError(
                 f"cannot tell whether {', '.join(args.runs)} still run (Temporal at "
