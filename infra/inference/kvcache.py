@@ -122,9 +122,12 @@ class SlotLayer(DynamicLayer):
             self.lo = self.hi = LEFT_ROOM + width
             self.is_initialized = True
         assert self.kbuf is not None and self.vbuf is not None
-        if self.n + rows > self.kbuf.shape[0] or self.hi - width < 0:
+        short = self.n + rows > self.kbuf.shape[0]
+        if short or self.hi - width < 0:
             live = max(self.hi - self.lo, width)
-            self._remake(self.n + rows, LEFT_ROOM + live - (self.hi - self.lo), _right_room(live))
+            # slots grow by half at least, so rows joining one by one do not copy each time
+            slots = max(self.n + rows, self.kbuf.shape[0] * 3 // 2) if short else self.n
+            self._remake(slots, LEFT_ROOM + live - (self.hi - self.lo), _right_room(live))
         self.kbuf[self.n : self.n + rows, :, self.hi - width : self.hi] = keys
         self.vbuf[self.n : self.n + rows, :, self.hi - width : self.hi] = values
         self.n += rows

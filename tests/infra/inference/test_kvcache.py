@@ -106,3 +106,17 @@ def test_a_row_that_ends_is_replaced_by_the_last_row_only(policy: LoadedPolicy) 
         batch.step()
     for row in rows:
         assert_greedy_exact(policy, row)
+
+
+def test_rows_joining_one_by_one_grow_the_slots_by_half(policy: LoadedPolicy) -> None:
+    batch = RowBatch(policy, _choose)
+    params = SamplingParams(temperature=0.0, max_new_tokens=20)
+    batch.admit([batch.row(prompt(8, s), params) for s in range(4)])
+    assert batch._cache is not None
+    layer = batch._cache.layers[0]
+    assert isinstance(layer, SlotLayer) and layer.kbuf is not None
+    batch.admit([batch.row(prompt(8, 4), params)])  # a fifth row: 4 slots become 6
+    assert layer.kbuf.shape[0] == 6
+    buffer = layer.kbuf.data_ptr()
+    batch.admit([batch.row(prompt(8, 5), params)])  # a sixth fits without a copy
+    assert layer.kbuf.data_ptr() == buffer and layer.n == 6
