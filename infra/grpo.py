@@ -178,10 +178,13 @@ def micro_batches(rows: Sequence[Row], size: int, pad_id: int) -> Iterator[Micro
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
     """log p(input_ids[:, j+1] | prefix) for j < T-1, in float32: shape (B, T-1)."""
-    shifted = logits[:, :-1].float()
-    targets = input_ids[:, 1:]
+    return _logprobs_of(logits[:, :-1], input_ids[:, 1:])
+
+
+def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(targets) under `logits` (B, K, V), in float32: shape (B, K)."""
     flat = torch.nn.functional.cross_entropy(
-        shifted.reshape(-1, shifted.size(-1)), targets.reshape(-1), reduction="none"
+        logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none"
     )
     return -flat.view_as(targets)
 
@@ -198,13 +201,9 @@ def token_logprobs_at(
     """`token_logprobs` from the logits at `positions` only (`logits`: (B, len(positions), V),
     as `logits_to_keep=positions` returns them): shape (B, T-1), zero at the other positions.
     The LM head and the log-softmax then cost the sampled tokens' share of the sequence."""
-    targets = input_ids[:, positions + 1]
-    flat = torch.nn.functional.cross_entropy(
-        logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none"
-    )
-    width = input_ids.size(1) - 1
-    out = flat.new_zeros((input_ids.size(0), width))
-    return out.index_copy(1, positions, -flat.view_as(targets))
+    kept = _logprobs_of(logits, input_ids[:, positions + 1])
+    out = kept.new_zeros((input_ids.size(0), input_ids.size(1) - 1))
+    return out.index_copy(1, positions, kept)
 
 
 def grpo_loss(
