@@ -111,7 +111,10 @@ class InferenceActivities:
         inference = settings.inference
         self.batcher = Batcher(self.backend, inference.max_batch, inference.max_wait_ms)
         self.policies = PolicyResolver(
-            self.store, settings.home / "cache" / "policies", bootstrap=self._publish_base_model
+            self.store,
+            settings.policy_cache,
+            bootstrap=self._publish_base_model,
+            keep=settings.s3.policy_cache_versions,
         )
         self._formats: OrderedDict[tuple[Path, EnvName], ChatFormat] = OrderedDict()
         self.heartbeat_s = HEARTBEAT_S

@@ -30,6 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from temporalio import activity
@@ -54,11 +55,11 @@ from infra.learner_ranks import RankGroupFailed, open_learner
 from infra.policy import (
     MANIFEST,
     advance_latest,
-    fetch_policy,
     materialize_base_model,
     policy_manifest,
     publish_policy,
 )
+from infra.policy_cache import fetch_policy
 from infra.settings import Settings
 from infra.storage import DigestMismatch, ObjectExists, ObjectNotFound, ObjectStore
 from infra.telemetry import record_learner_step, record_queue_wait, record_staleness, span
@@ -74,7 +75,6 @@ class LearnerActivities:
     def __init__(self, settings: Settings, store: ObjectStore | None = None):
         self.settings = settings
         self.store = store or ObjectStore.from_settings(settings)
-        self.cache_dir = settings.home / "cache" / "policies"
         self.work_dir = settings.home / "learner"
         self.engine: Learner | None = None  # built on the first step
         self._engine_run: str | None = None
@@ -163,7 +163,12 @@ class LearnerActivities:
 
     def _acknowledge(self, policy: PolicyVersion) -> tuple[TrainStepResponse, StepRecord]:
         """Write the ack of the step that produced `policy` (from its train_step.json)."""
-        record = StepRecord.model_validate_json(self.store.get_bytes(policy.prefix + STEP_RECORD))
+        manifest = policy_manifest(self.store, policy.run_id, policy.version)
+        if manifest is None or STEP_RECORD not in manifest.files:
+            raise invalid("step", f"policy {policy.run_id}/v{policy.version} has no {STEP_RECORD}")
+        record = StepRecord.model_validate_json(
+            self.store.get_verified(manifest.files[STEP_RECORD])
+        )
         record.policy = policy
         ack_key = keys.learner_ack_key(policy.run_id, record.step)
         ack = self.store.put_json(ack_key, record, create_only=True)
@@ -230,7 +235,7 @@ class LearnerActivities:
         if self._engine_run != run_id or self.engine.version != step:
             progress["phase"] = f"load v{step}"
             try:
-                local = fetch_policy(self.store, run_id, step, self.cache_dir)
+                local = self._fetch(run_id, step)
             except ObjectNotFound as exc:
                 raise invalid(
                     "step", f"policy version {step} of run {run_id} is not published"
@@ -241,7 +246,7 @@ class LearnerActivities:
                 if policy.adapter_of is None:
                     self.engine.load(local, step, config)
                 else:  # a LoRA version: its adapter over the full weights it names
-                    weights = fetch_policy(self.store, run_id, policy.adapter_of, self.cache_dir)
+                    weights = self._fetch(run_id, policy.adapter_of)
                     self.engine.load(
                         weights, step, config, adapter_dir=local, adapter_of=policy.adapter_of
                     )
@@ -250,8 +255,12 @@ class LearnerActivities:
             progress["load_s"] = round(time.perf_counter() - started, 2)
             self._engine_run = run_id
         if config.kl_coef > 0:
-            self.engine.set_reference(fetch_policy(self.store, run_id, 0, self.cache_dir))
+            self.engine.set_reference(self._fetch(run_id, 0))
         return self.engine
+
+    def _fetch(self, run_id: str, version: int) -> Path:
+        keep = self.settings.s3.policy_cache_versions
+        return fetch_policy(self.store, run_id, version, self.settings.policy_cache, keep)
 
     def _read_group(self, req: TrainStepRequest, index: int) -> list[Trajectory]:
         group = req.groups[index]

@@ -20,13 +20,17 @@ from contracts.task import (
 
 
 class PolicyVersion(Contract):
-    """A published policy: an HF causal-LM directory stored under `prefix`, or, when
+    """A published policy: an HF causal-LM directory (its files are named by the version's
+    manifest, `infra.policy`), or, when
     `adapter_of` is set, a PEFT LoRA adapter directory (adapter_config.json,
     adapter_model.safetensors, tokenizer files) over version `adapter_of` of the same run."""
 
     run_id: str
     version: int = Field(ge=0)
-    prefix: str = Field(description="Key prefix of the HF directory (config, tokenizer, weights).")
+    prefix: str = Field(
+        description="`<version prefix><digest of the files>/`: tells two publishes of a version "
+        "apart (versions before content-addressed files stored them under it)."
+    )
     step: int = Field(default=0, ge=0)
     created_at: str = ""
     adapter_of: int | None = Field(

@@ -4,6 +4,7 @@ attributes.
 Workflows call activities by these names, so a workflow module never imports an activity module.
 """
 
+import re
 from enum import StrEnum
 
 
@@ -98,3 +99,16 @@ SEARCH_ATTRIBUTE_TYPES: dict[SearchAttr, str] = {
     SearchAttr.RUN_ID: "Keyword",
     SearchAttr.TOOL_CALLS: "Int",
 }
+
+
+def eval_run_id(run: str, version: int, suite: str | None = None) -> str:
+    """The run id of an evaluation of `run`'s policy `version`: `<run>-eval-v<version>` by the
+    training run, `<run>-eval-v<version>-<suite>` by `tempered eval --suite`. Its tasks'
+    workflow ids are `<eval run>-<task>`."""
+    tail = "" if suite is None else "-" + re.sub(r"[^A-Za-z0-9_-]", "_", suite)
+    return f"{run}-eval-v{version}{tail}"
+
+
+def evaluates(name: str, run: str) -> bool:
+    """Whether a run id or workflow id belongs to an evaluation of `run` (`eval_run_id`)."""
+    return re.match(rf"{re.escape(run)}-eval-v\d+(-|$)", name) is not None

@@ -8,8 +8,10 @@ runs/<run>/tasks/<task>/s<sample>/turn-<k>/attempt-<a>/stdout.txt|stderr.txt
                          finishes late never changes what a later attempt's refs name
 runs/<run>/trajectories/<task>--s<sample>.json               Trajectory, written once
 runs/<run>/rewards/<grader>/<task>--s<sample>.json           regrade records, written once
-runs/<run>/policy/v<version>/...                             HF directory of a policy
-runs/<run>/policy/v<version>/manifest.json                   written last: version complete
+runs/<run>/policy/blobs/<sha256>                             a file of some policy version,
+                         content-addressed: versions that share a weights shard share its blob
+runs/<run>/policy/v<version>/manifest.json                   the version's files; written
+                         last: the version is complete
 runs/<run>/policy/latest.json                                pointer, written after manifest
 runs/<run>/learner/step-<step>.json                          ack: trajectories consumed
 runs/<run>/learner/ledger-<segment>.json                     task ids one continue-as-new
@@ -85,6 +87,10 @@ def policy_prefix(run: str, version: int) -> str:
 
 def policy_manifest_key(run: str, version: int) -> str:
     return policy_prefix(run, version) + "manifest.json"
+
+
+def policy_blob_key(run: str, sha256: str) -> str:
+    return f"{policies_prefix(run)}blobs/{sha256}"
 
 
 def latest_policy_key(run: str) -> str:

@@ -12,12 +12,12 @@ learner worker with `learner.ranks = 1`) it forms a one-process group; as one ra
 N-th micro-batch of the step and lets DeepSpeed reduce the gradients, so the summed gradient is
 the one-rank gradient (each row's loss scale is computed over the whole step first). CPU uses
 gloo (DS_ACCELERATOR=cpu), CUDA NCCL. Weights and optimizer are float32; `save` writes the
-weights in the dtype the loaded checkpoint had, so published versions keep the base model's size.
+weights in the checkpoint's dtype, one shard per layer (`infra.policy.save_weights`).
 
 With `GRPOConfig.lora_rank > 0` only LoRA adapters train (`infra.learner_lora`) and `save`
 writes an adapter directory over the full-weight version `adapter_of`. After a crash the
-learner reloads the last published version: the AdamW moments restart from zero then
-(documented trade-off: versions are plain HF/PEFT directories that inference loads directly).
+learner reloads the last published version: the AdamW moments restart from zero then (the
+trade-off for versions that are plain HF/PEFT directories inference loads directly).
 ZeRO stage 0-3 comes from GRPOConfig; a change of stage rebuilds the engine from the current
 weights.
 """
@@ -41,6 +41,7 @@ from contracts.trajectory import Trajectory
 from infra import grpo
 from infra.learner_base import NonFiniteLoss, StepMetrics, init_single_process
 from infra.learner_lora import ADAPTER_CONFIG, LoraSpec, save_adapter
+from infra.policy import save_weights
 
 
 def _written_by_save(name: str) -> bool:
@@ -170,20 +171,21 @@ class LearnerEngine:
             self._reference_dir, self._reference = reference_dir, None
 
     def save(self, out_dir: Path, base_name: str = "") -> None:
-        """Write the current weights (rank 0; every rank must call it: ZeRO-3 gathers) with the
-        loaded tokenizer files: an HF directory, or with LoRA an adapter directory whose
-        `base_model_name_or_path` is `base_name`."""
+        """Write the current weights and the loaded tokenizer files (rank 0; every rank calls
+        it: ZeRO-3 gathers): an HF directory, or with LoRA an adapter over `base_name`."""
         out_dir = Path(out_dir)
         if self._lora is not None:
             with self._gathered(trainable_only=True):
                 if self.rank == 0:
                     save_adapter(self.module, out_dir, base_name)
-        else:
+        else:  # frozen layers' shards repeat byte for byte: stored and cached once
             state = self._state()
-            if self.rank == 0:
-                copy = self._model_from(state, self.save_dtype)  # a plain model: tied weights
-                copy.generation_config = self.module.generation_config
-                copy.save_pretrained(out_dir)
+            if self.rank == 0 and all(t.dtype == self.save_dtype for t in state.values()):
+                save_weights(self.module, out_dir, state)
+            elif self.rank == 0:  # another dtype: a plain model of it (ties re-made) saves
+                model = self._model_from(state, self.save_dtype)
+                model.generation_config = self.module.generation_config
+                save_weights(model, out_dir)
         if self.rank == 0:
             for path in self._base_dir.iterdir():  # tokenizer, chat template, ...
                 if path.is_file() and not _written_by_save(path.name):

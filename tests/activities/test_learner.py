@@ -29,7 +29,7 @@ from infra import grpo, keys
 from infra.inference.base import PolicyResolver
 from infra.inference.local import LocalBackend
 from infra.learner_engine import LearnerEngine
-from infra.policy import latest_policy, materialize_base_model, policy_manifest
+from infra.policy import WEIGHTS_INDEX, latest_policy, materialize_base_model, policy_manifest
 from infra.settings import LocalInferenceSettings, Settings
 from infra.storage import ObjectStore
 from tests.trajectories import Step, trajectory
@@ -243,10 +243,12 @@ async def test_lora_versions_are_adapters_and_the_served_policy_follows_them(
     assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= set(
         manifest.files
     )
-    assert "model.safetensors" not in manifest.files and "config.json" not in manifest.files
+    assert WEIGHTS_INDEX not in manifest.files and "config.json" not in manifest.files
     adapter_size = manifest.files["adapter_model.safetensors"].size
     full = policy_manifest(store, RUN, 0)
-    assert full is not None and adapter_size < full.files["model.safetensors"].size / 2
+    assert full is not None
+    weights = sum(ref.size for name, ref in full.files.items() if name.endswith(".safetensors"))
+    assert adapter_size < weights / 2
 
     resolver = PolicyResolver(store, settings.home / "cache" / "served", wait_s=0)
     backend = LocalBackend(LocalInferenceSettings())

@@ -75,9 +75,11 @@ async def test_a_killed_rank_fails_the_step_and_the_retry_reforms_the_group(
     assert second.policy.version == 2 and second.trained == 4
     assert len(group.pids) == 2 and not set(group.pids) & set(formed)
     assert await env.run(acts.train_step, step1) == second  # one more retry: the ack
-    prefix = keys.policy_prefix(RUN, 2)
-    names = [key.removeprefix(prefix) for key in store.list_keys(prefix)]
-    trees = {name.split("/")[0] for name in names if "/" in name}
-    assert len(trees) == 1, names  # the files of one attempt: published once
+    named = set()  # every stored policy file is one a manifest names: published once
+    for version in (0, 1, 2):
+        manifest = policy_manifest(store, RUN, version)
+        assert manifest is not None
+        named |= {ref.key for ref in manifest.files.values()}
+    assert set(store.list_keys(keys.policies_prefix(RUN) + "blobs/")) == named
     acts.close()
     assert group.pids == []

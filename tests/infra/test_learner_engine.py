@@ -117,6 +117,36 @@ def test_train_last_layers_leaves_lower_layers_and_embeddings_untouched(
     assert all(k.startswith(("model.layers.1.", "model.norm")) for k in changed), changed
 
 
+def test_frozen_layers_save_to_the_same_shard_files(
+    tiny_dir: Path, groups: list[list[Trajectory]], tmp_path: Path
+) -> None:
+    """Shards that hold only frozen tensors are byte-identical from version to version, so a
+    publish stores (and a fetch downloads) only the trained layers' shards."""
+    engine = LearnerEngine("cpu")
+    top_only = CONFIG.model_copy(update={"train_last_layers": 1})
+    engine.load(tiny_dir, 0, top_only)
+    engine.save(tmp_path / "v0")
+    assert engine.train_step(groups, top_only).grad_norm > 0
+    engine.save(tmp_path / "v1")
+    shards = sorted(p.name for p in (tmp_path / "v0").glob("*.safetensors"))
+    assert len(shards) > 3 and shards == sorted(
+        p.name for p in (tmp_path / "v1").glob("*.safetensors")
+    )
+    index = json.loads((tmp_path / "v1" / "model.safetensors.index.json").read_text())
+    changed = {
+        name
+        for name in shards
+        if (tmp_path / "v0" / name).read_bytes() != (tmp_path / "v1" / name).read_bytes()
+    }
+    trained = ("model.layers.1.", "model.norm")
+    frozen_only = {
+        name
+        for name in shards
+        if not any(t.startswith(trained) for t, s in index["weight_map"].items() if s == name)
+    }
+    assert changed and frozen_only and not changed & frozen_only
+
+
 def test_groups_without_signal_cost_no_compute(
     tiny_dir: Path, groups: list[list[Trajectory]]
 ) -> None:

@@ -18,12 +18,12 @@ from infra.policy import (
     TINY,
     PolicyIntegrityError,
     _build_once,
-    fetch_policy,
     latest_policy,
     materialize_base_model,
     policy_manifest,
     publish_policy,
 )
+from infra.policy_cache import fetch_policy
 from infra.settings import Settings
 from infra.storage import ObjectNotFound, ObjectStore
 
@@ -49,7 +49,7 @@ def test_tiny_preset_is_deterministic_and_chat_ready(tiny_dir: Path, tmp_path: P
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     again = materialize_base_model(TINY, Settings(home=tmp_path))
-    assert _digest(again / "model.safetensors") == _digest(tiny_dir / "model.safetensors")
+    assert _files(again) == _files(tiny_dir)
     tokenizer: Any = AutoTokenizer.from_pretrained(tiny_dir)
     text = "def f(x):\n    return 'é'"
     ids = tokenizer.apply_chat_template(
@@ -124,18 +124,21 @@ def test_latest_only_moves_forward(store: ObjectStore, tiny_dir: Path) -> None:
 
 
 def test_fetch_rejects_corrupt_object(store: ObjectStore, tiny_dir: Path, tmp_path: Path) -> None:
-    v0 = publish_policy(store, "r4", 0, tiny_dir)
-    store.put_bytes(v0.prefix + "config.json", b"{}")  # overwrite behind the manifest's back
+    publish_policy(store, "r4", 0, tiny_dir)
+    manifest = policy_manifest(store, "r4", 0)
+    assert manifest is not None
+    store.put_bytes(manifest.files["config.json"].key, b"{}")  # behind the manifest's back
     with pytest.raises(PolicyIntegrityError, match="config.json"):
         fetch_policy(store, "r4", 0, tmp_path / "cache")
     assert not (tmp_path / "cache" / "r4" / "v0").exists()
     assert not list((tmp_path / "cache" / "r4").iterdir())  # no temp dir left behind
+    assert not [p for p in (tmp_path / "cache" / "blobs").iterdir() if p.name.endswith(".part")]
 
 
 def test_materialize_from_s3_prefix(store: ObjectStore, tiny_dir: Path, tmp_path: Path) -> None:
-    v0 = publish_policy(store, "r5", 0, tiny_dir)
+    publish_policy(store, "r5", 0, tiny_dir)
     settings = Settings(home=tmp_path)
-    local = materialize_base_model(f"s3://{v0.prefix}", settings, store=store)
+    local = materialize_base_model(f"s3://{keys.policy_prefix('r5', 0)}", settings, store=store)
     assert _files(local) == _files(tiny_dir)
     plain = "bases/tiny/"
     store.upload_dir(tiny_dir, plain)

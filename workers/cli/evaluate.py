@@ -15,7 +15,7 @@ import asyncio
 import json
 from datetime import datetime
 
-from contracts.names import Queue
+from contracts.names import Queue, eval_run_id
 from contracts.rollout import AgentTaskResult
 from contracts.task import SamplingParams, SandboxLimits, TaskSpec, eval_task_input
 from infra.policy import materialize_base_model, publish_policy
@@ -78,7 +78,7 @@ async def _evaluate(
 ) -> list[AgentTaskResult]:
     client = await connect(settings)
     slots = asyncio.Semaphore(args.concurrency)
-    eval_run = f"{run}-eval-v{version}-{args.suite.replace('/', '_').replace('.', '_')}"
+    eval_run = eval_run_id(run, version, args.suite)
     sampling = SamplingParams(
         temperature=0.0, max_new_tokens=args.max_new_tokens, stop_after_code_block=True
     )

@@ -24,8 +24,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import re
-import shutil
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,12 +38,14 @@ from temporalio.service import RPCError
 
 from contracts.common import is_identifier
 from contracts.learner import TrainingRunInput
+from contracts.names import evaluates
 from contracts.sandbox import ExecutionResult
 from contracts.task import RewardConfig, SandboxLimits
 from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
 from infra import keys
 from infra.inference.prompts import clip, observation_text
 from infra.policy import latest_policy, policy_manifest
+from infra.policy_cache import forget_run
 from infra.regrade import OUTCOMES, Regrading
 from infra.sandbox import get_backend
 from infra.settings import SandboxBackendName, Settings
@@ -245,11 +245,14 @@ def runs_rm(args: argparse.Namespace, settings: Settings) -> int:
         running = []
     if running:
         raise ValueError(f"still running: {', '.join(running)} (`tempered stop` it first)")
-    cache = settings.home / "cache" / "policies"
     for run in args.runs:
-        evals = [p for p in store.list_prefixes(keys.RUNS_PREFIX) if _is_eval_of(p, run)]
+        evals = [
+            p
+            for p in store.list_prefixes(keys.RUNS_PREFIX)
+            if evaluates(p.removeprefix(keys.RUNS_PREFIX).rstrip("/"), run)
+        ]
         deleted = sum(store.delete_prefix(p) for p in [keys.run_prefix(run), *evals])
-        shutil.rmtree(cache / run, ignore_errors=True)
+        forget_run(settings.policy_cache, run)
         print(f"deleted run {run}: {deleted} objects ({len(evals)} evaluations), cached policies")
     return 0
 
@@ -263,12 +266,6 @@ async def _running(settings: Settings, runs: list[str]) -> list[str]:
             await running_handle(client, run)
             found.append(run)
     return found
-
-
-def _is_eval_of(prefix: str, run: str) -> bool:
-    """Whether `prefix` (`runs/<name>/`) holds an evaluation of `run` (`<run>-eval-v<N>`)."""
-    name = prefix.removeprefix(keys.RUNS_PREFIX).rstrip("/")
-    return re.fullmatch(rf"{re.escape(run)}-eval-v\d+", name) is not None
 
 
 def show_episodes(

@@ -11,7 +11,7 @@ import torch
 
 from contracts.learner import PolicyManifest, PolicyVersion
 from infra import grpo, keys
-from infra.policy import advance_latest
+from infra.policy import WEIGHTS_INDEX, advance_latest, save_weights
 from infra.storage import ObjectStore
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -26,21 +26,20 @@ def load_model(path: Path) -> Any:
 def changed_weights(base: Path, out: Path, layers: range, scale: float = 1.6) -> Path:
     """A copy of `base` whose MLP down-projections in `layers` are scaled, plus seeded noise:
     a published version with known changed weights."""
-    from safetensors.torch import load_file, save_file
-
-    if (out / "model.safetensors").is_file():
+    if (out / WEIGHTS_INDEX).is_file():
         return out
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(base, tmp)
-    state = load_file(str(base / "model.safetensors"))
+    shutil.copytree(base, tmp, ignore=shutil.ignore_patterns("*.safetensors", WEIGHTS_INDEX))
+    model = load_model(base)
+    state = model.state_dict()
     generator = torch.Generator().manual_seed(0)
-    for layer in layers:
-        name = f"model.layers.{layer}.mlp.down_proj.weight"
-        weight = state[name]
-        noise = torch.randn(weight.shape, generator=generator) * weight.std() * 0.1
-        state[name] = (weight * scale + noise).contiguous()
-    save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    with torch.no_grad():
+        for layer in layers:
+            weight = state[f"model.layers.{layer}.mlp.down_proj.weight"]
+            noise = torch.randn(weight.shape, generator=generator) * weight.std() * 0.1
+            weight.copy_(weight * scale + noise)
+    save_weights(model, tmp)
     tmp.rename(out)
     return out
 

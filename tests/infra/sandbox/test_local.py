@@ -16,6 +16,7 @@ import pytest_asyncio
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox import SandboxInfraError, get_backend, verifier
+from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT, Cgroups
 from infra.sandbox.local import LocalBackend, worker_uids
 from infra.settings import Settings
 
@@ -151,6 +152,29 @@ async def test_enforcement_reports_cgroups_when_available(backend) -> None:
     result = await backend.run("print(1)\n", "", FAST)
     expected = "cgroup" if os.access("/sys/fs/cgroup/memory", os.W_OK) else "rlimit"
     assert result.enforcement == backend.enforcement == expected
+
+
+@pytest.mark.asyncio
+async def test_a_fresh_boot_without_tempered_cgroups_still_runs() -> None:
+    """After a reboot no `tempered` cgroup folder exists; the candidate zygote binds it, so the
+    backend must make it (found on a fresh machine: every run was an infra error)."""
+    if not Cgroups.available():
+        pytest.skip("needs writable cgroups v1")
+    for ctl in CGROUP_CONTROLLERS:
+        folder = CGROUP_ROOT / ctl / "tempered"
+        if folder.is_dir():
+            if any(p.is_dir() for p in folder.iterdir()):
+                pytest.skip(f"{folder} holds groups of running sandboxes")
+            try:
+                folder.rmdir()  # a cgroup folder without child groups is removed by rmdir
+            except OSError as exc:  # e.g. still bound by a running zygote
+                pytest.skip(f"cannot remove {folder}: {exc}")
+    backend = LocalBackend(warm=0)
+    try:
+        result = await backend.run("print('ok')\n", "", FAST)
+    finally:
+        await backend.close()
+    assert result.status == ExecStatus.PASSED and result.enforcement == "cgroup"
 
 
 @pytest.mark.asyncio

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -180,9 +181,12 @@ def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
         "runs/demo2/d",
     ):
         store.put_text(key, "x")
-    cached = tmp_path / "cache" / "policies" / RUN / "v1"
+    cached = tmp_path / "cache" / "policies" / RUN / "v1"  # as infra.policy_cache lays it out
+    blob = tmp_path / "cache" / "policies" / "blobs" / ("ab" * 32)
     cached.mkdir(parents=True)
-    (cached / "model.safetensors").write_bytes(b"weights")
+    blob.parent.mkdir()
+    blob.write_bytes(b"weights")
+    os.link(blob, cached / "model-layer-0000.safetensors")
     settings = settings_for(seaweed, store, tmp_path).model_copy(
         update={"temporal": TemporalSettings(address=f"127.0.0.1:{pick_free_ports()[0]}")}
     )
@@ -199,7 +203,7 @@ def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
         "runs/demo2/d",
         "runs/other/run.json",
     ]
-    assert not (tmp_path / "cache" / "policies" / RUN).exists()
+    assert not (tmp_path / "cache" / "policies" / RUN).exists() and not blob.exists()
     assert cli(["runs", "rm", RUN, "--force"], settings) == 2  # gone: an unknown run now
     assert "unknown run 'demo'" in capsys.readouterr().err
 

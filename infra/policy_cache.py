@@ -1,0 +1,132 @@
+"""This machine's cache of published policy versions, bounded and shared between versions.
+
+A published version's files are content-addressed in the store (`keys.policy_blob_key`), and
+the learner writes weights one shard per layer (`infra.policy.save_weights`), so a version whose training
+touched only the top layers shares most of its shards with the version before it. The cache
+keeps that sharing on disk: each blob is downloaded (and verified) once, into `blobs/`, and a
+version's directory holds hard links to the blobs it names.
+
+    local = fetch_policy(store, "run-1", 3, settings.policy_cache, keep=6)
+    forget_run(settings.policy_cache, "run-1")            # `tempered runs rm`
+
+Layout under the cache directory:
+  blobs/<sha256>              a file of some version, verified against its manifest
+  <run>/v<N>/<name>           hard links into blobs/, plus the version's manifest.json
+  .lock                       one file lock: fetches, evictions and removals take turns
+
+A version directory that exists is complete: it is built in a temporary directory and renamed
+into place. With `keep`, the least recently fetched versions beyond `keep` (across runs) are
+removed after each fetch, then every blob no version links to. A removed version is simply
+fetched again when asked for.
+
+Not covered: a version directory is read-only by convention (its files are links to shared
+blobs: writing one in place would change every version that shares it); another process that
+still reads a version being evicted keeps its open files (POSIX), but not its paths.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from filelock import FileLock
+
+from contracts.learner import PolicyManifest
+from infra import keys
+from infra.policy import MANIFEST, PolicyIntegrityError, download_verified
+from infra.storage import ObjectStore
+
+BLOBS = "blobs"
+LOCK = ".lock"
+
+
+def fetch_policy(
+    store: ObjectStore, run_id: str, version: int, cache_dir: Path, keep: int | None = None
+) -> Path:
+    """Version `version` of `run_id` as `cache_dir/<run>/v<version>/`, fetched once.
+
+    Only blobs the cache lacks are downloaded. Raises ObjectNotFound if the version was never
+    published, PolicyIntegrityError if a download does not match its manifest. With `keep`,
+    at most that many versions stay cached afterwards (this one always among them).
+    """
+    cache = Path(cache_dir)
+    target = cache / run_id / f"v{version}"
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(cache / LOCK):
+        if not (target / MANIFEST).is_file():
+            manifest = store.get_model(keys.policy_manifest_key(run_id, version), PolicyManifest)
+            _build_version(store, manifest, cache, target)
+        os.utime(target)  # most recently fetched: evicted last
+        if keep is not None:
+            _evict(cache, keep)
+    return target
+
+
+def forget_run(cache_dir: Path, run_id: str) -> None:
+    """Remove every cached version of `run_id`, then the blobs no other version links to."""
+    cache = Path(cache_dir)
+    if not cache.is_dir():
+        return
+    with FileLock(cache / LOCK):
+        shutil.rmtree(cache / run_id, ignore_errors=True)
+        _remove_unlinked_blobs(cache)
+
+
+def cached_versions(cache_dir: Path) -> list[Path]:
+    """The complete version directories in the cache, least recently fetched first."""
+    found = [
+        version
+        for run in Path(cache_dir).iterdir()
+        if run.is_dir() and run.name != BLOBS
+        for version in run.iterdir()
+        if (version / MANIFEST).is_file()
+    ]
+    return sorted(found, key=lambda path: path.stat().st_mtime)
+
+
+def _build_version(store: ObjectStore, manifest: PolicyManifest, cache: Path, target: Path) -> None:
+    blobs = cache / BLOBS
+    blobs.mkdir(exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        tmp.mkdir()
+        for name, ref in manifest.files.items():
+            path = (tmp / name).resolve()
+            if not path.is_relative_to(tmp.resolve()):
+                raise PolicyIntegrityError(f"manifest entry {name!r} escapes the policy directory")
+            blob = blobs / ref.sha256
+            if not blob.is_file():
+                part = blobs / f".{ref.sha256}.{uuid.uuid4().hex[:8]}.part"
+                try:
+                    download_verified(store, ref, part, name)
+                    os.replace(part, blob)
+                finally:
+                    part.unlink(missing_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.link(blob, path)
+        (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=1))
+        shutil.rmtree(target, ignore_errors=True)  # a partial directory from before the manifest
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _evict(cache: Path, keep: int) -> None:
+    versions = cached_versions(cache)
+    for version in versions[: max(0, len(versions) - keep)]:
+        shutil.rmtree(version, ignore_errors=True)
+    if len(versions) > keep:
+        _remove_unlinked_blobs(cache)
+
+
+def _remove_unlinked_blobs(cache: Path) -> None:
+    """Blobs no version directory links to, and downloads a killed fetch left (a fetch holds
+    the lock, so none is in flight here)."""
+    blobs = cache / BLOBS
+    if blobs.is_dir():
+        for blob in blobs.iterdir():
+            if blob.name.endswith(".part") or blob.stat().st_nlink <= 1:
+                blob.unlink(missing_ok=True)

@@ -1,0 +1,87 @@
+"""Policy versions share unchanged files, in the store and in a machine's cache, and the cache
+stays bounded (real SeaweedFS; infra/policy.py, infra/policy_cache.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from infra import keys
+from infra.policy import MANIFEST, TINY, materialize_base_model, publish_policy
+from infra.policy_cache import BLOBS, cached_versions, fetch_policy, forget_run
+from infra.settings import Settings
+from infra.storage import ObjectStore
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return materialize_base_model(TINY, Settings(home=tmp_path_factory.mktemp("home")))
+
+
+def _variant(tiny_dir: Path, out: Path, tag: str) -> Path:
+    """The tiny policy with one file changed (as a step that trained one shard changes it)."""
+    shutil.copytree(tiny_dir, out)
+    (out / "generation_config.json").write_text(f'{{"tag": "{tag}"}}')
+    return out
+
+
+def _blobs(store: ObjectStore, run: str) -> list[str]:
+    return list(store.list_keys(keys.policies_prefix(run) + "blobs/"))
+
+
+def test_a_version_stores_and_fetches_only_the_files_it_changed(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    files = len([p for p in tiny_dir.iterdir() if p.is_file()])
+    publish_policy(store, "share", 0, tiny_dir)
+    assert len(_blobs(store, "share")) == files
+    publish_policy(store, "share", 1, _variant(tiny_dir, tmp_path / "v1", "one"), step=1)
+    assert len(_blobs(store, "share")) == files + 1  # only the changed file is new
+
+    cache = tmp_path / "cache"
+    v0, v1 = (fetch_policy(store, "share", v, cache) for v in (0, 1))
+    assert len(list((cache / BLOBS).iterdir())) == files + 1
+    weights = next(p.name for p in v0.iterdir() if p.name.endswith(".safetensors"))
+    assert (v0 / weights).stat().st_ino == (v1 / weights).stat().st_ino  # one copy on disk
+    assert (v1 / "generation_config.json").read_text() == '{"tag": "one"}'
+    assert (v0 / "generation_config.json").read_bytes() == (
+        tiny_dir / "generation_config.json"
+    ).read_bytes()
+
+
+def test_the_cache_keeps_the_most_recently_fetched_versions(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    for version in range(4):
+        local = _variant(tiny_dir, tmp_path / f"src{version}", f"v{version}")
+        publish_policy(store, "bounded", version, local, step=version)
+    cache = tmp_path / "cache"
+    for version in (0, 1, 2, 0, 3):  # v0 fetched again: v1 is now the least recent
+        fetch_policy(store, "bounded", version, cache, keep=3)
+    assert [p.name for p in cached_versions(cache)] == ["v2", "v0", "v3"]
+    files = len([p for p in tiny_dir.iterdir() if p.is_file()])
+    assert len(list((cache / BLOBS).iterdir())) == files - 1 + 3  # v1's own file went too
+    # an evicted version is fetched again when asked for, and is complete
+    again = fetch_policy(store, "bounded", 1, cache, keep=3)
+    assert (again / "generation_config.json").read_text() == '{"tag": "v1"}'
+    assert (again / MANIFEST).is_file()
+    assert [p.name for p in cached_versions(cache)] == ["v0", "v3", "v1"]
+
+    forget_run(cache, "bounded")
+    assert cached_versions(cache) == [] and list((cache / BLOBS).iterdir()) == []
+
+
+def test_a_download_a_killed_fetch_left_is_removed(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    publish_policy(store, "killed", 0, tiny_dir)
+    publish_policy(store, "killed", 1, _variant(tiny_dir, tmp_path / "v1", "one"), step=1)
+    cache = tmp_path / "cache"
+    fetch_policy(store, "killed", 0, cache, keep=1)
+    part = cache / BLOBS / ".0123.abcd.part"
+    part.write_bytes(b"half a shard")
+    fetch_policy(store, "killed", 1, cache, keep=1)  # evicts v0, then sweeps the blobs
+    assert not part.exists()
+    assert [p.name for p in cached_versions(cache)] == ["v1"]
