@@ -32,13 +32,18 @@ def _blobs(store: ObjectStore, run: str) -> list[str]:
 
 
 def test_a_version_stores_and_fetches_only_the_files_it_changed(
-    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     files = len([p for p in tiny_dir.iterdir() if p.is_file()])
     publish_policy(store, "share", 0, tiny_dir)
     assert len(_blobs(store, "share")) == files
+    sent: list[str] = []
+    upload = store.upload_file
+    monkeypatch.setattr(
+        store, "upload_file", lambda path, key, **kw: sent.append(key) or upload(path, key, **kw)
+    )
     publish_policy(store, "share", 1, _variant(tiny_dir, tmp_path / "v1", "one"), step=1)
-    assert len(_blobs(store, "share")) == files + 1  # only the changed file is new
+    assert len(_blobs(store, "share")) == files + 1 and len(sent) == 1  # only the changed file
 
     cache = tmp_path / "cache"
     v0, v1 = (fetch_policy(store, "share", v, cache) for v in (0, 1))
