@@ -1,0 +1,126 @@
+"""Publishing a policy version after a learner step: the whole model as one file vs one shard per
+layer (only changed shards sent, stored and fetched), side by side in one run.
+
+    .venv/bin/python bench/publish.py [--versions 4] [--layers 6]
+
+One private SeaweedFS (and Temporal, unused) on free ports. SmolLM2-135M-Instruct in float32
+(the smollm2 preset; `make train` materialises it) gets, for each version, a small change to
+its top `--layers` decoder layers and its final norm (what a default-run step trains). Each
+side then does what the learner and an inference worker do for a version:
+
+- `whole`: a plain copy of the model built from its config (as the learner did), saved as one
+  `model.safetensors`, published, fetched into a cache of its own;
+- `sharded`: `infra.policy.save_weights` (one shard per layer), published (files the run
+  already holds are not sent), fetched into a cache of its own (shared blobs are linked).
+
+The sides alternate which goes first. Printed per side: median seconds per version for save,
+publish and fetch (versions 2..N: the first version of a run has nothing to share), MB sent
+per version, and the cache's size after N versions; the ratio is whole over sharded seconds.
+Merged into bench/results.json under "publish". Not covered: the learner's gather of ZeRO-3
+partitions (the same on both sides) and a remote S3's bandwidth (here it is loopback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from common import bench_stack, machine, median_of, merge_results
+
+from infra.policy import materialize_base_model, policy_manifest, publish_policy, save_weights
+from infra.policy_cache import fetch_policy
+from infra.settings import Settings
+from infra.storage import ObjectStore
+
+MB = 1 << 20
+
+
+def _copy_side_files(base: Path, out: Path) -> None:
+    for path in base.iterdir():  # tokenizer, chat template: as the learner copies them
+        if path.is_file() and not (out / path.name).exists() and "safetensors" not in path.name:
+            shutil.copy2(path, out / path.name)
+
+
+def _save_whole(model: Any, out: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    copy = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+    copy.load_state_dict({k: v.detach() for k, v in model.state_dict().items()})
+    copy.save_pretrained(out)
+
+
+def _save_sharded(model: Any, out: Path) -> None:
+    save_weights(model, out, {k: v.detach() for k, v in model.state_dict().items()})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--versions", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=6)
+    args = parser.parse_args()
+    from transformers import AutoModelForCausalLM
+
+    base = materialize_base_model("smollm2", Settings())
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    sides = {"whole": _save_whole, "sharded": _save_sharded}
+    times: dict[str, dict[str, list[float]]] = {
+        s: {"save": [], "publish": [], "fetch": []} for s in sides
+    }
+    sent: dict[str, list[float]] = {s: [] for s in sides}
+    with tempfile.TemporaryDirectory() as tmp, bench_stack(Path(tmp) / "home") as settings:
+        store = ObjectStore.from_settings(settings)
+        known: dict[str, set[str]] = {s: set() for s in sides}
+        for version in range(1, args.versions + 1):
+            with torch.no_grad():
+                for layer in model.model.layers[-args.layers :]:
+                    for param in layer.parameters():
+                        param.add_(1e-3)
+                model.model.norm.weight.add_(1e-3)
+            order = list(sides) if version % 2 else list(reversed(sides))
+            for side in order:
+                out = Path(tmp) / f"{side}-v{version}"
+                started = time.perf_counter()
+                sides[side](model, out)
+                _copy_side_files(base, out)
+                saved = time.perf_counter()
+                publish_policy(store, side, version, out, step=version)
+                published = time.perf_counter()
+                fetch_policy(store, side, version, Path(tmp) / f"cache-{side}", keep=6)
+                fetched = time.perf_counter()
+                shutil.rmtree(out)
+                manifest = policy_manifest(store, side, version)
+                assert manifest is not None
+                new = [ref for ref in manifest.files.values() if ref.key not in known[side]]
+                known[side] |= {ref.key for ref in new}
+                if version > 1:
+                    times[side]["save"].append(saved - started)
+                    times[side]["publish"].append(published - saved)
+                    times[side]["fetch"].append(fetched - published)
+                    sent[side].append(sum(ref.size for ref in new) / MB)
+        report: dict[str, Any] = {
+            "machine": machine(),
+            "versions": args.versions,
+            "layers": args.layers,
+        }
+        for side in sides:
+            cache = Path(tmp) / f"cache-{side}" / "blobs"
+            parts = {k: round(median_of(v), 2) for k, v in times[side].items()}
+            report[side] = {
+                **{f"{k}_s": v for k, v in parts.items()},
+                "total_s": round(sum(parts.values()), 2),
+                "sent_mb_per_version": round(median_of(sent[side]), 1),
+                "cache_mb": round(sum(p.stat().st_size for p in cache.iterdir()) / MB),
+            }
+            print(f"{side:8s} {report[side]}", flush=True)
+        report["ratio"] = round(report["whole"]["total_s"] / report["sharded"]["total_s"], 2)
+        print(f"whole / sharded seconds per version: {report['ratio']}x", flush=True)
+    merge_results("publish", report)
+
+
+if __name__ == "__main__":
+    main()
