@@ -177,6 +177,7 @@ def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
     for key in (
         "runs/demo-eval-v0/a",
         "runs/demo-eval-v12/b",
+        "runs/demo-eval-v3-humaneval/e",  # `tempered eval --suite humaneval`
         "runs/demo-eval-vx/c",
         "runs/demo2/d",
     ):
@@ -197,7 +198,7 @@ def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
     assert sorted(store.list_keys(keys.RUNS_PREFIX)) == before and cached.exists()
 
     assert cli(["runs", "rm", RUN, "--force"], settings) == 0
-    assert "deleted run demo: 14 objects (2 evaluations)" in capsys.readouterr().out
+    assert "deleted run demo: 15 objects (3 evaluations)" in capsys.readouterr().out
     assert sorted(store.list_keys(keys.RUNS_PREFIX)) == [
         "runs/demo-eval-vx/c",
         "runs/demo2/d",
