@@ -26,6 +26,7 @@ still reads a version being evicted keeps its open files (POSIX), but not its pa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -118,6 +119,8 @@ def _evict(cache: Path, keep: int) -> None:
     versions = cached_versions(cache)
     for version in versions[: max(0, len(versions) - keep)]:
         shutil.rmtree(version, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the run's last cached version: drop its folder
+            version.parent.rmdir()
     if len(versions) > keep:
         _remove_unlinked_blobs(cache)
 

@@ -90,3 +90,6 @@ def test_a_download_a_killed_fetch_left_is_removed(
     fetch_policy(store, "killed", 1, cache, keep=1)  # evicts v0, then sweeps the blobs
     assert not part.exists()
     assert [p.name for p in cached_versions(cache)] == ["v1"]
+    publish_policy(store, "next", 0, tiny_dir)
+    fetch_policy(store, "next", 0, cache, keep=1)  # the last version of "killed" goes
+    assert not (cache / "killed").exists() and (cache / "next" / "v0").is_dir()
