@@ -114,8 +114,7 @@ class LearnerEngine:
             torch.set_num_threads(threads)
         self.version: int | None = None
         self.engine: Any = None
-        self.pad_id = 0
-        self.save_dtype = torch.float32
+        self.pad_id, self.save_dtype = 0, torch.float32
         self.rank, self.world = 0, 1
         self._config: GRPOConfig | None = None
         self._lora: LoraSpec | None = None
