@@ -1,5 +1,6 @@
 """PolicyResolver against a real SeaweedFS: pinned versions not published yet are waited for
-(bounded), versions that were skipped fail at once, LoRA versions carry their base."""
+(bounded), versions that were skipped fail at once, LoRA versions carry their base, and a
+version the bounded cache evicted is fetched again."""
 
 from __future__ import annotations
 
@@ -66,3 +67,17 @@ async def test_a_lora_version_resolves_with_its_full_weight_base(
     assert tuned.version == 1 and tuned.base == await policies.resolve("lora", 0)
     assert tuned.weights.path / "config.json" != tuned.path / "config.json"
     assert (tuned.path / "adapter_config.json").is_file()
+
+
+@pytest.mark.asyncio
+async def test_a_version_the_bounded_cache_evicted_is_fetched_again(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    for version in (0, 1):
+        publish_policy(store, "evict", version, tiny_dir, step=version)
+    policies = PolicyResolver(store, tmp_path / "cache", keep=1)
+    first = await policies.resolve("evict", 0)
+    await policies.resolve("evict", 1)  # the cache keeps one version: v0's directory goes
+    assert not first.path.exists()
+    again = await policies.resolve("evict", 0)
+    assert again.path == first.path and (again.path / "config.json").is_file()
