@@ -319,6 +319,31 @@ def _upload_blob(store: ObjectStore, run_id: str, path: Path, digest: str) -> Ob
     return store.upload_file(path, key, create_only=True)
 
 
+def prune_versions(store: ObjectStore, run_id: str, keep: int) -> list[int]:
+    """Delete the versions of a finished run but version 0, the newest `keep` and the
+    full-weight versions their adapters apply to, then every blob no kept version names.
+    Returns the versions deleted (an S3 store may still list their empty prefixes). The
+    caller makes sure nothing serves the run any more."""
+    prefix = keys.policies_prefix(run_id)
+    found = (keys.policy_version_of(p) for p in store.list_prefixes(prefix))
+    versions = sorted(v for v in found if v is not None)
+    manifests = {v: _read_manifest(store, keys.policy_manifest_key(run_id, v)) for v in versions}
+    kept = {0, *versions[-keep:]} if keep > 0 else {0}
+    kept |= {
+        m.policy.adapter_of
+        for v, m in manifests.items()
+        if v in kept and m is not None and m.policy.adapter_of is not None
+    }
+    doomed = [  # its manifest, and any file of the older per-version layout
+        v for v in versions if v not in kept and store.delete_prefix(keys.policy_prefix(run_id, v))
+    ]
+    left = [m for v, m in manifests.items() if v in kept and m is not None]
+    named = {ref.key for manifest in left for ref in manifest.files.values()}
+    blobs = [k for k in store.list_keys(keys.policy_blob_key(run_id, "")) if k not in named]
+    store.delete_keys(blobs)
+    return doomed
+
+
 def _read_manifest(store: ObjectStore, key: str) -> PolicyManifest | None:
     try:
         return store.get_model(key, PolicyManifest)

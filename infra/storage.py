@@ -233,18 +233,21 @@ class ObjectStore:
             self._client.delete_object(Bucket=self.bucket, Key=key)
 
     def delete_prefix(self, prefix: str) -> int:
-        """Delete every key under `prefix` (S3 DeleteObjects, 1,000 a request); how many."""
-        doomed = list(self.list_keys(prefix))
+        """Delete every key under `prefix`; how many."""
+        return self.delete_keys(list(self.list_keys(prefix)))
+
+    def delete_keys(self, doomed: list[str]) -> int:
+        """Delete `doomed` (S3 DeleteObjects, 1,000 a request); how many."""
         for start in range(0, len(doomed), 1000):
             objects = [{"Key": key} for key in doomed[start : start + 1000]]
-            with self._errors("delete", prefix):
+            with self._errors("delete", objects[0]["Key"]):
                 reply = self._client.delete_objects(
                     Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True}
                 )
             if reply.get("Errors"):
                 first = reply["Errors"][0]
                 raise TransientStorageError(
-                    f"delete under {prefix}: {len(reply['Errors'])} keys not deleted, e.g. "
+                    f"delete: {len(reply['Errors'])} keys not deleted, e.g. "
                     f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}"
                 )
         return len(doomed)

@@ -1,5 +1,6 @@
-"""Policy versions share unchanged files, in the store and in a machine's cache, and the cache
-stays bounded (real SeaweedFS; infra/policy.py, infra/policy_cache.py)."""
+"""Policy versions share unchanged files, in the store and in a machine's cache; the cache stays
+bounded and a finished run's old versions can be pruned (real SeaweedFS; infra/policy.py,
+infra/policy_cache.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,17 @@ from pathlib import Path
 import pytest
 
 from infra import keys
-from infra.policy import MANIFEST, TINY, materialize_base_model, publish_policy
+from infra.policy import (
+    MANIFEST,
+    TINY,
+    materialize_base_model,
+    policy_manifest,
+    prune_versions,
+    publish_policy,
+)
 from infra.policy_cache import BLOBS, cached_versions, fetch_policy, forget_run
 from infra.settings import Settings
-from infra.storage import ObjectStore
+from infra.storage import ObjectNotFound, ObjectStore
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +101,20 @@ def test_a_download_a_killed_fetch_left_is_removed(
     publish_policy(store, "next", 0, tiny_dir)
     fetch_policy(store, "next", 0, cache, keep=1)  # the last version of "killed" goes
     assert not (cache / "killed").exists() and (cache / "next" / "v0").is_dir()
+
+
+def test_pruning_keeps_v0_the_newest_and_the_blobs_they_name(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    for version in range(5):
+        local = _variant(tiny_dir, tmp_path / f"src{version}", f"v{version}")
+        publish_policy(store, "pruned", version, local, step=version)
+    assert prune_versions(store, "pruned", keep=2) == [1, 2]
+    kept = [policy_manifest(store, "pruned", v) for v in range(5)]
+    assert [m is not None for m in kept] == [True, False, False, True, True]
+    named = {ref.key for m in kept if m for ref in m.files.values()}
+    assert set(_blobs(store, "pruned")) == named  # v1's and v2's own files went
+    assert (fetch_policy(store, "pruned", 3, tmp_path / "cache") / MANIFEST).is_file()
+    with pytest.raises(ObjectNotFound):
+        fetch_policy(store, "pruned", 1, tmp_path / "cache")
+    assert prune_versions(store, "pruned", keep=0) == [3, 4] and _blobs(store, "pruned")

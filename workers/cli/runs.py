@@ -7,12 +7,13 @@
     tempered regrade RUN --grader v2 [--suite S]  re-score stored final programs, no generation
     tempered runs rm RUN [RUN ...] [--force]      delete runs: their objects (their evaluations'
                                                   too) and their locally cached policy versions
+    tempered runs prune RUN [...] [--keep K]      delete policy versions but v0 and the newest K
 
 `regrade` re-scores each trajectory's final program against the task's tests *as the task
 suite defines them now* (suite from `--suite`, else the run's `run.json`, else `starter`); the
 work is `infra/regrade.py`'s, this module only finds the inputs and prints the outcome.
 
-`rm` refuses a run that is still running, and (without `--force`) any run when Temporal cannot
+`rm` and `prune` refuse a run that is still running, and (without `--force`) any run when Temporal cannot
 be asked. Content-addressed workspace objects (`trees/`, `packs/`) are shared between runs and
 stay. Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad input or S3 unusable.
 """
@@ -44,7 +45,7 @@ from contracts.task import RewardConfig, SandboxLimits
 from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
 from infra import keys
 from infra.inference.prompts import clip, observation_text
-from infra.policy import latest_policy, policy_manifest
+from infra.policy import latest_policy, policy_manifest, prune_versions
 from infra.policy_cache import forget_run
 from infra.regrade import OUTCOMES, Regrading
 from infra.sandbox import get_backend
@@ -61,7 +62,7 @@ Record = TypeVar("Record", bound=BaseModel)
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add `runs ls`, `runs show` and `regrade` to the `tempered` CLI."""
+    """Add `runs ls/show/rm/prune` and `regrade` to the `tempered` CLI."""
     runs = commands.add_parser("runs", help="list and inspect stored runs")
     actions = runs.add_subparsers(dest="runs_command", required=True, metavar="COMMAND")
     actions.add_parser("ls", help="every run in the bucket").set_defaults(func=runs_ls)
@@ -76,6 +77,15 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--force", action="store_true", help="also when Temporal cannot say whether they run"
     )
     remove.set_defaults(func=runs_rm)
+    prune = actions.add_parser("prune", help="delete finished runs' older policy versions")
+    prune.add_argument("runs", nargs="+", metavar="RUN")
+    prune.add_argument(
+        "--keep", type=int, default=1, help="newest versions to keep besides v0 (default 1)"
+    )
+    prune.add_argument(
+        "--force", action="store_true", help="also when Temporal cannot say whether they run"
+    )
+    prune.set_defaults(func=runs_prune)
     again = commands.add_parser("regrade", help="re-score a run's trajectories without generating")
     again.add_argument("run")
     again.add_argument("--grader", default="current", help="name of this grading (a key part)")
@@ -221,7 +231,7 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
         policies.add_column(column)
     for version in _policy_versions(store, run):
         manifest = policy_manifest(store, run, version)
-        step = str(manifest.policy.step) if manifest else "incomplete"
+        step = str(manifest.policy.step) if manifest else "no manifest (incomplete or pruned)"
         created = manifest.policy.created_at if manifest else ""
         mark = "*" if latest and latest.version == version else ""
         policies.add_row(f"v{version}", step, created, mark)
@@ -232,19 +242,7 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
 @_user_errors
 def runs_rm(args: argparse.Namespace, settings: Settings) -> int:
     store = _open_store(settings)
-    for run in args.runs:
-        _require_run(store, run)
-    try:
-        running = asyncio.run(_running(settings, args.runs))
-    except (OSError, RuntimeError, RPCError) as exc:  # no Temporal to ask, or it failed
-        if not args.force:
-            raise ValueError(
-                f"cannot tell whether {', '.join(args.runs)} still run (Temporal at "
-                f"{settings.temporal.address}: {exc}); nothing deleted (--force deletes anyway)"
-            ) from None
-        running = []
-    if running:
-        raise ValueError(f"still running: {', '.join(running)} (`tempered stop` it first)")
+    _refuse_running(store, settings, args.runs, args.force, "deleted")
     for run in args.runs:
         evals = [
             p
@@ -255,6 +253,39 @@ def runs_rm(args: argparse.Namespace, settings: Settings) -> int:
         forget_run(settings.policy_cache, run)
         print(f"deleted run {run}: {deleted} objects ({len(evals)} evaluations), cached policies")
     return 0
+
+
+@_user_errors
+def runs_prune(args: argparse.Namespace, settings: Settings) -> int:
+    if args.keep < 0:
+        raise ValueError(f"--keep must be 0 or more, not {args.keep}")
+    store = _open_store(settings)
+    _refuse_running(store, settings, args.runs, args.force, "pruned")
+    for run in args.runs:
+        doomed = prune_versions(store, run, args.keep)
+        forget_run(settings.policy_cache, run)
+        named = ", ".join(f"v{v}" for v in doomed) or "none"
+        print(f"pruned run {run}: deleted policy versions {named}; its cached policies")
+    return 0
+
+
+def _refuse_running(
+    store: ObjectStore, settings: Settings, runs: list[str], force: bool, done: str
+) -> None:
+    """ValueError for an unknown run, a running one, or (unless `force`) no Temporal to ask."""
+    for run in runs:
+        _require_run(store, run)
+    try:
+        running = asyncio.run(_running(settings, runs))
+    except (OSError, RuntimeError, RPCError) as exc:  # no Temporal to ask, or it failed
+        if not force:
+            raise ValueError(
+                f"cannot tell whether {', '.join(runs)} still run (Temporal at "
+                f"{settings.temporal.address}: {exc}); nothing {done} (--force anyway)"
+            ) from None
+        running = []
+    if running:
+        raise ValueError(f"still running: {', '.join(running)} (`tempered stop` it first)")
 
 
 async def _running(settings: Settings, runs: list[str]) -> list[str]:

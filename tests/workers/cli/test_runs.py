@@ -14,6 +14,7 @@ from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName
 from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
 from infra import keys
+from infra.policy import TINY, materialize_base_model, policy_manifest, publish_policy
 from infra.seaweed import pick_free_ports
 from infra.settings import Settings, TemporalSettings
 from infra.storage import ObjectStore
@@ -167,6 +168,25 @@ def test_runs_show_task_prints_each_episode_step_by_step(
     assert "has no trajectory of task 'ws-1' sample 3" in capsys.readouterr().err
 
 
+def test_runs_prune_keeps_v0_and_the_newest_versions(
+    seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path, capsys: Capture
+) -> None:
+    tiny = materialize_base_model(TINY, Settings(home=tmp_path / "models"))
+    for version in range(4):
+        publish_policy(store, "prune-me", version, tiny, step=version)
+    settings = settings_for(seaweed, store, tmp_path).model_copy(
+        update={"temporal": TemporalSettings(address=f"127.0.0.1:{pick_free_ports()[0]}")}
+    )
+    assert cli(["runs", "prune", "prune-me", "--keep", "1"], settings) == 2  # may still run
+    assert "nothing pruned (--force anyway)" in capsys.readouterr().err
+    assert policy_manifest(store, "prune-me", 1) is not None
+    assert cli(["runs", "prune", "prune-me", "--keep", "1", "--force"], settings) == 0
+    assert "deleted policy versions v1, v2;" in capsys.readouterr().out
+    left = [v for v in range(4) if policy_manifest(store, "prune-me", v) is not None]
+    assert left == [0, 3]
+    assert cli(["runs", "prune", "prune-me", "--keep", "-1", "--force"], settings) == 2
+
+
 def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
     seaweed: SeaweedServer,
     store: ObjectStore,
@@ -194,7 +214,7 @@ def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
     before = sorted(store.list_keys(keys.RUNS_PREFIX))
 
     assert cli(["runs", "rm", RUN], settings) == 2  # Temporal cannot say whether it runs
-    assert "nothing deleted (--force deletes anyway)" in capsys.readouterr().err
+    assert "nothing deleted (--force anyway)" in capsys.readouterr().err
     assert sorted(store.list_keys(keys.RUNS_PREFIX)) == before and cached.exists()
 
     assert cli(["runs", "rm", RUN, "--force"], settings) == 0
