@@ -13,9 +13,9 @@
 suite defines them now* (suite from `--suite`, else the run's `run.json`, else `starter`); the
 work is `infra/regrade.py`'s, this module only finds the inputs and prints the outcome.
 
-`rm` and `prune` refuse a run that is still running, and (without `--force`) any run when Temporal cannot
-be asked. Content-addressed workspace objects (`trees/`, `packs/`) are shared between runs and
-stay. Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad input or S3 unusable.
+`rm` and `prune` refuse a run that is still running, and (without `--force`) any run when
+Temporal cannot be asked. Content-addressed workspace objects (`trees/`, `packs/`) are shared
+between runs and stay. Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad input or S3 unusable.
 """
 
 from __future__ import annotations
