@@ -157,13 +157,16 @@ class LearnerActivities:
         manifest = policy_manifest(self.store, req.run_id, req.step + 1)
         if manifest is None:
             return None
-        response, record = self._acknowledge(manifest.policy)
+        response, record = self._acknowledge(manifest.policy, manifest)
         _same_groups(record, req)
         return response
 
-    def _acknowledge(self, policy: PolicyVersion) -> tuple[TrainStepResponse, StepRecord]:
-        """Write the ack of the step that produced `policy` (from its train_step.json)."""
-        manifest = policy_manifest(self.store, policy.run_id, policy.version)
+    def _acknowledge(
+        self, policy: PolicyVersion, manifest: PolicyManifest | None = None
+    ) -> tuple[TrainStepResponse, StepRecord]:
+        """Write the ack of the step that produced `policy` (from the train_step.json its
+        manifest names; read here unless the caller has it)."""
+        manifest = manifest or policy_manifest(self.store, policy.run_id, policy.version)
         if manifest is None or STEP_RECORD not in manifest.files:
             raise invalid("step", f"policy {policy.run_id}/v{policy.version} has no {STEP_RECORD}")
         record = StepRecord.model_validate_json(

@@ -319,14 +319,19 @@ def _upload_blob(store: ObjectStore, run_id: str, path: Path, digest: str) -> Ob
     return store.upload_file(path, key, create_only=True)
 
 
+def policy_versions(store: ObjectStore, run_id: str) -> list[int]:
+    """The versions with a prefix in the store, ascending (complete, incomplete or pruned:
+    an S3 store may keep listing an emptied prefix; the manifest tells)."""
+    found = (keys.policy_version_of(p) for p in store.list_prefixes(keys.policies_prefix(run_id)))
+    return sorted(version for version in found if version is not None)
+
+
 def prune_versions(store: ObjectStore, run_id: str, keep: int) -> list[int]:
     """Delete the versions of a finished run but version 0, the newest `keep` and the
     full-weight versions their adapters apply to, then every blob no kept version names.
     Returns the versions deleted (an S3 store may still list their empty prefixes). The
     caller makes sure nothing serves the run any more."""
-    prefix = keys.policies_prefix(run_id)
-    found = (keys.policy_version_of(p) for p in store.list_prefixes(prefix))
-    versions = sorted(v for v in found if v is not None)
+    versions = policy_versions(store, run_id)
     manifests = {v: _read_manifest(store, keys.policy_manifest_key(run_id, v)) for v in versions}
     kept = {0, *versions[-keep:]} if keep > 0 else {0}
     kept |= {

@@ -45,7 +45,7 @@ from contracts.task import RewardConfig, SandboxLimits
 from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
 from infra import keys
 from infra.inference.prompts import clip, observation_text
-from infra.policy import latest_policy, policy_manifest, prune_versions
+from infra.policy import latest_policy, policy_manifest, policy_versions, prune_versions
 from infra.policy_cache import forget_run
 from infra.regrade import OUTCOMES, Regrading
 from infra.sandbox import get_backend
@@ -128,11 +128,6 @@ def _require_run(store: ObjectStore, run: str) -> None:
         )
 
 
-def _policy_versions(store: ObjectStore, run: str) -> list[int]:
-    found = (keys.policy_version_of(p) for p in store.list_prefixes(keys.policies_prefix(run)))
-    return sorted(version for version in found if version is not None)
-
-
 def _load_all(store: ObjectStore, keys_: list[str], cls: type[Record]) -> list[Record]:
     with ThreadPoolExecutor(8) as pool:
         return list(pool.map(lambda key: store.get_model(key, cls), keys_))
@@ -161,7 +156,7 @@ def runs_ls(args: argparse.Namespace, settings: Settings) -> int:
             run,
             str(len(_names(store, keys.tasks_prefix(run)))),
             str(sum(1 for _ in store.list_keys(keys.trajectories_prefix(run)))),
-            str(len(_policy_versions(store, run))),
+            str(len(policy_versions(store, run))),
             f"v{latest.version}" if latest else "-",
             ", ".join(_names(store, keys.rewards_prefix(run))) or "-",
         )
@@ -229,7 +224,7 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
     latest = latest_policy(store, run)
     for column in ("version", "step", "created", "latest"):
         policies.add_column(column)
-    for version in _policy_versions(store, run):
+    for version in policy_versions(store, run):
         manifest = policy_manifest(store, run, version)
         step = str(manifest.policy.step) if manifest else "no manifest (incomplete or pruned)"
         created = manifest.policy.created_at if manifest else ""
