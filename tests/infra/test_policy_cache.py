@@ -35,6 +35,13 @@ def _variant(tiny_dir: Path, out: Path, tag: str) -> Path:
     return out
 
 
+def _publish_variants(store: ObjectStore, run: str, count: int, tiny: Path, tmp: Path) -> None:
+    """Versions 0..count-1 of `run`, each with a file of its own (`_variant`)."""
+    for version in range(count):
+        local = _variant(tiny, tmp / f"src{version}", f"v{version}")
+        publish_policy(store, run, version, local, step=version)
+
+
 def _blobs(store: ObjectStore, run: str) -> list[str]:
     return list(store.list_keys(keys.policies_prefix(run) + "blobs/"))
 
@@ -67,9 +74,7 @@ def test_a_version_stores_and_fetches_only_the_files_it_changed(
 def test_the_cache_keeps_the_most_recently_fetched_versions(
     store: ObjectStore, tiny_dir: Path, tmp_path: Path
 ) -> None:
-    for version in range(4):
-        local = _variant(tiny_dir, tmp_path / f"src{version}", f"v{version}")
-        publish_policy(store, "bounded", version, local, step=version)
+    _publish_variants(store, "bounded", 4, tiny_dir, tmp_path)
     cache = tmp_path / "cache"
     for version in (0, 1, 2, 0, 3):  # v0 fetched again: v1 is now the least recent
         fetch_policy(store, "bounded", version, cache, keep=3)
@@ -106,9 +111,7 @@ def test_a_download_a_killed_fetch_left_is_removed(
 def test_pruning_keeps_v0_the_newest_and_the_blobs_they_name(
     store: ObjectStore, tiny_dir: Path, tmp_path: Path
 ) -> None:
-    for version in range(5):
-        local = _variant(tiny_dir, tmp_path / f"src{version}", f"v{version}")
-        publish_policy(store, "pruned", version, local, step=version)
+    _publish_variants(store, "pruned", 5, tiny_dir, tmp_path)
     assert prune_versions(store, "pruned", keep=2) == [1, 2]
     kept = [policy_manifest(store, "pruned", v) for v in range(5)]
     assert [m is not None for m in kept] == [True, False, False, True, True]

@@ -39,6 +39,12 @@ def settings_for(
     )
 
 
+def without_temporal(settings: Settings) -> Settings:
+    """`settings` pointing at a Temporal that is not there (a free port nothing listens on)."""
+    address = f"127.0.0.1:{pick_free_ports()[0]}"
+    return settings.model_copy(update={"temporal": TemporalSettings(address=address)})
+
+
 def demo(task_id: str, sample: int, code: str, solved: bool) -> Trajectory:
     status = ExecStatus.PASSED if solved else ExecStatus.FAILED
     return trajectory(
@@ -174,9 +180,7 @@ def test_runs_prune_keeps_v0_and_the_newest_versions(
     tiny = materialize_base_model(TINY, Settings(home=tmp_path / "models"))
     for version in range(4):
         publish_policy(store, "prune-me", version, tiny, step=version)
-    settings = settings_for(seaweed, store, tmp_path).model_copy(
-        update={"temporal": TemporalSettings(address=f"127.0.0.1:{pick_free_ports()[0]}")}
-    )
+    settings = without_temporal(settings_for(seaweed, store, tmp_path))
     assert cli(["runs", "prune", "prune-me", "--keep", "1"], settings) == 2  # may still run
     assert "nothing pruned (--force anyway)" in capsys.readouterr().err
     assert policy_manifest(store, "prune-me", 1) is not None
@@ -208,9 +212,7 @@ def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
     blob.parent.mkdir()
     blob.write_bytes(b"weights")
     os.link(blob, cached / "model-layer-0000.safetensors")
-    settings = settings_for(seaweed, store, tmp_path).model_copy(
-        update={"temporal": TemporalSettings(address=f"127.0.0.1:{pick_free_ports()[0]}")}
-    )
+    settings = without_temporal(settings_for(seaweed, store, tmp_path))
     before = sorted(store.list_keys(keys.RUNS_PREFIX))
 
     assert cli(["runs", "rm", RUN], settings) == 2  # Temporal cannot say whether it runs
