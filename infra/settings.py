@@ -193,6 +193,10 @@ class LocalInferenceSettings(_Section):
     """LoRA versions kept applied to their loaded base (least recently used is dropped)."""
     max_rows: int = Field(default=64, ge=1, le=4096)
     """Most sequences decoded together: the width of the continuous batch."""
+    prefix_cache_mib: int = Field(default=2048, ge=0, le=1 << 20)
+    """Memory for the KV of finished rows, MiB, so that an episode's next step prefills only
+    its new tokens (infra/inference/prefixes.py; SmolLM2-135M in float32 needs 46 KB a token,
+    so 2 GiB holds about 46k tokens, ~150 second turns); 0 turns it off."""
 
 
 LoraRank = Literal[8, 16, 32, 64, 128, 256]

@@ -15,7 +15,9 @@ samples of one task, share one prefill), and its KV cache joins the running batc
 `infra.inference.kvcache.SlotCache` right-aligned, the shorter side left-padded (the
 attention mask hides the padding; every row carries its own position ids). A row that ends
 (EOS, a stop rule of `infra.inference.stops`, its token budget) leaves the batch at once (the
-last row takes its slot), and columns that only padding still occupies are trimmed. Every row
+last row takes its slot), and columns that only padding still occupies are trimmed. Given a
+version's `infra.inference.prefixes` store, a row that ends leaves its KV there, and a row whose
+prompt extends it (the episode's next step) is prefilled from it, its new tokens only. Every row
 samples from its own generator: one uniform per step, so a seeded row's tokens do not depend
 on which rows share its batch.
 
@@ -43,9 +45,12 @@ import torch
 from contracts.task import SamplingParams
 from infra.inference.base import FinishReason, GenerationOutput, InferenceError
 from infra.inference.kvcache import SlotCache, compaction
+from infra.inference.prefixes import Prefix, VersionPrefixes
 from infra.inference.stops import RowWatch, StopRules
 
 log = logging.getLogger(__name__)
+_Prefilled = tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]
+"""A prefill's cache, `(rows, width)` mask, next position ids `(rows, 1)`, last logits."""
 Choose = Callable[[torch.Tensor, list[SamplingParams], list[torch.Generator]], torch.Tensor]
 
 
@@ -86,8 +91,11 @@ def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 class RowBatch:
     """The running batch of one model: KV cache, attention mask, next positions, next logits."""
 
-    def __init__(self, policy: BatchPolicy, choose: Choose):
+    def __init__(
+        self, policy: BatchPolicy, choose: Choose, prefixes: VersionPrefixes | None = None
+    ):
         self.policy, self.model, self.choose = policy, policy.model, choose
+        self.prefixes = prefixes
         self.pad_id, self.eos_ids = policy.pad_id, policy.eos_ids
         self.device = next(self.model.parameters()).device
         self.rows: list[Row] = []
@@ -106,14 +114,28 @@ class RowBatch:
     @torch.inference_mode()
     def admit(self, rows: list[Row]) -> list[Row]:
         """Prefill `rows` and add them to the batch; returns those with nothing to sample
-        (an empty prompt, no budget left), which are done as they are."""
+        (an empty prompt, no budget left), which are done as they are. A row whose prompt
+        extends one that ended in this version (`prefixes`) prefills only its new tokens."""
         empty = [r for r in rows if r.budget <= 0 or not r.prompt]
         rows = [r for r in rows if r.budget > 0 and r.prompt]
-        if not rows:
-            return empty
-        # rows with the same prompt (a task's samples) are prefilled once, their KV copied
+        fresh: list[Row] = []
+        for row in rows:
+            hit = self.prefixes.take(row.prompt) if self.prefixes is not None else None
+            if hit is None:
+                fresh.append(row)
+            else:
+                self._join(*self._prefill_after(row.prompt, hit))
+                self.rows.append(row)
+        if fresh:
+            self._join(*self._prefill([r.prompt for r in fresh]))
+            self.rows.extend(fresh)
+        return empty
+
+    def _prefill(self, prompts: list[list[int]]) -> _Prefilled:
+        """One left-padded forward over `prompts`; rows with the same prompt (a task's samples)
+        are prefilled once, their KV copied."""
         unique: dict[tuple[int, ...], int] = {}
-        copies = [unique.setdefault(tuple(r.prompt), len(unique)) for r in rows]
+        copies = [unique.setdefault(tuple(prompt), len(unique)) for prompt in prompts]
         width = max(len(prompt) for prompt in unique)
         ids = torch.full((len(unique), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(unique), width), dtype=torch.long)
@@ -129,24 +151,46 @@ class RowBatch:
             use_cache=True,
             logits_to_keep=1,
         )
-        if len(unique) < len(rows):
+        if len(unique) < len(prompts):
             index = torch.tensor(copies, device=self.device)
             out.past_key_values.batch_select_indices(index)
             out.logits, mask, positions = out.logits[index], mask[index], positions[index]
-        logits = out.logits[:, -1, :].float()
+        return out.past_key_values, mask, positions[:, -1:] + 1, out.logits[:, -1, :].float()
+
+    def _prefill_after(self, prompt: list[int], hit: Prefix) -> _Prefilled:
+        """One row's forward over the tokens of `prompt` after its stored prefix `hit`."""
+        from transformers.cache_utils import DynamicCache
+
+        cache = DynamicCache()
+        for layer, (keys, values) in enumerate(hit.layers):
+            cache.update(keys.to(self.device), values.to(self.device), layer)
+        ids = torch.tensor([prompt[hit.length :]], device=self.device)
+        positions = torch.arange(hit.length, len(prompt), device=self.device)[None]
+        mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.past_key_values, mask, positions[:, -1:] + 1, out.logits[:, -1, :].float()
+
+    def _join(
+        self, cache: Any, mask: torch.Tensor, nexts: torch.Tensor, logits: torch.Tensor
+    ) -> None:
+        """Add prefilled rows (their KV, `(rows, width)` mask, next positions, last logits)."""
         if self._cache is None:
-            self._cache = SlotCache(len(out.past_key_values.layers))
-            self._mask, self._logits = mask, logits
-            self._positions = positions[:, -1:] + 1
+            self._cache = SlotCache(len(cache.layers))
+            self._mask, self._logits, self._positions = mask, logits, nexts
         else:
             assert self._logits is not None
-            length = max(self._mask.shape[1], width)
+            length = max(self._mask.shape[1], mask.shape[1])
             self._mask = torch.cat([_pad_left(self._mask, length, 1), _pad_left(mask, length, 1)])
-            self._positions = torch.cat([self._positions, positions[:, -1:] + 1])
+            self._positions = torch.cat([self._positions, nexts])
             self._logits = torch.cat([self._logits, logits])
-        self._cache.admit(out.past_key_values, mask)
-        self.rows.extend(rows)
-        return empty
+        self._cache.admit(cache, mask)
 
     @torch.inference_mode()
     def step(self) -> list[Row]:
@@ -167,6 +211,7 @@ class RowBatch:
                 row.output.finish_reason = finish
                 gone.append(r)
         ended = [self.rows[r] for r in gone]
+        self._keep_prefixes(gone)
         if len(gone) == len(self.rows):
             self.rows, self._cache, self._logits = [], None, None
             return ended
@@ -190,6 +235,18 @@ class RowBatch:
         self._logits = out.logits[:, -1, :].float()
         self._positions = self._positions + 1
         return ended
+
+    def _keep_prefixes(self, gone: list[int]) -> None:
+        """Store the KV of rows that ended (all their tokens but the last, which no forward
+        read) for the prompt of their episode's next step."""
+        if self.prefixes is None or self._cache is None:
+            return
+        for r in gone:
+            row = self.rows[r]
+            if row.future is not None and row.future.cancelled():
+                continue
+            tokens = row.prompt + row.output.token_ids[:-1]
+            self.prefixes.put(tokens, self._cache.row(r, len(tokens)))
 
     def _finish(self, row: Row, token: int, logprob: float) -> FinishReason | None:
         if row.future is not None and row.future.cancelled():

@@ -42,6 +42,7 @@ from contracts.task import SamplingParams
 from infra.inference.base import GenerationOutput, InferenceError, PolicyHandle
 from infra.inference.decoder import Decoder, RowBatch
 from infra.inference.kvcache import ATTENTION, register_attention
+from infra.inference.prefixes import PrefixStore
 from infra.inference.stops import StopRules
 from infra.settings import LocalInferenceSettings
 
@@ -193,6 +194,8 @@ class LocalBackend:
     (peft): the base is loaded once, each adapter (megabytes) is added to it by name, and a
     batch activates the adapter of its version (a batch of the base version turns them off).
     Models and adapters are loaded on the decoder's thread, between batches, never under one.
+    A row that ends leaves its KV in `prefixes` (`prefix_cache_mib`), so an episode's next step,
+    whose prompt extends it, prefills its observation only.
     """
 
     name = "local"
@@ -210,6 +213,7 @@ class LocalBackend:
         self._peft: dict[tuple[str, int], Any] = {}  # base version -> its PeftModel
         self._handles: dict[tuple[str, int], PolicyHandle] = {}
         self._lock = threading.Lock()  # guards the caches
+        self.prefixes = PrefixStore(config.prefix_cache_mib << 20)  # the decoder's thread only
         self._decoder = Decoder(config.max_rows, self._batch)
 
     @property
@@ -234,7 +238,7 @@ class LocalBackend:
                 peft.set_adapter(policy.adapter)
             elif peft is not None:  # the base version of a model that carries adapters
                 peft.base_model.disable_adapter_layers()
-        return RowBatch(policy, _choose)
+        return RowBatch(policy, _choose, self.prefixes.version(key))
 
     def _policy(self, handle: PolicyHandle) -> LoadedPolicy:
         if handle.base is not None:
@@ -255,8 +259,10 @@ class LocalBackend:
         while len(self._loaded) > self.max_loaded:
             evicted, _ = self._loaded.popitem(last=False)
             self._peft.pop(evicted, None)
+            self.prefixes.forget(evicted)
             for adapter in [k for k, v in self._adapters.items() if v.base == evicted]:
                 del self._adapters[adapter]
+                self.prefixes.forget(adapter)
             log.info("evicted policy %s/v%d", *evicted)
         return policy
 
@@ -289,6 +295,7 @@ class LocalBackend:
         self._adapters[key] = policy
         while len(self._adapters) > self.max_adapters:
             evicted, old = self._adapters.popitem(last=False)
+            self.prefixes.forget(evicted)
             self._peft[old.base].delete_adapter(old.adapter)  # type: ignore[index]
             log.info("dropped LoRA adapter %s/v%d", *evicted)
         return policy
