@@ -177,9 +177,9 @@ class SlotLayer(DynamicLayer):
         """Copies of row `index`'s last `length` columns: `(1, kv_heads, length, head_dim)`."""
         assert self.kbuf is not None and self.vbuf is not None
         columns = slice(self.hi - length, self.hi)
-        return self.kbuf[index : index + 1, :, columns].clone(), self.vbuf[
-            index : index + 1, :, columns
-        ].clone()
+        keys = self.kbuf[index : index + 1, :, columns]
+        values = self.vbuf[index : index + 1, :, columns]
+        return keys.clone(), values.clone()
 
 
 def _right_room(live: int) -> int:

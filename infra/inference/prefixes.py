@@ -10,8 +10,8 @@ Why: an episode's step k > 0 prompt is, token for token, the previous step's pro
 completion plus the observation (`infra.inference.prompts`), so all of it but the observation
 (and the completion's last token, which no forward pass has read) was computed when the previous
 step's row ended. On this 2-core CPU SmolLM2-135M (fp32) prefills ~800 tokens/s and decodes a
-row-token in ~8 ms in a 16-row batch, so a second turn's ~300-token prefix costs about as much as
-40 of its new tokens; `python bench/prefix.py` measures turn 2 with and without the store.
+row-token in ~8 ms in a 16-row batch; `python bench/prefix.py` measures second turns with and
+without the store: 1.49× (a default-run second turn reuses ~140 tokens and prefills ~165).
 
 Entries belong to a policy version (its key; another version's weights give other keys and
 values) and leave least recently stored first once their bytes pass `max_bytes`; `take` removes
