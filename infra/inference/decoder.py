@@ -144,13 +144,7 @@ class RowBatch:
             mask[i, width - len(prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        out = self._forward(ids, mask, positions)
         if len(unique) < len(prompts):
             index = torch.tensor(copies, device=self.device)
             out.past_key_values.batch_select_indices(index)
@@ -167,7 +161,14 @@ class RowBatch:
         ids = torch.tensor([prompt[hit.length :]], device=self.device)
         positions = torch.arange(hit.length, len(prompt), device=self.device)[None]
         mask = torch.ones((1, len(prompt)), dtype=torch.long, device=self.device)
-        out = self.model(
+        out = self._forward(ids, mask, positions, cache)
+        return out.past_key_values, mask, positions[:, -1:] + 1, out.logits[:, -1, :].float()
+
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: Any = None
+    ) -> Any:
+        """A prefill forward (after `cache`'s tokens, if given): the KV and the last logits."""
+        return self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
@@ -175,7 +176,6 @@ class RowBatch:
             use_cache=True,
             logits_to_keep=1,
         )
-        return out.past_key_values, mask, positions[:, -1:] + 1, out.logits[:, -1, :].float()
 
     def _join(
         self, cache: Any, mask: torch.Tensor, nexts: torch.Tensor, logits: torch.Tensor
