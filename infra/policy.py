@@ -332,18 +332,17 @@ def prune_versions(store: ObjectStore, run_id: str, keep: int) -> list[int]:
     Returns the versions deleted (an S3 store may still list their empty prefixes). The
     caller makes sure nothing serves the run any more."""
     versions = policy_versions(store, run_id)
-    manifests = {v: _read_manifest(store, keys.policy_manifest_key(run_id, v)) for v in versions}
-    kept = {0, *versions[-keep:]} if keep > 0 else {0}
-    kept |= {
-        m.policy.adapter_of
-        for v, m in manifests.items()
-        if v in kept and m is not None and m.policy.adapter_of is not None
-    }
+
+    def manifests_of(chosen: set[int]) -> dict[int, PolicyManifest | None]:
+        return {v: _read_manifest(store, keys.policy_manifest_key(run_id, v)) for v in chosen}
+
+    kept = manifests_of({0, *versions[-keep:]} if keep > 0 else {0})  # only the kept are read
+    bases = {m.policy.adapter_of for m in kept.values() if m is not None} - {None, *kept}
+    kept |= manifests_of({v for v in bases if v is not None})
     doomed = [  # its manifest, and any file of the older per-version layout
         v for v in versions if v not in kept and store.delete_prefix(keys.policy_prefix(run_id, v))
     ]
-    left = [m for v, m in manifests.items() if v in kept and m is not None]
-    named = {ref.key for manifest in left for ref in manifest.files.values()}
+    named = {ref.key for m in kept.values() if m is not None for ref in m.files.values()}
     blobs = [k for k in store.list_keys(keys.policy_blob_key(run_id, "")) if k not in named]
     store.delete_keys(blobs)
     return doomed

@@ -121,3 +121,19 @@ def test_pruning_keeps_v0_the_newest_and_the_blobs_they_name(
     with pytest.raises(ObjectNotFound):
         fetch_policy(store, "pruned", 1, tmp_path / "cache")
     assert prune_versions(store, "pruned", keep=0) == [3, 4] and _blobs(store, "pruned")
+
+
+def test_pruning_keeps_the_full_weights_a_kept_adapter_applies_to(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    from tests.infra.inference.policies import lora_adapter
+
+    _publish_variants(store, "lora", 4, tiny_dir, tmp_path)
+    adapter = lora_adapter(tiny_dir, tmp_path / "adapter")
+    publish_policy(store, "lora", 4, adapter, step=4, adapter_of=2)
+    assert prune_versions(store, "lora", keep=1) == [1, 3]  # v2 stays: v4 applies to it
+    base = policy_manifest(store, "lora", 2)
+    assert base is not None and {ref.key for ref in base.files.values()} <= set(
+        _blobs(store, "lora")
+    )
+    assert (fetch_policy(store, "lora", 2, tmp_path / "cache") / MANIFEST).is_file()

@@ -15,7 +15,8 @@ work is `infra/regrade.py`'s, this module only finds the inputs and prints the o
 
 `rm` and `prune` refuse a run that is still running, and (without `--force`) any run when
 Temporal cannot be asked. Content-addressed workspace objects (`trees/`, `packs/`) are shared
-between runs and stay. Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad input or S3 unusable.
+between runs and stay. Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad
+input or S3 unusable.
 """
 
 from __future__ import annotations
