@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,3 +143,14 @@ def free_port(candidates: range = PORT_RANGE) -> int:
                 continue
             return port
     raise RuntimeError(f"no free port in {candidates.start}..{candidates.stop - 1}")
+
+
+def limit_openmp_spin(spin_count: int | None) -> None:
+    """Set this process's `GOMP_SPINCOUNT` (`Settings.omp_spin_count`) unless the environment
+    chose already (it or `OMP_WAIT_POLICY`); libgomp reads it once, when torch loads it, so call
+    this before anything imports torch (a worker's start). Child processes inherit it."""
+    if spin_count is None or {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & os.environ.keys():
+        return
+    if "torch" in sys.modules:
+        raise RuntimeError("limit_openmp_spin after torch was imported: libgomp has read it")
+    os.environ["GOMP_SPINCOUNT"] = str(spin_count)

@@ -317,6 +317,12 @@ class Settings(BaseSettings):
     """Where the learner trains."""
     telemetry: TelemetrySettings = TelemetrySettings()
     """Where traces and metrics go."""
+    omp_spin_count: int | None = Field(default=20_000, ge=0, le=1_000_000_000)
+    """How many turns an idle torch thread of a worker spins for more work before it sleeps
+    (libgomp's `GOMP_SPINCOUNT`, set as a worker starts unless the environment sets it or
+    `OMP_WAIT_POLICY`). libgomp's own default, 300,000, suits a process with the cores to
+    itself; where inference, the learner and sandboxes share a few cores, a spinning thread
+    burns the core a neighbour needs (bench/contention.py). None: libgomp's default."""
 
     @property
     def policy_cache(self) -> Path:

@@ -14,6 +14,7 @@ import asyncio
 
 from contracts.names import Queue
 from infra import stack
+from infra.processes import limit_openmp_spin
 from infra.settings import Settings
 from workers.background import stop_workers
 from workers.runtime import run_workers
@@ -42,5 +43,6 @@ def down(args: argparse.Namespace, settings: Settings) -> int:
 
 def worker(args: argparse.Namespace, settings: Settings) -> int:
     queues = list(Queue) if args.queue == "all" else [Queue(args.queue)]
+    limit_openmp_spin(settings.omp_spin_count)  # before the workers import torch
     asyncio.run(run_workers(queues, settings))
     return 0

@@ -1,0 +1,188 @@
+"""Inference and the learner on the same cores: how long torch's OpenMP threads spin matters.
+
+    .venv/bin/python bench/contention.py [--spins default,20000,0] [--seconds 20] [--rounds 2]
+
+A default run on a small machine decodes (inference worker), trains (learner worker) and runs
+sandboxes at once, each torch process with one OpenMP thread per core. libgomp's threads spin
+(GOMP_SPINCOUNT, 300,000 turns by default) before they sleep, waiting for the next parallel
+region: alone that saves a wake-up per op; beside another busy process a spinning thread burns
+the core its neighbour's threads need. For each spin count this bench runs, in fresh processes
+(libgomp reads the variable when torch loads it), with SmolLM2-135M (the smollm2 preset):
+
+  generate   the local backend's `RowBatch`: 32 rows, prompts of 100..300 tokens, 40 greedy
+             tokens each, prefill included, over and over (tokens out / s);
+  train      forward and backward of 4 x 400 tokens with the top 6 of 30 layers trainable, as
+             the preset's learner trains (tokens / s);
+
+each alone, then both together. Rounds alternate the order of the spin counts. Printed and
+merged into bench/results.json under "contention": each side's tokens/s alone and together,
+and `shared`, the two together as fractions of their alone speed at the default spin, summed
+(1.0 = sharing the cores lost nothing; 2 cores shared by two 2-thread processes ideally give
+about 1.0). What `Settings.omp_spin_count` sets is chosen from it. Not covered: the
+sandboxes' and the Temporal server's share of the cores in a real run (they only add to the
+contention); GPUs (no OpenMP in the hot loop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import machine, median_of, merge_results  # first: puts the repo root on sys.path
+
+ROLES = ("generate", "train")
+
+
+def role_main(role: str, seconds: float, start_file: Path) -> None:
+    """One side, in its own process: prepare, wait for `start_file`, work, print tokens/s."""
+    import torch
+
+    from infra.policy import materialize_base_model
+    from infra.settings import Settings
+
+    path = str(materialize_base_model("smollm2", Settings()))
+    work = _generate(path) if role == "generate" else _train(path)
+    work()  # warm
+    start_file.with_suffix(f".{role}").touch()
+    while not start_file.exists():
+        time.sleep(0.01)
+    started, tokens = time.perf_counter(), 0
+    while time.perf_counter() - started < seconds:
+        tokens += work()
+    print(f"{tokens / (time.perf_counter() - started):.2f}", flush=True)
+    del torch
+
+
+def _generate(path: str) -> Any:
+    import random
+
+    import torch
+
+    from contracts.task import SamplingParams
+    from infra.inference.decoder import RowBatch
+    from infra.inference.local import _choose, load_policy
+
+    policy = load_policy(path, torch.device("cpu"))
+    rng = random.Random(0)
+    prompts = [
+        [rng.randrange(100, 40_000) for _ in range(rng.randint(100, 300))] for _ in range(32)
+    ]
+
+    def work() -> int:
+        batch = RowBatch(policy, _choose)
+        batch.eos_ids = frozenset()  # every row decodes its 40 tokens
+        params = SamplingParams(temperature=0.0, max_new_tokens=40)
+        batch.admit([batch.row(p, params) for p in prompts])
+        tokens = 0
+        while batch.rows:
+            tokens += len(batch.rows)
+            batch.step()
+        return tokens
+
+    return work
+
+
+def _train(path: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(any(f"layers.{i}." in name for i in range(24, 30)))
+    ids = torch.randint(100, 40_000, (4, 400), generator=torch.Generator().manual_seed(0))
+
+    def work() -> int:
+        logits = model(input_ids=ids).logits
+        logits.log_softmax(-1).mean().backward()
+        return int(ids.numel())
+
+    return work
+
+
+def measure(roles: tuple[str, ...], spin: str, seconds: float) -> dict[str, float]:
+    """tokens/s of each of `roles`, run side by side with GOMP_SPINCOUNT `spin`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    if spin != "default":
+        env["GOMP_SPINCOUNT"] = spin
+    with tempfile.TemporaryDirectory() as tmp:
+        start = Path(tmp) / "start"
+        procs = {
+            role: subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--role",
+                    role,
+                    "--seconds",
+                    str(seconds),
+                    "--start-file",
+                    str(start),
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            for role in roles
+        }
+        while not all(start.with_suffix(f".{r}").exists() for r in roles):
+            if any(p.poll() is not None for p in procs.values()):
+                raise SystemExit(f"a {'/'.join(roles)} process died before it started")
+            time.sleep(0.05)
+        start.touch()
+        return {role: float(p.communicate()[0].split()[-1]) for role, p in procs.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spins", default="default,20000,0")
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--role", choices=ROLES, help=argparse.SUPPRESS)
+    parser.add_argument("--start-file", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role:
+        return role_main(args.role, args.seconds, args.start_file)
+    spins = args.spins.split(",")
+    samples: dict[str, dict[str, list[float]]] = {s: {} for s in spins}
+    for round_index in range(args.rounds):
+        for spin in spins if round_index % 2 == 0 else spins[::-1]:
+            figures = {f"{r}_alone": measure((r,), spin, args.seconds)[r] for r in ROLES}
+            together = measure(ROLES, spin, args.seconds)
+            figures |= {f"{r}_together": together[r] for r in ROLES}
+            for key, value in figures.items():
+                samples[spin].setdefault(key, []).append(value)
+            print(
+                f"round {round_index} spin {spin:>7}: "
+                + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()),
+                flush=True,
+            )
+    medians = {s: {k: median_of(v) for k, v in f.items()} for s, f in samples.items()}
+    base = medians[spins[0]]
+    report: dict[str, Any] = {"machine": machine(), "seconds": args.seconds, "spins": {}}
+    print(
+        f"tokens/s, medians of {args.rounds} rounds; shared = together / {spins[0]} alone, summed"
+    )
+    for spin, m in medians.items():
+        shared = sum(m[f"{r}_together"] / base[f"{r}_alone"] for r in ROLES)
+        report["spins"][spin] = {
+            **{k: round(v, 1) for k, v in m.items()},
+            "shared": round(shared, 3),
+        }
+        print(
+            f"  spin {spin:>7}: generate {m['generate_alone']:6.1f} alone "
+            f"{m['generate_together']:6.1f} together | train {m['train_alone']:6.1f} alone "
+            f"{m['train_together']:6.1f} together | shared {shared:.2f}",
+            flush=True,
+        )
+    merge_results("contention", report)
+
+
+if __name__ == "__main__":
+    main()
