@@ -13,8 +13,9 @@ from infra.settings import Settings
 
 @pytest.fixture
 def no_torch(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    for variable in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):  # unset now, as they were after
+        monkeypatch.setenv(variable, "")
+        monkeypatch.delenv(variable)
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     return monkeypatch
 
