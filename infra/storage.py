@@ -209,7 +209,7 @@ class ObjectStore:
             return self.put_bytes(key, path.read_bytes(), create_only=create_only)
         ref = ObjectRef(key=key, size=size, sha256=sha256_file(path))
         if create_only and (existing := self.head(key)) is not None:
-            return self._existing_or_raise(ref, existing)  # one HEAD, not two
+            return self._existing_or_raise(ref, existing)
         try:
             self._multipart_upload(path, ref, create_only)
         except ObjectExists:
@@ -342,8 +342,7 @@ class ObjectStore:
             return None
 
     def _existing_or_raise(self, ref: ObjectRef, existing: ObjectRef | None = None) -> ObjectRef:
-        """`existing` (what a HEAD just found, else looked up now) if it holds `ref`'s content."""
-        existing = existing if existing is not None else self.head(ref.key)
+        existing = existing if existing is not None else self.head(ref.key)  # one HEAD, not two
         if existing is not None and existing.sha256 == ref.sha256 and existing.size == ref.size:
             return existing
         raise ObjectExists(
