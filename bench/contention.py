@@ -41,8 +41,6 @@ ROLES = ("generate", "train")
 
 def role_main(role: str, seconds: float, start_file: Path) -> None:
     """One side, in its own process: prepare, wait for `start_file`, work, print tokens/s."""
-    import torch
-
     from infra.policy import materialize_base_model
     from infra.settings import Settings
 
@@ -56,7 +54,6 @@ def role_main(role: str, seconds: float, start_file: Path) -> None:
     while time.perf_counter() - started < seconds:
         tokens += work()
     print(f"{tokens / (time.perf_counter() - started):.2f}", flush=True)
-    del torch
 
 
 def _generate(path: str) -> Any:

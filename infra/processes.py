@@ -1,6 +1,7 @@
 """Background service processes with pidfiles: start, find, stop — only what we started.
 
 A pidfile records the pid and the process's start time, so `stop` never signals a recycled pid.
+`limit_openmp_spin` sets a worker process's torch thread spin before torch loads.
 """
 
 from __future__ import annotations

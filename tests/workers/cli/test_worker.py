@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import pytest
 
@@ -13,17 +12,15 @@ from infra.settings import Settings
 from workers.cli import stack
 
 
-def test_the_spin_limit_is_set_before_the_workers_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    for variable in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):  # unset now, as they were after
-        monkeypatch.setenv(variable, "")
-        monkeypatch.delenv(variable)
-    monkeypatch.delitem(sys.modules, "torch", raising=False)  # as in a fresh worker process
+def test_the_spin_limit_is_set_before_the_workers_run(
+    fresh_worker_env: pytest.MonkeyPatch,
+) -> None:
     seen: list[str | None] = []
 
     async def workers(queues: list[Queue], settings: Settings) -> None:
         seen.append(os.environ.get("GOMP_SPINCOUNT"))
 
-    monkeypatch.setattr(stack, "run_workers", workers)
+    fresh_worker_env.setattr(stack, "run_workers", workers)
     settings = Settings(omp_spin_count=1234)
     assert stack.worker(argparse.Namespace(queue=Queue.LEARNER.value), settings) == 0
     assert seen == ["1234"]
