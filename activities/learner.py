@@ -42,12 +42,12 @@ from contracts.learner import (
     GRPOConfig,
     PolicyManifest,
     PolicyVersion,
-    PrepareRunRequest,
     StepRecord,
     TrainStepRequest,
     TrainStepResponse,
 )
 from contracts.names import Activity
+from contracts.run import PrepareRunRequest
 from contracts.trajectory import Trajectory
 from infra import keys
 from infra.learner_base import Learner, NonFiniteLoss

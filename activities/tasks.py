@@ -15,8 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from temporalio import activity
 
 from contracts.errors import invalid
-from contracts.learner import LoadTasksRequest, LoadTasksResponse
 from contracts.names import Activity
+from contracts.run import LoadTasksRequest, LoadTasksResponse
 from contracts.task import TaskSpec
 from infra.settings import Settings
 from infra.storage import ObjectStore

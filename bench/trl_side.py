@@ -13,7 +13,7 @@ from typing import Any
 
 from common import SandboxPool
 
-from contracts.learner import TrainingRunInput
+from contracts.run import TrainingRunInput
 from contracts.task import TaskSpec
 from infra.settings import Settings
 

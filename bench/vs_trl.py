@@ -53,8 +53,8 @@ from common import (
 )
 from trl_side import trl_side
 
-from contracts.learner import TrainingRunInput
 from contracts.names import Queue
+from contracts.run import TrainingRunInput
 from contracts.task import SamplingParams
 from infra.presets import load_preset
 from infra.settings import InferenceSettings, Settings

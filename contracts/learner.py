@@ -1,22 +1,13 @@
-"""Contracts of the learner side: policy versions, trajectory groups, train steps, training runs,
-and the bounded state the learner and the training run carry through continue-as-new."""
+"""Contracts of the learner side: policy versions, trajectory groups, train steps, the ledger,
+and the bounded state the learner carries through continue-as-new. The training run's own
+contracts (its input, evaluations, progress and result) are in contracts/run.py."""
 
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import Field
 
 from contracts.common import Contract, Identifier, ObjectRef
-from contracts.rollout import AgentTaskResult
-from contracts.task import (
-    AgentTaskInput,
-    RewardConfig,
-    SamplingParams,
-    SandboxLimits,
-    TaskSpec,
-    eval_task_input,
-)
 
 
 class PolicyVersion(Contract):
@@ -36,6 +27,12 @@ class PolicyVersion(Contract):
     adapter_of: int | None = Field(
         default=None, ge=0, description="A LoRA adapter over this full-weight version of the run."
     )
+
+
+def has_signal(rewards: Sequence[float]) -> bool:
+    """Whether a group's rewards give GRPO anything to learn from: two or more that differ (a
+    flat group's advantages are all zero, so it trains nothing)."""
+    return len(rewards) >= 2 and max(rewards) != min(rewards)
 
 
 class TrajectoryGroup(Contract):
@@ -70,6 +67,10 @@ class GRPOConfig(Contract):
     """How many versions a group's policy may lag the step that trains on it."""
     stale_policy: Literal["drop", "downweight"] = "drop"
     """What to do with a group older than `max_staleness`: drop it, or down-weight it."""
+    redraw_flat_groups: int = Field(default=0, ge=0, le=1_000_000)
+    """Dynamic sampling (DAPO): the run may start up to this many extra tasks in place of flat
+    groups (all rewards equal, `has_signal` false), which it then does not send to the learner,
+    so each step trains on `groups_per_step` groups that carry a signal; 0 sends every group."""
     lora_rank: int = Field(default=0, ge=0, le=256)
     """Rank of LoRA adapters trained instead of the full weights (PEFT, no dropout); 0 trains
     the full weights. Versions are then adapters over the run's full-weight version (megabytes
@@ -83,16 +84,6 @@ class GRPOConfig(Contract):
     )
     """Names of the linear modules that get an adapter (Llama-style projections by default);
     with `train_last_layers`, only those of the last N decoder layers."""
-
-
-class PrepareRunRequest(Contract):
-    """Publish policy version 0 of a run from a preset, a local HF dir or an S3 prefix."""
-
-    run_id: Identifier
-    base_model: str
-    run: "TrainingRunInput | None" = Field(
-        default=None, description="The run's input, stored once as runs/<run>/run.json."
-    )
 
 
 class TrainStepRequest(Contract):
@@ -219,155 +210,3 @@ class LearnerProgress(Contract):
     loss: float = 0.0
     dropped_stale: int = 0
     staleness: int = Field(default=0, description="Versions between the oldest group and the step.")
-
-
-class RunProgress(Contract):
-    """Answer of `TrainingRunWorkflow`'s `progress` query."""
-
-    tasks_started: int = Field(default=0, ge=0)
-    tasks_done: int = Field(default=0, ge=0)
-    in_flight: int = Field(default=0, ge=0)
-    learner: list[LearnerProgress] = Field(
-        default=[], description="The last `PROGRESS_TAIL` learner steps, oldest first."
-    )
-    evals: list["EvalResult"] = Field(default=[], description="Held-out evaluations so far.")
-    stopping: str | None = Field(
-        default=None, description="Told to stop (`stop`): why. It starts no more tasks."
-    )
-
-
-class LoadTasksRequest(Contract):
-    suite: str
-    skip_quarantined: bool = True
-
-
-class LoadTasksResponse(Contract):
-    train: list[TaskSpec]
-    heldout: list[TaskSpec]
-    quarantined: list[str] = []
-
-
-def spread(tasks: Sequence[TaskSpec], limit: int) -> list[TaskSpec]:
-    """`limit` of `tasks` evenly spaced over the list (all of them when `limit` is 0 or at least
-    their number): a suite listed family by family keeps every family."""
-    if limit <= 0 or limit >= len(tasks):
-        return list(tasks)
-    return [tasks[i * len(tasks) // limit] for i in range(limit)]
-
-
-class EvalResult(Contract):
-    """Held-out figures of one policy version: one greedy episode per held-out task, up to the
-    run's `max_turns` turns, through the same pipeline as training."""
-
-    policy_version: int
-    pass_at_1: float = Field(description="Share of tasks solved at the first turn.")
-    tasks: int
-    solve_rate: float | None = Field(
-        default=None, description="Share of tasks solved within `turns` turns (None: not run)."
-    )
-    turns: int = Field(default=1, ge=1, description="The turns each episode could take.")
-
-    @classmethod
-    def of(cls, version: int, results: Sequence[AgentTaskResult], turns: int) -> "EvalResult":
-        """The figures of one greedy episode (G = 1) per held-out task, up to `turns` turns."""
-        first_turn = sum(1 for r in results if r.solved[0] and r.turns == 1)
-        solved = sum(1 for r in results if r.solved[0])
-        count = len(results)
-        return cls(
-            policy_version=version,
-            pass_at_1=first_turn / count,
-            solve_rate=solved / count,
-            tasks=count,
-            turns=turns,
-        )
-
-
-class TrainingRunInput(Contract):
-    """Input of `TrainingRunWorkflow` (what `tempered train` starts)."""
-
-    run_id: Identifier
-    suite: str = "starter"
-    base_model: str = "tiny"
-    steps: int = Field(default=3, ge=1, le=100000)
-    group_size: int = Field(default=4, ge=1, le=256)
-    max_turns: int = Field(default=2, ge=1, le=256, description="Steps per episode at most.")
-    max_context_tokens: int = Field(
-        default=4096, ge=64, le=1 << 20, description="Context budget of an episode (tokens)."
-    )
-    concurrency: int = Field(
-        default=8,
-        ge=1,
-        le=2000,
-        description="Agent tasks in flight (Temporal allows a workflow 2,000 pending children).",
-    )
-    eval_every: int = Field(
-        default=0, ge=0, description="Held-out eval every N steps; 0 = ends only."
-    )
-    heldout_limit: int = Field(
-        default=0,
-        ge=0,
-        description="Held-out tasks each eval runs: 0 = all of the suite's; N = N of them spread "
-        "evenly over the suite's held-out list (`spread`), the same N at every eval.",
-    )
-    time_budget_s: float = Field(default=0, ge=0, description="Stop after this long; 0 = none.")
-    sampling: SamplingParams = SamplingParams()
-    eval_sampling: SamplingParams = SamplingParams(temperature=0.0)
-    reward: RewardConfig = RewardConfig()
-    limits: SandboxLimits = SandboxLimits()
-    grpo: GRPOConfig = GRPOConfig()
-    heartbeat_timeout_s: float = Field(default=30.0, ge=1.0, le=3600)
-    seed: int = Field(default=0, description="Seeds the order in which training tasks are drawn.")
-    budget: HistoryBudget = HistoryBudget()
-    resume: "RunResume | None" = Field(
-        default=None, description="Set by the run itself when it continues as new."
-    )
-
-    def eval_input(self, task: TaskSpec, eval_run: str, version: int) -> AgentTaskInput:
-        """The held-out rollout of `task` by policy `version`, with this run's settings."""
-        return eval_task_input(
-            task,
-            run_id=eval_run,
-            policy_run=self.run_id,
-            policy_version=version,
-            sampling=self.eval_sampling,
-            limits=self.limits,
-            max_turns=self.max_turns,
-            max_context_tokens=self.max_context_tokens,
-            heartbeat_timeout_s=self.heartbeat_timeout_s,
-        )
-
-
-class RunResume(Contract):
-    """Where a `TrainingRunWorkflow` continues after continue-as-new: constant in size (the
-    suite, counters, bounded tails). No agent task is in flight at that moment (the run drains
-    them first); the learner lives on (a child that outlives its parent's runs)."""
-
-    tasks: LoadTasksResponse
-    started: int = Field(ge=0, description="Training tasks started so far (the next index).")
-    done: int = Field(ge=0)
-    progress: list[LearnerProgress] = Field(description="The last `PROGRESS_TAIL` steps.")
-    evals: list[EvalResult] = Field(description="The first and the last `EVAL_TAIL` evals.")
-    deadline: datetime | None = Field(description="When the time budget ends (None: never).")
-    segment: int = Field(ge=1, description="Runs of this workflow before this one.")
-    stopped: str | None = Field(
-        default=None, description="Why the run was told to stop starting tasks (`stop`)."
-    )
-
-
-class TrainingRunResult(Contract):
-    run_id: str
-    steps: int
-    tasks_started: int
-    tasks_done: int
-    history: list[TrainStepResponse] = Field(
-        description="The last `HISTORY_TAIL` steps (every step: the acks in the store)."
-    )
-    evals: list[EvalResult]
-    stopped: str | None = Field(
-        default=None, description="Why the run ended before its steps: the `stop` signal's reason."
-    )
-
-
-PrepareRunRequest.model_rebuild()
-RunProgress.model_rebuild()
-TrainingRunInput.model_rebuild()

@@ -35,7 +35,7 @@ from typing import Literal
 
 import torch
 
-from contracts.learner import GRPOConfig
+from contracts.learner import GRPOConfig, has_signal
 from contracts.trajectory import Trajectory
 
 Normalization = Literal["tokens", "sequence"]
@@ -45,7 +45,7 @@ MAX_LOG_RATIO = 20.0
 
 def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
     """(r - mean) / (std + eps) over one group; all zeros when the rewards are all equal."""
-    if len(rewards) < 2 or max(rewards) == min(rewards):
+    if not has_signal(rewards):
         return [0.0] * len(rewards)
     values = torch.tensor(rewards, dtype=torch.float64)
     normalized = (values - values.mean()) / (values.std(unbiased=True) + eps)

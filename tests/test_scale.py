@@ -30,13 +30,8 @@ import pytest
 from temporalio.api.history.v1 import History
 from temporalio.client import Client
 
-from contracts.learner import (
-    GRPOConfig,
-    HistoryBudget,
-    LedgerSegment,
-    TrainingRunInput,
-    TrainingRunResult,
-)
+from contracts.learner import GRPOConfig, HistoryBudget, LedgerSegment
+from contracts.run import TrainingRunInput, TrainingRunResult
 from infra import keys
 from infra.storage import ObjectStore
 from tests.accounting import record_results

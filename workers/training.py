@@ -9,7 +9,7 @@ bench/vs_trl.py share (none of them reaches into another's module for it).
     handle, run_input, since = await attach(client, run_id)   # a running run, to follow again
     said = await stop_run(client, run_id, reason="enough", cancel=False)   # `tempered stop`
 
-Progress is the workflow's `progress` query, read as the typed `contracts.learner.RunProgress`.
+Progress is the workflow's `progress` query, read as the typed `contracts.run.RunProgress`.
 Starting the stack and the workers is not done here (see `workers.background`, `infra.stack`).
 """
 
@@ -31,8 +31,8 @@ from temporalio.client import (
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from contracts.learner import RunProgress, TrainingRunInput, TrainingRunResult
 from contracts.names import Queue, SearchAttr, Workflow
+from contracts.run import RunProgress, TrainingRunInput, TrainingRunResult
 from workflows.budget import TASK_TIMEOUT
 from workflows.search import KEYS
 from workflows.training_run import TrainingRunWorkflow

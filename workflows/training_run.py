@@ -8,9 +8,11 @@ still run, and the result says why it stopped). Each finished group is signalled
 learner; rollouts go on while it trains (asynchronous RL) but never run more than
 `grpo.max_staleness` steps ahead of it: the group for step b waits for version
 b − max_staleness and is pinned to the newest version known when it starts
-(`max_staleness = 0` is synchronous, on-policy GRPO). Held-out pass@1 (solved at turn 1) and
-the solve rate within `max_turns` turns are measured before training, every `eval_every`
-learner steps, and after the last step, through the same agent-task pipeline (greedy).
+(`max_staleness = 0` is synchronous, on-policy GRPO). Dynamic sampling (DAPO's, with
+`grpo.redraw_flat_groups` > 0): a flat group (all rewards equal: no GRPO signal) is not sent,
+and another task takes its slot, up to that many times a run. Held-out pass@1 (solved at
+turn 1) and the solve rate within `eval_turns` turns are measured before training, every
+`eval_every` learner steps, and after the last step, through the same pipeline (greedy).
 
 Bounded history: before its history could pass `budget` (20% of Temporal's 51,200 events and
 50 MiB by default) — counting, for every child still in flight and every evaluation still to
@@ -29,7 +31,6 @@ import asyncio
 import contextlib
 import random
 from datetime import datetime, timedelta
-from functools import partial
 from typing import NoReturn
 
 from temporalio import workflow
@@ -39,23 +40,26 @@ from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from contracts.errors import ErrorType, fail
     from contracts.learner import (
-        EvalResult,
         LearnerDone,
         LearnerInput,
         LearnerProgress,
+        PolicyVersion,
+        TrajectoryGroup,
+        has_signal,
+    )
+    from contracts.names import Activity, Queue, SearchAttr, Signal, eval_run_id
+    from contracts.rollout import AgentTaskResult
+    from contracts.run import (
+        EvalResult,
         LoadTasksRequest,
         LoadTasksResponse,
-        PolicyVersion,
         PrepareRunRequest,
         RunProgress,
         RunResume,
         TrainingRunInput,
         TrainingRunResult,
-        TrajectoryGroup,
         spread,
     )
-    from contracts.names import Activity, Queue, SearchAttr, Signal, eval_run_id
-    from contracts.rollout import AgentTaskResult
     from contracts.task import AgentTaskInput, TaskSpec
     from workflows.activity_options import activity_options
     from workflows.agent_task import AgentTaskWorkflow
@@ -91,6 +95,7 @@ class TrainingRunWorkflow:
         self._evaluating = 0  # eval children in flight
         self._started = resume.started if resume else 0
         self._done = resume.done if resume else 0
+        self._redrawn = resume.redrawn if resume else 0  # flat groups not sent to the learner
         self._learner_done: LearnerDone | None = None
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
         self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
@@ -124,6 +129,7 @@ class TrainingRunWorkflow:
             steps=final.step,
             tasks_started=self._started,
             tasks_done=self._done,
+            redrawn=self._redrawn,
             history=final.history,
             evals=sorted(self._evals, key=lambda e: e.policy_version),
             stopped=self._stopped,
@@ -195,6 +201,7 @@ class TrainingRunWorkflow:
             tasks_started=self._started,
             tasks_done=self._done,
             in_flight=self._in_flight,
+            redrawn=self._redrawn,
             learner=self._progress,
             evals=self._evals,
             stopping=self._stopped,
@@ -208,19 +215,18 @@ class TrainingRunWorkflow:
         total = run_input.steps * run_input.grpo.groups_per_step
         order = list(tasks.train)
         random.Random(run_input.seed).shuffle(order)  # same order for the same seed, every run
-        per_step, lag = run_input.grpo.groups_per_step, run_input.grpo.max_staleness
         info = workflow.info()
         self._at_start = (info.get_current_history_length(), info.get_current_history_size())
-        for index in range(self._started, total):
-            # bounded staleness: the group for learner step b is sampled from a version ≥ b − lag
-            await workflow.wait_condition(partial(self._may_start, index // per_step - lag))
+        while await self._task_due(total):
+            await workflow.wait_condition(self._may_start)
             self._raise_if_learner_failed()
             if self._stopped is not None or (deadline is not None and workflow.now() >= deadline):
                 break
             if self._history_full():
                 await self._continue_as_new(tasks, deadline)
-            epoch, position = divmod(index, len(order))
+            epoch, position = divmod(self._started, len(order))
             task = order[position].model_copy(update={"id": f"{order[position].id}-e{epoch}"})
+            self._started += 1  # here, not in the task: the next pass reads it before that runs
             self._rollouts.append(
                 asyncio.create_task(self._rollout_one(task, self._latest_version))
             )
@@ -228,11 +234,28 @@ class TrainingRunWorkflow:
             await self._continue_as_new(tasks, deadline)
         await asyncio.gather(*self._rollouts)
 
-    def _may_start(self, min_learner_steps: int) -> bool:
+    async def _task_due(self, total: int) -> bool:
+        """Whether another task is due: fewer than `total` groups that may reach the learner
+        started (with redraws left, once the tasks in flight end: a flat one frees its slot)."""
+        if self._started - self._redrawn >= total and self._redraws_left:
+            await workflow.wait_condition(
+                lambda: self._started - self._redrawn < total or self._in_flight == 0
+            )
+        return self._started - self._redrawn < total
+
+    @property
+    def _redraws_left(self) -> bool:
+        return self._redrawn < self._input.grpo.redraw_flat_groups
+
+    def _may_start(self) -> bool:
         """A slot is free and the learner is far enough along for the next group (or the
-        learner failed: the run fails too; or the run was told to stop)."""
+        learner failed: the run fails too; or the run was told to stop). Bounded staleness:
+        the group for learner step b is sampled from a version ≥ b − max_staleness, b counted
+        over the groups that may reach the learner (so it falls when a flat one is redrawn)."""
+        grpo = self._input.grpo
+        step = (self._started - self._redrawn) // grpo.groups_per_step
         in_flight_ok = self._in_flight < self._input.concurrency
-        ready = in_flight_ok and self._learner_steps >= min_learner_steps
+        ready = in_flight_ok and self._learner_steps >= step - grpo.max_staleness
         return ready or self._learner_error is not None or self._stopped is not None
 
     def _history_full(self, *, ending: bool = False) -> bool:
@@ -279,6 +302,7 @@ class TrainingRunWorkflow:
             tasks=tasks,
             started=self._started,
             done=self._done,
+            redrawn=self._redrawn,
             progress=self._progress,
             evals=first_eval + self._evals[1:][-EVAL_TAIL:],
             deadline=deadline,
@@ -327,26 +351,16 @@ class TrainingRunWorkflow:
     async def _rollout_one(self, task: TaskSpec, policy_version: int) -> None:
         run_input = self._input
         self._in_flight += 1
-        self._started += 1
         try:
             result = await self._agent_task(
-                AgentTaskInput(
-                    task=task,
-                    run_id=run_input.run_id,
-                    group_size=run_input.group_size,
-                    max_turns=run_input.max_turns,
-                    max_context_tokens=run_input.max_context_tokens,
-                    sampling=run_input.sampling,
-                    reward=run_input.reward,
-                    limits=run_input.limits,
-                    policy_version=policy_version,
-                    heartbeat_timeout_s=run_input.heartbeat_timeout_s,
-                ),
-                workflow_id=f"{run_input.run_id}-task-{task.id}",
+                run_input.task_input(task, policy_version), f"{run_input.run_id}-task-{task.id}"
             )
         finally:
             self._in_flight -= 1
         self._done += 1
+        if self._redraws_left and self._stopped is None and not has_signal(result.rewards):
+            self._redrawn += 1  # dynamic sampling: the next task takes its place
+            return
         group = TrajectoryGroup(
             task_id=task.id,
             trajectories=result.trajectories,
@@ -359,26 +373,22 @@ class TrainingRunWorkflow:
         self._eval_jobs.append(asyncio.create_task(self._evaluate(version)))
 
     async def _evaluate(self, version: int) -> None:
-        """Held-out figures of `version`: one greedy episode of up to `max_turns` turns per
+        """Held-out figures of `version`: one greedy episode of up to `eval_turns` turns per
         held-out task; pass@1 counts those solved at turn 1, the solve rate all solved."""
         run_input = self._input
         if not self._heldout:
             return
         eval_run = eval_run_id(run_input.run_id, version)
+        children = [
+            self._agent_task(run_input.eval_input(t, eval_run, version), f"{eval_run}-{t.id}")
+            for t in self._heldout
+        ]
         self._evaluating += len(self._heldout)
         try:
-            results = await asyncio.gather(
-                *(
-                    self._agent_task(
-                        run_input.eval_input(task, eval_run, version),
-                        workflow_id=f"{eval_run}-{task.id}",
-                    )
-                    for task in self._heldout
-                )
-            )
+            results = await asyncio.gather(*children)
         finally:
             self._evaluating -= len(self._heldout)
-        self._evals.append(EvalResult.of(version, results, run_input.max_turns))
+        self._evals.append(EvalResult.of(version, results, run_input.eval_turns))
 
     async def _agent_task(self, task_input: AgentTaskInput, workflow_id: str) -> AgentTaskResult:
         return await workflow.execute_child_workflow(

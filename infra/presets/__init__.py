@@ -6,7 +6,7 @@
 
 The files are package data (`infra/presets/*.toml`, read with `importlib.resources`), so an
 installed wheel or the container image finds them without a source checkout. Keys are fields
-of `contracts.learner.TrainingRunInput`; `run_id` defaults to `run-<timestamp>`.
+of `contracts.run.TrainingRunInput`; `run_id` defaults to `run-<timestamp>`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from contracts.common import describe_validation_error
-from contracts.learner import TrainingRunInput
+from contracts.run import TrainingRunInput
 
 DEFAULT = "smollm2"
 """What `tempered train` (and so `make train`) runs without `--preset`."""

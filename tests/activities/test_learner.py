@@ -16,13 +16,8 @@ from temporalio.testing import ActivityEnvironment
 import activities.learner as learner_module
 from activities.learner import LearnerActivities
 from contracts.errors import ErrorType
-from contracts.learner import (
-    GRPOConfig,
-    PrepareRunRequest,
-    StepRecord,
-    TrainStepRequest,
-    TrajectoryGroup,
-)
+from contracts.learner import GRPOConfig, StepRecord, TrainStepRequest, TrajectoryGroup
+from contracts.run import PrepareRunRequest
 from contracts.task import SamplingParams
 from contracts.trajectory import trajectory_id
 from infra import grpo, keys

@@ -16,7 +16,8 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.learner import LearnerActivities
 from contracts.errors import ErrorType
-from contracts.learner import PrepareRunRequest, TrainStepRequest
+from contracts.learner import TrainStepRequest
+from contracts.run import PrepareRunRequest
 from infra import keys
 from infra.learner_ranks import RankGroup
 from infra.policy import latest_policy, policy_manifest

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from contracts.learner import GRPOConfig
+from contracts.learner import GRPOConfig, has_signal
 from infra import grpo
 from tests.trajectories import Step, trajectory
 
@@ -32,6 +32,10 @@ def test_group_advantages_hand_computed() -> None:
     assert grpo.group_advantages([1, 0, 0, 0]) == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
     assert grpo.group_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
     assert grpo.group_advantages([1.0]) == [0.0]
+    # one rule decides both: the run's dynamic sampling redraws exactly these groups
+    for flat in ([0.3, 0.3, 0.3], [1.0], []):
+        assert not has_signal(flat) and not any(grpo.group_advantages(flat))
+    assert has_signal([0.0, 0.0, 1.0]) and any(grpo.group_advantages([0.0, 0.0, 1.0]))
     advantages = grpo.group_advantages([2.0, -1.0, 0.5, 0.5])
     assert sum(advantages) == pytest.approx(0.0, abs=1e-9)
 

@@ -27,15 +27,9 @@ from temporalio.worker import Worker
 
 from activities.ledger import LedgerActivities
 from contracts.common import ObjectRef
-from contracts.learner import (
-    LoadTasksRequest,
-    LoadTasksResponse,
-    PolicyVersion,
-    PrepareRunRequest,
-    TrainStepRequest,
-    TrainStepResponse,
-)
+from contracts.learner import PolicyVersion, TrainStepRequest, TrainStepResponse
 from contracts.names import Activity, Queue
+from contracts.run import LoadTasksRequest, LoadTasksResponse, PrepareRunRequest
 from contracts.task import TaskSpec
 from infra.storage import ObjectStore
 from workflows.learner import LearnerWorkflow
@@ -55,10 +49,16 @@ def task_spec(index: int, split: str = "train") -> TaskSpec:
 
 
 class ScriptedSuite:
-    """`load_tasks` (a suite of `train` + `heldout` tasks) and `prepare_run` (version 0)."""
+    """`load_tasks` (a suite of `train` + `heldout` tasks) and `prepare_run` (version 0). With
+    `flat_every` N, every Nth training task is `flat-<i>`: its stand-in group is flat."""
 
-    def __init__(self, train: int, heldout: int = 0) -> None:
-        self.train = [task_spec(i) for i in range(train)]
+    def __init__(self, train: int, heldout: int = 0, flat_every: int = 0) -> None:
+        self.train = [
+            task_spec(i).model_copy(update={"id": f"flat-{i}"})
+            if flat_every and i % flat_every == 0
+            else task_spec(i)
+            for i in range(train)
+        ]
         self.heldout = [task_spec(i, "heldout") for i in range(heldout)]
 
     @activity.defn(name=Activity.LOAD_TASKS.value)
@@ -97,7 +97,8 @@ class ScriptedTrainer:
 
 @workflow.defn(name="AgentTaskWorkflow", sandboxed=False)
 class StandInAgentTask:
-    """A finished group after 1–30 (skippable) seconds: half the samples solved."""
+    """A finished group after 1–30 (skippable) seconds: half the samples solved (none, for a
+    `flat-` task: a group with no GRPO signal)."""
 
     @workflow.run
     async def run(self, raw: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +106,8 @@ class StandInAgentTask:
         size = int(raw.get("group_size", 4))
         version = int(raw.get("policy_version") or 0)
         await workflow.sleep(timedelta(seconds=1 + zlib.crc32(task_id.encode()) % 30))
-        rewards = [1.0 if s % 2 == 0 else 0.0 for s in range(size)]
+        flat = task_id.startswith("flat-")
+        rewards = [1.0 if s % 2 == 0 and not flat else 0.0 for s in range(size)]
         return {
             "run_id": run_id,
             "task_id": task_id,

@@ -22,8 +22,9 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from contracts.common import ObjectRef
-from contracts.learner import GRPOConfig, LearnerInput, TrainingRunInput, TrajectoryGroup
+from contracts.learner import GRPOConfig, LearnerInput, TrajectoryGroup
 from contracts.names import Queue
+from contracts.run import TrainingRunInput
 from tests.fixtures.s3 import SeaweedServer
 from tests.fixtures.temporal import start_dev_server
 from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane

@@ -2,10 +2,13 @@
 tasks, suite and train step (tests/workflows/control_plane.py): a failed learner fails the run
 (told by `learner_done`, also after the run continued as new), and a cancelled run cancels the
 learner it started (which outlives the run's continues-as-new by design, not the run), a
-learner that ended by itself before the run's `finish` landed is not a failure, and a run told
-to `stop` starts no more tasks but ends as a finished run does (also across continue-as-new)."""
+learner that ended by itself before the run's `finish` landed is not a failure, a run told
+to `stop` starts no more tasks but ends as a finished run does (also across continue-as-new),
+and flat groups are redrawn up to the run's limit (dynamic sampling), across it too."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 from temporalio import activity
@@ -18,15 +21,11 @@ from contracts.learner import (
     HistoryBudget,
     LearnerDone,
     LearnerInput,
-    LoadTasksResponse,
-    RunResume,
-    TrainingRunInput,
-    TrainingRunResult,
     TrainStepRequest,
     TrainStepResponse,
-    spread,
 )
 from contracts.names import Activity, Queue, Signal
+from contracts.run import LoadTasksResponse, RunResume, TrainingRunInput, TrainingRunResult, spread
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import time_skipping_server
 from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
@@ -185,6 +184,19 @@ async def test_a_stop_is_carried_through_continue_as_new(store: ObjectStore) -> 
     assert (result.tasks_started, result.steps, result.stopped) == (2, 1, "told")
 
 
+def test_held_out_episodes_take_eval_max_turns_and_training_ones_max_turns() -> None:
+    task = ScriptedSuite(train=1).train[0]
+    run = RUN.model_copy(update={"max_turns": 3})
+    assert run.eval_input(task, "e", 0).max_turns == run.task_input(task, 0).max_turns == 3
+    one = run.model_copy(update={"eval_max_turns": 1})
+    assert (one.eval_input(task, "e", 0).max_turns, one.task_input(task, 0).max_turns) == (1, 3)
+    assert one.eval_input(task, "e", 0).group_size == 1
+    assert one.task_input(task, 2).model_dump(include={"group_size", "policy_version"}) == {
+        "group_size": RUN.group_size,
+        "policy_version": 2,
+    }
+
+
 def test_spread_keeps_the_ends_and_the_spacing() -> None:
     tasks = ScriptedSuite(train=0, heldout=10).heldout
     assert [t.id for t in spread(tasks, 4)] == [tasks[i].id for i in (0, 2, 5, 7)]
@@ -219,3 +231,44 @@ async def test_heldout_limit_evaluates_the_same_spread_tasks_in_every_segment(
     assert first_status == WorkflowExecutionStatus.CONTINUED_AS_NEW, "no continue-as-new"
     assert [(e.policy_version, e.tasks) for e in result.evals] == [(0, 4), (12, 4)]
     assert evaluated == {t.id for t in spread(suite.heldout, 4)}
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("redraws", [0, 5, 100])
+async def test_flat_groups_are_redrawn_up_to_the_limit(store: ObjectStore, redraws: int) -> None:
+    """A third of the tasks give flat groups. With `redraw_flat_groups` 5, the first five flat
+    groups to finish never reach the learner and five more tasks take their slots, so the
+    learner still gets 20 × 2 groups, each task once (the count survives continue-as-new); with
+    100 (never used up), no flat group reaches it, also those that finish after every slot has
+    started; with 0, every group is sent, flat or not."""
+    grpo = RUN.grpo.model_copy(update={"redraw_flat_groups": redraws})
+    run = RUN.model_copy(update={"run_id": f"flat-{redraws}", "steps": 20, "grpo": grpo})
+    trainer, suite = ScriptedTrainer(), ScriptedSuite(train=30, flat_every=3)
+    async with (
+        time_skipping_server() as env,
+        control_plane(env.client, store, suite, trainer),
+    ):
+        handle = await env.client.start_workflow(
+            TrainingRunWorkflow.run,
+            run,
+            id=f"train-flat-{redraws}",
+            task_queue=Queue.AGENT_TASKS.value,
+        )
+        result = await handle.result()
+        first = env.client.get_workflow_handle(f"train-flat-{redraws}", run_id=handle.result_run_id)
+        first_status = (await first.describe()).status
+    trained, slots = trainer.trained(), run.steps * run.grpo.groups_per_step
+    order = list(suite.train)
+    random.Random(run.seed).shuffle(order)  # the run's order (tests/workflows: the same rule)
+    started = [f"{order[i % 30].id}-e{i // 30}" for i in range(result.tasks_started)]
+    not_trained = set(started) - set(trained)
+    flat_trained = sum(t.startswith("flat-") for t in trained)
+    assert first_status == WorkflowExecutionStatus.CONTINUED_AS_NEW, "no continue-as-new"
+    assert (result.steps, len(trained)) == (run.steps, slots)
+    assert result.tasks_done == result.tasks_started == slots + result.redrawn
+    assert sorted(trained) == sorted(set(trained)) and set(trained) <= set(started)
+    assert len(not_trained) == result.redrawn and all(t.startswith("flat-") for t in not_trained)
+    if redraws == 100:
+        assert flat_trained == 0 and 0 < result.redrawn < redraws
+    else:
+        assert result.redrawn == redraws and flat_trained >= 5, "no flat group was ever sent"

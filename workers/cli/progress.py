@@ -14,13 +14,8 @@ from rich.table import Table
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from contracts.learner import (
-    EvalResult,
-    LearnerProgress,
-    RunProgress,
-    TrainingRunInput,
-    TrainingRunResult,
-)
+from contracts.learner import LearnerProgress
+from contracts.run import EvalResult, RunProgress, TrainingRunInput, TrainingRunResult
 from infra.settings import Settings
 from infra.telemetry import read_live_figures
 from workers.backlog import QueueBacklog, backlog_text, queue_backlogs
@@ -69,9 +64,10 @@ def progress_line(run_input: TrainingRunInput, progress: RunProgress) -> str:
     step, version = (last.step, last.policy_version) if last else (0, 0)
     evals = "  ".join(eval_text(e) for e in progress.evals) or "-"
     stopping = f" | stopping ({progress.stopping})" if progress.stopping else ""
+    redrawn = f", {progress.redrawn} flat" if progress.redrawn else ""
     return (
         f"step {step}/{run_input.steps} v{version} | tasks {progress.tasks_done} done, "
-        f"{progress.in_flight} in flight | reward {reward_text(last)} | pass@1 {evals}{stopping}"
+        f"{progress.in_flight} in flight{redrawn} | reward {reward_text(last)} | pass@1 {evals}{stopping}"
     )
 
 
@@ -97,6 +93,7 @@ def view(
         "step": f"{step}/{run_input.steps}, policy v{version}",
         "tasks": f"{progress.tasks_done} done, {progress.in_flight} in flight, "
         f"{progress.tasks_started} started"
+        + (f", {progress.redrawn} flat redrawn" if progress.redrawn else "")
         + (f"; stopping ({progress.stopping}): no new ones" if progress.stopping else ""),
         "reward": reward_text(last),
         "staleness": str(last.staleness) if last else "-",
@@ -145,7 +142,9 @@ def summary(result: TrainingRunResult, elapsed: float) -> str:
     stopped = f" (stopped: {result.stopped})" if result.stopped else ""
     return (
         f"run {result.run_id} finished in {elapsed:.0f}s{stopped}: {result.steps} steps, "
-        f"{result.tasks_done}/{result.tasks_started} tasks; {eval_label(result.evals)}: "
+        f"{result.tasks_done}/{result.tasks_started} tasks"
+        f"{f' ({result.redrawn} flat groups redrawn)' if result.redrawn else ''}; "
+        f"{eval_label(result.evals)}: "
         f"{evals or 'n/a'}"
     )
 

@@ -1,5 +1,5 @@
 """The report of a training run: `report.json` (per-step metrics; held-out pass@1 at turn 1 and
-the solve rate within the run's `max_turns` turns, before and after training) and
+the solve rate within the run's `eval_turns` turns, before and after training) and
 `reward_curve.png` under `<home>/reports/<run>/`, written by `tempered train` when the run ends."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from contracts.learner import TrainingRunInput, TrainingRunResult
+from contracts.run import TrainingRunInput, TrainingRunResult
 from infra.settings import Settings
 
 
@@ -39,13 +39,14 @@ def write_report(
             for i, h in enumerate(result.history)
         ],
         "evals": [e.model_dump() for e in evals],
-        "eval_turns": run_input.max_turns,
+        "eval_turns": run_input.eval_turns,
         "pass_at_1_before": evals[0].pass_at_1 if evals else None,
         "pass_at_1_after": evals[-1].pass_at_1 if evals else None,
         "solve_rate_before": evals[0].solve_rate if evals else None,
         "solve_rate_after": evals[-1].solve_rate if evals else None,
         "tasks_started": result.tasks_started,
         "tasks_done": result.tasks_done,
+        "redrawn": result.redrawn,
         "stopped": result.stopped,
     }
     report["profile"] = write_profile(settings, result.run_id, wall_s, out)

@@ -39,8 +39,8 @@ from rich.text import Text
 from temporalio.service import RPCError
 
 from contracts.common import is_identifier
-from contracts.learner import TrainingRunInput
 from contracts.names import evaluates
+from contracts.run import TrainingRunInput
 from contracts.sandbox import ExecutionResult
 from contracts.task import RewardConfig, SandboxLimits
 from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep

@@ -32,8 +32,8 @@ from typing import Any
 
 from temporalio.client import Client
 
-from contracts.learner import TrainingRunInput, TrainingRunResult
 from contracts.names import Queue, Workflow
+from contracts.run import TrainingRunInput, TrainingRunResult
 from infra import stack
 from infra.presets import DEFAULT, load_preset, preset_names
 from infra.settings import Settings

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from contracts.episode import EpisodeEnd, ToolCall
-from contracts.learner import PolicyManifest, PolicyVersion, TrainingRunInput
+from contracts.learner import PolicyManifest, PolicyVersion
+from contracts.run import TrainingRunInput
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName
 from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep

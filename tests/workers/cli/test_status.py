@@ -14,8 +14,9 @@ import pytest
 from rich.console import Console
 from temporalio.worker import Worker
 
-from contracts.learner import EvalResult, LearnerProgress, RunProgress, TrainingRunInput
+from contracts.learner import LearnerProgress
 from contracts.names import Queue
+from contracts.run import EvalResult, RunProgress, TrainingRunInput
 from infra import telemetry as tm
 from infra.settings import Settings, TemporalSettings
 from infra.telemetry_files import QueueFigures, WorkerFigures

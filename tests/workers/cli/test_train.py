@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.learner import TrainingRunInput
 from contracts.names import Queue
+from contracts.run import TrainingRunInput
 from infra.settings import Settings
 from workers.cli import run
 
