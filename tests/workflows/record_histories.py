@@ -8,7 +8,9 @@ It runs, on a dev server of its own and a SeaweedFS of its own, with the scripte
 tests/workflows/control_plane.py: a training run of 6 tasks (3 learner steps of 2 groups, evals
 at v0, v2, v3) and a learner that continues as new after 2 steps, and writes
 `training_run.json`, `learner_child.json` (that run's learner) and `learner.json` (the first run
-of the other). `agent_task.json` comes from test_agent_task.py (`TEMPERED_RECORD_HISTORIES=1`).
+of the other); with `--redraw` only `training_run_redraw.json`: a run of the same shape whose
+suite has flat groups and which redraws two of them (dynamic sampling). `agent_task.json` comes
+from test_agent_task.py (`TEMPERED_RECORD_HISTORIES=1`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,28 @@ RUN = TrainingRunInput(
 
 def group(task: str) -> TrajectoryGroup:
     return TrajectoryGroup(task_id=task, trajectories=[REF], rewards=[1.0], policy_version=0)
+
+
+async def record_redraw(out: Path, client: Client, store_dir: Path) -> None:
+    """A training run that redraws 2 of its flat groups (every other task of 5 is flat)."""
+    seaweed = SeaweedServer(store_dir)
+    seaweed.start()
+    try:
+        suite, trainer = ScriptedSuite(train=5, heldout=2, flat_every=2), ScriptedTrainer()
+        grpo = RUN.grpo.model_copy(update={"redraw_flat_groups": 2})
+        redraw = RUN.model_copy(update={"run_id": "replay-redraw", "grpo": grpo})
+        async with control_plane(client, seaweed.store(), suite, trainer):
+            run = await client.start_workflow(
+                TrainingRunWorkflow.run,
+                redraw,
+                id="train-replay-redraw",
+                task_queue=Queue.AGENT_TASKS,
+            )
+            result = await run.result()
+            assert result.redrawn == 2, result
+            (out / "training_run_redraw.json").write_text((await run.fetch_history()).to_json())
+    finally:
+        seaweed.stop()
 
 
 async def record(out: Path, client: Client, store_dir: Path) -> None:
@@ -83,18 +107,18 @@ async def record(out: Path, client: Client, store_dir: Path) -> None:
         seaweed.stop()
 
 
-async def main(out: Path) -> None:
+async def main(out: Path, redraw: bool) -> None:
     server = start_dev_server()
     try:
         client = await Client.connect(
             server.address, namespace="test-0", data_converter=pydantic_data_converter
         )
         with tempfile.TemporaryDirectory() as tmp:
-            await record(out, client, Path(tmp))
+            await (record_redraw if redraw else record)(out, client, Path(tmp))
     finally:
         server.process.terminate()
         server.process.wait(15)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1])))
+    asyncio.run(main(Path(sys.argv[1]), "--redraw" in sys.argv[2:]))

@@ -5,9 +5,11 @@ The histories under histories/ are the previous release's: `agent_task.json` fro
 tests/workflows/test_agent_task.py, the others from a training run of 6 tasks (3 learner steps,
 evals at v0, v2, v3) and a learner that continued as new, run with the scripted activities of
 tests/workflows/control_plane.py on the code of that release (`git worktree add … <release>`,
-then `python -m tests.workflows.record_histories histories/` there). Running workflows of an
-old build finish on that build (worker versioning pins them, see workers/runtime.py); these
-tests cover what versioning does not: workflows started before it, and in-place patches.
+then `python -m tests.workflows.record_histories histories/` there); `training_run_redraw.json`
+(a run that redrew flat groups: `… histories/ --redraw`) on the release that added redraws.
+Running workflows of an old build finish on that build (worker versioning pins them, see
+workers/runtime.py); these tests cover what versioning does not: workflows started before it,
+and in-place patches.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     # a training run's learner (progress signals, finish) and the run (children, evals)
     "learner_child.json": (LearnerWorkflow, "train-replay-run-learner"),
     "training_run.json": (TrainingRunWorkflow, "train-replay-run"),
+    # recorded on the release that added dynamic sampling: a run that redrew 2 flat groups
+    "training_run_redraw.json": (TrainingRunWorkflow, "train-replay-redraw"),
 }
 
 
