@@ -1,6 +1,6 @@
 """Contracts of a training run (`TrainingRunWorkflow`, what `tempered train` starts): its input,
 the suite it loads, its held-out evaluations, its progress and result, and the constant-size
-state it carries through continue-as-new. The learner's own contracts are in contracts/learner.py."""
+state it carries through continue-as-new. The learner's own are in contracts/learner.py."""
 
 from collections.abc import Sequence
 from datetime import datetime

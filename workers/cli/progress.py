@@ -67,7 +67,8 @@ def progress_line(run_input: TrainingRunInput, progress: RunProgress) -> str:
     redrawn = f", {progress.redrawn} flat" if progress.redrawn else ""
     return (
         f"step {step}/{run_input.steps} v{version} | tasks {progress.tasks_done} done, "
-        f"{progress.in_flight} in flight{redrawn} | reward {reward_text(last)} | pass@1 {evals}{stopping}"
+        f"{progress.in_flight} in flight{redrawn} | reward {reward_text(last)} | "
+        f"pass@1 {evals}{stopping}"
     )
 
 
