@@ -259,7 +259,7 @@ async def test_flat_groups_are_redrawn_up_to_the_limit(store: ObjectStore, redra
         first_status = (await first.describe()).status
     trained, slots = trainer.trained(), run.steps * run.grpo.groups_per_step
     order = list(suite.train)
-    random.Random(run.seed).shuffle(order)  # the run's order (tests/workflows: the same rule)
+    random.Random(run.seed).shuffle(order)  # the order the run draws in (its own rule, again)
     started = [f"{order[i % 30].id}-e{i // 30}" for i in range(result.tasks_started)]
     not_trained = set(started) - set(trained)
     flat_trained = sum(t.startswith("flat-") for t in trained)
