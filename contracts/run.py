@@ -2,6 +2,7 @@
 the suite it loads, its held-out evaluations, its progress and result, and the constant-size
 state it carries through continue-as-new. The learner's own are in contracts/learner.py."""
 
+import random
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -63,6 +64,19 @@ def spread(tasks: Sequence[TaskSpec], limit: int) -> list[TaskSpec]:
     if limit <= 0 or limit >= len(tasks):
         return list(tasks)
     return [tasks[i * len(tasks) // limit] for i in range(limit)]
+
+
+def draw_order(train: Sequence[TaskSpec], seed: int) -> list[TaskSpec]:
+    """The order in which a run draws its training tasks: the same for the same seed, every run."""
+    order = list(train)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def drawn_task(order: Sequence[TaskSpec], index: int) -> TaskSpec:
+    """The `index`-th task a run starts: the order repeats in epochs, `<id>-e<epoch>`."""
+    epoch, position = divmod(index, len(order))
+    return order[position].model_copy(update={"id": f"{order[position].id}-e{epoch}"})
 
 
 class EvalResult(Contract):

@@ -8,11 +8,10 @@ still run, and the result says why it stopped). Each finished group is signalled
 learner; rollouts go on while it trains (asynchronous RL) but never run more than
 `grpo.max_staleness` steps ahead of it: the group for step b waits for version
 b − max_staleness and is pinned to the newest version known when it starts
-(`max_staleness = 0` is synchronous, on-policy GRPO). Dynamic sampling (DAPO's, with
-`grpo.redraw_flat_groups` > 0): a flat group (all rewards equal: no GRPO signal) is not sent,
-and another task takes its slot, up to that many times a run. Held-out pass@1 (solved at
-turn 1) and the solve rate within `eval_turns` turns are measured before training, every
-`eval_every` learner steps, and after the last step, through the same pipeline (greedy).
+(`max_staleness = 0` is synchronous, on-policy GRPO). A flat group (no GRPO signal) is not
+sent with `grpo.redraw_flat_groups` N: another task takes its slot, N times a run at most
+(DAPO's dynamic sampling). Held-out pass@1 (turn 1) and the solve rate within `eval_turns`
+turns are measured before training, every `eval_every` steps and after the last (greedy).
 
 Bounded history: before its history could pass `budget` (20% of Temporal's 51,200 events and
 50 MiB by default) — counting, for every child still in flight and every evaluation still to
@@ -29,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 from datetime import datetime, timedelta
 from typing import NoReturn
 
@@ -58,6 +56,8 @@ with workflow.unsafe.imports_passed_through():
         RunResume,
         TrainingRunInput,
         TrainingRunResult,
+        draw_order,
+        drawn_task,
         spread,
     )
     from contracts.task import AgentTaskInput, TaskSpec
@@ -213,8 +213,7 @@ class TrainingRunWorkflow:
     async def _roll_out(self, tasks: LoadTasksResponse, deadline: datetime | None) -> None:
         run_input = self._input
         total = run_input.steps * run_input.grpo.groups_per_step
-        order = list(tasks.train)
-        random.Random(run_input.seed).shuffle(order)  # same order for the same seed, every run
+        order = draw_order(tasks.train, run_input.seed)
         info = workflow.info()
         self._at_start = (info.get_current_history_length(), info.get_current_history_size())
         while await self._task_due(total):
@@ -224,8 +223,7 @@ class TrainingRunWorkflow:
                 break
             if self._history_full():
                 await self._continue_as_new(tasks, deadline)
-            epoch, position = divmod(self._started, len(order))
-            task = order[position].model_copy(update={"id": f"{order[position].id}-e{epoch}"})
+            task = drawn_task(order, self._started)
             self._started += 1  # here, not in the task: the next pass reads it before that runs
             self._rollouts.append(
                 asyncio.create_task(self._rollout_one(task, self._latest_version))
@@ -235,13 +233,15 @@ class TrainingRunWorkflow:
         await asyncio.gather(*self._rollouts)
 
     async def _task_due(self, total: int) -> bool:
-        """Whether another task is due: fewer than `total` groups that may reach the learner
-        started (with redraws left, once the tasks in flight end: a flat one frees its slot)."""
-        if self._started - self._redrawn >= total and self._redraws_left:
-            await workflow.wait_condition(
-                lambda: self._started - self._redrawn < total or self._in_flight == 0
-            )
-        return self._started - self._redrawn < total
+        """Whether fewer than `total` are `_filled` (with redraws left: once those in flight end)."""
+        if self._filled >= total and self._redraws_left:
+            await workflow.wait_condition(lambda: self._filled < total or self._in_flight == 0)
+        return self._filled < total
+
+    @property
+    def _filled(self) -> int:
+        """Groups started that may reach the learner (a redrawn flat one frees its slot)."""
+        return self._started - self._redrawn
 
     @property
     def _redraws_left(self) -> bool:
@@ -250,10 +250,10 @@ class TrainingRunWorkflow:
     def _may_start(self) -> bool:
         """A slot is free and the learner is far enough along for the next group (or the
         learner failed: the run fails too; or the run was told to stop). Bounded staleness:
-        the group for learner step b is sampled from a version ≥ b − max_staleness, b counted
-        over the groups that may reach the learner (so it falls when a flat one is redrawn)."""
+        the group for learner step b (counted over `_filled`) is sampled from a version
+        ≥ b − max_staleness."""
         grpo = self._input.grpo
-        step = (self._started - self._redrawn) // grpo.groups_per_step
+        step = self._filled // grpo.groups_per_step
         in_flight_ok = self._in_flight < self._input.concurrency
         ready = in_flight_ok and self._learner_steps >= step - grpo.max_staleness
         return ready or self._learner_error is not None or self._stopped is not None

@@ -27,6 +27,7 @@ from contracts.common import ObjectRef
 from contracts.learner import GRPOConfig, LearnerInput, TrajectoryGroup
 from contracts.names import Queue
 from contracts.run import TrainingRunInput
+from infra.storage import ObjectStore
 from tests.fixtures.s3 import SeaweedServer
 from tests.fixtures.temporal import start_dev_server
 from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
@@ -48,63 +49,50 @@ def group(task: str) -> TrajectoryGroup:
     return TrajectoryGroup(task_id=task, trajectories=[REF], rewards=[1.0], policy_version=0)
 
 
-async def record_redraw(out: Path, client: Client, store_dir: Path) -> None:
+async def record_redraw(out: Path, client: Client, store: ObjectStore) -> None:
     """A training run that redraws 2 of its flat groups (every other task of 5 is flat)."""
-    seaweed = SeaweedServer(store_dir)
-    seaweed.start()
-    try:
-        suite, trainer = ScriptedSuite(train=5, heldout=2, flat_every=2), ScriptedTrainer()
-        grpo = RUN.grpo.model_copy(update={"redraw_flat_groups": 2})
-        redraw = RUN.model_copy(update={"run_id": "replay-redraw", "grpo": grpo})
-        async with control_plane(client, seaweed.store(), suite, trainer):
-            run = await client.start_workflow(
-                TrainingRunWorkflow.run,
-                redraw,
-                id="train-replay-redraw",
-                task_queue=Queue.AGENT_TASKS,
-            )
-            result = await run.result()
-            assert result.redrawn == 2, result
-            (out / "training_run_redraw.json").write_text((await run.fetch_history()).to_json())
-    finally:
-        seaweed.stop()
+    suite, trainer = ScriptedSuite(train=5, heldout=2, flat_every=2), ScriptedTrainer()
+    grpo = RUN.grpo.model_copy(update={"redraw_flat_groups": 2})
+    redraw = RUN.model_copy(update={"run_id": "replay-redraw", "grpo": grpo})
+    async with control_plane(client, store, suite, trainer):
+        run = await client.start_workflow(
+            TrainingRunWorkflow.run, redraw, id="train-replay-redraw", task_queue=Queue.AGENT_TASKS
+        )
+        result = await run.result()
+        assert result.redrawn == 2, result
+        (out / "training_run_redraw.json").write_text((await run.fetch_history()).to_json())
 
 
-async def record(out: Path, client: Client, store_dir: Path) -> None:
-    seaweed = SeaweedServer(store_dir)
-    seaweed.start()
-    try:
-        suite, trainer = ScriptedSuite(train=5, heldout=2), ScriptedTrainer()
-        async with control_plane(client, seaweed.store(), suite, trainer):
-            run = await client.start_workflow(
-                TrainingRunWorkflow.run, RUN, id="train-replay-run", task_queue=Queue.AGENT_TASKS
-            )
-            await run.result()
-            (out / "training_run.json").write_text((await run.fetch_history()).to_json())
-            child = client.get_workflow_handle(f"{run.id}-learner")
-            (out / "learner_child.json").write_text((await child.fetch_history()).to_json())
+async def record(out: Path, client: Client, store: ObjectStore) -> None:
+    suite, trainer = ScriptedSuite(train=5, heldout=2), ScriptedTrainer()
+    async with control_plane(client, store, suite, trainer):
+        run = await client.start_workflow(
+            TrainingRunWorkflow.run, RUN, id="train-replay-run", task_queue=Queue.AGENT_TASKS
+        )
+        await run.result()
+        (out / "training_run.json").write_text((await run.fetch_history()).to_json())
+        child = client.get_workflow_handle(f"{run.id}-learner")
+        (out / "learner_child.json").write_text((await child.fetch_history()).to_json())
 
-            learner = await client.start_workflow(
-                LearnerWorkflow.run,
-                LearnerInput(
-                    run_id="replay-learner",
-                    config=GRPOConfig(groups_per_step=2),
-                    max_steps=10,
-                    steps_per_run=2,
-                ),
-                id="replay-learner",
-                task_queue=Queue.AGENT_TASKS,
-            )
-            first_run = learner.first_execution_run_id
-            await learner.signal(LearnerWorkflow.add_groups, [group("a"), group("b"), group("a")])
-            await learner.signal(LearnerWorkflow.add_groups, [group("c"), group("b")])
-            await learner.signal(LearnerWorkflow.add_groups, [group("d"), group("e")])
-            await learner.signal(LearnerWorkflow.finish)
-            await learner.result()
-            first = client.get_workflow_handle(learner.id, run_id=first_run)
-            (out / "learner.json").write_text((await first.fetch_history()).to_json())
-    finally:
-        seaweed.stop()
+        learner = await client.start_workflow(
+            LearnerWorkflow.run,
+            LearnerInput(
+                run_id="replay-learner",
+                config=GRPOConfig(groups_per_step=2),
+                max_steps=10,
+                steps_per_run=2,
+            ),
+            id="replay-learner",
+            task_queue=Queue.AGENT_TASKS,
+        )
+        first_run = learner.first_execution_run_id
+        await learner.signal(LearnerWorkflow.add_groups, [group("a"), group("b"), group("a")])
+        await learner.signal(LearnerWorkflow.add_groups, [group("c"), group("b")])
+        await learner.signal(LearnerWorkflow.add_groups, [group("d"), group("e")])
+        await learner.signal(LearnerWorkflow.finish)
+        await learner.result()
+        first = client.get_workflow_handle(learner.id, run_id=first_run)
+        (out / "learner.json").write_text((await first.fetch_history()).to_json())
 
 
 async def main(out: Path, redraw: bool) -> None:
@@ -114,7 +102,12 @@ async def main(out: Path, redraw: bool) -> None:
             server.address, namespace="test-0", data_converter=pydantic_data_converter
         )
         with tempfile.TemporaryDirectory() as tmp:
-            await (record_redraw if redraw else record)(out, client, Path(tmp))
+            seaweed = SeaweedServer(Path(tmp))
+            seaweed.start()
+            try:
+                await (record_redraw if redraw else record)(out, client, seaweed.store())
+            finally:
+                seaweed.stop()
     finally:
         server.process.terminate()
         server.process.wait(15)

@@ -8,8 +8,6 @@ and flat groups are redrawn up to the run's limit (dynamic sampling), across it 
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHistory
@@ -25,7 +23,15 @@ from contracts.learner import (
     TrainStepResponse,
 )
 from contracts.names import Activity, Queue, Signal
-from contracts.run import LoadTasksResponse, RunResume, TrainingRunInput, TrainingRunResult, spread
+from contracts.run import (
+    LoadTasksResponse,
+    RunResume,
+    TrainingRunInput,
+    TrainingRunResult,
+    draw_order,
+    drawn_task,
+    spread,
+)
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import time_skipping_server
 from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
@@ -258,9 +264,8 @@ async def test_flat_groups_are_redrawn_up_to_the_limit(store: ObjectStore, redra
         first = env.client.get_workflow_handle(f"train-flat-{redraws}", run_id=handle.result_run_id)
         first_status = (await first.describe()).status
     trained, slots = trainer.trained(), run.steps * run.grpo.groups_per_step
-    order = list(suite.train)
-    random.Random(run.seed).shuffle(order)  # the order the run draws in (its own rule, again)
-    started = [f"{order[i % 30].id}-e{i // 30}" for i in range(result.tasks_started)]
+    order = draw_order(suite.train, run.seed)
+    started = [drawn_task(order, i).id for i in range(result.tasks_started)]
     not_trained = set(started) - set(trained)
     flat_trained = sum(t.startswith("flat-") for t in trained)
     assert first_status == WorkflowExecutionStatus.CONTINUED_AS_NEW, "no continue-as-new"
