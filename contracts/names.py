@@ -39,6 +39,7 @@ class Activity(StrEnum):
     ENV_STEP = "env_step"
     VERIFY_EPISODES = "verify_episodes"
     CLOSE_SESSIONS = "close_sessions"
+    PRUNE_POLICIES = "prune_policies"
 
 
 class Signal(StrEnum):
@@ -72,6 +73,7 @@ ACTIVITY_QUEUE: dict[Activity, Queue] = {
     Activity.ENV_STEP: Queue.SANDBOX,
     Activity.VERIFY_EPISODES: Queue.SANDBOX,
     Activity.CLOSE_SESSIONS: Queue.SANDBOX,
+    Activity.PRUNE_POLICIES: Queue.REWARDS,
 }
 """The queue each activity is registered on. `env_step` and `close_sessions` are *called* on the
 queue of the sandbox worker that holds the session (`SessionRef.queue`), which that worker

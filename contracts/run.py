@@ -31,6 +31,17 @@ class PrepareRunRequest(Contract):
     )
 
 
+class PrunePoliciesRequest(Contract):
+    """Delete policy versions 1 .. `below` - 1 of a run that is training (`keep_versions`)."""
+
+    run_id: Identifier
+    below: int = Field(ge=1, description="The oldest version kept besides version 0.")
+
+
+class PrunePoliciesResponse(Contract):
+    deleted: list[int] = Field(description="Versions deleted by this call (none if done before).")
+
+
 class RunProgress(Contract):
     """Answer of `TrainingRunWorkflow`'s `progress` query."""
 
@@ -141,6 +152,14 @@ class TrainingRunInput(Contract):
         "evenly over the suite's held-out list (`spread`), the same N at every eval.",
     )
     time_budget_s: float = Field(default=0, ge=0, description="Stop after this long; 0 = none.")
+    keep_versions: int = Field(
+        default=0,
+        ge=0,
+        le=100000,
+        description="Policy versions kept in the store while the run trains: 0 keeps every one; "
+        "N keeps version 0, the newest N and every version a rollout in flight or an evaluation "
+        "still reads, and deletes the others (`workflows/retention.py`).",
+    )
     sampling: SamplingParams = SamplingParams()
     eval_sampling: SamplingParams = SamplingParams(temperature=0.0)
     reward: RewardConfig = RewardConfig()
@@ -197,6 +216,7 @@ class RunResume(Contract):
     started: int = Field(ge=0, description="Training tasks started so far (the next index).")
     done: int = Field(ge=0)
     redrawn: int = Field(default=0, ge=0, description="Flat groups not sent to the learner.")
+    pruned_below: int = Field(default=1, ge=1, description="Versions below it (but 0) deleted.")
     progress: list[LearnerProgress] = Field(description="The last `PROGRESS_TAIL` steps.")
     evals: list[EvalResult] = Field(description="The first and the last `EVAL_TAIL` evals.")
     deadline: datetime | None = Field(description="When the time budget ends (None: never).")

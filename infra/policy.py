@@ -326,28 +326,6 @@ def policy_versions(store: ObjectStore, run_id: str) -> list[int]:
     return sorted(version for version in found if version is not None)
 
 
-def prune_versions(store: ObjectStore, run_id: str, keep: int) -> list[int]:
-    """Delete the versions of a finished run but version 0, the newest `keep` and the
-    full-weight versions their adapters apply to, then every blob no kept version names.
-    Returns the versions deleted (an S3 store may still list their empty prefixes). The
-    caller makes sure nothing serves the run any more."""
-    versions = policy_versions(store, run_id)
-
-    def manifests_of(chosen: set[int]) -> dict[int, PolicyManifest | None]:
-        return {v: _read_manifest(store, keys.policy_manifest_key(run_id, v)) for v in chosen}
-
-    kept = manifests_of({0, *versions[-keep:]} if keep > 0 else {0})  # only the kept are read
-    bases = {m.policy.adapter_of for m in kept.values() if m is not None} - {None, *kept}
-    kept |= manifests_of({v for v in bases if v is not None})
-    doomed = [  # its manifest, and any file of the older per-version layout
-        v for v in versions if v not in kept and store.delete_prefix(keys.policy_prefix(run_id, v))
-    ]
-    named = {ref.key for m in kept.values() if m is not None for ref in m.files.values()}
-    blobs = [k for k in store.list_keys(keys.policy_blob_key(run_id, "")) if k not in named]
-    store.delete_keys(blobs)
-    return doomed
-
-
 def _read_manifest(store: ObjectStore, key: str) -> PolicyManifest | None:
     try:
         return store.get_model(key, PolicyManifest)

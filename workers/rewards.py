@@ -1,6 +1,7 @@
 """Worker of the `rewards` queue: writes each finished agent task's trajectories to S3, once,
-loads task suites for training runs (`load_tasks`), and keeps the learner's ledger
-(`record_ledger`, `find_consumed`).
+loads task suites for training runs (`load_tasks`), keeps the learner's ledger
+(`record_ledger`, `find_consumed`) and deletes the policy versions a run no longer keeps
+(`prune_policies`).
 
     tempered worker rewards        # or: python -m workers.cli worker rewards
 
@@ -10,6 +11,7 @@ Needs only the object store (settings.s3); no GPU, no sandbox.
 from __future__ import annotations
 
 from activities.ledger import LedgerActivities
+from activities.retention import RetentionActivities
 from activities.rewards import RewardActivities
 from activities.tasks import TaskActivities
 from infra.settings import Settings
@@ -27,6 +29,7 @@ def build(settings: Settings) -> WorkerPlan:
             tasks.load_tasks,
             ledger.record_ledger,
             ledger.find_consumed,
+            RetentionActivities(store).prune_policies,
         ],
         max_concurrent_activities=16,
     )

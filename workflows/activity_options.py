@@ -33,6 +33,7 @@ _START_TO_CLOSE: dict[Activity, timedelta] = {
     Activity.ENV_STEP: timedelta(minutes=20),
     Activity.VERIFY_EPISODES: timedelta(minutes=20),
     Activity.CLOSE_SESSIONS: timedelta(minutes=2),
+    Activity.PRUNE_POLICIES: timedelta(minutes=5),
 }
 
 

@@ -26,6 +26,15 @@ def spent(budget: HistoryBudget, *, ahead_events: int = 0, ahead_bytes: int = 0)
     )
 
 
+EVENTS_PER_TASK = 12
+"""Events a training task adds to the run's history, at least as far as the look-ahead goes:
+its start (2) and completion (1), its group signalled to the learner (2), the workflow tasks
+they wake (3 each, fewer when batched), its share of `learner_progress` signals and prunes."""
+RESERVE_EVENTS = 16
+"""What a segment's ending adds besides its look-ahead: the continue-as-new itself, the learner's
+ledger segment, and a signal or two arriving while it is decided."""
+
+
 TASK_TIMEOUT = timedelta(seconds=60)
 """Workflow task timeout of the long-lived workflows (given at start and at each continue-as-new).
 A worker that lost one from its cache replays its whole history in one workflow task: a

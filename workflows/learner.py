@@ -43,15 +43,13 @@ with workflow.unsafe.imports_passed_through():
     )
     from contracts.names import Activity, SearchAttr, Signal
     from workflows.activity_options import activity_options
-    from workflows.budget import TASK_TIMEOUT, spent
+    from workflows.budget import RESERVE_EVENTS, TASK_TIMEOUT, spent
     from workflows.search import search_attribute_updates
     from workflows.signals import signal_run
 
 STEP_EVENTS = 16
 """Events one step adds at least (look-ahead): its activities, the search-attribute upsert, the
 progress signal, the groups' signals, and the workflow tasks they wake."""
-RESERVE_EVENTS = 16
-"""Writing the ledger segment and the continue-as-new itself."""
 HISTORY_TAIL = 100
 """Step results a segment carries (and the run reports); every step is in its ack."""
 LEDGER_PATCH = "tempered-learner-ledger"

@@ -12,6 +12,8 @@ b − max_staleness and is pinned to the newest version known when it starts
 sent with `grpo.redraw_flat_groups` N: another task takes its slot, N times a run at most
 (DAPO's dynamic sampling). Held-out pass@1 (turn 1) and the solve rate within `eval_turns`
 turns are measured before training, every `eval_every` steps and after the last (greedy).
+With `keep_versions` N, versions that are neither 0, the newest N nor read by a rollout or an
+evaluation in flight are deleted as the run goes (workflows/retention.py).
 
 Bounded history: before its history could pass `budget` (20% of Temporal's 51,200 events and
 50 MiB by default) — counting, for every child still in flight and every evaluation still to
@@ -19,9 +21,8 @@ come, what a task has added so far on average (at least `EVENTS_PER_TASK` events
 continue-as-new itself; checked before each start and before the run's ending —, the run stops
 starting tasks, lets the ones in flight finish and report (a drain), and continues as new with
 a `RunResume`: the suite, counters and the last `PROGRESS_TAIL` learner steps, nothing that
-grows with the run. The learner is started with `ParentClosePolicy.ABANDON`, so it outlives
-the run that started it; it finds the current run by workflow id (`learner_progress`,
-`learner_done`), as the run finds it (`add_groups`, `finish`).
+grows with the run. The learner (`ParentClosePolicy.ABANDON`) outlives the run that started
+it; they find each other by workflow id (`learner_progress`, `learner_done`, `add_groups`, ...).
 """
 
 from __future__ import annotations
@@ -63,8 +64,9 @@ with workflow.unsafe.imports_passed_through():
     from contracts.task import AgentTaskInput, TaskSpec
     from workflows.activity_options import activity_options
     from workflows.agent_task import AgentTaskWorkflow
-    from workflows.budget import TASK_TIMEOUT, spent
+    from workflows.budget import EVENTS_PER_TASK, RESERVE_EVENTS, TASK_TIMEOUT, spent
     from workflows.learner import LearnerWorkflow
+    from workflows.retention import Retention
     from workflows.search import search_attribute_updates, task_start_options
     from workflows.signals import signal_run
 
@@ -72,12 +74,6 @@ PROGRESS_TAIL = 100
 """Learner steps the run keeps (and its `progress` query shows)."""
 EVAL_TAIL = 32
 """Evaluations the run keeps besides the first (before training)."""
-EVENTS_PER_TASK = 12
-"""Events a training task adds to the run's history, at least as far as the look-ahead goes:
-its start (2) and completion (1), its group signalled to the learner (2), the workflow tasks
-they wake (3 each, fewer when batched), and its share of `learner_progress` signals."""
-RESERVE_EVENTS = 16
-"""The continue-as-new itself, and a signal or two arriving while it is decided."""
 
 
 @workflow.defn(name="TrainingRunWorkflow")
@@ -99,6 +95,7 @@ class TrainingRunWorkflow:
         self._learner_done: LearnerDone | None = None
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
         self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
+        self._retention = Retention(run_input, resume.pruned_below if resume else 1)
 
     @workflow.run
     async def run(self, run_input: TrainingRunInput) -> TrainingRunResult:
@@ -124,6 +121,7 @@ class TrainingRunWorkflow:
         ):
             self._start_eval(final.history[-1].policy.version)
         await asyncio.gather(*self._eval_jobs)
+        await self._retention.finish(final.history[-1].policy.version if final.history else 0)
         return TrainingRunResult(
             run_id=run_input.run_id,
             steps=final.step,
@@ -185,6 +183,7 @@ class TrainingRunWorkflow:
         every = self._input.eval_every
         if every and progress.step % every == 0 and progress.step < self._input.steps:
             self._start_eval(progress.policy_version)
+        self._retention.published(progress.policy_version)
 
     @workflow.signal(name=Signal.LEARNER_DONE)
     def learner_done(self, done: LearnerDone) -> None:
@@ -223,11 +222,9 @@ class TrainingRunWorkflow:
                 break
             if self._history_full():
                 await self._continue_as_new(tasks, deadline)
-            task = drawn_task(order, self._started)
+            task, version = drawn_task(order, self._started), self._latest_version
             self._started += 1  # here, not in the task: the next pass reads it before that runs
-            self._rollouts.append(
-                asyncio.create_task(self._rollout_one(task, self._latest_version))
-            )
+            self._rollouts.append(self._retention.start(version, self._rollout_one(task, version)))
         if self._history_full(ending=True):  # the run's ending must fit as well
             await self._continue_as_new(tasks, deadline)
         await asyncio.gather(*self._rollouts)
@@ -292,9 +289,9 @@ class TrainingRunWorkflow:
     ) -> NoReturn:
         """Drain (every child finished and reported), then continue as new from here."""
         while True:  # a `learner_progress` arriving meanwhile may start one more evaluation
-            await asyncio.gather(*self._rollouts, *self._eval_jobs)
+            await asyncio.gather(*self._rollouts, *self._eval_jobs, self._retention.drain())
             await workflow.wait_condition(workflow.all_handlers_finished)
-            if all(job.done() for job in self._eval_jobs):
+            if all(job.done() for job in self._eval_jobs) and self._retention.idle:
                 break
         self._raise_if_learner_failed()
         first_eval = self._evals[:1]
@@ -303,6 +300,7 @@ class TrainingRunWorkflow:
             started=self._started,
             done=self._done,
             redrawn=self._redrawn,
+            pruned_below=self._retention.pruned_below,
             progress=self._progress,
             evals=first_eval + self._evals[1:][-EVAL_TAIL:],
             deadline=deadline,
@@ -370,7 +368,7 @@ class TrainingRunWorkflow:
         await signal_run(self._learner_id(), Signal.ADD_GROUPS, [[group]], gone=self._learner_ended)
 
     def _start_eval(self, version: int) -> None:
-        self._eval_jobs.append(asyncio.create_task(self._evaluate(version)))
+        self._eval_jobs.append(self._retention.start(version, self._evaluate(version)))
 
     async def _evaluate(self, version: int) -> None:
         """Held-out figures of `version`: one greedy episode of up to `eval_turns` turns per

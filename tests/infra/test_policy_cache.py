@@ -1,6 +1,5 @@
 """Policy versions share unchanged files, in the store and in a machine's cache; the cache stays
-bounded and a finished run's old versions can be pruned (real SeaweedFS; infra/policy.py,
-infra/policy_cache.py)."""
+bounded (real SeaweedFS; infra/policy.py, infra/policy_cache.py). Pruning: test_retention.py."""
 
 from __future__ import annotations
 
@@ -14,13 +13,11 @@ from infra.policy import (
     MANIFEST,
     TINY,
     materialize_base_model,
-    policy_manifest,
-    prune_versions,
     publish_policy,
 )
 from infra.policy_cache import BLOBS, cached_versions, fetch_policy, forget_run
 from infra.settings import Settings
-from infra.storage import ObjectNotFound, ObjectStore
+from infra.storage import ObjectStore
 
 
 @pytest.fixture(scope="module")
@@ -106,34 +103,3 @@ def test_a_download_a_killed_fetch_left_is_removed(
     publish_policy(store, "next", 0, tiny_dir)
     fetch_policy(store, "next", 0, cache, keep=1)  # the last version of "killed" goes
     assert not (cache / "killed").exists() and (cache / "next" / "v0").is_dir()
-
-
-def test_pruning_keeps_v0_the_newest_and_the_blobs_they_name(
-    store: ObjectStore, tiny_dir: Path, tmp_path: Path
-) -> None:
-    _publish_variants(store, "pruned", 5, tiny_dir, tmp_path)
-    assert prune_versions(store, "pruned", keep=2) == [1, 2]
-    kept = [policy_manifest(store, "pruned", v) for v in range(5)]
-    assert [m is not None for m in kept] == [True, False, False, True, True]
-    named = {ref.key for m in kept if m for ref in m.files.values()}
-    assert set(_blobs(store, "pruned")) == named  # v1's and v2's own files went
-    assert (fetch_policy(store, "pruned", 3, tmp_path / "cache") / MANIFEST).is_file()
-    with pytest.raises(ObjectNotFound):
-        fetch_policy(store, "pruned", 1, tmp_path / "cache")
-    assert prune_versions(store, "pruned", keep=0) == [3, 4] and _blobs(store, "pruned")
-
-
-def test_pruning_keeps_the_full_weights_a_kept_adapter_applies_to(
-    store: ObjectStore, tiny_dir: Path, tmp_path: Path
-) -> None:
-    from tests.infra.inference.policies import lora_adapter
-
-    _publish_variants(store, "lora", 4, tiny_dir, tmp_path)
-    adapter = lora_adapter(tiny_dir, tmp_path / "adapter")
-    publish_policy(store, "lora", 4, adapter, step=4, adapter_of=2)
-    assert prune_versions(store, "lora", keep=1) == [1, 3]  # v2 stays: v4 applies to it
-    base = policy_manifest(store, "lora", 2)
-    assert base is not None and {ref.key for ref in base.files.values()} <= set(
-        _blobs(store, "lora")
-    )
-    assert (fetch_policy(store, "lora", 2, tmp_path / "cache") / MANIFEST).is_file()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -130,12 +130,18 @@ class StandInAgentTask:
 
 @contextlib.asynccontextmanager
 async def control_plane(
-    client: Client, store: ObjectStore, suite: ScriptedSuite, trainer: ScriptedTrainer
+    client: Client,
+    store: ObjectStore,
+    suite: ScriptedSuite,
+    trainer: ScriptedTrainer,
+    *,
+    agent_task: type = StandInAgentTask,
+    rewards: Sequence[Callable[..., Any]] = (),
 ) -> AsyncIterator[None]:
     """The run, the learner and the stand-in tasks (agent-tasks), the scripted suite and trainer
-    (learner), the suite loader and the real ledger (rewards), for the `with` block."""
+    (learner), the suite loader, the real ledger and `rewards` (rewards), for the `with` block."""
     ledger = LedgerActivities(store)
-    workflows = [TrainingRunWorkflow, LearnerWorkflow, StandInAgentTask]
+    workflows = [TrainingRunWorkflow, LearnerWorkflow, agent_task]
     async with (
         Worker(
             client,
@@ -151,7 +157,7 @@ async def control_plane(
         Worker(
             client,
             task_queue=Queue.REWARDS.value,
-            activities=[suite.load_tasks, ledger.record_ledger, ledger.find_consumed],
+            activities=[suite.load_tasks, ledger.record_ledger, ledger.find_consumed, *rewards],
         ),
     ):
         yield

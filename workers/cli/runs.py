@@ -46,9 +46,10 @@ from contracts.task import RewardConfig, SandboxLimits
 from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
 from infra import keys
 from infra.inference.prompts import clip, observation_text
-from infra.policy import latest_policy, policy_manifest, policy_versions, prune_versions
+from infra.policy import latest_policy, policy_manifest, policy_versions
 from infra.policy_cache import forget_run
 from infra.regrade import OUTCOMES, Regrading
+from infra.retention import prune_versions
 from infra.sandbox import get_backend
 from infra.settings import SandboxBackendName, Settings
 from infra.storage import ObjectNotFound, ObjectStore, StorageError

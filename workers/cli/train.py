@@ -57,6 +57,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     train.add_argument(
         "--seed", type=int, help="order of the training tasks (default: the preset's)"
     )
+    train.add_argument(
+        "--keep-versions",
+        type=int,
+        metavar="N",
+        help="delete policy versions as the run goes but v0, the newest N and those still read",
+    )
     train.add_argument("--no-workers", action="store_true", help="do not start background workers")
     train.add_argument(
         "--dry-run", action="store_true", help="print the plan as JSON and start nothing"
@@ -84,6 +90,7 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
             run_id=args.run_id,
             time_budget_s=args.time_budget,
             seed=args.seed,
+            keep_versions=args.keep_versions,
         )
     except ValueError as exc:  # unknown preset, bad TOML, an override out of bounds
         print(f"tempered train: {exc}", file=sys.stderr)
@@ -97,7 +104,16 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
     return _report(settings, run_input, result, time.monotonic() - started)
 
 
-RUN_OPTIONS = ("steps", "base_model", "suite", "run_id", "time_budget", "seed", "dry_run")
+RUN_OPTIONS = (
+    "steps",
+    "base_model",
+    "suite",
+    "run_id",
+    "time_budget",
+    "seed",
+    "keep_versions",
+    "dry_run",
+)
 """What shapes a new run: `--attach` follows a run as it was started and takes none of them."""
 
 

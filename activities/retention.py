@@ -1,0 +1,30 @@
+"""The `prune_policies` activity (queue `rewards`): delete a training run's policy versions below
+a bound while it trains, with the blobs only they name (`infra.retention.prune_below`).
+
+The bound is the workflow's to choose (`workflows/retention.py`: version 0, the newest
+`keep_versions` and every version still read stay); this side only deletes, and a repeated or
+retried call deletes nothing more. Served by `tempered worker rewards`, which holds the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import activity
+
+from contracts.names import Activity
+from contracts.run import PrunePoliciesRequest, PrunePoliciesResponse
+from infra.retention import prune_below
+from infra.storage import ObjectStore
+
+
+class RetentionActivities:
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    @activity.defn(name=Activity.PRUNE_POLICIES.value)
+    async def prune_policies(self, request: PrunePoliciesRequest) -> PrunePoliciesResponse:
+        deleted = await asyncio.to_thread(prune_below, self.store, request.run_id, request.below)
+        if deleted:
+            activity.logger.info("run %s: deleted policy versions %s", request.run_id, deleted)
+        return PrunePoliciesResponse(deleted=deleted)
