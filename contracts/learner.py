@@ -70,7 +70,8 @@ class GRPOConfig(Contract):
     redraw_flat_groups: int = Field(default=0, ge=0, le=1_000_000)
     """Dynamic sampling (DAPO): the run may start up to this many extra tasks in place of flat
     groups (all rewards equal, `has_signal` false), which it then does not send to the learner,
-    so each step trains on `groups_per_step` groups that carry a signal; 0 sends every group."""
+    so each step trains on `groups_per_step` groups that carry a signal; 0 sends every group.
+    Spread over the run's steps (`contracts.run.redraws_allowed`)."""
     lora_rank: int = Field(default=0, ge=0, le=256)
     """Rank of LoRA adapters trained instead of the full weights (PEFT, no dropout); 0 trains
     the full weights. Versions are then adapters over the run's full-weight version (megabytes

@@ -90,6 +90,13 @@ def drawn_task(order: Sequence[TaskSpec], index: int) -> TaskSpec:
     return order[position].model_copy(update={"id": f"{order[position].id}-e{epoch}"})
 
 
+def redraws_allowed(budget: int, steps: int, steps_done: int) -> int:
+    """Flat groups a run may have redrawn (dynamic sampling) while its learner has taken
+    `steps_done` of its `steps` steps: the run's `budget` spread evenly, ⌈budget·(done+1)/steps⌉,
+    so each step's groups can replace flat ones, not only the first step's."""
+    return min(budget, -(-budget * (steps_done + 1) // steps))
+
+
 class EvalResult(Contract):
     """Held-out figures of one policy version: one greedy episode per held-out task, up to the
     run's `max_turns` turns, through the same pipeline as training."""
@@ -161,7 +168,7 @@ class TrainingRunInput(Contract):
         "still reads, and deletes the others (`workflows/retention.py`).",
     )
     sampling: SamplingParams = SamplingParams()
-    eval_sampling: SamplingParams = SamplingParams(temperature=0.0)
+    eval_sampling: SamplingParams = SamplingParams(temperature=0.0, priority=1)
     reward: RewardConfig = RewardConfig()
     limits: SandboxLimits = SandboxLimits()
     grpo: GRPOConfig = GRPOConfig()

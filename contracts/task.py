@@ -83,6 +83,13 @@ class SamplingParams(Contract):
     stop_after_tool_call: bool = Field(
         default=False, description="Stop a completion once its first </tool_call> is written."
     )
+    priority: int = Field(
+        default=0,
+        ge=0,
+        le=9,
+        description="Order in which waiting rows enter the local backend's running batch, lower "
+        "first (a run's evaluations: 1, behind its training rollouts); it never changes a token.",
+    )
 
 
 class RewardConfig(Contract):

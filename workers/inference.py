@@ -3,8 +3,9 @@
     tempered worker inference      # or: python -m workers.cli worker inference
 
 `settings.inference.backend` picks transformers in this process (`local`, CPU by default) or a
-vLLM server (`vllm`). Concurrent `generate` activities share one batcher, so up to
-`2 * max_batch` activities are accepted at once: one batch runs while the next one fills.
+vLLM server (`vllm`). Concurrent `generate` activities share one batcher; up to
+`inference.max_activities` are accepted at once, so their rows queue in the worker, where
+priorities hold (a run's evaluations wait behind its training rollouts), not in the task queue.
 Needs the object store (history artefacts, policy versions). torch and transformers are
 imported when the worker is built, not when this module is.
 """
@@ -23,6 +24,6 @@ def build(settings: Settings) -> WorkerPlan:
     activities = InferenceActivities(settings)
     return WorkerPlan(
         activities=[activities.generate],
-        max_concurrent_activities=settings.inference.max_batch * 2,
+        max_concurrent_activities=settings.inference.max_activities,
         on_shutdown=activities.close,
     )

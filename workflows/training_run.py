@@ -9,8 +9,8 @@ learner; rollouts go on while it trains (asynchronous RL) but never run more tha
 `grpo.max_staleness` steps ahead of it: the group for step b waits for version
 b − max_staleness and is pinned to the newest version known when it starts
 (`max_staleness = 0` is synchronous, on-policy GRPO). A flat group (no GRPO signal) is not
-sent with `grpo.redraw_flat_groups` N: another task takes its slot, N times a run at most
-(DAPO's dynamic sampling). Held-out pass@1 (turn 1) and the solve rate within `eval_turns`
+sent with `grpo.redraw_flat_groups` N: another task takes its slot, N times a run at most,
+spread over its steps (DAPO's dynamic sampling; `redraws_allowed`). Held-out pass@1 (turn 1) and the solve rate within `eval_turns`
 turns are measured before training, every `eval_every` steps and after the last (greedy).
 With `keep_versions` N, versions that are neither 0, the newest N nor read by a rollout or an
 evaluation in flight are deleted as the run goes (workflows/retention.py).
@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         TrainingRunResult,
         draw_order,
         drawn_task,
+        redraws_allowed,
         spread,
     )
     from contracts.task import AgentTaskInput, TaskSpec
@@ -66,10 +67,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows.agent_task import AgentTaskWorkflow
     from workflows.budget import EVENTS_PER_TASK, RESERVE_EVENTS, TASK_TIMEOUT, spent
     from workflows.learner import LearnerWorkflow
+    from workflows.learner_link import LearnerLink
     from workflows.retention import Retention
     from workflows.search import search_attribute_updates, task_start_options
-    from workflows.signals import signal_run
 
+SPREAD_REDRAWS_PATCH = "tempered-run-spread-redraws"
+"""Marks runs whose redraws of flat groups are spread over the learner steps."""
 PROGRESS_TAIL = 100
 """Learner steps the run keeps (and its `progress` query shows)."""
 EVAL_TAIL = 32
@@ -92,7 +95,7 @@ class TrainingRunWorkflow:
         self._started = resume.started if resume else 0
         self._done = resume.done if resume else 0
         self._redrawn = resume.redrawn if resume else 0  # flat groups not sent to the learner
-        self._learner_done: LearnerDone | None = None
+        self._learner = LearnerLink(f"{workflow.info().workflow_id}-learner")
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
         self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
         self._retention = Retention(run_input, resume.pruned_below if resume else 1)
@@ -109,12 +112,12 @@ class TrainingRunWorkflow:
             tasks, deadline = resume.tasks, resume.deadline
         try:
             await self._roll_out(tasks, deadline)
-            await self._finish_learner()
-            final = await learner if learner is not None else await self._learner_final()
+            await self._learner.finish()
+            final = await learner if learner is not None else await self._learner.final()
         except (asyncio.CancelledError, FailureError):
-            if self._learner_done is None:  # it outlives this run by design, not the training
+            if not self._learner.ended():  # it outlives this run by design, not the training
                 with contextlib.suppress(FailureError):  # it may have ended meanwhile
-                    await workflow.get_external_workflow_handle(self._learner_id()).cancel()
+                    await workflow.get_external_workflow_handle(self._learner.workflow_id).cancel()
             raise
         if final.history and not any(
             e.policy_version == final.history[-1].policy.version for e in self._evals
@@ -169,7 +172,7 @@ class TrainingRunWorkflow:
                 parent_workflow_id=workflow.info().workflow_id,
                 budget=run_input.budget,
             ),
-            id=self._learner_id(),
+            id=self._learner.workflow_id,
             task_queue=Queue.AGENT_TASKS.value,
             parent_close_policy=ParentClosePolicy.ABANDON,  # it outlives continue-as-new
             task_timeout=TASK_TIMEOUT,
@@ -187,7 +190,7 @@ class TrainingRunWorkflow:
 
     @workflow.signal(name=Signal.LEARNER_DONE)
     def learner_done(self, done: LearnerDone) -> None:
-        self._learner_done = done
+        self._learner.done = done
 
     @workflow.signal(name=Signal.STOP)
     def stop(self, reason: str) -> None:
@@ -206,9 +209,6 @@ class TrainingRunWorkflow:
             stopping=self._stopped,
         )
 
-    def _learner_id(self) -> str:
-        return f"{workflow.info().workflow_id}-learner"
-
     async def _roll_out(self, tasks: LoadTasksResponse, deadline: datetime | None) -> None:
         run_input = self._input
         total = run_input.steps * run_input.grpo.groups_per_step
@@ -217,7 +217,7 @@ class TrainingRunWorkflow:
         self._at_start = (info.get_current_history_length(), info.get_current_history_size())
         while await self._task_due(total):
             await workflow.wait_condition(self._may_start)
-            self._raise_if_learner_failed()
+            self._learner.raise_if_failed()
             if self._stopped is not None or (deadline is not None and workflow.now() >= deadline):
                 break
             if self._history_full():
@@ -244,6 +244,16 @@ class TrainingRunWorkflow:
     def _redraws_left(self) -> bool:
         return self._redrawn < self._input.grpo.redraw_flat_groups
 
+    @property
+    def _may_redraw(self) -> bool:
+        """Whether a flat group finishing now is redrawn: with the patch, the run's budget is
+        spread over its steps (`redraws_allowed`); before it, the first flat groups took it all."""
+        budget, steps = self._input.grpo.redraw_flat_groups, self._input.steps
+        spread = workflow.patched(SPREAD_REDRAWS_PATCH)
+        return self._redrawn < (
+            redraws_allowed(budget, steps, self._learner_steps) if spread else budget
+        )
+
     def _may_start(self) -> bool:
         """A slot is free and the learner is far enough along for the next group (or the
         learner failed: the run fails too; or the run was told to stop). Bounded staleness:
@@ -253,7 +263,7 @@ class TrainingRunWorkflow:
         step = self._filled // grpo.groups_per_step
         in_flight_ok = self._in_flight < self._input.concurrency
         ready = in_flight_ok and self._learner_steps >= step - grpo.max_staleness
-        return ready or self._learner_error is not None or self._stopped is not None
+        return ready or self._learner.error is not None or self._stopped is not None
 
     def _history_full(self, *, ending: bool = False) -> bool:
         """Whether the history, with what the children in flight and the evaluations still to
@@ -293,7 +303,7 @@ class TrainingRunWorkflow:
             await workflow.wait_condition(workflow.all_handlers_finished)
             if all(job.done() for job in self._eval_jobs) and self._retention.idle:
                 break
-        self._raise_if_learner_failed()
+        self._learner.raise_if_failed()
         first_eval = self._evals[:1]
         resume = RunResume(
             tasks=tasks,
@@ -323,29 +333,6 @@ class TrainingRunWorkflow:
         """Newest published policy version the learner has told us of (pinned per rollout)."""
         return max((p.policy_version for p in self._progress), default=0)
 
-    async def _finish_learner(self) -> None:
-        """Tell the learner to train on what is queued and end. Having taken every step it ends
-        by itself, maybe before this lands; its `learner_done` (sent first) is then here."""
-        await signal_run(self._learner_id(), Signal.FINISH, gone=self._learner_ended)
-
-    def _learner_ended(self) -> bool:
-        return self._learner_done is not None
-
-    @property
-    def _learner_error(self) -> str | None:
-        return self._learner_done.error if self._learner_done is not None else None
-
-    def _raise_if_learner_failed(self) -> None:
-        if self._learner_error is not None:
-            raise fail(ErrorType.LEARNER_FAILED, f"the learner failed: {self._learner_error}")
-
-    async def _learner_final(self) -> LearnerInput:
-        """The learner's last state, told by `learner_done` (it is no child of this run)."""
-        await workflow.wait_condition(lambda: self._learner_done is not None)
-        self._raise_if_learner_failed()
-        assert self._learner_done is not None and self._learner_done.final is not None
-        return self._learner_done.final
-
     async def _rollout_one(self, task: TaskSpec, policy_version: int) -> None:
         run_input = self._input
         self._in_flight += 1
@@ -356,7 +343,7 @@ class TrainingRunWorkflow:
         finally:
             self._in_flight -= 1
         self._done += 1
-        if self._redraws_left and self._stopped is None and not has_signal(result.rewards):
+        if self._may_redraw and self._stopped is None and not has_signal(result.rewards):
             self._redrawn += 1  # dynamic sampling: the next task takes its place
             return
         group = TrajectoryGroup(
@@ -365,7 +352,7 @@ class TrainingRunWorkflow:
             rewards=result.rewards,
             policy_version=min(result.policy_versions),
         )
-        await signal_run(self._learner_id(), Signal.ADD_GROUPS, [[group]], gone=self._learner_ended)
+        await self._learner.send(Signal.ADD_GROUPS, [[group]])
 
     def _start_eval(self, version: int) -> None:
         self._eval_jobs.append(self._retention.start(version, self._evaluate(version)))

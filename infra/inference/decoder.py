@@ -21,10 +21,13 @@ prompt extends it (the episode's next step) is prefilled from it, its new tokens
 samples from its own generator: one uniform per step, so a seeded row's tokens do not depend
 on which rows share its batch.
 
-`Decoder` runs a `RowBatch` on a thread of its own, one policy version at a time: requests of
-the running version join between steps; once another version has rows waiting, the running
-version stops admitting, finishes its rows (the drain), and the waiting version starts (its
-model loaded and, for a LoRA version, its adapter activated, by `start`, on this thread).
+`Decoder` runs a `RowBatch` on a thread of its own, one policy version at a time. Waiting rows
+are taken in order of `SamplingParams.priority` (lower first: a run's evaluations wait behind its
+training rollouts), then of arrival; a priority counts for `AGING_S` of waiting, so no row
+starves. Rows of the running version join between steps while the first waiting row is of that
+version; once it is another version's, the running version stops admitting, finishes its rows
+(the drain), and that version starts (its model loaded and, for a LoRA version, its adapter
+activated, by `start`, on this thread).
 """
 
 from __future__ import annotations
@@ -269,7 +272,20 @@ class RowBatch:
 
 Start = Callable[[Hashable], RowBatch]
 """Makes the batch of a policy version: loads its model, activates its adapter."""
-_Item = tuple[Hashable, list[int], SamplingParams, "Future[GenerationOutput]"]
+AGING_S = 300.0
+"""How long a waiting row's priority counts; after it, the row waits by arrival alone."""
+
+
+@dataclass(eq=False)
+class _Waiting:
+    key: Hashable
+    prompt: list[int]
+    params: SamplingParams
+    future: Future[GenerationOutput]
+    since: float = field(default_factory=time.monotonic)
+
+    def rank(self, now: float) -> int:
+        return self.params.priority if now - self.since < AGING_S else 0
 
 
 class Decoder:
@@ -278,7 +294,7 @@ class Decoder:
 
     def __init__(self, max_rows: int, start: Start):
         self.max_rows, self._start = max_rows, start
-        self._queue: deque[_Item] = deque()
+        self._queue: deque[_Waiting] = deque()
         self._changed = threading.Condition()
         self._closed = False
         self.busy_s = 0.0
@@ -293,7 +309,7 @@ class Decoder:
         with self._changed:
             if self._closed:
                 raise InferenceError("the local backend is closed", retryable=False)
-            self._queue.append((key, prompt, params, future))
+            self._queue.append(_Waiting(key, prompt, params, future))
             self._changed.notify()
         return future
 
@@ -303,20 +319,25 @@ class Decoder:
             self._changed.notify()
         self._thread.join(timeout=60)
 
-    def _take(self, key: Hashable | None, room: int) -> tuple[Hashable | None, list[_Item]]:
-        """Requests to admit: of the running version unless another one waits (then none, so
-        the batch drains); with no batch running, the oldest waiting version's."""
+    def _take(self, key: Hashable | None, room: int) -> tuple[Hashable | None, list[_Waiting]]:
+        """Requests to admit, first in (priority, arrival) order: of the running version (`key`)
+        while the first waiting row is of it, else none (the batch drains); with no batch
+        running, of the first waiting row's version."""
         with self._changed:
             while not self._closed and not self._queue and key is None:
                 self._changed.wait()
-            if key is None and self._queue:
-                key = self._queue[0][0]
-            if room < self.max_rows and any(item[0] != key for item in self._queue):
+            now = time.monotonic()
+            ordered = sorted(self._queue, key=lambda item: item.rank(now))  # stable: arrival
+            if not ordered:
+                return key, []
+            if key is None:
+                key = ordered[0].key
+            elif ordered[0].key != key:
                 return key, []  # drain first
-            taken = [item for item in self._queue if item[0] == key][:room]
+            taken = [item for item in ordered if item.key == key][:room]
             for item in taken:
                 self._queue.remove(item)
-            return key, [item for item in taken if not item[3].cancelled()]
+            return key, [item for item in taken if not item.future.cancelled()]
 
     def _run(self) -> None:
         key: Hashable | None = None
@@ -332,19 +353,19 @@ class Decoder:
             try:
                 if batch is None or not batch.rows:
                     batch = self._start(key)
-                for _, prompt, params, future in items:
-                    rows.append(batch.row(prompt, params))
-                    rows[-1].future = future
+                for item in items:
+                    rows.append(batch.row(item.prompt, item.params))
+                    rows[-1].future = item.future
                 self._resolve(batch.admit(rows))
                 self._resolve(batch.step())
             except Exception as exc:  # the batch is lost: every row of it fails
                 log.warning("decode batch of %s failed: %r", key, exc)
                 error = exc if isinstance(exc, InferenceError) else InferenceError(repr(exc))
-                _fail([*_futures(batch), *(item[3] for item in items)], error)
+                _fail([*_futures(batch), *(item.future for item in items)], error)
                 batch = None
             self.busy_s += time.perf_counter() - started
         with self._changed:
-            waiting = [item[3] for item in self._queue]
+            waiting = [item.future for item in self._queue]
         _fail([*waiting, *_futures(batch)], InferenceError("the local backend closed"))
 
     def _resolve(self, rows: list[Row]) -> None:

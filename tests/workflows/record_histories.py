@@ -9,7 +9,8 @@ tests/workflows/control_plane.py: a training run of 6 tasks (3 learner steps of 
 at v0, v2, v3) and a learner that continues as new after 2 steps, and writes
 `training_run.json`, `learner_child.json` (that run's learner) and `learner.json` (the first run
 of the other); with `--redraw` only `training_run_redraw.json`: a run of the same shape whose
-suite has flat groups and which redraws two of them (dynamic sampling). `agent_task.json` comes
+suite has flat groups and which redraws two of them (dynamic sampling; committed as
+`training_run_spread.json` too, recorded once the redraws were spread). `agent_task.json` comes
 from test_agent_task.py (`TEMPERED_RECORD_HISTORIES=1`).
 """
 

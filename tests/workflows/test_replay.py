@@ -37,6 +37,8 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     "training_run.json": (TrainingRunWorkflow, "train-replay-run"),
     # recorded on the release that added dynamic sampling: a run that redrew 2 flat groups
     "training_run_redraw.json": (TrainingRunWorkflow, "train-replay-redraw"),
+    # recorded on the release that spread the redraws over the steps (its patch marker)
+    "training_run_spread.json": (TrainingRunWorkflow, "train-replay-redraw"),
 }
 
 

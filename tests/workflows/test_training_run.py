@@ -30,6 +30,7 @@ from contracts.run import (
     TrainingRunResult,
     draw_order,
     drawn_task,
+    redraws_allowed,
     spread,
 )
 from infra.storage import ObjectStore
@@ -242,9 +243,10 @@ async def test_heldout_limit_evaluates_the_same_spread_tasks_in_every_segment(
 @pytest.mark.asyncio
 @pytest.mark.parametrize("redraws", [0, 5, 100])
 async def test_flat_groups_are_redrawn_up_to_the_limit(store: ObjectStore, redraws: int) -> None:
-    """A third of the tasks give flat groups. With `redraw_flat_groups` 5, the first five flat
-    groups to finish never reach the learner and five more tasks take their slots, so the
-    learner still gets 20 × 2 groups, each task once (the count survives continue-as-new); with
+    """A third of the tasks give flat groups. With `redraw_flat_groups` 5, five flat groups
+    never reach the learner and five more tasks take their slots, so the learner still gets
+    20 × 2 groups, each task once (the count survives continue-as-new); the five are spread
+    over the run (one before the first step), so flat groups reach the first steps too. With
     100 (never used up), no flat group reaches it, also those that finish after every slot has
     started; with 0, every group is sent, flat or not."""
     grpo = RUN.grpo.model_copy(update={"redraw_flat_groups": redraws})
@@ -273,7 +275,17 @@ async def test_flat_groups_are_redrawn_up_to_the_limit(store: ObjectStore, redra
     assert result.tasks_done == result.tasks_started == slots + result.redrawn
     assert sorted(trained) == sorted(set(trained)) and set(trained) <= set(started)
     assert len(not_trained) == result.redrawn and all(t.startswith("flat-") for t in not_trained)
+    early_flat = [t for step in range(3) for t in trainer.steps[step] if t.startswith("flat-")]
     if redraws == 100:
         assert flat_trained == 0 and 0 < result.redrawn < redraws
     else:
         assert result.redrawn == redraws and flat_trained >= 5, "no flat group was ever sent"
+        assert early_flat, (
+            "the first steps' flat groups were all redrawn: the budget was not spread"
+        )
+
+
+def test_the_redraw_budget_is_spread_over_the_steps() -> None:
+    assert [redraws_allowed(8, 7, done) for done in range(7)] == [2, 3, 4, 5, 6, 7, 8]
+    assert redraws_allowed(5, 20, 0) == 1 and redraws_allowed(5, 20, 19) == 5
+    assert redraws_allowed(0, 7, 3) == 0 and redraws_allowed(100, 20, 0) == 5

@@ -1,11 +1,13 @@
 """Local transformers backend on the `tiny` preset (a random 2-layer Llama): the decode loop's
 contract — seeded reproducibility, greedy = argmax, log-probs = teacher forcing, per-row EOS,
-left padding invisible, context budget, the LRU of loaded versions, and the batcher in front.
+left padding invisible, context budget, the LRU of loaded versions, the batcher in front, and
+the order in which waiting rows enter the running batch (priority, then arrival).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 from contracts.task import SamplingParams
-from infra.inference import Batcher, PolicyHandle
+from infra.inference import Batcher, PolicyHandle, decoder
 from infra.inference.local import (
     NUCLEUS_K,
     LoadedPolicy,
@@ -309,3 +311,29 @@ def test_samples_of_one_prompt_share_a_prefill_and_still_sample_on_their_own(
         diffs = [abs(a - b) for a, b in zip(output.logprobs, alone.logprobs, strict=True)]
         assert max(diffs) < 1e-5
     assert len({tuple(o.token_ids) for o in (shared[0], shared[2], shared[3])}) == 3
+
+
+@pytest.mark.parametrize("aging_s", [300.0, 0.0])
+def test_waiting_rows_enter_by_priority_then_arrival(
+    tiny_dir: Path, policy: LoadedPolicy, monkeypatch: pytest.MonkeyPatch, aging_s: float
+) -> None:
+    """Two rows fit the batch and four wait: the two of priority 0 enter first though they came
+    last (a run's training rollouts ahead of its evaluation); once a priority has aged out
+    (`AGING_S`), rows enter in the order they came."""
+    monkeypatch.setattr(decoder, "AGING_S", aging_s)
+    backend = LocalBackend(LocalInferenceSettings(threads=1, max_rows=2))
+    key = ("prio", 0)
+    backend._handles[key] = PolicyHandle(*key, tiny_dir)
+    with backend._lock:  # no EOS: rows admitted together end together
+        backend._loaded[key] = dataclasses.replace(policy, eos_ids=frozenset())
+    finished: list[int] = []
+    futures = []
+    with backend._decoder._changed:  # all four wait before the decoder takes any
+        for index, priority in enumerate([1, 1, 0, 0]):
+            params = SamplingParams(temperature=0.0, max_new_tokens=6, priority=priority)
+            futures.append(backend._decoder.submit(key, prompts(4)[index], params))
+            futures[-1].add_done_callback(lambda _, i=index: finished.append(i))
+    concurrent.futures.wait(futures, timeout=60)
+    first = {2, 3} if aging_s else {0, 1}
+    assert set(finished[:2]) == first and len(finished) == 4
+    asyncio.run(backend.close())
