@@ -11,9 +11,10 @@ shards its step changed, `infra.policy`), so a blob goes only when no kept manif
 
 While the run trains, a version may be mid-publish: its blobs are in the store and its manifest
 is not yet. `prune_below` therefore deletes only blobs that a doomed version's manifest names:
-a blob of the version being published is either new (no manifest names it) or shared with the
-newest published version (kept). What it leaves is what `prune_versions` sweeps once the run has
-finished: blobs of crashed publishes that no manifest names. Which versions are still read (by
+a blob of the version being published is new (no manifest names it) or shared with the newest
+published version (kept), unless its step restored a shard's exact bytes from before the kept
+window, which nothing here guards against. What it leaves is what `prune_versions` sweeps once
+the run has finished: blobs of crashed publishes that no manifest names. Which versions are still read (by
 rollouts in flight and evaluations) is the caller's to know: `workflows/retention.py`.
 """
 

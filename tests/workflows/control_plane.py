@@ -4,7 +4,7 @@ the learner (tests/test_scale.py, tests/workflows/test_replay.py).
     suite = ScriptedSuite(train=50, heldout=2)      # load_tasks, prepare_run
     trainer = ScriptedTrainer()                      # train_step: remembers every group it got
     async with control_plane(client, store, suite, trainer):   # the workers of all three queues
-        ...
+        result, continued = await run_to_end(client, run, "train-x")
 
 `StandInAgentTask` is registered under the name `AgentTaskWorkflow`: it sleeps a few (skipped,
 on the time-skipping server) seconds and returns a finished group, so a run of 20,000 tasks
@@ -22,14 +22,20 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import activity, workflow
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
 from activities.ledger import LedgerActivities
 from contracts.common import ObjectRef
 from contracts.learner import PolicyVersion, TrainStepRequest, TrainStepResponse
 from contracts.names import Activity, Queue
-from contracts.run import LoadTasksRequest, LoadTasksResponse, PrepareRunRequest
+from contracts.run import (
+    LoadTasksRequest,
+    LoadTasksResponse,
+    PrepareRunRequest,
+    TrainingRunInput,
+    TrainingRunResult,
+)
 from contracts.task import TaskSpec
 from infra.storage import ObjectStore
 from workflows.learner import LearnerWorkflow
@@ -161,3 +167,17 @@ async def control_plane(
         ),
     ):
         yield
+
+
+async def run_to_end(
+    client: Client, run: TrainingRunInput, workflow_id: str
+) -> tuple[TrainingRunResult, bool]:
+    """Start `run` as `workflow_id` and wait for its result; with whether its first segment
+    continued as new."""
+    handle = await client.start_workflow(
+        TrainingRunWorkflow.run, run, id=workflow_id, task_queue=Queue.AGENT_TASKS.value
+    )
+    result = await handle.result()
+    first = client.get_workflow_handle(workflow_id, run_id=handle.result_run_id)
+    status = (await first.describe()).status
+    return result, status == WorkflowExecutionStatus.CONTINUED_AS_NEW

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from temporalio import activity, workflow
-from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import ApplicationError
 
 from contracts.names import Activity, Queue
@@ -22,9 +21,9 @@ from tests.workflows.control_plane import (
     ScriptedTrainer,
     StandInAgentTask,
     control_plane,
+    run_to_end,
 )
 from tests.workflows.test_training_run import RUN
-from workflows.training_run import TrainingRunWorkflow
 
 READ_POLICY = "read_policy"
 
@@ -92,16 +91,8 @@ async def test_old_versions_go_as_the_run_trains_and_none_still_read(
             rewards=rewards,
         ),
     ):
-        handle = await env.client.start_workflow(
-            TrainingRunWorkflow.run,
-            run,
-            id=f"train-keep-{keep}",
-            task_queue=Queue.AGENT_TASKS.value,
-        )
-        result = await handle.result()
-        first = env.client.get_workflow_handle(f"train-keep-{keep}", run_id=handle.result_run_id)
-        first_status = (await first.describe()).status
-    assert first_status == WorkflowExecutionStatus.CONTINUED_AS_NEW, "no continue-as-new"
+        result, continued = await run_to_end(env.client, run, f"train-keep-{keep}")
+    assert continued, "no continue-as-new"
     assert result.steps == run.steps and len(result.evals) == 6  # v0, 4, 8, 12, 16 and 20
     assert versions.bounds == sorted(set(versions.bounds)), "a bound went back or repeated"
     assert versions.pruned == set(range(1, run.steps - keep + 1))  # v0 and the newest `keep` left

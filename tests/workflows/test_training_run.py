@@ -35,7 +35,12 @@ from contracts.run import (
 )
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import time_skipping_server
-from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
+from tests.workflows.control_plane import (
+    ScriptedSuite,
+    ScriptedTrainer,
+    control_plane,
+    run_to_end,
+)
 from workflows.training_run import TrainingRunWorkflow
 
 RUN = TrainingRunInput(
@@ -222,12 +227,7 @@ async def test_heldout_limit_evaluates_the_same_spread_tasks_in_every_segment(
         time_skipping_server() as env,
         control_plane(env.client, store, suite, ScriptedTrainer()),
     ):
-        handle = await env.client.start_workflow(
-            TrainingRunWorkflow.run, run, id="train-spread", task_queue=Queue.AGENT_TASKS.value
-        )
-        result = await handle.result()
-        first = env.client.get_workflow_handle("train-spread", run_id=handle.result_run_id)
-        first_status = (await first.describe()).status
+        result, continued = await run_to_end(env.client, run, "train-spread")
         evaluated = set()
         for task in suite.heldout:
             try:
@@ -235,7 +235,7 @@ async def test_heldout_limit_evaluates_the_same_spread_tasks_in_every_segment(
                 evaluated.add(task.id)
             except RPCError as err:
                 assert err.status == RPCStatusCode.NOT_FOUND
-    assert first_status == WorkflowExecutionStatus.CONTINUED_AS_NEW, "no continue-as-new"
+    assert continued, "no continue-as-new"
     assert [(e.policy_version, e.tasks) for e in result.evals] == [(0, 4), (12, 4)]
     assert evaluated == {t.id for t in spread(suite.heldout, 4)}
 
@@ -256,21 +256,13 @@ async def test_flat_groups_are_redrawn_up_to_the_limit(store: ObjectStore, redra
         time_skipping_server() as env,
         control_plane(env.client, store, suite, trainer),
     ):
-        handle = await env.client.start_workflow(
-            TrainingRunWorkflow.run,
-            run,
-            id=f"train-flat-{redraws}",
-            task_queue=Queue.AGENT_TASKS.value,
-        )
-        result = await handle.result()
-        first = env.client.get_workflow_handle(f"train-flat-{redraws}", run_id=handle.result_run_id)
-        first_status = (await first.describe()).status
+        result, continued = await run_to_end(env.client, run, f"train-flat-{redraws}")
     trained, slots = trainer.trained(), run.steps * run.grpo.groups_per_step
     order = draw_order(suite.train, run.seed)
     started = [drawn_task(order, i).id for i in range(result.tasks_started)]
     not_trained = set(started) - set(trained)
     flat_trained = sum(t.startswith("flat-") for t in trained)
-    assert first_status == WorkflowExecutionStatus.CONTINUED_AS_NEW, "no continue-as-new"
+    assert continued, "no continue-as-new"
     assert (result.steps, len(trained)) == (run.steps, slots)
     assert result.tasks_done == result.tasks_started == slots + result.redrawn
     assert sorted(trained) == sorted(set(trained)) and set(trained) <= set(started)
