@@ -10,8 +10,9 @@ learner; rollouts go on while it trains (asynchronous RL) but never run more tha
 b − max_staleness and is pinned to the newest version known when it starts
 (`max_staleness = 0` is synchronous, on-policy GRPO). A flat group (no GRPO signal) is not
 sent with `grpo.redraw_flat_groups` N: another task takes its slot, N times a run at most,
-spread over its steps (DAPO's dynamic sampling; `redraws_allowed`). Held-out pass@1 (turn 1) and the solve rate within `eval_turns`
-turns are measured before training, every `eval_every` steps and after the last (greedy).
+spread over its steps (DAPO's dynamic sampling; `redraws_allowed`). Held-out pass@1 (turn 1)
+and the solve rate within `eval_turns` turns are measured before training, every `eval_every`
+steps and after the last (greedy).
 With `keep_versions` N, versions that are neither 0, the newest N nor read by a rollout or an
 evaluation in flight are deleted as the run goes (workflows/retention.py).
 
