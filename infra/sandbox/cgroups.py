@@ -159,12 +159,15 @@ class Cgroups:
         return (wait, cpu) if found else None
 
     def pids(self) -> list[int]:
-        """Every process in the groups and the groups below them (gVisor's sandbox group)."""
+        """Every process in the groups and the groups below them (gVisor's sandbox group, which
+        runsc may remove while this walks: `os.walk` skips a folder that is gone)."""
         pids: set[int] = set()
         for path in self.paths.values():
-            for procs in path.rglob("cgroup.procs"):
-                with contextlib.suppress(OSError, ValueError):
-                    pids.update(int(line) for line in procs.read_text().split())
+            for folder, _, files in os.walk(path):
+                if "cgroup.procs" in files:
+                    with contextlib.suppress(OSError, ValueError):
+                        text = (Path(folder) / "cgroup.procs").read_text()
+                        pids.update(int(line) for line in text.split())
         return sorted(pids)
 
     def kill_all(self, spare: int | None = None) -> None:
