@@ -9,7 +9,7 @@ The engine is built once per `load` (deepspeed.initialize with a plain torch Ada
 Adam or other extension is JIT-compiled) and reused for every following step. Alone (the
 learner worker with `learner.ranks = 1`) it forms a one-process group; as one rank of N
 (`infra.learner_ranks`, started by torchrun) it joins the group torchrun describes, takes every
-N-th micro-batch of the step and lets DeepSpeed reduce the gradients, so the summed gradient is
+N-th pass of the step and lets DeepSpeed reduce the gradients, so the summed gradient is
 the one-rank gradient (each row's loss scale is computed over the whole step first). CPU uses
 gloo (DS_ACCELERATOR=cpu), CUDA NCCL. Weights and optimizer are float32; `save` writes the
 weights in the checkpoint's dtype, one shard per layer (`infra.policy.save_weights`).
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,6 +39,7 @@ from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
 from infra import grpo
 from infra.learner_base import NonFiniteLoss, StepMetrics, init_single_process
+from infra.learner_forward import pass_logprobs, sampled_logprobs
 from infra.learner_lora import ADAPTER_CONFIG, LoraSpec, save_adapter
 from infra.policy import save_weights
 
@@ -49,19 +49,6 @@ def _written_by_save(name: str) -> bool:
     weights = name.endswith((".safetensors", ".bin")) or name.endswith(".index.json")
     own = ("config.json", "generation_config.json", "manifest.json", ADAPTER_CONFIG)
     return weights or name in own
-
-
-def _sampled_logprobs(model: Any, batch: grpo.MicroBatch) -> torch.Tensor:
-    """The batch's token log-probs (B, T-1) where the loss reads them (zero elsewhere): the LM
-    head runs only at positions that predict a sampled token (`logits_to_keep`)."""
-    positions = grpo.sampled_positions(batch)
-    logits = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        use_cache=False,
-        logits_to_keep=positions,
-    ).logits
-    return grpo.token_logprobs_at(logits, batch.input_ids, positions)
 
 
 def _stored_dtype(model_dir: Path) -> torch.dtype:
@@ -122,6 +109,7 @@ class LearnerEngine:
         self._base_config: Any = None  # the transformers config of the full-weight model
         self._reference: Any = None  # frozen PreTrainedModel for the KL term
         self._reference_dir: Path | None = None
+        self._companions: dict[str, bytes] = {}  # the loaded directory's non-weight files
 
     # -- weights -------------------------------------------------------------------------------
 
@@ -143,7 +131,14 @@ class LearnerEngine:
         self.save_dtype = _stored_dtype(Path(model_dir))
         pad = model.config.pad_token_id
         self.pad_id = int(pad if pad is not None else (model.config.eos_token_id or 0))
-        self._base_dir, self._base_config = Path(model_dir), model.config
+        self._base_config = model.config
+        # tokenizer, chat template, ...: read now, since `model_dir` may be a cache entry that
+        # is evicted while the engine trains (the inference worker fetches into the same cache)
+        self._companions = {
+            path.name: path.read_bytes()
+            for path in sorted(Path(model_dir).iterdir())
+            if path.is_file() and not _written_by_save(path.name)
+        }
         self._lora = LoraSpec.of(config, model.config.num_hidden_layers)
         if adapter_dir is not None:
             if self._lora is None:
@@ -186,9 +181,8 @@ class LearnerEngine:
                 model.generation_config = self.module.generation_config
                 save_weights(model, out_dir)
         if self.rank == 0:
-            for path in self._base_dir.iterdir():  # tokenizer, chat template, ...
-                if path.is_file() and not _written_by_save(path.name):
-                    shutil.copy2(path, out_dir / path.name)
+            for name, data in self._companions.items():
+                (out_dir / name).write_bytes(data)
 
     def close(self) -> None:
         """Nothing to release in-process (the group of a rank ends with its process)."""
@@ -280,55 +274,35 @@ class LearnerEngine:
         Trajectories more than `config.max_staleness` versions behind `self.version` are dropped
         or down-weighted. The version advances by one even when nothing was trainable (an empty
         step publishes unchanged weights, so the version sequence has no gaps). Every rank of a
-        group calls it with the same groups; rank r runs micro-batches r, r + N, ...
+        group calls it with the same groups; rank r runs passes r, r + N, ... (`grpo.Pass`: a
+        group's prompt runs once per pass unless `config.share_prompt` is off).
         """
         if self.version is None:
             raise RuntimeError("LearnerEngine.load() has not been called")
         started = time.perf_counter()
         self._apply_config(config)
-        rows: list[grpo.Row] = []
-        used: list[str] = []
-        dropped: list[str] = []
-        for group in groups:
-            part = grpo.rows_from_group(group, self.version, config)
-            rows += part.rows
-            used += part.used
-            dropped += part.dropped
-        if config.kl_coef == 0:  # a zero advantage gives no gradient: skip its compute
-            rows = [row for row in rows if row.advantage != 0.0]
+        plan = grpo.plan_step(groups, self.version, config, self.pad_id, self.normalization)
+        units, rows, used = plan.passes, plan.rows, plan.used
         with_rows = {row.trajectory_id for row in rows}
         trained = [i for i in used if i in with_rows]
         skipped = {i: _why_no_gradient(i, groups, config) for i in used if i not in with_rows}
-        grpo.normalize(rows, self.normalization)  # over the whole step, before any split
-        batches = list(grpo.micro_batches(rows, config.micro_batch_size, self.pad_id))
         # this rank's share, and as many passes on every rank (ZeRO's collectives pair up): a
-        # rank short of one repeats its first batch with its loss times zero
-        mine = batches[self.rank :: self.world]
-        passes = math.ceil(len(batches) / self.world)
+        # rank short of one repeats its first pass with its loss times zero
+        mine = units[self.rank :: self.world]
+        passes = math.ceil(len(units) / self.world)
         totals = torch.zeros(5, dtype=torch.float64)  # loss, tokens, clipped, kl_sampler, kl_ref
         engine = self.engine
         engine.train()
         for index in range(passes):
             real = index < len(mine)
-            batch = (mine[index] if real else batches[0]).to(self.device)
             engine.set_gradient_accumulation_boundary(index == passes - 1)
-            logprobs = _sampled_logprobs(engine, batch)
-            reference = self._reference_logprobs(batch) if config.kl_coef > 0 else None
-            loss, stats = grpo.grpo_loss(
-                logprobs,
-                batch,
-                clip_eps=config.clip_eps,
-                ref_logprobs=reference,
-                kl_coef=config.kl_coef,
+            loss, sums = self._pass_loss(
+                (mine[index] if real else units[0]).to(self.device), config
             )
             # DeepSpeed averages gradients over the ranks; the step's gradient is their sum
             engine.backward(loss * (self.world if real else 0.0), scale_wrt_gas=False)
             if real:
-                totals += torch.tensor(
-                    [float(loss.detach())]
-                    + [stats.get(k, 0.0) for k in ("tokens", "clipped", "kl_sampler", "kl_ref")],
-                    dtype=torch.float64,
-                )
+                totals += sums
             if heartbeat is not None:
                 heartbeat()
         loss_sum, tokens, clipped, kl_sampler, kl_ref = self._summed(totals)
@@ -337,7 +311,7 @@ class LearnerEngine:
             message = f"step on version {self.version} gave loss {loss_sum}; nothing was applied"
             self.version = None  # gradients are poisoned: reload the last published version
             raise NonFiniteLoss(message)
-        if batches:
+        if units:
             unclipped = self._grad_norm() if config.zero_stage == 0 else None
             engine.step()
             reported = engine.get_global_grad_norm()  # ZeRO's optimizers record it; stage 0 not
@@ -350,12 +324,31 @@ class LearnerEngine:
             rows=len(rows),
             trained=trained,
             skipped=skipped,
-            dropped_stale=dropped,
+            dropped_stale=plan.dropped,
             clip_fraction=clipped / max(tokens, 1.0),
             kl_sampler=kl_sampler / max(tokens, 1.0),
             kl_ref=kl_ref / max(tokens, 1.0),
             duration_s=time.perf_counter() - started,
         )
+
+    def _pass_loss(self, unit: grpo.Pass, config: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        """A pass's share of the step loss, and its sums of loss, tokens, clipped, kl_sampler and
+        kl_ref (float64, for the step's statistics)."""
+        loss = torch.zeros((), device=self.device)
+        sums = torch.zeros(5, dtype=torch.float64)
+        for logprobs, batch in zip(pass_logprobs(self.engine, unit), unit.batches, strict=True):
+            reference = self._reference_logprobs(batch) if config.kl_coef > 0 else None
+            part, stats = grpo.grpo_loss(
+                logprobs,
+                batch,
+                clip_eps=config.clip_eps,
+                ref_logprobs=reference,
+                kl_coef=config.kl_coef,
+            )
+            loss = loss + part
+            named = [stats.get(k, 0.0) for k in ("tokens", "clipped", "kl_sampler", "kl_ref")]
+            sums += torch.tensor([float(part.detach()), *named], dtype=torch.float64)
+        return loss, sums
 
     def _summed(self, totals: torch.Tensor) -> list[float]:
         """Per-rank sums added over the group (every rank gets the step's totals)."""
@@ -381,7 +374,7 @@ class LearnerEngine:
                 self._reference_dir, dtype=torch.float32
             )
             self._reference = ref.to(self.device).eval()
-        return _sampled_logprobs(self._reference, batch)
+        return sampled_logprobs(self._reference, batch)
 
     @torch.no_grad()
     def sequence_logprobs(self, batch: grpo.MicroBatch) -> torch.Tensor:

@@ -4,6 +4,7 @@ LoRA adapters train alone and save as PEFT adapter directories."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,29 @@ def test_untrained_save_reproduces_the_base_bytes(tiny_dir: Path, tmp_path: Path
     engine.save(tmp_path / "out")
     for path in tiny_dir.iterdir():
         assert (tmp_path / "out" / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_saving_needs_nothing_from_the_loaded_directory(
+    tiny_dir: Path, groups: list[list[Trajectory]], tmp_path: Path
+) -> None:
+    """The directory a version was loaded from is a cache entry another worker may evict while
+    the engine trains; a save after that still writes the tokenizer and template files."""
+    entry = tmp_path / "cache" / "v0"
+    shutil.copytree(tiny_dir, entry)
+    engine = LearnerEngine("cpu")
+    engine.load(entry, 0, CONFIG)
+    shutil.rmtree(entry)  # evicted
+    engine.train_step(groups, CONFIG)
+    engine.save(tmp_path / "v1")
+    companions = [p for p in tiny_dir.iterdir() if p.suffix != ".safetensors"]
+    assert any(p.name.startswith("tokenizer") for p in companions)
+    for path in companions:
+        if path.name not in (
+            "config.json",
+            "generation_config.json",
+            "model.safetensors.index.json",
+        ):
+            assert (tmp_path / "v1" / path.name).read_bytes() == path.read_bytes(), path.name
 
 
 def test_stale_groups_are_dropped_without_an_update(
