@@ -12,8 +12,10 @@ starting and warming up block `start()` and the worker's loop never runs vLLM's.
 Requests: token ids in (`TokensPrompt`), token ids out (`detokenize=False`); the log-prob of
 each sampled token (`logprobs=0`, vLLM's default `raw_logprobs` mode: log-softmax of the raw
 logits before temperature and top-p, the quantity the learner recomputes); each row's own seed,
-temperature (0 = greedy) and top-p. `stop_after_code_block` / `stop_after_tool_call` stream the
-row's tokens and abort it in the engine at the token that ends it (`infra.inference.stops`).
+temperature (0 = greedy), top-p and priority (the engine schedules by priority, lower first,
+then arrival: evaluation rows wait behind training rollouts for a slot).
+`stop_after_code_block` / `stop_after_tool_call` stream the row's tokens and abort it in the
+engine at the token that ends it (`infra.inference.stops`).
 Concurrent calls join the engine's running batch (continuous batching).
 
 Policy versions, loaded without a restart:
@@ -169,6 +171,7 @@ class VLLMBackend:
             enable_chunked_prefill=False,
             max_num_batched_tokens=max(config.max_model_len, 4096),
             seed=0,
+            scheduling_policy="priority",  # `SamplingParams.priority`: lower first, then arrival
             disable_log_stats=True,
             enable_lora=config.enable_lora,
             max_lora_rank=config.max_lora_rank,
@@ -314,7 +317,11 @@ class VLLMBackend:
         output = GenerationOutput([], [], "length")
         versions: set[str] = set()
         stream = self._engine.generate(
-            TokensPrompt(prompt_token_ids=prompt), request, uuid.uuid4().hex, lora_request=lora
+            TokensPrompt(prompt_token_ids=prompt),
+            request,
+            uuid.uuid4().hex,
+            lora_request=lora,
+            priority=params.priority,
         )
         try:
             async for chunk in stream:

@@ -12,7 +12,8 @@ on a loaded machine) and every test loads its own versions into it, live:
 - a LoRA version decodes beside its base in one batch (no reload), changes the outputs, and
   equals transformers + peft (marked slow: it builds an adapter and a peft reference);
 - a request for a version not published yet waits, and is served once it is published (slow;
-  the wait itself is tests/infra/inference/test_gate.py's, in `make test`).
+  the wait itself is tests/infra/inference/test_gate.py's, in `make test`);
+- a row of priority 0 is scheduled before the rows of priority 1 that wait for a slot.
 
 LOGPROB_TOL = 1e-4: both sides compute in float32; the differences are kernel rounding
 (measured: max 1.6e-5 over 40-token completions). The learner's importance ratio
@@ -148,6 +149,35 @@ async def test_a_published_version_is_served_live_like_transformers_serves_it(
     log.warning("vLLM vs learner log-probs: max |diff| %.2e (tolerance %.0e)", worst, LOGPROB_TOL)
     again = await engine.generate(rows[2:], params[2:], v1)  # the same seed, the same sample
     assert again[0].token_ids == served[1][2].token_ids
+
+
+@pytest.mark.asyncio
+async def test_a_row_of_higher_priority_enters_the_batch_before_the_waiting_rows(
+    engine: VLLMBackend, store: ObjectStore, smollm2: Path, prompts: list[list[int]], tmp_path: Path
+) -> None:
+    """`SamplingParams.priority` reaches vLLM's scheduler (as the local backend's decoder orders
+    its waiting rows): with the batch's 16 slots taken and 24 rows of priority 1 waiting, a row
+    of priority 0 that arrives last finishes before at least 20 of them (measured: before all
+    40, since vLLM preempts a running row of lower priority for it); first come, first served
+    runs it in the third wave, before only 8 (measured with the policy left at "fcfs")."""
+    publish_policy(store, "prio", 0, smollm2)
+    v0 = await resolver(store, tmp_path).resolve("prio", 0)
+    background = SamplingParams(temperature=0.0, max_new_tokens=24, priority=1)
+    urgent = SamplingParams(temperature=0.0, max_new_tokens=1, priority=0)
+    finished: list[str] = []
+
+    async def row(name: str, params: SamplingParams) -> None:
+        (output,) = await engine.generate([prompts[1]], [params], v0)
+        assert len(output.token_ids) == params.max_new_tokens  # no row ends early
+        finished.append(name)
+
+    waiting = [asyncio.create_task(row(f"b{i}", background)) for i in range(40)]
+    await asyncio.sleep(2.0)  # every row in the engine: 16 running, 24 waiting
+    await row("urgent", urgent)
+    await asyncio.gather(*waiting)
+    after = len(finished) - 1 - finished.index("urgent")
+    log.warning("priority: %d of 40 rows of priority 1 finished after the row of priority 0", after)
+    assert after >= 20
 
 
 @pytest.mark.slow  # `make test` keeps one real-engine test: the live update
