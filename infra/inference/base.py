@@ -37,6 +37,7 @@ from infra.policy import MANIFEST, latest_policy
 from infra.policy_cache import fetch_policy
 from infra.settings import InferenceSettings
 from infra.storage import ObjectNotFound, ObjectStore
+from infra.telemetry import span
 
 FinishReason = Literal["stop", "length"]
 
@@ -175,7 +176,8 @@ class PolicyResolver:
             return version
 
     async def _handle(self, run_id: str, version: int) -> PolicyHandle:
-        path = await self._fetch(run_id, version)
+        with span("policy.fetch", run_id=run_id, policy_version=version):  # waits included
+            path = await self._fetch(run_id, version)
         manifest = PolicyManifest.model_validate_json((path / MANIFEST).read_bytes())
         base_version = manifest.policy.adapter_of
         if base_version is None:
