@@ -117,6 +117,7 @@ class InferenceActivities:
             keep=settings.s3.policy_cache_versions,
         )
         self._formats: OrderedDict[tuple[Path, EnvName], ChatFormat] = OrderedDict()
+        self._formats_lock = asyncio.Lock()
         self.heartbeat_s = HEARTBEAT_S
 
     def _publish_base_model(self, run_id: str) -> int:
@@ -212,22 +213,28 @@ class InferenceActivities:
         """The policy's chat format for `env` (a few are kept, sharing the policy's tokenizer)."""
         key = (policy.path, env)
         if key not in self._formats:
-            from transformers import AutoTokenizer  # seconds to import: only inference pays
-
-            loaded = [f for (path, _), f in self._formats.items() if path == policy.path]
-            if loaded:
-                tokenizer = loaded[0].tokenizer
-            else:
-                load = AutoTokenizer.from_pretrained
-                tokenizer = await asyncio.to_thread(load, str(policy.path))
-            try:
-                self._formats[key] = ChatFormat(tokenizer, env)
-            except ValueError as exc:
-                raise InferenceError(f"policy {policy.name}: {exc}", retryable=False) from exc
-            while len(self._formats) > MAX_FORMATS:
-                self._formats.popitem(last=False)
+            # one load however many activities ask at once: a run's first wave is 64 of them,
+            # and each loading the tokenizer kept a fresh run's first decode waiting 40 s
+            async with self._formats_lock:
+                if key not in self._formats:
+                    self._formats[key] = await self._new_chat_format(policy, env)
+                while len(self._formats) > MAX_FORMATS:
+                    self._formats.popitem(last=False)
         self._formats.move_to_end(key)
         return self._formats[key]
+
+    async def _new_chat_format(self, policy: PolicyHandle, env: EnvName) -> ChatFormat:
+        from transformers import AutoTokenizer  # seconds to import: only inference pays
+
+        loaded = [f for (path, _), f in self._formats.items() if path == policy.path]
+        if loaded:
+            tokenizer = loaded[0].tokenizer
+        else:
+            tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(policy.path))
+        try:
+            return ChatFormat(tokenizer, env)
+        except ValueError as exc:
+            raise InferenceError(f"policy {policy.name}: {exc}", retryable=False) from exc
 
     def _prompt_ids(
         self, chat: ChatFormat, req: GenerateRequest, index: int, item: GenerateItem

@@ -107,6 +107,26 @@ async def chat(acts: InferenceActivities, env: EnvName = EnvName.CODE) -> ChatFo
 
 
 @pytest.mark.asyncio
+async def test_a_wave_of_activities_loads_the_tokenizer_once(
+    acts: InferenceActivities, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's first wave asks for the chat format from 64 activities at once; a fresh run's
+    first decode waited 40 s while each of them loaded the tokenizer."""
+    from transformers import AutoTokenizer
+
+    loads: list[str] = []
+    original = AutoTokenizer.from_pretrained
+
+    def counted(path: str) -> object:
+        loads.append(path)
+        return original(path)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", counted)
+    formats = await asyncio.gather(*(chat(acts) for _ in range(16)))
+    assert len(loads) == 1 and len({id(f) for f in formats}) == 1
+
+
+@pytest.mark.asyncio
 async def test_generate_stores_exact_records_and_code(
     acts: InferenceActivities, store: ObjectStore
 ) -> None:
