@@ -5,6 +5,8 @@
         logprobs = token_logprobs(model(micro.input_ids, ...).logits, micro.input_ids)
         loss, stats = grpo_loss(logprobs, micro, clip_eps=cfg.clip_eps)
         loss.backward()                                                # sums to the step's loss
+    plan = plan_step(groups, step=5, config=cfg, pad_id=0)  # what the learner runs: `Pass`es,
+                                                            # a group's prompt once in each
 
 Choices, stated once:
 - Advantage of sample i in a group: (r_i - mean(r)) / (std(r) + eps), std the unbiased sample
@@ -187,9 +189,9 @@ def micro_batches(
 
 
 PASS_OVERHEAD_TOKENS = 64
-"""What one more forward costs, counted in tokens (kernel launches and Python for every layer;
-about that many tokens' compute for SmolLM2-135M on a CPU): `prefix_passes` splits a pass's rows
-into shorter batches only where the padding saved exceeds it."""
+"""What one more forward costs, counted in tokens (an estimate: kernel launches and Python for
+every layer): `prefix_passes` splits a pass's rows into shorter batches only where the padding
+saved exceeds it."""
 
 
 @dataclass
