@@ -125,6 +125,7 @@ def seaweed_command(
         "-s3.port.lance=0",
         "-webdav=false",
         "-admin.ui=false",
+        "-volume.preStopSeconds=0",  # `weed mini`'s 1 s wait before a volume stops: nothing to drain here
     ]
     for name in ("s3", "master", "volume", "filer", "admin"):
         port = getattr(ports, name)
