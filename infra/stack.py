@@ -70,11 +70,19 @@ def codec_service(settings: Settings) -> Service:
 def single_host_flags() -> list[str]:
     """Dev-server flags for one process, which is the one matching host: a task queue's
     partitions (4 by default) would only forward polls and tasks to each other
-    (bench/orchestration.py: about 15% of the server's CPU per task)."""
-    return [
+    (bench/orchestration.py: about 15% of the server's CPU per task). And the search attributes
+    are cached: the dev server reads them from its database on every use unless told otherwise
+    (so that tests see new ones at once), 30 reads a task here, more than half of its database
+    requests; ours are registered at start (`--search-attribute`), so the cache holds them."""
+    partitions = [
         flag
         for kind in ("Read", "Write")
         for flag in ("--dynamic-config-value", f"matching.numTaskqueue{kind}Partitions=1")
+    ]
+    return [
+        *partitions,
+        "--dynamic-config-value",
+        "system.forceSearchAttributesCacheRefreshOnRead=false",
     ]
 
 
