@@ -50,8 +50,9 @@ $(STAMP): $(CORE)
 train: $(CORE)
 	$(BIN)/tempered train
 
+# --durations: the slowest tests, in every CI log (the suite's budget is ~15 minutes)
 test: setup lint
-	$(BIN)/python -m pytest -m "not slow and not gpu" $(PYTEST_FLAGS)
+	$(BIN)/python -m pytest -m "not slow and not gpu" --durations=15 $(PYTEST_FLAGS)
 
 test-all: setup
 	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_FLAGS)
