@@ -23,11 +23,8 @@ from infra.inference.prompts import (
     extract_code,
     feedback_text,
 )
-from infra.policy import SMOLLM2_DIR, materialize_base_model
+from infra.policy import materialize_base_model
 from infra.settings import Settings
-from tests.paths import REPO_ROOT
-
-SMOLLM2 = REPO_ROOT / ".tempered" / "models" / SMOLLM2_DIR
 
 QWEN_LIKE = (  # Qwen2.5's structure: tools in the system message, `tool` as a wrapped user turn
     "{%- if tools %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '\\n\\n# Tools\\n"
@@ -146,12 +143,10 @@ def test_the_delta_ignores_how_the_last_assistant_message_is_rendered(tokenizer:
     assert thinking.observation_ids("again") == plain.observation_ids("again")
 
 
-def test_smollm2_template(tokenizer: Any) -> None:
-    if not (SMOLLM2 / "tokenizer.json").is_file():
-        pytest.skip("SmolLM2 is not converted here (make train does it)")
+def test_smollm2_template(smollm2: Path) -> None:
     from transformers import AutoTokenizer
 
-    smol = AutoTokenizer.from_pretrained(str(SMOLLM2))
+    smol = AutoTokenizer.from_pretrained(str(smollm2))
     chat = ChatFormat(smol, EnvName.WORKSPACE)
     assert not chat.native_tools and chat.end_of_turn == smol.eos_token_id
     first = chat.first_prompt("Fix it.")

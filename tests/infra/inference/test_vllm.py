@@ -34,8 +34,8 @@ from contracts.task import SamplingParams
 from infra.inference import PolicyHandle, PolicyResolver
 from infra.inference.local import LocalBackend
 from infra.inference.vllm import VLLMBackend
-from infra.policy import materialize_base_model, publish_policy
-from infra.settings import Settings, VLLMSettings
+from infra.policy import publish_policy
+from infra.settings import VLLMSettings
 from infra.storage import ObjectStore
 from tests.infra.inference.policies import (
     changed_weights,
@@ -44,7 +44,6 @@ from tests.infra.inference.policies import (
     lora_adapter,
     publish_adapter,
 )
-from tests.paths import REPO_ROOT
 
 pytestmark = [
     pytest.mark.skipif(
@@ -56,12 +55,6 @@ LOGPROB_TOL = 1e-4
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)
 SAMPLED = SamplingParams(temperature=0.9, top_p=0.95, max_new_tokens=24, seed=7)
 log = logging.getLogger(__name__)
-
-
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    """The smollm2 preset in the checkout's state dir (built once, ~1 min, then cached)."""
-    return materialize_base_model("smollm2", Settings(home=REPO_ROOT / ".tempered"))
 
 
 @pytest.fixture(scope="module")
