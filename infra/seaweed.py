@@ -125,7 +125,8 @@ def seaweed_command(
         "-s3.port.lance=0",
         "-webdav=false",
         "-admin.ui=false",
-        "-volume.preStopSeconds=0",  # `weed mini`'s 1 s wait before a volume stops: nothing to drain here
+        # `weed mini` waits 1 s before a volume stops; nothing is left to drain here
+        "-volume.preStopSeconds=0",
     ]
     for name in ("s3", "master", "volume", "filer", "admin"):
         port = getattr(ports, name)
