@@ -24,7 +24,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -130,6 +130,17 @@ class ValidationReport(BaseModel):
 
 
 @dataclass(frozen=True)
+class CheckPlan:
+    """How a suite is checked, whatever its kind: each canonical solution `repeats` times,
+    at most `concurrency` runs at a time, under `limits`; `on_run()` after each run (progress)."""
+
+    repeats: int = 5
+    concurrency: int = 8
+    limits: SandboxLimits = field(default_factory=lambda: VALIDATION_LIMITS)
+    on_run: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True)
 class TaskRuns:
     """One task as `run_checks` sees it: how to run each of its programs once."""
 
@@ -139,20 +150,14 @@ class TaskRuns:
 
 
 async def run_checks(
-    tasks: list[TaskRuns],
-    *,
-    suite: str,
-    backend: str,
-    repeats: int,
-    concurrency: int,
-    limits: SandboxLimits,
-    on_run: Callable[[], None] | None = None,
+    tasks: list[TaskRuns], plan: CheckPlan, *, suite: str, backend: str
 ) -> ValidationReport:
-    """The driver of every suite: each task's canonical run `repeats` times and its wrong run
-    once, all tasks at once but at most `concurrency` runs at a time; `on_run()` after each."""
-    if repeats < 1 or concurrency < 1:
+    """The driver of every suite: each task's canonical run `plan.repeats` times and its wrong
+    run once, all tasks at once but at most `plan.concurrency` runs at a time."""
+    repeats, on_run = plan.repeats, plan.on_run
+    if repeats < 1 or plan.concurrency < 1:
         raise ValueError("repeats and concurrency must be at least 1")
-    gate = asyncio.Semaphore(concurrency)
+    gate = asyncio.Semaphore(plan.concurrency)
 
     async def one(run: Callable[[], Awaitable[RunRecord]]) -> RunRecord:
         async with gate:
@@ -177,8 +182,8 @@ async def run_checks(
         suite=suite,
         backend=backend,
         repeats=repeats,
-        concurrency=concurrency,
-        limits=limits,
+        concurrency=plan.concurrency,
+        limits=plan.limits,
         created_at=created_at,
         wall_s=round(time.perf_counter() - started, 2),
         tasks=checks,
@@ -226,21 +231,18 @@ def _failure(result: ExecutionResult) -> str:
 async def validate_tasks(
     tasks: list[TaskSpec],
     backend: SandboxBackend,
+    plan: CheckPlan,
     *,
     suite: str,
-    repeats: int = 5,
-    concurrency: int = 8,
-    limits: SandboxLimits = VALIDATION_LIMITS,
     backoff: Backoff = INFRA_RETRY,
-    on_run: Callable[[], None] | None = None,
 ) -> ValidationReport:
-    """Run every task's canonical solution `repeats` times and its wrong solution once."""
+    """Run every task's canonical solution `plan.repeats` times and its wrong solution once."""
     missing = [task.id for task in tasks if not task.canonical_solution]
     if missing:
         raise ValueError(f"tasks without a canonical_solution cannot be validated: {missing[:5]}")
 
     def run(program: str, task: TaskSpec) -> Callable[[], Awaitable[RunRecord]]:
-        return partial(_run_once, backend, program, task, limits, backoff)
+        return partial(_run_once, backend, program, task, plan.limits, backoff)
 
     runs = [
         TaskRuns(
@@ -250,15 +252,7 @@ async def validate_tasks(
         )
         for task in tasks
     ]
-    return await run_checks(
-        runs,
-        suite=suite,
-        backend=backend.name,
-        repeats=repeats,
-        concurrency=concurrency,
-        limits=limits,
-        on_run=on_run,
-    )
+    return await run_checks(runs, plan, suite=suite, backend=backend.name)
 
 
 CATEGORIES = ("broken", "flaky", "weak", "infra", "no_wrong_solution", "quarantined")
@@ -290,27 +284,16 @@ def write_quarantine(settings: Settings, report: ValidationReport) -> Path:
 async def validate_suite(
     settings: Settings,
     suite: str,
+    plan: CheckPlan,
     *,
-    repeats: int = 5,
-    concurrency: int = 8,
     backend_name: str | None = None,
     split: str | None = None,
     limit: int | None = None,
-    limits: SandboxLimits = VALIDATION_LIMITS,
-    on_run: Callable[[], None] | None = None,
 ) -> ValidationReport:
     """Load `suite`, validate it through the configured sandbox backend, close the backend."""
     tasks = load_suite(suite, split=split)[:limit]
     backend = get_backend(settings, backend_name)
     try:
-        return await validate_tasks(
-            tasks,
-            backend,
-            suite=suite,
-            repeats=repeats,
-            concurrency=concurrency,
-            limits=limits,
-            on_run=on_run,
-        )
+        return await validate_tasks(tasks, backend, plan, suite=suite)
     finally:
         await backend.close()

@@ -8,7 +8,7 @@ untouched workspace its wrong solution: broken, flaky, weak, infra, clean); this
 only how one run goes. Everything runs on this host, with the trees in memory: no object store,
 no Temporal.
 
-    report = await validate_workspace_suite(settings, "harbor:examples/harbor", repeats=5)
+    report = await validate_workspace_suite(settings, "harbor:examples/harbor", CheckPlan(5))
     tempered tasks validate workspace --repeats 5
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from functools import partial
 
 from tenacity import RetryError
@@ -34,7 +33,7 @@ from infra.sandbox.workspace import CommandRunner
 from infra.settings import Settings
 from infra.tasks import load_workspace_suite
 from infra.tasks.validate import (
-    VALIDATION_LIMITS,
+    CheckPlan,
     RunRecord,
     TaskRuns,
     ValidationReport,
@@ -98,46 +97,32 @@ async def _retrying(
 async def validate_workspace_tasks(
     tasks: list[WorkspaceTask],
     env: WorkspaceEnvironment,
+    plan: CheckPlan,
     *,
     suite: str,
-    repeats: int = 5,
-    concurrency: int = 8,
-    limits: SandboxLimits = VALIDATION_LIMITS,
-    on_run: Callable[[], None] | None = None,
 ) -> ValidationReport:
-    """Run every task's solution in `repeats` fresh sessions and verify one untouched session."""
+    """Run every task's solution in `plan.repeats` fresh sessions; verify one untouched session."""
     if missing := [task.spec.id for task in tasks if task.solution is None]:
         raise ValueError(f"tasks without a solution/solve.sh cannot be validated: {missing[:5]}")
     runs = [
         TaskRuns(
             task.spec.id,
-            canonical=partial(_retrying, env, task, True, limits),
-            wrong=partial(_retrying, env, task, False, limits),
+            canonical=partial(_retrying, env, task, True, plan.limits),
+            wrong=partial(_retrying, env, task, False, plan.limits),
         )
         for task in tasks
     ]
-    return await run_checks(
-        runs,
-        suite=suite,
-        backend=env.backend.name,
-        repeats=repeats,
-        concurrency=concurrency,
-        limits=limits,
-        on_run=on_run,
-    )
+    return await run_checks(runs, plan, suite=suite, backend=env.backend.name)
 
 
 async def validate_workspace_suite(
     settings: Settings,
     suite: str,
+    plan: CheckPlan,
     *,
-    repeats: int = 5,
-    concurrency: int = 8,
     backend_name: str | None = None,
     split: str | None = None,
     limit: int | None = None,
-    limits: SandboxLimits = VALIDATION_LIMITS,
-    on_run: Callable[[], None] | None = None,
 ) -> ValidationReport:
     """Load a workspace suite and validate it on this host (trees in memory)."""
     tasks = load_workspace_suite(suite, split=split)[:limit]
@@ -151,15 +136,7 @@ async def validate_workspace_suite(
     backend = get_backend(settings, backend_name)
     env = WorkspaceEnvironment(host, trees, CommandRunner(), backend)
     try:
-        return await validate_workspace_tasks(
-            tasks,
-            env,
-            suite=suite,
-            repeats=repeats,
-            concurrency=concurrency,
-            limits=limits,
-            on_run=on_run,
-        )
+        return await validate_workspace_tasks(tasks, env, plan, suite=suite)
     finally:
         await host.shutdown()
         trees.close()

@@ -24,6 +24,7 @@ from infra.settings import SandboxBackendName, Settings
 from infra.tasks import SPLITS, is_workspace_suite, load_suite
 from infra.tasks.validate import (
     VALIDATION_LIMITS,
+    CheckPlan,
     ValidationReport,
     validate_suite,
     write_quarantine,
@@ -111,13 +112,10 @@ def validate(args: argparse.Namespace, settings: Settings) -> int:
                 validator(
                     settings,
                     args.suite,
-                    repeats=args.repeats,
-                    concurrency=concurrency,
+                    CheckPlan(args.repeats, concurrency, limits, lambda: progress.advance(bar)),
                     backend_name=args.backend,
                     split=args.split,
                     limit=args.limit,
-                    limits=limits,
-                    on_run=lambda: progress.advance(bar),
                 )
             )
     except ValueError as exc:

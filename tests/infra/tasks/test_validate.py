@@ -15,7 +15,7 @@ from contracts.task import SandboxLimits, TaskSpec
 from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
 from infra.settings import Settings
 from infra.tasks import load_quarantine, load_suite
-from infra.tasks.validate import validate_tasks, write_quarantine
+from infra.tasks.validate import CheckPlan, validate_tasks, write_quarantine
 from workers.cli import run
 
 FAST_RETRY = Backoff(initial_s=0.01, coefficient=2.0, max_s=0.05, offline_attempts=3)
@@ -88,7 +88,7 @@ async def test_validate_flags_broken_and_weak_and_passes_good_tasks(
 ) -> None:
     good = sample_tasks()
     tasks = good + broken_and_weak(good[0])
-    report = await validate_tasks(tasks, backend, suite="starter", repeats=2, concurrency=4)
+    report = await validate_tasks(tasks, backend, CheckPlan(2, 4), suite="starter")
     verdicts = {task.task_id: task.verdict for task in report.tasks}
     assert verdicts == {
         **{t.id: "clean" for t in good},
@@ -113,9 +113,11 @@ async def test_partial_revalidation_keeps_other_quarantined_tasks(
 ) -> None:
     good = load_suite("starter")[:2]
     tasks = good + broken_and_weak(good[0])
-    write_quarantine(settings, await validate_tasks(tasks, backend, suite="starter", repeats=1))
+    write_quarantine(settings, await validate_tasks(tasks, backend, CheckPlan(1), suite="starter"))
     fixed = good[0].model_copy(update={"id": "deliberately-weak"})  # its tests repaired
-    write_quarantine(settings, await validate_tasks([fixed], backend, suite="starter", repeats=1))
+    write_quarantine(
+        settings, await validate_tasks([fixed], backend, CheckPlan(1), suite="starter")
+    )
     assert load_quarantine(settings, "starter") == {"deliberately-broken"}
 
 
@@ -128,7 +130,7 @@ async def test_randomly_passing_task_is_flaky(backend: SandboxBackend) -> None:
         canonical_solution="def f():\n    return 1\n",
         tests="import os\n\ndef check(candidate):\n    assert os.urandom(1)[0] % 2 == 0\n",
     )
-    report = await validate_tasks([coin], backend, suite="coin", repeats=24, concurrency=8)
+    report = await validate_tasks([coin], backend, CheckPlan(24, 8), suite="coin")
     # P(24 fair coin flips all agree) = 2**-23: the verdict is flaky unless os.urandom is broken
     [check] = report.tasks
     assert {run.status for run in check.canonical} == {"passed", "failed"}
@@ -142,7 +144,7 @@ async def test_platform_faults_are_retried_not_counted_against_the_task(
     task = load_suite("starter")[0]
     platform = FlakyPlatform(backend, faults=2)
     report = await validate_tasks(
-        [task], platform, suite="starter", repeats=1, concurrency=1, backoff=FAST_RETRY
+        [task], platform, CheckPlan(1, 1), suite="starter", backoff=FAST_RETRY
     )
     assert report.tasks[0].verdict == "clean" and report.infra_retries == 2
 
@@ -151,7 +153,9 @@ async def test_platform_faults_are_retried_not_counted_against_the_task(
 async def test_persistent_platform_faults_are_infra_not_broken(backend: SandboxBackend) -> None:
     task = load_suite("starter")[0]
     platform = FlakyPlatform(backend, faults=10**6)
-    report = await validate_tasks([task], platform, suite="starter", repeats=2, backoff=FAST_RETRY)
+    report = await validate_tasks(
+        [task], platform, CheckPlan(2), suite="starter", backoff=FAST_RETRY
+    )
     assert report.ids("infra") == [task.id] and report.ids("broken") == []
     assert report.quarantined == [] and platform.calls == 3 * FAST_RETRY.offline_attempts
     assert "injected platform fault" in report.tasks[0].canonical[0].detail

@@ -16,6 +16,7 @@ import pytest
 from infra.environments.tree import decode_tree
 from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from infra.tasks import load_suite
+from infra.tasks.validate import CheckPlan
 from infra.tasks.workspace import FAMILIES, workspace_tasks
 from infra.tasks.workspace_task import WorkspaceTask
 from infra.tasks.workspace_validate import validate_workspace_suite
@@ -69,9 +70,7 @@ def validate(repeats: int, limit: int | None = None) -> list[tuple[str, str]]:
     settings = Settings(sandbox=SandboxSettings(workspaces=WorkspaceSettings(root=root)))
     try:
         report = asyncio.run(
-            validate_workspace_suite(
-                settings, "workspace", repeats=repeats, concurrency=4, limit=limit
-            )
+            validate_workspace_suite(settings, "workspace", CheckPlan(repeats, 4), limit=limit)
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -97,7 +96,7 @@ def test_the_harbor_examples_validate() -> None:
     examples = Path(__file__).resolve().parents[3] / "examples" / "harbor"
     try:
         report = asyncio.run(
-            validate_workspace_suite(settings, f"harbor:{examples}", repeats=2, concurrency=3)
+            validate_workspace_suite(settings, f"harbor:{examples}", CheckPlan(2, 3))
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
