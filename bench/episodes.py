@@ -16,7 +16,10 @@ process, the production sandbox worker (`workers.runtime.build_worker` plus its 
    steps) driven through Temporal (`tests/episode_driver.ScriptedEpisodes`: each step an
    `env_step` activity on the worker's own queue) and by a plain asyncio loop calling the very
    same activity methods on the same sessions. Rounds alternate the order; medians of steps/s.
-   Target: Temporal ≥ 0.8× plain.
+   Target: Temporal ≥ 0.8× plain. Each mode's CPU milliseconds a step are printed beside it:
+   the dev server's, this process's (activities, and in tempered mode the SDK and the
+   workflow) and the rest's (sandboxes, SeaweedFS): on a machine of few cores the difference
+   between the modes is where the gap goes.
 
 Printed and merged into bench/results.json under "episodes" (with the machine's load average:
 other work on the machine slows both sides alike, not their ratio).
@@ -38,10 +41,12 @@ from common import (
     Stopwatch,
     activity_method,
     bench_stack,
+    cpu_seconds,
     machine,
     median_of,
     merge_results,
     production_workers,
+    temporal_pid,
 )
 
 from contracts.episode import ToolCall
@@ -176,6 +181,9 @@ async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, 
             jobs.append((task, script))
         total_steps = args.episodes * args.group_size * len(jobs[0][1])
 
+        server = temporal_pid(settings)
+        cpu: dict[str, dict[str, list[float]]] = {"tempered": {}, "plain": {}}
+
         async def run(mode: str) -> float:
             gate = asyncio.Semaphore(args.concurrency)
             tag = uuid.uuid4().hex[:8]
@@ -200,11 +208,16 @@ async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, 
                     else:
                         await drive_plain(sessions, job)
 
+            before = cpu_split(server)
             with Stopwatch() as watch:
                 await asyncio.gather(*(one(n) for n in range(args.episodes)))
             rate = total_steps / watch.seconds
+            for side, seconds in cpu_split(server).items():
+                cpu[mode].setdefault(side, []).append((seconds - before[side]) * 1000 / total_steps)
             print(
-                f"  {mode}: {total_steps} steps in {watch.seconds:.1f}s = {rate:.1f} steps/s",
+                f"  {mode}: {total_steps} steps in {watch.seconds:.1f}s = {rate:.1f} steps/s; CPU "
+                + ", ".join(f"{side} {ms[-1]:.1f}" for side, ms in cpu[mode].items())
+                + " ms a step",
                 flush=True,
             )
             return rate
@@ -229,9 +242,28 @@ async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, 
         "ratio": round(tempered / plain, 3),
         "target_ratio": 0.8,
         "rounds": rates,
+        "cpu_ms_per_step": {
+            mode: {side: round(median_of(values), 1) for side, values in sides.items()}
+            for mode, sides in cpu.items()
+        },
     }
     print(f"throughput: {report}", flush=True)
     return report
+
+
+def cpu_split(server: int) -> dict[str, float]:
+    """CPU seconds so far: the dev server's, this process's, and its other children's (the dev
+    server may be one of them: `tempered up` starts it from here)."""
+    import psutil
+
+    server_s, own_s = cpu_seconds(server), cpu_seconds(children=False)
+    children = {child.pid for child in psutil.Process().children(recursive=True)}
+    inside = server in children  # then cpu_seconds() counted it (and its children) too
+    return {
+        "server": server_s,
+        "bench": own_s,
+        "rest": cpu_seconds() - own_s - (server_s if inside else 0.0),
+    }
 
 
 async def main(args: argparse.Namespace) -> None:
