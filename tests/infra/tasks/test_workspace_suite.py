@@ -55,8 +55,15 @@ def test_the_example_tests_expose_the_bug_and_pass_with_the_solution(
     example = next(path for path in files_of(task) if path.startswith("test_"))
 
     def examples() -> subprocess.CompletedProcess[str]:  # our own code: safe to run here
+        """The example tests, without bytecode caches (as in a sandbox, `BASE_ENV`): the
+        solution rewrites a module within the second its cache was written, at the same size,
+        and Python would run the stale cache."""
         return subprocess.run(
-            [sys.executable, example], cwd=tmp_path, capture_output=True, text=True, timeout=30
+            [sys.executable, "-B", example],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=30,
         )
 
     assert examples().returncode == 1
