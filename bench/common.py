@@ -99,13 +99,20 @@ def temporal_pid(settings: Settings) -> int:
     return pid
 
 
-def cpu_seconds(pid: int | None = None, children: bool = True) -> float:
-    """User + system CPU seconds so far of `pid` (default: this process), and its live children."""
+def cpu_seconds(pid: int | None = None, children: bool = True, exclude: int | None = None) -> float:
+    """User + system CPU seconds so far of `pid` (default: this process), and its live children
+    but `exclude` and its own (e.g. the dev server, where `tempered up` started it from here)."""
     import psutil
 
     process = psutil.Process(pid)
+    skipped: set[int] = set()
+    if exclude is not None:
+        with contextlib.suppress(psutil.Error):
+            skipped = {exclude, *(p.pid for p in psutil.Process(exclude).children(recursive=True))}
     total = 0.0
     for proc in [process, *(process.children(recursive=True) if children else [])]:
+        if proc.pid in skipped:
+            continue
         with contextlib.suppress(psutil.Error):
             times = proc.cpu_times()
             total += times.user + times.system

@@ -252,17 +252,12 @@ async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, 
 
 
 def cpu_split(server: int) -> dict[str, float]:
-    """CPU seconds so far: the dev server's, this process's, and its other children's (the dev
-    server may be one of them: `tempered up` starts it from here)."""
-    import psutil
-
-    server_s, own_s = cpu_seconds(server), cpu_seconds(children=False)
-    children = {child.pid for child in psutil.Process().children(recursive=True)}
-    inside = server in children  # then cpu_seconds() counted it (and its children) too
+    """CPU seconds so far: the dev server's, this process's, and its other children's."""
+    own_s = cpu_seconds(children=False)
     return {
-        "server": server_s,
+        "server": cpu_seconds(server),
         "bench": own_s,
-        "rest": cpu_seconds() - own_s - (server_s if inside else 0.0),
+        "rest": cpu_seconds(exclude=server) - own_s,
     }
 
 

@@ -14,7 +14,6 @@ modules imported only by tests or by the vLLM engine: those compile on first use
 from __future__ import annotations
 
 import importlib
-import os
 import pkgutil
 import sys
 
@@ -33,8 +32,7 @@ PACKAGES = ["contracts", "workflows", "activities", "workers", "infra"]
 
 
 def main() -> int:
-    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
-        sys.dont_write_bytecode = False  # this script's purpose: write them
+    sys.dont_write_bytecode = False  # even where PYTHONDONTWRITEBYTECODE says otherwise
     for name in LIBRARIES:
         importlib.import_module(name)
     for package in PACKAGES:
