@@ -206,37 +206,36 @@ def _convert_smollm2(out: Path) -> None:
 
 
 def save_weights(model: Any, out: Path, state: dict[str, Any] | None = None) -> None:
-    """`model.save_pretrained(out)` with `state` (default: its own), its weights then split
-    into one shard per decoder layer and one per other tensor (`model-<group>.safetensors`,
-    with the standard index). Equal tensors give byte-equal files however the model was built,
-    so versions share the shards their training did not touch (a layer of SmolLM2-135M is
-    14 MB in float32; its embeddings, 113 MB, are a shard of their own)."""
-    from safetensors import safe_open
-    from safetensors.torch import save_file
+    """`model.save_pretrained(out)` with `state` (default: its own), its weights split into one
+    shard per decoder layer and one per other tensor (`model-<group>.safetensors`, with the
+    standard index). Equal tensors give byte-equal files however the model was built, so
+    versions share the shards their training did not touch (a layer of SmolLM2-135M is 14 MB in
+    float32; its embeddings, 113 MB, are a shard of their own).
 
-    model.save_pretrained(out, state_dict=state)
-    written = sorted(out.glob("*.safetensors"))
-    located: dict[str, Path] = {}
-    for path in written:
-        with safe_open(path, framework="pt") as weights:
-            located |= dict.fromkeys(weights.keys(), path)  # noqa: SIM118 (not a dict)
+    The weights are written once: `save_pretrained` writes the config files from an empty state
+    (no weights file), and the tensors it would have written (tied aliases removed, renamings
+    reverted: transformers' own two steps) go straight into the shards."""
+    from safetensors.torch import save_file
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    model.save_pretrained(out, state_dict={})
+    tensors = dict(model.state_dict() if state is None else state)
+    for ignored in getattr(model, "_keys_to_ignore_on_save", None) or ():
+        tensors.pop(ignored, None)
+    tensors = revert_weight_conversion(model, remove_tied_weights_from_state_dict(tensors, model))
     groups: dict[str, list[str]] = {}
-    for name in located:
+    for name in tensors:
         match = _LAYER.search(name)
         group = f"layer-{int(match.group(1)):04d}" if match else name.removeprefix("model.")
         groups.setdefault(group.removesuffix(".weight"), []).append(name)
     weight_map: dict[str, str] = {}
     total = 0
     for group, names in sorted(groups.items()):
-        tensors = {}
-        for name in names:
-            with safe_open(located[name], framework="pt") as weights:
-                tensors[name] = weights.get_tensor(name)
-        save_file(tensors, out / f"model-{group}.safetensors", metadata={"format": "pt"})
+        shard = {name: tensors[name].contiguous() for name in sorted(names)}
+        save_file(shard, out / f"model-{group}.safetensors", metadata={"format": "pt"})
         weight_map |= dict.fromkeys(names, f"model-{group}.safetensors")
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
-    for path in written:
-        path.unlink()
+        total += sum(t.numel() * t.element_size() for t in shard.values())
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     (out / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
 

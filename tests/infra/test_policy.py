@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,12 +17,14 @@ from infra.policy import (
     MANIFEST,
     SMOLLM2,
     TINY,
+    WEIGHTS_INDEX,
     PolicyIntegrityError,
     _build_once,
     latest_policy,
     materialize_base_model,
     policy_manifest,
     publish_policy,
+    save_weights,
 )
 from infra.policy_cache import fetch_policy
 from infra.settings import Settings
@@ -166,3 +169,45 @@ def test_smollm2_converts_and_writes_python(tmp_path: Path) -> None:
     out = model.generate(**inputs, max_new_tokens=48, do_sample=False)
     text = tokenizer.decode(out[0][inputs["input_ids"].shape[1] :])
     assert "def is_even(" in text
+
+
+def test_weights_are_written_once_one_shard_per_layer(
+    tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import safetensors.torch
+    import transformers.modeling_utils
+    from transformers import AutoModelForCausalLM
+
+    written: list[int] = []
+
+    def counting(real: Any) -> Any:
+        def save(tensors: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+            written.append(sum(t.numel() * t.element_size() for t in tensors.values()))
+            real(tensors, *args, **kwargs)
+
+        return save
+
+    monkeypatch.setattr(safetensors.torch, "save_file", counting(safetensors.torch.save_file))
+    monkeypatch.setattr(
+        transformers.modeling_utils,
+        "safe_save_file",
+        counting(transformers.modeling_utils.safe_save_file),
+    )
+    model: Any = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    save_weights(model, tmp_path / "out")
+
+    index = json.loads((tmp_path / "out" / WEIGHTS_INDEX).read_text())
+    assert sorted(set(index["weight_map"].values())) == [
+        "model-embed_tokens.safetensors",
+        "model-layer-0000.safetensors",
+        "model-layer-0001.safetensors",
+        "model-norm.safetensors",
+    ]
+    assert sum(written) == index["metadata"]["total_size"], "a weight was written twice"
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.safetensors")) == sorted(
+        set(index["weight_map"].values())
+    )
+    again: Any = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    expected, loaded = model.state_dict(), again.state_dict()
+    assert expected.keys() == loaded.keys()
+    assert all(expected[name].equal(loaded[name]) for name in expected)
