@@ -37,7 +37,12 @@ from infra.storage import ObjectStore
 from tests.accounting import record_results
 from tests.fixtures.temporal import time_skipping_server
 from tests.paths import REPO_ROOT
-from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
+from tests.workflows.control_plane import (
+    ScriptedSuite,
+    ScriptedTrainer,
+    SecondsAgentTask,
+    control_plane,
+)
 from workers.training import start_run
 
 EVENT_LIMIT, BYTE_LIMIT = 51_200, 50 * 1024 * 1024
@@ -81,7 +86,10 @@ async def run_at_scale(
     store: ObjectStore, run_input: TrainingRunInput, train_tasks: int
 ) -> tuple[TrainingRunResult, ScriptedTrainer, list[Chain], float]:
     suite, trainer = ScriptedSuite(train=train_tasks, heldout=2), ScriptedTrainer()
-    async with time_skipping_server() as env, control_plane(env.client, store, suite, trainer):
+    async with (
+        time_skipping_server() as env,
+        control_plane(env.client, store, suite, trainer, agent_task=SecondsAgentTask),
+    ):
         started = time.monotonic()
         handle = await start_run(env.client, run_input)
         result: TrainingRunResult = await handle.result()

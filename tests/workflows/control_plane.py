@@ -6,11 +6,16 @@ the learner (tests/test_scale.py, tests/workflows/test_replay.py).
     async with control_plane(client, store, suite, trainer):   # the workers of all three queues
         result, continued = await run_to_end(client, run, "train-x")
 
-`StandInAgentTask` is registered under the name `AgentTaskWorkflow`: it sleeps a few (skipped,
-on the time-skipping server) seconds and returns a finished group, so a run of 20,000 tasks
-exercises the training run and the learner, not the episode pipeline (tested on its own in
-tests/workflows/test_agent_task.py). Its input and result are plain dicts, read and written in
-the shape of `AgentTaskInput` / `AgentTaskResult`, so it does not change with those models.
+`StandInAgentTask` is registered under the name `AgentTaskWorkflow`: it sleeps 1–30 `UNIT`s
+(10 ms by default) and returns a finished group, so a run of 20,000 tasks exercises the training
+run and the learner, not the episode pipeline (tested on its own in
+tests/workflows/test_agent_task.py). The sleeps are short because they are not always skipped:
+once a child ends whose parent started it with `ParentClosePolicy.ABANDON` and then continued as
+new (a run's learner), the time-skipping server keeps time locked for good (a leaked lock; ten
+lines reproduce it: a parent that starts such a child, continues as new, lets it end, then sleeps
+15 s takes 15 s), so a run's final evaluation waited its tasks' 1–30 s in real time. Its input
+and result are plain dicts, read and written in the shape of `AgentTaskInput` /
+`AgentTaskResult`, so it does not change with those models.
 """
 
 from __future__ import annotations
@@ -103,15 +108,17 @@ class ScriptedTrainer:
 
 @workflow.defn(name="AgentTaskWorkflow", sandboxed=False)
 class StandInAgentTask:
-    """A finished group after 1–30 (skippable) seconds: half the samples solved (none, for a
-    `flat-` task: a group with no GRPO signal)."""
+    """A finished group after 1–30 `UNIT`s: half the samples solved (none, for a `flat-` task: a
+    group with no GRPO signal)."""
+
+    UNIT = timedelta(milliseconds=10)
 
     @workflow.run
     async def run(self, raw: dict[str, Any]) -> dict[str, Any]:
         task_id, run_id = raw["task"]["id"], raw.get("run_id", "adhoc")
         size = int(raw.get("group_size", 4))
         version = int(raw.get("policy_version") or 0)
-        await workflow.sleep(timedelta(seconds=1 + zlib.crc32(task_id.encode()) % 30))
+        await workflow.sleep(self.UNIT * (1 + zlib.crc32(task_id.encode()) % 30))
         flat = task_id.startswith("flat-")
         rewards = [1.0 if s % 2 == 0 and not flat else 0.0 for s in range(size)]
         return {
@@ -132,6 +139,21 @@ class StandInAgentTask:
                 for s in range(size)
             ],
         }
+
+
+@workflow.defn(name="AgentTaskWorkflow", sandboxed=False)
+class SecondsAgentTask(StandInAgentTask):
+    """The stand-in at its former pace, 1–30 (skipped) seconds a task: where tasks finish
+    seconds apart the learner is idle between steps. At 10 ms a unit two tests fail on
+    timing, not on what they test: a cancel can land inside a step, and a burst of group
+    signals while the learner writes its ledger overshoots its history budget by up to 3%
+    (617 of 600 events: the ending reserves 16 events; eight signals add 32)."""
+
+    UNIT = timedelta(seconds=1)
+
+    @workflow.run
+    async def run(self, raw: dict[str, Any]) -> dict[str, Any]:
+        return await super().run(raw)
 
 
 @contextlib.asynccontextmanager

@@ -38,6 +38,7 @@ from tests.fixtures.temporal import time_skipping_server
 from tests.workflows.control_plane import (
     ScriptedSuite,
     ScriptedTrainer,
+    SecondsAgentTask,
     control_plane,
     run_to_end,
 )
@@ -91,7 +92,9 @@ async def test_a_cancelled_run_cancels_its_learner(store: ObjectStore) -> None:
     trainer = ScriptedTrainer()
     async with (
         time_skipping_server() as env,
-        control_plane(env.client, store, ScriptedSuite(train=10), trainer),
+        control_plane(
+            env.client, store, ScriptedSuite(train=10), trainer, agent_task=SecondsAgentTask
+        ),
     ):
         handle = await env.client.start_workflow(
             TrainingRunWorkflow.run,
@@ -174,7 +177,7 @@ async def test_a_stopped_run_starts_no_more_tasks_and_ends_as_usual(store: Objec
             TrainingRunWorkflow.run, run, id="train-stop", task_queue=Queue.AGENT_TASKS.value
         )
         while len(trainer.steps) < 12:  # after the run has continued as new
-            await env.sleep(1)
+            await env.sleep(0.05)  # a step or so of the stand-ins (10-300 ms tasks)
         await handle.signal(TrainingRunWorkflow.stop, "enough for today")
         result = await handle.result()
         progress = await handle.query(TrainingRunWorkflow.progress)
