@@ -13,9 +13,9 @@ tests/workflows/test_agent_task.py). The sleeps are short because they are not a
 once a child ends whose parent started it with `ParentClosePolicy.ABANDON` and then continued as
 new (a run's learner), the time-skipping server keeps time locked for good (a leaked lock; ten
 lines reproduce it: a parent that starts such a child, continues as new, lets it end, then sleeps
-15 s takes 15 s), so a run's final evaluation waited its tasks' 1–30 s in real time. Its input
-and result are plain dicts, read and written in the shape of `AgentTaskInput` /
-`AgentTaskResult`, so it does not change with those models.
+15 s takes 16 s of real time, 0.08 s without the continue-as-new), so a run's final evaluation
+waited its tasks' 1–30 s in real time. Its input and result are plain dicts, read and written
+in the shape of `AgentTaskInput` / `AgentTaskResult`, so it does not change with those models.
 """
 
 from __future__ import annotations
@@ -145,9 +145,10 @@ class StandInAgentTask:
 class SecondsAgentTask(StandInAgentTask):
     """The stand-in at its former pace, 1–30 (skipped) seconds a task: where tasks finish
     seconds apart the learner is idle between steps. At 10 ms a unit two tests fail on
-    timing, not on what they test: a cancel can land inside a step, and a burst of group
-    signals while the learner writes its ledger overshoots its history budget by up to 3%
-    (617 of 600 events: the ending reserves 16 events; eight signals add 32)."""
+    timing, not on what they test: a cancel that lands while the learner is busy need not end
+    it (a step that completes after the cancel spends it), and a burst of group signals while
+    the learner writes its ledger overshoots its history budget by up to 3% (617 of 600 events:
+    the ending reserves 16 events; eight signals add 32)."""
 
     UNIT = timedelta(seconds=1)
 
