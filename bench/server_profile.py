@@ -65,7 +65,9 @@ ACROSS = {
 
 
 class GoSymbols:
-    """Function names of a Go 1.20+ binary from its .gopclntab section (found by name)."""
+    """Function names of a Go 1.18+ binary from its .gopclntab section (found by name): the
+    header's function table lists each function's entry as an offset from the start of the
+    text (the ELF `.text` section, where Go's linker puts `runtime.text`) and its name."""
 
     def __init__(self, binary: Path):
         data = binary.read_bytes()
@@ -105,6 +107,7 @@ class GoSymbols:
 
 
 def dev_server_of(bench: subprocess.Popen[bytes], timeout_s: float = 120) -> psutil.Process:
+    """The `temporal server start-dev` process the benchmark starts (a descendant of it)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and bench.poll() is None:
         for child in psutil.Process(bench.pid).children(recursive=True):
