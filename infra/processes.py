@@ -1,6 +1,10 @@
 """Background service processes with pidfiles: start, find, stop — only what we started.
 
 A pidfile records the pid and the process's start time, so `stop` never signals a recycled pid.
+The start time is the kernel's: clock ticks since boot (`/proc/PID/stat`), exact and untouched
+by the wall clock. Wall-clock start times (psutil's `create_time`, what older pidfiles hold) add
+the boot time, which /proc/stat gives in whole seconds and which moves when the clock is
+adjusted, so one process read twice could differ by a second and be taken for another.
 `limit_openmp_spin` sets a worker process's torch thread spin before torch loads.
 """
 
@@ -18,6 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+
+def start_ticks(pid: int) -> int:
+    """When process `pid` started, in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[19])  # fields from the 3rd on, after the name
 
 
 @dataclass(frozen=True)
@@ -40,10 +50,13 @@ class Service:
         try:
             record = json.loads(self.pidfile.read_text())
             process = psutil.Process(record["pid"])
-            ours = abs(process.create_time() - record["created"]) < 1.0
+            if "ticks" in record:
+                ours = start_ticks(process.pid) == record["ticks"]
+            else:  # a pidfile of an earlier release: wall-clock seconds
+                ours = abs(process.create_time() - record["created"]) <= 1.5
             if ours and process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
                 return int(record["pid"])
-        except (FileNotFoundError, ValueError, KeyError, psutil.Error):
+        except (FileNotFoundError, ValueError, KeyError, IndexError, psutil.Error):
             pass
         self.pidfile.unlink(missing_ok=True)
         return None
@@ -62,8 +75,8 @@ class Service:
                 env=env,
                 cwd=self.home,
             )
-        created = psutil.Process(process.pid).create_time()
-        self.pidfile.write_text(json.dumps({"pid": process.pid, "created": created, "argv": argv}))
+        record = {"pid": process.pid, "ticks": start_ticks(process.pid), "argv": argv}
+        self.pidfile.write_text(json.dumps(record))
         return process.pid
 
     def stop(self, timeout_s: float = 15.0) -> bool:

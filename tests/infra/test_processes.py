@@ -1,13 +1,18 @@
-"""`limit_openmp_spin`: a worker's torch threads spin briefly unless the environment chose."""
+"""`limit_openmp_spin`: a worker's torch threads spin briefly unless the environment chose;
+`Service`: a pidfile names only the process it started."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
 
-from infra.processes import limit_openmp_spin
+from infra.processes import Service, limit_openmp_spin
 from infra.settings import Settings
 
 
@@ -36,3 +41,32 @@ def test_too_late_once_torch_is_loaded(fresh_worker_env: pytest.MonkeyPatch) -> 
     fresh_worker_env.setitem(sys.modules, "torch", object())
     with pytest.raises(RuntimeError, match="after torch was imported"):
         limit_openmp_spin(20_000)
+
+
+@pytest.fixture
+def sleeper(tmp_path: Path) -> Iterator[Service]:
+    service = Service("sleeper", tmp_path)
+    service.start([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield service
+    service.stop(timeout_s=5)
+
+
+def test_a_service_is_known_by_its_start_whatever_the_wall_clock_says(sleeper: Service) -> None:
+    """/proc/stat's boot time is whole seconds and moves when the clock is stepped, so a
+    wall-clock start time read twice can differ by a second or more, and `stop` would take our
+    own process for a stranger: the pidfile's start is in ticks since boot; an earlier release's
+    wall-clock record one second off still holds; other ticks are another process."""
+    record = json.loads(sleeper.pidfile.read_text())
+    pid = record["pid"]
+    assert sleeper.pid() == pid
+    created = psutil.Process(pid).create_time()
+    sleeper.pidfile.write_text(
+        json.dumps({"pid": pid, "created": created + 1.0})
+    )  # earlier release
+    assert sleeper.pid() == pid
+    sleeper.pidfile.write_text(
+        json.dumps({**record, "ticks": record["ticks"] - 1})
+    )  # a recycled pid
+    assert sleeper.pid() is None and not sleeper.pidfile.exists()
+    sleeper.pidfile.write_text(json.dumps(record))
+    assert sleeper.stop() and sleeper.pid() is None
