@@ -3,8 +3,8 @@
 A pidfile records the pid and the process's start time, so `stop` never signals a recycled pid.
 The start time is the kernel's: clock ticks since boot (`/proc/PID/stat`), exact and untouched
 by the wall clock. Wall-clock start times (psutil's `create_time`, what older pidfiles hold) add
-the boot time, which /proc/stat gives in whole seconds and which moves when the clock is
-adjusted, so one process read twice could differ by a second and be taken for another.
+the boot time, which /proc/stat gives in whole seconds and which moves by as much as the clock
+is stepped, so one process read twice could be taken for another (and never stopped).
 `limit_openmp_spin` sets a worker process's torch thread spin before torch loads.
 """
 
