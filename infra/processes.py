@@ -24,10 +24,14 @@ from pathlib import Path
 import psutil
 
 
-def start_ticks(pid: int) -> int:
-    """When process `pid` started, in clock ticks since boot (field 22 of /proc/PID/stat)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[19])  # fields from the 3rd on, after the name
+def start_ticks(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (None if there is no such process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # field 22 of stat(5); fields[0] is field 3
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -51,12 +55,12 @@ class Service:
             record = json.loads(self.pidfile.read_text())
             process = psutil.Process(record["pid"])
             if "ticks" in record:
-                ours = start_ticks(process.pid) == record["ticks"]
+                ours = record["ticks"] is not None and start_ticks(process.pid) == record["ticks"]
             else:  # a pidfile of an earlier release: wall-clock seconds
                 ours = abs(process.create_time() - record["created"]) <= 1.5
             if ours and process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
                 return int(record["pid"])
-        except (FileNotFoundError, ValueError, KeyError, IndexError, psutil.Error):
+        except (FileNotFoundError, ValueError, KeyError, psutil.Error):
             pass
         self.pidfile.unlink(missing_ok=True)
         return None

@@ -41,6 +41,7 @@ from contracts.common import ObjectRef
 from contracts.task import WorkspaceSpec
 from infra.environments.snapshots import Scanner
 from infra.environments.tree import Manifest
+from infra.processes import start_ticks
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.workspace import SESSION_UID_BASE, SLOTS, session_uid, sweep_cgroups
 from infra.settings import WorkspaceSettings
@@ -50,19 +51,9 @@ SWEEP_S = 30.0
 """How often the sweeper looks for idle sessions and dead workers' leftovers."""
 
 
-def _start_ticks(pid: int) -> int | None:
-    """The start time of process `pid` in clock ticks since boot (None if there is none)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-        return int(fields[19])  # field 22 of stat(5); fields[0] is field 3
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def worker_dir_name(pid: int | None = None) -> str:
     pid = os.getpid() if pid is None else pid
-    return f"{pid}-{_start_ticks(pid)}"
+    return f"{pid}-{start_ticks(pid)}"
 
 
 @dataclass
@@ -210,9 +201,9 @@ def sweep_dead(root: Path) -> Sweep:
         if not pid_text.isdigit() or not directory.is_dir():
             continue
         pid = int(pid_text)
-        if ticks == str(_start_ticks(pid)):
+        if ticks == str(start_ticks(pid)):
             continue  # its worker is alive
-        if _start_ticks(pid) is None:  # no process has its pid: its uids and cgroups are free
+        if start_ticks(pid) is None:  # no process has its pid: its uids and cgroups are free
             swept.processes += _kill_uids(pid)
             swept.cgroups += sweep_cgroups(pid)
         shutil.rmtree(directory, ignore_errors=True)
