@@ -59,14 +59,11 @@ def test_a_service_is_known_by_its_start_whatever_the_wall_clock_says(sleeper: S
     record = json.loads(sleeper.pidfile.read_text())
     pid = record["pid"]
     assert sleeper.pid() == pid
-    created = psutil.Process(pid).create_time()
-    sleeper.pidfile.write_text(
-        json.dumps({"pid": pid, "created": created + 1.0})
-    )  # earlier release
+    earlier_release = {"pid": pid, "created": psutil.Process(pid).create_time() + 1.0}
+    sleeper.pidfile.write_text(json.dumps(earlier_release))
     assert sleeper.pid() == pid
-    sleeper.pidfile.write_text(
-        json.dumps({**record, "ticks": record["ticks"] - 1})
-    )  # a recycled pid
+    recycled_pid = {**record, "ticks": record["ticks"] - 1}
+    sleeper.pidfile.write_text(json.dumps(recycled_pid))
     assert sleeper.pid() is None and not sleeper.pidfile.exists()
     sleeper.pidfile.write_text(json.dumps(record))
     assert sleeper.stop() and sleeper.pid() is None
