@@ -170,16 +170,17 @@ def request_of(frames: list[str]) -> str:
 def profile(samples: list[list[str]], top: int) -> dict[str, dict[str, float]]:
     total = len(samples)
     by_request = collections.Counter(request_of(frames) for frames in samples)
-    across = {
-        label: sum(any(needle in f for f in frames) for frames in samples)
-        for label, needle in ACROSS.items()
-    }
+    across = collections.Counter(
+        {
+            label: sum(any(needle in f for f in frames) for frames in samples)
+            for label, needle in ACROSS.items()
+        }
+    )
     across["kernel"] = sum(frames[0] == "[kernel]" for frames in samples)
     self_time = collections.Counter(frames[0] for frames in samples)
 
-    def shares(counts: dict[str, int], n: int | None = None) -> dict[str, float]:
-        items = sorted(counts.items(), key=lambda kv: -kv[1])[:n]
-        return {k: round(100 * v / total, 1) for k, v in items}
+    def shares(counts: collections.Counter[str], n: int | None = None) -> dict[str, float]:
+        return {k: round(100 * v / total, 1) for k, v in counts.most_common(n)}
 
     return {
         "by_request": shares(by_request, top),
@@ -197,10 +198,10 @@ def main() -> int:
     if shutil.which("perf") is None or shutil.which("readelf") is None:
         print("needs `perf` (Debian linux-perf) and `readelf` (binutils)", file=sys.stderr)
         return 2
-    symbols = GoSymbols(TEMPORAL)
+    symbols, bench_argv = GoSymbols(TEMPORAL), args.bench or DEFAULT_BENCH
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "perf.data"
-        bench = subprocess.Popen([sys.executable, *(args.bench or DEFAULT_BENCH)], cwd=ROOT)
+        bench = subprocess.Popen([sys.executable, *bench_argv], cwd=ROOT)
         server = dev_server_of(bench)
         perf = subprocess.Popen(
             ["perf", "record", "-q", "-F", str(args.hz), "-g", "-p", str(server.pid)]
@@ -222,7 +223,7 @@ def main() -> int:
             print(f"  {share:5.1f}  {name}")
     merge_results(
         "server_profile",
-        {"bench": args.bench or DEFAULT_BENCH, "samples": len(samples), **report, **machine()},
+        {"bench": bench_argv, "samples": len(samples), **report, **machine()},
     )
     return 0
 
