@@ -186,8 +186,9 @@ class LearnerInput(Contract):
     pending: list[TrajectoryGroup] = []
     consumed: list[str] = Field(
         default=[],
-        description="Task ids trained on in this segment, not yet in the ledger (empty at the "
-        "start of a segment; a run of the previous release carried all of them here).",
+        description="Task ids trained on and not yet in the ledger: this segment's (at its "
+        "start, the previous segment's, which it writes first; a run of the release before the "
+        "ledger carried all of them here).",
     )
     history: list[TrainStepResponse] = Field(
         default=[], description="The last `HISTORY_TAIL` steps (every step: the acks)."
@@ -199,6 +200,13 @@ class LearnerInput(Contract):
         default=50, ge=1, description="Continue-as-new after this many steps."
     )
     segment: int = Field(default=0, ge=0, description="Ledger segments written so far.")
+    ledger_from: int | None = Field(
+        default=None,
+        ge=0,
+        description="First step of `consumed` when a segment hands its ids to the next one to "
+        "write (None: they start at `step`, or at 0 in an input of the release before the "
+        "ledger).",
+    )
     budget: HistoryBudget = HistoryBudget()
 
 

@@ -31,8 +31,9 @@ EVENTS_PER_TASK = 12
 its start (2) and completion (1), its group signalled to the learner (2), the workflow tasks
 they wake (3 each, fewer when batched), its share of `learner_progress` signals and prunes."""
 RESERVE_EVENTS = 16
-"""What a segment's ending adds besides its look-ahead: the continue-as-new itself, the learner's
-ledger segment, and a signal or two arriving while it is decided."""
+"""What a segment's ending adds besides its look-ahead: the continue-as-new itself, and a
+signal or two arriving while it is decided (each makes the server refuse the workflow task that
+continues: another task decides again)."""
 
 
 TASK_TIMEOUT = timedelta(seconds=60)

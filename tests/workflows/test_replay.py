@@ -39,6 +39,10 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     "training_run_redraw.json": (TrainingRunWorkflow, "train-replay-redraw"),
     # recorded on the release that spread the redraws over the steps (its patch marker)
     "training_run_spread.json": (TrainingRunWorkflow, "train-replay-redraw"),
+    # recorded on the release that writes a segment's ledger in the next segment (its patch
+    # marker): the learner's first run, and the run it continued as (which writes it first)
+    "learner_write_first.json": (LearnerWorkflow, "replay-learner"),
+    "learner_write_first_next.json": (LearnerWorkflow, "replay-learner"),
 }
 
 
