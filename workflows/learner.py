@@ -29,6 +29,7 @@ wrote its own before continuing, and looked ahead by its average step).
 
 from __future__ import annotations
 
+import asyncio
 from typing import NoReturn
 
 from temporalio import workflow
@@ -49,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.names import Activity, SearchAttr, Signal
     from workflows.activity_options import activity_options
     from workflows.budget import RESERVE_EVENTS, TASK_TIMEOUT, spent
+    from workflows.cancellation import cancel_kept
     from workflows.search import search_attribute_updates
     from workflows.signals import signal_run
 
@@ -75,15 +77,10 @@ class LearnerWorkflow:
         self._finish = learner_input.finish_when_drained
         self._signals = 0
         self._steps = 0  # steps of this segment
-        carried_from = learner_input.ledger_from
-        # a previous release's input lists every id consumed since step 0
-        self._first_step = (
-            carried_from
-            if carried_from is not None
-            else 0
-            if learner_input.consumed
-            else learner_input.step
-        )
+        if learner_input.ledger_from is not None:
+            self._first_step = learner_input.ledger_from
+        else:  # an input of the release before the ledger lists every id since step 0
+            self._first_step = 0 if learner_input.consumed else learner_input.step
         self._at_start = (0, 0)  # history (events, bytes) when this run began
         self._write_first = False  # LEDGER_FIRST_PATCH
         self._largest_step = 0  # most events one step (wait included) added to this run
@@ -92,8 +89,13 @@ class LearnerWorkflow:
     async def run(self, learner_input: LearnerInput) -> LearnerInput:
         try:
             await self._train()
-        except FailureError as err:
-            if workflow.patched(LEDGER_PATCH):
+        except (asyncio.CancelledError, FailureError) as err:
+            if cancel_kept():  # also an activity failed by the cancel: cancelled, not failed
+                reason = workflow.cancellation_reason() or "no reason given"
+                done = LearnerDone(error=f"the learner was cancelled ({reason})")
+                await self._tell_parent(done, once=True)  # the parent may be what cancelled
+                raise asyncio.CancelledError(done.error) from err
+            if isinstance(err, FailureError) and workflow.patched(LEDGER_PATCH):
                 await self._tell_parent(LearnerDone(error=_reason(err)))
             raise
         if workflow.patched(LEDGER_PATCH):
@@ -263,9 +265,11 @@ class LearnerWorkflow:
         )
         await signal_run(state.parent_workflow_id, Signal.LEARNER_PROGRESS, [progress])
 
-    async def _tell_parent(self, done: LearnerDone) -> None:
+    async def _tell_parent(self, done: LearnerDone, *, once: bool = False) -> None:
+        """Signal `learner_done`; `once`: no retry (a parent that is gone stays gone)."""
         if self._state.parent_workflow_id is not None:
-            await signal_run(self._state.parent_workflow_id, Signal.LEARNER_DONE, [done])
+            parent = self._state.parent_workflow_id
+            await signal_run(parent, Signal.LEARNER_DONE, [done], gone=lambda: once)
 
 
 def _reason(error: BaseException | None) -> str:

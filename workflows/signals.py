@@ -6,7 +6,8 @@ can find no run: measured on the time-skipping test server in the 20,000-task te
 mid-run `add_groups` failed with `ExternalWorkflowExecutionNotFound` and failed the training
 run with it. `signal_run` retries such a signal after 1, 2, 4, 8 and 16 s (a few events each),
 unless the caller says the target is gone for good (`gone`: the learner already reported
-`learner_done`), then raises.
+`learner_done`), then raises. A caller asked to cancel while a signal was out is cancelled when
+the signal is done, sent or not (`workflows.cancellation`).
 
 Histories of the previous release, where a failed signal failed the workflow, replay as they
 were: the retry is behind `workflow.patched(SIGNAL_RETRY_PATCH)`, asked only after a failure.
@@ -23,6 +24,7 @@ from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     from contracts.names import Signal
+    from workflows.cancellation import raise_if_cancelled
 
 SIGNAL_RETRY_PATCH = "tempered-signal-retry"
 RETRY_DELAYS_S = (1, 2, 4, 8, 16)
@@ -46,12 +48,15 @@ async def signal_run(
     while True:
         try:
             await handle.signal(signal, args=list(args))
-            return True
         except FailureError:
             if gone():
                 return False
+            raise_if_cancelled()  # no retries for a caller asked to end
             delay = next(delays, None)
             if delay is None or not workflow.patched(SIGNAL_RETRY_PATCH):
                 raise
             workflow.logger.warning("signal %s to %s found no run; retrying", signal, workflow_id)
             await workflow.sleep(timedelta(seconds=delay))
+        else:
+            raise_if_cancelled()  # the signal went out all the same: it spent the caller's cancel
+            return True

@@ -143,11 +143,9 @@ class StandInAgentTask:
 
 @workflow.defn(name="AgentTaskWorkflow", sandboxed=False)
 class SecondsAgentTask(StandInAgentTask):
-    """The stand-in at its former pace, 1–30 (skipped) seconds a task: where tasks finish
-    seconds apart the learner is idle between steps. The cancel test needs it: at 10 ms a unit
-    a cancel that lands while the learner is busy need not end it (a step that completes after
-    the cancel spends it; under "Left undone"). The 20,000-task run keeps it for its recorded
-    figures."""
+    """The stand-in at its former pace, 1–30 (skipped) seconds a task, where tasks finish
+    seconds apart and the learner is idle between steps: kept for the 20,000-task run, whose
+    recorded figures were measured at it."""
 
     UNIT = timedelta(seconds=1)
 
