@@ -9,7 +9,8 @@ tests/workflows/control_plane.py: a training run of 6 tasks (3 learner steps of 
 at v0, v2, v3) and a learner that continues as new after 2 steps, and writes
 `training_run.json`, `learner_child.json` (that run's learner), `learner.json` (the first run
 of the other) and `learner_next.json` (the run it continued as: committed as
-`learner_write_first*.json` from the release that writes a segment's ledger in the next); with `--redraw` only `training_run_redraw.json`: a run of the same shape whose
+`learner_write_first*.json` from the release that writes a segment's ledger in the next) and
+`learner_cancelled.json` (a learner cancelled while it waits for groups, whose run is gone); with `--redraw` only `training_run_redraw.json`: a run of the same shape whose
 suite has flat groups and which redraws two of them (dynamic sampling; committed as
 `training_run_spread.json` too, recorded once the redraws were spread). `agent_task.json` comes
 from test_agent_task.py (`TEMPERED_RECORD_HISTORIES=1`).
@@ -18,11 +19,12 @@ from test_agent_task.py (`TEMPERED_RECORD_HISTORIES=1`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import tempfile
 from pathlib import Path
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from contracts.common import ObjectRef
@@ -96,6 +98,22 @@ async def record(out: Path, client: Client, store: ObjectStore) -> None:
         first = client.get_workflow_handle(learner.id, run_id=first_run)
         (out / "learner.json").write_text((await first.fetch_history()).to_json())
         (out / "learner_next.json").write_text((await learner.fetch_history()).to_json())
+
+        cancelled = await client.start_workflow(
+            LearnerWorkflow.run,
+            LearnerInput(
+                run_id="replay-cancel",
+                config=GRPOConfig(groups_per_step=2),
+                parent_workflow_id="train-gone",  # no such run: its learner_done fails, once
+            ),
+            id="replay-learner-cancel",
+            task_queue=Queue.AGENT_TASKS,
+        )
+        await cancelled.signal(LearnerWorkflow.add_groups, [group("a")])  # a waits for a partner
+        await cancelled.cancel()
+        with contextlib.suppress(WorkflowFailureError):
+            await cancelled.result()
+        (out / "learner_cancelled.json").write_text((await cancelled.fetch_history()).to_json())
 
 
 async def main(out: Path, redraw: bool) -> None:

@@ -43,6 +43,9 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     # marker): the learner's first run, and the run it continued as (which writes it first)
     "learner_write_first.json": (LearnerWorkflow, "replay-learner"),
     "learner_write_first_next.json": (LearnerWorkflow, "replay-learner"),
+    # recorded on the release that keeps a spent cancellation: cancelled while it waits, it
+    # tells its (gone) run once and ends cancelled
+    "learner_cancelled.json": (LearnerWorkflow, "replay-learner-cancel"),
 }
 
 
