@@ -11,10 +11,19 @@ and flat groups are redrawn up to the run's limit (dynamic sampling), across it 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from temporalio import activity
-from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError, WorkflowHistory
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowHistory,
+)
 from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -92,6 +101,26 @@ async def test_a_failed_learner_fails_the_run(store: ObjectStore) -> None:
     assert max(trainer.steps) == 14
 
 
+@contextlib.asynccontextmanager
+async def run_past_step(
+    server: TemporalServer, namespace: str, store: ObjectStore, run_id: str, step: int
+) -> AsyncIterator[tuple[Client, WorkflowHandle[Any, TrainingRunResult]]]:
+    """RUN as `train-<run_id>` on the dev server, at the 10 ms pace, once its learner has taken
+    `step` steps; its workers run for the `with` block."""
+    trainer = ScriptedTrainer()
+    client = await connect(server.address, namespace)
+    async with control_plane(client, store, ScriptedSuite(train=10), trainer):
+        handle = await client.start_workflow(
+            TrainingRunWorkflow.run,
+            RUN.model_copy(update={"run_id": run_id}),
+            id=f"train-{run_id}",
+            task_queue=Queue.AGENT_TASKS.value,
+        )
+        while len(trainer.steps) < step:
+            await asyncio.sleep(0.02)
+        yield client, handle
+
+
 @pytest.mark.asyncio
 async def test_a_cancelled_run_cancels_its_learner(
     temporal_server: TemporalServer, namespace: str, store: ObjectStore
@@ -102,21 +131,12 @@ async def test_a_cancelled_run_cancels_its_learner(
     run). On the dev server: the time-skipping one refuses the cancel of an activity whose
     result is on its way (ACTIVITY_UNKNOWN), and the learner then waits out its 60 s task
     timeout."""
-    trainer = ScriptedTrainer()
-    client = await connect(temporal_server.address, namespace)
-    async with control_plane(client, store, ScriptedSuite(train=10), trainer):
-        handle = await client.start_workflow(
-            TrainingRunWorkflow.run,
-            RUN.model_copy(update={"run_id": "ends-cancel"}),
-            id="train-cancel",
-            task_queue=Queue.AGENT_TASKS.value,
-        )
-        while len(trainer.steps) < 15:  # after the run has continued as new
-            await asyncio.sleep(0.02)
-        await handle.cancel()
+    # after the run has continued as new
+    async with run_past_step(temporal_server, namespace, store, "cancel", 15) as (client, run):
+        await run.cancel()
         with pytest.raises(WorkflowFailureError):
-            await handle.result()
-        learner = client.get_workflow_handle("train-cancel-learner")
+            await run.result()
+        learner = client.get_workflow_handle(f"{run.id}-learner")
         with pytest.raises(WorkflowFailureError) as ended:
             await asyncio.wait_for(learner.result(), timeout=20)
     assert isinstance(ended.value.cause, CancelledError), ended.value.cause
@@ -129,20 +149,10 @@ async def test_a_learner_cancelled_on_its_own_fails_its_run(
     """Cancelled by anyone but its run, the learner says so (`learner_done`) and the run fails,
     instead of waiting for steps that never come (before: a cancel that found the learner
     waiting for groups ended it without a word)."""
-    trainer = ScriptedTrainer()
-    client = await connect(temporal_server.address, namespace)
-    async with control_plane(client, store, ScriptedSuite(train=10), trainer):
-        handle = await client.start_workflow(
-            TrainingRunWorkflow.run,
-            RUN.model_copy(update={"run_id": "learner-cancel"}),
-            id="train-learner-cancel",
-            task_queue=Queue.AGENT_TASKS.value,
-        )
-        while len(trainer.steps) < 3:
-            await asyncio.sleep(0.02)
-        await client.get_workflow_handle(f"{handle.id}-learner").cancel()
+    async with run_past_step(temporal_server, namespace, store, "lone", 3) as (client, run):
+        await client.get_workflow_handle(f"{run.id}-learner").cancel()
         with pytest.raises(WorkflowFailureError) as failed:
-            await asyncio.wait_for(handle.result(), timeout=20)
+            await asyncio.wait_for(run.result(), timeout=20)
     assert "LearnerFailed" in repr(failed.value.cause) and "cancelled" in repr(failed.value.cause)
 
 
