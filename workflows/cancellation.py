@@ -1,11 +1,13 @@
 """A workflow's cancellation, kept when the operation it interrupted completed anyway.
 
 The SDK hands a cancel request to the operation the workflow is awaiting. When that operation
-completes all the same (a signal already sent; an activity whose result came in an earlier
-task), the cancellation is spent: the workflow runs on as if it had never been asked. The
-learner did: cancelled while its step's progress signal was out, it took more steps, and then
-retried signals to its closed run for 31 s (tests/workflows/test_training_run.py, one run in
-two at the 10 ms pace). `raise_if_cancelled` raises it again where a workflow can act on it.
+completes all the same (a signal that had already gone out), the cancellation is spent: the
+workflow runs on as if it had never been asked. The learner did: cancelled while its step's
+progress signal was out, it took more steps, then retried signals to its closed run for 31 s
+(tests/workflows/test_training_run.py at the 10 ms pace: 5 runs of 6 on the dev server).
+`signal_run` raises it again (`raise_if_cancelled`) once a signal is done. An activity the
+cancel finds running fails with a cancelled `ActivityError` (the SDK's default, TRY_CANCEL);
+`cancel_kept` tells a workflow that this failure is its own cancellation.
 
 Histories of earlier releases, where a spent cancellation went unnoticed, replay as they were:
 the check is behind `workflow.patched(CANCEL_PATCH)`, asked only once a cancel was requested.
