@@ -17,6 +17,12 @@ next attempt starts a fresh group, which reloads the last published version.
    publisher wins), then write the ack create-only and return. With `GRPOConfig.lora_rank > 0`
    the version is a LoRA adapter directory over the full-weight version it trains on
    (`PolicyVersion.adapter_of`, the run's version 0 unless the run switched to LoRA later).
+A cancelled step stops: the cancel (delivered with a heartbeat) stops its thread at the next
+micro-batch, the engine drops the unpublished weights (the next step reloads), nothing is
+published, and the activity reports the cancel only once the thread has ended, so the learner
+workflow (which waits for it) ends after its step did, and a step of a later run never queues
+behind a cancelled one's compute.
+
 The ack lists every trajectory id trained on (its tokens were in the applied update), every
 one skipped with the reason (a group whose samples all scored the same gives no gradient), and
 every one dropped as stale, so "trained on exactly once" is auditable from the store alone.
@@ -25,6 +31,7 @@ every one dropped as stale, so "trained on exactly once" is auditable from the s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import threading
 import time
@@ -69,6 +76,10 @@ STEP_RECORD = "train_step.json"
 HEARTBEAT_EVERY_S = 5.0
 
 
+class StepCancelled(Exception):
+    """The step's activity was cancelled: raised in the step's thread where it can stop."""
+
+
 class LearnerActivities:
     """The learner's activities; holds the object store and the DeepSpeed engine."""
 
@@ -99,13 +110,14 @@ class LearnerActivities:
         progress = {"phase": "materialize", "base_model": req.base_model}
         try:
             base = await _in_thread(
-                lambda: materialize_base_model(req.base_model, self.settings, self.store), progress
+                lambda _: materialize_base_model(req.base_model, self.settings, self.store),
+                progress,
             )
         except ValueError as exc:
             raise invalid("base_model", str(exc)) from exc
         progress["phase"] = "publish"
         return await _in_thread(
-            lambda: publish_policy(self.store, req.run_id, 0, base, step=0), progress
+            lambda _: publish_policy(self.store, req.run_id, 0, base, step=0), progress
         )
 
     @activity.defn(name=Activity.TRAIN_STEP)
@@ -120,23 +132,25 @@ class LearnerActivities:
             policy_version=req.step + 1,
             groups=len(req.groups),
         ):
-            response = await _in_thread(lambda: self._step(req, progress), progress)
+            response = await _in_thread(lambda stop: self._step(req, progress, stop), progress)
         record_learner_step(response.duration_s)
         return response
 
     # -- the step, in a thread ----------------------------------------------------------------
 
-    def _step(self, req: TrainStepRequest, progress: dict[str, Any]) -> TrainStepResponse:
-        # A thread lock, not an asyncio one: a cancelled attempt's thread runs on, and a retry
-        # on this worker must wait for it (and then find its published result) instead of
-        # training the same engine concurrently.
+    def _step(
+        self, req: TrainStepRequest, progress: dict[str, Any], stop: threading.Event
+    ) -> TrainStepResponse:
+        # A thread lock, not an asyncio one: an attempt whose heartbeats were lost (timed out,
+        # not cancelled) runs on, and a retry on this worker must wait for it (and then find
+        # its published result) instead of training the same engine concurrently.
         with self._engine_lock:
             progress["phase"] = "check"
             done = self._recorded(req)
             if done is not None:
                 return done
             try:
-                return self._train(req, progress)
+                return self._train(req, progress, stop)
             except RankGroupFailed as exc:  # the group is gone; the retry starts a fresh one
                 raise fail(ErrorType.LEARNER_INFRA, f"step {req.step}: {exc}") from exc
 
@@ -177,7 +191,10 @@ class LearnerActivities:
         ack = self.store.put_json(ack_key, record, create_only=True)
         return _response(record, ack), record
 
-    def _train(self, req: TrainStepRequest, progress: dict[str, Any]) -> TrainStepResponse:
+    def _train(
+        self, req: TrainStepRequest, progress: dict[str, Any], stop: threading.Event
+    ) -> TrainStepResponse:
+        _stop_if_asked(stop, req.step)  # cancelled while it waited for the engine
         engine = self._engine_at(req.run_id, req.step, req.config, progress)
         progress["phase"] = "read trajectories"
         groups = [self._read_group(req, g) for g in range(len(req.groups))]
@@ -186,11 +203,16 @@ class LearnerActivities:
         rewards = [t.reward for group in groups for t in group]
 
         def beat() -> None:
+            _stop_if_asked(stop, req.step)
             progress["micro_batches"] = progress.get("micro_batches", 0) + 1
 
         progress["phase"] = "train"
         try:
             metrics = engine.train_step(groups, req.config, heartbeat=beat)
+            _stop_if_asked(stop, req.step)  # the last chance before the version is out
+        except StepCancelled:
+            engine.version = None  # gradients or weights moved on, unpublished: reload next time
+            raise
         except ValueError as exc:  # a trajectory that cannot be trained on (token/logprob counts)
             raise invalid("groups", str(exc)) from exc  # or LoRA settings changed mid-run
         except NonFiniteLoss as exc:  # the same groups would diverge again: fail loudly
@@ -282,11 +304,31 @@ class LearnerActivities:
         return trajectories
 
 
-async def _in_thread(work: Callable[[], T], progress: dict[str, Any]) -> T:
-    """Run blocking `work` in a thread, heartbeating `progress` (which it updates) meanwhile."""
-    return await heartbeating(
-        asyncio.to_thread(work), every_s=HEARTBEAT_EVERY_S, details=lambda: dict(progress)
-    )
+async def _in_thread(work: Callable[[threading.Event], T], progress: dict[str, Any]) -> T:
+    """Run blocking `work(stop)` in a thread, heartbeating `progress` (which it updates)
+    meanwhile. Cancelled, it sets `stop` and waits for the thread to end (still heartbeating)
+    before the cancel goes on: a thread cannot be killed, only asked."""
+    stop = threading.Event()
+    thread = asyncio.ensure_future(asyncio.to_thread(work, stop))
+
+    def details() -> dict[str, Any]:
+        return dict(progress)
+
+    try:
+        return await heartbeating(
+            asyncio.shield(thread), every_s=HEARTBEAT_EVERY_S, details=details
+        )
+    except asyncio.CancelledError:
+        stop.set()
+        progress["phase"] = f"cancelled in {progress.get('phase')}: stopping"
+        with contextlib.suppress(Exception):
+            await heartbeating(thread, every_s=HEARTBEAT_EVERY_S, details=details)
+        raise
+
+
+def _stop_if_asked(stop: threading.Event, step: int) -> None:
+    if stop.is_set():
+        raise StepCancelled(f"step {step} was cancelled")
 
 
 def _same_groups(record: StepRecord, req: TrainStepRequest) -> None:

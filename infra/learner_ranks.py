@@ -165,7 +165,7 @@ class RankGroup:
                 message = self._receive(deadline=None)
                 if message[0] == "beat":
                     if heartbeat is not None:
-                        heartbeat()
+                        self._beat(heartbeat)
                 elif message[0] == "ok":
                     return message[1]
                 else:
@@ -173,6 +173,16 @@ class RankGroup:
                     raise EXPECTED[kind](text)
         except (OSError, EOFError) as exc:
             self._fail(f"lost rank 0 during {name}: {exc}")
+
+    def _beat(self, heartbeat: Callable[[], None]) -> None:
+        """Rank 0's beat, passed on; a heartbeat that raises (a cancelled step) ends the group
+        mid-step (its ranks cannot be interrupted), so the next step starts a fresh one."""
+        try:
+            heartbeat()
+        except BaseException:
+            self._kill()
+            self.close()
+            raise
 
     def _receive(self, deadline: float | None) -> Any:
         """The next message of rank 0, watching the group (and the deadline) meanwhile."""

@@ -8,6 +8,8 @@ Steps of a workspace session go to the queue of the sandbox worker that holds it
 with a schedule-to-start timeout: a worker that is gone never picks the step up, the timeout
 (which Temporal does not retry) ends the activity, and the workflow restores the session
 elsewhere. `attempts` bounds best-effort calls (closing sessions); 0 means unlimited.
+`wait_for_cancel`: a cancelled workflow waits for the activity to stop (it reports the cancel
+once its work has ended) instead of moving on while the work runs (the SDK's TRY_CANCEL).
 """
 
 from datetime import timedelta
@@ -44,6 +46,7 @@ def activity_options(
     queue: str | None = None,
     schedule_to_start_s: float | None = None,
     attempts: int = 0,
+    wait_for_cancel: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments for `workflow.execute_activity` of `activity` (on `queue` if given)."""
     options: dict[str, Any] = {
@@ -58,6 +61,8 @@ def activity_options(
             non_retryable_error_types=NON_RETRYABLE,
         ),
     }
+    if wait_for_cancel:
+        options["cancellation_type"] = workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
     if schedule_to_start_s is not None:
         options["schedule_to_start_timeout"] = timedelta(seconds=schedule_to_start_s)
     return options

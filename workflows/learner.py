@@ -21,10 +21,14 @@ Each group is trained on exactly once, with state that stays constant in size:
   a batch it asks the ledger (`find_consumed`) which ids an earlier segment took, and drops
   those: a re-sent group is trained on once however late it comes.
 
+A cancelled learner (its run cancelled, or it alone) waits for a running step to stop, which
+publishes nothing, then tells its parent and ends CANCELED.
+
 Runs of earlier releases replay as they were: the ledger is behind
 `workflow.patched(LEDGER_PATCH)` (before it, all consumed ids and steps were carried in the
-input), and writing it in the next segment behind `LEDGER_FIRST_PATCH` (before it, a segment
-wrote its own before continuing, and looked ahead by its average step).
+input), writing it in the next segment behind `LEDGER_FIRST_PATCH` (before it, a segment
+wrote its own before continuing, and looked ahead by its average step), and waiting for a
+cancelled step behind `STEP_WAIT_PATCH`.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.names import Activity, SearchAttr, Signal
     from workflows.activity_options import activity_options
     from workflows.budget import RESERVE_EVENTS, TASK_TIMEOUT, spent
-    from workflows.cancellation import cancel_kept
+    from workflows.cancellation import cancel_kept, raise_if_cancelled
     from workflows.search import search_attribute_updates
     from workflows.signals import signal_run
 
@@ -65,6 +69,10 @@ LEDGER_FIRST_PATCH = "tempered-learner-ledger-first"
 """Marks runs that write the previous segment's ids first, and look ahead by their largest
 step. Before, a burst of group signals while a segment wrote its ledger could pass its budget
 (617 events of 600 in a run of 10 ms tasks: the cold first write took 7 signals, 28 events)."""
+STEP_WAIT_PATCH = "tempered-learner-waits-for-its-step"
+"""Marks runs whose cancel waits for the running `train_step` to stop (its thread stops at the
+next micro-batch and publishes nothing, activities/learner.py). Before, the learner ended at
+once while its step trained on, and published a version after the cancel."""
 
 
 @workflow.defn(name="LearnerWorkflow")
@@ -143,14 +151,19 @@ class LearnerWorkflow:
             batch = await self._unconsumed_batch()
             if batch is None:
                 continue  # re-sent groups were dropped: wait for others
+            waits = workflow.patched(STEP_WAIT_PATCH)
             response = await workflow.execute_activity(
                 Activity.TRAIN_STEP.value,
                 TrainStepRequest(
                     run_id=state.run_id, step=state.step, groups=batch, config=state.config
                 ),
                 result_type=TrainStepResponse,
-                **activity_options(Activity.TRAIN_STEP, state.heartbeat_timeout_s),
+                **activity_options(
+                    Activity.TRAIN_STEP, state.heartbeat_timeout_s, wait_for_cancel=waits
+                ),
             )
+            if waits:
+                raise_if_cancelled()  # the step ended before the cancel reached it
             del state.pending[: len(batch)]
             state.consumed.extend(g.task_id for g in batch)
             state.history.append(response)

@@ -1,10 +1,13 @@
 """prepare_run / train_step through temporalio's ActivityEnvironment, on a real SeaweedFS: exactly
-once, crash resume, bad refs, NaN losses, and LoRA versions served by the local backend."""
+once, crash resume, a cancel mid-step, bad refs, NaN losses, and LoRA versions served by the
+local backend."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +147,53 @@ async def test_train_step_exactly_once_and_crash_resume(
     assert rebooted.engine is None and CountingActivities.trainings == 3
     manifest = policy_manifest(store, RUN, 3)
     assert manifest is not None and "train_step.json" in manifest.files
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_step_stops_at_its_next_micro_batch_and_publishes_nothing(
+    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while it trains, the step's thread stops at its next micro-batch, and the
+    activity reports the cancel only once that thread has ended (the engine is free): no
+    version, no ack, nothing trained on afterwards. The retry reloads v0 and trains in full."""
+    monkeypatch.setattr(learner_module, "HEARTBEAT_EVERY_S", 0.05)
+    passes: list[float] = []
+    real_pass = LearnerEngine._pass_loss
+
+    def slow_pass(engine: LearnerEngine, *args: Any, **kwargs: Any) -> Any:
+        passes.append(time.monotonic())
+        time.sleep(0.2)
+        return real_pass(engine, *args, **kwargs)
+
+    monkeypatch.setattr(LearnerEngine, "_pass_loss", slow_pass)
+    env = ActivityEnvironment()
+    acts = LearnerActivities(settings, store)
+    await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+    config = CONFIG.model_copy(update={"micro_batch_size": 1, "share_prompt": False})
+    groups = [write_group(store, f"t{i}", 0, i) for i in range(2)]
+    request = TrainStepRequest(run_id=RUN, step=0, groups=groups, config=config)
+
+    def cancel_once_training(*details: Any) -> None:
+        if details and details[0].get("phase") == "train" and passes and not cancelled:
+            cancelled.append(len(passes))
+            env.cancel()
+
+    cancelled: list[int] = []
+    env.on_heartbeat = cancel_once_training
+    with pytest.raises(asyncio.CancelledError):
+        await env.run(acts.train_step, request)
+    stopped = len(passes)
+    assert acts._engine_lock.acquire(blocking=False), "the step's thread outlived its cancel"
+    acts._engine_lock.release()
+    await asyncio.sleep(0.5)
+    assert len(passes) == stopped and stopped <= cancelled[0] + 1  # the pass it was in
+    assert policy_manifest(store, RUN, 1) is None and latest_policy(store, RUN).version == 0
+    assert not store.exists(keys.learner_ack_key(RUN, 0))
+    assert acts.engine is not None and acts.engine.version is None  # reloads next time
+
+    passes.clear()
+    done = await ActivityEnvironment().run(acts.train_step, request)
+    assert done.policy.version == 1 and done.trained == 8 and len(passes) > stopped
 
 
 @pytest.mark.asyncio

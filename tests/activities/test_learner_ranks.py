@@ -1,11 +1,13 @@
 """train_step on a learner of two ranks (torchrun, gloo on CPU), on a real SeaweedFS: a rank
 killed in the middle of a step fails it as retryable, the retry re-forms the group, and the
-version is published once."""
+version is published once; a step cancelled in the middle ends the group and publishes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+import activities.learner as learner_module
 from activities.learner import LearnerActivities
 from contracts.errors import ErrorType
 from contracts.learner import TrainStepRequest
@@ -82,5 +85,36 @@ async def test_a_killed_rank_fails_the_step_and_the_retry_reforms_the_group(
         assert manifest is not None
         named |= {ref.key for ref in manifest.files.values()}
     assert set(store.list_keys(keys.policies_prefix(RUN) + "blobs/")) == named
+
+    # cancelled at its first heartbeat in training: the ranks cannot be interrupted, so the
+    # group ends there; nothing is published, and the retry re-forms it
+    monkeypatch.setattr(learner_module, "HEARTBEAT_EVERY_S", 0.05)
+    step_of_the_group = group.train_step
+
+    def slow(
+        groups: Sequence[Any], config: Any, heartbeat: Callable[[], None] | None = None
+    ) -> Any:
+        def beat() -> None:
+            time.sleep(0.5)  # the cancel comes meanwhile
+            if heartbeat is not None:
+                heartbeat()
+
+        return step_of_the_group(groups, config, heartbeat=beat)
+
+    monkeypatch.setattr(group, "train_step", slow)
+    cancelling = ActivityEnvironment()
+    cancelling.on_heartbeat = lambda *details: (
+        details[0].get("phase") == "train" and cancelling.cancel()
+    )
+    formed = list(group.pids)
+    step2 = TrainStepRequest(
+        run_id=RUN, step=2, groups=[write_group(store, "t3", 2, 3)], config=CONFIG
+    )
+    with pytest.raises(asyncio.CancelledError):
+        await cancelling.run(acts.train_step, step2)
+    assert group.pids == [] and group.version is None
+    assert policy_manifest(store, RUN, 3) is None and not store.exists(keys.learner_ack_key(RUN, 2))
+    third = await env.run(acts.train_step, step2)
+    assert third.policy.version == 3 and not set(group.pids) & set(formed)
     acts.close()
     assert group.pids == []

@@ -2,31 +2,46 @@
 ledger activities on a real S3: every group is trained on exactly once — duplicates ignored,
 also when re-sent after the learner continued as new (the ledger remembers, not the state), the
 last partial batch drained on `finish` — and a segment's ending fits its reserve whatever is
-signalled meanwhile. `train_step` is scripted: only the workflow's
-bookkeeping is under test here (the real step is tested in tests/activities/test_learner.py)."""
+signalled meanwhile; on the dev server, a cancelled learner ends only once its step stopped.
+`train_step` is scripted: only the workflow's bookkeeping is under test here (the real step,
+and how it stops, is tested in tests/activities/test_learner.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import CancelledError
 from temporalio.worker import Worker
 
 from activities.ledger import LedgerActivities
 from contracts.common import ObjectRef
-from contracts.learner import GRPOConfig, LearnerInput, LedgerSegment, TrajectoryGroup
+from contracts.learner import (
+    GRPOConfig,
+    LearnerInput,
+    LedgerSegment,
+    TrainStepRequest,
+    TrainStepResponse,
+    TrajectoryGroup,
+)
 from contracts.names import Activity, Queue, Signal
 from infra import keys
 from infra.storage import ObjectStore
-from tests.fixtures.temporal import time_skipping_server
+from tests.fixtures.temporal import TemporalServer, time_skipping_server
 from tests.workflows.control_plane import ScriptedTrainer, run_histories
+from tests.workflows.harness import connect
 from workflows.budget import RESERVE_EVENTS
 from workflows.learner import LearnerWorkflow
 
+HISTORIES = Path(__file__).parent / "histories"
 REF = ObjectRef(key="k", size=1, sha256="0" * 64)
 
 
@@ -146,3 +161,65 @@ def after_last_step(events: Sequence[HistoryEvent]) -> list[str]:
         if e.activity_task_completed_event_attributes.scheduled_event_id in steps
     )
     return [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in events[last + 1 :]]
+
+
+class SlowToStop:
+    """`train_step` that trains until cancelled, then takes `STOP_S` to stop (the real step's
+    thread finishing its micro-batch)."""
+
+    STOP_S = 1.0
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.stopped_at: float | None = None
+
+    @activity.defn(name=Activity.TRAIN_STEP.value)
+    async def train_step(self, request: TrainStepRequest) -> TrainStepResponse:
+        self.started.set()
+        try:
+            while True:
+                activity.heartbeat()
+                await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            stop_by = time.monotonic() + self.STOP_S
+            while time.monotonic() < stop_by:  # heartbeating, as the real step does meanwhile
+                activity.heartbeat()
+                await asyncio.sleep(0.05)
+            self.stopped_at = time.monotonic()
+            raise
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_learner_ends_once_its_step_stopped(
+    temporal_server: TemporalServer, namespace: str
+) -> None:
+    """Cancelled in a step, the learner waits for the step to report its cancel (STEP_WAIT_PATCH):
+    it ends after the step stopped, never while the step still trains (before, it ended at
+    once, and the real step published its version after the cancel). On the dev server: the
+    time-skipping one does not deliver a running activity's cancel reliably."""
+    trainer = SlowToStop()
+    client = await connect(temporal_server.address, namespace)
+    async with (
+        Worker(client, task_queue=Queue.AGENT_TASKS.value, workflows=[LearnerWorkflow]),
+        Worker(client, task_queue=Queue.LEARNER.value, activities=[trainer.train_step]),
+    ):
+        handle = await client.start_workflow(
+            LearnerWorkflow.run,
+            LearnerInput(run_id="r", config=GRPOConfig(groups_per_step=1), heartbeat_timeout_s=2),
+            id="learner-cancelled-in-a-step",
+            task_queue=Queue.AGENT_TASKS.value,
+            start_signal=Signal.ADD_GROUPS.value,
+            start_signal_args=[[group("a")]],
+        )
+        await asyncio.wait_for(trainer.started.wait(), timeout=30)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError) as ended:
+            await asyncio.wait_for(handle.result(), timeout=30)
+        ended_at = time.monotonic()
+        history = await handle.fetch_history()
+    assert isinstance(ended.value.cause, CancelledError), ended.value.cause
+    assert trainer.stopped_at is not None and trainer.stopped_at <= ended_at
+    types = [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in history.events]
+    assert types.index("ACTIVITY_TASK_CANCELED") < types.index("WORKFLOW_EXECUTION_CANCELED")
+    if os.environ.get("TEMPERED_RECORD_HISTORIES"):  # test_replay.py replays it
+        (HISTORIES / "learner_cancelled_in_step.json").write_text(history.to_json())

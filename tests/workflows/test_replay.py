@@ -46,6 +46,9 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     # recorded on the release that keeps a spent cancellation: cancelled while it waits, it
     # tells its (gone) run once and ends cancelled
     "learner_cancelled.json": (LearnerWorkflow, "replay-learner-cancel"),
+    # recorded on the release whose cancelled learner waits for its step to stop (its patch
+    # marker): tests/workflows/test_learner.py with TEMPERED_RECORD_HISTORIES=1
+    "learner_cancelled_in_step.json": (LearnerWorkflow, "learner-cancelled-in-a-step"),
 }
 
 
