@@ -2,7 +2,8 @@
 
     tempered worker learner        # or: python -m workers.cli worker learner
 
-One activity at a time: the DeepSpeed engine stays in memory between steps, so a step never
+One activity at a time, whose heartbeats go to the server every 5 s (so a cancel stops a step
+within seconds: activities/learner.py). The DeepSpeed engine stays in memory between steps, so a step never
 reloads weights unless the worker (or its rank group) restarted; it then reloads the last
 published version. `settings.learner.device` picks CPU (gloo) or CUDA (NCCL);
 `settings.learner.ranks` > 1 trains on that many ranks, which this worker starts with torchrun
@@ -23,7 +24,7 @@ from workers.plan import WorkerPlan
 def build(settings: Settings) -> WorkerPlan:
     # activities.learner brings boto3 and the learner's modules: only a learner worker pays for
     # them, not `tempered --help` nor the workers of the other queues
-    from activities.learner import LearnerActivities
+    from activities.learner import HEARTBEAT_EVERY_S, LearnerActivities
 
     activities = LearnerActivities(settings)
 
@@ -34,4 +35,7 @@ def build(settings: Settings) -> WorkerPlan:
         activities=[activities.prepare_run, activities.train_step],
         max_concurrent_activities=1,
         on_shutdown=close,
+        # one activity, heartbeating every 5 s: sent as often, a cancel (`tempered stop
+        # --cancel`) reaches the step within seconds, not the SDK's 60
+        heartbeat_every_s=HEARTBEAT_EVERY_S,
     )

@@ -15,6 +15,10 @@ class WorkerPlan:
     workflows: Sequence[type] = ()
     max_concurrent_activities: int = 16
     on_shutdown: Callable[[], Awaitable[None]] | None = None
+    heartbeat_every_s: float | None = None
+    """At most this long between the heartbeats the worker sends to the server (None: the SDK's
+    throttle, up to 60 s). A cancel reaches an activity with the server's answer to a heartbeat,
+    so this also bounds how long a cancel takes to arrive."""
     own_queue: str | None = None
     """A second task queue that only this process polls (Temporal's worker-specific queue:
     the sandbox worker's sessions live here), served with `own_queue_activities`."""

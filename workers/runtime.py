@@ -18,6 +18,7 @@ import signal
 import socket
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
 from temporalio.client import Client, Interceptor
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -72,9 +73,18 @@ async def build_worker(
         graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
         identity=f"{queue.value}@{socket.gethostname()}:{os.getpid()}",
         deployment_config=versioning,
+        **throttle(plan),
     )
     promote_in_background(client, settings, versioning)
     return worker, plan
+
+
+def throttle(plan: WorkerPlan) -> dict[str, Any]:
+    """The Worker's heartbeat throttle, where the plan sets one."""
+    if plan.heartbeat_every_s is None:
+        return {}
+    every = timedelta(seconds=plan.heartbeat_every_s)
+    return {"max_heartbeat_throttle_interval": every, "default_heartbeat_throttle_interval": every}
 
 
 def own_queue_worker(client: Client, plan: WorkerPlan) -> Worker:

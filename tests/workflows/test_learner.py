@@ -22,6 +22,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import CancelledError
 from temporalio.worker import Worker
 
+from activities.learner import HEARTBEAT_EVERY_S
 from activities.ledger import LedgerActivities
 from contracts.common import ObjectRef
 from contracts.learner import (
@@ -34,10 +35,13 @@ from contracts.learner import (
 )
 from contracts.names import Activity, Queue, Signal
 from infra import keys
+from infra.settings import Settings
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import TemporalServer, time_skipping_server
 from tests.workflows.control_plane import ScriptedTrainer, run_histories
 from tests.workflows.harness import connect
+from workers.learner import build as learner_plan
+from workers.runtime import throttle
 from workflows.budget import RESERVE_EVENTS
 from workflows.learner import LearnerWorkflow
 
@@ -191,21 +195,29 @@ class SlowToStop:
 
 @pytest.mark.asyncio
 async def test_a_cancelled_learner_ends_once_its_step_stopped(
-    temporal_server: TemporalServer, namespace: str
+    temporal_server: TemporalServer, namespace: str, tmp_path: Path
 ) -> None:
     """Cancelled in a step, the learner waits for the step to report its cancel (STEP_WAIT_PATCH):
     it ends after the step stopped, never while the step still trains (before, it ended at
-    once, and the real step published its version after the cancel). On the dev server: the
-    time-skipping one does not deliver a running activity's cancel reliably."""
+    once, and the real step published its version after the cancel). The learner worker's
+    heartbeat throttle brings the cancel within seconds at the default 120 s heartbeat timeout.
+    On the dev server: the time-skipping one does not deliver a running activity's cancel
+    reliably."""
     trainer = SlowToStop()
     client = await connect(temporal_server.address, namespace)
+    learner_worker = throttle(learner_plan(Settings(home=tmp_path)))  # the real worker's
     async with (
         Worker(client, task_queue=Queue.AGENT_TASKS.value, workflows=[LearnerWorkflow]),
-        Worker(client, task_queue=Queue.LEARNER.value, activities=[trainer.train_step]),
+        Worker(
+            client,
+            task_queue=Queue.LEARNER.value,
+            activities=[trainer.train_step],
+            **learner_worker,
+        ),
     ):
         handle = await client.start_workflow(
             LearnerWorkflow.run,
-            LearnerInput(run_id="r", config=GRPOConfig(groups_per_step=1), heartbeat_timeout_s=2),
+            LearnerInput(run_id="r", config=GRPOConfig(groups_per_step=1)),  # 120 s heartbeats
             id="learner-cancelled-in-a-step",
             task_queue=Queue.AGENT_TASKS.value,
             start_signal=Signal.ADD_GROUPS.value,
@@ -213,8 +225,8 @@ async def test_a_cancelled_learner_ends_once_its_step_stopped(
         )
         await asyncio.wait_for(trainer.started.wait(), timeout=30)
         await handle.cancel()
-        with pytest.raises(WorkflowFailureError) as ended:
-            await asyncio.wait_for(handle.result(), timeout=30)
+        with pytest.raises(WorkflowFailureError) as ended:  # the SDK's throttle: up to 60 s
+            await asyncio.wait_for(handle.result(), timeout=HEARTBEAT_EVERY_S + 10)
         ended_at = time.monotonic()
         history = await handle.fetch_history()
     assert isinstance(ended.value.cause, CancelledError), ended.value.cause
