@@ -6,7 +6,9 @@
 
 An activity that stops heartbeating for its `heartbeat_timeout` is retried elsewhere, so every
 activity that can take longer than that (model loads, batched generation, sandbox runs, learner
-steps) awaits its work through `heartbeating`. Cancelling the activity cancels the work.
+steps) awaits its work through `heartbeating`. Cancelling the activity cancels the work; a
+thread cannot be cancelled, so work in one runs on unless it is asked to stop (the learner's
+step is: activities/learner.py).
 `heartbeating_each` is the shape of a batch activity (one request, N items run concurrently):
 the first item that fails cancels its siblings and its own error is what the activity raises.
 Bounding concurrency is the caller's, around as much of an item's work as it needs.
