@@ -146,7 +146,10 @@ async def stop_run(client: Client, run_id: str, *, reason: str, cancel: bool) ->
     handle = await running_handle(client, run_id)
     if cancel:
         await handle.cancel()
-        return f"cancelled run {run_id}: its tasks in flight and its learner are cancelled too"
+        return (
+            f"cancelled run {run_id}: its tasks in flight are cancelled, and its learner ends once"
+            " a step in progress has stopped (it publishes nothing more)"
+        )
     await handle.signal(TrainingRunWorkflow.stop, reason)
     return (
         f"told run {run_id} to stop: no new tasks; the ones in flight, the learner's last step "
