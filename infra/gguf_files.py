@@ -1,4 +1,4 @@
-"""Reading a GGUF file through transformers without parsing it five times over.
+"""Reading a GGUF file through transformers without parsing it three times over.
 
     with parsed_once():
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)

@@ -3,9 +3,9 @@
     tempered worker learner        # or: python -m workers.cli worker learner
 
 One activity at a time, whose heartbeats go to the server every 5 s (so a cancel stops a step
-within seconds: activities/learner.py). The DeepSpeed engine stays in memory between steps, so a step never
-reloads weights unless the worker (or its rank group) restarted; it then reloads the last
-published version. `settings.learner.device` picks CPU (gloo) or CUDA (NCCL);
+within seconds: activities/learner.py). The DeepSpeed engine stays in memory between steps, so
+a step never reloads weights unless the worker (or its rank group) restarted; it then reloads
+the last published version. `settings.learner.device` picks CPU (gloo) or CUDA (NCCL);
 `settings.learner.ranks` > 1 trains on that many ranks, which this worker starts with torchrun
 on its first step and ends at shutdown (infra/learner_ranks.py). Needs the object store
 (trajectories in, policy versions out); `prepare_run` with base model `smollm2` needs the
