@@ -59,8 +59,11 @@ train: $(CORE)
 # --durations: the slowest tests, in every CI log (the suite's budget is ~15 minutes). Lint runs
 # beside the tests, on the core they leave idle (they keep about one of two busy; mypy from a
 # cold cache takes ~90 s here), and its output follows theirs; either failing fails the target.
+# It runs in a process group of its own, ended with the target (a background job of a script
+# ignores Ctrl-C: without it, an interrupted `make test` would leave mypy running).
 test: setup
-	@$(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
+	@setsid $(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
+	trap 'kill -- -$$lint 2>/dev/null || true' EXIT; trap 'exit 130' INT TERM; \
 	tests=0; $(BIN)/python -m pytest -m "not slow and not gpu" --durations=15 $(PYTEST_FLAGS) \
 		|| tests=$$?; \
 	linted=0; wait $$lint || linted=$$?; \
