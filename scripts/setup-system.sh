@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# System packages Tempered needs: bubblewrap (local sandbox), runsc (gVisor), util-linux (setpriv),
+# System packages Tempered needs: bubblewrap (local sandbox), runsc (gVisor), util-linux (setpriv;
+# setsid, for the lint `make test` runs beside the tests),
 # chromium (headless, for the test that reads the Temporal UI through the codec server).
 # Installs only what is missing; needs root (or sudo) the first time.
 set -euo pipefail
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v runsc >/dev/null || missing+=(runsc)
-command -v setpriv >/dev/null || missing+=(util-linux)
+command -v setpriv >/dev/null || missing+=(util-linux)  # setsid comes with it
 command -v chromium >/dev/null || missing+=(chromium)
 [ ${#missing[@]} -eq 0 ] && exit 0
 sudo=""
