@@ -133,8 +133,11 @@ def _check_arguments(tool: ToolSpec, arguments: dict[str, Any]) -> str | None:
     }
     for key, value in arguments.items():
         kind = properties[key].get("type")
-        if kind in types and not isinstance(value, types[kind]):
-            return f"{key!r} must be a {kind}"
+        if kind not in types:
+            continue
+        if not isinstance(value, types[kind]) or (isinstance(value, bool) and kind != "boolean"):
+            article = "an" if kind == "integer" else "a"  # JSON's true is no number (Python's is)
+            return f"{key!r} must be {article} {kind}"
     return None
 
 

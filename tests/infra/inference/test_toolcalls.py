@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from contracts.episode import WORKSPACE_TOOLS, ToolCall
+from contracts.episode import WORKSPACE_TOOLS, ToolCall, ToolSpec
 from infra.inference.toolcalls import (
     observation_message,
     parse_tool_call,
@@ -80,6 +80,32 @@ def test_an_unknown_tool_keeps_what_the_model_asked_for() -> None:
     call = parse('<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call>')
     assert (call.name, call.arguments) == ("python", {"code": "1"})
     assert "bash, read_file, write_file, submit" in (call.error or "")
+
+
+def test_argument_types_follow_json_schema() -> None:
+    typed = ToolSpec(
+        name="wait",
+        description="sleep",
+        parameters={
+            "type": "object",
+            "properties": {
+                "seconds": {"type": "integer"},
+                "factor": {"type": "number"},
+                "quiet": {"type": "boolean"},
+            },
+        },
+    )
+
+    def problem(arguments: str) -> str | None:
+        text = f'<tool_call>{{"name": "wait", "arguments": {arguments}}}</tool_call>'
+        return parse_tool_call(text, [typed]).error
+
+    assert problem('{"seconds": 3, "factor": 1.5, "quiet": false}') is None
+    assert problem('{"factor": 2}') is None  # an integer is a number
+    assert "'seconds' must be an integer" in (problem('{"seconds": true}') or "")
+    assert "'factor' must be a number" in (problem('{"factor": false}') or "")
+    assert "'seconds' must be an integer" in (problem('{"seconds": 1.5}') or "")
+    assert "'quiet' must be a boolean" in (problem('{"quiet": 1}') or "")
 
 
 def test_render_then_parse_round_trips_any_content() -> None:
