@@ -9,7 +9,7 @@ exactly: a subclass of int or str, a bytearray, a generator or any other object 
 so no method of a foreign class ever runs on either side. `decode` builds fresh objects from
 the bytes alone, with caps on total size, nesting depth and number of values, so a hostile
 peer can make it fail but never make it run code, recurse without bound or allocate beyond
-the caps. The checker and the candidate speak it over pipes (`write_frame`, `read_frame`);
+the caps. The checker and the candidate speak it over pipes (`frame`, `write_all`, `FrameReader`);
 the host speaks it to the checker and to the zygotes.
 
 Wire format: one tag byte per value; scalars carry a fixed-size or length-prefixed payload,

@@ -50,6 +50,8 @@ def test_opens_after_consecutive_failures_and_refuses_calls() -> None:
     assert refused.value.retry_after_s == 5.0 and "api 503" in str(refused.value)
     clock.now += 2
     assert breaker.retry_after_s() == 3.0
+    clock.now += 2.5
+    assert breaker.retry_after_s() == 0.5
 
 
 def test_a_success_resets_the_consecutive_count() -> None:
@@ -117,8 +119,10 @@ def test_backoff_grows_exponentially_capped_and_resets_after_close() -> None:
     clock.now += 30
     breaker.check()
     breaker.record_success()
-    for _ in range(3):
+    for _ in range(2):
         breaker.record_failure()
+    assert breaker.state is CircuitState.CLOSED  # the count restarted at the close
+    breaker.record_failure()
     assert breaker.retry_after_s() == 5  # back to the base pause
 
 
@@ -162,6 +166,29 @@ def test_several_probes_when_configured() -> None:
         breaker.check()
 
 
+def test_a_released_slot_admits_exactly_one_more_probe() -> None:
+    breaker, clock, _ = make(half_open_probes=2)
+    breaker.release()  # a call that ended without a verdict while closed frees nothing
+    for _ in range(3):
+        breaker.record_failure()
+    clock.now += 5
+    breaker.check()
+    breaker.release()
+    breaker.release()  # more releases than probes taken: no extra slot
+    breaker.check()
+    breaker.check()
+    with pytest.raises(CircuitOpenError, match="probe in flight"):
+        breaker.check()
+
+
+def test_the_last_failure_with_a_reason_is_shown_while_closed() -> None:
+    breaker, _, _ = make()
+    breaker.record_failure("api 503")
+    breaker.record_failure()  # no reason given: the last one stays
+    assert breaker.state is CircuitState.CLOSED
+    assert breaker.snapshot()["reason"] == "api 503"
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -173,8 +200,27 @@ def test_several_probes_when_configured() -> None:
         {"multiplier": 0.5},
         {"max_backoff_s": 1},
         {"half_open_probes": 0},
+        {"window": 0, "min_calls": 0},
+        {"min_calls": 0},
     ],
 )
 def test_config_rejects_nonsense(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         make(**bad)
+
+
+@pytest.mark.parametrize(
+    "edge",
+    [
+        {"consecutive_failures": 1, "half_open_probes": 1},
+        {"window": 1, "min_calls": 1},
+        {"min_calls": 10},  # = window
+        {"failure_rate": 1.0},
+        {"multiplier": 1.0},
+        {"max_backoff_s": 5},  # = base_backoff_s
+        {"base_backoff_s": 0.5},
+    ],
+)
+def test_config_accepts_its_bounds(edge: dict[str, float]) -> None:
+    breaker, _, _ = make(**edge)
+    assert breaker.state is CircuitState.CLOSED

@@ -60,6 +60,7 @@ def test_the_digest_covers_contents_paths_and_the_executable_bit_only() -> None:
         ],
         [Entry(path="f", kind="file", sha256=DIGEST), Entry(path="f/g", kind="dir")],
         [Entry(path="b", kind="dir"), Entry(path="a", kind="dir")],
+        [Entry(path="a", kind="dir"), Entry(path="a", kind="dir")],
         [Entry(path="a", kind="file")],
     ],
     ids=[
@@ -69,6 +70,7 @@ def test_the_digest_covers_contents_paths_and_the_executable_bit_only() -> None:
         "below-a-link",
         "below-a-file",
         "unsorted",
+        "duplicate",
         "no-blob",
     ],
 )
@@ -85,7 +87,7 @@ def test_corrupt_objects_are_tree_errors() -> None:
     forged = zlib.compress(zlib.decompress(stored).replace(b"\ncontent", b"\nforged!"))
     with pytest.raises(TreeError, match="corrupt"):
         decode_tree(forged)
-    with pytest.raises(TreeError, match="does not name"):
+    with pytest.raises(TreeError, match="holds 4 bytes its listing does not name"):
         decode_tree(zlib.compress(zlib.decompress(stored) + b"tail"))
     with pytest.raises(TreeError, match="not stored yet"):
         Manifest(entries=[], inline=[(DIGEST, 0)]).all_packs()

@@ -161,6 +161,8 @@ async def test_script_check_reads_the_reward_and_keeps_tests_read_only(rig: Rig)
         ("exit 0\n", "wrote no reward"),
         ("echo lots > /logs/verifier/reward.txt\n", "not a number"),
         ("echo 3 > /logs/verifier/reward.txt\n", r"outside \[0, 1\]"),
+        ("echo 1.01 > /logs/verifier/reward.txt\n", r"outside \[0, 1\]"),
+        ("echo -0.5 > /logs/verifier/reward.txt\n", r"outside \[0, 1\]"),
         ("ln -s /etc/hostname /logs/verifier/reward.txt\n", "not a regular file"),
     ],
 )
@@ -169,3 +171,18 @@ async def test_a_broken_check_is_the_tasks_fault(rig: Rig, script: str, error: s
     state = await rig.env.reset(spec, "s0")
     with pytest.raises(InvalidTask, match=error):
         await rig.env.verify(spec, state, LIMITS)
+
+
+async def test_a_script_check_scores_zero_as_written_and_nothing_past_its_deadline(
+    rig: Rig,
+) -> None:
+    spec = rig.spec(FILES, {"test.sh": "echo 0 > /logs/verifier/reward.txt\n"})
+    state = await rig.env.reset(spec, "s0")
+    graded = await rig.env.verify(spec, state, LIMITS)
+    assert graded.score == 0.0 and graded.result.status is ExecStatus.FAILED
+    late = "echo 1 > /logs/verifier/reward.txt\nsleep 30\n"  # the reward is written, then late
+    spec = rig.spec(FILES, {"test.sh": late})
+    state = await rig.env.reset(spec, "s1")
+    graded = await rig.env.verify(spec, state, LIMITS.model_copy(update={"timeout_s": 1}))
+    assert graded.score == 0.0 and graded.result.status is ExecStatus.TIMEOUT
+    assert graded.result.tests_passed == 0

@@ -9,6 +9,7 @@ import math
 import os
 import pickle
 import random
+import threading
 from typing import Any
 
 import pytest
@@ -219,3 +220,86 @@ def test_frames_over_a_pipe() -> None:
         os.close(read_fd)
         if write_fd >= 0:
             os.close(write_fd)
+
+
+def test_the_wire_format_is_the_documented_one() -> None:
+    """Tag, 4-byte big-endian length or count, payload: the smallest two's complement for ints."""
+    assert encode(0) == b"i\x00\x00\x00\x01\x00"
+    assert encode(127) == b"i\x00\x00\x00\x01\x7f"
+    assert encode(255) == b"i\x00\x00\x00\x02\x00\xff"
+    assert encode(-256) == b"i\x00\x00\x00\x02\xff\x00"
+    assert encode("é") == b"s\x00\x00\x00\x02\xc3\xa9"
+    assert encode([None, (True, b"x")]) == b"l\x00\x00\x00\x02Nt\x00\x00\x00\x02Tb\x00\x00\x00\x01x"
+    assert encode({1.5: False}) == b"d\x00\x00\x00\x01f?\xf8\x00\x00\x00\x00\x00\x00F"
+    assert codec.frame(None) == b"\x00\x00\x00\x01N"
+    assert codec.frame_length(b"\x00\x01\x00\x02") == 65538
+
+
+@pytest.mark.parametrize("value", PLAIN, ids=repr)
+def test_the_size_cap_is_exact(value: object) -> None:
+    blob = encode(value)
+    assert encode(value, max_bytes=len(blob)) == blob
+    assert _same(decode(blob, max_bytes=len(blob)), value)
+    with pytest.raises(NotPlainData, match=f"{len(blob)} bytes encoded"):
+        encode(value, max_bytes=len(blob) - 1)
+    with pytest.raises(CodecError, match="limit"):
+        decode(blob, max_bytes=len(blob) - 1)
+
+
+WRAPS = {
+    "list": lambda x: [x],
+    "tuple": lambda x: (x,),
+    "frozenset": lambda x: frozenset([x]),
+    "dict": lambda x: {0: x},
+}
+
+
+@pytest.mark.parametrize("wrap", WRAPS.values(), ids=WRAPS.keys())
+def test_the_depth_cap_holds_at_its_value_on_both_sides(wrap: Any) -> None:
+    nested: object = 0
+    for _ in range(5):  # five containers deep
+        nested = wrap(nested)
+    blob = encode(nested, max_depth=5)
+    assert decode(blob, max_depth=5) == nested
+    with pytest.raises(NotPlainData, match="nested too deeply"):
+        encode(nested, max_depth=4)
+    with pytest.raises(CodecError, match="nested too deeply"):
+        decode(blob, max_depth=4)
+
+
+def test_a_dict_key_counts_towards_the_depth_too() -> None:
+    keyed = {((0,),): None}  # three containers deep through its key
+    assert decode(encode(keyed, max_depth=3), max_depth=3) == keyed
+    with pytest.raises(NotPlainData, match="nested too deeply"):
+        encode(keyed, max_depth=2)
+    with pytest.raises(CodecError, match="nested too deeply"):
+        decode(encode(keyed), max_depth=2)
+
+
+def test_the_item_cap_counts_every_value_once() -> None:
+    blob = encode([0, [1, 2], {3: 4}])  # 8 values: 5 scalars and 3 containers
+    assert decode(blob, max_items=8) == [0, [1, 2], {3: 4}]
+    with pytest.raises(CodecError, match="too many values"):
+        decode(blob, max_items=7)
+
+
+def test_a_frame_of_many_reads_and_one_of_exactly_the_limit() -> None:
+    big = codec.frame(b"\x07" * (300 << 10))  # more than one read of the pipe
+    small = codec.frame(("done", 1))
+    read_fd, write_fd = os.pipe()
+    writer = threading.Thread(target=lambda: codec.write_all(write_fd, big + small))
+    try:
+        writer.start()
+        reader = codec.FrameReader(read_fd, max_bytes=len(big) - 4)
+        assert reader.read() == b"\x07" * (300 << 10)
+        assert reader.read() == ("done", 1)
+        writer.join()
+        codec.write_all(write_fd, small)
+        assert codec.read_frame(read_fd) == ("done", 1)
+        codec.write_all(write_fd, big[:4])  # its header is enough to refuse it
+        with pytest.raises(CodecError, match="limit"):
+            codec.FrameReader(read_fd, max_bytes=len(big) - 5).read()
+    finally:
+        writer.join()
+        os.close(read_fd)
+        os.close(write_fd)

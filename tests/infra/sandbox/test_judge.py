@@ -133,3 +133,51 @@ def test_a_program_without_tests_is_judged_by_its_exit() -> None:
     ended = {"killed": False}
     assert _status(_seen(LOST, exit=Exit(0), **ended), expected=0) == ExecStatus.PASSED
     assert _status(_seen(LOST, exit=Exit(EXITED_3), **ended), expected=0) == ExecStatus.FAILED
+
+
+def test_units_keep_their_source_lines_and_decorators() -> None:
+    tests = "@cache\ndef helper(x):\n    return x\n\nassert f(helper(1)) == 1\n"
+    helper, check = split_tests(tests, None)
+    assert helper == {"test": False, "line": 1, "source": "@cache\ndef helper(x):\n    return x\n"}
+    assert check == {"test": True, "line": 5, "source": "assert f(helper(1)) == 1\n"}
+    # tests the host cannot split are one unit: the one test, or the entry point's check
+    for whole in ("x = f(1)\n", "assert (\n"):
+        assert split_tests(whole, None) == [{"test": True, "line": 1, "source": whole}]
+        assert expected_units(split_tests(whole, "f"), "f") == 1
+
+
+def test_the_checkers_error_reaches_the_log_once() -> None:
+    failed = {**PASSED, "status": "failed", "tests_passed": 0, "error": "AssertionError: f(1)"}
+    result = judge(_seen(failed), 1, FAST, "local", "cgroup")
+    assert result.stderr == "AssertionError: f(1)" and result.exit_code == 0
+    logged = Capture(100)
+    logged.add(b"Traceback ...\nAssertionError: f(1)\n")
+    again = judge(_seen(failed, stderr=logged), 1, FAST, "local", "cgroup")
+    assert again.stderr == "Traceback ...\nAssertionError: f(1)\n"
+
+
+def test_output_cut_at_its_limit_is_marked_truncated() -> None:
+    flood = Capture(4)
+    flood.add(b"0123456789")
+    assert judge(_seen(PASSED, stdout=flood), 1, FAST, "local", "cgroup").truncated
+    assert not judge(_seen(PASSED), 1, FAST, "local", "cgroup").truncated
+
+
+def test_a_broken_protocol_and_the_cpu_limit_reached_exactly() -> None:
+    broken = judge(
+        _seen({**LOST, "lost": "protocol"}, exit=Exit(EXITED_3), killed=False),
+        1,
+        FAST,
+        "local",
+        "cgroup",
+    )
+    assert broken.status == ExecStatus.FAILED and "call protocol" in broken.detail
+    at_limit = _seen(LOST, exit=Exit(SIGKILLED, cpu_s=FAST.cpu_s), killed=False)
+    assert _status(at_limit) == ExecStatus.TIMEOUT
+
+
+def test_a_sandbox_that_never_started_says_what_it_printed() -> None:
+    printed = Capture(100)
+    printed.add(b"bwrap: cannot mount /proc")
+    with pytest.raises(SandboxInfraError, match="did not start: bwrap: cannot mount"):
+        judge(_seen({**LOST, "lost": "not_ready"}, stdout=printed), 1, FAST, "local", "cgroup")

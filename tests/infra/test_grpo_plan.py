@@ -1,0 +1,100 @@
+"""How a learner step is planned (`infra.grpo`): which rows train, where batches are cut, and
+that the loss's statistics count sampled tokens only. Hand-sized cases at the bounds, where an
+off-by-one would change the plan; the loss itself is tests/infra/test_grpo.py's."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from contracts.learner import GRPOConfig
+from infra import grpo
+from tests.trajectories import Step, trajectory
+
+
+def rows_of(*lengths: int, prompt: int = 1) -> list[grpo.Row]:
+    """One group's rows: the same `prompt` tokens, then `length - prompt` sampled tokens each."""
+    out = []
+    for n in lengths:
+        sampled = n - prompt
+        ids = list(range(1, prompt + 1)) + [50 + n] * sampled
+        out.append(grpo.Row("t", ids, [0] * prompt + [1] * sampled, [0.0] * n, 1.0))
+    return out
+
+
+def row_counts(batches: list[grpo.MicroBatch]) -> list[int]:
+    return [len(b.input_ids) for b in batches]
+
+
+def test_micro_batches_fill_up_to_the_row_and_token_bounds_exactly() -> None:
+    rows = rows_of(4, 4, 4, 4, 4)
+    assert row_counts(list(grpo.micro_batches(rows, size=2, pad_id=0, max_tokens=8))) == [2, 2, 1]
+    assert row_counts(list(grpo.micro_batches(rows, size=2, pad_id=0, max_tokens=7))) == [1] * 5
+    assert row_counts(list(grpo.micro_batches(rows, size=3, pad_id=0, max_tokens=12))) == [3, 2]
+    assert row_counts(list(grpo.micro_batches(rows, size=3, pad_id=0))) == [3, 2]
+
+
+def test_a_row_longer_than_the_token_bound_goes_alone() -> None:
+    batches = list(grpo.micro_batches(rows_of(3, 5, 50), size=4, pad_id=0, max_tokens=20))
+    assert [tuple(b.input_ids.shape) for b in batches] == [(2, 5), (1, 50)]
+
+
+def test_a_pass_is_cut_after_its_first_row_when_that_saves_more_than_a_forward() -> None:
+    # after the 3 shared prompt tokens: 1 and 100 tokens. One batch pads the short row to 100
+    # (2·100 + 64 = 264); two batches cost 1 + 64 + 100 + 64 = 229.
+    (unit,) = grpo.prefix_passes([rows_of(4, 103, prompt=3)], size=8, pad_id=0)
+    assert unit.prefix == 3 and row_counts(unit.batches) == [1, 1]
+    # close lengths: one batch (2·5 + 64 = 74 against 138)
+    (unit,) = grpo.prefix_passes([rows_of(8, 8, prompt=3)], size=8, pad_id=0)
+    assert row_counts(unit.batches) == [2]
+
+
+def test_the_token_bound_of_a_pass_counts_its_prefix_and_holds_at_its_value() -> None:
+    group = rows_of(8, 8, prompt=3)  # a batch of both: 2 rows × (3 + 5) = 16 tokens
+    (unit,) = grpo.prefix_passes([group], size=8, pad_id=0, max_tokens=16)
+    assert row_counts(unit.batches) == [2]
+    (unit,) = grpo.prefix_passes([group], size=8, pad_id=0, max_tokens=15)
+    assert row_counts(unit.batches) == [1, 1]
+    # a row over the bound on its own still trains, alone
+    (unit,) = grpo.prefix_passes([rows_of(8, 53, prompt=3)], size=8, pad_id=0, max_tokens=16)
+    assert row_counts(unit.batches) == [1, 1]
+
+
+def group(rewards: list[float]) -> list:
+    return [
+        trajectory([Step([1, 2], [3, 4 + i])], reward=r, sample=i) for i, r in enumerate(rewards)
+    ]
+
+
+def test_rows_without_advantage_are_left_out_unless_a_kl_term_trains_them() -> None:
+    flat, signal = group([1.0, 1.0]), group([1.0, 0.0])
+    plain = grpo.plan_step([flat, signal], step=0, config=GRPOConfig(), pad_id=0)
+    assert len(plain.rows) == 2 and len(plain.used) == 4  # the flat group is used, not trained
+    with_kl = grpo.plan_step([flat, signal], step=0, config=GRPOConfig(kl_coef=0.1), pad_id=0)
+    assert len(with_kl.rows) == 4
+
+
+def test_a_trajectory_whose_first_token_is_marked_sampled_is_refused() -> None:
+    bad = trajectory([Step([], [3, 4])], reward=1.0)
+    with pytest.raises(ValueError, match="first token is marked as sampled"):
+        grpo.rows_from_group([bad, *group([0.0])], step=0, config=GRPOConfig())
+
+
+def test_the_statistics_sum_over_sampled_tokens_only() -> None:
+    rows = rows_of(3, 5, prompt=2)  # 1 and 3 sampled tokens; the first row padded by 2
+    grpo.normalize(rows)
+    batch = grpo.collate(rows, pad_id=0)
+    logprobs = torch.full(batch.loss_mask.shape, -3.0)  # masked positions: anything
+    logprobs[batch.loss_mask.bool()] = 0.0  # = the sampled log-probs: ratio 1
+    _, stats = grpo.grpo_loss(logprobs, batch, clip_eps=0.2, ref_logprobs=logprobs.clone())
+    assert stats["tokens"] == 4
+    assert stats["ratio"] == pytest.approx(4.0)
+    assert stats["kl_sampler"] == pytest.approx(0.0) and stats["kl_ref"] == pytest.approx(0.0)
+    assert stats["clipped"] == 0
+
+
+def test_finite_turns_what_cannot_be_serialized_into_zero() -> None:
+    assert grpo.finite(1.5) == 1.5
+    assert grpo.finite(math.nan) == 0.0 and grpo.finite(-math.inf) == 0.0
