@@ -135,8 +135,9 @@ def _check_arguments(tool: ToolSpec, arguments: dict[str, Any]) -> str | None:
         kind = properties[key].get("type")
         if kind not in types:
             continue
+        # a JSON true is no integer or number, though Python's bool is an int
         if not isinstance(value, types[kind]) or (isinstance(value, bool) and kind != "boolean"):
-            article = "an" if kind == "integer" else "a"  # JSON's true is no number (Python's is)
+            article = "an" if kind == "integer" else "a"
             return f"{key!r} must be {article} {kind}"
     return None
 

@@ -11,17 +11,14 @@ import torch
 
 from contracts.learner import GRPOConfig
 from infra import grpo
+from tests.infra.test_grpo import row
 from tests.trajectories import Step, trajectory
 
 
 def rows_of(*lengths: int, prompt: int = 1) -> list[grpo.Row]:
     """One group's rows: the same `prompt` tokens, then `length - prompt` sampled tokens each."""
-    out = []
-    for n in lengths:
-        sampled = n - prompt
-        ids = list(range(1, prompt + 1)) + [50 + n] * sampled
-        out.append(grpo.Row("t", ids, [0] * prompt + [1] * sampled, [0.0] * n, 1.0))
-    return out
+    shared = list(range(1, prompt + 1))
+    return [row(shared, [50 + n] * (n - prompt), [0.0] * (n - prompt), 1.0) for n in lengths]
 
 
 def row_counts(batches: list[grpo.MicroBatch]) -> list[int]:

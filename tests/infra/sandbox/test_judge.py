@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from contracts.sandbox import ExecStatus
+from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.judge import (
@@ -47,8 +47,12 @@ def _seen(verdict: dict[str, object] | None, **fields: Any) -> Observed:
     return Observed(verdict, **{**base, **fields})
 
 
+def _judged(seen: Observed, expected: int = 1) -> ExecutionResult:
+    return judge(seen, expected, FAST, "local", "cgroup")
+
+
 def _status(seen: Observed, expected: int = 1) -> ExecStatus:
-    return judge(seen, expected, FAST, "local", "cgroup").status
+    return _judged(seen, expected).status
 
 
 def test_the_host_count_must_match_the_checkers() -> None:
@@ -148,29 +152,23 @@ def test_units_keep_their_source_lines_and_decorators() -> None:
 
 def test_the_checkers_error_reaches_the_log_once() -> None:
     failed = {**PASSED, "status": "failed", "tests_passed": 0, "error": "AssertionError: f(1)"}
-    result = judge(_seen(failed), 1, FAST, "local", "cgroup")
+    result = _judged(_seen(failed))
     assert result.stderr == "AssertionError: f(1)" and result.exit_code == 0
     logged = Capture(100)
     logged.add(b"Traceback ...\nAssertionError: f(1)\n")
-    again = judge(_seen(failed, stderr=logged), 1, FAST, "local", "cgroup")
+    again = _judged(_seen(failed, stderr=logged))
     assert again.stderr == "Traceback ...\nAssertionError: f(1)\n"
 
 
 def test_output_cut_at_its_limit_is_marked_truncated() -> None:
     flood = Capture(4)
     flood.add(b"0123456789")
-    assert judge(_seen(PASSED, stdout=flood), 1, FAST, "local", "cgroup").truncated
-    assert not judge(_seen(PASSED), 1, FAST, "local", "cgroup").truncated
+    assert _judged(_seen(PASSED, stdout=flood)).truncated
+    assert not _judged(_seen(PASSED)).truncated
 
 
 def test_a_broken_protocol_and_the_cpu_limit_reached_exactly() -> None:
-    broken = judge(
-        _seen({**LOST, "lost": "protocol"}, exit=Exit(EXITED_3), killed=False),
-        1,
-        FAST,
-        "local",
-        "cgroup",
-    )
+    broken = _judged(_seen({**LOST, "lost": "protocol"}, exit=Exit(EXITED_3), killed=False))
     assert broken.status == ExecStatus.FAILED and "call protocol" in broken.detail
     at_limit = _seen(LOST, exit=Exit(SIGKILLED, cpu_s=FAST.cpu_s), killed=False)
     assert _status(at_limit) == ExecStatus.TIMEOUT
@@ -180,4 +178,4 @@ def test_a_sandbox_that_never_started_says_what_it_printed() -> None:
     printed = Capture(100)
     printed.add(b"bwrap: cannot mount /proc")
     with pytest.raises(SandboxInfraError, match="did not start: bwrap: cannot mount"):
-        judge(_seen({**LOST, "lost": "not_ready"}, stdout=printed), 1, FAST, "local", "cgroup")
+        _judged(_seen({**LOST, "lost": "not_ready"}, stdout=printed))
