@@ -2,6 +2,7 @@
 side by side in one run, at the shapes a default run's batch goes through.
 
     .venv/bin/python bench/decode.py [--rows 16,64] [--columns 300,800] [--steps 10]
+        [--device cpu|cuda]
 
 For each (rows, columns) both sides decode the same batch of SmolLM2-135M-Instruct (the
 smollm2 preset's fp32 model; `make train` or `tempered eval --policy smollm2` materialises it):
@@ -49,11 +50,13 @@ def prompts(rows: int, columns: int, seed: int) -> list[list[int]]:
 def transformers_step_s(model: Any, rows: list[list[int]], steps: int) -> float:
     from transformers import DynamicCache
 
+    device = next(model.parameters()).device
     width = max(len(r) for r in rows)
     ids = torch.zeros((len(rows), width), dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, row in enumerate(rows):
         ids[i, width - len(row) :], mask[i, width - len(row) :] = torch.tensor(row), 1
+    ids, mask = ids.to(device), mask.to(device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
@@ -67,6 +70,7 @@ def transformers_step_s(model: Any, rows: list[list[int]], steps: int) -> float:
             input_ids=token, attention_mask=mask, position_ids=position, past_key_values=cache
         )
         token = out.logits[:, -1:].argmax(-1)
+    token.tolist()  # waits for the device, as the tempered side's every step does
     return (time.perf_counter() - started) / steps
 
 
@@ -88,12 +92,13 @@ def main() -> None:
     parser.add_argument("--rows", default="16,64")
     parser.add_argument("--columns", default="300,800")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--device", default="cpu", help="torch device of both sides")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
     path = str(materialize_base_model("smollm2", Settings()))
-    policy = load_policy(path, torch.device("cpu"))
-    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    policy = load_policy(path, torch.device(args.device))
+    plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.device).eval()
     plain.set_attn_implementation("sdpa")
     results = []
     for rows in (int(r) for r in args.rows.split(",")):
@@ -121,7 +126,13 @@ def main() -> None:
                 flush=True,
             )
     merge_results(
-        "decode", {"machine": machine(), "threads": torch.get_num_threads(), "runs": results}
+        "decode",
+        {
+            "machine": machine(),
+            "device": args.device,
+            "threads": torch.get_num_threads(),
+            "runs": results,
+        },
     )
 
 

