@@ -283,9 +283,11 @@ def plan_step(
     config: GRPOConfig,
     pad_id: int,
     normalization: Normalization = "tokens",
+    device: str = "cpu",
 ) -> StepPlan:
-    """A learner step's rows, normalised over the whole step, in the passes `config` asks for.
-    Without a KL term a row of zero advantage gives no gradient: it is left out (no compute)."""
+    """A learner step's rows, normalised over the whole step, in the passes `config` asks for
+    on `device` (`GRPOConfig.shares_prompt`). Without a KL term a row of zero advantage gives
+    no gradient: it is left out (no compute)."""
     by_group: list[list[Row]] = []
     used: list[str] = []
     dropped: list[str] = []
@@ -297,7 +299,7 @@ def plan_step(
     rows = [row for part in by_group for row in part]
     normalize(rows, normalization)
     size, most = config.micro_batch_size, config.micro_batch_tokens
-    if config.share_prompt:
+    if config.shares_prompt(device):
         passes = prefix_passes(by_group, size, pad_id, most)
     else:
         passes = plain_passes(rows, size, pad_id, most)

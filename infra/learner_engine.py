@@ -275,13 +275,15 @@ class LearnerEngine:
         or down-weighted. The version advances by one even when nothing was trainable (an empty
         step publishes unchanged weights, so the version sequence has no gaps). Every rank of a
         group calls it with the same groups; rank r runs passes r, r + N, ... (`grpo.Pass`: a
-        group's prompt runs once per pass unless `config.share_prompt` is off).
+        group's prompt runs once per pass if `config.shares_prompt(self.device)`).
         """
         if self.version is None:
             raise RuntimeError("LearnerEngine.load() has not been called")
         started = time.perf_counter()
         self._apply_config(config)
-        plan = grpo.plan_step(groups, self.version, config, self.pad_id, self.normalization)
+        plan = grpo.plan_step(
+            groups, self.version, config, self.pad_id, self.normalization, self.device
+        )
         units, rows, used = plan.passes, plan.rows, plan.used
         with_rows = {row.trajectory_id for row in rows}
         trained = [i for i in used if i in with_rows]

@@ -95,3 +95,22 @@ def test_the_statistics_sum_over_sampled_tokens_only() -> None:
 def test_finite_turns_what_cannot_be_serialized_into_zero() -> None:
     assert grpo.finite(1.5) == 1.5
     assert grpo.finite(math.nan) == 0.0 and grpo.finite(-math.inf) == 0.0
+
+
+def test_a_groups_prompt_is_shared_on_a_cpu_and_not_on_a_gpu_unless_the_config_says() -> None:
+    """`share_prompt` unset: one pass per group with its prompt as prefix on a CPU, every row
+    whole on a GPU (bench/learner.py measured each faster where it is chosen); set, it holds."""
+    groups = [
+        [
+            trajectory([Step([1, 2, 3], [7 + s, 8], [-0.5, -0.5])], reward=float(s), sample=s)
+            for s in range(2)
+        ]
+    ]
+
+    def prefixes(config: GRPOConfig, device: str) -> list[int]:
+        return [p.prefix for p in grpo.plan_step(groups, 0, config, 0, device=device).passes]
+
+    assert prefixes(GRPOConfig(), "cpu") == [3]
+    assert prefixes(GRPOConfig(), "cuda") == prefixes(GRPOConfig(), "cuda:1") == [0]
+    assert prefixes(GRPOConfig(share_prompt=True), "cuda") == [3]
+    assert prefixes(GRPOConfig(share_prompt=False), "cpu") == [0]
