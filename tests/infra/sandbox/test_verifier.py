@@ -142,6 +142,27 @@ def test_top_level_outcomes(box: Box, program: str, status: ExecStatus, detail: 
 
 
 @pytest.mark.parametrize(
+    ("tests", "helpers", "program", "detail", "error"),
+    [
+        ("import no_such_module\n" + CHECK, "", ADD, "ModuleNotFoundError", "no_such_module"),
+        ("raise AssertionError('setup')\n" + CHECK, "", ADD, "AssertionError", "setup"),
+        (CHECK, "raise RuntimeError('broken helper')\n", ADD, "RuntimeError", "broken helper"),
+        (CHECK, "assert False, 'helper'\n", ADD, "AssertionError", "helper"),
+        (CHECK, "", "def sub(a, b):\n    return a - b\n", "NameError", "does not define add()"),
+        ("x = 1\n", "", ADD, "NameError", "the tests do not define check(candidate)"),
+    ],
+)
+def test_a_task_whose_tests_cannot_run_is_an_error_of_the_run_not_a_platform_fault(
+    box: Box, tests: str, helpers: str, program: str, detail: str, error: str
+) -> None:
+    """Broken tests or helpers, a missing entry point or check(): the verdict says which, as
+    `error` with nothing passed (`tempered tasks validate` reports such a task)."""
+    result = box.run(program, tests, "add", helpers=helpers)
+    assert result.status == ExecStatus.ERROR and result.tests_passed == 0, result
+    assert result.detail == detail and error in result.stderr, result
+
+
+@pytest.mark.parametrize(
     ("program", "status"),
     [
         ("print('out')\n", ExecStatus.PASSED),
