@@ -148,3 +148,49 @@ def test_trees_of_the_earlier_layout_still_read_and_grow() -> None:
     changed = [manifest.entries[0], Entry(path="b.txt", kind="file", sha256=sha256(b"new"), size=3)]
     _, later = trees.commit(changed, {sha256(b"new"): b"new"}, manifest)
     assert later.packs == [pack] and later.inline == [(sha256(b"new"), 3)]
+
+
+def _commit_files(
+    trees: Trees, root: Path, files: dict[str, int], previous: Manifest | None
+) -> Manifest:
+    """Commit a tree of exactly `files` (name → size, each file its own bytes) after `previous`."""
+    for path in root.iterdir():
+        path.unlink()
+    for name, size in files.items():
+        (root / name).write_bytes(name.encode().ljust(size, b"."))
+    known = previous.packed() if previous else set()
+    return trees.commit(*Scanner(1 << 20).scan(root, known), previous)[1]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "repacked"),
+    [
+        ({"x": 1000, "y": 1000}, {"x": 1000}, False),  # a pack half dead: 2 × live, kept
+        ({"x": 1000, "y": 1001}, {"x": 1000}, True),  # one byte more: packed anew
+        ({"x": 100, "y": 900}, {"x": 100, "z": 400}, True),  # the new bytes count too
+        ({"x": 100, "y": 300}, {"x": 100, "z": 400}, False),
+    ],
+)
+def test_a_tree_is_packed_anew_once_its_packs_hold_more_than_twice_its_live_bytes(
+    tmp_path: Path, before: dict[str, int], after: dict[str, int], repacked: bool
+) -> None:
+    trees = Trees(MemoryObjects())
+    first = _commit_files(trees, tmp_path, before, None)
+    second = _commit_files(trees, tmp_path, after, first)
+    live = {e.sha256 for e in second.files()}
+    if repacked:
+        assert second.packs == [] and {d for d, _ in second.inline} == live
+    else:
+        assert second.packs == first.all_packs() and {d for d, _ in second.inline} < live
+
+
+def test_the_pack_count_restarts_when_it_reaches_max_packs(tmp_path: Path) -> None:
+    """Each commit adds a file: the tree spans one more pack each time, until MAX_PACKS."""
+    trees, manifest = Trees(MemoryObjects()), None
+    files: dict[str, int] = {}
+    counts = []
+    for n in range(MAX_PACKS + 2):
+        files[f"f{n}"] = 10
+        manifest = _commit_files(trees, tmp_path, files, manifest)
+        counts.append(len(manifest.packs))
+    assert counts == [*range(MAX_PACKS), 0, 1]
