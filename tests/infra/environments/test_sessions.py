@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import time
 
-import psutil
 import pytest
 
 from contracts.common import ObjectRef
@@ -36,6 +35,12 @@ def _dead_pid() -> int:
     return process.pid
 
 
+def _sleeper(pid: int) -> subprocess.Popen[bytes]:
+    """A process under a workspace uid of worker `pid` (slot 3)."""
+    uid = SESSION_UID_BASE + pid * SLOTS + 3
+    return subprocess.Popen(["sleep", "60"], user=uid, group=uid)
+
+
 @needs_root
 def test_a_dead_workers_leftovers_are_swept_and_a_live_ones_are_not() -> None:
     root = session_root()
@@ -48,16 +53,17 @@ def test_a_dead_workers_leftovers_are_swept_and_a_live_ones_are_not() -> None:
         reused.mkdir()
         (root / "notes").mkdir()  # not a worker's: left alone
         (root / "7-1").write_text("")  # a file, not a worker's directory
-        uid = SESSION_UID_BASE + dead * SLOTS + 3  # a step of the dead worker, still running
-        orphan = subprocess.Popen(["sleep", "60"], user=uid, group=uid)
+        orphan = _sleeper(dead)  # a step of the dead worker, still running
+        mine = _sleeper(os.getpid())  # a step of the live worker that reuses a dead one's pid
         try:
             swept = sweep_dead(root)
             assert orphan.wait(timeout=10) == -9
+            assert mine.poll() is None
         finally:
             orphan.kill()
+            mine.kill()
         assert (swept.directories, swept.processes) == (2, 1)
         assert sorted(p.name for p in root.iterdir()) == sorted([live.name, "notes", "7-1"])
-        assert psutil.Process().is_running()  # the reused pid's processes are not killed
         assert sweep_dead(root).directories == 0
     finally:
         shutil.rmtree(root, ignore_errors=True)
