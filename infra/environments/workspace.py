@@ -31,6 +31,7 @@ runs, a disk quota inside one command (the size is checked after it).
 from __future__ import annotations
 
 import asyncio
+import codecs
 import os
 import stat
 import time
@@ -266,11 +267,14 @@ class WorkspaceEnvironment:
             )
         with os.fdopen(fd, "rb") as handle:
             data = handle.read(limits.output_bytes + 1)
-        try:
-            text = data[: limits.output_bytes].decode()
+        cut = len(data) > limits.output_bytes
+        try:  # a character the cut splits is left out, not taken for a binary file
+            text = codecs.getincrementaldecoder("utf-8")().decode(
+                data[: limits.output_bytes], final=not cut
+            )
         except UnicodeDecodeError:
             return Observation(f"error: {path} is not a UTF-8 text file")
-        if len(data) > limits.output_bytes:
+        if cut:
             text += f"\n(cut at {limits.output_bytes} bytes)"
         return Observation(text)
 

@@ -91,6 +91,64 @@ async def test_links_inside_the_workspace_are_followed(rig: Rig) -> None:
     assert seen.text == FILES["README.md"]
 
 
+async def test_read_file_cuts_at_the_output_limit_between_characters(rig: Rig) -> None:
+    limits = LIMITS.model_copy(update={"output_bytes": 256})
+    files: dict[str, bytes | str] = {
+        "exact.txt": "a" * 256,
+        "long.txt": "b" * 257,
+        "accents.txt": "a" + "é" * 200,  # the cut at byte 256 falls inside an "é" (2 bytes)
+        "image.bin": b"\x89PNG\xff\xfe",
+    }
+    state = await rig.env.reset(rig.spec(files), "s0")
+    _, seen = await rig.env.step(state, call("read_file", path="exact.txt"), limits)
+    assert seen.text == "a" * 256
+    _, seen = await rig.env.step(state, call("read_file", path="long.txt"), limits)
+    assert seen.text == "b" * 256 + "\n(cut at 256 bytes)"
+    _, seen = await rig.env.step(state, call("read_file", path="accents.txt"), limits)
+    assert seen.text == "a" + "é" * 127 + "\n(cut at 256 bytes)"
+    _, seen = await rig.env.step(state, call("read_file", path="image.bin"), limits)
+    assert seen.text == "error: image.bin is not a UTF-8 text file" and seen.status is None
+
+
+async def test_write_file_refuses_what_it_must_not_write(rig: Rig) -> None:
+    limits = LIMITS.model_copy(update={"file_size_mb": 1})
+    state = await rig.env.reset(rig.spec(FILES), "s0")
+    state, _ = await rig.env.step(state, call("bash", command="mkdir pkg"), limits)
+    for path, content, error in [
+        ("big.txt", "x" * ((1 << 20) + 1), "error: the content is larger than 1 MB"),
+        (".", "x", "error: . is the workspace itself"),
+        ("/app", "x", "error: /app is the workspace itself"),
+        ("pkg", "x", "error: pkg is a directory"),
+    ]:
+        after, seen = await rig.env.step(
+            state, call("write_file", path=path, content=content), limits
+        )
+        assert seen.text == error and after == state
+    _, seen = await rig.env.step(
+        state, call("write_file", path="max.txt", content="x" * (1 << 20)), limits
+    )
+    assert seen.text == f"wrote {1 << 20} bytes to max.txt"
+
+
+async def test_what_write_file_creates_the_agents_commands_can_change(rig: Rig) -> None:
+    """New directories and files belong to the session's uid, as if its own commands had made
+    them: the next `bash` step can write into them."""
+    state = await rig.env.reset(rig.spec(FILES), "s0")
+    state, _ = await rig.env.step(
+        state, call("write_file", path="a/b/c.txt", content="c\n"), LIMITS
+    )
+    session = rig.host.sessions["s0"]
+    for path, mode in (("a", 0o755), ("a/b", 0o755), ("a/b/c.txt", 0o644)):
+        info = (session.workspace / path).lstat()
+        assert (info.st_uid, info.st_mode & 0o7777) == (session.uid, mode), path
+    _, seen = await rig.env.step(
+        state,
+        call("bash", command="echo d > a/b/d.txt && echo e >> a/b/c.txt && cat a/b/*"),
+        LIMITS,
+    )
+    assert seen.text == "exit code: 0\nstdout:\nc\ne\nd"
+
+
 async def test_limits_become_observations_and_a_too_large_workspace_is_undone(rig: Rig) -> None:
     state = await rig.env.reset(rig.spec(FILES), "s0")
     _, seen = await rig.env.step(
@@ -114,6 +172,14 @@ async def test_a_step_runs_from_the_state_it_is_given(rig: Rig) -> None:
     again, seen_again = await rig.env.step(state, append, LIMITS)  # the same step, retried
     assert seen.text == seen_again.text == "exit code: 0\nstdout:\n1"
     assert first == again
+    held = os.open(rig.host.sessions["s0"].workspace / "README.md", os.O_RDONLY)
+    try:  # a restore writes the tree anew: the file held open is then unlinked
+        await rig.env.step(again, append, LIMITS)  # from the session's own state
+        assert os.fstat(held).st_nlink == 1
+        await rig.env.step(state, append, LIMITS)  # from an older one
+        assert os.fstat(held).st_nlink == 0
+    finally:
+        os.close(held)
     with pytest.raises(SessionLost):
         await rig.env.step(WorkspaceState("elsewhere", state.snapshot), append, LIMITS)
 
@@ -136,6 +202,20 @@ async def test_functions_check_scores_the_share_of_hidden_asserts(rig: Rig) -> N
     graded = await rig.env.verify(spec, state, LIMITS)
     assert graded.result.status is ExecStatus.PASSED and graded.score == 1.0
     assert "hidden.py" not in os.listdir(rig.host.sessions["s0"].workspace)
+
+
+async def test_a_script_check_runs_as_the_workspaces_owner_not_root(rig: Rig) -> None:
+    """The hidden tests run the agent's code, so they run under a sandbox uid, one that owns
+    the final workspace (as the agent did), never as the worker's root."""
+    script = (
+        # the host's root owns /usr: were the check root, /usr would be its own
+        "[ ! -O /usr ] && [ -O calc.py ] && [ -O . ] && touch made_by_tests "
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    spec = rig.spec(FILES, {"test.sh": script})
+    state = await rig.env.reset(spec, "s0")
+    graded = await rig.env.verify(spec, state, LIMITS)
+    assert graded.score == 1.0, graded.result
 
 
 async def test_script_check_reads_the_reward_and_keeps_tests_read_only(rig: Rig) -> None:
