@@ -15,9 +15,10 @@ import pytest
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
-from infra.sandbox.cgroups import CGROUP_ROOT
+from infra.sandbox.cgroups import CGROUP_ROOT, Cgroups
 from infra.sandbox.forkserver import ForkServer
-from tests.infra.sandbox.verifier_box import Box, candidate_processes, needs_root
+from infra.sandbox.verifier import _TAKEN_SLOTS, Verifier
+from tests.infra.sandbox.verifier_box import FAST, Box, candidate_processes, needs_root
 
 pytestmark = needs_root
 
@@ -112,12 +113,67 @@ def test_nothing_outlives_its_run(box: Box) -> None:
     assert cgroups <= warm
 
 
+def test_the_first_runs_start_one_pair_of_zygotes_together() -> None:
+    own = Box(warm=0)
+    try:
+
+        async def first_runs() -> list[ExecStatus]:
+            runs = (own.run_async(ADD, CHECK, "add") for _ in range(3))
+            return [result.status for result in await asyncio.gather(*runs)]
+
+        assert own.loop.run_until_complete(first_runs()) == [ExecStatus.PASSED] * 3
+    finally:
+        own.close()
+
+
+def test_the_warm_pool_serves_runs_and_keeps_its_size() -> None:
+    own = Box(warm=2)
+    try:
+        assert own.run(ADD, CHECK, "add").status == ExecStatus.PASSED
+        for _ in range(2):
+            own.settle()
+            pool = list(own.verifier._pool[FAST.tmpfs_mb])
+            assert len(pool) == 2 and not own.verifier._fills
+            assert own.run(ADD, CHECK, "add").status == ExecStatus.PASSED
+            assert pool[0] in own.verifier._pool[FAST.tmpfs_mb]  # a live pair, still waiting
+            assert pool[1] not in own.verifier._pool[FAST.tmpfs_mb]  # the one that served
+    finally:
+        own.close()
+
+
+@pytest.mark.skipif(not Cgroups.available(), reason="needs cgroup v1 controllers")
+def test_a_dead_workers_cgroups_are_swept_when_the_zygotes_start() -> None:
+    gone = psutil.Popen(["true"])
+    gone.wait()
+    tempered = CGROUP_ROOT / "memory" / "tempered"
+    dead, alive = tempered / f"{gone.pid}-5", tempered / "1-5"  # pid 1 lives
+    (dead / "inner").mkdir(parents=True)
+    alive.mkdir()
+    own = Box(warm=0)
+    try:
+        assert own.run(ADD, CHECK, "add").status == ExecStatus.PASSED
+        assert not dead.exists() and alive.exists()
+    finally:
+        own.close()
+        alive.rmdir()
+
+
+@pytest.mark.parametrize("slots", [range(0, 4), range(8000, 8193)])
+def test_uid_slots_outside_the_workers_range_are_refused(slots: range) -> None:
+    launcher = ForkServer("candidate", ["/bin/true"])  # never started
+    with pytest.raises(ValueError, match="1..8191"):
+        Verifier(launcher, slots=slots)
+    assert Verifier(launcher, slots=range(1, 8192)).slots == range(1, 8192)
+
+
 def test_closing_the_verifier_stops_everything_it_started() -> None:
     before = {p.pid for p in candidate_processes()}
+    held_before = set(_TAKEN_SLOTS)
     own = Box()
     try:
         assert own.run(ADD, CHECK, "add").status == ExecStatus.PASSED
         own.settle()
+        held = set(_TAKEN_SLOTS) - held_before  # the warm pairs' uid slots
         started = {p.pid for p in candidate_processes()} - before
         servers = [own.verifier._checker, own.verifier.launcher]
         processes = [server.process for server in servers if isinstance(server, ForkServer)]
@@ -126,6 +182,7 @@ def test_closing_the_verifier_stops_everything_it_started() -> None:
     finally:
         own.close()
     assert not any(psutil.pid_exists(pid) for pid in started | set(zygotes))
+    assert held and not held & _TAKEN_SLOTS  # every uid slot it held is free again
 
 
 def test_a_dead_zygote_is_a_platform_fault_and_is_replaced() -> None:
