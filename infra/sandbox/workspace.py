@@ -45,6 +45,7 @@ from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT, MB, Cgroups
+from infra.sandbox.launcher import candidate_rlimits
 from infra.sandbox.local import root_binds
 from infra.sandbox.process import KILL_GRACE_S, Capture
 
@@ -53,9 +54,13 @@ SESSION_UID_BASE = 10_000_000
 above the local backend's range (`local.SANDBOX_UID_RANGE`), owned by no host account."""
 SLOTS = 512
 """Workspace uids (sessions and verifier runs) one worker holds at once."""
-WRAPPER_PROCESSES = 1
-"""bwrap's outer process counts against the command's process limits (the command itself is
-pid 1 of its namespace, `--as-pid-1`: no bwrap init that the host's init would have to reap)."""
+PID_1 = '/bin/sh -c "$1"; exit $?'
+"""Pid 1 of the sandbox (`--as-pid-1`: no bwrap init that the host's init would have to reap):
+a shell that runs the command as its child and exits with its status. The command is never
+pid 1 itself, to which the kernel does not deliver SIGXCPU: a command past its CPU time would
+get only the SIGKILL a second later, and an exit by SIGKILL says nothing of why."""
+WRAPPER_PROCESSES = 2
+"""bwrap's outer process and pid 1 count against the command's process limits."""
 INNER_UID = 1000
 """The uid the command sees inside its user namespace."""
 HIDDEN_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/proc", "/dev", "/etc")
@@ -151,7 +156,7 @@ class CommandRunner:
             "--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmpfs_mb * MB),
             "--tmpfs", "/tmp", *binds, "--chdir", mounts.workdir, "--remount-ro", "/",
             "--json-status-fd", str(status_fd), "--clearenv", *env,
-            "/bin/sh", "-c", command,
+            "/bin/sh", "-c", PID_1, "sandbox", command,
         ]  # fmt: skip
         if self.root:
             if not self.setpriv:
@@ -159,8 +164,12 @@ class CommandRunner:
             drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--nnp"]
             sandbox = drop + sandbox
         joins = cgroups.procs_files() if cgroups is not None else []
+        # SIGXCPU at the CPU limit (a timeout), SIGKILL a second later (`ulimit -t` alone sets
+        # both limits at once: a SIGKILL at once)
+        cpu_soft, cpu_hard = candidate_rlimits(limits, cgroups is not None)["RLIMIT_CPU"]
         prelude = [f"echo $$ > {shlex.quote(str(procs))}" for procs in joins] + [
-            f"ulimit -t {limits.cpu_s}",
+            f"ulimit -S -t {cpu_soft}",  # the soft one first: never above the hard one
+            f"ulimit -H -t {cpu_hard}",
             f"ulimit -f {limits.file_size_mb * MB // 512}",
             f"ulimit -p {limits.max_processes + WRAPPER_PROCESSES}",
             "ulimit -c 0",

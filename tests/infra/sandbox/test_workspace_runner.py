@@ -16,13 +16,17 @@ import pytest
 
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
+from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.cgroups import CGROUP_ROOT, Cgroups
 from infra.sandbox.workspace import (
+    SESSION_UID_BASE,
+    SLOTS,
     CommandRunner,
     Mounts,
     cgroup_name,
     check_mount_point,
     session_uid,
+    sweep_cgroups,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -96,6 +100,68 @@ def test_memory_processes_output_and_file_size_are_limited(workspace: Path) -> N
     assert loud.truncated and len(loud.stdout) == LIMITS.output_bytes
     big = run(workspace, "head -c 3000000 /dev/zero > big.bin")
     assert big.status is ExecStatus.FAILED and (workspace / "big.bin").stat().st_size <= 1 << 20
+
+
+@pytest.mark.parametrize("hog", ["while :; do :; done", "exec python3 -c 'while True: pass'"])
+def test_the_cpu_limit_is_a_timeout_even_for_the_commands_own_shell(
+    workspace: Path, hog: str
+) -> None:
+    limits = LIMITS.model_copy(update={"cpu_s": 1, "timeout_s": 10})
+    result = run(workspace, hog, limits)
+    assert (result.status, result.detail) == (ExecStatus.TIMEOUT, "CPU limit of 1s"), result
+    assert result.duration_ms < 5000
+
+
+def test_the_process_and_file_size_limits_hold_to_the_unit(workspace: Path) -> None:
+    """`max_processes` counts the command's shell and everything it starts; `file_size_mb` is
+    the largest file it may write, to the byte."""
+    many = "for i in $(seq {}); do sleep 0.3 & done; wait"
+    assert run(workspace, many.format(LIMITS.max_processes - 1)).status is ExecStatus.PASSED
+    over = run(workspace, many.format(LIMITS.max_processes))
+    assert over.status is ExecStatus.FAILED and "fork" in over.stderr.lower()
+    size = LIMITS.file_size_mb << 20
+    assert run(workspace, f"head -c {size} /dev/zero > max.bin").status is ExecStatus.PASSED
+    assert (workspace / "max.bin").stat().st_size == size
+    over = run(workspace, f"head -c {size + 1} /dev/zero > over.bin")
+    assert over.status is ExecStatus.FAILED and (workspace / "over.bin").stat().st_size == size
+
+
+def test_a_mount_the_host_cannot_make_is_a_platform_fault(workspace: Path) -> None:
+    with pytest.raises(SandboxInfraError, match="failed to set up: bwrap: Can't find source"):
+        run(workspace, "true", extra=((Path("/nonexistent/tempered"), "/data", False),))
+
+
+def test_session_uids_never_overlap_between_workers_or_slots() -> None:
+    """A dead worker's uids are swept by range: no uid of a live worker may lie in it."""
+    pids = (99, 100, 101)
+    uids = [session_uid(slot, pid) for pid in pids for slot in range(SLOTS)]
+    assert len(set(uids)) == len(uids)
+    assert (min(uids), max(uids)) == (
+        SESSION_UID_BASE + 99 * SLOTS,
+        SESSION_UID_BASE + 102 * SLOTS - 1,
+    )
+    for slot in (-1, SLOTS):
+        with pytest.raises(ValueError, match=f"outside 0..{SLOTS - 1}"):
+            session_uid(slot)
+    assert cgroup_name(3, pid=99) == "99-w3" and cgroup_name(3) == f"{os.getpid()}-w3"
+
+
+@pytest.mark.skipif(not Cgroups.available(), reason="needs cgroup v1 controllers")
+def test_a_dead_workers_command_cgroups_are_swept_with_what_runs_in_them() -> None:
+    gone = psutil.Popen(["true"])
+    gone.wait()
+    cgroups = Cgroups.create(cgroup_name(3, pid=gone.pid))
+    left = psutil.Popen(["sleep", "60"])  # what a command of the dead worker left running
+    try:
+        for procs in cgroups.procs_files():
+            procs.write_text(str(left.pid))
+        assert sweep_cgroups(gone.pid) == 1
+        assert left.wait(5) == -9
+        assert not any(path.exists() for path in cgroups.paths.values())
+        assert sweep_cgroups(gone.pid) == 0
+    finally:
+        if left.poll() is None:
+            left.kill()
 
 
 def test_nothing_is_left_behind(workspace: Path) -> None:
