@@ -126,11 +126,17 @@ def test_latest_only_moves_forward(store: ObjectStore, tiny_dir: Path) -> None:
     assert latest_policy(store, "r3") == v2
 
 
-def test_fetch_rejects_corrupt_object(store: ObjectStore, tiny_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("same_size", [False, True])
+def test_fetch_rejects_corrupt_object(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path, same_size: bool
+) -> None:
     publish_policy(store, "r4", 0, tiny_dir)
     manifest = policy_manifest(store, "r4", 0)
     assert manifest is not None
-    store.put_bytes(manifest.files["config.json"].key, b"{}")  # behind the manifest's back
+    key = manifest.files["config.json"].key
+    original = store.get_bytes(key)
+    corrupt = original.replace(b"{", b"[", 1) if same_size else b"{}"  # one byte, or the size
+    store.put_bytes(key, corrupt)  # behind the manifest's back
     with pytest.raises(PolicyIntegrityError, match="config.json"):
         fetch_policy(store, "r4", 0, tmp_path / "cache")
     assert not (tmp_path / "cache" / "r4" / "v0").exists()
