@@ -4,7 +4,7 @@
     cgroups.apply(limits)                  # memory.limit_in_bytes, pids.max
     ... the candidate joins them (local: it writes itself to `cgroup.procs`; gVisor: runsc
         makes a child group for the whole sandbox) ...
-    cgroups.memory_event(); cgroups.kill_all(); cgroups.remove()
+    cgroups.memory_event(); await cgroups.reap()   # SIGKILL until empty, then remove
 
 `memory_event` tells the run's own limit ("limit": the group hit it) from an OOM kill that the
 limit did not cause ("global": the kernel's OOM killer took one of the run's processes while
@@ -18,14 +18,18 @@ under load; CPU time is bounded by RLIMIT_CPU and wall time by the deadline inst
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.judge import MemoryEvent
+from infra.sandbox.process import KILL_GRACE_S
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_CONTROLLERS = ("memory", "pids")
@@ -34,6 +38,8 @@ LIMIT_SLACK = 4 * MB
 """How close to its limit a group's peak usage must come for the limit to count as reached."""
 OVERHEAD_PROCESSES = 2
 """Processes a bwrap sandbox runs beside the program (its outer process and its init)."""
+KILL_POLL_S = 0.005
+"""The pause between two rounds of SIGKILLs while a group empties."""
 
 
 class Cgroups:
@@ -60,15 +66,20 @@ class Cgroups:
         return True
 
     @classmethod
+    def named(cls, name: str) -> Cgroups:
+        """The groups called `name` under each controller's `tempered` folder (not created)."""
+        return cls({ctl: CGROUP_ROOT / ctl / "tempered" / name for ctl in CGROUP_CONTROLLERS})
+
+    @classmethod
     def create(cls, name: str) -> Cgroups:
-        paths = {ctl: CGROUP_ROOT / ctl / "tempered" / name for ctl in CGROUP_CONTROLLERS}
+        cgroups = cls.named(name)
         try:
-            for path in paths.values():
+            for path in cgroups.paths.values():
                 path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            cls(paths).remove()
+            cgroups.remove()
             raise SandboxInfraError(f"cannot create cgroups {name}: {exc}") from exc
-        return cls(paths)
+        return cgroups
 
     @property
     def name(self) -> str:
@@ -177,6 +188,32 @@ class Cgroups:
                 continue
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+    async def reap(self, grace_s: float = KILL_GRACE_S) -> bool:
+        """SIGKILL what is in the groups until they are empty (at most `grace_s`), then remove
+        them; whether they emptied (a group that did not stays, and its slot must not be reused)."""
+        for pause in self._kill_rounds(grace_s):
+            await asyncio.sleep(pause)
+        return self._remove_if_empty()
+
+    def reap_blocking(self, grace_s: float = KILL_GRACE_S) -> bool:
+        """`reap` for synchronous callers (a sweep at start, or in a thread)."""
+        for pause in self._kill_rounds(grace_s):
+            time.sleep(pause)
+        return self._remove_if_empty()
+
+    def _kill_rounds(self, grace_s: float) -> Iterator[float]:
+        """Kill everything, and yield a pause before the next round, until none is left."""
+        for _ in range(int(grace_s / KILL_POLL_S)):
+            self.kill_all()
+            if not self.pids():
+                return
+            yield KILL_POLL_S
+
+    def _remove_if_empty(self) -> bool:
+        empty = not self.pids()
+        self.remove()
+        return empty
 
     def remove(self) -> None:
         for path in self.paths.values():

@@ -63,7 +63,7 @@ from infra.sandbox.judge import (
     starvation_bound,
 )
 from infra.sandbox.launcher import CandidateLauncher, CandidateSpec, candidate_rlimits
-from infra.sandbox.process import KILL_GRACE_S, Capture
+from infra.sandbox.process import Capture
 
 VERDICT_GRACE_S = 1.0
 """How long past the candidate's start deadline the host waits for the checker to say so."""
@@ -337,13 +337,7 @@ class Verifier:
             server.forget(run_id)
         gone = True
         if cgroups is not None:
-            for _ in range(int(KILL_GRACE_S / 0.005)):
-                cgroups.kill_all()
-                if not cgroups.pids():
-                    break
-                await asyncio.sleep(0.005)
-            gone = not cgroups.pids()
-            cgroups.remove()
+            gone = await cgroups.reap()
         if gone:
             _TAKEN_SLOTS.discard(slot)
 

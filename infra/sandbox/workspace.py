@@ -189,7 +189,7 @@ class CommandRunner:
             return await self._run(command, mounts, uid, limits, cgroups)
         finally:
             if cgroups is not None:
-                await reap(cgroups)
+                await cgroups.reap()
 
     async def _run(
         self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits,
@@ -309,16 +309,6 @@ async def _kill(process: asyncio.subprocess.Process, cgroups: Cgroups | None) ->
         raise SandboxInfraError("the workspace sandbox did not die after SIGKILL") from exc
 
 
-async def reap(cgroups: Cgroups) -> None:
-    """Kill whatever is left in `cgroups` and remove them."""
-    for _ in range(int(KILL_GRACE_S / 0.005)):
-        cgroups.kill_all()
-        if not cgroups.pids():
-            break
-        await asyncio.sleep(0.005)
-    cgroups.remove()
-
-
 def sweep_cgroups(pid: int) -> int:
     """Kill what is left in the workspace cgroups of the dead worker `pid` and remove them;
     returns how many there were."""
@@ -330,13 +320,5 @@ def sweep_cgroups(pid: int) -> int:
         for path in (CGROUP_ROOT / ctl / "tempered").glob(f"{pid}-w*")
     }
     for name in names:
-        cgroups = Cgroups(
-            {ctl: CGROUP_ROOT / ctl / "tempered" / name for ctl in CGROUP_CONTROLLERS}
-        )
-        for _ in range(int(KILL_GRACE_S / 0.005)):
-            cgroups.kill_all()
-            if not cgroups.pids():
-                break
-            time.sleep(0.005)
-        cgroups.remove()
+        Cgroups.named(name).reap_blocking()
     return len(names)

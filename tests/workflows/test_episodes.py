@@ -17,9 +17,11 @@ from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 from activities.rewards import RewardActivities
 from contracts.episode import ToolCall
+from contracts.errors import ErrorType
 from contracts.names import Queue, SearchAttr
 from contracts.rollout import AgentTaskResult, TaskStatus
 from contracts.task import AgentTaskInput, EnvName, SamplingParams, TaskSpec, WorkspaceSpec
@@ -36,6 +38,7 @@ from tests.workflows.harness import (
 from tests.workflows.replaying import replay
 from workflows.agent_task import AgentTaskWorkflow
 from workflows.search import KEYS
+from workflows.sessions import session_lost
 
 HISTORY = Path(__file__).parent / "histories" / "agent_task_workspace.json"
 HISTORY_EVENTS_LIMIT, HISTORY_BYTES_LIMIT = 51_200, 50 * 2**20
@@ -298,3 +301,30 @@ async def test_a_fifty_step_group_of_eight_stays_far_below_the_history_limits(
     assert result.steps == [50] * 8 and result.ends == ["step_budget"] * 8
     assert events < HISTORY_EVENTS_LIMIT / 20 and size < HISTORY_BYTES_LIMIT / 10
     assert len(list(store.list_keys(keys.trajectories_prefix(task.run_id)))) == 8
+
+
+def test_only_a_gone_worker_or_a_lost_session_restores_the_sessions() -> None:
+    """`session_lost` decides whether a failed step is run again from the snapshots (the
+    holding worker is gone: schedule-to-start timeout; or lost the session) or fails the task."""
+
+    def failed_step(cause: BaseException) -> ActivityError:
+        error = ActivityError(
+            "step failed",
+            scheduled_event_id=5,
+            started_event_id=6,
+            identity="worker",
+            activity_type="env_step",
+            activity_id="7",
+            retry_state=None,
+        )
+        error.__cause__ = cause
+        return error
+
+    def timeout(kind: TimeoutType) -> TimeoutError:
+        return TimeoutError("timed out", type=kind, last_heartbeat_details=[])
+
+    assert session_lost(failed_step(timeout(TimeoutType.SCHEDULE_TO_START)))
+    assert session_lost(failed_step(ApplicationError("gone", type=ErrorType.SESSION_LOST)))
+    assert not session_lost(failed_step(timeout(TimeoutType.START_TO_CLOSE)))
+    assert not session_lost(failed_step(ApplicationError("bad", type=ErrorType.INVALID_TASK)))
+    assert not session_lost(failed_step(ApplicationError("untyped")))

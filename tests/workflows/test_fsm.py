@@ -1,6 +1,7 @@
 """Every ordered pair of FSM states: legal moves succeed, all others raise."""
 
 import itertools
+import re
 
 import pytest
 
@@ -13,6 +14,13 @@ LEGAL = {
     (State.FEEDBACK, State.GENERATE),
     (State.FEEDBACK, State.DONE),
 }
+ALLOWED = {  # what the error says a state may go to
+    State.INIT: "GENERATE",
+    State.GENERATE: "EXECUTE",
+    State.EXECUTE: "FEEDBACK",
+    State.FEEDBACK: "DONE, GENERATE",
+    State.DONE: "nothing (terminal)",
+}
 
 
 @pytest.mark.parametrize(("src", "dst"), list(itertools.product(State, State)))
@@ -20,7 +28,8 @@ def test_every_pair(src: State, dst: State) -> None:
     if (src, dst) in LEGAL:
         assert advance(src, dst) is dst
     else:
-        with pytest.raises(IllegalTransition, match=f"{src} → {dst}"):
+        message = f"{src} → {dst} is not allowed; {src} may go to {ALLOWED[src]}"
+        with pytest.raises(IllegalTransition, match=f"^{re.escape(message)}$"):
             advance(src, dst)
 
 
