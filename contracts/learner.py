@@ -44,6 +44,10 @@ class TrajectoryGroup(Contract):
     policy_version: int = Field(ge=0, description="Oldest policy version in the group.")
 
 
+Credit = Literal["episode", "turn"]
+"""How a group's rewards become its episodes' advantages (`GRPOConfig.credit`)."""
+
+
 class GRPOConfig(Contract):
     """How the learner turns groups into an update (GRPO with a clipped importance ratio)."""
 
@@ -53,6 +57,16 @@ class GRPOConfig(Contract):
     """Weight of the k3 KL estimate to the run's version 0; 0 disables it (no reference model)."""
     clip_eps: float = Field(default=0.2, gt=0.0, le=1.0)
     """PPO-style clip of the importance ratio to [1 − eps, 1 + eps]."""
+    credit: Credit = "episode"
+    """Which advantage an episode's turns get (infra/credit.py): "episode", the episode's reward
+    against its group's (every turn alike, as single-turn GRPO); "turn", each turn's return
+    (what it and the turns after it added, discounted by `turn_discount`) against the group's
+    episodes that reached that turn, so that a failed attempt is not credited with the fix a
+    later turn made."""
+    turn_discount: float = Field(default=1.0, ge=0.0, le=1.0)
+    """With `credit = "turn"`: the weight of the next turn's reward in a turn's return (0: a turn
+    is judged by its own outcome; 1: by all the reward still to come, which an episode rewarded
+    only at its end needs)."""
     max_grad_norm: float = Field(default=1.0, gt=0.0, le=1000.0)
     """Gradients are clipped to this global norm."""
     zero_stage: int = Field(default=0, ge=0, le=3)

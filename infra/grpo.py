@@ -9,13 +9,13 @@
                                                             # a group's prompt once in each
 
 Choices, stated once:
-- Advantage of sample i in a group: (r_i - mean(r)) / (std(r) + eps), std the unbiased sample
-  std (as DeepSeekMath/TRL); exactly 0 for every sample when the group's rewards are identical
-  (no signal) or the group has one sample.
+- Advantages: the group's own baseline, (r_i - mean(r)) / (std(r) + eps), per episode or per
+  turn (`GRPOConfig.credit`; the rules and their reasons are infra/credit.py's); exactly 0 when
+  the group's rewards are identical (no signal) or the group has one sample.
 - Every episode is one training row: its trajectory's `token_ids` (exactly what the model saw
   and sampled over all its steps, never re-tokenized) with its `loss_mask`: only the tokens the
-  policy sampled (mask 1) are in the loss, each weighted by the sample's advantage; prompt,
-  observation and template tokens (mask 0) get no gradient.
+  policy sampled (mask 1) are in the loss, each weighted by its advantage (its episode's, or
+  its turn's); prompt, observation and template tokens (mask 0) get no gradient.
 - Ratio: exp(logp_now - logp_sampled), against the temperature-1 log-probs recorded at sampling
   time (the trajectory's `logprobs`), PPO-clipped to [1 - eps, 1 + eps].
 - KL to the reference (when kl_coef > 0): the k3 estimator exp(ref - logp) - (ref - logp) - 1.
@@ -37,21 +37,13 @@ from typing import Literal
 
 import torch
 
-from contracts.learner import GRPOConfig, has_signal
+from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
+from infra.credit import token_advantages
 
 Normalization = Literal["tokens", "sequence"]
 MAX_LOG_RATIO = 20.0
 """Log-ratios are clamped to ±this before exp, so a wild mismatch cannot overflow to inf."""
-
-
-def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
-    """(r - mean) / (std + eps) over one group; all zeros when the rewards are all equal."""
-    if not has_signal(rewards):
-        return [0.0] * len(rewards)
-    values = torch.tensor(rewards, dtype=torch.float64)
-    normalized = (values - values.mean()) / (values.std(unbiased=True) + eps)
-    return [float(x) for x in normalized]
 
 
 def staleness_weight(
@@ -72,7 +64,7 @@ class Row:
     input_ids: list[int]  # the episode's token sequence
     loss_mask: list[int]  # 1 where the policy sampled the token, 0 elsewhere
     old_logprobs: list[float]  # the sampled log-prob where the mask is 1, else 0
-    advantage: float
+    advantages: list[float]  # the token's advantage where the mask is 1, else 0
     weight: float = 1.0  # staleness weight
     scale: float = 0.0  # per-token loss scale, set by normalize()
 
@@ -80,6 +72,11 @@ class Row:
     def sampled(self) -> int:
         """Tokens in the loss."""
         return sum(self.loss_mask)
+
+    @property
+    def has_signal(self) -> bool:
+        """Whether any of its tokens has an advantage (without a KL term, else no gradient)."""
+        return any(self.advantages)
 
 
 @dataclass
@@ -91,9 +88,9 @@ class GroupRows:
 
 def rows_from_group(trajectories: Sequence[Trajectory], step: int, config: GRPOConfig) -> GroupRows:
     """Rows of one GRPO group. The baseline uses every sample's reward, stale ones included."""
-    advantages = group_advantages([t.reward for t in trajectories])
+    advantages = token_advantages(trajectories, config.credit, config.turn_discount)
     out = GroupRows(rows=[], used=[], dropped=[])
-    for trajectory, advantage in zip(trajectories, advantages, strict=True):
+    for trajectory, per_token in zip(trajectories, advantages, strict=True):
         oldest = min(trajectory.oldest_policy_version, trajectory.policy_version)
         weight = staleness_weight(oldest, step, config.max_staleness, config.stale_policy)
         if weight == 0.0:
@@ -110,7 +107,7 @@ def rows_from_group(trajectories: Sequence[Trajectory], step: int, config: GRPOC
                 input_ids=list(trajectory.token_ids),
                 loss_mask=list(trajectory.loss_mask),
                 old_logprobs=list(trajectory.logprobs),
-                advantage=advantage,
+                advantages=per_token,
                 weight=weight,
             )
         )
@@ -135,7 +132,7 @@ class MicroBatch:
     attention_mask: torch.Tensor  # (B, T) long
     loss_mask: torch.Tensor  # (B, T-1) float: 1 where the predicted token was sampled
     old_logprobs: torch.Tensor  # (B, T-1) float
-    advantages: torch.Tensor  # (B, 1) float
+    advantages: torch.Tensor  # (B, T-1) float: the predicted token's advantage
     token_scale: torch.Tensor  # (B, T-1) float: loss_mask * row.scale
 
     def to(self, device: torch.device | str) -> MicroBatch:
@@ -153,6 +150,7 @@ def collate(rows: Sequence[Row], pad_id: int) -> MicroBatch:
     attention = torch.zeros((batch, width), dtype=torch.long)
     loss_mask = torch.zeros((batch, width - 1))
     old = torch.zeros((batch, width - 1))
+    advantages = torch.zeros((batch, width - 1))
     for i, row in enumerate(rows):
         n = len(row.input_ids)
         input_ids[i, :n] = torch.tensor(row.input_ids)
@@ -160,13 +158,14 @@ def collate(rows: Sequence[Row], pad_id: int) -> MicroBatch:
         # target position j predicts input_ids[j + 1]: its mask and old log-prob are token j+1's
         loss_mask[i, : n - 1] = torch.tensor(row.loss_mask[1:], dtype=torch.float)
         old[i, : n - 1] = torch.tensor(row.old_logprobs[1:]) * loss_mask[i, : n - 1]
+        advantages[i, : n - 1] = torch.tensor(row.advantages[1:]) * loss_mask[i, : n - 1]
     scales = torch.tensor([r.scale for r in rows])[:, None]
     return MicroBatch(
         input_ids=input_ids,
         attention_mask=attention,
         loss_mask=loss_mask,
         old_logprobs=old,
-        advantages=torch.tensor([r.advantage for r in rows])[:, None],
+        advantages=advantages,
         token_scale=loss_mask * scales,
     )
 
@@ -293,7 +292,7 @@ def plan_step(
     dropped: list[str] = []
     for group in groups:
         part = rows_from_group(group, step, config)
-        by_group.append([r for r in part.rows if config.kl_coef > 0 or r.advantage != 0.0])
+        by_group.append([r for r in part.rows if config.kl_coef > 0 or r.has_signal])
         used += part.used
         dropped += part.dropped
     rows = [row for part in by_group for row in part]

@@ -31,7 +31,7 @@ def on_policy_groups(
         for sample in range(samples):
             completion = torch.randint(3, 259, (8 + 4 * sample,), generator=generator).tolist()
             n = len(prompt) + len(completion)
-            row = grpo.Row("x", prompt + completion, [0] * n, [0.0] * n, 0.0)
+            row = grpo.Row("x", prompt + completion, [0] * n, [0.0] * n, [0.0] * n)
             logprobs = engine.sequence_logprobs(grpo.collate([row], pad_id=0))
             old = logprobs[0, len(prompt) - 1 :].tolist()
             group.append(

@@ -24,6 +24,7 @@ class Step:
     policy_version: int = 0
     code: str = ""
     status: ExecStatus = ExecStatus.FAILED
+    reward: float | None = None  # the episode's reward after this step (default: its final one)
 
 
 def trajectory(
@@ -59,7 +60,7 @@ def trajectory(
                 completion_text=step.code,
                 code=step.code,
                 status=step.status,
-                reward=reward,
+                reward=reward if step.reward is None else step.reward,
             )
         )
     return Trajectory(

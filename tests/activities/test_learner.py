@@ -265,7 +265,7 @@ async def test_lora_versions_are_adapters_and_the_served_policy_follows_them(
         refs = []
         for sample, completion in enumerate(completions):
             n = len(prompt) + len(completion)
-            row = grpo.Row("x", prompt + completion, [0] * n, [0.0] * n, 0.0)
+            row = grpo.Row("x", prompt + completion, [0] * n, [0.0] * n, [0.0] * n)
             old = scorer.sequence_logprobs(grpo.collate([row], pad_id=0))[0, len(prompt) - 1 :]
             record = trajectory(
                 [Step(prompt, completion, old.tolist(), policy_version=step)],

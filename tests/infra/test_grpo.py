@@ -10,6 +10,7 @@ import torch
 
 from contracts.learner import GRPOConfig, has_signal
 from infra import grpo
+from infra.credit import group_advantages
 from tests.trajectories import Step, trajectory
 
 
@@ -22,21 +23,21 @@ def row(
         [*prompt, *completion],
         [0] * len(prompt) + [1] * len(completion),
         [0.0] * len(prompt) + old,
-        advantage,
+        [0.0] * len(prompt) + [advantage] * len(completion),
         **kw,
     )
 
 
 def test_group_advantages_hand_computed() -> None:
     # mean 0.25, unbiased std sqrt((0.75² + 3·0.25²)/3) = 0.5
-    assert grpo.group_advantages([1, 0, 0, 0]) == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
-    assert grpo.group_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
-    assert grpo.group_advantages([1.0]) == [0.0]
+    assert group_advantages([1, 0, 0, 0]) == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
+    assert group_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
+    assert group_advantages([1.0]) == [0.0]
     # one rule decides both: the run's dynamic sampling redraws exactly these groups
     for flat in ([0.3, 0.3, 0.3], [1.0], []):
-        assert not has_signal(flat) and not any(grpo.group_advantages(flat))
-    assert has_signal([0.0, 0.0, 1.0]) and any(grpo.group_advantages([0.0, 0.0, 1.0]))
-    advantages = grpo.group_advantages([2.0, -1.0, 0.5, 0.5])
+        assert not has_signal(flat) and not any(group_advantages(flat))
+    assert has_signal([0.0, 0.0, 1.0]) and any(group_advantages([0.0, 0.0, 1.0]))
+    advantages = group_advantages([2.0, -1.0, 0.5, 0.5])
     assert sum(advantages) == pytest.approx(0.0, abs=1e-9)
 
 
@@ -66,7 +67,7 @@ def test_one_row_per_episode_and_stale_drop() -> None:
     assert first.input_ids == fresh.token_ids == [1, 5, 7, 8, 2, 9, 6]
     assert first.loss_mask == [0, 0, 1, 1, 0, 0, 1] and first.sampled == 3
     assert first.old_logprobs == [0.0, 0.0, -0.1, -0.2, 0.0, 0.0, -0.3]
-    assert first.advantage == pytest.approx(1.5, abs=1e-5)
+    assert first.advantages == pytest.approx([0, 0, 1.5, 1.5, 0, 0, 1.5], abs=1e-5)
     # a multi-step trajectory is as stale as its oldest step
     mixed = trajectory([Step([1], [2], policy_version=2), Step([3], [2], policy_version=5)])
     assert grpo.rows_from_group([mixed], step=5, config=GRPOConfig(max_staleness=2)).dropped
@@ -80,8 +81,14 @@ def test_an_episode_with_nothing_sampled_gives_no_row() -> None:
 
 def test_collate_masks_prompt_observation_and_padding() -> None:
     rows = [
-        grpo.Row("a", [1, 2, 3, 4, 5, 6], [0, 0, 1, 0, 0, 1], [0, 0, -0.1, 0, 0, -0.2], 1.0),
-        grpo.Row("b", [1, 5], [0, 1], [0.0, -0.3], -1.0),
+        grpo.Row(
+            "a",
+            [1, 2, 3, 4, 5, 6],
+            [0, 0, 1, 0, 0, 1],
+            [0, 0, -0.1, 0, 0, -0.2],
+            [0, 0, 1, 0, 0, 2],
+        ),
+        grpo.Row("b", [1, 5], [0, 1], [0.0, -0.3], [0, -1]),
     ]
     grpo.normalize(rows, "tokens")
     batch = grpo.collate(rows, pad_id=0)
@@ -92,6 +99,8 @@ def test_collate_masks_prompt_observation_and_padding() -> None:
     expected_old = torch.tensor([[0, -0.1, 0, 0, -0.2], [-0.3, 0, 0, 0, 0]])
     assert torch.allclose(batch.old_logprobs, expected_old)
     assert torch.allclose(batch.token_scale, batch.loss_mask / 3)
+    # each predicted token carries its own advantage (a turn's, under credit "turn")
+    assert batch.advantages.tolist() == [[0, 1, 0, 0, 2], [-1, 0, 0, 0, 0]]
 
 
 def test_masked_tokens_get_zero_gradient() -> None:

@@ -18,6 +18,7 @@ from infra.learner_engine import LearnerEngine
 from infra.policy import TINY, materialize_base_model
 from infra.settings import Settings
 from tests.learner_groups import on_policy_groups
+from tests.trajectories import Step, trajectory
 
 CONFIG = GRPOConfig(learning_rate=3e-3, micro_batch_size=3, max_staleness=8)
 
@@ -184,6 +185,30 @@ def test_groups_without_signal_cost_no_compute(
     assert set(metrics.skipped.values()) == {
         "zero advantage: every sample of its group got the same reward"
     }
+
+
+def test_under_turn_credit_a_trajectory_whose_turns_all_tie_is_skipped(tiny_dir: Path) -> None:
+    """Rewards differ, but the episode the context budget ended after one failed turn ties
+    with the others on turn 0 and never reached turn 1: it gives no gradient, and says why."""
+    turn = CONFIG.model_copy(update={"credit": "turn", "turn_discount": 0.0})
+    fixed = [Step([1, 2], [10, 20], reward=-0.1), Step([9], [11, 21], reward=0.9)]
+    failed = [Step([1, 2], [12, 22], reward=-0.1), Step([9], [13, 23], reward=-0.2)]
+    group = [
+        trajectory(fixed, reward=0.9, sample=0),
+        trajectory(failed, reward=-0.2, sample=1),
+        trajectory(failed[:1], reward=-0.1, sample=2),
+    ]
+    engine = LearnerEngine("cpu")
+    engine.load(tiny_dir, 0, turn)
+    metrics = engine.train_step([group], turn)
+    assert sorted(metrics.trained) == ["r.t.s0", "r.t.s1"]
+    assert metrics.skipped == {
+        "r.t.s2": "zero advantage: on each of its turns its return is the group's mean"
+    }
+    # under "episode" credit a reward at its group's mean gives none either
+    middle = [trajectory(fixed, reward=r, sample=s) for s, r in enumerate([1.0, 0.5, 0.0])]
+    metrics = engine.train_step([middle], CONFIG)
+    assert metrics.skipped == {"r.t.s1": "zero advantage: its reward is its group's mean"}
 
 
 def test_lora_trains_adapters_only_and_saves_an_adapter_directory(

@@ -33,7 +33,7 @@ def episode(
         ids += sampled + observation
         mask += [1] * len(sampled) + [0] * len(observation)
         old += [-1.0 - 0.01 * i for i in range(len(sampled))] + [0.0] * len(observation)
-    return grpo.Row("t", ids, mask, old, advantage)
+    return grpo.Row("t", ids, mask, old, [advantage * m for m in mask])
 
 
 def tokens(generator: torch.Generator, n: int) -> list[int]:

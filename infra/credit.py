@@ -1,0 +1,95 @@
+"""Credit assignment: how a GRPO group's rewards become advantages on its episodes' tokens.
+
+    per_token = token_advantages(group, credit="turn", discount=0.0)
+    # one list per trajectory, aligned with its `token_ids`; 0 on every token not sampled
+
+Two rules (`GRPOConfig.credit`), both against the group's own baseline (GRPO: no critic):
+- "episode" (outcome reward, as single-turn GRPO in DeepSeekMath and TRL): every sampled token
+  of episode i gets A_i = (r_i - mean r) / (std r + eps), r the episodes' rewards.
+- "turn": turn t's tokens get the group advantage of the episode's return from turn t on,
+  G_t = g_t + γ g_{t+1} + γ² g_{t+2} + … (g_k: what step k added to the episode's reward,
+  γ = `turn_discount`), taken over the group's episodes that reached turn t (turn-level credit,
+  as MT-GRPO). Turn 0's baseline includes the episodes that ended before their first step, as
+  "episode" does.
+
+Why "turn" exists: in a `code` episode a failed attempt gets the test log and tries again, and
+under "episode" a first attempt that failed takes the credit of the fix that followed it (the
+default run's reward gives such an episode 0.9 of a first-turn solve's 1.0), so the first turn
+is pushed towards code that fails. With γ = 0 each attempt is judged by its own outcome; with
+γ = 1 each turn by all the reward still to come, which is what a `workspace` episode needs
+(its reward arrives only with the verdict at the end: under γ = 0 its earlier tool calls would
+learn nothing).
+
+Not covered: staleness weights and normalisation (infra/grpo.py), the loss itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from contracts.learner import Credit, has_signal
+from contracts.trajectory import Trajectory
+
+
+def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
+    """(r - mean) / (std + eps) over one group, std the unbiased sample std; all zeros when the
+    rewards are all equal (no signal) or there is one."""
+    if not has_signal(rewards):
+        return [0.0] * len(rewards)
+    values = torch.tensor(rewards, dtype=torch.float64)
+    normalized = (values - values.mean()) / (values.std(unbiased=True) + eps)
+    return [float(x) for x in normalized]
+
+
+def step_returns(trajectory: Trajectory, discount: float) -> list[float]:
+    """The return from each step on: what the step added to the episode's reward, plus what each
+    later step added, discounted by `discount` per step (1: the reward still to come)."""
+    if not trajectory.steps:
+        return []
+    totals = [step.reward for step in trajectory.steps[:-1]] + [trajectory.reward]
+    gains = [after - before for before, after in zip([0.0, *totals], totals, strict=False)]
+    returns, ahead = [], 0.0
+    for gain in reversed(gains):
+        ahead = gain + discount * ahead
+        returns.append(ahead)
+    return returns[::-1]
+
+
+def turn_advantages(trajectories: Sequence[Trajectory], discount: float) -> list[list[float]]:
+    """Per trajectory, one advantage per step (rule "turn"): each step's return against the
+    returns of the same step in the group's episodes that reached it."""
+    returns = [step_returns(t, discount) for t in trajectories]
+    out: list[list[float]] = [[] for _ in trajectories]
+    for turn in range(max((len(r) for r in returns), default=0)):
+        reached = [i for i, r in enumerate(returns) if len(r) > turn]
+        baseline = reached if turn else range(len(trajectories))  # turn 0: every episode
+        values = [returns[i][turn] if returns[i] else trajectories[i].reward for i in baseline]
+        for i, advantage in zip(baseline, group_advantages(values), strict=True):
+            if len(returns[i]) > turn:
+                out[i].append(advantage)
+    return out
+
+
+def token_advantages(
+    trajectories: Sequence[Trajectory], credit: Credit, discount: float
+) -> list[list[float]]:
+    """Per trajectory, its advantage on each token, 0 where the policy did not sample it: under
+    "episode" the episode's on all its sampled tokens, under "turn" each step's on its own
+    (`TrajectoryStep.span`)."""
+    if credit == "episode":
+        per_episode = group_advantages([t.reward for t in trajectories])
+        return [
+            [a * m for m in t.loss_mask] for t, a in zip(trajectories, per_episode, strict=True)
+        ]
+    out = []
+    for trajectory, advantages in zip(
+        trajectories, turn_advantages(trajectories, discount), strict=True
+    ):
+        tokens = [0.0] * len(trajectory.token_ids)
+        for step, advantage in zip(trajectory.steps, advantages, strict=True):
+            start, end = step.span
+            tokens[start:end] = [advantage] * (end - start)
+        out.append([a * m for a, m in zip(tokens, trajectory.loss_mask, strict=True)])
+    return out
