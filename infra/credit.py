@@ -18,7 +18,9 @@ default run's reward gives such an episode 0.9 of a first-turn solve's 1.0), so 
 is pushed towards code that fails. With γ = 0 each attempt is judged by its own outcome; with
 γ = 1 each turn by all the reward still to come, which is what a `workspace` episode needs
 (its reward arrives only with the verdict at the end: under γ = 0 its earlier tool calls would
-learn nothing).
+learn nothing). Measured on three default runs: under "episode" 6–15% of the positive advantage
+on first turns went to code that failed its tests; their held-out gains under "turn" (γ = 0)
+were within the spread of the default's, which keeps "episode" (README, "Credit across turns").
 
 Not covered: staleness weights and normalisation (infra/grpo.py), the loss itself.
 """

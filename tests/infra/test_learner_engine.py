@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
@@ -140,6 +141,7 @@ def test_train_last_layers_leaves_lower_layers_and_embeddings_untouched(
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert metrics.grad_norm > 0 and changed
     assert all(k.startswith(("model.layers.1.", "model.norm")) for k in changed), changed
+    assert "model.norm.weight" in changed  # the final norm trains with the top layers
 
 
 def test_frozen_layers_save_to_the_same_shard_files(
@@ -206,9 +208,17 @@ def test_under_turn_credit_a_trajectory_whose_turns_all_tie_is_skipped(tiny_dir:
         "r.t.s2": "zero advantage: on each of its turns its return is the group's mean"
     }
     # under "episode" credit a reward at its group's mean gives none either
+    # and one that ended before its first step has nothing to train on, whatever its reward
     middle = [trajectory(fixed, reward=r, sample=s) for s, r in enumerate([1.0, 0.5, 0.0])]
-    metrics = engine.train_step([middle], CONFIG)
-    assert metrics.skipped == {"r.t.s1": "zero advantage: its reward is its group's mean"}
+    ended = trajectory([], reward=0.5, sample=3)
+    metrics = engine.train_step([[*middle, ended]], CONFIG)
+    assert metrics.skipped == {
+        "r.t.s1": "zero advantage: its reward is its group's mean",
+        "r.t.s3": "no completion tokens to train on",
+    }
+    two = [trajectory(fixed, reward=1.0), trajectory([], reward=0.0, sample=1)]
+    metrics = engine.train_step([[*two, trajectory(fixed, reward=0.0, sample=2)]], CONFIG)
+    assert metrics.skipped == {"r.t.s1": "no completion tokens to train on"}
 
 
 def test_lora_trains_adapters_only_and_saves_an_adapter_directory(
@@ -247,3 +257,63 @@ def test_lora_trains_adapters_only_and_saves_an_adapter_directory(
         reloaded.train_step(groups, lora.model_copy(update={"lora_rank": 8}))
     with pytest.raises(ValueError, match="lora_rank must stay > 0"):
         LearnerEngine("cpu").load(tiny_dir, 3, CONFIG, adapter_dir=tmp_path / "v3", adapter_of=0)
+
+
+def test_a_checkpoint_stored_in_bfloat16_is_published_in_bfloat16(
+    tiny_dir: Path, groups: list[list[Trajectory]], tmp_path: Path
+) -> None:
+    """The learner trains in float32 but writes a version in the dtype its base was stored in:
+    a bf16 model published as float32 would double every version's size."""
+    stored = tmp_path / "bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.bfloat16).save_pretrained(stored)
+    for path in tiny_dir.iterdir():  # the tokenizer and chat template
+        if not path.name.startswith(("model", "config", "generation_config")):
+            shutil.copy(path, stored / path.name)
+    engine = LearnerEngine("cpu")
+    engine.load(stored, 0, CONFIG)
+    engine.train_step(groups, CONFIG)
+    engine.save(tmp_path / "v1")
+    tensors = {
+        name: tensor
+        for shard in (tmp_path / "v1").glob("*.safetensors")
+        for name, tensor in load_file(shard).items()
+    }
+    assert tensors and {t.dtype for t in tensors.values()} == {torch.bfloat16}
+
+
+def test_step_metrics_and_the_kl_term_to_the_reference(
+    tiny_dir: Path, groups: list[list[Trajectory]]
+) -> None:
+    """On-policy groups from v0: nothing clipped, no KL to the sampler nor to the reference (the
+    policy is v0). A step later the same groups are off-policy and the policy has left v0: all
+    three are positive, and the two KLs agree (the sampler was the reference). The KL term
+    needs its reference first."""
+    kl = CONFIG.model_copy(update={"kl_coef": 0.1, "learning_rate": 3e-2})
+    engine = LearnerEngine("cpu")
+    engine.load(tiny_dir, 0, kl)
+    with pytest.raises(RuntimeError, match="set_reference"):
+        engine.train_step(groups, kl)
+    engine.load(tiny_dir, 0, kl)
+    engine.set_reference(tiny_dir)
+    first = engine.train_step(groups, kl)
+    assert first.clip_fraction == 0.0
+    assert first.kl_sampler == pytest.approx(0.0, abs=1e-6)
+    assert first.kl_ref == pytest.approx(0.0, abs=1e-6)
+    second = engine.train_step(groups, kl)
+    assert second.clip_fraction > 0 and second.kl_sampler > 1e-4
+    assert second.kl_ref == pytest.approx(second.kl_sampler, rel=1e-3)
+    assert 0 < second.clip_fraction <= 1 and second.tokens == first.tokens
+
+
+def test_train_last_layers_zero_trains_everything(
+    tiny_dir: Path, groups: list[list[Trajectory]]
+) -> None:
+    everything = CONFIG.model_copy(update={"train_last_layers": 0})
+    engine = LearnerEngine("cpu")
+    engine.load(tiny_dir, 0, everything)
+    before = weights(engine)
+    engine.train_step(groups, everything)
+    after = weights(engine)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert {"model.embed_tokens.weight", "model.norm.weight"} <= changed
+    assert any(k.startswith("model.layers.0.") for k in changed)

@@ -1,7 +1,8 @@
 """A learner of two ranks (torchrun, gloo on CPU) makes the update one rank makes.
 
-The step's 8 rows go in 3 micro-batches of 3: rank 0 runs two, rank 1 one and a zero-loss pass,
-so the uneven split is covered. One AdamW step from the same weights on the same groups, full
+Full weights: the step's 8 rows go whole in 3 micro-batches of 3 (`share_prompt` off): rank 0
+runs two, rank 1 one and a zero-loss pass, so the uneven split is covered. LoRA: each group's
+prompt once (the CPU's default), 2 passes a group, 2 a rank. One AdamW step from the same weights on the same groups, full
 weights and LoRA adapters. The published tensors may differ by float rounding only: the summed
 gradients agree to the order of their additions, and Adam's first update lr·g/(|g| + eps)
 passes that on unchanged wherever |g| ≫ eps (1e-8) but amplifies it where |g| is near eps (up
@@ -28,8 +29,8 @@ from infra.policy import TINY, materialize_base_model
 from infra.settings import LearnerSettings, Settings
 from tests.learner_groups import on_policy_groups
 
-CONFIG = GRPOConfig(learning_rate=1e-3, micro_batch_size=3, max_staleness=8)
-LORA = CONFIG.model_copy(update={"lora_rank": 4, "lora_alpha": 8})
+CONFIG = GRPOConfig(learning_rate=1e-3, micro_batch_size=3, max_staleness=8, share_prompt=False)
+LORA = CONFIG.model_copy(update={"lora_rank": 4, "lora_alpha": 8, "share_prompt": True})
 TOLERANCE = 5e-3 * CONFIG.learning_rate
 
 
