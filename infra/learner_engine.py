@@ -65,12 +65,13 @@ def _why_no_gradient(
     """The reason a used (not stale) trajectory contributed no row to the update."""
     group = next(g for g in groups if any(t.id == trajectory_id for t in g))
     trajectory = next(t for t in group if t.id == trajectory_id)
-    if config.kl_coef == 0 and len({t.reward for t in group}) <= 1:
-        return "zero advantage: every sample of its group got the same reward"
-    if config.kl_coef == 0 and any(trajectory.loss_mask):
-        if config.credit == "turn":
-            return "zero advantage: on each of its turns its return is the group's mean"
-        return "zero advantage: its reward is its group's mean"
+    if config.kl_coef == 0:  # with a KL term every row with sampled tokens trains
+        if len({t.reward for t in group}) <= 1:
+            return "zero advantage: every sample of its group got the same reward"
+        if any(trajectory.loss_mask):
+            if config.credit == "turn":
+                return "zero advantage: on each of its turns its return is the group's mean"
+            return "zero advantage: its reward is its group's mean"
     return "no completion tokens to train on"
 
 

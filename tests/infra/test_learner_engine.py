@@ -207,8 +207,8 @@ def test_under_turn_credit_a_trajectory_whose_turns_all_tie_is_skipped(tiny_dir:
     assert metrics.skipped == {
         "r.t.s2": "zero advantage: on each of its turns its return is the group's mean"
     }
-    # under "episode" credit a reward at its group's mean gives none either
-    # and one that ended before its first step has nothing to train on, whatever its reward
+    # under "episode" credit a reward at its group's mean gives none either, and one that
+    # ended before its first step has nothing to train on, whatever its reward
     middle = [trajectory(fixed, reward=r, sample=s) for s, r in enumerate([1.0, 0.5, 0.0])]
     ended = trajectory([], reward=0.5, sample=3)
     metrics = engine.train_step([[*middle, ended]], CONFIG)

@@ -2,14 +2,14 @@
 
 Full weights: the step's 8 rows go whole in 3 micro-batches of 3 (`share_prompt` off): rank 0
 runs two, rank 1 one and a zero-loss pass, so the uneven split is covered. LoRA: each group's
-prompt once (the CPU's default), 2 passes a group, 2 a rank. One AdamW step from the same weights on the same groups, full
-weights and LoRA adapters. The published tensors may differ by float rounding only: the summed
-gradients agree to the order of their additions, and Adam's first update lr·g/(|g| + eps)
-passes that on unchanged wherever |g| ≫ eps (1e-8) but amplifies it where |g| is near eps (up
-to lr·δg/(4·eps)). Tolerance: 5e-3·lr, i.e. 5e-6 at lr 1e-3 (observed: 6.3e-7, on 2 of 90,624
-elements above 1e-7; both with |g| ~ eps). Adam's first step barely depends on the gradient's
-scale, so the reported gradient norm is compared too (a group that averaged rather than summed
-its ranks' gradients would report half of it).
+prompt once (the CPU's default), 2 passes a group, 2 a rank. One AdamW step from the same
+weights on the same groups, full weights and LoRA adapters. The published tensors may differ by
+float rounding only: the summed gradients agree to the order of their additions, and Adam's
+first update lr·g/(|g| + eps) passes that on unchanged wherever |g| ≫ eps (1e-8) but amplifies
+it where |g| is near eps (up to lr·δg/(4·eps)). Tolerance: 5e-3·lr, i.e. 5e-6 at lr 1e-3
+(observed: 6.3e-7, on 2 of 90,624 elements above 1e-7; both with |g| ~ eps). Adam's first step
+barely depends on the gradient's scale, so the reported gradient norm is compared too (a group
+that averaged rather than summed its ranks' gradients would report half of it).
 """
 
 from __future__ import annotations
