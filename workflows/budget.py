@@ -26,10 +26,21 @@ def spent(budget: HistoryBudget, *, ahead_events: int = 0, ahead_bytes: int = 0)
     )
 
 
+def byte_reserve(budget: HistoryBudget) -> int:
+    """Bytes kept back for what arrives while a continue-as-new is decided, 5% of the budget:
+    signals the server delivers meanwhile make it refuse the workflow task that continues, and
+    each lands twice, as an event and in the next input (the learner's pending groups)."""
+    return budget.bytes // 20
+
+
 EVENTS_PER_TASK = 12
 """Events a training task adds to the run's history, at least as far as the look-ahead goes:
 its start (2) and completion (1), its group signalled to the learner (2), the workflow tasks
 they wake (3 each, fewer when batched), its share of `learner_progress` signals and prunes."""
+STEP_RECORD_BYTES = 1024
+"""A bound on one learner step's record as a payload (a `TrainStepResponse`, about 300-500 bytes
+as JSON: a policy version, an acknowledgement's reference, figures). A run's ending receives its
+learner's last `HISTORY_TAIL` of them in `learner_done`, besides its result."""
 RESERVE_EVENTS = 16
 """What a segment's ending adds besides its look-ahead: the continue-as-new itself, and a
 signal or two arriving while it is decided (each makes the server refuse the workflow task that

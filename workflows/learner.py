@@ -27,8 +27,9 @@ publishes nothing, then tells its parent and ends CANCELED.
 Runs of earlier releases replay as they were: the ledger is behind
 `workflow.patched(LEDGER_PATCH)` (before it, all consumed ids and steps were carried in the
 input), writing it in the next segment behind `LEDGER_FIRST_PATCH` (before it, a segment
-wrote its own before continuing, and looked ahead by its average step), and waiting for a
-cancelled step behind `STEP_WAIT_PATCH`.
+wrote its own before continuing, and looked ahead by its average step), waiting for a
+cancelled step behind `STEP_WAIT_PATCH`, and counting the next input at the state's size now
+behind `LOOK_AHEAD_PATCH`.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from contracts.names import Activity, SearchAttr, Signal
     from workflows.activity_options import activity_options
-    from workflows.budget import RESERVE_EVENTS, TASK_TIMEOUT, spent
+    from workflows.budget import RESERVE_EVENTS, TASK_TIMEOUT, byte_reserve, spent
     from workflows.cancellation import cancel_kept, raise_if_cancelled
     from workflows.search import search_attribute_updates
     from workflows.signals import signal_run
@@ -69,6 +70,10 @@ LEDGER_FIRST_PATCH = "tempered-learner-ledger-first"
 """Marks runs that write the previous segment's ids first, and look ahead by their largest
 step. Before, a burst of group signals while a segment wrote its ledger could pass its budget
 (617 events of 600 in a run of 10 ms tasks: the cold first write took 7 signals, 28 events)."""
+LOOK_AHEAD_PATCH = "tempered-learner-look-ahead-bytes"
+"""Marks runs whose look-ahead counts the next input at the state's size now (its consumed ids,
+step history and pending groups as they have grown). Before, it counted the ids alone, and a
+segment could pass a byte budget by its history's growth."""
 STEP_WAIT_PATCH = "tempered-learner-waits-for-its-step"
 """Marks runs whose cancel waits for the running `train_step` to stop (its thread stops at the
 next micro-batch and publishes nothing, activities/learner.py). Before, the learner ended at
@@ -91,7 +96,10 @@ class LearnerWorkflow:
             self._first_step = 0 if learner_input.consumed else learner_input.step
         self._at_start = (0, 0)  # history (events, bytes) when this run began
         self._write_first = False  # LEDGER_FIRST_PATCH
+        self._look_ahead = False  # LOOK_AHEAD_PATCH
+        self._state_bytes = 0  # the state's size as JSON when this run began
         self._largest_step = 0  # most events one step (wait included) added to this run
+        self._largest_step_bytes = 0  # and most bytes
 
     @workflow.run
     async def run(self, learner_input: LearnerInput) -> LearnerInput:
@@ -133,9 +141,11 @@ class LearnerWorkflow:
         info = workflow.info()
         self._at_start = (info.get_current_history_length(), info.get_current_history_size())
         self._write_first = workflow.patched(LEDGER_FIRST_PATCH)
+        self._look_ahead = workflow.patched(LOOK_AHEAD_PATCH)
+        self._state_bytes = len(state.model_dump_json())
         if self._write_first and state.consumed:
             await self._record_segment()  # the previous segment's ids
-        mark = info.get_current_history_length()
+        mark = (info.get_current_history_length(), info.get_current_history_size())
         while state.step < state.max_steps:
             await workflow.wait_condition(
                 lambda: (
@@ -179,8 +189,10 @@ class LearnerWorkflow:
                 )
             )
             await self._report(state, response, batch)
-            events = info.get_current_history_length()
-            self._largest_step, mark = max(self._largest_step, events - mark), events
+            now = (info.get_current_history_length(), info.get_current_history_size())
+            self._largest_step = max(self._largest_step, now[0] - mark[0])
+            self._largest_step_bytes = max(self._largest_step_bytes, now[1] - mark[1])
+            mark = now
             if state.step < state.max_steps and (
                 self._steps >= state.steps_per_run
                 or workflow.info().is_continue_as_new_suggested()
@@ -194,18 +206,26 @@ class LearnerWorkflow:
 
     def _budget_spent(self) -> bool:
         """Whether one more step (as large as the largest so far; before LEDGER_FIRST_PATCH, the
-        average) would pass the budget."""
+        average; in bytes, before LOOK_AHEAD_PATCH) and the run's end would pass the budget."""
         info, (events, size), steps = workflow.info(), self._at_start, max(self._steps, 1)
         per_step = -(-(info.get_current_history_length() - events) // steps)
+        per_step_bytes = (info.get_current_history_size() - size) // steps
         # the continue-as-new event carries the next input: about this run's, and the ids
         carried = size
         if self._write_first:
             per_step = self._largest_step
             carried += sum(len(task_id) + 3 for task_id in self._state.consumed)
+        if self._look_ahead:
+            per_step_bytes = max(per_step_bytes, self._largest_step_bytes)
+            state = len(self._state.model_dump_json())
+            carried = size + state - self._state_bytes + byte_reserve(self._state.budget)
+            if self._finish or self._state.step + 1 >= self._state.max_steps:
+                carried += state  # the next step may be the last: the ending's `learner_done`
+                # and result carry the state twice (and its ledger write the ids once more)
         return spent(
             self._state.budget,
             ahead_events=max(STEP_EVENTS, per_step) + RESERVE_EVENTS,
-            ahead_bytes=(info.get_current_history_size() - size) // steps + carried,
+            ahead_bytes=per_step_bytes + carried,
         )
 
     async def _unconsumed_batch(self) -> list[TrajectoryGroup] | None:

@@ -19,7 +19,8 @@ evaluation in flight are deleted as the run goes (workflows/retention.py).
 Bounded history: before its history could pass `budget` (20% of Temporal's 51,200 events and
 50 MiB by default) — counting, for every child still in flight and every evaluation still to
 come, what a task has added so far on average (at least `EVENTS_PER_TASK` events), and the
-continue-as-new itself; checked before each start and before the run's ending —, the run stops
+continue-as-new itself, whose input carries the progress and eval tails as they have grown since
+the run began; checked before each start and before the run's ending —, the run stops
 starting tasks, lets the ones in flight finish and report (a drain), and continues as new with
 a `RunResume`: the suite, counters and the last `PROGRESS_TAIL` learner steps, nothing that
 grows with the run. The learner (`ParentClosePolicy.ABANDON`) outlives the run that started
@@ -66,14 +67,25 @@ with workflow.unsafe.imports_passed_through():
     from contracts.task import AgentTaskInput, TaskSpec
     from workflows.activity_options import activity_options
     from workflows.agent_task import AgentTaskWorkflow
-    from workflows.budget import EVENTS_PER_TASK, RESERVE_EVENTS, TASK_TIMEOUT, spent
-    from workflows.learner import LearnerWorkflow
+    from workflows.budget import (
+        EVENTS_PER_TASK,
+        RESERVE_EVENTS,
+        STEP_RECORD_BYTES,
+        TASK_TIMEOUT,
+        byte_reserve,
+        spent,
+    )
+    from workflows.learner import HISTORY_TAIL, LearnerWorkflow
     from workflows.learner_link import LearnerLink
     from workflows.retention import Retention
     from workflows.search import search_attribute_updates, task_start_options
 
 SPREAD_REDRAWS_PATCH = "tempered-run-spread-redraws"
 """Marks runs whose redraws of flat groups are spread over the learner steps."""
+LOOK_AHEAD_PATCH = "tempered-run-look-ahead-bytes"
+"""Marks runs whose history look-ahead counts the tails a continue-as-new carries as they have
+grown, the children started in the current workflow task as not in the history yet, and, at the
+ending, the learner's report (`learner_done`)."""
 PROGRESS_TAIL = 100
 """Learner steps the run keeps (and its `progress` query shows)."""
 EVAL_TAIL = 32
@@ -99,6 +111,8 @@ class TrainingRunWorkflow:
         self._learner = LearnerLink(f"{workflow.info().workflow_id}-learner")
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
         self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
+        self._tails_at_start = self._tails_bytes()
+        self._unrecorded = (0, 0)  # (history length, children started at it): see _history_full
         self._retention = Retention(run_input, resume.pruned_below if resume else 1)
 
     @workflow.run
@@ -225,6 +239,7 @@ class TrainingRunWorkflow:
                 await self._continue_as_new(tasks, deadline)
             task, version = drawn_task(order, self._started), self._latest_version
             self._started += 1  # here, not in the task: the next pass reads it before that runs
+            self._unrecorded = (info.get_current_history_length(), self._starts_unrecorded() + 1)
             self._rollouts.append(self._retention.start(version, self._rollout_one(task, version)))
         if self._history_full(ending=True):  # the run's ending must fit as well
             await self._continue_as_new(tasks, deadline)
@@ -279,12 +294,33 @@ class TrainingRunWorkflow:
         children = (
             self._in_flight + self._evaluating + len(self._heldout) * self._evals_ahead(ending)
         )
+        # the continue-as-new event carries the next input (the result is about as large)
+        last = size
+        if workflow.patched(LOOK_AHEAD_PATCH):
+            children += self._starts_unrecorded()
+            last += self._tails_bytes() - self._tails_at_start + byte_reserve(self._input.budget)
+            if ending:  # the learner's report: its last steps' records
+                last += STEP_RECORD_BYTES * min(self._input.steps, HISTORY_TAIL)
         return spent(
             self._input.budget,
             ahead_events=per_task_events * children + RESERVE_EVENTS,
-            # the continue-as-new event carries the next input: about this run's own
-            ahead_bytes=per_task_bytes * children + size,
+            ahead_bytes=per_task_bytes * children + last,
         )
+
+    def _starts_unrecorded(self) -> int:
+        """Children started in this workflow task. The history (as it stood when the task began)
+        has none of their events yet, so each will add a whole task's, and a task's average so
+        far understates that (it mixes finished tasks with halves): they count twice."""
+        length, count = self._unrecorded
+        return count if length == workflow.info().get_current_history_length() else 0
+
+    def _tails(self) -> tuple[list[LearnerProgress], list[EvalResult]]:
+        """What a continue-as-new carries that grows: the learner steps and evaluations kept."""
+        return self._progress, self._evals[:1] + self._evals[1:][-EVAL_TAIL:]
+
+    def _tails_bytes(self) -> int:
+        progress, evals = self._tails()
+        return sum(len(m.model_dump_json()) for m in (*progress, *evals))
 
     def _evals_ahead(self, ending: bool) -> int:
         """Evaluations that may start before the children in flight are done: one per
@@ -305,15 +341,15 @@ class TrainingRunWorkflow:
             if all(job.done() for job in self._eval_jobs) and self._retention.idle:
                 break
         self._learner.raise_if_failed()
-        first_eval = self._evals[:1]
+        progress, evals = self._tails()
         resume = RunResume(
             tasks=tasks,
             started=self._started,
             done=self._done,
             redrawn=self._redrawn,
             pruned_below=self._retention.pruned_below,
-            progress=self._progress,
-            evals=first_eval + self._evals[1:][-EVAL_TAIL:],
+            progress=progress,
+            evals=evals,
             deadline=deadline,
             segment=(self._input.resume.segment if self._input.resume else 0) + 1,
             stopped=self._stopped,

@@ -12,8 +12,11 @@ of the other) and `learner_next.json` (the run it continued as: committed as
 `learner_write_first*.json` from the release that writes a segment's ledger in the next) and
 `learner_cancelled.json` (a learner cancelled while it waits for groups, whose run is gone); with `--redraw` only `training_run_redraw.json`: a run of the same shape whose
 suite has flat groups and which redraws two of them (dynamic sampling; committed as
-`training_run_spread.json` too, recorded once the redraws were spread). `agent_task.json` comes
-from test_agent_task.py (`TEMPERED_RECORD_HISTORIES=1`).
+`training_run_spread.json` too, recorded once the redraws were spread); with `--tails` only
+`training_run_tails.json` and `training_run_tails_next.json`, a run of 12 tasks on a 200-event
+budget, which continues as new once, and its learner's `learner_look_ahead.json` (recorded once
+both looked ahead at their next input's size now: patches `…-look-ahead-bytes`).
+`agent_task.json` comes from test_agent_task.py (`TEMPERED_RECORD_HISTORIES=1`).
 """
 
 from __future__ import annotations
@@ -28,13 +31,18 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from contracts.common import ObjectRef
-from contracts.learner import GRPOConfig, LearnerInput, TrajectoryGroup
+from contracts.learner import GRPOConfig, HistoryBudget, LearnerInput, TrajectoryGroup
 from contracts.names import Queue
 from contracts.run import TrainingRunInput
 from infra.storage import ObjectStore
 from tests.fixtures.s3 import SeaweedServer
 from tests.fixtures.temporal import start_dev_server
-from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
+from tests.workflows.control_plane import (
+    ScriptedSuite,
+    ScriptedTrainer,
+    control_plane,
+    run_histories,
+)
 from workflows.learner import LearnerWorkflow
 from workflows.training_run import TrainingRunWorkflow
 
@@ -65,6 +73,24 @@ async def record_redraw(out: Path, client: Client, store: ObjectStore) -> None:
         result = await run.result()
         assert result.redrawn == 2, result
         (out / "training_run_redraw.json").write_text((await run.fetch_history()).to_json())
+
+
+async def record_tails(out: Path, client: Client, store: ObjectStore) -> None:
+    """A training run that continues as new on its history budget, once."""
+    suite, trainer = ScriptedSuite(train=5, heldout=2), ScriptedTrainer()
+    long = RUN.model_copy(
+        update={"run_id": "replay-tails", "steps": 6, "budget": HistoryBudget(events=200)}
+    )
+    async with control_plane(client, store, suite, trainer):
+        run = await client.start_workflow(
+            TrainingRunWorkflow.run, long, id="train-replay-tails", task_queue=Queue.AGENT_TASKS
+        )
+        await run.result()
+        first, then = await run_histories(client, run.id)
+        (out / "training_run_tails.json").write_text(first.to_json())
+        (out / "training_run_tails_next.json").write_text(then.to_json())
+        learner = await client.get_workflow_handle(f"{run.id}-learner").fetch_history()
+        (out / "learner_look_ahead.json").write_text(learner.to_json())
 
 
 async def record(out: Path, client: Client, store: ObjectStore) -> None:
@@ -116,7 +142,8 @@ async def record(out: Path, client: Client, store: ObjectStore) -> None:
         (out / "learner_cancelled.json").write_text((await cancelled.fetch_history()).to_json())
 
 
-async def main(out: Path, redraw: bool) -> None:
+async def main(out: Path, which: str) -> None:
+    recorder = {"--redraw": record_redraw, "--tails": record_tails}.get(which, record)
     server = start_dev_server()
     try:
         client = await Client.connect(
@@ -126,7 +153,7 @@ async def main(out: Path, redraw: bool) -> None:
             seaweed = SeaweedServer(Path(tmp))
             seaweed.start()
             try:
-                await (record_redraw if redraw else record)(out, client, seaweed.store())
+                await recorder(out, client, seaweed.store())
             finally:
                 seaweed.stop()
     finally:
@@ -135,4 +162,4 @@ async def main(out: Path, redraw: bool) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1]), "--redraw" in sys.argv[2:]))
+    asyncio.run(main(Path(sys.argv[1]), (sys.argv[2:] or [""])[0]))

@@ -39,6 +39,11 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     "training_run_redraw.json": (TrainingRunWorkflow, "train-replay-redraw"),
     # recorded on the release that spread the redraws over the steps (its patch marker)
     "training_run_spread.json": (TrainingRunWorkflow, "train-replay-redraw"),
+    # recorded on the release whose look-ahead counts the next input at its size now (their
+    # patch markers): a run that continued as new on its budget, both segments, and its learner
+    "training_run_tails.json": (TrainingRunWorkflow, "train-replay-tails"),
+    "training_run_tails_next.json": (TrainingRunWorkflow, "train-replay-tails"),
+    "learner_look_ahead.json": (LearnerWorkflow, "train-replay-tails-learner"),
     # recorded on the release that writes a segment's ledger in the next segment (its patch
     # marker): the learner's first run, and the run it continued as (which writes it first)
     "learner_write_first.json": (LearnerWorkflow, "replay-learner"),
