@@ -229,6 +229,13 @@ class LearnerInput(Contract):
         "ledger).",
     )
     budget: HistoryBudget = HistoryBudget()
+    burst: int = Field(
+        default=64,
+        ge=1,
+        le=10_000,
+        description="Most groups signalled at once (a training run's `concurrency`): room kept "
+        "in the byte budget for those arriving while a continue-as-new is decided.",
+    )
 
 
 class LearnerDone(Contract):

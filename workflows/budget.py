@@ -3,8 +3,9 @@
 
 Temporal fails a run whose history passes 51,200 events or 50 MiB; a budget is a fraction of
 those (20% by default). `spent` looks ahead: a caller that has work in flight which will still
-add events (children that have yet to finish) counts them, so continuing as new once they are
-done keeps the whole run inside the budget.
+add events (children that have yet to finish) counts them, and the continue-as-new's own input,
+so continuing as new once they are done keeps the whole run inside the budget; signals that
+arrive while that is decided get room of their own (`signal_reserve`).
 """
 
 from __future__ import annotations
@@ -26,25 +27,47 @@ def spent(budget: HistoryBudget, *, ahead_events: int = 0, ahead_bytes: int = 0)
     )
 
 
-def byte_reserve(budget: HistoryBudget) -> int:
-    """Bytes kept back for what arrives while a continue-as-new is decided, 5% of the budget:
-    signals the server delivers meanwhile make it refuse the workflow task that continues, and
-    each lands twice, as an event and in the next input (the learner's pending groups)."""
-    return budget.bytes // 20
-
-
 EVENTS_PER_TASK = 12
 """Events a training task adds to the run's history, at least as far as the look-ahead goes:
 its start (2) and completion (1), its group signalled to the learner (2), the workflow tasks
 they wake (3 each, fewer when batched), its share of `learner_progress` signals and prunes."""
-STEP_RECORD_BYTES = 1024
-"""A bound on one learner step's record as a payload (a `TrainStepResponse`, about 300-500 bytes
-as JSON: a policy version, an acknowledgement's reference, figures). A run's ending receives its
-learner's last `HISTORY_TAIL` of them in `learner_done`, besides its result."""
 RESERVE_EVENTS = 16
 """What a segment's ending adds besides its look-ahead: the continue-as-new itself, and a
 signal or two arriving while it is decided (each makes the server refuse the workflow task that
 continues: another task decides again)."""
+EVENT_BYTES = 128
+"""What an event adds to a history besides its payload (ids, time, attributes, metadata)."""
+STEP_RECORD_BYTES = 1024
+"""A bound on one learner step's record as a payload (a `TrainStepResponse`, about 300-500 bytes
+as JSON: a policy version, an acknowledgement's reference, figures). A run's ending receives its
+learner's last `HISTORY_TAIL` of them in `learner_done`, besides its result."""
+PROGRESS_SIGNAL_BYTES = 512
+"""A bound on a `learner_progress` signal (about 200 bytes as JSON). A run keeps room for two
+arriving while it decides to continue as new (one a learner step: seconds apart, or more)."""
+
+
+def signal_reserve(signals: int, signal_bytes: int) -> int:
+    """Bytes kept back for `signals` of up to `signal_bytes` each arriving while a continue-as-new
+    is decided: the server refuses the workflow task that continues while signals are new, and
+    each lands twice, as an event and in the next input (the learner's pending groups)."""
+    return signals * (2 * signal_bytes + EVENT_BYTES)
+
+
+class UnrecordedStarts:
+    """Children started in the current workflow task. The history, as it stood when the task
+    began, has none of their events yet, so each will add a whole task's, which a task's average
+    so far understates (it mixes finished tasks with halves): a look-ahead counts them twice."""
+
+    def __init__(self) -> None:
+        self._at = (0, 0)  # (history length, children started at it)
+
+    def started(self) -> None:
+        self._at = (workflow.info().get_current_history_length(), self.count + 1)
+
+    @property
+    def count(self) -> int:
+        length, count = self._at
+        return count if length == workflow.info().get_current_history_length() else 0
 
 
 TASK_TIMEOUT = timedelta(seconds=60)

@@ -9,7 +9,8 @@ which publishes policy version step+1, and tells its parent (`learner_progress`)
 Each group is trained on exactly once, with state that stays constant in size:
 - A segment is one run between continues-as-new. It continues as new after `steps_per_run`
   steps, when the server suggests it, or before its history could pass `budget` (20% of
-  Temporal's limits by default; looking one step ahead, at what a step has added on average),
+  Temporal's limits by default; looking one step ahead, as large as its largest, and at the
+  next input as large as the state is now, with room for `burst` groups signalled meanwhile),
   whichever comes first; only `pending` groups (bounded by the producer's flow control) and the
   last `HISTORY_TAIL` step results travel with it.
 - The task ids a segment trained on are written to the ledger (`record_ledger`, one object per
@@ -54,7 +55,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from contracts.names import Activity, SearchAttr, Signal
     from workflows.activity_options import activity_options
-    from workflows.budget import RESERVE_EVENTS, TASK_TIMEOUT, byte_reserve, spent
+    from workflows.budget import RESERVE_EVENTS, TASK_TIMEOUT, signal_reserve, spent
     from workflows.cancellation import cancel_kept, raise_if_cancelled
     from workflows.search import search_attribute_updates
     from workflows.signals import signal_run
@@ -98,6 +99,7 @@ class LearnerWorkflow:
         self._write_first = False  # LEDGER_FIRST_PATCH
         self._look_ahead = False  # LOOK_AHEAD_PATCH
         self._state_bytes = 0  # the state's size as JSON when this run began
+        self._largest_group = 0  # the largest group signalled to this run, as JSON
         self._largest_step = 0  # most events one step (wait included) added to this run
         self._largest_step_bytes = 0  # and most bytes
 
@@ -123,6 +125,7 @@ class LearnerWorkflow:
     def add_groups(self, groups: list[TrajectoryGroup]) -> None:
         self._signals += 1
         for group in groups:
+            self._largest_group = max(self._largest_group, len(group.model_dump_json()))
             if group.task_id not in self._seen:  # a re-sent group is trained on once
                 self._seen.add(group.task_id)
                 self._state.pending.append(group)
@@ -218,7 +221,8 @@ class LearnerWorkflow:
         if self._look_ahead:
             per_step_bytes = max(per_step_bytes, self._largest_step_bytes)
             state = len(self._state.model_dump_json())
-            carried = size + state - self._state_bytes + byte_reserve(self._state.budget)
+            carried = size + state - self._state_bytes
+            carried += signal_reserve(self._state.burst, self._largest_group)
             if self._finish or self._state.step + 1 >= self._state.max_steps:
                 carried += state  # the next step may be the last: the ending's `learner_done`
                 # and result carry the state twice (and its ledger write the ids once more)

@@ -69,10 +69,12 @@ with workflow.unsafe.imports_passed_through():
     from workflows.agent_task import AgentTaskWorkflow
     from workflows.budget import (
         EVENTS_PER_TASK,
+        PROGRESS_SIGNAL_BYTES,
         RESERVE_EVENTS,
         STEP_RECORD_BYTES,
         TASK_TIMEOUT,
-        byte_reserve,
+        UnrecordedStarts,
+        signal_reserve,
         spent,
     )
     from workflows.learner import HISTORY_TAIL, LearnerWorkflow
@@ -112,7 +114,7 @@ class TrainingRunWorkflow:
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
         self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
         self._tails_at_start = self._tails_bytes()
-        self._unrecorded = (0, 0)  # (history length, children started at it): see _history_full
+        self._unrecorded = UnrecordedStarts()
         self._retention = Retention(run_input, resume.pruned_below if resume else 1)
 
     @workflow.run
@@ -186,6 +188,7 @@ class TrainingRunWorkflow:
                 max_steps=run_input.steps,
                 parent_workflow_id=workflow.info().workflow_id,
                 budget=run_input.budget,
+                burst=run_input.concurrency,
             ),
             id=self._learner.workflow_id,
             task_queue=Queue.AGENT_TASKS.value,
@@ -239,7 +242,7 @@ class TrainingRunWorkflow:
                 await self._continue_as_new(tasks, deadline)
             task, version = drawn_task(order, self._started), self._latest_version
             self._started += 1  # here, not in the task: the next pass reads it before that runs
-            self._unrecorded = (info.get_current_history_length(), self._starts_unrecorded() + 1)
+            self._unrecorded.started()
             self._rollouts.append(self._retention.start(version, self._rollout_one(task, version)))
         if self._history_full(ending=True):  # the run's ending must fit as well
             await self._continue_as_new(tasks, deadline)
@@ -297,8 +300,9 @@ class TrainingRunWorkflow:
         # the continue-as-new event carries the next input (the result is about as large)
         last = size
         if workflow.patched(LOOK_AHEAD_PATCH):
-            children += self._starts_unrecorded()
-            last += self._tails_bytes() - self._tails_at_start + byte_reserve(self._input.budget)
+            children += self._unrecorded.count
+            last += self._tails_bytes() - self._tails_at_start
+            last += signal_reserve(2, PROGRESS_SIGNAL_BYTES)
             if ending:  # the learner's report: its last steps' records
                 last += STEP_RECORD_BYTES * min(self._input.steps, HISTORY_TAIL)
         return spent(
@@ -306,13 +310,6 @@ class TrainingRunWorkflow:
             ahead_events=per_task_events * children + RESERVE_EVENTS,
             ahead_bytes=per_task_bytes * children + last,
         )
-
-    def _starts_unrecorded(self) -> int:
-        """Children started in this workflow task. The history (as it stood when the task began)
-        has none of their events yet, so each will add a whole task's, and a task's average so
-        far understates that (it mixes finished tasks with halves): they count twice."""
-        length, count = self._unrecorded
-        return count if length == workflow.info().get_current_history_length() else 0
 
     def _tails(self) -> tuple[list[LearnerProgress], list[EvalResult]]:
         """What a continue-as-new carries that grows: the learner steps and evaluations kept."""
