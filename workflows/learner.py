@@ -99,7 +99,7 @@ class LearnerWorkflow:
         self._write_first = False  # LEDGER_FIRST_PATCH
         self._look_ahead = False  # LOOK_AHEAD_PATCH
         self._state_bytes = 0  # the state's size as JSON when this run began
-        self._largest_group = 0  # the largest group signalled to this run, as JSON
+        self._largest_group = 0  # the largest group this run carried or was sent, as JSON
         self._largest_step = 0  # most events one step (wait included) added to this run
         self._largest_step_bytes = 0  # and most bytes
 
@@ -146,6 +146,7 @@ class LearnerWorkflow:
         self._write_first = workflow.patched(LEDGER_FIRST_PATCH)
         self._look_ahead = workflow.patched(LOOK_AHEAD_PATCH)
         self._state_bytes = len(state.model_dump_json())
+        self._largest_group = max((len(g.model_dump_json()) for g in state.pending), default=0)
         if self._write_first and state.consumed:
             await self._record_segment()  # the previous segment's ids
         mark = (info.get_current_history_length(), info.get_current_history_size())
