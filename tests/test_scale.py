@@ -6,6 +6,8 @@ time-skipping test server, with scripted tasks, suite and train step
     test_small_run_stays_in_a_tiny_budget     300 tasks, a 600-event or a 128 KiB budget:
                                               many continues-as-new of both workflows
                                               (make test)
+    test_a_learners_ending_fits_its_byte_budget
+                                              a learner with a large state, 64 KiB
     test_20000_tasks_stay_in_a_fifth_of_the_limits
                                               20,000 tasks, the default budget (20% of
                                               Temporal's 51,200 events / 50 MiB); slow
@@ -24,14 +26,28 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from temporalio import workflow
 from temporalio.api.history.v1 import History
 from temporalio.client import Client
+from temporalio.common import RawValue
+from temporalio.worker import Worker
 
-from contracts.learner import GRPOConfig, HistoryBudget, LedgerSegment
+from contracts.common import ObjectRef
+from contracts.learner import (
+    GRPOConfig,
+    HistoryBudget,
+    LearnerInput,
+    LedgerSegment,
+    PolicyVersion,
+    TrainStepResponse,
+    TrajectoryGroup,
+)
+from contracts.names import Queue
 from contracts.run import TrainingRunInput, TrainingRunResult
 from infra import keys
 from infra.storage import ObjectStore
@@ -47,6 +63,7 @@ from tests.workflows.control_plane import (
     run_histories,
 )
 from workers.training import start_run
+from workflows.learner import LearnerWorkflow
 
 EVENT_LIMIT, BYTE_LIMIT = 51_200, 50 * 1024 * 1024
 """Temporal's hard limits on one run's history."""
@@ -156,6 +173,64 @@ async def test_small_run_stays_in_a_tiny_budget(store: ObjectStore, budget: Hist
         assert c.max_events <= budget.events, f"{c.workflow_id}: {c.runs}"
         assert c.max_bytes <= budget.bytes, f"{c.workflow_id}: {c.runs}"
     assert [e.policy_version for e in result.evals] == [0, 25, 50, 75]
+
+
+@workflow.defn(name="SignalSink", sandboxed=False)
+class SignalSink:
+    """A learner's parent that takes every signal and never ends (the server goes with the test)."""
+
+    @workflow.run
+    async def run(self) -> None:
+        await workflow.wait_condition(lambda: False)
+
+    @workflow.signal(dynamic=True)
+    def any_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        pass
+
+
+@pytest.mark.asyncio
+async def test_a_learners_ending_fits_its_byte_budget(store: ObjectStore) -> None:
+    """A learner's ending carries its state twice, in `learner_done` and in its result: with a
+    large state (24 step records of ~720 bytes carried in, 5 steps, every group pending from the
+    start, so the history is the same every run) the ending does not fit beside 5 steps, and it
+    must continue as new before its last step. Without the ending in its look-ahead it ran to
+    69,045 bytes of 65,536 in one segment; with it, about 47,000 and 63,000 in two."""
+    budget, steps = HistoryBudget(bytes=64 * 1024), 5
+    record = TrainStepResponse(
+        policy=PolicyVersion(run_id="ending", version=0, prefix="p/0"),
+        loss=0.0,
+        trained=1,
+        ack=ObjectRef(key="ack/" + "x" * 400, size=1, sha256="0" * 64),
+    )
+    ref = ObjectRef(key="trajectories/t", size=1, sha256="0" * 64)
+    learner_input = LearnerInput(
+        run_id="ending",
+        config=GRPOConfig(groups_per_step=1),
+        max_steps=steps,
+        pending=[
+            TrajectoryGroup(task_id=f"t{i}", trajectories=[ref], rewards=[1.0], policy_version=0)
+            for i in range(steps)
+        ],
+        history=[record] * 24,
+        parent_workflow_id="ending-parent",
+        budget=budget,
+        burst=1,
+    )
+    trainer = ScriptedTrainer()
+    async with (
+        time_skipping_server() as env,
+        control_plane(env.client, store, ScriptedSuite(train=1, heldout=0), trainer),
+        Worker(env.client, task_queue="sink", workflows=[SignalSink]),
+    ):
+        await env.client.start_workflow(SignalSink.run, id="ending-parent", task_queue="sink")
+        handle = await env.client.start_workflow(
+            LearnerWorkflow.run, learner_input, id="ending-learner", task_queue=Queue.AGENT_TASKS
+        )
+        final: LearnerInput = await handle.result()
+        learner = await chain(env.client, handle.id)
+    assert final.step == steps and sorted(trainer.trained()) == [f"t{i}" for i in range(steps)]
+    assert len(learner.runs) == 2, learner.runs
+    assert learner.max_bytes <= budget.bytes, learner.runs
 
 
 @pytest.mark.slow
