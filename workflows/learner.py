@@ -214,19 +214,20 @@ class LearnerWorkflow:
         info, (events, size), steps = workflow.info(), self._at_start, max(self._steps, 1)
         per_step = -(-(info.get_current_history_length() - events) // steps)
         per_step_bytes = (info.get_current_history_size() - size) // steps
-        # the continue-as-new event carries the next input: about this run's, and the ids
-        carried = size
         if self._write_first:
             per_step = self._largest_step
-            carried += sum(len(task_id) + 3 for task_id in self._state.consumed)
+        # the continue-as-new event carries the next input: this run's, grown by its state since
+        carried = size
         if self._look_ahead:
             per_step_bytes = max(per_step_bytes, self._largest_step_bytes)
             state = len(self._state.model_dump_json())
-            carried = size + state - self._state_bytes
+            carried += state - self._state_bytes
             carried += signal_reserve(self._state.burst, self._largest_group)
             if self._finish or self._state.step + 1 >= self._state.max_steps:
                 carried += state  # the next step may be the last: the ending's `learner_done`
                 # and result carry the state twice (and its ledger write the ids once more)
+        elif self._write_first:  # before LOOK_AHEAD_PATCH: grown by the ids alone
+            carried += sum(len(task_id) + 3 for task_id in self._state.consumed)
         return spent(
             self._state.budget,
             ahead_events=max(STEP_EVENTS, per_step) + RESERVE_EVENTS,
