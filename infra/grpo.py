@@ -158,7 +158,7 @@ def collate(rows: Sequence[Row], pad_id: int) -> MicroBatch:
         # target position j predicts input_ids[j + 1]: its mask and old log-prob are token j+1's
         loss_mask[i, : n - 1] = torch.tensor(row.loss_mask[1:], dtype=torch.float)
         old[i, : n - 1] = torch.tensor(row.old_logprobs[1:]) * loss_mask[i, : n - 1]
-        advantages[i, : n - 1] = torch.tensor(row.advantages[1:]) * loss_mask[i, : n - 1]
+        advantages[i, : n - 1] = torch.tensor(row.advantages[1:])  # 0 off the mask (credit.py)
     scales = torch.tensor([r.scale for r in rows])[:, None]
     return MicroBatch(
         input_ids=input_ids,

@@ -43,7 +43,8 @@ from infra.environments.snapshots import Scanner
 from infra.environments.tree import Manifest
 from infra.processes import start_ticks
 from infra.sandbox.base import SandboxInfraError
-from infra.sandbox.workspace import SESSION_UID_BASE, SLOTS, session_uid, sweep_cgroups
+from infra.sandbox.cgroups import sweep_dead_workers
+from infra.sandbox.workspace import SESSION_UID_BASE, SLOTS, session_uid
 from infra.settings import WorkspaceSettings
 
 log = logging.getLogger("tempered.sessions")
@@ -205,7 +206,7 @@ def sweep_dead(root: Path) -> Sweep:
             continue  # its worker is alive
         if start_ticks(pid) is None:  # no process has its pid: its uids and cgroups are free
             swept.processes += _kill_uids(pid)
-            swept.cgroups += sweep_cgroups(pid)
+            swept.cgroups += sweep_dead_workers(pid)
         shutil.rmtree(directory, ignore_errors=True)
         swept.directories += 1
     return swept

@@ -5,6 +5,7 @@
     ... the candidate joins them (local: it writes itself to `cgroup.procs`; gVisor: runsc
         makes a child group for the whole sandbox) ...
     cgroups.memory_event(); await cgroups.reap()   # SIGKILL until empty, then remove
+    sweep_dead_workers()                   # at a worker's start: what dead workers left
 
 `memory_event` tells the run's own limit ("limit": the group hit it) from an OOM kill that the
 limit did not cause ("global": the kernel's OOM killer took one of the run's processes while
@@ -106,19 +107,6 @@ class Cgroups:
                 f"cannot set cgroup limits in {paths['memory']}: {exc}"
             ) from exc
 
-    @staticmethod
-    def sweep_stale() -> None:
-        """Remove empty run cgroups left by workers that died (named `<worker pid>-<slot>`), in
-        every controller (runsc makes a run's group in all of them)."""
-        for path in CGROUP_ROOT.glob("*/tempered/*-*"):
-            pid = path.name.split("-", 1)[0]
-            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                for group in sorted(path.rglob("*"), reverse=True):
-                    with contextlib.suppress(OSError):
-                        group.rmdir()
-                with contextlib.suppress(OSError):
-                    path.rmdir()
-
     def procs_files(self) -> list[Path]:
         return [path / "cgroup.procs" for path in self.paths.values()]
 
@@ -219,3 +207,29 @@ class Cgroups:
         for path in self.paths.values():
             with contextlib.suppress(OSError):
                 path.rmdir()
+
+
+def sweep_dead_workers(pid: int | None = None) -> int:
+    """Reap the run groups of workers that died: every dead worker's, or only `pid`'s (the
+    caller knows it is dead). A run's group is `<worker pid>-<slot>` under any controller's
+    `tempered` folder (runsc makes one in each, with groups of its own below); what still runs
+    in one is killed, then it is removed bottom-up. Returns how many runs' groups there were.
+    The verifier sweeps at its start, the workspace sessions when they find a dead worker's
+    directory: one walk for both (a worker's pid may name groups of either)."""
+    if not Cgroups.available():
+        return 0
+    pattern = f"{pid}-*" if pid is not None else "*-*"
+    groups: dict[str, list[Path]] = {}
+    for path in CGROUP_ROOT.glob(f"*/tempered/{pattern}"):
+        worker = path.name.split("-", 1)[0]
+        if worker.isdigit() and (pid is not None or not Path(f"/proc/{worker}").exists()):
+            groups.setdefault(path.name, []).append(path)
+    for name, paths in groups.items():
+        Cgroups.named(name).reap_blocking()
+        for path in paths:
+            for below in sorted(path.rglob("*"), reverse=True):
+                with contextlib.suppress(OSError):  # a control file, not a group
+                    below.rmdir()
+            with contextlib.suppress(OSError):
+                path.rmdir()
+    return len(groups)

@@ -50,7 +50,7 @@ from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
 from infra.sandbox import codec
 from infra.sandbox.base import DEFAULT_LIMITS, SandboxInfraError
-from infra.sandbox.cgroups import Cgroups
+from infra.sandbox.cgroups import Cgroups, sweep_dead_workers
 from infra.sandbox.channels import JobSocket, OutputPipe
 from infra.sandbox.forkserver import ForkServer, checker_zygote_argv, worker_uids
 from infra.sandbox.judge import (
@@ -163,7 +163,7 @@ class Verifier:
                 raise SandboxInfraError(f"the checkers' interpreter {self.python} is missing")
             await self._stop()
             if self.use_cgroups:
-                Cgroups.sweep_stale()
+                await asyncio.to_thread(sweep_dead_workers)  # may wait for a kill
             argv = checker_zygote_argv(self.python, self._uids.start, self.bwrap, self.setpriv)
             checker = ForkServer("checker", argv)
             started = [checker.start(), self.launcher.start()]

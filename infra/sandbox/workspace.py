@@ -44,7 +44,7 @@ import psutil
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
-from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT, MB, Cgroups
+from infra.sandbox.cgroups import MB, Cgroups
 from infra.sandbox.launcher import candidate_rlimits
 from infra.sandbox.local import root_binds
 from infra.sandbox.process import KILL_GRACE_S, Capture
@@ -86,7 +86,7 @@ def session_uid(slot: int, pid: int | None = None) -> int:
 
 
 def cgroup_name(slot: int, pid: int | None = None) -> str:
-    """Cgroup name of a slot: `<pid>-w<slot>`, which `Cgroups.sweep_stale` reaps once the
+    """Cgroup name of a slot: `<pid>-w<slot>`, which `cgroups.sweep_dead_workers` reaps once the
     worker is gone."""
     return f"{os.getpid() if pid is None else pid}-w{slot}"
 
@@ -307,18 +307,3 @@ async def _kill(process: asyncio.subprocess.Process, cgroups: Cgroups | None) ->
         await asyncio.wait_for(process.wait(), KILL_GRACE_S)
     except TimeoutError as exc:
         raise SandboxInfraError("the workspace sandbox did not die after SIGKILL") from exc
-
-
-def sweep_cgroups(pid: int) -> int:
-    """Kill what is left in the workspace cgroups of the dead worker `pid` and remove them;
-    returns how many there were."""
-    if not Cgroups.available():
-        return 0
-    names = {
-        path.name
-        for ctl in CGROUP_CONTROLLERS
-        for path in (CGROUP_ROOT / ctl / "tempered").glob(f"{pid}-w*")
-    }
-    for name in names:
-        Cgroups.named(name).reap_blocking()
-    return len(names)

@@ -147,15 +147,20 @@ def test_a_dead_workers_cgroups_are_swept_when_the_zygotes_start() -> None:
     gone.wait()
     tempered = CGROUP_ROOT / "memory" / "tempered"
     dead, alive = tempered / f"{gone.pid}-5", tempered / "1-5"  # pid 1 lives
-    (dead / "inner").mkdir(parents=True)
+    (dead / "inner").mkdir(parents=True)  # runsc makes a group of its own below a run's
     alive.mkdir()
+    left = psutil.Popen(["sleep", "60"])  # what a candidate of the dead worker left running
+    (dead / "inner" / "cgroup.procs").write_text(str(left.pid))
     own = Box(warm=0)
     try:
         assert own.run(ADD, CHECK, "add").status == ExecStatus.PASSED
         assert not dead.exists() and alive.exists()
+        assert left.wait(5) == -9
     finally:
         own.close()
         alive.rmdir()
+        if left.poll() is None:
+            left.kill()
 
 
 @pytest.mark.parametrize("slots", [range(0, 4), range(8000, 8193)])

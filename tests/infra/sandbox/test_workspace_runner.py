@@ -17,7 +17,7 @@ import pytest
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
-from infra.sandbox.cgroups import CGROUP_ROOT, Cgroups
+from infra.sandbox.cgroups import CGROUP_ROOT, Cgroups, sweep_dead_workers
 from infra.sandbox.workspace import (
     SESSION_UID_BASE,
     SLOTS,
@@ -26,7 +26,6 @@ from infra.sandbox.workspace import (
     cgroup_name,
     check_mount_point,
     session_uid,
-    sweep_cgroups,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -155,10 +154,10 @@ def test_a_dead_workers_command_cgroups_are_swept_with_what_runs_in_them() -> No
     try:
         for procs in cgroups.procs_files():
             procs.write_text(str(left.pid))
-        assert sweep_cgroups(gone.pid) == 1
+        assert sweep_dead_workers(gone.pid) == 1
         assert left.wait(5) == -9
         assert not any(path.exists() for path in cgroups.paths.values())
-        assert sweep_cgroups(gone.pid) == 0
+        assert sweep_dead_workers(gone.pid) == 0
     finally:
         if left.poll() is None:
             left.kill()
