@@ -255,3 +255,9 @@ class LearnerProgress(Contract):
     loss: float = 0.0
     dropped_stale: int = 0
     staleness: int = Field(default=0, description="Versions between the oldest group and the step.")
+    state_bytes: int = Field(
+        default=0,
+        ge=0,
+        description="The learner's state after the step as JSON, in bytes (0: not reported): "
+        "what its `learner_done` and its result each carry, which the run's ending must fit.",
+    )

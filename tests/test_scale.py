@@ -6,6 +6,7 @@ time-skipping test server, with scripted tasks, suite and train step
     test_small_run_stays_in_a_tiny_budget     300 tasks, a 600-event or a 128 KiB budget:
                                               many continues-as-new of both workflows
                                               (make test)
+    test_a_runs_ending_fits_its_byte_budget   a run whose learner's state is large, 176 KiB
     test_a_learners_ending_fits_its_byte_budget
                                               a learner with a large state, 64 KiB
     test_20000_tasks_stay_in_a_fifth_of_the_limits
@@ -98,8 +99,9 @@ async def run_at_scale(
     run_input: TrainingRunInput,
     train_tasks: int,
     agent_task: type[StandInAgentTask] = StandInAgentTask,
+    trainer: ScriptedTrainer | None = None,
 ) -> tuple[TrainingRunResult, ScriptedTrainer, list[Chain], float]:
-    suite, trainer = ScriptedSuite(train=train_tasks, heldout=2), ScriptedTrainer()
+    suite, trainer = ScriptedSuite(train=train_tasks, heldout=2), trainer or ScriptedTrainer()
     async with (
         time_skipping_server() as env,
         control_plane(env.client, store, suite, trainer, agent_task=agent_task),
@@ -173,6 +175,32 @@ async def test_small_run_stays_in_a_tiny_budget(store: ObjectStore, budget: Hist
         assert c.max_events <= budget.events, f"{c.workflow_id}: {c.runs}"
         assert c.max_bytes <= budget.bytes, f"{c.workflow_id}: {c.runs}"
     assert [e.policy_version for e in result.evals] == [0, 25, 50, 75]
+
+
+@pytest.mark.asyncio
+async def test_a_runs_ending_fits_its_byte_budget(store: ObjectStore) -> None:
+    """A run's ending receives its learner's state (the last step records) up to three times:
+    in `learner_done`, in the learner's completion as its child, and in its own result. With
+    records of ~850 bytes, 30 steps of one group and 176 KiB, the run fits in one segment but
+    for its ending: counted once at 1 KiB a step, the ending ran to about 201,000 bytes in one
+    segment (3 of 3 runs); counted as reported by the learner (`state_bytes`), once a copy, the
+    run continues as new before it and both segments fit (about 129,000 and 74,000 bytes)."""
+    budget, steps = HistoryBudget(events=10_000, bytes=176 * 1024), 30
+    run_input = TrainingRunInput(
+        run_id="scale-ending",
+        steps=steps,
+        group_size=2,
+        concurrency=2,
+        grpo=GRPOConfig(groups_per_step=1, max_staleness=2),
+        budget=budget,
+    )
+    trainer = ScriptedTrainer(padding=600)
+    result, trainer, chains, _ = await run_at_scale(store, run_input, steps, trainer=trainer)
+    check_accounting(result, trainer, store, run_input, train_tasks=steps)
+    run, learner = chains
+    assert len(run.runs) == 2, run.runs
+    for c in chains:
+        assert c.max_bytes <= budget.bytes, f"{c.workflow_id}: {c.runs}"
 
 
 @workflow.defn(name="SignalSink", sandboxed=False)

@@ -40,7 +40,9 @@ EVENT_BYTES = 128
 STEP_RECORD_BYTES = 1024
 """A bound on one learner step's record as a payload (a `TrainStepResponse`, about 300-500 bytes
 as JSON: a policy version, an acknowledgement's reference, figures). A run's ending receives its
-learner's last `HISTORY_TAIL` of them in `learner_done`, besides its result."""
+learner's state (the last `HISTORY_TAIL` of them) in `learner_done`, in its result and, in the
+segment that started the learner, in the child's completion: it counts the state as last
+reported (`LearnerProgress.state_bytes`) and this bound for each step not reported yet."""
 PROGRESS_SIGNAL_BYTES = 512
 """A bound on a `learner_progress` signal (about 200 bytes as JSON). A run keeps room for two
 arriving while it decides to continue as new (one a learner step: seconds apart, or more)."""

@@ -301,6 +301,7 @@ class LearnerWorkflow:
             loss=response.loss,
             dropped_stale=response.dropped_stale,
             staleness=state.step - 1 - min(g.policy_version for g in batch),
+            state_bytes=len(state.model_dump_json()),
         )
         await signal_run(state.parent_workflow_id, Signal.LEARNER_PROGRESS, [progress])
 

@@ -48,7 +48,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryGroup,
         has_signal,
     )
-    from contracts.names import Activity, Queue, SearchAttr, Signal, eval_run_id
+    from contracts.names import Activity, Queue, SearchAttr, Signal
     from contracts.rollout import AgentTaskResult
     from contracts.run import (
         EvalResult,
@@ -77,6 +77,7 @@ with workflow.unsafe.imports_passed_through():
         signal_reserve,
         spent,
     )
+    from workflows.evaluations import Evaluations
     from workflows.learner import HISTORY_TAIL, LearnerWorkflow
     from workflows.learner_link import LearnerLink
     from workflows.retention import Retention
@@ -87,11 +88,13 @@ SPREAD_REDRAWS_PATCH = "tempered-run-spread-redraws"
 LOOK_AHEAD_PATCH = "tempered-run-look-ahead-bytes"
 """Marks runs whose history look-ahead counts the tails a continue-as-new carries as they have
 grown, the children started in the current workflow task as not in the history yet, and, at the
-ending, the learner's report (`learner_done`)."""
+ending, the learner's report (`learner_done`, one copy of its step records at 1 KiB each)."""
+ENDING_PATCH = "tempered-run-ending-bytes"
+"""Marks runs whose ending look-ahead counts the learner's state as reported (`state_bytes`)
+once for each copy the ending receives: its `learner_done`, the run's result and, in the
+segment that started the learner, the child's result (before it: one copy of 1 KiB a step)."""
 PROGRESS_TAIL = 100
 """Learner steps the run keeps (and its `progress` query shows)."""
-EVAL_TAIL = 32
-"""Evaluations the run keeps besides the first (before training)."""
 
 
 @workflow.defn(name="TrainingRunWorkflow")
@@ -101,21 +104,22 @@ class TrainingRunWorkflow:
         self._input = run_input
         resume = run_input.resume
         self._progress: list[LearnerProgress] = list(resume.progress) if resume else []
-        self._evals: list[EvalResult] = list(resume.evals) if resume else []
-        self._eval_jobs: list[asyncio.Task[None]] = []
         self._rollouts: list[asyncio.Task[None]] = []
-        self._heldout = spread(resume.tasks.heldout, run_input.heldout_limit) if resume else []
         self._in_flight = 0
-        self._evaluating = 0  # eval children in flight
         self._started = resume.started if resume else 0
         self._done = resume.done if resume else 0
         self._redrawn = resume.redrawn if resume else 0  # flat groups not sent to the learner
         self._learner = LearnerLink(f"{workflow.info().workflow_id}-learner")
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
         self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
-        self._tails_at_start = self._tails_bytes()
         self._unrecorded = UnrecordedStarts()
         self._retention = Retention(run_input, resume.pruned_below if resume else 1)
+        self._evaluations = Evaluations(
+            run_input, resume.evals if resume else [], self._retention, self._agent_task
+        )
+        if resume:
+            self._evaluations.heldout = spread(resume.tasks.heldout, run_input.heldout_limit)
+        self._tails_at_start = self._tails_bytes()
 
     @workflow.run
     async def run(self, run_input: TrainingRunInput) -> TrainingRunResult:
@@ -136,11 +140,10 @@ class TrainingRunWorkflow:
                 with contextlib.suppress(FailureError):  # it may have ended meanwhile
                     await workflow.get_external_workflow_handle(self._learner.workflow_id).cancel()
             raise
-        if final.history and not any(
-            e.policy_version == final.history[-1].policy.version for e in self._evals
-        ):
-            self._start_eval(final.history[-1].policy.version)
-        await asyncio.gather(*self._eval_jobs)
+        evaluations = self._evaluations
+        if final.history and not evaluations.measured(final.history[-1].policy.version):
+            evaluations.start(final.history[-1].policy.version)
+        await asyncio.gather(*evaluations.jobs)
         await self._retention.finish(final.history[-1].policy.version if final.history else 0)
         return TrainingRunResult(
             run_id=run_input.run_id,
@@ -149,7 +152,7 @@ class TrainingRunWorkflow:
             tasks_done=self._done,
             redrawn=self._redrawn,
             history=final.history,
-            evals=sorted(self._evals, key=lambda e: e.policy_version),
+            evals=sorted(evaluations.results, key=lambda e: e.policy_version),
             stopped=self._stopped,
         )
 
@@ -170,7 +173,7 @@ class TrainingRunWorkflow:
             raise fail(
                 ErrorType.INVALID_TASK, f"suite {run_input.suite!r} has no training tasks left"
             )
-        self._heldout = spread(tasks.heldout, run_input.heldout_limit)
+        self._evaluations.heldout = spread(tasks.heldout, run_input.heldout_limit)
         base = await workflow.execute_activity(
             Activity.PREPARE_RUN.value,
             PrepareRunRequest(
@@ -179,7 +182,7 @@ class TrainingRunWorkflow:
             result_type=PolicyVersion,
             **activity_options(Activity.PREPARE_RUN, max(run_input.heartbeat_timeout_s, 120)),
         )
-        self._start_eval(base.version)
+        self._evaluations.start(base.version)
         learner = await workflow.start_child_workflow(
             LearnerWorkflow.run,
             LearnerInput(
@@ -203,7 +206,7 @@ class TrainingRunWorkflow:
         del self._progress[:-PROGRESS_TAIL]
         every = self._input.eval_every
         if every and progress.step % every == 0 and progress.step < self._input.steps:
-            self._start_eval(progress.policy_version)
+            self._evaluations.start(progress.policy_version)
         self._retention.published(progress.policy_version)
 
     @workflow.signal(name=Signal.LEARNER_DONE)
@@ -223,7 +226,7 @@ class TrainingRunWorkflow:
             in_flight=self._in_flight,
             redrawn=self._redrawn,
             learner=self._progress,
-            evals=self._evals,
+            evals=self._evaluations.results,
             stopping=self._stopped,
         )
 
@@ -294,8 +297,8 @@ class TrainingRunWorkflow:
             EVENTS_PER_TASK, -(-(info.get_current_history_length() - events) // tasks)
         )
         per_task_bytes = (info.get_current_history_size() - size) // tasks
-        children = (
-            self._in_flight + self._evaluating + len(self._heldout) * self._evals_ahead(ending)
+        children = self._in_flight + self._evaluations.children_ahead(
+            self._started, self._learner_steps, ending
         )
         # the continue-as-new event carries the next input (the result is about as large)
         last = size
@@ -303,39 +306,44 @@ class TrainingRunWorkflow:
             children += self._unrecorded.count
             last += self._tails_bytes() - self._tails_at_start
             last += signal_reserve(2, PROGRESS_SIGNAL_BYTES)
-            if ending:  # the learner's report: its last steps' records
-                last += STEP_RECORD_BYTES * min(self._input.steps, HISTORY_TAIL)
+            if ending:
+                last += self._ending_bytes()
         return spent(
             self._input.budget,
             ahead_events=per_task_events * children + RESERVE_EVENTS,
             ahead_bytes=per_task_bytes * children + last,
         )
 
+    def _ending_bytes(self) -> int:
+        """What the learner's ending brings besides the run's tails: its state, as last
+        reported plus at most `STEP_RECORD_BYTES` a step still to come, in `learner_done`, in
+        the run's result (its step records) and, where this segment started the learner, in
+        the child's completion."""
+        steps = self._input.steps
+        if not workflow.patched(ENDING_PATCH):  # one copy of the step records
+            return STEP_RECORD_BYTES * min(steps, HISTORY_TAIL)
+        reported = self._progress[-1].state_bytes if self._progress else 0
+        to_come = min(steps - self._learner_steps, HISTORY_TAIL) * STEP_RECORD_BYTES
+        copies = 3 if self._input.resume is None else 2
+        return copies * (reported + to_come)
+
     def _tails(self) -> tuple[list[LearnerProgress], list[EvalResult]]:
         """What a continue-as-new carries that grows: the learner steps and evaluations kept."""
-        return self._progress, self._evals[:1] + self._evals[1:][-EVAL_TAIL:]
+        return self._progress, self._evaluations.kept()
 
     def _tails_bytes(self) -> int:
         progress, evals = self._tails()
         return sum(len(m.model_dump_json()) for m in (*progress, *evals))
-
-    def _evals_ahead(self, ending: bool) -> int:
-        """Evaluations that may start before the children in flight are done: one per
-        `eval_every` learner steps that the groups started so far (and the next) allow, and,
-        at the ending, the one after the last step."""
-        run_input, every = self._input, self._input.eval_every
-        reachable = min((self._started + 1) // run_input.grpo.groups_per_step, run_input.steps - 1)
-        periodic = max(reachable // every - self._learner_steps // every, 0) if every else 0
-        return periodic + int(ending)
 
     async def _continue_as_new(
         self, tasks: LoadTasksResponse, deadline: datetime | None
     ) -> NoReturn:
         """Drain (every child finished and reported), then continue as new from here."""
         while True:  # a `learner_progress` arriving meanwhile may start one more evaluation
-            await asyncio.gather(*self._rollouts, *self._eval_jobs, self._retention.drain())
+            evaluations = self._evaluations
+            await asyncio.gather(*self._rollouts, *evaluations.jobs, self._retention.drain())
             await workflow.wait_condition(workflow.all_handlers_finished)
-            if all(job.done() for job in self._eval_jobs) and self._retention.idle:
+            if evaluations.idle and self._retention.idle:
                 break
         self._learner.raise_if_failed()
         progress, evals = self._tails()
@@ -387,27 +395,6 @@ class TrainingRunWorkflow:
             policy_version=min(result.policy_versions),
         )
         await self._learner.send(Signal.ADD_GROUPS, [[group]])
-
-    def _start_eval(self, version: int) -> None:
-        self._eval_jobs.append(self._retention.start(version, self._evaluate(version)))
-
-    async def _evaluate(self, version: int) -> None:
-        """Held-out figures of `version`: one greedy episode of up to `eval_turns` turns per
-        held-out task; pass@1 counts those solved at turn 1, the solve rate all solved."""
-        run_input = self._input
-        if not self._heldout:
-            return
-        eval_run = eval_run_id(run_input.run_id, version)
-        children = [
-            self._agent_task(run_input.eval_input(t, eval_run, version), f"{eval_run}-{t.id}")
-            for t in self._heldout
-        ]
-        self._evaluating += len(self._heldout)
-        try:
-            results = await asyncio.gather(*children)
-        finally:
-            self._evaluating -= len(self._heldout)
-        self._evals.append(EvalResult.of(version, results, run_input.eval_turns))
 
     async def _agent_task(self, task_input: AgentTaskInput, workflow_id: str) -> AgentTaskResult:
         return await workflow.execute_child_workflow(

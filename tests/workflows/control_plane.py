@@ -82,9 +82,11 @@ class ScriptedSuite:
 
 
 class ScriptedTrainer:
-    """`train_step`: publishes version step + 1 at once and remembers each step's groups."""
+    """`train_step`: publishes version step + 1 at once and remembers each step's groups. With
+    `padding` N, each step's record (its acknowledgement's key) is N bytes larger."""
 
-    def __init__(self) -> None:
+    def __init__(self, padding: int = 0) -> None:
+        self.padding = padding
         self.steps: dict[int, list[str]] = {}
         """Step → task ids of its groups (a retried step overwrites its own entry)."""
 
@@ -98,7 +100,7 @@ class ScriptedTrainer:
             loss=0.0,
             trained=trajectories,
             reward_mean=0.5,
-            ack=ObjectRef(key=f"ack/{request.step}", size=1, sha256=DIGEST),
+            ack=ObjectRef(key=f"ack/{request.step}" + "x" * self.padding, size=1, sha256=DIGEST),
         )
 
     def trained(self) -> list[str]:

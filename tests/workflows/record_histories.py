@@ -15,7 +15,9 @@ suite has flat groups and which redraws two of them (dynamic sampling; committed
 `training_run_spread.json` too, recorded once the redraws were spread); with `--tails` only
 `training_run_tails.json` and `training_run_tails_next.json`, a run of 12 tasks on a 200-event
 budget, which continues as new once, and its learner's `learner_look_ahead.json` (recorded once
-both looked ahead at their next input's size now: patches `…-look-ahead-bytes`).
+both looked ahead at their next input's size now: patches `…-look-ahead-bytes`;
+`training_run_tails_next.json` again as `training_run_ending.json` once the run's ending
+counted the learner's reported state: patch `tempered-run-ending-bytes`).
 `agent_task.json` comes from test_agent_task.py (`TEMPERED_RECORD_HISTORIES=1`).
 """
 

@@ -44,6 +44,9 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     "training_run_tails.json": (TrainingRunWorkflow, "train-replay-tails"),
     "training_run_tails_next.json": (TrainingRunWorkflow, "train-replay-tails"),
     "learner_look_ahead.json": (LearnerWorkflow, "train-replay-tails-learner"),
+    # recorded on the release whose run's ending counts the learner's reported state once a
+    # copy (its patch marker): the second segment of that run (`--tails`' `…_tails_next.json`)
+    "training_run_ending.json": (TrainingRunWorkflow, "train-replay-tails"),
     # recorded on the release that writes a segment's ledger in the next segment (its patch
     # marker): the learner's first run, and the run it continued as (which writes it first)
     "learner_write_first.json": (LearnerWorkflow, "replay-learner"),

@@ -1,0 +1,90 @@
+"""A training run's held-out evaluations, as children of `TrainingRunWorkflow`.
+
+    evaluations = Evaluations(run_input, kept_results, retention, run_task)
+    evaluations.heldout = spread(tasks.heldout, run_input.heldout_limit)   # the suite's
+    evaluations.start(version)          # one greedy episode per held-out task (children)
+    evaluations.children_ahead(...)     # what may still start: the run's history look-ahead
+    evaluations.kept()                  # what a continue-as-new carries
+
+An evaluation of version v runs every held-out task as an `AgentTaskWorkflow` child of up to
+`eval_turns` turns; pass@1 counts those solved at turn 1, the solve rate all solved
+(`EvalResult.of`). The run starts one before training, every `eval_every` learner steps and
+after the last; each reads its version for as long as it runs (`Retention`). Only the first
+result and the last `EVAL_TAIL` cross a continue-as-new. It issues exactly the commands the
+run issued before this was its own module (the recorded histories replay).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from contracts.names import eval_run_id
+    from contracts.rollout import AgentTaskResult
+    from contracts.run import EvalResult, TrainingRunInput
+    from contracts.task import AgentTaskInput, TaskSpec
+    from workflows.retention import Retention
+
+EVAL_TAIL = 32
+"""Evaluations the run keeps besides the first (before training)."""
+
+RunTask = Callable[[AgentTaskInput, str], Awaitable[AgentTaskResult]]
+"""How the run executes one agent task as its child: (input, workflow id) → result."""
+
+
+class Evaluations:
+    def __init__(
+        self,
+        run_input: TrainingRunInput,
+        results: Sequence[EvalResult],
+        retention: Retention,
+        run_task: RunTask,
+    ) -> None:
+        self._input, self._retention, self._run_task = run_input, retention, run_task
+        self.results: list[EvalResult] = list(results)
+        self.heldout: list[TaskSpec] = []
+        self.jobs: list[asyncio.Task[None]] = []
+        self.in_flight = 0  # children of evaluations running
+
+    def start(self, version: int) -> None:
+        """Evaluate `version` (in the background; `jobs` holds it)."""
+        self.jobs.append(self._retention.start(version, self._evaluate(version)))
+
+    def measured(self, version: int) -> bool:
+        return any(e.policy_version == version for e in self.results)
+
+    @property
+    def idle(self) -> bool:
+        return all(job.done() for job in self.jobs)
+
+    def kept(self) -> list[EvalResult]:
+        """The results a continue-as-new carries: the first and the last `EVAL_TAIL`."""
+        return self.results[:1] + self.results[1:][-EVAL_TAIL:]
+
+    def children_ahead(self, started: int, learner_steps: int, ending: bool) -> int:
+        """Children running, and those of the evaluations that may start before the run's
+        children in flight are done: one per `eval_every` learner steps that the groups
+        started so far (and the next) allow, and, at the `ending`, the one after the last step."""
+        run_input, every = self._input, self._input.eval_every
+        reachable = min((started + 1) // run_input.grpo.groups_per_step, run_input.steps - 1)
+        periodic = max(reachable // every - learner_steps // every, 0) if every else 0
+        return self.in_flight + len(self.heldout) * (periodic + int(ending))
+
+    async def _evaluate(self, version: int) -> None:
+        run_input = self._input
+        if not self.heldout:
+            return
+        eval_run = eval_run_id(run_input.run_id, version)
+        children = [
+            self._run_task(run_input.eval_input(t, eval_run, version), f"{eval_run}-{t.id}")
+            for t in self.heldout
+        ]
+        self.in_flight += len(self.heldout)
+        try:
+            results = await asyncio.gather(*children)
+        finally:
+            self.in_flight -= len(self.heldout)
+        self.results.append(EvalResult.of(version, results, run_input.eval_turns))
