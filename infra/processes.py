@@ -81,8 +81,11 @@ class Service:
         self.pidfile.unlink(missing_ok=True)
         return None
 
-    def start(self, argv: list[str], env: dict[str, str] | None = None) -> int:
-        """Start `argv` detached (own session), output appended to the log; returns the pid."""
+    def start(
+        self, argv: list[str], env: dict[str, str] | None = None, code: str | None = None
+    ) -> int:
+        """Start `argv` detached (own session), output appended to the log; returns the pid.
+        `code` names what it runs (a digest of its source files), for `code()` to tell."""
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
         with open(self.logfile, "ab") as log:
@@ -95,9 +98,15 @@ class Service:
                 env=env,
                 cwd=self.home,
             )
-        record = {"pid": process.pid, "ticks": start_ticks(process.pid), "argv": argv}
+        record = {"pid": process.pid, "ticks": start_ticks(process.pid), "argv": argv, "code": code}
         self.pidfile.write_text(json.dumps(record))
         return process.pid
+
+    def code(self) -> str | None:
+        """The `code` our running process was started with (None if none, or none runs)."""
+        with contextlib.suppress(FileNotFoundError, ValueError, AttributeError):
+            return json.loads(self.pidfile.read_text()).get("code") if self.pid() else None
+        return None
 
     def stop(self, timeout_s: float = 15.0) -> bool:
         """SIGTERM (then SIGKILL after `timeout_s`) our process group; False if none ran."""
