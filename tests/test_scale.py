@@ -72,10 +72,12 @@ EVENT_LIMIT, BYTE_LIMIT = 51_200, 50 * 1024 * 1024
 
 @dataclass
 class Chain:
-    """Every run of one workflow id, first to last: (events, bytes) of each history."""
+    """Every run of one workflow id, first to last: (events, bytes) of each history, and the
+    children each started."""
 
     workflow_id: str
     runs: list[tuple[int, int]]
+    children: list[int]
 
     @property
     def max_events(self) -> int:
@@ -90,7 +92,15 @@ async def chain(client: Client, workflow_id: str) -> Chain:
     """Every run of `workflow_id`, sized."""
     histories = await run_histories(client, workflow_id)
     return Chain(
-        workflow_id, [(len(h.events), History(events=h.events).ByteSize()) for h in histories]
+        workflow_id,
+        [(len(h.events), History(events=h.events).ByteSize()) for h in histories],
+        [
+            sum(
+                e.HasField("start_child_workflow_execution_initiated_event_attributes")
+                for e in h.events
+            )
+            for h in histories
+        ],
     )
 
 
@@ -184,7 +194,8 @@ async def test_a_runs_ending_fits_its_byte_budget(store: ObjectStore) -> None:
     records of ~850 bytes, 30 steps of one group and 176 KiB, the run fits in one segment but
     for its ending: counted once at 1 KiB a step, the ending ran to about 201,000 bytes in one
     segment (3 of 3 runs); counted as reported by the learner (`state_bytes`), once a copy, the
-    run continues as new before it and both segments fit (about 129,000 and 74,000 bytes)."""
+    run continues as new before it (not earlier: its second segment starts the final
+    evaluation's 2 tasks only) and both segments fit (about 129,000 and 74,000 bytes)."""
     budget, steps = HistoryBudget(events=10_000, bytes=176 * 1024), 30
     run_input = TrainingRunInput(
         run_id="scale-ending",
@@ -199,6 +210,7 @@ async def test_a_runs_ending_fits_its_byte_budget(store: ObjectStore) -> None:
     check_accounting(result, trainer, store, run_input, train_tasks=steps)
     run, learner = chains
     assert len(run.runs) == 2, run.runs
+    assert run.children[1] == 2, "it continued as new before its ending: the final evaluation only"
     for c in chains:
         assert c.max_bytes <= budget.bytes, f"{c.workflow_id}: {c.runs}"
 
