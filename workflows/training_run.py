@@ -323,6 +323,8 @@ class TrainingRunWorkflow:
         if not workflow.patched(ENDING_PATCH):  # one copy of the step records
             return STEP_RECORD_BYTES * min(steps, HISTORY_TAIL)
         reported = self._progress[-1].state_bytes if self._progress else 0
+        if not reported:  # none yet, or a learner of a build before `state_bytes`
+            reported = STEP_RECORD_BYTES * min(self._learner_steps, HISTORY_TAIL)
         to_come = min(steps - self._learner_steps, HISTORY_TAIL) * STEP_RECORD_BYTES
         copies = 3 if self._input.resume is None else 2
         return copies * (reported + to_come)
