@@ -67,6 +67,11 @@ class GRPOConfig(Contract):
     """With `credit = "turn"`: the weight of the next turn's reward in a turn's return (0: a turn
     is judged by its own outcome; 1: by all the reward still to come, which an episode rewarded
     only at its end needs)."""
+    epochs: int = Field(default=1, ge=1, le=16)
+    """Optimizer updates per step over the same groups (GRPO's μ, PPO's epochs; TRL's
+    `num_iterations`): each runs every pass again on the weights the previous one left, and the
+    clipped ratio to the sampling policy bounds how far they move. One version is published per
+    step whatever this is; a step's learner time grows with it."""
     max_grad_norm: float = Field(default=1.0, gt=0.0, le=1000.0)
     """Gradients are clipped to this global norm."""
     zero_stage: int = Field(default=0, ge=0, le=3)

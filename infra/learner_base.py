@@ -47,6 +47,22 @@ class StepMetrics:
         return {k: v for k, v in asdict(self).items() if isinstance(v, int | float)}
 
 
+def why_no_gradient(
+    trajectory_id: str, groups: Sequence[Sequence[Trajectory]], config: GRPOConfig
+) -> str:
+    """The reason a used (not stale) trajectory contributed no row to the update."""
+    group = next(g for g in groups if any(t.id == trajectory_id for t in g))
+    trajectory = next(t for t in group if t.id == trajectory_id)
+    if config.kl_coef == 0:  # with a KL term every row with sampled tokens trains
+        if len({t.reward for t in group}) <= 1:
+            return "zero advantage: every sample of its group got the same reward"
+        if any(trajectory.loss_mask):
+            if config.credit == "turn":
+                return "zero advantage: on each of its turns its return is the group's mean"
+            return "zero advantage: its reward is its group's mean"
+    return "no completion tokens to train on"
+
+
 class Learner(Protocol):
     """What the learner activities drive: an engine in this process, or a group of ranks."""
 

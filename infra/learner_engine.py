@@ -38,7 +38,7 @@ from transformers import AutoModelForCausalLM
 from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
 from infra import grpo
-from infra.learner_base import NonFiniteLoss, StepMetrics, init_single_process
+from infra.learner_base import NonFiniteLoss, StepMetrics, init_single_process, why_no_gradient
 from infra.learner_forward import pass_logprobs, sampled_logprobs
 from infra.learner_lora import ADAPTER_CONFIG, LoraSpec, save_adapter
 from infra.policy import save_weights
@@ -57,22 +57,6 @@ def _stored_dtype(model_dir: Path) -> torch.dtype:
     name = config.get("dtype") or config.get("torch_dtype") or "float32"
     dtype = getattr(torch, str(name).removeprefix("torch."), None)
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
-
-
-def _why_no_gradient(
-    trajectory_id: str, groups: Sequence[Sequence[Trajectory]], config: GRPOConfig
-) -> str:
-    """The reason a used (not stale) trajectory contributed no row to the update."""
-    group = next(g for g in groups if any(t.id == trajectory_id for t in g))
-    trajectory = next(t for t in group if t.id == trajectory_id)
-    if config.kl_coef == 0:  # with a KL term every row with sampled tokens trains
-        if len({t.reward for t in group}) <= 1:
-            return "zero advantage: every sample of its group got the same reward"
-        if any(trajectory.loss_mask):
-            if config.credit == "turn":
-                return "zero advantage: on each of its turns its return is the group's mean"
-            return "zero advantage: its reward is its group's mean"
-    return "no completion tokens to train on"
 
 
 def train_only_last_layers(model: torch.nn.Module, layers: int) -> None:
@@ -256,12 +240,8 @@ class LearnerEngine:
                     "settings (lora_rank, lora_alpha, lora_target_modules, train_last_layers) "
                     "are fixed for a run"
                 )
-        built = (
-            self._config.zero_stage,
-            self._config.max_grad_norm,
-            self._config.train_last_layers,
-        )
-        if (config.zero_stage, config.max_grad_norm, config.train_last_layers) != built:
+        built = ("zero_stage", "max_grad_norm", "train_last_layers")
+        if any(getattr(config, knob) != getattr(self._config, knob) for knob in built):
             self._build(self._model_from(self._state(), torch.float32), config)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = config.learning_rate
@@ -281,7 +261,9 @@ class LearnerEngine:
         or down-weighted. The version advances by one even when nothing was trainable (an empty
         step publishes unchanged weights, so the version sequence has no gaps). Every rank of a
         group calls it with the same groups; rank r runs passes r, r + N, ... (`grpo.Pass`: a
-        group's prompt runs once per pass if `config.shares_prompt(self.device)`).
+        group's prompt runs once per pass if `config.shares_prompt(self.device)`). With
+        `config.epochs` = μ > 1 the passes run μ times, each followed by an optimizer update;
+        the metrics are the first update's but `clip_fraction`, which counts them all.
         """
         if self.version is None:
             raise RuntimeError("LearnerEngine.load() has not been called")
@@ -293,37 +275,21 @@ class LearnerEngine:
         units, rows, used = plan.passes, plan.rows, plan.used
         with_rows = {row.trajectory_id for row in rows}
         trained = [i for i in used if i in with_rows]
-        skipped = {i: _why_no_gradient(i, groups, config) for i in used if i not in with_rows}
-        # this rank's share, and as many passes on every rank (ZeRO's collectives pair up): a
-        # rank short of one repeats its first pass with its loss times zero
-        mine = units[self.rank :: self.world]
-        passes = math.ceil(len(units) / self.world)
-        totals = torch.zeros(5, dtype=torch.float64)  # loss, tokens, clipped, kl_sampler, kl_ref
-        engine = self.engine
-        engine.train()
-        for index in range(passes):
-            real = index < len(mine)
-            engine.set_gradient_accumulation_boundary(index == passes - 1)
-            loss, sums = self._pass_loss(
-                (mine[index] if real else units[0]).to(self.device), config
-            )
-            # DeepSpeed averages gradients over the ranks; the step's gradient is their sum
-            engine.backward(loss * (self.world if real else 0.0), scale_wrt_gas=False)
-            if real:
-                totals += sums
-            if heartbeat is not None:
-                heartbeat()
-        loss_sum, tokens, clipped, kl_sampler, kl_ref = self._summed(totals)
-        grad_norm = 0.0
-        if not math.isfinite(loss_sum):  # never apply (or publish) a NaN/inf update
-            message = f"step on version {self.version} gave loss {loss_sum}; nothing was applied"
-            self.version = None  # gradients are poisoned: reload the last published version
-            raise NonFiniteLoss(message)
-        if units:
-            unclipped = self._grad_norm() if config.zero_stage == 0 else None
-            engine.step()
-            reported = engine.get_global_grad_norm()  # ZeRO's optimizers record it; stage 0 not
-            grad_norm = float(reported if reported is not None else unclipped or 0.0)
+        skipped = {i: why_no_gradient(i, groups, config) for i in used if i not in with_rows}
+        first: list[float] = []  # loss, tokens, clipped, kl_sampler, kl_ref of the first update
+        clipped = grad_norm = 0.0
+        self.engine.train()
+        for _ in range(config.epochs):
+            sums = self._summed(self._backward(units, config, heartbeat))
+            if not math.isfinite(sums[0]):  # never apply (or publish) a NaN/inf update
+                message = f"step on version {self.version} gave loss {sums[0]}; nothing published"
+                self.version = None  # gradients (or weights) are poisoned: reload the last version
+                raise NonFiniteLoss(message)
+            norm = self._update(config) if units else 0.0
+            if not first:  # the figures of the policy that sampled, as with one update
+                first, grad_norm = sums, norm
+            clipped += sums[2]  # where later updates hit the clip
+        loss_sum, tokens, _, kl_sampler, kl_ref = first
         self.version += 1
         return StepMetrics(
             loss=grpo.finite(loss_sum),
@@ -333,11 +299,42 @@ class LearnerEngine:
             trained=trained,
             skipped=skipped,
             dropped_stale=plan.dropped,
-            clip_fraction=clipped / max(tokens, 1.0),
+            clip_fraction=clipped / max(tokens * config.epochs, 1.0),
             kl_sampler=kl_sampler / max(tokens, 1.0),
             kl_ref=kl_ref / max(tokens, 1.0),
             duration_s=time.perf_counter() - started,
         )
+
+    def _backward(
+        self, units: list[grpo.Pass], config: GRPOConfig, heartbeat: Callable[[], None] | None
+    ) -> torch.Tensor:
+        """Accumulate the gradient of every pass of the step; this rank's sums of loss, tokens,
+        clipped, kl_sampler and kl_ref. A rank runs passes r, r + N, ... and as many passes as
+        every other rank (ZeRO's collectives pair up): one short of a pass repeats its first
+        with its loss times zero."""
+        mine = units[self.rank :: self.world]
+        passes = math.ceil(len(units) / self.world)
+        totals = torch.zeros(5, dtype=torch.float64)
+        for index in range(passes):
+            real = index < len(mine)
+            self.engine.set_gradient_accumulation_boundary(index == passes - 1)
+            loss, sums = self._pass_loss(
+                (mine[index] if real else units[0]).to(self.device), config
+            )
+            # DeepSpeed averages gradients over the ranks; the step's gradient is their sum
+            self.engine.backward(loss * (self.world if real else 0.0), scale_wrt_gas=False)
+            if real:
+                totals += sums
+            if heartbeat is not None:
+                heartbeat()
+        return totals
+
+    def _update(self, config: GRPOConfig) -> float:
+        """Apply the accumulated gradient; the global gradient norm before clipping."""
+        unclipped = self._grad_norm() if config.zero_stage == 0 else None
+        self.engine.step()
+        reported = self.engine.get_global_grad_norm()  # ZeRO's optimizers record it; stage 0 not
+        return float(reported if reported is not None else unclipped or 0.0)
 
     def _pass_loss(self, unit: grpo.Pass, config: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
         """A pass's share of the step loss, and its sums of loss, tokens, clipped, kl_sampler and

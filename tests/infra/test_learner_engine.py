@@ -317,3 +317,25 @@ def test_train_last_layers_zero_trains_everything(
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert {"model.embed_tokens.weight", "model.norm.weight"} <= changed
     assert any(k.startswith("model.layers.0.") for k in changed)
+
+
+def test_epochs_repeat_the_update_on_the_same_groups_within_one_version(
+    tiny_dir: Path, groups: list[list[Trajectory]]
+) -> None:
+    """μ = 2 updates in one step are the two steps of μ = 1 on the same groups (the ratio is
+    taken to the sampler either way), but publish one version; its metrics are the first
+    update's, and its clip fraction counts both (the second update is off-policy: clipped)."""
+    once = CONFIG.model_copy(update={"learning_rate": 3e-2})
+    twice = once.model_copy(update={"epochs": 2})
+    stepwise = LearnerEngine("cpu")
+    stepwise.load(tiny_dir, 0, once)
+    first, second = stepwise.train_step(groups, once), stepwise.train_step(groups, once)
+    assert first.clip_fraction == 0.0 < second.clip_fraction
+    engine = LearnerEngine("cpu")
+    engine.load(tiny_dir, 0, twice)
+    both = engine.train_step(groups, twice)
+    assert engine.version == 1 and stepwise.version == 2
+    expected, got = weights(stepwise), weights(engine)
+    assert all(torch.allclose(expected[k], got[k], atol=1e-6) for k in expected)
+    assert (both.loss, both.grad_norm, both.tokens) == (first.loss, first.grad_norm, first.tokens)
+    assert both.clip_fraction == pytest.approx((first.clip_fraction + second.clip_fraction) / 2)

@@ -1,0 +1,56 @@
+"""The test servers end with the test process, even a SIGKILLed one (tests/fixtures)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from tests.paths import REPO_ROOT
+
+SERVE = """
+import sys, time
+from pathlib import Path
+from tests.fixtures.s3 import SeaweedServer
+from tests.fixtures.temporal import start_dev_server
+temporal = start_dev_server()
+weed = SeaweedServer(Path(sys.argv[1]))
+weed.start()
+print(temporal.process.pid, weed.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_servers_started_by_a_killed_pytest_end_with_it(tmp_path: Path) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", SERVE, str(tmp_path)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    servers = [int(pid) for pid in parent.stdout.readline().split()]
+    try:
+        assert len(servers) == 2 and all(alive(pid) for pid in servers), servers
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in servers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in servers if alive(pid)], "a server outlived its pytest"
+    finally:
+        parent.kill()
+        for pid in servers:
+            if alive(pid):
+                psutil.Process(pid).kill()
