@@ -16,15 +16,13 @@ steps and after the last (greedy).
 With `keep_versions` N, versions that are neither 0, the newest N nor read by a rollout or an
 evaluation in flight are deleted as the run goes (workflows/retention.py).
 
-Bounded history: before its history could pass `budget` (20% of Temporal's 51,200 events and
-50 MiB by default) — counting, for every child still in flight and every evaluation still to
-come, what a task has added so far on average (at least `EVENTS_PER_TASK` events), and the
-continue-as-new itself, whose input carries the progress and eval tails as they have grown since
-the run began; checked before each start and before the run's ending —, the run stops
-starting tasks, lets the ones in flight finish and report (a drain), and continues as new with
-a `RunResume`: the suite, counters and the last `PROGRESS_TAIL` learner steps, nothing that
-grows with the run. The learner (`ParentClosePolicy.ABANDON`) outlives the run that started
-it; they find each other by workflow id (`learner_progress`, `learner_done`, `add_groups`, ...).
+Bounded history: checked before each start and before the ending (each child in flight or
+evaluation to come counted at a task's average so far, at least `EVENTS_PER_TASK` events; the
+continue-as-new's input as its tails have grown), a run whose history could pass `budget` (20%
+of Temporal's 51,200 events and 50 MiB by default) drains its tasks in flight and continues as
+new with a `RunResume` (suite, counters, the last `PROGRESS_TAIL` learner steps). The learner
+(`ParentClosePolicy.ABANDON`) outlives the run that started it; they find each other by
+workflow id (`learner_progress`, `learner_done`, `add_groups`, ...).
 """
 
 from __future__ import annotations
@@ -51,7 +49,6 @@ with workflow.unsafe.imports_passed_through():
     from contracts.names import Activity, Queue, SearchAttr, Signal
     from contracts.rollout import AgentTaskResult
     from contracts.run import (
-        EvalResult,
         LoadTasksRequest,
         LoadTasksResponse,
         PrepareRunRequest,
@@ -329,13 +326,10 @@ class TrainingRunWorkflow:
         copies = 3 if self._input.resume is None else 2
         return copies * (reported + to_come)
 
-    def _tails(self) -> tuple[list[LearnerProgress], list[EvalResult]]:
-        """What a continue-as-new carries that grows: the learner steps and evaluations kept."""
-        return self._progress, self._evaluations.kept()
-
     def _tails_bytes(self) -> int:
-        progress, evals = self._tails()
-        return sum(len(m.model_dump_json()) for m in (*progress, *evals))
+        """What a continue-as-new carries that grows: the learner steps and evaluations kept."""
+        tails = (*self._progress, *self._evaluations.kept())
+        return sum(len(m.model_dump_json()) for m in tails)
 
     async def _continue_as_new(
         self, tasks: LoadTasksResponse, deadline: datetime | None
@@ -348,15 +342,14 @@ class TrainingRunWorkflow:
             if evaluations.idle and self._retention.idle:
                 break
         self._learner.raise_if_failed()
-        progress, evals = self._tails()
         resume = RunResume(
             tasks=tasks,
             started=self._started,
             done=self._done,
             redrawn=self._redrawn,
             pruned_below=self._retention.pruned_below,
-            progress=progress,
-            evals=evals,
+            progress=self._progress,
+            evals=self._evaluations.kept(),
             deadline=deadline,
             segment=(self._input.resume.segment if self._input.resume else 0) + 1,
             stopped=self._stopped,
