@@ -331,6 +331,8 @@ def test_epochs_repeat_the_update_on_the_same_groups_within_one_version(
     stepwise.load(tiny_dir, 0, once)
     first, second = stepwise.train_step(groups, once), stepwise.train_step(groups, once)
     assert first.clip_fraction == 0.0 < second.clip_fraction
+    clipped = second.clip_fraction * second.tokens  # a share of the tokens: a count of them
+    assert clipped == pytest.approx(round(clipped), abs=1e-6)
     engine = LearnerEngine("cpu")
     engine.load(tiny_dir, 0, twice)
     both = engine.train_step(groups, twice)
