@@ -119,6 +119,32 @@ def test_republish_is_a_no_op_and_first_publisher_wins(
     assert manifest.files["config.json"].sha256 == _digest(tiny_dir / "config.json")
 
 
+def test_a_publisher_that_loses_the_race_for_a_version_returns_the_winners(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    """B found no manifest, uploaded its blobs, and A's manifest landed before B's: B's
+    create-only write is refused and B returns A's version, which the store keeps."""
+    other = tmp_path / "other"
+    shutil.copytree(tiny_dir, other)
+    (other / "config.json").write_text((other / "config.json").read_text() + "\n")
+
+    class LandsFirst(ObjectStore):
+        won: Any = None
+
+        def put_json(self, key: str, obj: Any, *, create_only: bool = False) -> Any:
+            if key.endswith(MANIFEST) and self.won is None:  # A publishes in between
+                self.won = publish_policy(store, "r4", 1, tiny_dir, step=1)
+            return super().put_json(key, obj, create_only=create_only)
+
+    late = LandsFirst(store.settings, store.bucket)
+    lost = publish_policy(late, "r4", 1, other, step=1)
+    assert late.won is not None and lost == late.won
+    manifest = policy_manifest(store, "r4", 1)
+    assert manifest is not None and manifest.policy == late.won
+    assert manifest.files["config.json"].sha256 == _digest(tiny_dir / "config.json")
+    assert latest_policy(store, "r4") == late.won
+
+
 def test_latest_only_moves_forward(store: ObjectStore, tiny_dir: Path) -> None:
     publish_policy(store, "r3", 0, tiny_dir)
     v2 = publish_policy(store, "r3", 2, tiny_dir, step=2)
