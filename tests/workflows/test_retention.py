@@ -74,7 +74,8 @@ async def test_old_versions_go_as_the_run_trains_and_none_still_read(
 ) -> None:
     """20 steps, evaluations every 4, tasks of 1-30 s pinned to the newest version when they
     start, across continue-as-new: every rollout and evaluation finds its version at its end,
-    the bound only rises, and the run ends holding version 0 and its newest `keep` alone."""
+    the bound only rises, and rises as the run goes, and the run ends holding version 0 and its
+    newest `keep` alone."""
     run = RUN.model_copy(
         update={"run_id": f"keep-{keep}", "steps": 20, "eval_every": 4, "keep_versions": keep}
     )
@@ -95,6 +96,9 @@ async def test_old_versions_go_as_the_run_trains_and_none_still_read(
     assert continued, "no continue-as-new"
     assert result.steps == run.steps and len(result.evals) == 6  # v0, 4, 8, 12, 16 and 20
     assert versions.bounds == sorted(set(versions.bounds)), "a bound went back or repeated"
+    # as the run trains, not only where a segment ends (14 and 17 bounds of 20 steps seen; a
+    # version whose readers never count down held every bound back to 2 or 3 a run)
+    assert len(versions.bounds) >= run.steps // 2, versions.bounds
     assert versions.pruned == set(range(1, run.steps - keep + 1))  # v0 and the newest `keep` left
     old_reads = [v for v in versions.reads if 0 < v <= run.steps - keep]
     assert old_reads, "no rollout read a version that was later deleted: the test shows nothing"
