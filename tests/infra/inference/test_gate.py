@@ -64,6 +64,21 @@ async def test_a_waiting_version_is_not_starved_by_new_requests_for_the_loaded_o
 
 
 @pytest.mark.asyncio
+async def test_after_a_switch_the_loaded_version_serves_one_request_after_another() -> None:
+    """Waiters that were served leave nothing behind: once v1 is loaded, requests for it one at
+    a time are admitted at once (a version with no waiter left, or the request itself, counted
+    as waiting would hold them until the bound)."""
+    engine = Engine()
+    gate = VersionGate(engine.load, wait_s=0.5)
+    seen: list[str] = []
+    await request(gate, engine, "v0", seen)
+    for _ in range(3):
+        await request(gate, engine, "v1", seen)
+    assert engine.loads == ["v0", "v1"] and gate.loads == 2
+    assert seen == ["v0:v0"] * 3 + ["v1:v1"] * 9
+
+
+@pytest.mark.asyncio
 async def test_a_wait_longer_than_the_bound_is_a_clear_error() -> None:
     engine = Engine()
     gate = VersionGate(engine.load, wait_s=0.05)
@@ -89,4 +104,4 @@ async def test_a_failed_load_fails_its_request_and_the_next_one_loads_again() ->
     gate.invalidate()  # e.g. the engine died
     async with gate.serving("v0"):
         pass
-    assert engine.loads == ["v0", "v0"]
+    assert engine.loads == ["v0", "v0"] and gate.loads == 2  # the failed load not counted
