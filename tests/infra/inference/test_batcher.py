@@ -75,6 +75,8 @@ async def test_concurrent_requests_coalesce_and_each_gets_its_own_result() -> No
     assert sum(rows for rows, _ in backend.calls) == 20
     assert backend.max_active == 1  # one backend call at a time
     assert batcher.batches == 3 and batcher.rows == 20
+    for result in results:  # the batch's tokens (4 a row) over its call's time (>= 0.02 s)
+        assert result.batch_size * 4 < result.batch_tokens_per_s <= result.batch_size * 4 / 0.02
     await batcher.close()
 
 
@@ -164,12 +166,43 @@ async def test_a_continuous_batching_backend_gets_every_request_at_once() -> Non
     backend.continuous_batching = True  # type: ignore[misc]
     batcher = Batcher(backend, max_batch=4, max_wait_ms=1000)
     started = time.monotonic()
-    results = await asyncio.gather(
-        *(batcher.submit([i], SamplingParams(seed=i), handle(i % 2)) for i in range(10))
-    )
+    calls = [batcher.submit([i], SamplingParams(seed=i), handle(i % 2)) for i in range(10)]
+    requests = [asyncio.create_task(call) for call in calls]
+    await asyncio.sleep(0.02)
+    assert batcher.running == 10 and batcher.waiting == 0
+    results = await asyncio.gather(*requests)
     assert time.monotonic() - started < 0.9  # nobody waited for a batch to fill
     assert [r.output.token_ids[2:] for r in results] == [[i, i % 2] for i in range(10)]
     assert backend.calls == [(1, i % 2) for i in range(10)]  # straight through, both versions
     assert backend.max_active == 10 and batcher.running == 0
-    assert results[-1].batch_size == 10 and batcher.busy_s > 0
+    assert results[-1].batch_size == 10 and batcher.batches == batcher.rows == 10
+    assert 0.04 < batcher.busy_s < 0.3  # the union of the requests' times, not their sum (0.5)
+    # a request's figure: the tokens finished while it ran (its own, and the earlier ones')
+    speeds = sorted(r.batch_tokens_per_s for r in results)
+    assert speeds[-1] > 3 * speeds[0], speeds
+    alone = await batcher.submit([1], SamplingParams(), handle(0))
+    assert 4 < alone.batch_tokens_per_s <= 4 / 0.05  # 4 tokens in one request of 0.05 s to 1 s
+    # busy from the first start to the last end: two requests of 0.05 s, the second started
+    # halfway through the first (0.075 s; 0.05 from either end alone)
+    before = batcher.busy_s
+    first = asyncio.create_task(batcher.submit([1], SamplingParams(), handle(0)))
+    await asyncio.sleep(0.025)
+    await asyncio.gather(first, batcher.submit([2], SamplingParams(), handle(0)))
+    assert 0.074 <= batcher.busy_s - before < 0.3
+    await batcher.close()
+
+
+@pytest.mark.asyncio
+async def test_a_batch_short_of_its_own_version_waits_for_more() -> None:
+    """Rows of another version do not fill the head's batch: two of v0 and two of v1, with
+    room for four, wait out `max_wait` and run as two batches."""
+    backend = RecordingBackend(delay_s=0.0)
+    batcher = Batcher(backend, max_batch=4, max_wait_ms=300)
+    started = time.monotonic()
+    calls = [batcher.submit([i], SamplingParams(), handle(i % 2)) for i in range(4)]
+    requests = [asyncio.create_task(call) for call in calls]
+    await asyncio.gather(requests[0], requests[2])  # v0's
+    assert time.monotonic() - started >= 0.29
+    await asyncio.gather(*requests)
+    assert sorted(backend.calls) == [(2, 0), (2, 1)]
     await batcher.close()
