@@ -258,6 +258,7 @@ def test_spread_keeps_the_ends_and_the_spacing() -> None:
     tasks = ScriptedSuite(train=0, heldout=10).heldout
     assert [t.id for t in spread(tasks, 4)] == [tasks[i].id for i in (0, 2, 5, 7)]
     assert spread(tasks, 0) == spread(tasks, 10) == spread(tasks, 99) == tasks
+    assert spread(tasks, 1) == tasks[:1]  # a limit of one is one task, not all of them
 
 
 @pytest.mark.asyncio
