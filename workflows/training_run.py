@@ -49,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.names import Activity, Queue, SearchAttr, Signal
     from contracts.rollout import AgentTaskResult
     from contracts.run import (
+        EvalResult,
         LoadTasksRequest,
         LoadTasksResponse,
         PrepareRunRequest,
@@ -326,10 +327,12 @@ class TrainingRunWorkflow:
         copies = 3 if self._input.resume is None else 2
         return copies * (reported + to_come)
 
-    def _tails_bytes(self) -> int:
+    def _tails(self) -> tuple[list[LearnerProgress], list[EvalResult]]:
         """What a continue-as-new carries that grows: the learner steps and evaluations kept."""
-        tails = (*self._progress, *self._evaluations.kept())
-        return sum(len(m.model_dump_json()) for m in tails)
+        return self._progress, self._evaluations.kept()
+
+    def _tails_bytes(self) -> int:
+        return sum(len(m.model_dump_json()) for tail in self._tails() for m in tail)
 
     async def _continue_as_new(
         self, tasks: LoadTasksResponse, deadline: datetime | None
@@ -342,14 +345,15 @@ class TrainingRunWorkflow:
             if evaluations.idle and self._retention.idle:
                 break
         self._learner.raise_if_failed()
+        progress, evals = self._tails()
         resume = RunResume(
             tasks=tasks,
             started=self._started,
             done=self._done,
             redrawn=self._redrawn,
             pruned_below=self._retention.pruned_below,
-            progress=self._progress,
-            evals=self._evaluations.kept(),
+            progress=progress,
+            evals=evals,
             deadline=deadline,
             segment=(self._input.resume.segment if self._input.resume else 0) + 1,
             stopped=self._stopped,
