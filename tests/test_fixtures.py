@@ -13,15 +13,27 @@ import psutil
 from tests.paths import REPO_ROOT
 
 SERVE = """
-import sys, time
+import asyncio, sys
 from pathlib import Path
+import psutil
+from infra.stack import codec_service, seaweed_service, temporal_service
 from tests.fixtures.s3 import SeaweedServer
-from tests.fixtures.temporal import start_dev_server
-temporal = start_dev_server()
-weed = SeaweedServer(Path(sys.argv[1]))
-weed.start()
-print(temporal.process.pid, weed.pid, flush=True)
-time.sleep(600)
+from tests.fixtures.stack import start_stack
+from tests.fixtures.temporal import start_dev_server, time_skipping_server
+async def serve():
+    temporal = start_dev_server()
+    weed = SeaweedServer(Path(sys.argv[1]) / "weed")
+    weed.start()
+    stack = start_stack(Path(sys.argv[1]) / "stack")  # `tempered up`: daemons by design
+    services = [s(stack.settings).pid() for s in (temporal_service, seaweed_service, codec_service)]
+    async with time_skipping_server():  # started by the SDK, from a thread of its own
+        [skipping] = [
+            p.pid for p in psutil.Process().children()
+            if p.exe().endswith("temporal-test-server")
+        ]
+        print(temporal.process.pid, weed.pid, skipping, *services, flush=True)
+        await asyncio.sleep(600)
+asyncio.run(serve())
 """
 
 
@@ -42,7 +54,7 @@ def test_servers_started_by_a_killed_pytest_end_with_it(tmp_path: Path) -> None:
     assert parent.stdout is not None
     servers = [int(pid) for pid in parent.stdout.readline().split()]
     try:
-        assert len(servers) == 2 and all(alive(pid) for pid in servers), servers
+        assert len(servers) == 6 and all(alive(pid) for pid in servers), servers
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
         deadline = time.monotonic() + 30
