@@ -120,3 +120,54 @@ def test_rows_joining_one_by_one_grow_the_slots_by_half(policy: LoadedPolicy) ->
     buffer = layer.kbuf.data_ptr()
     batch.admit([batch.row(prompt(8, 5), params)])  # a sixth fits without a copy
     assert layer.kbuf.data_ptr() == buffer and layer.n == 6
+
+
+def test_columns_that_only_padding_holds_go_when_the_longest_row_ends(policy: LoadedPolicy) -> None:
+    batch = RowBatch(policy, _choose)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=12)
+    rows = [batch.row(prompt(40, 0), greedy), batch.row(prompt(6, 1), greedy)]
+    rows.append(batch.row(prompt(8, 2), greedy))
+    rows[0].budget = 2  # the longest ends first
+    batch.admit(rows)
+    assert batch._cache is not None
+    layer = batch._cache.layers[0]
+    assert isinstance(layer, SlotLayer)
+    batch.step()
+    assert layer.hi - layer.lo == 40 + 1
+    batch.step()  # row 0 ends: 32 leading columns are padding in every row left
+    assert rows[0] not in batch.rows and layer.hi - layer.lo == 8 + 2
+    while batch.rows:
+        batch.step()
+    for row in rows:
+        assert_greedy_exact(policy, row)
+
+
+def test_a_longer_row_joining_free_slots_widens_the_batch(policy: LoadedPolicy) -> None:
+    batch = RowBatch(policy, _choose)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=10)
+    rows = [batch.row(prompt(6, s), greedy) for s in range(4)]
+    rows[0].budget = rows[1].budget = 1
+    batch.admit(rows)
+    batch.step()  # rows 0 and 1 end: 2 of 4 slots are free
+    assert batch._cache is not None
+    layer = batch._cache.layers[0]
+    assert isinstance(layer, SlotLayer) and layer.kbuf is not None and layer.n == 2
+    joiner = batch.row(prompt(6 + 1 + LEFT_ROOM + 20, 9), greedy)  # wider than the left room
+    batch.admit([joiner])
+    assert layer.kbuf.shape[0] == 4 and layer.hi - layer.lo == len(joiner.prompt)
+    while batch.rows:
+        batch.step()
+    for row in [*rows, joiner]:
+        assert_greedy_exact(policy, row)
+
+
+def test_rows_are_kept_in_any_order_not_only_a_compactions() -> None:
+    layer = SlotLayer()
+    keys = torch.arange(3.0)[:, None, None, None].expand(3, 1, 4, 2).clone()
+    layer.admit(keys, keys + 10)
+    layer.batch_select_indices(torch.tensor([2, 0, 1]))
+    assert layer.keys is not None and layer.values is not None
+    assert layer.keys[:, 0, 0, 0].tolist() == [2, 0, 1]
+    assert layer.values[:, 0, -1, 1].tolist() == [12, 10, 11]
+    layer.batch_select_indices(torch.tensor([1, 1]))  # a row copied (as a shared prefill is)
+    assert layer.keys[:, 0, 0, 0].tolist() == [0, 0] and layer.n == 2

@@ -86,6 +86,24 @@ def test_no_store_means_whole_prefills(policy: LoadedPolicy) -> None:
     assert off.hits == 0 and off.bytes == 0
 
 
+def kv(tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One layer's keys and values for `tokens` tokens: 16 bytes a token."""
+    return [(torch.zeros(1, 1, tokens, 2), torch.zeros(1, 1, tokens, 2))]
+
+
+def test_a_prompt_is_never_its_own_prefix_and_the_bound_is_inclusive() -> None:
+    store = PrefixStore(max_bytes=16 * 10).version("v1")
+    store.put(list(range(10)), kv(10))  # exactly the bound: kept
+    assert store.store.bytes == 160
+    assert store.take(list(range(10))) is None  # no token left to prefill
+    assert store.take(list(range(11))).length == 10  # type: ignore[union-attr]
+    store.put(list(range(10)), kv(10))
+    store.put([7] * 11, kv(11))  # over the bound on its own: not kept, evicts nothing
+    assert store.store.bytes == 160 and store.take([7] * 12) is None
+    store.put([], [])  # nothing processed: nothing kept
+    assert store.take([1]) is None and store.take(list(range(12))).length == 10  # type: ignore[union-attr]
+
+
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory: pytest.TempPathFactory) -> LoadedPolicy:
     from infra.inference.local import load_policy
