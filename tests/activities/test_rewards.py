@@ -174,6 +174,17 @@ async def test_infra_error_step_or_unended_episode_never_becomes_a_trajectory(
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("missing", ["status", "code"])
+async def test_a_code_step_never_executed_is_refused(store: ObjectStore, missing: str) -> None:
+    req = request(store, group_size=1)
+    setattr(req.samples[0].steps[1], missing, None)
+    with pytest.raises(ApplicationError, match=r"steps\[1\]\.status: step was never exec") as err:
+        await write(store, req)
+    assert err.value.non_retryable
+    assert not store.exists(keys.trajectory_key(RUN, TASK.id, 0))
+
+
+@pytest.mark.asyncio
 async def test_workspace_episodes_record_calls_ends_and_the_verdict(store: ObjectStore) -> None:
     files, tests = store.put_text("ws/f", "f"), store.put_text("ws/t", "t")
     task = TaskSpec(
