@@ -44,6 +44,14 @@ def assert_greedy_exact(policy: LoadedPolicy, row: Row) -> None:
     assert (forced - torch.tensor(row.output.logprobs)).abs().max() < 1e-4
 
 
+def drain_exact(policy: LoadedPolicy, batch: RowBatch, rows: list[Row]) -> None:
+    """Step `batch` until every row ended; each of `rows` is then greedy-exact."""
+    while batch.rows:
+        batch.step()
+    for row in rows:
+        assert_greedy_exact(policy, row)
+
+
 def test_compaction_fills_holes_from_the_tail() -> None:
     assert compaction(6, [1, 4]) == [0, 5, 2, 3]
     assert compaction(4, [3]) == [0, 1, 2]
@@ -102,10 +110,7 @@ def test_a_row_that_ends_is_replaced_by_the_last_row_only(policy: LoadedPolicy) 
     batch.step()
     assert batch.rows == [rows[0], rows[3], rows[2]]  # row 3 took row 1's slot; row 2 stayed
     assert torch.equal(layer.kbuf[2, :, lo:hi], kept)
-    while batch.rows:
-        batch.step()
-    for row in rows:
-        assert_greedy_exact(policy, row)
+    drain_exact(policy, batch, rows)
 
 
 def test_rows_joining_one_by_one_grow_the_slots_by_half(policy: LoadedPolicy) -> None:
@@ -136,10 +141,7 @@ def test_columns_that_only_padding_holds_go_when_the_longest_row_ends(policy: Lo
     assert layer.hi - layer.lo == 40 + 1
     batch.step()  # row 0 ends: 32 leading columns are padding in every row left
     assert rows[0] not in batch.rows and layer.hi - layer.lo == 8 + 2
-    while batch.rows:
-        batch.step()
-    for row in rows:
-        assert_greedy_exact(policy, row)
+    drain_exact(policy, batch, rows)
 
 
 def test_a_longer_row_joining_free_slots_widens_the_batch(policy: LoadedPolicy) -> None:
@@ -155,10 +157,7 @@ def test_a_longer_row_joining_free_slots_widens_the_batch(policy: LoadedPolicy) 
     joiner = batch.row(prompt(6 + 1 + LEFT_ROOM + 20, 9), greedy)  # wider than the left room
     batch.admit([joiner])
     assert layer.kbuf.shape[0] == 4 and layer.hi - layer.lo == len(joiner.prompt)
-    while batch.rows:
-        batch.step()
-    for row in [*rows, joiner]:
-        assert_greedy_exact(policy, row)
+    drain_exact(policy, batch, [*rows, joiner])
 
 
 def test_rows_are_kept_in_any_order_not_only_a_compactions() -> None:
