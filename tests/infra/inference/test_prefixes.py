@@ -104,6 +104,13 @@ def test_a_prompt_is_never_its_own_prefix_and_the_bound_is_inclusive() -> None:
     assert store.take([1]) is None and store.take(list(range(12))).length == 10  # type: ignore[union-attr]
 
 
+def test_prefixes_of_one_length_are_each_found() -> None:
+    store = PrefixStore(max_bytes=1 << 20).version("v1")
+    store.put([1] * 10, kv(10))  # two episodes' rows of the same length
+    store.put([2] * 10, kv(10))
+    assert store.take([1] * 11) is not None and store.take([2] * 11) is not None
+
+
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory: pytest.TempPathFactory) -> LoadedPolicy:
     from infra.inference.local import load_policy
