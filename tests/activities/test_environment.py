@@ -4,7 +4,9 @@ closed sessions are lost (non-retryable), a broken check is the task's fault."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,7 +14,7 @@ import pytest_asyncio
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.environment import EnvironmentActivities, session_id
+from activities.environment import EnvironmentActivities, own_queue, session_id
 from contracts.common import ObjectRef
 from contracts.episode import (
     CloseSessionsRequest,
@@ -54,6 +56,12 @@ async def acts(store: ObjectStore) -> AsyncIterator[EnvironmentActivities]:
         await activities.close()
         await activities.backend.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_a_workers_own_queue_names_its_host_and_pid() -> None:
+    host = socket.gethostname()
+    assert own_queue() == f"sandbox-{host}-{os.getpid()}"
+    assert own_queue(123) == f"sandbox-{host}-123"
 
 
 def spec() -> WorkspaceSpec:
