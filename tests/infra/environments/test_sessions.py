@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import stat
 import subprocess
 import time
 
@@ -19,6 +20,7 @@ import pytest
 from contracts.common import ObjectRef
 from contracts.task import WorkspaceSpec
 from infra.environments.sessions import SessionHost, sweep_dead, worker_dir_name
+from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.workspace import SESSION_UID_BASE, SLOTS
 from infra.settings import WorkspaceSettings
 from tests.infra.environments.conftest import session_root
@@ -35,9 +37,9 @@ def _dead_pid() -> int:
     return process.pid
 
 
-def _sleeper(pid: int) -> subprocess.Popen[bytes]:
-    """A process under a workspace uid of worker `pid` (slot 3)."""
-    uid = SESSION_UID_BASE + pid * SLOTS + 3
+def _sleeper(pid: int, slot: int = 3) -> subprocess.Popen[bytes]:
+    """A process under a workspace uid of worker `pid`."""
+    uid = SESSION_UID_BASE + pid * SLOTS + slot
     return subprocess.Popen(["sleep", "60"], user=uid, group=uid)
 
 
@@ -48,21 +50,24 @@ def test_a_dead_workers_leftovers_are_swept_and_a_live_ones_are_not() -> None:
         dead = _dead_pid()
         (root / f"{dead}-12345" / "s1" / "ws").mkdir(parents=True)  # a dead worker's session
         live = root / worker_dir_name()  # this process: alive, the right start time
+        assert live.name.startswith(f"{os.getpid()}-")
         live.mkdir()
         reused = root / f"{os.getpid()}-1"  # this pid, but another start: a dead worker's
         reused.mkdir()
         (root / "notes").mkdir()  # not a worker's: left alone
         (root / "7-1").write_text("")  # a file, not a worker's directory
-        orphan = _sleeper(dead)  # a step of the dead worker, still running
+        # steps of the dead worker, still running (its first and last uid)
+        orphans = [_sleeper(dead, 0), _sleeper(dead, SLOTS - 1)]
         mine = _sleeper(os.getpid())  # a step of the live worker that reuses a dead one's pid
+        neighbour = _sleeper(dead + 1, 0)  # the first uid past the dead worker's
         try:
             swept = sweep_dead(root)
-            assert orphan.wait(timeout=10) == -9
-            assert mine.poll() is None
+            assert [orphan.wait(timeout=10) for orphan in orphans] == [-9, -9]
+            assert mine.poll() is None and neighbour.poll() is None
         finally:
-            orphan.kill()
-            mine.kill()
-        assert (swept.directories, swept.processes) == (2, 1)
+            for process in [*orphans, mine, neighbour]:
+                process.kill()
+        assert (swept.directories, swept.processes) == (2, 2)
         assert sorted(p.name for p in root.iterdir()) == sorted([live.name, "notes", "7-1"])
         assert sweep_dead(root).directories == 0
     finally:
@@ -86,3 +91,24 @@ async def test_a_session_idle_past_its_ttl_is_closed_by_the_sweeper() -> None:
     finally:
         await host.shutdown()
         shutil.rmtree(host.root, ignore_errors=True)
+
+
+@needs_root
+@pytest.mark.asyncio
+async def test_a_workspace_is_its_sessions_alone_and_a_worker_holds_its_slots() -> None:
+    host = SessionHost(WorkspaceSettings(root=session_root()))
+    try:
+        session = host.create("s-1", SPEC)
+        ws = (session.directory / "ws").stat()
+        assert stat.S_IMODE(ws.st_mode) == 0o700 and ws.st_uid == ws.st_gid == session.uid
+        slots = {session.slot} | {host.take_slot() for _ in range(SLOTS - 1)}
+        assert slots == set(range(SLOTS))  # each of its uids once, none of another worker's
+        with pytest.raises(SandboxInfraError, match=f"more than {SLOTS} sessions"):
+            host.take_slot()
+        assert await host.close(["s-1", "s-unknown"]) == 1
+        assert not session.directory.exists()
+        sweeper = host._sweeper
+    finally:
+        await host.shutdown()
+        shutil.rmtree(host.root, ignore_errors=True)
+    assert sweeper is not None and sweeper.cancelled()  # the TTL sweeper ends with the host
