@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,10 +18,12 @@ import torch
 
 from contracts.task import SamplingParams
 from infra.inference import Batcher, PolicyHandle, decoder
+from infra.inference.base import InferenceError
 from infra.inference.local import (
     NUCLEUS_K,
     LoadedPolicy,
     LocalBackend,
+    _choose,
     _closed_tool_call,
     _nucleus_sample,
     load_policy,
@@ -337,3 +341,50 @@ def test_waiting_rows_enter_by_priority_then_arrival(
     first = {2, 3} if aging_s else {0, 1}
     assert set(finished[:2]) == first and len(finished) == 4
     asyncio.run(backend.close())
+
+
+def running_decoder(
+    policy: LoadedPolicy, max_rows: int
+) -> tuple[decoder.Decoder, list[decoder.RowBatch]]:
+    """A decoder of `policy` without EOS (every row runs its budget), and the batches it made."""
+    endless = dataclasses.replace(policy, eos_ids=frozenset())
+    batches: list[decoder.RowBatch] = []
+
+    def start(key: object) -> decoder.RowBatch:
+        batches.append(decoder.RowBatch(endless, _choose))
+        return batches[-1]
+
+    return decoder.Decoder(max_rows, start), batches
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+LONG = SamplingParams(temperature=0.0, max_new_tokens=400)
+
+
+def test_a_cancelled_request_frees_its_place_at_the_next_step(policy: LoadedPolicy) -> None:
+    engine, batches = running_decoder(policy, max_rows=2)
+    try:
+        gone, kept = (engine.submit("v", p, LONG) for p in prompts(2))
+        wait_until(lambda: bool(batches) and len(batches[0].rows) == 2)
+        assert gone.cancel()  # its caller gave up (a cancelled activity)
+        short = engine.submit("v", prompts(3)[2], SamplingParams(temperature=0.0, max_new_tokens=4))
+        assert len(short.result(timeout=60).token_ids) == 4
+        assert not kept.done()  # it entered the place the cancelled row left
+    finally:
+        engine.close()
+
+
+def test_closing_fails_every_request_decoding_or_waiting(policy: LoadedPolicy) -> None:
+    engine, batches = running_decoder(policy, max_rows=1)
+    decoding, waiting = (engine.submit("v", p, LONG) for p in prompts(2))
+    wait_until(lambda: bool(batches) and len(batches[0].rows) == 1)
+    engine.close()
+    for future in (decoding, waiting):
+        with pytest.raises(InferenceError, match="closed"):
+            future.result(timeout=10)
