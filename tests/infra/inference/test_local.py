@@ -384,7 +384,20 @@ def test_closing_fails_every_request_decoding_or_waiting(policy: LoadedPolicy) -
     engine, batches = running_decoder(policy, max_rows=1)
     decoding, waiting = (engine.submit("v", p, LONG) for p in prompts(2))
     wait_until(lambda: bool(batches) and len(batches[0].rows) == 1)
+    wait_until(lambda: len(batches[0].rows[0].output.token_ids) >= 5)
+    assert len(batches[0].rows) == 1 and not waiting.done()  # 5 steps on: it still waits
     engine.close()
     for future in (decoding, waiting):
         with pytest.raises(InferenceError, match="closed"):
             future.result(timeout=10)
+
+
+def test_a_request_with_nothing_to_sample_is_answered_at_once(policy: LoadedPolicy) -> None:
+    engine, _ = running_decoder(policy, max_rows=2)
+    try:
+        full = engine.submit("v", [5] * policy.max_context, LONG)  # no room left to sample
+        empty = engine.submit("v", [], LONG)
+        for future in (full, empty):
+            assert future.result(timeout=30).token_ids == []
+    finally:
+        engine.close()
