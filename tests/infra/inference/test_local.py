@@ -399,5 +399,23 @@ def test_a_request_with_nothing_to_sample_is_answered_at_once(policy: LoadedPoli
         empty = engine.submit("v", [], LONG)
         for future in (full, empty):
             assert future.result(timeout=30).token_ids == []
+        last = engine.submit("v", [5] * (policy.max_context - 1), LONG)  # room for one
+        assert len(last.result(timeout=30).token_ids) == 1
+    finally:
+        engine.close()
+
+
+def test_another_versions_request_waits_for_the_running_batch_to_drain(
+    policy: LoadedPolicy,
+) -> None:
+    engine, batches = running_decoder(policy, max_rows=4)
+    try:
+        running = engine.submit("v1", prompts(1)[0], LONG)
+        wait_until(lambda: bool(batches) and len(batches[0].rows) == 1)
+        other = engine.submit(
+            "v2", prompts(2)[1], SamplingParams(temperature=0.0, max_new_tokens=4)
+        )
+        assert len(other.result(timeout=60).token_ids) == 4
+        assert running.done() and len(batches) == 2  # v1 ran to its end, then v2's batch
     finally:
         engine.close()
