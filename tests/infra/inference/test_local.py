@@ -1,7 +1,9 @@
 """Local transformers backend on the `tiny` preset (a random 2-layer Llama): the decode loop's
 contract — seeded reproducibility, greedy = argmax, log-probs = teacher forcing, per-row EOS,
-left padding invisible, context budget, the LRU of loaded versions, the batcher in front, and
-the order in which waiting rows enter the running batch (priority, then arrival).
+left padding invisible, context budget, the LRU of loaded versions, the batcher in front, the
+order in which waiting rows enter the running batch (priority, then arrival), and the decoder's
+requests: at most `max_rows` decode, a cancelled one leaves at the next step, another version's
+waits for the drain, one with nothing to sample is answered at once, closing fails the rest.
 """
 
 from __future__ import annotations
