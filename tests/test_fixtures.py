@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -48,6 +49,7 @@ def test_servers_started_by_a_killed_pytest_end_with_it(tmp_path: Path) -> None:
     parent = subprocess.Popen(
         [sys.executable, "-c", SERVE, str(tmp_path)],
         cwd=REPO_ROOT,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # its wrapper script, never removed, here
         stdout=subprocess.PIPE,
         text=True,
     )
