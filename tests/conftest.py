@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.temporal",
     "tests.fixtures.stack",
     "tests.fixtures.openmp",
+    "tests.fixtures.models",
 ]

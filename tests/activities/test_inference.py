@@ -34,7 +34,7 @@ from infra import grpo, keys
 from infra.inference import GenerationOutput, PolicyHandle
 from infra.inference.local import LocalBackend
 from infra.inference.prompts import ChatFormat, extract_code, feedback_text
-from infra.policy import materialize_base_model, publish_policy
+from infra.policy import publish_policy
 from infra.settings import InferenceSettings, LocalInferenceSettings, Settings
 from infra.storage import ObjectStore
 
@@ -58,12 +58,6 @@ class GatedBackend(LocalBackend):
     ) -> list[GenerationOutput]:
         await self.gate.wait()
         return await super().generate(prompts, params, policy)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    home = tmp_path_factory.getbasetemp() / "home"
-    return materialize_base_model("tiny", Settings(home=home))
 
 
 @pytest_asyncio.fixture

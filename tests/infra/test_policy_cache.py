@@ -11,18 +11,10 @@ import pytest
 from infra import keys
 from infra.policy import (
     MANIFEST,
-    TINY,
-    materialize_base_model,
     publish_policy,
 )
 from infra.policy_cache import BLOBS, cached_versions, fetch_policy, forget_run
-from infra.settings import Settings
 from infra.storage import ObjectStore
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return materialize_base_model(TINY, Settings(home=tmp_path_factory.mktemp("home")))
 
 
 def _variant(tiny_dir: Path, out: Path, tag: str) -> Path:

@@ -7,39 +7,26 @@ test_kvcache.py's.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 
 import pytest
-import torch
 
 from contracts.task import SamplingParams
 from infra.inference import decoder
 from infra.inference.base import InferenceError
-from infra.inference.local import LoadedPolicy, _choose, load_policy
-from infra.policy import materialize_base_model
-from infra.settings import Settings
+from infra.inference.local import LoadedPolicy, _choose
 from tests.infra.inference.test_local import prompts
-
-
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory: pytest.TempPathFactory) -> LoadedPolicy:
-    home = tmp_path_factory.getbasetemp() / "home"
-    return load_policy(
-        str(materialize_base_model("tiny", Settings(home=home))), torch.device("cpu")
-    )
 
 
 def running_decoder(
     policy: LoadedPolicy, max_rows: int
 ) -> tuple[decoder.Decoder, list[decoder.RowBatch]]:
-    """A decoder of `policy` without EOS (every row runs its budget), and the batches it made."""
-    endless = dataclasses.replace(policy, eos_ids=frozenset())
+    """A decoder of `policy`, and the batches it made."""
     batches: list[decoder.RowBatch] = []
 
     def start(key: object) -> decoder.RowBatch:
-        batches.append(decoder.RowBatch(endless, _choose))
+        batches.append(decoder.RowBatch(policy, _choose))
         return batches[-1]
 
     return decoder.Decoder(max_rows, start), batches
@@ -55,8 +42,8 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 30) -> None:
 LONG = SamplingParams(temperature=0.0, max_new_tokens=400)
 
 
-def test_a_cancelled_request_frees_its_place_at_the_next_step(policy: LoadedPolicy) -> None:
-    engine, batches = running_decoder(policy, max_rows=2)
+def test_a_cancelled_request_frees_its_place_at_the_next_step(endless_policy: LoadedPolicy) -> None:
+    engine, batches = running_decoder(endless_policy, max_rows=2)
     try:
         gone, kept = (engine.submit("v", p, LONG) for p in prompts(2))
         wait_until(lambda: bool(batches) and len(batches[0].rows) == 2)
@@ -68,8 +55,8 @@ def test_a_cancelled_request_frees_its_place_at_the_next_step(policy: LoadedPoli
         engine.close()
 
 
-def test_closing_fails_every_request_decoding_or_waiting(policy: LoadedPolicy) -> None:
-    engine, batches = running_decoder(policy, max_rows=1)
+def test_closing_fails_every_request_decoding_or_waiting(endless_policy: LoadedPolicy) -> None:
+    engine, batches = running_decoder(endless_policy, max_rows=1)
     decoding, waiting = (engine.submit("v", p, LONG) for p in prompts(2))
     wait_until(lambda: bool(batches) and len(batches[0].rows) == 1)
     wait_until(lambda: len(batches[0].rows[0].output.token_ids) >= 5)
@@ -80,23 +67,23 @@ def test_closing_fails_every_request_decoding_or_waiting(policy: LoadedPolicy) -
             future.result(timeout=10)
 
 
-def test_a_request_with_nothing_to_sample_is_answered_at_once(policy: LoadedPolicy) -> None:
-    engine, _ = running_decoder(policy, max_rows=2)
+def test_a_request_with_nothing_to_sample_is_answered_at_once(endless_policy: LoadedPolicy) -> None:
+    engine, _ = running_decoder(endless_policy, max_rows=2)
     try:
-        full = engine.submit("v", [5] * policy.max_context, LONG)  # no room left to sample
+        full = engine.submit("v", [5] * endless_policy.max_context, LONG)  # no room left to sample
         empty = engine.submit("v", [], LONG)
         for future in (full, empty):
             assert future.result(timeout=30).token_ids == []
-        last = engine.submit("v", [5] * (policy.max_context - 1), LONG)  # room for one
+        last = engine.submit("v", [5] * (endless_policy.max_context - 1), LONG)  # room for one
         assert len(last.result(timeout=30).token_ids) == 1
     finally:
         engine.close()
 
 
 def test_another_versions_request_waits_for_the_running_batch_to_drain(
-    policy: LoadedPolicy,
+    endless_policy: LoadedPolicy,
 ) -> None:
-    engine, batches = running_decoder(policy, max_rows=4)
+    engine, batches = running_decoder(endless_policy, max_rows=4)
     try:
         running = engine.submit("v1", prompts(1)[0], LONG)
         wait_until(lambda: bool(batches) and len(batches[0].rows) == 1)

@@ -26,21 +26,9 @@ from infra.inference.local import (
     load_policy,
     sample_batch,
 )
-from infra.policy import materialize_base_model
-from infra.settings import LocalInferenceSettings, Settings
+from infra.settings import LocalInferenceSettings
 
 CPU = torch.device("cpu")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny preset, built once per session (the preset caches under `home/models`)."""
-    return materialize_base_model("tiny", Settings(home=tmp_path_factory.getbasetemp() / "home"))
-
-
-@pytest.fixture(scope="module")
-def policy(tiny_dir: Path) -> LoadedPolicy:
-    return load_policy(str(tiny_dir), CPU)
 
 
 def prompts(n: int) -> list[list[int]]:

@@ -6,8 +6,6 @@ keeps versions apart.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -34,9 +32,9 @@ def store() -> PrefixStore:
 
 
 def test_a_next_step_prefills_only_its_new_tokens_and_stays_greedy_exact(
-    policy: LoadedPolicy, store: PrefixStore
+    endless_policy: LoadedPolicy, store: PrefixStore
 ) -> None:
-    batch = RowBatch(policy, _choose, store.version("v1"))
+    batch = RowBatch(endless_policy, _choose, store.version("v1"))
     firsts = [prompt(20, s) for s in range(3)]
     completions = run(batch, firsts)
     # the next step: the previous prompt and completion, then an observation
@@ -53,17 +51,17 @@ def test_a_next_step_prefills_only_its_new_tokens_and_stays_greedy_exact(
     while batch.rows:
         batch.step()
     for row in rows:
-        assert_greedy_exact(policy, row)
+        assert_greedy_exact(endless_policy, row)
 
 
 def test_prefixes_stay_with_their_version_and_leave_least_recent_first(
-    policy: LoadedPolicy,
+    endless_policy: LoadedPolicy,
 ) -> None:
     one_row = PrefixStore(max_bytes=1 << 40)
-    run(RowBatch(policy, _choose, one_row.version("v1")), [prompt(16, 0)])
+    run(RowBatch(endless_policy, _choose, one_row.version("v1")), [prompt(16, 0)])
     size = one_row.bytes
     store = PrefixStore(max_bytes=2 * size + size // 2)  # room for two rows of this length
-    batch = RowBatch(policy, _choose, store.version("v1"))
+    batch = RowBatch(endless_policy, _choose, store.version("v1"))
     firsts = [prompt(16, s) for s in range(3)]
     completions = [run(batch, [p])[0] for p in firsts]  # one by one: stored in this order
     assert store.bytes == 2 * size
@@ -77,9 +75,9 @@ def test_prefixes_stay_with_their_version_and_leave_least_recent_first(
     assert store.bytes == 0 and store.version("v1").take(nexts[1]) is None
 
 
-def test_no_store_means_whole_prefills(policy: LoadedPolicy) -> None:
+def test_no_store_means_whole_prefills(endless_policy: LoadedPolicy) -> None:
     off = PrefixStore(max_bytes=0)
-    batch = RowBatch(policy, _choose, off.version("v1"))
+    batch = RowBatch(endless_policy, _choose, off.version("v1"))
     first = prompt(10, 1)
     completion = run(batch, [first])[0]
     run(batch, [first + completion + [7]])
@@ -109,16 +107,3 @@ def test_prefixes_of_one_length_are_each_found() -> None:
     store.put([1] * 10, kv(10))  # two episodes' rows of the same length
     store.put([2] * 10, kv(10))
     assert store.take([1] * 11) is not None and store.take([2] * 11) is not None
-
-
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory: pytest.TempPathFactory) -> LoadedPolicy:
-    from infra.inference.local import load_policy
-    from infra.policy import materialize_base_model
-    from infra.settings import Settings
-
-    home = tmp_path_factory.getbasetemp() / "home"
-    loaded = load_policy(
-        str(materialize_base_model("tiny", Settings(home=home))), torch.device("cpu")
-    )
-    return dataclasses.replace(loaded, eos_ids=frozenset())  # every row runs its budget

@@ -11,15 +11,9 @@ from pathlib import Path
 import pytest
 
 from infra.inference import InferenceError, PolicyResolver
-from infra.policy import materialize_base_model, publish_policy
-from infra.settings import Settings
+from infra.policy import publish_policy
 from infra.storage import ObjectStore
 from tests.infra.inference.policies import publish_adapter
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return materialize_base_model("tiny", Settings(home=tmp_path_factory.getbasetemp() / "home"))
 
 
 @pytest.mark.asyncio
