@@ -4,7 +4,9 @@ Task files are read here, not in the workflow, so the workflow stays determinist
 `workspace` suite (the built-in one, or `harbor:DIR`) each task's initial workspace and hidden
 tests are uploaded to the object store (content-addressed trees, `infra/environments/tree.py`:
 uploading them again is a no-op), so the refs in `TaskSpec.workspace` name stored trees. Harbor
-task directories that cannot be loaded are skipped and logged, naming the task and file.
+task directories that cannot be loaded are skipped and logged, naming the task and file. An
+unknown suite, an unreadable task file or quarantine list fails the activity without retry,
+naming the file.
 """
 
 from __future__ import annotations
@@ -42,10 +44,12 @@ class TaskActivities:
         return await asyncio.to_thread(self._load, request)
 
     def _load(self, request: LoadTasksRequest) -> LoadTasksResponse:
-        skipped = (
-            load_quarantine(self._settings, request.suite) if request.skip_quarantined else set()
-        )
         try:
+            skipped = (
+                load_quarantine(self._settings, request.suite)
+                if request.skip_quarantined
+                else set()
+            )
             if is_workspace_suite(request.suite):
                 tasks = self._upload(request.suite, skipped)
             else:

@@ -1,0 +1,91 @@
+"""`load_tasks` against a real SeaweedFS: a suite's splits minus its quarantine, a workspace
+suite's trees in the store before any task names them, and bad input (an unknown suite, a
+quarantine list that is not one) failing once, without retry, naming what is wrong."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from activities.tasks import TaskActivities
+from contracts.errors import ErrorType
+from contracts.run import LoadTasksRequest
+from infra.settings import Settings
+from infra.storage import ObjectStore
+from infra.tasks import load_suite, quarantine_path
+
+
+def quarantine(settings: Settings, suite: str, ids: list[str]) -> None:
+    path = quarantine_path(settings, suite)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"suite": suite, "quarantined": ids}))
+
+
+@pytest.mark.asyncio
+async def test_the_quarantine_is_skipped_unless_asked_for(
+    tmp_path: Path, store: ObjectStore
+) -> None:
+    settings = Settings(home=tmp_path)
+    train, heldout = (load_suite("starter", split=s) for s in ("train", "heldout"))
+    quarantine(settings, "starter", [train[3].id, heldout[0].id, "no-such-task"])
+    acts = TaskActivities(settings, store)
+
+    loaded = await ActivityEnvironment().run(acts.load_tasks, LoadTasksRequest(suite="starter"))
+    assert loaded.train == train[:3] + train[4:] and loaded.heldout == heldout[1:]
+    assert loaded.quarantined == sorted([train[3].id, heldout[0].id])  # only the suite's own
+
+    request = LoadTasksRequest(suite="starter", skip_quarantined=False)
+    everything = await ActivityEnvironment().run(acts.load_tasks, request)
+    assert (everything.train, everything.heldout, everything.quarantined) == (train, heldout, [])
+
+
+@pytest.mark.asyncio
+async def test_a_workspace_suites_trees_are_stored_but_not_the_quarantined_tasks(
+    tmp_path: Path, store: ObjectStore
+) -> None:
+    settings = Settings(home=tmp_path)
+    every = load_suite("workspace")
+    skipped = every[0]
+    quarantine(settings, "workspace", [skipped.id])
+    loaded = await ActivityEnvironment().run(
+        TaskActivities(settings, store).load_tasks, LoadTasksRequest(suite="workspace")
+    )
+    tasks = loaded.train + loaded.heldout
+    assert len(tasks) == len(every) - 1 and loaded.quarantined == [skipped.id]
+    for task in tasks:
+        assert task.workspace is not None
+        for ref in (task.workspace.files, task.workspace.verifier):
+            assert store.head(ref.key) == ref, task.id
+    assert skipped.workspace is not None
+    assert store.head(skipped.workspace.files.key) is None
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("suite", "quarantine_text", "message"),
+    [
+        ("no-such-suite", None, "suite: unknown suite 'no-such-suite'"),
+        ("starter", "{}", r"starter\.json: not a quarantine list"),
+    ],
+)
+async def test_bad_input_fails_without_retry_naming_it(
+    tmp_path: Path,
+    store: ObjectStore,
+    suite: str,
+    quarantine_text: str | None,
+    message: str,
+) -> None:
+    settings = Settings(home=tmp_path)
+    if quarantine_text is not None:
+        path = quarantine_path(settings, suite)
+        path.parent.mkdir(parents=True)
+        path.write_text(quarantine_text)
+    with pytest.raises(ApplicationError, match=message) as failed:
+        await ActivityEnvironment().run(
+            TaskActivities(settings, store).load_tasks, LoadTasksRequest(suite=suite)
+        )
+    assert failed.value.type == ErrorType.INVALID_INPUT and failed.value.non_retryable
