@@ -1,7 +1,8 @@
 """The learner's ledger against a real SeaweedFS: a segment is written once (a retry with the
-same ids is a no-op, even where the stored JSON differs in form, other ids a non-retryable conflict), `find_consumed` looks only at the
-segments written so far, reads each once, and a segment that should exist and does not fails
-without retry. The learner workflow's use of it is tests/workflows/test_learner.py's."""
+same ids is a no-op, even where the stored JSON differs in form; other ids are a non-retryable
+conflict), `find_consumed` looks only at the segments written so far and reads each once, and a
+segment that should exist and does not fails without retry. The learner workflow's use of it is
+tests/workflows/test_learner.py's."""
 
 from __future__ import annotations
 
