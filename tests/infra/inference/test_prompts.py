@@ -22,6 +22,7 @@ from infra.inference.prompts import (
     clip,
     extract_code,
     feedback_text,
+    observation_text,
 )
 from infra.policy import materialize_base_model
 from infra.settings import Settings
@@ -173,6 +174,8 @@ def test_long_tool_results_keep_head_and_tail() -> None:
     assert clipped.startswith("line 0\n") and clipped.endswith("line 2999\n")
     assert len(clipped) < OBSERVATION_CHARS + 60 and "characters left out" in clipped
     assert clip("short") == "short"
+    assert clip("x" * OBSERVATION_CHARS) == "x" * OBSERVATION_CHARS  # the bound is inclusive
+    assert "1 characters left out" in clip("x" * (OBSERVATION_CHARS + 1))
 
 
 def test_feedback_reports_status_tests_and_output() -> None:
@@ -188,8 +191,21 @@ def test_feedback_reports_status_tests_and_output() -> None:
     assert "status: failed" in text and "Tests passed: 1/3." in text
     assert "AssertionError: add(2, 2) != 4" in text and "debug 42" in text
     assert text.rstrip().endswith("defining the function.")
-    slow = ExecutionResult(status=ExecStatus.TIMEOUT, limits=SandboxLimits(timeout_s=2.5))
-    assert "Time limit: 2.5 s." in feedback_text(slow)
+    assert "limit" not in text
+    limits = SandboxLimits(timeout_s=2.5, memory_mb=96)
+    slow = feedback_text(ExecutionResult(status=ExecStatus.TIMEOUT, limits=limits))
+    assert "Time limit: 2.5 s." in slow and "Memory" not in slow
+    large = feedback_text(ExecutionResult(status=ExecStatus.MEMORY_EXCEEDED, limits=limits))
+    assert "Memory limit: 96 MB." in large and "Time" not in large
+    assert "Tests passed" not in slow  # a run that reported no tests
+
+
+def test_a_stored_observation_reads_as_its_environment_wrote_it() -> None:
+    result = ExecutionResult(status=ExecStatus.ERROR, stderr="NameError: name 'x'")
+    as_code = observation_text(EnvName.CODE, result.model_dump_json().encode())
+    assert as_code == feedback_text(result)
+    as_tool = observation_text(EnvName.WORKSPACE, b"exit 1\n\xffNameError")
+    assert as_tool == "exit 1\n\ufffdNameError"  # a tool's bytes, undecodable ones replaced
 
 
 def test_feedback_quotes_only_the_tail_of_long_output() -> None:
