@@ -167,6 +167,18 @@ def test_templates_without_an_end_of_turn_token_are_refused(tokenizer: Any) -> N
     with pytest.raises(ValueError, match="no chat template"):
         ChatFormat(Plain(), EnvName.CODE)
 
+    drops = "{% for m in messages %}{% if m.role != 'assistant' %}{{ m.content }}{% endif %}"
+    with pytest.raises(ValueError, match="drops the assistant's message text"):
+        ChatFormat(with_template(tokenizer, drops + "<|im_end|>{% endfor %}"), EnvName.CODE)
+    # the end of turn when the assistant speaks last, another token when a message follows
+    unclosed = (
+        "{% for m in messages %}{{ m.content }}"
+        "{{ '<|im_end|>' if loop.last else '<|endoftext|>' }}{% endfor %}"
+    )
+    chat = ChatFormat(with_template(tokenizer, unclosed), EnvName.CODE)
+    with pytest.raises(ValueError, match="does not close an assistant message with '<|im_end|>'"):
+        chat.observation_ids("Tests failed.")
+
 
 def test_long_tool_results_keep_head_and_tail() -> None:
     text = "".join(f"line {i}\n" for i in range(3000))
@@ -215,6 +227,10 @@ def test_feedback_quotes_only_the_tail_of_long_output() -> None:
     assert "line 1999" in text and "line 0\n" not in text
     assert len(text) < FEEDBACK_CHARS + 600
     assert "stdout" not in text  # stderr used the whole budget
+    exact = feedback_text(
+        ExecutionResult(status=ExecStatus.ERROR, stderr="e" * FEEDBACK_CHARS, stdout="out")
+    )
+    assert f"\n{'e' * FEEDBACK_CHARS}\n" in exact and "out" not in exact  # whole, and no room left
 
 
 @pytest.mark.parametrize(
