@@ -187,7 +187,7 @@ def test_long_tool_results_keep_head_and_tail() -> None:
     assert len(clipped) < OBSERVATION_CHARS + 60 and "characters left out" in clipped
     assert clip("short") == "short"
     assert clip("x" * OBSERVATION_CHARS) == "x" * OBSERVATION_CHARS  # the bound is inclusive
-    assert "1 characters left out" in clip("x" * (OBSERVATION_CHARS + 1))
+    assert "[... 1 characters left out ...]" in clip("x" * (OBSERVATION_CHARS + 1))
 
 
 def test_feedback_reports_status_tests_and_output() -> None:
