@@ -17,7 +17,7 @@ from activities.rewards import RewardActivities
 from activities.sandbox import SandboxActivities
 from contracts.names import Queue, SearchAttr
 from contracts.rollout import AgentTaskResult, TaskStatus
-from contracts.task import AgentTaskInput, TaskSpec
+from contracts.task import AgentTaskInput, SamplingParams, TaskSpec
 from contracts.trajectory import Trajectory
 from infra import keys
 from infra.settings import Settings
@@ -165,6 +165,43 @@ async def test_a_task_started_with_its_memo_writes_no_memo(
     assert upserted_states(history) == ["GENERATE", "EXECUTE", "DONE"]
     assert (await (await handle.describe()).memo())["task"] == TASK.id
     await replay(history, AgentTaskWorkflow)  # the patched path replays on its own history
+
+
+@pytest.mark.asyncio
+async def test_a_turn_with_every_episode_over_the_context_budget_executes_nothing(
+    temporal_server, namespace, store: ObjectStore, tmp_path: Path
+) -> None:
+    """Prompts grow 3 → 7 tokens; with 59 new tokens a context of 64 fits the first turn only:
+    at the second, GENERATE samples no episode, and the group ends without an empty EXECUTE."""
+    settings = settings_for(store, temporal_server.address, namespace, tmp_path)
+    client = await connect(temporal_server.address, namespace)
+    task_input = AgentTaskInput(
+        task=TASK,
+        run_id=f"full-{uuid.uuid4().hex[:6]}",
+        group_size=2,
+        max_turns=3,
+        max_context_tokens=64,
+        sampling=SamplingParams(max_new_tokens=59),
+    )
+    model = ScriptedModel(store, lambda sample, turn: WRONG)
+    async with running_workers(client, task_workers(settings, store, model)):
+        handle = await client.start_workflow(
+            AgentTaskWorkflow.run,
+            task_input,
+            id=f"{task_input.run_id}-task",
+            task_queue=Queue.AGENT_TASKS.value,
+        )
+        result: AgentTaskResult = await handle.result()
+    assert result.ends == ["context_budget"] * 2 and result.steps == [1, 1]
+    assert len(model.calls) == 2
+    history = await handle.fetch_history()
+    executed = [
+        e
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "execute"
+    ]
+    assert len(executed) == 1
 
 
 @pytest.mark.asyncio
