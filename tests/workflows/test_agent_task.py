@@ -1,8 +1,10 @@
 """AgentTaskWorkflow on the real dev server, with real S3, real bwrap sandbox, real trajectory
-writer; only the model is scripted (so rewards are known in advance)."""
+writer; only the model is scripted (so rewards are known in advance). Also: the circuit breaker
+(`abort_after`), the abort signal, and a turn with every episode over the context budget."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import uuid
@@ -17,7 +19,7 @@ from activities.rewards import RewardActivities
 from activities.sandbox import SandboxActivities
 from contracts.names import Queue, SearchAttr
 from contracts.rollout import AgentTaskResult, TaskStatus
-from contracts.task import AgentTaskInput, SamplingParams, TaskSpec
+from contracts.task import AgentTaskInput, SamplingParams, SandboxLimits, TaskSpec
 from contracts.trajectory import Trajectory
 from infra import keys
 from infra.settings import Settings
@@ -202,6 +204,78 @@ async def test_a_turn_with_every_episode_over_the_context_budget_executes_nothin
         and e.activity_task_scheduled_event_attributes.activity_type.name == "execute"
     ]
     assert len(executed) == 1
+
+
+LOOPS = "def add(a, b):\n    while True:\n        pass\n"
+
+
+@pytest.mark.parametrize(("abort_after", "turns", "failures"), [(2, 1, 2), (3, 2, 4)])
+@pytest.mark.asyncio
+async def test_the_circuit_breaker_aborts_at_its_threshold_of_runs_over_their_limits(
+    temporal_server,
+    namespace,
+    store: ObjectStore,
+    tmp_path: Path,
+    abort_after: int,
+    turns: int,
+    failures: int,
+) -> None:
+    """Sample 0 solves at once; samples 1 and 2 loop until the sandbox's time limit, twice a
+    turn: with `abort_after` 2 the first turn's two reach it, with 3 the second turn's four."""
+    settings = settings_for(store, temporal_server.address, namespace, tmp_path)
+    client = await connect(temporal_server.address, namespace)
+    task_input = AgentTaskInput(
+        task=TASK,
+        run_id=f"breaker-{uuid.uuid4().hex[:6]}",
+        group_size=3,
+        max_turns=4,
+        limits=SandboxLimits(timeout_s=1.0),
+        abort_after=abort_after,
+    )
+    model = ScriptedModel(store, lambda sample, turn: RIGHT if sample == 0 else LOOPS)
+    async with running_workers(client, task_workers(settings, store, model)):
+        result = await client.execute_workflow(
+            AgentTaskWorkflow.run,
+            task_input,
+            id=f"{task_input.run_id}-task",
+            task_queue=Queue.AGENT_TASKS.value,
+        )
+    assert len(model.calls) == turns and result.ends == ["submitted", "aborted", "aborted"]
+    assert result.aborted_reason == (
+        f"circuit breaker: {failures} runs hit timeout or memory_exceeded (threshold {abort_after})"
+    )
+
+
+@pytest.mark.asyncio
+async def test_an_abort_signal_ends_the_task_after_its_current_step(
+    temporal_server, namespace, store: ObjectStore, tmp_path: Path
+) -> None:
+    settings = settings_for(store, temporal_server.address, namespace, tmp_path)
+    client = await connect(temporal_server.address, namespace)
+    reached, release = asyncio.Event(), asyncio.Event()
+
+    async def gate(turn: int) -> None:
+        if turn == 1:
+            reached.set()
+            await release.wait()
+
+    task_input = AgentTaskInput(task=TASK, run_id=f"abort-{uuid.uuid4().hex[:6]}", max_turns=5)
+    model = ScriptedModel(store, lambda sample, turn: WRONG, gate=gate)
+    async with running_workers(client, task_workers(settings, store, model)):
+        handle = await client.start_workflow(
+            AgentTaskWorkflow.run,
+            task_input,
+            id=f"{task_input.run_id}-task",
+            task_queue=Queue.AGENT_TASKS.value,
+        )
+        await asyncio.wait_for(reached.wait(), 60)
+        await handle.signal(AgentTaskWorkflow.abort, "an operator stopped it")
+        await handle.signal(AgentTaskWorkflow.abort, "a second reason is not kept")
+        release.set()
+        result = await handle.result()
+    assert result.aborted_reason == "an operator stopped it" and result.state == "DONE"
+    assert result.steps == [2] * task_input.group_size  # the step in flight was finished
+    assert result.ends == ["aborted"] * task_input.group_size and len(model.calls) == 2
 
 
 @pytest.mark.asyncio
