@@ -34,7 +34,7 @@ from infra import grpo, keys
 from infra.inference import GenerationOutput, PolicyHandle
 from infra.inference.local import LocalBackend
 from infra.inference.prompts import ChatFormat, extract_code, feedback_text
-from infra.policy import publish_policy
+from infra.policy import latest_policy, publish_policy
 from infra.settings import InferenceSettings, LocalInferenceSettings, Settings
 from infra.storage import ObjectStore
 
@@ -153,6 +153,24 @@ async def test_generate_stores_exact_records_and_code(
     for c, record in zip(again.completions, records, strict=True):
         resampled = store.get_model(c.completion.key, CompletionRecord)
         assert resampled.completion_token_ids == record.completion_token_ids
+
+
+@pytest.mark.asyncio
+async def test_a_run_with_no_published_version_starts_on_the_base_model(
+    tmp_path: Path, store: ObjectStore
+) -> None:
+    """A task started by hand, with no training run to publish its version 0: the first
+    GENERATE publishes `inference.base_model` as that version and samples from it."""
+    inference = InferenceSettings(base_model="tiny", local=LocalInferenceSettings(threads=1))
+    acts = InferenceActivities(Settings(home=tmp_path, inference=inference), store=store)
+    by_hand = request("t", samples=1, run_id="by-hand", policy_run="by-hand")
+    try:
+        response = await generate(acts, by_hand)
+    finally:
+        await acts.close()
+    assert response.policy_version == 0 and len(response.completions) == 1
+    published = latest_policy(store, "by-hand")
+    assert published is not None and published.version == 0
 
 
 @pytest.mark.asyncio
