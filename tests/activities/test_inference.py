@@ -326,19 +326,31 @@ async def test_invalid_requests_fail_without_retry(
     first = (await generate(acts, request("bad", samples=1))).completions[0]
     ref = first.completion
     forged = ref.model_copy(update={"sha256": "0" * 64})
-    cases = {
-        "items": request("bad", items=[]),
-        "duplicate": request("bad", items=[GenerateItem(sample=1), GenerateItem(sample=1)]),
-        "items[0]: step 1 needs": request("bad", turn=1, items=[GenerateItem(sample=0)]),
-        "items[0]: step 0 has no": request(
-            "bad", items=[GenerateItem(sample=0, previous=ref, observation=ref)]
+    cases = [
+        ("items", request("bad", items=[])),
+        ("duplicate", request("bad", items=[GenerateItem(sample=1), GenerateItem(sample=1)])),
+        ("items[0]: step 1 needs", request("bad", turn=1, items=[GenerateItem(sample=0)])),
+        (
+            "items[0]: step 1 needs",
+            request("bad", turn=1, items=[GenerateItem(sample=0, previous=ref)]),
         ),
-        "items[0].previous": request(
-            "bad", turn=1, items=[GenerateItem(sample=0, previous=forged, observation=ref)]
+        (
+            "items[0]: step 0 has no",
+            request("bad", items=[GenerateItem(sample=0, previous=ref, observation=ref)]),
         ),
-        "policy_version 7": request("unpublished", policy_version=7),
-    }
-    for needle, bad in cases.items():
+        (
+            "items[0]: step 0 has no",
+            request("bad", items=[GenerateItem(sample=0, observation=ref)]),
+        ),
+        (
+            "items[0].previous",
+            request(
+                "bad", turn=1, items=[GenerateItem(sample=0, previous=forged, observation=ref)]
+            ),
+        ),
+        ("policy_version 7", request("unpublished", policy_version=7)),
+    ]
+    for needle, bad in cases:
         with pytest.raises(
             ApplicationError, match=needle.replace("[", r"\[").replace("]", r"\]")
         ) as err:
