@@ -6,6 +6,7 @@ context budget, invalid input, hot reload; and an episode from sampling to the l
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, SamplingParams, TaskSpec, WorkspaceSpec
 from contracts.trajectory import Trajectory
 from infra import grpo, keys
-from infra.inference import GenerationOutput, PolicyHandle
+from infra.inference import GenerationOutput, InferenceError, PolicyHandle
 from infra.inference.local import LocalBackend
 from infra.inference.prompts import ChatFormat, extract_code, feedback_text
 from infra.policy import latest_policy, publish_policy
@@ -382,6 +383,59 @@ async def test_hot_reload_finishes_in_flight_work_on_the_old_version(
     pinned = await generate(acts, request("pinned", samples=1, policy_version=0))
     assert pinned.policy_version == 0
     assert sorted(backend.loaded_versions()) == [(RUN, 0), (RUN, 1)]
+
+
+@pytest.mark.asyncio
+async def test_an_attempt_that_stored_first_wins_an_overlapping_one(
+    acts: InferenceActivities, store: ObjectStore
+) -> None:
+    """Two attempts of one step overlap: the other stores its record while this one samples.
+    This one returns the other's record and the code in it, never a ref to overwritten bytes."""
+    backend = acts.backend
+    assert isinstance(backend, GatedBackend)
+    backend.gate.clear()
+    this = asyncio.create_task(generate(acts, request("overlap", samples=1)))
+    while acts.batcher.running == 0:
+        await asyncio.sleep(0.01)
+    prompt = (await chat(acts)).first_prompt(PROMPT)
+    theirs = CompletionRecord(
+        text="```python\ndef add(a, b):\n    return b + a\n```",
+        prompt_token_ids=prompt,
+        completion_token_ids=[5, 6],
+        logprobs=[-0.5, -0.5],
+        policy_version=0,
+    )
+    key = keys.turn_key(RUN, "overlap", 0, 0, "completion.json")
+    stored = store.put_json(key, theirs, create_only=True)
+    backend.gate.set()
+    (completion,) = (await this).completions
+    assert completion.completion == stored and store.head(key) == stored
+    assert completion.code is not None
+    assert store.get_text(completion.code.key) == "def add(a, b):\n    return b + a\n"
+
+
+@pytest.mark.asyncio
+async def test_chat_formats_of_the_four_latest_policies_are_kept_one_tokenizer_each(
+    acts: InferenceActivities, tiny_dir: Path, tmp_path: Path
+) -> None:
+    def policy(version: int, template: bool = True) -> PolicyHandle:
+        path = tmp_path / "copies" / f"v{version}"
+        shutil.copytree(tiny_dir, path, ignore=shutil.ignore_patterns("*.safetensors*"))
+        if not template:
+            (path / "chat_template.jinja").unlink()
+        return PolicyHandle(RUN, version, path)
+
+    handles = [policy(version) for version in range(3)]
+    asked = [(handle, env) for handle in handles for env in (EnvName.CODE, EnvName.WORKSPACE)]
+    formats = [await acts.chat_format(handle, env) for handle, env in asked]
+    assert formats[0].tokenizer is formats[1].tokenizer  # a policy's envs share its tokenizer
+    assert formats[1].tokenizer is not formats[2].tokenizer
+    assert list(acts._formats) == [(handle.path, env) for handle, env in asked[2:]]
+    assert await acts.chat_format(*asked[2]) is formats[2]  # kept, and now the latest
+    assert list(acts._formats)[-1] == (asked[2][0].path, EnvName.CODE)
+    with pytest.raises(InferenceError, match="no chat template") as refused:
+        await acts.chat_format(policy(9, template=False), EnvName.CODE)
+    assert not refused.value.retryable  # a policy that cannot be prompted is not retried
 
 
 @pytest.mark.asyncio
