@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import WorkflowFailureError, WorkflowHistory
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
 
 from activities.rewards import RewardActivities
 from activities.sandbox import SandboxActivities
@@ -65,6 +65,24 @@ def task_workers(
     }
 
 
+def task_input_of(prefix: str, **fields: Any) -> AgentTaskInput:
+    """`TASK` in a run of its own (`<prefix>-<random>`)."""
+    return AgentTaskInput(task=TASK, run_id=f"{prefix}-{uuid.uuid4().hex[:6]}", **fields)
+
+
+async def start(
+    client: Client, task_input: AgentTaskInput, **options: Any
+) -> WorkflowHandle[Any, AgentTaskResult]:
+    """Start the task's workflow on its queue, as `<run>-task`."""
+    return await client.start_workflow(
+        AgentTaskWorkflow.run,
+        task_input,
+        id=f"{task_input.run_id}-task",
+        task_queue=Queue.AGENT_TASKS.value,
+        **options,
+    )
+
+
 @pytest.mark.asyncio
 async def test_group_rolls_out_to_done_with_known_rewards(
     temporal_server, namespace, store: ObjectStore, tmp_path: Path
@@ -72,15 +90,10 @@ async def test_group_rolls_out_to_done_with_known_rewards(
     settings = settings_for(store, temporal_server.address, namespace, tmp_path)
     client = await connect(temporal_server.address, namespace)
     model = ScriptedModel(store, script)
-    run_id = f"wf-{uuid.uuid4().hex[:6]}"
-    task_input = AgentTaskInput(task=TASK, run_id=run_id, group_size=3, max_turns=3)
+    task_input = task_input_of("wf", group_size=3, max_turns=3)
+    run_id = task_input.run_id
     async with running_workers(client, task_workers(settings, store, model)):
-        handle = await client.start_workflow(
-            AgentTaskWorkflow.run,
-            task_input,
-            id=f"{run_id}-task",
-            task_queue=Queue.AGENT_TASKS.value,
-        )
+        handle = await start(client, task_input)
         result: AgentTaskResult = await handle.result()
         status: TaskStatus = await handle.query(AgentTaskWorkflow.status)
 
@@ -151,16 +164,10 @@ async def test_a_task_started_with_its_memo_writes_no_memo(
     task's attributes ride on the start event, so the workflow writes neither."""
     settings = settings_for(store, temporal_server.address, namespace, tmp_path)
     client = await connect(temporal_server.address, namespace)
-    task_input = AgentTaskInput(task=TASK, run_id=f"memo-{uuid.uuid4().hex[:6]}", max_turns=1)
+    task_input = task_input_of("memo", max_turns=1)
     model = ScriptedModel(store, script)
     async with running_workers(client, task_workers(settings, store, model)):
-        handle = await client.start_workflow(
-            AgentTaskWorkflow.run,
-            task_input,
-            id=f"{task_input.run_id}-task",
-            task_queue=Queue.AGENT_TASKS.value,
-            **task_start_options(task_input),
-        )
+        handle = await start(client, task_input, **task_start_options(task_input))
         await handle.result()
     history = await handle.fetch_history()
     assert memo_upserts(history) == 0
@@ -177,9 +184,8 @@ async def test_a_turn_with_every_episode_over_the_context_budget_executes_nothin
     at the second, GENERATE samples no episode, and the group ends without an empty EXECUTE."""
     settings = settings_for(store, temporal_server.address, namespace, tmp_path)
     client = await connect(temporal_server.address, namespace)
-    task_input = AgentTaskInput(
-        task=TASK,
-        run_id=f"full-{uuid.uuid4().hex[:6]}",
+    task_input = task_input_of(
+        "full",
         group_size=2,
         max_turns=3,
         max_context_tokens=64,
@@ -187,12 +193,7 @@ async def test_a_turn_with_every_episode_over_the_context_budget_executes_nothin
     )
     model = ScriptedModel(store, lambda sample, turn: WRONG)
     async with running_workers(client, task_workers(settings, store, model)):
-        handle = await client.start_workflow(
-            AgentTaskWorkflow.run,
-            task_input,
-            id=f"{task_input.run_id}-task",
-            task_queue=Queue.AGENT_TASKS.value,
-        )
+        handle = await start(client, task_input)
         result: AgentTaskResult = await handle.result()
     assert result.ends == ["context_budget"] * 2 and result.steps == [1, 1]
     assert len(model.calls) == 2
@@ -224,9 +225,8 @@ async def test_the_circuit_breaker_aborts_at_its_threshold_of_runs_over_their_li
     turn: with `abort_after` 2 the first turn's two reach it, with 3 the second turn's four."""
     settings = settings_for(store, temporal_server.address, namespace, tmp_path)
     client = await connect(temporal_server.address, namespace)
-    task_input = AgentTaskInput(
-        task=TASK,
-        run_id=f"breaker-{uuid.uuid4().hex[:6]}",
+    task_input = task_input_of(
+        "breaker",
         group_size=3,
         max_turns=4,
         limits=SandboxLimits(timeout_s=1.0),
@@ -234,12 +234,7 @@ async def test_the_circuit_breaker_aborts_at_its_threshold_of_runs_over_their_li
     )
     model = ScriptedModel(store, lambda sample, turn: RIGHT if sample == 0 else LOOPS)
     async with running_workers(client, task_workers(settings, store, model)):
-        result = await client.execute_workflow(
-            AgentTaskWorkflow.run,
-            task_input,
-            id=f"{task_input.run_id}-task",
-            task_queue=Queue.AGENT_TASKS.value,
-        )
+        result = await (await start(client, task_input)).result()
     assert len(model.calls) == turns and result.ends == ["submitted", "aborted", "aborted"]
     assert result.aborted_reason == (
         f"circuit breaker: {failures} runs hit timeout or memory_exceeded (threshold {abort_after})"
@@ -259,15 +254,10 @@ async def test_an_abort_signal_ends_the_task_after_its_current_step(
             reached.set()
             await release.wait()
 
-    task_input = AgentTaskInput(task=TASK, run_id=f"abort-{uuid.uuid4().hex[:6]}", max_turns=5)
+    task_input = task_input_of("abort", max_turns=5)
     model = ScriptedModel(store, lambda sample, turn: WRONG, gate=gate)
     async with running_workers(client, task_workers(settings, store, model)):
-        handle = await client.start_workflow(
-            AgentTaskWorkflow.run,
-            task_input,
-            id=f"{task_input.run_id}-task",
-            task_queue=Queue.AGENT_TASKS.value,
-        )
+        handle = await start(client, task_input)
         await asyncio.wait_for(reached.wait(), 60)
         await handle.signal(AgentTaskWorkflow.abort, "an operator stopped it")
         await handle.signal(AgentTaskWorkflow.abort, "a second reason is not kept")
