@@ -16,17 +16,10 @@ from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
 from infra import grpo
 from infra.learner_engine import LearnerEngine
-from infra.policy import TINY, materialize_base_model
-from infra.settings import Settings
 from tests.learner_groups import on_policy_groups
 from tests.trajectories import Step, trajectory
 
 CONFIG = GRPOConfig(learning_rate=3e-3, micro_batch_size=3, max_staleness=8)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return materialize_base_model(TINY, Settings(home=tmp_path_factory.mktemp("home")))
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,7 @@ from contracts.learner import GRPOConfig
 from infra import grpo
 from infra.learner_engine import LearnerEngine, train_only_last_layers
 from infra.learner_forward import pass_logprobs, sampled_logprobs
-from infra.policy import TINY, materialize_base_model
-from infra.settings import Settings
 from tests.learner_groups import on_policy_groups
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return materialize_base_model(TINY, Settings(home=tmp_path_factory.mktemp("home")))
 
 
 def episode(

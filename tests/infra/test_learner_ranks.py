@@ -25,18 +25,12 @@ from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
 from infra.learner_engine import LearnerEngine
 from infra.learner_ranks import RankGroup
-from infra.policy import TINY, materialize_base_model
-from infra.settings import LearnerSettings, Settings
+from infra.settings import LearnerSettings
 from tests.learner_groups import on_policy_groups
 
 CONFIG = GRPOConfig(learning_rate=1e-3, micro_batch_size=3, max_staleness=8, share_prompt=False)
 LORA = CONFIG.model_copy(update={"lora_rank": 4, "lora_alpha": 8, "share_prompt": True})
 TOLERANCE = 5e-3 * CONFIG.learning_rate
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return materialize_base_model(TINY, Settings(home=tmp_path_factory.mktemp("home")))
 
 
 @pytest.fixture(scope="module")

@@ -31,11 +31,6 @@ from infra.settings import Settings
 from infra.storage import ObjectNotFound, ObjectStore
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return materialize_base_model(TINY, Settings(home=tmp_path_factory.mktemp("home")))
-
-
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 

@@ -24,8 +24,6 @@ from infra.inference.prompts import (
     feedback_text,
     observation_text,
 )
-from infra.policy import materialize_base_model
-from infra.settings import Settings
 
 QWEN_LIKE = (  # Qwen2.5's structure: tools in the system message, `tool` as a wrapped user turn
     "{%- if tools %}{{- '<|im_start|>system\\n' + messages[0]['content'] + '\\n\\n# Tools\\n"
@@ -50,11 +48,10 @@ THINKING = (  # Qwen3's quirk: the *last* assistant message is rendered with a t
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def tokenizer(tiny_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
-    home: Path = tmp_path_factory.getbasetemp() / "home"
-    return AutoTokenizer.from_pretrained(str(materialize_base_model("tiny", Settings(home=home))))
+    return AutoTokenizer.from_pretrained(str(tiny_dir))
 
 
 def with_template(tokenizer: Any, template: str) -> Any:
