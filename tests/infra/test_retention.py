@@ -15,7 +15,7 @@ from infra.policy import MANIFEST, policy_manifest, publish_policy
 from infra.policy_cache import fetch_policy
 from infra.retention import prune_below, prune_versions
 from infra.storage import ObjectNotFound, ObjectStore
-from tests.infra.test_policy_cache import _blobs, _publish_variants, tiny_dir
+from tests.infra.test_policy_cache import _blobs, _publish_variants
 
 __all__ = ["tiny_dir"]  # the module-scoped fixture, shared with test_policy_cache
 
