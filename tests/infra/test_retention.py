@@ -17,8 +17,6 @@ from infra.retention import prune_below, prune_versions
 from infra.storage import ObjectNotFound, ObjectStore
 from tests.infra.test_policy_cache import _blobs, _publish_variants
 
-__all__ = ["tiny_dir"]  # the module-scoped fixture, shared with test_policy_cache
-
 
 def _named(store: ObjectStore, run: str) -> set[str]:
     """Blob keys the run's readable manifests name."""
