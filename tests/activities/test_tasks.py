@@ -19,10 +19,14 @@ from infra.storage import ObjectStore
 from infra.tasks import load_suite, quarantine_path
 
 
-def quarantine(settings: Settings, suite: str, ids: list[str]) -> None:
+def write_quarantine(settings: Settings, suite: str, text: str) -> None:
     path = quarantine_path(settings, suite)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"suite": suite, "quarantined": ids}))
+    path.write_text(text)
+
+
+def quarantine(settings: Settings, suite: str, ids: list[str]) -> None:
+    write_quarantine(settings, suite, json.dumps({"suite": suite, "quarantined": ids}))
 
 
 @pytest.mark.asyncio
@@ -81,9 +85,7 @@ async def test_bad_input_fails_without_retry_naming_it(
 ) -> None:
     settings = Settings(home=tmp_path)
     if quarantine_text is not None:
-        path = quarantine_path(settings, suite)
-        path.parent.mkdir(parents=True)
-        path.write_text(quarantine_text)
+        write_quarantine(settings, suite, quarantine_text)
     with pytest.raises(ApplicationError, match=message) as failed:
         await ActivityEnvironment().run(
             TaskActivities(settings, store).load_tasks, LoadTasksRequest(suite=suite)

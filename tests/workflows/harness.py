@@ -1,7 +1,7 @@
 """Helpers for workflow tests: workers in this process, scripted stand-ins for the model and
 for a sandbox worker's workspace sessions.
 
-`ScriptedModel` writes chosen answers where the inference activity would write sampled ones
+`start` starts a task's workflow. `ScriptedModel` writes chosen answers where the inference activity would write sampled ones
 (token in, token out: each step's prompt extends the previous prompt and completion).
 `ScriptedSandbox` is one "sandbox worker" holding sessions in memory: workspaces are dicts of
 files, snapshots are JSON documents in the real store, steps run on its own queue. Temporal and
@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
@@ -40,12 +40,19 @@ from contracts.episode import (
 )
 from contracts.errors import ErrorType, fail
 from contracts.names import Activity, Queue
-from contracts.rollout import Completion, CompletionRecord, GenerateRequest, GenerateResponse
+from contracts.rollout import (
+    AgentTaskResult,
+    Completion,
+    CompletionRecord,
+    GenerateRequest,
+    GenerateResponse,
+)
 from contracts.sandbox import ExecStatus
-from contracts.task import EnvName
+from contracts.task import AgentTaskInput, EnvName
 from infra import keys
 from infra.inference.toolcalls import parse_tool_call, render_tool_call
 from infra.storage import ObjectStore
+from workflows.agent_task import AgentTaskWorkflow
 
 PROMPT_IDS = [1, 2, 3]
 COMPLETION_IDS = [4, 5]
@@ -55,6 +62,19 @@ OBSERVATION_IDS = [6, 7]
 async def connect(address: str, namespace: str) -> Client:
     return await Client.connect(
         address, namespace=namespace, data_converter=pydantic_data_converter
+    )
+
+
+async def start(
+    client: Client, task: AgentTaskInput, suffix: str = "", **options: Any
+) -> WorkflowHandle[Any, AgentTaskResult]:
+    """Start `task`'s AgentTaskWorkflow on its queue, as `<run>-<task id><suffix>`."""
+    return await client.start_workflow(
+        AgentTaskWorkflow.run,
+        task,
+        id=f"{task.run_id}-{task.task.id}{suffix}",
+        task_queue=Queue.AGENT_TASKS.value,
+        **options,
     )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
+from temporalio.client import WorkflowFailureError, WorkflowHistory
 
 from activities.rewards import RewardActivities
 from activities.sandbox import SandboxActivities
@@ -24,7 +24,7 @@ from contracts.trajectory import Trajectory
 from infra import keys
 from infra.settings import Settings
 from infra.storage import ObjectStore
-from tests.workflows.harness import ScriptedModel, connect, running_workers
+from tests.workflows.harness import ScriptedModel, connect, running_workers, start
 from tests.workflows.replaying import replay
 from workflows.agent_task import AgentTaskWorkflow
 from workflows.search import task_start_options
@@ -68,19 +68,6 @@ def task_workers(
 def task_input_of(prefix: str, **fields: Any) -> AgentTaskInput:
     """`TASK` in a run of its own (`<prefix>-<random>`)."""
     return AgentTaskInput(task=TASK, run_id=f"{prefix}-{uuid.uuid4().hex[:6]}", **fields)
-
-
-async def start(
-    client: Client, task_input: AgentTaskInput, **options: Any
-) -> WorkflowHandle[Any, AgentTaskResult]:
-    """Start the task's workflow on its queue, as `<run>-task`."""
-    return await client.start_workflow(
-        AgentTaskWorkflow.run,
-        task_input,
-        id=f"{task_input.run_id}-task",
-        task_queue=Queue.AGENT_TASKS.value,
-        **options,
-    )
 
 
 @pytest.mark.asyncio

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
+from temporalio.client import WorkflowFailureError, WorkflowHistory
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 from activities.rewards import RewardActivities
@@ -33,6 +33,7 @@ from tests.workflows.harness import (
     ScriptedSandbox,
     connect,
     running_workers,
+    start,
     tree_digest,
 )
 from tests.workflows.replaying import replay
@@ -86,15 +87,6 @@ def solver(sample: int, step: int) -> str | ToolCall:
     }
     plan = plans.get(sample, [])
     return plan[step] if step < len(plan) else ToolCall(name="bash", arguments={"command": "ls"})
-
-
-async def start(client: Client, task: AgentTaskInput, suffix: str = "") -> WorkflowHandle:
-    return await client.start_workflow(
-        AgentTaskWorkflow.run,
-        task,
-        id=f"{task.run_id}-{task.task.id}{suffix}",
-        task_queue=Queue.AGENT_TASKS.value,
-    )
 
 
 def workers(model: ScriptedModel, store: ObjectStore) -> dict[Queue | str, dict[str, Any]]:
