@@ -20,7 +20,7 @@ import activities.learner as learner_module
 from activities.learner import LearnerActivities
 from contracts.errors import ErrorType
 from contracts.learner import GRPOConfig, StepRecord, TrainStepRequest, TrajectoryGroup
-from contracts.run import PrepareRunRequest
+from contracts.run import PrepareRunRequest, TrainingRunInput
 from contracts.task import SamplingParams
 from contracts.trajectory import trajectory_id
 from infra import grpo, keys
@@ -29,7 +29,7 @@ from infra.inference.local import LocalBackend
 from infra.learner_engine import LearnerEngine
 from infra.policy import WEIGHTS_INDEX, latest_policy, materialize_base_model, policy_manifest
 from infra.settings import LocalInferenceSettings, Settings
-from infra.storage import ObjectStore
+from infra.storage import ObjectStore, TransientStorageError
 from tests.trajectories import Step, trajectory
 
 RUN = "run-a"
@@ -85,6 +85,23 @@ async def test_prepare_run_is_idempotent(store: ObjectStore, settings: Settings)
     with pytest.raises(ApplicationError, match="base_model") as err:
         await env.run(acts.prepare_run, PrepareRunRequest(run_id="r2", base_model="nope"))
     assert err.value.non_retryable
+
+
+@pytest.mark.asyncio
+async def test_prepare_run_records_the_run_once(store: ObjectStore, settings: Settings) -> None:
+    """The run's input is stored once: a retry with the same input is a no-op; a run started
+    again under its id with other settings is refused, and the stored record is kept."""
+    acts = LearnerActivities(settings, store)
+    env = ActivityEnvironment()
+    run = TrainingRunInput(run_id=RUN, group_size=2)
+    prepare = PrepareRunRequest(run_id=RUN, base_model="tiny", run=run)
+    v0 = await env.run(acts.prepare_run, prepare)
+    assert await env.run(acts.prepare_run, prepare) == v0
+    other = prepare.model_copy(update={"run": run.model_copy(update={"group_size": 4})})
+    with pytest.raises(ApplicationError, match=f"run '{RUN}' already exists") as err:
+        await env.run(acts.prepare_run, other)
+    assert err.value.type == ErrorType.INVALID_INPUT and err.value.non_retryable
+    assert store.get_model(keys.run_record_key(RUN), TrainingRunInput) == run
 
 
 @pytest.mark.asyncio
@@ -210,6 +227,62 @@ async def test_train_step_rejects_bad_refs(store: ObjectStore, settings: Setting
     late = TrainStepRequest(run_id=RUN, step=5, groups=[group], config=CONFIG)
     with pytest.raises(ApplicationError, match="version 5"):
         await env.run(acts.train_step, late)
+    group = write_group(store, "t2", 0, 2)
+    short = group.model_copy(update={"rewards": group.rewards[:3]})
+    missing = group.model_copy(deep=True)
+    missing.trajectories[1].key += ".gone"
+    for bad, says in (
+        (short, r"groups\[0\].rewards: not one reward per trajectory"),
+        (missing, r"groups\[0\].trajectories\[1\]: .*\.gone does not exist"),
+    ):
+        request = TrainStepRequest(run_id=RUN, step=0, groups=[bad], config=CONFIG)
+        with pytest.raises(ApplicationError, match=says) as err:
+            await env.run(acts.train_step, request)
+        assert err.value.type == ErrorType.INVALID_INPUT and err.value.non_retryable
+    assert policy_manifest(store, RUN, 1) is None
+
+
+@pytest.mark.asyncio
+async def test_weights_that_were_not_published_are_reloaded(
+    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine drops the weights it trained when they are not the published version: a
+    publish that failed (the retry trains again from v0), and an attempt that lost the publish
+    to an overlapping one (it answers with the winner's version and ack, then reloads it)."""
+    env = ActivityEnvironment()
+    acts = LearnerActivities(settings, store)
+    await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+    request = TrainStepRequest(
+        run_id=RUN, step=0, groups=[write_group(store, "t1", 0, 1)], config=CONFIG
+    )
+    real_publish = learner_module.publish_policy
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise TransientStorageError("S3 is away")
+
+    monkeypatch.setattr(learner_module, "publish_policy", unreachable)
+    with pytest.raises(TransientStorageError):
+        await env.run(acts.train_step, request)
+    assert acts.engine is not None and acts.engine.version is None
+    assert policy_manifest(store, RUN, 1) is None
+    monkeypatch.setattr(learner_module, "publish_policy", real_publish)
+    won = await env.run(acts.train_step, request)
+    assert won.policy.version == 1 and acts.engine.version == 1
+
+    class Overlapping(LearnerActivities):
+        def _recorded(self, req: TrainStepRequest) -> None:
+            return None  # it looked before the other attempt published
+
+    late = Overlapping(settings, store)
+    assert await env.run(late.train_step, request) == won
+    assert late.engine is not None and late.engine.version is None
+    winner = store.get_model(keys.learner_ack_key(RUN, 0), StepRecord)
+    manifest = policy_manifest(store, RUN, 1)
+    assert manifest is not None
+    published = StepRecord.model_validate_json(
+        store.get_verified(manifest.files["train_step.json"])
+    )
+    assert published.attempt == winner.attempt
 
 
 @pytest.mark.asyncio
