@@ -1,17 +1,15 @@
 """The generate activity with a real SeaweedFS, real published policies (the tiny preset) and
 the real local backend: stored records, token-in/token-out steps for both environments, the
-context budget, invalid input, hot reload; and an episode from sampling to the learner's row.
+context budget, invalid input; and an episode from sampling to the learner's row. Concurrent
+work (hot reload, overlapping attempts, cancels, the format cache): test_inference_concurrency.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import shutil
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -24,101 +22,17 @@ from contracts.rollout import (
     EpisodeState,
     EpisodeStep,
     GenerateItem,
-    GenerateRequest,
-    GenerateResponse,
     WriteTrajectoriesRequest,
 )
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, SamplingParams, TaskSpec, WorkspaceSpec
 from contracts.trajectory import Trajectory
 from infra import grpo, keys
-from infra.inference import GenerationOutput, InferenceError, PolicyHandle
-from infra.inference.local import LocalBackend
-from infra.inference.prompts import ChatFormat, extract_code, feedback_text
+from infra.inference.prompts import extract_code, feedback_text
 from infra.policy import latest_policy, publish_policy
 from infra.settings import InferenceSettings, LocalInferenceSettings, Settings
 from infra.storage import ObjectStore
-
-RUN = "run-gen"
-PROMPT = "Write add(a, b) returning a + b."
-
-
-class GatedBackend(LocalBackend):
-    """The local backend, holding each batch until `gate` opens (to hold a batch in flight).
-    Batched by the batcher (not continuously), so requests queue where the tests can see them."""
-
-    continuous_batching = False
-
-    def __init__(self, config: LocalInferenceSettings):
-        super().__init__(config)
-        self.gate = asyncio.Event()
-        self.gate.set()
-
-    async def generate(
-        self, prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle
-    ) -> list[GenerationOutput]:
-        await self.gate.wait()
-        return await super().generate(prompts, params, policy)
-
-
-@pytest_asyncio.fixture
-async def acts(
-    tmp_path: Path, store: ObjectStore, tiny_dir: Path
-) -> AsyncIterator[InferenceActivities]:
-    settings = Settings(
-        home=tmp_path,
-        inference=InferenceSettings(
-            max_batch=8, max_wait_ms=20, local=LocalInferenceSettings(threads=1)
-        ),
-    )
-    await asyncio.to_thread(publish_policy, store, RUN, 0, tiny_dir)
-    activities = InferenceActivities(
-        settings, store=store, backend=GatedBackend(settings.inference.local)
-    )
-    yield activities
-    await activities.close()
-
-
-def request(task: str, samples: int = 3, turn: int = 0, **overrides: object) -> GenerateRequest:
-    fields: dict[str, object] = {
-        "run_id": RUN,
-        "task_id": task,
-        "turn": turn,
-        "prompt": PROMPT,
-        "sampling": SamplingParams(temperature=1.0, max_new_tokens=12, seed=5),
-        "policy_run": RUN,
-        "items": [GenerateItem(sample=s) for s in range(samples)],
-    }
-    fields.update(overrides)
-    return GenerateRequest.model_validate(fields)
-
-
-async def generate(acts: InferenceActivities, req: GenerateRequest) -> GenerateResponse:
-    return await ActivityEnvironment().run(acts.generate, req)
-
-
-async def chat(acts: InferenceActivities, env: EnvName = EnvName.CODE) -> ChatFormat:
-    return await acts.chat_format(await acts.policies.resolve(RUN), env)
-
-
-@pytest.mark.asyncio
-async def test_a_wave_of_activities_loads_the_tokenizer_once(
-    acts: InferenceActivities, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A run's first wave asks for the chat format from 64 activities at once; a fresh run's
-    first decode waited 40 s while each of them loaded the tokenizer."""
-    from transformers import AutoTokenizer
-
-    loads: list[str] = []
-    original = AutoTokenizer.from_pretrained
-
-    def counted(path: str) -> object:
-        loads.append(path)
-        return original(path)
-
-    monkeypatch.setattr(AutoTokenizer, "from_pretrained", counted)
-    formats = await asyncio.gather(*(chat(acts) for _ in range(16)))
-    assert len(loads) == 1 and len({id(f) for f in formats}) == 1
+from tests.activities.generation import PROMPT, RUN, chat, generate, request
 
 
 @pytest.mark.asyncio
@@ -357,110 +271,3 @@ async def test_invalid_requests_fail_without_retry(
         ) as err:
             await generate(acts, bad)
         assert err.value.non_retryable, needle
-
-
-@pytest.mark.asyncio
-async def test_hot_reload_finishes_in_flight_work_on_the_old_version(
-    acts: InferenceActivities, store: ObjectStore, tiny_dir: Path
-) -> None:
-    acts.policies.latest_ttl_s = 0.0  # every request re-reads latest.json
-    backend = acts.backend
-    assert isinstance(backend, GatedBackend)
-    backend.gate.clear()
-    in_flight = asyncio.create_task(generate(acts, request("old", samples=2)))
-    while acts.batcher.running == 0:  # its batch has started, on v0, and is held at the gate
-        await asyncio.sleep(0.01)
-    await asyncio.to_thread(publish_policy, store, RUN, 1, tiny_dir, 1)
-    newer = asyncio.create_task(generate(acts, request("new", samples=2)))
-    while acts.batcher.waiting < 2:  # resolved to v1, queued behind the running batch
-        await asyncio.sleep(0.01)
-    backend.gate.set()
-    old, new = await asyncio.gather(in_flight, newer)
-    assert old.policy_version == 0 and new.policy_version == 1
-    for response, version in ((old, 0), (new, 1)):
-        for c in response.completions:
-            assert store.get_model(c.completion.key, CompletionRecord).policy_version == version
-    pinned = await generate(acts, request("pinned", samples=1, policy_version=0))
-    assert pinned.policy_version == 0
-    assert sorted(backend.loaded_versions()) == [(RUN, 0), (RUN, 1)]
-
-
-@pytest.mark.asyncio
-async def test_an_attempt_that_stored_first_wins_an_overlapping_one(
-    acts: InferenceActivities, store: ObjectStore
-) -> None:
-    """Two attempts of one step overlap: the other stores its record while this one samples.
-    This one returns the other's record and the code in it, never a ref to overwritten bytes."""
-    backend = acts.backend
-    assert isinstance(backend, GatedBackend)
-    backend.gate.clear()
-    this = asyncio.create_task(generate(acts, request("overlap", samples=1)))
-    while acts.batcher.running == 0:
-        await asyncio.sleep(0.01)
-    prompt = (await chat(acts)).first_prompt(PROMPT)
-    theirs = CompletionRecord(
-        text="```python\ndef add(a, b):\n    return b + a\n```",
-        prompt_token_ids=prompt,
-        completion_token_ids=[5, 6],
-        logprobs=[-0.5, -0.5],
-        policy_version=0,
-    )
-    key = keys.turn_key(RUN, "overlap", 0, 0, "completion.json")
-    stored = store.put_json(key, theirs, create_only=True)
-    backend.gate.set()
-    (completion,) = (await this).completions
-    assert completion.completion == stored and store.head(key) == stored
-    assert completion.code is not None
-    assert store.get_text(completion.code.key) == "def add(a, b):\n    return b + a\n"
-
-
-@pytest.mark.asyncio
-async def test_chat_formats_of_the_four_latest_policies_are_kept_one_tokenizer_each(
-    acts: InferenceActivities, tiny_dir: Path, tmp_path: Path
-) -> None:
-    def policy(version: int, template: bool = True) -> PolicyHandle:
-        path = tmp_path / "copies" / f"v{version}"
-        shutil.copytree(tiny_dir, path, ignore=shutil.ignore_patterns("*.safetensors*"))
-        if not template:
-            (path / "chat_template.jinja").unlink()
-        return PolicyHandle(RUN, version, path)
-
-    handles = [policy(version) for version in range(3)]
-    asked = [(handle, env) for handle in handles for env in (EnvName.CODE, EnvName.WORKSPACE)]
-    formats = [await acts.chat_format(handle, env) for handle, env in asked]
-    assert formats[0].tokenizer is formats[1].tokenizer  # a policy's envs share its tokenizer
-    assert formats[1].tokenizer is not formats[2].tokenizer
-    assert list(acts._formats) == [(handle.path, env) for handle, env in asked[2:]]
-    assert await acts.chat_format(*asked[2]) is formats[2]  # kept, and now the latest
-    assert list(acts._formats)[-1] == (asked[2][0].path, EnvName.CODE)
-    with pytest.raises(InferenceError, match="no chat template") as refused:
-        await acts.chat_format(policy(9, template=False), EnvName.CODE)
-    assert not refused.value.retryable  # a policy that cannot be prompted is not retried
-
-
-@pytest.mark.asyncio
-async def test_heartbeats_flow_while_waiting_and_cancelled_requests_leave_the_queue(
-    acts: InferenceActivities,
-) -> None:
-    backend = acts.backend
-    assert isinstance(backend, GatedBackend)
-    acts.heartbeat_s = 0.05
-    backend.gate.clear()
-    beats: list[object] = []
-    held_env, doomed_env = ActivityEnvironment(), ActivityEnvironment()
-    held_env.on_heartbeat = lambda *details: beats.append(details)
-    held = asyncio.create_task(held_env.run(acts.generate, request("held", samples=2)))
-    while acts.batcher.running == 0:
-        await asyncio.sleep(0.01)
-    doomed = asyncio.create_task(doomed_env.run(acts.generate, request("doomed", samples=3)))
-    while acts.batcher.waiting < 3:
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.3)
-    assert len(beats) >= 3  # the event loop stays free while the batch is held
-    doomed_env.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await doomed
-    assert acts.batcher.waiting == 0
-    backend.gate.set()
-    assert len((await held).completions) == 2
-    assert acts.batcher.rows == 2  # the cancelled samples were never generated
