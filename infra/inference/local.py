@@ -111,11 +111,6 @@ def load_policy(path: str, device: torch.device) -> LoadedPolicy:
     )
 
 
-def _closed_tool_call(policy: LoadedPolicy, token_ids: list[int]) -> bool:
-    """Whether the completion just wrote `</tool_call>` (checked only on tokens holding `>`)."""
-    return policy.stops.closes_tool_call(token_ids)
-
-
 NUCLEUS_K = 256
 """Top-p first looks for the nucleus among the k most likely tokens (a full sort of a 49k
 vocabulary per row per step costs more than the model forward on CPU); rows whose nucleus is

@@ -21,7 +21,6 @@ from infra.inference.local import (
     NUCLEUS_K,
     LoadedPolicy,
     LocalBackend,
-    _closed_tool_call,
     _nucleus_sample,
     load_policy,
     sample_batch,
@@ -126,9 +125,9 @@ def test_a_tool_call_is_detected_when_its_closing_tag_is_written(
     written = tokenizer.encode(
         '<tool_call>{"name": "submit"}</tool_call>', add_special_tokens=False
     )
-    assert _closed_tool_call(policy, written)
-    assert not _closed_tool_call(policy, written[:-1])  # "</tool_call" is not closed yet
-    assert not _closed_tool_call(policy, tokenizer.encode("a -> b", add_special_tokens=False))
+    assert policy.stops.closes_tool_call(written)
+    assert not policy.stops.closes_tool_call(written[:-1])  # "</tool_call" is not closed yet
+    assert not policy.stops.closes_tool_call(tokenizer.encode("a -> b", add_special_tokens=False))
 
 
 def test_stop_after_tool_call_ends_the_row_at_the_closing_tag(policy: LoadedPolicy) -> None:
