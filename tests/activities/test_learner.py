@@ -1,6 +1,6 @@
 """prepare_run / train_step through temporalio's ActivityEnvironment, on a real SeaweedFS: exactly
-once, crash resume, a cancel mid-step, bad refs, NaN losses, and LoRA versions served by the
-local backend."""
+once, crash resume, a cancel mid-step, bad input, NaN losses, unpublished weights reloaded.
+LoRA versions: test_learner_lora.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
@@ -21,14 +20,15 @@ from activities.learner import LearnerActivities
 from contracts.errors import ErrorType
 from contracts.learner import GRPOConfig, StepRecord, TrainStepRequest, TrajectoryGroup
 from contracts.run import PrepareRunRequest, TrainingRunInput
-from contracts.task import SamplingParams
 from contracts.trajectory import trajectory_id
 from infra import grpo, keys
-from infra.inference.base import PolicyResolver
-from infra.inference.local import LocalBackend
 from infra.learner_engine import LearnerEngine
-from infra.policy import WEIGHTS_INDEX, latest_policy, materialize_base_model, policy_manifest
-from infra.settings import LocalInferenceSettings, Settings
+from infra.policy import (
+    latest_policy,
+    policy_manifest,
+    publish_policy,
+)
+from infra.settings import Settings
 from infra.storage import ObjectStore, TransientStorageError
 from tests.trajectories import Step, trajectory
 
@@ -75,12 +75,21 @@ def settings(tmp_path: Path) -> Settings:
 
 
 @pytest.mark.asyncio
-async def test_prepare_run_is_idempotent(store: ObjectStore, settings: Settings) -> None:
+async def test_prepare_run_is_idempotent(
+    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
     acts = LearnerActivities(settings, store)
     env = ActivityEnvironment()
     v0 = await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
     assert v0.version == 0 and latest_policy(store, RUN) == v0
-    again = await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+    assert not store.exists(keys.run_record_key(RUN))  # no run input given, none stored
+
+    def materialize(*args: Any) -> None:
+        raise AssertionError("a published v0 is not materialized again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(learner_module, "materialize_base_model", materialize)
+        again = await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
     assert again == v0
     with pytest.raises(ApplicationError, match="base_model") as err:
         await env.run(acts.prepare_run, PrepareRunRequest(run_id="r2", base_model="nope"))
@@ -142,9 +151,20 @@ async def test_train_step_exactly_once_and_crash_resume(
     step1 = TrainStepRequest(
         run_id=RUN, step=1, groups=[write_group(store, "t3", 1, 3)], config=CONFIG
     )
+    loads: list[int] = []
+    real_load = LearnerEngine.load
+
+    def counted_load(
+        engine: LearnerEngine, model_dir: Path, version: int, *args: Any, **kw: Any
+    ) -> Any:
+        loads.append(version)
+        return real_load(engine, model_dir, version, *args, **kw)
+
+    monkeypatch.setattr(LearnerEngine, "load", counted_load)
     second = await env.run(fresh.train_step, step1)
     assert second.policy.version == 2 and fresh.engine.version == 2
     assert CountingActivities.trainings == 2
+    engine = fresh.engine
 
     # crash after publishing v3 but before its ack: the retry acks from the version, no training
     step2 = TrainStepRequest(
@@ -155,6 +175,7 @@ async def test_train_step_exactly_once_and_crash_resume(
     )
     third = await env.run(fresh.train_step, step2)
     assert third.trained == 4 and third.dropped_stale == 4  # t5 is 2 versions behind step 2
+    assert fresh.engine is engine and loads == [1]  # consecutive steps never reload weights
     store.delete(keys.learner_ack_key(RUN, 2))
     rebooted = CountingActivities(settings, store)
     with pytest.raises(ApplicationError, match="recorded for groups"):  # from the version, too
@@ -214,7 +235,9 @@ async def test_a_cancelled_step_stops_at_its_next_micro_batch_and_publishes_noth
 
 
 @pytest.mark.asyncio
-async def test_train_step_rejects_bad_refs(store: ObjectStore, settings: Settings) -> None:
+async def test_train_step_rejects_bad_refs(
+    store: ObjectStore, settings: Settings, tiny_dir: Path
+) -> None:
     acts = LearnerActivities(settings, store)
     env = ActivityEnvironment()
     await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
@@ -240,6 +263,11 @@ async def test_train_step_rejects_bad_refs(store: ObjectStore, settings: Setting
             await env.run(acts.train_step, request)
         assert err.value.type == ErrorType.INVALID_INPUT and err.value.non_retryable
     assert policy_manifest(store, RUN, 1) is None
+    publish_policy(store, RUN, 1, tiny_dir, step=1)  # a v1 that no train_step made
+    request = TrainStepRequest(run_id=RUN, step=0, groups=[group], config=CONFIG)
+    with pytest.raises(ApplicationError, match=f"policy {RUN}/v1 has no train_step.json") as err:
+        await env.run(acts.train_step, request)
+    assert err.value.type == ErrorType.INVALID_INPUT and err.value.non_retryable
 
 
 @pytest.mark.asyncio
@@ -311,71 +339,3 @@ async def test_non_finite_loss_fails_loudly_and_publishes_nothing(
     monkeypatch.setattr(grpo, "grpo_loss", real_loss)  # the fault is gone: the step trains
     done = await env.run(acts.train_step, request)
     assert done.policy.version == 1 and math.isfinite(done.loss)
-
-
-@pytest.mark.asyncio
-async def test_lora_versions_are_adapters_and_the_served_policy_follows_them(
-    store: ObjectStore, settings: Settings
-) -> None:
-    """Four LoRA steps that reward one completion of a prompt: every version is an adapter of
-    megabytes over v0, and the policy the inference worker serves comes to complete the prompt
-    with exactly the rewarded tokens (greedy), which v0 does not."""
-    config = CONFIG.model_copy(
-        update={"lora_rank": 8, "lora_alpha": 16, "learning_rate": 1e-2, "max_staleness": 8}
-    )
-    env = ActivityEnvironment()
-    acts = LearnerActivities(settings, store)
-    v0 = await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
-    generator = torch.Generator().manual_seed(3)
-    prompt = torch.randint(3, 259, (10,), generator=generator).tolist()
-    completions = [torch.randint(3, 259, (4,), generator=generator).tolist() for _ in range(4)]
-    rewarded = completions[0]
-    scorer = LearnerEngine("cpu")  # the learner's own log-probs of v0, then of each version
-    scorer.load(materialize_base_model("tiny", settings), 0, config)
-    for step in range(4):
-        if step == 3:  # the worker restarts: the next step reloads v3 as v0 + its adapter
-            acts = LearnerActivities(settings, store)
-        refs = []
-        for sample, completion in enumerate(completions):
-            n = len(prompt) + len(completion)
-            row = grpo.Row("x", prompt + completion, [0] * n, [0.0] * n, [0.0] * n)
-            old = scorer.sequence_logprobs(grpo.collate([row], pad_id=0))[0, len(prompt) - 1 :]
-            record = trajectory(
-                [Step(prompt, completion, old.tolist(), policy_version=step)],
-                reward=float(sample == 0),
-                run_id=RUN,
-                task_id=f"s{step}",
-                sample=sample,
-            )
-            refs.append(store.put_json(keys.trajectory_key(RUN, f"s{step}", sample), record))
-        group = TrajectoryGroup(
-            task_id=f"s{step}", trajectories=refs, rewards=[1.0, 0, 0, 0], policy_version=step
-        )
-        request = TrainStepRequest(run_id=RUN, step=step, groups=[group], config=config)
-        done = await env.run(acts.train_step, request)
-        assert done.policy.adapter_of == 0 and done.trained == 4
-        scorer = acts.engine  # in-process: it holds the new version
-
-    manifest = policy_manifest(store, RUN, 4)
-    assert manifest is not None and manifest.policy.adapter_of == 0
-    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json"} <= set(
-        manifest.files
-    )
-    assert WEIGHTS_INDEX not in manifest.files and "config.json" not in manifest.files
-    adapter_size = manifest.files["adapter_model.safetensors"].size
-    full = policy_manifest(store, RUN, 0)
-    assert full is not None
-    weights = sum(ref.size for name, ref in full.files.items() if name.endswith(".safetensors"))
-    assert adapter_size < weights / 2
-
-    resolver = PolicyResolver(store, settings.home / "cache" / "served", wait_s=0)
-    backend = LocalBackend(LocalInferenceSettings())
-    greedy = [SamplingParams(temperature=0.0, max_new_tokens=4)]
-    try:
-        before = await backend.generate([prompt], greedy, await resolver.resolve(RUN, v0.version))
-        served = await resolver.resolve(RUN, 4)
-        after = await backend.generate([prompt], greedy, served)
-    finally:
-        await backend.close()
-    assert served.base is not None and served.base.version == 0
-    assert before[0].token_ids != rewarded and after[0].token_ids == rewarded
