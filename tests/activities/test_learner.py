@@ -23,11 +23,7 @@ from contracts.run import PrepareRunRequest, TrainingRunInput
 from contracts.trajectory import trajectory_id
 from infra import grpo, keys
 from infra.learner_engine import LearnerEngine
-from infra.policy import (
-    latest_policy,
-    policy_manifest,
-    publish_policy,
-)
+from infra.policy import latest_policy, policy_manifest, publish_policy
 from infra.settings import Settings
 from infra.storage import ObjectStore, TransientStorageError
 from tests.trajectories import Step, trajectory
