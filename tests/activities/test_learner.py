@@ -179,6 +179,11 @@ async def test_train_step_exactly_once_and_crash_resume(
     store.delete(keys.learner_ack_key(RUN, 2))
     assert await env.run(rebooted.train_step, step2) == third
     assert rebooted.engine is None and CountingActivities.trainings == 3
+    closed: list[LearnerEngine] = []
+    monkeypatch.setattr(LearnerEngine, "close", lambda engine: closed.append(engine))
+    rebooted.close()  # the worker shuts down: an engine never built has nothing to end
+    fresh.close()  # a built one ends its ranks
+    assert closed == [fresh.engine]
     manifest = policy_manifest(store, RUN, 3)
     assert manifest is not None and "train_step.json" in manifest.files
 

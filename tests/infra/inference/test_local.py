@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -154,6 +156,22 @@ def test_stop_after_tool_call_ends_the_row_at_the_closing_tag(policy: LoadedPoli
     assert [o.token_ids for o in sample_batch(stopping, rows, params)] == [
         o.token_ids for o in free
     ]
+
+
+def test_eos_ids_come_from_both_configs_and_the_pad_falls_back_to_one(
+    policy: LoadedPolicy, tiny_dir: Path, tmp_path: Path
+) -> None:
+    """Models list several EOS ids (Llama 3 and Qwen: a list in generation_config.json) and may
+    name no pad id: every id either config names ends a row, and the pad is the smallest."""
+    assert policy.eos_ids == {2} and policy.pad_id == 0  # the tiny model names both
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    for name, eos in (("generation_config.json", [5, 3]), ("config.json", 7)):
+        config = json.loads((model / name).read_text())
+        config.update(eos_token_id=eos, pad_token_id=None)
+        (model / name).write_text(json.dumps(config))
+    listed = load_policy(str(model), CPU)
+    assert listed.eos_ids == {3, 5, 7} and listed.pad_id == 3
 
 
 def test_budget_is_clamped_to_the_context(policy: LoadedPolicy) -> None:
