@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from contracts.task import SamplingParams
-from infra.inference import Batcher, PolicyHandle, decoder
+from infra.inference import Batcher, PolicyHandle, decoder, local
 from infra.inference.local import (
     NUCLEUS_K,
     LoadedPolicy,
@@ -198,17 +198,33 @@ def test_top_p_samples_only_the_nucleus_in_proportion() -> None:
 
 def test_a_nucleus_wider_than_the_top_k_is_still_exact() -> None:
     vocab = 4 * NUCLEUS_K
-    flat = torch.full((1, vocab), 1.0 / vocab)  # its 0.9-nucleus is wider than NUCLEUS_K
-    picks = {
-        int(_nucleus_sample(flat, torch.tensor([0.9]), torch.tensor([u])))
-        for u in (0.0, 0.5, 0.999)
-    }
-    assert len(picks) == 3 and max(picks) >= NUCLEUS_K
+    weights = torch.arange(vocab, 0, -1, dtype=torch.float32)  # token i ∝ vocab - i: sorted
+    probs = (weights / weights.sum())[None]
+    cdf = probs[0].cumsum(0)
+    size = int((cdf < 0.9).sum()) + 1  # the 0.9-nucleus: the top 256 hold 0.44
+    assert size > NUCLEUS_K
+    for u in (0.0, 0.3, 0.7, 0.999):  # inverse CDF within the whole nucleus
+        expected = int(torch.searchsorted(cdf[:size], u * cdf[size - 1], right=True))
+        assert int(_nucleus_sample(probs, torch.tensor([0.9]), torch.tensor([u]))) == expected
+    assert expected > NUCLEUS_K
+
+
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The directories the local backend loads a model from, in order."""
+    loaded: list[str] = []
+
+    def counted(path: str, device: torch.device) -> LoadedPolicy:
+        loaded.append(path)
+        return load_policy(path, device)
+
+    monkeypatch.setattr(local, "load_policy", counted)
+    return loaded
 
 
 @pytest.mark.asyncio
 async def test_backend_keeps_at_most_two_versions_and_serves_through_the_batcher(
-    tiny_dir: Path,
+    tiny_dir: Path, loads: list[str]
 ) -> None:
     backend = LocalBackend(LocalInferenceSettings(threads=1))
     batcher = Batcher(backend, max_batch=8, max_wait_ms=20)
@@ -222,9 +238,10 @@ async def test_backend_keeps_at_most_two_versions_and_serves_through_the_batcher
     assert [r.output.token_ids for r in results] == [o.token_ids for o in direct]
     assert batcher.rows == 6 and max(r.batch_size for r in results) > 1  # decoded together
     assert results[0].batch_tokens_per_s > 0
-    for h in handles[1:]:
+    for h in [*handles[1:], handles[1]]:
         await batcher.submit(rows[0], params[0], h)
-    assert backend.loaded_versions() == [("run-l", 1), ("run-l", 2)]
+    assert backend.loaded_versions() == [("run-l", 2), ("run-l", 1)]  # v1 used last
+    assert len(loads) == 3  # each version loaded once
     await batcher.close()
     await backend.close()
 
@@ -241,7 +258,7 @@ def greedy_ids(model: object, prompt: list[int], steps: int) -> list[int]:
 
 @pytest.mark.asyncio
 async def test_lora_versions_apply_their_adapter_over_one_loaded_base(
-    tiny_dir: Path, tmp_path: Path
+    tiny_dir: Path, tmp_path: Path, loads: list[str]
 ) -> None:
     from peft import PeftModel
 
@@ -258,7 +275,7 @@ async def test_lora_versions_apply_their_adapter_over_one_loaded_base(
     before = await backend.generate(rows, greedy, base)
     tuned = {h.version: await backend.generate(rows, greedy, h) for h in (first, second)}
     after = await backend.generate(rows, greedy, base)
-    assert backend.loaded_versions() == [("lora", 0)]  # the base, loaded once
+    assert backend.loaded_versions() == [("lora", 0)] and loads == [str(tiny_dir)]  # once
     assert [o.token_ids for o in after] == [o.token_ids for o in before]  # adapters off
     assert [o.token_ids for o in tuned[1]] != [o.token_ids for o in tuned[2]]
     for handle in (first, second):
