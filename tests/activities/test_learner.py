@@ -32,7 +32,9 @@ RUN = "run-a"
 CONFIG = GRPOConfig(learning_rate=1e-3, micro_batch_size=4, max_staleness=1)
 
 
-def write_group(store: ObjectStore, task: str, version: int, seed: int) -> TrajectoryGroup:
+def write_group(
+    store: ObjectStore, task: str, version: int, seed: int, run: str = RUN
+) -> TrajectoryGroup:
     rng = random.Random(seed)
     refs, rewards = [], []
     for sample in range(4):
@@ -42,13 +44,13 @@ def write_group(store: ObjectStore, task: str, version: int, seed: int) -> Traje
         record = trajectory(
             [Step(prompt, completion, [-5.5] * len(completion), policy_version=version, code="x")],
             reward=reward,
-            run_id=RUN,
+            run_id=run,
             task_id=task,
             sample=sample,
             created_at="2026-01-01T00:00:00+00:00",
         )
         refs.append(
-            store.put_json(keys.trajectory_key(RUN, task, sample), record, create_only=True)
+            store.put_json(keys.trajectory_key(run, task, sample), record, create_only=True)
         )
         rewards.append(reward)
     return TrajectoryGroup(task_id=task, trajectories=refs, rewards=rewards, policy_version=version)
@@ -68,6 +70,20 @@ class CountingActivities(LearnerActivities):
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(home=tmp_path / "home")
+
+
+@pytest.fixture
+def loads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The versions the learner's engine loads weights of, in order."""
+    loaded: list[int] = []
+    real_load = LearnerEngine.load
+
+    def counted(engine: LearnerEngine, model_dir: Path, version: int, *args: Any, **kw: Any) -> Any:
+        loaded.append(version)
+        return real_load(engine, model_dir, version, *args, **kw)
+
+    monkeypatch.setattr(LearnerEngine, "load", counted)
+    return loaded
 
 
 @pytest.mark.asyncio
@@ -111,7 +127,7 @@ async def test_prepare_run_records_the_run_once(store: ObjectStore, settings: Se
 
 @pytest.mark.asyncio
 async def test_train_step_exactly_once_and_crash_resume(
-    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
+    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch, loads: list[int]
 ) -> None:
     monkeypatch.setattr(learner_module, "HEARTBEAT_EVERY_S", 0.05)
     beats: list[Any] = []
@@ -147,16 +163,6 @@ async def test_train_step_exactly_once_and_crash_resume(
     step1 = TrainStepRequest(
         run_id=RUN, step=1, groups=[write_group(store, "t3", 1, 3)], config=CONFIG
     )
-    loads: list[int] = []
-    real_load = LearnerEngine.load
-
-    def counted_load(
-        engine: LearnerEngine, model_dir: Path, version: int, *args: Any, **kw: Any
-    ) -> Any:
-        loads.append(version)
-        return real_load(engine, model_dir, version, *args, **kw)
-
-    monkeypatch.setattr(LearnerEngine, "load", counted_load)
     second = await env.run(fresh.train_step, step1)
     assert second.policy.version == 2 and fresh.engine.version == 2
     assert CountingActivities.trainings == 2
@@ -171,7 +177,7 @@ async def test_train_step_exactly_once_and_crash_resume(
     )
     third = await env.run(fresh.train_step, step2)
     assert third.trained == 4 and third.dropped_stale == 4  # t5 is 2 versions behind step 2
-    assert fresh.engine is engine and loads == [1]  # consecutive steps never reload weights
+    assert fresh.engine is engine and loads == [0, 1]  # consecutive steps never reload
     store.delete(keys.learner_ack_key(RUN, 2))
     rebooted = CountingActivities(settings, store)
     with pytest.raises(ApplicationError, match="recorded for groups"):  # from the version, too
@@ -186,6 +192,24 @@ async def test_train_step_exactly_once_and_crash_resume(
     assert closed == [fresh.engine]
     manifest = policy_manifest(store, RUN, 3)
     assert manifest is not None and "train_step.json" in manifest.files
+
+
+@pytest.mark.asyncio
+async def test_runs_that_share_a_learner_train_each_on_its_own_weights(
+    store: ObjectStore, settings: Settings, loads: list[int]
+) -> None:
+    """One learner worker serves every run: steps of two runs alternate on its engine, and each
+    step reloads its own run's version, even where the other run's version has its number."""
+    env = ActivityEnvironment()
+    acts = LearnerActivities(settings, store)
+    for run in (RUN, "run-b"):
+        await env.run(acts.prepare_run, PrepareRunRequest(run_id=run, base_model="tiny"))
+    for step in (0, 1):
+        for run in (RUN, "run-b"):
+            group = write_group(store, f"t{step}", step, step, run=run)
+            request = TrainStepRequest(run_id=run, step=step, groups=[group], config=CONFIG)
+            assert (await env.run(acts.train_step, request)).policy.version == step + 1
+    assert loads == [0, 0, 1, 1]
 
 
 @pytest.mark.asyncio
