@@ -199,15 +199,17 @@ async def test_runs_that_share_a_learner_train_each_on_its_own_weights(
     store: ObjectStore, settings: Settings, loads: list[int]
 ) -> None:
     """One learner worker serves every run: steps of two runs alternate on its engine, and each
-    step reloads its own run's version, even where the other run's version has its number."""
+    step reloads its own run's version, even where the other run's version has its number (the
+    second run with a KL term to its own version 0)."""
     env = ActivityEnvironment()
     acts = LearnerActivities(settings, store)
-    for run in (RUN, "run-b"):
+    configs = {RUN: CONFIG, "run-b": CONFIG.model_copy(update={"kl_coef": 0.1})}
+    for run in configs:
         await env.run(acts.prepare_run, PrepareRunRequest(run_id=run, base_model="tiny"))
     for step in (0, 1):
-        for run in (RUN, "run-b"):
+        for run, config in configs.items():
             group = write_group(store, f"t{step}", step, step, run=run)
-            request = TrainStepRequest(run_id=run, step=step, groups=[group], config=CONFIG)
+            request = TrainStepRequest(run_id=run, step=step, groups=[group], config=config)
             assert (await env.run(acts.train_step, request)).policy.version == step + 1
     assert loads == [0, 0, 1, 1]
 
