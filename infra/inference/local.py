@@ -32,7 +32,6 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,20 +56,12 @@ class LoadedPolicy:
     eos_ids: frozenset[int]
     pad_id: int
     max_context: int
-    fence_ids: frozenset[int] = frozenset()
-    """Tokens whose text contains a code fence (```), for `stop_after_code_block`."""
-    close_ids: frozenset[int] = frozenset()
-    """Tokens whose text contains `>` (the end of `</tool_call>`), for `stop_after_tool_call`."""
-    decode: Callable[[list[int]], str] = lambda ids: ""
-    """The tokenizer's decode (special tokens kept), to look for `</tool_call>`."""
+    stops: StopRules = StopRules(frozenset(), frozenset(), lambda ids: "")
+    """Where `stop_after_code_block` and `stop_after_tool_call` end a row (its tokenizer's)."""
     adapter: str | None = None
     """A LoRA version: the name of its adapter in `model` (a peft model over its base)."""
     base: tuple[str, int] | None = None
     """A LoRA version: (run, version) of its base."""
-
-    @property
-    def stops(self) -> StopRules:
-        return StopRules(self.fence_ids, self.close_ids, self.decode)
 
 
 def load_policy(path: str, device: torch.device) -> LoadedPolicy:
@@ -95,20 +86,8 @@ def load_policy(path: str, device: torch.device) -> LoadedPolicy:
     max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    texts = {
-        token_id: tokenizer.convert_tokens_to_string([token])
-        for token, token_id in tokenizer.get_vocab().items()
-    }
-    return LoadedPolicy(
-        model,
-        frozenset(eos),
-        int(pad),
-        max_context,
-        fence_ids=frozenset(i for i, text in texts.items() if "```" in text),
-        close_ids=frozenset(i for i, text in texts.items() if ">" in text),
-        decode=lambda ids: str(tokenizer.decode(ids)),
-    )
+    stops = StopRules.of(AutoTokenizer.from_pretrained(path))
+    return LoadedPolicy(model, frozenset(eos), int(pad), max_context, stops=stops)
 
 
 NUCLEUS_K = 256

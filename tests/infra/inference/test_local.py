@@ -23,10 +23,12 @@ from infra.inference.local import (
     NUCLEUS_K,
     LoadedPolicy,
     LocalBackend,
+    _choose,
     _nucleus_sample,
     load_policy,
     sample_batch,
 )
+from infra.inference.stops import StopRules
 from infra.settings import LocalInferenceSettings
 
 CPU = torch.device("cpu")
@@ -143,11 +145,10 @@ def test_stop_after_tool_call_ends_the_row_at_the_closing_tag(policy: LoadedPoli
         for k, t in enumerate(free[0].token_ids)
         if k >= 1 and t not in free[0].token_ids[:k] and t not in free[1].token_ids
     )
-    stopping = dataclasses.replace(
-        policy,
-        close_ids=frozenset({close}),
-        decode=lambda ids: "</tool_call>" if ids[-1] == close else "",
+    rules = StopRules(
+        frozenset(), frozenset({close}), lambda ids: "</tool_call>" * (ids[-1] == close)
     )
+    stopping = dataclasses.replace(policy, stops=rules)
     tool_params = [p.model_copy(update={"stop_after_tool_call": True}) for p in params]
     first, second = sample_batch(stopping, rows, tool_params)
     at = free[0].token_ids.index(close)
@@ -182,6 +183,18 @@ def test_budget_is_clamped_to_the_context(policy: LoadedPolicy) -> None:
     )
     assert len(short.token_ids) == 3 and short.finish_reason == "length"
     assert none.token_ids == [] and none.finish_reason == "length"
+
+
+def test_temperature_divides_the_logits() -> None:
+    rows = 4000
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).expand(rows, 4)
+    for temperature in (0.5, 2.0):
+        params = [SamplingParams(temperature=temperature, top_p=1.0)] * rows
+        generators = [torch.Generator().manual_seed(i) for i in range(rows)]
+        picks = _choose(logits.clone(), params, generators)
+        counts = torch.bincount(picks, minlength=4).float() / rows
+        expected = torch.softmax(logits[0] / temperature, dim=-1)
+        assert counts.tolist() == pytest.approx(expected.tolist(), abs=0.03)
 
 
 def test_top_p_samples_only_the_nucleus_in_proportion() -> None:
@@ -275,6 +288,8 @@ async def test_lora_versions_apply_their_adapter_over_one_loaded_base(
     before = await backend.generate(rows, greedy, base)
     tuned = {h.version: await backend.generate(rows, greedy, h) for h in (first, second)}
     after = await backend.generate(rows, greedy, base)
+    back = await backend.generate(rows, greedy, first)  # its adapter kept, and active again
+    assert [o.token_ids for o in back] == [o.token_ids for o in tuned[1]]
     assert backend.loaded_versions() == [("lora", 0)] and loads == [str(tiny_dir)]  # once
     assert [o.token_ids for o in after] == [o.token_ids for o in before]  # adapters off
     assert [o.token_ids for o in tuned[1]] != [o.token_ids for o in tuned[2]]
