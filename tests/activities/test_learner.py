@@ -93,7 +93,7 @@ async def test_prepare_run_is_idempotent(
     acts = LearnerActivities(settings, store)
     env = ActivityEnvironment()
     v0 = await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
-    assert v0.version == 0 and latest_policy(store, RUN) == v0
+    assert v0.version == v0.step == 0 and latest_policy(store, RUN) == v0
     assert not store.exists(keys.run_record_key(RUN))  # no run input given, none stored
 
     def materialize(*args: Any) -> None:
@@ -140,7 +140,8 @@ async def test_train_step_exactly_once_and_crash_resume(
     groups = [write_group(store, "t1", 0, 1), write_group(store, "t2", 0, 2)]
     request = TrainStepRequest(run_id=RUN, step=0, groups=groups, config=CONFIG)
     first = await env.run(acts.train_step, request)
-    assert first.policy.version == 1 and first.trained == 8 and first.dropped_stale == 0
+    assert first.policy.version == first.policy.step == 1  # `tempered runs` shows the step
+    assert first.trained == 8 and first.dropped_stale == 0
     assert first.reward_mean == 0.5 and latest_policy(store, RUN) == first.policy
     ack = store.get_model(keys.learner_ack_key(RUN, 0), StepRecord)
     assert sorted(ack.trained) == sorted(
