@@ -302,6 +302,25 @@ async def test_lora_versions_apply_their_adapter_over_one_loaded_base(
 
 
 @pytest.mark.asyncio
+async def test_a_base_evicted_takes_its_adapters_with_it(
+    tiny_dir: Path, tmp_path: Path, loads: list[str]
+) -> None:
+    """A LoRA version holds its base's model: evicted (`max_loaded`), the base leaves with its
+    adapters, so its memory is freed and the version, asked again, reloads the base."""
+    from tests.infra.inference.policies import lora_adapter
+
+    base = PolicyHandle("lora", 0, tiny_dir)
+    tuned = PolicyHandle("lora", 1, lora_adapter(tiny_dir, tmp_path / "a", seed=1, scale=0.5), base)
+    backend = LocalBackend(LocalInferenceSettings(max_loaded=1))
+    rows, greedy = prompts(1), [SamplingParams(temperature=0.0, max_new_tokens=6)]
+    first = await backend.generate(rows, greedy, tuned)
+    await backend.generate(rows, greedy, PolicyHandle("other", 0, tiny_dir))  # evicts lora/v0
+    again = await backend.generate(rows, greedy, tuned)
+    assert loads == [str(tiny_dir)] * 3 and again[0].token_ids == first[0].token_ids
+    await backend.close()
+
+
+@pytest.mark.asyncio
 async def test_rows_that_arrive_while_others_decode_join_them_and_sample_the_same(
     tiny_dir: Path, policy: LoadedPolicy
 ) -> None:
