@@ -1,8 +1,9 @@
 """Helpers for workflow tests: workers in this process, scripted stand-ins for the model and
 for a sandbox worker's workspace sessions.
 
-`start` starts a task's workflow. `ScriptedModel` writes chosen answers where the inference activity would write sampled ones
-(token in, token out: each step's prompt extends the previous prompt and completion).
+`start` starts a task's workflow. `ScriptedModel` writes chosen answers where the inference
+activity would write sampled ones (token in, token out: each step's prompt extends the previous
+prompt and completion).
 `ScriptedSandbox` is one "sandbox worker" holding sessions in memory: workspaces are dicts of
 files, snapshots are JSON documents in the real store, steps run on its own queue. Temporal and
 S3 are the real ones.
