@@ -7,18 +7,22 @@ Reads the spans every worker's JSONL exporter wrote (`<home>/telemetry/*.jsonl`,
 `infra.telemetry_files`) inside the run's time window, and turns them into intervals:
 
   learner      `learner.train_step` spans of the run
+  inference    `model.generate` spans of training requests: the inference engine had one of
+               the run's rollouts (or another run's) to work on
   evaluation   activity spans (`RunActivity:*`) of the run's held-out evaluation workflows
-               (`contracts.names.evaluates`)
-  inference    `model.generate` spans: the inference backend had a batch (or, for a
-               continuous-batching engine, a request) to work on
+               (`contracts.names.evaluates`), their `model.generate` spans among them
   sandbox      `sandbox.run` spans: model-written code running
   activities   any other activity span of the run: waiting for a batch slot, store reads and
                writes, rewards, prepare_run
 
 Each instant of the window goes to the first of these that is active (`segments`, in that
 order), and what none covers is `temporal`: workflow tasks, scheduling, polling, start-up and
-idle waits. `busy` is each category's own active time (they overlap: inference and sandboxes
-run side by side), and `inference_idle_s` the window minus the inference engine's busy time.
+idle waits. Training comes before evaluation: an evaluation that rides along with the rollouts
+(at a lower priority, as the default's does) counts only where it holds the run up on its own,
+such as the final one; a `model.generate` span is an evaluation's when its parent span is one of
+the evaluation's activities. `busy` is each category's own active time (they overlap: inference
+and sandboxes run side by side), and `inference_idle_s` the window minus the time the engine
+had any request, training or evaluation.
 
 Not covered: a setup that exports to an OTLP collector instead of files (no spans here: the
 profile is empty and says so); spans still in a worker's export buffer when the run ends (the
@@ -37,7 +41,7 @@ from pydantic import BaseModel, Field
 from contracts.names import evaluates
 
 Interval = tuple[float, float]
-ORDER = ("learner", "evaluation", "inference", "sandbox", "activities")
+ORDER = ("learner", "inference", "evaluation", "sandbox", "activities")
 """Categories in the order an instant is attributed (the first active one takes it)."""
 
 
@@ -49,7 +53,9 @@ class RunProfile(BaseModel):
         description="An exclusive split of wall_s: ORDER's categories, then `temporal`."
     )
     busy: dict[str, float] = Field(description="Each category's own active time (overlapping).")
-    inference_idle_s: float = Field(description="wall_s minus the inference engine's busy time.")
+    inference_idle_s: float = Field(
+        description="wall_s minus the time the inference engine had a request (of any kind)."
+    )
     spans: int = Field(description="Spans read inside the window.")
 
 
@@ -57,15 +63,26 @@ def run_profile(telemetry_dir: Path, run_id: str, started: float, ended: float) 
     """The profile of run `run_id` over [started, ended] (Unix seconds)."""
     window = (started, max(ended, started))
     intervals: dict[str, list[Interval]] = {name: [] for name in ORDER}
-    count = 0
-    for span in _spans(telemetry_dir, window):
-        category = _category(span, run_id)
-        if category is not None:
-            start = float(span["start"])
-            intervals[category].append((start, start + float(span["duration_ms"]) / 1000))
-            count += 1
+    spans = list(_spans(telemetry_dir, window))
+    categories = [_category(span, run_id) for span in spans]
+    evaluations = {
+        span.get("span_id")
+        for span, category in zip(spans, categories, strict=True)
+        if category == "evaluation"
+    }
+    engine: list[Interval] = []  # every request the engine had, training or evaluation
+    for span, category in zip(spans, categories, strict=True):
+        if category is None:
+            continue
+        start = float(span["start"])
+        interval = (start, start + float(span["duration_ms"]) / 1000)
+        if span["name"] == "model.generate":
+            engine.append(interval)
+            if span.get("parent_id") in evaluations:
+                category = "evaluation"
+        intervals[category].append(interval)
     wall = window[1] - window[0]
-    unions = {name: _union(_clip(spans, window)) for name, spans in intervals.items()}
+    unions = {name: _union(_clip(found, window)) for name, found in intervals.items()}
     segments: dict[str, float] = {}
     left = [window]
     for name in ORDER:
@@ -77,8 +94,8 @@ def run_profile(telemetry_dir: Path, run_id: str, started: float, ended: float) 
         wall_s=round(wall, 2),
         segments={k: round(v, 2) for k, v in segments.items()},
         busy={k: round(_length(v), 2) for k, v in unions.items()},
-        inference_idle_s=round(wall - _length(unions["inference"]), 2),
-        spans=count,
+        inference_idle_s=round(wall - _length(_union(_clip(engine, window))), 2),
+        spans=sum(category is not None for category in categories),
     )
 
 

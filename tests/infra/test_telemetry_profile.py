@@ -1,5 +1,6 @@
-"""The run profile from span files: an exclusive split of the window by category priority, each
-category's own busy time, other runs' spans and spans outside the window left out."""
+"""The run profile from span files: an exclusive split of the window by category priority
+(training before evaluation), each category's own busy time, other runs' spans and spans outside
+the window left out."""
 
 from __future__ import annotations
 
@@ -11,17 +12,24 @@ from infra.telemetry_profile import run_profile
 T0 = 1_700_000_000.0
 
 
-def span(name: str, start: float, seconds: float, **attrs: str) -> str:
+def span(
+    name: str, start: float, seconds: float, ids: tuple[str, str | None] = ("", None), **attrs: str
+) -> str:
+    """A span record; `ids` are its span id and its parent's."""
     record = {"kind": "span", "name": name, "start": T0 + start, "duration_ms": seconds * 1000}
-    return json.dumps({**record, "attrs": attrs}, separators=(",", ":")) + "\n"
+    record |= {"span_id": ids[0], "parent_id": ids[1], "attrs": attrs}
+    return json.dumps(record, separators=(",", ":")) + "\n"
 
 
 def test_the_window_is_split_by_priority_and_other_runs_are_left_out(tmp_path: Path) -> None:
     (tmp_path / "inference-1.jsonl").write_text(
-        span("model.generate", 0, 40)  # 0-40 busy
-        + span("model.generate", 30, 20)  # overlaps: busy 0-50
-        + span("RunActivity:generate", 0, 55, temporalWorkflowID="r1-task-a")
-        + span("RunActivity:generate", 60, 10, temporalWorkflowID="r1-eval-v0-a")  # eval 60-70
+        span("model.generate", 0, 40, ("g1", "a1"))  # 0-40 busy
+        + span("model.generate", 30, 20, ("g2", "a1"))  # overlaps: busy 0-50
+        + span("RunActivity:generate", 0, 55, ("a1", None), temporalWorkflowID="r1-task-a")
+        # an evaluation beside the rollouts (20-50: theirs), then on its own (50-70); its
+        # request counts as the engine's busy time, not as training inference
+        + span("RunActivity:generate", 20, 50, ("e1", None), temporalWorkflowID="r1-eval-v0-a")
+        + span("model.generate", 55, 13, ("g3", "e1"))
         + span("RunActivity:generate", 0, 90, temporalWorkflowID="other-task-a")  # not ours
         + span("model.generate", 200, 5)  # outside the window
         + '{"kind":"metrics","ts":1,"points":[]}\n'
@@ -34,21 +42,21 @@ def test_the_window_is_split_by_priority_and_other_runs_are_left_out(tmp_path: P
     assert profile.wall_s == 100
     assert profile.segments == {
         "learner": 20.0,  # 45-65
-        "evaluation": 5.0,  # 60-70, less the learner's
-        "inference": 45.0,  # 0-50, less the above
+        "inference": 45.0,  # 0-50, less the learner's
+        "evaluation": 5.0,  # 20-70, less the above
         "sandbox": 0.0,  # 40-70: all taken already
         "activities": 0.0,  # 0-55: likewise
         "temporal": 30.0,  # 70-100: nothing ran
     }
     assert profile.busy == {
         "learner": 20.0,
-        "evaluation": 10.0,
         "inference": 50.0,
+        "evaluation": 50.0,
         "sandbox": 30.0,
         "activities": 55.0,
     }
-    assert profile.inference_idle_s == 50
-    assert profile.spans == 6
+    assert profile.inference_idle_s == 37  # the engine had a request 0-50 and 55-68
+    assert profile.spans == 7
 
 
 def test_no_span_files_is_an_all_temporal_profile(tmp_path: Path) -> None:

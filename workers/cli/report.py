@@ -101,7 +101,10 @@ def write_profile(settings: Settings, run_id: str, wall_s: float, out: Path) -> 
     ended = time.time()
     profile = run_profile(settings.home / "telemetry", run_id, ended - wall_s, ended)
     wall = profile.wall_s or 1.0
-    print(f"where the {profile.wall_s:.0f} s went ({profile.spans} spans):")
+    print(
+        f"where the {profile.wall_s:.0f} s went ({profile.spans} spans; each instant to the first"
+        " category active, training before evaluation):"
+    )
     for name, seconds in profile.segments.items():
         busy = profile.busy.get(name)
         own = f"   (active {busy:7.1f} s in all)" if busy is not None else ""
