@@ -14,9 +14,10 @@ Paths are Harbor's: the workspace at the Dockerfile's WORKDIR (/app when it sets
 tests at /tests (read-only, only while verifying), the solution at /solution, the verifier's
 output under /logs/verifier/. The local and gVisor backends run a task's environment as a
 file tree over the host's read-only system, so the Dockerfile may only use FROM (the base is
-ignored), WORKDIR, COPY (build-context files into the workspace; `--chown`/`--chmod` ignored)
-and ENV (`$VAR` and `${VAR}` expand); any other instruction is an error naming the file and
-line. A task with bad input (no instruction.md, an unreadable task.toml, a Dockerfile it
+ignored), WORKDIR, COPY (build-context files into the workspace; a glob that matches nothing is
+an error, and several sources or matches go into the destination as a directory;
+`--chown`/`--chmod` ignored) and ENV (`$VAR` and `${VAR}` expand); any other instruction is an
+error naming the file and line. A task with bad input (no instruction.md, an unreadable task.toml, a Dockerfile it
 cannot use) is reported with its directory and file, and the other tasks still load.
 
 Not covered: images (the Kubernetes backend's business), multi-stage builds, `.dockerignore`.
@@ -181,10 +182,11 @@ def read_dockerfile(path: Path) -> tuple[str, dict[str, File], dict[str, str]]:
                 raise fail("COPY needs a source and a destination")
             *sources, destination = (_expand(word, env) for word in words)
             target = posixpath.normpath(posixpath.join(workdir, destination))
+            matches = [match for source in sources for match in _matches(context, source, fail)]
+            into = destination.endswith("/") or len(matches) > 1 or target == workdir
             files = {}
-            for source in sources:
-                into = destination.endswith("/") or len(sources) > 1 or target == workdir
-                files.update(_copy(context, source, target, into, fail))
+            for match in matches:
+                files.update(_copy(match, target, into))
             copies.append((number, target, files))
     tree: dict[str, File] = {}
     for number, target, files in copies:
@@ -251,22 +253,24 @@ def _env(arguments: str, env: dict[str, str], fail: Any) -> dict[str, str]:
     return pairs
 
 
-def _copy(context: Path, source: str, target: str, into: bool, fail: Any) -> dict[str, File]:
-    """The files COPY `source` puts at or under `target` (absolute paths)."""
-    matches = (
-        sorted(context.glob(source)) if any(c in source for c in "*?[") else [context / source]
-    )
-    files = {}
+def _matches(context: Path, source: str, fail: Any) -> list[Path]:
+    """What COPY `source` names in the build `context`: the path, or a glob's matches (sorted)."""
+    if not any(c in source for c in "*?["):
+        matches = [context / source]
+    elif not (matches := sorted(context.glob(source))):
+        raise fail(f"COPY {source}: no file in {context} matches")
     for match in matches:
-        resolved = match.resolve()
-        if not resolved.is_relative_to(context.resolve()):
+        if not match.resolve().is_relative_to(context.resolve()):
             raise fail(f"COPY {source} lies outside the build context {context}")
         if not match.exists():
             raise fail(f"COPY {source}: no such file in {context}")
-        if match.is_dir():
-            for relative, file in _tree(match).items():
-                files[posixpath.join(target, relative)] = file
-        else:
-            destination = posixpath.join(target, match.name) if into else target
-            files[destination] = File(match.read_bytes(), bool(match.stat().st_mode & 0o111))
-    return files
+    return matches
+
+
+def _copy(match: Path, target: str, into: bool) -> dict[str, File]:
+    """The files COPY puts at or under `target` (absolute paths) from `match`: a directory's
+    contents, or a file (into `target` as a directory where `into`, else at `target`)."""
+    if match.is_dir():
+        return {posixpath.join(target, relative): file for relative, file in _tree(match).items()}
+    destination = posixpath.join(target, match.name) if into else target
+    return {destination: File(match.read_bytes(), bool(match.stat().st_mode & 0o111))}

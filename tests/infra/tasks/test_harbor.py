@@ -118,6 +118,28 @@ def test_dockerfile_forms(tmp_path: Path) -> None:
     }
 
 
+def test_a_copy_glob_copies_every_match_and_one_matching_nothing_is_refused(
+    tmp_path: Path,
+) -> None:
+    context = tmp_path / "environment"
+    context.mkdir()
+    for name in ("a.txt", "b.txt", "c.md"):
+        (context / name).write_text(name)
+    dockerfile = context / "Dockerfile"
+    # several matches go into the destination as a directory (none overwrites another); one
+    # match at a destination without a slash is that file
+    dockerfile.write_text("FROM x\nCOPY *.txt data\nCOPY c.m? notes/readme\n")
+    _, files, _ = read_dockerfile(dockerfile)
+    assert {path: file.data for path, file in files.items()} == {
+        "data/a.txt": b"a.txt",
+        "data/b.txt": b"b.txt",
+        "notes/readme": b"c.md",
+    }
+    dockerfile.write_text("FROM x\nCOPY *.py /app/\n")
+    with pytest.raises(TaskInputError, match=r"Dockerfile:2: COPY \*\.py: no file in .* matches"):
+        read_dockerfile(dockerfile)
+
+
 def test_one_bad_task_does_not_stop_the_others(tmp_path: Path) -> None:
     for name in ("fix-greeting", "sort-names"):
         copy_example(tmp_path, name)
