@@ -208,8 +208,8 @@ def _instructions(path: Path) -> list[tuple[int, str, str]]:
     result, pending, start = [], "", 0
     for number, line in enumerate(lines, 1):
         stripped = line.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
+        if not stripped or stripped.startswith("#"):
+            continue  # inside a continued line too, as Docker reads it
         if not pending:
             start = number
         if stripped.endswith("\\"):

@@ -105,7 +105,8 @@ def test_dockerfile_forms(tmp_path: Path) -> None:
     (context / "run.sh").chmod(0o755)
     (context / "Dockerfile").write_text(
         "# comment\nfrom python:3.11\nWORKDIR /work\nWORKDIR repo\n"
-        "ENV BIN=/work/repo/bin \\\n    PATH=$BIN:${PATH}\nENV GREETING hello world\n"
+        "ENV BIN=/work/repo/bin \\\n    # a comment inside a continued line\n\n"
+        "    PATH=$BIN:${PATH}\nENV GREETING hello world\n"
         'COPY src/ ./\nCOPY ["run.sh", "$BIN/"]\n'
     )
     workdir, files, env = read_dockerfile(context / "Dockerfile")
