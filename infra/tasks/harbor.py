@@ -44,6 +44,7 @@ PREFIX = "harbor:"
 DEFAULT_WORKDIR = "/app"
 INSTRUCTIONS = {"FROM", "WORKDIR", "COPY", "ENV"}
 _VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class TaskInputError(ValueError):
@@ -241,13 +242,17 @@ def _expand(text: str, env: dict[str, str]) -> str:
 
 def _env(arguments: str, env: dict[str, str], fail: Any) -> dict[str, str]:
     words = shlex.split(arguments)
-    if words and "=" not in words[0]:  # the legacy form: ENV KEY value with spaces
+    if not words:
+        raise fail("ENV needs KEY=value")
+    if "=" not in words[0]:  # the legacy form: ENV KEY value with spaces
         key, _, value = arguments.partition(" ")
+        if not _KEY.fullmatch(key) or not value.strip():
+            raise fail(f"ENV {arguments!r} is neither KEY=value nor KEY value")
         return {key: _expand(value.strip(), env)}
     pairs: dict[str, str] = {}
     for word in words:
         key, equals, value = word.partition("=")
-        if not equals or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        if not equals or not _KEY.fullmatch(key):
             raise fail(f"ENV {word!r} is not KEY=value")
         pairs[key] = _expand(value, {**env, **pairs})
     return pairs

@@ -86,6 +86,9 @@ def test_bad_task_input_names_the_task_and_file(tmp_path: Path, damage, message:
         ("FROM a\nCOPY ../../etc/passwd /app/\n", r"outside the build context"),
         ("FROM a\nWORKDIR /usr/local\n", r"Dockerfile:2: WORKDIR '/usr/local' lies in the sandbox"),
         ("FROM a\nENV 1BAD=x\n", r"Dockerfile:2: ENV '1BAD=x' is not KEY=value"),
+        ("FROM a\nENV 1BAD x\n", r"Dockerfile:2: ENV '1BAD x' is neither KEY=value nor KEY value"),
+        ("FROM a\nENV LONELY\n", r"Dockerfile:2: ENV 'LONELY' is neither"),
+        ("FROM a\nENV\n", r"Dockerfile:2: ENV needs KEY=value"),
     ],
 )
 def test_dockerfiles_beyond_from_workdir_copy_env_are_refused_by_line(
