@@ -18,6 +18,11 @@ Two kinds (`tree.Check.kind`, carried by the hidden-tests tree):
 A task whose check cannot work (no check in the tests tree, a script that exits without a
 reward, a reward that is not a number in [0, 1]) raises `InvalidTask`, naming the file; that
 is the task's fault, never retried and never a reward.
+
+Not covered: a `script` check's verdict is only as strong as Harbor's. The workspace's code runs
+inside the script's sandbox, under its uid, so code that writes /logs/verifier/reward.txt itself
+(or that runs on in the background and writes after the script did) forges the reward. The
+`functions` kind is the one whose verdict the agent's code cannot reach.
 """
 
 from __future__ import annotations
