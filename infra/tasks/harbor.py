@@ -17,8 +17,9 @@ file tree over the host's read-only system, so the Dockerfile may only use FROM 
 ignored), WORKDIR, COPY (build-context files into the workspace; a glob that matches nothing is
 an error, and several sources or matches go into the destination as a directory;
 `--chown`/`--chmod` ignored) and ENV (`$VAR` and `${VAR}` expand); any other instruction is an
-error naming the file and line. A task with bad input (no instruction.md, an unreadable task.toml, a Dockerfile it
-cannot use) is reported with its directory and file, and the other tasks still load.
+error naming the file and line. A task with bad input (no instruction.md, an unreadable
+task.toml, a Dockerfile it cannot use) is reported with its directory and file, and the other
+tasks still load.
 
 Not covered: images (the Kubernetes backend's business), multi-stage builds, `.dockerignore`.
 """
