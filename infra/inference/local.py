@@ -56,7 +56,7 @@ class LoadedPolicy:
     eos_ids: frozenset[int]
     pad_id: int
     max_context: int
-    stops: StopRules = StopRules(frozenset(), frozenset(), lambda ids: "")
+    stops: StopRules
     """Where `stop_after_code_block` and `stop_after_tool_call` end a row (its tokenizer's)."""
     adapter: str | None = None
     """A LoRA version: the name of its adapter in `model` (a peft model over its base)."""
