@@ -83,6 +83,11 @@ class SamplingParams(Contract):
     stop_after_tool_call: bool = Field(
         default=False, description="Stop a completion once its first </tool_call> is written."
     )
+    tool_choice: Literal["auto", "required"] = Field(
+        default="auto",
+        description="`required`: the turn is one well-formed tool call, decoded under a grammar "
+        "(the local backend; see infra/inference/guided.py); `auto`: the model writes freely.",
+    )
     priority: int = Field(
         default=0,
         ge=0,

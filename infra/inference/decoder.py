@@ -14,12 +14,12 @@
 samples of one task, share one prefill), and its KV cache joins the running batch's
 `infra.inference.kvcache.SlotCache` right-aligned, the shorter side left-padded (the
 attention mask hides the padding; every row carries its own position ids). A row that ends
-(EOS, a stop rule of `infra.inference.stops`, its token budget) leaves the batch at once (the
-last row takes its slot), and columns that only padding still occupies are trimmed. Given a
-version's `infra.inference.prefixes` store, a row that ends leaves its KV there, and a row whose
-prompt extends it (the episode's next step) is prefilled from it, its new tokens only. Every row
-samples from its own generator: one uniform per step, so a seeded row's tokens do not depend
-on which rows share its batch.
+(EOS, a stop rule of `infra.inference.stops`, its token budget, the end of a guided row's call:
+`infra.inference.guided`) leaves the batch at once (the last row takes its slot), and columns
+that only padding still occupies are trimmed. Given a version's `infra.inference.prefixes`
+store, a row that ends leaves its KV there, and a row whose prompt extends it (the episode's
+next step) is prefilled from it, its new tokens only. Every row samples from its own generator:
+one uniform per step, so a seeded row's tokens do not depend on which rows share its batch.
 
 `Decoder` runs a `RowBatch` on a thread of its own, one policy version at a time. Waiting rows
 are taken in order of `SamplingParams.priority` (lower first: a run's evaluations wait behind its
@@ -47,6 +47,7 @@ import torch
 
 from contracts.task import SamplingParams
 from infra.inference.base import FinishReason, GenerationOutput, InferenceError
+from infra.inference.guided import CallGuide, Guides
 from infra.inference.kvcache import SlotCache, compaction
 from infra.inference.prefixes import Prefix, VersionPrefixes
 from infra.inference.stops import RowWatch, StopRules
@@ -64,9 +65,8 @@ class BatchPolicy(Protocol):
     eos_ids: frozenset[int]
     pad_id: int
     max_context: int
-
-    @property
-    def stops(self) -> StopRules: ...
+    stops: StopRules
+    guides: Guides
 
 
 @dataclass
@@ -78,6 +78,7 @@ class Row:
     budget: int
     generator: torch.Generator
     watch: RowWatch | None = None
+    guide: CallGuide | None = None
     output: GenerationOutput = field(default_factory=lambda: GenerationOutput([], [], "length"))
     future: Future[GenerationOutput] | None = None
 
@@ -112,7 +113,8 @@ class RowBatch:
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
         budget = min(params.max_new_tokens, self.policy.max_context - len(prompt))
-        return Row(prompt, params, budget, generator, self.policy.stops.watch(params))
+        watch, guide = self.policy.stops.watch(params), self.policy.guides.guide(params, budget)
+        return Row(prompt, params, budget, generator, watch, guide)
 
     @torch.inference_mode()
     def admit(self, rows: list[Row]) -> list[Row]:
@@ -202,7 +204,7 @@ class RowBatch:
             return []
         assert self._logits is not None
         tokens = self.choose(
-            self._logits, [r.params for r in self.rows], [r.generator for r in self.rows]
+            self._guided_logits(), [r.params for r in self.rows], [r.generator for r in self.rows]
         )
         logprobs = torch.log_softmax(self._logits, dim=-1).gather(-1, tokens[:, None])[:, 0]
         gone: list[int] = []
@@ -239,6 +241,16 @@ class RowBatch:
         self._positions = self._positions + 1
         return ended
 
+    def _guided_logits(self) -> torch.Tensor:
+        """The next logits with each guided row's disallowed tokens at -inf (a copy; the
+        log-probs recorded are the policy's own, from the raw logits)."""
+        assert self._logits is not None
+        guided = [(r, row.guide) for r, row in enumerate(self.rows) if row.guide is not None]
+        logits = self._logits.clone() if guided else self._logits
+        for r, guide in guided:
+            guide.constrain(logits[r])
+        return logits
+
     def _keep_prefixes(self, gone: list[int]) -> None:
         """Store the KV of rows that ended (all their tokens but the last, which no forward
         read) for the prompt of their episode's next step."""
@@ -257,7 +269,8 @@ class RowBatch:
         row.output.token_ids.append(token)
         row.output.logprobs.append(logprob)
         stopped = row.watch is not None and row.watch.add(token)
-        if token in self.eos_ids or stopped:
+        called = row.guide is not None and row.guide.add(token)
+        if token in self.eos_ids or stopped or called:
             return "stop"
         return "length" if len(row.output.token_ids) >= row.budget else None
 

@@ -37,9 +37,11 @@ from typing import Any
 
 import torch
 
+from contracts.episode import WORKSPACE_TOOLS
 from contracts.task import SamplingParams
 from infra.inference.base import GenerationOutput, InferenceError, PolicyHandle
 from infra.inference.decoder import Decoder, RowBatch
+from infra.inference.guided import Guides
 from infra.inference.kvcache import ATTENTION, register_attention
 from infra.inference.prefixes import PrefixStore
 from infra.inference.stops import StopRules
@@ -58,6 +60,8 @@ class LoadedPolicy:
     max_context: int
     stops: StopRules
     """Where `stop_after_code_block` and `stop_after_tool_call` end a row (its tokenizer's)."""
+    guides: Guides
+    """The grammar of rows with `tool_choice = "required"` (built on the first such row)."""
     adapter: str | None = None
     """A LoRA version: the name of its adapter in `model` (a peft model over its base)."""
     base: tuple[str, int] | None = None
@@ -86,8 +90,9 @@ def load_policy(path: str, device: torch.device) -> LoadedPolicy:
     max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
     from transformers import AutoTokenizer
 
-    stops = StopRules.of(AutoTokenizer.from_pretrained(path))
-    return LoadedPolicy(model, frozenset(eos), int(pad), max_context, stops=stops)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    stops, guides = StopRules.of(tokenizer), Guides(tokenizer, WORKSPACE_TOOLS, config.vocab_size)
+    return LoadedPolicy(model, frozenset(eos), int(pad), max_context, stops=stops, guides=guides)
 
 
 NUCLEUS_K = 256

@@ -16,7 +16,7 @@ template and the tiny preset's ChatML ignore both. For those, the documented fal
 `template_renders_tools(tokenizer)` decides which (it renders a conversation with and without
 `tools` and compares). `parse_tool_call` turns a model's turn into a `ToolCall`, leniently where
 intent is unambiguous (arguments given as a JSON string, `parameters` for `arguments`, a code
-fence inside the tags, a missing closing tag, junk after the JSON) and strictly otherwise: one
+fence inside the tags, a missing closing tag, junk after the JSON, raw newlines inside a string) and strictly otherwise: one
 call per turn (the first); no call, broken JSON, an unknown tool or bad arguments give a `ToolCall` whose `error`
 says what was wrong, in words the model can act on. It never raises.
 
@@ -90,7 +90,7 @@ def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall:
     if body.startswith("```"):  # a code fence inside the tags: skip its opening line
         body = body.partition("\n")[2].lstrip()
     try:  # the first JSON value; what follows it (a closing tag, a fence, junk) is ignored
-        value, _ = json.JSONDecoder().raw_decode(body)
+        value, _ = json.JSONDecoder(strict=False).raw_decode(body)
     except json.JSONDecodeError as exc:
         return _error(f"the tool call is not valid JSON ({exc.msg} at character {exc.pos})")
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):

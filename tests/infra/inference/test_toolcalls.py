@@ -40,6 +40,9 @@ def parse(text: str) -> ToolCall:
         ('<tool_call>\n```json\n{"name": "bash", "arguments": {"command": "ls"}}\n```\n</tool_call>',
          "bash", {"command": "ls"}),
         ('<tool_call>{"name": "submit"}</tool_call>', "submit", {}),
+        # raw newlines and tabs inside a string (code as a model writes it)
+        ('<tool_call>{"name": "write_file", "arguments": {"path": "a.py", "content": "if x:\n\treturn 1\n"}}</tool_call>',
+         "write_file", {"path": "a.py", "content": "if x:\n\treturn 1\n"}),
         # two calls: one per turn, the first wins
         ('<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
          '<tool_call>{"name": "bash", "arguments": {"command": "rm -rf /"}}</tool_call>',

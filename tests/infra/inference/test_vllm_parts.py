@@ -77,6 +77,16 @@ def test_a_rejected_request_is_final_and_a_dead_engine_is_retried() -> None:
     assert _engine_error(RuntimeError("x"), None).retryable  # no engine yet: retried too
 
 
+@pytest.mark.asyncio
+async def test_a_guided_row_is_refused_before_the_engine_is_asked() -> None:
+    backend = VLLMBackend(VLLMSettings())  # never started: the refusal needs no engine
+    guided = SamplingParams(tool_choice="required")
+    handle = PolicyHandle("run", 0, Path("/nonexistent"))
+    with pytest.raises(InferenceError, match="served by the local backend only") as refused:
+        await backend.generate([[1, 2], [3]], [SamplingParams(), guided], handle)
+    assert not refused.value.retryable
+
+
 def test_a_checkpoint_of_the_same_architecture_is_a_reload_another_a_restart(
     tmp_path: Path,
 ) -> None:

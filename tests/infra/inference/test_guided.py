@@ -1,0 +1,158 @@
+"""Guided tool calls (`infra.inference.guided`): whatever the logits, a guided turn is one valid
+call to a known tool within its budget; the guide does not bend a call the model writes well;
+it refuses what it cannot guide. On SmolLM2's real vocabulary (multi-character tokens, tokens
+that close a string and open what follows) with random logits, and through the decode loop on
+the tiny model, where the recorded log-probs must stay the policy's own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from contracts.episode import WORKSPACE_TOOLS, ToolCall, ToolSpec
+from contracts.task import SamplingParams
+from infra.inference.guided import CallGrammar, CallGuide, read
+from infra.inference.local import LoadedPolicy, sample_batch
+from infra.inference.toolcalls import parse_tool_call, render_tool_call
+from tests.infra.inference.test_local import prompts, teacher_forced
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2))
+
+
+@pytest.fixture(scope="module")
+def grammar(tokenizer) -> CallGrammar:  # type: ignore[no-untyped-def]
+    return CallGrammar.of(tokenizer, WORKSPACE_TOOLS)
+
+
+def walk(guide: CallGuide, pick, budget: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """Run `guide` to its end (or `budget` tokens), `pick` choosing among the allowed logits."""
+    tokens: list[int] = []
+    while len(tokens) < budget:
+        logits = torch.zeros(len(guide.grammar.texts))
+        guide.constrain(logits)
+        token = pick(logits, tokens)
+        tokens.append(token)
+        if guide.add(token):
+            break
+    return tokens
+
+
+def test_any_logits_give_one_valid_call_within_the_budget(tokenizer, grammar) -> None:  # type: ignore[no-untyped-def]
+    generator = torch.Generator().manual_seed(0)
+
+    def random_pick(logits: torch.Tensor, tokens: list[int]) -> int:
+        noise = torch.randn(len(logits), generator=generator) * 4
+        probs = torch.softmax(logits + noise, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    seen: set[str] = set()
+    for trial in range(48):
+        budget = (40, 64, 90, 200)[trial % 4]
+        tokens = walk(grammar.guide(budget), random_pick, budget)
+        text = tokenizer.decode(tokens)
+        call = parse_tool_call(text, WORKSPACE_TOOLS)
+        assert call.error is None, text
+        assert len(tokens) <= budget and text.endswith("}}\n</tool_call>")
+        seen.add(call.name)
+    assert seen == {tool.name for tool in WORKSPACE_TOOLS}
+
+
+def test_a_call_the_model_writes_well_comes_out_unchanged(tokenizer, grammar) -> None:  # type: ignore[no-untyped-def]
+    content = 'def f(x):\n    return "a\\\\b" + x  # quotes, a backslash, a tab:\t\n'
+    target = render_tool_call(
+        ToolCall(name="write_file", arguments={"path": "src/m.py", "content": content})
+    )
+
+    def longest_match(logits: torch.Tensor, tokens: list[int]) -> int:
+        """The allowed token that writes most of what is left of `target`."""
+        left = target[len(tokenizer.decode(tokens)) :]
+        allowed = torch.isfinite(logits).nonzero()[:, 0].tolist()
+        fits = [t for t in allowed if left.startswith(grammar.texts[t])]
+        return max(fits, key=lambda t: len(grammar.texts[t]))
+
+    tokens = walk(grammar.guide(400), longest_match, 400)
+    assert tokenizer.decode(tokens) == target
+    assert parse_tool_call(target, WORKSPACE_TOOLS).arguments["content"] == content
+
+
+def test_a_string_cut_by_the_budget_is_closed_and_later_arguments_are_empty(
+    tokenizer,
+    grammar,  # type: ignore[no-untyped-def]
+) -> None:
+    by_text = {text: i for i, text in enumerate(grammar.texts)}
+
+    def write_path_forever(logits: torch.Tensor, tokens: list[int]) -> int:
+        """`write_file`, then "x" in its path for as long as the guide lets it."""
+        allowed = torch.isfinite(logits).nonzero()[:, 0].tolist()
+        for text in ("x", "write"):
+            if len(allowed) > 1 and by_text[text] in allowed:
+                return by_text[text]
+        return int(allowed[0])
+
+    tokens = walk(grammar.guide(40), write_path_forever, 40)
+    call = parse_tool_call(tokenizer.decode(tokens), WORKSPACE_TOOLS)
+    assert call.name == "write_file" and call.error is None
+    assert set(call.arguments["path"]) == {"x"} and call.arguments["content"] == ""
+    assert len(tokens) <= 40
+
+
+def test_what_a_string_may_hold() -> None:
+    end = '"}}\n</tool_call>'
+    assert read("abc", False, end) == (None, False)
+    assert read("a\nb\t", False, end) == (None, False)  # raw control characters: strict=False
+    assert read('a\\"b', False, end) == (None, False)  # an escaped quote goes on
+    assert read("ab\\", False, end) == (None, True)  # the escape waits for the next token
+    assert read('"x', True, end) == (None, False)  # ... which may be the quote it escapes
+    assert read("q", True, end) is None  # not an escape JSON knows
+    assert read('a"}}', False, end) == (3, False)  # closes the string, writes what follows
+    assert read('a", "', False, end) is None  # what follows is not this call's
+    assert read('a"', False, '", "content": "') == (1, False)
+
+
+def test_tools_it_cannot_guide_and_tokens_it_did_not_allow_are_refused(
+    tokenizer,
+    grammar,  # type: ignore[no-untyped-def]
+) -> None:
+    counted = ToolSpec(
+        name="sleep",
+        description="",
+        parameters={"type": "object", "properties": {"s": {"type": "integer"}}, "required": ["s"]},
+    )
+    with pytest.raises(ValueError, match="every argument to be a required string"):
+        CallGrammar.of(tokenizer, [counted])
+    guide = grammar.guide(64)
+    logits = torch.zeros(len(grammar.texts))
+    guide.constrain(logits)
+    forced = int(torch.isfinite(logits).nonzero()[0, 0])
+    assert torch.isfinite(logits).sum() == 1  # `<tool_call>` is written for the model
+    with pytest.raises(ValueError, match="not the forced one"):
+        guide.add(forced + 1)
+
+
+def test_guided_rows_in_the_decode_loop_keep_the_policys_log_probs(
+    policy: LoadedPolicy,
+) -> None:
+    rows = prompts(4)
+    free = [SamplingParams(temperature=1.0, max_new_tokens=160, seed=s) for s in (1, 2)]
+    guided = [
+        SamplingParams(temperature=t, max_new_tokens=160, seed=s, tool_choice="required")
+        for t, s in ((1.0, 3), (0.0, 4))
+    ]
+    outputs = sample_batch(policy, rows, free + guided)
+    assert [o.token_ids for o in outputs[:2]] == [
+        o.token_ids for o in sample_batch(policy, rows[:2], free)
+    ]  # unguided rows of the same batch are untouched
+    tokenizer = policy.guides.tokenizer
+    for prompt, output in zip(rows[2:], outputs[2:], strict=True):
+        call = parse_tool_call(tokenizer.decode(output.token_ids), WORKSPACE_TOOLS)
+        assert call.error is None and output.finish_reason == "stop"
+        recorded = torch.tensor(output.logprobs)
+        assert torch.allclose(recorded, teacher_forced(policy, prompt, output.token_ids), atol=1e-4)
