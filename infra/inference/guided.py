@@ -27,16 +27,15 @@ Raw control characters (the newlines of a file's content) are allowed inside a s
 
 What the learner sees: the decoder records each token's log-prob under the policy itself,
 unconstrained (as it scores every token from the raw logits), so the importance ratio compares
-like with like; the sample is drawn from the constrained distribution, as with any guided
-decoding in RL (vLLM's, SGLang's).
-
-The `vllm` backend serves `tool_choice = "required"` with vLLM's own structured outputs, given
-the same calls as a regular expression (`call_pattern`), without the budget's closing.
+like with like, while the sample is drawn from the constrained distribution. vLLM's own guide
+reports the masked log-probs instead (a forced token ~0), which is why the `vllm` backend
+refuses guided rows.
 
 Not covered: tools with other than required string arguments (refused when the grammar is
-built); text before or after the call; several calls in a turn; `\\uXXXX` escapes; forced
-tokens written several per step (each is a decode step of its own); tokenizers whose tokens do not decode one by one
-to their text (SentencePiece's leading-space marker is read as the tokenizer decodes it).
+built); a budget below the shortest call (~30 tokens in SmolLM2's vocabulary: the call is cut,
+and parses as an error); text before or after the call; several calls in a turn; `\\uXXXX`
+escapes; several forced tokens in one decode step (each is a step of its own); tokenizers whose
+tokens do not decode one by one to their text (SentencePiece's leading-space marker).
 """
 
 from __future__ import annotations
@@ -183,27 +182,6 @@ def read(text: str, escaped: bool, following: str) -> tuple[int | None, bool] | 
     return None, escaped
 
 
-def call_pattern(tools: Sequence[ToolSpec]) -> str:
-    """The same calls as a regular expression, for engines with structured outputs of their own
-    (the `vllm` backend): what a guide allows, but with no budget (a call the budget cuts
-    stays cut there) and no `\\u` escapes."""
-    string = r'(?:[^"\\]|\\["\\/bfnrt])*'
-    calls = []
-    for shape in map(_Shape.of, tools):
-        parts = [_literal(shape.name + shape.after_name())]
-        for arg in range(len(shape.keys)):
-            parts += [string, _literal(shape.after(arg))]
-        calls.append("".join(parts))
-    return _literal(START) + "(?:" + "|".join(calls) + ")"
-
-
-def _literal(text: str) -> str:
-    return "".join("\\n" if c == "\n" else "\\" + c if c in _REGEX_META else c for c in text)
-
-
-_REGEX_META = frozenset("\\.^$*+?{}[]|()")
-
-
 class Guides:
     """The guides of one tokenizer's rows: a grammar built on the first row that asks for one."""
 
@@ -231,6 +209,7 @@ class CallGuide:
         self.arg = -1  # -1: the name is being written; else the string argument being written
         self.escaped = False  # inside a string, after a backslash
         self.done = False
+        self._then = -1  # where the row goes once the forced tokens are written
         self._force(START, then=-1)
 
     def constrain(self, logits: torch.Tensor) -> None:
@@ -281,6 +260,8 @@ class CallGuide:
             for shape in self.grammar.shapes
             if (shape.name + shape.after_name()).startswith(self.typed)
         ]
+        if not matches:
+            raise ValueError(f"{self.typed!r} is no tool's name")
         if len(matches) == 1:
             shape = matches[0]
             self.shape = shape

@@ -14,7 +14,7 @@ import torch
 
 from contracts.episode import WORKSPACE_TOOLS, ToolCall, ToolSpec
 from contracts.task import SamplingParams
-from infra.inference.guided import CallGrammar, CallGuide, read
+from infra.inference.guided import START, CallGrammar, CallGuide, read
 from infra.inference.local import LoadedPolicy, sample_batch
 from infra.inference.toolcalls import parse_tool_call, render_tool_call
 from tests.infra.inference.test_local import prompts, teacher_forced
@@ -65,20 +65,24 @@ def test_any_logits_give_one_valid_call_within_the_budget(tokenizer, grammar) ->
     assert seen == {tool.name for tool in WORKSPACE_TOOLS}
 
 
+def writing(target: str, grammar: CallGrammar):  # type: ignore[no-untyped-def]
+    """A model that wants to write `target`: the allowed token that writes most of what is left."""
+
+    def longest_match(logits: torch.Tensor, tokens: list[int]) -> int:
+        left = target[len("".join(grammar.texts[t] for t in tokens)) :]
+        allowed = torch.isfinite(logits).nonzero()[:, 0].tolist()
+        fits = [t for t in allowed if left.startswith(grammar.texts[t])]
+        return max(fits, key=lambda t: len(grammar.texts[t]))
+
+    return longest_match
+
+
 def test_a_call_the_model_writes_well_comes_out_unchanged(tokenizer, grammar) -> None:  # type: ignore[no-untyped-def]
     content = 'def f(x):\n    return "a\\\\b" + x  # quotes, a backslash, a tab:\t\n'
     target = render_tool_call(
         ToolCall(name="write_file", arguments={"path": "src/m.py", "content": content})
     )
-
-    def longest_match(logits: torch.Tensor, tokens: list[int]) -> int:
-        """The allowed token that writes most of what is left of `target`."""
-        left = target[len(tokenizer.decode(tokens)) :]
-        allowed = torch.isfinite(logits).nonzero()[:, 0].tolist()
-        fits = [t for t in allowed if left.startswith(grammar.texts[t])]
-        return max(fits, key=lambda t: len(grammar.texts[t]))
-
-    tokens = walk(grammar.guide(400), longest_match, 400)
+    tokens = walk(grammar.guide(400), writing(target, grammar), 400)
     assert tokenizer.decode(tokens) == target
     assert parse_tool_call(target, WORKSPACE_TOOLS).arguments["content"] == content
 
@@ -102,6 +106,34 @@ def test_a_string_cut_by_the_budget_is_closed_and_later_arguments_are_empty(
     assert call.name == "write_file" and call.error is None
     assert set(call.arguments["path"]) == {"x"} and call.arguments["content"] == ""
     assert len(tokens) <= 40
+
+
+def test_a_token_may_write_a_whole_literal_and_tools_may_share_a_prefix() -> None:
+    """A toy vocabulary (a token's text is itself, encoded longest match first)."""
+
+    def tool(name: str, *keys: str) -> ToolSpec:
+        properties = {key: {"type": "string"} for key in keys}
+        schema = {"type": "object", "properties": properties, "required": list(keys)}
+        return ToolSpec(name=name, description="", parameters=schema)
+
+    whole = ['"}}\n</tool_call>', 'stop", "arguments": {}}\n</tool_call>', "read_", "dir"]
+    texts = sorted({START, *whole, *"".join([START, *whole, ', "arguments": {path'])})
+
+    def encode(text: str) -> list[int]:
+        ids = []
+        while text:
+            token = max((t for t in texts if text.startswith(t)), key=len)
+            ids.append(texts.index(token))
+            text = text[len(token) :]
+        return ids
+
+    tools = [tool("read_file", "path"), tool("read_dir", "path"), tool("stop")]
+    toy = CallGrammar(texts, set(), encode, tools)
+    for call in (ToolCall(name="read_dir", arguments={"path": "a"}), ToolCall(name="stop")):
+        target = render_tool_call(call)
+        tokens = walk(toy.guide(100), writing(target, toy), 100)
+        assert "".join(texts[t] for t in tokens) == target
+    assert len(tokens) == 2  # `stop`'s one token wrote the rest of the call: it is complete
 
 
 def test_what_a_string_may_hold() -> None:
@@ -135,6 +167,15 @@ def test_tools_it_cannot_guide_and_tokens_it_did_not_allow_are_refused(
     assert torch.isfinite(logits).sum() == 1  # `<tool_call>` is written for the model
     with pytest.raises(ValueError, match="not the forced one"):
         guide.add(forced + 1)
+    for token in grammar.literal(START)[1:]:
+        guide.add(token)
+    with pytest.raises(ValueError, match="is no tool's name"):
+        guide.add(grammar.literal("grep")[0])
+    guide = grammar.guide(64)
+    while guide.forced or guide.shape is None:
+        guide.add(guide.forced[0] if guide.forced else grammar.texts.index("bash"))
+    with pytest.raises(ValueError, match="may not stand in this string"):
+        guide.add(grammar.texts.index('")'))  # a quote, then not what follows the command
 
 
 def test_guided_rows_in_the_decode_loop_keep_the_policys_log_probs(
@@ -149,8 +190,10 @@ def test_guided_rows_in_the_decode_loop_keep_the_policys_log_probs(
     outputs = sample_batch(policy, rows, free + guided)
     assert [o.token_ids for o in outputs[:2]] == [
         o.token_ids for o in sample_batch(policy, rows[:2], free)
-    ]  # unguided rows of the same batch are untouched
+    ]  # unguided rows of the same batch are untouched ...
     tokenizer = policy.guides.tokenizer
+    for output in outputs[:2]:  # ... and, the tiny model being untrained, write no call
+        assert parse_tool_call(tokenizer.decode(output.token_ids), WORKSPACE_TOOLS).error
     for prompt, output in zip(rows[2:], outputs[2:], strict=True):
         call = parse_tool_call(tokenizer.decode(output.token_ids), WORKSPACE_TOOLS)
         assert call.error is None and output.finish_reason == "stop"
