@@ -201,6 +201,8 @@ class InferenceActivities:
         samples = [item.sample for item in req.items]
         if len(set(samples)) != len(samples):
             raise invalid("items", f"duplicate sample indices {samples}")
+        if req.sampling.tool_choice == "required" and req.env is not EnvName.WORKSPACE:
+            raise invalid("sampling.tool_choice", f"'required' needs tools; {req.env} has none")
         for i, item in enumerate(req.items):
             if req.turn == 0 and (item.previous or item.observation):
                 raise invalid(f"items[{i}]", "step 0 has no previous step")

@@ -268,6 +268,10 @@ async def test_invalid_requests_fail_without_retry(
             ),
         ),
         ("policy_version 7", request("unpublished", policy_version=7)),
+        (
+            "sampling.tool_choice: 'required' needs tools; code has none",
+            request("bad", sampling=SamplingParams(tool_choice="required")),
+        ),
     ]
     for needle, bad in cases:
         with pytest.raises(
