@@ -50,6 +50,7 @@ import torch
 
 from contracts.episode import ToolSpec
 from contracts.task import SamplingParams
+from infra.inference.stops import token_texts
 from infra.inference.toolcalls import CALL_CLOSE, CALL_OPEN
 
 START = CALL_OPEN + '\n{"name": "'
@@ -79,11 +80,11 @@ class _Shape:
             )
         return cls(json.dumps(tool.name)[1:-1], tuple(required))
 
-    def after_name(self) -> str:
-        """The text from the closing quote of the name to the first argument's string."""
+    def head(self) -> str:
+        """The call's text from the tool's name to its first argument's string (or its end)."""
         if not self.keys:
-            return '", "arguments": {' + END
-        return f'", "arguments": {{{json.dumps(self.keys[0])}: "'
+            return self.name + '", "arguments": {' + END
+        return f'{self.name}", "arguments": {{{json.dumps(self.keys[0])}: "'
 
     def after(self, arg: int) -> str:
         """The text from the closing quote of argument `arg` to the next string or the end."""
@@ -118,10 +119,7 @@ class CallGrammar:
     def of(cls, tokenizer: Any, tools: Sequence[ToolSpec], vocab_size: int = 0) -> CallGrammar:
         """The grammar of `tokenizer` for `tools`; masks cover `vocab_size` logits (a model's
         output may be wider than its tokenizer's vocabulary)."""
-        vocab: dict[str, int] = tokenizer.get_vocab()
-        texts = [""] * max(vocab_size, max(vocab.values()) + 1)
-        for token, token_id in vocab.items():
-            texts[token_id] = tokenizer.convert_tokens_to_string([token])
+        texts = token_texts(tokenizer, vocab_size)
         special = set(tokenizer.all_special_ids) | set(
             getattr(tokenizer, "added_tokens_decoder", {})
         )
@@ -145,7 +143,7 @@ class CallGrammar:
         """Tokens that, after `typed`, keep the text a prefix of some tool's name and what
         follows it."""
         if typed not in self._names:
-            wanted = [shape.name + shape.after_name() for shape in self.shapes]
+            wanted = [shape.head() for shape in self.shapes]
             self._names[typed] = self._mask(
                 lambda text: any(w.startswith(typed + text) for w in wanted)
             )
@@ -255,17 +253,13 @@ class CallGuide:
 
     def _add_name(self, text: str) -> None:
         self.typed += text
-        matches = [
-            shape
-            for shape in self.grammar.shapes
-            if (shape.name + shape.after_name()).startswith(self.typed)
-        ]
+        matches = [shape for shape in self.grammar.shapes if shape.head().startswith(self.typed)]
         if not matches:
             raise ValueError(f"{self.typed!r} is no tool's name")
         if len(matches) == 1:
             shape = matches[0]
             self.shape = shape
-            self._force((shape.name + shape.after_name())[len(self.typed) :], then=0)
+            self._force(shape.head()[len(self.typed) :], then=0)
 
     def _force(self, text: str, then: int) -> None:
         self.forced = deque(self.grammar.literal(text))

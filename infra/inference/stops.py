@@ -25,6 +25,16 @@ TAIL_TOKENS = 16
 """Tokens decoded to find `</tool_call>` (it is at most a dozen tokens in any vocabulary)."""
 
 
+def token_texts(tokenizer: Any, size: int = 0) -> list[str]:
+    """Each token id's text (the tokenizer's own reading of that one token), for at least
+    `size` ids: ids without a token (a model's output may be wider) are ""."""
+    vocab: dict[str, int] = tokenizer.get_vocab()
+    texts = [""] * max(size, max(vocab.values()) + 1)
+    for token, token_id in vocab.items():
+        texts[token_id] = tokenizer.convert_tokens_to_string([token])
+    return texts
+
+
 @dataclass(frozen=True)
 class StopRules:
     """What a tokenizer's vocabulary says about fences and tags."""
@@ -38,13 +48,10 @@ class StopRules:
 
     @classmethod
     def of(cls, tokenizer: Any) -> StopRules:
-        texts = {
-            token_id: tokenizer.convert_tokens_to_string([token])
-            for token, token_id in tokenizer.get_vocab().items()
-        }
+        texts = token_texts(tokenizer)
         return cls(
-            fence_ids=frozenset(i for i, text in texts.items() if "```" in text),
-            close_ids=frozenset(i for i, text in texts.items() if ">" in text),
+            fence_ids=frozenset(i for i, text in enumerate(texts) if "```" in text),
+            close_ids=frozenset(i for i, text in enumerate(texts) if ">" in text),
             decode=lambda ids: str(tokenizer.decode(ids)),
         )
 
