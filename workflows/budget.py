@@ -55,6 +55,17 @@ def signal_reserve(signals: int, signal_bytes: int) -> int:
     return signals * (2 * signal_bytes + EVENT_BYTES)
 
 
+def ending_bytes(*, steps: int, done: int, reported: int, first_segment: bool, tail: int) -> int:
+    """What a run's ending receives of its learner's state: the state as last reported
+    (`reported` bytes; 0 when none was yet, or from a learner of a build before `state_bytes`:
+    `STEP_RECORD_BYTES` for each of the `done` steps) plus `STEP_RECORD_BYTES` for each step still
+    to come (at most `tail` steps each), once in `learner_done`, once in the run's result and,
+    in the `first_segment` (the one that started the learner), once in the child's completion."""
+    reported = reported or STEP_RECORD_BYTES * min(done, tail)
+    copies = 3 if first_segment else 2
+    return copies * (reported + STEP_RECORD_BYTES * min(steps - done, tail))
+
+
 class UnrecordedStarts:
     """Children started in the current workflow task. The history, as it stood when the task
     began, has none of their events yet, so each will add a whole task's, which a task's average

@@ -16,13 +16,11 @@ steps and after the last (greedy).
 With `keep_versions` N, versions that are neither 0, the newest N nor read by a rollout or an
 evaluation in flight are deleted as the run goes (workflows/retention.py).
 
-Bounded history: checked before each start and before the ending (each child in flight or
-evaluation to come counted at a task's average so far, at least `EVENTS_PER_TASK` events; the
-continue-as-new's input as its tails have grown), a run whose history could pass `budget` (20%
-of Temporal's 51,200 events and 50 MiB by default) drains its tasks in flight and continues as
-new with a `RunResume` (suite, counters, the last `PROGRESS_TAIL` learner steps). The learner
-(`ParentClosePolicy.ABANDON`) outlives the run that started it; they find each other by
-workflow id (`learner_progress`, `learner_done`, `add_groups`, ...).
+Bounded history (workflows/budget.py): before each start and before the ending, a run whose
+history could pass `budget` (20% of Temporal's limits by default), counting what the children
+in flight and the evaluations to come will add, drains and continues as new with a `RunResume`
+(suite, counters, the last `PROGRESS_TAIL` learner steps). The learner outlives the run that
+started it (`ParentClosePolicy.ABANDON`); they find each other by workflow id.
 """
 
 from __future__ import annotations
@@ -72,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
         STEP_RECORD_BYTES,
         TASK_TIMEOUT,
         UnrecordedStarts,
+        ending_bytes,
         signal_reserve,
         spent,
     )
@@ -313,19 +312,16 @@ class TrainingRunWorkflow:
         )
 
     def _ending_bytes(self) -> int:
-        """What the learner's ending brings besides the run's tails: its state, as last
-        reported plus at most `STEP_RECORD_BYTES` a step still to come, in `learner_done`, in
-        the run's result (its step records) and, where this segment started the learner, in
-        the child's completion."""
-        steps = self._input.steps
+        """What the learner's ending brings besides the run's tails (`budget.ending_bytes`)."""
         if not workflow.patched(ENDING_PATCH):  # one copy of the step records
-            return STEP_RECORD_BYTES * min(steps, HISTORY_TAIL)
-        reported = self._progress[-1].state_bytes if self._progress else 0
-        if not reported:  # none yet, or a learner of a build before `state_bytes`
-            reported = STEP_RECORD_BYTES * min(self._learner_steps, HISTORY_TAIL)
-        to_come = min(steps - self._learner_steps, HISTORY_TAIL) * STEP_RECORD_BYTES
-        copies = 3 if self._input.resume is None else 2
-        return copies * (reported + to_come)
+            return STEP_RECORD_BYTES * min(self._input.steps, HISTORY_TAIL)
+        return ending_bytes(
+            steps=self._input.steps,
+            done=self._learner_steps,
+            reported=self._progress[-1].state_bytes if self._progress else 0,
+            first_segment=self._input.resume is None,
+            tail=HISTORY_TAIL,
+        )
 
     def _tails(self) -> tuple[list[LearnerProgress], list[EvalResult]]:
         """What a continue-as-new carries that grows: the learner steps and evaluations kept."""
