@@ -226,13 +226,17 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
     latest = latest_policy(store, run)
     for column in ("version", "step", "created", "latest"):
         policies.add_column(column)
+    gone = []  # an S3 store may go on listing a deleted version's emptied prefix
     for version in policy_versions(store, run):
         manifest = policy_manifest(store, run, version)
-        step = str(manifest.policy.step) if manifest else "no manifest (incomplete or pruned)"
-        created = manifest.policy.created_at if manifest else ""
+        if manifest is None:
+            gone.append(f"v{version}")
+            continue
         mark = "*" if latest and latest.version == version else ""
-        policies.add_row(f"v{version}", step, created, mark)
+        policies.add_row(f"v{version}", str(manifest.policy.step), manifest.policy.created_at, mark)
     console.print(policies)
+    if gone:
+        console.print(f"no manifest (deleted, or a publish that never finished): {', '.join(gone)}")
     return 0
 
 

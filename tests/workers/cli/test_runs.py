@@ -116,9 +116,12 @@ def test_runs_show(
     tmp_path: Path,
     capsys: Capture,
 ) -> None:
+    store.put_text(keys.policy_prefix(RUN, 2) + "weights.bin", "")  # no manifest
     assert cli(["runs", "show", RUN], settings_for(seaweed, store, tmp_path)) == 0
     out = capsys.readouterr().out
     assert "suite starter, base tiny, G=2" in out
+    assert "no manifest (deleted, or a publish that never finished): v2" in out
+    assert not re.search(r"v2\s*│", out), out
     assert "tasks 2  trajectories 4  mean reward +0.725  solved 3/4" in out
     first_task = demo_run[0].task_id
     assert re.search(
