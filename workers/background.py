@@ -5,12 +5,14 @@ every queue that has no live worker of ours; `stop_workers` (called by `tempered
 them by pidfile; `background_workers` lists the live ones (`tempered status`). Workers started
 any other way (a terminal, a pod) are not ours to start or stop.
 
-The agent-tasks worker is restarted when `workflows/` or `contracts/` changed since it started
-(their digest, its build id by default): the SDK's sandbox imports a workflow's modules afresh
-from disk for every run, beside the contracts the worker loaded at its start, so an old worker
-would run the new workflow code against the old contracts (a new field failed every workflow
-task of a run, which then waited forever). The other workers keep their code until `tempered
-down`: their activities are loaded once.
+A worker whose code changed since it started is restarted (its activities in flight are
+retried by Temporal, as after any worker's death). The agent-tasks worker's code is
+`workflows/` and `contracts/` (their digest, its build id by default): the SDK's sandbox imports
+a workflow's modules afresh from disk for every run, beside the contracts the worker loaded at
+its start, so an old worker would run the new workflow code against the old contracts (a new
+field failed every workflow task of a run, which then waited forever). An activity worker's
+code is every other package: it loads its activities once, so after an edit (a task suite, an
+environment) it would go on running the old ones.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from collections.abc import Callable
 from contracts.names import Queue
 from infra.processes import Service
 from infra.settings import Settings
-from workers.versioning import workflow_code_digest
+from workers.versioning import activity_code_digest, workflow_code_digest
 
-RESTARTED = "restarted: workflows/ or contracts/ changed since it started (a run still pinned to its build waits for a worker of that build)"
+RESTARTED = "restarted: its code changed since it started"
+PINNED = " (a run still pinned to the old build waits for a worker of that build)"
 
 
 def worker_service(settings: Settings, queue: Queue) -> Service:
@@ -42,15 +45,17 @@ def ensure_workers(
     env = {**os.environ, "TEMPERED_HOME": str(settings.home)}
     if settings.config is not None:  # the workers read the same TOML file as this process
         env["TEMPERED_CONFIG"] = str(settings.config)
-    code = workflow_code_digest()
+    workflow_code, activity_code = workflow_code_digest(), activity_code_digest()
     for queue in Queue:
         service = worker_service(settings, queue)
+        workflows = queue is Queue.AGENT_TASKS
+        code = workflow_code if workflows else activity_code
         if service.pid() is not None:
-            if queue is not Queue.AGENT_TASKS or service.code() in (None, code):
+            if service.code() in (None, code):
                 lines.append(f"worker {queue.value}: already running")
                 continue
             service.stop(timeout_s=40)
-            lines.append(f"worker {queue.value}: {RESTARTED}")
+            lines.append(f"worker {queue.value}: {RESTARTED}{PINNED if workflows else ''}")
         service.start(command(queue), env=env, code=code)
         lines.append(f"worker {queue.value}: started (log {service.logfile})")
     return lines

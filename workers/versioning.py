@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import logging
 from pathlib import Path
 
@@ -30,8 +31,6 @@ from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 from temporalio.service import RPCError
 from temporalio.worker import WorkerDeploymentConfig
 
-import contracts
-import workflows
 from infra.settings import Settings
 from workers.plan import WorkerPlan
 
@@ -41,15 +40,27 @@ log = logging.getLogger("tempered.worker")
 _promotions: set[asyncio.Task[None]] = set()  # referenced until done
 
 
-def workflow_code_digest() -> str:
-    """12 hex digits over every module of the `workflows` and `contracts` packages."""
+def code_digest(*packages: str) -> str:
+    """12 hex digits over every module of the named top-level packages (read, not imported)."""
     digest = hashlib.sha256()
-    for package in (workflows, contracts):
-        root = Path(package.__path__[0])
+    for package in packages:
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.submodule_search_locations, package
+        root = Path(spec.submodule_search_locations[0])
         for path in sorted(root.rglob("*.py")):
             digest.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
             digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:12]
+
+
+def workflow_code_digest() -> str:
+    """The digest of what decides a workflow's commands: the `workflows` and `contracts` packages."""
+    return code_digest("workflows", "contracts")
+
+
+def activity_code_digest() -> str:
+    """The digest of what an activity worker runs: every package but `workflows`."""
+    return code_digest("contracts", "infra", "activities", "workers")
 
 
 def build_id(settings: Settings) -> str:

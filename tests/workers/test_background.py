@@ -1,6 +1,7 @@
-"""`ensure_workers`: one background worker per queue, and a new agent-tasks worker once the
-workflow code changed (its workflows would otherwise import the new files beside the old
-contracts). The workers here are sleepers standing in for `tempered worker QUEUE`."""
+"""`ensure_workers`: one background worker per queue, and a new one once its code changed (the
+agent-tasks worker's workflows would otherwise import the new files beside the old contracts;
+an activity worker would go on running the old activities). The workers here are sleepers
+standing in for `tempered worker QUEUE`."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ import pytest
 
 from contracts.names import Queue
 from infra.settings import Settings
-from workers.background import RESTARTED, ensure_workers, stop_workers, worker_service
-from workers.versioning import workflow_code_digest
+from workers.background import PINNED, RESTARTED, ensure_workers, stop_workers, worker_service
+from workers.versioning import activity_code_digest, workflow_code_digest
 
 
 def sleeper(queue: Queue) -> list[str]:
@@ -42,23 +43,45 @@ def test_a_worker_per_queue_started_once(settings: Settings) -> None:
     assert stop_workers(settings) == [f"worker {q.value}: stopped" for q in Queue]
 
 
-def test_the_workflow_worker_restarts_when_the_workflow_code_changed(settings: Settings) -> None:
-    ensure_workers(settings, sleeper)
-    old = {q: worker_service(settings, q).pid() for q in Queue}
-    for queue in Queue:  # as if each had started on the code before a change
+def started_on(settings: Settings, codes: dict[Queue, str]) -> None:
+    """As if each worker of `codes` had started on that code."""
+    for queue, code in codes.items():
         pidfile = worker_service(settings, queue).pidfile
-        pidfile.write_text(json.dumps({**json.loads(pidfile.read_text()), "code": "before"}))
+        pidfile.write_text(json.dumps({**json.loads(pidfile.read_text()), "code": code}))
+
+
+def restarted(settings: Settings, lines: list[str], old: dict[Queue, int | None]) -> set[Queue]:
+    """The queues whose worker `lines` say was restarted, checked against the processes."""
+    said = {
+        q for q in Queue if any(line.startswith(f"worker {q.value}: {RESTARTED}") for line in lines)
+    }
+    for queue in Queue:
+        pid = worker_service(settings, queue).pid()
+        assert (pid != old[queue]) == (queue in said), (queue, lines)
+        if queue in said:
+            gone = old[queue]
+            assert gone is not None and (
+                not psutil.pid_exists(gone) or psutil.Process(gone).status() == psutil.STATUS_ZOMBIE
+            )
+    return said
+
+
+def test_a_worker_restarts_when_its_code_changed(settings: Settings) -> None:
+    ensure_workers(settings, sleeper)
+    activity_workers = [q for q in Queue if q is not Queue.AGENT_TASKS]
+    assert {worker_service(settings, q).code() for q in activity_workers} == {
+        activity_code_digest()
+    }
+    old = {q: worker_service(settings, q).pid() for q in Queue}
+    started_on(settings, {Queue.AGENT_TASKS: "before"})  # a workflow or a contract changed
     lines = ensure_workers(settings, sleeper)
-    tasks = worker_service(settings, Queue.AGENT_TASKS)
-    assert lines[:2] == [
-        f"worker agent-tasks: {RESTARTED}",
-        f"worker agent-tasks: started (log {tasks.logfile})",
-    ]
-    assert lines[2:] == [f"worker {q.value}: already running" for q in Queue][1:]
-    assert not psutil.pid_exists(old[Queue.AGENT_TASKS]) or (
-        psutil.Process(old[Queue.AGENT_TASKS]).status() == psutil.STATUS_ZOMBIE
-    )
-    assert tasks.pid() not in (None, old[Queue.AGENT_TASKS])
-    assert tasks.code() == workflow_code_digest()
-    others = {q: worker_service(settings, q).pid() for q in Queue if q is not Queue.AGENT_TASKS}
-    assert others == {q: pid for q, pid in old.items() if q is not Queue.AGENT_TASKS}
+    assert restarted(settings, lines, old) == {Queue.AGENT_TASKS}
+    assert lines[0] == f"worker agent-tasks: {RESTARTED}{PINNED}"
+    assert worker_service(settings, Queue.AGENT_TASKS).code() == workflow_code_digest()
+
+    old = {q: worker_service(settings, q).pid() for q in Queue}
+    started_on(settings, {Queue.SANDBOX: "before", Queue.REWARDS: "before"})  # an activity's code
+    lines = ensure_workers(settings, sleeper)
+    assert restarted(settings, lines, old) == {Queue.SANDBOX, Queue.REWARDS}
+    assert f"worker sandbox: {RESTARTED}" in lines
+    assert worker_service(settings, Queue.SANDBOX).code() == activity_code_digest()
