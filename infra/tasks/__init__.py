@@ -1,14 +1,15 @@
-"""Task suites: the built-in `starter`, `humaneval` and `workspace` suites, user JSONL files,
-Harbor task directories, quarantine.
+"""Task suites: the built-in `starter`, `humaneval`, `basics` and `workspace` suites, user JSONL
+files, Harbor task directories, quarantine.
 
     from infra.tasks import load_suite, load_quarantine
     train = load_suite("starter", split="train")          # 120 tasks
     heldout = load_suite("starter", split="heldout")      # 80 tasks
     tasks = load_suite("harbor:examples/harbor")          # workspace tasks from Harbor dirs
     with_trees = load_workspace_suite("workspace")        # their trees too (for uploads)
+    tools = load_suite("basics", split="train")           # 30 tool-use tasks (infra/tasks/basics.py)
     skip = load_quarantine(settings, "starter")           # ids `tempered tasks validate` flagged
 
-A suite name is "starter", "humaneval", "workspace", "harbor:DIR" or a path to a `.jsonl` file
+A suite name is "starter", "humaneval", "basics", "workspace", "harbor:DIR" or a path to a `.jsonl` file
 of `TaskSpec`s. `tempered tasks validate SUITE` (infra/tasks/validate.py, and
 workspace_validate.py for workspace suites) writes the quarantine list.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contracts.task import TaskSpec
+from infra.tasks.basics import basics_tasks
 from infra.tasks.harbor import is_harbor, load_harbor
 from infra.tasks.humaneval import humaneval_tasks
 from infra.tasks.jsonl import read_jsonl
@@ -32,12 +34,17 @@ from infra.tasks.workspace_task import WorkspaceTask
 if TYPE_CHECKING:
     from infra.settings import Settings
 
-BUILTIN_SUITES = ("starter", "humaneval", "workspace")
+BUILTIN_SUITES = ("starter", "humaneval", "basics", "workspace")
+WORKSPACE_SUITES = {"basics": basics_tasks, "workspace": workspace_tasks}
+"""The built-in suites of `workspace` tasks (trees to upload, a solution to run)."""
 SPLITS = ("train", "heldout")
+SUITE_HELP = " | ".join((*BUILTIN_SUITES, "harbor:DIR", "FILE.jsonl"))
+"""What a `--suite` option takes, for the CLI's help."""
 
 __all__ = [
     "BUILTIN_SUITES",
     "SPLITS",
+    "SUITE_HELP",
     "is_workspace_suite",
     "load_quarantine",
     "load_suite",
@@ -51,14 +58,14 @@ log = logging.getLogger("tempered.tasks")
 
 
 def _builtin(name: str) -> list[TaskSpec]:
-    if name == "workspace":
-        return [task.spec.model_copy(deep=True) for task in workspace_tasks()]
+    if name in WORKSPACE_SUITES:
+        return [task.spec.model_copy(deep=True) for task in WORKSPACE_SUITES[name]()]
     return starter_tasks() if name == "starter" else humaneval_tasks()
 
 
 def is_workspace_suite(name: str) -> bool:
     """Whether `name` is a suite of `workspace` tasks (trees to upload, a solution to run)."""
-    return name == "workspace" or is_harbor(name)
+    return name in WORKSPACE_SUITES or is_harbor(name)
 
 
 def load_workspace_suite(name: str, *, split: str | None = None) -> list[WorkspaceTask]:
@@ -66,8 +73,8 @@ def load_workspace_suite(name: str, *, split: str | None = None) -> list[Workspa
     cannot be loaded are logged (one line each, naming the task and file) and skipped;
     ValueError when none can be."""
     _check_split(split)
-    if name == "workspace":
-        tasks = list(workspace_tasks())
+    if name in WORKSPACE_SUITES:
+        tasks = list(WORKSPACE_SUITES[name]())
     elif is_harbor(name):
         tasks, errors = load_harbor(name.removeprefix("harbor:"))
         for error in errors:
@@ -75,7 +82,9 @@ def load_workspace_suite(name: str, *, split: str | None = None) -> list[Workspa
         if not tasks:
             raise ValueError("no Harbor task could be loaded: " + "; ".join(errors))
     else:
-        raise ValueError(f"{name!r} is not a workspace suite (workspace or harbor:DIR)")
+        raise ValueError(
+            f"{name!r} is not a workspace suite ({', '.join(WORKSPACE_SUITES)} or harbor:DIR)"
+        )
     return [task for task in tasks if split is None or task.spec.split == split]
 
 

@@ -69,7 +69,7 @@ def _call(name: str, args: tuple[Any, ...]) -> str:
     return f"{name}({', '.join(repr(arg) for arg in args)})"
 
 
-def _assertion(name: str, args: tuple[Any, ...], expected: Any) -> str:
+def assertion(name: str, args: tuple[Any, ...], expected: Any) -> str:
     if isinstance(expected, float):
         return f"assert abs({_call(name, args)} - {expected!r}) < {FLOAT_TOLERANCE}\n"
     return f"assert {_call(name, args)} == {expected!r}\n"
@@ -109,7 +109,7 @@ def render(repo: Repo, task_id: str, split: Literal["train", "heldout"]) -> Work
         f"Run the example tests with `python3 test_{repo.module}.py`.\n"
     )
     hidden = "".join(
-        _assertion(name, args, value)
+        assertion(name, args, value)
         for (name, args), value in zip(repo.hidden, _results(repo, repo.hidden), strict=True)
     )
     prompt = (

@@ -21,7 +21,7 @@ from contracts.task import SamplingParams, SandboxLimits, TaskSpec, eval_task_in
 from infra.policy import materialize_base_model, publish_policy
 from infra.settings import Settings
 from infra.storage import ObjectStore
-from infra.tasks import load_suite
+from infra.tasks import SUITE_HELP, load_suite
 from workers.runtime import connect
 from workflows.agent_task import AgentTaskWorkflow
 
@@ -32,7 +32,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--policy", required=True, help="version number (with --run), preset or HF dir"
     )
     parser.add_argument("--run", help="training run whose version --policy names")
-    parser.add_argument("--suite", default="starter", help="starter | humaneval | FILE.jsonl")
+    parser.add_argument("--suite", default="starter", help=SUITE_HELP)
     parser.add_argument("--split", default="heldout", choices=["heldout", "train", "all"])
     parser.add_argument("--limit", type=int, help="only the first N tasks")
     parser.add_argument("--max-new-tokens", type=int, default=256)

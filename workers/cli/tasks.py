@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from infra.settings import SandboxBackendName, Settings
-from infra.tasks import SPLITS, is_workspace_suite, load_suite
+from infra.tasks import SPLITS, SUITE_HELP, is_workspace_suite, load_suite
 from infra.tasks.validate import (
     VALIDATION_LIMITS,
     CheckPlan,
@@ -31,7 +31,6 @@ from infra.tasks.validate import (
 )
 from infra.tasks.workspace_validate import validate_workspace_suite
 
-SUITES = "starter | humaneval | workspace | harbor:DIR | path to a .jsonl file"
 VERDICT_STYLE = {
     "clean": "green",
     "broken": "red",
@@ -46,13 +45,13 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     actions = tasks.add_subparsers(dest="tasks_command", required=True, metavar="COMMAND")
 
     listing = actions.add_parser("ls", help="list a suite's task ids and splits")
-    listing.add_argument("suite", help=SUITES)
+    listing.add_argument("suite", help=SUITE_HELP)
     listing.add_argument("--split", choices=SPLITS, default=None)
     listing.add_argument("--json", action="store_true", help="print JSON lines")
     listing.set_defaults(func=list_tasks)
 
     check = actions.add_parser("validate", help="run canonical/wrong solutions; write quarantine")
-    check.add_argument("suite", help=SUITES)
+    check.add_argument("suite", help=SUITE_HELP)
     check.add_argument("--repeats", type=int, default=5, help="canonical runs per task (K)")
     check.add_argument(
         "--concurrency",

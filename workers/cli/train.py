@@ -37,6 +37,7 @@ from contracts.run import TrainingRunInput, TrainingRunResult
 from infra import stack
 from infra.presets import DEFAULT, load_preset, preset_names
 from infra.settings import Settings
+from infra.tasks import SUITE_HELP
 from workers.background import ensure_workers
 from workers.cli.progress import follow
 from workers.cli.report import report_dir, write_report
@@ -51,7 +52,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     train.add_argument("--steps", type=int, help="learner steps (overrides the preset)")
     train.add_argument("--base-model", help="tiny | smollm2 | HF dir | s3://prefix")
-    train.add_argument("--suite", help="starter | humaneval | tasks.jsonl")
+    train.add_argument("--suite", help=SUITE_HELP)
     train.add_argument("--run-id", help="default: run-<timestamp>")
     train.add_argument("--time-budget", type=float, help="stop rolling out after N seconds")
     train.add_argument(

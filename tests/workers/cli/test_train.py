@@ -12,7 +12,9 @@ import pytest
 
 from contracts.names import Queue
 from contracts.run import TrainingRunInput
+from infra.presets import preset_names
 from infra.settings import Settings
+from infra.tasks import load_suite
 from workers.cli import run
 
 
@@ -49,6 +51,18 @@ def test_dry_run_prints_the_plan_and_starts_nothing(
 
     assert run([*argv, "--no-workers"], settings) == 0
     assert json.loads(capsys.readouterr().out)["workers"] == []
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_every_preset_plans_a_run_on_a_suite_with_both_splits(
+    preset: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = Settings(home=tmp_path / "home")
+    assert run(["train", "--preset", preset, "--dry-run"], settings) == 0
+    run_input = TrainingRunInput.model_validate(json.loads(capsys.readouterr().out)["input"])
+    assert load_suite(run_input.suite, split="train") and load_suite(
+        run_input.suite, split="heldout"
+    )
 
 
 def test_a_bad_preset_is_one_line_and_starts_nothing(
