@@ -15,6 +15,7 @@ lookup ever passes through a link. Nothing runs in the workspace while the host 
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import stat
@@ -22,6 +23,12 @@ from pathlib import Path
 
 MAX_LINKS = 40
 """Links followed while resolving one path (as the kernel's ELOOP limit)."""
+
+
+AGENT_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP})
+"""What a path an agent wrote can make a file operation fail with (a name longer than the file
+system takes, a file where a directory must be, ...): the agent's error, told back to it as an
+observation. Any other OSError is the platform's, and its activity is retried."""
 
 
 class PathError(ValueError):
@@ -46,6 +53,10 @@ def resolve(root: Path, workdir: str, path: str) -> str:
     if not path or "\0" in path:
         raise PathError("the path is empty or holds a NUL byte")
     pending = _inside(workdir, path)
+    longest = os.pathconf(root, "PC_NAME_MAX")
+    if any(len(name.encode()) > longest for name in pending):  # before a write makes parents
+        shown = path if len(path) <= 80 else path[:80] + "..."
+        raise PathError(f"{shown!r}: File name too long (a name over {longest} bytes)")
     done: list[str] = []
     links = 0
     while pending:

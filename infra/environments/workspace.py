@@ -45,7 +45,7 @@ from contracts.sandbox import ExecStatus
 from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
 from infra.environments.base import Graded, Observation
 from infra.environments.checks import InvalidTask, check_functions, check_script
-from infra.environments.paths import PathError, resolve
+from infra.environments.paths import AGENT_ERRNOS, PathError, resolve
 from infra.environments.sessions import Session, SessionHost
 from infra.environments.snapshots import Trees, restore
 from infra.environments.tree import Manifest, TreeError, tree_digest
@@ -70,6 +70,11 @@ class WorkspaceState:
     tree_digest: str = ""
 
 
+MAX_COMMAND_BYTES = 65_536
+"""The longest `bash` command: it is one argument of `/bin/sh -c`, and Linux refuses an argument
+over 128 KiB (E2BIG), which would fail the step as the platform's fault, again and again."""
+
+
 def bad_arguments(tool: ToolSpec, arguments: dict[str, object]) -> str | None:
     """Why `arguments` do not fit `tool`'s schema (every argument a required string), or None."""
     expected = set(tool.parameters["properties"])
@@ -79,7 +84,23 @@ def bad_arguments(tool: ToolSpec, arguments: dict[str, object]) -> str | None:
         return f"{tool.name} takes no argument(s) {', '.join(extra)}"
     if wrong := sorted(name for name, value in arguments.items() if not isinstance(value, str)):
         return f"{tool.name}: {', '.join(wrong)} must be a string"
+    if broken := sorted(name for name, value in arguments.items() if not _encodes(str(value))):
+        # JSON's "\\ud83d" alone decodes to a lone surrogate, which no file or command can hold
+        return f"{tool.name}: {', '.join(broken)} is not valid Unicode (a lone surrogate)"
+    if tool.name == "bash" and len(str(arguments["command"]).encode()) > MAX_COMMAND_BYTES:
+        return (
+            f"bash: the command is longer than {MAX_COMMAND_BYTES} bytes; write it to a file "
+            "with write_file and run that"
+        )
     return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def command_text(result: CommandResult, limit: int) -> str:
@@ -220,6 +241,10 @@ class WorkspaceEnvironment:
                     return Observation(text, submitted=True)
         except PathError as exc:
             return Observation(f"error: {exc}")
+        except OSError as exc:  # e.g. a name too long: once retried forever as a platform fault
+            if exc.errno not in AGENT_ERRNOS:
+                raise
+            return Observation(f"error: {arguments['path']}: {exc.strerror}")
         raise AssertionError(f"tool {call.name} has no implementation")
 
     async def _bash(

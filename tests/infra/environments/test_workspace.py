@@ -66,6 +66,13 @@ async def test_each_tool(rig: Rig) -> None:
         (call("read_file", path="missing.txt"), "no such file"),
         (call("read_file", path="."), "is a directory"),
         (call("read_file", path="calc.py/x"), "is not a directory"),
+        (call("read_file", path="x" * 300), "File name too long"),  # a model's long path
+        (call("write_file", path="d/" + "y" * 300, content=""), "File name too long"),
+        (call("read_file", path="a/" * 2100), "File name too long"),  # past PATH_MAX
+        (call("write_file", path="u.txt", content="\ud83d"), "not valid Unicode"),  # JSON "\\ud83d"
+        (call("read_file", path="\ud83d.txt"), "not valid Unicode"),
+        (call("bash", command="echo \ud83d"), "not valid Unicode"),
+        (call("bash", command="echo " + "x" * 200_000), "longer than 65536 bytes"),
     ],
 )
 async def test_bad_calls_are_error_observations(rig: Rig, action: ToolCall, error: str) -> None:
