@@ -10,9 +10,11 @@ are new instances (other names, commands and constants) of the families seen in 
 
 Why: SmolLM2-135M fixes none of the `workspace` suite's bugs (0 of 64 episodes), so an agent
 run on it has no reward to learn from. Here the model has only to carry an instruction into a
-well-formed call (guided decoding makes the call well formed; what it holds is the model's):
-as prompted it gets some right (3 of 6 samples ran `sh build.sh`; none renamed a file), which
-is a GRPO signal.
+call (guided decoding makes the call well formed; what it holds is the model's). As prompted
+("Call the `bash` tool with the command `sh build.sh`, then ..."), 6 of 40 first turns were
+the stated call (2 training tasks a family, 4 samples, T = 0.9: none of the `write_file`
+ones), and 0 of 40 when the command was only named ("Run `sh build.sh` with the `bash` tool"):
+enough for a GRPO signal.
 
     from infra.tasks.basics import basics_tasks
     tasks = basics_tasks()          # 50 WorkspaceTasks, identical on every call and machine
