@@ -28,9 +28,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Literal
+from typing import Any
 
 from infra.environments.tree import Check, File
+from infra.tasks.seeded import Split, seeded
 from infra.tasks.workspace_repo import HIDDEN_TESTS, assertion
 from infra.tasks.workspace_task import SOLVE, WorkspaceTask, workspace_task
 
@@ -146,9 +147,7 @@ def _hidden(basic: Basic, rng: random.Random) -> str:
     return "".join(assertion(name, args, namespace[name](*args)) for args in calls)
 
 
-def render(
-    basic: Basic, task_id: str, split: Literal["train", "heldout"], rng: random.Random
-) -> WorkspaceTask:
+def render(basic: Basic, task_id: str, split: Split, rng: random.Random) -> WorkspaceTask:
     readme = f"# Task\n\n{basic.instruction}\n"
     return workspace_task(
         task_id,
@@ -165,10 +164,5 @@ def render(
 @cache
 def basics_tasks() -> tuple[WorkspaceTask, ...]:
     """Every task of the suite, train first within each family."""
-    tasks = []
-    for family, make in FAMILIES.items():
-        rng = random.Random(f"tempered-basics-{family}")  # str seeds hash stably (sha512)
-        for n in range(INSTANCES_PER_FAMILY):
-            split: Literal["train", "heldout"] = "train" if n < TRAIN_PER_FAMILY else "heldout"
-            tasks.append(render(make(rng), f"{SUITE}-{family}-{n}", split, rng))
-    return tuple(tasks)
+    instances = seeded(SUITE, FAMILIES, per_family=INSTANCES_PER_FAMILY, train=TRAIN_PER_FAMILY)
+    return tuple(render(basic, task_id, split, rng) for task_id, basic, split, rng in instances)

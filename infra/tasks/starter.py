@@ -17,11 +17,11 @@ the unit tests and `tempered tasks validate starter` prove the tests reject.
 
 from __future__ import annotations
 
-import random
 from functools import cache
 from typing import Any
 
 from contracts.task import TaskSpec
+from infra.tasks.seeded import seeded
 from infra.tasks.starter_families import FAMILIES, Instance
 
 SUITE = "starter"
@@ -85,13 +85,8 @@ def render(instance: Instance, task_id: str, split: str) -> TaskSpec:
 
 @cache
 def _generate() -> tuple[TaskSpec, ...]:
-    tasks: list[TaskSpec] = []
-    for family, make in FAMILIES.items():
-        rng = random.Random(f"tempered-starter-{family}")  # str seeds hash stably (sha512)
-        for n in range(INSTANCES_PER_FAMILY):
-            split = "train" if n < TRAIN_PER_FAMILY else "heldout"
-            tasks.append(render(make(rng), f"{SUITE}-{family}-{n}", split))
-    return tuple(tasks)
+    instances = seeded(SUITE, FAMILIES, per_family=INSTANCES_PER_FAMILY, train=TRAIN_PER_FAMILY)
+    return tuple(render(instance, task_id, split) for task_id, instance, split, _ in instances)
 
 
 def starter_tasks() -> list[TaskSpec]:

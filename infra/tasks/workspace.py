@@ -14,10 +14,9 @@ workspace` runs it 5 times per task and checks that the untouched workspace fail
 
 from __future__ import annotations
 
-import random
 from functools import cache
-from typing import Literal
 
+from infra.tasks.seeded import seeded
 from infra.tasks.workspace_families_data import FAMILIES as DATA_FAMILIES
 from infra.tasks.workspace_families_text import FAMILIES as TEXT_FAMILIES
 from infra.tasks.workspace_repo import SUITE, render
@@ -31,10 +30,5 @@ TRAIN_PER_FAMILY = 4
 @cache
 def workspace_tasks() -> tuple[WorkspaceTask, ...]:
     """Every task of the suite, train first within each family."""
-    tasks = []
-    for family, make in FAMILIES.items():
-        rng = random.Random(f"tempered-workspace-{family}")  # str seeds hash stably (sha512)
-        for n in range(INSTANCES_PER_FAMILY):
-            split: Literal["train", "heldout"] = "train" if n < TRAIN_PER_FAMILY else "heldout"
-            tasks.append(render(make(rng), f"{SUITE}-{family}-{n}", split))
-    return tuple(tasks)
+    instances = seeded(SUITE, FAMILIES, per_family=INSTANCES_PER_FAMILY, train=TRAIN_PER_FAMILY)
+    return tuple(render(repo, task_id, split) for task_id, repo, split, _ in instances)

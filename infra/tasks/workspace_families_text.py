@@ -247,7 +247,7 @@ def top_words(rng: random.Random) -> Repo:
 import re
 from collections import Counter
 
-STOPWORDS = {set(stop)!r}
+STOPWORDS = {{{", ".join(repr(word) for word in stop)}}}
 
 
 def {name}(text: str, n: int) -> list[tuple[str, int]]:

@@ -5,6 +5,7 @@ solution scores 1.0 every time, the untouched workspace below it."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
 import sys
@@ -44,6 +45,34 @@ def test_the_suite_is_deterministic_split_and_small() -> None:
         "workspace-slugify-4",
         "workspace-durations-4",
     ]
+
+
+DIGEST = """
+import hashlib
+from infra.tasks.basics import basics_tasks
+from infra.tasks.starter import starter_tasks
+from infra.tasks.workspace import workspace_tasks
+specs = [t.spec for t in (*workspace_tasks(), *basics_tasks())] + starter_tasks()
+print(hashlib.sha256(b"".join(s.model_dump_json().encode() for s in specs)).hexdigest())
+"""
+
+
+def test_the_built_in_suites_are_the_same_in_every_process() -> None:
+    """Each process salts str hashes its own way (PYTHONHASHSEED): a suite that rendered a set
+    of words in iteration order (`wordfreq`'s STOPWORDS) differed from one process to the next,
+    and so did its trees' content addresses."""
+    digests = {
+        subprocess.run(
+            [sys.executable, "-c", DIGEST],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).resolve().parents[3],
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(digests) == 1, digests
 
 
 @pytest.mark.parametrize("task", workspace_tasks()[::5], ids=lambda t: t.spec.id)
