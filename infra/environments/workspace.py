@@ -242,8 +242,8 @@ class WorkspaceEnvironment:
         except PathError as exc:
             return Observation(f"error: {exc}")
         except OSError as exc:  # e.g. a name too long: once retried forever as a platform fault
-            if exc.errno not in AGENT_ERRNOS:
-                raise
+            if exc.errno not in AGENT_ERRNOS or "path" not in arguments:
+                raise  # the platform's (bash's errors are its sandbox's: no path of the agent's)
             return Observation(f"error: {arguments['path']}: {exc.strerror}")
         raise AssertionError(f"tool {call.name} has no implementation")
 
