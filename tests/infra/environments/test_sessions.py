@@ -83,7 +83,11 @@ async def test_a_session_idle_past_its_ttl_is_closed_by_the_sweeper() -> None:
         idle, busy = host.create("s-idle", SPEC), host.create("s-busy", SPEC)
         idle.last_used = time.monotonic() - ttl - 1
         deadline = time.monotonic() + ttl / 4 + 5
-        while "s-idle" in host.sessions and time.monotonic() < deadline:
+
+        def closed() -> bool:  # forgotten first, then removed, then its slot freed
+            return idle.slot in host._free
+
+        while not closed() and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert list(host.sessions) == ["s-busy"]
         assert not idle.directory.exists() and busy.directory.exists()
