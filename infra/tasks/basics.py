@@ -4,7 +4,7 @@ Each task names what to do in so many words (a command to run with `bash`, a fil
 with `write_file`) and then to `submit`; the verdict is the `workspace` suite's: hidden asserts
 on a module's functions, run by the two-process verifier against the final workspace. The
 module is what the action brings about (a script generates it, a file is renamed, written or
-edited), so the untouched workspace fails. Five families × 10 seeded instances: instances
+rewritten), so the untouched workspace fails. Five families × 10 seeded instances: instances
 0-5 are `train`, 6-9 `heldout` (30 / 20 tasks: one held-out task is 5 points). Held-out tasks
 are new instances (other names, commands and constants) of the families seen in training.
 
@@ -12,9 +12,10 @@ Why: SmolLM2-135M fixes none of the `workspace` suite's bugs (0 of 64 episodes),
 run on it has no reward to learn from. Here the model has only to carry an instruction into a
 call (guided decoding makes the call well formed; what it holds is the model's). As prompted
 ("Call the `bash` tool with the command `sh build.sh`, then ..."), 6 of 40 first turns were
-the stated call (2 training tasks a family, 4 samples, T = 0.9: none of the `write_file`
-ones), and 0 of 40 when the command was only named ("Run `sh build.sh` with the `bash` tool"):
-enough for a GRPO signal.
+the stated call (2 training tasks a family, 4 samples, T = 0.9), and 0 of 40 when the command
+was only named ("Run `sh build.sh` with the `bash` tool"): enough for a GRPO signal. A file's
+text is stated on one line, in backticks: 8 of 24 first turns wrote it (`write`), 7 of 24 for
+a file to correct (`edit`); as a ```python block of two lines, 0 of 24; a `sed -i` edit, 1 of 24.
 
     from infra.tasks.basics import basics_tasks
     tasks = basics_tasks()          # 50 WorkspaceTasks, identical on every call and machine
@@ -105,27 +106,34 @@ def rename(rng: random.Random) -> Basic:
     )
 
 
+def _one_line(source: str) -> str:
+    """`def f(x):\n    return ...` as `def f(x): return ...`: a text short enough to copy."""
+    return source.replace(":\n    ", ": ", 1).strip()
+
+
+def _write_call(path: str, source: str) -> tuple[str, str]:
+    """The stated `write_file` call for `source` (one line), and the shell that does the same."""
+    text = _one_line(source)
+    call = f"Call the `write_file` tool with the path `{path}` and the content `{text}`"
+    return call, f"cat > {path} <<'EOF'\n{text}\nEOF"
+
+
 def write(rng: random.Random) -> Basic:
     module, (_, source) = rng.choice(MODULES), _function(rng)
-    return Basic(
-        module=module,
-        source=source,
-        instruction=f"Call the `write_file` tool with the path `{module}.py` and this content:"
-        f"\n\n```python\n{source}```\n\nthen call `submit`.",
-        solve=f"cat > {module}.py <<'EOF'\n{source}EOF",
-    )
+    call, solve = _write_call(f"{module}.py", source)
+    return Basic(module, source, f"{call}, then call `submit`.", solve)
 
 
 def edit(rng: random.Random) -> Basic:
     module, (name, source) = rng.choice(MODULES), _function(rng)
-    wrong = source.replace(" * ", " - ", 1)
+    call, solve = _write_call(f"{module}.py", source)
     return Basic(
         module=module,
         source=source,
-        instruction=f"In `{module}.py`, `{name}` subtracts where it must multiply. Call the "
-        f"`bash` tool with the command `sed -i 's/x - /x * /' {module}.py`, then call `submit`.",
-        solve=f"sed -i 's/x - /x * /' {module}.py",
-        files={f"{module}.py": wrong},
+        instruction=f"In `{module}.py`, `{name}` subtracts where it must multiply. {call}, "
+        "then call `submit`.",
+        solve=solve,
+        files={f"{module}.py": source.replace(" * ", " - ", 1)},
     )
 
 

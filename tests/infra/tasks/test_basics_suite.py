@@ -38,15 +38,17 @@ def test_the_suite_is_deterministic_split_and_loads_as_a_workspace_suite() -> No
 
 
 def test_each_prompt_states_its_action_and_the_tool_for_it() -> None:
-    tools = {"script": "bash", "python": "bash", "rename": "bash", "edit": "bash"}
+    tools = {"script": "bash", "python": "bash", "rename": "bash"}
     for task in basics_tasks():
         family = task.spec.id.split("-")[1]
         solve = (task.spec.canonical_solution or "").removeprefix("#!/bin/sh\n").strip()
         assert f"`{tools.get(family, 'write_file')}` tool" in task.spec.prompt
         assert task.spec.prompt.endswith("call `submit`.")
-        if family == "write":  # the prompt holds the file's exact text
-            module_text = solve.split("<<'EOF'\n", 1)[1].removesuffix("EOF")
-            assert f"```python\n{module_text}```" in task.spec.prompt
+        if family in ("write", "edit"):  # the prompt holds the file's exact text, on one line
+            path, text = solve.removeprefix("cat > ").split(" <<'EOF'\n")
+            assert f"the path `{path}` and the content `{text.removesuffix(chr(10) + 'EOF')}`" in (
+                task.spec.prompt
+            ), task.spec.id
         else:  # the prompt holds the exact command
             assert f"`{solve}`" in task.spec.prompt, (task.spec.id, solve)
         hidden = decode_tree(task.tests.objects[task.tests.ref.key])[1]
