@@ -29,11 +29,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
 
 from infra.environments.tree import Check, File
 from infra.tasks.seeded import Split, seeded
-from infra.tasks.workspace_repo import HIDDEN_TESTS, assertion
+from infra.tasks.workspace_repo import HIDDEN_TESTS, assertion, reference_results
 from infra.tasks.workspace_task import SOLVE, WorkspaceTask, workspace_task
 
 SUITE = "basics"
@@ -148,11 +147,12 @@ FAMILIES: dict[str, Callable[[random.Random], Basic]] = {
 
 def _hidden(basic: Basic, rng: random.Random) -> str:
     """Top-level asserts on the module's function, expected values from its own source (ours)."""
-    namespace: dict[str, Any] = {}
-    exec(compile(basic.source, f"<{basic.module}>", "exec"), namespace)  # noqa: S102 - ours
-    name = next(key for key, value in namespace.items() if callable(value))
-    calls = [(rng.randint(-50, 50),) for _ in range(4)]
-    return "".join(assertion(name, args, namespace[name](*args)) for args in calls)
+    name = basic.source.removeprefix("def ").split("(", 1)[0]
+    calls = [(name, (rng.randint(-50, 50),)) for _ in range(4)]
+    expected = reference_results(basic.source, basic.module, calls)
+    return "".join(
+        assertion(name, args, value) for (name, args), value in zip(calls, expected, strict=True)
+    )
 
 
 def render(basic: Basic, task_id: str, split: Split, rng: random.Random) -> WorkspaceTask:

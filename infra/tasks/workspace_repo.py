@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -49,20 +49,27 @@ class Repo:
     """Other files of the repository (a helper module), path → text."""
 
 
-def _results(repo: Repo, calls: Sequence[Call]) -> list[Any]:
-    """What the reference module returns for `calls` (its helper modules importable)."""
-    helpers = {path.removesuffix(".py"): text for path, text in repo.extra.items()}
-    for name, text in helpers.items():
-        module = types.ModuleType(name)
-        exec(compile(text, f"<{name}>", "exec"), module.__dict__)  # noqa: S102 - our own code
-        sys.modules[name] = module
+def reference_results(
+    source: str, module: str, calls: Sequence[Call], helpers: Mapping[str, str] | None = None
+) -> list[Any]:
+    """What the reference `source` of `module` returns for `calls`, with `helpers` (path →
+    text of other modules) importable meanwhile: the expected values of hidden tests."""
+    imported = {path.removesuffix(".py"): text for path, text in (helpers or {}).items()}
+    for name, text in imported.items():
+        helper = types.ModuleType(name)
+        exec(compile(text, f"<{name}>", "exec"), helper.__dict__)  # noqa: S102 - our own code
+        sys.modules[name] = helper
     namespace: dict[str, Any] = {}
     try:
-        exec(compile(repo.fixed, f"<{repo.module}>", "exec"), namespace)  # noqa: S102 - ours
+        exec(compile(source, f"<{module}>", "exec"), namespace)  # noqa: S102 - ours
         return [namespace[name](*args) for name, args in calls]
     finally:
-        for name in helpers:
+        for name in imported:
             sys.modules.pop(name, None)
+
+
+def _results(repo: Repo, calls: Sequence[Call]) -> list[Any]:
+    return reference_results(repo.fixed, repo.module, calls, repo.extra)
 
 
 def _call(name: str, args: tuple[Any, ...]) -> str:
