@@ -52,6 +52,7 @@ from common import (
 from contracts.episode import ToolCall
 from contracts.names import Queue
 from contracts.task import SandboxLimits, WorkspaceSpec
+from infra.environments.mounts import remove_tree
 from infra.environments.sessions import SessionHost
 from infra.environments.snapshots import StoreObjects, Trees
 from infra.environments.tree import pack_files
@@ -129,7 +130,7 @@ async def snapshot_cost(settings: Settings, steps: int) -> dict[str, Any]:
     finally:
         await host.shutdown()
         trees.close()
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
     step, snap, restore = median_of(step_s), median_of(snapshot_s), median_of(restore_s)
     report = {
         "workspace_bytes": FILES * FILE_BYTES,

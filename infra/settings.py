@@ -157,7 +157,13 @@ class WorkspaceSettings(_Section):
     ttl_s: float = Field(default=900.0, ge=10, le=7 * 86400)
     """A session no step touched this long is closed (its last snapshot stays in the store)."""
     max_workspace_mb: int = Field(default=256, ge=1, le=65536)
-    """Largest workspace a step may leave (checked when it is snapshotted)."""
+    """Largest workspace a step may leave (checked when it is snapshotted); with a tmpfs, also
+    what a command can write at all."""
+    disk: Literal["auto", "tmpfs", "directory"] = "auto"
+    """What a workspace is: `tmpfs`, a tmpfs of `max_workspace_mb` of its own (a disk quota: a
+    command cannot fill the host's disk; it needs CAP_SYS_ADMIN, and what a workspace holds is
+    memory); `directory`, a directory of `root` (its size checked only after each step); `auto`,
+    a tmpfs where the worker runs as root, else a directory."""
     blob_cache_mb: int = Field(default=256, ge=0, le=65536)
     """Memory of the worker's cache of workspace files fetched from or sent to the store."""
 

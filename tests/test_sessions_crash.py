@@ -14,7 +14,8 @@ worker → open_sessions restores the last snapshots elsewhere and the step runs
   with the same digests, verdicts and rewards as without the crash, each step in the status
   query once.
 - `test_killed_workers_leave_nothing_behind`: a worker is SIGKILLed mid-step three times (a
-  new one started each time); then no sandbox process, session directory or cgroup is left.
+  new one started each time); then no sandbox process, session directory, cgroup or mount is
+  left.
 
     .venv/bin/pytest -m slow -s tests/test_sessions_crash.py
 """
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -41,6 +41,7 @@ from contracts.episode import ToolCall
 from contracts.names import Queue
 from contracts.rollout import AgentTaskResult, TaskStatus
 from contracts.task import AgentTaskInput, SamplingParams
+from infra.environments.mounts import mounts_under, remove_tree
 from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT
 from infra.sandbox.workspace import SESSION_UID_BASE, SLOTS
 from infra.tasks.workspace import workspace_tasks
@@ -202,7 +203,7 @@ def test_a_killed_worker_loses_no_step(stack: Stack) -> None:
         assert str(killed[0]) in before.pop()
     finally:
         workers.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
 
 
 def leftovers(root: Path, pids: list[int]) -> dict[str, list[Any]]:
@@ -222,7 +223,12 @@ def leftovers(root: Path, pids: list[int]) -> dict[str, list[Any]]:
         for pid in pids
         for path in (CGROUP_ROOT / ctl / "tempered").glob(f"{pid}-w*")
     ]
-    return {"directories": sorted(root.iterdir()), "processes": processes, "cgroups": cgroups}
+    return {
+        "directories": sorted(root.iterdir()),
+        "processes": processes,
+        "cgroups": cgroups,
+        "mounts": mounts_under(root),  # workspace tmpfs
+    }
 
 
 def test_killed_workers_leave_nothing_behind(stack: Stack) -> None:
@@ -250,10 +256,10 @@ def test_killed_workers_leave_nothing_behind(stack: Stack) -> None:
         workers.stop()
         left = leftovers(root, killed + [worker.pid])
         print(f"leftovers after killing workers {killed}: {left}")
-        assert left == {"directories": [], "processes": [], "cgroups": []}
+        assert left == {"directories": [], "processes": [], "cgroups": [], "mounts": []}
     finally:
         workers.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
 
 
 async def agent_task(
@@ -333,4 +339,4 @@ def test_an_agent_task_survives_a_killed_sandbox_worker(stack: Stack) -> None:
         ]
     finally:
         workers.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)

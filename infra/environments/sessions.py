@@ -9,12 +9,14 @@ On disk, each worker process owns one directory named by its pid and the kernel'
 of that pid, so a pid reused by a later process never looks alive:
 
     <root>/<pid>-<start>/                 root-owned, 0711
-        <session id>/ws/                  the workspace, owned by the session's uid, 0700
+        <session id>/ws/                  the workspace, owned by the session's uid, 0700:
+                                          a tmpfs of max_workspace_mb where the worker may
+                                          mount one (`mounts.py`: a disk quota)
         verify-<n>/                       a verifier's scratch trees (workspace, tests, logs)
 
 Every session and verifier run holds one uid slot (`infra/sandbox/workspace.session_uid`):
 its own uid, its own cgroups (`<pid>-w<slot>`). When a worker starts it removes what dead
-workers left: their directories, the processes still running under their uids (bwrap's
+workers left: their directories (and the tmpfs mounted in them), the processes still running under their uids (bwrap's
 `--die-with-parent` normally took them already) and their cgroups. A session that no step
 touched for `ttl_s` is closed by the sweeper task; its last snapshot stays in the store, so a
 later step restores it (`SessionLost` → `open_sessions` with the snapshot). The sweeper also
@@ -39,7 +41,8 @@ import psutil
 
 from contracts.common import ObjectRef
 from contracts.task import WorkspaceSpec
-from infra.environments.snapshots import Scanner
+from infra.environments.mounts import mount_tmpfs, remove_tree, unmount
+from infra.environments.snapshots import MAX_ENTRIES, Scanner
 from infra.environments.tree import Manifest
 from infra.processes import start_ticks
 from infra.sandbox.base import SandboxInfraError
@@ -107,10 +110,34 @@ class SessionHost:
         self.directory = self.root / worker_dir_name()
         self.directory.mkdir(mode=0o711)
         self.directory.chmod(0o711)
+        self.tmpfs = self._can_mount()
+        """Whether each workspace is a tmpfs of its own (`WorkspaceSettings.disk`)."""
         self.sessions: dict[str, Session] = {}
         self._free = list(range(SLOTS - 1, -1, -1))
         self._scratch = itertools.count()
         self._sweeper: asyncio.Task[None] | None = None
+
+    def _can_mount(self) -> bool:
+        disk = self.config.disk
+        if disk == "directory" or (disk == "auto" and os.geteuid() != 0):
+            return False
+        probe = self.directory / "probe"
+        probe.mkdir()
+        try:
+            mount_tmpfs(probe, 1 << 20, 16, os.geteuid())
+            unmount(probe)
+        except OSError as exc:
+            if disk == "tmpfs":
+                raise SandboxInfraError(
+                    f"sandbox.workspaces.disk is tmpfs, but {exc.strerror} to {exc.filename} "
+                    "(it needs CAP_SYS_ADMIN); set it to `directory` for workspaces without "
+                    "a disk quota"
+                ) from exc
+            log.warning("workspaces are directories, without a disk quota: %s", exc)
+            return False
+        finally:
+            probe.rmdir()
+        return True
 
     def take_slot(self) -> int:
         if not self._free:
@@ -126,20 +153,37 @@ class SessionHost:
             raise ValueError(f"session {session_id} exists")
         slot = self.take_slot()
         directory = self.directory / session_id
+        session = Session(session_id, slot, directory, spec, Scanner(self.quota_bytes))
         try:
             directory.mkdir(mode=0o711)
-            (directory / "ws").mkdir(mode=0o700)
-            if os.geteuid() == 0:
-                os.chown(directory / "ws", session_uid(slot), session_uid(slot))
+            session.workspace.mkdir(mode=0o700)
+            self._prepare(session)
         except BaseException:
-            shutil.rmtree(directory, ignore_errors=True)
+            remove_tree(directory)
             self.release_slot(slot)
             raise
-        max_bytes = self.config.max_workspace_mb << 20
-        session = Session(session_id, slot, directory, spec, Scanner(max_bytes))
         self.sessions[session_id] = session
         self.start_sweeper()
         return session
+
+    @property
+    def quota_bytes(self) -> int:
+        return self.config.max_workspace_mb << 20
+
+    def _prepare(self, session: Session) -> None:
+        """Make the session's empty workspace directory its uid's, and its tmpfs if any."""
+        if self.tmpfs:
+            mount_tmpfs(session.workspace, self.quota_bytes, MAX_ENTRIES + 1, session.uid)
+        elif os.geteuid() == 0:
+            os.chown(session.workspace, session.uid, session.uid)
+
+    def empty(self, session: Session) -> None:
+        """Make the session's workspace empty again (a fresh tmpfs)."""
+        if self.tmpfs:
+            unmount(session.workspace)
+        shutil.rmtree(session.workspace, ignore_errors=True)
+        session.workspace.mkdir(mode=0o700)
+        self._prepare(session)
 
     def scratch(self) -> Path:
         """A fresh directory for one verifier run (removed by `discard`, or by a sweep)."""
@@ -149,7 +193,7 @@ class SessionHost:
 
     @staticmethod
     def discard(path: Path) -> None:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
 
     async def close(self, session_ids: list[str]) -> int:
         """Remove these sessions (unknown ids are skipped); returns how many were here."""
@@ -207,7 +251,7 @@ def sweep_dead(root: Path) -> Sweep:
         if start_ticks(pid) is None:  # no process has its pid: its uids and cgroups are free
             swept.processes += _kill_uids(pid)
             swept.cgroups += sweep_dead_workers(pid)
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_tree(directory)
         swept.directories += 1
     return swept
 

@@ -24,14 +24,20 @@ from the state it is given: if the session holds another tree (a retried step wh
 attempt got further), it is restored from that state's snapshot first, so a step's outcome
 depends only on its state and its call.
 
+Where the worker may mount one, a workspace is a tmpfs of its own (`mounts.py`): a command
+writing past the quota gets ENOSPC, as on a full disk, and so does `write_file` (an error
+observation).
+
 Not covered: interactive commands (stdin is empty), a command's output streamed back while it
-runs, a disk quota inside one command (the size is checked after it).
+runs, a disk quota inside one command on a worker that cannot mount a tmpfs (the size is then
+checked after it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
+import errno
 import os
 import stat
 import time
@@ -127,6 +133,9 @@ class WorkspaceEnvironment:
         self, host: SessionHost, trees: Trees, runner: CommandRunner, backend: SandboxBackend
     ) -> None:
         self.host, self.trees, self.runner, self.backend = host, trees, runner, backend
+        self._agent_errnos = AGENT_ERRNOS | ({errno.ENOSPC} if host.tmpfs else set())
+        """What a file tool's OSError may be that the agent caused: with a tmpfs a full disk
+        is its own workspace's (without one, the host's)."""
 
     # -- reset and close ---------------------------------------------------------------------
 
@@ -151,12 +160,17 @@ class WorkspaceEnvironment:
         """Make the session's workspace exactly the tree `snapshot` names."""
         manifest = await asyncio.to_thread(self.trees.get_manifest, snapshot)
         contents = await asyncio.to_thread(self.trees.get_contents, manifest)
+        mb = self.host.config.max_workspace_mb
 
         def write() -> None:
-            self.host.discard(session.workspace)
-            session.workspace.mkdir(mode=0o700)
+            self.host.empty(session)
             uid = session.uid if os.geteuid() == 0 else None
-            restore(manifest, contents, session.workspace, uid)
+            try:
+                restore(manifest, contents, session.workspace, uid)
+            except OSError as exc:  # a task's own tree (a step's came out of this quota)
+                if exc.errno != errno.ENOSPC or not self.host.tmpfs:
+                    raise
+                raise TreeError(f"the tree does not fit a workspace of {mb} MB") from exc
             session.scanner.prime(session.workspace, manifest)
 
         await asyncio.to_thread(write)
@@ -242,7 +256,7 @@ class WorkspaceEnvironment:
         except PathError as exc:
             return Observation(f"error: {exc}")
         except OSError as exc:  # e.g. a name too long: once retried forever as a platform fault
-            if exc.errno not in AGENT_ERRNOS or "path" not in arguments:
+            if exc.errno not in self._agent_errnos or "path" not in arguments:
                 raise  # the platform's (bash's errors are its sandbox's: no path of the agent's)
             return Observation(f"error: {arguments['path']}: {exc.strerror}")
         raise AssertionError(f"tool {call.name} has no implementation")

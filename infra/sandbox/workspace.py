@@ -22,7 +22,7 @@ processes (rlimits set by the launching shell), memory (the cgroup), output (cap
 bwrap reports on a status fd once the sandbox is up and again with the command's exit code,
 so a sandbox that never came up is a platform fault (`SandboxInfraError`), never a result.
 
-Not covered: a disk quota on the workspace (the environment bounds its size after each step),
+Not covered: a disk quota on the workspace (the session host's: `infra/environments/mounts.py`),
 images (the host's system is the sandbox's root file system).
 """
 

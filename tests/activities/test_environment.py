@@ -5,7 +5,6 @@ closed sessions are lost (non-retryable), a broken check is the task's fault."""
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 from collections.abc import AsyncIterator
 
@@ -29,6 +28,7 @@ from contracts.episode import (
 from contracts.errors import ErrorType
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
+from infra.environments.mounts import remove_tree
 from infra.environments.tree import Check, pack_files
 from infra.sandbox.local import LocalBackend
 from infra.settings import SandboxSettings, Settings, WorkspaceSettings
@@ -55,7 +55,7 @@ async def acts(store: ObjectStore) -> AsyncIterator[EnvironmentActivities]:
     finally:
         await activities.close()
         await activities.backend.close()
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
 
 
 async def test_a_workers_own_queue_names_its_host_and_pid() -> None:

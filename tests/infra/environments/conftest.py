@@ -17,6 +17,7 @@ import pytest
 import pytest_asyncio
 
 from contracts.task import WorkspaceSpec
+from infra.environments.mounts import remove_tree
 from infra.environments.sessions import SessionHost
 from infra.environments.snapshots import MemoryObjects, Trees
 from infra.environments.tree import Check, File, Packed, pack_files
@@ -62,11 +63,13 @@ class Rig:
 
 
 @pytest_asyncio.fixture
-async def rig() -> AsyncIterator[Rig]:
+async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
+    """Sessions of 2 MB workspaces (`disk` from an indirect parameter, else `auto`)."""
     objects = MemoryObjects()
     trees = Trees(objects)
     root = session_root()
-    host = SessionHost(WorkspaceSettings(root=root, max_workspace_mb=2))
+    disk = getattr(request, "param", "auto")
+    host = SessionHost(WorkspaceSettings(root=root, max_workspace_mb=2, disk=disk))
     backend = LocalBackend(warm=0)
     try:
         yield Rig(WorkspaceEnvironment(host, trees, CommandRunner(), backend), host, objects, trees)
@@ -74,4 +77,4 @@ async def rig() -> AsyncIterator[Rig]:
         await host.shutdown()
         await backend.close()
         trees.close()
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)

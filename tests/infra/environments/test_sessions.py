@@ -1,6 +1,6 @@
 """A sandbox worker's session host cleans up after itself and after dead workers: the TTL
 sweeper closes idle sessions, and `sweep_dead` removes what a dead worker left (its
-directory, the processes still running under its workspace uids) and nothing of a live one.
+directory and the tmpfs mounted in it, the processes still running under its workspace uids) and nothing of a live one.
 
 The same guarantees under real SIGKILLs of whole workers are tests/test_sessions_crash.py's
 (slow); these run in `make test`.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import stat
 import subprocess
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from contracts.common import ObjectRef
 from contracts.task import WorkspaceSpec
+from infra.environments.mounts import mount_tmpfs, mounts_under, remove_tree
 from infra.environments.sessions import SessionHost, sweep_dead, worker_dir_name
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.workspace import SESSION_UID_BASE, SLOTS
@@ -48,7 +48,10 @@ def test_a_dead_workers_leftovers_are_swept_and_a_live_ones_are_not() -> None:
     root = session_root()
     try:
         dead = _dead_pid()
-        (root / f"{dead}-12345" / "s1" / "ws").mkdir(parents=True)  # a dead worker's session
+        workspace = root / f"{dead}-12345" / "s1" / "ws"  # a dead worker's session
+        workspace.mkdir(parents=True)
+        mount_tmpfs(workspace, 1 << 20, 16, 0)  # its quota, still mounted
+        (workspace / "file").write_text("left")
         live = root / worker_dir_name()  # this process: alive, the right start time
         assert live.name.startswith(f"{os.getpid()}-")
         live.mkdir()
@@ -69,9 +72,10 @@ def test_a_dead_workers_leftovers_are_swept_and_a_live_ones_are_not() -> None:
                 process.kill()
         assert (swept.directories, swept.processes) == (2, 2)
         assert sorted(p.name for p in root.iterdir()) == sorted([live.name, "notes", "7-1"])
+        assert mounts_under(root) == []
         assert sweep_dead(root).directories == 0
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
 
 
 @needs_root
@@ -94,7 +98,7 @@ async def test_a_session_idle_past_its_ttl_is_closed_by_the_sweeper() -> None:
         assert host.take_slot() == idle.slot  # free again, and the next one taken
     finally:
         await host.shutdown()
-        shutil.rmtree(host.root, ignore_errors=True)
+        remove_tree(host.root)
 
 
 @needs_root
@@ -114,5 +118,5 @@ async def test_a_workspace_is_its_sessions_alone_and_a_worker_holds_its_slots() 
         sweeper = host._sweeper
     finally:
         await host.shutdown()
-        shutil.rmtree(host.root, ignore_errors=True)
+        remove_tree(host.root)
     assert sweeper is not None and sweeper.cancelled()  # the TTL sweeper ends with the host

@@ -156,7 +156,30 @@ async def test_what_write_file_creates_the_agents_commands_can_change(rig: Rig) 
     assert seen.text == "exit code: 0\nstdout:\nc\ne\nd"
 
 
+async def test_a_workspace_is_a_tmpfs_no_command_writes_past(rig: Rig) -> None:
+    """The disk quota: 16 files of 4 MB asked of a 2 MB workspace; each write stops at ENOSPC
+    inside the sandbox, the host's disk untouched, and `write_file` is told the same."""
+    assert rig.host.tmpfs  # as root: `disk = auto` mounts one
+    state = await rig.env.reset(rig.spec(FILES), "s0")
+    workspace = rig.host.sessions["s0"].workspace
+    fill = "for i in $(seq 16); do head -c 4000000 /dev/zero > f$i; done; du -sk . | cut -f1"
+    state, seen = await rig.env.step(state, call("bash", command=fill), LIMITS)
+    assert "No space left on device" in seen.text
+    assert int(seen.text.split("stdout:\n")[1].split("\n")[0]) <= 2048  # KiB, `du`'s
+    usage = os.statvfs(workspace)
+    assert usage.f_blocks * usage.f_frsize == 2 << 20 and usage.f_bavail == 0
+    state, seen = await rig.env.step(
+        state, call("write_file", path="more.txt", content="x"), LIMITS
+    )
+    assert seen.text == "error: more.txt: No space left on device"
+    state, seen = await rig.env.step(state, call("bash", command="rm f*"), LIMITS)
+    _, seen = await rig.env.step(state, call("write_file", path="more.txt", content="x"), LIMITS)
+    assert seen.text == "wrote 1 bytes to more.txt"
+
+
+@pytest.mark.parametrize("rig", ["directory"], indirect=True)
 async def test_limits_become_observations_and_a_too_large_workspace_is_undone(rig: Rig) -> None:
+    assert not rig.host.tmpfs
     state = await rig.env.reset(rig.spec(FILES), "s0")
     _, seen = await rig.env.step(
         state, call("bash", command="sleep 30"), LIMITS.model_copy(update={"timeout_s": 1})
@@ -179,12 +202,18 @@ async def test_a_step_runs_from_the_state_it_is_given(rig: Rig) -> None:
     again, seen_again = await rig.env.step(state, append, LIMITS)  # the same step, retried
     assert seen.text == seen_again.text == "exit code: 0\nstdout:\n1"
     assert first == again
-    held = os.open(rig.host.sessions["s0"].workspace / "README.md", os.O_RDONLY)
-    try:  # a restore writes the tree anew: the file held open is then unlinked
+    readme = rig.host.sessions["s0"].workspace / "README.md"
+    held = os.open(readme, os.O_RDONLY)
+
+    def same_file() -> bool:
+        (was, now) = (os.fstat(held), os.stat(readme))
+        return (was.st_dev, was.st_ino) == (now.st_dev, now.st_ino)
+
+    try:  # a restore writes the tree anew: the file held open is then not the workspace's
         await rig.env.step(again, append, LIMITS)  # from the session's own state
-        assert os.fstat(held).st_nlink == 1
+        assert same_file()
         await rig.env.step(state, append, LIMITS)  # from an older one
-        assert os.fstat(held).st_nlink == 0
+        assert not same_file()
     finally:
         os.close(held)
     with pytest.raises(SessionLost):

@@ -5,9 +5,9 @@ the untouched workspace less, and each family's action is one call of the tool i
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections import Counter
 
+from infra.environments.mounts import remove_tree
 from infra.environments.tree import decode_tree
 from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from infra.tasks import is_workspace_suite, load_suite, load_workspace_suite
@@ -62,6 +62,6 @@ def test_every_task_validates() -> None:
     try:
         report = asyncio.run(validate_workspace_suite(settings, "basics", CheckPlan(1, 4)))
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
     assert report.runs == 2 * 50
     assert {task.verdict for task in report.tasks} == {"clean"}

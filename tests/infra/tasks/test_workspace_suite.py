@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.environments.mounts import remove_tree
 from infra.environments.tree import decode_tree
 from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from infra.tasks import load_suite
@@ -109,7 +109,7 @@ def validate(repeats: int, limit: int | None = None) -> list[tuple[str, str]]:
             validate_workspace_suite(settings, "workspace", CheckPlan(repeats, 4), limit=limit)
         )
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
     assert report.runs == len(report.tasks) * (repeats + 1)
     return [(task.task_id, task.verdict) for task in report.tasks if task.verdict != "clean"]
 
@@ -135,7 +135,7 @@ def test_the_harbor_examples_validate() -> None:
             validate_workspace_suite(settings, f"harbor:{examples}", CheckPlan(2, 3))
         )
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        remove_tree(root)
     assert {task.task_id: task.verdict for task in report.tasks} == dict.fromkeys(
         ("count-lines", "fix-greeting", "sort-names"), "clean"
     )

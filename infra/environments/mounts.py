@@ -1,0 +1,82 @@
+"""A disk quota for each workspace: a tmpfs of its own, and removing trees that hold mounts.
+
+    mount_tmpfs(ws, size_bytes=256 << 20, inodes=100_000, uid=uid)   # needs CAP_SYS_ADMIN
+    remove_tree(session_directory)      # unmounts what is mounted below it, then removes it
+
+A workspace is a host directory that every step's sandbox binds read-write, so without a quota
+one `bash` command could fill the host's disk within its wall time (the size is checked only
+after it). On a tmpfs of the workspace's size a write past it fails inside the sandbox with
+ENOSPC, as on a full disk, and creating files past `inodes` does too. Its pages are memory,
+and only what the workspace holds: the size is a bound, not a reservation.
+
+The mounts are in the worker's mount namespace (the host's), so a worker killed with its
+sessions open leaves them mounted: `remove_tree` (the dead-worker sweep's, the session close's)
+unmounts every mount under a tree before removing it, deepest first, lazily (a sandbox still
+holding one lets go when it dies).
+
+Not covered: a quota where the worker may not mount (no CAP_SYS_ADMIN, e.g. a non-root pod):
+workspaces are then plain directories (`WorkspaceSettings.disk`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import re
+import shutil
+from pathlib import Path
+
+SOURCE = "tempered-workspace"
+"""The source name of every workspace tmpfs (what `mount` and /proc/mounts show)."""
+_MS_NOSUID, _MS_NODEV = 2, 4
+_MNT_DETACH = 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str, path: Path) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what} {path}: {os.strerror(code)}")
+
+
+def mount_tmpfs(path: Path, size_bytes: int, inodes: int, uid: int) -> None:
+    """Mount a tmpfs of `size_bytes` and `inodes` on the directory `path`, its root owned by
+    `uid` with mode 0700 (no set-uid programs, no device files)."""
+    options = f"size={size_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={uid}"
+    result = _libc.mount(
+        SOURCE.encode(), os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()
+    )
+    _check(result, "mount a tmpfs on", path)
+
+
+def unmount(path: Path) -> None:
+    """Detach the mount on `path` (nothing mounted there, or no `path`: nothing to do)."""
+    if _libc.umount2(os.fsencode(path), _MNT_DETACH) != 0:
+        code = ctypes.get_errno()
+        if code not in (errno.EINVAL, errno.ENOENT):
+            raise OSError(code, f"unmount {path}: {os.strerror(code)}")
+
+
+def mounts_under(root: Path) -> list[Path]:
+    """The mount points strictly below `root`, deepest first (from /proc/self/mountinfo)."""
+    prefix = os.path.realpath(root).rstrip("/") + "/"
+    found = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as table:
+        for line in table:
+            point = _unescape(line.split(" ", 5)[4])
+            if point.startswith(prefix):
+                found.append(Path(point))
+    return sorted(found, key=lambda path: len(path.parts), reverse=True)
+
+
+def _unescape(field: str) -> str:
+    r"""mountinfo writes a space, tab, newline or backslash in a path as \040, \011, \012, \134."""
+    return re.sub(r"\\([0-7]{3})", lambda code: chr(int(code[1], 8)), field)
+
+
+def remove_tree(path: Path) -> None:
+    """Unmount what is mounted below `path`, then remove it (what is missing is skipped)."""
+    for point in mounts_under(path):
+        unmount(point)
+    shutil.rmtree(path, ignore_errors=True)
