@@ -12,7 +12,8 @@ from contracts.episode import ToolCall
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.environments.checks import InvalidTask
-from infra.environments.tree import Check
+from infra.environments.mounts import mounts_under
+from infra.environments.tree import Check, TreeError
 from infra.environments.workspace import SessionLost, WorkspaceState
 from tests.infra.environments.conftest import Rig, needs_root
 
@@ -175,6 +176,9 @@ async def test_a_workspace_is_a_tmpfs_no_command_writes_past(rig: Rig) -> None:
     state, seen = await rig.env.step(state, call("bash", command="rm f*"), LIMITS)
     _, seen = await rig.env.step(state, call("write_file", path="more.txt", content="x"), LIMITS)
     assert seen.text == "wrote 1 bytes to more.txt"
+    with pytest.raises(TreeError, match="does not fit a workspace of 2 MB"):  # the task's own
+        await rig.env.reset(rig.spec({"data.bin": "x" * (3 << 20)}), "s1")
+    assert "s1" not in rig.host.sessions and mounts_under(rig.host.directory) == [workspace]
 
 
 @pytest.mark.parametrize("rig", ["directory"], indirect=True)
