@@ -11,7 +11,7 @@ and only what the workspace holds: the size is a bound, not a reservation.
 
 The mounts are in the worker's mount namespace (the host's), so a worker killed with its
 sessions open leaves them mounted: `remove_tree` (the dead-worker sweep's, the session close's)
-unmounts every mount under a tree before removing it, deepest first, lazily (a sandbox still
+unmounts every mount in a tree before removing it, deepest first, lazily (a sandbox still
 holding one lets go when it dies).
 
 Not covered: a quota where the worker may not mount (no CAP_SYS_ADMIN, e.g. a non-root pod):
@@ -40,10 +40,10 @@ def _check(result: int, what: str, path: Path) -> None:
         raise OSError(code, f"{what} {path}: {os.strerror(code)}")
 
 
-def mount_tmpfs(path: Path, size_bytes: int, inodes: int, uid: int) -> None:
+def mount_tmpfs(path: Path, size_bytes: int, inodes: int, uid: int, mode: int = 0o700) -> None:
     """Mount a tmpfs of `size_bytes` and `inodes` on the directory `path`, its root owned by
-    `uid` with mode 0700 (no set-uid programs, no device files)."""
-    options = f"size={size_bytes},nr_inodes={inodes},mode=0700,uid={uid},gid={uid}"
+    `uid` with `mode` (no set-uid programs, no device files)."""
+    options = f"size={size_bytes},nr_inodes={inodes},mode={mode:o},uid={uid},gid={uid}"
     result = _libc.mount(
         SOURCE.encode(), os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()
     )
@@ -59,13 +59,13 @@ def unmount(path: Path) -> None:
 
 
 def mounts_under(root: Path) -> list[Path]:
-    """The mount points strictly below `root`, deepest first (from /proc/self/mountinfo)."""
-    prefix = os.path.realpath(root).rstrip("/") + "/"
+    """The mount points at and below `root`, deepest first (from /proc/self/mountinfo)."""
+    top = os.path.realpath(root).rstrip("/")
     found = []
     with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as table:
         for line in table:
             point = _unescape(line.split(" ", 5)[4])
-            if point.startswith(prefix):
+            if point == top or point.startswith(top + "/"):
                 found.append(Path(point))
     return sorted(found, key=lambda path: len(path.parts), reverse=True)
 
@@ -76,7 +76,8 @@ def _unescape(field: str) -> str:
 
 
 def remove_tree(path: Path) -> None:
-    """Unmount what is mounted below `path`, then remove it (what is missing is skipped)."""
+    """Unmount what is mounted at and below `path`, then remove it (what is missing is
+    skipped)."""
     for point in mounts_under(path):
         unmount(point)
     shutil.rmtree(path, ignore_errors=True)

@@ -172,10 +172,15 @@ class SessionHost:
 
     def _prepare(self, session: Session) -> None:
         """Make the session's empty workspace directory its uid's, and its tmpfs if any."""
-        if self.tmpfs:
-            mount_tmpfs(session.workspace, self.quota_bytes, MAX_ENTRIES + 1, session.uid)
-        elif os.geteuid() == 0:
+        if not self.quota(session.workspace, session.uid) and os.geteuid() == 0:
             os.chown(session.workspace, session.uid, session.uid)
+
+    def quota(self, path: Path, uid: int, mode: int = 0o700) -> bool:
+        """Give the empty directory `path` a workspace's quota, a tmpfs of its own owned by
+        `uid`, where workspaces have one; returns whether it did."""
+        if self.tmpfs:
+            mount_tmpfs(path, self.quota_bytes, MAX_ENTRIES + 1, uid, mode)
+        return self.tmpfs
 
     def empty(self, session: Session) -> None:
         """Make the session's workspace empty again (a fresh tmpfs)."""
@@ -186,9 +191,16 @@ class SessionHost:
         self._prepare(session)
 
     def scratch(self) -> Path:
-        """A fresh directory for one verifier run (removed by `discard`, or by a sweep)."""
+        """A fresh directory for one verifier run (removed by `discard`, or by a sweep); where
+        workspaces have a quota, a tmpfs of one quota for the tests and the logs (the final
+        workspace gets one of its own: `quota`)."""
         path = self.directory / f"verify-{next(self._scratch)}"
         path.mkdir(mode=0o711)
+        try:
+            self.quota(path, os.geteuid(), 0o711)
+        except BaseException:
+            remove_tree(path)
+            raise
         return path
 
     @staticmethod

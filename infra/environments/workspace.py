@@ -160,21 +160,28 @@ class WorkspaceEnvironment:
         """Make the session's workspace exactly the tree `snapshot` names."""
         manifest = await asyncio.to_thread(self.trees.get_manifest, snapshot)
         contents = await asyncio.to_thread(self.trees.get_contents, manifest)
-        mb = self.host.config.max_workspace_mb
 
         def write() -> None:
             self.host.empty(session)
             uid = session.uid if os.geteuid() == 0 else None
-            try:
-                restore(manifest, contents, session.workspace, uid)
-            except OSError as exc:  # a task's own tree (a step's came out of this quota)
-                if exc.errno != errno.ENOSPC or not self.host.tmpfs:
-                    raise
-                raise TreeError(f"the tree does not fit a workspace of {mb} MB") from exc
+            self._restore_into(session.workspace, manifest, contents, uid)
             session.scanner.prime(session.workspace, manifest)
 
         await asyncio.to_thread(write)
         session.snapshot, session.manifest = snapshot, manifest
+
+    def _restore_into(
+        self, root: Path, manifest: Manifest, contents: dict[str, bytes], uid: int | None
+    ) -> None:
+        """`restore`, where a tree too large for its tmpfs (a task's own: a step's came out of
+        the same quota) is the task's fault, not the platform's."""
+        try:
+            restore(manifest, contents, root, uid)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not self.host.tmpfs:
+                raise
+            mb = self.host.config.max_workspace_mb
+            raise TreeError(f"the tree does not fit a workspace's {mb} MB") from exc
 
     def _state(self, session: Session) -> WorkspaceState:
         assert session.snapshot is not None and session.manifest is not None
@@ -381,7 +388,9 @@ class WorkspaceEnvironment:
                     ("tests", tests, test_contents, None),
                 ):
                     (scratch / name).mkdir(mode=0o755)
-                    restore(tree, files, scratch / name, owner)
+                    if name == "ws":  # which a Harbor test script's run of the agent's code
+                        self.host.quota(scratch / name, owner or os.geteuid(), 0o755)  # writes
+                    self._restore_into(scratch / name, tree, files, owner)
 
             await asyncio.to_thread(lay_out)
             return await check_script(

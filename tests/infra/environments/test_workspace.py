@@ -176,7 +176,7 @@ async def test_a_workspace_is_a_tmpfs_no_command_writes_past(rig: Rig) -> None:
     state, seen = await rig.env.step(state, call("bash", command="rm f*"), LIMITS)
     _, seen = await rig.env.step(state, call("write_file", path="more.txt", content="x"), LIMITS)
     assert seen.text == "wrote 1 bytes to more.txt"
-    with pytest.raises(TreeError, match="does not fit a workspace of 2 MB"):  # the task's own
+    with pytest.raises(TreeError, match="does not fit a workspace.s 2 MB"):  # the task's own
         await rig.env.reset(rig.spec({"data.bin": "x" * (3 << 20)}), "s1")
     assert "s1" not in rig.host.sessions and mounts_under(rig.host.directory) == [workspace]
 
@@ -256,6 +256,19 @@ async def test_a_script_check_runs_as_the_workspaces_owner_not_root(rig: Rig) ->
     state = await rig.env.reset(spec, "s0")
     graded = await rig.env.verify(spec, state, LIMITS)
     assert graded.score == 1.0, graded.result
+
+
+async def test_a_script_check_writes_within_the_verifiers_quota(rig: Rig) -> None:
+    """A Harbor test script runs the agent's code over a writable workspace: in the verifier
+    too it is a tmpfs of the 2 MB quota (the logs beside it keep their room for the reward)."""
+    script = (
+        "head -c 8000000 /dev/zero > big; [ $(du -sk . | cut -f1) -le 2048 ] "
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    spec = rig.spec(FILES, {"test.sh": script})
+    state = await rig.env.reset(spec, "s0")
+    assert (await rig.env.verify(spec, state, LIMITS)).score == 1.0
+    assert mounts_under(rig.host.directory) == [rig.host.sessions["s0"].workspace]
 
 
 async def test_script_check_reads_the_reward_and_keeps_tests_read_only(rig: Rig) -> None:
