@@ -1,7 +1,7 @@
 """A disk quota for each workspace: a tmpfs of its own, and removing trees that hold mounts.
 
     mount_tmpfs(ws, size_bytes=256 << 20, inodes=100_000, uid=uid)   # needs CAP_SYS_ADMIN
-    remove_tree(session_directory)      # unmounts what is mounted below it, then removes it
+    remove_tree(session_directory)      # unmounts what is mounted in it, then removes it
 
 A workspace is a host directory that every step's sandbox binds read-write, so without a quota
 one `bash` command could fill the host's disk within its wall time (the size is checked only
@@ -34,10 +34,10 @@ _MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _check(result: int, what: str, path: Path) -> None:
+def _check(result: int, path: Path) -> None:
     if result != 0:
         code = ctypes.get_errno()
-        raise OSError(code, f"{what} {path}: {os.strerror(code)}")
+        raise OSError(code, os.strerror(code), os.fspath(path))
 
 
 def mount_tmpfs(path: Path, size_bytes: int, inodes: int, uid: int, mode: int = 0o700) -> None:
@@ -47,15 +47,16 @@ def mount_tmpfs(path: Path, size_bytes: int, inodes: int, uid: int, mode: int = 
     result = _libc.mount(
         SOURCE.encode(), os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()
     )
-    _check(result, "mount a tmpfs on", path)
+    _check(result, path)
 
 
 def unmount(path: Path) -> None:
     """Detach the mount on `path` (nothing mounted there, or no `path`: nothing to do)."""
-    if _libc.umount2(os.fsencode(path), _MNT_DETACH) != 0:
-        code = ctypes.get_errno()
-        if code not in (errno.EINVAL, errno.ENOENT):
-            raise OSError(code, f"unmount {path}: {os.strerror(code)}")
+    try:
+        _check(_libc.umount2(os.fsencode(path), _MNT_DETACH), path)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOENT):
+            raise
 
 
 def mounts_under(root: Path) -> list[Path]:

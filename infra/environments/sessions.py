@@ -129,9 +129,9 @@ class SessionHost:
         except OSError as exc:
             if disk == "tmpfs":
                 raise SandboxInfraError(
-                    f"sandbox.workspaces.disk is tmpfs, but {exc.strerror} to {exc.filename} "
-                    "(it needs CAP_SYS_ADMIN); set it to `directory` for workspaces without "
-                    "a disk quota"
+                    f"sandbox.workspaces.disk is tmpfs, but this worker cannot mount one "
+                    f"({exc.strerror}: it needs CAP_SYS_ADMIN); set it to `directory` for "
+                    "workspaces without a disk quota"
                 ) from exc
             log.warning("workspaces are directories, without a disk quota: %s", exc)
             return False

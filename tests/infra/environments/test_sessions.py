@@ -12,6 +12,7 @@ import asyncio
 import os
 import stat
 import subprocess
+import sys
 import time
 
 import pytest
@@ -120,3 +121,36 @@ async def test_a_workspace_is_its_sessions_alone_and_a_worker_holds_its_slots() 
         await host.shutdown()
         remove_tree(host.root)
     assert sweeper is not None and sweeper.cancelled()  # the TTL sweeper ends with the host
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("disk", "outcome"),
+    [
+        ("tmpfs", "SandboxInfraError: sandbox.workspaces.disk is tmpfs, but this worker cannot "
+         "mount one (Operation not permitted: it needs CAP_SYS_ADMIN)"),
+        ("auto", "tmpfs False"),
+    ],
+)  # fmt: skip
+def test_a_worker_that_cannot_mount_says_so_or_keeps_directories(disk: str, outcome: str) -> None:
+    """Root without CAP_SYS_ADMIN (a container's root): an explicit `tmpfs` is one clear error
+    at the host's start; `auto` falls back to directories."""
+    root = session_root()
+    program = (
+        "from infra.environments.sessions import SessionHost\n"
+        "from infra.settings import WorkspaceSettings\n"
+        "try:\n"
+        f"    host = SessionHost(WorkspaceSettings(root={str(root)!r}, disk={disk!r}))\n"
+        "except Exception as exc:\n"
+        "    print(f'{type(exc).__name__}: {exc}')\n"
+        "else:\n"
+        "    print('tmpfs', host.tmpfs)\n"
+    )
+    try:
+        ran = subprocess.run(
+            ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", sys.executable],
+            input=program, capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+    finally:
+        remove_tree(root)
+    assert ran.stdout.strip().startswith(outcome), ran.stdout + ran.stderr
