@@ -24,13 +24,11 @@ from the state it is given: if the session holds another tree (a retried step wh
 attempt got further), it is restored from that state's snapshot first, so a step's outcome
 depends only on its state and its call.
 
-Where the worker may mount one, a workspace is a tmpfs of its own (`mounts.py`): a command
-writing past the quota gets ENOSPC, as on a full disk, and so does `write_file` (an error
-observation).
+A workspace is a tmpfs of its own where the worker may mount one (`mounts.py`): past the quota
+a command gets ENOSPC, as on a full disk, and `write_file` an error observation.
 
 Not covered: interactive commands (stdin is empty), a command's output streamed back while it
-runs, a disk quota inside one command on a worker that cannot mount a tmpfs (the size is then
-checked after it).
+runs, a quota inside one command where no tmpfs can be mounted (the size is checked after it).
 """
 
 from __future__ import annotations
