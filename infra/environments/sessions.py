@@ -17,10 +17,11 @@ of that pid, so a pid reused by a later process never looks alive:
 Every session and verifier run holds one uid slot (`infra/sandbox/workspace.session_uid`):
 its own uid, its own cgroups (`<pid>-w<slot>`). When a worker starts it removes what dead
 workers left: their directories (and the tmpfs mounted in them), the processes still running
-under their uids (bwrap's `--die-with-parent` normally took them already) and their cgroups. A session that no step
-touched for `ttl_s` is closed by the sweeper task; its last snapshot stays in the store, so a
-later step restores it (`SessionLost` → `open_sessions` with the snapshot). The sweeper also
-removes, within `SWEEP_S`, what workers that died after this one started left behind.
+under their uids (bwrap's `--die-with-parent` normally took them already) and their cgroups. A
+session that no step touched for `ttl_s` is closed by the sweeper task; its last snapshot
+stays in the store, so a later step restores it (`SessionLost` → `open_sessions` with the
+snapshot). The sweeper also removes, within `SWEEP_S`, what workers that died after this one
+started left behind.
 """
 
 from __future__ import annotations

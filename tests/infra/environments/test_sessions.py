@@ -1,6 +1,7 @@
 """A sandbox worker's session host cleans up after itself and after dead workers: the TTL
 sweeper closes idle sessions, and `sweep_dead` removes what a dead worker left (its
-directory and the tmpfs mounted in it, the processes still running under its workspace uids) and nothing of a live one.
+directory and the tmpfs mounted in it, the processes still running under its workspace uids)
+and nothing of a live one.
 
 The same guarantees under real SIGKILLs of whole workers are tests/test_sessions_crash.py's
 (slow); these run in `make test`.
