@@ -12,8 +12,6 @@ worker itself.
 from __future__ import annotations
 
 import os
-import tempfile
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -119,9 +117,10 @@ def prepare_deepspeed(device: str) -> None:
 def init_single_process(device: str) -> None:
     """A one-process distributed group (the learner trains in the worker process).
 
-    The rendezvous goes through a fresh file, not a TCP port: a port picked as free can be taken
-    before torch binds it, and a failed bind would repeat on every retry of the activity (seen
-    as EADDRINUSE in CI). The variables only tell DeepSpeed the group is described already.
+    The group meets through an in-memory store, neither a TCP port (a port picked as free can be
+    taken before torch binds it; seen as EADDRINUSE in CI) nor a file (its rendezvous file
+    outlived the worker in /tmp). DeepSpeed adopts a group torch formed; the variables only tell
+    it the group is described already.
     """
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(name, value)
@@ -129,12 +128,8 @@ def init_single_process(device: str) -> None:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     prepare_deepspeed(device)
     import deepspeed  # only now: prepare_deepspeed must precede its first import
+    import torch.distributed as dist
 
-    rendezvous = Path(tempfile.gettempdir()) / f"tempered-dist-{os.getpid()}-{uuid.uuid4().hex}"
-    deepspeed.init_distributed(
-        dist_backend="gloo" if device.startswith("cpu") else "nccl",
-        verbose=False,
-        init_method=f"file://{rendezvous}",
-        rank=0,
-        world_size=1,
-    )
+    backend = "gloo" if device.startswith("cpu") else "nccl"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
