@@ -42,6 +42,9 @@ class ErrorType(StrEnum):
     on a fresh group, which reloads the last published version."""
     LEARNER_FAILED = "LearnerFailed"
     """A training run's learner failed (its reason follows): the run fails with it."""
+    TASK_FAILED = "TaskFailed"
+    """A training run's task failed for good (its reason follows): the run fails with it, as
+    its group would never come (quarantine the task: `tempered tasks validate`)."""
     SESSION_LOST = "SessionLost"
     """A workspace session is not on the worker its queue names (restarted, reaped by its TTL):
     not retried there; the workflow restores the session from its last snapshot elsewhere."""
@@ -58,6 +61,7 @@ RETRYABLE: dict[ErrorType, bool] = {
     ErrorType.LEARNER_INFRA: True,
     ErrorType.SESSION_LOST: False,
     ErrorType.LEARNER_FAILED: False,
+    ErrorType.TASK_FAILED: False,
 }
 
 NON_RETRYABLE: list[str] = [kind.value for kind, retry in RETRYABLE.items() if not retry]

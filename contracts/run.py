@@ -9,7 +9,13 @@ from datetime import datetime
 from pydantic import Field
 
 from contracts.common import Contract, Identifier
-from contracts.learner import GRPOConfig, HistoryBudget, LearnerProgress, TrainStepResponse
+from contracts.learner import (
+    GRPOConfig,
+    HistoryBudget,
+    LearnerDone,
+    LearnerProgress,
+    TrainStepResponse,
+)
 from contracts.rollout import AgentTaskResult
 from contracts.task import (
     AgentTaskInput,
@@ -230,6 +236,9 @@ class RunResume(Contract):
     segment: int = Field(ge=1, description="Runs of this workflow before this one.")
     stopped: str | None = Field(
         default=None, description="Why the run was told to stop starting tasks (`stop`)."
+    )
+    learner_done: LearnerDone | None = Field(
+        default=None, description="The learner's `learner_done`, if it ended while the run drained."
     )
 
 

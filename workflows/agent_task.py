@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.common import describe_validation_error
     from contracts.episode import EnvStepOutcome, EpisodeEnd
     from contracts.errors import ErrorType, fail
-    from contracts.names import Activity, SearchAttr, Signal
+    from contracts.names import Activity, Queue, SearchAttr, Signal
     from contracts.rollout import (
         AgentTaskResult,
         EpisodeState,
@@ -68,7 +68,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.activity_options import activity_options
     from workflows.episodes import EpisodeGroup
     from workflows.fsm import State, advance, after_feedback
-    from workflows.search import search_attribute_updates, task_memo
+    from workflows.search import search_attribute_updates, task_memo, task_start_options
     from workflows.sessions import Sessions
 
 
@@ -274,3 +274,14 @@ class AgentTaskWorkflow:
         self._published.update(changed)
         if updates := search_attribute_updates(changed):
             workflow.upsert_search_attributes(updates)
+
+
+async def run_agent_task(task_input: AgentTaskInput, workflow_id: str) -> AgentTaskResult:
+    """Run one agent task as a child of the calling workflow (a training or evaluation task)."""
+    return await workflow.execute_child_workflow(
+        AgentTaskWorkflow.run,
+        task_input,
+        id=workflow_id,
+        task_queue=Queue.AGENT_TASKS.value,
+        **task_start_options(task_input),
+    )

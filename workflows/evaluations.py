@@ -28,6 +28,9 @@ with workflow.unsafe.imports_passed_through():
     from contracts.task import AgentTaskInput, TaskSpec
     from workflows.retention import Retention
 
+ONCE_PATCH = "tempered-run-evaluates-once"
+"""Marks runs that skip a second start of one version's evaluation (before: its children's ids
+were taken, and the run failed at its end)."""
 EVAL_TAIL = 32
 """Evaluations the run keeps besides the first (before training)."""
 
@@ -48,9 +51,14 @@ class Evaluations:
         self.heldout: list[TaskSpec] = []
         self.jobs: list[asyncio.Task[None]] = []
         self.in_flight = 0  # children of evaluations running
+        self._started = {e.policy_version for e in self.results}  # and those running
 
     def start(self, version: int) -> None:
-        """Evaluate `version` (in the background; `jobs` holds it)."""
+        """Evaluate `version` (in the background; `jobs` holds it), once: a stopped run's last
+        step may be a periodic one, whose evaluation started before the run's ending asks."""
+        if version in self._started and workflow.patched(ONCE_PATCH):
+            return
+        self._started.add(version)
         self.jobs.append(self._retention.start(version, self._evaluate(version)))
 
     def measured(self, version: int) -> bool:

@@ -24,9 +24,9 @@ with workflow.unsafe.imports_passed_through():
 
 
 class LearnerLink:
-    def __init__(self, workflow_id: str) -> None:
+    def __init__(self, workflow_id: str, done: LearnerDone | None = None) -> None:
         self.workflow_id = workflow_id
-        self.done: LearnerDone | None = None
+        self.done = done
         """What the learner said when it ended (`learner_done`); None while it runs."""
 
     def ended(self) -> bool:

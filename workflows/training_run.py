@@ -43,7 +43,6 @@ with workflow.unsafe.imports_passed_through():
         has_signal,
     )
     from contracts.names import Activity, Queue, SearchAttr, Signal
-    from contracts.rollout import AgentTaskResult
     from contracts.run import (
         EvalResult,
         LoadTasksRequest,
@@ -58,9 +57,9 @@ with workflow.unsafe.imports_passed_through():
         redraws_allowed,
         spread,
     )
-    from contracts.task import AgentTaskInput, TaskSpec
+    from contracts.task import TaskSpec
     from workflows.activity_options import activity_options
-    from workflows.agent_task import AgentTaskWorkflow
+    from workflows.agent_task import run_agent_task
     from workflows.budget import (
         EVENTS_PER_TASK,
         PROGRESS_SIGNAL_BYTES,
@@ -76,7 +75,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.learner import HISTORY_TAIL, LearnerWorkflow
     from workflows.learner_link import LearnerLink
     from workflows.retention import Retention
-    from workflows.search import search_attribute_updates, task_start_options
+    from workflows.search import search_attribute_updates
 
 SPREAD_REDRAWS_PATCH = "tempered-run-spread-redraws"
 """Marks runs whose redraws of flat groups are spread over the learner steps."""
@@ -88,6 +87,8 @@ ENDING_PATCH = "tempered-run-ending-bytes"
 """Marks runs whose ending look-ahead counts the learner's state as reported (`state_bytes`)
 once for each copy the ending receives: its `learner_done`, the run's result and, in the
 segment that started the learner, the child's result (before it: one copy of 1 KiB a step)."""
+FAILED_TASK_PATCH = "tempered-run-fails-with-a-task"
+"""Marks runs that fail once a task's child fails (before: waiting for good for its group)."""
 PROGRESS_TAIL = 100
 """Learner steps the run keeps (and its `progress` query shows)."""
 
@@ -104,13 +105,15 @@ class TrainingRunWorkflow:
         self._started = resume.started if resume else 0
         self._done = resume.done if resume else 0
         self._redrawn = resume.redrawn if resume else 0  # flat groups not sent to the learner
-        self._learner = LearnerLink(f"{workflow.info().workflow_id}-learner")
+        learner_id = f"{workflow.info().workflow_id}-learner"  # done: it ended as we drained
+        self._learner = LearnerLink(learner_id, resume.learner_done if resume else None)
+        self._failed: Exception | None = None  # a task's child failed (FAILED_TASK_PATCH)
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
         self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
         self._unrecorded = UnrecordedStarts()
         self._retention = Retention(run_input, resume.pruned_below if resume else 1)
         self._evaluations = Evaluations(
-            run_input, resume.evals if resume else [], self._retention, self._agent_task
+            run_input, resume.evals if resume else [], self._retention, run_agent_task
         )
         if resume:
             self._evaluations.heldout = spread(resume.tasks.heldout, run_input.heldout_limit)
@@ -234,6 +237,8 @@ class TrainingRunWorkflow:
         while await self._task_due(total):
             await workflow.wait_condition(self._may_start)
             self._learner.raise_if_failed()
+            if self._failed is not None:
+                raise self._failed
             if self._stopped is not None or (deadline is not None and workflow.now() >= deadline):
                 break
             if self._history_full():
@@ -273,14 +278,15 @@ class TrainingRunWorkflow:
 
     def _may_start(self) -> bool:
         """A slot is free and the learner is far enough along for the next group (or the
-        learner failed: the run fails too; or the run was told to stop). Bounded staleness:
-        the group for learner step b (counted over `_filled`) is sampled from a version
-        ≥ b − max_staleness."""
+        learner or a task failed: the run fails too; or the run was told to stop). Bounded
+        staleness: the group for learner step b (counted over `_filled`) is sampled from a
+        version ≥ b − max_staleness."""
         grpo = self._input.grpo
         step = self._filled // grpo.groups_per_step
         in_flight_ok = self._in_flight < self._input.concurrency
         ready = in_flight_ok and self._learner_steps >= step - grpo.max_staleness
-        return ready or self._learner.error is not None or self._stopped is not None
+        failed = self._learner.error is not None or self._failed is not None
+        return ready or failed or self._stopped is not None
 
     def _history_full(self, *, ending: bool = False) -> bool:
         """Whether the history, with what the children in flight and the evaluations still to
@@ -351,6 +357,7 @@ class TrainingRunWorkflow:
             deadline=deadline,
             segment=(self._input.resume.segment if self._input.resume else 0) + 1,
             stopped=self._stopped,
+            learner_done=self._learner.done,
         )
         workflow.continue_as_new(
             self._input.model_copy(update={"resume": resume}),
@@ -369,12 +376,15 @@ class TrainingRunWorkflow:
         return max((p.policy_version for p in self._progress), default=0)
 
     async def _rollout_one(self, task: TaskSpec, policy_version: int) -> None:
-        run_input = self._input
         self._in_flight += 1
         try:
-            result = await self._agent_task(
-                run_input.task_input(task, policy_version), f"{run_input.run_id}-task-{task.id}"
+            result = await run_agent_task(
+                self._input.task_input(task, policy_version), f"{self._input.run_id}-task-{task.id}"
             )
+        except FailureError as exc:  # its group never comes: the run would wait for it forever
+            if workflow.patched(FAILED_TASK_PATCH) and self._failed is None:
+                self._failed = fail(ErrorType.TASK_FAILED, f"task {task.id}: {exc.cause or exc}")
+            raise
         finally:
             self._in_flight -= 1
         self._done += 1
@@ -388,12 +398,3 @@ class TrainingRunWorkflow:
             policy_version=min(result.policy_versions),
         )
         await self._learner.send(Signal.ADD_GROUPS, [[group]])
-
-    async def _agent_task(self, task_input: AgentTaskInput, workflow_id: str) -> AgentTaskResult:
-        return await workflow.execute_child_workflow(
-            AgentTaskWorkflow.run,
-            task_input,
-            id=workflow_id,
-            task_queue=Queue.AGENT_TASKS.value,
-            **task_start_options(task_input),
-        )

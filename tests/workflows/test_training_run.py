@@ -1,12 +1,12 @@
 """TrainingRunWorkflow's ends besides success, on the time-skipping test server (the cancel: on
-the dev server) with scripted
-tasks, suite and train step (tests/workflows/control_plane.py): a failed learner fails the run
-(told by `learner_done`, also after the run continued as new), and a cancelled run cancels the
-learner it started (which outlives the run's continues-as-new by design, not the run), a
-learner cancelled by anyone else fails its run, a
-learner that ended by itself before the run's `finish` landed is not a failure, a run told
-to `stop` starts no more tasks but ends as a finished run does (also across continue-as-new),
-and flat groups are redrawn up to the run's limit (dynamic sampling), across it too."""
+the dev server) with scripted tasks, suite and train step (tests/workflows/control_plane.py): a
+failed learner fails the run (told by `learner_done`, also after the run continued as new), and
+so does a failed task (which an on-policy run waited for); a cancelled run cancels the learner
+it started (which outlives the run's continues-as-new by design, not the run), a learner
+cancelled by anyone else fails its run, a learner that ended by itself before the run's `finish`
+landed, or while the run drained before continuing as new, is not a failure, and a run told to
+`stop` starts no more tasks but ends as a finished run does (also across continue-as-new),
+evaluating its last version once. Which tasks a run draws: test_training_run_draws.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from temporalio import activity
+from temporalio import activity, workflow
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -24,8 +24,7 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowHistory,
 )
-from temporalio.exceptions import CancelledError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from contracts.errors import ErrorType, fail
 from contracts.learner import (
@@ -44,16 +43,14 @@ from contracts.run import (
     TrainingRunResult,
     draw_order,
     drawn_task,
-    redraws_allowed,
-    spread,
 )
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import TemporalServer, time_skipping_server
 from tests.workflows.control_plane import (
     ScriptedSuite,
     ScriptedTrainer,
+    StandInAgentTask,
     control_plane,
-    run_to_end,
 )
 from tests.workflows.harness import connect
 from workflows.training_run import TrainingRunWorkflow
@@ -80,6 +77,46 @@ class DivergingTrainer(ScriptedTrainer):
         if request.step >= self.at:
             raise fail(ErrorType.NON_FINITE_LOSS, f"step {request.step}: loss is nan")
         return await super().train_step(request)
+
+
+@workflow.defn(name="AgentTaskWorkflow", sandboxed=False)
+class FailingAgentTask(StandInAgentTask):
+    """The stand-in, but the task `FAILS` fails for good (as a task whose tests are broken)."""
+
+    FAILS = ""
+
+    @workflow.run
+    async def run(self, raw: dict[str, Any]) -> dict[str, Any]:
+        if raw["task"]["id"] == self.FAILS:
+            raise fail(ErrorType.INVALID_TASK, f"task {self.FAILS}: its tests wrote no reward")
+        return await super().run(raw)
+
+
+@pytest.mark.asyncio
+async def test_a_failed_task_fails_the_run_which_would_wait_for_its_group(
+    store: ObjectStore,
+) -> None:
+    """On-policy (`max_staleness` 0), the second step's tasks wait for the first step, which
+    waits for the group of the first task drawn: that task fails, so before, the run waited for
+    good. It fails now, naming the task."""
+    run = RUN.model_copy(
+        update={"run_id": "task-fails", "grpo": RUN.grpo.model_copy(update={"max_staleness": 0})}
+    )
+    suite = ScriptedSuite(train=10)
+    FailingAgentTask.FAILS = drawn_task(draw_order(suite.train, run.seed), 0).id
+    async with (
+        time_skipping_server() as env,
+        control_plane(env.client, store, suite, ScriptedTrainer(), agent_task=FailingAgentTask),
+    ):
+        handle = await env.client.start_workflow(
+            TrainingRunWorkflow.run, run, id="train-task-fails", task_queue=Queue.AGENT_TASKS.value
+        )
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), timeout=60)
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == ErrorType.TASK_FAILED, cause
+    bad = FailingAgentTask.FAILS
+    assert cause.message == f"task {bad}: InvalidTask: task {bad}: its tests wrote no reward"
 
 
 @pytest.mark.asyncio
@@ -157,13 +194,20 @@ async def test_a_learner_cancelled_on_its_own_fails_its_run(
 
 
 async def last_segment(
-    store: ObjectStore, run_id: str, *, started: int, learner_step: int, stopped: str | None = None
+    store: ObjectStore,
+    run_id: str,
+    *,
+    started: int,
+    learner_step: int,
+    stopped: str | None = None,
+    heldout: int = 0,
 ) -> tuple[TrainingRunResult, WorkflowHistory]:
     """A run's segment of a 2-step run over 4 tasks that starts with `started` of them done and
-    its learner's `learner_done` already in (at `learner_step`), and no learner exists."""
-    suite = ScriptedSuite(train=4)
+    its learner's `learner_done` already in (at `learner_step`), and no learner exists; with
+    `heldout` tasks and the smallest history budget (so its ending may continue as new)."""
+    suite = ScriptedSuite(train=4, heldout=heldout)
     resume = RunResume(
-        tasks=LoadTasksResponse(train=suite.train, heldout=[]),
+        tasks=LoadTasksResponse(train=suite.train, heldout=suite.heldout),
         started=started,
         done=started,
         progress=[],
@@ -172,7 +216,10 @@ async def last_segment(
         segment=3,
         stopped=stopped,
     )
-    run = RUN.model_copy(update={"run_id": run_id, "steps": 2, "resume": resume})
+    budget = HistoryBudget(events=200) if heldout else RUN.budget
+    run = RUN.model_copy(
+        update={"run_id": run_id, "steps": 2, "resume": resume, "budget": budget, "eval_every": 0}
+    )
     final = LearnerInput(run_id=run_id, max_steps=2, step=learner_step)
     async with (
         time_skipping_server() as env,
@@ -187,6 +234,20 @@ async def last_segment(
             start_signal_args=[LearnerDone(final=final)],
         )
         return await handle.result(), await handle.fetch_history()
+
+
+@pytest.mark.asyncio
+async def test_a_learner_that_ended_while_the_run_drained_is_carried_through_continue_as_new(
+    store: ObjectStore,
+) -> None:
+    """The learner may take its last step and end while the run drains before its ending's
+    continue-as-new (e.g. behind a long evaluation); its `learner_done` must reach the next
+    segment, which would otherwise signal a learner that is gone and fail. Made certain: the
+    segment starts the last task with the learner's `learner_done` in, and its ending (16
+    held-out tasks to evaluate, the smallest budget) continues as new."""
+    result, history = await last_segment(store, "drained", started=3, learner_step=2, heldout=16)
+    assert history.events[0].workflow_execution_started_event_attributes.continued_execution_run_id
+    assert (result.steps, result.tasks_started, result.tasks_done) == (2, 4, 4)
 
 
 @pytest.mark.asyncio
@@ -234,6 +295,29 @@ async def test_a_stopped_run_starts_no_more_tasks_and_ends_as_usual(store: Objec
 
 
 @pytest.mark.asyncio
+async def test_a_run_stopped_on_an_evaluated_step_evaluates_it_once(store: ObjectStore) -> None:
+    """With `eval_every` 1 every step's version is evaluated, the stopped run's last one too:
+    its `learner_progress` starts that evaluation, and the run's ending asked for it again
+    while it ran (its children's ids taken: the run failed)."""
+    trainer = ScriptedTrainer()
+    run = RUN.model_copy(update={"run_id": "stop-eval", "eval_every": 1})
+    async with (
+        time_skipping_server() as env,
+        control_plane(env.client, store, ScriptedSuite(train=10, heldout=2), trainer),
+    ):
+        handle = await env.client.start_workflow(
+            TrainingRunWorkflow.run, run, id="train-stop-eval", task_queue=Queue.AGENT_TASKS.value
+        )
+        while len(trainer.steps) < 3:
+            await env.sleep(0.05)
+        await handle.signal(TrainingRunWorkflow.stop, "enough")
+        result = await handle.result()
+    versions = [e.policy_version for e in result.evals]
+    assert result.steps < run.steps and versions[-1] == result.steps
+    assert versions == sorted(set(versions)), versions
+
+
+@pytest.mark.asyncio
 async def test_a_stop_is_carried_through_continue_as_new(store: ObjectStore) -> None:
     """A segment that continues a stopped run (the stop landed while it drained) starts
     nothing: its learner is told to finish with what it has."""
@@ -252,78 +336,3 @@ def test_held_out_episodes_take_eval_max_turns_and_training_ones_max_turns() -> 
         "group_size": RUN.group_size,
         "policy_version": 2,
     }
-
-
-def test_spread_keeps_the_ends_and_the_spacing() -> None:
-    tasks = ScriptedSuite(train=0, heldout=10).heldout
-    assert [t.id for t in spread(tasks, 4)] == [tasks[i].id for i in (0, 2, 5, 7)]
-    assert spread(tasks, 0) == spread(tasks, 10) == spread(tasks, 99) == tasks
-    assert spread(tasks, 1) == tasks[:1]  # a limit of one is one task, not all of them
-
-
-@pytest.mark.asyncio
-async def test_heldout_limit_evaluates_the_same_spread_tasks_in_every_segment(
-    store: ObjectStore,
-) -> None:
-    """`heldout_limit` 4 of 10 held-out tasks: the first eval (in the first segment) and the
-    last (after the run continued as new) both run exactly the spread 4."""
-    run = RUN.model_copy(update={"run_id": "spread", "steps": 12, "heldout_limit": 4})
-    suite = ScriptedSuite(train=30, heldout=10)
-    async with (
-        time_skipping_server() as env,
-        control_plane(env.client, store, suite, ScriptedTrainer()),
-    ):
-        result, continued = await run_to_end(env.client, run, "train-spread")
-        evaluated = set()
-        for task in suite.heldout:
-            try:
-                await env.client.get_workflow_handle(f"spread-eval-v0-{task.id}").describe()
-                evaluated.add(task.id)
-            except RPCError as err:
-                assert err.status == RPCStatusCode.NOT_FOUND
-    assert continued, "no continue-as-new"
-    assert [(e.policy_version, e.tasks) for e in result.evals] == [(0, 4), (12, 4)]
-    assert evaluated == {t.id for t in spread(suite.heldout, 4)}
-
-
-@pytest.mark.asyncio
-@pytest.mark.parametrize("redraws", [0, 5, 100])
-async def test_flat_groups_are_redrawn_up_to_the_limit(store: ObjectStore, redraws: int) -> None:
-    """A third of the tasks give flat groups. With `redraw_flat_groups` 5, five flat groups
-    never reach the learner and five more tasks take their slots, so the learner still gets
-    20 × 2 groups, each task once (the count survives continue-as-new); the five are spread
-    over the run (one before the first step), so flat groups reach the first steps too. With
-    100 (never used up), no flat group reaches it, also those that finish after every slot has
-    started; with 0, every group is sent, flat or not."""
-    grpo = RUN.grpo.model_copy(update={"redraw_flat_groups": redraws})
-    run = RUN.model_copy(update={"run_id": f"flat-{redraws}", "steps": 20, "grpo": grpo})
-    trainer, suite = ScriptedTrainer(), ScriptedSuite(train=30, flat_every=3)
-    async with (
-        time_skipping_server() as env,
-        control_plane(env.client, store, suite, trainer),
-    ):
-        result, continued = await run_to_end(env.client, run, f"train-flat-{redraws}")
-    trained, slots = trainer.trained(), run.steps * run.grpo.groups_per_step
-    order = draw_order(suite.train, run.seed)
-    started = [drawn_task(order, i).id for i in range(result.tasks_started)]
-    not_trained = set(started) - set(trained)
-    flat_trained = sum(t.startswith("flat-") for t in trained)
-    assert continued, "no continue-as-new"
-    assert (result.steps, len(trained)) == (run.steps, slots)
-    assert result.tasks_done == result.tasks_started == slots + result.redrawn
-    assert sorted(trained) == sorted(set(trained)) and set(trained) <= set(started)
-    assert len(not_trained) == result.redrawn and all(t.startswith("flat-") for t in not_trained)
-    early_flat = [t for step in range(3) for t in trainer.steps[step] if t.startswith("flat-")]
-    if redraws == 100:
-        assert flat_trained == 0 and 0 < result.redrawn < redraws
-    else:
-        assert result.redrawn == redraws and flat_trained >= 5, "no flat group was ever sent"
-        assert early_flat, (
-            "the first steps' flat groups were all redrawn: the budget was not spread"
-        )
-
-
-def test_the_redraw_budget_is_spread_over_the_steps() -> None:
-    assert [redraws_allowed(8, 7, done) for done in range(7)] == [2, 3, 4, 5, 6, 7, 8]
-    assert redraws_allowed(5, 20, 0) == 1 and redraws_allowed(5, 20, 19) == 5
-    assert redraws_allowed(0, 7, 3) == 0 and redraws_allowed(100, 20, 0) == 5
