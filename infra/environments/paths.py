@@ -31,6 +31,16 @@ system takes, a file where a directory must be, ...): the agent's error, told ba
 observation. Any other OSError is the platform's, and its activity is retried."""
 
 
+def is_utf8(text: str) -> bool:
+    """Whether `text` encodes as UTF-8: a name read from the file system (or JSON's lone
+    "\\ud83d") may hold surrogates, which no manifest, payload, file or command can carry."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class PathError(ValueError):
     """A path the agent may not use; the message is written for the agent."""
 
@@ -48,8 +58,8 @@ def resolve(root: Path, workdir: str, path: str) -> str:
     """`path` as a link-free path relative to the workspace `root` (mounted at `workdir`).
 
     Components that do not exist yet are kept as they are (a file about to be written); a
-    component that is a file with more components after it, or a link out of the workspace,
-    raises PathError."""
+    component that is a file with more components after it, a link out of the workspace, or one
+    whose target goes up out of a missing directory (`gone/../d`, as the kernel) raises PathError."""
     if not path or "\0" in path:
         raise PathError("the path is empty or holds a NUL byte")
     pending = _inside(workdir, path)
@@ -69,6 +79,10 @@ def resolve(root: Path, workdir: str, path: str) -> str:
         try:
             info = os.lstat(root.joinpath(*done, name))
         except FileNotFoundError:
+            if ".." in pending:  # as the kernel: no way up out of a directory that is not there
+                raise PathError(
+                    f"{path!r}: no such directory {'/'.join(done + [name])!r}"
+                ) from None
             return "/".join(done + [name] + pending)
         if stat.S_ISLNK(info.st_mode):
             links += 1

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Protocol
 
 from contracts.common import ObjectRef
+from infra.environments.paths import is_utf8
 from infra.environments.tree import (
     MAX_PACKS,
     Check,
@@ -241,7 +242,8 @@ class Scanner:
                     entries.append(Entry(path=path, kind="dir"))
                 elif stat.S_ISLNK(info.st_mode):
                     target = os.readlink(name, dir_fd=parent_fd)
-                    entries.append(Entry(path=path, kind="link", target=target))
+                    if is_utf8(target):  # else skipped, as a name that is not UTF-8 is
+                        entries.append(Entry(path=path, kind="link", target=target))
                 else:
                     total += info.st_size
                     if total > self.max_bytes:
@@ -301,14 +303,12 @@ def _stat_key(info: os.stat_result) -> StatKey:
 def _walk(dir_fd: int, prefix: str) -> Iterator[tuple[str, int, str, os.stat_result]]:
     """(path, parent fd, name, lstat) of every directory, link and regular file under the open
     directory `dir_fd`, never following a link; special files and names that are not UTF-8
-    are skipped."""
+    are skipped (links whose target is not: by `scan`)."""
     with os.scandir(dir_fd) as listing:
         names = sorted(entry.name for entry in listing)
     for name in names:
         path = f"{prefix}{name}"
-        try:
-            path.encode()
-        except UnicodeEncodeError:
+        if not is_utf8(path):
             continue
         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if stat.S_ISDIR(info.st_mode):

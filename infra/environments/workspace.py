@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import contextlib
 import errno
 import os
 import stat
@@ -49,7 +50,7 @@ from contracts.sandbox import ExecStatus
 from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
 from infra.environments.base import Graded, Observation
 from infra.environments.checks import InvalidTask, check_functions, check_script
-from infra.environments.paths import AGENT_ERRNOS, PathError, resolve
+from infra.environments.paths import AGENT_ERRNOS, PathError, is_utf8, resolve
 from infra.environments.sessions import Session, SessionHost
 from infra.environments.snapshots import Trees, restore
 from infra.environments.tree import Manifest, TreeError, tree_digest
@@ -88,7 +89,7 @@ def bad_arguments(tool: ToolSpec, arguments: dict[str, object]) -> str | None:
         return f"{tool.name} takes no argument(s) {', '.join(extra)}"
     if wrong := sorted(name for name, value in arguments.items() if not isinstance(value, str)):
         return f"{tool.name}: {', '.join(wrong)} must be a string"
-    if broken := sorted(name for name, value in arguments.items() if not _encodes(str(value))):
+    if broken := sorted(name for name, value in arguments.items() if not is_utf8(str(value))):
         # JSON's "\\ud83d" alone decodes to a lone surrogate, which no file or command can hold
         return f"{tool.name}: {', '.join(broken)} is not valid Unicode (a lone surrogate)"
     if tool.name == "bash" and len(str(arguments["command"]).encode()) > MAX_COMMAND_BYTES:
@@ -97,14 +98,6 @@ def bad_arguments(tool: ToolSpec, arguments: dict[str, object]) -> str | None:
             "with write_file and run that"
         )
     return None
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def command_text(result: CommandResult, limit: int) -> str:
@@ -303,12 +296,9 @@ class WorkspaceEnvironment:
             fd = os.open(session.workspace / relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return Observation(f"error: {path}: no such file")
-        kind = os.fstat(fd).st_mode
-        if not stat.S_ISREG(kind):
+        if not stat.S_ISREG(kind := os.fstat(fd).st_mode):
             os.close(fd)
-            return Observation(
-                f"error: {path} is {'a directory' if stat.S_ISDIR(kind) else 'not a file'}"
-            )
+            return _not_a_file(path, kind)
         with os.fdopen(fd, "rb") as handle:
             data = handle.read(limits.output_bytes + 1)
         cut = len(data) > limits.output_bytes
@@ -333,8 +323,9 @@ class WorkspaceEnvironment:
             return Observation(f"error: {path} is the workspace itself")
         target = session.workspace / relative
         self._make_parents(session, target.parent)
-        if target.is_dir():
-            return Observation(f"error: {path} is a directory")
+        with contextlib.suppress(FileNotFoundError):  # a FIFO's open would wait for a reader
+            if not stat.S_ISREG(kind := os.stat(target).st_mode):
+                return _not_a_file(path, kind)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
         fd = os.open(target, flags, 0o644)
         with os.fdopen(fd, "wb") as handle:
@@ -376,7 +367,11 @@ class WorkspaceEnvironment:
             source = test_contents[entry.sha256].decode()
             return await check_functions(self.backend, workspace, contents, check, source, limits)
         slot = self.host.take_slot()
-        scratch = self.host.scratch()
+        try:
+            scratch = self.host.scratch()
+        except BaseException:
+            self.host.release_slot(slot)
+            raise
         try:
             uid = session_uid(slot) if os.geteuid() == 0 else None
 
@@ -397,3 +392,7 @@ class WorkspaceEnvironment:
         finally:
             await asyncio.to_thread(self.host.discard, scratch)
             self.host.release_slot(slot)
+
+
+def _not_a_file(path: str, mode: int) -> Observation:
+    return Observation(f"error: {path} is {'a directory' if stat.S_ISDIR(mode) else 'not a file'}")

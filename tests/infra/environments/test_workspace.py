@@ -4,6 +4,7 @@ state, and both kinds of checks in a fresh sandbox."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -74,16 +75,33 @@ async def test_each_tool(rig: Rig) -> None:
         (call("read_file", path="\ud83d.txt"), "not valid Unicode"),
         (call("bash", command="echo \ud83d"), "not valid Unicode"),
         (call("bash", command="echo " + "x" * 200_000), "longer than 65536 bytes"),
+        (call("write_file", path="pipe", content="x"), "pipe is not a file"),  # no wait for good
+        (call("read_file", path="pipe"), "pipe is not a file"),
+        (call("write_file", path="via/x.py", content="x"), "no such directory 'gone'"),  # gone/..
     ],
 )
 async def test_bad_calls_are_error_observations(rig: Rig, action: ToolCall, error: str) -> None:
     state = await rig.env.reset(rig.spec(FILES), "s0")
     state, _ = await rig.env.step(
-        state, call("bash", command="ln -s /etc out; ln -s .. up"), LIMITS
+        state,
+        call("bash", command="ln -s /etc out; ln -s .. up; mkfifo pipe; ln -s gone/../d via"),
+        LIMITS,
     )
     after, seen = await rig.env.step(state, action, LIMITS)
     assert error in seen.text and seen.status is None and not seen.submitted
     assert after.tree_digest == state.tree_digest
+
+
+async def test_a_link_whose_target_is_not_utf8_is_left_out_of_the_snapshot(rig: Rig) -> None:
+    """As a name that is not UTF-8 is: no manifest can hold it (once a failure on every retry
+    of the step, the link being restored each time)."""
+    state = await rig.env.reset(rig.spec(FILES), "s0")
+    state, seen = await rig.env.step(
+        state, call("bash", command="ln -s \"$(printf '\\377')\" bad && ln -s calc.py good"), LIMITS
+    )
+    assert seen.text.startswith("exit code: 0"), seen.text
+    entries = rig.trees.get_manifest(state.snapshot).entries
+    assert {e.path: e.target for e in entries if e.kind == "link"} == {"good": "calc.py"}
 
 
 async def test_links_inside_the_workspace_are_followed(rig: Rig) -> None:
@@ -319,3 +337,21 @@ async def test_a_script_check_scores_zero_as_written_and_nothing_past_its_deadli
     graded = await rig.env.verify(spec, state, LIMITS.model_copy(update={"timeout_s": 1}))
     assert graded.score == 0.0 and graded.result.status is ExecStatus.TIMEOUT
     assert graded.result.tests_passed == 0
+
+
+async def test_a_verifier_whose_scratch_fails_frees_its_slot(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scratch directory that cannot be made (its tmpfs: ENOMEM) once kept the slot taken
+    for it, one of the worker's 512, for good."""
+    spec = rig.spec(FILES)
+    state = await rig.env.reset(spec, "s0")
+    free = len(rig.host._free)
+
+    def no_memory() -> None:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    monkeypatch.setattr(rig.host, "scratch", no_memory)
+    with pytest.raises(OSError, match="Cannot allocate memory"):
+        await rig.env.verify(spec, state, LIMITS)
+    assert len(rig.host._free) == free
