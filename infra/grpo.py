@@ -91,6 +91,9 @@ def rows_from_group(trajectories: Sequence[Trajectory], step: int, config: GRPOC
     advantages = token_advantages(trajectories, config.credit, config.turn_discount)
     out = GroupRows(rows=[], used=[], dropped=[])
     for trajectory, per_token in zip(trajectories, advantages, strict=True):
+        if not any(trajectory.loss_mask):  # nothing sampled (the context budget ended it before
+            out.used.append(trajectory.id)  # its first step): no policy to be stale, no row
+            continue
         oldest = min(trajectory.oldest_policy_version, trajectory.policy_version)
         weight = staleness_weight(oldest, step, config.max_staleness, config.stale_policy)
         if weight == 0.0:
@@ -99,8 +102,6 @@ def rows_from_group(trajectories: Sequence[Trajectory], step: int, config: GRPOC
         out.used.append(trajectory.id)
         if trajectory.loss_mask[:1] == [1]:
             raise ValueError(f"trajectory {trajectory.id}: its first token is marked as sampled")
-        if not any(trajectory.loss_mask):
-            continue  # nothing sampled (an episode the context budget ended before its 1st step)
         out.rows.append(
             Row(
                 trajectory_id=trajectory.id,

@@ -119,8 +119,9 @@ class LearnerEngine:
         config = config or GRPOConfig()
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         self.save_dtype = _stored_dtype(Path(model_dir))
-        pad = model.config.pad_token_id
-        self.pad_id = int(pad if pad is not None else (model.config.eos_token_id or 0))
+        pad, eos = model.config.pad_token_id, model.config.eos_token_id
+        eos = eos[0] if isinstance(eos, list) and eos else eos  # Llama 3: a list of end ids
+        self.pad_id = int(pad if pad is not None else (eos or 0))
         self._base_config = model.config
         # tokenizer, chat template, ...: read now, since `model_dir` may be a cache entry that
         # is evicted while the engine trains (the inference worker fetches into the same cache)

@@ -73,10 +73,13 @@ def test_one_row_per_episode_and_stale_drop() -> None:
     assert grpo.rows_from_group([mixed], step=5, config=GRPOConfig(max_staleness=2)).dropped
 
 
-def test_an_episode_with_nothing_sampled_gives_no_row() -> None:
+def test_an_episode_with_nothing_sampled_gives_no_row_and_is_never_stale() -> None:
+    """Ended by the context budget before its first step, it has no policy version (0): at a
+    step past `max_staleness` it was once counted as dropped for staleness."""
     ended_at_once = trajectory([])
-    out = grpo.rows_from_group([ended_at_once], step=0, config=GRPOConfig())
-    assert out.rows == [] and out.used == ["r.t.s0"]
+    for step in (0, 9):
+        out = grpo.rows_from_group([ended_at_once], step=step, config=GRPOConfig(max_staleness=2))
+        assert out.rows == [] and out.used == ["r.t.s0"] and out.dropped == []
 
 
 def test_collate_masks_prompt_observation_and_padding() -> None:

@@ -361,3 +361,18 @@ def test_the_one_process_group_leaves_nothing_in_the_temp_dir(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "1 [1.0, 1.0]"
     assert sorted(p.name for p in temp.iterdir()) == []
+
+
+def test_a_model_with_no_pad_and_a_list_of_end_ids_pads_with_the_first(
+    tiny_dir: Path, tmp_path: Path
+) -> None:
+    """Llama 3's configs have no pad token and several end ids: a list the learner once took
+    for an int (a TypeError on every load, retried without end)."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(pad_token_id=None, eos_token_id=[7, 8])
+    (model_dir / "config.json").write_text(json.dumps(config))
+    engine = LearnerEngine("cpu")
+    engine.load(model_dir, 0, CONFIG)
+    assert engine.pad_id == 7
