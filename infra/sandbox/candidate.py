@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import builtins
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from infra.sandbox import codec
@@ -131,14 +132,20 @@ def _reply(namespace: dict[str, Any], message: Any, program: str) -> bytes:
     return codec.frame_encoded(codec.join_tuple(codec.encode("return"), body))
 
 
-def serve(calls_fd: int, replies_fd: int) -> None:
-    """Announce readiness, load the program, then answer calls until the channel closes."""
+def serve(calls_fd: int, replies_fd: int, lock_rlimits: Callable[[], None] | None = None) -> None:
+    """Announce readiness, load the program, then answer calls until the channel closes. With
+    `lock_rlimits` (the local backend's), the program may not change the limits set here."""
     write, read = codec.write_all, codec.FrameReader(calls_fd).read
     write(replies_fd, codec.frame(("ready",)))
     kind, program, rlimits = read()
     if kind != "load":
         return
     _set_rlimits(rlimits)
+    if lock_rlimits is not None:
+        try:
+            lock_rlimits()
+        except OSError as exc:  # unlocked, the limits still hold: only lowering them is open
+            sys.stderr.write(f"sandbox: resource limits not locked: {exc}\n")
     reply, namespace = _load(program)
     _flush()
     write(replies_fd, codec.frame(reply))

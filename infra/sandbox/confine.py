@@ -13,7 +13,8 @@ no network and its own pid/ipc/uts namespaces. For each run it forks a child wit
 - every capability dropped (bounding set included), no supplementary groups, the run's own
   uid/gid (no host account owns it, no other process runs under it), no_new_privs;
 - a seccomp filter that refuses new user namespaces (like bwrap's --disable-userns) and
-  clone3 (whose flags a filter cannot read; the C library falls back to clone).
+  clone3 (whose flags a filter cannot read; the C library falls back to clone); once the run's
+  resource limits are set, a second one that refuses changing them (`lock_rlimits`).
 
 Every step is checked and a failure raises OSError: the caller exits and the run is reported
 as a platform fault, never started half-confined. Kill pid 1 (the candidate) and the kernel
@@ -47,6 +48,7 @@ ARCHES = {  # machine: (AUDIT_ARCH_*, clone, unshare, clone3)
     "x86_64": (0xC000003E, 56, 272, 435),
     "aarch64": (0xC00000B7, 220, 97, 435),
 }
+RLIMIT_CALLS = {"x86_64": (160, 302), "aarch64": (164, 261)}  # setrlimit, prlimit64
 EXPECTED_STATUS = {
     "CapInh": 0,
     "CapPrm": 0,
@@ -159,17 +161,49 @@ def _seccomp_program() -> list[tuple[int, int, int, int]]:
     ]
 
 
+def _rlimits_locked_program() -> list[tuple[int, int, int, int]]:
+    """EPERM for setrlimit, and for prlimit64 with a new limit (its third argument, both words
+    checked: a pointer's low word may be 0); a prlimit64 that only reads (getrlimit) passes."""
+    setrlimit, prlimit64 = RLIMIT_CALLS[os.uname().machine]
+    ld, jeq, ret = 0x20, 0x15, 0x06
+    return [
+        (ld, 0, 0, 0),  # 0: syscall number
+        (jeq, 5, 0, setrlimit),  # 1: → 7
+        (jeq, 0, 5, prlimit64),  # 2: else → 8
+        (ld, 0, 0, 32),  # 3: low word of the third argument (new_limit)
+        (jeq, 0, 2, 0),  # 4: not NULL → 7
+        (ld, 0, 0, 36),  # 5: its high word
+        (jeq, 1, 0, 0),  # 6: NULL → 8
+        (ret, 0, 0, SECCOMP_RET_ERRNO | 1),  # 7: EPERM
+        (ret, 0, 0, SECCOMP_RET_ALLOW),  # 8
+    ]
+
+
+def _fprog(
+    program: list[tuple[int, int, int, int]],
+) -> tuple[ctypes.Array[ctypes.c_char], _SockFprog]:
+    """A filter program as the kernel reads it (keep the buffer alive as long as the struct)."""
+    packed = b"".join(struct.pack("=HBBI", *insn) for insn in program)
+    buffer = ctypes.create_string_buffer(packed, len(packed))
+    return buffer, _SockFprog(len(program), ctypes.addressof(buffer))
+
+
 class Confinement:
     """What every child's confinement needs, prepared once in the zygote (so a fork only
-    issues system calls): the seccomp program and the kernel's highest capability number."""
+    issues system calls): the seccomp programs and the kernel's highest capability number."""
 
     def __init__(self) -> None:
-        program = _seccomp_program()
-        packed = b"".join(struct.pack("=HBBI", *insn) for insn in program)
-        self._filters = ctypes.create_string_buffer(packed, len(packed))
-        self._fprog = _SockFprog(len(program), ctypes.addressof(self._filters))
+        self._filters, self._fprog = _fprog(_seccomp_program())
+        self._lock_filters, self._lock_fprog = _fprog(_rlimits_locked_program())
         with open("/proc/sys/kernel/cap_last_cap") as handle:
             self._last_cap = int(handle.read())
+
+    def lock_rlimits(self) -> None:
+        """Stack a filter that refuses any change of a resource limit (the candidate's, set
+        from the run's load message). A CPU limit the program lowered would end it with a
+        SIGKILL the host cannot tell from one sent from outside: a platform fault, retried."""
+        mode = ctypes.c_ulong(SECCOMP_MODE_FILTER)
+        _check(_libc.prctl(PR_SET_SECCOMP, mode, ctypes.byref(self._lock_fprog), 0, 0), "seccomp")
 
     def apply(self, uid: int, cgroup_procs: list[str], tmpfs_mb: int) -> None:
         """Confine the calling process (a fresh child, pid 1 of its pid namespace, root)."""

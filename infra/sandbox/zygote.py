@@ -106,7 +106,7 @@ def _child(role: str, fds: list[int], options: dict[str, Any], confinement: Any)
             status = 0
             from infra.sandbox import candidate
 
-            candidate.serve(3, 4)
+            candidate.serve(3, 4, confinement.lock_rlimits)
         else:
             confine.prctl(confine.PR_SET_PDEATHSIG, signal.SIGKILL)
             confine.prctl(confine.PR_SET_DUMPABLE, 0)

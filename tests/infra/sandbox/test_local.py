@@ -118,6 +118,30 @@ async def test_cpu_limit_is_a_timeout(backend) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_program_may_read_its_limits_but_not_change_them(backend) -> None:
+    """A CPU limit the program lowered ended it with a SIGKILL the host took for a foreign one:
+    a platform fault, retried without end. Changing any limit is refused (EPERM) now; the
+    program runs on to the limit the run set."""
+    program = (
+        "import resource\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_CPU)\n"
+        "for change in ((1, 1), (soft, soft), (0, hard)):\n"
+        "    try:\n"
+        "        resource.setrlimit(resource.RLIMIT_CPU, change)\n"
+        "    except (OSError, ValueError) as exc:\n"
+        "        print(exc, flush=True)  # EPERM, which Python words as a raise\n"
+        "print(resource.prlimit(0, resource.RLIMIT_CPU) == (soft, hard), flush=True)\n"
+        "while True:\n"
+        "    pass\n"
+    )
+    limits = SandboxLimits(timeout_s=30, cpu_s=2)
+    result = await backend.run(program, "", limits)
+    assert result.status == ExecStatus.TIMEOUT and "CPU limit" in result.detail, result
+    refused = ["not allowed to raise maximum limit"] * 3
+    assert result.stdout.split("\n")[:4] == [*refused, "True"], result.stdout
+
+
+@pytest.mark.asyncio
 async def test_memory_exceeded_large_allocation(backend) -> None:
     result = await backend.run("x = bytearray(8 * 2**30)\n", CHECK, FAST, "add")
     assert result.status == ExecStatus.MEMORY_EXCEEDED
