@@ -364,7 +364,11 @@ def _append(output: GenerationOutput, completion: Any, watch: Any) -> bool:
 
 
 def _finish(reason: str | None, cut: bool) -> FinishReason:
-    return "length" if reason == "length" and not cut else "stop"
+    """A row aborted (the engine shuts down: the worker's SIGTERM reaches its processes too) or
+    failed is cut short: retried, never scored (taken for a stop, it was trained on)."""
+    if cut or reason in ("stop", "length"):
+        return "length" if reason == "length" and not cut else "stop"
+    raise InferenceError(f"vLLM ended a row with finish_reason {reason!r}")
 
 
 def _engine_error(exc: Exception, engine: Any) -> InferenceError:

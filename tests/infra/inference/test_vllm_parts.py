@@ -63,6 +63,15 @@ def test_a_row_cut_by_a_stop_rule_finished_by_stopping() -> None:
     assert _finish("stop", cut=False) == "stop" and _finish(None, cut=True) == "stop"
 
 
+@pytest.mark.parametrize("reason", ["abort", "error", None])
+def test_a_row_the_engine_aborted_is_an_error_to_retry_not_a_finished_row(reason: str) -> None:
+    """vLLM aborts the rows in flight when it shuts down (the worker's SIGTERM reaches its
+    processes too): they were taken for stops, so cut completions were scored and trained on."""
+    with pytest.raises(InferenceError, match=f"finish_reason {reason!r}") as raised:
+        _finish(reason, cut=False)
+    assert raised.value.retryable
+
+
 def test_a_rejected_request_is_final_and_a_dead_engine_is_retried() -> None:
     alive, dead = SimpleNamespace(errored=False), SimpleNamespace(errored=True)
     own = InferenceError("the gate's own error", retryable=False)
