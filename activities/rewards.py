@@ -23,10 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from temporalio import activity
 
-from contracts.common import ObjectRef
+from contracts.common import ObjectRef, describe_validation_error
 from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity
 from contracts.rollout import (
@@ -40,7 +40,7 @@ from contracts.sandbox import ExecStatus
 from contracts.task import EnvName
 from contracts.trajectory import Trajectory, TrajectoryStep, trajectory_id
 from infra import keys
-from infra.storage import DigestMismatch, ObjectExists, ObjectStore, sha256_bytes
+from infra.storage import DigestMismatch, ObjectExists, ObjectNotFound, ObjectStore, sha256_bytes
 from infra.telemetry import record_rewards
 
 M = TypeVar("M", bound=BaseModel)
@@ -194,13 +194,19 @@ class RewardActivities:
         )
 
     def _read(self, where: str, ref: ObjectRef) -> bytes:
+        """An artefact a step stored; one missing or changed can never be read (not retried)."""
         try:
             return self.store.get_verified(ref)
+        except ObjectNotFound as exc:
+            raise invalid(where, f"{ref.key} does not exist") from exc
         except DigestMismatch as exc:
             raise invalid(where, str(exc)) from exc
 
     def _load(self, where: str, ref: ObjectRef, cls: type[M]) -> M:
-        return cls.model_validate_json(self._read(where, ref))
+        try:
+            return cls.model_validate_json(self._read(where, ref))
+        except ValidationError as exc:
+            raise invalid(where, f"{ref.key}: {describe_validation_error(exc)}") from exc
 
     def _write_once(self, run_id: str, trajectory: Trajectory) -> tuple[ObjectRef, bool]:
         """Create-only write; (ref, True) when new, (ref, False) when already stored (a retry)."""

@@ -157,6 +157,23 @@ async def test_rejects_tampered_artefact(store: ObjectStore) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_missing_or_unreadable_artefact_fails_without_retry(store: ObjectStore) -> None:
+    """Once retried every 30 s for good: a completion that is gone (e.g. `tempered runs rm`
+    during the episode) or that is not a completion record."""
+    req = request(store, group_size=1)
+    step = req.samples[0].steps[0]
+    store.delete(step.code.key)  # type: ignore[union-attr]
+    with pytest.raises(ApplicationError, match=r"steps\[0\]\.code: .* does not exist") as err:
+        await write(store, req)
+    assert err.value.non_retryable
+    req = request(store, group_size=1)
+    req.samples[0].steps[0].completion = store.put_text(f"runs/{RUN}/broken.json", "{}")
+    with pytest.raises(ApplicationError, match=r"steps\[0\]\.completion: ") as err:
+        await write(store, req)
+    assert err.value.non_retryable
+
+
+@pytest.mark.asyncio
 async def test_infra_error_step_or_unended_episode_never_becomes_a_trajectory(
     store: ObjectStore,
 ) -> None:
