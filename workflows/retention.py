@@ -13,8 +13,11 @@ deleting below a higher bound than the last, so a run of S steps deletes S - N v
 most S activities. N = 0 keeps every version and issues no command at all, as the run did before
 this existed (its recorded histories replay unchanged).
 
-A prune that fails for good (not an infrastructure error: those are retried) is logged, and the
-versions stay: losing disk space is never worth failing a run over.
+A prune that fails for good is logged, and the versions stay: losing disk space is never worth
+failing a run over, nor waiting on. An infrastructure error is retried `PRUNE_ATTEMPTS` times
+(about 4 minutes of backoff), not without limit: a store that refuses deletes (say, credentials
+that may write but not delete) once held the run's continue-as-new and ending for good. What
+stays is swept by `tempered runs prune` once the run has finished.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.activity_options import activity_options
 
 T = TypeVar("T")
+PRUNE_ATTEMPTS = 10
+"""Tries of one prune: a store outage of minutes is waited out, a refusal is not."""
 
 
 class Retention:
@@ -90,7 +95,11 @@ class Retention:
                 Activity.PRUNE_POLICIES.value,
                 PrunePoliciesRequest(run_id=self._input.run_id, below=below),
                 result_type=PrunePoliciesResponse,
-                **activity_options(Activity.PRUNE_POLICIES, self._input.heartbeat_timeout_s),
+                **activity_options(
+                    Activity.PRUNE_POLICIES,
+                    self._input.heartbeat_timeout_s,
+                    attempts=PRUNE_ATTEMPTS,
+                ),
             )
         except ActivityError as err:
             workflow.logger.warning("policy versions below %d kept: %s", below, err.cause or err)

@@ -24,6 +24,7 @@ from tests.workflows.control_plane import (
     run_to_end,
 )
 from tests.workflows.test_training_run import RUN
+from workflows.retention import PRUNE_ATTEMPTS
 
 READ_POLICY = "read_policy"
 
@@ -102,3 +103,33 @@ async def test_old_versions_go_as_the_run_trains_and_none_still_read(
     assert versions.pruned == set(range(1, run.steps - keep + 1))  # v0 and the newest `keep` left
     old_reads = [v for v in versions.reads if 0 < v <= run.steps - keep]
     assert old_reads, "no rollout read a version that was later deleted: the test shows nothing"
+
+
+class RefusingVersions(ScriptedVersions):
+    """A store that refuses every delete, as an infrastructure error (retryable)."""
+
+    @activity.defn(name=Activity.PRUNE_POLICIES.value)
+    async def prune_policies(self, request: PrunePoliciesRequest) -> PrunePoliciesResponse:
+        self.bounds.append(request.below)
+        raise RuntimeError("AccessDenied: the credentials may not delete")
+
+
+@pytest.mark.asyncio
+async def test_a_store_that_refuses_deletes_costs_the_run_nothing(store: ObjectStore) -> None:
+    """Each prune is tried `PRUNE_ATTEMPTS` times, then logged: before, retried without end,
+    it held the run's continue-as-new and its ending for good."""
+    run = RUN.model_copy(update={"run_id": "refused", "steps": 6, "keep_versions": 1})
+    versions = RefusingVersions()
+    async with (
+        time_skipping_server() as env,
+        control_plane(
+            env.client,
+            store,
+            ScriptedSuite(train=30),
+            ScriptedTrainer(),
+            rewards=[versions.prune_policies],
+        ),
+    ):
+        result, _ = await run_to_end(env.client, run, "train-refused")
+    assert result.steps == run.steps
+    assert versions.bounds and len(versions.bounds) % PRUNE_ATTEMPTS == 0, versions.bounds
