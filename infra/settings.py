@@ -105,11 +105,12 @@ class S3Settings(_Section):
     """Connect timeout of one S3 request."""
     max_attempts: int = Field(default=3, ge=1, le=20)
     """botocore retry attempts before an error surfaces (then the activity retries)."""
-    policy_cache_versions: int = Field(default=6, ge=1, le=100_000)
+    policy_cache_versions: int = Field(default=6, ge=2, le=100_000)
     """Policy versions this machine keeps in its cache (`home/cache/policies`), across runs;
     the least recently fetched go first (and are fetched again if asked for). Versions share
     the shards they did not change, so the default holds about 1.1 GB of SmolLM2-135M when
-    the learner trains its top 6 layers."""
+    the learner trains its top 6 layers. At least 2: a LoRA version is fetched, then its base,
+    and with room for one the base's fetch evicted the adapter just fetched."""
     embedded_base_port: int = Field(default=9333, ge=1024, le=22000)
     """First of the embedded SeaweedFS's five internal HTTP ports (its gRPC ports are each
     +10000: the bound keeps all of them below the kernel's ephemeral range, 32768–60999)."""
@@ -289,8 +290,9 @@ class LearnerSettings(_Section):
 class TelemetrySettings(_Section):
     otlp_endpoint: str | None = None
     """OTLP gRPC endpoint; None writes JSONL under the state dir instead."""
-    prometheus_port: int = Field(default=0, ge=0, le=65535)
-    """Base port of per-worker Prometheus endpoints; 0 disables them."""
+    prometheus_port: int = Field(default=0, ge=0, le=65535 - 14)
+    """Base port of per-worker Prometheus endpoints; 0 disables them. A worker serves at the
+    base plus its queue's offset (0-4) and the SDK's metrics 10 above that: all must be ports."""
     prometheus_host: str = "127.0.0.1"
     """Address the Prometheus endpoints bind to (0.0.0.0 in a pod, so Prometheus can scrape)."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 from temporalio.service import RPCError
@@ -27,3 +29,14 @@ def describe(err: BaseException) -> str:
         inner = describe(cause)
         return text if inner.split(": ", 1)[-1] in text else f"{text}: {inner}"
     return text.splitlines()[0] if len(text.splitlines()) == 1 else text
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number ≥ 1 (a count of tasks, repeats, slots)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value

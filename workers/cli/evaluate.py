@@ -22,6 +22,7 @@ from infra.policy import materialize_base_model, publish_policy
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import SUITE_HELP, load_suite
+from workers.cli.errors import positive
 from workers.runtime import connect
 from workflows.agent_task import AgentTaskWorkflow
 
@@ -34,9 +35,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("--run", help="training run whose version --policy names")
     parser.add_argument("--suite", default="starter", help=SUITE_HELP)
     parser.add_argument("--split", default="heldout", choices=["heldout", "train", "all"])
-    parser.add_argument("--limit", type=int, help="only the first N tasks")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--concurrency", type=int, default=64, help="agent tasks in flight")
+    parser.add_argument("--limit", type=positive, help="only the first N tasks")
+    parser.add_argument("--max-new-tokens", type=positive, default=256)
+    parser.add_argument("--concurrency", type=positive, default=64, help="agent tasks in flight")
     parser.set_defaults(func=eval_cmd)
 
 

@@ -30,6 +30,7 @@ from infra.tasks.validate import (
     write_quarantine,
 )
 from infra.tasks.workspace_validate import validate_workspace_suite
+from workers.cli.errors import positive
 
 VERDICT_STYLE = {
     "clean": "green",
@@ -52,16 +53,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
     check = actions.add_parser("validate", help="run canonical/wrong solutions; write quarantine")
     check.add_argument("suite", help=SUITE_HELP)
-    check.add_argument("--repeats", type=int, default=5, help="canonical runs per task (K)")
+    check.add_argument("--repeats", type=positive, default=5, help="canonical runs per task (K)")
     check.add_argument(
         "--concurrency",
-        type=int,
+        type=positive,
         default=None,
         help="sandbox runs in flight (C; default: settings.sandbox.concurrency)",
     )
     check.add_argument("--backend", choices=get_args(SandboxBackendName), help="default: settings")
     check.add_argument("--split", choices=SPLITS, default=None)
-    check.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    check.add_argument("--limit", type=positive, default=None, help="only the first N tasks")
     check.add_argument("--timeout", type=float, default=None, help="per-run wall limit, seconds")
     check.add_argument("--json", action="store_true", help="print the full report as JSON")
     check.set_defaults(func=validate)

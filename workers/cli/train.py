@@ -28,6 +28,7 @@ import json
 import sys
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
@@ -35,9 +36,10 @@ from temporalio.client import Client
 from contracts.names import Queue, Workflow
 from contracts.run import TrainingRunInput, TrainingRunResult
 from infra import stack
+from infra.policy import SMOLLM2, TINY
 from infra.presets import DEFAULT, load_preset, preset_names
 from infra.settings import Settings
-from infra.tasks import SUITE_HELP
+from infra.tasks import BUILTIN_SUITES, SUITE_HELP
 from workers.background import ensure_workers
 from workers.cli.progress import follow
 from workers.cli.report import report_dir, write_report
@@ -86,8 +88,8 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
         run_input = load_preset(
             args.preset,
             steps=args.steps,
-            base_model=args.base_model,
-            suite=args.suite,
+            base_model=absolute(args.base_model),
+            suite=absolute(args.suite),
             run_id=args.run_id,
             time_budget_s=args.time_budget,
             seed=args.seed,
@@ -103,6 +105,17 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
     started = time.monotonic()
     result = asyncio.run(_train(settings, run_input))
     return _report(settings, run_input, result, time.monotonic() - started)
+
+
+def absolute(spec: str | None) -> str | None:
+    """A model directory, suite file or `harbor:DIR` named relative to here, made absolute: the
+    workers that read it run in the stack's home (a relative path failed there, after the dry
+    run had passed). Presets, built-in suites and s3:// prefixes are left as they are."""
+    if spec is None or spec in (*BUILTIN_SUITES, TINY, SMOLLM2):
+        return spec
+    prefix = "harbor:" if spec.startswith("harbor:") else ""
+    path = Path(spec.removeprefix(prefix)).expanduser()
+    return f"{prefix}{path.resolve()}" if path.exists() else spec
 
 
 RUN_OPTIONS = (
