@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import stat
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
@@ -140,6 +141,9 @@ def read_reward(path: Path, check: Check, ran: CommandResult) -> float:
         raise InvalidTask(
             f"{where}: {LOGS_DIR}/{REWARD_FILE} is not a regular file ({exc.strerror})"
         ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory opens, and its read was a fault
+        os.close(fd)
+        raise InvalidTask(f"{where}: {LOGS_DIR}/{REWARD_FILE} is not a regular file")
     with os.fdopen(fd, "rb") as handle:
         text = handle.read(64).decode("ascii", "replace").strip()
     try:

@@ -95,6 +95,9 @@ def load_task(directory: Path, suite: str) -> WorkspaceTask:
         raise fail("instruction.md", f"missing or unreadable ({exc.__class__.__name__})") from None
     if not prompt:
         raise fail("instruction.md", "empty")
+    for part in ("", "tests", "tests/test.sh", "solution", "environment", "environment/Dockerfile"):
+        if (directory / part).is_symlink():  # its target may lie anywhere: read it as a copy
+            raise fail(part or ".", "is a link: a task's files must lie in its directory")
     if not (directory / "tests" / "test.sh").is_file():
         raise fail("tests/test.sh", "missing: the check that writes /logs/verifier/reward.txt")
     dockerfile = directory / "environment" / "Dockerfile"
@@ -108,7 +111,7 @@ def load_task(directory: Path, suite: str) -> WorkspaceTask:
             kind="script",
             tests="test.sh",
             timeout_s=verifier.get("timeout_sec"),
-            env={str(k): str(v) for k, v in dict(verifier.get("env") or {}).items()},
+            env={str(k): str(v) for k, v in _table(verifier, "env", "verifier.").items()},
         )
         return workspace_task(
             name,
@@ -128,10 +131,10 @@ def load_task(directory: Path, suite: str) -> WorkspaceTask:
         raise TaskInputError(f"task {name}: {exc}") from None
 
 
-def _table(config: dict[str, Any], key: str) -> dict[str, Any]:
+def _table(config: dict[str, Any], key: str, within: str = "") -> dict[str, Any]:
     table = config.get(key) or {}
     if not isinstance(table, dict):
-        raise TaskInputError(f"task.toml: [{key}] is not a table")
+        raise TaskInputError(f"task.toml: [{within}{key}] is not a table")
     return table
 
 
@@ -176,7 +179,7 @@ def read_dockerfile(path: Path) -> tuple[str, dict[str, File], dict[str, str]]:
         elif instruction == "ENV":
             env.update(_env(arguments, env, fail))
         else:
-            words = _words(arguments)
+            words = _words(arguments, fail)
             if any(word.startswith("--from") for word in words):
                 raise fail("COPY --from (multi-stage) is not supported")
             words = [word for word in words if not word.startswith("--")]
@@ -225,7 +228,7 @@ def _instructions(path: Path) -> list[tuple[int, str, str]]:
     return result
 
 
-def _words(arguments: str) -> list[str]:
+def _words(arguments: str, fail: Any) -> list[str]:
     if arguments.startswith("["):
         try:
             words = json.loads(arguments)
@@ -233,7 +236,14 @@ def _words(arguments: str) -> list[str]:
             words = None
         if isinstance(words, list) and all(isinstance(word, str) for word in words):
             return words
-    return shlex.split(arguments)
+    return _split(arguments, fail)
+
+
+def _split(arguments: str, fail: Any) -> list[str]:
+    try:
+        return shlex.split(arguments)
+    except ValueError as exc:  # an unclosed quote: the instruction's error, not the loader's
+        raise fail(f"{exc.args[0].lower()} in {arguments!r}") from None
 
 
 def _expand(text: str, env: dict[str, str]) -> str:
@@ -242,7 +252,7 @@ def _expand(text: str, env: dict[str, str]) -> str:
 
 
 def _env(arguments: str, env: dict[str, str], fail: Any) -> dict[str, str]:
-    words = shlex.split(arguments)
+    words = _split(arguments, fail)
     if not words:
         raise fail("ENV needs KEY=value")
     if "=" not in words[0]:  # the legacy form: ENV KEY value with spaces
@@ -255,7 +265,7 @@ def _env(arguments: str, env: dict[str, str], fail: Any) -> dict[str, str]:
         key, equals, value = word.partition("=")
         if not equals or not _KEY.fullmatch(key):
             raise fail(f"ENV {word!r} is not KEY=value")
-        pairs[key] = _expand(value, {**env, **pairs})
+        pairs[key] = _expand(value, env)  # as Docker: what the lines before set, not this one
     return pairs
 
 

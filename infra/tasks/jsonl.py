@@ -43,7 +43,7 @@ def read_jsonl(path: str | Path) -> list[TaskSpec]:
         raise ValueError(f"{path}: cannot read task file: {exc}") from None
     tasks: list[TaskSpec] = []
     first_line: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):  # JSON may hold U+2028 raw
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         where = f"{path}:{number}"

@@ -315,6 +315,7 @@ async def test_script_check_reads_the_reward_and_keeps_tests_read_only(rig: Rig)
         ("echo 1.01 > /logs/verifier/reward.txt\n", r"outside \[0, 1\]"),
         ("echo -0.5 > /logs/verifier/reward.txt\n", r"outside \[0, 1\]"),
         ("ln -s /etc/hostname /logs/verifier/reward.txt\n", "not a regular file"),
+        ("mkdir /logs/verifier/reward.txt\n", "not a regular file"),  # was IsADirectoryError
     ],
 )
 async def test_a_broken_check_is_the_tasks_fault(rig: Rig, script: str, error: str) -> None:

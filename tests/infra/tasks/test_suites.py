@@ -115,6 +115,8 @@ def test_unknown_suite_and_split_are_clear_errors(tmp_path: Path) -> None:
 
 def test_jsonl_round_trip_through_load_suite(tmp_path: Path) -> None:
     tasks = load_suite("starter")[:3] + load_suite("humaneval")[:2]
+    # JSON writes these raw, and str.splitlines() broke a line at each (the file unreadable)
+    tasks[0] = tasks[0].model_copy(update={"prompt": tasks[0].prompt + "\u2028\x85\x1c end"})
     path = write_jsonl(tasks, tmp_path / "mine.jsonl")
     assert read_jsonl(path) == tasks
     assert [t.id for t in load_suite(str(path), split="heldout")] == [
