@@ -25,6 +25,7 @@ import errno
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 SOURCE = "tempered-workspace"
@@ -81,4 +82,24 @@ def remove_tree(path: Path) -> None:
     skipped)."""
     for point in mounts_under(path):
         unmount(point)
-    shutil.rmtree(path, ignore_errors=True)
+    remove(path)
+
+
+def remove(path: Path) -> None:
+    """Remove the tree at `path`, whatever its agent left in it: `rmtree` recurses once a
+    level (a tree nested deeper than Python's recursion limit broke it) and cannot empty a
+    directory made unwritable on a worker that is not root; then `chmod -R` and `rm -rf`
+    (iterative, as coreutils walk) finish it. OSError if even they cannot."""
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        return
+    except (OSError, RecursionError):
+        subprocess.run(["chmod", "-R", "u+rwx", "--", str(path)], capture_output=True)
+        done = subprocess.run(
+            ["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True
+        )
+        if done.returncode != 0:
+            raise OSError(
+                f"rm -rf {path}: {done.stderr.decode(errors='replace').strip()}"
+            ) from None

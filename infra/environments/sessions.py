@@ -31,7 +31,6 @@ import contextlib
 import itertools
 import logging
 import os
-import shutil
 import signal
 import stat
 import time
@@ -42,7 +41,7 @@ import psutil
 
 from contracts.common import ObjectRef
 from contracts.task import WorkspaceSpec
-from infra.environments.mounts import mount_tmpfs, remove_tree, unmount
+from infra.environments.mounts import mount_tmpfs, remove, remove_tree, unmount
 from infra.environments.snapshots import MAX_ENTRIES, Scanner
 from infra.environments.tree import Manifest
 from infra.processes import start_ticks
@@ -187,7 +186,7 @@ class SessionHost:
         """Make the session's workspace empty again (a fresh tmpfs)."""
         if self.tmpfs:
             unmount(session.workspace)
-        shutil.rmtree(session.workspace, ignore_errors=True)
+        remove(session.workspace)
         session.workspace.mkdir(mode=0o700)
         self._prepare(session)
 

@@ -46,6 +46,8 @@ from infra.storage import ObjectNotFound, ObjectStore
 
 MAX_ENTRIES = 100_000
 """Paths one workspace may hold."""
+MAX_DEPTH = 256
+"""Directory levels one workspace may nest (PATH_MAX allows some 2,000 of one letter)."""
 PARALLEL = 8
 """Pack downloads in flight at once."""
 MANIFESTS = 1024
@@ -261,6 +263,10 @@ class Scanner:
                             executable=bool(info.st_mode & 0o111),
                         )  # fmt: skip
                     )
+        except PermissionError as exc:  # a worker that is not root, and a `chmod 000` of its agent
+            raise TreeError(
+                f"{exc.filename}: the worker may not read it ({exc.strerror})"
+            ) from None
         finally:
             os.close(fd)
         self._digests = seen
@@ -300,10 +306,14 @@ def _stat_key(info: os.stat_result) -> StatKey:
     return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode)
 
 
-def _walk(dir_fd: int, prefix: str) -> Iterator[tuple[str, int, str, os.stat_result]]:
+def _walk(
+    dir_fd: int, prefix: str, depth: int = 1
+) -> Iterator[tuple[str, int, str, os.stat_result]]:
     """(path, parent fd, name, lstat) of every directory, link and regular file under the open
     directory `dir_fd`, never following a link; special files and names that are not UTF-8
-    are skipped (links whose target is not: by `scan`)."""
+    are skipped (links whose target is not: by `scan`). TreeError past `MAX_DEPTH` levels."""
+    if depth > MAX_DEPTH:  # a frame and a descriptor a level: never the worker's limits
+        raise TreeError(f"the workspace nests directories deeper than {MAX_DEPTH} levels")
     with os.scandir(dir_fd) as listing:
         names = sorted(entry.name for entry in listing)
     for name in names:
@@ -315,7 +325,7 @@ def _walk(dir_fd: int, prefix: str) -> Iterator[tuple[str, int, str, os.stat_res
             yield path, dir_fd, name, info
             child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
             try:
-                yield from _walk(child, path + "/")
+                yield from _walk(child, path + "/", depth + 1)
             finally:
                 os.close(child)
         elif stat.S_ISLNK(info.st_mode) or stat.S_ISREG(info.st_mode):

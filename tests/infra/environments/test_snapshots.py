@@ -5,12 +5,23 @@ are never followed, size limits hold, trees span few packs, and S3 holds them.""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from contracts.common import ObjectRef
-from infra.environments.snapshots import MemoryObjects, Scanner, StoreObjects, Trees, restore
+from infra.environments.mounts import remove
+from infra.environments.snapshots import (
+    MAX_DEPTH,
+    MemoryObjects,
+    Scanner,
+    StoreObjects,
+    Trees,
+    restore,
+)
 from infra.environments.tree import (
     MAX_PACKS,
     Entry,
@@ -23,6 +34,7 @@ from infra.environments.tree import (
     tree_digest,
 )
 from infra.storage import ObjectStore
+from tests.paths import REPO_ROOT
 
 
 def write_tree(root: Path) -> None:
@@ -108,6 +120,54 @@ def test_limits_and_non_empty_targets_are_tree_errors(tmp_path: Path) -> None:
         restore(pack_files({}).manifest, {}, tmp_path, uid=None)
     with pytest.raises(TreeError, match="no bytes"):
         Trees(MemoryObjects()).commit(Scanner(1 << 20).scan(tmp_path, set())[0], {}, None)
+
+
+def test_a_tree_nested_too_deep_is_a_tree_error_and_removable(tmp_path: Path) -> None:
+    """1,200 levels (one cheap command) broke the scan with RecursionError, a platform fault
+    retried without end, and `rmtree` too (a workspace that could not be emptied)."""
+    deep = tmp_path / "ws"
+    subprocess.run(["mkdir", "-p", str(deep / ("d/" * 1200))], check=True)
+    with pytest.raises(TreeError, match=f"deeper than {MAX_DEPTH} levels"):
+        Scanner(1 << 20).scan(deep, set())
+    remove(deep)
+    assert not deep.exists()
+
+
+NOT_ROOT = """
+import os, sys
+from pathlib import Path
+from infra.environments.mounts import remove
+from infra.environments.snapshots import Scanner
+from infra.environments.tree import TreeError
+ws = Path(sys.argv[1])
+(ws / "f").write_text("x"); (ws / "f").chmod(0)
+(ws / "d").mkdir(); (ws / "d" / "x").write_text("x"); (ws / "d").chmod(0o500)
+try:
+    Scanner(1 << 20).scan(ws, set())
+except TreeError as exc:
+    print(exc)
+remove(ws)
+print(ws.exists())
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switches to another uid")
+def test_what_a_worker_that_is_not_root_cannot_read_or_remove() -> None:
+    """Without root, `chmod 000 f` made the scan raise PermissionError (retried without end)
+    and `chmod 500 d` kept `rmtree(ignore_errors=True)` from emptying the workspace."""
+    with tempfile.TemporaryDirectory() as top:  # in /tmp: pytest's tmp_path is root's alone
+        ws = Path(top) / "ws"  # the worker's own sessions directory, and a session's in it
+        ws.mkdir()
+        for path in (Path(top), ws):
+            os.chown(path, 65534, 65534)
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", NOT_ROOT, str(ws)],
+            capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
+        )  # fmt: skip
+    assert done.stdout.splitlines() == [
+        "f: the worker may not read it (Permission denied)",
+        "False",
+    ], done.stderr[-2000:]
 
 
 def test_trees_in_s3(store: ObjectStore) -> None:
