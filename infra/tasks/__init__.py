@@ -16,6 +16,7 @@ workspace_validate.py for workspace suites) writes the quarantine list.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -117,11 +118,16 @@ def load_suite(name: str, *, split: str | None = None) -> list[TaskSpec]:
 
 
 def suite_key(suite: str) -> str:
-    """A file-name-safe key of a suite: built-in names as they are, a JSONL path by its stem."""
+    """A file-name-safe key of a suite: built-in names as they are; a JSONL file or a Harbor
+    directory by its name and a digest of its absolute path (by the stem alone, `a/tasks.jsonl`
+    and `b/tasks.jsonl` shared one quarantine list, and `harbor:x` and `harbor:./x` had two)."""
     if suite in BUILTIN_SUITES:
         return suite
-    stem = Path(suite).stem if suite.endswith(".jsonl") else suite
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", stem).lstrip(".") or "suite"
+    prefix = "harbor:" if is_harbor(suite) else ""
+    path = Path(suite.removeprefix(prefix)).expanduser().resolve()
+    digest = hashlib.sha256(f"{prefix}{path}".encode()).hexdigest()[:8]
+    name = f"harbor_{path.name}" if prefix else path.stem
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name).lstrip('.') or 'suite'}-{digest}"
 
 
 def quarantine_path(settings: Settings, suite: str) -> Path:

@@ -171,7 +171,14 @@ def test_empty_jsonl_is_an_error(tmp_path: Path) -> None:
 def test_quarantine_paths_and_loading(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path)
     assert quarantine_path(settings, "starter") == tmp_path / "quarantine" / "starter.json"
-    assert quarantine_path(settings, "data/my tasks.jsonl").name == "my_tasks.json"
+    mine = quarantine_path(settings, "data/my tasks.jsonl").name
+    assert re.fullmatch(r"my_tasks-[0-9a-f]{8}\.json", mine), mine
+    # one list per file or directory, however it is spelled, and never another's
+    names = {quarantine_path(settings, s).name for s in ("a/t.jsonl", "b/t.jsonl", "starter.jsonl")}
+    assert len(names) == 3 and "starter.json" not in names
+    spellings = ("harbor:x", "harbor:x/", "harbor:./x", f"harbor:{Path.cwd() / 'x'}")
+    assert len({quarantine_path(settings, s) for s in spellings}) == 1
+    assert quarantine_path(settings, "harbor:a/b") != quarantine_path(settings, "harbor:a_b")
     assert load_quarantine(settings, "starter") == set()
     path = quarantine_path(settings, "starter")
     path.parent.mkdir(parents=True)
