@@ -120,7 +120,12 @@ class EnvironmentActivities:
         _workspace_only(req.env)
         if not req.samples:
             raise invalid("samples", "no sessions to open")
-        opened = await self._each(req.samples, lambda sample: self._open(req, sample), req.task_id)
+        try:
+            opened = await self._each(req.samples, lambda s: self._open(req, s), req.task_id)
+        except BaseException:  # a sample failed, or the workflow cancelled: it never learns of
+            ids = [session_id(req.run_id, req.task_id, s) for s in req.samples]  # those opened,
+            await asyncio.shield(self.env.close(ids))  # which held a slot until their TTL
+            raise
         return OpenSessionsResponse(sessions=dict(zip(req.samples, opened, strict=True)))
 
     @activity.defn(name=Activity.ENV_STEP.value)

@@ -4,6 +4,7 @@ closed sessions are lost (non-retryable), a broken check is the task's fault."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from collections.abc import AsyncIterator
@@ -29,7 +30,7 @@ from contracts.errors import ErrorType
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
 from infra.environments.mounts import remove_tree
-from infra.environments.tree import Check, pack_files
+from infra.environments.tree import Check, TreeError, pack_files
 from infra.sandbox.local import LocalBackend
 from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from infra.storage import ObjectStore
@@ -162,6 +163,28 @@ async def test_a_restored_session_continues_from_its_snapshot(acts: EnvironmentA
         await ActivityEnvironment().run(acts.env_step, step({0: restored}, 1, {0: read}))
     ).outcomes[0]
     assert acts.store.get_text(outcome.observation.key) == "remember\n"
+
+
+async def test_an_open_that_fails_for_one_sample_leaves_no_session_open(
+    acts: EnvironmentActivities, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sample 0 opens, then sample 1's tree turns out not to fit: the activity fails, and the
+    session it opened for sample 0 (which the workflow never learns of) held its uid slot and
+    directory until the TTL."""
+    reset, opened = acts.env.reset, asyncio.Event()
+
+    async def reset_then_fail(task: WorkspaceSpec, sid: str, snapshot: ObjectRef | None = None):  # type: ignore[no-untyped-def]
+        if sid == session_id(RUN, TASK.spec.id, 0):
+            state = await reset(task, sid, snapshot)
+            opened.set()
+            return state
+        await opened.wait()
+        raise TreeError("the tree does not fit a workspace's 256 MB")
+
+    monkeypatch.setattr(acts.env, "reset", reset_then_fail)
+    with pytest.raises(ApplicationError, match="does not fit"):
+        await open_two(acts)
+    assert opened.is_set() and acts.host.sessions == {}
 
 
 async def test_bad_requests_and_broken_checks_are_not_retried(
