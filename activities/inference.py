@@ -34,6 +34,7 @@ non-retryable ApplicationError naming the field. Served by `tempered worker infe
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -118,6 +119,7 @@ class InferenceActivities:
         )
         self._formats: OrderedDict[tuple[Path, EnvName], ChatFormat] = OrderedDict()
         self._formats_lock = asyncio.Lock()
+        self._positions: dict[Path, int] = {}
         self.heartbeat_s = HEARTBEAT_S
 
     def _publish_base_model(self, run_id: str) -> int:
@@ -153,7 +155,8 @@ class InferenceActivities:
         for index, (record, prompt) in enumerate(zip(stored, prompts, strict=True)):
             if record is not None and record.prompt_token_ids != prompt:
                 raise invalid(f"items[{index}]", "turn already stored for another prompt")
-        budget = req.max_context_tokens - req.sampling.max_new_tokens
+        limit = min(req.max_context_tokens, await self.context_limit(policy))
+        budget = limit - req.sampling.max_new_tokens
         over = {i for i, prompt in enumerate(prompts) if len(prompt) > budget}
         todo = [i for i, record in enumerate(stored) if record is None and i not in over]
         started_at = _now()
@@ -224,6 +227,15 @@ class InferenceActivities:
                     self._formats.popitem(last=False)
         self._formats.move_to_end(key)
         return self._formats[key]
+
+    async def context_limit(self, policy: PolicyHandle) -> int:
+        """The most tokens a row of `policy` may hold here: the model's positions, or the
+        engine's bound below them. A prompt past it less the completion's budget ends its
+        episode as `context_budget` (the engine cut it silently, or returned nothing)."""
+        path = policy.weights.path
+        if path not in self._positions:
+            self._positions[path] = await asyncio.to_thread(model_positions, path)
+        return min(self._positions[path], self.backend.max_model_len or self._positions[path])
 
     async def _new_chat_format(self, policy: PolicyHandle, env: EnvName) -> ChatFormat:
         from transformers import AutoTokenizer  # seconds to import: only inference pays
@@ -300,3 +312,9 @@ class InferenceActivities:
     async def close(self) -> None:
         await self.batcher.close()
         await self.backend.close()
+
+
+def model_positions(model_dir: Path) -> int:
+    """`max_position_embeddings` of the model in `model_dir` (unbounded where it names none)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or 1 << 30)

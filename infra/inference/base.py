@@ -98,6 +98,9 @@ class InferenceBackend(Protocol):
     continuous_batching: bool
     """True: concurrent `generate` calls join one running batch inside the backend (so the
     batcher passes requests through); False: one call at a time, batched by the batcher."""
+    max_model_len: int | None
+    """The most tokens a row may hold (prompt and completion) where the engine bounds it below
+    the model's positions (vLLM's `max_model_len`); None: the model's positions."""
 
     async def generate(
         self, prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle

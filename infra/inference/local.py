@@ -179,6 +179,7 @@ class LocalBackend:
 
     name = "local"
     continuous_batching = True
+    max_model_len: int | None = None  # the model's positions (`LoadedPolicy.max_context`)
 
     def __init__(self, config: LocalInferenceSettings | None = None):
         config = config or LocalInferenceSettings()

@@ -100,6 +100,7 @@ class VLLMBackend:
     def __init__(self, config: VLLMSettings | None = None, wait_s: float = 600.0):
         """`wait_s`: how long a request may wait for the engine to load its version."""
         self.config = config or VLLMSettings()
+        self.max_model_len: int | None = self.config.max_model_len
         self.tokens_generated = 0
         self._thread: _EngineThread | None = None
         self._engine: Any = None
@@ -364,8 +365,7 @@ def _append(output: GenerationOutput, completion: Any, watch: Any) -> bool:
 
 
 def _finish(reason: str | None, cut: bool) -> FinishReason:
-    """A row aborted (the engine shuts down: the worker's SIGTERM reaches its processes too) or
-    failed is cut short: retried, never scored (taken for a stop, it was trained on)."""
+    """Aborted (shutting down: the worker's SIGTERM reaches it) or failed: retried, not scored."""
     if cut or reason in ("stop", "length"):
         return "length" if reason == "length" and not cut else "stop"
     raise InferenceError(f"vLLM ended a row with finish_reason {reason!r}")

@@ -185,6 +185,21 @@ async def test_a_prompt_over_the_context_budget_is_reported_not_sampled(
 
 
 @pytest.mark.asyncio
+async def test_the_engines_own_bound_is_the_context_budget_where_it_is_lower(
+    acts: InferenceActivities, store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's budget of 4,096 tokens on an engine that holds fewer (vLLM's `max_model_len`,
+    2,048 by default; or the model's positions): the engine cut such rows short without a
+    word, or sampled nothing; the episode ends as `context_budget` now."""
+    prompt_tokens = len((await chat(acts)).first_prompt(PROMPT))
+    monkeypatch.setattr(acts.backend, "max_model_len", prompt_tokens + 11)  # 12 new tokens
+    over = request("engine-bound", samples=1, max_context_tokens=4096)
+    assert (await generate(acts, over)).over_budget == {0: prompt_tokens}
+    monkeypatch.setattr(acts.backend, "max_model_len", None)  # the tiny model's 2,048 positions
+    assert await acts.context_limit(await acts.policies.resolve(RUN, 0)) == 2048
+
+
+@pytest.mark.asyncio
 async def test_an_episode_trains_on_exactly_the_sampled_ids(
     acts: InferenceActivities, store: ObjectStore
 ) -> None:

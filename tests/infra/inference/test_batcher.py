@@ -28,6 +28,7 @@ class RecordingBackend:
 
     name = "recording"
     continuous_batching = False
+    max_model_len: int | None = None
 
     def __init__(self, delay_s: float = 0.02, fail_first: int = 0):
         self.delay_s = delay_s
