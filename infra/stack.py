@@ -26,6 +26,8 @@ from infra.settings import Settings
 from infra.storage import ObjectStore
 
 START_TIMEOUT_S = 60.0
+LISTEN_WAIT_S = 5.0
+"""How long a service of ours that runs may take to listen (another command may be starting it)."""
 
 
 class StackError(RuntimeError):
@@ -164,6 +166,7 @@ def _start_temporal(settings: Settings) -> str:
     service = temporal_service(settings)
     endpoint = temporal_endpoint(settings)
     if service.pid() is not None:
+        _listening(service, endpoint.host, endpoint.port)
         return f"temporal: already running at {endpoint}"
     for port in (endpoint.port, settings.temporal.ui_port, settings.temporal.http_port):
         if port_open(endpoint.host, port):
@@ -187,6 +190,8 @@ def _start_seaweed(settings: Settings) -> str:
         return f"s3: external endpoint {settings.s3.endpoint or 'AWS'} (not started)"
     service = seaweed_service(settings)
     if service.pid() is not None:
+        _listening(service, endpoint.host, endpoint.port)
+        _ensure_bucket(settings)  # this command's bucket may be another than the first one's
         return f"seaweedfs: already running, S3 at http://{endpoint}"
     ports = SeaweedPorts.from_base(endpoint.port, settings.s3.embedded_base_port)
     for port in ports.all_ports():
@@ -240,3 +245,15 @@ def _ensure_bucket(settings: Settings) -> None:
     store.ensure_bucket()
     store.wait_ready(START_TIMEOUT_S)  # after a restart, reads fail until volumes re-register
     store.check_create_only()
+
+
+def _listening(service: Service, host: str, port: int) -> None:
+    """A service of ours runs: it must be where these settings look for it (one started with
+    other ports every later call would fail to reach). A start in flight gets a few seconds."""
+    try:
+        wait_for_port(host, port, LISTEN_WAIT_S, service)
+    except (RuntimeError, TimeoutError):
+        raise StackError(
+            f"{service.name} runs, but not at {host}:{port}: it was started with other "
+            "settings; `tempered down`, then `tempered up` with these"
+        ) from None

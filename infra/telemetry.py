@@ -71,11 +71,12 @@ SDK_PORT_SHIFT = 10
 
 
 def prometheus_port_for(settings: Settings, service: str) -> int | None:
-    """Port of `service`'s Prometheus endpoint, or None when disabled or not a worker."""
-    base = settings.telemetry.prometheus_port
-    if base <= 0 or service not in PORT_OFFSETS:
+    """Port of `service`'s Prometheus endpoint, or None when disabled or not a worker; a
+    process of several queues (`tempered worker all`: "agent-tasks+inference+…") its first's."""
+    base, offset = settings.telemetry.prometheus_port, PORT_OFFSETS.get(service.split("+")[0])
+    if base <= 0 or offset is None:
         return None
-    return base + PORT_OFFSETS[service]
+    return base + offset
 
 
 _instruments: Instruments | None = None

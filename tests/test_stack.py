@@ -1,10 +1,13 @@
-"""`tempered up / down / status` on free ports: idempotent, persistent, clear when a port is taken."""
+"""`tempered up / down / status` on free ports: idempotent, persistent, clear when a port is taken
+or when the stack that runs was started with other settings."""
 
 from __future__ import annotations
 
 import json
 import socket
 
+from infra.processes import free_port
+from infra.storage import ObjectStore
 from tests.fixtures.stack import Stack
 
 
@@ -58,3 +61,24 @@ def test_taken_port_is_a_clear_error_and_down_touches_only_ours(stack: Stack) ->
     finally:
         squatter.close()
     assert stack.tempered("up").returncode == 0
+
+
+def test_a_running_stack_is_checked_against_this_commands_settings(stack: Stack) -> None:
+    """`tempered up` said "already running" of a stack started with other ports (every later
+    call then failed to reach it), and left another bucket uncreated ("run `tempered up`")."""
+    assert stack.tempered("up").returncode == 0
+    original = stack.env
+    try:
+        stack.env = {**original, "TEMPERED_TEMPORAL__ADDRESS": f"127.0.0.1:{free_port()}"}
+        moved = stack.tempered("up")
+        stack.env = {**original, "TEMPERED_S3__BUCKET": "second"}
+        other_bucket = stack.tempered("up")
+    finally:
+        stack.env = original
+    assert moved.returncode != 0 and "Traceback" not in moved.stderr
+    assert "temporal runs, but not at 127.0.0.1:" in moved.stderr, moved.stderr
+    assert other_bucket.returncode == 0, other_bucket.stderr
+    s3 = stack.settings.s3.model_copy(update={"bucket": "second"})
+    store = ObjectStore.from_settings(stack.settings.model_copy(update={"s3": s3}))
+    store.put_text("probe", "in the second bucket")
+    assert store.get_text("probe") == "in the second bucket"

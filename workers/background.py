@@ -12,11 +12,14 @@ a workflow's modules afresh from disk for every run, beside the contracts the wo
 its start, so an old worker would run the new workflow code against the old contracts (a new
 field failed every workflow task of a run, which then waited forever). An activity worker's
 code is every other package: it loads its activities once, so after an edit (a task suite, an
-environment) it would go on running the old ones.
+environment) it would go on running the old ones. A worker started with other settings (another
+backend, bucket or model: `TEMPERED_*` or the TOML file) is restarted too; before, it served the
+new command with the old ones, saying only "already running".
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Callable
@@ -27,6 +30,7 @@ from infra.settings import Settings
 from workers.versioning import activity_code_digest, workflow_code_digest
 
 RESTARTED = "restarted: its code changed since it started"
+RECONFIGURED = "restarted: this command's settings differ from those it started with"
 PINNED = " (a run still pinned to the old build waits for a worker of that build)"
 
 
@@ -46,16 +50,20 @@ def ensure_workers(
     if settings.config is not None:  # the workers read the same TOML file as this process
         env["TEMPERED_CONFIG"] = str(settings.config)
     workflow_code, activity_code = workflow_code_digest(), activity_code_digest()
+    configured = hashlib.sha256(settings.model_dump_json().encode()).hexdigest()[:16]
     for queue in Queue:
         service = worker_service(settings, queue)
         workflows = queue is Queue.AGENT_TASKS
-        code = workflow_code if workflows else activity_code
+        code = f"{workflow_code if workflows else activity_code} {configured}"
         if service.pid() is not None:
-            if service.code() in (None, code):
+            running = service.code()
+            if running in (None, code):
                 lines.append(f"worker {queue.value}: already running")
                 continue
             service.stop(timeout_s=40)
-            lines.append(f"worker {queue.value}: {RESTARTED}{PINNED if workflows else ''}")
+            moved = running.split()[0] != code.split()[0]  # the code, not just the settings
+            why = RESTARTED + (PINNED if workflows else "") if moved else RECONFIGURED
+            lines.append(f"worker {queue.value}: {why}")
         service.start(command(queue), env=env, code=code)
         lines.append(f"worker {queue.value}: started (log {service.logfile})")
     return lines

@@ -20,6 +20,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 from temporalio.worker import Worker
 
+from contracts.names import Queue
 from infra import telemetry as tm
 from infra.settings import Settings
 from infra.telemetry_files import histogram_quantile
@@ -96,6 +97,11 @@ def test_prometheus_endpoint_serves_metric_names(tmp_path: Path) -> None:
     settings = Settings(home=tmp_path, telemetry={"prometheus_port": sandbox_port - 2})
     assert tm.prometheus_port_for(settings, "sandbox") == sandbox_port
     assert tm.prometheus_port_for(settings, "cli") is None
+    everything = "+".join(q.value for q in Queue)  # `tempered worker all`: once no port at all
+    assert tm.prometheus_port_for(settings, everything) == tm.prometheus_port_for(
+        settings, everything.split("+")[0]
+    )
+    assert tm.prometheus_port_for(settings, everything) is not None
     assert tm.prometheus_port_for(Settings(home=tmp_path), "sandbox") is None
     telemetry = tm.setup_telemetry(settings, "sandbox", export_interval_s=60)
     try:

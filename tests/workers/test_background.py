@@ -15,7 +15,14 @@ import pytest
 
 from contracts.names import Queue
 from infra.settings import Settings
-from workers.background import PINNED, RESTARTED, ensure_workers, stop_workers, worker_service
+from workers.background import (
+    PINNED,
+    RECONFIGURED,
+    RESTARTED,
+    ensure_workers,
+    stop_workers,
+    worker_service,
+)
 from workers.versioning import activity_code_digest, workflow_code_digest
 
 
@@ -41,6 +48,25 @@ def test_a_worker_per_queue_started_once(settings: Settings) -> None:
     ]
     assert {q: worker_service(settings, q).pid() for q in Queue} == pids
     assert stop_workers(settings) == [f"worker {q.value}: stopped" for q in Queue]
+
+
+def code_of(settings: Settings, queue: Queue) -> str:
+    """The code digest its worker started on (its settings' digest follows it)."""
+    return str(worker_service(settings, queue).code()).split()[0]
+
+
+def test_a_worker_started_with_other_settings_is_restarted(settings: Settings) -> None:
+    """`TEMPERED_INFERENCE__BACKEND=vllm tempered train` after a run on the local backend: the
+    workers once went on with the old settings, saying "already running"."""
+    ensure_workers(settings, sleeper)
+    old = {q: worker_service(settings, q).pid() for q in Queue}
+    vllm = settings.model_copy(
+        update={"inference": settings.inference.model_copy(update={"backend": "vllm"})}
+    )
+    lines = ensure_workers(vllm, sleeper)
+    assert lines[::2] == [f"worker {q.value}: {RECONFIGURED}" for q in Queue], lines
+    assert all(worker_service(settings, q).pid() not in (None, old[q]) for q in Queue)
+    assert ensure_workers(vllm, sleeper) == [f"worker {q.value}: already running" for q in Queue]
 
 
 def started_on(settings: Settings, codes: dict[Queue, str]) -> None:
@@ -69,19 +95,17 @@ def restarted(settings: Settings, lines: list[str], old: dict[Queue, int | None]
 def test_a_worker_restarts_when_its_code_changed(settings: Settings) -> None:
     ensure_workers(settings, sleeper)
     activity_workers = [q for q in Queue if q is not Queue.AGENT_TASKS]
-    assert {worker_service(settings, q).code() for q in activity_workers} == {
-        activity_code_digest()
-    }
+    assert {code_of(settings, q) for q in activity_workers} == {activity_code_digest()}
     old = {q: worker_service(settings, q).pid() for q in Queue}
     started_on(settings, {Queue.AGENT_TASKS: "before"})  # a workflow or a contract changed
     lines = ensure_workers(settings, sleeper)
     assert restarted(settings, lines, old) == {Queue.AGENT_TASKS}
     assert lines[0] == f"worker agent-tasks: {RESTARTED}{PINNED}"
-    assert worker_service(settings, Queue.AGENT_TASKS).code() == workflow_code_digest()
+    assert code_of(settings, Queue.AGENT_TASKS) == workflow_code_digest()
 
     old = {q: worker_service(settings, q).pid() for q in Queue}
     started_on(settings, {Queue.SANDBOX: "before", Queue.REWARDS: "before"})  # an activity's code
     lines = ensure_workers(settings, sleeper)
     assert restarted(settings, lines, old) == {Queue.SANDBOX, Queue.REWARDS}
     assert f"worker sandbox: {RESTARTED}" in lines
-    assert worker_service(settings, Queue.SANDBOX).code() == activity_code_digest()
+    assert code_of(settings, Queue.SANDBOX) == activity_code_digest()
