@@ -10,9 +10,9 @@ at bounded concurrency through one sandbox backend. A task is
   `infra_error`) after the offline retries of `contracts.errors.INFRA_RETRY` (through
   `infra/sandbox/retrying.py`) — the task is not judged then, and never counted as broken.
 
-Broken, flaky and weak tasks are quarantined: `<home>/quarantine/<suite>.json` lists them and
-training skips them (`infra.tasks.load_quarantine`). The verdicts, the report and the driver
-(`run_checks`, given each task's runs as `TaskRuns`) are shared with workspace suites
+Broken, flaky and weak tasks are quarantined: `<home>/quarantine/<key>.json` (`suite_key`) lists
+them and training skips them (`infra.tasks.load_quarantine`). The verdicts, the report and the
+driver (`run_checks`, given each task's runs as `TaskRuns`) are shared with workspace suites
 (`workspace_validate.py`), which differ only in how one run goes. Run it as
 
     tempered tasks validate humaneval --repeats 5 --concurrency 8
