@@ -134,7 +134,7 @@ async def test_a_program_may_read_its_limits_but_not_change_them(backend) -> Non
         "while True:\n"
         "    pass\n"
     )
-    limits = SandboxLimits(timeout_s=30, cpu_s=2)
+    limits = SandboxLimits(timeout_s=30, cpu_s=1)
     result = await backend.run(program, "", limits)
     assert result.status == ExecStatus.TIMEOUT and "CPU limit" in result.detail, result
     refused = ["not allowed to raise maximum limit"] * 3
