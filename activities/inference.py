@@ -34,7 +34,6 @@ non-retryable ApplicationError naming the field. Served by `tempered worker infe
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,6 +62,7 @@ from infra.inference import (
     PolicyHandle,
     PolicyResolver,
     get_backend,
+    model_positions,
 )
 from infra.inference.prompts import ChatFormat, extract_code, observation_text
 from infra.inference.toolcalls import parse_tool_call
@@ -312,9 +312,3 @@ class InferenceActivities:
     async def close(self) -> None:
         await self.batcher.close()
         await self.backend.close()
-
-
-def model_positions(model_dir: Path) -> int:
-    """`max_position_embeddings` of the model in `model_dir` (unbounded where it names none)."""
-    config = json.loads((model_dir / "config.json").read_text())
-    return int(config.get("max_position_embeddings") or 1 << 30)

@@ -18,6 +18,7 @@ from infra.inference.base import (
     InferenceError,
     PolicyHandle,
     PolicyResolver,
+    model_positions,
 )
 from infra.inference.batcher import Batcher, BatchResult
 from infra.settings import InferenceBackendName, Settings, unknown_backend
@@ -31,6 +32,7 @@ __all__ = [
     "PolicyHandle",
     "PolicyResolver",
     "get_backend",
+    "model_positions",
 ]
 
 

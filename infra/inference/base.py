@@ -25,6 +25,7 @@ never published and fails at once.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,6 +80,13 @@ class PolicyHandle:
     def on_disk(self) -> bool:
         """Whether its directories are still cached (the cache evicts old versions)."""
         return (self.path / MANIFEST).is_file() and (self.base is None or self.base.on_disk())
+
+
+def model_positions(model_dir: Path | str) -> int:
+    """The most tokens a row of the model in `model_dir` may hold: its config's
+    `max_position_embeddings` (unbounded where it names none)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or 1 << 30)
 
 
 @dataclass

@@ -39,7 +39,7 @@ import torch
 
 from contracts.episode import WORKSPACE_TOOLS
 from contracts.task import SamplingParams
-from infra.inference.base import GenerationOutput, InferenceError, PolicyHandle
+from infra.inference.base import GenerationOutput, InferenceError, PolicyHandle, model_positions
 from infra.inference.decoder import Decoder, RowBatch
 from infra.inference.guided import Guides
 from infra.inference.kvcache import ATTENTION, register_attention
@@ -87,7 +87,7 @@ def load_policy(path: str, device: torch.device) -> LoadedPolicy:
     pad = gen_config.pad_token_id if gen_config.pad_token_id is not None else config.pad_token_id
     if pad is None:
         pad = min(eos) if eos else 0
-    max_context = int(getattr(config, "max_position_embeddings", 0) or 1 << 30)
+    max_context = model_positions(path)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
