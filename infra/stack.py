@@ -191,7 +191,9 @@ def _start_seaweed(settings: Settings) -> str:
     service = seaweed_service(settings)
     if service.pid() is not None:
         _listening(service, endpoint.host, endpoint.port)
-        _ensure_bucket(settings)  # this command's bucket may be another than the first one's
+        # this command's bucket may be another than the first one's (the server was checked
+        # when it started: the bucket alone is made here)
+        ObjectStore.from_settings(settings).ensure_bucket()
         return f"seaweedfs: already running, S3 at http://{endpoint}"
     ports = SeaweedPorts.from_base(endpoint.port, settings.s3.embedded_base_port)
     for port in ports.all_ports():

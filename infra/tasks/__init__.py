@@ -117,16 +117,25 @@ def load_suite(name: str, *, split: str | None = None) -> list[TaskSpec]:
     return [task for task in tasks if split is None or task.split == split]
 
 
+def absolute_suite(suite: str) -> str:
+    """`suite` spelled the same from any directory: a built-in name as it is, a JSONL file or
+    `harbor:DIR` by its absolute path (the workers that load a run's suite run elsewhere)."""
+    if suite in BUILTIN_SUITES:
+        return suite
+    prefix = "harbor:" if is_harbor(suite) else ""
+    return f"{prefix}{Path(suite.removeprefix(prefix)).expanduser().resolve()}"
+
+
 def suite_key(suite: str) -> str:
     """A file-name-safe key of a suite: built-in names as they are; a JSONL file or a Harbor
     directory by its name and a digest of its absolute path (by the stem alone, `a/tasks.jsonl`
     and `b/tasks.jsonl` shared one quarantine list, and `harbor:x` and `harbor:./x` had two)."""
     if suite in BUILTIN_SUITES:
         return suite
-    prefix = "harbor:" if is_harbor(suite) else ""
-    path = Path(suite.removeprefix(prefix)).expanduser().resolve()
-    digest = hashlib.sha256(f"{prefix}{path}".encode()).hexdigest()[:8]
-    name = f"harbor_{path.name}" if prefix else path.stem
+    absolute = absolute_suite(suite)
+    path = Path(absolute.removeprefix("harbor:"))
+    digest = hashlib.sha256(absolute.encode()).hexdigest()[:8]
+    name = f"harbor_{path.name}" if is_harbor(absolute) else path.stem
     return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name).lstrip('.') or 'suite'}-{digest}"
 
 

@@ -39,7 +39,7 @@ from infra import stack
 from infra.policy import SMOLLM2, TINY
 from infra.presets import DEFAULT, load_preset, preset_names
 from infra.settings import Settings
-from infra.tasks import BUILTIN_SUITES, SUITE_HELP
+from infra.tasks import SUITE_HELP, absolute_suite
 from workers.background import ensure_workers
 from workers.cli.progress import follow
 from workers.cli.report import report_dir, write_report
@@ -110,12 +110,12 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
 def absolute(spec: str | None) -> str | None:
     """A model directory, suite file or `harbor:DIR` named relative to here, made absolute: the
     workers that read it run in the stack's home (a relative path failed there, after the dry
-    run had passed). Presets, built-in suites and s3:// prefixes are left as they are."""
-    if spec is None or spec in (*BUILTIN_SUITES, TINY, SMOLLM2):
+    run had passed). Presets, built-in suites, s3:// prefixes and what is not here stay as
+    they are."""
+    if spec is None or spec in (TINY, SMOLLM2):
         return spec
-    prefix = "harbor:" if spec.startswith("harbor:") else ""
-    path = Path(spec.removeprefix(prefix)).expanduser()
-    return f"{prefix}{path.resolve()}" if path.exists() else spec
+    made = absolute_suite(spec)  # a model directory is spelled as a suite file is
+    return made if Path(made.removeprefix("harbor:")).exists() else spec
 
 
 RUN_OPTIONS = (
