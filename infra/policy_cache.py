@@ -3,15 +3,16 @@
 A published version's files are content-addressed in the store (`keys.policy_blob_key`), and
 the learner writes weights one shard per layer (`infra.policy.save_weights`), so a version whose training
 touched only the top layers shares most of its shards with the version before it. The cache
-keeps that sharing on disk: each blob is downloaded (and verified) once, into `blobs/`, and a
+keeps that sharing on disk: each blob is downloaded (and verified) once, into `.blobs/`, and a
 version's directory holds hard links to the blobs it names.
 
     local = fetch_policy(store, "run-1", 3, settings.policy_cache, keep=6)
     forget_run(settings.policy_cache, "run-1")            # `tempered runs rm`
 
 Layout under the cache directory:
-  blobs/<sha256>              a file of some version, verified against its manifest
-  <run>/v<N>/<name>           hard links into blobs/, plus the version's manifest.json
+  .blobs/<sha256>             a file of some version, verified against its manifest (a dot
+                              name, which no run id has: `contracts.common.Identifier`)
+  <run>/v<N>/<name>           hard links into .blobs/, plus the version's manifest.json
   .lock                       one file lock: fetches, evictions and removals take turns
 
 A version directory that exists is complete: it is built in a temporary directory and renamed
@@ -39,7 +40,8 @@ from infra import keys
 from infra.policy import MANIFEST, PolicyIntegrityError, download_verified
 from infra.storage import ObjectStore
 
-BLOBS = "blobs"
+BLOBS = ".blobs"
+LEGACY_BLOBS = "blobs"  # before: a run named `blobs` shared the folder; its files are removed
 LOCK = ".lock"
 
 
@@ -128,8 +130,10 @@ def _evict(cache: Path, keep: int) -> None:
 def _remove_unlinked_blobs(cache: Path) -> None:
     """Blobs no version directory links to, and downloads a killed fetch left (a fetch holds
     the lock, so none is in flight here)."""
-    blobs = cache / BLOBS
-    if blobs.is_dir():
-        for blob in blobs.iterdir():
-            if blob.name.endswith(".part") or blob.stat().st_nlink <= 1:
-                blob.unlink(missing_ok=True)
+    for blobs in (cache / BLOBS, cache / LEGACY_BLOBS):
+        if blobs.is_dir():
+            for blob in blobs.iterdir():  # a run's folder holds only folders: v<N>, temporaries
+                if blob.is_file() and (blob.name.endswith(".part") or blob.stat().st_nlink <= 1):
+                    blob.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # emptied, or the folder of a run named `blobs`
+        (cache / LEGACY_BLOBS).rmdir()

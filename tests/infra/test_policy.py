@@ -26,7 +26,7 @@ from infra.policy import (
     publish_policy,
     save_weights,
 )
-from infra.policy_cache import fetch_policy
+from infra.policy_cache import BLOBS, fetch_policy
 from infra.settings import Settings
 from infra.storage import ObjectNotFound, ObjectStore
 
@@ -162,7 +162,7 @@ def test_fetch_rejects_corrupt_object(
         fetch_policy(store, "r4", 0, tmp_path / "cache")
     assert not (tmp_path / "cache" / "r4" / "v0").exists()
     assert not list((tmp_path / "cache" / "r4").iterdir())  # no temp dir left behind
-    assert not [p for p in (tmp_path / "cache" / "blobs").iterdir() if p.name.endswith(".part")]
+    assert not [p for p in (tmp_path / "cache" / BLOBS).iterdir() if p.name.endswith(".part")]
 
 
 def test_materialize_from_s3_prefix(store: ObjectStore, tiny_dir: Path, tmp_path: Path) -> None:

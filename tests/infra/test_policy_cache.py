@@ -13,7 +13,7 @@ from infra.policy import (
     MANIFEST,
     publish_policy,
 )
-from infra.policy_cache import BLOBS, cached_versions, fetch_policy, forget_run
+from infra.policy_cache import BLOBS, LEGACY_BLOBS, cached_versions, fetch_policy, forget_run
 from infra.storage import ObjectStore
 
 
@@ -95,3 +95,21 @@ def test_a_download_a_killed_fetch_left_is_removed(
     publish_policy(store, "next", 0, tiny_dir)
     fetch_policy(store, "next", 0, cache, keep=1)  # the last version of "killed" goes
     assert not (cache / "killed").exists() and (cache / "next" / "v0").is_dir()
+
+
+def test_a_run_named_like_the_blob_folder_is_a_run(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    (cache / LEGACY_BLOBS).mkdir(parents=True)
+    (cache / LEGACY_BLOBS / ("ab" * 32)).write_bytes(b"an old cache's unlinked blob")
+    publish_policy(store, LEGACY_BLOBS, 0, tiny_dir)  # a run may be called `blobs`
+    publish_policy(store, "other", 0, _variant(tiny_dir, tmp_path / "v1", "one"))
+    fetch_policy(store, LEGACY_BLOBS, 0, cache)
+    fetch_policy(store, "other", 0, cache, keep=1)  # evicts run `blobs`' v0, sweeps the blobs
+    assert [p.parent.name for p in cached_versions(cache)] == ["other"]
+    assert not (cache / LEGACY_BLOBS).exists()  # the old blob and the run's folder went
+    again = fetch_policy(store, LEGACY_BLOBS, 0, cache)
+    assert (again / "generation_config.json").read_bytes() == (
+        tiny_dir / "generation_config.json"
+    ).read_bytes()

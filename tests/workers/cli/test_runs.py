@@ -16,6 +16,7 @@ from contracts.task import EnvName
 from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
 from infra import keys
 from infra.policy import TINY, materialize_base_model, policy_manifest, publish_policy
+from infra.policy_cache import BLOBS
 from infra.seaweed import pick_free_ports
 from infra.settings import Settings, TemporalSettings
 from infra.storage import ObjectStore
@@ -211,7 +212,7 @@ def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
     ):
         store.put_text(key, "x")
     cached = tmp_path / "cache" / "policies" / RUN / "v1"  # as infra.policy_cache lays it out
-    blob = tmp_path / "cache" / "policies" / "blobs" / ("ab" * 32)
+    blob = tmp_path / "cache" / "policies" / BLOBS / ("ab" * 32)
     cached.mkdir(parents=True)
     blob.parent.mkdir()
     blob.write_bytes(b"weights")
