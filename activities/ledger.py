@@ -8,7 +8,8 @@
                                                       already took (a re-sent group)
 
 Segments are written once and never change, so this worker keeps the ones it has read (as sets
-of ids) and reads each at most once. Served by `tempered worker rewards` next to
+of ids) and reads each at most once per learner (`FindConsumedRequest.chain`: a run id used
+again after `tempered runs rm` has new segments under the same keys). Served by `tempered worker rewards` next to
 `write_trajectories`: the ledger is about the same trajectories, and needs only the store.
 """
 
@@ -67,10 +68,11 @@ class LedgerActivities:
         asked = set(request.task_ids)
         found: set[str] = set()
         for segment in range(request.segments):
-            found |= asked & self._segment(request.run_id, segment)
+            found |= asked & self._segment(request.run_id, request.chain, segment)
         return FindConsumedResponse(consumed=sorted(found))
 
-    def _read_segment(self, run_id: str, segment: int) -> frozenset[str]:
+    def _read_segment(self, run_id: str, chain: str, segment: int) -> frozenset[str]:
+        del chain  # a key of the cache only
         key = keys.learner_ledger_key(run_id, segment)
         try:
             return frozenset(self.store.get_model(key, LedgerSegment).consumed)

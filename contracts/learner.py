@@ -194,6 +194,12 @@ class FindConsumedRequest(Contract):
     run_id: Identifier
     segments: int = Field(ge=0, description="Segments written so far.")
     task_ids: list[str]
+    chain: str = Field(
+        default="",
+        max_length=128,
+        description="The learner's first execution run id: segments a worker keeps are keyed "
+        "by it, so a run id used again after `tempered runs rm` reads its own segments.",
+    )
 
 
 class FindConsumedResponse(Contract):

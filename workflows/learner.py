@@ -243,7 +243,12 @@ class LearnerWorkflow:
             return batch
         found = await workflow.execute_activity(
             Activity.FIND_CONSUMED.value,
-            FindConsumedRequest(run_id=state.run_id, segments=state.segment, task_ids=unchecked),
+            FindConsumedRequest(
+                run_id=state.run_id,
+                segments=state.segment,
+                task_ids=unchecked,
+                chain=workflow.info().first_execution_run_id,
+            ),
             result_type=FindConsumedResponse,
             **activity_options(Activity.FIND_CONSUMED, state.heartbeat_timeout_s),
         )

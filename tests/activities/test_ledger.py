@@ -1,7 +1,8 @@
 """The learner's ledger against a real SeaweedFS: a segment is written once (a retry with the
 same ids is a no-op, even where the stored JSON differs in form; other ids are a non-retryable
 conflict), `find_consumed` looks only at the segments written so far and reads each once, and a
-segment that should exist and does not fails without retry. The learner workflow's use of it is
+segment that should exist and does not fails without retry; a run id used again (another
+learner chain) reads its own segments. The learner workflow's use of it is
 tests/workflows/test_learner.py's."""
 
 from __future__ import annotations
@@ -63,3 +64,15 @@ async def test_consumed_ids_come_from_the_segments_written_so_far_each_read_once
     with pytest.raises(ApplicationError, match="ledger-000002.json does not exist") as missing:
         await env.run(acts.find_consumed, asked.model_copy(update={"segments": 3}))
     assert missing.value.type == ErrorType.INVALID_INPUT and missing.value.non_retryable
+
+
+@pytest.mark.asyncio
+async def test_a_run_id_used_again_reads_its_own_segments(store: ObjectStore) -> None:
+    acts, env = LedgerActivities(store), ActivityEnvironment()
+    await env.run(acts.record_ledger, segment(0, ["t-0", "t-1"]))
+    first = FindConsumedRequest(run_id=RUN, segments=1, task_ids=["t-0", "t-2"], chain="one")
+    assert (await env.run(acts.find_consumed, first)).consumed == ["t-0"]
+    store.delete(keys.learner_ledger_key(RUN, 0))  # `tempered runs rm`, then the same run id
+    await env.run(acts.record_ledger, segment(0, ["t-2"]))
+    again = first.model_copy(update={"chain": "two"})
+    assert (await env.run(acts.find_consumed, again)).consumed == ["t-2"]  # not the old t-0
