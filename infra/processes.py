@@ -1,6 +1,9 @@
 """Background service processes with pidfiles: start, find, stop — only what we started.
 
 A pidfile records the pid and the process's start time, so `stop` never signals a recycled pid.
+It is written whole (a reader never sees half of one), and `Service.lock` makes a check and the
+start that follows it one step: two commands starting one service start it once, and a reader
+removes a stale pidfile only while it still holds what it read.
 The start time is the kernel's: clock ticks since boot (`/proc/PID/stat`), exact and untouched
 by the wall clock. Wall-clock start times (psutil's `create_time`, what older pidfiles hold) add
 the boot time, which /proc/stat gives in whole seconds and which moves by as much as the clock
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from filelock import FileLock
 
 
 def bundled_binary(name: str, package: str) -> str:
@@ -65,10 +69,20 @@ class Service:
     def logfile(self) -> Path:
         return self.home / "logs" / f"{self.name}.log"
 
+    def lock(self) -> FileLock:
+        """Held while a command checks whether the service runs and starts or stops it
+        (reentrant in one thread, so `stop` may run inside a start that failed)."""
+        self.pidfile.parent.mkdir(parents=True, exist_ok=True)
+        return FileLock(self.pidfile.with_suffix(".lock"), is_singleton=True)
+
     def pid(self) -> int | None:
         """The pid of our running process, or None (stale pidfiles are removed)."""
         try:
-            record = json.loads(self.pidfile.read_text())
+            text = self.pidfile.read_text()
+        except FileNotFoundError:
+            return None
+        try:
+            record = json.loads(text)
             process = psutil.Process(record["pid"])
             if "ticks" in record:
                 ours = record["ticks"] is not None and start_ticks(process.pid) == record["ticks"]
@@ -76,16 +90,19 @@ class Service:
                 ours = abs(process.create_time() - record["created"]) <= 1.5
             if ours and process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
                 return int(record["pid"])
-        except (FileNotFoundError, ValueError, KeyError, psutil.Error):
+        except (ValueError, KeyError, TypeError, psutil.Error):
             pass
-        self.pidfile.unlink(missing_ok=True)
+        with self.lock(), contextlib.suppress(FileNotFoundError):
+            if self.pidfile.read_text() == text:  # not a new start's meanwhile
+                self.pidfile.unlink()
         return None
 
     def start(
         self, argv: list[str], env: dict[str, str] | None = None, code: str | None = None
     ) -> int:
         """Start `argv` detached (own session), output appended to the log; returns the pid.
-        `code` names what it runs (a digest of its source files), for `code()` to tell."""
+        `code` names what it runs (a digest of its source files), for `code()` to tell. The
+        caller holds `lock()` from its check that none runs."""
         self.pidfile.parent.mkdir(parents=True, exist_ok=True)
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
         with open(self.logfile, "ab") as log:
@@ -99,7 +116,9 @@ class Service:
                 cwd=self.home,
             )
         record = {"pid": process.pid, "ticks": start_ticks(process.pid), "argv": argv, "code": code}
-        self.pidfile.write_text(json.dumps(record))
+        partial = self.pidfile.with_suffix(f".{process.pid}.part")
+        partial.write_text(json.dumps(record))
+        os.replace(partial, self.pidfile)
         return process.pid
 
     def code(self) -> str | None:
@@ -110,6 +129,10 @@ class Service:
 
     def stop(self, timeout_s: float = 15.0) -> bool:
         """SIGTERM (then SIGKILL after `timeout_s`) our process group; False if none ran."""
+        with self.lock():
+            return self._stop(timeout_s)
+
+    def _stop(self, timeout_s: float) -> bool:
         pid = self.pid()
         if pid is None:
             return False

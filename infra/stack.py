@@ -165,23 +165,24 @@ def status(settings: Settings) -> dict[str, str]:
 def _start_temporal(settings: Settings) -> str:
     service = temporal_service(settings)
     endpoint = temporal_endpoint(settings)
-    if service.pid() is not None:
-        _listening(service, endpoint.host, endpoint.port)
-        return f"temporal: already running at {endpoint}"
-    for port in (endpoint.port, settings.temporal.ui_port, settings.temporal.http_port):
-        if port_open(endpoint.host, port):
-            raise StackError(
-                f"port {endpoint.host}:{port} is taken by another process; stop it or set "
-                "TEMPERED_TEMPORAL__ADDRESS / __UI_PORT / __HTTP_PORT"
-            )
-    service.start(temporal_command(settings))
-    try:
-        wait_for_port(endpoint.host, endpoint.port, START_TIMEOUT_S, service)
-        wait_for_port(endpoint.host, settings.temporal.ui_port, START_TIMEOUT_S, service)
-    except (RuntimeError, TimeoutError) as err:
-        service.stop()
-        raise StackError(f"Temporal dev server did not start: {err}") from None
-    return f"temporal: started at {endpoint}, UI http://{endpoint.host}:{settings.temporal.ui_port}"
+    with service.lock():
+        if service.pid() is not None:
+            _listening(service, endpoint.host, endpoint.port)
+            return f"temporal: already running at {endpoint}"
+        for port in (endpoint.port, settings.temporal.ui_port, settings.temporal.http_port):
+            if port_open(endpoint.host, port):
+                raise StackError(
+                    f"port {endpoint.host}:{port} is taken by another process; stop it or set "
+                    "TEMPERED_TEMPORAL__ADDRESS / __UI_PORT / __HTTP_PORT"
+                )
+        service.start(temporal_command(settings))
+        try:
+            wait_for_port(endpoint.host, endpoint.port, START_TIMEOUT_S, service)
+            wait_for_port(endpoint.host, settings.temporal.ui_port, START_TIMEOUT_S, service)
+        except (RuntimeError, TimeoutError) as err:
+            service.stop()
+            raise StackError(f"Temporal dev server did not start: {err}") from None
+        return f"temporal: started at {endpoint}, UI http://{endpoint.host}:{settings.temporal.ui_port}"
 
 
 def _start_seaweed(settings: Settings) -> str:
@@ -189,57 +190,59 @@ def _start_seaweed(settings: Settings) -> str:
     if endpoint is None:
         return f"s3: external endpoint {settings.s3.endpoint or 'AWS'} (not started)"
     service = seaweed_service(settings)
-    if service.pid() is not None:
-        _listening(service, endpoint.host, endpoint.port)
-        # this command's bucket may be another than the first one's (the server was checked
-        # when it started: the bucket alone is made here)
-        ObjectStore.from_settings(settings).ensure_bucket()
-        return f"seaweedfs: already running, S3 at http://{endpoint}"
-    ports = SeaweedPorts.from_base(endpoint.port, settings.s3.embedded_base_port)
-    for port in ports.all_ports():
-        if port and port_open("127.0.0.1", port):
-            raise StackError(
-                f"port 127.0.0.1:{port} (SeaweedFS) is taken by another process; stop it or "
-                "set TEMPERED_S3__ENDPOINT / TEMPERED_S3__EMBEDDED_BASE_PORT"
+    with service.lock():
+        if service.pid() is not None:
+            _listening(service, endpoint.host, endpoint.port)
+            # this command's bucket may be another than the first one's (the server was checked
+            # when it started: the bucket alone is made here)
+            ObjectStore.from_settings(settings).ensure_bucket()
+            return f"seaweedfs: already running, S3 at http://{endpoint}"
+        ports = SeaweedPorts.from_base(endpoint.port, settings.s3.embedded_base_port)
+        for port in ports.all_ports():
+            if port and port_open("127.0.0.1", port):
+                raise StackError(
+                    f"port 127.0.0.1:{port} (SeaweedFS) is taken by another process; stop it or "
+                    "set TEMPERED_S3__ENDPOINT / TEMPERED_S3__EMBEDDED_BASE_PORT"
+                )
+        service.start(
+            seaweed_command(
+                settings.home / "seaweed",
+                s3_port=endpoint.port,
+                access_key=settings.s3.access_key,
+                secret_key=settings.s3.secret_key.get_secret_value(),
+                base_port=settings.s3.embedded_base_port,
+                buckets=[settings.s3.bucket],
             )
-    service.start(
-        seaweed_command(
-            settings.home / "seaweed",
-            s3_port=endpoint.port,
-            access_key=settings.s3.access_key,
-            secret_key=settings.s3.secret_key.get_secret_value(),
-            base_port=settings.s3.embedded_base_port,
-            buckets=[settings.s3.bucket],
         )
-    )
-    try:
-        wait_for_port(endpoint.host, endpoint.port, START_TIMEOUT_S, service)
-        wait_s3_ready(f"http://{endpoint}", START_TIMEOUT_S)
-    except (RuntimeError, TimeoutError) as err:
-        service.stop()
-        raise StackError(f"SeaweedFS did not start: {err}") from None
-    _ensure_bucket(settings)
-    return f"seaweedfs: started, S3 at http://{endpoint}, bucket {settings.s3.bucket!r}"
+        try:
+            wait_for_port(endpoint.host, endpoint.port, START_TIMEOUT_S, service)
+            wait_s3_ready(f"http://{endpoint}", START_TIMEOUT_S)
+        except (RuntimeError, TimeoutError) as err:
+            service.stop()
+            raise StackError(f"SeaweedFS did not start: {err}") from None
+        _ensure_bucket(settings)
+        return f"seaweedfs: started, S3 at http://{endpoint}, bucket {settings.s3.bucket!r}"
 
 
 def _start_codec(settings: Settings) -> str:
     """The UI's codec server; a display aid, so a taken port is reported, not fatal."""
     service, url = codec_service(settings), codec.endpoint(settings)
-    if service.pid() is not None:
-        return f"codec: already running at {url}"
-    if port_open("127.0.0.1", settings.temporal.codec_port):
-        return (
-            f"codec: port {settings.temporal.codec_port} is taken by another process, so the UI "
-            "shows payloads as stored (set TEMPERED_TEMPORAL__CODEC_PORT)"
-        )
-    env = {**os.environ, **codec.service_env(settings)}
-    service.start([sys.executable, "-m", "infra.codec"], env=env)
-    try:
-        wait_for_port("127.0.0.1", settings.temporal.codec_port, START_TIMEOUT_S, service)
-    except (RuntimeError, TimeoutError) as err:
-        service.stop()
-        raise StackError(f"the codec server did not start: {err}") from None
-    return f"codec: started at {url} (the UI shows what payloads reference)"
+    with service.lock():
+        if service.pid() is not None:
+            return f"codec: already running at {url}"
+        if port_open("127.0.0.1", settings.temporal.codec_port):
+            return (
+                f"codec: port {settings.temporal.codec_port} is taken by another process, so the UI "
+                "shows payloads as stored (set TEMPERED_TEMPORAL__CODEC_PORT)"
+            )
+        env = {**os.environ, **codec.service_env(settings)}
+        service.start([sys.executable, "-m", "infra.codec"], env=env)
+        try:
+            wait_for_port("127.0.0.1", settings.temporal.codec_port, START_TIMEOUT_S, service)
+        except (RuntimeError, TimeoutError) as err:
+            service.stop()
+            raise StackError(f"the codec server did not start: {err}") from None
+        return f"codec: started at {url} (the UI shows what payloads reference)"
 
 
 def _ensure_bucket(settings: Settings) -> None:

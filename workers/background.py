@@ -55,17 +55,18 @@ def ensure_workers(
         service = worker_service(settings, queue)
         workflows = queue is Queue.AGENT_TASKS
         code = f"{workflow_code if workflows else activity_code} {configured}"
-        if service.pid() is not None:
-            running = service.code()
-            if running in (None, code):
-                lines.append(f"worker {queue.value}: already running")
-                continue
-            service.stop(timeout_s=40)
-            moved = running.split()[0] != code.split()[0]  # the code, not just the settings
-            why = RESTARTED + (PINNED if workflows else "") if moved else RECONFIGURED
-            lines.append(f"worker {queue.value}: {why}")
-        service.start(command(queue), env=env, code=code)
-        lines.append(f"worker {queue.value}: started (log {service.logfile})")
+        with service.lock():
+            if service.pid() is not None:
+                running = service.code()
+                if running in (None, code):
+                    lines.append(f"worker {queue.value}: already running")
+                    continue
+                service.stop(timeout_s=40)
+                moved = running.split()[0] != code.split()[0]  # the code, not just the settings
+                why = RESTARTED + (PINNED if workflows else "") if moved else RECONFIGURED
+                lines.append(f"worker {queue.value}: {why}")
+            service.start(command(queue), env=env, code=code)
+            lines.append(f"worker {queue.value}: started (log {service.logfile})")
     return lines
 
 

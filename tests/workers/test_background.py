@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -48,6 +49,29 @@ def test_a_worker_per_queue_started_once(settings: Settings) -> None:
     ]
     assert {q: worker_service(settings, q).pid() for q in Queue} == pids
     assert stop_workers(settings) == [f"worker {q.value}: stopped" for q in Queue]
+
+
+def test_two_commands_at_once_start_each_worker_once(settings: Settings) -> None:
+    """`tempered train` twice at once: each saw no worker and started one, and the second
+    pidfile hid the first worker from `tempered down` (now the check and the start are one
+    step under the service's lock)."""
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda _: ensure_workers(settings, sleeper), range(2)))
+    started = [line for lines in both for line in lines if ": started" in line]
+    assert len(started) == len(Queue), both
+    assert len(_running_in(settings.home)) == len(Queue)  # no second, unseen worker
+
+
+def _running_in(home: Path) -> list[psutil.Process]:
+    """Processes started there (`Service.start` runs each with that working directory)."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.cwd() == str(home) and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
 
 
 def code_of(settings: Settings, queue: Queue) -> str:
