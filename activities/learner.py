@@ -167,12 +167,16 @@ class LearnerActivities:
         if ack is not None:
             record = self.store.get_model(ack.key, StepRecord)
             _same_groups(record, req)
-            return _response(record, ack)
-        manifest = policy_manifest(self.store, req.run_id, req.step + 1)
-        if manifest is None:
-            return None
-        response, record = self._acknowledge(manifest.policy, manifest)
-        _same_groups(record, req)
+            response = _response(record, ack)
+        else:
+            manifest = policy_manifest(self.store, req.run_id, req.step + 1)
+            if manifest is None:
+                return None
+            response, record = self._acknowledge(manifest.policy, manifest)
+            _same_groups(record, req)
+        advance_latest(
+            self.store, response.policy
+        )  # the attempt that published may have died first
         return response
 
     def _acknowledge(
@@ -208,11 +212,12 @@ class LearnerActivities:
 
         progress["phase"] = "train"
         try:
-            metrics = engine.train_step(groups, req.config, heartbeat=beat)
-            _stop_if_asked(stop, req.step)  # the last chance before the version is out
-        except StepCancelled:
-            engine.version = None  # gradients or weights moved on, unpublished: reload next time
-            raise
+            try:
+                metrics = engine.train_step(groups, req.config, heartbeat=beat)
+                _stop_if_asked(stop, req.step)  # the last chance before the version is out
+            except BaseException:  # cancelled, out of memory, ...: a retry must not start from
+                engine.version = None  # gradients (or an epoch's update) of this attempt: reload
+                raise
         except ValueError as exc:  # a trajectory that cannot be trained on (token/logprob counts)
             raise invalid("groups", str(exc)) from exc  # or LoRA settings changed mid-run
         except NonFiniteLoss as exc:  # the same groups would diverge again: fail loudly

@@ -342,6 +342,63 @@ async def test_weights_that_were_not_published_are_reloaded(
 
 
 @pytest.mark.asyncio
+async def test_a_step_that_failed_midway_is_retried_from_the_published_weights(
+    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of memory (any error) in a step's second epoch: the first epoch's update had moved
+    the weights, and the retry trained on top of them (the engine still said v0)."""
+    env, acts = ActivityEnvironment(), LearnerActivities(settings, store)
+    config = CONFIG.model_copy(update={"epochs": 2})
+    real_loss, calls = grpo.grpo_loss, []
+
+    def out_of_memory(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:  # the second epoch's pass
+            raise RuntimeError("CUDA out of memory")
+        return real_loss(*args, **kwargs)
+
+    answers = {}
+    for run in ("clean", RUN):
+        await env.run(acts.prepare_run, PrepareRunRequest(run_id=run, base_model="tiny"))
+        groups = [write_group(store, "t1", 0, 1, run=run)]
+        request = TrainStepRequest(run_id=run, step=0, groups=groups, config=config)
+        if run == RUN:
+            monkeypatch.setattr(grpo, "grpo_loss", out_of_memory)
+            with pytest.raises(RuntimeError, match="out of memory"):
+                await env.run(acts.train_step, request)
+            assert policy_manifest(store, run, 1) is None
+        answers[run] = await env.run(acts.train_step, request)
+    assert answers[RUN].loss == pytest.approx(answers["clean"].loss, rel=1e-6)
+    figures = {
+        run: store.get_model(keys.learner_ack_key(run, 0), StepRecord).metrics for run in answers
+    }
+    for figure in ("grad_norm", "kl_sampler", "clip_fraction"):
+        assert figures[RUN][figure] == pytest.approx(figures["clean"][figure], rel=1e-4)
+
+
+@pytest.mark.asyncio
+async def test_a_retry_of_a_published_step_moves_latest_on(
+    store: ObjectStore, settings: Settings
+) -> None:
+    """The attempt that published v1 died before latest.json named it: the retry found the
+    version and answered, and latest.json named v0 until the next publish (for ever after
+    the last)."""
+    env, acts = ActivityEnvironment(), LearnerActivities(settings, store)
+    await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+    groups = [write_group(store, "t1", 0, 1)]
+    request = TrainStepRequest(run_id=RUN, step=0, groups=groups, config=CONFIG)
+    done = await env.run(acts.train_step, request)
+    v0 = policy_manifest(store, RUN, 0)
+    assert v0 is not None and done.policy.version == 1
+    for ack_written in (True, False):
+        store.put_json(keys.latest_policy_key(RUN), v0.policy)  # as if it died before moving it
+        if not ack_written:
+            store.delete(keys.learner_ack_key(RUN, 0))
+        assert (await env.run(acts.train_step, request)).policy == done.policy
+        assert latest_policy(store, RUN) == done.policy
+
+
+@pytest.mark.asyncio
 async def test_non_finite_loss_fails_loudly_and_publishes_nothing(
     store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
