@@ -91,7 +91,7 @@ def trl_side(
     from trl import GRPOTrainer
 
     from infra.inference.prompts import extract_code, task_messages
-    from infra.learner_engine import train_only_last_layers
+    from infra.learner_model import train_only_last_layers
     from infra.tasks import load_suite
 
     pool = SandboxPool(settings, run.limits)

@@ -116,9 +116,20 @@ class GRPOConfig(Contract):
     """Names of the linear modules that get an adapter (Llama-style projections by default);
     with `train_last_layers`, only those of the last N decoder layers."""
 
-    def shares_prompt(self, device: str) -> bool:
-        """Whether a learner on torch `device` runs each group's prompt once (`share_prompt`)."""
-        return self.share_prompt if self.share_prompt is not None else device.startswith("cpu")
+    def shares_prompt(self, device: str, ranks: int = 1) -> bool:
+        """Whether a learner of `ranks` ranks on torch `device` runs each group's prompt once
+        (`share_prompt`). Never under ZeRO-3 on several ranks: a shared pass makes as many
+        forwards as its batches, which differ between ranks, and ZeRO-3 gathers the weights in
+        every forward (the ranks' collectives would no longer pair up)."""
+        split = self.zero_stage == 3 and ranks > 1
+        if self.share_prompt and split:
+            raise ValueError(
+                f"share_prompt with ZeRO-3 on {ranks} ranks: each rank would gather the weights "
+                "a different number of times; set share_prompt to false (or leave it unset)"
+            )
+        if self.share_prompt is not None:
+            return self.share_prompt
+        return device.startswith("cpu") and not split
 
 
 class TrainStepRequest(Contract):

@@ -20,9 +20,12 @@ Choices, stated once:
   time (the trajectory's `logprobs`), PPO-clipped to [1 - eps, 1 + eps].
 - KL to the reference (when kl_coef > 0): the k3 estimator exp(ref - logp) - (ref - logp) - 1.
 - Normalisation "tokens" (default, as in DAPO): the step's loss is the sum of per-token losses
-  over *all* sampled tokens of the step divided by their count, so a long episode is not
+  over all sampled tokens of the step's rows divided by their count, so a long episode is not
   worth less per token than a short one. "sequence" (original GRPO): mean within each row, then
-  mean over rows. Either way each row carries a precomputed per-token `scale`, so micro-batch
+  mean over rows. The rows are those that give a gradient: without a KL term a row of zero
+  advantage (a flat group's) gives none and is left out, of the count too, as DAPO's dynamic
+  sampling leaves flat groups out, so the update per token does not shrink as more groups come
+  back flat (with kl_coef > 0 every row counts). Either way each row carries a precomputed per-token `scale`, so micro-batch
   losses simply add up to the step's loss (gradient accumulation needs no further scaling).
 - Staleness: a trajectory whose oldest step is more than `max_staleness` versions behind the
   learner is dropped ("drop") or weighted 0.5 ** (extra lag) ("downweight").
@@ -284,9 +287,10 @@ def plan_step(
     pad_id: int,
     normalization: Normalization = "tokens",
     device: str = "cpu",
+    ranks: int = 1,
 ) -> StepPlan:
     """A learner step's rows, normalised over the whole step, in the passes `config` asks for
-    on `device` (`GRPOConfig.shares_prompt`). Without a KL term a row of zero advantage gives
+    on `device` and `ranks` ranks (`GRPOConfig.shares_prompt`). Without a KL term a row of zero advantage gives
     no gradient: it is left out (no compute)."""
     by_group: list[list[Row]] = []
     used: list[str] = []
@@ -299,7 +303,7 @@ def plan_step(
     rows = [row for part in by_group for row in part]
     normalize(rows, normalization)
     size, most = config.micro_batch_size, config.micro_batch_tokens
-    if config.shares_prompt(device):
+    if config.shares_prompt(device, ranks):
         passes = prefix_passes(by_group, size, pad_id, most)
     else:
         passes = plain_passes(rows, size, pad_id, most)

@@ -41,6 +41,7 @@ from infra import grpo
 from infra.learner_base import NonFiniteLoss, StepMetrics, init_single_process, why_no_gradient
 from infra.learner_forward import pass_logprobs, sampled_logprobs
 from infra.learner_lora import ADAPTER_CONFIG, LoraSpec, save_adapter
+from infra.learner_model import train_only_last_layers, without_dropout
 from infra.policy import save_weights
 
 
@@ -57,26 +58,6 @@ def _stored_dtype(model_dir: Path) -> torch.dtype:
     name = config.get("dtype") or config.get("torch_dtype") or "float32"
     dtype = getattr(torch, str(name).removeprefix("torch."), None)
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
-
-
-def train_only_last_layers(model: torch.nn.Module, layers: int) -> None:
-    """Freeze all but the last `layers` decoder layers and the final norm (0: train everything).
-
-    On CPU this is what makes a 135M-parameter step affordable: backward stops at the first
-    trainable layer. Embeddings (tied to the LM head in SmolLM2) stay frozen.
-    """
-    if layers <= 0:
-        model.requires_grad_(True)
-        return
-    decoder = getattr(getattr(model, "model", None), "layers", None)
-    if decoder is None:
-        raise ValueError("train_last_layers needs a decoder with `model.layers` (Llama-style)")
-    model.requires_grad_(False)
-    for layer in list(decoder)[-layers:]:
-        layer.requires_grad_(True)
-    norm = getattr(model.model, "norm", None)
-    if norm is not None:
-        norm.requires_grad_(True)
 
 
 class LearnerEngine:
@@ -118,6 +99,7 @@ class LearnerEngine:
             raise TypeError("adapter_dir and adapter_of go together")
         config = config or GRPOConfig()
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        without_dropout(model)  # inference sampled without it
         self.save_dtype = _stored_dtype(Path(model_dir))
         pad, eos = model.config.pad_token_id, model.config.eos_token_id
         eos = eos[0] if isinstance(eos, list) and eos else eos  # Llama 3: a list of end ids
@@ -262,7 +244,7 @@ class LearnerEngine:
         or down-weighted. The version advances by one even when nothing was trainable (an empty
         step publishes unchanged weights, so the version sequence has no gaps). Every rank of a
         group calls it with the same groups; rank r runs passes r, r + N, ... (`grpo.Pass`: a
-        group's prompt runs once per pass if `config.shares_prompt(self.device)`). With
+        group's prompt runs once per pass if `config.shares_prompt(self.device, self.world)`). With
         `config.epochs` = μ > 1 the passes run μ times, each followed by an optimizer update;
         the metrics are the first update's but `clip_fraction`, which counts them all.
         """
@@ -271,7 +253,7 @@ class LearnerEngine:
         started = time.perf_counter()
         self._apply_config(config)
         plan = grpo.plan_step(
-            groups, self.version, config, self.pad_id, self.normalization, self.device
+            groups, self.version, config, self.pad_id, self.normalization, self.device, self.world
         )
         units, rows, used = plan.passes, plan.rows, plan.used
         with_rows = {row.trajectory_id for row in rows}

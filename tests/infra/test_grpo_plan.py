@@ -114,3 +114,14 @@ def test_a_groups_prompt_is_shared_on_a_cpu_and_not_on_a_gpu_unless_the_config_s
     assert prefixes(GRPOConfig(), "cuda") == prefixes(GRPOConfig(), "cuda:1") == [0]
     assert prefixes(GRPOConfig(share_prompt=True), "cuda") == [3]
     assert prefixes(GRPOConfig(share_prompt=False), "cpu") == [0]
+
+
+def test_zero3_on_several_ranks_never_shares_a_prompt() -> None:
+    """A shared pass makes one forward per batch of its group, which differ between ranks, and
+    ZeRO-3 gathers the weights in each: the ranks' collectives would no longer pair up (a hang
+    until the collective timeout, every retry alike). One rank, or ZeRO 0–2, may share."""
+    zero3 = GRPOConfig(zero_stage=3)
+    assert not zero3.shares_prompt("cpu", ranks=2)
+    assert zero3.shares_prompt("cpu", ranks=1) and GRPOConfig(zero_stage=2).shares_prompt("cpu", 2)
+    with pytest.raises(ValueError, match="share_prompt with ZeRO-3 on 2 ranks"):
+        GRPOConfig(zero_stage=3, share_prompt=True).shares_prompt("cpu", ranks=2)

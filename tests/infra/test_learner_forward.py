@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from contracts.learner import GRPOConfig
 from infra import grpo
-from infra.learner_engine import LearnerEngine, train_only_last_layers
+from infra.learner_engine import LearnerEngine
 from infra.learner_forward import pass_logprobs, sampled_logprobs
+from infra.learner_model import train_only_last_layers
 from tests.learner_groups import on_policy_groups
 
 
