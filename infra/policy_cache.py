@@ -18,7 +18,10 @@ Layout under the cache directory:
 A version directory that exists is complete: it is built in a temporary directory and renamed
 into place. With `keep`, the least recently fetched versions beyond `keep` (across runs) are
 removed after each fetch, then every blob no version links to. A removed version is simply
-fetched again when asked for.
+fetched again when asked for. A full-weight version that a cached LoRA version names
+(`adapter_of`) counts as fetched whenever that adapter was: the base is fetched once and then
+only read through its adapters, so by its own fetch time it went first, and every adapter
+over it stopped working until the full weights were downloaded again.
 
 Not covered: a version directory is read-only by convention (its files are links to shared
 blobs: writing one in place would change every version that shares it); another process that
@@ -78,15 +81,34 @@ def forget_run(cache_dir: Path, run_id: str) -> None:
 
 
 def cached_versions(cache_dir: Path) -> list[Path]:
-    """The complete version directories in the cache, least recently fetched first."""
-    found = [
-        version
+    """The complete version directories in the cache, in eviction order: least recently
+    fetched first, a base named by cached adapters as recent as the most recent of them."""
+    found = {
+        version: version.stat().st_mtime_ns
         for run in Path(cache_dir).iterdir()
         if run.is_dir() and run.name != BLOBS
         for version in run.iterdir()
         if (version / MANIFEST).is_file()
-    ]
-    return sorted(found, key=lambda path: path.stat().st_mtime)
+    }
+    used = dict(found)
+    named: set[Path] = set()
+    for version, fetched in found.items():
+        base = _base_of(version)
+        if base in found:
+            named.add(base)
+            used[base] = max(used[base], fetched)
+    # a base ties with its newest adapter: the adapter sorts first, so it never outlives its base
+    return sorted(found, key=lambda path: (used[path], path in named))
+
+
+def _base_of(version: Path) -> Path | None:
+    """The directory of the full-weight version a cached LoRA version applies to (None: full)."""
+    try:
+        manifest = PolicyManifest.model_validate_json((version / MANIFEST).read_bytes())
+    except (OSError, ValueError):  # removed meanwhile by `forget_run` elsewhere, or unreadable
+        return None
+    base = manifest.policy.adapter_of
+    return None if base is None else version.parent / f"v{base}"
 
 
 def _build_version(store: ObjectStore, manifest: PolicyManifest, cache: Path, target: Path) -> None:

@@ -6,7 +6,9 @@ them (`infra/sandbox/retrying.py`). The new reward comes from the one reward for
 (`RewardConfig.score`, which the workflow's FEEDBACK also calls): earlier rounds keep their
 recorded verdicts, the final round gets the new one. One `RewardRecord` per trajectory is
 written create-only at `keys.reward_key(run, grader, task, sample)`; old records are never
-overwritten, and a rerun with the same verdicts is a no-op.
+overwritten, and a rerun with the same verdicts is a no-op: records are compared by their
+verdict (`VERDICT`), never by `detail`, the checker's stderr tail, which a rerun of the same
+verdict need not reproduce (a timeout cuts it elsewhere; a set's repr follows the hash seed).
 
     outcome = await Regrading(store, backend, "v2", "starter", limits=…, reward=…,
                               concurrency=8).run_all(trajectories, tasks)
@@ -28,6 +30,9 @@ from infra.storage import ObjectExists, ObjectStore
 
 OUTCOMES = ("regraded", "changed", "unchanged", "conflict", "skipped", "infra")
 """What `Regrading.run_all` counts; a trajectory lands in one or two of them."""
+
+VERDICT = ("status", "tests_passed", "tests_total", "solved", "reward")
+"""The fields of a RewardRecord that a rerun must reproduce for its record to count as the same."""
 
 
 class Regrading:
@@ -100,6 +105,8 @@ class Regrading:
         key = keys.reward_key(trajectory.run_id, self.grader, trajectory.task_id, trajectory.sample)
         try:
             await asyncio.to_thread(self.store.put_json, key, record, create_only=True)
-        except ObjectExists:
-            return [("conflict", f"{key} holds a different record (flaky tests?); kept it")]
+        except ObjectExists:  # a rerun: only a different verdict is a conflict
+            stored = await asyncio.to_thread(self.store.get_model, key, RewardRecord)
+            if any(getattr(stored, field) != getattr(record, field) for field in VERDICT):
+                return [("conflict", f"{key} holds a different verdict (flaky tests?); kept it")]
         return [("regraded", ""), ("changed" if solved != trajectory.solved else "unchanged", "")]

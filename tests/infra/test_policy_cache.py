@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import keys
+from infra import keys, policy_cache
 from infra.policy import (
     MANIFEST,
     publish_policy,
@@ -29,6 +29,14 @@ def _publish_variants(store: ObjectStore, run: str, count: int, tiny: Path, tmp:
     for version in range(count):
         local = _variant(tiny, tmp / f"src{version}", f"v{version}")
         publish_policy(store, run, version, local, step=version)
+
+
+def _adapter(out: Path, tag: str) -> Path:
+    """A LoRA version's files (never loaded here: the cache only moves them)."""
+    out.mkdir(parents=True)
+    (out / "adapter_config.json").write_text(f'{{"tag": "{tag}"}}')
+    (out / "adapter_model.safetensors").write_bytes(tag.encode())
+    return out
 
 
 def _blobs(store: ObjectStore, run: str) -> list[str]:
@@ -78,6 +86,38 @@ def test_the_cache_keeps_the_most_recently_fetched_versions(
 
     forget_run(cache, "bounded")
     assert cached_versions(cache) == [] and list((cache / BLOBS).iterdir()) == []
+
+
+def test_a_base_that_cached_adapters_name_outlives_them(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publish_policy(store, "lora", 0, tiny_dir)
+    for version in range(1, 7):
+        adapter = _adapter(tmp_path / f"a{version}", f"a{version}")
+        publish_policy(store, "lora", version, adapter, step=version, adapter_of=0)
+    built: list[str] = []
+    build = policy_cache._build_version
+    monkeypatch.setattr(
+        policy_cache,
+        "_build_version",
+        lambda store, manifest, cache, target: (
+            built.append(target.name) or build(store, manifest, cache, target)
+        ),
+    )
+    cache = tmp_path / "cache"
+    base = cache / "lora" / "v0"
+    for version in range(1, 7):  # as the resolver does: the base only when it is not on disk
+        fetch_policy(store, "lora", version, cache, keep=3)
+        if not (base / MANIFEST).is_file():
+            fetch_policy(store, "lora", 0, cache, keep=3)
+        assert (base / "config.json").is_file()
+    assert built.count("v0") == 1  # the full weights were downloaded once
+    assert [p.name for p in cached_versions(cache)] == ["v5", "v6", "v0"]
+    # once no cached adapter names it, the base is evicted like any version
+    _publish_variants(store, "full", 3, tiny_dir, tmp_path)
+    for version in range(3):
+        fetch_policy(store, "full", version, cache, keep=3)
+    assert [p.parent.name for p in cached_versions(cache)] == ["full"] * 3
 
 
 def test_a_download_a_killed_fetch_left_is_removed(

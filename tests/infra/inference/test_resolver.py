@@ -1,6 +1,7 @@
 """PolicyResolver against a real SeaweedFS: pinned versions not published yet are waited for
-(bounded), versions that were skipped fail at once, LoRA versions carry their base, and a
-version the bounded cache evicted is fetched again."""
+(bounded), versions that were skipped fail at once, LoRA versions carry their base (kept
+in the bounded cache while adapters over it are), and a version the bounded cache evicted is
+fetched again."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from infra import policy_cache
 from infra.inference import InferenceError, PolicyResolver
 from infra.policy import publish_policy
 from infra.storage import ObjectStore
@@ -75,3 +77,30 @@ async def test_a_version_the_bounded_cache_evicted_is_fetched_again(
     assert not first.path.exists()
     again = await policies.resolve("evict", 0)
     assert again.path == first.path and (again.path / "config.json").is_file()
+
+
+@pytest.mark.asyncio
+async def test_the_base_of_new_adapter_versions_stays_cached(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publish_policy(store, "bases", 0, tiny_dir)
+    for version in range(1, 7):
+        adapter = tmp_path / f"adapter{version}"
+        adapter.mkdir()
+        (adapter / "adapter_config.json").write_text(f'{{"r": {version}}}')
+        publish_policy(store, "bases", version, adapter, step=version, adapter_of=0)
+    built: list[str] = []
+    build = policy_cache._build_version
+    monkeypatch.setattr(
+        policy_cache,
+        "_build_version",
+        lambda store, manifest, cache, target: (
+            built.append(target.name) or build(store, manifest, cache, target)
+        ),
+    )
+    policies = PolicyResolver(store, tmp_path / "cache", keep=3)
+    base = await policies.resolve("bases", 0)
+    for version in range(1, 7):  # a run training LoRA: each new version over the same base
+        tuned = await policies.resolve("bases", version)
+        assert tuned.base == base and base.on_disk()
+    assert built.count("v0") == 1  # the full weights were downloaded once

@@ -1,0 +1,91 @@
+"""`Regrading` writes one RewardRecord per trajectory, create-only (real SeaweedFS): a rerun
+that reaches the same verdict is a no-op even when the checker's stderr differs; a rerun that
+reaches another verdict is a conflict and keeps the first record. The CLI: tests/workers/cli."""
+
+from __future__ import annotations
+
+import pytest
+
+from contracts.sandbox import ExecStatus, ExecutionResult
+from contracts.task import RewardConfig, SandboxLimits, TaskSpec
+from contracts.trajectory import RewardRecord
+from infra import keys
+from infra.regrade import Regrading
+from infra.storage import ObjectStore
+from tests.trajectories import Step, trajectory
+
+LIMITS = SandboxLimits()
+TASK = TaskSpec(id="add", prompt="Write add.", entry_point="add", tests="assert add(1, 2) == 3")
+FAILED = trajectory(
+    [Step([1], [2], code="def add(a, b): return a - b", status=ExecStatus.FAILED)],
+    reward=-0.1,
+    run_id="regrade",
+    task_id=TASK.id,
+    solved=False,
+)
+
+
+class ScriptedBackend:
+    """A sandbox backend that answers each run with the next of `results`."""
+
+    name = "scripted"
+
+    def __init__(self, *results: ExecutionResult):
+        self.results = list(results)
+
+    async def run(
+        self,
+        program: str,
+        tests: str = "",
+        limits: SandboxLimits = LIMITS,
+        entry_point: str | None = None,
+        helpers: str = "",
+    ) -> ExecutionResult:
+        return self.results.pop(0)
+
+    async def close(self) -> None:
+        pass
+
+
+def failed(stderr: str, passed: int = 0) -> ExecutionResult:
+    return ExecutionResult(
+        status=ExecStatus.FAILED, stderr=stderr, tests_passed=passed, tests_total=2
+    )
+
+
+def regrading(store: ObjectStore, backend: ScriptedBackend) -> Regrading:
+    return Regrading(
+        store,
+        backend,
+        "v2",
+        "starter",
+        limits=LIMITS,
+        reward=RewardConfig(),
+        concurrency=1,
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_rerun_with_the_same_verdict_and_other_stderr_is_unchanged(
+    store: ObjectStore,
+) -> None:
+    backend = ScriptedBackend(
+        failed("AssertionError: {'b', 'a'}"),
+        failed("AssertionError: {'a', 'b'}"),  # the same failure, another PYTHONHASHSEED
+        failed("AssertionError", passed=1),  # a flaky test: another verdict
+    )
+    tasks = {TASK.id: TASK}
+    first = await regrading(store, backend).run_all([FAILED], tasks)
+    assert first["regraded"] == first["unchanged"] == [FAILED.id] and not first["conflict"]
+    key = keys.reward_key("regrade", "v2", TASK.id, 0)
+    stored = store.get_model(key, RewardRecord)
+
+    again = await regrading(store, backend).run_all([FAILED], tasks)
+    assert again == first
+    assert store.get_model(key, RewardRecord) == stored  # the first record stays
+
+    flaky = await regrading(store, backend).run_all([FAILED], tasks)
+    assert flaky["conflict"] == [
+        f"{FAILED.id}: {key} holds a different verdict (flaky tests?); kept it"
+    ]
+    assert not flaky["regraded"] and store.get_model(key, RewardRecord) == stored
