@@ -1,28 +1,31 @@
 """JSONL telemetry on disk: span/metric exporters and the reader behind `tempered status`.
 
 When no OTLP collector is configured, every worker appends its spans and metric snapshots to
-`<home>/telemetry/<service>-<pid>.jsonl`, one JSON object per line:
+`<home>/telemetry/<service>-<pid>.jsonl`, one JSON object per line; past ROTATE_BYTES the file
+becomes `<service>-<pid>.jsonl.1` (replacing the previous one) and a new one begins:
 
     {"kind": "span", "name": "sandbox.run", "trace_id": "…", "duration_ms": 12.5, "attrs": {…}}
     {"kind": "metrics", "ts": 1732950000.1, "points": [{"name": …, "attrs": …, "value": …}]}
 
 Metric records are cumulative snapshots, so the newest one is the worker's current state;
-`read_live_figures(settings)` tails each file and turns the newest snapshots into a
-`WorkerFigures`: per task queue the activity attempts in flight, finished per second, failed,
-and the newest failure's message (from the failed spans in the tail), plus RSS, CPU, sandbox
-outcomes and p50 latency, tokens/s, reward. With an OTLP collector there are no files: the same
-figures are in the collector's metrics and traces.
+`read_live_figures(settings)` tails each file (continuing into its `.1` just after a rotation)
+and turns the newest snapshots into a `WorkerFigures`: per task queue the activity attempts in
+flight, finished per second, failed, and the newest failure's message (from the failed spans in
+the tail), plus RSS, CPU, sandbox outcomes and p50 latency, tokens/s, training reward. With an
+OTLP collector there are no files: the same figures are in the collector's metrics and traces.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from logging.handlers import RotatingFileHandler
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
     Gauge,
@@ -37,36 +40,49 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 from pydantic import BaseModel, Field
 
+from infra.telemetry_instruments import histogram_quantile
+
 TAIL_BYTES = 512 * 1024
 """How much of each file's end `read_live_figures` reads to find the newest snapshots."""
 LIVE_WINDOW_S = 900.0
 """Files not written for this long (a worker gone for 15 minutes) are left out by default."""
 RATE_WINDOW_S = 1.0
 """Rates (tokens/s) are taken between snapshots at least this far apart when possible."""
+ROTATE_BYTES = 64 * 2**20
+"""Size past which a worker's JSONL file is rotated to `<file>.1`, so a worker keeps at most
+twice this on disk: a pod's state dir is an emptyDir of 1 GiB (charts/tempered), which a busy
+worker's unbounded file filled in about a day. (A module constant: the settings have no field.)"""
+
+
+def rotated_path(path: Path) -> Path:
+    """Where `path`'s previous part is kept after a rotation (one only, the older is dropped)."""
+    return path.with_name(path.name + ".1")
 
 
 class JsonlSink:
-    """One append-only JSONL file shared by the span and metric exporters of a process."""
+    """One JSONL file shared by the span and metric exporters of a process, rotated by size."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, max_bytes: int | None = None) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
-        self._file: IO[str] | None = path.open("a", encoding="utf-8")
+        # the stdlib's size rotation (to `rotated_path`); each write is one log record, so a
+        # batch of lines never straddles the two files
+        self._handler: RotatingFileHandler | None = RotatingFileHandler(
+            path, maxBytes=max_bytes or ROTATE_BYTES, backupCount=1, encoding="utf-8"
+        )
 
     def write(self, records: Iterable[dict[str, Any]]) -> None:
-        lines = "".join(json.dumps(r, separators=(",", ":"), default=str) + "\n" for r in records)
-        with self._lock:
-            if self._file is None or not lines:
-                return
-            self._file.write(lines)
-            self._file.flush()
+        lines = "\n".join(json.dumps(r, separators=(",", ":"), default=str) for r in records)
+        with self._lock:  # the handler reopens its file if written after close: not after ours
+            if self._handler is not None and lines:
+                self._handler.handle(logging.makeLogRecord({"msg": lines}))
 
     def close(self) -> None:
         with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
+            if self._handler is not None:
+                self._handler.close()
+                self._handler = None
 
 
 class JsonlSpanExporter(SpanExporter):
@@ -184,8 +200,8 @@ class WorkerFigures(BaseModel):
     sandbox_in_flight: int = 0
     sandbox_p50_s: float | None = None
     tokens_per_s: float | None = None
-    reward_mean: float | None = None
-    pass_rate: float | None = None
+    reward_mean: float | None = Field(default=None, description="Of the newest training batch.")
+    pass_rate: float | None = Field(default=None, description="Of the newest training batch.")
     learner_steps: int = 0
     learner_step_mean_s: float | None = None
 
@@ -194,32 +210,28 @@ class WorkerFigures(BaseModel):
         return self.service.split("+")
 
 
-def histogram_quantile(bounds: Sequence[float], buckets: Sequence[int], q: float) -> float | None:
-    """Quantile `q` of an explicit-bucket histogram, interpolated linearly inside its bucket."""
-    total = sum(buckets)
-    if total == 0:
-        return None
-    rank, seen = q * total, 0
-    for index, count in enumerate(buckets):
-        if count and seen + count >= rank:
-            low = bounds[index - 1] if index > 0 else 0.0
-            high = bounds[index] if index < len(bounds) else (bounds[-1] if bounds else 0.0)
-            return low + (high - low) * ((rank - seen) / count)
-        seen += count
-    return bounds[-1] if bounds else None
-
-
 SNAPSHOTS_KEPT = 4
 """Newest metric snapshots read per file: the current state and a few to take rates against."""
 
 
+def _read_end(path: Path, limit: int) -> bytes:
+    """The final `limit` bytes of `path`; none if it is gone (renamed by a rotation)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - limit))
+            return handle.read()
+    except FileNotFoundError:
+        return b""
+
+
 def _tail_records(path: Path) -> list[dict[str, Any]]:
     """The newest SNAPSHOTS_KEPT metric snapshots and every failed span within the final
-    TAIL_BYTES of `path`, oldest first (other lines are not parsed)."""
-    with path.open("rb") as handle:
-        size = handle.seek(0, os.SEEK_END)
-        handle.seek(max(0, size - TAIL_BYTES))
-        lines = handle.read().decode("utf-8", errors="replace").splitlines()
+    TAIL_BYTES of `path` and, where it is shorter, of its rotated part before it (just after a
+    rotation the new file may hold no snapshot yet), oldest first (other lines not parsed)."""
+    data = _read_end(path, TAIL_BYTES)
+    if len(data) < TAIL_BYTES:  # whole lines end each file, so the two join cleanly
+        data = _read_end(rotated_path(path), TAIL_BYTES - len(data)) + data
+    lines = data.decode("utf-8", errors="replace").splitlines()
     found: list[dict[str, Any]] = []
     snapshots = 0
     for line in reversed(lines):
@@ -258,8 +270,10 @@ def _merged_histogram(record: dict[str, Any], name: str) -> tuple[list[float], l
     return bounds, buckets, total
 
 
-def _latest_gauge(record: dict[str, Any], name: str) -> float | None:
-    points = _points(record, name)
+def _gauge(record: dict[str, Any], name: str, **attrs: str) -> float | None:
+    """The value of gauge `name` whose labels include `attrs`. Point times are the snapshot's,
+    not the writes', and points come in label-set creation order: labels tell them apart."""
+    points = [p for p in _points(record, name) if attrs.items() <= p["attrs"].items()]
     return float(points[-1]["value"]) if points else None
 
 
@@ -327,8 +341,8 @@ def worker_figures(
     p50 = histogram_quantile(bounds, buckets, 0.5)
     _, step_buckets, step_sum = _merged_histogram(latest, "tempered.learner.step_time")
     steps = sum(step_buckets)
-    rss = _latest_gauge(latest, "tempered.process.rss")
-    rss_peak = _latest_gauge(latest, "tempered.process.rss_peak")
+    rss = _gauge(latest, "tempered.process.rss")
+    rss_peak = _gauge(latest, "tempered.process.rss_peak")
     return WorkerFigures(
         service=service,
         pid=pid,
@@ -337,14 +351,14 @@ def worker_figures(
         queues=_queue_figures(snapshots, failures),
         rss_mb=None if rss is None else round(rss / 2**20, 1),
         rss_peak_mb=None if rss_peak is None else round(rss_peak / 2**20, 1),
-        cpu_percent=_latest_gauge(latest, "tempered.process.cpu_percent"),
+        cpu_percent=_gauge(latest, "tempered.process.cpu_percent"),
         sandbox_runs=runs,
         sandbox_runs_per_s=snapshots.rate("tempered.sandbox.runs"),
         sandbox_in_flight=int(_total(latest, "tempered.sandbox.in_flight")),
         sandbox_p50_s=None if p50 is None else round(p50, 4),
         tokens_per_s=snapshots.rate("tempered.inference.tokens"),
-        reward_mean=_latest_gauge(latest, "tempered.reward.mean"),
-        pass_rate=_latest_gauge(latest, "tempered.reward.pass_rate"),
+        reward_mean=_gauge(latest, "tempered.reward.mean", run_kind="training"),
+        pass_rate=_gauge(latest, "tempered.reward.pass_rate", run_kind="training"),
         learner_steps=steps,
         learner_step_mean_s=round(step_sum / steps, 4) if steps else None,
     )
@@ -363,7 +377,11 @@ def read_live_figures(
         return workers
     now = time.time()
     for path in sorted(telemetry_dir.glob("*-*.jsonl")):
-        if max_age_s is not None and now - path.stat().st_mtime > max_age_s:
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            continue  # renamed by a rotation since the glob: the next look finds it
+        if max_age_s is not None and now - mtime > max_age_s:
             continue
         service, _, pid_text = path.stem.rpartition("-")
         if not pid_text.isdigit():

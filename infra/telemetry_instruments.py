@@ -4,13 +4,15 @@
 observable gauges of the process's RSS, peak RSS and CPU. `infra/telemetry.py` creates one per
 process in `setup_telemetry` and records through its `record_*` helpers; nothing else should
 create instruments, so each metric is named and described here only. The JSONL reader
-(`infra/telemetry_files.py`) looks figures up by these names; Prometheus spells them with
-underscores (`tempered_sandbox_runs_total`).
+(`infra/telemetry_files.py`) looks figures up by these names and reads histograms back with
+`histogram_quantile`; Prometheus spells them with underscores (`tempered_sandbox_runs_total`).
+Labels take few values each (no run ids): every label set is a series for the process's life.
 """
 
 from __future__ import annotations
 
 import resource
+from collections.abc import Sequence
 
 import psutil
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
@@ -75,10 +77,12 @@ class Instruments:
             explicit_bucket_boundaries_advisory=seconds,
         )
         self.reward_mean = meter.create_gauge(
-            "tempered.reward.mean", "1", "Mean reward of a batch."
+            "tempered.reward.mean",
+            "1",
+            "Mean reward of a batch, by run_kind (training, evaluation).",
         )
         self.pass_rate = meter.create_gauge(
-            "tempered.reward.pass_rate", "1", "Share of solved samples."
+            "tempered.reward.pass_rate", "1", "Share of solved samples, by run_kind."
         )
         self.staleness = histogram(
             "tempered.policy.staleness",
@@ -111,3 +115,18 @@ class Instruments:
         meter.create_observable_gauge("tempered.process.rss", [rss], "By", "Resident set size.")
         meter.create_observable_gauge("tempered.process.rss_peak", [rss_peak], "By", "Peak RSS.")
         meter.create_observable_gauge("tempered.process.cpu_percent", [cpu], "%", "CPU use.")
+
+
+def histogram_quantile(bounds: Sequence[float], buckets: Sequence[int], q: float) -> float | None:
+    """Quantile `q` of an explicit-bucket histogram, interpolated linearly inside its bucket."""
+    total = sum(buckets)
+    if total == 0:
+        return None
+    rank, seen = q * total, 0
+    for index, count in enumerate(buckets):
+        if count and seen + count >= rank:
+            low = bounds[index - 1] if index > 0 else 0.0
+            high = bounds[index] if index < len(bounds) else (bounds[-1] if bounds else 0.0)
+            return low + (high - low) * ((rank - seen) / count)
+        seen += count
+    return bounds[-1] if bounds else None

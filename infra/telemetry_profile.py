@@ -3,8 +3,9 @@
     profile = run_profile(settings.home / "telemetry", run_id, started_at, ended_at)
     profile.segments        # {"learner": s, "evaluation": s, ...}: an exclusive split of wall_s
 
-Reads the spans every worker's JSONL exporter wrote (`<home>/telemetry/*.jsonl`, see
-`infra.telemetry_files`) inside the run's time window, and turns them into intervals:
+Reads the spans every worker's JSONL exporter wrote (`<home>/telemetry/*.jsonl` and their rotated
+parts `*.jsonl.1`, see `infra.telemetry_files`) inside the run's time window, and turns them into
+intervals:
 
   learner      `learner.train_step` spans of the run
   inference    `model.generate` spans of training requests: the inference engine had one of
@@ -26,7 +27,8 @@ had any request, training or evaluation.
 
 Not covered: a setup that exports to an OTLP collector instead of files (no spans here: the
 profile is empty and says so); spans still in a worker's export buffer when the run ends (the
-exporters flush every few seconds).
+exporters flush every few seconds); spans a worker wrote before its newest two files (each
+rotated at `ROTATE_BYTES`), which leaves early parts of a long run on a busy worker out.
 """
 
 from __future__ import annotations
@@ -113,10 +115,15 @@ def _category(span: dict[str, Any], run_id: str) -> str | None:
 
 def _spans(telemetry_dir: Path, window: Interval) -> Iterator[dict[str, Any]]:
     """Span records of every JSONL file that overlap `window` (metric lines are skipped)."""
-    for path in sorted(telemetry_dir.glob("*.jsonl")) if telemetry_dir.is_dir() else []:
-        if path.stat().st_mtime < window[0]:
-            continue  # last written before the run began
-        with path.open(encoding="utf-8", errors="replace") as lines:
+    paths = [*telemetry_dir.glob("*.jsonl.1"), *telemetry_dir.glob("*.jsonl")]
+    for path in sorted(paths) if telemetry_dir.is_dir() else []:
+        try:
+            if path.stat().st_mtime < window[0]:
+                continue  # last written before the run began
+            lines = path.open(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            continue  # renamed or dropped by a rotation since the glob
+        with lines:
             for line in lines:
                 if not line.startswith('{"kind":"span"'):
                     continue

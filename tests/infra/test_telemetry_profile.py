@@ -62,3 +62,16 @@ def test_the_window_is_split_by_priority_and_other_runs_are_left_out(tmp_path: P
 def test_no_span_files_is_an_all_temporal_profile(tmp_path: Path) -> None:
     profile = run_profile(tmp_path / "none", "r1", T0, T0 + 10)
     assert profile.segments["temporal"] == 10 and profile.spans == 0
+
+
+def test_spans_of_a_rotated_file_still_count(tmp_path: Path) -> None:
+    # a busy worker's file rotates (`infra.telemetry_files.ROTATE_BYTES`): its older spans are in
+    # `<file>.1` and belong to the run as much as those of the current file
+    (tmp_path / "learner-2.jsonl.1").write_text(
+        span("learner.train_step", 0, 10, **{"tempered.run_id": "r1"})
+    )
+    (tmp_path / "learner-2.jsonl").write_text(
+        span("learner.train_step", 20, 10, **{"tempered.run_id": "r1"})
+    )
+    profile = run_profile(tmp_path, "r1", T0, T0 + 40)
+    assert profile.segments["learner"] == 20 and profile.spans == 2

@@ -1,0 +1,101 @@
+"""What bounds a long-lived worker's telemetry: its JSONL file rotates at a size limit (and the
+readers see across the rotation), and reward gauges carry a run kind, never a run id."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from infra import telemetry as tm
+from infra import telemetry_files
+from infra.settings import Settings
+from infra.telemetry_files import JsonlSink, rotated_path
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_jsonl_file_rotates_to_one_older_part(tmp_path: Path) -> None:
+    path = tmp_path / "telemetry" / "sandbox-1.jsonl"
+    sink = JsonlSink(path, max_bytes=4096)
+    for batch in range(100):  # ~50 KB in batches of 5 records of ~100 bytes
+        sink.write({"kind": "span", "n": batch * 5 + i, "pad": "x" * 80} for i in range(5))
+    sink.close()
+    sink.write([{"kind": "span", "n": -1}])  # closed: nothing more is written
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, path.name + ".1"]
+    assert path.stat().st_size <= 4096 and rotated_path(path).stat().st_size <= 4096
+    kept = [r["n"] for r in _lines(rotated_path(path)) + _lines(path)]
+    assert kept == list(range(500 - len(kept), 500))  # the newest records, whole and in order
+    assert len(kept) > 5  # rotation keeps the older part, not just the newest batch
+
+
+def test_live_figures_read_the_rotated_part_just_after_a_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(telemetry_files, "ROTATE_BYTES", 16384)
+    settings = Settings(home=tmp_path)
+    telemetry = tm.setup_telemetry(settings, "sandbox", export_interval_s=60)
+    assert telemetry.jsonl_path is not None
+    try:
+        tm.record_sandbox_run("local", "passed", 0.02)
+        telemetry.flush()  # one metric snapshot, then only spans until the file rotates
+        for _ in range(500):
+            with tm.span("sandbox.run", task_id="add"):
+                pass
+            telemetry.tracer_provider.force_flush()
+            if rotated_path(telemetry.jsonl_path).exists():
+                break
+        assert rotated_path(telemetry.jsonl_path).exists()
+        assert all(r["kind"] == "span" for r in _lines(telemetry.jsonl_path))
+        worker = tm.read_live_figures(settings)[f"sandbox-{os.getpid()}"]
+    finally:
+        telemetry.shutdown()
+    assert worker.sandbox_runs == {"passed": 1}
+
+
+def test_reward_gauges_have_one_series_per_run_kind(tmp_path: Path) -> None:
+    settings = Settings(home=tmp_path)
+    telemetry = tm.setup_telemetry(settings, "rewards", export_interval_s=60)
+    try:
+        tm.record_rewards(0.4, 0.5, run_id="r1")
+        tm.record_rewards(0.9, 1.0, run_id="r1-eval-v1")
+        tm.record_rewards(0.8, 0.75, run_id="r1-eval-v2-basics")  # `tempered eval --suite`
+        with tm.span("RunActivity:write_trajectories"):
+            tm.record_rewards(0.3, 0.25, run_id="r1")  # the newest write: training
+        telemetry.flush()
+    finally:
+        telemetry.shutdown()
+    assert telemetry.jsonl_path is not None
+    records = _lines(telemetry.jsonl_path)
+    snapshot = [r for r in records if r["kind"] == "metrics"][-1]
+    rewards = {
+        p["attrs"]["run_kind"]: p["value"]
+        for p in snapshot["points"]
+        if p["name"] == "tempered.reward.mean"
+    }
+    assert rewards == {"training": 0.3, "evaluation": 0.8}  # no series per run or version
+    (activity,) = [r for r in records if r["kind"] == "span"]
+    assert activity["attrs"]["tempered.run_id"] == "r1"  # the run id stays on the span
+    assert activity["attrs"]["tempered.reward_mean"] == 0.3
+    worker = tm.read_live_figures(settings)[telemetry.jsonl_path.stem]
+    assert (worker.reward_mean, worker.pass_rate) == (0.3, 0.25)
+
+
+def test_live_figures_take_the_training_reward_not_the_newest_label_set(tmp_path: Path) -> None:
+    # points come in the order their label sets were first seen: an evaluation that started
+    # after training is last, however long ago it wrote
+    telemetry = tmp_path / "telemetry"
+    telemetry.mkdir()
+    points = [
+        {"name": name, "attrs": {"run_kind": kind}, "type": "gauge", "value": value}
+        for kind, value in (("training", 0.3), ("evaluation", 0.8))
+        for name in ("tempered.reward.mean", "tempered.reward.pass_rate")
+    ]
+    snapshot = {"kind": "metrics", "ts": os.path.getmtime(telemetry), "points": points}
+    (telemetry / "rewards-1.jsonl").write_text(json.dumps(snapshot) + "\n")
+    worker = tm.read_live_figures(Settings(home=tmp_path))["rewards-1"]
+    assert (worker.reward_mean, worker.pass_rate) == (0.3, 0.3)
