@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -206,6 +207,23 @@ def test_keda_scales_activity_workers_on_their_task_queue() -> None:
         assert all(isinstance(v, str) for v in trigger["metadata"].values())  # KEDA wants strings
         assert 0 <= spec["minReplicaCount"] < spec["maxReplicaCount"]
     assert scaled["tempered-sandbox"]["spec"]["triggers"][0]["metadata"]["targetQueueSize"] == "32"
+
+
+def test_keda_keeps_one_replica_of_busy_activity_workers_unless_told_zero() -> None:
+    """The trigger is the backlog only: a worker busy with the activities it picked up has none,
+    and scaling it to zero would cancel them. So keda.minReplicas defaults to 1; 0 stays allowed
+    when set explicitly."""
+
+    def min_replicas(docs: list[dict[str, Any]]) -> dict[str, int]:
+        return {
+            s["metadata"]["labels"]["tempered.dev/queue"]: s["spec"]["minReplicaCount"]
+            for s in objects(docs, "ScaledObject").values()
+        }
+
+    keda = CHART / "ci" / "keda-values.yaml"
+    assert min_replicas(render(keda)) == {"inference": 1, "rewards": 1, "sandbox": 1}
+    explicit = render(keda, "workers.rewards.keda.minReplicas=0")
+    assert min_replicas(explicit) == {"inference": 1, "rewards": 0, "sandbox": 1}
 
 
 def test_the_chart_runs_the_images_own_user() -> None:

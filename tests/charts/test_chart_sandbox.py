@@ -3,26 +3,34 @@
 The sandbox worker's Role grants only the calls infra/sandbox/kubernetes.py makes, in the
 sandbox namespace; a NetworkPolicy denies all traffic of sandbox pods (matched by the labels
 `build_job_manifest` puts on them); a default sandbox Job fits the namespace's LimitRange and
-ResourceQuota; and an opt-in gVisor RuntimeClass reaches the Jobs through the settings.
+ResourceQuota, and so do the sandbox workers' Jobs at their largest (an over-committed quota
+fails to render); and an opt-in gVisor RuntimeClass reaches the Jobs through the settings.
 Rendering and validation are tests/charts/test_chart.py's. Skipped without helm.
 """
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from contracts.task import SandboxLimits
 from infra.sandbox.kubernetes import SANDBOX_LABELS, build_job_manifest, sandbox_rlimits
 from infra.sandbox.verifier import checker_job
 from tests.charts.chart import (
     CHART,
+    HELM,
     RELEASE_NAMESPACE,
+    VALUE_SETS,
+    deployments,
     needs_helm,
     objects,
     render,
     settings_from,
+    value_set_id,
     worker_env,
 )
 
@@ -122,3 +130,83 @@ def test_gvisor_runtime_class_reaches_the_sandbox_jobs(monkeypatch: pytest.Monke
     job = _sandbox_job(kubernetes.runtime_class)
     assert job["spec"]["template"]["spec"]["runtimeClassName"] == "gvisor"
     assert not objects(render(), "RuntimeClass")  # opt-in
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
+def test_sandbox_jobs_at_most_replicas_fit_the_quota(values: Path | None) -> None:
+    """The sandbox workers at their largest run (max) replicas x concurrency Jobs at once, each
+    one pod of the CPU `build_job_manifest` asks for plus the RuntimeClass's overhead; a Job over
+    the quota is refused. Checked here from the rendered objects, apart from the chart's own
+    check (tempered.checkSandboxQuota)."""
+    docs = render(values)
+    quota = [q["spec"]["hard"] for q in objects(docs, "ResourceQuota").values()]
+    if not quota or "sandbox" not in deployments(docs):
+        return
+    (hard,) = quota
+    autoscaled = [
+        obj["spec"].get("maxReplicas", obj["spec"].get("maxReplicaCount"))
+        for kind in ("HorizontalPodAutoscaler", "ScaledObject")
+        for obj in objects(docs, kind).values()
+        if obj["spec"]["scaleTargetRef"]["name"] == "tempered-sandbox"
+    ]
+    replicas = max(autoscaled) if autoscaled else deployments(docs)["sandbox"]["spec"]["replicas"]
+    jobs = replicas * int(worker_env(docs, "sandbox")["TEMPERED_SANDBOX__CONCURRENCY"])
+    pod = _sandbox_job()["spec"]["template"]["spec"]
+    cpu = sum(_quantity(c["resources"]["requests"]["cpu"]) for c in pod["containers"])
+    for runtime_class in objects(docs, "RuntimeClass").values():
+        cpu += _quantity(runtime_class.get("overhead", {}).get("podFixed", {}).get("cpu", "0"))
+    for key in ("pods", "count/jobs.batch"):
+        assert jobs <= _quantity(str(hard.get(key, jobs))), (key, hard, jobs)
+    for key in ("requests.cpu", "limits.cpu"):
+        assert jobs * cpu <= _quantity(str(hard.get(key, jobs * cpu))) + 1e-9, (key, hard, jobs)
+
+
+_GVISOR_3_X_64 = {  # ci/gvisor-values.yaml as it was: 3 x 64 Jobs of 1.1 CPU, quota of 128
+    "sandbox": {
+        "concurrency": 64,
+        "runtimeClass": {"name": "gvisor", "create": True, "overhead": {"cpu": "100m"}},
+        "resourceQuota": {"hard": {"pods": "128", "requests.cpu": "128", "limits.cpu": "128"}},
+    },
+    "workers": {"sandbox": {"replicas": 3}},
+}
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (
+            _GVISOR_3_X_64,
+            "3 replicas (workers.sandbox.replicas) x sandbox.concurrency 64 = 192 sandbox Jobs"
+            " at once, 1.1 CPU each with the RuntimeClass overhead; over the quota: pods"
+            " 192 > 128, count/jobs.batch 192 > 128, requests.cpu 211.2 > 128, limits.cpu"
+            " 211.2 > 128.",
+        ),
+        (  # the pods and Jobs fit; their CPU with gVisor's overhead does not
+            {**_GVISOR_3_X_64, "workers": {"sandbox": {"replicas": 2}}},
+            "= 128 sandbox Jobs at once, 1.1 CPU each with the RuntimeClass overhead; over the"
+            " quota: requests.cpu 140.8 > 128, limits.cpu 140.8 > 128.",
+        ),
+        (  # KEDA's default 8 replicas x 16 against the default quota's 64 pods
+            {"workers": {"sandbox": {"keda": {"enabled": True, "maxReplicas": 8}}}},
+            "8 replicas (workers.sandbox keda.maxReplicas) x sandbox.concurrency 16 = 128"
+            " sandbox Jobs at once, 1 CPU each; over the quota: pods 128 > 64, requests.cpu"
+            " 128 > 64, limits.cpu 128 > 64.",
+        ),
+    ],
+    ids=["gvisor-3x64", "gvisor-cpu-only", "keda-8x16"],
+)
+def test_an_overcommitted_sandbox_quota_fails_to_render(
+    tmp_path: Path, values: dict[str, Any], message: str
+) -> None:
+    assert HELM is not None
+    values_file = tmp_path / "overcommitted-values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    done = subprocess.run(
+        [HELM, "template", "tempered", str(CHART), "-f", str(values_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0, done.stdout
+    assert "sandbox.resourceQuota.hard is too small for the sandbox workers" in done.stderr
+    assert message in done.stderr, done.stderr

@@ -119,3 +119,69 @@ sandbox namespace (see sandbox-rbac.yaml). */}}
 app.kubernetes.io/component: sandbox
 tempered.dev/sandbox: "true"
 {{- end -}}
+
+{{/*
+A Kubernetes quantity (string or number) in thousandths: "64" -> 64000, "500m" -> 500,
+"1.5" -> 1500, "2k" -> 2000000; "" when it is in a form this does not read (binary suffixes,
+exponents), so the caller skips that check.
+*/}}
+{{- define "tempered.milliQuantity" -}}
+{{- $q := toString . -}}
+{{- $factors := dict "m" 1 "" 1000 "k" 1000000 "M" 1000000000 -}}
+{{- $match := regexFindAll "^([0-9]+(?:\\.[0-9]+)?)(m|k|M)?$" $q -1 -}}
+{{- if $match -}}
+{{- $suffix := regexReplaceAll "^[0-9.]+" $q "" -}}
+{{- mulf (trimSuffix $suffix $q | float64) (get $factors $suffix) | ceil | int64 -}}
+{{- end -}}
+{{- end -}}
+
+{{/* CPU (in millicores) each container of a sandbox Job requests and is limited to:
+build_job_manifest's `cpu` in infra/sandbox/kubernetes_job.py (tests/charts/test_chart_sandbox.py
+checks the rendered quotas against the Job that code builds). */}}
+{{- define "tempered.sandboxJobCpuMillis" -}}1000{{- end -}}
+
+{{/*
+Fails the release when the sandbox workers at their largest (workers.sandbox `replicas`, or
+`autoscaling.maxReplicas` / `keda.maxReplicas` when an autoscaler owns them) times
+`sandbox.concurrency` Jobs do not fit sandbox.resourceQuota.hard: a Job over the quota is
+refused by the API server (403), and the sandbox activities fail instead of queueing. Checks
+pods (or count/pods), count/jobs.batch and, from one CPU a Job plus the RuntimeClass's pod
+overhead when the chart creates it, requests.cpu (or cpu) and limits.cpu.
+*/}}
+{{- define "tempered.checkSandboxQuota" -}}
+{{- $hard := .Values.sandbox.resourceQuota.hard | default dict -}}
+{{- if and (include "tempered.kubernetesSandbox" .) .Values.sandbox.resourceQuota.enabled (hasKey .Values.workers "sandbox") -}}
+{{- $w := include "tempered.worker" (dict "root" . "name" "sandbox") | fromYaml -}}
+{{- if $w.enabled -}}
+{{- $replicas := int64 $w.replicas -}}
+{{- $source := "workers.sandbox.replicas" -}}
+{{- if $w.keda.enabled -}}
+{{- $replicas = int64 $w.keda.maxReplicas -}}
+{{- $source = "workers.sandbox keda.maxReplicas" -}}
+{{- else if $w.autoscaling.enabled -}}
+{{- $replicas = int64 $w.autoscaling.maxReplicas -}}
+{{- $source = "workers.sandbox autoscaling.maxReplicas" -}}
+{{- end -}}
+{{- $concurrency := int64 .Values.sandbox.concurrency -}}
+{{- $jobs := mul $replicas $concurrency -}}
+{{- $perJob := int64 (include "tempered.sandboxJobCpuMillis" .) -}}
+{{- $rc := .Values.sandbox.runtimeClass -}}
+{{- $overhead := "" -}}
+{{- if and $rc.create $rc.overhead (hasKey $rc.overhead "cpu") -}}
+{{- $overhead = include "tempered.milliQuantity" $rc.overhead.cpu -}}
+{{- end -}}
+{{- $perJob = add $perJob (int64 (default "0" $overhead)) -}}
+{{- $over := list -}}
+{{- range $key := list "pods" "count/pods" "count/jobs.batch" "requests.cpu" "cpu" "limits.cpu" -}}
+{{- $limit := include "tempered.milliQuantity" (get $hard $key) -}}
+{{- $needed := ternary (mul $jobs $perJob) (mul $jobs 1000) (hasSuffix "cpu" $key) -}}
+{{- if and (hasKey $hard $key) $limit (gt $needed (int64 $limit)) -}}
+{{- $over = append $over (printf "%s %g > %v" $key (divf $needed 1000) (get $hard $key)) -}}
+{{- end -}}
+{{- end -}}
+{{- if $over -}}
+{{- fail (printf "sandbox.resourceQuota.hard is too small for the sandbox workers at their largest: %d replicas (%s) x sandbox.concurrency %d = %d sandbox Jobs at once, %g CPU each%s; over the quota: %s. Raise the quota, or lower the sandbox workers' (max) replicas or sandbox.concurrency." $replicas $source $concurrency $jobs (divf $perJob 1000) (ternary " with the RuntimeClass overhead" "" (ne $overhead "")) (join ", " $over)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
