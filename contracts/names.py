@@ -111,6 +111,16 @@ def eval_run_id(run: str, version: int, suite: str | None = None) -> str:
     return f"{run}-eval-v{version}{tail}"
 
 
+EVAL_MARK = r"-eval-v\d+(-|$)"
+"""What an evaluation's run id has after its run's (`eval_run_id`); no training run's id has it
+(`TrainingRunInput`), so `tempered runs rm <run>` never takes another run for an evaluation."""
+
+
 def evaluates(name: str, run: str) -> bool:
     """Whether a run id or workflow id belongs to an evaluation of `run` (`eval_run_id`)."""
-    return re.match(rf"{re.escape(run)}-eval-v\d+(-|$)", name) is not None
+    return re.match(re.escape(run) + EVAL_MARK, name) is not None
+
+
+def is_evaluation(run_id: str) -> bool:
+    """Whether `run_id` is an evaluation's (of whichever run)."""
+    return re.search(EVAL_MARK, run_id) is not None

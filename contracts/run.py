@@ -6,7 +6,7 @@ import random
 from collections.abc import Sequence
 from datetime import datetime
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from contracts.common import Contract, Identifier
 from contracts.learner import (
@@ -16,6 +16,7 @@ from contracts.learner import (
     LearnerProgress,
     TrainStepResponse,
 )
+from contracts.names import is_evaluation
 from contracts.rollout import AgentTaskResult
 from contracts.task import (
     AgentTaskInput,
@@ -184,6 +185,16 @@ class TrainingRunInput(Contract):
     resume: "RunResume | None" = Field(
         default=None, description="Set by the run itself when it continues as new."
     )
+
+    @field_validator("run_id")
+    @classmethod
+    def _not_an_evaluations(cls, run_id: str) -> str:
+        if is_evaluation(run_id):
+            raise ValueError(
+                f"{run_id!r} has the form of an evaluation's run id (<run>-eval-v<N>): "
+                "`tempered runs rm <run>` would take it along; choose another run id"
+            )
+        return run_id
 
     def task_input(self, task: TaskSpec, policy_version: int) -> AgentTaskInput:
         """The training rollout of `task` (a group of `group_size`), pinned to `policy_version`."""

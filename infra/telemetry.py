@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.runtime import OpenTelemetryConfig, PrometheusConfig, Runtime, TelemetryConfig
 
-from contracts.names import Queue, evaluates
+from contracts.names import Queue, is_evaluation
 from infra.settings import Settings
 from infra.telemetry_files import (
     LIVE_WINDOW_S,
@@ -297,7 +297,7 @@ def record_rewards(mean: float, pass_rate: float, run_id: str | None = None) -> 
     """Sets the reward gauges to a batch of `run_id`'s, labelled `run_kind` training or evaluation
     only: a run_id label would add a series per run and per evaluated version (`<run>-eval-vN`)
     for the worker's life. The run id and figures go on the current span (the activity's)."""
-    evaluation = run_id is not None and evaluates(run_id, run_id.partition("-eval-v")[0])
+    evaluation = run_id is not None and is_evaluation(run_id)
     trace.get_current_span().set_attributes(
         {"tempered.reward_mean": mean, "tempered.pass_rate": pass_rate}
         | ({"tempered.run_id": run_id} if run_id else {})

@@ -78,6 +78,11 @@ def test_a_bad_preset_is_one_line_and_starts_nothing(
     error = capsys.readouterr().err
     assert error.startswith("tempered train: preset tiny: steps") and len(error.splitlines()) == 1
     assert not settings.home.exists()
+    # an evaluation's form: `tempered runs rm exp` would delete this run as exp's evaluation
+    assert run(["train", "--preset", "tiny", "--run-id", "exp-eval-v2-retry"], settings) == 2
+    error = capsys.readouterr().err
+    assert "has the form of an evaluation's run id" in error and len(error.splitlines()) == 1
+    assert not settings.home.exists()
 
 
 def test_help_parses_without_importing_torch() -> None:
