@@ -306,6 +306,7 @@ class InferenceActivities:
             num_tokens=len(record.completion_token_ids),
             prompt_tokens=len(record.prompt_token_ids),
             finish_reason=record.finish_reason,
+            policy_version=record.policy_version,
             **action,
         )
 

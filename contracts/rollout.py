@@ -117,6 +117,11 @@ class Completion(Contract):
     num_tokens: int = 0
     prompt_tokens: int = 0
     finish_reason: str = "stop"
+    policy_version: int | None = Field(
+        default=None,
+        description="The version that sampled it: an overlapping attempt's stored completion "
+        "may be another version than the response's (None in histories from before).",
+    )
 
 
 class GenerateResponse(Contract):

@@ -58,10 +58,12 @@ class EpisodeGroup:
             self.episodes[sample].end = EpisodeEnd.CONTEXT_BUDGET
         for completion in generated.completions:
             outcome = outcomes[completion.sample]
+            version = completion.policy_version
+            version = generated.policy_version if version is None else version
             if isinstance(outcome, ExecuteOutcome):
-                self._code_step(step, generated.policy_version, completion, outcome)
+                self._code_step(step, version, completion, outcome)
             else:
-                self._tool_step(step, generated.policy_version, completion, outcome)
+                self._tool_step(step, version, completion, outcome)
 
     def _code_step(
         self, step: int, version: int, completion: Completion, outcome: ExecuteOutcome

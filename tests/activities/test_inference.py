@@ -105,6 +105,11 @@ async def test_a_retry_reuses_what_an_earlier_attempt_stored(
     assert acts.batcher.rows == rows_before + 1
     record = store.get_model(retry.completions[1].completion.key, CompletionRecord)
     assert record.policy_version == 0
+    # an overlapping attempt that sampled v1 before it saw sample 0 stored: the stored v0
+    # completion wins, and the completion says v0 whatever the attempt's version
+    item, late = request("retry").items[0], record.model_copy(update={"policy_version": 1})
+    adopted = await asyncio.to_thread(acts._write, request("retry"), item, late)
+    assert adopted.policy_version == 0 and adopted == retry.completions[0]
     with pytest.raises(ApplicationError, match="policy_version") as pinned:
         await generate(acts, request("retry", samples=2, policy_version=1))
     assert pinned.value.non_retryable

@@ -105,6 +105,16 @@ def test_a_code_step_scores_every_round_and_ends_the_solved() -> None:
     assert result.ends == [EpisodeEnd.SUBMITTED, EpisodeEnd.SUBMITTED, EpisodeEnd.STEP_BUDGET]
 
 
+def test_a_step_records_the_version_that_sampled_its_completion() -> None:
+    """An overlapping attempt's stored completion (v3) answered a response of v4: the step
+    said v4, and staleness was counted from the wrong version."""
+    g = group(CODE, size=2)
+    response = generated(4, 0, 1)
+    response.completions[0].policy_version = 3
+    g.feedback(0, response, {0: ran(0, ExecStatus.FAILED), 1: ran(1, ExecStatus.FAILED)})
+    assert [e.steps[0].policy_version for e in g.episodes] == [3, 4]
+
+
 def test_an_episode_over_the_context_budget_ends_unsampled() -> None:
     g = group(CODE, size=2)
     g.feedback(0, generated(0, 0), {0: ran(0, ExecStatus.FAILED)})
