@@ -316,6 +316,8 @@ class ObjectStore:
         base = prefix.rstrip("/") + "/"
         written = []
         for key in self.list_keys(base):
+            if key.endswith("/"):  # folder marker, or `base` itself: as a file it blocks a dir
+                continue
             target = (root / key[len(base) :]).resolve()
             if not target.is_relative_to(root):
                 raise PermanentStorageError(f"key {key!r} would escape {root}")
@@ -343,11 +345,15 @@ class ObjectStore:
 
     def _existing_or_raise(self, ref: ObjectRef, existing: ObjectRef | None = None) -> ObjectRef:
         existing = existing if existing is not None else self.head(ref.key)  # one HEAD, not two
-        if existing is not None and existing.sha256 == ref.sha256 and existing.size == ref.size:
+        if existing is None:  # refused, yet nothing there: a concurrent writer's, not visible yet
+            raise TransientStorageError(
+                f"s3://{self.bucket}/{ref.key}: create-only write refused, no object visible yet"
+            )
+        if existing.sha256 == ref.sha256 and existing.size == ref.size:
             return existing
         raise ObjectExists(
             f"s3://{self.bucket}/{ref.key} already holds different content "
-            f"(stored sha256 {existing.sha256[:12] if existing else '?'}…, new {ref.sha256[:12]}…)"
+            f"(stored sha256 {existing.sha256[:12]}…, new {ref.sha256[:12]}…)"
         )
 
     def _multipart_upload(self, path: Path, ref: ObjectRef, create_only: bool) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from boto3.exceptions import RetriesExceededError as TransferRetriesExceeded
 from botocore.exceptions import BotoCoreError, ClientError, ParamValidationError
+from s3transfer.exceptions import RetriesExceededError, S3DownloadFailedError
 
 _TRANSIENT_CODES = {
     "SlowDown",
@@ -19,6 +21,10 @@ _TRANSIENT_CODES = {
     "RequestTimeout",
     "RequestTimeTooSkewed",
     "InternalError",
+    # 409: a concurrent conditional write to the same key is in flight; AWS says retry (the
+    # retry then gets 412 or succeeds). Not ObjectExists: nothing may be stored there yet.
+    "ConditionalRequestConflict",
+    "OperationAborted",
     "ServiceUnavailable",
     "503",
     "500",
@@ -30,7 +36,7 @@ _CREDENTIAL_HINTS = {
     "SignatureDoesNotMatch": "wrong secret key",
 }
 BUCKET_EXISTS_CODES = {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}
-_CONFLICT_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_PRECONDITION_CODES = {"PreconditionFailed", "412"}
 
 
 class StorageError(Exception):
@@ -70,6 +76,13 @@ def translate_errors(
         raise PermanentStorageError(f"invalid S3 {op} request for {key!r}: {exc}") from exc
     except BotoCoreError as exc:  # connection refused, DNS, timeouts, closed connections
         raise TransientStorageError(f"cannot reach S3 at {endpoint}: {_reason(exc)}") from exc
+    except (TransferRetriesExceeded, RetriesExceededError, S3DownloadFailedError) as exc:
+        # s3transfer (download_file) retries broken bodies itself, then raises boto3's
+        # RetriesExceededError, which is no BotoCoreError: the network failed, so retry later
+        cause = getattr(exc, "last_exception", None) or exc
+        raise TransientStorageError(
+            f"S3 at {endpoint} failed {op} on s3://{bucket}/{key}: {_reason(cause)}"
+        ) from exc
 
 
 def classify_client_error(
@@ -79,7 +92,7 @@ def classify_client_error(
     code = str(error.get("Code", ""))
     status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
     where = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
-    if code in _CONFLICT_CODES or status in (409, 412):
+    if code in _PRECONDITION_CODES or status == 412:
         return ObjectExists(f"{where} already exists")
     if code == "NoSuchBucket":
         return PermanentStorageError(
