@@ -20,6 +20,10 @@ import asyncio
 from infra.settings import Settings
 from workers.plan import WorkerPlan
 
+LEARNER_DRAIN_S = 270.0
+"""A step in flight may finish (and publish) for this long after SIGTERM: a step takes minutes,
+and a cancelled one is redone from its start. The chart gives the learner's pod 300 s."""
+
 
 def build(settings: Settings) -> WorkerPlan:
     # activities.learner brings boto3 and the learner's modules: only a learner worker pays for
@@ -35,6 +39,7 @@ def build(settings: Settings) -> WorkerPlan:
         activities=[activities.prepare_run, activities.train_step],
         max_concurrent_activities=1,
         on_shutdown=close,
+        drain_s=LEARNER_DRAIN_S,
         # one activity, heartbeating every 5 s: sent as often, a cancel (`tempered stop
         # --cancel`) reaches the step within seconds, not the SDK's 60
         heartbeat_every_s=HEARTBEAT_EVERY_S,

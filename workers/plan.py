@@ -15,6 +15,10 @@ class WorkerPlan:
     workflows: Sequence[type] = ()
     max_concurrent_activities: int = 16
     on_shutdown: Callable[[], Awaitable[None]] | None = None
+    drain_s: float = 30.0
+    """On SIGTERM, how long in-flight activities may finish before they are cancelled (and
+    retried elsewhere, from the start). Below the pod's terminationGracePeriodSeconds in the
+    chart (tests/charts/test_chart_drain.py), or Kubernetes kills the process first."""
     heartbeat_every_s: float | None = None
     """At most this long between the heartbeats the worker sends to the server (None: the SDK's
     throttle, up to 60 s). A cancel reaches an activity with the server's answer to a heartbeat,

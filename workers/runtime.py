@@ -5,8 +5,8 @@
 
 `BUILDERS` maps each queue to its entry module's `build(settings) -> WorkerPlan`. The workflow
 worker is versioned (`workers.versioning`: a pinned Worker Deployment build, made current once
-it polls). Shutdown is graceful: on SIGTERM/SIGINT the worker stops polling, lets in-flight activities finish for
-`GRACEFUL_SHUTDOWN` (they are retried elsewhere otherwise), then exits.
+it polls). Shutdown is graceful: on SIGTERM/SIGINT the worker stops polling, lets in-flight
+activities finish for its plan's `drain_s` (they are retried elsewhere otherwise), then exits.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from workers import agent_tasks, inference, learner, rewards, sandbox
 from workers.plan import WorkerPlan
 from workers.versioning import deployment_config, promote_in_background
 
-GRACEFUL_SHUTDOWN = timedelta(seconds=30)
 log = logging.getLogger("tempered.worker")
 
 BUILDERS: dict[Queue, Callable[[Settings], WorkerPlan]] = {
@@ -70,7 +69,7 @@ async def build_worker(
         activities=list(plan.activities),
         workflows=list(plan.workflows),
         max_concurrent_activities=plan.max_concurrent_activities,
-        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        graceful_shutdown_timeout=timedelta(seconds=plan.drain_s),
         identity=f"{queue.value}@{socket.gethostname()}:{os.getpid()}",
         deployment_config=versioning,
         **throttle(plan),
@@ -95,7 +94,7 @@ def own_queue_worker(client: Client, plan: WorkerPlan) -> Worker:
         task_queue=plan.own_queue,
         activities=list(plan.own_queue_activities),
         max_concurrent_activities=plan.own_queue_max_concurrent,
-        graceful_shutdown_timeout=GRACEFUL_SHUTDOWN,
+        graceful_shutdown_timeout=timedelta(seconds=plan.drain_s),
         identity=f"{plan.own_queue}@{socket.gethostname()}:{os.getpid()}",
     )
 
