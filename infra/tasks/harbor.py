@@ -252,21 +252,59 @@ def _expand(text: str, env: dict[str, str]) -> str:
 
 
 def _env(arguments: str, env: dict[str, str], fail: Any) -> dict[str, str]:
-    words = _split(arguments, fail)
-    if not words:
+    first, *rest = re.split(r"\s+", arguments.strip(), maxsplit=1)
+    if not first:
         raise fail("ENV needs KEY=value")
-    if "=" not in words[0]:  # the legacy form: ENV KEY value with spaces
-        key, _, value = arguments.partition(" ")
-        if not _KEY.fullmatch(key) or not value.strip():
+    if "=" not in first:  # the legacy form: ENV KEY value with spaces
+        whole = _shell_words(rest[0] if rest else "", env, fail, split=False)
+        if not _KEY.fullmatch(first) or not whole:
             raise fail(f"ENV {arguments!r} is neither KEY=value nor KEY value")
-        return {key: _expand(value.strip(), env)}
+        return {first: whole[0]}
     pairs: dict[str, str] = {}
-    for word in words:
+    for word in _shell_words(arguments, env, fail):
         key, equals, value = word.partition("=")
         if not equals or not _KEY.fullmatch(key):
             raise fail(f"ENV {word!r} is not KEY=value")
-        pairs[key] = _expand(value, env)  # as Docker: what the lines before set, not this one
+        pairs[key] = value  # as Docker: expanded from what the lines before set, not this one
     return pairs
+
+
+def _shell_words(text: str, env: dict[str, str], fail: Any, split: bool = True) -> list[str]:
+    """Docker's processing of ENV words: quotes removed, `$VAR` and `${VAR}` expanded except in
+    single quotes, a backslash escapes the next character (in double quotes only `"`, `$` and
+    a backslash); words split at unquoted whitespace unless `split` is false."""
+    scope = {**BASE_ENV, **env}
+    words: list[str] = []
+    word: list[str] | None = None  # None: between words
+    quote, i = "", 0
+    while i < len(text):
+        char = text[i]
+        if char.isspace() and split and not quote:
+            if word is not None:
+                words.append("".join(word))
+            word, i = None, i + 1
+            continue
+        word = [] if word is None else word
+        variable = _VARIABLE.match(text, i) if char == "$" and quote != "'" else None
+        if variable:
+            word.append(scope.get(variable.group(1) or variable.group(2), ""))
+            i = variable.end()
+            continue
+        escapes = quote == "" or (quote == '"' and text[i + 1 : i + 2] in ('"', "$", "\\"))
+        if char == "\\" and quote != "'" and escapes and i + 1 < len(text):
+            word.append(text[i + 1])
+            i += 2
+            continue
+        if char == quote:
+            quote = ""
+        elif char in "'\"" and not quote:
+            quote = char
+        else:
+            word.append(char)
+        i += 1
+    if quote:
+        raise fail(f"no closing quotation in {text!r}")
+    return words if word is None else [*words, "".join(word)]
 
 
 def _matches(context: Path, source: str, fail: Any) -> list[Path]:

@@ -141,6 +141,29 @@ def test_dockerfile_forms(tmp_path: Path) -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ('ENV NAME "John Doe"', {"NAME": "John Doe"}),  # the legacy form drops its quotes too
+        ("ENV NAME\tplain  spaced", {"NAME": "plain  spaced"}),
+        (
+            "ENV A='$HOME' B=\"$HOME\" C=\\$HOME D=${HOME}x",
+            {"A": "$HOME", "B": "/root", "C": "$HOME", "D": "/rootx"},
+        ),  # fmt: skip
+        ('ENV E="" F="a \\"b\\" \\n"', {"E": "", "F": 'a "b" \\n'}),
+        ("ENV G='it''s'", {"G": "its"}),
+    ],
+)
+def test_env_words_are_quoted_and_expanded_as_docker_does(
+    tmp_path: Path, line: str, expected: dict[str, str]
+) -> None:
+    """Quotes were removed first and `$` expanded after, so '$HOME' expanded; the legacy form
+    kept its quotes."""
+    (tmp_path / "Dockerfile").write_text(f"FROM a\nENV HOME=/root\n{line}\n")
+    _, _, env = read_dockerfile(tmp_path / "Dockerfile")
+    assert {key: env[key] for key in expected} == expected
+
+
 def test_a_copy_glob_copies_every_match_and_one_matching_nothing_is_refused(
     tmp_path: Path,
 ) -> None:
