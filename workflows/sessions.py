@@ -12,6 +12,9 @@ that worker is gone (the timeout, which Temporal does not retry) or no longer ho
 (`SessionLost`), the sessions are restored from their last snapshots by `open_sessions` on the
 shared `sandbox` queue and the step runs again on the worker that restored them; the workflow
 records the step once. A worker that was only slow keeps its orphaned sessions until its TTL.
+A step whose sessions are lost `MAX_RESTORES` times running fails the task (`SessionLost`):
+a step that takes its worker down each time would otherwise restore and lose them for ever
+(behind `RESTORE_LIMIT_PATCH`).
 Workflow code: contracts and Temporal only.
 """
 
@@ -47,6 +50,10 @@ with workflow.unsafe.imports_passed_through():
 
 CLOSE_ATTEMPTS = 3
 """Closing sessions is best effort: a few tries, then the sandbox worker's TTL reaps them."""
+MAX_RESTORES = 3
+"""Restores of one step's sessions before the task fails: workers come and go, but not three
+times during one step unless the step itself takes them down."""
+RESTORE_LIMIT_PATCH = "tempered-session-restore-limit"
 
 
 def session_lost(error: ActivityError) -> bool:
@@ -104,7 +111,7 @@ class Sessions:
 
     async def _step_on(self, step: int, items: list[EnvStepItem]) -> list[EnvStepOutcome]:
         """Run the step where its sessions live; restore them elsewhere if they are lost."""
-        task_input = self.input
+        task_input, restores = self.input, 0
         while True:
             queue = items[0].session.queue
             try:
@@ -131,6 +138,13 @@ class Sessions:
                 if not session_lost(error):
                     raise
             lost = [self.group.episodes[i.sample] for i in items]
+            if restores >= MAX_RESTORES and workflow.patched(RESTORE_LIMIT_PATCH):
+                raise fail(
+                    ErrorType.SESSION_LOST,
+                    f"the sessions of samples {[e.sample for e in lost]} were lost "
+                    f"{restores + 1} times at step {step} (last on {queue}): the step takes its "
+                    "sandbox worker down, or the workers keep going",
+                )
             workflow.logger.warning(
                 "sandbox worker %s lost the sessions of samples %s at step %d: restoring them",
                 queue,
@@ -138,6 +152,7 @@ class Sessions:
                 step,
             )
             await self.open(lost, restore=True)
+            restores += 1
             items = [
                 i.model_copy(update={"session": e.session})
                 for i, e in zip(items, lost, strict=True)

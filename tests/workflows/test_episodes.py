@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio import activity
 from temporalio.client import WorkflowFailureError, WorkflowHistory
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 from activities.rewards import RewardActivities
-from contracts.episode import ToolCall
+from contracts.episode import EnvStepRequest, EnvStepResponse, ToolCall
 from contracts.errors import ErrorType
-from contracts.names import Queue, SearchAttr
+from contracts.names import Activity, Queue, SearchAttr
 from contracts.rollout import AgentTaskResult, TaskStatus
 from contracts.task import AgentTaskInput, EnvName, SamplingParams, TaskSpec, WorkspaceSpec
 from contracts.trajectory import Trajectory
@@ -39,7 +40,7 @@ from tests.workflows.harness import (
 from tests.workflows.replaying import replay
 from workflows.agent_task import AgentTaskWorkflow
 from workflows.search import KEYS
-from workflows.sessions import session_lost
+from workflows.sessions import MAX_RESTORES, session_lost
 
 HISTORY = Path(__file__).parent / "histories" / "agent_task_workspace.json"
 HISTORY_EVENTS_LIMIT, HISTORY_BYTES_LIMIT = 51_200, 50 * 2**20
@@ -234,6 +235,37 @@ async def test_a_lost_sandbox_worker_is_survived_from_the_snapshots(
     assert (0, 2) in restored_on.steps_run and (1, 4) in restored_on.steps_run
     assert all(e.session and e.session.queue == restored_on.queue for e in status.samples)
     print(f"\n[{loss}] restored and finished {time.monotonic() - started:.1f}s after the loss")
+
+
+class WorkerKillingStep(ScriptedSandbox):
+    """A sandbox worker whose sessions are gone whenever step 1 runs (as if the step's command
+    took the worker down, and the worker came back empty)."""
+
+    @activity.defn(name=Activity.ENV_STEP.value)
+    async def env_step(self, req: EnvStepRequest) -> EnvStepResponse:
+        if req.step == 1:
+            self.sessions.clear()
+        return await super().env_step(req)
+
+
+@pytest.mark.asyncio
+async def test_a_step_that_loses_its_sessions_each_time_fails_the_task(
+    temporal_server, namespace, store: ObjectStore
+) -> None:
+    """Restored from the snapshots and lost again, for ever (the history growing): now the
+    task fails after MAX_RESTORES restores, naming the step."""
+    client = await connect(temporal_server.address, namespace)
+    sandbox = WorkerKillingStep(store, "a")
+    model = ScriptedModel(store, lambda sample, step: write(f"f{step}.txt", "x"))
+    task = task_input(store, f"killer-{uuid.uuid4().hex[:6]}", group_size=1, max_turns=4)
+    async with running_workers(client, {**workers(model, store), **sandbox.workers()}):
+        handle = await start(client, task)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await asyncio.wait_for(handle.result(), 60)
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == ErrorType.SESSION_LOST
+    assert f"lost {MAX_RESTORES + 1} times at step 1" in str(cause)
+    assert sandbox.opened == 1 + MAX_RESTORES
 
 
 @pytest.mark.asyncio
