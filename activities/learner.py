@@ -93,7 +93,16 @@ class LearnerActivities:
 
     @activity.defn(name=Activity.PREPARE_RUN)
     async def prepare_run(self, req: PrepareRunRequest) -> PolicyVersion:
-        """Publish `req.base_model` as version 0 of the run; a no-op when v0 already exists."""
+        """Publish `req.base_model` as version 0 of the run; a no-op when v0 already exists.
+        A run id `tempered runs rm` removed is refused: workers that served that run may still
+        hold its policies and ledger segments in memory and caches, under the same names."""
+        removed = await asyncio.to_thread(self.store.head, keys.removed_run_key(req.run_id))
+        if removed is not None:
+            raise invalid(
+                "run_id",
+                f"run id {req.run_id!r} belonged to a run `tempered runs rm` removed (record "
+                f"{removed.key}); workers may still cache its policies: choose another run id",
+            )
         if req.run is not None:  # what `tempered runs show` and `regrade` read back
             try:
                 await asyncio.to_thread(

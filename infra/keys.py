@@ -21,6 +21,9 @@ runs/<run>/tasks/<task>/s<sample>/turn-<k>/observation-<sha>.txt   a tool call's
 runs/<run>/tasks/<task>/s<sample>/verdict-<sha>.json         the verifier's ExecutionResult
                          both named by a prefix of their content's sha256, so a step or a
                          check run again (on another worker) never overwrites what a ref names
+removed/<run>.json                                           `tempered runs rm`'s record:
+                         the id is not used again (machines that served the run may still
+                         cache its policies and ledger under it)
 workspaces/trees/<sha[:2]>/<sha>.json.z                      a tree (snapshots, initial
                          workspaces, hidden tests): its manifest and the contents new in it
 workspaces/packs/<sha[:2]>/<sha>.z                           file contents of trees stored
@@ -115,6 +118,10 @@ def learner_ledger_prefix(run: str) -> str:
 
 def run_record_key(run: str) -> str:
     return f"runs/{run}/run.json"
+
+
+def removed_run_key(run: str) -> str:
+    return f"removed/{run}.json"
 
 
 def observation_key(run: str, task: str, sample: int, step: int, digest: str) -> str:

@@ -126,6 +126,19 @@ async def test_prepare_run_records_the_run_once(store: ObjectStore, settings: Se
 
 
 @pytest.mark.asyncio
+async def test_a_run_id_that_runs_rm_removed_is_refused(
+    store: ObjectStore, settings: Settings
+) -> None:
+    """Workers that served the removed run cache its versions and ledger under its id: a new
+    run under that id would be served the old weights (v3 is v3) and have groups dropped."""
+    store.put_json(keys.removed_run_key("gone"), {"run_id": "gone"})  # as `tempered runs rm`
+    prepare = PrepareRunRequest(run_id="gone", base_model="tiny")
+    with pytest.raises(ApplicationError, match="belonged to a run `tempered runs rm` removed"):
+        await ActivityEnvironment().run(LearnerActivities(settings, store).prepare_run, prepare)
+    assert policy_manifest(store, "gone", 0) is None
+
+
+@pytest.mark.asyncio
 async def test_train_step_exactly_once_and_crash_resume(
     store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch, loads: list[int]
 ) -> None:

@@ -29,6 +29,7 @@ import json
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import TypeVar, get_args
 
 from pydantic import BaseModel
@@ -250,6 +251,8 @@ def runs_rm(args: argparse.Namespace, settings: Settings) -> int:
             for p in store.list_prefixes(keys.RUNS_PREFIX)
             if evaluates(p.removeprefix(keys.RUNS_PREFIX).rstrip("/"), run)
         ]
+        when = datetime.now(UTC).isoformat(timespec="seconds")
+        store.put_json(keys.removed_run_key(run), {"run_id": run, "removed_at": when})
         deleted = sum(store.delete_prefix(p) for p in [keys.run_prefix(run), *evals])
         forget_run(settings.policy_cache, run)
         print(f"deleted run {run}: {deleted} objects ({len(evals)} evaluations), cached policies")
