@@ -34,7 +34,7 @@ from contracts.sandbox import (
     ExecutionResult,
 )
 from infra import keys
-from infra.circuit import CircuitBreaker, CircuitOpenError
+from infra.circuit import CircuitBreaker, CircuitOpenError, CircuitState
 from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
 from infra.settings import Settings
 from infra.storage import ObjectNotFound, ObjectStore
@@ -47,6 +47,8 @@ from infra.telemetry import (
 )
 
 HEARTBEAT_S = 5.0
+PROBE_POLL_S = 0.1
+"""How often an item waiting for a half-open breaker's probe looks at the breaker again."""
 
 
 class SandboxActivities:
@@ -123,17 +125,25 @@ class SandboxActivities:
         self, req: ExecuteRequest, item: ExecuteItem, program: str
     ) -> ExecutionResult:
         """Run through the circuit breaker: a backend failing again and again is paused (the
-        activity fails fast and Temporal retries after the breaker's backoff)."""
-        try:
-            with self.breaker.guard(failures=(SandboxInfraError,)):
-                return await self.backend.run(
-                    program, req.tests, req.limits, req.entry_point, helpers=req.helpers
-                )
-        except CircuitOpenError as exc:
-            delay = timedelta(seconds=max(exc.retry_after_s, 1.0))
-            raise fail(ErrorType.SANDBOX_CIRCUIT_OPEN, str(exc), next_retry_delay=delay) from exc
-        except SandboxInfraError as exc:
-            raise fail(ErrorType.SANDBOX_INFRA, f"sample {item.sample}: {exc}") from exc
+        activity fails fast and Temporal retries after the breaker's backoff). While a half-open
+        breaker's probe runs, the other items wait for its verdict: failing them would cancel
+        their siblings, the probe among them, and the breaker would stay half-open for good."""
+        while True:
+            try:
+                with self.breaker.guard(failures=(SandboxInfraError,)):
+                    return await self.backend.run(
+                        program, req.tests, req.limits, req.entry_point, helpers=req.helpers
+                    )
+            except CircuitOpenError as exc:
+                if self.breaker.state is CircuitState.HALF_OPEN:
+                    await asyncio.sleep(PROBE_POLL_S)
+                    continue
+                delay = timedelta(seconds=max(exc.retry_after_s, 1.0))
+                raise fail(
+                    ErrorType.SANDBOX_CIRCUIT_OPEN, str(exc), next_retry_delay=delay
+                ) from exc
+            except SandboxInfraError as exc:
+                raise fail(ErrorType.SANDBOX_INFRA, f"sample {item.sample}: {exc}") from exc
 
     async def close(self) -> None:
         await self.backend.close()

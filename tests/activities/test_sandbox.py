@@ -3,6 +3,7 @@ items run concurrently, platform faults retryable, bad input not."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import time
@@ -16,6 +17,7 @@ from activities.sandbox import SandboxActivities
 from contracts.sandbox import ExecStatus, ExecuteItem, ExecuteRequest, ExecutionResult
 from contracts.task import SandboxLimits
 from infra import keys
+from infra.circuit import CircuitBreaker, CircuitConfig, CircuitState
 from infra.sandbox.local import LocalBackend
 from infra.settings import Settings
 from infra.storage import ObjectStore
@@ -107,6 +109,31 @@ async def test_platform_fault_is_a_retryable_error(store: ObjectStore) -> None:
         await ActivityEnvironment().run(acts.execute, request(store, {0: PROGRAMS[0]}))
     assert caught.value.type == "SandboxInfraError" and not caught.value.non_retryable
     assert not list(store.list_keys(keys.turn_prefix(RUN, TASK, 0, 0) + "attempt-"))
+
+
+@pytest.mark.asyncio
+async def test_items_wait_for_a_half_open_breakers_probe(store: ObjectStore) -> None:
+    """The platform is back after the breaker opened: the first item of the next attempt is
+    the probe, and its siblings, refused while it ran, failed the attempt and cancelled the
+    probe, so the breaker stayed half-open for every attempt with more than one item."""
+    backend = LocalBackend()
+    bwrap, backend.verifier.bwrap = backend.verifier.bwrap, None  # the platform fails
+    acts = SandboxActivities(Settings(sandbox={"concurrency": 4}), store=store, backend=backend)
+    acts.breaker = CircuitBreaker(
+        "local", CircuitConfig(consecutive_failures=1, base_backoff_s=0.1)
+    )
+    env = ActivityEnvironment()
+    try:
+        with pytest.raises(ApplicationError, match="bwrap"):
+            await env.run(acts.execute, request(store, {0: PROGRAMS[0]}))
+        assert acts.breaker.state is CircuitState.OPEN
+        backend.verifier.bwrap = bwrap  # back
+        await asyncio.sleep(0.2)  # the backoff has passed: half-open
+        response = await env.run(acts.execute, request(store, {s: PROGRAMS[0] for s in range(4)}))
+    finally:
+        await acts.close()
+    assert [o.status for o in response.outcomes] == [ExecStatus.PASSED] * 4
+    assert acts.breaker.state is CircuitState.CLOSED
 
 
 @pytest.mark.asyncio
