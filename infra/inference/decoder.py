@@ -113,7 +113,7 @@ class RowBatch:
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
         budget = min(params.max_new_tokens, self.policy.max_context - len(prompt))
-        watch, guide = self.policy.stops.watch(params), self.policy.guides.guide(params, budget)
+        watch, guide = self.policy.stops.watch(params), self.policy.guides.guide(params)
         return Row(prompt, params, budget, generator, watch, guide)
 
     @torch.inference_mode()

@@ -1,14 +1,15 @@
 """Decoding held to one well-formed tool call: `SamplingParams.tool_choice = "required"`.
 
     grammar = CallGrammar.of(tokenizer, WORKSPACE_TOOLS)  # once per tokenizer (scans its vocabulary)
-    guide = grammar.guide(budget)                         # once per row
+    guide = grammar.guide()                               # once per row
     guide.constrain(logits_row)                           # before each token: -inf where not allowed
     if guide.add(token): ...                              # after it: True once the call is complete
 
 A small model asked for a Hermes call (`infra.inference.toolcalls`) rarely writes one: on 24
 first turns of the `workspace` suite SmolLM2-135M wrote no valid call as prompted, and none with
 `<tool_call>\\n{"name": "` already written for it (it invents tool names, keys and JSON). With
-`tool_choice = "required"` (OpenAI's name for "this turn must be a call") every turn is exactly
+`tool_choice = "required"` (OpenAI's name for "this turn must be a call") every turn that its
+token budget does not cut is exactly
 
     <tool_call>
     {"name": "<tool>", "arguments": {"<key>": "<string>", ...}}
@@ -18,9 +19,16 @@ The structure is forced, one token per decode step (the literal's own tokenizati
 picks the tool (among the tokens that keep some tool's name possible) and writes each string
 argument, held only to what a JSON string allows: no `"` but the one that ends it, no bad
 escape, no special token. A string ends at a sampled token that holds its closing quote (and
-perhaps the start of what follows, which is then forced). When the row's token budget comes
-close to what the rest of the call needs, the open string is closed and later arguments are
-given as empty strings: a turn that runs out of budget is still a call, its argument cut.
+perhaps the start of what follows, which is then forced).
+
+A turn that runs out of token budget before its call is written is cut where it stands, as any
+row is: the decoder reports finish "length" and the text (JSON cut inside the call) parses as an
+error, which the episode sees as an error observation. The guide does not close the call for it:
+a call closed around a cut argument (a file's content half written, a path cut short) would
+parse as valid and be run, and the learner would see the turn as one the model chose to end.
+
+The allowed-token masks are built once on the CPU (a scan of the vocabulary) and copied once to
+each device whose logits they mask (a CUDA model's logits stay on the GPU).
 
 Raw control characters (the newlines of a file's content) are allowed inside a string, as
 `parse_tool_call` reads JSON with `strict=False`: a model writes code with real newlines.
@@ -32,17 +40,16 @@ reports the masked log-probs instead (a forced token ~0), which is why the `vllm
 refuses guided rows.
 
 Not covered: tools with other than required string arguments (refused when the grammar is
-built); a budget below the shortest call (~30 tokens in SmolLM2's vocabulary: the call is cut,
-and parses as an error); text before or after the call; several calls in a turn; `\\uXXXX`
-escapes; several forced tokens in one decode step (each is a step of its own); tokenizers whose
-tokens do not decode one by one to their text (SentencePiece's leading-space marker).
+built); text before or after the call; several calls in a turn; `\\uXXXX` escapes; several
+forced tokens in one decode step (each is a step of its own); tokenizers whose tokens do not
+decode one by one to their text (SentencePiece's leading-space marker).
 """
 
 from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +62,7 @@ from infra.inference.toolcalls import CALL_CLOSE, CALL_OPEN
 
 START = CALL_OPEN + '\n{"name": "'
 END = "}}\n" + CALL_CLOSE
-BUDGET_MARGIN = 1
-"""Tokens kept in hand beyond what closing the call takes (a BPE merge may differ by one)."""
+CPU = torch.device("cpu")
 ESCAPES = frozenset('"\\/bfnrt')
 """What may follow a backslash inside a guided string (`\\uXXXX` is not offered)."""
 
@@ -92,11 +98,6 @@ class _Shape:
             return f'", {json.dumps(self.keys[arg + 1])}: "'
         return '"' + END
 
-    def rest(self, arg: int) -> str:
-        """The shortest end of the call from inside argument `arg`: later arguments empty."""
-        later = "".join(f", {json.dumps(key)}: " + '""' for key in self.keys[arg + 1 :])
-        return '"' + later + END
-
 
 class CallGrammar:
     """A tokenizer's vocabulary read for guided calls to `tools`, with the masks it needs."""
@@ -111,8 +112,7 @@ class CallGrammar:
         self.texts, self.encode = list(texts), encode
         self.shapes = tuple(_Shape.of(tool) for tool in tools)
         self._usable = [bool(text) and i not in special for i, text in enumerate(self.texts)]
-        self._strings: dict[tuple[str, bool], torch.Tensor] = {}
-        self._names: dict[str, torch.Tensor] = {}
+        self._masks: dict[tuple[Hashable, torch.device], torch.Tensor] = {}
         self._literals: dict[str, tuple[int, ...]] = {}
 
     @classmethod
@@ -129,9 +129,9 @@ class CallGrammar:
 
         return cls(texts, special, encode, tools)
 
-    def guide(self, budget: int) -> CallGuide:
-        """The state of one row that has `budget` tokens to write its call in."""
-        return CallGuide(self, budget)
+    def guide(self) -> CallGuide:
+        """The state of one row writing its call."""
+        return CallGuide(self)
 
     def literal(self, text: str) -> tuple[int, ...]:
         """`text` as forced tokens (its tokenizer's encoding)."""
@@ -139,28 +139,37 @@ class CallGrammar:
             self._literals[text] = tuple(self.encode(text))
         return self._literals[text]
 
-    def name_mask(self, typed: str) -> torch.Tensor:
+    def name_mask(self, typed: str, device: torch.device = CPU) -> torch.Tensor:
         """Tokens that, after `typed`, keep the text a prefix of some tool's name and what
-        follows it."""
-        if typed not in self._names:
-            wanted = [shape.head() for shape in self.shapes]
-            self._names[typed] = self._mask(
-                lambda text: any(w.startswith(typed + text) for w in wanted)
-            )
-        return self._names[typed]
-
-    def string_mask(self, following: str, escaped: bool) -> torch.Tensor:
-        """Tokens allowed inside a string that `following` (its closing quote first) ends,
-        after a backslash when `escaped`."""
-        key = (following, escaped)
-        if key not in self._strings:
-            self._strings[key] = self._mask(lambda text: read(text, escaped, following) is not None)
-        return self._strings[key]
-
-    def _mask(self, keep: Callable[[str], bool]) -> torch.Tensor:
-        return torch.tensor(
-            [usable and keep(text) for usable, text in zip(self._usable, self.texts, strict=True)]
+        follows it (on `device`)."""
+        wanted = [shape.head() for shape in self.shapes]
+        return self._mask(
+            ("name", typed), device, lambda text: any(w.startswith(typed + text) for w in wanted)
         )
+
+    def string_mask(
+        self, following: str, escaped: bool, device: torch.device = CPU
+    ) -> torch.Tensor:
+        """Tokens allowed inside a string that `following` (its closing quote first) ends,
+        after a backslash when `escaped` (on `device`)."""
+        return self._mask(
+            ("string", following, escaped),
+            device,
+            lambda text: read(text, escaped, following) is not None,
+        )
+
+    def _mask(
+        self, key: Hashable, device: torch.device, keep: Callable[[str], bool]
+    ) -> torch.Tensor:
+        """The mask `key` on `device`: scanned once on the CPU, copied once per device (a mask
+        must be on its logits' device, and a copy per step would cost a transfer per token)."""
+        if (key, device) not in self._masks:
+            if (key, CPU) not in self._masks:
+                self._masks[key, CPU] = torch.tensor(
+                    [usable and keep(t) for usable, t in zip(self._usable, self.texts, strict=True)]
+                )
+            self._masks[key, device] = self._masks[key, CPU].to(device)
+        return self._masks[key, device]
 
 
 def read(text: str, escaped: bool, following: str) -> tuple[int | None, bool] | None:
@@ -187,20 +196,20 @@ class Guides:
         self.tokenizer, self.tools, self.vocab_size = tokenizer, tuple(tools), vocab_size
         self._grammar: CallGrammar | None = None
 
-    def guide(self, params: SamplingParams, budget: int) -> CallGuide | None:
-        """A guide for a row of `params` with `budget` tokens, or None when it is not guided."""
+    def guide(self, params: SamplingParams) -> CallGuide | None:
+        """A guide for a row of `params`, or None when it is not guided."""
         if params.tool_choice != "required":
             return None
         if self._grammar is None:
             self._grammar = CallGrammar.of(self.tokenizer, self.tools, self.vocab_size)
-        return self._grammar.guide(budget)
+        return self._grammar.guide()
 
 
 class CallGuide:
     """One row's progress through its call: forced literals, the tool's name, the strings."""
 
-    def __init__(self, grammar: CallGrammar, budget: int):
-        self.grammar, self.left = grammar, budget
+    def __init__(self, grammar: CallGrammar):
+        self.grammar = grammar
         self.forced: deque[int] = deque()
         self.typed = ""
         self.shape: _Shape | None = None
@@ -212,26 +221,22 @@ class CallGuide:
 
     def constrain(self, logits: torch.Tensor) -> None:
         """Set the logits of the tokens this row may not write next to -inf (in place)."""
-        if self.shape is not None and not self.forced and not self.done:
-            rest = "\\" * self.escaped + self.shape.rest(self.arg)  # a pending escape first
-            if self.left <= len(self.grammar.literal(rest)) + BUDGET_MARGIN:
-                self._force(rest, then=len(self.shape.keys))
         if self.forced:
             keep = logits[self.forced[0]].clone()
             logits.fill_(float("-inf"))
             logits[self.forced[0]] = keep
             return
         if self.shape is None:
-            allowed = self.grammar.name_mask(self.typed)
+            allowed = self.grammar.name_mask(self.typed, logits.device)
         else:
-            allowed = self.grammar.string_mask(self.shape.after(self.arg), self.escaped)
+            following = self.shape.after(self.arg)
+            allowed = self.grammar.string_mask(following, self.escaped, logits.device)
         width = min(len(allowed), logits.shape[-1])
         logits[:width].masked_fill_(~allowed[:width], float("-inf"))
         logits[width:] = float("-inf")
 
     def add(self, token: int) -> bool:
         """Take the row's next token (one `constrain` allowed); True once the call is written."""
-        self.left -= 1
         if self.forced:
             if token != self.forced.popleft():
                 raise ValueError(f"token {token} was not the forced one")
