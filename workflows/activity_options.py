@@ -22,9 +22,16 @@ with workflow.unsafe.imports_passed_through():
     from contracts.errors import INFRA_RETRY, NON_RETRYABLE
     from contracts.names import ACTIVITY_QUEUE, Activity
 
+SANDBOX_BACKSTOP = timedelta(hours=2)
+"""Start-to-close of the activities that run model code: a backstop only (a dead worker is the
+heartbeat timeout's to find; these heartbeat while they wait for a sandbox slot). Above the
+longest program (`SandboxLimits.timeout_s` ≤ 3600 s) plus the wait for a slot on a busy worker:
+at 20 minutes an item allowed an hour never finished, and a loaded worker's queued items all
+timed out together and started over."""
+
 _START_TO_CLOSE: dict[Activity, timedelta] = {
     Activity.GENERATE: timedelta(minutes=20),
-    Activity.EXECUTE: timedelta(minutes=20),
+    Activity.EXECUTE: SANDBOX_BACKSTOP,
     Activity.WRITE_TRAJECTORIES: timedelta(minutes=5),
     Activity.LOAD_TASKS: timedelta(minutes=5),
     Activity.PREPARE_RUN: timedelta(minutes=30),
@@ -32,8 +39,8 @@ _START_TO_CLOSE: dict[Activity, timedelta] = {
     Activity.RECORD_LEDGER: timedelta(minutes=2),
     Activity.FIND_CONSUMED: timedelta(minutes=2),
     Activity.OPEN_SESSIONS: timedelta(minutes=10),
-    Activity.ENV_STEP: timedelta(minutes=20),
-    Activity.VERIFY_EPISODES: timedelta(minutes=20),
+    Activity.ENV_STEP: SANDBOX_BACKSTOP,
+    Activity.VERIFY_EPISODES: SANDBOX_BACKSTOP,
     Activity.CLOSE_SESSIONS: timedelta(minutes=2),
     Activity.PRUNE_POLICIES: timedelta(minutes=5),
 }
