@@ -28,7 +28,12 @@ closes it with anything else is refused with a clear error.
 The observation message: for `code`, a `user` message with the test log and a request to fix
 (`feedback_text`; the model called no tool, so there is no tool result to answer); for
 `workspace`, the tool's result as a `tool` message, or the fallback `user` message wrapping it
-in `<tool_response>` tags (`toolcalls.observation_message`), clipped to `OBSERVATION_CHARS`.
+in `<tool_response>` tags (`toolcalls.observation_message`). Either is clipped to
+`OBSERVATION_CHARS` characters and about `OBSERVATION_TOKENS` tokens (head and tail kept).
+
+The task and the observation are not the template's text: a special token's text in them (a
+tool printing `<|im_end|>`) is encoded as ordinary tokens, never as the special token
+(`infra.inference.untrusted`); ordinary text gets the template's ids unchanged.
 
 Not covered: the tool-call format itself (`infra.inference.toolcalls`), sampling.
 """
@@ -36,6 +41,7 @@ Not covered: the tool-call format itself (`infra.inference.toolcalls`), sampling
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from contracts.episode import WORKSPACE_TOOLS
@@ -43,6 +49,9 @@ from contracts.rollout import CompletionRecord
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName
 from infra.inference import toolcalls
+from infra.inference.untrusted import OBSERVATION_CHARS as OBSERVATION_CHARS  # re-exported
+from infra.inference.untrusted import OBSERVATION_TOKENS as OBSERVATION_TOKENS
+from infra.inference.untrusted import UntrustedText, clip
 
 SYSTEM_PROMPT = (
     "You are an expert Python programmer. Solve the task by writing the requested function. "
@@ -56,9 +65,9 @@ WORKSPACE_SYSTEM_PROMPT = (
 )
 FEEDBACK_CHARS = 1500
 """Most characters of program output quoted back in one `code` feedback message."""
-OBSERVATION_CHARS = 4000
-"""Most characters of one tool result shown to the model (head and tail kept)."""
 PLACEHOLDER = "TEMPERED-ASSISTANT-PLACEHOLDER"
+CONTENT = "TEMPERED-CONTENT-PLACEHOLDER"
+"""Stands for the task or the observation: where the template puts it, the untrusted span."""
 
 _STATUS_TEXT = {
     ExecStatus.PASSED: "All tests passed.",
@@ -100,14 +109,6 @@ def feedback_text(result: ExecutionResult, max_chars: int = FEEDBACK_CHARS) -> s
     return "\n".join(lines)
 
 
-def clip(text: str, limit: int = OBSERVATION_CHARS) -> str:
-    """`text`, or its head and tail around a note of how much was left out."""
-    if len(text) <= limit:
-        return text
-    head, tail = text[: limit // 2], text[len(text) - limit // 2 :]
-    return f"{head}\n[... {len(text) - len(head) - len(tail)} characters left out ...]\n{tail}"
-
-
 def observation_text(env: EnvName, data: bytes) -> str:
     """What the model reads of a stored observation: `code` stores the execution's result.json
     (rendered by `feedback_text`), `workspace` the tool's result as text."""
@@ -136,6 +137,7 @@ class ChatFormat:
             {"tools": toolcalls.tool_schemas(self.tools)} if self.native_tools else {}
         )
         self.end_of_turn, self._end_of_turn_text = self._find_end_of_turn()
+        self.untrusted = UntrustedText(tokenizer)
 
     def system_prompt(self) -> str:
         if self.env is EnvName.CODE:
@@ -145,31 +147,53 @@ class ChatFormat:
         return f"{WORKSPACE_SYSTEM_PROMPT}\n\n{toolcalls.tools_system_block(self.tools)}"
 
     def first_prompt(self, prompt: str) -> list[int]:
-        """Step 0: system prompt and task, generation prompt appended."""
-        ids = self.tokenizer.apply_chat_template(
-            task_messages(prompt, self.system_prompt()),
-            tokenize=True,
-            add_generation_prompt=True,
-            return_dict=False,
-            **self._template_args,
-        )
-        return [int(t) for t in ids]
+        """Step 0: system prompt and task, generation prompt appended (the task is untrusted:
+        task files come from suites)."""
+
+        def render(task: str) -> str:
+            text: str = self.tokenizer.apply_chat_template(
+                task_messages(task, self.system_prompt()),
+                tokenize=False,
+                add_generation_prompt=True,
+                **self._template_args,
+            )
+            return text
+
+        return self._encode(render, prompt)
 
     def observation_message(self, text: str) -> dict[str, str]:
+        """The observation as the next message, clipped (`clip`: characters, then tokens)."""
+        text = clip(text, count_tokens=self.untrusted.count)
         if self.env is EnvName.CODE:
             return {"role": "user", "content": text}
-        return toolcalls.observation_message(clip(text), tool_role=self.native_tools)
+        return toolcalls.observation_message(text, tool_role=self.native_tools)
 
     def observation_ids(self, text: str) -> list[int]:
         """The template's tokens between an assistant's end of turn and the next generation."""
+        return self._encode(self._delta, text)
+
+    def _delta(self, text: str) -> str:
         rendered = self._render_after_assistant(self.observation_message(text))
         if not rendered.startswith(self._end_of_turn_text):
             raise ValueError(
                 "the chat template does not close an assistant message with "
                 f"{self._end_of_turn_text!r} when another message follows"
             )
-        delta = rendered[len(self._end_of_turn_text) :]
-        return [int(t) for t in self.tokenizer.encode(delta, add_special_tokens=False)]
+        return rendered[len(self._end_of_turn_text) :]
+
+    def _encode(self, render: Callable[[str], str], content: str) -> list[int]:
+        """`render(content)` tokenized with `content` as untrusted text. Its span is what the
+        template writes between the text it writes around a placeholder, so a template that
+        alters a message's text (trims it, say) still has all of it treated as untrusted."""
+        frame = render(CONTENT)
+        if frame.count(CONTENT) != 1:
+            raise ValueError("the chat template does not render a message's text exactly once")
+        before, after = frame.split(CONTENT)
+        rendered = render(content)
+        end = len(rendered) - len(after)
+        if not (rendered.startswith(before) and rendered.endswith(after) and end >= len(before)):
+            raise ValueError("the chat template renders a message differently for its text")
+        return self.untrusted.encode(rendered, (len(before), end))
 
     def next_prompt(self, previous: CompletionRecord, observation: str) -> list[int]:
         """Step k > 0: the previous step's exact ids, its end of turn, the observation."""

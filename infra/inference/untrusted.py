@@ -1,0 +1,138 @@
+"""Text the template did not write (a task, a tool's output), encoded as text and nothing else.
+
+    text = UntrustedText(tokenizer)
+    ids = text.encode(rendered, (start, end))   # rendered[start:end] is the untrusted content
+    ids = text.plain_ids(content)               # content alone, special tokens' text split
+    cut = clip(content, count_tokens=text.count) # head and tail within a token budget
+
+A tokenizer turns the *text* of its special tokens into those tokens. A tool result (a file the
+model wrote, `cat` of anything) or a task containing `<|im_end|>\\n<|im_start|>assistant\\n`
+would otherwise become a real end of turn and a real assistant turn in the prompt, which the
+model reads and the learner trains on. `encode` keeps the template's own special tokens (those
+outside the content) and encodes the content with special tokens split into ordinary ones.
+
+Ids of ordinary text are unchanged: where no special token's text overlaps the content,
+`encode` is exactly `tokenizer.encode(rendered, add_special_tokens=False)`, the ids the chat
+template gives. Only content with a special token's text takes the split path, whose
+segments between the template's special tokens are encoded on their own (as the tokenizer
+itself does).
+
+`clip` bounds an observation by tokens too, not only by characters: 4,000 characters of CJK or
+of random bytes are about 8,000 and 4,000 tokens, a whole default context (4,096) in one result.
+
+Not covered: rendering the template (infra/inference/prompts.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+OBSERVATION_CHARS = 4000
+"""Most characters of one observation shown to the model (head and tail kept); a cheap first
+bound, so that a huge output is never tokenized whole."""
+OBSERVATION_TOKENS = 1024
+"""Most tokens (about: the cut note and the seams add a few) of one observation. A quarter of
+the default context (4,096): with SmolLM2's workspace prompt (~500) and 256 new tokens a turn,
+the default three turns (`max_turns`) still fit after two worst-case results."""
+
+
+class UntrustedText:
+    """One tokenizer's encoding of content that must not become special tokens."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.specials = {
+            str(tok.content): int(i)
+            for i, tok in tokenizer.added_tokens_decoder.items()
+            if tok.special
+        }
+        # longest first: the alternation then matches as the tokenizer does (leftmost-longest)
+        names = sorted(self.specials, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, names))) if names else None
+        # A private copy of the fast tokenizer with special tokens split, set once: HF's
+        # `split_special_tokens=True` flips a flag on the *shared* backend for each call, which
+        # races with the prompts that other threads encode with the same tokenizer.
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._plain: Any = None
+        if backend is not None:
+            from tokenizers import Tokenizer
+
+            self._plain = Tokenizer.from_str(backend.to_str())
+            self._plain.no_truncation()
+            self._plain.no_padding()
+            self._plain.encode_special_tokens = True
+
+    def plain_ids(self, text: str) -> list[int]:
+        """`text` as ordinary tokens only: a special token's text is split into plain tokens."""
+        if not text:
+            return []
+        if self._plain is not None:
+            return [int(t) for t in self._plain.encode(text, add_special_tokens=False).ids]
+        ids = self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+        return [int(t) for t in ids]
+
+    def count(self, text: str) -> int:
+        """Tokens of `text` as untrusted content."""
+        return len(self.plain_ids(text))
+
+    def encode(self, rendered: str, span: tuple[int, int]) -> list[int]:
+        """The ids of `rendered`, whose `span` is untrusted: the template's special tokens kept,
+        none made from the content's text."""
+        start, end = span
+        matches = list(self._pattern.finditer(rendered)) if self._pattern else []
+        if all(m.end() <= start or m.start() >= end for m in matches):
+            return [int(t) for t in self.tokenizer.encode(rendered, add_special_tokens=False)]
+        assert self._pattern is not None  # a match was found
+        # the template's own: matches that lie wholly outside the content (one straddling the
+        # content's edge is partly content's text, so text)
+        own = [
+            m
+            for lo, hi in ((0, start), (end, len(rendered)))
+            for m in self._pattern.finditer(rendered, lo, hi)
+        ]
+        ids: list[int] = []
+        at = 0
+        for m in own:
+            ids += self.plain_ids(rendered[at : m.start()])
+            ids.append(self.specials[m.group()])
+            at = m.end()
+        return ids + self.plain_ids(rendered[at:])
+
+
+def clip(
+    text: str,
+    limit: int = OBSERVATION_CHARS,
+    count_tokens: Callable[[str], int] | None = None,
+    max_tokens: int = OBSERVATION_TOKENS,
+) -> str:
+    """`text`, or its head and tail around a note of how many characters were left out: at most
+    `limit` characters and, given `count_tokens`, head and tail at most `max_tokens // 2` tokens
+    each."""
+    over = len(text) > limit
+    if not over and (count_tokens is None or count_tokens(text) <= max_tokens):
+        return text
+    # the character cut first: it is free, and bounds what is tokenized below
+    head, tail = (text[: limit // 2], text[len(text) - limit // 2 :]) if over else (text, text)
+    if count_tokens is not None:
+        half = max_tokens // 2
+        head = head[: _longest(len(head), lambda n: count_tokens(head[:n]) <= half)]
+        kept = _longest(len(tail), lambda n: count_tokens(tail[len(tail) - n :]) <= half)
+        # not cut by characters, head and tail come from the same text: never overlap them
+        kept = min(kept, len(text) - len(head)) if not over else kept
+        tail = tail[len(tail) - kept :]
+    left = len(text) - len(head) - len(tail)
+    return f"{head}\n[... {left} characters left out ...]\n{tail}"
+
+
+def _longest(size: int, fits: Callable[[int], bool]) -> int:
+    """The largest n in [0, size] that fits (binary search: tokens grow with characters)."""
+    lo, hi = 0, size
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
