@@ -99,20 +99,30 @@ class SamplingParams(Contract):
 
 class RewardConfig(Contract):
     """Reward of a sample: `solved` when its tests pass, plus `failed_turn` per failed round;
-    a `workspace` episode earns `solved` times its verifier's score."""
+    a `workspace` episode earns `solved` times its verifier's score above the untouched
+    workspace's."""
 
     solved: float = Field(default=1.0, ge=-100, le=100, description="Reward of a solved sample.")
     failed_turn: float = Field(
         default=-0.1, ge=-100, le=100, description="Added once per round whose tests failed."
     )
 
-    def score(self, rounds_passed: Sequence[bool], verdict: float | None = None) -> float:
+    def score(
+        self,
+        rounds_passed: Sequence[bool],
+        verdict: float | None = None,
+        untouched: float | None = None,
+    ) -> float:
         """The reward formula, in its one home: a sample whose rounds passed or failed as
         `rounds_passed` says (the last round decides `solved`) scores `solved` if it solved,
         plus `failed_turn` for every failed round. A `workspace` episode has no test rounds:
-        its final workspace's `verdict` (the verifier's score in [0, 1]) earns
-        `solved * verdict`. The workflow's FEEDBACK and DONE and `tempered regrade` call it."""
+        its final workspace's `verdict` (the verifier's score in [0, 1]) earns `solved` times
+        its share of the way from the `untouched` workspace's score to 1, never below 0 (the
+        hidden asserts the bug does not touch pass anyway: doing nothing earned 0.34 on average
+        in the workspace suite). The workflow's FEEDBACK and DONE and `tempered regrade` call it."""
         if verdict is not None:
+            if untouched is not None and untouched < 1.0:
+                verdict = max(0.0, (verdict - untouched) / (1.0 - untouched))
             earned = self.solved * verdict
         else:
             earned = self.solved if rounds_passed and rounds_passed[-1] else 0.0

@@ -4,7 +4,7 @@ the activities' results (no I/O), so a plain loop (bench/orchestration.py) score
     group = EpisodeGroup(task_input)
     group.feedback(step, generated, outcomes)      # record the step of every acting episode
     group.end_acting(EpisodeEnd.STEP_BUDGET)       # out of steps, or aborted
-    group.judge(verdicts)                          # `workspace`: the verifier's verdicts
+    group.judge(verdicts, untouched)               # `workspace`: the verifier's verdicts
     group.result(...)                              # the workflow's AgentTaskResult
 
 Rewards come from the one formula, `RewardConfig.score`: `code` scores the rounds' pass/fail
@@ -120,13 +120,14 @@ class EpisodeGroup:
         for episode in self.acting():
             episode.end = end
 
-    def judge(self, verdicts: list[Verdict]) -> None:
-        """`workspace` at DONE: each final workspace's verdict decides its episode's reward."""
+    def judge(self, verdicts: list[Verdict], untouched: float | None = None) -> None:
+        """`workspace` at DONE: each final workspace's verdict decides its episode's reward,
+        measured from the `untouched` workspace's score (`RewardConfig.score`)."""
         for verdict in verdicts:
             episode = self.episodes[verdict.sample]
             episode.verdict = verdict
             episode.solved = verdict.status is ExecStatus.PASSED
-            episode.reward = self.input.reward.score([], verdict=verdict.score)
+            episode.reward = self.input.reward.score([], verdict=verdict.score, untouched=untouched)
             if episode.steps:
                 episode.steps[-1].reward = episode.reward
 

@@ -14,7 +14,8 @@ shared `sandbox` queue and the step runs again on the worker that restored them;
 records the step once. A worker that was only slow keeps its orphaned sessions until its TTL.
 A step whose sessions are lost `MAX_RESTORES` times running fails the task (`SessionLost`):
 a step that takes its worker down each time would otherwise restore and lose them for ever
-(behind `RESTORE_LIMIT_PATCH`).
+(behind `RESTORE_LIMIT_PATCH`). The untouched workspace is verified beside the final ones,
+as sample G (`verify`, behind `UNTOUCHED_PATCH`): rewards measure the change an episode made.
 Workflow code: contracts and Temporal only.
 """
 
@@ -54,6 +55,8 @@ MAX_RESTORES = 3
 """Restores of one step's sessions before the task fails: workers come and go, but not three
 times during one step unless the step itself takes them down."""
 RESTORE_LIMIT_PATCH = "tempered-session-restore-limit"
+UNTOUCHED_PATCH = "tempered-verify-untouched"
+"""Before it, a workspace episode's reward was its verifier's score itself (`verify`)."""
 
 
 def session_lost(error: ActivityError) -> bool:
@@ -159,8 +162,17 @@ class Sessions:
             ]
 
     async def verify(self) -> None:
-        """Score each final workspace in a fresh verifier sandbox; the group takes the verdicts."""
+        """Score each final workspace in a fresh verifier sandbox; the group takes the verdicts,
+        each measured from the untouched workspace's (verified beside them, as sample G)."""
         task_input = self.input
+        items = [
+            VerifyItem(sample=e.sample, snapshot=e.session.snapshot)
+            for e in self.group.episodes
+            if e.session is not None
+        ]
+        untouched = len(self.group.episodes)
+        if workflow.patched(UNTOUCHED_PATCH):
+            items.append(VerifyItem(sample=untouched, snapshot=self.workspace.files))
         verified = await workflow.execute_activity(
             Activity.VERIFY_EPISODES.value,
             VerifyRequest(
@@ -169,16 +181,16 @@ class Sessions:
                 env=task_input.task.env,
                 workspace=self.workspace,
                 limits=task_input.limits,
-                items=[
-                    VerifyItem(sample=e.sample, snapshot=e.session.snapshot)
-                    for e in self.group.episodes
-                    if e.session is not None
-                ],
+                items=items,
             ),
             result_type=VerifyResponse,
             **activity_options(Activity.VERIFY_EPISODES, task_input.heartbeat_timeout_s),
         )
-        self.group.judge(verified.verdicts)
+        baseline = [v.score for v in verified.verdicts if v.sample == untouched]
+        self.group.judge(
+            [v for v in verified.verdicts if v.sample != untouched],
+            untouched=baseline[0] if baseline else None,
+        )
 
     async def close(self) -> None:
         """Close every session, on its worker's queue; best effort, never raises."""

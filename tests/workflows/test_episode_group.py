@@ -150,6 +150,31 @@ def test_workspace_steps_count_tool_calls_and_the_verdict_decides_the_reward() -
     assert g.best_reward() == 1.0
 
 
+def test_a_workspace_reward_is_measured_from_the_untouched_workspace() -> None:
+    """Hidden asserts the bug does not touch pass in the untouched workspace (the workspace
+    suite's averaged 0.34): an episode that did nothing earned that much, one that broke more
+    than it fixed less than doing nothing."""
+    g = group(WORKSPACE, size=4)
+    g.judge(
+        [
+            Verdict(sample=s, status=status, score=score, result=ref(f"v{s}"))
+            for s, (status, score) in enumerate(
+                [
+                    (ExecStatus.PASSED, 1.0),
+                    (ExecStatus.FAILED, 0.75),
+                    (ExecStatus.FAILED, 0.5),  # as untouched: nothing done
+                    (ExecStatus.FAILED, 0.25),  # worse than untouched
+                ]
+            )
+        ],
+        untouched=0.5,
+    )
+    assert [e.reward for e in g.episodes] == [1.0, 0.5, 0.0, 0.0]
+    assert [e.verdict.score for e in g.episodes if e.verdict] == [1.0, 0.75, 0.5, 0.25]
+    assert REWARD.score([], verdict=0.6) == 0.6  # no baseline (histories from before)
+    assert REWARD.score([], verdict=1.0, untouched=1.0) == 1.0  # nothing to fix: as verified
+
+
 def test_a_verdict_for_an_episode_without_steps_sets_only_its_reward() -> None:
     g = group(WORKSPACE, size=1)
     g.judge([Verdict(sample=0, status=ExecStatus.FAILED, score=0.0, result=ref("v"))])
