@@ -14,7 +14,14 @@ failure counts and peak usage and `memory.oom_control` (whose `oom_kill` counts 
 of a member, whoever's limit caused it).
 
 No cpu controller: a shared parent group would squeeze all sandboxes into one task's CPU share
-under load; CPU time is bounded by RLIMIT_CPU and wall time by the deadline instead.
+under load; CPU time is bounded by RLIMIT_CPU and wall time by the deadline instead. The
+cpuacct controller, where it is a hierarchy of its own (it only counts), gives each run a group
+whose `cpuacct.usage` counts every process that ran in it, exited ones too (`cpu_wait`): the
+candidate joins memory and pids itself (`confine.py`), so the host moves it into its cpuacct
+group (`track_cpu`), and all it forks later is born there. Without a separate cpuacct (cgroup
+v1 with cpu,cpuacct co-mounted), `cpu_wait` counts only the CPU of live processes and of the
+children they reaped: children reaped by nobody (SIGCHLD ignored) leave no trace, so a program
+can then fake the host's starvation (a platform fault, retried) instead of timing out.
 """
 
 from __future__ import annotations
@@ -41,13 +48,16 @@ OVERHEAD_PROCESSES = 2
 """Processes a bwrap sandbox runs beside the program (its outer process and its init)."""
 KILL_POLL_S = 0.005
 """The pause between two rounds of SIGKILLs while a group empties."""
+CPUACCT = CGROUP_ROOT / "cpuacct"
+TRACK_ROUNDS = 20
+"""How often `track_cpu` looks again for processes forked while it moved their parents."""
 
 
 class Cgroups:
-    """One run's cgroups v1 directories (memory, pids); `None` from `create` if unavailable."""
+    """One run's cgroups v1 directories (memory, pids; its cpuacct group where there is one)."""
 
-    def __init__(self, paths: dict[str, Path]) -> None:
-        self.paths = paths
+    def __init__(self, paths: dict[str, Path], cpuacct: Path | None = None) -> None:
+        self.paths, self.cpuacct = paths, cpuacct
 
     @staticmethod
     def available() -> bool:
@@ -66,10 +76,21 @@ class Cgroups:
             (CGROUP_ROOT / ctl / "tempered").mkdir(exist_ok=True)
         return True
 
+    @staticmethod
+    def cpuacct_available() -> bool:
+        """Whether cpuacct is a hierarchy of its own: co-mounted with cpu, a run's group there
+        would also share out CPU (see the module's note), so it is not used then."""
+        return (
+            os.access(CPUACCT, os.W_OK)
+            and (CPUACCT / "cpuacct.usage").exists()
+            and not (CPUACCT / "cpu.shares").exists()
+        )
+
     @classmethod
     def named(cls, name: str) -> Cgroups:
         """The groups called `name` under each controller's `tempered` folder (not created)."""
-        return cls({ctl: CGROUP_ROOT / ctl / "tempered" / name for ctl in CGROUP_CONTROLLERS})
+        paths = {ctl: CGROUP_ROOT / ctl / "tempered" / name for ctl in CGROUP_CONTROLLERS}
+        return cls(paths, CPUACCT / "tempered" / name if cls.cpuacct_available() else None)
 
     @classmethod
     def create(cls, name: str) -> Cgroups:
@@ -80,6 +101,11 @@ class Cgroups:
         except OSError as exc:
             cgroups.remove()
             raise SandboxInfraError(f"cannot create cgroups {name}: {exc}") from exc
+        if cgroups.cpuacct is not None:
+            try:
+                cgroups.cpuacct.mkdir(parents=True, exist_ok=True)
+            except OSError:  # only counting is lost: `cpu_wait` falls back to live processes
+                cgroups.cpuacct = None
         return cgroups
 
     @property
@@ -106,6 +132,9 @@ class Cgroups:
             raise SandboxInfraError(
                 f"cannot set cgroup limits in {paths['memory']}: {exc}"
             ) from exc
+        # The verifier's candidate waits for its job here, so it has forked nothing yet; one
+        # that has not joined its groups yet (a pair forked just now) is moved at `cpu_wait`.
+        self.track_cpu()
 
     def procs_files(self) -> list[Path]:
         return [path / "cgroup.procs" for path in self.paths.values()]
@@ -142,10 +171,43 @@ class Cgroups:
         except (OSError, ValueError):  # kernels before 6.8 have no pids.peak
             return False
 
+    def track_cpu(self) -> None:
+        """Move every process of the run that is not yet in its cpuacct group (or a group
+        below it: runsc's) into it; again until none is left out, as a process may fork while
+        its parent is moved. Moved late (at the first `cpu_wait`, `timeout_s` in), a program
+        still cannot fake starvation: its pid 1 then waits only while its own processes, now
+        counted, hold the CPU, and `starvation_bound` leaves it 3 x `timeout_s` more."""
+        if self.cpuacct is None:
+            return
+        for _ in range(TRACK_ROUNDS):
+            outside = set(self.pids()) - set(_procs_below(self.cpuacct))
+            if not outside:
+                return
+            for pid in outside:
+                with contextlib.suppress(OSError):  # gone already
+                    (self.cpuacct / "cgroup.procs").write_text(str(pid))
+
+    def cpu_used(self) -> float | None:
+        """CPU seconds of everything that ran in the run's cpuacct group (exited processes
+        included); None without one."""
+        if self.cpuacct is None:
+            return None
+        self.track_cpu()
+        try:
+            return int((self.cpuacct / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, ValueError):
+            return None
+
     def cpu_wait(self) -> tuple[float, float] | None:
         """(seconds the run's pid 1, the process that answers the checker, spent runnable but
-        waiting for a CPU; CPU seconds all the run's processes used), from the kernel's
-        schedstat and stat; None when no process of the run is its sandbox's pid 1."""
+        waiting for a CPU; CPU seconds the run's processes used), from the kernel's schedstat
+        and stat; None when no process of the run is its sandbox's pid 1. The CPU is the
+        cpuacct group's count where there is one (`cpu_used`: it keeps what processes that
+        exited used, which a program could otherwise burn in children nobody reaps while its
+        pid 1 waits for the CPU they hold, and so pass off its timeout as the host's
+        starvation), never less than what the live processes and their reaped children used
+        (CPU a process used before it was moved into the group)."""
+        used = self.cpu_used()
         wait, cpu, found, tick = 0.0, 0.0, False, os.sysconf("SC_CLK_TCK")
         for pid in self.pids():
             with contextlib.suppress(OSError, ValueError, IndexError, StopIteration):
@@ -155,18 +217,14 @@ class Cgroups:
                 status = (proc / "status").read_text().splitlines()
                 if next(line for line in status if line.startswith("NSpid:")).split()[-1] == "1":
                     wait, found = int((proc / "schedstat").read_text().split()[1]) / 1e9, True
-        return (wait, cpu) if found else None
+        return (wait, max(cpu, used or 0.0)) if found else None
 
     def pids(self) -> list[int]:
         """Every process in the groups and the groups below them (gVisor's sandbox group, which
         runsc may remove while this walks: `os.walk` skips a folder that is gone)."""
         pids: set[int] = set()
         for path in self.paths.values():
-            for folder, _, files in os.walk(path):
-                if "cgroup.procs" in files:
-                    with contextlib.suppress(OSError, ValueError):
-                        text = (Path(folder) / "cgroup.procs").read_text()
-                        pids.update(int(line) for line in text.split())
+            pids.update(_procs_below(path))
         return sorted(pids)
 
     def kill_all(self, spare: int | None = None) -> None:
@@ -204,9 +262,20 @@ class Cgroups:
         return empty
 
     def remove(self) -> None:
-        for path in self.paths.values():
+        for path in [*self.paths.values(), *([self.cpuacct] if self.cpuacct else [])]:
             with contextlib.suppress(OSError):
                 path.rmdir()
+
+
+def _procs_below(path: Path) -> set[int]:
+    """The processes in the group at `path` and in the groups below it."""
+    pids: set[int] = set()
+    for folder, _, files in os.walk(path):
+        if "cgroup.procs" in files:
+            with contextlib.suppress(OSError, ValueError):
+                text = (Path(folder) / "cgroup.procs").read_text()
+                pids.update(int(line) for line in text.split())
+    return pids
 
 
 def sweep_dead_workers(pid: int | None = None) -> int:

@@ -23,8 +23,9 @@ killed), "timeout" (no answer before the deadline) or "protocol" (bytes that are
 plain data). The host decides the final status from the verdict, its own unit count, and the
 candidate's exit status and cgroup events.
 
-Not covered: tests that pass callables or other non-data objects to the program, or that look
-at the arguments after a call (mutations stay in the candidate).
+Not covered: tests that pass callables or other non-data objects to the program (such a call
+fails its test unit: `CallRefused`), or that look at the arguments after a call (mutations stay
+in the candidate).
 """
 
 from __future__ import annotations
@@ -61,6 +62,11 @@ class CandidateLost(BaseException):  # noqa: N818 - a BaseException, and sticky 
 class CandidateFault(BaseException):  # noqa: N818 - a BaseException, and counted (faults)
     """A call's reply cannot stand for a value: not plain data, or SystemExit and the like.
     It fails the test unit it happened in, even if the test catches it."""
+
+
+class CallRefused(CandidateFault):
+    """A test's arguments are not plain data: the checker's refusal, so no `except TypeError`
+    of a test may take it for the program's exception (a BaseException, counted in faults)."""
 
 
 class ProgramError(Exception):
@@ -131,7 +137,8 @@ class Channel:
         try:
             request = codec.frame(("call", name, args, kwargs))
         except codec.NotPlainData as exc:
-            raise TypeError(f"{name}() can only be called with plain data here: {exc}") from None
+            self.faults += 1
+            raise CallRefused(f"{name}() can only be called with plain data here: {exc}") from None
         self._write(request)
         reply = self.receive()
         if reply[0] == "return" and len(reply) == 2:
@@ -170,8 +177,6 @@ def program_exception(error: Any, namespace: dict[str, object]) -> BaseException
         return CandidateLost("protocol", "a malformed exception")
     if name in ("SystemExit", "KeyboardInterrupt", "GeneratorExit"):
         exc: BaseException = CandidateFault(f"the program raised {name} ({message})")
-    elif base in ("StopIteration", "StopAsyncIteration"):  # as PEP 479: it must not end a loop
-        exc = RuntimeError(f"the program raised {name}")
     else:
         cls = _exception_class(name, namespace) or _exception_class(base, namespace)
         exc = ProgramError(f"{name}: {message}" if message else name)
@@ -180,6 +185,11 @@ def program_exception(error: Any, namespace: dict[str, object]) -> BaseException
                 exc = cls(*args) if type(args) is tuple else cls(message)
             except Exception:  # noqa: BLE001 - a class whose constructor wants other arguments
                 exc = ProgramError(f"{name}: {message}")
+        # As PEP 479, a StopIteration must not end a test's loop (`all(map(candidate, ...))`),
+        # judged by the class raised here, not by the reported base: a program's own `class
+        # StopIteration(Exception)` has the base "Exception", but its name is the builtin's.
+        if isinstance(exc, StopIteration | StopAsyncIteration):
+            exc = RuntimeError(f"the program raised {name}")
     exc.program_traceback = lines  # type: ignore[attr-defined]
     return exc
 
@@ -203,21 +213,33 @@ def describe(exc: BaseException, files: dict[str, str]) -> str:
                 lines.append("    " + source[tb.tb_lineno - 1].strip())
         tb = tb.tb_next
     lines += getattr(exc, "program_traceback", [])
-    if isinstance(exc, SyntaxError) and exc.filename in files:
-        lines.append(f'  File "{exc.filename}", line {exc.lineno}')
+    # The program chose these fields: an unhashable filename, a line number too long to print.
+    if isinstance(exc, SyntaxError) and type(exc.filename) is str and exc.filename in files:
+        lines.append(f'  File "{exc.filename}", line {printable(exc.lineno)}')
     if lines:
         lines.insert(0, "Traceback (most recent call last):")
-    try:
-        message = str(exc)
-    except Exception:  # noqa: BLE001
-        message = "<unprintable>"
+    message = printable(exc)
     lines.append(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
     return "\n".join(lines) + "\n"
+
+
+def printable(value: object, limit: int = REPORT_CHARS) -> str:
+    """`str(value)` for a report, whatever the program made it: an int past the int-to-str
+    digit limit, or a `__str__` that fails, must not end the checker without a verdict."""
+    try:
+        text = str(value)
+    except Exception:  # noqa: BLE001 - ValueError (digits), OverflowError, a broken __str__
+        if type(value) is int:
+            return f"<an int of {value.bit_length()} bits>"
+        return "<unprintable>"
+    return text[:limit]
 
 
 def classify(exc: BaseException) -> str:
     if isinstance(exc, MemoryError):
         return "memory_exceeded"
+    if isinstance(exc, CallRefused):  # a test the checker cannot run, as a TypeError was
+        return "error"
     if isinstance(exc, AssertionError | SystemExit | CandidateFault):
         return "failed"
     return "error"
@@ -287,7 +309,8 @@ class Run:
         elif reply[0] == "exited" and len(reply) == 2:
             code = reply[1]
             if self.units or self.entry_point or code not in (None, 0):
-                self.record(CandidateFault(f"the program exited (SystemExit: {code})"), "failed")
+                exited = f"the program exited (SystemExit: {printable(code, 200)})"
+                self.record(CandidateFault(exited), "failed")
         else:
             raise CandidateLost("protocol", "an unexpected reply to load")
         return None
@@ -373,4 +396,9 @@ def main(job_fd: int, calls_fd: int, replies_fd: int) -> None:
         verdict["error"] = verdict["error"] or str(lost)
     except MemoryError:
         verdict = run.verdict("memory_exceeded")
+    except Exception as exc:  # noqa: BLE001 - no verdict is a platform fault, retried forever
+        # Program data that still breaks the evaluation ends as this run's error, not as a
+        # checker death that the host retries (and that trips the backend's circuit breaker).
+        run.error = f"the checker could not evaluate the run: {describe(exc, {})}{run.error}"
+        verdict = run.verdict("error")
     codec.write_all(job_fd, codec.frame(verdict))

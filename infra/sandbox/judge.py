@@ -142,7 +142,7 @@ def judge(
         if status == ExecStatus.PASSED and not passed == total == expected:
             status = ExecStatus.FAILED
             detail = f"the verdict counts {passed}/{total}, the host {expected}"
-    stderr = seen.stderr.text()
+    stderr, error, detail = seen.stderr.text(), utf8(error), utf8(detail)
     if error and error not in stderr:
         stderr = (stderr + error)[-limits.output_bytes :]
     return ExecutionResult(
@@ -161,6 +161,13 @@ def judge(
     )
 
 
+def utf8(text: str) -> str:
+    """`text` as valid UTF-8: the checker's report quotes the program's exception messages,
+    which may hold lone surrogates (`ValueError(chr(0xD800))`) that no JSON encoder takes (the
+    result's `model_dump_json` would fail, and the whole group with it)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def starvation_bound(timeout_s: float) -> float:
     """The wall time within which a program must have had its deadline's worth of time."""
     return timeout_s + max(STARVATION_FACTOR * timeout_s, STARVATION_SLACK_S)
@@ -174,8 +181,10 @@ def deadline_state(
     Its time is what it used of the wall clock: not the time its answering process spent
     runnable but waiting for a CPU, unless its processes together burnt that much CPU (then it
     starved itself). `cpu_wait` is (that wait, the run's CPU seconds) (`Cgroups.cpu_wait`; None:
-    unknown, so the wall clock counts). "timeout" once it had `limits.timeout_s`; "starved"
-    when `starvation_bound` passed first (the worker's own overload: a platform fault)."""
+    unknown, so the wall clock counts); its CPU must include that of processes that exited
+    (cpuacct counts them), or children nobody reaps could hold the CPU and leave no trace.
+    "timeout" once it had `limits.timeout_s`; "starved" when `starvation_bound` passed first
+    (the worker's own overload: a platform fault)."""
     used = elapsed_s if cpu_wait is None else max(elapsed_s - cpu_wait[0], cpu_wait[1])
     if used >= limits.timeout_s:
         return "timeout"

@@ -151,6 +151,15 @@ BLOCKING_AND_FLOODING = {
         "            os.write(4, b'\\x00' * 4096)\n        except OSError:\n            return\n"
         "threading.Thread(target=spam, daemon=True).start()\n"
     ),
+    # Children nobody reaps burn the CPU its pid 1 (niced, on the same core) waits for: were
+    # their CPU lost with them, its timeout would read as the host's starvation (retried).
+    "fake the host's starvation": (
+        "import os, signal, time\nos.sched_setaffinity(0, {0})\nif os.fork() == 0:\n"
+        "    signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n    while True:\n"
+        "        if os.fork() == 0:\n            end = time.monotonic() + 0.1\n"
+        "            while time.monotonic() < end:\n                pass\n            os._exit(0)\n"
+        "        time.sleep(0.03)\nos.nice(19)\ndef add(a, b):\n    while True:\n        pass\n"
+    ),
 }
 OUTLIVING = {
     "a thread keeps answering 5": (
@@ -208,6 +217,18 @@ EARLY_EXITS = {
     "abort": "import os\ndef add(a, b):\n    os.abort()\n",
     "atexit forges": FORGED + "import atexit, os\natexit.register(forge_everywhere)\nos._exit(0)\n",
 }
+EXCEPTION_DATA = {  # what the checker reports of a program's exception is the program's data
+    "a SyntaxError with an unhashable filename": (
+        "def add(a, b):\n    raise SyntaxError('x', ([], 1, 1, 'y'))\n"
+    ),
+    "a SyntaxError whose line number is too long to print": (
+        "def add(a, b):\n    raise SyntaxError('x', ('tests.py', 10**5000, 1, 'y'))\n"
+    ),
+    "exit with a code too long to print": (
+        "import sys\nsys.set_int_max_str_digits(0)\nsys.exit(10**5000)\n"
+    ),
+    "a lone surrogate in the message": "def add(a, b):\n    raise ValueError(chr(0xD800))\n",
+}
 PRINTED_MARKERS = {
     "success lines on stdout and stderr": (
         "import sys\nprint('PASSED\\nOK\\n1/1 tests passed\\nall tests passed')\n"
@@ -249,6 +270,7 @@ CLASSES = {
     "threads and children that outlive the check": OUTLIVING,
     "lying objects": LYING_OBJECTS,
     "early exits": EARLY_EXITS,
+    "exception data": EXCEPTION_DATA,
     "printed markers": PRINTED_MARKERS,
     "rewriting tests": REWRITING_TESTS,
     "patching builtins and modules": PATCHING,

@@ -36,6 +36,7 @@ ADD = "def add(a, b):\n    return a + b\n"
 @pytest.mark.parametrize(("trick", "program"), CASES, ids=[trick for trick, _ in CASES])
 def test_a_wrong_program_never_passes(any_box: Box, trick: str, program: str) -> None:
     result = any_box.run(program, TESTS, "add", limits=LIMITS)
+    result.model_dump_json()  # what the activity returns: any report must serialise
     assert result.status != ExecStatus.PASSED, (trick, result)
     assert result.tests_passed == 0 and result.tests_total == 1, (trick, result)
     assert "FOUND THE TESTS" not in result.stdout and "EXTRA FD" not in result.stdout, result
@@ -50,12 +51,36 @@ def test_nothing_forged_outlives_the_check(any_box: Box) -> None:
     assert any_box.leftovers("outlive") == []
 
 
-@pytest.mark.parametrize("name", ["StopIteration", "StopAsyncIteration"])
-def test_raising_stop_iteration_cannot_end_a_tests_loop_early(any_box: Box, name: str) -> None:
-    program = f"def is_even(x):\n    raise {name}\n"
-    tests = "assert all(map(is_even, [2, 3, 4]))\nassert not any(map(is_even, [3]))\n"
+@pytest.mark.parametrize(
+    "program",
+    [
+        "def is_even(x):\n    raise StopIteration\n",
+        "def is_even(x):\n    raise StopAsyncIteration\n",
+        "class StopIteration(Exception):\n    pass\ndef is_even(x):\n    raise StopIteration\n",
+    ],
+    ids=["StopIteration", "StopAsyncIteration", "its own class named StopIteration"],
+)
+def test_raising_stop_iteration_cannot_end_a_tests_loop_early(any_box: Box, program: str) -> None:
+    tests = (
+        "assert all(map(is_even, [2, 3, 4]))\nassert not any(map(is_even, [3]))\n"
+        "assert list(filter(is_even, [3])) == []\n"
+    )
     result = any_box.run(program, tests, limits=LIMITS)
     assert result.status == ExecStatus.ERROR and result.tests_passed == 0, result
+
+
+def test_the_checkers_refusal_to_send_an_argument_is_not_the_programs_error(
+    any_box: Box,
+) -> None:
+    """Arguments that are not plain data cannot reach the program; a test expecting it to
+    reject them must not pass on the checker's own refusal (a TypeError it could catch)."""
+    tests = (
+        "def check(candidate):\n    for bad in (object(), range(3), bytearray(b'x')):\n"
+        "        try:\n            candidate(bad, 1)\n        except TypeError:\n"
+        "            pass\n        else:\n            assert False\n"
+    )
+    result = any_box.run("def add(a, b):\n    return a - b\n", tests, "add", limits=LIMITS)
+    assert result.status != ExecStatus.PASSED and result.tests_passed == 0, result
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ cannot reach from there: a reply it forges byte by byte, or one it never sends.
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -17,11 +18,15 @@ import pytest
 
 from infra.sandbox import codec
 from infra.sandbox.checker import (
+    CallRefused,
     CandidateFault,
     CandidateLost,
     Channel,
     ProgramError,
     Run,
+    describe,
+    main,
+    printable,
     program_exception,
 )
 
@@ -127,3 +132,82 @@ def test_a_fault_a_test_unit_swallows_fails_that_unit_and_the_next_units_still_r
     assert run.run_unit(lambda: None, is_test=True) is True
     assert (run.passed, run.worst, run.exc_type) == (1, "failed", "CandidateFault")
     assert run.error.count("did not end with plain data") == 2
+
+
+def test_a_class_named_stop_iteration_cannot_end_a_tests_loop() -> None:
+    """A program's own `class StopIteration(Exception)` is reported with base "Exception", but
+    its name resolves to the builtin here: raised in `all(map(candidate, ...))` it would end
+    the loop early (a wrong program passing). The PEP 479 rule applies to what is raised."""
+    for error in [
+        ("StopIteration", "Exception", (), "", []),
+        ("StopAsyncIteration", "Exception", None, "", []),
+        ("Stop", "StopIteration", (), "", []),
+    ]:
+        exc = program_exception(error, {})
+        assert type(exc) is RuntimeError, error
+
+    class TaskStop(StopIteration):
+        pass
+
+    assert all(
+        type(program_exception((n, "Exception", (), "", []), {"TaskStop": TaskStop}))
+        is RuntimeError
+        for n in ("TaskStop", "StopIteration")
+    )
+
+
+def test_arguments_the_checker_cannot_send_are_its_fault_not_the_programs(
+    pipes: tuple[Channel, int],
+) -> None:
+    """A test expecting the program to reject a bad argument (`except TypeError: pass`) must
+    not pass on the checker's own refusal to send it: not an Exception, and it fails the unit."""
+    channel, _ = pipes
+    for argument in (object(), range(3), bytearray(b"x"), (x for x in ())):
+        with pytest.raises(CallRefused):
+            try:
+                channel.call("f", (argument,), {})
+            except Exception:  # noqa: BLE001 - what a test's `except TypeError` would catch
+                pytest.fail("the refusal was catchable as the program's exception")
+    assert channel.faults == 4 and channel.lost is None
+
+
+def test_the_programs_exception_data_cannot_break_the_report() -> None:
+    """Fields a program chose (an unhashable SyntaxError filename, a line number or exit code
+    past the int-to-str digit limit) must not end the checker without a verdict."""
+    files = {"tests.py": "assert f()\n"}
+    for exc in [
+        SyntaxError("x", ([], 1, 1, "y")),
+        SyntaxError("x", ("tests.py", 10**5000, 1, "y")),
+        ValueError(10**5000),
+        KeyError(10**5000),
+    ]:
+        assert describe(exc, files).splitlines()[-1].startswith(type(exc).__name__)
+    assert printable(10**5000) == "<an int of 16610 bits>"
+
+
+def test_an_exception_in_the_evaluation_is_an_error_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rather than a checker death (no verdict: a platform fault, retried forever)."""
+    import resource
+
+    def broken(self: Run) -> dict[str, object]:
+        raise ValueError(10**5000)
+
+    monkeypatch.setattr(Run, "evaluate", broken)
+    monkeypatch.setattr(resource, "setrlimit", lambda *_: None)  # not this test process's
+    host, job_fd = socket.socketpair()
+    job = {"start_timeout_s": 1, "deadline_s": 1, "entry_point": "f", "units": []}
+    host.sendall(codec.frame(job))
+    calls_r, calls_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    try:
+        main(job_fd.fileno(), calls_w, replies_r)
+        verdict = codec.read_frame(host.fileno())
+    finally:
+        for fd in (calls_r, calls_w, replies_r, replies_w):
+            os.close(fd)
+        host.close()
+        job_fd.close()
+    assert verdict["status"] == "error" and verdict["tests_passed"] == 0, verdict
+    assert "could not evaluate" in verdict["error"] and "ValueError" in verdict["error"]

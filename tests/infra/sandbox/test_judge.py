@@ -160,6 +160,15 @@ def test_the_checkers_error_reaches_the_log_once() -> None:
     assert again.stderr == "Traceback ...\nAssertionError: f(1)\n"
 
 
+def test_a_lone_surrogate_in_the_report_still_serialises() -> None:
+    """The report quotes the program's exception messages (`ValueError(chr(0xD800))`); a
+    result that `model_dump_json` refuses would fail the whole group's activity."""
+    failed = {**PASSED, "status": "error", "tests_passed": 0, "error": "ValueError: \ud800\n"}
+    result = _judged(_seen({**failed, "exc_type": "\udfff"}))
+    assert "\\ud800" in result.stderr and result.detail == "\\udfff"
+    assert "ud800" in result.model_dump_json()
+
+
 def test_output_cut_at_its_limit_is_marked_truncated() -> None:
     flood = Capture(4)
     flood.add(b"0123456789")
