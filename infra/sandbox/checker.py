@@ -396,9 +396,4 @@ def main(job_fd: int, calls_fd: int, replies_fd: int) -> None:
         verdict["error"] = verdict["error"] or str(lost)
     except MemoryError:
         verdict = run.verdict("memory_exceeded")
-    except Exception as exc:  # noqa: BLE001 - no verdict is a platform fault, retried forever
-        # Program data that still breaks the evaluation ends as this run's error, not as a
-        # checker death that the host retries (and that trips the backend's circuit breaker).
-        run.error = f"the checker could not evaluate the run: {describe(exc, {})}{run.error}"
-        verdict = run.verdict("error")
     codec.write_all(job_fd, codec.frame(verdict))

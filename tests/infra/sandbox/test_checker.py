@@ -9,7 +9,6 @@ cannot reach from there: a reply it forges byte by byte, or one it never sends.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -25,7 +24,6 @@ from infra.sandbox.checker import (
     ProgramError,
     Run,
     describe,
-    main,
     printable,
     program_exception,
 )
@@ -183,31 +181,3 @@ def test_the_programs_exception_data_cannot_break_the_report() -> None:
     ]:
         assert describe(exc, files).splitlines()[-1].startswith(type(exc).__name__)
     assert printable(10**5000) == "<an int of 16610 bits>"
-
-
-def test_an_exception_in_the_evaluation_is_an_error_verdict(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Rather than a checker death (no verdict: a platform fault, retried forever)."""
-    import resource
-
-    def broken(self: Run) -> dict[str, object]:
-        raise ValueError(10**5000)
-
-    monkeypatch.setattr(Run, "evaluate", broken)
-    monkeypatch.setattr(resource, "setrlimit", lambda *_: None)  # not this test process's
-    host, job_fd = socket.socketpair()
-    job = {"start_timeout_s": 1, "deadline_s": 1, "entry_point": "f", "units": []}
-    host.sendall(codec.frame(job))
-    calls_r, calls_w = os.pipe()
-    replies_r, replies_w = os.pipe()
-    try:
-        main(job_fd.fileno(), calls_w, replies_r)
-        verdict = codec.read_frame(host.fileno())
-    finally:
-        for fd in (calls_r, calls_w, replies_r, replies_w):
-            os.close(fd)
-        host.close()
-        job_fd.close()
-    assert verdict["status"] == "error" and verdict["tests_passed"] == 0, verdict
-    assert "could not evaluate" in verdict["error"] and "ValueError" in verdict["error"]
