@@ -6,8 +6,8 @@
 
 An activity that stops heartbeating for its `heartbeat_timeout` is retried elsewhere, so every
 activity that can take longer than that (model loads, batched generation, sandbox runs, learner
-steps) awaits its work through `heartbeating`. Cancelling the activity cancels the work; a
-thread cannot be cancelled, so work in one runs on unless it is asked to stop (the learner's
+steps) awaits its work through `heartbeating`. Cancelling the activity cancels the work and
+waits (up to `CANCEL_GRACE_S`) until its cleanup is done; a thread cannot be cancelled, so work in one runs on unless it is asked to stop (the learner's
 step is: activities/learner.py).
 `heartbeating_each` is the shape of a batch activity (one request, N items run concurrently):
 the first item that fails cancels its siblings and its own error is what the activity raises.
@@ -24,6 +24,8 @@ from temporalio import activity
 
 T = TypeVar("T")
 R = TypeVar("R")
+CANCEL_GRACE_S = 10.0
+"""How long a cancelled activity waits for its work to finish cleaning up before it ends."""
 
 
 async def heartbeating(
@@ -41,7 +43,14 @@ async def heartbeating(
             else:
                 activity.heartbeat(details())
     finally:
-        task.cancel()
+        if not task.done():
+            # Wait (bounded) for the cancelled work's cleanup (a sandbox Job's delete): an
+            # activity that reports done while it still runs lets shutdown close its clients
+            # under it. A thread is not waited for: cancelling its future ends the task at once.
+            task.cancel()
+            await asyncio.wait({task}, timeout=CANCEL_GRACE_S)
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: the error that ends the activity is the caller's
 
 
 async def heartbeating_each(

@@ -11,7 +11,8 @@ siblings (`activities.heartbeat.heartbeating_each`).
 
 What the program does is a result (passed/failed/error/timeout/memory_exceeded); a platform
 fault (`SandboxInfraError`) or an S3 failure raises a retryable error and is never an outcome.
-A code ref that does not exist raises a non-retryable ApplicationError naming the item.
+A code ref that does not exist, or a program + tests too large for the backend to carry
+(`JobTooLarge`), raises a non-retryable ApplicationError naming the item.
 
 Served by `tempered worker sandbox` (workers/sandbox.py).
 """
@@ -36,6 +37,7 @@ from contracts.sandbox import (
 from infra import keys
 from infra.circuit import CircuitBreaker, CircuitOpenError, CircuitState
 from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
+from infra.sandbox.kubernetes_job import JobTooLarge
 from infra.settings import Settings
 from infra.storage import ObjectNotFound, ObjectStore
 from infra.telemetry import (
@@ -144,6 +146,10 @@ class SandboxActivities:
                 ) from exc
             except SandboxInfraError as exc:
                 raise fail(ErrorType.SANDBOX_INFRA, f"sample {item.sample}: {exc}") from exc
+            except JobTooLarge as exc:  # the same on every retry: the request's fault
+                raise fail(
+                    ErrorType.INVALID_INPUT, f"task {req.task_id} sample {item.sample}: {exc}"
+                ) from exc
 
     async def close(self) -> None:
         await self.backend.close()

@@ -15,9 +15,13 @@ its report with the same rules (`judge.py`) against its own count of test units.
 The Job is deleted when the run ends, when the awaiting task is cancelled, and (for Jobs
 labelled with this worker's id, `TEMPERED_WORKER_ID` or the hostname) when the backend first
 runs — no leaked pods; `activeDeadlineSeconds` and `ttlSecondsAfterFinished` bound anything
-a killed worker leaves. Every API or transport failure (refused connection, 5xx, 403, 409, a
-pod that never starts, a pod that ends without the launcher's result line) raises
-`SandboxInfraError`; only the program's behaviour becomes an `ExecutionResult`.
+a killed worker leaves. A throttled (429), failing (5xx) or timed-out request is retried a few
+times with backoff (Retry-After honoured); a failed pod list is retried by the poller, and only
+`POLL_FAILURE_LIMIT` failures in a row fail the runs waiting on it: one bad list call must not
+abort every run in flight. What is still failing then, and every other API or transport failure
+(refused connection, 403, 409, a pod that never starts, a pod that ends without the launcher's
+result line), raises `SandboxInfraError`; only the program's behaviour becomes an
+`ExecutionResult`. A job too large for a pod spec raises `JobTooLarge` (the same every time).
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
@@ -41,6 +47,7 @@ from infra.sandbox.kubernetes_job import (
     SANDBOX_LABELS,
     START_GRACE_S,
     WORKER_LABEL,
+    JobTooLarge,
     build_job_manifest,
     label_value,
     observed_from_record,
@@ -50,10 +57,25 @@ from infra.sandbox.kubernetes_job import (
 from infra.sandbox.verifier import checker_job
 from infra.settings import KubernetesSandboxSettings
 
-__all__ = ["SANDBOX_LABELS", "KubernetesBackend", "build_job_manifest", "sandbox_rlimits"]
+__all__ = [
+    "SANDBOX_LABELS",
+    "JobTooLarge",
+    "KubernetesBackend",
+    "build_job_manifest",
+    "sandbox_rlimits",
+]
 
 DEADLINE_SLACK_S = 10
 """How long past the Job's activeDeadlineSeconds we keep waiting before giving up."""
+API_ATTEMPTS = 4
+"""Tries of one API call that is throttled, fails with a 5xx or times out."""
+RETRY_AFTER_MAX_S = 30.0
+"""The longest Retry-After we honour; a server asking for more gets this much."""
+POLL_FAILURE_LIMIT = 8
+"""Pod lists failing in a row (backing off up to POLL_BACKOFF_MAX_S) before the waiting runs
+fail: about half a minute of an API server that answers nothing, not one throttled call."""
+POLL_BACKOFF_MAX_S = 5.0
+"""The longest wait between two pod lists after failures (the interval doubles per failure)."""
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -72,6 +94,7 @@ class KubernetesBackend:
         start_grace_s: int = START_GRACE_S,
         request_timeout_s: float = 30.0,
         deadline_slack_s: float = DEADLINE_SLACK_S,
+        retry_wait_s: float = 0.5,
     ) -> None:
         # Imported here: the client costs ~0.25 s, which workers of other backends never need.
         from kubernetes import client
@@ -94,20 +117,43 @@ class KubernetesBackend:
         )
         self.poll_interval_s, self.start_grace_s = poll_interval_s, start_grace_s
         self.request_timeout_s, self.deadline_slack_s = request_timeout_s, deadline_slack_s
+        self.retry_wait_s = retry_wait_s
+        self._poll_error: SandboxInfraError | None = None
         self._started = False
         self._start_lock = asyncio.Lock()
         self._waiters: dict[str, asyncio.Future[Any]] = {}
         self._pod_states: dict[str, str] = {}
         self._poller: asyncio.Task[None] | None = None
 
-    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run one client call in a thread; every API/transport failure is a SandboxInfraError."""
+    async def _call(
+        self,
+        what: str,
+        fn: Callable[..., T],
+        *args: Any,
+        attempts: int = API_ATTEMPTS,
+        **kwargs: Any,
+    ) -> T:
+        """Run one client call in a thread, retrying throttling, 5xx and timeouts (`attempts`
+        tries); every API/transport failure left is a SandboxInfraError."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         kwargs.setdefault("_request_timeout", self.request_timeout_s)
+
+        def wait(state: RetryCallState) -> float:
+            backoff = self.retry_wait_s * 2 ** (state.attempt_number - 1)
+            error = state.outcome.exception() if state.outcome else None
+            return _retry_after(error) or backoff
+
         try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(attempts),
+                wait=wait,
+                retry=retry_if_exception(_transient),
+                reraise=True,
+            ):
+                with attempt:
+                    return await asyncio.to_thread(fn, *args, **kwargs)
         except ApiException as error:
             raise SandboxInfraError(
                 f"kubernetes {what}: HTTP {error.status} {error.reason}"
@@ -116,6 +162,7 @@ class KubernetesBackend:
             raise SandboxInfraError(
                 f"kubernetes {what}: {type(error).__name__}: {error}"
             ) from error
+        raise AssertionError("unreachable: tenacity returns or raises")
 
     async def reap(self) -> int:
         """Delete every Job labelled with this worker's id (left over by a previous process)."""
@@ -156,9 +203,7 @@ class KubernetesBackend:
             start_grace_s=self.start_grace_s,
         )
         try:  # the Job is deleted however this ends: result, API error or cancellation
-            await self._call(
-                "create job", self._batch.create_namespaced_job, self.namespace, manifest
-            )
+            await self._create(manifest)
             deadline = (
                 time.monotonic() + limits.timeout_s + self.start_grace_s + self.deadline_slack_s
             )
@@ -183,6 +228,25 @@ class KubernetesBackend:
         seen = observed_from_record(record, limits)
         return judge(seen, expected_units(units, entry_point), limits, self.name, "kubernetes")
 
+    async def _create(self, manifest: dict[str, Any]) -> None:
+        """Create the Job. A retried create (the first timed out or got a 5xx after the server
+        stored it) may find it there: its name is this run's alone, so a 409 then is success."""
+        from kubernetes.client.exceptions import ApiException
+
+        tries, body = 0, cast(Any, manifest)  # the client takes the dict as it is
+
+        def create(**kwargs: Any) -> object:
+            nonlocal tries
+            tries += 1
+            try:
+                return self._batch.create_namespaced_job(self.namespace, body, **kwargs)
+            except ApiException as error:
+                if error.status == 409 and tries > 1:
+                    return None
+                raise
+
+        await self._call("create job", create)
+
     async def _wait_for_pod(self, job_name: str, deadline: float) -> Any:
         """The Job's pod once it succeeded or failed; SandboxInfraError if it never gets there."""
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -193,6 +257,8 @@ class KubernetesBackend:
             return await asyncio.wait_for(waiter, timeout=max(deadline - time.monotonic(), 0.0))
         except TimeoutError:
             state = self._pod_states.get(job_name, "no pod yet")
+            if self._poll_error is not None:
+                state += f"; last pod list: {self._poll_error}"
             raise SandboxInfraError(
                 f"kubernetes job {job_name} did not finish in time ({state})"
             ) from None
@@ -201,22 +267,34 @@ class KubernetesBackend:
             self._pod_states.pop(job_name, None)
 
     async def _poll_pods(self) -> None:
-        """One list call per interval serves every run in flight; stops when none waits."""
+        """One list call per interval serves every run in flight; stops when none waits. A
+        failed list is logged and retried with backoff: the pods run on meanwhile, so only
+        POLL_FAILURE_LIMIT failures in a row fail the waiting runs (each also has its deadline)."""
         selector = f"{WORKER_LABEL}={self.worker_id}"
+        failures = 0
         while self._waiters:
             try:
                 pods = await self._call(
                     "list pods",
                     self._core.list_namespaced_pod,
                     self.namespace,
+                    attempts=1,  # this loop is the retry, with the waiters' state kept
                     label_selector=selector,
                 )
             except SandboxInfraError as error:
-                for waiter in self._waiters.values():
-                    if not waiter.done():
-                        waiter.set_exception(error)
-                await asyncio.sleep(self.poll_interval_s)
+                failures += 1
+                self._poll_error = error
+                logger.warning("sandbox pod poll failed (%d in a row): %s", failures, error)
+                if failures >= POLL_FAILURE_LIMIT:
+                    failed = SandboxInfraError(f"{error} ({failures} pod lists failed in a row)")
+                    for waiter in self._waiters.values():
+                        if not waiter.done():
+                            waiter.set_exception(failed)
+                    failures = 0
+                delay = self.poll_interval_s * 2 ** min(failures, 10)
+                await asyncio.sleep(min(delay, max(POLL_BACKOFF_MAX_S, self.poll_interval_s)))
                 continue
+            failures, self._poll_error = 0, None
             for pod in pods.items:
                 job_name = (pod.metadata.labels or {}).get(JOB_LABEL) if pod.metadata else None
                 pending = self._waiters.get(job_name or "")
@@ -255,6 +333,30 @@ class KubernetesBackend:
         if self._poller is not None:
             self._poller.cancel()
         await asyncio.to_thread(self._api_client.close)
+
+
+def _transient(error: BaseException) -> bool:
+    """Worth another try: throttled (429), a server error (5xx) or a timed-out request."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import MaxRetryError, NewConnectionError
+    from urllib3.exceptions import TimeoutError as RequestTimeout
+
+    if isinstance(error, ApiException):
+        return error.status == 429 or (error.status or 0) >= 500
+    if isinstance(error, MaxRetryError):  # urllib3's own retries, spent on a timeout
+        error = error.reason or error
+    # urllib3 makes a refused connection a connect timeout; its own retries cover those
+    return isinstance(error, RequestTimeout) and not isinstance(error, NewConnectionError)
+
+
+def _retry_after(error: BaseException | None) -> float | None:
+    """Seconds a 429/503's Retry-After header asks for (capped), if it gives a number."""
+    headers = getattr(error, "headers", None) or {}
+    value = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
+    try:
+        return min(max(float(value), 0.0), RETRY_AFTER_MAX_S) if value is not None else None
+    except ValueError:  # an HTTP date: fall back to our own backoff
+        return None
 
 
 def _terminated_reason(pod: Any) -> str:

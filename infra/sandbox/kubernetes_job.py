@@ -55,6 +55,10 @@ MAX_JOB_BYTES = 1024 * 1024
 """Largest job (program + tests + helpers) a pod spec carries (etcd keeps objects < 1.5 MiB)."""
 
 
+class JobTooLarge(ValueError):
+    """The job does not fit a pod spec: the same every time, so never worth a retry."""
+
+
 def label_value(text: str) -> str:
     cleaned = re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:63].strip("-_.")
     return cleaned or "worker"
@@ -95,7 +99,7 @@ def build_job_manifest(
     """The batch/v1 Job running the checker `job` under `limits`; pure, no API calls."""
     payload = json.dumps(job)
     if len(payload) > MAX_JOB_BYTES:
-        raise ValueError(
+        raise JobTooLarge(
             f"program + tests are {len(payload)} bytes; a sandbox Job carries at most {MAX_JOB_BYTES}"
         )
     run = {

@@ -21,8 +21,9 @@ is a plain Python image). In order:
    its memory. The candidate cannot signal PID 1 or the checker (other uids, no CAP_KILL), nor
    turn its own end into a platform fault: a SIGKILL it sends itself is judged its own.
 4. Sends the job to the checker, captures the candidate's output, waits for the verdict (the
-   checker's deadline is the run's: no starvation bound in a pod, whose CPU is its own), kills every process the candidate left (orphans come to PID 1), and reads
-   the pod's memory events (its own limit hit, or an OOM kill without it: the node's).
+   checker's deadline is the run's: no starvation bound in a pod, whose CPU is its own), kills
+   every process the candidate left (orphans come to PID 1; `kill_all`), and reads the pod's
+   memory events (its own limit hit, or an OOM kill without it: the node's).
 5. Prints `{"tempered_result": <nonce>, verdict, exit, memory, ...}` as the last line of its
    stdout. The host reads it with the pod-log API, ignores every line without the nonce, and
    judges it with `judge.judge` against its own count of test units.
@@ -211,14 +212,24 @@ class Frames:
         return None
 
 
-def children() -> list[int]:
-    """Pids whose parent is this process (orphans come here: PID 1 or a subreaper)."""
-    me, found = str(os.getpid()), []
+def descendants(spare: int) -> list[int]:
+    """Pids below this process (orphans come here: PID 1 or a subreaper), but `spare`'s tree."""
+    below: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
-            with contextlib.suppress(OSError, IndexError), open(f"/proc/{name}/stat") as stat:
-                if stat.read().rpartition(")")[2].split()[1] == me:
-                    found.append(int(name))
+            with (
+                contextlib.suppress(OSError, IndexError, ValueError),
+                open(f"/proc/{name}/stat") as stat,
+            ):
+                parent = int(stat.read().rpartition(")")[2].split()[1])
+                below.setdefault(parent, []).append(int(name))
+    found: list[int] = []
+    todo = [os.getpid()]
+    while todo:
+        for pid in below.get(todo.pop(), []):
+            if pid != spare:
+                found.append(pid)
+                todo.append(pid)
     return found
 
 
@@ -234,15 +245,39 @@ def reap(exits: dict[int, tuple[int, float]]) -> None:
         exits[pid] = (status, usage.ru_utime + usage.ru_stime)
 
 
+def kill_candidate_uid() -> int:
+    """Fork a helper that, as the candidate's uid, sends SIGKILL to every process it may signal
+    (kill -1): exactly the candidate's, spawned or not, in one call no fork or pid hop escapes
+    (a process with a fatal signal pending cannot fork). Only as PID 1 of the pod's own pid
+    namespace: elsewhere the uid's processes are not all ours. Returns the helper's pid."""
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.setresuid(CANDIDATE_UID, CANDIDATE_UID, CANDIDATE_UID)  # drops CAP_KILL too
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(-1, signal.SIGKILL)
+            status = 0
+        finally:
+            os._exit(status)
+    return pid
+
+
 def kill_all(spare: int, exits: dict[int, tuple[int, float]]) -> bool:
-    """SIGKILL every child but `spare` (the checker) until none is left; False if some stayed."""
+    """SIGKILL everything below this process but `spare` (the checker) until none is left;
+    False if some stayed. Each pass kills the whole tree, not just this process's children:
+    a chain of N processes took N passes, more than KILL_GRACE_S for a few hundred."""
     deadline = time.monotonic() + KILL_GRACE_S
     while time.monotonic() < deadline:
         reap(exits)
-        left = [pid for pid in children() if pid != spare]
+        left = descendants(spare)
         if not left:
             return True
-        for pid in left:
+        if os.getpid() == 1:
+            with contextlib.suppress(OSError):  # e.g. EAGAIN: the pod's pids limit is spent
+                helper = kill_candidate_uid()
+                os.waitpid(helper, 0)
+        for pid in left:  # the rest (a fork the helper could not make), tree-wide
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.01)

@@ -21,7 +21,7 @@ from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox import kubernetes_job
 from infra.sandbox.base import SandboxBackend, SandboxInfraError
-from infra.sandbox.kubernetes import build_job_manifest, sandbox_rlimits
+from infra.sandbox.kubernetes import API_ATTEMPTS, build_job_manifest, sandbox_rlimits
 from infra.sandbox.verifier import checker_job
 from tests.infra.sandbox.recorded_k8s.stub_server import NAMESPACE, StubKubeApi
 
@@ -150,8 +150,10 @@ async def test_forged_result_lines_in_program_output_are_ignored(stub: StubKubeA
 async def test_api_errors_are_infra_errors(stub: StubKubeApi, code: int) -> None:
     stub.fail_create = code
     with pytest.raises(SandboxInfraError, match=f"create job: HTTP {code}"):
-        await stub.backend().run("print(1)")
+        await stub.backend(retry_wait_s=0.01).run("print(1)")
     assert stub.requests[-1][0] == "DELETE"  # cleanup is attempted (404: nothing was created)
+    tries = sum(1 for method, _ in stub.requests if method == "POST")
+    assert tries == (API_ATTEMPTS if code >= 500 else 1)  # a 5xx may pass; a 403/409 will not
 
 
 @pytest.mark.asyncio
