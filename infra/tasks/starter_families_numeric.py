@@ -69,7 +69,9 @@ def sum_above(rng: random.Random) -> Instance:
         f"Return the sum of the numbers in `nums` that are greater than {k}.",
         f"    return sum(x for x in nums if x > {k})",
         f"    return sum(x for x in nums if x >= {k})",
-        tuple((rng.sample(xs, len(xs)),) for xs in lists),
+        # -k-1 is not above k, though its magnitude is (the `abs(x) > k` mistake); drawn
+        # from no randomness, so the earlier cases stay as they were
+        tuple((rng.sample(xs, len(xs)),) for xs in lists) + (([-k - 1, k + 2, -k - 2],),),
     )
 
 
@@ -93,7 +95,9 @@ def extreme(rng: random.Random) -> Instance:
         f"Return the {which} number in the non-empty list `nums`.",
         f"    return {best}(nums)",
         wrong,
-        tuple((xs,) for xs in lists),
+        # lists where the value and the magnitude disagree (`min(nums, key=abs)`): the
+        # smallest is the negative of largest magnitude, the largest is not
+        tuple((xs,) for xs in lists) + (([5, -7, 2],), ([-9, 3, 1],)),
     )
 
 
@@ -226,7 +230,8 @@ def count_compared(rng: random.Random) -> Instance:
         f"Return how many numbers in `nums` are {which} than {k}.",
         f"    return sum(1 for x in nums if x {op} {k})",
         f"    return sum(1 for x in nums if x {wrong_op} {k})",
-        tuple((rng.sample(xs, len(xs)),) for xs in lists),
+        # two on each side of k: a count other than 0 or 1 (`return 1 if nums else 0`)
+        tuple((rng.sample(xs, len(xs)),) for xs in lists) + (([k - 2, k + 1, k, k - 1, k + 2],),),
     )
 
 
@@ -243,7 +248,8 @@ def powers(rng: random.Random) -> Instance:
         f"Return a new list with each number in `nums` raised to the power {p}.",
         f"    return [x ** {p} for x in nums]",
         f"    return [x * {p} for x in nums]",
-        tuple((xs,) for xs in lists),
+        # negatives keep their sign under an odd power (`abs(x) ** 3`)
+        tuple((xs,) for xs in lists) + (([-2, 0, -3],),),
     )
 
 

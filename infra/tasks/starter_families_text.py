@@ -20,6 +20,8 @@ def reverse_string(rng: random.Random) -> Instance:
         ("",),
         ("ab",),
         (random_word(rng),),
+        (" ab ",),  # spaces at the ends stay, swapped (`s[::-1].strip()`)
+        ("a  b ",),
     ]
     return Instance(
         name,
@@ -76,6 +78,7 @@ def count_letters(rng: random.Random) -> Instance:
             ("    return sum(1 for c in s if c in 'aeiou')"),
         )
         inputs = [(random_text(rng, 2),), ("AEIOU xyz",), ("",), ("Education",)]
+        inputs += [("Rhythm",), ("Aloe",)]  # 0 and 3: not the same count every time
     else:
         letter = rng.choice("aeiorst")
         name = f"count_{letter}"
@@ -86,6 +89,8 @@ def count_letters(rng: random.Random) -> Instance:
             (f"{letter}{letter.upper()}{letter}",),
             ("",),
             (random_text(rng, 2),),
+            ("xyz",),  # none, and four: not the same count every time
+            (f"{letter * 4}{letter.upper()}",),
         ]
     return Instance(name, "s: str", "int", spec, body, wrong, tuple(inputs))
 

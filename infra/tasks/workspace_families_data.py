@@ -21,7 +21,13 @@ def {name}(items: list, size: int) -> list[list]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
 '''
     buggy = fixed.replace("range(0, len(items), size)", "range(0, len(items) - size + 1, size)")
-    cases = [(list(range(rng.randint(0, 14))), rng.randint(1, 5)) for _ in range(7)]
+
+    def ragged() -> tuple[list[int], int]:
+        """A list whose last batch is short (what the bug drops)."""
+        size = rng.randint(2, 5)
+        return list(range(size * rng.randint(0, 3) + rng.randint(1, size - 1))), size
+
+    cases = [ragged() for _ in range(7)] + [([], rng.randint(1, 5))]
     return Repo(
         module=rng.choice(("batching", "seqtools", "grouping", "pager")),
         summary=f"`{name}(items, size)` splits a list into batches",
@@ -55,9 +61,9 @@ def {name}(items: list[dict]) -> float:
             {
                 "name": rng.choice(goods),
                 "price": rng.randint(1, 999) / 100,
-                count: rng.randint(0, 9),
+                count: rng.randint(2, 9),  # not 1: the bug leaves the quantity out
             }
-            for _ in range(rng.randint(0, 5))
+            for _ in range(rng.randint(1, 5))
         ]
 
     example = [{"name": "bolt", "price": 0.25, count: 4}, {"name": "gear", "price": 3.5, count: 2}]
@@ -72,7 +78,8 @@ def {name}(items: list[dict]) -> float:
         source=buggy,
         fixed=fixed,
         visible=[(name, (example,)), (name, ([],))],
-        hidden=[(name, (stock(),)) for _ in range(7)],
+        hidden=[(name, (stock(),)) for _ in range(7)]
+        + [(name, ([{"name": "nut", "price": 0.1, count: 0}, *stock()],))],
     )
 
 
@@ -96,10 +103,30 @@ def {name}(a: str, b: str) -> int:
 '''
     buggy = fixed.replace("    left, right = _parts(a), _parts(b)\n", "    left, right = a, b\n")
 
-    def version() -> str:
-        return ".".join(str(rng.choice((0, 1, 2, 9, 10, 12))) for _ in range(rng.randint(1, 3)))
+    def parts(low: int, high: int) -> list[str]:
+        return [str(rng.choice((0, 1, 2, 9, 10, 12))) for _ in range(rng.randint(low, high))]
 
-    cases = [(version(), version()) for _ in range(7)] + [("2.0.0", "2"), ("1.9", "1.10")]
+    def ordered() -> tuple[str, str]:
+        """Older first; as strings the older sorts last ("1.9" < "1.10", "2" < "12")."""
+        digit = rng.randint(2, 9)
+        number = rng.randint(10, digit * 10 - 1)  # two digits, the first below `digit`
+        head = parts(0, 2)
+        return ".".join([*head, str(digit), *parts(0, 1)]), ".".join([*head, str(number)])
+
+    def equal() -> tuple[str, str]:
+        """Equal but for trailing zeros, which string comparison counts."""
+        base = ".".join([*parts(0, 2), str(rng.randint(1, 12))])
+        return base, base + ".0" * rng.randint(1, 2)
+
+    cases = []
+    for answer in (-1, 1, 0, -1, 1, 0, -1, 1, 0, 1):  # string order is wrong in every one
+        if answer:
+            older, newer = ordered()
+            cases.append((older, newer) if answer < 0 else (newer, older))
+        else:
+            short, long = equal()
+            cases.append((short, long) if rng.random() < 0.5 else (long, short))
+    cases += [("2.0.0", "2"), ("1.9", "1.10")]
     return Repo(
         module=rng.choice(("versioning", "semver_lite", "releases", "vercmp")),
         summary=f"`{name}(a, b)` compares two version numbers",
@@ -133,7 +160,9 @@ def {name}(values: list[float]) -> float:
         "    return (ordered[middle - 1] + ordered[middle]) / 2\n",
         "    return float(ordered[middle])\n",
     )
-    cases = [[rng.randint(-20, 40) for _ in range(rng.randint(1, 8))] for _ in range(7)]
+    # even lengths of distinct values (the bug returns the upper middle), and one odd length
+    cases = [rng.sample(range(-20, 41), 2 * rng.randint(1, 4)) for _ in range(6)]
+    cases.append(rng.sample(range(-20, 41), 2 * rng.randint(1, 3) + 1))
     return Repo(
         module=rng.choice(("stats_lite", "summary", "measures", "averages")),
         summary=f"`{name}(values)` returns the median of a list",
@@ -219,7 +248,15 @@ def {name}(number: int) -> str:
     both = 1
     for divisor in rules:
         both *= divisor
-    numbers = sorted({rng.randint(1, 100) for _ in range(6)} | {both, both * 2})
+    first, second = rules
+    # mostly multiples of both divisors (the bug says only the first word), and one number
+    # of each other kind
+    numbers = sorted(both * k for k in rng.sample(range(1, 16), 12))
+    numbers += [
+        first * (second * rng.randint(0, 9) + rng.randint(1, second - 1)),
+        second * (first * rng.randint(0, 9) + rng.randint(1, first - 1)),
+        both * rng.randint(1, 9) + 1,
+    ]
     return Repo(
         module=rng.choice(("game", "counting_game", "playground", "chant")),
         summary=f"`{name}(number)` says a number in a counting game",

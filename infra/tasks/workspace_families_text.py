@@ -79,12 +79,14 @@ def {name}(text: str) -> int:
     return total
 '''
     buggy = fixed.replace('"m": 60', '"m": 100')
-    cases = []
-    for _ in range(8):
-        picked = rng.sample(sorted(units), rng.randint(1, len(units)))
-        cases.append(
-            "".join(f"{rng.randint(1, 59)}{u}" for u in sorted(picked, key=lambda u: -units[u]))
-        )
+    others = sorted(set(units) - {"m"})
+
+    def duration(picked: list[str]) -> str:
+        return "".join(f"{rng.randint(1, 59)}{u}" for u in sorted(picked, key=lambda u: -units[u]))
+
+    # minutes (what the bug gets wrong) in all but one case, with other units around them
+    cases = [duration(["m", *rng.sample(others, rng.randint(0, len(others)))]) for _ in range(8)]
+    cases.append(duration(rng.sample(others, rng.randint(1, len(others)))))
     return Repo(
         module=rng.choice(("timeparse", "durations", "clock", "timing")),
         summary=f"`{name}(text)` converts a duration such as `1h30m` to seconds",
@@ -124,7 +126,15 @@ def {name}(number: int) -> str:
     (50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I"),""",
         """    (1000, "M"), (500, "D"), (100, "C"), (50, "L"), (10, "X"), (5, "V"), (1, "I"),""",
     )
-    numbers = [rng.randint(1, 3999) for _ in range(6)] + [rng.choice((4, 9, 14, 19)), 944, 1994]
+
+    def subtractive() -> int:
+        """1 to 3999 with a 4 or a 9 among its hundreds, tens or units (what the bug misses)."""
+        places = [rng.randint(0, 9) for _ in range(3)]
+        places[rng.randrange(3)] = rng.choice((4, 9))
+        return rng.randint(0, 3) * 1000 + places[0] * 100 + places[1] * 10 + places[2]
+
+    plain = int("".join(rng.choice("1235678") for _ in range(3)))  # no 4 or 9 anywhere
+    numbers = [subtractive() for _ in range(6)] + [rng.choice((4, 9, 14, 19)), 944, 1994, plain]
     return Repo(
         module=rng.choice(("numerals", "romans", "notation", "numfmt")),
         summary=f"`{name}(number)` writes a number in Roman numerals",
@@ -159,15 +169,33 @@ def {name}(text: str) -> bool:
                 return False
     return not stack
 '''
-    buggy = fixed.replace(
-        """            if not stack or stack.pop() != char:
-                return False""",
-        """            if not stack:
-                return False
-            stack.pop()""",
-    )
-    alphabet = "".join(pairs) + "".join(pairs.values()) + "ab "
-    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(2, 10))) for _ in range(6)]
+    # the bug matches each closer with the oldest open bracket, not the innermost: right on
+    # sequences of pairs and on unclosed brackets, wrong on balanced nesting of two kinds and
+    # on crossed pairs
+    buggy = fixed.replace("stack.pop() != char", "stack.pop(0) != char")
+    kinds = sorted(pairs)
+
+    def filler() -> str:
+        return rng.choice(("", "", "a", "b", " ", "ab"))
+
+    def nested() -> str:
+        """Balanced, with an inner pair of another kind than the outer one."""
+        outer, inner = rng.sample(kinds, 2)
+        middle = rng.choice(("", rng.choice([k for k in kinds if k != outer])))
+        core = filler() + (middle + filler() + pairs[middle] if middle else "") + filler()
+        text = outer + filler() + inner + core + pairs[inner] + filler() + pairs[outer]
+        return rng.choice(("", "x", "()")) + text + filler()
+
+    def crossed() -> str:
+        """Unbalanced: two or three pairs of distinct kinds closed in the order opened."""
+        opened = rng.sample(kinds, rng.randint(2, 3))
+        return (
+            filler()
+            + "".join(o + filler() for o in opened)
+            + "".join(pairs[o] + filler() for o in opened)
+        )
+
+    texts = [text for _ in range(5) for text in (nested(), crossed())]
     opener, closer = rng.choice(sorted(pairs.items()))
     texts += [f"a{opener}b{closer}", "([)]", f"{opener}{{[]}}{closer}", "(("]
     return Repo(

@@ -1,0 +1,214 @@
+"""The built-in suites' hidden tests reject plausible wrong programs, not only the one
+`wrong_solution` each task carries: a wrong program that passes is paid as if it were right.
+
+Starter: each mistake below (an audit found each passing some tasks) fails every task where it
+differs from the canonical solution on a probe. Workspace: the untouched repository (the bug
+itself) passes only a small share of the hidden asserts, which is its reward in an episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sys
+import types
+from collections import defaultdict
+from collections.abc import Callable
+from statistics import mean
+from typing import Any
+
+import pytest
+
+from contracts.task import TaskSpec
+from infra.environments.mounts import remove_tree
+from infra.tasks import load_suite
+from infra.tasks.seeded import seeded
+from infra.tasks.workspace import FAMILIES, INSTANCES_PER_FAMILY, TRAIN_PER_FAMILY
+from infra.tasks.workspace_repo import SUITE, Repo, assertion, reference_results
+from tests.infra.environments.conftest import needs_root, session_root
+
+
+def _function(program: str, name: str) -> Callable[..., Any]:
+    namespace: dict[str, Any] = {}
+    exec(program, namespace)  # our own suite's code and the mistakes below: trusted
+    function: Callable[..., Any] = namespace[name]
+    return function
+
+
+def _passes(program: str, task: TaskSpec) -> bool:
+    namespace: dict[str, Any] = {}
+    exec(task.tests, namespace)
+    try:
+        namespace["check"](_function(program, task.entry_point))
+    except Exception:
+        return False
+    return True
+
+
+def _with_body(task: TaskSpec, body: str) -> str:
+    assert task.canonical_solution is not None
+    return task.canonical_solution.splitlines()[0] + f"\n    {body}\n"
+
+
+def _replacing(old: str, new: str) -> Callable[[TaskSpec], str]:
+    def mistake(task: TaskSpec) -> str:
+        assert task.canonical_solution is not None and old in task.canonical_solution, task.id
+        return task.canonical_solution.replace(old, new)
+
+    return mistake
+
+
+TEXTS: list[tuple[Any, ...]] = [("Rhythm",), ("Aloe",), ("xyz",)]
+# family -> (name, the mistake as a program made from the task, probe argument tuples)
+MISTAKES: list[tuple[str, str, Callable[[TaskSpec], str], list[tuple[Any, ...]]]] = [
+    ("sumabove", "abs(x) > k", _replacing("if x >", "if abs(x) >"), [([-9, -6, 3, 8],)]),
+    ("powers", "abs(x) ** p", _replacing("x **", "abs(x) **"), [([-2, 3],)]),
+    ("extreme", "key=abs", _replacing("(nums)", "(nums, key=abs)"), [([5, -7, 2],), ([-9, 3],)]),
+    ("reverse", "strip()", _replacing("s[::-1]", "s[::-1].strip()"), [(" ab ",)]),
+    ("compare", "1 if nums", lambda t: _with_body(t, "return 1 if nums else 0"), [([1] * 30,)]),
+    *(
+        ("letters", f"{c} if s", lambda t, c=c: _with_body(t, f"return {c} if s else 0"), TEXTS)
+        for c in range(10)
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("family", "mistake", "program", "probes"), MISTAKES, ids=[f"{m[0]}:{m[1]}" for m in MISTAKES]
+)
+def test_starter_tests_reject_plausible_mistakes(
+    family: str,
+    mistake: str,
+    program: Callable[[TaskSpec], str],
+    probes: list[tuple[Any, ...]],
+) -> None:
+    tasks = [task for task in load_suite("starter") if task.id.startswith(f"starter-{family}-")]
+    assert len(tasks) == 10
+    differ = 0
+    for task in tasks:
+        assert task.canonical_solution is not None
+        wrong = program(task)
+        right, bad = (_function(p, task.entry_point) for p in (task.canonical_solution, wrong))
+        if all(right(*args) == bad(*args) for args in probes):
+            continue  # the same function as the canonical one (squares of abs(x))
+        differ += 1
+        assert not _passes(wrong, task), f"{task.id} accepts {mistake}:\n{wrong}"
+    assert differ >= 4, f"{family}: the probes tell the mistake apart in only {differ} tasks"
+
+
+def test_starter_tests_reject_a_constant_answer() -> None:
+    """`return C if <argument> else 0` (or plain C) passes no task returning a number."""
+    for task in load_suite("starter"):
+        assert task.canonical_solution is not None
+        arg = task.canonical_solution.split("(", 1)[1].split(":", 1)[0]
+        for c in range(-3, 12):
+            for body in (f"return {c}", f"return {c} if {arg} else 0"):
+                assert not _passes(_with_body(task, body), task), f"{task.id}: {body}"
+
+
+def _repos() -> list[tuple[str, Repo]]:
+    instances = seeded(SUITE, FAMILIES, per_family=INSTANCES_PER_FAMILY, train=TRAIN_PER_FAMILY)
+    return [(task_id, repo) for task_id, repo, _, _ in instances]
+
+
+def untouched_share(repo: Repo) -> float:
+    """The share of the hidden asserts the untouched module passes: each hidden assert run on
+    its own against the buggy module (the verifier's score of an untouched workspace)."""
+    expected = reference_results(repo.fixed, repo.module, repo.hidden, repo.extra)
+    helpers = {path.removesuffix(".py"): text for path, text in repo.extra.items()}
+    for name, text in helpers.items():
+        helper = types.ModuleType(name)
+        exec(text, helper.__dict__)
+        sys.modules[name] = helper
+    try:
+        namespace: dict[str, Any] = {}
+        exec(repo.source, namespace)
+        passed = 0
+        for (name, args), value in zip(repo.hidden, expected, strict=True):
+            try:
+                exec(assertion(name, args, value), dict(namespace))
+            except Exception:
+                continue
+            passed += 1
+        return passed / len(repo.hidden)
+    finally:
+        for name in helpers:
+            sys.modules.pop(name, None)
+
+
+FAMILY_BOUND = 0.25  # before: brackets 0.86, game 0.74, versions 0.60, chunks 0.40, ...
+TASK_BOUND = 0.3
+SUITE_BOUND = 0.15  # before: 0.34
+
+
+def test_untouched_workspaces_pass_few_hidden_asserts() -> None:
+    shares: dict[str, list[float]] = defaultdict(list)
+    for task_id, repo in _repos():
+        share = untouched_share(repo)
+        assert share <= TASK_BOUND, f"{task_id}: the untouched module passes {share:.0%}"
+        shares[task_id.split("-")[1]].append(share)
+    assert set(shares) == set(FAMILIES)
+    means = {family: mean(values) for family, values in shares.items()}
+    assert all(value <= FAMILY_BOUND for value in means.values()), means
+    assert mean(itertools.chain.from_iterable(shares.values())) <= SUITE_BOUND, means
+
+
+def test_hidden_workspace_answers_are_not_one_value() -> None:
+    """The bug is exercised without one answer dominating (a constant would be paid)."""
+    for task_id, repo in _repos():
+        expected = reference_results(repo.fixed, repo.module, repo.hidden, repo.extra)
+        top = max(expected.count(value) for value in expected)
+        limit = 0.8 if task_id.split("-")[1] == "game" else 0.5  # game: mostly "both" words
+        assert top / len(expected) <= limit, (task_id, expected)
+
+
+@needs_root
+def test_the_verifier_scores_untouched_workspaces_as_computed() -> None:
+    """One task per family through the real sandbox: the untouched workspace's score is the
+    share computed in-process above."""
+    from infra.environments.sessions import SessionHost
+    from infra.environments.snapshots import MemoryObjects, Trees
+    from infra.environments.workspace import WorkspaceEnvironment
+    from infra.sandbox import get_backend
+    from infra.sandbox.workspace import CommandRunner
+    from infra.settings import SandboxSettings, Settings, WorkspaceSettings
+    from infra.tasks.validate import VALIDATION_LIMITS
+    from infra.tasks.workspace import workspace_tasks
+
+    repos = dict(_repos())
+    tasks = [task for task in workspace_tasks() if task.spec.split == "heldout"]
+    assert len(tasks) == len(FAMILIES)
+    root = session_root()
+    settings = Settings(sandbox=SandboxSettings(workspaces=WorkspaceSettings(root=root)))
+    objects = MemoryObjects()
+    for task in tasks:
+        objects.update(task.objects)
+    trees = Trees(objects)
+    host = SessionHost(settings.sandbox.workspaces)
+    backend = get_backend(settings, None)
+    env = WorkspaceEnvironment(host, trees, CommandRunner(), backend)
+
+    async def score(n: int, task: Any) -> float:
+        session = f"strength-{n}"
+        try:
+            state = await env.reset(task.spec.workspace, session)
+            graded = await env.verify(task.spec.workspace, state, VALIDATION_LIMITS)
+        finally:
+            await env.close([session])
+        return float(graded.score)
+
+    async def run() -> list[float]:
+        try:
+            return list(await asyncio.gather(*(score(n, t) for n, t in enumerate(tasks))))
+        finally:
+            await host.shutdown()
+            trees.close()
+            await backend.close()
+
+    try:
+        scores = asyncio.run(run())
+    finally:
+        remove_tree(root)
+    for task, got in zip(tasks, scores, strict=True):
+        assert got == pytest.approx(untouched_share(repos[task.spec.id])), task.spec.id
+        assert got <= TASK_BOUND, task.spec.id
