@@ -24,6 +24,20 @@ def _variant(tiny_dir: Path, out: Path, tag: str) -> Path:
     return out
 
 
+def counted_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The versions the cache builds (downloads) from now on, in order (`v<N>` each)."""
+    built: list[str] = []
+    build = policy_cache._build_version
+    monkeypatch.setattr(
+        policy_cache,
+        "_build_version",
+        lambda store, manifest, cache, target: (
+            built.append(target.name) or build(store, manifest, cache, target)
+        ),
+    )
+    return built
+
+
 def _publish_variants(store: ObjectStore, run: str, count: int, tiny: Path, tmp: Path) -> None:
     """Versions 0..count-1 of `run`, each with a file of its own (`_variant`)."""
     for version in range(count):
@@ -95,15 +109,7 @@ def test_a_base_that_cached_adapters_name_outlives_them(
     for version in range(1, 7):
         adapter = _adapter(tmp_path / f"a{version}", f"a{version}")
         publish_policy(store, "lora", version, adapter, step=version, adapter_of=0)
-    built: list[str] = []
-    build = policy_cache._build_version
-    monkeypatch.setattr(
-        policy_cache,
-        "_build_version",
-        lambda store, manifest, cache, target: (
-            built.append(target.name) or build(store, manifest, cache, target)
-        ),
-    )
+    built = counted_builds(monkeypatch)
     cache = tmp_path / "cache"
     base = cache / "lora" / "v0"
     for version in range(1, 7):  # as the resolver does: the base only when it is not on disk

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from infra import policy_cache
 from infra.inference import InferenceError, PolicyResolver
 from infra.policy import publish_policy
 from infra.storage import ObjectStore
 from tests.infra.inference.policies import publish_adapter
+from tests.infra.test_policy_cache import counted_builds
 
 
 @pytest.mark.asyncio
@@ -89,15 +89,7 @@ async def test_the_base_of_new_adapter_versions_stays_cached(
         adapter.mkdir()
         (adapter / "adapter_config.json").write_text(f'{{"r": {version}}}')
         publish_policy(store, "bases", version, adapter, step=version, adapter_of=0)
-    built: list[str] = []
-    build = policy_cache._build_version
-    monkeypatch.setattr(
-        policy_cache,
-        "_build_version",
-        lambda store, manifest, cache, target: (
-            built.append(target.name) or build(store, manifest, cache, target)
-        ),
-    )
+    built = counted_builds(monkeypatch)
     policies = PolicyResolver(store, tmp_path / "cache", keep=3)
     base = await policies.resolve("bases", 0)
     for version in range(1, 7):  # a run training LoRA: each new version over the same base
