@@ -1,11 +1,11 @@
 """prepare_run / train_step through temporalio's ActivityEnvironment, on a real SeaweedFS: exactly
-once, crash resume, a cancel mid-step, bad input, NaN losses, unpublished weights reloaded.
+once, crash resume, a cancel mid-step, bad input. Faults (unpublished weights, NaN losses):
+test_learner_faults.py.
 LoRA versions: test_learner_lora.py."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from pathlib import Path
@@ -21,11 +21,11 @@ from contracts.errors import ErrorType
 from contracts.learner import GRPOConfig, StepRecord, TrainStepRequest, TrajectoryGroup
 from contracts.run import PrepareRunRequest, TrainingRunInput
 from contracts.trajectory import trajectory_id
-from infra import grpo, keys
+from infra import keys
 from infra.learner_engine import LearnerEngine
 from infra.policy import latest_policy, policy_manifest, publish_policy
 from infra.settings import Settings
-from infra.storage import ObjectStore, TransientStorageError
+from infra.storage import ObjectStore
 from tests.trajectories import Step, trajectory
 
 RUN = "run-a"
@@ -309,131 +309,3 @@ async def test_train_step_rejects_bad_refs(
     with pytest.raises(ApplicationError, match=f"policy {RUN}/v1 has no train_step.json") as err:
         await env.run(acts.train_step, request)
     assert err.value.type == ErrorType.INVALID_INPUT and err.value.non_retryable
-
-
-@pytest.mark.asyncio
-async def test_weights_that_were_not_published_are_reloaded(
-    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The engine drops the weights it trained when they are not the published version: a
-    publish that failed (the retry trains again from v0), and an attempt that lost the publish
-    to an overlapping one (it answers with the winner's version and ack, then reloads it)."""
-    env = ActivityEnvironment()
-    acts = LearnerActivities(settings, store)
-    await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
-    request = TrainStepRequest(
-        run_id=RUN, step=0, groups=[write_group(store, "t1", 0, 1)], config=CONFIG
-    )
-    real_publish = learner_module.publish_policy
-
-    def unreachable(*args: Any, **kwargs: Any) -> Any:
-        raise TransientStorageError("S3 is away")
-
-    monkeypatch.setattr(learner_module, "publish_policy", unreachable)
-    with pytest.raises(TransientStorageError):
-        await env.run(acts.train_step, request)
-    assert acts.engine is not None and acts.engine.version is None
-    assert policy_manifest(store, RUN, 1) is None
-    monkeypatch.setattr(learner_module, "publish_policy", real_publish)
-    won = await env.run(acts.train_step, request)
-    assert won.policy.version == 1 and acts.engine.version == 1
-
-    class Overlapping(LearnerActivities):
-        def _recorded(self, req: TrainStepRequest) -> None:
-            return None  # it looked before the other attempt published
-
-    late = Overlapping(settings, store)
-    assert await env.run(late.train_step, request) == won
-    assert late.engine is not None and late.engine.version is None
-    winner = store.get_model(keys.learner_ack_key(RUN, 0), StepRecord)
-    manifest = policy_manifest(store, RUN, 1)
-    assert manifest is not None
-    published = StepRecord.model_validate_json(
-        store.get_verified(manifest.files["train_step.json"])
-    )
-    assert published.attempt == winner.attempt
-
-
-@pytest.mark.asyncio
-async def test_a_step_that_failed_midway_is_retried_from_the_published_weights(
-    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Out of memory (any error) in a step's second epoch: the first epoch's update had moved
-    the weights, and the retry trained on top of them (the engine still said v0)."""
-    env, acts = ActivityEnvironment(), LearnerActivities(settings, store)
-    config = CONFIG.model_copy(update={"epochs": 2})
-    real_loss, calls = grpo.grpo_loss, []
-
-    def out_of_memory(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 2:  # the second epoch's pass
-            raise RuntimeError("CUDA out of memory")
-        return real_loss(*args, **kwargs)
-
-    answers = {}
-    for run in ("clean", RUN):
-        await env.run(acts.prepare_run, PrepareRunRequest(run_id=run, base_model="tiny"))
-        groups = [write_group(store, "t1", 0, 1, run=run)]
-        request = TrainStepRequest(run_id=run, step=0, groups=groups, config=config)
-        if run == RUN:
-            monkeypatch.setattr(grpo, "grpo_loss", out_of_memory)
-            with pytest.raises(RuntimeError, match="out of memory"):
-                await env.run(acts.train_step, request)
-            assert policy_manifest(store, run, 1) is None
-        answers[run] = await env.run(acts.train_step, request)
-    assert answers[RUN].loss == pytest.approx(answers["clean"].loss, rel=1e-6)
-    figures = {
-        run: store.get_model(keys.learner_ack_key(run, 0), StepRecord).metrics for run in answers
-    }
-    for figure in ("grad_norm", "kl_sampler", "clip_fraction"):
-        assert figures[RUN][figure] == pytest.approx(figures["clean"][figure], rel=1e-4)
-
-
-@pytest.mark.asyncio
-async def test_a_retry_of_a_published_step_moves_latest_on(
-    store: ObjectStore, settings: Settings
-) -> None:
-    """The attempt that published v1 died before latest.json named it: the retry found the
-    version and answered, and latest.json named v0 until the next publish (for ever after
-    the last)."""
-    env, acts = ActivityEnvironment(), LearnerActivities(settings, store)
-    await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
-    groups = [write_group(store, "t1", 0, 1)]
-    request = TrainStepRequest(run_id=RUN, step=0, groups=groups, config=CONFIG)
-    done = await env.run(acts.train_step, request)
-    v0 = policy_manifest(store, RUN, 0)
-    assert v0 is not None and done.policy.version == 1
-    for ack_written in (True, False):
-        store.put_json(keys.latest_policy_key(RUN), v0.policy)  # as if it died before moving it
-        if not ack_written:
-            store.delete(keys.learner_ack_key(RUN, 0))
-        assert (await env.run(acts.train_step, request)).policy == done.policy
-        assert latest_policy(store, RUN) == done.policy
-
-
-@pytest.mark.asyncio
-async def test_non_finite_loss_fails_loudly_and_publishes_nothing(
-    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    acts = LearnerActivities(settings, store)
-    env = ActivityEnvironment()
-    await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
-    request = TrainStepRequest(
-        run_id=RUN, step=0, groups=[write_group(store, "t1", 0, 1)], config=CONFIG
-    )
-    real_loss = grpo.grpo_loss
-
-    def diverging(*args: Any, **kwargs: Any) -> Any:
-        loss, stats = real_loss(*args, **kwargs)
-        return loss * float("nan"), stats
-
-    monkeypatch.setattr(grpo, "grpo_loss", diverging)
-    with pytest.raises(ApplicationError, match="gave loss nan") as err:
-        await env.run(acts.train_step, request)
-    assert err.value.type == ErrorType.NON_FINITE_LOSS and err.value.non_retryable
-    assert policy_manifest(store, RUN, 1) is None and latest_policy(store, RUN).version == 0
-    assert not store.exists(keys.learner_ack_key(RUN, 0))
-
-    monkeypatch.setattr(grpo, "grpo_loss", real_loss)  # the fault is gone: the step trains
-    done = await env.run(acts.train_step, request)
-    assert done.policy.version == 1 and math.isfinite(done.loss)
