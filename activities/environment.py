@@ -18,7 +18,8 @@ schedule-to-start timeout, and the workflow restores the sessions from their las
 with `open_sessions` on `sandbox`. A session this worker no longer holds (closed, reaped by
 the TTL) fails its step with the non-retryable `SessionLost`, which the workflow treats alike.
 
-Errors: an agent's bad action is an observation, never an error; a task whose check is broken
+Errors: an agent's bad action is an observation, never an error, and a final tree that no
+check can take (too large to restore or to send) scores 0; a task whose check is broken
 is `InvalidTask` (non-retryable, naming the task and file); a snapshot that does not exist or
 does not match its digest is `InvalidInput`; platform and storage faults are retried.
 Observations and verdicts are written create-only under keys named by their content's digest,

@@ -7,9 +7,10 @@ Two kinds (`tree.Check.kind`, carried by the hidden-tests tree):
 
 - `functions` (the built-in `workspace` suite): the two-process verifier of the sandbox
   backend (`SandboxBackend.run`). The candidate process gets a program that writes the
-  workspace's files into its private /tmp and star-imports the modules under test; the checker
-  process holds the hidden tests (top-level asserts naming those modules' functions) and calls
-  the functions as data. The score is the share of hidden asserts that passed.
+  workspace's Python files (and data files, within a budget: `program_files`) into its private
+  /tmp and star-imports the modules under test; the checker process holds the hidden tests
+  (top-level asserts naming those modules' functions) and calls the functions as data. The
+  score is the share of hidden asserts that passed (0 for Python files past the budget).
 - `script` (Harbor tasks): `bash /tests/test.sh` in a fresh workspace sandbox, the final
   workspace at its workdir (a copy: the session is untouched), the tests at /tests read-only,
   /logs/verifier writable; the score is the number the script wrote to
@@ -46,7 +47,12 @@ REWARD_FILE = "reward.txt"
 LOGS_DIR = "/logs/verifier"
 TESTS_DIR = "/tests"
 MAX_PROGRAM_FILE = 1 << 20
-"""Workspace files larger than this are not copied into the functions check."""
+"""Workspace files other than Python larger than this are not copied into the functions check."""
+MAX_PROGRAM_BYTES = 8 << 20
+"""Workspace bytes a functions check copies in all. Its program travels in one frame of the
+verifier's codec (16 MiB), and base64, JSON and base64 again grow the bytes by at most 1.4×
+(zlib gives back most of the first base64): every file up to 1 MiB of a 13 MB workspace made a
+program no frame could carry, a TypeError on every retry of the verify."""
 
 
 class InvalidTask(ValueError):
@@ -85,15 +91,44 @@ def functions_program(files: Mapping[str, bytes], modules: list[str]) -> str:
     )
 
 
+def program_files(workspace: Manifest, contents: Mapping[str, bytes]) -> dict[str, bytes] | str:
+    """The files a functions check copies, within `MAX_PROGRAM_BYTES`: every Python file (the
+    modules under test and whatever they import), then the other files of up to
+    `MAX_PROGRAM_FILE` in path order while they fit (data the code may read). Or why not: the
+    Python files alone are larger, which is the agent's doing, never the task's."""
+    python = [entry for entry in workspace.files() if entry.path.endswith(".py")]
+    if (size := sum(entry.size for entry in python)) > MAX_PROGRAM_BYTES:
+        largest = sorted(python, key=lambda entry: -entry.size)[:3]
+        return (
+            f"the workspace's Python files hold {size / 1e6:.1f} MB, more than the "
+            f"{MAX_PROGRAM_BYTES >> 20} MiB a functions check copies (the largest: "
+            + ", ".join(f"{entry.path} {entry.size / 1e6:.1f} MB" for entry in largest)
+            + ")"
+        )
+    files = {entry.path: contents[entry.sha256] for entry in python}
+    for entry in workspace.files():
+        fits = entry.size <= MAX_PROGRAM_FILE and size + entry.size <= MAX_PROGRAM_BYTES
+        if fits and entry.path not in files:
+            files[entry.path] = contents[entry.sha256]
+            size += entry.size
+    return files
+
+
+def unchecked(detail: str, limits: SandboxLimits) -> Graded:
+    """A score of 0 for a final workspace no check can take (what its agent made of it)."""
+    result = ExecutionResult(
+        status=ExecStatus.FAILED, tests_total=1, limits=limits, detail=f"scored 0: {detail}"
+    )
+    return Graded(result, 0.0)
+
+
 async def check_functions(
     backend: SandboxBackend, workspace: Manifest, contents: Mapping[str, bytes], check: Check,
     tests: str, limits: SandboxLimits,
 ) -> Graded:  # fmt: skip
-    files = {
-        entry.path: contents[entry.sha256]
-        for entry in workspace.files()
-        if entry.size <= MAX_PROGRAM_FILE
-    }
+    files = program_files(workspace, contents)
+    if isinstance(files, str):
+        return unchecked(files, limits)
     program = functions_program(files, check.modules)
     result = await backend.run(program, tests, check_limits(check, limits))
     if result.status is ExecStatus.PASSED:

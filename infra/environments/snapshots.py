@@ -4,13 +4,14 @@
     scanner = Scanner(max_bytes=256 << 20)
     entries, new = scanner.scan(workspace, previous.packed())   # reads changed files only
     ref, manifest = trees.commit(entries, new, previous)        # one PUT: manifest + new contents
-    restore(manifest, trees.get_contents(manifest), fresh_dir, uid)
+    restore(manifest, trees.get_contents(manifest), fresh_dir, uid)   # `disk.py`
 
 The workspace is written by sandboxed code, so the scan never follows a link and opens every
 path relative to its parent's descriptor with O_NOFOLLOW: a link to /etc/shadow is stored as a
 link, a FIFO is skipped, nothing outside the directory is ever read. A restore writes into a
 fresh directory only, from a manifest that has nothing below a link (`tree.Manifest`), and
-hands every path to the session's uid.
+hands every path to the session's uid (`disk.restore`). A scan counts what a restore will
+take of a workspace's tmpfs, so a tree it accepts always fits one again.
 
 Blocking (file system, boto3): callers run these in a thread. The scan remembers each file's
 (inode, size, times, mode) and its digest, so a step that changed one file reads one file; a
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from contracts.common import ObjectRef
+from infra.environments.disk import DIR_FLAGS, PAGE, Parents, disk_bytes, link_bytes
 from infra.environments.paths import is_utf8
 from infra.environments.tree import (
     MAX_PACKS,
@@ -52,7 +54,6 @@ PARALLEL = 8
 """Pack downloads in flight at once."""
 MANIFESTS = 1024
 """Manifests kept in memory."""
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -235,7 +236,7 @@ class Scanner:
         blobs: dict[str, bytes] = {}
         seen: dict[str, tuple[StatKey, str]] = {}
         total = 0
-        fd = os.open(root, _DIR_FLAGS)
+        fd = os.open(root, DIR_FLAGS)
         try:
             for path, parent_fd, name, info in _walk(fd, ""):
                 if len(entries) >= self.max_entries:
@@ -245,11 +246,10 @@ class Scanner:
                 elif stat.S_ISLNK(info.st_mode):
                     target = os.readlink(name, dir_fd=parent_fd)
                     if is_utf8(target):  # else skipped, as a name that is not UTF-8 is
+                        total = self._charge(total, link_bytes(target))
                         entries.append(Entry(path=path, kind="link", target=target))
                 else:
-                    total += info.st_size
-                    if total > self.max_bytes:
-                        raise TreeError(f"the workspace holds more than {self.max_bytes >> 20} MB")
+                    total = self._charge(total, disk_bytes(info.st_size))
                     digest, data = self._digest(path, parent_fd, name, info, stored)
                     if data is not None:
                         blobs[digest] = data
@@ -271,6 +271,18 @@ class Scanner:
             os.close(fd)
         self._digests = seen
         return entries, blobs
+
+    def _charge(self, total: int, cost: int) -> int:
+        """`total` plus `cost`; TreeError past `max_bytes`. Costs are what a restore will take
+        of a tmpfs, not `st_size`: 70,000 hard links to a one-byte file are 70 KB to `du` but
+        70,000 pages once restored, a tree that no workspace could hold again."""
+        total += cost
+        if total > self.max_bytes:
+            raise TreeError(
+                f"the workspace holds more than {self.max_bytes >> 20} MB (each file counted in "
+                f"whole {PAGE >> 10} KiB pages, and each hard link as a file of its own)"
+            )
+        return total
 
     def _digest(
         self, path: str, parent_fd: int, name: str, info: os.stat_result,
@@ -297,9 +309,11 @@ class Scanner:
     def prime(self, root: Path, manifest: Manifest) -> None:
         """Remember the digests of a tree just restored under `root` (no need to read it)."""
         self._digests = {}
-        for entry in manifest.files():
-            info = os.lstat(root / entry.path)
-            self._digests[entry.path] = (_stat_key(info), entry.sha256)
+        with Parents(root) as parents:
+            for entry in manifest.files():
+                parent_fd, name = parents.of(entry.path)
+                info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+                self._digests[entry.path] = (_stat_key(info), entry.sha256)
 
 
 def _stat_key(info: os.stat_result) -> StatKey:
@@ -323,39 +337,10 @@ def _walk(
         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         if stat.S_ISDIR(info.st_mode):
             yield path, dir_fd, name, info
-            child = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+            child = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
             try:
                 yield from _walk(child, path + "/", depth + 1)
             finally:
                 os.close(child)
         elif stat.S_ISLNK(info.st_mode) or stat.S_ISREG(info.st_mode):
             yield path, dir_fd, name, info
-
-
-def restore(manifest: Manifest, contents: Mapping[str, bytes], root: Path, uid: int | None) -> None:
-    """Write the tree into `root` (which must be empty) and hand it to `uid` (None: as is)."""
-    if any(root.iterdir()):
-        raise TreeError(f"{root} is not empty")
-    for entry in manifest.entries:
-        target = root / entry.path
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        if entry.kind == "dir":
-            target.mkdir(exist_ok=True, mode=0o755)
-        elif entry.kind == "link":
-            os.symlink(entry.target, target)
-        else:
-            mode = 0o755 if entry.executable else 0o644
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(contents[entry.sha256])
-            os.chmod(target, mode)  # whatever the umask
-    if uid is not None:
-        chown_tree(root, uid)
-
-
-def chown_tree(root: Path, uid: int) -> None:
-    """Give `root` and everything below it (links themselves, never their targets) to `uid`."""
-    os.chown(root, uid, uid)
-    for directory, dirs, files in os.walk(root):
-        for name in dirs + files:
-            os.chown(os.path.join(directory, name), uid, uid, follow_symlinks=False)

@@ -49,10 +49,11 @@ from contracts.episode import WORKSPACE_TOOLS, ToolCall, ToolSpec
 from contracts.sandbox import ExecStatus
 from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
 from infra.environments.base import Graded, Observation
-from infra.environments.checks import InvalidTask, check_functions, check_script
+from infra.environments.checks import InvalidTask, check_functions, check_script, unchecked
+from infra.environments.disk import restore
 from infra.environments.paths import AGENT_ERRNOS, PathError, is_utf8, resolve
 from infra.environments.sessions import Session, SessionHost
-from infra.environments.snapshots import Trees, restore
+from infra.environments.snapshots import Trees
 from infra.environments.tree import Manifest, TreeError, tree_digest
 from infra.sandbox.base import SandboxBackend
 from infra.sandbox.workspace import CommandResult, CommandRunner, Mounts, cgroup_name, session_uid
@@ -164,8 +165,8 @@ class WorkspaceEnvironment:
     def _restore_into(
         self, root: Path, manifest: Manifest, contents: dict[str, bytes], uid: int | None
     ) -> None:
-        """`restore`, where a tree too large for its tmpfs (a task's own: a step's came out of
-        the same quota) is the task's fault, not the platform's."""
+        """`restore`, where a tree too large for its tmpfs (a task's own: a step's scan counts
+        what its restore takes) is the task's fault, not the platform's."""
         try:
             restore(manifest, contents, root, uid)
         except OSError as exc:
@@ -375,17 +376,21 @@ class WorkspaceEnvironment:
         try:
             uid = session_uid(slot) if os.geteuid() == 0 else None
 
-            def lay_out() -> None:
-                for name, tree, files, owner in (
-                    ("ws", workspace, contents, uid),
-                    ("tests", tests, test_contents, None),
-                ):
-                    (scratch / name).mkdir(mode=0o755)
-                    if name == "ws":  # which a Harbor test script's run of the agent's code
-                        self.host.quota(scratch / name, owner or os.geteuid(), 0o755)  # writes
-                    self._restore_into(scratch / name, tree, files, owner)
+            def lay_out() -> TreeError | None:
+                """Both trees; a final workspace that does not fit its quota (stored before the
+                scan counted what a restore takes) is returned, to be scored."""
+                (scratch / "tests").mkdir(mode=0o755)
+                self._restore_into(scratch / "tests", tests, test_contents, None)
+                (scratch / "ws").mkdir(mode=0o755)  # a quota of its own: a Harbor test script
+                self.host.quota(scratch / "ws", uid or os.geteuid(), 0o755)  # runs agent code
+                try:
+                    self._restore_into(scratch / "ws", workspace, contents, uid)
+                except TreeError as exc:
+                    return exc
+                return None
 
-            await asyncio.to_thread(lay_out)
+            if unfit := await asyncio.to_thread(lay_out):  # the agent's tree: scored, not failed
+                return unchecked(f"the final workspace cannot be checked: {unfit}", limits)
             return await check_script(
                 self.runner, scratch, task, check, uid or os.geteuid(), limits, cgroup_name(slot)
             )

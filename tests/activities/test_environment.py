@@ -45,9 +45,14 @@ TASK = workspace_tasks()[4]  # workspace-slugify-4
 
 
 @pytest_asyncio.fixture
-async def acts(store: ObjectStore) -> AsyncIterator[EnvironmentActivities]:
+async def acts(
+    store: ObjectStore, request: pytest.FixtureRequest
+) -> AsyncIterator[EnvironmentActivities]:
+    """Activities over workspaces of 256 MB (or the MB of an indirect parameter)."""
     root = session_root()
-    settings = Settings(sandbox=SandboxSettings(workspaces=WorkspaceSettings(root=root)))
+    mb = getattr(request, "param", 256)
+    workspaces = WorkspaceSettings(root=root, max_workspace_mb=mb)
+    settings = Settings(sandbox=SandboxSettings(workspaces=workspaces))
     activities = EnvironmentActivities(settings, QUEUE, store, LocalBackend(warm=0))
     for key, data in TASK.objects.items():
         store.put_bytes(key, data)
@@ -217,3 +222,24 @@ async def test_bad_requests_and_broken_checks_are_not_retried(
         await ActivityEnvironment().run(acts.verify_episodes, verify)
     assert no_reward.value.type == ErrorType.INVALID_TASK and no_reward.value.non_retryable
     assert "task broken-task: tests/test.sh wrote no reward" in str(no_reward.value)
+
+
+@pytest.mark.parametrize("acts", [1], indirect=True)
+async def test_a_final_tree_that_does_not_fit_is_scored_zero_not_invalid(
+    acts: EnvironmentActivities, store: ObjectStore
+) -> None:
+    """300 one-byte files (hard links once, stored before scans counted pages) restore to
+    1.2 MB in a 1 MB workspace: the verify raised InvalidInput, which failed the training
+    run; the agent's tree scores 0."""
+    final = pack_files({f"f{n}": "x" for n in range(300)})
+    script = pack_files({"test.sh": "echo 1 > /logs/verifier/reward.txt\n"}, Check(kind="script"))
+    for key, data in {**final.objects, **script.objects}.items():
+        store.put_bytes(key, data)
+    harbor = spec().model_copy(update={"verifier": script.ref})
+    verify = VerifyRequest(
+        run_id=RUN, task_id=TASK.spec.id, env=EnvName.WORKSPACE, workspace=harbor, limits=LIMITS,
+        items=[VerifyItem(sample=0, snapshot=final.ref)],
+    )  # fmt: skip
+    verdict = (await ActivityEnvironment().run(acts.verify_episodes, verify)).verdicts[0]
+    assert verdict.score == 0.0 and verdict.status is ExecStatus.FAILED
+    assert "does not fit" in store.get_model(verdict.result.key, ExecutionResult).detail

@@ -13,15 +13,9 @@ from pathlib import Path
 import pytest
 
 from contracts.common import ObjectRef
+from infra.environments.disk import restore
 from infra.environments.mounts import remove
-from infra.environments.snapshots import (
-    MAX_DEPTH,
-    MemoryObjects,
-    Scanner,
-    StoreObjects,
-    Trees,
-    restore,
-)
+from infra.environments.snapshots import MAX_DEPTH, MemoryObjects, Scanner, StoreObjects, Trees
 from infra.environments.tree import (
     MAX_PACKS,
     Entry,

@@ -1,0 +1,103 @@
+"""Trees on disk: a scan counts what a restore will take of a workspace's tmpfs (hard links
+too), and a tree whose paths pass PATH_MAX restores, primes and is handed to its uid."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from infra.environments.disk import PAGE, Parents, disk_bytes, link_bytes, restore
+from infra.environments.mounts import mount_tmpfs, remove_tree
+from infra.environments.snapshots import MemoryObjects, Scanner, Trees
+from infra.environments.tree import TreeError, tree_digest
+from tests.infra.environments.conftest import needs_root
+
+LONG = "n" * 250
+"""One name of 250 bytes: 20 nested make a path of 5,019 bytes, past PATH_MAX (4,096)."""
+
+
+def test_costs_are_whole_pages() -> None:
+    assert [disk_bytes(size) for size in (0, 1, PAGE, PAGE + 1)] == [0, PAGE, PAGE, 2 * PAGE]
+    assert link_bytes("x" * 126) == 0 and link_bytes("x" * 127) == PAGE
+
+
+def test_a_scan_counts_each_hard_link_as_the_file_a_restore_writes(tmp_path: Path) -> None:
+    """1,000 links to a one-byte file are 1 KB by `st_size`, but a restore writes 1,000 files
+    of a page each: 70,000 of them once filled a 256 MB tmpfs on restore, a TreeError that
+    failed the task and its training run."""
+    (tmp_path / "one").write_text("x")
+    (tmp_path / "d").mkdir()
+    for n in range(1000):
+        os.link(tmp_path / "one", tmp_path / "d" / str(n))
+    with pytest.raises(TreeError, match=r"more than 1 MB \(each file counted in whole"):
+        Scanner(max_bytes=1 << 20).scan(tmp_path, set())
+    entries, _ = Scanner(max_bytes=4200 * 1001).scan(tmp_path, set())  # 1,001 pages fit
+    assert len(entries) == 1002
+
+
+@needs_root
+def test_what_a_scan_accepts_fits_a_tmpfs_of_its_quota() -> None:
+    top = Path(tempfile.mkdtemp(prefix="tempered-test-disk-"))
+    try:
+        source, copy = top / "source", top / "copy"
+        for directory in (source, copy):
+            directory.mkdir()
+        (source / "one").write_text("x")
+        for n in range(200):
+            os.link(source / "one", source / f"h{n}")
+            os.symlink("t" * 200, source / f"l{n}")  # a long target takes a page too
+        quota = 401 * PAGE  # exactly: "one", 200 links to it, 200 long links
+        entries, new = Scanner(quota).scan(source, set())
+        _, manifest = Trees(MemoryObjects()).commit(entries, new, None)
+        mount_tmpfs(copy, quota, 1000, os.geteuid())
+        restore(manifest, new, copy, uid=None)  # no ENOSPC
+        os.link(source / "one", source / "h200")
+        with pytest.raises(TreeError, match="more than"):
+            Scanner(quota).scan(source, set())
+    finally:
+        remove_tree(top)
+
+
+def _deep(root: Path, levels: int) -> int:
+    """Make `levels` nested LONG directories under `root`; the deepest, open."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(levels):
+        os.mkdir(LONG, dir_fd=fd)
+        child = os.open(LONG, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    return fd
+
+
+def test_a_tree_whose_paths_pass_path_max_restores(tmp_path: Path) -> None:
+    """`for i in $(seq 20); do mkdir n…n && cd n…n; done` in one step: the scan (relative to
+    each parent's descriptor) stored the path, but a restore by the whole path raised
+    ENAMETOOLONG, a platform fault retried for ever."""
+    source, copy = tmp_path / "source", tmp_path / "copy"
+    source.mkdir()
+    copy.mkdir()
+    fd = _deep(source, 20)
+    try:
+        with os.fdopen(os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "w") as f:
+            f.write("deep\n")
+        os.symlink("f.txt", "alias", dir_fd=fd)
+    finally:
+        os.close(fd)
+    (source / "top.txt").write_text("top\n")
+    scanner = Scanner(1 << 20)
+    entries, new = scanner.scan(source, set())
+    deepest = max(entries, key=lambda e: len(e.path))
+    assert len(deepest.path.encode()) > 4096
+    _, manifest = Trees(MemoryObjects()).commit(entries, new, None)
+    uid = 65534 if os.geteuid() == 0 else None
+    restore(manifest, new, copy, uid)
+    scanner.prime(copy, manifest)
+    again, unread = scanner.scan(copy, set(manifest.contents()))
+    assert tree_digest(again) == manifest.digest() and unread == {}  # primed: nothing read
+    with Parents(copy) as parents:
+        parent_fd, name = parents.of(deepest.path)
+        info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    assert uid is None or (info.st_uid, info.st_gid) == (uid, uid)

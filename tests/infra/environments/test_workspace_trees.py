@@ -1,0 +1,91 @@
+"""Trees an agent makes that once broke the platform, on real bwrap: each is the agent's
+outcome (an undone step, a restorable tree, a score of 0), never a platform fault retried for
+ever nor an invalid input that fails the training run."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from contracts.episode import ToolCall
+from contracts.sandbox import ExecStatus
+from contracts.task import SandboxLimits
+from infra.environments.checks import MAX_PROGRAM_BYTES
+from infra.environments.tree import File, pack_files
+from infra.environments.workspace import WorkspaceState
+from tests.infra.environments.conftest import Rig, needs_root
+from tests.infra.environments.test_workspace import FILES, FUNCTIONS, HIDDEN
+
+pytestmark = [needs_root, pytest.mark.asyncio]
+LIMITS = SandboxLimits(timeout_s=10)
+LONG = "n" * 250
+FIXED = "def add(a, b):\n    return a + b\n"
+DEEP = (  # a name at a time: sh's `cd` chdirs by the whole path, which fails past PATH_MAX
+    f"import os\nfor _ in range(20):\n    os.makedirs('{LONG}', exist_ok=True)\n"
+    f"    os.chdir('{LONG}')\n"
+)
+MAKE_DEEP = DEEP + "open('f.txt', 'w').write('deep')\n"
+DEEP_TESTS = {  # Harbor's tests of the deepest file
+    "test.sh": "python3 /tests/check.py > /logs/verifier/reward.txt\n",
+    "check.py": DEEP + "print(int(open('f.txt').read() == 'deep'))\n",
+}
+
+
+def bash(command: str) -> ToolCall:
+    return ToolCall(name="bash", arguments={"command": command})
+
+
+async def test_a_step_whose_hard_links_would_not_fit_a_restore_is_undone(rig: Rig) -> None:
+    """1,000 hard links to a one-byte file: 1 KB by `st_size`, 4 MB once restored (a page a
+    file) in a 2 MB workspace. The step was stored, then no restore of it fitted: InvalidInput,
+    which failed the task and its training run."""
+    state = await rig.env.reset(rig.spec(FILES), "s0")
+    links = "import os; os.mkdir('d'); [os.link('calc.py', 'd/%d' % i) for i in range(1000)]"
+    after, seen = await rig.env.step(state, bash(f'python3 -c "{links}"; echo made'), LIMITS)
+    assert seen.text.startswith("exit code: 0\nstdout:\nmade"), seen.text
+    assert "more than 2 MB" in seen.text and "the step's changes were undone" in seen.text
+    assert after.tree_digest == state.tree_digest
+    assert not (rig.host.sessions["s0"].workspace / "d").exists()
+
+
+async def test_a_final_tree_that_does_not_fit_is_scored_zero(rig: Rig) -> None:
+    """A final tree stored before scans counted pages (600 one-byte files: 2.4 MB restored)."""
+    spec = rig.spec(FILES)
+    stored = rig.add(pack_files({f"f{n}": "x" for n in range(600)}))
+    graded = await rig.env.verify(spec, WorkspaceState("gone", stored.ref), LIMITS)
+    assert graded.score == 0.0 and graded.result.status is ExecStatus.FAILED
+    assert "does not fit a workspace's 2 MB" in graded.result.detail
+
+
+async def test_a_tree_whose_paths_pass_path_max_restores_and_is_checked(rig: Rig) -> None:
+    """20 nested names of 250 letters (a path of 5,000 bytes) in one step: stored, but every
+    restore (another worker's session, the verifier's copy) raised ENAMETOOLONG, a platform
+    fault retried for ever."""
+    spec = rig.spec(FILES, DEEP_TESTS)
+    state = await rig.env.reset(spec, "s0")
+    state, seen = await rig.env.step(state, bash(f'python3 -c "{MAKE_DEEP}"'), LIMITS)
+    assert seen.text == "exit code: 0", seen.text
+    moved = await rig.env.reset(spec, "s1", state.snapshot)  # as on a worker that lost s0
+    assert moved.tree_digest == state.tree_digest
+    after, seen = await rig.env.step(moved, bash("cd n*/n*/n* && touch new && echo ok"), LIMITS)
+    assert seen.text == "exit code: 0\nstdout:\nok" and after.tree_digest != state.tree_digest
+    assert (await rig.env.verify(spec, after, LIMITS)).score == 1.0
+
+
+async def test_a_functions_check_copies_the_python_files_within_a_budget(rig: Rig) -> None:
+    """13 data files of 1 MB beside the code: every file up to 1 MiB was copied into the
+    program, which then passed the verifier's 16 MiB frame (a TypeError on every retry)."""
+    blobs: dict[str, File | bytes | str] = {
+        f"blob{n}.bin": os.urandom(1_000_000) for n in range(13)
+    }
+    spec = rig.spec({**FILES, "calc.py": FIXED}, HIDDEN, FUNCTIONS)
+    final = rig.add(pack_files({**FILES, "calc.py": FIXED, **blobs}))
+    graded = await rig.env.verify(spec, WorkspaceState("gone", final.ref), LIMITS)
+    assert graded.result.status is ExecStatus.PASSED and graded.score == 1.0
+    huge = "# " + os.urandom(MAX_PROGRAM_BYTES // 2).hex() + "\n"  # a 'module' past the budget
+    final = rig.add(pack_files({**FILES, "calc.py": FIXED, "table.py": huge}))
+    graded = await rig.env.verify(spec, WorkspaceState("gone", final.ref), LIMITS)
+    assert graded.score == 0.0 and graded.result.status is ExecStatus.FAILED
+    assert "Python files hold 8.4 MB, more than the 8 MiB" in graded.result.detail
+    assert "table.py 8.4 MB" in graded.result.detail
