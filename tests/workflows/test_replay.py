@@ -31,6 +31,9 @@ from workflows.training_run import TrainingRunWorkflow
 HISTORIES = Path(__file__).parent / "histories"
 RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran under)
     "agent_task.json": (AgentTaskWorkflow, "agent-task"),
+    # a workspace group recorded before its untouched workspace was verified beside the final
+    # ones (the current code's is tests/workflows/histories/agent_task_workspace.json)
+    "agent_task_workspace_before_untouched.json": (AgentTaskWorkflow, "ws-43fd11-fix"),
     "learner.json": (LearnerWorkflow, "replay-learner"),  # two steps, then continue-as-new
     # a training run's learner (progress signals, finish) and the run (children, evals)
     "learner_child.json": (LearnerWorkflow, "train-replay-run-learner"),
