@@ -320,6 +320,8 @@ class Run:
         for name, export in exports.items():
             if type(name) is not str or not name.isidentifier() or hasattr(builtins, name):
                 continue
+            if name.startswith("__"):  # `__builtins__` would replace the tests' builtins
+                continue
             if export is None:
                 namespace[name] = Proxy(self.channel, name)
             elif type(export) is tuple and len(export) == 1:

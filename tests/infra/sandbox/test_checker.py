@@ -8,6 +8,7 @@ cannot reach from there: a reply it forges byte by byte, or one it never sends.
 
 from __future__ import annotations
 
+import builtins
 import os
 import time
 from collections.abc import Iterator
@@ -130,6 +131,17 @@ def test_a_fault_a_test_unit_swallows_fails_that_unit_and_the_next_units_still_r
     assert run.run_unit(lambda: None, is_test=True) is True
     assert (run.passed, run.worst, run.exc_type) == (1, "failed", "CandidateFault")
     assert run.error.count("did not end with plain data") == 2
+
+
+def test_the_programs_names_never_replace_the_tests_builtins() -> None:
+    """An export named `__builtins__` replaced the builtins the tests run with (they then
+    only errored); dunder names and builtins' own names are never taken from the program."""
+    channel = SimpleNamespace(namespace=None)
+    run = Run({"units": []}, channel=channel, job_fd=-1)  # type: ignore[arg-type]
+    exports = {"__builtins__": ({"abs": 0},), "__name__": ("x",), "len": ("y",), "add": None}
+    namespace = run.namespace(exports)  # type: ignore[arg-type]
+    assert namespace["__builtins__"] is builtins and namespace["__name__"] == "__main__"
+    assert "len" not in namespace and "add" in namespace
 
 
 def test_a_class_named_stop_iteration_cannot_end_a_tests_loop() -> None:
