@@ -21,12 +21,10 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
 import boto3
-from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import ClientError
 from pydantic import BaseModel
@@ -43,6 +41,7 @@ from infra.storage_errors import (
     TransientStorageError,
     translate_errors,
 )
+from infra.storage_multipart import MULTIPART_THRESHOLD, transfer_config, upload_in_parts
 
 __all__ = [
     "DigestMismatch",
@@ -56,10 +55,6 @@ __all__ = [
 
 M = TypeVar("M", bound=BaseModel)
 
-MULTIPART_THRESHOLD = 16 * 2**20
-"""Files above this go up in parts of PART_SIZE bytes (and down in parallel ranged GETs)."""
-PART_SIZE = 8 * 2**20
-PART_WORKERS = 4
 TEXT = "text/plain; charset=utf-8"
 _READ_CHUNK = 2**20
 PROBE_PREFIX = ".tempered-probe/"
@@ -104,11 +99,7 @@ class ObjectStore:
             )
         except ValueError as exc:
             raise PermanentStorageError(f"bad S3 endpoint URL {s3.endpoint!r}: {exc}") from None
-        self._transfer = TransferConfig(
-            multipart_threshold=MULTIPART_THRESHOLD,
-            multipart_chunksize=PART_SIZE,
-            max_concurrency=PART_WORKERS,
-        )
+        self._transfer = transfer_config()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ObjectStore:
@@ -202,7 +193,7 @@ class ObjectStore:
         return self.put_bytes(key, data, create_only=create_only, content_type="application/json")
 
     def upload_file(self, path: Path | str, key: str, *, create_only: bool = False) -> ObjectRef:
-        """Upload one file; above MULTIPART_THRESHOLD in parallel parts."""
+        """Upload one file; above MULTIPART_THRESHOLD in parallel parts (`storage_multipart`)."""
         path = Path(path)
         size = path.stat().st_size
         if size <= MULTIPART_THRESHOLD:
@@ -211,7 +202,7 @@ class ObjectStore:
         if create_only and (existing := self.head(key)) is not None:
             return self._existing_or_raise(ref, existing)
         try:
-            self._multipart_upload(path, ref, create_only)
+            upload_in_parts(self._client, self.bucket, path, ref, create_only, self._errors)
         except ObjectExists:
             return self._existing_or_raise(ref)
         return ref
@@ -355,52 +346,6 @@ class ObjectStore:
             f"s3://{self.bucket}/{ref.key} already holds different content "
             f"(stored sha256 {existing.sha256[:12]}…, new {ref.sha256[:12]}…)"
         )
-
-    def _multipart_upload(self, path: Path, ref: ObjectRef, create_only: bool) -> None:
-        with self._errors("multipart upload", ref.key):
-            upload_id = self._client.create_multipart_upload(
-                Bucket=self.bucket,
-                Key=ref.key,
-                Metadata={"sha256": ref.sha256},
-                ContentType="application/octet-stream",
-            )["UploadId"]
-        try:
-            offsets = range(0, ref.size, PART_SIZE)
-            with ThreadPoolExecutor(PART_WORKERS) as pool:
-                etags = list(
-                    pool.map(lambda o: self._upload_part(path, ref.key, upload_id, o), offsets)
-                )
-            parts = [{"PartNumber": i + 1, "ETag": etag} for i, etag in enumerate(etags)]
-            args: dict[str, Any] = {
-                "Bucket": self.bucket,
-                "Key": ref.key,
-                "UploadId": upload_id,
-                "MultipartUpload": {"Parts": parts},
-            }
-            if create_only:
-                args["IfNoneMatch"] = "*"
-            with self._errors("complete multipart upload", ref.key):
-                self._client.complete_multipart_upload(**args)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self._client.abort_multipart_upload(
-                    Bucket=self.bucket, Key=ref.key, UploadId=upload_id
-                )
-            raise
-
-    def _upload_part(self, path: Path, key: str, upload_id: str, offset: int) -> str:
-        with path.open("rb") as fh:
-            fh.seek(offset)
-            chunk = fh.read(PART_SIZE)
-        with self._errors("upload part", key):
-            out = self._client.upload_part(
-                Bucket=self.bucket,
-                Key=key,
-                UploadId=upload_id,
-                PartNumber=offset // PART_SIZE + 1,
-                Body=chunk,
-            )
-        return str(out["ETag"])
 
     def _errors(self, op: str, key: str = "") -> contextlib.AbstractContextManager[None]:
         return translate_errors(op, key, self.endpoint, self.bucket, self.settings.access_key)

@@ -48,14 +48,9 @@ from temporalio.runtime import OpenTelemetryConfig, PrometheusConfig, Runtime, T
 
 from contracts.names import Queue, is_evaluation
 from infra.settings import Settings
-from infra.telemetry_files import (
-    LIVE_WINDOW_S,
-    JsonlMetricExporter,
-    JsonlSink,
-    JsonlSpanExporter,
-    WorkerFigures,
-)
-from infra.telemetry_files import read_live_figures as _read_figures
+from infra.telemetry_figures import LIVE_WINDOW_S, WorkerFigures
+from infra.telemetry_figures import read_live_figures as _read_figures
+from infra.telemetry_files import JsonlMetricExporter, JsonlSink, JsonlSpanExporter
 from infra.telemetry_instruments import CIRCUIT_STATES, Instruments
 
 PORT_OFFSETS: dict[str, int] = {

@@ -4,7 +4,7 @@
 observable gauges of the process's RSS, peak RSS and CPU. `infra/telemetry.py` creates one per
 process in `setup_telemetry` and records through its `record_*` helpers; nothing else should
 create instruments, so each metric is named and described here only. The JSONL reader
-(`infra/telemetry_files.py`) looks figures up by these names and reads histograms back with
+(`infra/telemetry_figures.py`) looks figures up by these names and reads histograms back with
 `histogram_quantile`; Prometheus spells them with underscores (`tempered_sandbox_runs_total`).
 Labels take few values each (no run ids): every label set is a series for the process's life.
 """

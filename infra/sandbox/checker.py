@@ -94,9 +94,6 @@ class Channel:
         if left <= 0 or not poller.poll(left * 1000):
             raise CandidateLost("timeout")
 
-    def _await_reply(self) -> None:
-        self._wait(self._readable)
-
     def send(self, message: object) -> None:
         self._write(codec.frame(message))
 
@@ -113,7 +110,7 @@ class Channel:
 
     def receive(self) -> tuple[object, ...]:
         try:
-            message = self.reader.read(self._await_reply)
+            message = self.reader.read(partial(self._wait, self._readable))
         except codec.EndOfFile:
             raise CandidateLost("exited") from None
         except codec.CodecError as exc:
@@ -258,9 +255,7 @@ class Run:
             (bool(u["test"]), int(u["line"]), str(u["source"])) for u in job.get("units") or []
         ]
         self.entry_point = str(job["entry_point"]) if job.get("entry_point") else None
-        self.total = (1 if self.entry_point else 0) + sum(
-            1 for is_test, _, _ in self.units if is_test
-        )
+        self.total = bool(self.entry_point) + sum(is_test for is_test, _, _ in self.units)
         self.passed, self.worst, self.error, self.exc_type = 0, "passed", "", ""
 
     def verdict(self, status: str | None = None, lost: str = "") -> dict[str, object]:

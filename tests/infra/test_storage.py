@@ -14,7 +14,6 @@ from contracts.common import ObjectRef
 from contracts.task import TaskSpec
 from infra.seaweed import pick_free_ports
 from infra.storage import (
-    MULTIPART_THRESHOLD,
     PROBE_PREFIX,
     DigestMismatch,
     ObjectExists,
@@ -24,6 +23,7 @@ from infra.storage import (
     TransientStorageError,
     sha256_bytes,
 )
+from infra.storage_multipart import MULTIPART_THRESHOLD
 from tests.fixtures.s3 import SeaweedServer
 
 

@@ -23,7 +23,7 @@ from temporalio.worker import Worker
 from contracts.names import Queue
 from infra import telemetry as tm
 from infra.settings import Settings
-from infra.telemetry_files import histogram_quantile
+from infra.telemetry_instruments import histogram_quantile
 from tests.fixtures.temporal import TemporalServer
 
 

@@ -4,6 +4,7 @@
     tempered runs show RUN                        tasks, trajectories, reward records, policies
     tempered runs show RUN --task ID [--sample N] an episode step by step: the model's call
                                                   (code or tool call), what it was shown back
+                                                  (printed by `episodes.py`)
     tempered regrade RUN --grader v2 [--suite S]  re-score stored final programs, no generation
     tempered runs rm RUN [RUN ...] [--force]      delete runs: their objects (their evaluations'
                                                   too) and their locally cached policy versions
@@ -25,7 +26,6 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import json
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,19 +34,15 @@ from typing import TypeVar, get_args
 
 from pydantic import BaseModel
 from rich.console import Console
-from rich.padding import Padding
 from rich.table import Table
-from rich.text import Text
 from temporalio.service import RPCError
 
 from contracts.common import is_identifier
 from contracts.names import evaluates
 from contracts.run import TrainingRunInput
-from contracts.sandbox import ExecutionResult
 from contracts.task import RewardConfig, SandboxLimits
-from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
+from contracts.trajectory import RewardRecord, Trajectory
 from infra import keys
-from infra.inference.prompts import clip, observation_text
 from infra.policy import latest_policy, policy_manifest, policy_versions
 from infra.policy_cache import forget_run
 from infra.regrade import OUTCOMES, Regrading
@@ -55,12 +51,11 @@ from infra.sandbox import get_backend
 from infra.settings import SandboxBackendName, Settings
 from infra.storage import ObjectNotFound, ObjectStore, StorageError
 from infra.tasks import load_suite
+from workers.cli.episodes import print_episode
 from workers.runtime import connect
 from workers.training import running_handle
 
 Command = Callable[[argparse.Namespace, Settings], int]
-SHOWN_CHARS = 2000
-"""Most characters of one observation `runs show --task` prints."""
 Record = TypeVar("Record", bound=BaseModel)
 
 
@@ -318,42 +313,6 @@ def show_episodes(
     for trajectory in trajectories:
         print_episode(console, store, trajectory)
     return 0
-
-
-def print_episode(console: Console, store: ObjectStore, trajectory: Trajectory) -> None:
-    console.rule()
-    console.print(
-        f"[bold]{trajectory.task_id} sample {trajectory.sample}[/]: {len(trajectory.steps)} "
-        f"steps, ended {trajectory.end.value}, reward {trajectory.reward:+.3f}, "
-        f"{'solved' if trajectory.solved else 'not solved'}"
-    )
-    for step in trajectory.steps:
-        status = f", {step.status.value}" if step.status else ""
-        tokens = step.span[1] - step.span[0]
-        console.print(
-            f"[bold]step {step.step}[/] (policy v{step.policy_version}, {tokens} tokens, "
-            f"{step.finish_reason}{status})"
-        )
-        console.print(Padding(Text(_action_text(step)), (0, 0, 0, 2)))
-        if step.observation is not None:
-            data = store.get_verified(step.observation)
-            shown = clip(observation_text(trajectory.env, data), SHOWN_CHARS)
-            console.print(Padding(Text(shown, style="dim"), (0, 0, 0, 2)))
-    if trajectory.verifier is not None:
-        result = store.get_model(trajectory.verifier.key, ExecutionResult)
-        console.print(
-            f"[bold]verifier[/]: {result.status.value}, "
-            f"{result.tests_passed}/{result.tests_total} hidden tests"
-        )
-
-
-def _action_text(step: TrajectoryStep) -> str:
-    """The model's call: its tool call (or why it was none), else its program."""
-    if step.call is None:
-        return f"program:\n{step.code or ''}".rstrip()
-    if step.call.error:
-        return f"no valid call ({step.call.error}); the model wrote:\n{step.completion_text}"
-    return f"{step.call.name}({json.dumps(step.call.arguments, ensure_ascii=False)})"
 
 
 @_user_errors

@@ -32,7 +32,7 @@ from contracts.names import ACTIVITY_QUEUE, Queue
 from infra import stack
 from infra.settings import Settings
 from infra.telemetry import read_live_figures
-from infra.telemetry_files import QueueFigures, WorkerFigures
+from infra.telemetry_figures import QueueFigures, WorkerFigures
 from workers.background import background_workers
 from workers.backlog import QueueBacklog, queue_backlogs
 from workers.cli.progress import last_step, pass_at_1_text, reward_text

@@ -19,7 +19,7 @@ from contracts.names import Queue
 from contracts.run import EvalResult, RunProgress, TrainingRunInput
 from infra import telemetry as tm
 from infra.settings import Settings, TemporalSettings
-from infra.telemetry_files import QueueFigures, WorkerFigures
+from infra.telemetry_figures import QueueFigures, WorkerFigures
 from tests.fixtures.temporal import TemporalServer
 from workers.backlog import QueueBacklog
 from workers.cli import run

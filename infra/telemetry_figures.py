@@ -1,0 +1,268 @@
+"""The reader behind `tempered status`: live figures of each worker from its JSONL telemetry.
+
+    figures = read_live_figures(settings.home / "telemetry")   # {"<service>-<pid>": WorkerFigures}
+    worker = worker_figures(service, pid, alive, records)       # one file's tail records
+
+The files are the ones `infra/telemetry_files.py` writes (one per worker process, rotated by
+size). Metric records are cumulative snapshots, so the newest one is the worker's current state;
+`read_live_figures` tails each file (continuing into its `.1` just after a rotation) and turns
+the newest snapshots into a `WorkerFigures`: per task queue the activity attempts in flight,
+finished per second, failed, and the newest failure's message (from the failed spans in the
+tail), plus RSS, CPU, sandbox outcomes and p50 latency, tokens/s, training reward. Most callers
+go through `infra.telemetry.read_live_figures(settings)`.
+
+Not covered: writing the files (`infra/telemetry_files.py`), and an OTLP collector's figures
+(with a collector there are no files: the same figures are in its metrics and traces).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from infra.telemetry_files import rotated_path
+from infra.telemetry_instruments import histogram_quantile
+
+TAIL_BYTES = 512 * 1024
+"""How much of each file's end `read_live_figures` reads to find the newest snapshots."""
+LIVE_WINDOW_S = 900.0
+"""Files not written for this long (a worker gone for 15 minutes) are left out by default."""
+RATE_WINDOW_S = 1.0
+"""Rates (tokens/s) are taken between snapshots at least this far apart when possible."""
+
+
+class QueueFigures(BaseModel):
+    """Activity attempts one worker process ran for one task queue."""
+
+    in_flight: int = Field(default=0, description="Attempts executing now.")
+    succeeded: int = Field(default=0, description="Attempts that returned, since the start.")
+    failed: int = Field(default=0, description="Attempts that raised, since the start.")
+    per_s: float | None = Field(default=None, description="Finished attempts per second lately.")
+    last_error_at: float | None = Field(default=None, description="Unix time of the last failure.")
+    last_error: str | None = Field(
+        default=None, description="'activity: Type: message' of the newest failure in the tail."
+    )
+
+
+class WorkerFigures(BaseModel):
+    """What `tempered status` shows of one worker process (one `<service>-<pid>.jsonl` file)."""
+
+    service: str = Field(description="The queues it serves, joined by '+'.")
+    pid: int
+    alive: bool = Field(description="Whether the process still runs.")
+    age_s: float = Field(description="Seconds since its newest metric snapshot.")
+    queues: dict[str, QueueFigures] = Field(default={}, description="By task queue.")
+    rss_mb: float | None = None
+    rss_peak_mb: float | None = None
+    cpu_percent: float | None = None
+    sandbox_runs: dict[str, int] = Field(default={}, description="Sandboxed runs by status.")
+    sandbox_runs_per_s: float | None = None
+    sandbox_in_flight: int = 0
+    sandbox_p50_s: float | None = None
+    tokens_per_s: float | None = None
+    reward_mean: float | None = Field(default=None, description="Of the newest training batch.")
+    pass_rate: float | None = Field(default=None, description="Of the newest training batch.")
+    learner_steps: int = 0
+    learner_step_mean_s: float | None = None
+
+    @property
+    def queue_names(self) -> list[str]:
+        return self.service.split("+")
+
+
+SNAPSHOTS_KEPT = 4
+"""Newest metric snapshots read per file: the current state and a few to take rates against."""
+
+
+def _read_end(path: Path, limit: int) -> bytes:
+    """The final `limit` bytes of `path`; none if it is gone (renamed by a rotation)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - limit))
+            return handle.read()
+    except FileNotFoundError:
+        return b""
+
+
+def _tail_records(path: Path) -> list[dict[str, Any]]:
+    """The newest SNAPSHOTS_KEPT metric snapshots and every failed span within the final
+    TAIL_BYTES of `path` and, where it is shorter, of its rotated part before it (just after a
+    rotation the new file may hold no snapshot yet), oldest first (other lines not parsed)."""
+    data = _read_end(path, TAIL_BYTES)
+    if len(data) < TAIL_BYTES:  # whole lines end each file, so the two join cleanly
+        data = _read_end(rotated_path(path), TAIL_BYTES - len(data)) + data
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    found: list[dict[str, Any]] = []
+    snapshots = 0
+    for line in reversed(lines):
+        wanted = '"ERROR"' in line or ('"metrics"' in line and snapshots < SNAPSHOTS_KEPT)
+        if not wanted:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a torn first line of the tail, or a write in progress
+        if isinstance(record, dict):
+            found.append(record)
+            snapshots += record.get("kind") == "metrics"
+    return found[::-1]
+
+
+def _points(record: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [p for p in record.get("points", []) if p.get("name") == name]
+
+
+def _total(record: dict[str, Any], name: str, **attrs: str) -> float:
+    points = _points(record, name)
+    return float(sum(p.get("value", 0) for p in points if attrs.items() <= p["attrs"].items()))
+
+
+def _merged_histogram(record: dict[str, Any], name: str) -> tuple[list[float], list[int], float]:
+    bounds: list[float] = []
+    buckets: list[int] = []
+    total = 0.0
+    for point in _points(record, name):
+        if not buckets:
+            bounds, buckets = list(point["bounds"]), [0] * len(point["buckets"])
+        if list(point["bounds"]) == bounds:
+            buckets = [a + b for a, b in zip(buckets, point["buckets"], strict=True)]
+            total += point.get("sum", 0.0)
+    return bounds, buckets, total
+
+
+def _gauge(record: dict[str, Any], name: str, **attrs: str) -> float | None:
+    """The value of gauge `name` whose labels include `attrs`. Point times are the snapshot's,
+    not the writes', and points come in label-set creation order: labels tell them apart."""
+    points = [p for p in _points(record, name) if attrs.items() <= p["attrs"].items()]
+    return float(points[-1]["value"]) if points else None
+
+
+class _Snapshots:
+    """The newest metric snapshot of a worker, and the one to take rates against."""
+
+    def __init__(self, snapshots: list[dict[str, Any]]) -> None:
+        self.latest = snapshots[-1]
+        # the newest snapshot at least RATE_WINDOW_S older (a shutdown snapshot often follows a
+        # periodic one within milliseconds), else the oldest one kept; none if only one
+        older = [r for r in snapshots[:-1] if self.latest["ts"] - r["ts"] >= RATE_WINDOW_S]
+        self.previous = older[-1] if older else (snapshots[0] if len(snapshots) > 1 else None)
+
+    def rate(self, name: str, **attrs: str) -> float | None:
+        """Per-second growth of counter `name` (points matching `attrs`) between the two."""
+        if self.previous is None or self.latest["ts"] <= self.previous["ts"]:
+            return None
+        grown = _total(self.latest, name, **attrs) - _total(self.previous, name, **attrs)
+        return round(grown / (self.latest["ts"] - self.previous["ts"]), 2)
+
+
+def _queue_figures(
+    snapshots: _Snapshots, failures: list[dict[str, Any]]
+) -> dict[str, QueueFigures]:
+    latest = snapshots.latest
+    queues: dict[str, QueueFigures] = {}
+    for name in ("tempered.activity.attempts", "tempered.activity.in_flight"):
+        for point in _points(latest, name):
+            queues.setdefault(str(point["attrs"].get("queue", "?")), QueueFigures())
+    for queue, figures in queues.items():
+        figures.in_flight = int(_total(latest, "tempered.activity.in_flight", queue=queue))
+        attempts = "tempered.activity.attempts"
+        figures.succeeded = int(_total(latest, attempts, queue=queue, outcome="ok"))
+        figures.failed = int(_total(latest, attempts, queue=queue, outcome="error"))
+        figures.per_s = snapshots.rate(attempts, queue=queue)
+        times = [
+            p["value"]
+            for p in _points(latest, "tempered.activity.last_error_time")
+            if p["attrs"].get("queue") == queue
+        ]
+        figures.last_error_at = max(times) if times else None
+        mine = [s for s in failures if s.get("attrs", {}).get("tempered.queue") == queue]
+        if mine:
+            newest = mine[-1]
+            activity = str(newest["name"]).removeprefix("RunActivity:")
+            figures.last_error = f"{activity}: {newest.get('error') or 'failed'}"
+    return queues
+
+
+def worker_figures(
+    service: str, pid: int, alive: bool, records: list[dict[str, Any]]
+) -> WorkerFigures | None:
+    """Figures of one worker from its file's tail records (oldest first); None without metrics."""
+    metrics = [r for r in records if r.get("kind") == "metrics"][-SNAPSHOTS_KEPT:]
+    if not metrics:
+        return None
+    failures = [r for r in records if r.get("kind") == "span" and r.get("status") == "ERROR"]
+    snapshots = _Snapshots(metrics)
+    latest = snapshots.latest
+    runs: dict[str, int] = {}
+    for point in _points(latest, "tempered.sandbox.runs"):
+        status = str(point["attrs"].get("status", "?"))
+        runs[status] = runs.get(status, 0) + int(point["value"])
+    bounds, buckets, _ = _merged_histogram(latest, "tempered.sandbox.duration")
+    p50 = histogram_quantile(bounds, buckets, 0.5)
+    _, step_buckets, step_sum = _merged_histogram(latest, "tempered.learner.step_time")
+    steps = sum(step_buckets)
+    rss = _gauge(latest, "tempered.process.rss")
+    rss_peak = _gauge(latest, "tempered.process.rss_peak")
+    return WorkerFigures(
+        service=service,
+        pid=pid,
+        alive=alive,
+        age_s=round(max(time.time() - latest["ts"], 0.0), 1),
+        queues=_queue_figures(snapshots, failures),
+        rss_mb=None if rss is None else round(rss / 2**20, 1),
+        rss_peak_mb=None if rss_peak is None else round(rss_peak / 2**20, 1),
+        cpu_percent=_gauge(latest, "tempered.process.cpu_percent"),
+        sandbox_runs=runs,
+        sandbox_runs_per_s=snapshots.rate("tempered.sandbox.runs"),
+        sandbox_in_flight=int(_total(latest, "tempered.sandbox.in_flight")),
+        sandbox_p50_s=None if p50 is None else round(p50, 4),
+        tokens_per_s=snapshots.rate("tempered.inference.tokens"),
+        reward_mean=_gauge(latest, "tempered.reward.mean", run_kind="training"),
+        pass_rate=_gauge(latest, "tempered.reward.pass_rate", run_kind="training"),
+        learner_steps=steps,
+        learner_step_mean_s=round(step_sum / steps, 4) if steps else None,
+    )
+
+
+def read_live_figures(
+    telemetry_dir: Path, max_age_s: float | None = LIVE_WINDOW_S
+) -> dict[str, WorkerFigures]:
+    """`{"<service>-<pid>": figures}` for every JSONL file under `telemetry_dir`.
+
+    Files of processes that are gone are still reported (with `alive=False`) unless older
+    than `max_age_s`, so a crashed worker's last state and error stay visible.
+    """
+    workers: dict[str, WorkerFigures] = {}
+    if not telemetry_dir.is_dir():
+        return workers
+    now = time.time()
+    for path in sorted(telemetry_dir.glob("*-*.jsonl")):
+        try:
+            mtime = path.stat().st_mtime
+        except FileNotFoundError:
+            continue  # renamed by a rotation since the glob: the next look finds it
+        if max_age_s is not None and now - mtime > max_age_s:
+            continue
+        service, _, pid_text = path.stem.rpartition("-")
+        if not pid_text.isdigit():
+            continue
+        pid = int(pid_text)
+        figures = worker_figures(service, pid, _pid_alive(pid), _tail_records(path))
+        if figures is not None:
+            workers[path.stem] = figures
+    return workers
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
