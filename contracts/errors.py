@@ -37,6 +37,10 @@ class ErrorType(StrEnum):
     """The sandbox platform failed (not the program): retried, never a reward."""
     SANDBOX_CIRCUIT_OPEN = "SandboxCircuitOpen"
     """The sandbox backend is paused by its circuit breaker: retried after its backoff."""
+    SANDBOX_MISCONFIGURED = "SandboxMisconfigured"
+    """The sandbox worker cannot serve this at all, on any attempt (bwrap missing on the host of
+    a workspace session): a configuration fault, not a transient one, so not retried; the
+    message says what to fix. Nothing was run, so nothing is scored."""
     LEARNER_INFRA = "LearnerInfraError"
     """The learner's rank group died or did not start (a rank killed, crashed, hung): retried
     on a fresh group, which reloads the last published version."""
@@ -58,6 +62,7 @@ RETRYABLE: dict[ErrorType, bool] = {
     ErrorType.INFERENCE: True,
     ErrorType.SANDBOX_INFRA: True,
     ErrorType.SANDBOX_CIRCUIT_OPEN: True,
+    ErrorType.SANDBOX_MISCONFIGURED: False,
     ErrorType.LEARNER_INFRA: True,
     ErrorType.SESSION_LOST: False,
     ErrorType.LEARNER_FAILED: False,

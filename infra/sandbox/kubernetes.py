@@ -14,9 +14,16 @@ its report with the same rules (`judge.py`) against its own count of test units.
 
 The Job is deleted when the run ends, when the awaiting task is cancelled, and (for Jobs
 labelled with this worker's id, `TEMPERED_WORKER_ID` or the hostname) when the backend first
-runs — no leaked pods; `activeDeadlineSeconds` and `ttlSecondsAfterFinished` bound anything
-a killed worker leaves. A throttled (429), failing (5xx) or timed-out request is retried a few
-times with backoff (Retry-After honoured); a failed pod list is retried by the poller, and only
+runs. A replaced worker pod (deleted, evicted, crashed: its successor has a new name) leaves
+Jobs no one awaits: its fellow workers delete them (`reap_orphans`, in the background with the
+first run, then at most every `REAP_EVERY_S` while runs come) once its pod, in the namespace
+its Jobs name (`WORKER_NAMESPACE_LABEL`, set only where the worker id is a pod's name), is not
+found or has ended; a pod that exists, or a failed lookup, keeps them. `activeDeadlineSeconds`
+and `ttlSecondsAfterFinished` bound whatever is left. `kubernetes_job.PERMISSIONS` lists
+every call made here, as the RBAC rules the chart grants.
+
+A throttled (429), failing (5xx) or timed-out request is retried a few times with backoff
+(Retry-After honoured); a failed pod list is retried by the poller, and only
 `POLL_FAILURE_LIMIT` failures in a row fail the runs waiting on it: one bad list call must not
 abort every run in flight. What is still failing then, and every other API or transport failure
 (refused connection, 403, 409, a pod that never starts, a pod that ends without the launcher's
@@ -29,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import secrets
 import socket
 import time
@@ -47,12 +55,21 @@ from infra.sandbox.kubernetes_job import (
     SANDBOX_LABELS,
     START_GRACE_S,
     WORKER_LABEL,
+    WORKER_NAMESPACE_LABEL,
     JobTooLarge,
     build_job_manifest,
+    jobs_by_worker,
     label_value,
+    not_found,
     observed_from_record,
     parse_pod_log,
+    pod_ended,
+    pod_namespace,
+    pod_state,
+    retry_after,
     sandbox_rlimits,
+    terminated_reason,
+    transient,
 )
 from infra.sandbox.verifier import checker_job
 from infra.settings import KubernetesSandboxSettings
@@ -69,13 +86,17 @@ DEADLINE_SLACK_S = 10
 """How long past the Job's activeDeadlineSeconds we keep waiting before giving up."""
 API_ATTEMPTS = 4
 """Tries of one API call that is throttled, fails with a 5xx or times out."""
-RETRY_AFTER_MAX_S = 30.0
-"""The longest Retry-After we honour; a server asking for more gets this much."""
 POLL_FAILURE_LIMIT = 8
 """Pod lists failing in a row (backing off up to POLL_BACKOFF_MAX_S) before the waiting runs
 fail: about half a minute of an API server that answers nothing, not one throttled call."""
 POLL_BACKOFF_MAX_S = 5.0
 """The longest wait between two pod lists after failures (the interval doubles per failure)."""
+REAP_EVERY_S = 60.0
+"""Least time between two sweeps for the Jobs of gone workers (one starts with a run)."""
+REAP_WORKERS_MAX = 16
+"""Worker pods one sweep looks up (drawn at random, so none waits for ever): bounds its calls."""
+REAP_JOBS_MAX = 500
+"""Jobs one sweep lists (the namespace's quota holds far fewer)."""
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -95,7 +116,11 @@ class KubernetesBackend:
         request_timeout_s: float = 30.0,
         deadline_slack_s: float = DEADLINE_SLACK_S,
         retry_wait_s: float = 0.5,
+        worker_namespace: str | None = None,
+        reap_every_s: float = REAP_EVERY_S,
     ) -> None:
+        """`worker_namespace`: the namespace of this worker's pod, whose name is `worker_id`
+        (default: `pod_namespace`'s answer; None: no fellow workers, no sweeps)."""
         # Imported here: the client costs ~0.25 s, which workers of other backends never need.
         from kubernetes import client
         from kubernetes import config as kube_config
@@ -112,9 +137,11 @@ class KubernetesBackend:
         self._api_client = api_client
         self._batch, self._core = client.BatchV1Api(api_client), client.CoreV1Api(api_client)
         self._delete_options = client.V1DeleteOptions(propagation_policy="Background")
-        self.worker_id = label_value(
-            worker_id or os.environ.get("TEMPERED_WORKER_ID") or socket.gethostname()
-        )
+        worker = worker_id or os.environ.get("TEMPERED_WORKER_ID") or socket.gethostname()
+        self.worker_id = label_value(worker)
+        self.worker_namespace = worker_namespace or pod_namespace(worker)
+        self.reap_every_s, self._next_sweep = reap_every_s, 0.0
+        self._sweeper: asyncio.Task[None] | None = None
         self.poll_interval_s, self.start_grace_s = poll_interval_s, start_grace_s
         self.request_timeout_s, self.deadline_slack_s = request_timeout_s, deadline_slack_s
         self.retry_wait_s = retry_wait_s
@@ -143,13 +170,13 @@ class KubernetesBackend:
         def wait(state: RetryCallState) -> float:
             backoff = self.retry_wait_s * 2 ** (state.attempt_number - 1)
             error = state.outcome.exception() if state.outcome else None
-            return _retry_after(error) or backoff
+            return retry_after(error) or backoff
 
         try:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(attempts),
                 wait=wait,
-                retry=retry_if_exception(_transient),
+                retry=retry_if_exception(transient),
                 reraise=True,
             ):
                 with attempt:
@@ -174,6 +201,48 @@ class KubernetesBackend:
             await self._delete(str(job.metadata.name if job.metadata else ""))
         return len(jobs.items)
 
+    async def reap_orphans(self) -> int:
+        """Delete the Jobs of this worker's fellow workers (same pod namespace) whose pod is
+        gone: none by that name, or one that ended. Returns how many it deleted. Idempotent
+        (a Job already gone is no error); at most REAP_WORKERS_MAX pods looked up."""
+        if self.worker_namespace is None:
+            return 0
+        selector = f"{WORKER_NAMESPACE_LABEL}={self.worker_namespace}"
+        jobs = await self._call(
+            "list jobs", self._batch.list_namespaced_job, self.namespace,
+            label_selector=selector, limit=REAP_JOBS_MAX,
+        )  # fmt: skip
+        workers = jobs_by_worker(jobs.items, skip=self.worker_id)
+        deleted = 0
+        for worker in random.sample(list(workers), min(len(workers), REAP_WORKERS_MAX)):
+            if await self._worker_gone(worker, self.worker_namespace):
+                for name in (names := workers[worker]):
+                    await self._delete(name)
+                logger.info("deleted the %d Jobs of worker %s: it is gone", len(names), worker)
+                deleted += len(names)
+        return deleted
+
+    async def _worker_gone(self, worker: str, namespace: str) -> bool:
+        """Whether `worker`'s pod is gone; a lookup that fails (but for a 404) says no."""
+        try:
+            pod = await self._call(
+                "get worker pod", self._core.read_namespaced_pod, worker, namespace
+            )
+        except SandboxInfraError as error:
+            if not_found(error):
+                return True
+            logger.warning("keeping the sandbox Jobs of worker %s: %s", worker, error)
+            return False
+        return pod_ended(pod)
+
+    async def _sweep(self) -> None:
+        """One `reap_orphans` in the background: a failure is logged, and the next sweep (in
+        reap_every_s, with a run) tries again."""
+        try:
+            await self.reap_orphans()
+        except SandboxInfraError as error:
+            logger.warning("sweep for the Jobs of gone sandbox workers failed: %s", error)
+
     async def run(
         self,
         program: str,
@@ -186,6 +255,10 @@ class KubernetesBackend:
             if not self._started:
                 await self.reap()
                 self._started = True
+            due = self.worker_namespace and time.monotonic() >= self._next_sweep
+            if due and (self._sweeper is None or self._sweeper.done()):
+                self._next_sweep = time.monotonic() + self.reap_every_s
+                self._sweeper = asyncio.create_task(self._sweep())
         name = f"tempered-sbx-{secrets.token_hex(6)}"
         nonce = secrets.token_hex(16)
         units = split_tests(tests, entry_point)
@@ -201,6 +274,7 @@ class KubernetesBackend:
             self.worker_id,
             self.runtime_class,
             start_grace_s=self.start_grace_s,
+            worker_namespace=self.worker_namespace,
         )
         try:  # the Job is deleted however this ends: result, API error or cancellation
             await self._create(manifest)
@@ -221,7 +295,7 @@ class KubernetesBackend:
         if record is None:
             raise SandboxInfraError(
                 f"kubernetes pod {pod.metadata.name} ended without a result "
-                f"({_terminated_reason(pod)})"
+                f"({terminated_reason(pod)})"
             )
         if record.get("fault"):
             raise SandboxInfraError(f"kubernetes pod {pod.metadata.name}: {record['fault']}")
@@ -303,12 +377,10 @@ class KubernetesBackend:
                 if pod.status and pod.status.phase in ("Succeeded", "Failed"):
                     pending.set_result(pod)
                 else:
-                    self._pod_states[str(job_name)] = _pod_state(pod)
+                    self._pod_states[str(job_name)] = pod_state(pod)
             await asyncio.sleep(self.poll_interval_s)
 
     async def _delete(self, job_name: str) -> None:
-        from kubernetes.client.exceptions import ApiException
-
         try:
             await self._call(
                 "delete job",
@@ -318,9 +390,8 @@ class KubernetesBackend:
                 body=self._delete_options,
             )
         except SandboxInfraError as error:
-            if isinstance(error.__cause__, ApiException) and error.__cause__.status == 404:
-                return  # already gone (TTL controller or a concurrent reap)
-            raise
+            if not not_found(error):  # else already gone (TTL controller or a concurrent reap)
+                raise
 
     async def _delete_quietly(self, job_name: str) -> None:
         """Delete after a run; a failure is logged, the Job's TTL and deadline still bound it."""
@@ -330,47 +401,7 @@ class KubernetesBackend:
             logger.warning("could not delete sandbox job %s: %s", job_name, error)
 
     async def close(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
+        for task in (self._poller, self._sweeper):
+            if task is not None:
+                task.cancel()
         await asyncio.to_thread(self._api_client.close)
-
-
-def _transient(error: BaseException) -> bool:
-    """Worth another try: throttled (429), a server error (5xx) or a timed-out request."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import MaxRetryError, NewConnectionError
-    from urllib3.exceptions import TimeoutError as RequestTimeout
-
-    if isinstance(error, ApiException):
-        return error.status == 429 or (error.status or 0) >= 500
-    if isinstance(error, MaxRetryError):  # urllib3's own retries, spent on a timeout
-        error = error.reason or error
-    # urllib3 makes a refused connection a connect timeout; its own retries cover those
-    return isinstance(error, RequestTimeout) and not isinstance(error, NewConnectionError)
-
-
-def _retry_after(error: BaseException | None) -> float | None:
-    """Seconds a 429/503's Retry-After header asks for (capped), if it gives a number."""
-    headers = getattr(error, "headers", None) or {}
-    value = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
-    try:
-        return min(max(float(value), 0.0), RETRY_AFTER_MAX_S) if value is not None else None
-    except ValueError:  # an HTTP date: fall back to our own backoff
-        return None
-
-
-def _terminated_reason(pod: Any) -> str:
-    for status in (pod.status.container_statuses or []) if pod.status else []:
-        if status.state and status.state.terminated:
-            return str(
-                status.state.terminated.reason or f"exit {status.state.terminated.exit_code}"
-            )
-    return str(pod.status.reason if pod.status else "unknown")
-
-
-def _pod_state(pod: Any) -> str:
-    phase = pod.status.phase if pod.status else "Unknown"
-    for status in (pod.status.container_statuses or []) if pod.status else []:
-        if status.state and status.state.waiting:
-            return f"{phase}: {status.state.waiting.reason}"
-    return str(phase)

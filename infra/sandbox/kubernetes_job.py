@@ -1,6 +1,8 @@
-"""The pure half of the Kubernetes sandbox backend: the Job manifest and reading its result.
+"""The pure half of the Kubernetes sandbox backend: the Job manifest, reading its result, and
+reading the API's answers (`transient`, `retry_after`, `not_found`, `pod_ended`).
 
-No API calls here (those are in `kubernetes.py`), so every manifest can be validated offline:
+No API calls here (those are in `kubernetes.py`; `PERMISSIONS` lists them as RBAC rules, which
+the chart's Roles grant exactly), so every manifest and the chart can be validated offline:
 
     job = checker_job(program, tests, helpers, units, entry_point, limits, sandbox_rlimits(limits))
     manifest = build_job_manifest("tempered-sbx-1a2b", "tempered-sandbox", "python:3.11-slim",
@@ -18,13 +20,21 @@ service-account token, no service links, a memory-backed emptyDir work dir, requ
 `runtimeClassName`, and the labels the chart's deny-all NetworkPolicy selects. That is the
 "baseline" Pod Security Standard (the chart's sandbox namespace enforces it). The sources, the
 job and the launcher travel in the pod spec (env/args), never as host paths or mounted files.
+
+Every Job names the worker that created it (`WORKER_LABEL`) and, where that worker is a pod
+whose name is its worker id, the pod's namespace (`WORKER_NAMESPACE_LABEL`, `pod_namespace`):
+how its fellow workers tell that the Job's worker is gone (`jobs_by_worker`, `pod_ended`; the
+calls are `KubernetesBackend.reap_orphans`'s).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import socket
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +48,8 @@ SOURCES = json.dumps({**sources(), "infra.sandbox.zygote": zygote_source()})
 """The sandbox's modules, shipped in the pod's env (the pod image has no Tempered)."""
 CONTAINER = "sandbox"
 WORKER_LABEL = "tempered.dev/worker"
+WORKER_NAMESPACE_LABEL = "tempered.dev/worker-namespace"
+"""On the Jobs of a worker that runs in a pod named by its worker id: that pod's namespace."""
 JOB_LABEL = "tempered.dev/job"
 SANDBOX_LABELS = {"app.kubernetes.io/component": "sandbox", "tempered.dev/sandbox": "true"}
 LAUNCHER_CAPABILITIES = ["SETUID", "SETGID", "SETPCAP", "KILL"]
@@ -51,8 +63,27 @@ START_GRACE_S = 60
 TTL_AFTER_FINISHED_S = 300
 ENV_CHUNK = 96 * 1024
 """One env value stays under Linux's 128 KiB MAX_ARG_STRLEN; larger values are split."""
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+"""In a pod with a service-account token: the pod's namespace."""
 MAX_JOB_BYTES = 1024 * 1024
 """Largest job (program + tests + helpers) a pod spec carries (etcd keeps objects < 1.5 MiB)."""
+RETRY_AFTER_MAX_S = 30.0
+"""The longest Retry-After we honour; a server asking for more gets this much."""
+PERMISSIONS: dict[str, frozenset[tuple[str, str, str]]] = {
+    "sandbox": frozenset(
+        {
+            ("batch", "jobs", "create"),
+            ("batch", "jobs", "list"),
+            ("batch", "jobs", "delete"),
+            ("", "pods", "list"),
+            ("", "pods/log", "get"),
+        }
+    ),
+    "worker": frozenset({("", "pods", "get")}),
+}
+"""Every API call the backend (`kubernetes.py`) makes, as RBAC (apiGroup, resource, verb), by
+namespace: the sandbox namespace's, and the worker's own (its fellows' pods, which
+`reap_orphans` looks up). The chart's Roles grant these and nothing else."""
 
 
 class JobTooLarge(ValueError):
@@ -95,8 +126,10 @@ def build_job_manifest(
     runtime_class: str | None = None,
     cpu: str = "1",
     start_grace_s: int = START_GRACE_S,
+    worker_namespace: str | None = None,
 ) -> dict[str, Any]:
-    """The batch/v1 Job running the checker `job` under `limits`; pure, no API calls."""
+    """The batch/v1 Job running the checker `job` under `limits`; pure, no API calls.
+    `worker_namespace`: the namespace of the worker's pod, where its name is `worker_id`."""
     payload = json.dumps(job)
     if len(payload) > MAX_JOB_BYTES:
         raise JobTooLarge(
@@ -114,6 +147,8 @@ def build_job_manifest(
         JOB_LABEL: name,
         "app.kubernetes.io/name": "tempered",
     }
+    if worker_namespace:
+        labels[WORKER_NAMESPACE_LABEL] = worker_namespace
     container = {
         "name": CONTAINER,
         "image": image,
@@ -209,3 +244,86 @@ def observed_from_record(record: dict[str, Any], limits: SandboxLimits) -> Obser
         killed=bool(record.get("killed", True)),
         sigkill_is_foreign=False,
     )
+
+
+def jobs_by_worker(jobs: Iterable[Any], skip: str) -> dict[str, list[str]]:
+    """The names of `jobs` (the client's V1Job objects) by the worker that created them, but
+    worker `skip`'s (the caller's own, alive by definition)."""
+    found: dict[str, list[str]] = {}
+    for job in jobs:
+        labels = (job.metadata.labels if job.metadata else None) or {}
+        worker, name = labels.get(WORKER_LABEL), job.metadata.name if job.metadata else None
+        if worker and name and worker != skip:
+            found.setdefault(worker, []).append(name)
+    return found
+
+
+def pod_ended(pod: Any) -> bool:
+    """Whether a worker's pod will never run its worker again: Succeeded or Failed (evicted, its
+    node shut down). A pod being deleted still drains its activities, and one whose node is
+    unreachable (Unknown) may still run: neither has ended."""
+    return bool(pod.status) and pod.status.phase in ("Succeeded", "Failed")
+
+
+def terminated_reason(pod: Any) -> str:
+    """Why a sandbox pod's container ended (its reason, else its exit code)."""
+    for status in (pod.status.container_statuses or []) if pod.status else []:
+        if status.state and status.state.terminated:
+            return str(
+                status.state.terminated.reason or f"exit {status.state.terminated.exit_code}"
+            )
+    return str(pod.status.reason if pod.status else "unknown")
+
+
+def pod_state(pod: Any) -> str:
+    """A sandbox pod's phase, and why its container waits if it does."""
+    phase = pod.status.phase if pod.status else "Unknown"
+    for status in (pod.status.container_statuses or []) if pod.status else []:
+        if status.state and status.state.waiting:
+            return f"{phase}: {status.state.waiting.reason}"
+    return str(phase)
+
+
+def transient(error: BaseException) -> bool:
+    """Worth another try: throttled (429), a server error (5xx) or a timed-out request."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import MaxRetryError, NewConnectionError
+    from urllib3.exceptions import TimeoutError as RequestTimeout
+
+    if isinstance(error, ApiException):
+        return error.status == 429 or (error.status or 0) >= 500
+    if isinstance(error, MaxRetryError):  # urllib3's own retries, spent on a timeout
+        error = error.reason or error
+    # urllib3 makes a refused connection a connect timeout; its own retries cover those
+    return isinstance(error, RequestTimeout) and not isinstance(error, NewConnectionError)
+
+
+def not_found(error: BaseException) -> bool:
+    """Whether a failed call (a SandboxInfraError from an ApiException) found nothing: 404."""
+    from kubernetes.client.exceptions import ApiException
+
+    cause = error.__cause__
+    return isinstance(cause, ApiException) and cause.status == 404
+
+
+def retry_after(error: BaseException | None) -> float | None:
+    """Seconds a 429/503's Retry-After header asks for (capped), if it gives a number."""
+    headers = getattr(error, "headers", None) or {}
+    value = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
+    try:
+        return min(max(float(value), 0.0), RETRY_AFTER_MAX_S) if value is not None else None
+    except ValueError:  # an HTTP date: fall back to our own backoff
+        return None
+
+
+def pod_namespace(worker_id: str) -> str | None:
+    """The namespace of the pod this process runs in, if `worker_id` is that pod's name (the
+    chart sets TEMPERED_WORKER_ID to it; a pod's hostname is its name); else None."""
+    if not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None
+    if worker_id != socket.gethostname() or label_value(worker_id) != worker_id:
+        return None  # a name of its own: no pod to look up by it
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
+    except OSError:
+        return None

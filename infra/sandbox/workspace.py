@@ -20,7 +20,10 @@ processes (rlimits set by the launching shell), memory (the cgroup), output (cap
 `limits.output_bytes` per stream, the rest drained).
 
 bwrap reports on a status fd once the sandbox is up and again with the command's exit code,
-so a sandbox that never came up is a platform fault (`SandboxInfraError`), never a result.
+so a sandbox that never came up is a platform fault (`SandboxInfraError`), never a result. A
+host without bwrap (or, for a root worker, setpriv) cannot run any command: `missing` says so,
+and the sandbox worker checks it once at start and then serves no workspace sessions
+(workers/sandbox.py) rather than fail each step with a retried platform fault.
 
 Not covered: a disk quota on the workspace (the session host's: `infra/environments/mounts.py`),
 images (the host's system is the sandbox's root file system).
@@ -135,13 +138,23 @@ class CommandRunner:
         self.root = os.geteuid() == 0
         self.use_cgroups = Cgroups.available()
 
+    @property
+    def missing(self) -> str:
+        """Why no command can run on this host (a binary not on PATH), or "" when none is
+        missing: the same every time, so a configuration fault, not a transient one."""
+        if not self.bwrap:
+            return "bwrap is missing (install bubblewrap on the sandbox worker's host)"
+        if self.root and not self.setpriv:
+            return "running as root needs setpriv to drop to a sandbox uid (util-linux)"
+        return ""
+
     def argv(
         self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits,
         cgroups: Cgroups | None, status_fd: int,
     ) -> list[str]:  # fmt: skip
         """[shell: join cgroups, set rlimits] → setpriv to `uid` → bwrap → /bin/sh -c command."""
-        if not self.bwrap:
-            raise SandboxInfraError("bwrap is missing")
+        if self.missing or not self.bwrap:
+            raise SandboxInfraError(self.missing)
         binds = ["--bind", str(mounts.workspace), check_mount_point(mounts.workdir)]
         for host, inside, writable in mounts.extra:
             binds += ["--bind" if writable else "--ro-bind", str(host), check_mount_point(inside)]
@@ -158,9 +171,7 @@ class CommandRunner:
             "--json-status-fd", str(status_fd), "--clearenv", *env,
             "/bin/sh", "-c", PID_1, "sandbox", command,
         ]  # fmt: skip
-        if self.root:
-            if not self.setpriv:
-                raise SandboxInfraError("running as root needs setpriv to drop to a sandbox uid")
+        if self.root and self.setpriv:
             drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--nnp"]
             sandbox = drop + sandbox
         joins = cgroups.procs_files() if cgroups is not None else []

@@ -19,12 +19,14 @@ import yaml
 
 from contracts.task import SandboxLimits
 from infra.sandbox.kubernetes import SANDBOX_LABELS, build_job_manifest, sandbox_rlimits
+from infra.sandbox.kubernetes_job import PERMISSIONS
 from infra.sandbox.verifier import checker_job
 from tests.charts.chart import (
     CHART,
     HELM,
     RELEASE_NAMESPACE,
     VALUE_SETS,
+    container,
     deployments,
     needs_helm,
     objects,
@@ -37,37 +39,48 @@ from tests.charts.chart import (
 pytestmark = needs_helm
 
 
-def test_rbac_is_scoped_to_the_sandbox_namespace() -> None:
+def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_rbac_grants_exactly_the_calls_the_backend_makes() -> None:
+    """The sandbox namespace's Role grants what infra/sandbox/kubernetes.py calls there (Jobs,
+    their pods and logs), the release namespace's a get of a fellow worker's pod (its reaper's
+    lookup): `PERMISSIONS`, nothing more (it granted unused ConfigMap, watch and pod-delete
+    rights before), nothing cluster-wide, both bound to the sandbox worker's account only."""
     docs = render()
-    (role,) = objects(docs, "Role").values()
-    (binding,) = objects(docs, "RoleBinding").values()
-    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "tempered-sandbox"
-    granted = {
-        (res, verb) for rule in role["rules"] for res in rule["resources"] for verb in rule["verbs"]
-    }
-    # every call infra/sandbox/kubernetes.py makes, and nothing cluster-wide or secret-related
-    needed = {
-        ("jobs", "create"),
-        ("jobs", "list"),
-        ("jobs", "delete"),
-        ("pods", "list"),
-        ("pods/log", "get"),
-    }
-    assert needed <= granted
-    assert not any(
-        res in ("secrets", "*") or verb in ("*", "escalate", "bind", "impersonate")
-        for res, verb in granted
-    )
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "Role",
-        "name": role["metadata"]["name"],
-    }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "tempered-sandbox", "namespace": RELEASE_NAMESPACE}
-    ]
+    roles = {r["metadata"]["namespace"]: r for r in objects(docs, "Role").values()}
+    bindings = {b["metadata"]["namespace"]: b for b in objects(docs, "RoleBinding").values()}
+    assert set(roles) == set(bindings) == {"tempered-sandbox", RELEASE_NAMESPACE}
+    assert _grants(roles["tempered-sandbox"]) == PERMISSIONS["sandbox"]
+    assert _grants(roles[RELEASE_NAMESPACE]) == PERMISSIONS["worker"]
+    assert not objects(docs, "ClusterRole") and not objects(docs, "ClusterRoleBinding")
+    for namespace, binding in bindings.items():
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": roles[namespace]["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "tempered-sandbox", "namespace": RELEASE_NAMESPACE}
+        ]
+    sandbox = deployments(docs)["sandbox"]["spec"]["template"]["spec"]
+    assert sandbox["serviceAccountName"] == "tempered-sandbox"  # the reaper's lookups: its pod
+    env = {e["name"]: e for e in container(deployments(docs)["sandbox"])["env"]}  # name is its id
+    assert env["TEMPERED_WORKER_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     namespace = objects(docs, "Namespace")["tempered-sandbox"]
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def test_no_sandbox_rbac_without_the_kubernetes_backend() -> None:
+    docs = render(None, "sandbox.backend=local")
+    assert not objects(docs, "Role") and not objects(docs, "RoleBinding")
 
 
 def _sandbox_job(runtime_class: str | None = None) -> dict[str, Any]:

@@ -110,6 +110,11 @@ sandbox namespace (see sandbox-rbac.yaml). */}}
 {{- printf "%s-sandbox" (include "tempered.fullname" .) -}}
 {{- end -}}
 
+{{/* The sandbox worker's Role in the release namespace: it may look up its fellow workers' pods. */}}
+{{- define "tempered.sandboxReaper" -}}
+{{- printf "%s-sandbox-reaper" (include "tempered.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "tempered.kubernetesSandbox" -}}
 {{- if eq .Values.sandbox.backend "kubernetes" -}}true{{- end -}}
 {{- end -}}
