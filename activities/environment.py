@@ -17,6 +17,11 @@ A worker that died never polls its own queue again: a step sent there ends by it
 schedule-to-start timeout, and the workflow restores the sessions from their last snapshots
 with `open_sessions` on `sandbox`. A session this worker no longer holds (closed, reaped by
 the TTL) fails its step with the non-retryable `SessionLost`, which the workflow treats alike.
+An `open_sessions` that fails or is cancelled returns no session, so the workflow never
+learns of those it opened: it closes them itself (each held a uid slot and its directory until
+the TTL), each on its own, and a close that fails is logged, never raised over the open's own
+error or cancellation. Every activity heartbeats, so a cancel reaches it; a cancelled step
+stops its sandbox command and ends (`activities/heartbeat.py`).
 
 Errors: an agent's bad action is an observation, never an error, and a final tree that no
 check can take (too large to restore or to send) scores 0; a task whose check is broken
@@ -60,7 +65,7 @@ from contracts.names import Activity, Queue
 from contracts.task import EnvName
 from infra import keys
 from infra.environments.checks import InvalidTask
-from infra.environments.sessions import SessionHost
+from infra.environments.sessions import Session, SessionHost
 from infra.environments.snapshots import StoreObjects, Trees
 from infra.environments.tree import TreeError
 from infra.environments.workspace import SessionLost, WorkspaceEnvironment, WorkspaceState
@@ -121,13 +126,13 @@ class EnvironmentActivities:
         _workspace_only(req.env)
         if not req.samples:
             raise invalid("samples", "no sessions to open")
+        opened: dict[str, Session] = {}
         try:
-            opened = await self._each(req.samples, lambda s: self._open(req, s), req.task_id)
+            refs = await self._each(req.samples, lambda s: self._open(req, s, opened), req.task_id)
         except BaseException:  # a sample failed, or the workflow cancelled: it never learns of
-            ids = [session_id(req.run_id, req.task_id, s) for s in req.samples]  # those opened,
-            await asyncio.shield(self.env.close(ids))  # which held a slot until their TTL
+            await asyncio.shield(self._close_opened(opened))  # those opened
             raise
-        return OpenSessionsResponse(sessions=dict(zip(req.samples, opened, strict=True)))
+        return OpenSessionsResponse(sessions=dict(zip(req.samples, refs, strict=True)))
 
     @activity.defn(name=Activity.ENV_STEP.value)
     async def env_step(self, req: EnvStepRequest) -> EnvStepResponse:
@@ -152,14 +157,31 @@ class EnvironmentActivities:
 
     # -- one item each -----------------------------------------------------------------------
 
-    async def _open(self, req: OpenSessionsRequest, sample: int) -> SessionRef:
+    async def _open(
+        self, req: OpenSessionsRequest, sample: int, opened: dict[str, Session]
+    ) -> SessionRef:
+        """Open one sample's session and note it in `opened` (a reset that does not end
+        closes what it made itself)."""
         snapshot = req.snapshots.get(sample)
         where = f"snapshots[{sample}]" if snapshot else "workspace.files"
         with _faults(where):
             state = await self.env.reset(
                 req.workspace, session_id(req.run_id, req.task_id, sample), snapshot
             )
+        opened[state.session_id] = self.host.sessions[state.session_id]
         return self._ref(state)
+
+    async def _close_opened(self, opened: dict[str, Session]) -> None:
+        """Close the sessions an open made but does not return, each on its own; one that a
+        later attempt of the open replaced is that attempt's, and stays. A close that fails
+        is logged, never raised over the open's own error or cancellation."""
+        for sid, session in list(opened.items()):
+            if self.host.sessions.get(sid) is not session:
+                continue
+            try:
+                await self.env.close([sid])
+            except Exception:
+                activity.logger.warning("closing session %s failed", sid, exc_info=True)
 
     async def _step(self, req: EnvStepRequest, item: EnvStepItem) -> EnvStepOutcome:
         session = item.session

@@ -16,6 +16,16 @@ A step whose sessions are lost `MAX_RESTORES` times running fails the task (`Ses
 a step that takes its worker down each time would otherwise restore and lose them for ever
 (behind `RESTORE_LIMIT_PATCH`). The untouched workspace is verified beside the final ones,
 as sample G (`verify`, behind `UNTOUCHED_PATCH`): rewards measure the change an episode made.
+
+A step runs one `env_step` per worker queue at once. When one of them fails (its error, or
+`SessionLost` after its restores) or the task is cancelled, the others are stopped before the
+step raises: their activities (and a restore under way) are cancelled and waited for
+(WAIT_CANCELLATION_COMPLETED; they heartbeat, so the cancel reaches them and they stop), and
+the first error is raised as it was; so `close`, which the task runs next, never closes a
+session a step still runs in, and no step runs on after the task decided. Sessions that a
+restore opened although it was cancelled are kept on their episodes, which `close` closes
+(behind `STOP_PATCH`: before it the first error failed the step at once, the other queues'
+steps ran on, and a cancel did not wait for them).
 Workflow code: contracts and Temporal only.
 """
 
@@ -57,6 +67,9 @@ times during one step unless the step itself takes them down."""
 RESTORE_LIMIT_PATCH = "tempered-session-restore-limit"
 UNTOUCHED_PATCH = "tempered-verify-untouched"
 """Before it, a workspace episode's reward was its verifier's score itself (`verify`)."""
+STOP_PATCH = "tempered-sessions-stop-steps"
+"""Marks runs whose steps wait for a cancel (its marker comes with the first step) and whose
+failing or cancelled step stops its other queues' steps before it raises (`_step_each`)."""
 
 
 def session_lost(error: ActivityError) -> bool:
@@ -75,9 +88,14 @@ class Sessions:
             raise fail(ErrorType.INVALID_TASK, f"task {task_input.task.id} has no workspace")
         self.input, self.group = task_input, group
         self.workspace: WorkspaceSpec = task_input.task.workspace
+        self._stopping = False
+        """Set while a step stops its queues' steps: none starts new work (`_step_each`)."""
 
-    async def open(self, episodes: list[EpisodeState], restore: bool = False) -> None:
-        """A session per episode, on one worker: fresh, or from each one's last snapshot."""
+    async def open(
+        self, episodes: list[EpisodeState], restore: bool = False, waits: bool = False
+    ) -> None:
+        """A session per episode, on one worker: fresh, or from each one's last snapshot;
+        `waits`: a cancel waits for the activity to end (what it opened is kept)."""
         task_input = self.input
         snapshots: dict[int, ObjectRef] = {}
         if restore:
@@ -94,7 +112,9 @@ class Sessions:
                 limits=task_input.limits,
             ),
             result_type=OpenSessionsResponse,
-            **activity_options(Activity.OPEN_SESSIONS, task_input.heartbeat_timeout_s),
+            **activity_options(
+                Activity.OPEN_SESSIONS, task_input.heartbeat_timeout_s, wait_for_cancel=waits
+            ),
         )
         for episode in episodes:
             episode.session = opened.sessions[episode.sample]
@@ -109,13 +129,61 @@ class Sessions:
             by_queue[session.queue].append(
                 EnvStepItem(sample=c.sample, session=session, completion=c.completion, call=c.call)
             )
-        parts = await asyncio.gather(*(self._step_on(step, items) for items in by_queue.values()))
+        if workflow.patched(STOP_PATCH):
+            parts = await self._step_each(step, list(by_queue.values()))
+        else:  # histories recorded before it: the first error at once, the others run on
+            parts = await asyncio.gather(
+                *(self._step_on(step, items) for items in by_queue.values())
+            )
         return {o.sample: o for part in parts for o in part}
 
-    async def _step_on(self, step: int, items: list[EnvStepItem]) -> list[EnvStepOutcome]:
-        """Run the step where its sessions live; restore them elsewhere if they are lost."""
+    async def _step_each(
+        self, step: int, parts: list[list[EnvStepItem]]
+    ) -> list[list[EnvStepOutcome]]:
+        """Every part on its queue at once; the first part that fails, or the task's cancel,
+        stops the others (`_stop`) before its error (or the cancel) is raised."""
+        self._stopping = False
+        tasks = [asyncio.create_task(self._step_on(step, items, waits=True)) for items in parts]
+        try:
+            await workflow.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:  # the task was cancelled
+            await self._stop(tasks)
+            raise
+        for task in tasks:
+            if task.done() and (task.cancelled() or task.exception() is not None):
+                await self._stop(tasks)
+                task.result()  # raises the first failure, as it was
+        return [task.result() for task in tasks]
+
+    async def _stop(self, tasks: list[asyncio.Task[list[EnvStepOutcome]]]) -> None:
+        """Cancel the steps still running and wait until each has ended (its activity
+        reported the cancel, or finished first); a cancel of the task meanwhile is raised
+        once they have."""
+        self._stopping = True
+        for task in tasks:
+            task.cancel()  # a task awaiting its activity asks Temporal to cancel it
+        cancelled = False
+        while pending := [t for t in tasks if not t.done()]:
+            try:
+                await workflow.wait(pending)
+            except asyncio.CancelledError:
+                cancelled = True
+        for task in tasks:  # their errors are the stop's own: retrieved, not raised
+            if not task.cancelled():
+                task.exception()
+        if cancelled:
+            raise asyncio.CancelledError("cancelled while the step's activities stopped")
+
+    async def _step_on(
+        self, step: int, items: list[EnvStepItem], waits: bool = False
+    ) -> list[EnvStepOutcome]:
+        """Run the step where its sessions live; restore them elsewhere if they are lost.
+        `waits` (`STOP_PATCH`): a cancel waits for the activities to end, and once the step
+        is stopping nothing new starts."""
         task_input, restores = self.input, 0
         while True:
+            if self._stopping:  # a restore ended after the stop (its sessions are kept)
+                raise asyncio.CancelledError("the step was stopped")
             queue = items[0].session.queue
             try:
                 response = await workflow.execute_activity(
@@ -134,11 +202,12 @@ class Sessions:
                         task_input.heartbeat_timeout_s,
                         queue=queue,
                         schedule_to_start_s=task_input.session_timeout_s,
+                        wait_for_cancel=waits,
                     ),
                 )
                 return response.outcomes
             except ActivityError as error:
-                if not session_lost(error):
+                if not session_lost(error) or self._stopping:
                     raise
             lost = [self.group.episodes[i.sample] for i in items]
             if restores >= MAX_RESTORES and workflow.patched(RESTORE_LIMIT_PATCH):
@@ -154,7 +223,7 @@ class Sessions:
                 [e.sample for e in lost],
                 step,
             )
-            await self.open(lost, restore=True)
+            await self.open(lost, restore=True, waits=waits)
             restores += 1
             items = [
                 i.model_copy(update={"session": e.session})

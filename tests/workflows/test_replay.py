@@ -34,6 +34,10 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     # a workspace group recorded before its untouched workspace was verified beside the final
     # ones (the current code's is tests/workflows/histories/agent_task_workspace.json)
     "agent_task_workspace_before_untouched.json": (AgentTaskWorkflow, "ws-43fd11-fix"),
+    # recorded on the release whose failing step stops its other queues' steps (its patch
+    # marker): tests/workflows/test_sessions_stop.py with TEMPERED_RECORD_HISTORIES=1, worker
+    # a's step failing while b's runs (cancelled and waited for, then the sessions closed)
+    "agent_task_workspace_stopped.json": (AgentTaskWorkflow, "stop-1e5f2c-fix"),
     "learner.json": (LearnerWorkflow, "replay-learner"),  # two steps, then continue-as-new
     # a training run's learner (progress signals, finish) and the run (children, evals)
     "learner_child.json": (LearnerWorkflow, "train-replay-run-learner"),
