@@ -43,8 +43,9 @@ def _check(result: int, path: Path) -> None:
 
 def mount_tmpfs(path: Path, size_bytes: int, inodes: int, uid: int, mode: int = 0o700) -> None:
     """Mount a tmpfs of `size_bytes` and `inodes` on the directory `path`, its root owned by
-    `uid` with `mode` (no set-uid programs, no device files)."""
-    options = f"size={size_bytes},nr_inodes={inodes},mode={mode:o},uid={uid},gid={uid}"
+    `uid` with `mode` (no set-uid programs, no device files). `huge=never`: the scan in
+    infra/environments/disk.py charges whole small pages, which a huge-page tmpfs would not hold."""
+    options = f"size={size_bytes},nr_inodes={inodes},mode={mode:o},uid={uid},gid={uid},huge=never"
     result = _libc.mount(
         SOURCE.encode(), os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode()
     )
