@@ -33,11 +33,17 @@ workspaces/packs/<sha[:2]>/<sha>.z                           file contents of tr
 
 import re
 
+from contracts.common import is_identifier
+
 RUNS_PREFIX = "runs/"
 _POLICY_DIR = re.compile(r"/policy/v(\d+)/$")
 
 
 def run_prefix(run: str) -> str:
+    """The prefix of everything `run` stored. An id that is not one (`""`, `a/b`) is refused:
+    `runs/` + `""` + `/` reads as `runs/` in S3, the prefix of every run."""
+    if not is_identifier(run):
+        raise ValueError(f"{run!r} is not a run id")
     return f"{RUNS_PREFIX}{run}/"
 
 

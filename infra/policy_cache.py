@@ -38,6 +38,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from contracts.common import is_identifier
 from contracts.learner import PolicyManifest
 from infra import keys
 from infra.policy import MANIFEST, PolicyIntegrityError, download_verified
@@ -71,7 +72,10 @@ def fetch_policy(
 
 
 def forget_run(cache_dir: Path, run_id: str) -> None:
-    """Remove every cached version of `run_id`, then the blobs no other version links to."""
+    """Remove every cached version of `run_id`, then the blobs no other version links to (an id
+    that is not one, `""` or `..`, is refused: it would name the whole cache or beyond)."""
+    if not is_identifier(run_id):
+        raise ValueError(f"{run_id!r} is not a run id")
     cache = Path(cache_dir)
     if not cache.is_dir():
         return

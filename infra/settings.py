@@ -66,8 +66,8 @@ class _Section(BaseModel):
 
 
 class TemporalSettings(_Section):
-    address: str = Field(default="127.0.0.1:7233", min_length=3)
-    """gRPC address of the Temporal frontend."""
+    address: str = Field(default="127.0.0.1:7233", min_length=3, max_length=1024)
+    """gRPC address of the Temporal frontend, `host:port`."""
     namespace: str = Field(default="default", min_length=1)
     """Temporal namespace."""
     ui_port: int = Field(default=8233, ge=1, le=65535)
@@ -88,6 +88,16 @@ class TemporalSettings(_Section):
     promote: bool = True
     """Make this build the deployment's current version when its worker starts (off where a
     rollout controller, e.g. Temporal's Worker Controller, promotes builds)."""
+
+    @field_validator("address", mode="after")
+    @classmethod
+    def _host_and_port(cls, address: str) -> str:
+        """`host:port` with a port number: `up`, `status` and `train` read the port from it (a
+        bare host failed them with "invalid literal for int() with base 10")."""
+        host, colon, port = address.rpartition(":")
+        if not (colon and host and port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"{address!r} is not host:port (e.g. 127.0.0.1:7233)")
+        return address
 
 
 class S3Settings(_Section):

@@ -52,6 +52,7 @@ __all__ = [
     "load_workspace_suite",
     "quarantine_path",
     "suite_key",
+    "workspace_suite_and_errors",
 ]
 
 
@@ -73,20 +74,30 @@ def load_workspace_suite(name: str, *, split: str | None = None) -> list[Workspa
     """The workspace tasks of suite `name` with their trees. Harbor task directories that
     cannot be loaded are logged (one line each, naming the task and file) and skipped;
     ValueError when none can be."""
+    tasks, errors = workspace_suite_and_errors(name, split=split)
+    for error in errors.values():
+        log.warning("skipped a Harbor task: %s", error)
+    return tasks
+
+
+def workspace_suite_and_errors(
+    name: str, *, split: str | None = None
+) -> tuple[list[WorkspaceTask], dict[str, str]]:
+    """`load_workspace_suite`'s tasks, and the Harbor task directories it could not load (by
+    name: the error naming the file; whatever `split` is, as their split is unknown)."""
     _check_split(split)
+    errors: dict[str, str] = {}
     if name in WORKSPACE_SUITES:
         tasks = list(WORKSPACE_SUITES[name]())
     elif is_harbor(name):
         tasks, errors = load_harbor(name.removeprefix("harbor:"))
-        for error in errors:
-            log.warning("skipped a Harbor task: %s", error)
         if not tasks:
-            raise ValueError("no Harbor task could be loaded: " + "; ".join(errors))
+            raise ValueError("no Harbor task could be loaded: " + "; ".join(errors.values()))
     else:
         raise ValueError(
             f"{name!r} is not a workspace suite ({', '.join(WORKSPACE_SUITES)} or harbor:DIR)"
         )
-    return [task for task in tasks if split is None or task.spec.split == split]
+    return [task for task in tasks if split is None or task.spec.split == split], errors
 
 
 def _check_split(split: str | None) -> None:

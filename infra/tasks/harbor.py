@@ -1,6 +1,7 @@
 """Harbor task directories as `workspace` tasks (`--suite harbor:PATH`).
 
-    tasks, errors = load_harbor("examples/harbor")    # a task directory, or a directory of them
+    tasks, errors = load_harbor("examples/harbor")    # a task directory, or a directory of them;
+                                                      # errors: {directory name: why it failed}
 
 A task directory (Harbor's layout):
 
@@ -56,9 +57,9 @@ def is_harbor(suite: str) -> bool:
     return suite.startswith(PREFIX)
 
 
-def load_harbor(path: str | Path) -> tuple[list[WorkspaceTask], list[str]]:
+def load_harbor(path: str | Path) -> tuple[list[WorkspaceTask], dict[str, str]]:
     """The tasks under `path` (a task directory, or a directory of task directories, sorted)
-    and one error line per task directory that could not be loaded."""
+    and, by directory name, one error line per task directory that could not be loaded."""
     root = Path(path)
     if not root.is_dir():
         raise ValueError(f"{root}: no such directory of Harbor tasks")
@@ -67,12 +68,13 @@ def load_harbor(path: str | Path) -> tuple[list[WorkspaceTask], list[str]]:
     )  # fmt: skip
     if not directories:
         raise ValueError(f"{root}: no Harbor task (a directory with task.toml) in it")
-    tasks, errors = [], []
+    tasks: list[WorkspaceTask] = []
+    errors: dict[str, str] = {}
     for directory in directories:
         try:
             tasks.append(load_task(directory, suite=f"{PREFIX}{path}"))
         except TaskInputError as exc:
-            errors.append(str(exc))
+            errors[directory.name] = str(exc)
     return tasks, errors
 
 

@@ -5,7 +5,8 @@ For every task, `repeats` fresh sessions each run the reference solution (Harbor
 session is verified untouched and must score below 1.0. The driver, the verdicts and the
 quarantine list are `infra/tasks/validate.py`'s (solution runs are its canonical runs, the
 untouched workspace its wrong solution: broken, flaky, weak, infra, clean); this module says
-only how one run goes. Everything runs on this host, with the trees in memory: no object store,
+only how one run goes. A Harbor task directory that cannot be loaded is broken, its runs the
+load error. Everything runs on this host, with the trees in memory: no object store,
 no Temporal.
 
     report = await validate_workspace_suite(settings, "harbor:examples/harbor", CheckPlan(5))
@@ -31,7 +32,7 @@ from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.retrying import offline_retrying
 from infra.sandbox.workspace import CommandRunner
 from infra.settings import Settings
-from infra.tasks import load_workspace_suite
+from infra.tasks import workspace_suite_and_errors
 from infra.tasks.validate import (
     CheckPlan,
     RunRecord,
@@ -94,14 +95,21 @@ async def _retrying(
     return record.model_copy(update={"infra_retries": len(faults)})
 
 
+async def _unloadable(error: str) -> RunRecord:
+    """The run of a task directory that could not be loaded: an error, named by its file."""
+    return RunRecord(status=ExecStatus.ERROR, detail=f"cannot load: {error}")
+
+
 async def validate_workspace_tasks(
     tasks: list[WorkspaceTask],
     env: WorkspaceEnvironment,
     plan: CheckPlan,
     *,
     suite: str,
+    unloadable: dict[str, str] | None = None,
 ) -> ValidationReport:
-    """Run every task's solution in `plan.repeats` fresh sessions; verify one untouched session."""
+    """Run every task's solution in `plan.repeats` fresh sessions; verify one untouched session.
+    `unloadable` (task name: why it could not be loaded) are reported as broken."""
     if missing := [task.spec.id for task in tasks if task.solution is None]:
         raise ValueError(f"tasks without a solution/solve.sh cannot be validated: {missing[:5]}")
     runs = [
@@ -111,6 +119,10 @@ async def validate_workspace_tasks(
             wrong=partial(_retrying, env, task, False, plan.limits),
         )
         for task in tasks
+    ]
+    runs += [
+        TaskRuns(name, canonical=partial(_unloadable, error))
+        for name, error in (unloadable or {}).items()
     ]
     return await run_checks(runs, plan, suite=suite, backend=env.backend.name)
 
@@ -124,8 +136,11 @@ async def validate_workspace_suite(
     split: str | None = None,
     limit: int | None = None,
 ) -> ValidationReport:
-    """Load a workspace suite and validate it on this host (trees in memory)."""
-    tasks = load_workspace_suite(suite, split=split)[:limit]
+    """Load a workspace suite and validate it on this host (trees in memory). A Harbor task
+    directory that cannot be loaded is `broken` (its runs the load error): it was logged and
+    left out, and a suite with one exited 0, all clean."""
+    tasks, unloadable = workspace_suite_and_errors(suite, split=split)
+    tasks = tasks[:limit]
     objects = MemoryObjects()
     for task in tasks:
         objects.update(task.objects)
@@ -136,7 +151,7 @@ async def validate_workspace_suite(
     backend = get_backend(settings, backend_name)
     env = WorkspaceEnvironment(host, trees, CommandRunner(), backend)
     try:
-        return await validate_workspace_tasks(tasks, env, plan, suite=suite)
+        return await validate_workspace_tasks(tasks, env, plan, suite=suite, unloadable=unloadable)
     finally:
         await host.shutdown()
         trees.close()

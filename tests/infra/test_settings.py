@@ -126,6 +126,11 @@ def test_home_is_tempered_home_else_the_working_directory(
         ({"inference": {"local": {"device": "gpu"}}}, "inference.local.device: String should"),
         ({"inference": {"vllm": {"max_lora_rank": 12}}}, "inference.vllm.max_lora_rank: Input"),
         ({"inference": {"backend": "tgi"}}, "inference.backend: Input should be 'local' or 'vllm'"),
+        # `up`, `status`, `train` read its port: "invalid literal for int() with base 10"
+        ({"temporal": {"address": "temporal"}}, "temporal.address: Value error, 'temporal' is not"),
+        ({"temporal": {"address": "host:http"}}, "temporal.address: Value error, 'host:http' is"),
+        ({"temporal": {"address": ":7233"}}, "temporal.address: Value error, ':7233' is not host"),
+        ({"temporal": {"address": "h:70000"}}, "temporal.address: Value error, 'h:70000' is not"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_field(overrides: dict[str, Any], message: str) -> None:

@@ -1,12 +1,16 @@
-"""One readable line for the errors a user can cause or fix (bad address, stack down, …)."""
+"""One readable line for the errors a user can cause or fix (bad address, stack down, a value
+out of bounds, …), and the argparse types that refuse bad input at parse time."""
 
 from __future__ import annotations
 
 import argparse
 
+from pydantic import ValidationError
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 from temporalio.service import RPCError
+
+from contracts.common import describe_validation_error, is_identifier
 
 
 def describe(err: BaseException) -> str:
@@ -28,15 +32,37 @@ def describe(err: BaseException) -> str:
     if isinstance(err, ApplicationError) and cause is not None:
         inner = describe(cause)
         return text if inner.split(": ", 1)[-1] in text else f"{text}: {inner}"
+    if isinstance(err, ValidationError):  # pydantic's own text is a dozen lines and a URL
+        return f"{err.title}: {describe_validation_error(err)}"
     return text.splitlines()[0] if len(text.splitlines()) == 1 else text
 
 
-def positive(text: str) -> int:
-    """An argparse type: a whole number ≥ 1 (a count of tasks, repeats, slots)."""
+def _whole(text: str, least: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is not {what}")
     return value
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number ≥ 1 (a count of tasks, repeats, slots)."""
+    return _whole(text, 1, "a positive number")
+
+
+def natural(text: str) -> int:
+    """An argparse type: a whole number ≥ 0 (a sample index, versions to keep)."""
+    return _whole(text, 0, "0 or more")
+
+
+def run_id(text: str) -> str:
+    """An argparse type: a run id as `contracts.common.Identifier` spells one (letters, digits,
+    `_ . -`; not empty). `--attach ""` started a new default run, and an empty id is the prefix
+    of every run."""
+    if not is_identifier(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a run id (letters, digits, '_', '.', '-'; at most 128)"
+        )
+    return text

@@ -5,7 +5,8 @@
                                                             # of a fresh run `eval-<timestamp>`
 
 Needs the stack and the workers running (`tempered up`, `tempered worker all`); prints one JSON
-line. Held-out evals during training are the TrainingRunWorkflow's, not this command's.
+line. A version that was never published is refused before any task starts. Held-out evals
+during training are the TrainingRunWorkflow's, not this command's.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from datetime import datetime
 from contracts.names import Queue, eval_run_id
 from contracts.rollout import AgentTaskResult
 from contracts.task import SamplingParams, SandboxLimits, TaskSpec, eval_task_input
-from infra.policy import materialize_base_model, publish_policy
+from infra.policy import materialize_base_model, policy_manifest, policy_versions, publish_policy
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import SUITE_HELP, load_suite
-from workers.cli.errors import positive
+from workers.cli.errors import positive, run_id
 from workers.runtime import connect
 from workflows.agent_task import AgentTaskWorkflow
 
@@ -32,7 +33,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "--policy", required=True, help="version number (with --run), preset or HF dir"
     )
-    parser.add_argument("--run", help="training run whose version --policy names")
+    parser.add_argument("--run", type=run_id, help="training run whose version --policy names")
     parser.add_argument("--suite", default="starter", help=SUITE_HELP)
     parser.add_argument("--split", default="heldout", choices=["heldout", "train", "all"])
     parser.add_argument("--limit", type=positive, help="only the first N tasks")
@@ -63,12 +64,24 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _policy(args: argparse.Namespace, settings: Settings) -> tuple[str, int]:
-    """(run, version) to sample from; a preset/dir is published as version 0 of a new run."""
-    if args.policy.isdigit():
-        if not args.run:
-            raise ValueError("--policy VERSION needs --run RUN")
-        return args.run, int(args.policy)
+    """(run, version) to sample from; a preset/dir is published as version 0 of a new run.
+    ValueError for a version that was never published, before any task starts: the tasks
+    waited for it without a word (`inference.policy_wait_s` each) and stayed in Temporal."""
+    if args.policy.isdigit() and not args.run:
+        raise ValueError("--policy VERSION needs --run RUN")
     store = ObjectStore.from_settings(settings)
+    if args.policy.isdigit():
+        version = int(args.policy)
+        if policy_manifest(store, args.run, version) is None:
+            published = [
+                v for v in policy_versions(store, args.run) if policy_manifest(store, args.run, v)
+            ]
+            known = ", ".join(f"v{v}" for v in published) or "none"
+            raise ValueError(
+                f"run {args.run!r} has no policy version {version} (published: {known}; "
+                "`tempered runs show RUN` lists them)"
+            )
+        return args.run, version
     run = datetime.now().strftime("eval-%Y%m%d-%H%M%S")
     publish_policy(store, run, 0, materialize_base_model(args.policy, settings, store))
     return run, 0

@@ -52,6 +52,7 @@ from infra.settings import SandboxBackendName, Settings
 from infra.storage import ObjectNotFound, ObjectStore, StorageError
 from infra.tasks import load_suite
 from workers.cli.episodes import print_episode
+from workers.cli.errors import natural, run_id
 from workers.runtime import connect
 from workers.training import running_handle
 
@@ -65,27 +66,27 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     actions = runs.add_subparsers(dest="runs_command", required=True, metavar="COMMAND")
     actions.add_parser("ls", help="every run in the bucket").set_defaults(func=runs_ls)
     show = actions.add_parser("show", help="one run: tasks, trajectories, rewards, policies")
-    show.add_argument("run")
+    show.add_argument("run", type=run_id)
     show.add_argument("--task", help="print this task's episodes step by step")
-    show.add_argument("--sample", type=int, help="with --task: only this sample")
+    show.add_argument("--sample", type=natural, help="with --task: only this sample")
     show.set_defaults(func=runs_show)
     remove = actions.add_parser("rm", help="delete runs' objects and cached policy versions")
-    remove.add_argument("runs", nargs="+", metavar="RUN")
+    remove.add_argument("runs", nargs="+", metavar="RUN", type=run_id)
     remove.add_argument(
         "--force", action="store_true", help="also when Temporal cannot say whether they run"
     )
     remove.set_defaults(func=runs_rm)
     prune = actions.add_parser("prune", help="delete finished runs' older policy versions")
-    prune.add_argument("runs", nargs="+", metavar="RUN")
+    prune.add_argument("runs", nargs="+", metavar="RUN", type=run_id)
     prune.add_argument(
-        "--keep", type=int, default=1, help="newest versions to keep besides v0 (default 1)"
+        "--keep", type=natural, default=1, help="newest versions to keep besides v0 (default 1)"
     )
     prune.add_argument(
         "--force", action="store_true", help="also when Temporal cannot say whether they run"
     )
     prune.set_defaults(func=runs_prune)
     again = commands.add_parser("regrade", help="re-score a run's trajectories without generating")
-    again.add_argument("run")
+    again.add_argument("run", type=run_id)
     again.add_argument("--grader", default="current", help="name of this grading (a key part)")
     again.add_argument(
         "--suite", default=None, help="task suite (default: the run's, else starter)"

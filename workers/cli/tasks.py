@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 from typing import get_args
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from contracts.task import SandboxLimits
 from infra.settings import SandboxBackendName, Settings
 from infra.tasks import SPLITS, SUITE_HELP, is_workspace_suite, load_suite
 from infra.tasks.validate import (
@@ -30,7 +32,7 @@ from infra.tasks.validate import (
     write_quarantine,
 )
 from infra.tasks.workspace_validate import validate_workspace_suite
-from workers.cli.errors import positive
+from workers.cli.errors import describe, positive
 
 VERDICT_STYLE = {
     "clean": "green",
@@ -68,13 +70,18 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     check.set_defaults(func=validate)
 
 
+def bad_input(exc: ValueError) -> int:
+    """One line on stderr (rich wrapped it at the terminal's width, on stdout), exit 2."""
+    print(f"tempered tasks: {describe(exc)}", file=sys.stderr)
+    return 2
+
+
 def list_tasks(args: argparse.Namespace, settings: Settings) -> int:
     console = Console()
     try:
         tasks = load_suite(args.suite, split=args.split)
     except ValueError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        return 2
+        return bad_input(exc)
     if args.json:
         for task in tasks:
             print(json.dumps({"id": task.id, "split": task.split, "entry_point": task.entry_point}))
@@ -92,9 +99,11 @@ def validate(args: argparse.Namespace, settings: Settings) -> int:
     console = Console(stderr=args.json)
     limits = VALIDATION_LIMITS
     concurrency = args.concurrency or settings.sandbox.concurrency
-    if args.timeout is not None:
-        limits = limits.model_copy(update={"timeout_s": args.timeout})
     try:
+        # within SandboxLimits' bounds: `--timeout 0` timed every run out and quarantined the
+        # whole suite (which training then skipped)
+        if args.timeout is not None:
+            limits = SandboxLimits.model_validate(limits.model_dump() | {"timeout_s": args.timeout})
         total = len(load_suite(args.suite, split=args.split)[: args.limit])
         with Progress(
             TextColumn("validating {task.description}"),
@@ -118,9 +127,8 @@ def validate(args: argparse.Namespace, settings: Settings) -> int:
                     limit=args.limit,
                 )
             )
-    except ValueError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        return 2
+    except ValueError as exc:  # pydantic's ValidationError too
+        return bad_input(exc)
     path = write_quarantine(settings, report)
     if args.json:
         print(report.model_dump_json(indent=2))

@@ -16,7 +16,7 @@ goes on in the background workers), and
     tempered stop RUN [--reason TEXT]           # no new tasks; it ends as a finished run does
     tempered stop RUN --cancel                  # cancel it now, learner included; no report
 
-Exit status: 0 done, 1 the run failed, 2 a bad preset, override or run (nothing started),
+Exit status: 0 done, 1 the run failed, 2 a bad preset, override, suite or run (nothing started),
 130 detached.
 """
 
@@ -39,8 +39,9 @@ from infra import stack
 from infra.policy import SMOLLM2, TINY
 from infra.presets import DEFAULT, load_preset, preset_names
 from infra.settings import Settings
-from infra.tasks import SUITE_HELP, absolute_suite
+from infra.tasks import SUITE_HELP, absolute_suite, load_quarantine, load_suite
 from workers.background import ensure_workers
+from workers.cli.errors import run_id
 from workers.cli.progress import follow
 from workers.cli.report import report_dir, write_report
 from workers.runtime import connect
@@ -70,10 +71,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     train.add_argument(
         "--dry-run", action="store_true", help="print the plan as JSON and start nothing"
     )
-    train.add_argument("--attach", metavar="RUN", help="follow a running run, write its report")
+    train.add_argument(
+        "--attach", metavar="RUN", type=run_id, help="follow a running run, write its report"
+    )
     train.set_defaults(func=train_cmd)
     stop = commands.add_parser("stop", help="stop a running training run")
-    stop.add_argument("run")
+    stop.add_argument("run", type=run_id)
     stop.add_argument("--reason", default="stopped from the command line", help="recorded")
     stop.add_argument(
         "--cancel", action="store_true", help="cancel now, learner included (no final eval)"
@@ -82,7 +85,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
-    if args.attach:
+    if args.attach is not None:
         return _attach_cmd(args, settings)
     try:
         run_input = load_preset(
@@ -95,7 +98,8 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
             seed=args.seed,
             keep_versions=args.keep_versions,
         )
-    except ValueError as exc:  # unknown preset, bad TOML, an override out of bounds
+        check_suite(settings, run_input.suite)
+    except ValueError as exc:  # unknown preset, bad TOML, an override out of bounds, bad suite
         print(f"tempered train: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
@@ -116,6 +120,18 @@ def absolute(spec: str | None) -> str | None:
         return spec
     made = absolute_suite(spec)  # a model directory is spelled as a suite file is
     return made if Path(made.removeprefix("harbor:")).exists() else spec
+
+
+def check_suite(settings: Settings, suite: str) -> None:
+    """ValueError unless `suite` loads and leaves training tasks once quarantined ones are
+    skipped, as the run's first activity needs (activities/tasks.py): a missing or malformed
+    suite passed `--dry-run`, and a real run failed only after the stack and five workers had
+    started and the workflow had begun."""
+    skipped = load_quarantine(settings, suite)
+    train = [task for task in load_suite(suite, split="train") if task.id not in skipped]
+    if not train:
+        left = f" left ({len(skipped)} quarantined by `tempered tasks validate`)" if skipped else ""
+        raise ValueError(f"suite {suite!r} has no training tasks{left}")
 
 
 RUN_OPTIONS = (

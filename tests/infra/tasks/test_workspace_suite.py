@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -139,3 +140,28 @@ def test_the_harbor_examples_validate() -> None:
     assert {task.task_id: task.verdict for task in report.tasks} == dict.fromkeys(
         ("count-lines", "fix-greeting", "sort-names"), "clean"
     )
+
+
+@needs_root
+def test_a_harbor_task_that_cannot_load_is_broken_not_left_out(tmp_path: Path) -> None:
+    """It was logged, left out of the report and the quarantine list, and validation passed."""
+    examples = Path(__file__).resolve().parents[3] / "examples" / "harbor"
+    for name in ("fix-greeting", "sort-names"):
+        shutil.copytree(examples / name, tmp_path / "suite" / name)
+    (tmp_path / "suite" / "sort-names" / "environment" / "Dockerfile").write_text("RUN true\n")
+    root = session_root()
+    settings = Settings(
+        home=tmp_path / "home",
+        sandbox=SandboxSettings(workspaces=WorkspaceSettings(root=root)),
+    )
+    try:
+        report = asyncio.run(
+            validate_workspace_suite(settings, f"harbor:{tmp_path / 'suite'}", CheckPlan(1, 2))
+        )
+    finally:
+        remove_tree(root)
+    verdicts = {task.task_id: task.verdict for task in report.tasks}
+    assert verdicts == {"fix-greeting": "clean", "sort-names": "broken"}
+    assert report.quarantined == ["sort-names"]
+    (broken,) = [task for task in report.tasks if task.task_id == "sort-names"]
+    assert "Dockerfile:1: RUN" in broken.canonical[0].detail

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from infra import keys
+from infra.policy_cache import forget_run
 from workers.cli import build_parser
 from workers.cli.train import absolute
 
@@ -53,3 +55,67 @@ def test_paths_the_workers_read_are_made_absolute(
     assert absolute("tasks.jsonl") == str(tmp_path / "tasks.jsonl")
     kept = ["starter", "smollm2", "s3://bucket/prefix", "missing", None]
     assert [absolute(spec) for spec in kept] == kept
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--attach", ""],
+        ["train", "--attach", "a/b"],
+        ["stop", ""],
+        ["stop", "../x"],
+        ["eval", "--policy", "3", "--run", ""],
+        ["eval", "--policy", "3", "--run", "run 1"],
+        ["runs", "rm", "r1", ""],
+        ["runs", "prune", ""],
+        ["runs", "show", "bad/../id"],
+        ["regrade", ""],
+    ],
+)
+def test_a_run_id_that_cannot_be_one_is_refused_at_parse_time(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`train --attach ""` started a new run of the default preset (an empty id was read as no
+    `--attach`); an empty id is also the prefix of every run: `runs rm ""` deleted them all."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{argv[-1]!r} is not a run id (letters, digits, '_', '.', '-'; at most 128)" in err
+
+
+def test_up_help_names_the_settings_that_choose_its_ports(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["up", "--help"])
+    out = capsys.readouterr().out
+    for assigned in (
+        "TEMPERED_TEMPORAL__ADDRESS=127.0.0.1:7233",
+        "TEMPERED_TEMPORAL__UI_PORT=8233",
+        "TEMPERED_S3__ENDPOINT=http://127.0.0.1:8333",
+        "TEMPERED_S3__EMBEDDED_BASE_PORT=9333",
+    ):
+        assert assigned in out
+
+
+def test_an_id_that_is_not_one_names_no_prefix_and_no_cache(tmp_path: Path) -> None:
+    """The store's and the cache's guard behind the CLI's: `runs/` + "" + `/` is every run."""
+    (tmp_path / "run-a").mkdir()
+    for bad in ("", "a/b", "..", "."):
+        with pytest.raises(ValueError, match="is not a run id"):
+            keys.run_prefix(bad)
+        with pytest.raises(ValueError, match="is not a run id"):
+            forget_run(tmp_path, bad)
+    assert (tmp_path / "run-a").is_dir()
+
+
+@pytest.mark.parametrize("argv", [["runs", "show", "r1", "--task", "t", "--sample", "-1"],
+                                  ["runs", "prune", "r1", "--keep", "-1"]])  # fmt: skip
+def test_a_negative_index_or_count_is_refused_at_parse_time(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 2
+    assert "-1 is not 0 or more" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from contracts.names import Queue
 from contracts.run import TrainingRunInput
 from infra.presets import preset_names
 from infra.settings import Settings
-from infra.tasks import load_suite
+from infra.tasks import load_suite, quarantine_path
 from workers.cli import run
 
 
@@ -108,3 +108,47 @@ def test_attach_takes_no_run_options_and_starts_nothing(
     error = capsys.readouterr().err
     assert error == "tempered train: --attach takes no run options (got --steps, --preset)\n"
     assert not settings.home.exists()
+
+
+def test_a_bad_suite_is_one_line_and_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A suite that cannot load, or leaves nothing to train on, passed `--dry-run`; a real run
+    started the stack, five workers and its workflow, and failed in its first activity."""
+    settings = Settings(home=tmp_path / "home")
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "malformed.jsonl").write_text('{"id": "a"\n')
+    task = load_suite("starter", split="heldout")[0]
+    (tmp_path / "heldout.jsonl").write_text(task.model_dump_json() + "\n")
+    problems = {
+        "nosuch": "unknown suite 'nosuch'",
+        "harbor:/nonexistent": "/nonexistent: no such directory of Harbor tasks",
+        str(tmp_path / "empty.jsonl"): "empty.jsonl: no tasks in file",
+        str(tmp_path / "malformed.jsonl"): "malformed.jsonl:1: invalid JSON",
+        str(tmp_path / "heldout.jsonl"): "heldout.jsonl' has no training tasks",
+    }
+    for suite, problem in problems.items():  # checked before the plan as before a real run
+        assert run(["train", "--preset", "tiny", "--suite", suite, "--dry-run"], settings) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and problem in captured.err, suite
+        assert len(captured.err.splitlines()) == 1 and not settings.home.exists()
+
+
+def test_a_suite_whose_training_tasks_are_all_quarantined_starts_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = Settings(home=tmp_path / "home")
+    train = [task.model_dump_json() for task in load_suite("starter", split="train")[:2]]
+    suite = tmp_path / "two.jsonl"
+    suite.write_text("\n".join(train) + "\n")
+    quarantine = quarantine_path(settings, str(suite))
+    quarantine.parent.mkdir(parents=True)
+    quarantine.write_text(json.dumps({"quarantined": [load_suite(str(suite))[0].id]}))
+    assert run(["train", "--preset", "tiny", "--suite", str(suite), "--dry-run"], settings) == 0
+    capsys.readouterr()
+    quarantine.write_text(json.dumps({"quarantined": [t.id for t in load_suite(str(suite))]}))
+    assert run(["train", "--preset", "tiny", "--suite", str(suite), "--dry-run"], settings) == 2
+    assert capsys.readouterr().err == (
+        f"tempered train: suite '{suite}' has no training tasks left (2 quarantined by "
+        "`tempered tasks validate`)\n"
+    )
