@@ -11,10 +11,14 @@ runsc (gvisor). At start it removes what dead sandbox workers left on this host 
 directories, processes, cgroups).
 
 Workspace commands always run in bubblewrap on this worker's host, whatever the backend: a
-worker whose host has no bwrap (the Helm chart's pods, which run programs as Kubernetes Jobs)
-says so in one line at start and refuses every `open_sessions` with the non-retryable
-`SandboxMisconfigured`, so a workspace task fails at once with what to fix instead of failing
-each step with a platform fault that is retried for ever. Its programs and checks run as usual.
+worker whose host has no bwrap (the Helm chart's pods, which run programs as Kubernetes Jobs),
+or whose bwrap cannot create its namespaces (unprivileged user namespaces disabled, a seccomp
+profile, a container without the capabilities: `CommandRunner.probe` starts one step's sandbox
+for `true`, ~20 ms), says so in one line at start (bwrap's own error) and refuses every
+`open_sessions` with the non-retryable `SandboxMisconfigured`, so a workspace task fails at
+once with what to fix instead of failing each step with a platform fault that is retried for
+ever. Its programs and checks run as usual. A probe that gets no answer (a loaded host) refuses
+nothing.
 """
 
 from __future__ import annotations
@@ -42,9 +46,9 @@ def build(settings: Settings) -> WorkerPlan:
     programs = SandboxActivities(settings, backend=backend)
     sessions = EnvironmentActivities(settings, store=programs.store, backend=backend)
     open_sessions: Callable[..., Awaitable[OpenSessionsResponse]] = sessions.open_sessions
-    if missing := sessions.env.runner.missing:
-        log.warning("sandbox worker: no workspace sessions on this worker: %s", missing)
-        open_sessions = refuse_sessions(missing)
+    if unusable := sessions.env.runner.probe():
+        log.warning("sandbox worker: no workspace sessions on this worker: %s", unusable)
+        open_sessions = refuse_sessions(unusable)
 
     async def close() -> None:
         await sessions.close()
@@ -65,12 +69,12 @@ def build(settings: Settings) -> WorkerPlan:
     )
 
 
-def refuse_sessions(missing: str) -> Callable[..., Awaitable[OpenSessionsResponse]]:
+def refuse_sessions(unusable: str) -> Callable[..., Awaitable[OpenSessionsResponse]]:
     """An `open_sessions` that fails every request, not retried: this worker cannot run a
-    workspace command (`missing` says why), on this attempt or any other."""
+    workspace command (`unusable` says why), on this attempt or any other."""
     why = (
-        f"sandbox worker {socket.gethostname()} cannot run workspace sessions: {missing}. "
-        "Workspace tasks need sandbox workers with bubblewrap on their own host (the "
+        f"sandbox worker {socket.gethostname()} cannot run workspace sessions: {unusable}. "
+        "Workspace tasks need sandbox workers whose own host runs bubblewrap sandboxes (the "
         "kubernetes backend runs programs as Jobs, not workspace sessions); run them with "
         "`tempered worker sandbox` on such a host"
     )

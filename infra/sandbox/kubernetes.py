@@ -23,9 +23,9 @@ and `ttlSecondsAfterFinished` bound whatever is left. `kubernetes_job.PERMISSION
 every call made here, as the RBAC rules the chart grants.
 
 A throttled (429), failing (5xx) or timed-out request is retried a few times with backoff
-(Retry-After honoured); a failed pod list is retried by the poller, and only
-`POLL_FAILURE_LIMIT` failures in a row fail the runs waiting on it: one bad list call must not
-abort every run in flight. What is still failing then, and every other API or transport failure
+(Retry-After honoured: `kubernetes_api.call`); a failed pod list is retried by the poller, and
+only `POLL_FAILURE_LIMIT` failures in a row fail the runs waiting on it: one bad list call must
+not abort every run in flight. What is still failing then, and every other API or transport failure
 (refused connection, 403, 409, a pod that never starts, a pod that ends without the launcher's
 result line), raises `SandboxInfraError`; only the program's behaviour becomes an
 `ExecutionResult`. A job too large for a pod spec raises `JobTooLarge` (the same every time).
@@ -43,12 +43,11 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
-
 from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
 from infra.sandbox.base import DEFAULT_LIMITS, SandboxInfraError
 from infra.sandbox.judge import expected_units, judge, split_tests
+from infra.sandbox.kubernetes_api import API_ATTEMPTS, call
 from infra.sandbox.kubernetes_job import (
     CONTAINER,
     JOB_LABEL,
@@ -66,15 +65,14 @@ from infra.sandbox.kubernetes_job import (
     pod_ended,
     pod_namespace,
     pod_state,
-    retry_after,
     sandbox_rlimits,
     terminated_reason,
-    transient,
 )
 from infra.sandbox.verifier import checker_job
 from infra.settings import KubernetesSandboxSettings
 
 __all__ = [
+    "API_ATTEMPTS",
     "SANDBOX_LABELS",
     "JobTooLarge",
     "KubernetesBackend",
@@ -84,8 +82,6 @@ __all__ = [
 
 DEADLINE_SLACK_S = 10
 """How long past the Job's activeDeadlineSeconds we keep waiting before giving up."""
-API_ATTEMPTS = 4
-"""Tries of one API call that is throttled, fails with a 5xx or times out."""
 POLL_FAILURE_LIMIT = 8
 """Pod lists failing in a row (backing off up to POLL_BACKOFF_MAX_S) before the waiting runs
 fail: about half a minute of an API server that answers nothing, not one throttled call."""
@@ -153,43 +149,14 @@ class KubernetesBackend:
         self._poller: asyncio.Task[None] | None = None
 
     async def _call(
-        self,
-        what: str,
-        fn: Callable[..., T],
-        *args: Any,
-        attempts: int = API_ATTEMPTS,
+        self, what: str, fn: Callable[..., T], *args: Any, attempts: int = API_ATTEMPTS,
         **kwargs: Any,
-    ) -> T:
-        """Run one client call in a thread, retrying throttling, 5xx and timeouts (`attempts`
-        tries); every API/transport failure left is a SandboxInfraError."""
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        kwargs.setdefault("_request_timeout", self.request_timeout_s)
-
-        def wait(state: RetryCallState) -> float:
-            backoff = self.retry_wait_s * 2 ** (state.attempt_number - 1)
-            error = state.outcome.exception() if state.outcome else None
-            return retry_after(error) or backoff
-
-        try:
-            async for attempt in AsyncRetrying(
-                stop=stop_after_attempt(attempts),
-                wait=wait,
-                retry=retry_if_exception(transient),
-                reraise=True,
-            ):
-                with attempt:
-                    return await asyncio.to_thread(fn, *args, **kwargs)
-        except ApiException as error:
-            raise SandboxInfraError(
-                f"kubernetes {what}: HTTP {error.status} {error.reason}"
-            ) from error
-        except (HTTPError, OSError, ValueError) as error:  # ValueError: a malformed response
-            raise SandboxInfraError(
-                f"kubernetes {what}: {type(error).__name__}: {error}"
-            ) from error
-        raise AssertionError("unreachable: tenacity returns or raises")
+    ) -> T:  # fmt: skip
+        """One client call (`kubernetes_api.call`) with this backend's timeout and backoff."""
+        return await call(
+            what, fn, *args, attempts=attempts, retry_wait_s=self.retry_wait_s,
+            request_timeout_s=self.request_timeout_s, **kwargs,
+        )  # fmt: skip
 
     async def reap(self) -> int:
         """Delete every Job labelled with this worker's id (left over by a previous process)."""

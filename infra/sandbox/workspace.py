@@ -21,9 +21,13 @@ processes (rlimits set by the launching shell), memory (the cgroup), output (cap
 
 bwrap reports on a status fd once the sandbox is up and again with the command's exit code,
 so a sandbox that never came up is a platform fault (`SandboxInfraError`), never a result. A
-host without bwrap (or, for a root worker, setpriv) cannot run any command: `missing` says so,
-and the sandbox worker checks it once at start and then serves no workspace sessions
-(workers/sandbox.py) rather than fail each step with a retried platform fault.
+host without bwrap (or, for a root worker, setpriv) cannot run any command: `missing` says so.
+Nor can one whose bwrap may not create the namespaces it asks for (unprivileged user namespaces
+disabled, a seccomp profile, a container without the capabilities): `probe` runs `true` once in
+the very sandbox a step gets (`argv`) and returns bwrap's own error. The sandbox worker asks
+both once at start and then serves no workspace sessions (workers/sandbox.py) rather than fail
+each step with a retried platform fault. Only a probe failing twice condemns the host; one
+that does not end in time (a loaded host) condemns nothing. It costs a sandbox start, ~20 ms.
 
 Not covered: a disk quota on the workspace (the session host's: `infra/environments/mounts.py`),
 images (the host's system is the sandbox's root file system).
@@ -34,10 +38,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shlex
 import shutil
 import signal
+import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +86,13 @@ BASE_ENV = {
 }
 """Every command's environment, before the task's own variables. No bytecode caches: they
 would make the workspace's tree digest depend on file times."""
+LAUNCH_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+"""The environment of the launching shell (the sandbox's own is `BASE_ENV`, set by bwrap)."""
+PROBE_TIMEOUT_S = 10.0
+"""How long the start-up probe waits for its sandbox (one takes ~20 ms; a loaded host longer)."""
+PROBE_TRIES = 2
+"""Probes that must all fail before the host is judged unable to run sandboxes."""
+logger = logging.getLogger(__name__)
 
 
 def session_uid(slot: int, pid: int | None = None) -> int:
@@ -148,6 +162,69 @@ class CommandRunner:
             return "running as root needs setpriv to drop to a sandbox uid (util-linux)"
         return ""
 
+    def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+        """Why no command can run on this host ("" when one can): `missing`, else what bwrap
+        said when the sandbox of `argv` failed to come up for `true`, PROBE_TRIES times in a
+        row. A try that does not end in `timeout_s` is no verdict: if none came up in time,
+        this logs a warning and returns "" (a slow host is not a broken one). Blocks."""
+        if self.missing:
+            return self.missing
+        failures: list[str] = []
+        for _ in range(PROBE_TRIES):
+            outcome = self._probe_once(timeout_s)
+            if outcome == "":
+                return ""
+            if outcome is not None:
+                failures.append(outcome)
+        if len(failures) == PROBE_TRIES:
+            return (
+                f"no workspace sandbox comes up on this host: {failures[-1]} (bwrap needs root "
+                "or unprivileged user namespaces, and no seccomp profile or dropped capability "
+                "that forbids new namespaces)"
+            )
+        logger.warning(
+            "workspace sandbox probe: no answer in %ss (%d of %d tries); serving sessions",
+            timeout_s, PROBE_TRIES - len(failures), PROBE_TRIES,
+        )  # fmt: skip
+        return ""
+
+    def _probe_once(self, timeout_s: float) -> str | None:
+        """Run `true` in a step's sandbox over an empty workspace: "" if it ran, None if it did
+        not end in `timeout_s` (killed), else why not (bwrap's stderr, on one line)."""
+        workspace, reported = Path(tempfile.mkdtemp("-probe")), b""
+        status_r, status_w = os.pipe()
+        try:
+            workspace.chmod(0o755)  # the sandbox uid enters it
+            uid, limits = session_uid(SLOTS - 1), SandboxLimits()
+            try:
+                process = subprocess.Popen(
+                    self.argv("true", Mounts(workspace), uid, limits, None, status_w),
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                    pass_fds=(status_w,), start_new_session=True, env=LAUNCH_ENV,
+                )  # fmt: skip
+            finally:
+                os.close(status_w)
+            try:
+                _, stderr = process.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.communicate(timeout=KILL_GRACE_S)
+                return None
+            os.set_blocking(status_r, False)
+            with contextlib.suppress(BlockingIOError):  # bwrap has ended: all it wrote is there
+                reported = os.read(status_r, 65536)
+        except OSError as exc:  # no /bin/sh
+            return f"cannot start it: {exc}"
+        finally:
+            os.close(status_r)
+            shutil.rmtree(workspace, ignore_errors=True)
+        if process.returncode == 0 and _status_messages(reported).get("exit-code") == 0:
+            return ""
+        said = " ".join(stderr.decode("utf-8", "replace").split())[-1000:]
+        return said or f"exit status {process.returncode}, no error text"
+
     def argv(
         self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits,
         cgroups: Cgroups | None, status_fd: int,
@@ -216,7 +293,7 @@ class CommandRunner:
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(status_w,),
                 start_new_session=True,
-                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                env=LAUNCH_ENV,
             )
         except OSError as exc:
             os.close(status_r)

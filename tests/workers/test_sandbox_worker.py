@@ -1,9 +1,12 @@
-"""The sandbox worker's plan (workers/sandbox.py) on a host without bubblewrap: it says so once
-at start and refuses workspace sessions with a non-retryable error, while its programs run on.
+"""The sandbox worker's plan (workers/sandbox.py) on a host without bubblewrap, or whose
+bubblewrap cannot create its sandbox: it says so once at start and refuses workspace sessions
+with a non-retryable error, while its programs run on.
 
-Before, such a worker (the Helm chart's, whose backend is `kubernetes`) opened the sessions and
-failed every step with `bwrap is missing`, a platform fault that Temporal retried for ever.
-Only the plan is built here: no Temporal server, no object store call, no sandbox run.
+Before, such a worker (the Helm chart's, whose backend is `kubernetes`; a host without
+unprivileged user namespaces, a seccomp profile, a container without the capabilities) opened
+the sessions and failed every step with a platform fault that Temporal retried for ever.
+Only the plan is built here, and the start-up probe run: no Temporal server, no object store
+call, no step.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from contracts.names import Activity
 from contracts.task import EnvName, WorkspaceSpec
 from infra.environments.mounts import remove_tree
 from infra.sandbox.base import SandboxInfraError
-from infra.sandbox.workspace import CommandRunner
+from infra.sandbox.workspace import PROBE_TRIES, CommandRunner
 from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from tests.infra.environments.conftest import session_root
 from workers import sandbox
@@ -70,6 +73,25 @@ def activities(plan: WorkerPlan) -> dict[str, Any]:
     return {str(activity._Definition.must_from_callable(fn).name): fn for fn in plan.activities}
 
 
+def probes(monkeypatch: pytest.MonkeyPatch, reject: bool = False) -> list[str]:
+    """The commands the runners' sandboxes are built for from now on (`CommandRunner.argv`);
+    with `reject`, bwrap itself refuses each of them (an option it does not know), as a bwrap
+    that may not create its namespaces refuses every sandbox."""
+    asked: list[str] = []
+    build = CommandRunner.argv
+
+    def argv(self: CommandRunner, command: str, *args: Any) -> list[str]:
+        line = build(self, command, *args)
+        asked.append(command)
+        if reject:
+            at = line.index(str(self.bwrap)) + 1
+            line[at:at] = ["--no-such-option"]
+        return line
+
+    monkeypatch.setattr(CommandRunner, "argv", argv)
+    return asked
+
+
 def without_bwrap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A host whose PATH holds no bwrap (nor setpriv), as the chart's worker image."""
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -107,14 +129,45 @@ async def test_a_worker_without_bwrap_refuses_workspace_sessions_for_good(
 @pytest.mark.asyncio
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bwrap")
 async def test_a_worker_with_bwrap_serves_workspace_sessions(
-    settings: Settings, caplog: pytest.LogCaptureFixture
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    asked = probes(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="tempered.worker"):
         plan = sandbox.build(settings)
     try:
+        assert asked == ["true"]  # it started one sandbox, which came up
         opens = activities(plan)[Activity.OPEN_SESSIONS.value]
         assert isinstance(getattr(opens, "__self__", None), EnvironmentActivities)
         assert not [r for r in caplog.records if r.name == "tempered.worker"]
+    finally:
+        assert plan.on_shutdown is not None
+        await plan.on_shutdown()
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bwrap")
+async def test_a_worker_whose_bwrap_cannot_make_a_sandbox_refuses_workspace_sessions(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """bwrap is there but fails to set up the sandbox a step would get: the worker says why in
+    bwrap's own words, once, and refuses sessions as one without bwrap does."""
+    asked = probes(monkeypatch, reject=True)
+    with caplog.at_level(logging.WARNING, logger="tempered.worker"):
+        plan = sandbox.build(settings)
+    try:
+        assert asked == ["true"] * PROBE_TRIES  # tried again before condemning the host
+        lines = [r.getMessage() for r in caplog.records if r.name == "tempered.worker"]
+        assert len(lines) == 1 and "\n" not in lines[0], lines
+        assert lines[0].startswith("sandbox worker: no workspace sessions on this worker: ")
+        assert "bwrap: Unknown option --no-such-option" in lines[0]  # bwrap's own error
+        served = activities(plan)
+        assert Activity.EXECUTE.value in served
+        with pytest.raises(ApplicationError) as refused:
+            await ActivityEnvironment().run(served[Activity.OPEN_SESSIONS.value], REQUEST)
+        error = refused.value
+        assert error.type == ErrorType.SANDBOX_MISCONFIGURED and error.non_retryable
+        assert "task workspace-fix-1" in str(error) and "bwrap: Unknown option" in str(error)
+        assert len(asked) == PROBE_TRIES  # refused without starting a sandbox
     finally:
         assert plan.on_shutdown is not None
         await plan.on_shutdown()

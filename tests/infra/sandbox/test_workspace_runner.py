@@ -1,15 +1,21 @@
 """Commands over a workspace (infra/sandbox/workspace.py), on real bwrap and cgroups: the
 workspace is read-write at its workdir and nothing else of the host is, every limit holds,
-there is no network, and nothing is left behind (processes, cgroups)."""
+there is no network, and nothing is left behind (processes, cgroups). The start-up probe
+(`CommandRunner.probe`) passes here, reports what bwrap (or setpriv) said where the sandbox
+cannot come up, and condemns nothing for a sandbox that does not answer in time."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -19,6 +25,7 @@ from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.cgroups import CGROUP_ROOT, Cgroups, sweep_dead_workers
 from infra.sandbox.workspace import (
+    PROBE_TRIES,
     SESSION_UID_BASE,
     SLOTS,
     CommandRunner,
@@ -180,3 +187,65 @@ def test_nothing_is_left_behind(workspace: Path) -> None:
 def test_mount_points_inside_the_system_are_refused(path: str) -> None:
     with pytest.raises(ValueError):
         check_mount_point(path)
+
+
+def rejected_option(monkeypatch: pytest.MonkeyPatch, tries: int = PROBE_TRIES) -> list[str]:
+    """Make bwrap itself refuse the next `tries` sandboxes (an option it does not know), as a
+    host whose bwrap cannot create its namespaces does; returns the commands asked for."""
+    asked: list[str] = []
+    build = CommandRunner.argv
+
+    def argv(self: CommandRunner, command: str, *args: Any) -> list[str]:
+        line = build(self, command, *args)
+        asked.append(command)
+        if len(asked) <= tries:
+            at = line.index(str(self.bwrap)) + 1
+            line[at:at] = ["--no-such-option"]
+        return line
+
+    monkeypatch.setattr(CommandRunner, "argv", argv)
+    return asked
+
+
+def test_the_probe_passes_where_sandboxes_come_up() -> None:
+    assert CommandRunner().probe() == ""
+
+
+def test_the_probe_reports_bwraps_own_error_once_it_failed_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked = rejected_option(monkeypatch)
+    why = CommandRunner().probe()
+    assert asked == ["true"] * PROBE_TRIES  # the steps' own sandbox (argv), for `true`
+    assert why.startswith("no workspace sandbox comes up on this host: bwrap: Unknown option")
+    assert "--no-such-option" in why and "\n" not in why  # bwrap's text, on one line
+    assert "user namespaces" in why  # what to look at
+
+
+def test_a_probe_that_fails_once_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked = rejected_option(monkeypatch, tries=1)
+    assert CommandRunner().probe() == "" and len(asked) == 2
+
+
+def test_a_probe_without_an_answer_condemns_nothing(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sandbox that does not come up in time (a loaded host) is killed, tried once more,
+    and the host is not judged: a slow worker must not refuse sessions for ever."""
+    hang = ["/bin/sh", "-c", "exec sleep 30.25"]
+    monkeypatch.setattr(CommandRunner, "argv", lambda self, *args: hang)
+    with caplog.at_level(logging.WARNING, logger="infra.sandbox.workspace"):
+        assert CommandRunner().probe(timeout_s=0.3) == ""
+    assert "no answer in 0.3s (2 of 2 tries); serving sessions" in caplog.text
+    left = [p for p in psutil.process_iter(["cmdline"]) if "30.25" in (p.info["cmdline"] or [])]
+    assert not left  # each try's sandbox was killed
+
+
+def test_a_process_without_capabilities_gets_no_sandbox() -> None:
+    """A real host fault, no fake: a root worker whose capabilities are dropped (a container
+    without them) cannot drop to the sandbox uid, and the probe says so in the tool's words."""
+    probe = "from infra.sandbox.workspace import CommandRunner; print(CommandRunner().probe())"
+    dropped = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-c", probe]
+    why = subprocess.run(dropped, capture_output=True, text=True, check=True, timeout=60).stdout
+    assert why.startswith("no workspace sandbox comes up on this host: setpriv:"), why
+    assert "Operation not permitted" in why
