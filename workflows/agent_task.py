@@ -115,7 +115,7 @@ class AgentTaskWorkflow:
         try:
             if sessions is not None:
                 self._publish(task_input)  # INIT, while the sessions open
-                await sessions.open(group.episodes)
+                await sessions.open_first(group.episodes)
             await self._act(task_input, group, sessions)
             self._move(State.DONE, task_input)
             if sessions is not None:

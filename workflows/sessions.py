@@ -1,7 +1,7 @@
 """The workspace sessions of one task's group, as `AgentTaskWorkflow` drives them.
 
     sessions = Sessions(task_input, group)
-    await sessions.open(group.episodes)           # INIT: a session per episode, on one worker
+    await sessions.open_first(group.episodes)     # INIT: a session per episode, on one worker
     outcomes = await sessions.step(step, generated)   # EXECUTE: the tool calls, where they live
     await sessions.verify()                       # DONE: the verifier's verdicts → the group
     await sessions.close()                        # DONE, failure or cancellation; never raises
@@ -26,6 +26,13 @@ session a step still runs in, and no step runs on after the task decided. Sessio
 restore opened although it was cancelled are kept on their episodes, which `close` closes
 (behind `STOP_PATCH`: before it the first error failed the step at once, the other queues'
 steps ran on, and a cancel did not wait for them).
+
+A task cancelled during its first open waits for the open too (`open_first`, behind
+`OPEN_PATCH`): an open that finished before the cancel reached it returns its sessions, which
+are kept on their episodes for `close`; before, the task moved on at once and they stayed open
+until the worker's TTL. Under it, a stop first takes what already came back in the same
+workflow task (`_stop`): the SDK raises a cancel over an activity result it has not yet handed
+to the workflow, so an open (or restore) that finished as the cancel came would be lost.
 Workflow code: contracts and Temporal only.
 """
 
@@ -33,6 +40,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
@@ -70,6 +79,10 @@ UNTOUCHED_PATCH = "tempered-verify-untouched"
 STOP_PATCH = "tempered-sessions-stop-steps"
 """Marks runs whose steps wait for a cancel (its marker comes with the first step) and whose
 failing or cancelled step stops its other queues' steps before it raises (`_step_each`)."""
+OPEN_PATCH = "tempered-sessions-open-waits"
+"""Marks runs whose first open waits for a cancel (its marker comes with it, at INIT), and whose
+stops take what already came back before they cancel (`open_first`, `_stop`). Its marker costs
+two events per workspace task."""
 
 
 def session_lost(error: ActivityError) -> bool:
@@ -90,6 +103,24 @@ class Sessions:
         self.workspace: WorkspaceSpec = task_input.task.workspace
         self._stopping = False
         """Set while a step stops its queues' steps: none starts new work (`_step_each`)."""
+        self._settles = False
+        """`OPEN_PATCH`: a stop takes the results already delivered before it cancels."""
+
+    async def open_first(self, episodes: list[EpisodeState]) -> None:
+        """INIT: a session per episode. Behind `OPEN_PATCH` a cancel of the task stops the
+        open and waits for it (`_stop`); what it opened is kept on the episodes, for `close`,
+        and the cancel is raised."""
+        if not workflow.patched(OPEN_PATCH):  # histories before it: a cancel moved on at once
+            await self.open(episodes)
+            return
+        self._settles = True
+        opening = asyncio.create_task(self.open(episodes, waits=True))
+        try:
+            await workflow.wait([opening])
+        except asyncio.CancelledError:  # the task was cancelled
+            await self._stop([opening])
+            raise
+        opening.result()
 
     async def open(
         self, episodes: list[EpisodeState], restore: bool = False, waits: bool = False
@@ -155,14 +186,21 @@ class Sessions:
                 task.result()  # raises the first failure, as it was
         return [task.result() for task in tasks]
 
-    async def _stop(self, tasks: list[asyncio.Task[list[EnvStepOutcome]]]) -> None:
-        """Cancel the steps still running and wait until each has ended (its activity
-        reported the cancel, or finished first); a cancel of the task meanwhile is raised
-        once they have."""
+    async def _stop(self, tasks: Sequence[asyncio.Task[Any]]) -> None:
+        """Cancel the steps (or the open) still running and wait until each has ended (its
+        activity reported the cancel, or finished first); a cancel of the task meanwhile is
+        raised once they have. `OPEN_PATCH`: first let the results this workflow task brought
+        reach their tasks (a condition is checked once nothing else is ready), so a task whose
+        activity has ended is not cancelled, which would drop its result."""
         self._stopping = True
+        cancelled = False
+        if self._settles:
+            try:
+                await workflow.wait_condition(lambda: True)
+            except asyncio.CancelledError:
+                cancelled = True
         for task in tasks:
             task.cancel()  # a task awaiting its activity asks Temporal to cancel it
-        cancelled = False
         while pending := [t for t in tasks if not t.done()]:
             try:
                 await workflow.wait(pending)

@@ -22,6 +22,12 @@ session that no step touched for `ttl_s` is closed by the sweeper task; its last
 stays in the store, so a later step restores it (`SessionLost` → `open_sessions` with the
 snapshot). The sweeper also removes, within `SWEEP_S`, what workers that died after this one
 started left behind.
+
+Closing a session forgets it at once (a step no longer finds it: `SessionLost`), but it keeps
+its uid slot until its directory (and tmpfs) is gone: a removal that fails (EBUSY, EIO) or is
+cancelled leaves it in `closing`, and the next close of its id or the sweeper's next round
+tries again; the close's caller still gets the error (the sweeper logs it). Before, the session
+was forgotten first, and its directory and slot stayed in use for the worker's life.
 """
 
 from __future__ import annotations
@@ -113,6 +119,9 @@ class SessionHost:
         self.tmpfs = self._can_mount()
         """Whether each workspace is a tmpfs of its own (`WorkspaceSettings.disk`)."""
         self.sessions: dict[str, Session] = {}
+        self.closing: dict[str, Session] = {}
+        """Sessions forgotten but not yet removed (a removal under way, or one that failed and
+        waits for its retry): each still holds its slot and directory."""
         self._free = list(range(SLOTS - 1, -1, -1))
         self._scratch = itertools.count()
         self._sweeper: asyncio.Task[None] | None = None
@@ -149,7 +158,7 @@ class SessionHost:
 
     def create(self, session_id: str, spec: WorkspaceSpec) -> Session:
         """A new, empty session (its workspace directory exists, owned by its uid)."""
-        if session_id in self.sessions:
+        if session_id in self.sessions or session_id in self.closing:
             raise ValueError(f"session {session_id} exists")
         slot = self.take_slot()
         directory = self.directory / session_id
@@ -208,17 +217,38 @@ class SessionHost:
         remove_tree(path)
 
     async def close(self, session_ids: list[str]) -> int:
-        """Remove these sessions (unknown ids are skipped); returns how many were here."""
-        closed = 0
+        """Remove these sessions (unknown ids are skipped), and retry those in `closing`
+        among them; returns how many it removed. Every id is tried; then the first failure,
+        if any, is raised (each is logged; its session stays in `closing`)."""
+        closed, failure = await self._close(session_ids)
+        if failure is not None:
+            raise failure
+        return closed
+
+    async def _close(self, session_ids: list[str]) -> tuple[int, Exception | None]:
+        closed, failure = 0, None
         for session_id in session_ids:
-            session = self.sessions.pop(session_id, None)
+            session = self.sessions.pop(session_id, None) or self.closing.get(session_id)
             if session is None:
                 continue
-            async with session.lock:  # a step still running finishes first
-                await asyncio.to_thread(self.discard, session.directory)
+            self.closing[session_id] = session  # forgotten by steps; its slot still taken
+            try:
+                closed += await self._release(session)
+            except Exception as exc:
+                log.warning("removing session %s failed (tried again later): %s", session_id, exc)
+                failure = failure or exc
+        return closed, failure
+
+    async def _release(self, session: Session) -> int:
+        """Remove a closing session's directory, then free its slot (1), unless another close
+        released it meanwhile (0)."""
+        async with session.lock:  # a step still running finishes first; one removal at a time
+            if self.closing.get(session.id) is not session:
+                return 0
+            await asyncio.to_thread(self.discard, session.directory)
+            del self.closing[session.id]
             self.release_slot(session.slot)
-            closed += 1
-        return closed
+        return 1
 
     def start_sweeper(self) -> None:
         """Start the TTL sweeper on the running loop (once)."""
@@ -226,17 +256,22 @@ class SessionHost:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_expired())
 
     async def _sweep_expired(self) -> None:
-        """Every SWEEP_S at most: close idle sessions, and remove what workers that died
-        since this one started left on the host."""
+        """Every SWEEP_S at most: close idle sessions, retry the removals that failed, and
+        remove what workers that died since this one started left on the host."""
         ttl = self.config.ttl_s
         while True:
             await asyncio.sleep(min(SWEEP_S, ttl / 4))
             now = time.monotonic()
             idle = [s.id for s in self.sessions.values() if now - s.last_used > ttl]
-            if idle:
-                closed = await self.close(idle)
-                log.info("closed %d sessions idle for more than %.0fs", closed, ttl)
-            swept = await asyncio.to_thread(sweep_dead, self.root)
+            if idle or self.closing:
+                closed, _ = await self._close([*idle, *self.closing])  # failures: logged
+                if closed:
+                    log.info("closed %d sessions, idle for %.0fs or retried", closed, ttl)
+            try:
+                swept = await asyncio.to_thread(sweep_dead, self.root)
+            except OSError as exc:
+                log.warning("removing what dead sandbox workers left failed: %s", exc)
+                continue
             if swept.directories:
                 log.info("removed what dead sandbox workers left: %s", swept)
 
@@ -246,7 +281,7 @@ class SessionHost:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
-        await self.close(list(self.sessions))
+        await self.close([*self.sessions, *self.closing])
         await asyncio.to_thread(self.discard, self.directory)
 
 

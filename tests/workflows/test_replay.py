@@ -38,6 +38,12 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     # marker): tests/workflows/test_sessions_stop.py with TEMPERED_RECORD_HISTORIES=1, worker
     # a's step failing while b's runs (cancelled and waited for, then the sessions closed)
     "agent_task_workspace_stopped.json": (AgentTaskWorkflow, "stop-1e5f2c-fix"),
+    # recorded on the release whose first open waits for a cancel (its patch marker):
+    # tests/workflows/test_sessions_open_cancel.py with TEMPERED_RECORD_HISTORIES=1, a task
+    # cancelled once its open had opened the sessions, which it closed; in `…_raced` the
+    # open's result came in the cancel's own workflow task
+    "agent_task_workspace_open_cancelled.json": (AgentTaskWorkflow, "open-933b35-fix"),
+    "agent_task_workspace_open_raced.json": (AgentTaskWorkflow, "open-cfbb1b-fix"),
     "learner.json": (LearnerWorkflow, "replay-learner"),  # two steps, then continue-as-new
     # a training run's learner (progress signals, finish) and the run (children, evals)
     "learner_child.json": (LearnerWorkflow, "train-replay-run-learner"),
