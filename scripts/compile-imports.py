@@ -1,6 +1,6 @@
 """Compile, once, the Python files a run imports: Tempered's packages and the libraries they load.
 
-    .venv/bin/python scripts/compile-imports.py        (make setup runs it)
+    .venv/bin/python scripts/compile-imports.py        (make setup, train and up run it)
 
 Setup installs wheels with `pip --no-compile`: pip would otherwise byte-compile every file of
 every wheel (26,000 files, about half of setup's time here), most of which nothing imports

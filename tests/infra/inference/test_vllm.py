@@ -149,10 +149,11 @@ async def test_a_row_of_higher_priority_enters_the_batch_before_the_waiting_rows
     engine: VLLMBackend, store: ObjectStore, smollm2: Path, prompts: list[list[int]], tmp_path: Path
 ) -> None:
     """`SamplingParams.priority` reaches vLLM's scheduler (as the local backend's decoder orders
-    its waiting rows): with the batch's 16 slots taken and 24 rows of priority 1 waiting, a row
-    of priority 0 that arrives last finishes before at least 20 of them (measured: before all
-    40, since vLLM preempts a running row of lower priority for it); first come, first served
-    runs it in the third wave, before only 8 (measured with the policy left at "fcfs")."""
+    its waiting rows): with the batch's 16 slots taken and 16 rows of priority 1 waiting, a row
+    of priority 0 that arrives last finishes before at least 8 of them (measured: before the 16
+    waiting; with 40 rows, before all, vLLM preempting a running row for it); first come, first
+    served runs it in the third wave, after all 32. Two waves of rows, not three (with 40 rows
+    the test took 44 s of `make test`)."""
     publish_policy(store, "prio", 0, smollm2)
     v0 = await resolver(store, tmp_path).resolve("prio", 0)
     background = SamplingParams(temperature=0.0, max_new_tokens=24, priority=1)
@@ -164,13 +165,13 @@ async def test_a_row_of_higher_priority_enters_the_batch_before_the_waiting_rows
         assert len(output.token_ids) == params.max_new_tokens  # no row ends early
         finished.append(name)
 
-    waiting = [asyncio.create_task(row(f"b{i}", background)) for i in range(40)]
-    await asyncio.sleep(2.0)  # every row in the engine: 16 running, 24 waiting
+    waiting = [asyncio.create_task(row(f"b{i}", background)) for i in range(32)]
+    await asyncio.sleep(2.0)  # every row in the engine: 16 running, 16 waiting
     await row("urgent", urgent)
     await asyncio.gather(*waiting)
     after = len(finished) - 1 - finished.index("urgent")
-    log.warning("priority: %d of 40 rows of priority 1 finished after the row of priority 0", after)
-    assert after >= 20
+    log.warning("priority: %d of 32 rows of priority 1 finished after the row of priority 0", after)
+    assert after >= 8
 
 
 @pytest.mark.slow  # `make test` keeps one real-engine test: the live update
