@@ -165,7 +165,12 @@ class TrainingRunInput(Contract):
         description="Held-out tasks each eval runs: 0 = all of the suite's; N = N of them spread "
         "evenly over the suite's held-out list (`spread`), the same N at every eval.",
     )
-    time_budget_s: float = Field(default=0, ge=0, description="Stop after this long; 0 = none.")
+    time_budget_s: float = Field(
+        default=0,
+        ge=0,
+        allow_inf_nan=False,  # `nan` read as "should be >= 0", `inf` as a budget
+        description="Stop after this long; 0 = none.",
+    )
     keep_versions: int = Field(
         default=0,
         ge=0,

@@ -77,8 +77,9 @@ class PolicyIntegrityError(StorageError):
 def materialize_base_model(spec: str, settings: Settings, store: ObjectStore | None = None) -> Path:
     """A local HF directory for `spec`: a preset name, a local HF dir, or `s3://<key prefix>`.
 
-    Raises ValueError naming `spec` when it is none of those.
+    Raises ValueError naming `spec` when it is none of those (`check_base_model`).
     """
+    check_base_model(spec)
     models = settings.home / "models"
     if spec == TINY:
         return _build_once(models / TINY, _build_tiny)
@@ -89,11 +90,27 @@ def materialize_base_model(spec: str, settings: Settings, store: ObjectStore | N
         prefix = spec.removeprefix("s3://").removeprefix(store.bucket + "/").rstrip("/") + "/"
         name = hashlib.sha256(prefix.encode()).hexdigest()[:16]
         return _build_once(models / "s3" / name, lambda out: _download_prefix(store, prefix, out))
+    return Path(spec).expanduser().resolve()
+
+
+def check_base_model(spec: str) -> None:
+    """ValueError naming `spec` unless it has a base model's form: a preset (`tiny`, `smollm2`),
+    an `s3://` prefix, or a directory holding config.json. It builds, converts and downloads
+    nothing, so `tempered train --dry-run` checks with it: `--base-model /nonexistent` passed
+    there, and a real run failed in its first learner activity. (Hub ids such as
+    `HuggingFaceTB/SmolLM2-135M-Instruct` are not fetched: this machine may be offline.)"""
+    if spec in (TINY, SMOLLM2) or (spec.startswith("s3://") and len(spec) > len("s3://")):
+        return
     path = Path(spec).expanduser()
     if (path / "config.json").is_file():
-        return path.resolve()
+        return
+    why = "no such directory"
+    if path.is_dir():
+        why = "a directory without config.json"
+    elif path.exists():
+        why = "not a directory"
     raise ValueError(
-        f"base_model {spec!r} is not a preset ({TINY}, {SMOLLM2}), an s3:// prefix, "
+        f"base_model {spec!r}: {why}; use a preset ({TINY}, {SMOLLM2}), an s3:// prefix, "
         "or a directory holding config.json"
     )
 

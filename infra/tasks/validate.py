@@ -258,22 +258,48 @@ async def validate_tasks(
 CATEGORIES = ("broken", "flaky", "weak", "infra", "no_wrong_solution", "quarantined")
 
 
-def write_quarantine(settings: Settings, report: ValidationReport) -> Path:
+def read_quarantine(settings: Settings, suite: str) -> dict[str, list[str]]:
+    """The quarantine list last written for `suite`, by category ({} when there is none).
+
+    ValueError naming the file when it is not one. `tempered tasks validate` reads it before
+    any run starts: it was read only to be merged, after every task had run, and a malformed
+    file failed there with "Expecting value: line 1 column 1", naming no file, the results lost.
+    """
+    path = quarantine_path(settings, suite)
+    if not path.is_file():
+        return {}
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(document, dict):
+            raise ValueError(f"a JSON {type(document).__name__}, not an object")
+        lists = {category: document.get(category, []) for category in CATEGORIES}
+        for category, ids in lists.items():
+            if not isinstance(ids, list):
+                raise ValueError(f"{category!r} is not a list")
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError too
+        raise ValueError(f"{path}: not a quarantine list ({exc})") from None
+    return {category: [str(task_id) for task_id in ids] for category, ids in lists.items()}
+
+
+def write_quarantine(
+    settings: Settings, report: ValidationReport, *, replace: bool = False
+) -> Path:
     """Write the report's quarantine list where training looks for it (atomic rename).
 
     A report that covers only part of the suite (`--split`, `--limit`) keeps the earlier
-    entries of the tasks it did not check, so a partial run never un-quarantines anything.
+    entries of the tasks it did not check, so a partial run never un-quarantines anything
+    (ValueError naming the file when the earlier list cannot be read: `read_quarantine`).
+    `replace`: the report covers the whole suite, and whatever the file held is dropped.
     """
     path = quarantine_path(settings, report.suite)
     document = report.quarantine_document()
     checked = {task.task_id for task in report.tasks}
-    if path.is_file():
-        previous = json.loads(path.read_text(encoding="utf-8"))
-        for category in CATEGORIES:
-            kept = [task_id for task_id in previous.get(category, []) if task_id not in checked]
-            current = document[category]
-            assert isinstance(current, list)
-            document[category] = sorted(set(kept) | set(current))
+    previous = {} if replace else read_quarantine(settings, report.suite)
+    for category, ids in previous.items():
+        kept = [task_id for task_id in ids if task_id not in checked]
+        current = document[category]
+        assert isinstance(current, list)
+        document[category] = sorted(set(kept) | set(current))
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(path.name + ".tmp")
     staging.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")

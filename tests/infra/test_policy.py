@@ -20,6 +20,7 @@ from infra.policy import (
     WEIGHTS_INDEX,
     PolicyIntegrityError,
     _build_once,
+    check_base_model,
     latest_policy,
     materialize_base_model,
     policy_manifest,
@@ -65,6 +66,15 @@ def test_materialize_local_dir_and_rejects_unknown(tiny_dir: Path, tmp_path: Pat
     assert materialize_base_model(str(tiny_dir), settings) == tiny_dir.resolve()
     with pytest.raises(ValueError, match="no-such-model"):
         materialize_base_model("no-such-model", settings)
+    (tmp_path / "empty").mkdir()
+    for spec, why in (("/nonexistent", "no such directory"), (str(tmp_path / "empty"), "without")):
+        with pytest.raises(ValueError, match=why):  # check_base_model's rule: train's dry run
+            check_base_model(spec)
+        with pytest.raises(ValueError, match=why):
+            materialize_base_model(spec, settings)
+    for spec in (TINY, SMOLLM2, str(tiny_dir), "s3://bucket/prefix"):
+        check_base_model(spec)  # builds, converts, downloads nothing
+    assert not (tmp_path / "models").exists()
 
 
 def test_concurrent_materializations_build_once(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ out of bounds, …), and the argparse types that refuse bad input at parse time.
 from __future__ import annotations
 
 import argparse
+import math
 
 from pydantic import ValidationError
 from temporalio.client import WorkflowFailureError
@@ -55,6 +56,19 @@ def positive(text: str) -> int:
 def natural(text: str) -> int:
     """An argparse type: a whole number ≥ 0 (a sample index, versions to keep)."""
     return _whole(text, 0, "0 or more")
+
+
+def number(text: str) -> float:
+    """An argparse type: a finite number (seconds, a budget). `float` took `nan` and `inf`:
+    `--time-budget nan` was then reported as "should be greater than or equal to 0", and
+    `inf` passed as no limit at all."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (a finite one, e.g. 30)")
+    return value
 
 
 def run_id(text: str) -> str:

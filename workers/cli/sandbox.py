@@ -8,8 +8,9 @@ The verdict comes from the verifier's checker process, which holds the tests (an
 helpers: trusted code run beside them, never the program's); the program runs in its own
 sandboxed process and is only called with plain data (infra/sandbox/verifier.py).
 
-Exit status 0 whenever the sandbox worked, whatever the program did (read `status`); 3 when the
-platform failed (`infra_error`, message on stderr). Runs the backend in this process, as the
+Exit status 0 whenever the sandbox worked, whatever the program did (read `status`); 2 for bad
+input (a file that cannot be read, limits out of bounds: one line on stderr, nothing run); 3 when
+the platform failed (`infra_error`, message on stderr). Runs the backend in this process, as the
 sandbox activity does, without Temporal or S3.
 """
 
@@ -25,6 +26,8 @@ from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import SandboxLimits
 from infra.sandbox import SandboxInfraError, get_backend
 from infra.settings import SandboxBackendName, Settings
+from workers.cli.errors import describe as describe_error
+from workers.cli.errors import number
 
 INFRA_ERROR_EXIT = 3
 
@@ -42,7 +45,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     run.add_argument("--entry-point", help="function passed to the tests' check(candidate)")
     run.add_argument("--backend", choices=get_args(SandboxBackendName), help="default: settings")
-    run.add_argument("--timeout", type=float, help="wall-clock limit in seconds")
+    run.add_argument("--timeout", type=number, help="wall-clock limit in seconds")
     run.add_argument("--memory-mb", type=int, help="memory limit in MiB")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.set_defaults(func=run_cmd)
@@ -50,10 +53,14 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
     overrides = {"timeout_s": args.timeout, "memory_mb": args.memory_mb}
-    limits = SandboxLimits(**{k: v for k, v in overrides.items() if v is not None})
-    program = args.program.read_text()
-    tests = args.tests.read_text() if args.tests else ""
-    helpers = args.helpers.read_text() if args.helpers else ""
+    try:
+        limits = SandboxLimits(**{k: v for k, v in overrides.items() if v is not None})
+        program = read_source(args.program)
+        tests = read_source(args.tests) if args.tests else ""
+        helpers = read_source(args.helpers) if args.helpers else ""
+    except ValueError as exc:  # pydantic's ValidationError too
+        print(f"tempered sandbox: {describe_error(exc)}", file=sys.stderr)
+        return 2
     backend_name = args.backend or settings.sandbox.backend
 
     async def go() -> ExecutionResult:
@@ -78,6 +85,21 @@ def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
         return INFRA_ERROR_EXIT
     print(result.model_dump_json() if args.json else describe(result))
     return 0
+
+
+def read_source(path: Path) -> str:
+    """The text of a file given on the command line; ValueError naming it when it cannot be read
+    (it was `[Errno 2] No such file or directory: 'x.py'`, exit 1)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: a directory, not a Python file") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def describe(result: ExecutionResult) -> str:

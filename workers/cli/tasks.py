@@ -6,6 +6,8 @@
 
 `validate` exits 0 when every task is clean, 1 when it quarantined tasks (broken, flaky or
 weak tests), 2 when some runs kept failing for platform reasons (infra) or the input was bad.
+A quarantine list that cannot be read is named before any run starts: a validation of the whole
+suite writes a new one over it, a partial one (`--split`, `--limit`) is refused.
 The verdicts and the quarantine file are `infra.tasks.validate`'s; this module prints them.
 """
 
@@ -28,11 +30,12 @@ from infra.tasks.validate import (
     VALIDATION_LIMITS,
     CheckPlan,
     ValidationReport,
+    read_quarantine,
     validate_suite,
     write_quarantine,
 )
 from infra.tasks.workspace_validate import validate_workspace_suite
-from workers.cli.errors import describe, positive
+from workers.cli.errors import describe, number, positive
 
 VERDICT_STYLE = {
     "clean": "green",
@@ -65,7 +68,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     check.add_argument("--backend", choices=get_args(SandboxBackendName), help="default: settings")
     check.add_argument("--split", choices=SPLITS, default=None)
     check.add_argument("--limit", type=positive, default=None, help="only the first N tasks")
-    check.add_argument("--timeout", type=float, default=None, help="per-run wall limit, seconds")
+    check.add_argument("--timeout", type=number, default=None, help="per-run wall limit, seconds")
     check.add_argument("--json", action="store_true", help="print the full report as JSON")
     check.set_defaults(func=validate)
 
@@ -104,6 +107,7 @@ def validate(args: argparse.Namespace, settings: Settings) -> int:
         # whole suite (which training then skipped)
         if args.timeout is not None:
             limits = SandboxLimits.model_validate(limits.model_dump() | {"timeout_s": args.timeout})
+        unreadable = previous_list_problem(settings, args)
         total = len(load_suite(args.suite, split=args.split)[: args.limit])
         with Progress(
             TextColumn("validating {task.description}"),
@@ -129,15 +133,41 @@ def validate(args: argparse.Namespace, settings: Settings) -> int:
             )
     except ValueError as exc:  # pydantic's ValidationError too
         return bad_input(exc)
-    path = write_quarantine(settings, report)
     if args.json:
         print(report.model_dump_json(indent=2))
     else:
         print_summary(console, report)
+    try:  # the report is out first: a list that cannot be written loses no result
+        path = write_quarantine(settings, report, replace=unreadable is not None)
+    except (OSError, ValueError) as exc:
+        print(f"tempered tasks: quarantine list not written: {describe(exc)}", file=sys.stderr)
+        return 2
+    if unreadable is not None:
+        note = f"{unreadable}: replaced by this validation of the whole suite"
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
+    if not args.json:
         console.print(f"quarantine list: {path}")
     if report.ids("infra"):
         return 2
     return 1 if report.quarantined else 0
+
+
+def previous_list_problem(settings: Settings, args: argparse.Namespace) -> str | None:
+    """Why the suite's quarantine list cannot be read (None when it can or there is none),
+    checked before any run starts. A validation of the whole suite writes a new list over it;
+    a partial one (`--split`, `--limit`) must keep its other entries, so ValueError naming the
+    file: it failed after every run, results lost, and `train`'s advice to rerun `tasks
+    validate` led back to it."""
+    try:
+        read_quarantine(settings, args.suite)
+    except ValueError as exc:
+        if args.split is not None or args.limit is not None:
+            raise ValueError(
+                f"{exc}; fix or remove it, or validate the whole suite (no --split or --limit) "
+                "to write a new one"
+            ) from None
+        return str(exc)
+    return None
 
 
 def print_summary(console: Console, report: ValidationReport) -> None:

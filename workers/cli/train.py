@@ -16,8 +16,8 @@ goes on in the background workers), and
     tempered stop RUN [--reason TEXT]           # no new tasks; it ends as a finished run does
     tempered stop RUN --cancel                  # cancel it now, learner included; no report
 
-Exit status: 0 done, 1 the run failed, 2 a bad preset, override, suite or run (nothing started),
-130 detached.
+Exit status: 0 done, 1 the run failed, 2 a bad preset, override, base model, suite or run
+(nothing started), 130 detached.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from temporalio.client import Client
 from contracts.names import Queue, Workflow
 from contracts.run import TrainingRunInput, TrainingRunResult
 from infra import stack
-from infra.policy import SMOLLM2, TINY
+from infra.policy import SMOLLM2, TINY, check_base_model
 from infra.presets import DEFAULT, load_preset, preset_names
 from infra.settings import Settings
 from infra.tasks import SUITE_HELP, absolute_suite, load_quarantine, load_suite
 from workers.background import ensure_workers
-from workers.cli.errors import run_id
+from workers.cli.errors import number, run_id
 from workers.cli.progress import follow
 from workers.cli.report import report_dir, write_report
 from workers.runtime import connect
@@ -57,7 +57,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     train.add_argument("--base-model", help="tiny | smollm2 | HF dir | s3://prefix")
     train.add_argument("--suite", help=SUITE_HELP)
     train.add_argument("--run-id", help="default: run-<timestamp>")
-    train.add_argument("--time-budget", type=float, help="stop rolling out after N seconds")
+    train.add_argument("--time-budget", type=number, help="stop rolling out after N seconds")
     train.add_argument(
         "--seed", type=int, help="order of the training tasks (default: the preset's)"
     )
@@ -98,8 +98,9 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
             seed=args.seed,
             keep_versions=args.keep_versions,
         )
+        check_base_model(run_input.base_model)
         check_suite(settings, run_input.suite)
-    except ValueError as exc:  # unknown preset, bad TOML, an override out of bounds, bad suite
+    except ValueError as exc:  # unknown preset, bad TOML, an override out of bounds, bad model…
         print(f"tempered train: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:

@@ -119,3 +119,22 @@ def test_a_negative_index_or_count_is_refused_at_parse_time(
         build_parser().parse_args(argv)
     assert exited.value.code == 2
     assert "-1 is not 0 or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "infinity", "1e999"])
+@pytest.mark.parametrize(
+    "argv",
+    [["train", "--time-budget"], ["tasks", "validate", "starter", "--timeout"],
+     ["sandbox", "run", "p.py", "--timeout"]],
+)  # fmt: skip
+def test_seconds_that_are_not_a_number_are_refused_at_parse_time(
+    argv: list[str], value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--time-budget nan` was reported as "should be greater than or equal to 0", and `inf`
+    passed as no budget at all."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([*argv, value])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{value!r} is not a number (a finite one, e.g. 30)" in err and "Traceback" not in err
+    assert build_parser().parse_args([*argv, "2.5"]).__dict__[argv[-1][2:].replace("-", "_")] == 2.5

@@ -152,3 +152,46 @@ def test_a_suite_whose_training_tasks_are_all_quarantined_starts_nothing(
         f"tempered train: suite '{suite}' has no training tasks left (2 quarantined by "
         "`tempered tasks validate`)\n"
     )
+
+
+def test_a_base_model_that_is_not_one_is_refused_by_the_dry_run(
+    tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--base-model /nonexistent` passed `--dry-run`; a real run started the stack and five
+    workers and failed in its first learner activity. Presets, model directories and s3://
+    prefixes pass as before (what `infra.policy.materialize_base_model` takes)."""
+    settings = Settings(home=tmp_path / "home")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    problems = {
+        "/nonexistent": "no such directory",
+        "HuggingFaceTB/SmolLM2-135M-Instruct": "no such directory",  # hub ids are not fetched
+        str(tmp_path / "empty"): "a directory without config.json",
+        str(tmp_path / "file"): "not a directory",
+    }
+    argv = ["train", "--preset", "tiny", "--dry-run", "--base-model"]
+    for model, problem in problems.items():
+        assert run([*argv, model], settings) == 2, model
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err == (
+            f"tempered train: base_model {model!r}: {problem}; use a preset (tiny, smollm2), "
+            "an s3:// prefix, or a directory holding config.json\n"
+        )
+    for model in ("tiny", "smollm2", str(tiny_dir), "s3://bucket/models/m"):
+        assert run([*argv, model], settings) == 0, model
+        assert json.loads(capsys.readouterr().out)["input"]["base_model"] == model
+    assert not settings.home.exists()
+
+
+def test_a_time_budget_that_is_not_a_number_is_refused_in_a_preset_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TOML spells nan and inf too: `time_budget_s = nan` read as "should be >= 0"."""
+    settings = Settings(home=tmp_path / "home")
+    for value in ("nan", "inf"):
+        preset = tmp_path / f"{value}.toml"
+        preset.write_text(f"time_budget_s = {value}\n")
+        assert run(["train", "--preset", str(preset), "--dry-run"], settings) == 2
+        assert capsys.readouterr().err == (
+            f"tempered train: {preset}: time_budget_s: Input should be a finite number\n"
+        )
