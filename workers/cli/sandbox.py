@@ -8,8 +8,12 @@ The verdict comes from the verifier's checker process, which holds the tests (an
 helpers: trusted code run beside them, never the program's); the program runs in its own
 sandboxed process and is only called with plain data (infra/sandbox/verifier.py).
 
+Tests in HumanEval's form (`def check(candidate)`) need `--entry-point`: without it nothing
+calls `check`, and any program passed them (`uncalled_check`), so they are refused.
+
 Exit status 0 whenever the sandbox worked, whatever the program did (read `status`); 2 for bad
-input (a file that cannot be read, limits out of bounds: one line on stderr, nothing run); 3 when
+input (a file that cannot be read, limits out of bounds, a `check` with no `--entry-point`: one
+line on stderr, nothing run); 3 when
 the platform failed (`infra_error`, message on stderr). Runs the backend in this process, as the
 sandbox activity does, without Temporal or S3.
 """
@@ -17,6 +21,7 @@ sandbox activity does, without Temporal or S3.
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import sys
 from pathlib import Path
@@ -43,7 +48,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run.add_argument(
         "--helpers", type=Path, help="trusted task code the tests may use (run beside them)"
     )
-    run.add_argument("--entry-point", help="function passed to the tests' check(candidate)")
+    run.add_argument(
+        "--entry-point",
+        help="function passed to the tests' check(candidate) (needed when they define one)",
+    )
     run.add_argument("--backend", choices=get_args(SandboxBackendName), help="default: settings")
     run.add_argument("--timeout", type=number, help="wall-clock limit in seconds")
     run.add_argument("--memory-mb", type=int, help="memory limit in MiB")
@@ -60,6 +68,13 @@ def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
         helpers = read_source(args.helpers) if args.helpers else ""
     except ValueError as exc:  # pydantic's ValidationError too
         print(f"tempered sandbox: {describe_error(exc)}", file=sys.stderr)
+        return 2
+    if args.entry_point is None and uncalled_check(tests):
+        print(
+            f"tempered sandbox: {args.tests} defines check(candidate) and nothing calls it: name "
+            "the program's function with --entry-point (without it any program passes)",
+            file=sys.stderr,
+        )
         return 2
     backend_name = args.backend or settings.sandbox.backend
 
@@ -85,6 +100,25 @@ def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
         return INFRA_ERROR_EXIT
     print(result.model_dump_json() if args.json else describe(result))
     return 0
+
+
+def uncalled_check(tests: str) -> bool:
+    """Whether `tests` define a top-level `check` that nothing in them calls (HumanEval's form,
+    which `--entry-point` calls). Run without an entry point, such tests are one unit that only
+    defines `check`: it passed whatever the program did."""
+    try:
+        body = ast.parse(tests).body
+    except SyntaxError:
+        return False  # the verifier reports it
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef)
+    if not any(isinstance(stmt, defs) and stmt.name == "check" for stmt in body):
+        return False
+    return not any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "check"
+        for stmt in body
+        if not (isinstance(stmt, defs) and stmt.name == "check")
+        for node in ast.walk(stmt)
+    )
 
 
 def read_source(path: Path) -> str:

@@ -39,13 +39,21 @@ from infra import stack
 from infra.policy import SMOLLM2, TINY, check_base_model
 from infra.presets import DEFAULT, load_preset, preset_names
 from infra.settings import Settings
-from infra.tasks import SUITE_HELP, absolute_suite, load_quarantine, load_suite
+from infra.tasks import BUILTIN_SUITES, absolute_suite, load_quarantine, load_suite
 from workers.background import ensure_workers
 from workers.cli.errors import number, run_id
 from workers.cli.progress import follow
 from workers.cli.report import report_dir, write_report
 from workers.runtime import connect
 from workers.training import RunHandle, attach, start_run, stop_run, workflow_id
+
+EVAL_ONLY_SUITES = ("humaneval",)
+"""Built-in suites without training tasks (all 164 of HumanEval's are held out): `tempered eval`
+and `tasks validate` take them, `train` refuses them."""
+TRAIN_SUITE_HELP = " | ".join(
+    (*(name for name in BUILTIN_SUITES if name not in EVAL_ONLY_SUITES), "harbor:DIR", "FILE.jsonl")
+)
+"""What `train --suite` takes, for its help."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -55,7 +63,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     train.add_argument("--steps", type=int, help="learner steps (overrides the preset)")
     train.add_argument("--base-model", help="tiny | smollm2 | HF dir | s3://prefix")
-    train.add_argument("--suite", help=SUITE_HELP)
+    train.add_argument("--suite", help=f"{TRAIN_SUITE_HELP} (default: the preset's)")
     train.add_argument("--run-id", help="default: run-<timestamp>")
     train.add_argument("--time-budget", type=number, help="stop rolling out after N seconds")
     train.add_argument(
@@ -98,8 +106,7 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
             seed=args.seed,
             keep_versions=args.keep_versions,
         )
-        check_base_model(run_input.base_model)
-        check_suite(settings, run_input.suite)
+        check_inputs(settings, run_input, workers_here=not args.no_workers)
     except ValueError as exc:  # unknown preset, bad TOML, an override out of bounds, bad model…
         print(f"tempered train: {exc}", file=sys.stderr)
         return 2
@@ -121,6 +128,22 @@ def absolute(spec: str | None) -> str | None:
         return spec
     made = absolute_suite(spec)  # a model directory is spelled as a suite file is
     return made if Path(made.removeprefix("harbor:")).exists() else spec
+
+
+def check_inputs(settings: Settings, run_input: TrainingRunInput, workers_here: bool) -> None:
+    """ValueError for a base model or suite the run could not use, before anything starts. The
+    workers read both: with `--no-workers` they may run elsewhere, so a path that is not here
+    is theirs to read (as `absolute` leaves it), and only what this machine can see is
+    checked; names (presets, built-in suites) always are."""
+
+    def theirs(spec: str) -> bool:  # a path (not a name) this machine does not have
+        path = spec.removeprefix("harbor:")
+        return ("/" in path or path.endswith(".jsonl")) and not Path(path).expanduser().exists()
+
+    if workers_here or not theirs(run_input.base_model):
+        check_base_model(run_input.base_model)
+    if workers_here or not theirs(run_input.suite):
+        check_suite(settings, run_input.suite)
 
 
 def check_suite(settings: Settings, suite: str) -> None:

@@ -134,6 +134,26 @@ def test_a_bad_suite_is_one_line_and_starts_nothing(
         assert len(captured.err.splitlines()) == 1 and not settings.home.exists()
 
 
+def test_paths_only_remote_workers_can_see_are_theirs_to_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With `--no-workers` the run's workers may run elsewhere and read paths this machine does
+    not have (a shared volume): those pass; what is here, and built-in names, are checked."""
+    settings = Settings(home=tmp_path / "home")
+    remote = ["--suite", "/shared/tasks.jsonl", "--base-model", "/models/mine", "--no-workers"]
+    assert run(["train", "--preset", "tiny", *remote, "--dry-run"], settings) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert "/shared/tasks.jsonl" in json.dumps(planned) and "/models/mine" in json.dumps(planned)
+    harbor = ["--suite", "harbor:/shared/harbor", "--no-workers", "--dry-run"]
+    assert run(["train", "--preset", "tiny", *harbor], settings) == 0
+    capsys.readouterr()
+    (tmp_path / "malformed.jsonl").write_text('{"id": "a"\n')
+    for suite in ("nosuch", str(tmp_path / "malformed.jsonl")):
+        argv = ["train", "--preset", "tiny", "--suite", suite, "--no-workers", "--dry-run"]
+        assert run(argv, settings) == 2, suite
+    assert "invalid JSON" in capsys.readouterr().err
+
+
 def test_a_suite_whose_training_tasks_are_all_quarantined_starts_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
