@@ -24,10 +24,18 @@ snapshot). The sweeper also removes, within `SWEEP_S`, what workers that died af
 started left behind.
 
 Closing a session forgets it at once (a step no longer finds it: `SessionLost`), but it keeps
-its uid slot until its directory (and tmpfs) is gone: a removal that fails (EBUSY, EIO) or is
-cancelled leaves it in `closing`, and the next close of its id or the sweeper's next round
-tries again; the close's caller still gets the error (the sweeper logs it). Before, the session
-was forgotten first, and its directory and slot stayed in use for the worker's life.
+its uid slot until its directory (and tmpfs) is gone: a removal that fails (EBUSY, EIO) leaves
+it in `closing`, and the next close of its id or the sweeper's next round tries again; the
+close's caller still gets the error (the sweeper logs it). Before, the session was forgotten
+first, and its directory and slot stayed in use for the worker's life.
+
+A session has one removal at a time (`Session.removing`), shielded from the closes that await
+it: a close cancelled meanwhile (a cancelled open's `reset`, a worker's shutdown cancelling a
+close_sessions) gets its CancelledError while the removal goes on, holding the session's lock
+and its `closing` entry until its thread ends; a later close of the id, the sweeper and
+`shutdown` await that removal instead of starting another. Before, a cancelled close let the
+next one run a second `remove_tree` of the same path at once: the first could then delete the
+directory of a new session of the same id, made in between.
 """
 
 from __future__ import annotations
@@ -80,6 +88,8 @@ class Session:
     """The tree `snapshot` names (None with it: the workspace must be restored)."""
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    removing: asyncio.Task[None] | None = None
+    """Its directory's removal under way, once closed (`SessionHost.close`): one at a time."""
 
     @property
     def uid(self) -> int:
@@ -234,21 +244,34 @@ class SessionHost:
             self.closing[session_id] = session  # forgotten by steps; its slot still taken
             try:
                 closed += await self._release(session)
-            except Exception as exc:
-                log.warning("removing session %s failed (tried again later): %s", session_id, exc)
+            except Exception as exc:  # logged by `_remove`
                 failure = failure or exc
         return closed, failure
 
     async def _release(self, session: Session) -> int:
-        """Remove a closing session's directory, then free its slot (1), unless another close
-        released it meanwhile (0)."""
-        async with session.lock:  # a step still running finishes first; one removal at a time
-            if self.closing.get(session.id) is not session:
-                return 0
-            await asyncio.to_thread(self.discard, session.directory)
-            del self.closing[session.id]
-            self.release_slot(session.slot)
-        return 1
+        """Await the removal of a closing session, started here (1) unless one is under way
+        (0: another close's, which may have been cancelled). A cancelled caller leaves it
+        running: `_remove` accounts for it."""
+        removal, started = session.removing, session.removing is None
+        if removal is None:
+            removal = session.removing = asyncio.create_task(self._remove(session))
+            removal.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await asyncio.shield(removal)  # its error, once awaited by none, was logged
+        return int(started)
+
+    async def _remove(self, session: Session) -> None:
+        """Remove a closing session's directory (a step still running finishes first), then
+        free its slot; a failure is logged and leaves it in `closing`, for the next close."""
+        try:
+            async with session.lock:  # held until the thread ends: nothing cancels this task
+                await asyncio.to_thread(self.discard, session.directory)
+        except Exception as exc:
+            log.warning("removing session %s failed (tried again later): %s", session.id, exc)
+            raise
+        finally:
+            session.removing = None
+        del self.closing[session.id]
+        self.release_slot(session.slot)
 
     def start_sweeper(self) -> None:
         """Start the TTL sweeper on the running loop (once)."""
@@ -276,7 +299,8 @@ class SessionHost:
                 log.info("removed what dead sandbox workers left: %s", swept)
 
     async def shutdown(self) -> None:
-        """Close every session and remove this worker's directory."""
+        """Close every session (awaiting the removals under way) and remove this worker's
+        directory."""
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
