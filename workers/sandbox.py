@@ -13,12 +13,16 @@ directories, processes, cgroups).
 Workspace commands always run in bubblewrap on this worker's host, whatever the backend: a
 worker whose host has no bwrap (the Helm chart's pods, which run programs as Kubernetes Jobs),
 or whose bwrap cannot create its namespaces (unprivileged user namespaces disabled, a seccomp
-profile, a container without the capabilities: `CommandRunner.probe` starts one step's sandbox
-for `true`, ~20 ms), says so in one line at start (bwrap's own error) and refuses every
-`open_sessions` with the non-retryable `SandboxMisconfigured`, so a workspace task fails at
-once with what to fix instead of failing each step with a platform fault that is retried for
-ever. Its programs and checks run as usual. A probe that gets no answer (a loaded host) refuses
-nothing.
+profile, a container without the capabilities: `infra/sandbox/probe.py` starts one step's
+sandbox for `true`, in a session slot's uid, cgroups and workspace directory, ~20 ms), says so
+in one line at start (bwrap's own error) and refuses every `open_sessions` with the
+non-retryable `SandboxMisconfigured`, so a workspace task fails at once with what to fix
+instead of failing each step with a platform fault that is retried for ever. Its programs and
+checks run as usual. Only an error no retry mends refuses sessions: a resource shortage at
+start (user namespaces, pids or memory used up by neighbours' sessions for a moment), a probe
+that gets no answer (a loaded host) or an error of no known kind refuses nothing, since
+`open_sessions` runs on the shared `sandbox` queue and a refusing worker fails, for good, every
+task whose open lands on it.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from activities.sandbox import SandboxActivities
 from contracts.episode import OpenSessionsRequest, OpenSessionsResponse
 from contracts.errors import ErrorType, fail
 from contracts.names import Activity
+from infra.environments.sessions import SessionHost
 from infra.sandbox import get_backend
+from infra.sandbox.workspace import CommandRunner
 from infra.settings import Settings
 from workers.plan import WorkerPlan
 
@@ -46,7 +52,7 @@ def build(settings: Settings) -> WorkerPlan:
     programs = SandboxActivities(settings, backend=backend)
     sessions = EnvironmentActivities(settings, store=programs.store, backend=backend)
     open_sessions: Callable[..., Awaitable[OpenSessionsResponse]] = sessions.open_sessions
-    if unusable := sessions.env.runner.probe():
+    if unusable := probe_sessions(sessions.env.runner, sessions.host):
         log.warning("sandbox worker: no workspace sessions on this worker: %s", unusable)
         open_sessions = refuse_sessions(unusable)
 
@@ -67,6 +73,17 @@ def build(settings: Settings) -> WorkerPlan:
         own_queue=sessions.queue,
         own_queue_activities=[sessions.env_step, sessions.close_sessions],
     )
+
+
+def probe_sessions(runner: CommandRunner, host: SessionHost) -> str:
+    """Why this worker can run no workspace session ("" when it can, or no verdict): the probe
+    of `runner`'s sandbox, in a slot of `host` and a workspace in its directory, as a session's
+    (`infra/sandbox/probe.py`)."""
+    slot = host.take_slot()
+    try:
+        return runner.probe(host.directory, slot)
+    finally:
+        host.release_slot(slot)
 
 
 def refuse_sessions(unusable: str) -> Callable[..., Awaitable[OpenSessionsResponse]]:

@@ -23,11 +23,11 @@ bwrap reports on a status fd once the sandbox is up and again with the command's
 so a sandbox that never came up is a platform fault (`SandboxInfraError`), never a result. A
 host without bwrap (or, for a root worker, setpriv) cannot run any command: `missing` says so.
 Nor can one whose bwrap may not create the namespaces it asks for (unprivileged user namespaces
-disabled, a seccomp profile, a container without the capabilities): `probe` runs `true` once in
-the very sandbox a step gets (`argv`) and returns bwrap's own error. The sandbox worker asks
-both once at start and then serves no workspace sessions (workers/sandbox.py) rather than fail
-each step with a retried platform fault. Only a probe failing twice condemns the host; one
-that does not end in time (a loaded host) condemns nothing. It costs a sandbox start, ~20 ms.
+disabled, a seccomp profile, a container without the capabilities): `probe` runs `true` in
+the very sandbox and cgroups a step gets and returns bwrap's own error, where it is one no
+retry mends (`infra/sandbox/probe.py`; a resource shortage or a slow host is no verdict). The
+sandbox worker asks once at start and then serves no workspace sessions (workers/sandbox.py)
+rather than fail each step with a retried platform fault.
 
 Not covered: a disk quota on the workspace (the session host's: `infra/environments/mounts.py`),
 images (the host's system is the sandbox's root file system).
@@ -38,13 +38,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import shlex
 import shutil
 import signal
-import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,11 +85,6 @@ BASE_ENV = {
 would make the workspace's tree digest depend on file times."""
 LAUNCH_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 """The environment of the launching shell (the sandbox's own is `BASE_ENV`, set by bwrap)."""
-PROBE_TIMEOUT_S = 10.0
-"""How long the start-up probe waits for its sandbox (one takes ~20 ms; a loaded host longer)."""
-PROBE_TRIES = 2
-"""Probes that must all fail before the host is judged unable to run sandboxes."""
-logger = logging.getLogger(__name__)
 
 
 def session_uid(slot: int, pid: int | None = None) -> int:
@@ -162,68 +154,12 @@ class CommandRunner:
             return "running as root needs setpriv to drop to a sandbox uid (util-linux)"
         return ""
 
-    def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> str:
-        """Why no command can run on this host ("" when one can): `missing`, else what bwrap
-        said when the sandbox of `argv` failed to come up for `true`, PROBE_TRIES times in a
-        row. A try that does not end in `timeout_s` is no verdict: if none came up in time,
-        this logs a warning and returns "" (a slow host is not a broken one). Blocks."""
-        if self.missing:
-            return self.missing
-        failures: list[str] = []
-        for _ in range(PROBE_TRIES):
-            outcome = self._probe_once(timeout_s)
-            if outcome == "":
-                return ""
-            if outcome is not None:
-                failures.append(outcome)
-        if len(failures) == PROBE_TRIES:
-            return (
-                f"no workspace sandbox comes up on this host: {failures[-1]} (bwrap needs root "
-                "or unprivileged user namespaces, and no seccomp profile or dropped capability "
-                "that forbids new namespaces)"
-            )
-        logger.warning(
-            "workspace sandbox probe: no answer in %ss (%d of %d tries); serving sessions",
-            timeout_s, PROBE_TRIES - len(failures), PROBE_TRIES,
-        )  # fmt: skip
-        return ""
+    def probe(self, directory: Path | None = None, slot: int = SLOTS - 1, **options: float) -> str:
+        """Why no command can run on this host ("" when one can, or no verdict): a start-up
+        check of this runner's own sandbox (`infra/sandbox/probe.py`). Blocks."""
+        from infra.sandbox.probe import probe  # it builds on this module
 
-    def _probe_once(self, timeout_s: float) -> str | None:
-        """Run `true` in a step's sandbox over an empty workspace: "" if it ran, None if it did
-        not end in `timeout_s` (killed), else why not (bwrap's stderr, on one line)."""
-        workspace, reported = Path(tempfile.mkdtemp("-probe")), b""
-        status_r, status_w = os.pipe()
-        try:
-            workspace.chmod(0o755)  # the sandbox uid enters it
-            uid, limits = session_uid(SLOTS - 1), SandboxLimits()
-            try:
-                process = subprocess.Popen(
-                    self.argv("true", Mounts(workspace), uid, limits, None, status_w),
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                    pass_fds=(status_w,), start_new_session=True, env=LAUNCH_ENV,
-                )  # fmt: skip
-            finally:
-                os.close(status_w)
-            try:
-                _, stderr = process.communicate(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.communicate(timeout=KILL_GRACE_S)
-                return None
-            os.set_blocking(status_r, False)
-            with contextlib.suppress(BlockingIOError):  # bwrap has ended: all it wrote is there
-                reported = os.read(status_r, 65536)
-        except OSError as exc:  # no /bin/sh
-            return f"cannot start it: {exc}"
-        finally:
-            os.close(status_r)
-            shutil.rmtree(workspace, ignore_errors=True)
-        if process.returncode == 0 and _status_messages(reported).get("exit-code") == 0:
-            return ""
-        said = " ".join(stderr.decode("utf-8", "replace").split())[-1000:]
-        return said or f"exit status {process.returncode}, no error text"
+        return probe(self, directory, slot, **options)
 
     def argv(
         self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits,
@@ -327,11 +263,11 @@ class CommandRunner:
         event = cgroups.memory_event() if cgroups is not None else ""
         if event == "global":
             raise SandboxInfraError("the host ran out of memory (a global OOM kill)")
-        messages = _status_messages(reported)
+        messages = status_messages(reported)
         return _result(messages, timed_out, event == "limit", limits, duration_ms, stdout, stderr)
 
 
-def _status_messages(data: bytes) -> dict[str, object]:
+def status_messages(data: bytes) -> dict[str, object]:
     """bwrap's JSON status messages (one object per line), merged."""
     merged: dict[str, object] = {}
     for line in data.decode("utf-8", "replace").splitlines():

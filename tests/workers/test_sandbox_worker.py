@@ -5,14 +5,18 @@ with a non-retryable error, while its programs run on.
 Before, such a worker (the Helm chart's, whose backend is `kubernetes`; a host without
 unprivileged user namespaces, a seccomp profile, a container without the capabilities) opened
 the sessions and failed every step with a platform fault that Temporal retried for ever.
-Only the plan is built here, and the start-up probe run: no Temporal server, no object store
-call, no step.
+A resource shortage at start (user namespaces used up by neighbours for a moment) or a $TMPDIR
+that sandbox uids cannot reach refuses nothing: the probe runs in a session's slot, cgroups and
+directory, and condemns only what no retry mends. Only the plan is built here, and the
+start-up probe run: no Temporal server, no object store call, no step.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +34,7 @@ from contracts.names import Activity
 from contracts.task import EnvName, WorkspaceSpec
 from infra.environments.mounts import remove_tree
 from infra.sandbox.base import SandboxInfraError
-from infra.sandbox.workspace import PROBE_TRIES, CommandRunner
+from infra.sandbox.workspace import CommandRunner
 from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from tests.infra.environments.conftest import session_root
 from workers import sandbox
@@ -73,19 +77,27 @@ def activities(plan: WorkerPlan) -> dict[str, Any]:
     return {str(activity._Definition.must_from_callable(fn).name): fn for fn in plan.activities}
 
 
-def probes(monkeypatch: pytest.MonkeyPatch, reject: bool = False) -> list[str]:
+def probes(
+    monkeypatch: pytest.MonkeyPatch, reject: bool = False, error: str = "",
+    mounts: list[Any] | None = None,
+) -> list[str]:  # fmt: skip
     """The commands the runners' sandboxes are built for from now on (`CommandRunner.argv`);
     with `reject`, bwrap itself refuses each of them (an option it does not know), as a bwrap
-    that may not create its namespaces refuses every sandbox."""
+    that may not create its namespaces refuses every sandbox; with `error`, each fails with
+    that text on stderr, as bwrap would. Each one's `Mounts` and cgroups go to `mounts`."""
     asked: list[str] = []
     build = CommandRunner.argv
 
     def argv(self: CommandRunner, command: str, *args: Any) -> list[str]:
         line = build(self, command, *args)
         asked.append(command)
+        if mounts is not None:
+            mounts.append((args[0], args[3]))
         if reject:
             at = line.index(str(self.bwrap)) + 1
             line[at:at] = ["--no-such-option"]
+        if error:
+            return ["/bin/sh", "-c", f"echo '{error}' >&2; exit 1"]
         return line
 
     monkeypatch.setattr(CommandRunner, "argv", argv)
@@ -131,7 +143,8 @@ async def test_a_worker_without_bwrap_refuses_workspace_sessions_for_good(
 async def test_a_worker_with_bwrap_serves_workspace_sessions(
     settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    asked = probes(monkeypatch)
+    mounts: list[Any] = []
+    asked = probes(monkeypatch, mounts=mounts)
     with caplog.at_level(logging.WARNING, logger="tempered.worker"):
         plan = sandbox.build(settings)
     try:
@@ -139,6 +152,12 @@ async def test_a_worker_with_bwrap_serves_workspace_sessions(
         opens = activities(plan)[Activity.OPEN_SESSIONS.value]
         assert isinstance(getattr(opens, "__self__", None), EnvironmentActivities)
         assert not [r for r in caplog.records if r.name == "tempered.worker"]
+        host = opens.__self__.host
+        ((mounted, cgroups),) = mounts
+        assert mounted.workspace.parent == host.directory  # where sessions live
+        assert host.take_slot() == 0  # the probe's slot was given back
+        if opens.__self__.env.runner.use_cgroups:  # the slot's cgroups, as a step's
+            assert cgroups is not None and cgroups.name == f"{os.getpid()}-w0"
     finally:
         assert plan.on_shutdown is not None
         await plan.on_shutdown()
@@ -155,7 +174,7 @@ async def test_a_worker_whose_bwrap_cannot_make_a_sandbox_refuses_workspace_sess
     with caplog.at_level(logging.WARNING, logger="tempered.worker"):
         plan = sandbox.build(settings)
     try:
-        assert asked == ["true"] * PROBE_TRIES  # tried again before condemning the host
+        assert asked == ["true"] * 2  # tried again before condemning the host
         lines = [r.getMessage() for r in caplog.records if r.name == "tempered.worker"]
         assert len(lines) == 1 and "\n" not in lines[0], lines
         assert lines[0].startswith("sandbox worker: no workspace sessions on this worker: ")
@@ -167,10 +186,57 @@ async def test_a_worker_whose_bwrap_cannot_make_a_sandbox_refuses_workspace_sess
         error = refused.value
         assert error.type == ErrorType.SANDBOX_MISCONFIGURED and error.non_retryable
         assert "task workspace-fix-1" in str(error) and "bwrap: Unknown option" in str(error)
-        assert len(asked) == PROBE_TRIES  # refused without starting a sandbox
+        assert len(asked) == 2  # refused without starting a sandbox
     finally:
         assert plan.on_shutdown is not None
         await plan.on_shutdown()
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bwrap")
+async def test_a_worker_short_of_namespaces_at_start_serves_workspace_sessions(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """user.max_user_namespaces used up for a moment by neighbours' sessions: the worker must
+    not refuse, for its whole life, the sessions of every task that lands on it."""
+    error = "bwrap: Creating new namespace failed: No space left on device"
+    asked = probes(monkeypatch, error=error)
+    with caplog.at_level(logging.WARNING):
+        plan = sandbox.build(settings)
+    try:
+        assert asked == ["true"] * 2  # tried again (a second later), no verdict
+        opens = activities(plan)[Activity.OPEN_SESSIONS.value]
+        assert isinstance(getattr(opens, "__self__", None), EnvironmentActivities)
+        assert not [r for r in caplog.records if r.name == "tempered.worker"]
+        assert f"({error}; {error}); serving sessions" in caplog.text
+    finally:
+        assert plan.on_shutdown is not None
+        await plan.on_shutdown()
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bwrap")
+async def test_a_worker_whose_tmpdir_sandbox_uids_cannot_reach_serves_workspace_sessions(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """$TMPDIR under a 0700 directory (a user's own): sessions live elsewhere (the sessions
+    root, which sandbox uids reach), and so does the probe's workspace."""
+    private = Path(tempfile.mkdtemp(prefix="tempered-test-private-"))  # 0700
+    (private / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(private / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(private / "tmp"))
+    try:
+        with caplog.at_level(logging.WARNING):
+            plan = sandbox.build(settings)
+        try:
+            opens = activities(plan)[Activity.OPEN_SESSIONS.value]
+            assert isinstance(getattr(opens, "__self__", None), EnvironmentActivities)
+            assert not caplog.text  # it came up: no refusal, no warning
+        finally:
+            assert plan.on_shutdown is not None
+            await plan.on_shutdown()
+    finally:
+        shutil.rmtree(private)
 
 
 def test_a_command_on_a_host_without_bwrap_says_what_is_missing(

@@ -1,18 +1,22 @@
 """Commands over a workspace (infra/sandbox/workspace.py), on real bwrap and cgroups: the
 workspace is read-write at its workdir and nothing else of the host is, every limit holds,
 there is no network, and nothing is left behind (processes, cgroups). The start-up probe
-(`CommandRunner.probe`) passes here, reports what bwrap (or setpriv) said where the sandbox
-cannot come up, and condemns nothing for a sandbox that does not answer in time."""
+(`CommandRunner.probe`, infra/sandbox/probe.py) passes here, in cgroups as a step's; reports
+what bwrap (or setpriv) said where the sandbox cannot come up for a reason no retry mends; and
+condemns nothing for a resource shortage (tried again a second later) or a sandbox that does
+not answer in time."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,6 @@ from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.cgroups import CGROUP_ROOT, Cgroups, sweep_dead_workers
 from infra.sandbox.workspace import (
-    PROBE_TRIES,
     SESSION_UID_BASE,
     SLOTS,
     CommandRunner,
@@ -189,7 +192,7 @@ def test_mount_points_inside_the_system_are_refused(path: str) -> None:
         check_mount_point(path)
 
 
-def rejected_option(monkeypatch: pytest.MonkeyPatch, tries: int = PROBE_TRIES) -> list[str]:
+def rejected_option(monkeypatch: pytest.MonkeyPatch, tries: int = 2) -> list[str]:
     """Make bwrap itself refuse the next `tries` sandboxes (an option it does not know), as a
     host whose bwrap cannot create its namespaces does; returns the commands asked for."""
     asked: list[str] = []
@@ -207,24 +210,164 @@ def rejected_option(monkeypatch: pytest.MonkeyPatch, tries: int = PROBE_TRIES) -
     return asked
 
 
-def test_the_probe_passes_where_sandboxes_come_up() -> None:
-    assert CommandRunner().probe() == ""
+def failing(monkeypatch: pytest.MonkeyPatch, script: str, tries: int = 2) -> list[str]:
+    """Make the next `tries` sandboxes a shell `script` that fails as bwrap would (the rest
+    are real); returns the commands asked for."""
+    asked: list[str] = []
+    build = CommandRunner.argv
+
+    def argv(self: CommandRunner, command: str, *args: Any) -> list[str]:
+        asked.append(command)
+        line = build(self, command, *args)
+        return ["/bin/sh", "-c", script] if len(asked) <= tries else line
+
+    monkeypatch.setattr(CommandRunner, "argv", argv)
+    return asked
+
+
+def short_of_processes(monkeypatch: pytest.MonkeyPatch, tries: int = 2) -> list[str]:
+    """A real shortage, no fake: the next `tries` sandboxes start with RLIMIT_NPROC at 1 for
+    the sandbox uid, so bwrap cannot clone its namespaces (EAGAIN), as when a pids limit or
+    the kernel's tables are used up for a moment."""
+    asked: list[str] = []
+    build = CommandRunner.argv
+
+    def argv(self: CommandRunner, command: str, *args: Any) -> list[str]:
+        line = build(self, command, *args)
+        asked.append(command)
+        if len(asked) <= tries:
+            line[2] = re.sub(r"ulimit -p \d+", "ulimit -p 1", line[2])
+        return line
+
+    monkeypatch.setattr(CommandRunner, "argv", argv)
+    return asked
+
+
+@pytest.fixture
+def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The pauses of half a second or more asked of `time.sleep` (not taken); shorter ones
+    (subprocess's own polling) are slept."""
+    asked: list[float] = []
+    sleep = time.sleep
+
+    def record(seconds: float) -> None:
+        if seconds >= 0.5:
+            asked.append(seconds)
+        else:
+            sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", record)
+    return asked
+
+
+def test_the_probe_passes_where_sandboxes_come_up(pauses: list[float]) -> None:
+    assert CommandRunner().probe() == "" and not pauses
 
 
 def test_the_probe_reports_bwraps_own_error_once_it_failed_twice(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, pauses: list[float]
 ) -> None:
     asked = rejected_option(monkeypatch)
     why = CommandRunner().probe()
-    assert asked == ["true"] * PROBE_TRIES  # the steps' own sandbox (argv), for `true`
+    assert asked == ["true"] * 2  # the steps' own sandbox (argv), for `true`
     assert why.startswith("no workspace sandbox comes up on this host: bwrap: Unknown option")
     assert "--no-such-option" in why and "\n" not in why  # bwrap's text, on one line
     assert "user namespaces" in why  # what to look at
+    assert not pauses  # a definitive error is tried again at once
 
 
 def test_a_probe_that_fails_once_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
     asked = rejected_option(monkeypatch, tries=1)
     assert CommandRunner().probe() == "" and len(asked) == 2
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "echo 'bwrap: No permissions to creating new namespace, likely because the kernel "
+        "does not allow non-privileged user namespaces.' >&2; exit 1",
+        "echo 'bwrap: Creating new namespace failed: Operation not permitted' >&2; exit 1",
+        "echo 'setpriv: setresuid failed: Operation not permitted' >&2; exit 127",
+        "kill -SYS $$",  # a seccomp profile that kills
+    ],
+    ids=["userns-disabled", "eperm", "setpriv-eperm", "sigsys"],
+)
+def test_a_fault_no_retry_mends_condemns_the_host(
+    monkeypatch: pytest.MonkeyPatch, script: str
+) -> None:
+    failing(monkeypatch, script)
+    why = CommandRunner().probe()
+    assert why.startswith("no workspace sandbox comes up on this host: "), why
+    if "SYS" in script:
+        assert "killed by SIGSYS: Bad system call" in why
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "bwrap: Creating new namespace failed: No space left on device",  # user namespaces
+        "bwrap: Creating new namespace failed: Resource temporarily unavailable",
+        "bwrap: Creating new namespace failed: Cannot allocate memory",
+    ],
+    ids=["enospc", "eagain", "enomem"],
+)
+def test_a_resource_shortage_condemns_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+    pauses: list[float],
+    caplog: pytest.LogCaptureFixture,
+    error: str,
+) -> None:
+    """user.max_user_namespaces used up by neighbours' sessions, a pids limit, memory: the
+    host is healthy once they end; the worker serves and a step would be retried."""
+    asked = failing(monkeypatch, f"echo '{error}' >&2; exit 1")
+    with caplog.at_level(logging.WARNING):
+        assert CommandRunner().probe() == ""
+    assert len(asked) == 2 and pauses == [1.0]  # the second try came a second later
+    assert f"without a verdict ({error}; {error}); serving sessions" in caplog.text
+
+
+def test_a_real_process_shortage_condemns_nothing(
+    monkeypatch: pytest.MonkeyPatch, pauses: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    asked = short_of_processes(monkeypatch)
+    with caplog.at_level(logging.WARNING):
+        assert CommandRunner().probe() == ""
+    assert len(asked) == 2 and pauses == [1.0]
+    assert "Creating new namespace failed: Resource temporarily unavailable" in caplog.text
+
+
+def test_a_shortage_that_passes_is_waited_out(
+    monkeypatch: pytest.MonkeyPatch, pauses: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    asked = short_of_processes(monkeypatch, tries=1)
+    with caplog.at_level(logging.WARNING):
+        assert CommandRunner().probe() == ""
+    assert len(asked) == 2 and pauses == [1.0] and not caplog.text  # then it came up
+
+
+def test_the_probe_runs_in_cgroups_and_removes_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a step: its sandbox joins cgroups of its slot's name, which are gone afterwards."""
+    runner = CommandRunner()
+    if not runner.use_cgroups:
+        pytest.skip("needs cgroups")
+    made: list[Cgroups] = []
+    peaks: list[int] = []
+    create, reap = Cgroups.create.__func__, Cgroups.reap_blocking  # type: ignore[attr-defined]
+
+    def created(cls: type[Cgroups], name: str) -> Cgroups:
+        made.append(create(cls, name))
+        return made[-1]
+
+    def reaped(self: Cgroups, *args: Any) -> bool:
+        peaks.append(int((self.paths["memory"] / "memory.max_usage_in_bytes").read_text()))
+        return bool(reap(self, *args))
+
+    monkeypatch.setattr(Cgroups, "create", classmethod(created))
+    monkeypatch.setattr(Cgroups, "reap_blocking", reaped)
+    assert runner.probe() == ""
+    assert [group.name for group in made] == [cgroup_name(SLOTS - 1)]
+    assert peaks[0] > 0  # the sandbox's processes were charged to it
+    assert not [path for path in made[0].paths.values() if path.exists()]
 
 
 def test_a_probe_without_an_answer_condemns_nothing(
@@ -234,18 +377,35 @@ def test_a_probe_without_an_answer_condemns_nothing(
     and the host is not judged: a slow worker must not refuse sessions for ever."""
     hang = ["/bin/sh", "-c", "exec sleep 30.25"]
     monkeypatch.setattr(CommandRunner, "argv", lambda self, *args: hang)
-    with caplog.at_level(logging.WARNING, logger="infra.sandbox.workspace"):
+    with caplog.at_level(logging.WARNING):
         assert CommandRunner().probe(timeout_s=0.3) == ""
-    assert "no answer in 0.3s (2 of 2 tries); serving sessions" in caplog.text
+    assert "(no answer in 0.3s; no answer in 0.3s); serving sessions" in caplog.text
     left = [p for p in psutil.process_iter(["cmdline"]) if "30.25" in (p.info["cmdline"] or [])]
     assert not left  # each try's sandbox was killed
 
 
-def test_a_process_without_capabilities_gets_no_sandbox() -> None:
+@pytest.mark.parametrize(
+    ("bounding", "said"),
+    [("-all", "cannot prepare its workspace: [Errno 1] Operation not permitted"),
+     ("-all,+chown", "setpriv: setresuid failed: Operation not permitted")],
+)  # fmt: skip
+def test_a_process_without_capabilities_gets_no_sandbox(bounding: str, said: str) -> None:
     """A real host fault, no fake: a root worker whose capabilities are dropped (a container
-    without them) cannot drop to the sandbox uid, and the probe says so in the tool's words."""
+    without them) cannot give the workspace to the sandbox uid, nor drop to it, and the
+    probe says so in the tool's words."""
     probe = "from infra.sandbox.workspace import CommandRunner; print(CommandRunner().probe())"
-    dropped = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-c", probe]
-    why = subprocess.run(dropped, capture_output=True, text=True, check=True, timeout=60).stdout
-    assert why.startswith("no workspace sandbox comes up on this host: setpriv:"), why
-    assert "Operation not permitted" in why
+    dropped = ["setpriv", f"--bounding-set={bounding}", "--inh-caps=-all", sys.executable]
+    run = subprocess.run([*dropped, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert run.stdout.startswith(f"no workspace sandbox comes up on this host: {said}"), run
+
+
+def test_the_rule_condemns_only_faults_no_retry_mends() -> None:
+    from infra.sandbox.probe import definitive
+
+    assert definitive("bwrap: Unknown option --disable-userns")
+    assert definitive("setpriv: setresuid failed: Operation not permitted")
+    assert definitive("bwrap: setting up uid map: Permission denied")
+    assert not definitive("bwrap: Creating new namespace failed: No space left on device")
+    assert not definitive("setpriv: setresuid failed: Resource temporarily unavailable")
+    assert not definitive("cannot start /bin/sh: Cannot allocate memory")
+    assert not definitive("bwrap: Can't find source path /x: Permission denied")  # unknown

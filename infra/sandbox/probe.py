@@ -1,0 +1,224 @@
+"""The sandbox worker's start-up probe: can this host run a workspace step's sandbox at all?
+
+    why = probe(runner, host.directory, slot)    # "": serve sessions; else why none can run
+
+It runs `true` in the very sandbox a step gets (`CommandRunner.argv`), in the step's cgroups
+where the runner uses them (created, limited, joined, then reaped and removed, as
+`CommandRunner.run` does), over an empty workspace made as a session's is: a 0700 directory
+owned by the slot's uid in the session host's directory, whose parents `SessionHost` has
+checked sandbox uids can pass. (Before, it sat in $TMPDIR, which a sandbox uid may not reach:
+a 0700 parent condemned a healthy host.) One try costs a sandbox start, ~20 ms.
+
+What a failed try said decides (`definitive`, the one rule): only a fault that no retry can
+mend condemns the host, and then only when every one of `PROBE_TRIES` tries failed so; the
+worker then refuses `open_sessions` for its lifetime (workers/sandbox.py). A resource
+shortage, a try that does not end in time (a loaded host) or an error of no known kind is no
+verdict: the worker serves sessions, and a step whose sandbox cannot start fails as before
+with a platform fault, retried (on the `sandbox` queue, possibly on another host). A
+condemned host fails every task whose open lands on it, non-retryably, while other hosts may
+be healthy, so in doubt it serves. After a try without a verdict the next waits
+`PROBE_PAUSE_S`: a shortage that neighbours' sessions cause for a moment may be over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from contracts.task import SandboxLimits
+from infra.sandbox.base import SandboxInfraError
+from infra.sandbox.cgroups import Cgroups
+from infra.sandbox.process import KILL_GRACE_S
+from infra.sandbox.workspace import (
+    LAUNCH_ENV,
+    SLOTS,
+    WRAPPER_PROCESSES,
+    Mounts,
+    cgroup_name,
+    session_uid,
+    status_messages,
+)
+
+if TYPE_CHECKING:
+    from infra.sandbox.workspace import CommandRunner
+
+PROBE_TIMEOUT_S = 10.0
+"""How long one try waits for its sandbox (one takes ~20 ms; a loaded host longer)."""
+PROBE_TRIES = 2
+"""Tries that must all fail definitively before the host is judged unable to run sandboxes."""
+PROBE_PAUSE_S = 1.0
+"""The wait before the next try after one that failed without a verdict (a resource error)."""
+PROBE_DIR = "sandbox-probe"
+"""The probe's workspace, in the directory it is given (the session host's)."""
+NO_VERDICT = (
+    "no space left on device",  # ENOSPC: user.max_user_namespaces (or pid, mnt...) used up
+    "resource temporarily unavailable",  # EAGAIN: a pids limit, RLIMIT_NPROC, a full table
+    "cannot allocate memory",  # ENOMEM
+    "out of memory",
+    "too many open files",  # EMFILE, ENFILE
+    "disk quota exceeded",  # EDQUOT
+)
+"""Words of a failure that may pass on the next try (a shortage, often caused by neighbours):
+never a verdict, whatever else the error says."""
+DEFINITIVE = (
+    "operation not permitted",  # EPERM: creating namespaces, setpriv's setresuid, a mount
+    "no permissions to creat",  # bwrap: unprivileged user namespaces are disabled
+    "does not support user namespaces",  # bwrap: EINVAL, a kernel without them
+    "uid map: permission denied",  # an LSM (AppArmor's userns restriction) forbids the map
+    "gid map: permission denied",
+    "unknown option",  # bwrap older than an option every sandbox uses
+    "unrecognized option",  # setpriv's (getopt's) words for the same
+    "function not implemented",  # ENOSYS: a seccomp profile that answers so
+    "bad system call",  # SIGSYS: a seccomp profile that kills (`_killed`)
+    "cannot execute",  # the launching shell is missing or not executable (`_try`)
+)
+"""Words of a failure that no retry mends: this host can never run the sandbox."""
+logger = logging.getLogger(__name__)
+
+
+def definitive(said: str) -> bool:
+    """Whether a failed try's error (bwrap's, setpriv's, the shell's, the kernel's words) says
+    this host can never run a workspace sandbox, so the worker may refuse sessions for good.
+
+    Condemns (`DEFINITIVE`): EPERM ("Operation not permitted", bwrap's "No permissions to
+    create a new namespace": user namespaces disabled for unprivileged users, a container
+    without the capabilities, a seccomp profile answering EPERM, setpriv refused to change
+    uid), a kernel without user namespaces, a uid map an LSM forbids, an option bwrap or
+    setpriv does not know (too old), a seccomp profile answering ENOSYS or killing with
+    SIGSYS, a launcher that cannot be executed. A binary missing from PATH is `missing`,
+    checked before any try. These are the same on every try, on this host, for every task.
+
+    No verdict (`NO_VERDICT`, which wins over the rest): ENOSPC, EAGAIN, ENOMEM, EMFILE,
+    EDQUOT: a namespace count, pids or memory used up for a moment (often by neighbours'
+    sessions), which the next try or the step's retry may pass. Nor does anything else
+    (an error of no known kind), nor a try that does not end in time (`probe`)."""
+    text = said.lower()
+    if any(words in text for words in NO_VERDICT):
+        return False
+    return any(words in text for words in DEFINITIVE)
+
+
+def probe(
+    runner: CommandRunner, directory: Path | None = None, slot: int = SLOTS - 1,
+    timeout_s: float = PROBE_TIMEOUT_S, pause_s: float = PROBE_PAUSE_S,
+) -> str:  # fmt: skip
+    """Why no command can run on this host, or "" when one can or no verdict was reached
+    (logged): `runner.missing`, else the last error of PROBE_TRIES tries that all failed
+    definitively (`definitive`). Each try runs `true` as uid `session_uid(slot)` (a slot the
+    caller holds) in a workspace made in `directory`, which sandbox uids must reach (the
+    session host's); without one, in a fresh 0711 directory of $TMPDIR. Blocks."""
+    if runner.missing:
+        return runner.missing
+    own = directory is None
+    directory = Path(tempfile.mkdtemp("-probe")) if directory is None else directory
+    failures: list[str | None] = []  # None: no answer in time
+    try:
+        if own:
+            directory.chmod(0o711)
+        for _ in range(PROBE_TRIES):
+            if failures and failures[-1] is not None and not definitive(failures[-1]):
+                time.sleep(pause_s)  # a shortage may pass; a timeout has waited already
+            outcome = _try(runner, directory, slot, timeout_s)
+            if outcome == "":
+                return ""
+            failures.append(outcome)
+    finally:
+        if own:
+            shutil.rmtree(directory, ignore_errors=True)
+    if all(failure is not None and definitive(failure) for failure in failures):
+        return (
+            f"no workspace sandbox comes up on this host: {failures[-1]} (bwrap needs root "
+            "or unprivileged user namespaces, and no seccomp profile or dropped capability "
+            "that forbids new namespaces)"
+        )
+    said = "; ".join(f"no answer in {timeout_s}s" if f is None else f for f in failures)
+    logger.warning(
+        "workspace sandbox probe: %d of %d tries failed without a verdict (%s); serving "
+        "sessions", len(failures), PROBE_TRIES, said,
+    )  # fmt: skip
+    return ""
+
+
+def _try(runner: CommandRunner, directory: Path, slot: int, timeout_s: float) -> str | None:
+    """Run `true` in a step's sandbox and cgroups over an empty workspace: "" if it ran, None if
+    it did not end in `timeout_s` (killed), else why not (on one line)."""
+    uid, limits = session_uid(slot), SandboxLimits()
+    workspace, cgroups, fds = directory / PROBE_DIR, None, []
+    try:
+        _remove(workspace)  # a dead try's
+        workspace.mkdir(mode=0o700)  # as a session's: its uid's, under 0711 parents
+        if os.geteuid() == 0:
+            os.chown(workspace, uid, uid)
+        if runner.use_cgroups:
+            cgroups = Cgroups.create(cgroup_name(slot))
+            cgroups.apply(limits, processes_overhead=WRAPPER_PROCESSES)
+        status_r, status_w = os.pipe()
+        fds += [status_r, status_w]
+        argv = runner.argv("true", Mounts(workspace), uid, limits, cgroups, status_w)
+        try:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                pass_fds=(status_w,), start_new_session=True, env=LAUNCH_ENV,
+            )  # fmt: skip
+        except OSError as exc:
+            unusable = exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC)
+            return f"cannot {'execute' if unusable else 'start'} {argv[0]}: {exc.strerror}"
+        finally:
+            os.close(fds.pop())
+        try:
+            _, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.communicate(timeout=KILL_GRACE_S)
+            return None
+        os.set_blocking(status_r, False)
+        reported = b""
+        with contextlib.suppress(BlockingIOError):  # bwrap has ended: all it wrote is there
+            reported = os.read(status_r, 65536)
+    except SandboxInfraError as exc:  # the cgroups
+        return str(exc)
+    except OSError as exc:  # the workspace (a root without CAP_CHOWN), a pipe
+        return f"cannot prepare its workspace: {exc}"
+    finally:
+        for fd in fds:
+            os.close(fd)
+        if cgroups is not None and not cgroups.reap_blocking():
+            logger.warning("workspace sandbox probe: cgroups %s did not empty", cgroups.name)
+        _remove(workspace)
+    if process.returncode == 0 and status_messages(reported).get("exit-code") == 0:
+        return ""
+    said = " ".join(stderr.decode("utf-8", "replace").split())[-1000:]
+    return " ".join(filter(None, [said, _killed(process.returncode)])) or (
+        f"exit status {process.returncode}, no error text"
+    )
+
+
+def _killed(returncode: int) -> str:
+    """How a signal ended the launcher ("" when none did): SIGSYS is a seccomp kill."""
+    if returncode >= 0:
+        return ""
+    with contextlib.suppress(ValueError):
+        return f"(killed by {signal.Signals(-returncode).name}: {signal.strsignal(-returncode)})"
+    return f"(killed by signal {-returncode})"
+
+
+def _remove(workspace: Path) -> None:
+    """Remove the probe's workspace: empty (`true` writes nothing), so a root without
+    CAP_DAC_OVERRIDE, who may not list the sandbox uid's 0700 directory, removes it too."""
+    try:
+        workspace.rmdir()
+    except FileNotFoundError:
+        pass
+    except OSError:
+        shutil.rmtree(workspace, ignore_errors=True)
