@@ -126,7 +126,7 @@ def {name}(a: str, b: str) -> int:
         else:
             short, long = equal()
             cases.append((short, long) if rng.random() < 0.5 else (long, short))
-    cases += [("2.0.0", "2"), ("1.9", "1.10")]
+    cases += [("2.0.0", "2"), ("1.9", "1.10")]  # answers in pairs that differ: -1 1, 0 -1, ...
     return Repo(
         module=rng.choice(("versioning", "semver_lite", "releases", "vercmp")),
         summary=f"`{name}(a, b)` compares two version numbers",
@@ -139,6 +139,7 @@ def {name}(a: str, b: str) -> int:
         fixed=fixed,
         visible=[(name, ("1.9", "1.10")), (name, ("1.0", "1"))],
         hidden=[(name, case) for case in cases],
+        together=2,  # no constant answer passes an assert (-1, 0 and 1 are a third each)
     )
 
 

@@ -197,7 +197,7 @@ def {name}(text: str) -> bool:
 
     texts = [text for _ in range(5) for text in (nested(), crossed())]
     opener, closer = rng.choice(sorted(pairs.items()))
-    texts += [f"a{opener}b{closer}", "([)]", f"{opener}{{[]}}{closer}", "(("]
+    texts += [f"a{opener}b{closer}", "([)]", f"{opener}{{[]}}{closer}", "(("]  # True, False, ...
     return Repo(
         module=rng.choice(("syntax", "parens", "matcher", "bracketing")),
         summary=f"`{name}(text)` checks that brackets are balanced",
@@ -211,6 +211,7 @@ def {name}(text: str) -> bool:
         fixed=fixed,
         visible=[(name, ("([)]",)), (name, ("(a[b]c)",))],
         hidden=[(name, (text,)) for text in texts],
+        together=2,  # True then False in every assert: no constant answer passes one
     )
 
 
@@ -258,7 +259,9 @@ def decode(encoded: str) -> str:
         source=buggy,
         fixed=fixed,
         visible=[("decode", (_rle(example, count_first),)), ("encode", (example,))],
-        hidden=[("decode", (_rle(text, count_first),)) for text in texts] + [("decode", ("",))],
+        # the empty text checked with another: `return ""` or `return encoded` passes no assert
+        hidden=[("decode", ("",))] + [("decode", (_rle(text, count_first),)) for text in texts],
+        together=2,
     )
 
 

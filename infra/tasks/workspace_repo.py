@@ -5,10 +5,11 @@
 
 The workspace holds the module with its bug (or missing function), `README.md` stating the
 behaviour, and `test_<module>.py`, example tests the agent may run (`python3 test_<module>.py`).
-The hidden tests are top-level asserts on more calls (`assert f(x) == y`), run by the
-two-process verifier against the module's functions. Expected values are computed here by
-running the reference module (our own, trusted code), so they always agree with it. The
-reference solution, `solve.sh`, writes the reference module over the buggy one.
+The hidden tests are top-level asserts on more calls (`assert f(x) == y`, or a few calls at
+once, `assert (f(a), f(b)) == (x, y)`: `Repo.together`), run by the two-process verifier
+against the module's functions; its score is the share of asserts that pass. Expected values
+are computed here by running the reference module (our own, trusted code), so they always agree
+with it. The reference solution, `solve.sh`, writes the reference module over the buggy one.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ class Repo:
     hidden: Sequence[Call]
     extra: dict[str, str] = field(default_factory=dict)
     """Other files of the repository (a helper module), path → text."""
+    together: int = 1
+    """Hidden calls an assert checks: consecutive groups of this many, whose expected values
+    must not all be equal (`assert (f(a), f(b)) == (True, False)`). Where answers take a few
+    values (True/False, -1/0/1), one call an assert let a constant answer pass every assert
+    expecting it (half of them, a third) while the bug passed fewer: a reward for solving
+    nothing, since an episode is paid above the untouched workspace's score."""
 
 
 def reference_results(
@@ -82,6 +89,26 @@ def assertion(name: str, args: tuple[Any, ...], expected: Any) -> str:
     return f"assert {_call(name, args)} == {expected!r}\n"
 
 
+def hidden_asserts(repo: Repo) -> list[str]:
+    """The hidden tests, one assert a line: `repo.together` calls each (ValueError if a group's
+    expected values are all equal: one constant answer would pass it)."""
+    expected = _results(repo, repo.hidden)
+    asserts = []
+    for start in range(0, len(repo.hidden), repo.together):
+        calls = repo.hidden[start : start + repo.together]
+        values = expected[start : start + repo.together]
+        if len(calls) == 1:
+            asserts.append(assertion(*calls[0], values[0]))
+            continue
+        if all(value == values[0] for value in values) or any(
+            isinstance(value, float) for value in values
+        ):
+            raise ValueError(f"{repo.module}: hidden calls {calls} expect {values} together")
+        checked = ", ".join(_call(name, args) for name, args in calls)
+        asserts.append(f"assert ({checked}) == {tuple(values)!r}\n")
+    return asserts
+
+
 def visible_tests(repo: Repo, expected: list[Any]) -> str:
     cases = ",\n".join(
         f"    ({name!r}, {args!r}, {value!r})"
@@ -115,10 +142,7 @@ def render(repo: Repo, task_id: str, split: Literal["train", "heldout"]) -> Work
         f"# {repo.module}\n\n{repo.behaviour}\n\n"
         f"Run the example tests with `python3 test_{repo.module}.py`.\n"
     )
-    hidden = "".join(
-        assertion(name, args, value)
-        for (name, args), value in zip(repo.hidden, _results(repo, repo.hidden), strict=True)
-    )
+    hidden = "".join(hidden_asserts(repo))
     prompt = (
         f"The repository in your working directory (/app) has a Python module, {module_file}, "
         f"in which {repo.summary}. It does not behave as README.md says. Fix it, run the "

@@ -24,7 +24,7 @@ from infra.environments.mounts import remove_tree
 from infra.tasks import load_suite
 from infra.tasks.seeded import seeded
 from infra.tasks.workspace import FAMILIES, INSTANCES_PER_FAMILY, TRAIN_PER_FAMILY
-from infra.tasks.workspace_repo import SUITE, Repo, assertion, reference_results
+from infra.tasks.workspace_repo import SUITE, Repo, hidden_asserts, reference_results
 from tests.infra.environments.conftest import needs_root, session_root
 
 
@@ -114,7 +114,7 @@ def _repos() -> list[tuple[str, Repo]]:
 def untouched_share(repo: Repo) -> float:
     """The share of the hidden asserts the untouched module passes: each hidden assert run on
     its own against the buggy module (the verifier's score of an untouched workspace)."""
-    expected = reference_results(repo.fixed, repo.module, repo.hidden, repo.extra)
+    asserts = hidden_asserts(repo)
     helpers = {path.removesuffix(".py"): text for path, text in repo.extra.items()}
     for name, text in helpers.items():
         helper = types.ModuleType(name)
@@ -124,13 +124,13 @@ def untouched_share(repo: Repo) -> float:
         namespace: dict[str, Any] = {}
         exec(repo.source, namespace)
         passed = 0
-        for (name, args), value in zip(repo.hidden, expected, strict=True):
+        for line in asserts:
             try:
-                exec(assertion(name, args, value), dict(namespace))
+                exec(line, dict(namespace))
             except Exception:
                 continue
             passed += 1
-        return passed / len(repo.hidden)
+        return passed / len(asserts)
     finally:
         for name in helpers:
             sys.modules.pop(name, None)

@@ -1,0 +1,226 @@
+"""No trivial program earns a reward in the `workspace` suite.
+
+An episode's reward is its final workspace's score above the untouched workspace's
+(`RewardConfig.score`: max(0, (score - untouched) / (1 - untouched))). A constant answer put
+in the buggy function (`return True`, `return 0`, `return []`, its first argument, ...)
+passed about half the hidden asserts of the true/false families and a third of the -1/0/1
+ones, more than the untouched bug: a reward for not solving the task, which RL finds. Here every
+task of the suite (train and held out) gets each trivial program in the function its hidden
+tests call, scored in-process as the verifier scores it (each top-level assert one unit, the
+share that passed); a sample goes through the real two-process verifier to show the in-process
+scores are its scores.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts.task import RewardConfig, WorkspaceSpec
+from infra.environments.mounts import remove_tree
+from infra.environments.tree import Packed, decode_tree, pack_files
+from infra.sandbox.judge import split_tests
+from infra.tasks.workspace import workspace_tasks
+from infra.tasks.workspace_repo import Repo, hidden_asserts
+from infra.tasks.workspace_task import SOLVE, WorkspaceTask
+from tests.infra.environments.conftest import needs_root, session_root
+
+FIRST_ARGUMENT = "<first argument>"
+TRIVIAL = ("True", "False", "-1", "0", "1", "None", "[]", '""', FIRST_ARGUMENT)
+"""The bodies `return <this>` put in the function under test."""
+
+
+def _tree(packed: Packed) -> dict[str, str]:
+    manifest, contents = decode_tree(packed.objects[packed.ref.key])
+    return {entry.path: contents[entry.sha256].decode() for entry in manifest.files()}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One task, as the verifier sees it: the workspace's files, the hidden tests, the module
+    and function under test."""
+
+    task: WorkspaceTask
+    files: dict[str, str]
+    tests: str
+    module: str
+    function: str
+
+    @classmethod
+    def of(cls, task: WorkspaceTask) -> Case:
+        check = task.tests.manifest.check
+        assert check is not None and check.kind == "functions" and len(check.modules) == 1
+        tests = _tree(task.tests)[check.tests]
+        called = {
+            node.func.id
+            for node in ast.walk(ast.parse(tests))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        } - {"abs"}
+        assert len(called) == 1, (task.spec.id, called)  # one function under test
+        return cls(task, _tree(task.files), tests, check.modules[0], called.pop())
+
+    @property
+    def path(self) -> str:
+        return f"{self.module}.py"
+
+    def reference(self) -> str:
+        """The module the reference solution writes (solve.sh's here-document)."""
+        assert self.task.solution is not None
+        solve = _tree(self.task.solution)[SOLVE]
+        head, _, rest = solve.partition("<<'EOF'\n")
+        assert head.endswith(f"cat > {self.path} "), solve[:80]
+        return rest.removesuffix("EOF\n")
+
+    def trivial(self, answer: str) -> str:
+        """The untouched module with the function's body replaced by `return <answer>`."""
+        source = self.files[self.path]
+        (node,) = [
+            n
+            for n in ast.parse(source).body
+            if isinstance(n, ast.FunctionDef) and n.name == self.function
+        ]
+        if answer == FIRST_ARGUMENT:
+            answer = node.args.args[0].arg
+        lines = source.splitlines(keepends=True)
+        body = " " * node.body[0].col_offset + f"return {answer}\n"
+        start, end = node.body[0].lineno - 1, node.end_lineno
+        assert end is not None
+        return "".join(lines[:start]) + body + "".join(lines[end:])
+
+    def score(self, module: str) -> float:
+        """The verifier's score of the workspace with `module` as the module under test: its
+        hidden asserts run one by one in the module's namespace, the share that passed."""
+        others = {path: text for path, text in self.files.items() if path.endswith(".py")}
+        others.pop(self.path)
+        with tempfile.TemporaryDirectory() as root:  # what the module imports, as in a sandbox
+            for path, text in others.items():
+                Path(root, path).write_text(text)
+            sys.path.insert(0, root)
+            try:
+                namespace: dict[str, Any] = {"__name__": "__main__"}
+                exec(compile(module, self.path, "exec"), namespace)  # ours, or a trivial one
+                passed = total = 0
+                for unit in split_tests(self.tests, None):
+                    total += bool(unit["test"])
+                    try:
+                        exec(str(unit["source"]), namespace)
+                    except Exception:
+                        continue
+                    passed += bool(unit["test"])
+                return passed / total
+            finally:
+                sys.path.remove(root)
+                for path in others:
+                    sys.modules.pop(path.removesuffix(".py"), None)
+
+
+CASES = [Case.of(task) for task in workspace_tasks()]
+REWARD = RewardConfig(solved=1.0)
+
+
+def test_the_reference_solves_and_the_untouched_workspace_does_not() -> None:
+    for case in CASES:
+        assert case.score(case.reference()) == 1.0, case.task.spec.id
+        assert case.score(case.files[case.path]) < 1.0, case.task.spec.id
+
+
+def test_no_trivial_program_scores_above_the_untouched_workspace() -> None:
+    earned: dict[str, list[str]] = {}
+    for case in CASES:
+        untouched = case.score(case.files[case.path])
+        for answer in TRIVIAL:
+            score = case.score(case.trivial(answer))
+            reward = REWARD.score((), verdict=score, untouched=untouched)
+            if reward > 0:
+                family = case.task.spec.id.split("-")[1]
+                earned.setdefault(f"{family}: return {answer}", []).append(
+                    f"{case.task.spec.id} {score:.2f} vs {untouched:.2f} -> {reward:.2f}"
+                )
+    assert not earned, "\n".join(f"{k}: {v}" for k, v in sorted(earned.items()))
+
+
+@needs_root
+def test_the_verifier_scores_trivial_programs_as_computed() -> None:
+    """Each held-out task with two trivial programs (in turn) and untouched, through the real
+    sandbox: its score is the in-process one."""
+    from infra.environments.sessions import SessionHost
+    from infra.environments.snapshots import MemoryObjects, Trees
+    from infra.environments.workspace import WorkspaceEnvironment
+    from infra.sandbox import get_backend
+    from infra.sandbox.workspace import CommandRunner
+    from infra.settings import SandboxSettings, Settings, WorkspaceSettings
+    from infra.tasks.validate import VALIDATION_LIMITS
+
+    runs: list[tuple[Case, str, WorkspaceSpec]] = []
+    objects = MemoryObjects()
+    heldout = [case for case in CASES if case.task.spec.split == "heldout"]
+    for n, case in enumerate(heldout):
+        objects.update(case.task.objects)
+        workspace = case.task.spec.workspace
+        assert workspace is not None
+        runs.append((case, case.files[case.path], workspace))
+        for answer in (TRIVIAL[n % len(TRIVIAL)], TRIVIAL[(n + 4) % len(TRIVIAL)]):
+            module = case.trivial(answer)
+            packed = pack_files({**case.files, case.path: module})
+            objects.update(packed.objects)
+            runs.append((case, module, workspace.model_copy(update={"files": packed.ref})))
+    root = session_root()
+    settings = Settings(sandbox=SandboxSettings(workspaces=WorkspaceSettings(root=root)))
+    trees = Trees(objects)
+    host = SessionHost(settings.sandbox.workspaces)
+    backend = get_backend(settings, None)
+    env = WorkspaceEnvironment(host, trees, CommandRunner(), backend)
+
+    async def score(n: int, spec: WorkspaceSpec) -> float:
+        session = f"trivial-{n}"
+        try:
+            state = await env.reset(spec, session)
+            graded = await env.verify(spec, state, VALIDATION_LIMITS)
+        finally:
+            await env.close([session])
+        return float(graded.score)
+
+    async def run() -> list[float]:
+        try:
+            return list(
+                await asyncio.gather(*(score(n, spec) for n, (_, _, spec) in enumerate(runs)))
+            )
+        finally:
+            await host.shutdown()
+            trees.close()
+            await backend.close()
+
+    try:
+        scores = asyncio.run(run())
+    finally:
+        remove_tree(root)
+    for (case, module, _), got in zip(runs, scores, strict=True):
+        assert got == pytest.approx(case.score(module)), (case.task.spec.id, module)
+
+
+def test_an_assert_whose_calls_expect_one_value_is_refused() -> None:
+    """A group of calls a constant answer would pass is a task bug, caught when rendered."""
+    fixed = "def odd(n: int) -> bool:\n    return n % 2 == 1\n"
+    repo = Repo(
+        module="parity",
+        summary="`odd(n)` says whether n is odd",
+        behaviour="`odd(n)` is True for odd n.",
+        source=fixed.replace("== 1", "== 0"),
+        fixed=fixed,
+        visible=[("odd", (1,))],
+        hidden=[("odd", (3,)), ("odd", (4,)), ("odd", (5,)), ("odd", (7,))],
+        together=2,
+    )
+    with pytest.raises(ValueError, match="together"):
+        hidden_asserts(repo)
+    assert hidden_asserts(replace(repo, hidden=repo.hidden[1:])) == [
+        "assert (odd(4), odd(5)) == (False, True)\n",
+        "assert odd(7) == True\n",
+    ]
