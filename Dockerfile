@@ -45,9 +45,13 @@ COPY --from=build /usr/local/lib/python3.11 /usr/local/lib/python3.11
 COPY --from=build /usr/local/lib/libpython3.11.so.1.0 /usr/local/lib/libpython3.11.so.1.0
 COPY --from=build /opt/tempered /opt/tempered
 # tini: PID 1 that forwards SIGTERM to the worker (graceful drain) and reaps children.
+# bubblewrap, util-linux (setpriv) and mount: the sandbox worker's workspace sessions, one bwrap
+# sandbox per command under a uid of its own (infra/sandbox/workspace.py; in the Helm chart only
+# with sandbox.workspaceSessions.enabled, see charts/tempered/README.md). bwrap is not set-uid.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends ca-certificates libexpat1 libffi8 libsqlite3-0 tini \
+    && apt-get install -y --no-install-recommends bubblewrap ca-certificates libexpat1 libffi8 \
+       libsqlite3-0 mount tini util-linux \
     && rm -rf /var/lib/apt/lists/* \
     && ldconfig \
     && groupadd --gid 10001 tempered \

@@ -190,3 +190,27 @@ overhead when the chart creates it, requests.cpu (or cpu) and limits.cpu.
 {{- end -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+Workspace sessions in the sandbox worker's pods (sandbox.workspaceSessions, README.md): where the
+session directories live, where the pod's unmasked proc is mounted, and what the container runs
+before the worker. bwrap, run by the worker under a sandbox uid, mounts a /proc of its own inside
+a new user namespace; the kernel allows that only where a proc that nothing covers is mounted
+already, and the runtime masks the container's /proc (Kubernetes unmasks it only for pods with
+`hostUsers: false`). A `subset=pid` proc (this pod's processes, no /proc/sys, kcore or
+sysrq-trigger) is enough. `bwrap --disable-userns` then writes its sandbox's
+user.max_user_namespaces through /proc/sys/user, which is made writable alone (the rest of
+/proc/sys stays read-only). Both need CAP_SYS_ADMIN and Linux 5.8 or later (subset=pid).
+*/}}
+{{- define "tempered.workspacesRoot" -}}/var/lib/tempered-workspaces{{- end -}}
+{{- define "tempered.visibleProc" -}}/run/tempered/proc{{- end -}}
+{{- define "tempered.workspaceSessionsStart" -}}
+set -eu
+fail() { echo "tempered sandbox.workspaceSessions: $*; see charts/tempered/README.md, Workspace sessions" >&2; exit 1; }
+mount -t proc -o nosuid,nodev,noexec,subset=pid proc {{ include "tempered.visibleProc" . }} \
+  || fail "cannot mount a proc on {{ include "tempered.visibleProc" . }} (it needs CAP_SYS_ADMIN, a seccomp and an AppArmor profile that allow mount(2), and Linux 5.8 or later)"
+{ mount --bind /proc/sys/user /proc/sys/user \
+  && mount -o remount,bind,rw,nosuid,nodev,noexec /proc/sys/user; } \
+  || fail "cannot make /proc/sys/user writable for bwrap --disable-userns"
+exec /usr/bin/tini -- tempered "$@"
+{{- end -}}
