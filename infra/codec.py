@@ -16,13 +16,21 @@ Run in the background by `tempered up` as `python -m infra.codec` (settings from
 environment `service_env` writes).
 
 It is for display only, and so:
-- it never writes: it reads objects (a ranged GET for a large one) and nothing else, and
-  `/encode` hands payloads back unchanged;
-- it caps what it returns: `MAX_OBJECT_BYTES` of one object (`content_truncated` says so),
-  `MAX_BYTES` and `MAX_REFS` per request (later references get no content);
+- it never writes: its own S3 client sends GetObject (ranged, at most what it shows) and
+  refuses any other call, and `/encode` hands payloads back unchanged;
+- it caps what it reads and returns: `MAX_OBJECT_BYTES` of one object (`content_truncated`
+  says so), `MAX_BYTES`, `MAX_REFS` references (each read tried counts, found or not) and
+  `MAX_SECONDS` per request (later references get no content); a reference's `size` is never
+  trusted for how much to read;
 - it answers only the UI's origin: a request (or CORS preflight) without an allowed `Origin`
   gets 403, and responses allow exactly that origin.
-A whole object is checked against its digest (`content_error` when it does not match).
+`Origin` keeps other web pages out, not other programs (any client can send the UI's), so a
+reference is shown only if it names the stored object exactly: its size, and its sha256 (a
+whole object's bytes are hashed, a part's object must carry that digest in its `sha256`
+metadata, as every object Tempered writes does). Knowing a key is not enough to read it:
+this server shows no more than the payloads that reference it already give away. Failures
+are a line with no endpoint, bucket or credentials in it (`content_error`; the detail goes
+to the server's log); once S3 does not answer, the rest of the request is not tried.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import asyncio
 import base64
 import json
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,9 +47,9 @@ from typing import Any
 from aiohttp import web
 
 from contracts.common import ObjectRef
+from infra.codec_reader import UNAVAILABLE, NotShown, Reader, S3Unavailable
 from infra.settings import Settings, load_settings
 from infra.storage import ObjectStore
-from infra.storage_errors import DigestMismatch, StorageError
 
 MAX_OBJECT_BYTES = 64 * 1024
 """Bytes of one object shown at most (more is cut, `content_truncated: true`)."""
@@ -58,6 +67,8 @@ MAX_DEPTH = 2
 """A reference inside a resolved JSON document is resolved too; one inside that is not."""
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 """Largest request body accepted (payloads are references, so this is generous)."""
+MAX_SECONDS = 10.0
+"""Time one request may spend reading S3; references after it get no content."""
 JSON_ENCODING = "json/plain"
 OVER_LIMIT = "(not shown: over the codec server's limit for one request)"
 log = logging.getLogger("tempered.codec")
@@ -69,6 +80,8 @@ class _Budget:
 
     refs: int = MAX_REFS
     bytes: int = MAX_BYTES
+    deadline: float = field(default_factory=lambda: time.monotonic() + MAX_SECONDS)
+    unavailable: bool = False  # S3 did not answer: nothing more is tried
 
 
 @dataclass
@@ -76,7 +89,7 @@ class Resolver:
     """Resolves references in decoded JSON for display, within one request's `_Budget`, and
     collects the texts they lead to (`shown`) for the top of the payload."""
 
-    store: ObjectStore
+    reader: Reader
     budget: _Budget = field(default_factory=_Budget)
     shown: list[str] = field(default_factory=list)
     _texts: list[str] = field(default_factory=list)  # what `shown` holds, whole
@@ -95,24 +108,26 @@ class Resolver:
         return resolved
 
     def _content(self, ref: ObjectRef, depth: int) -> dict[str, Any]:
-        if self.budget.refs <= 0 or self.budget.bytes <= 0:
+        budget = self.budget
+        if budget.unavailable:
+            return {"content_error": UNAVAILABLE}
+        if budget.refs <= 0 or budget.bytes <= 0 or time.monotonic() > budget.deadline:
             return {"content": OVER_LIMIT}
-        limit = min(MAX_OBJECT_BYTES, self.budget.bytes)
-        whole = ref.size <= limit
+        budget.refs -= 1  # a read tried counts, whatever it finds
         try:
-            data = self.store.get_verified(ref) if whole else self.store.get_first(ref.key, limit)
-        except DigestMismatch:
-            return {"content_error": "the stored object does not match its sha256"}
-        except StorageError as err:
+            data, whole = self.reader.read(ref, min(MAX_OBJECT_BYTES, budget.bytes))
+        except S3Unavailable as err:
+            budget.unavailable = True
             return {"content_error": str(err)}
-        self.budget.refs -= 1
-        self.budget.bytes -= len(data)
+        except NotShown as err:
+            return {"content_error": str(err)}
+        budget.bytes -= len(data)
         label = "/".join(ref.key.split("/")[-2:])
         if whole and ref.key.endswith(".json"):
             try:
                 document = json.loads(data)
-            except ValueError:
-                pass  # not JSON after all: show the text
+            except (ValueError, RecursionError):
+                pass  # not JSON after all (or too deep to read as JSON): show the text
             else:
                 self._show_glance(label, document)
                 self._show_texts(label, document)
@@ -168,31 +183,33 @@ def _as_ref(node: dict[str, Any]) -> ObjectRef | None:
         return None
 
 
-def decode_payloads(store: ObjectStore, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def decode_payloads(reader: Reader, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Temporal's remote-codec `/decode`: JSON payloads with their references resolved."""
     budget = _Budget()  # shared by the request's payloads; `shown` is each payload's own
-    return [_decode_one(Resolver(store, budget), payload) for payload in payloads]
+    return [_decode_one(Resolver(reader, budget), payload) for payload in payloads]
 
 
 def _decode_one(resolver: Resolver, payload: dict[str, Any]) -> dict[str, Any]:
-    metadata = payload.get("metadata") or {}
-    encoding = base64.b64decode(metadata.get("encoding", "")).decode(errors="replace")
-    if encoding != JSON_ENCODING:
-        return payload  # binary/null/protobuf: shown as the UI shows it
+    """`payload` with its references resolved; unchanged if it is no JSON payload, or one
+    this server cannot take (malformed, nested too deeply): it fails alone, not the request."""
     try:
-        value = json.loads(base64.b64decode(payload.get("data", "")))
-    except ValueError:
+        metadata = payload.get("metadata") or {}
+        encoding = base64.b64decode(metadata.get("encoding", "")).decode(errors="replace")
+        if encoding != JSON_ENCODING:
+            return payload  # binary/null/protobuf: shown as the UI shows it
+        resolved = resolver.resolve(json.loads(base64.b64decode(payload.get("data", ""))))
+        if resolver.shown:  # what the references hold, first: row previews, boxes show the top
+            resolved = {"shown": resolver.shown, "payload": resolved}
+        data = json.dumps(resolved, ensure_ascii=False).encode()
+    except (ValueError, TypeError, AttributeError, RecursionError):
         return payload
-    resolved = resolver.resolve(value)
-    if resolver.shown:  # what the references hold, first: row previews and boxes show the top
-        resolved = {"shown": resolver.shown, "payload": resolved}
-    data = json.dumps(resolved, ensure_ascii=False).encode()
     return {"metadata": metadata, "data": base64.b64encode(data).decode()}
 
 
 def create_app(store: ObjectStore, origins: Iterable[str]) -> web.Application:
     """The aiohttp app: `POST /decode`, `POST /encode` (identity), CORS for `origins` only."""
     allowed = frozenset(origin.rstrip("/") for origin in origins)
+    reader = Reader(store)
 
     @web.middleware
     async def only_the_ui(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -211,7 +228,7 @@ def create_app(store: ObjectStore, origins: Iterable[str]) -> web.Application:
 
     async def decode(request: web.Request) -> web.Response:
         payloads = await _payloads(request)
-        decoded = await asyncio.to_thread(decode_payloads, store, payloads)
+        decoded = await asyncio.to_thread(decode_payloads, reader, payloads)
         return web.json_response({"payloads": decoded})
 
     async def encode(request: web.Request) -> web.Response:
@@ -231,7 +248,7 @@ async def _payloads(request: web.Request) -> list[dict[str, Any]]:
     try:
         body = await request.json()
         payloads = body["payloads"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise web.HTTPBadRequest(text='expected {"payloads": [...]}') from None
     if not isinstance(payloads, list) or not all(isinstance(p, dict) for p in payloads):
         raise web.HTTPBadRequest(text='"payloads" must be a list of payload objects')

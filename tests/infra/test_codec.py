@@ -3,16 +3,22 @@ display, capped, digest-checked, read-only, and only for the UI's origin."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
+import socket
+import time
+import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
+from pydantic import SecretStr
 
-from infra import codec
+from infra import codec, codec_reader
+from infra.settings import S3Settings
 from infra.storage import ObjectStore
 
 UI = "http://127.0.0.1:8233"
@@ -136,3 +142,130 @@ async def test_only_the_ui_origin_is_answered(client: TestClient[Any, Any]) -> N
     assert "x-namespace" in preflight.headers["Access-Control-Allow-Headers"]
     bad = await client.post("/decode", data=b"not json", headers={"Origin": UI})
     assert bad.status == 400
+
+
+def refs_in(decoded: Any) -> list[dict[str, Any]]:
+    return list(decoded["payload"]["refs"] if "shown" in decoded else decoded["refs"])
+
+
+@pytest.mark.asyncio
+async def test_a_key_alone_reads_nothing(client: TestClient[Any, Any], store: ObjectStore) -> None:
+    """Any program can send the UI's Origin: a reference must name the stored object (size and
+    sha256), or a key of another run (a policy, hidden tests) would be read for whoever asks."""
+    secret = "SECRET of another run\n" * codec.MAX_OBJECT_BYTES
+    ref = store.put_text("runs/other/tasks/t/s0/turn-0/code.py", secret)
+    store._client.put_object(  # written by something else: no sha256 metadata
+        Bucket=store.bucket, Key="runs/other/notes.txt", Body=secret.encode()
+    )
+    fake = "0" * 64
+    guesses = [
+        {"key": ref.key, "size": 10**9, "sha256": fake},  # the size past the limit: a part
+        {"key": ref.key, "size": ref.size, "sha256": fake},
+        {"key": ref.key, "size": 3, "sha256": fake},
+        {"key": "runs/other/notes.txt", "size": ref.size, "sha256": ref.sha256},
+    ]
+    (decoded,) = await decode(client, {"refs": guesses})
+    assert "SECRET" not in json.dumps(decoded)
+    assert [r["content_error"] for r in refs_in(decoded)] == [codec_reader.MISMATCH] * 3 + [
+        codec_reader.UNCHECKED
+    ]
+    (shown,) = await decode(client, {"refs": [ref.model_dump()]})  # the real reference: shown
+    assert refs_in(shown)[0]["content"].startswith("SECRET")
+
+
+@pytest.mark.asyncio
+async def test_what_a_reference_claims_does_not_size_the_read(
+    client: TestClient[Any, Any], store: ObjectStore
+) -> None:
+    """A reference claiming 5 bytes of a 16 MiB object (a policy blob) must not read 16 MiB into
+    the server's memory, nor references that find nothing go past MAX_REFS reads."""
+    big = store.put_bytes("runs/r/policy/blobs/big", b"w" * (16 * 1024 * 1024))
+    claim = {"key": big.key, "size": 5, "sha256": "0" * 64}
+    tracemalloc.start()
+    try:
+        (decoded,) = await decode(client, {"refs": [claim]})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, f"{peak} bytes at the peak"
+    assert refs_in(decoded)[0]["content_error"] == codec_reader.MISMATCH
+    missing = [{"key": f"runs/r/none-{i}", "size": 1, "sha256": "0" * 64} for i in range(300)]
+    (decoded,) = await decode(client, {"refs": missing})
+    tried, skipped = refs_in(decoded)[: codec.MAX_REFS], refs_in(decoded)[codec.MAX_REFS :]
+    assert [r.get("content") for r in skipped] == [codec.OVER_LIMIT] * (300 - codec.MAX_REFS)
+    assert [r["content_error"] for r in tried] == [codec_reader.NOT_FOUND] * codec.MAX_REFS
+
+
+@pytest.mark.asyncio
+async def test_s3_that_does_not_answer_does_not_hang_the_ui() -> None:
+    """S3 accepting connections and never answering: the UI gets its answer in seconds (each
+    reference says so), not after 60 s × 3 attempts per reference."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)  # the kernel completes connections; nothing ever answers them
+        s3 = S3Settings(endpoint=f"http://127.0.0.1:{hole.getsockname()[1]}", bucket="tempered")
+        app = codec.create_app(ObjectStore(s3), [UI])
+        async with TestClient(TestServer(app)) as hung:
+            refs = [{"key": f"runs/r/{i}.txt", "size": 1, "sha256": "0" * 64} for i in range(5)]
+            started = time.monotonic()
+            (decoded,) = await asyncio.wait_for(decode(hung, {"refs": refs}), 30)
+    assert time.monotonic() - started < codec.MAX_SECONDS + 5
+    assert [r["content_error"] for r in refs_in(decoded)] == [codec_reader.UNAVAILABLE] * 5
+
+
+@pytest.mark.asyncio
+async def test_failures_name_no_endpoint_bucket_or_credentials(store: ObjectStore) -> None:
+    ref = store.put_text("runs/r/code.py", PROGRAM)
+    settings = store.settings
+    wrong_secret = settings.model_copy(update={"secret_key": SecretStr("not-the-secret")})
+    closed = settings.model_copy(update={"endpoint": "http://127.0.0.1:1"})
+    for s3 in (wrong_secret, closed):
+        app = codec.create_app(ObjectStore(s3, store.bucket), [UI])
+        async with TestClient(TestServer(app)) as other:
+            (decoded,) = await decode(other, {"refs": [ref.model_dump()]})
+        for secret in (settings.endpoint, s3.endpoint, store.bucket, settings.access_key):
+            assert str(secret) not in json.dumps(decoded), decoded
+        assert refs_in(decoded)[0]["content_error"] in (
+            codec_reader.REFUSED,
+            codec_reader.UNAVAILABLE,
+        )
+
+
+@pytest.mark.asyncio
+async def test_a_payload_it_cannot_take_fails_alone(
+    client: TestClient[Any, Any], store: ObjectStore
+) -> None:
+    """A payload nested too deeply, or malformed, comes back unchanged; the request's others
+    are still decoded (not a 500 that leaves the UI with none)."""
+    ref = store.put_text("runs/r/code.py", PROGRAM)
+    deep = {
+        "metadata": payload(None)["metadata"],
+        "data": base64.b64encode(b"[" * 100_000 + b"]" * 100_000).decode(),
+    }
+    odd = {"metadata": "not a map", "data": 7}
+    response = await client.post(
+        "/decode",
+        json={"payloads": [deep, odd, payload({"refs": [ref.model_dump()]})]},
+        headers={"Origin": UI},
+    )
+    assert response.status == 200, await response.text()
+    first, second, third = (await response.json())["payloads"]
+    assert (first, second) == (deep, odd)
+    assert refs_in(value_of(third))[0]["content"] == PROGRAM
+
+
+def test_its_client_sends_nothing_but_reads(store: ObjectStore) -> None:
+    reader = codec_reader.Reader(store)
+    with pytest.raises(RuntimeError, match="does not PutObject"):
+        reader.client.put_object(Bucket=store.bucket, Key="runs/r/x", Body=b"x")
+    assert not store.exists("runs/r/x")
+
+
+@pytest.mark.asyncio
+async def test_an_empty_object_is_shown_empty(
+    client: TestClient[Any, Any], store: ObjectStore
+) -> None:
+    """No byte 0 to range over: read whole (an empty stdout.txt is common)."""
+    empty = store.put_text("runs/r/tasks/t/s0/turn-0/attempt-1/stdout.txt", "")
+    (decoded,) = await decode(client, {"refs": [empty.model_dump()]})
+    assert refs_in(decoded)[0]["content"] == ""
