@@ -136,6 +136,25 @@ def test_localhost_profiles_replace_unconfined() -> None:
     assert context["appArmorProfile"] == {"type": "Localhost", "localhostProfile": "tempered-bwrap"}
 
 
+@pytest.mark.parametrize(
+    "profile",
+    [
+        ("seccompProfile.type=Localhost",),
+        ("appArmorProfile.type=Localhost",),
+        ("seccompProfile.type=Unconfined", "seccompProfile.localhostProfile=p.json"),
+        ("appArmorProfile.type=RuntimeDefault", "appArmorProfile.localhostProfile=p"),
+    ],
+)
+def test_a_profile_the_api_server_would_refuse_is_refused_by_the_schema(
+    profile: tuple[str, ...],
+) -> None:
+    """`localhostProfile` exactly with `Localhost`, as Kubernetes requires: `helm install`
+    passed these, and the pods were refused at creation."""
+    sets = [f"sandbox.workspaceSessions.{item}" for item in profile]
+    with pytest.raises(AssertionError, match=profile[0].split(".")[0]):
+        render.__wrapped__(SESSIONS, *sets)
+
+
 def test_the_image_has_bubblewrap_and_setpriv() -> None:
     """The image the chart runs carries what a workspace session runs (the Dockerfile's other
     checks are tests/test_packaging.py's)."""
