@@ -51,6 +51,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument("--limit", type=positive, help="only the first N tasks")
     parser.add_argument("--max-new-tokens", type=positive, default=256)
     parser.add_argument("--concurrency", type=positive, default=64, help="agent tasks in flight")
+    parser.add_argument(
+        "--wait-for-workers",
+        action="store_true",
+        help="start even where no worker polls a queue yet (workers scaled to zero by KEDA)",
+    )
     parser.set_defaults(func=eval_cmd)
 
 
@@ -61,10 +66,11 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
         target = _policy(args, store)
     except ValueError as exc:  # bad input: exit 2, as every command's (it was 1)
         return _bad_input(exc)
-    if unserved := asyncio.run(_unserved(settings)):
+    if not args.wait_for_workers and (unserved := asyncio.run(_unserved(settings))):
         print(
             f"tempered eval: no worker polls {', '.join(unserved)}, so its tasks would wait "
-            "without end; start the workers (`tempered worker all`) and run it again",
+            "without end; start the workers (`tempered worker all`) and run it again, or pass "
+            "--wait-for-workers where they start on demand (KEDA)",
             file=sys.stderr,
         )
         return 1

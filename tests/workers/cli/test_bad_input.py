@@ -5,6 +5,7 @@ published, no quarantine list drawn from runs that could not pass. Real SeaweedF
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -116,7 +117,8 @@ async def test_eval_with_a_queue_no_worker_polls_says_so_and_starts_nothing(
     assert await asyncio.to_thread(run, argv, settings) == 1
     assert one_line(capsys) == (
         "tempered eval: no worker polls agent-tasks, inference, sandbox, rewards, so its tasks "
-        "would wait without end; start the workers (`tempered worker all`) and run it again\n"
+        "would wait without end; start the workers (`tempered worker all`) and run it again, or "
+        "pass --wait-for-workers where they start on demand (KEDA)\n"
     )
     worker, _ = await build_worker(await connect(settings), Queue.AGENT_TASKS, settings)
     async with worker:
@@ -129,6 +131,19 @@ async def test_eval_with_a_queue_no_worker_polls_says_so_and_starts_nothing(
             await asyncio.sleep(0.5)
     assert "no worker polls inference, sandbox, rewards, so" in err
     assert not list(store.list_keys("")) and not settings.home.exists()  # tiny not even built
+
+    # where workers start on demand (KEDA scales them from zero), its tasks start and wait
+    waiting = asyncio.create_task(asyncio.to_thread(run, [*argv, "--wait-for-workers"], settings))
+    client, deadline = await connect(settings), time.monotonic() + 120
+    query = 'WorkflowType="AgentTaskWorkflow"'
+    while not (started := [w.id async for w in client.list_workflows(query)]):
+        assert time.monotonic() < deadline and not waiting.done(), "no evaluation task started"
+        await asyncio.sleep(0.5)
+    for workflow_id in started:
+        await client.get_workflow_handle(workflow_id).terminate("it started: enough for the test")
+    with contextlib.suppress(Exception):  # the terminated task fails the command
+        await asyncio.wait_for(waiting, 60)
+    assert waiting.done()
 
 
 def test_sandbox_run_of_a_file_that_cannot_be_read_is_one_line_naming_it(
