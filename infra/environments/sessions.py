@@ -36,6 +36,17 @@ and its `closing` entry until its thread ends; a later close of the id, the swee
 `shutdown` await that removal instead of starting another. Before, a cancelled close let the
 next one run a second `remove_tree` of the same path at once: the first could then delete the
 directory of a new session of the same id, made in between.
+
+A thread cannot be stopped: every one started under a session's lock, or writing into a
+directory that a removal takes next, runs through `in_thread`, whose cancel is raised only once
+the thread has ended. Before, a cancelled open (its restore) or step (its scan, a write_file)
+let go of the lock at once: the close that followed removed the directory beside the thread,
+freed the slot, and the thread then wrote into (or remounted) a new session made at the path.
+
+A verifier's scratch directory frees its slot only once it is gone (`discard_scratch`); one
+whose removal fails waits in `leftovers` for the sweeper's next round (or shutdown), as a
+closing session does. Before, a failed (or cancelled) removal kept the slot, and left the
+directory, for the worker's life.
 """
 
 from __future__ import annotations
@@ -48,6 +59,7 @@ import os
 import signal
 import stat
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +69,7 @@ from contracts.common import ObjectRef
 from contracts.task import WorkspaceSpec
 from infra.environments.mounts import mount_tmpfs, remove, remove_tree, unmount
 from infra.environments.snapshots import MAX_ENTRIES, Scanner
+from infra.environments.threads import in_thread
 from infra.environments.tree import Manifest
 from infra.processes import start_ticks
 from infra.sandbox.base import SandboxInfraError
@@ -132,6 +145,8 @@ class SessionHost:
         self.closing: dict[str, Session] = {}
         """Sessions forgotten but not yet removed (a removal under way, or one that failed and
         waits for its retry): each still holds its slot and directory."""
+        self.leftovers: dict[Path, int] = {}
+        """Verifier scratch directories whose removal failed, each with the slot it holds."""
         self._free = list(range(SLOTS - 1, -1, -1))
         self._scratch = itertools.count()
         self._sweeper: asyncio.Task[None] | None = None
@@ -209,22 +224,48 @@ class SessionHost:
         session.workspace.mkdir(mode=0o700)
         self._prepare(session)
 
-    def scratch(self) -> Path:
-        """A fresh directory for one verifier run (removed by `discard`, or by a sweep); where
-        workspaces have a quota, a tmpfs of one quota for the tests and the logs (the final
-        workspace gets one of its own: `quota`)."""
-        path = self.directory / f"verify-{next(self._scratch)}"
-        path.mkdir(mode=0o711)
+    @contextlib.asynccontextmanager
+    async def scratch(self) -> AsyncIterator[tuple[Path, int]]:
+        """A fresh directory for one verifier run and a uid slot for it; where workspaces have
+        a quota, a tmpfs of one quota for the tests and the logs (the final workspace gets one
+        of its own: `quota`). At the end it is removed, then the slot freed (`discard_scratch`)."""
+        slot, path = self.take_slot(), self.directory / f"verify-{next(self._scratch)}"
+        self.start_sweeper()  # for its retry, should the removal fail
         try:
+            path.mkdir(mode=0o711)
             self.quota(path, os.geteuid(), 0o711)
         except BaseException:
-            remove_tree(path)
+            with contextlib.suppress(Exception):  # logged; its error is not this one's
+                await self.discard_scratch(path, slot)
             raise
-        return path
+        try:
+            yield path, slot
+        finally:
+            await self.discard_scratch(path, slot)
 
     @staticmethod
     def discard(path: Path) -> None:
         remove_tree(path)
+
+    async def discard_scratch(self, path: Path, slot: int) -> None:
+        """Remove a scratch directory, then free its slot; a failed removal (its error raised)
+        leaves both in `leftovers`, for the sweeper. A cancel waits for the removal."""
+        try:
+            await in_thread(self.discard, path)
+        except Exception as exc:
+            log.warning("removing %s failed (tried again later): %s", path.name, exc)
+            raise
+        finally:
+            if os.path.lexists(path):
+                self.leftovers[path] = slot
+            else:
+                self.release_slot(slot)
+
+    async def _retry_leftovers(self) -> None:
+        for path, slot in list(self.leftovers.items()):
+            del self.leftovers[path]
+            with contextlib.suppress(Exception):  # logged, and back in `leftovers`
+                await self.discard_scratch(path, slot)
 
     async def close(self, session_ids: list[str]) -> int:
         """Remove these sessions (unknown ids are skipped), and retry those in `closing`
@@ -264,7 +305,7 @@ class SessionHost:
         free its slot; a failure is logged and leaves it in `closing`, for the next close."""
         try:
             async with session.lock:  # held until the thread ends: nothing cancels this task
-                await asyncio.to_thread(self.discard, session.directory)
+                await in_thread(self.discard, session.directory)
         except Exception as exc:
             log.warning("removing session %s failed (tried again later): %s", session.id, exc)
             raise
@@ -279,8 +320,9 @@ class SessionHost:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_expired())
 
     async def _sweep_expired(self) -> None:
-        """Every SWEEP_S at most: close idle sessions, retry the removals that failed, and
-        remove what workers that died since this one started left on the host."""
+        """Every SWEEP_S at most: close idle sessions, retry the removals that failed (of
+        sessions and scratch directories), and remove what workers that died since this one
+        started left on the host."""
         ttl = self.config.ttl_s
         while True:
             await asyncio.sleep(min(SWEEP_S, ttl / 4))
@@ -290,6 +332,7 @@ class SessionHost:
                 closed, _ = await self._close([*idle, *self.closing])  # failures: logged
                 if closed:
                     log.info("closed %d sessions, idle for %.0fs or retried", closed, ttl)
+            await self._retry_leftovers()
             try:
                 swept = await asyncio.to_thread(sweep_dead, self.root)
             except OSError as exc:
@@ -299,13 +342,14 @@ class SessionHost:
                 log.info("removed what dead sandbox workers left: %s", swept)
 
     async def shutdown(self) -> None:
-        """Close every session (awaiting the removals under way) and remove this worker's
-        directory."""
+        """Close every session (awaiting the removals under way), retry the scratch directories
+        left, and remove this worker's directory."""
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
         await self.close([*self.sessions, *self.closing])
+        await self._retry_leftovers()
         await asyncio.to_thread(self.discard, self.directory)
 
 

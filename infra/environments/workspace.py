@@ -27,6 +27,9 @@ depends only on its state and its call.
 A workspace is a tmpfs of its own where the worker may mount one (`mounts.py`): past the quota
 a command gets ENOSPC, as on a full disk, and `write_file` an error observation.
 
+A cancelled reset or step holds its session's lock until its thread has ended (`in_thread`):
+no close removes the directory beside it; a step that waited while it was closed is lost.
+
 Not covered: interactive commands (stdin is empty), a command's output streamed back while it
 runs, a quota inside one command where no tmpfs can be mounted (the size is checked after it).
 """
@@ -40,7 +43,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +57,7 @@ from infra.environments.disk import restore
 from infra.environments.paths import AGENT_ERRNOS, PathError, is_utf8, resolve
 from infra.environments.sessions import Session, SessionHost
 from infra.environments.snapshots import Trees
+from infra.environments.threads import in_thread
 from infra.environments.tree import Manifest, TreeError, tree_digest
 from infra.sandbox.base import SandboxBackend
 from infra.sandbox.workspace import CommandResult, CommandRunner, Mounts, cgroup_name, session_uid
@@ -139,7 +143,8 @@ class WorkspaceEnvironment:
         await self.host.close([session_id])
         session = self.host.create(session_id, task)
         try:
-            await self._restore(session, snapshot or task.files)
+            async with session.lock:  # a close after a cancel waits for the restore's thread
+                await self._restore(session, snapshot or task.files)
         except BaseException:
             await self.host.close([session_id])
             raise
@@ -149,9 +154,9 @@ class WorkspaceEnvironment:
         return await self.host.close(list(session_ids))
 
     async def _restore(self, session: Session, snapshot: ObjectRef) -> None:
-        """Make the session's workspace exactly the tree `snapshot` names."""
-        manifest = await asyncio.to_thread(self.trees.get_manifest, snapshot)
-        contents = await asyncio.to_thread(self.trees.get_contents, manifest)
+        """Make the session's workspace exactly the tree `snapshot` names (under its lock)."""
+        manifest = await in_thread(self.trees.get_manifest, snapshot)
+        contents = await in_thread(self.trees.get_contents, manifest)
 
         def write() -> None:
             self.host.empty(session)
@@ -159,7 +164,8 @@ class WorkspaceEnvironment:
             self._restore_into(session.workspace, manifest, contents, uid)
             session.scanner.prime(session.workspace, manifest)
 
-        await asyncio.to_thread(write)
+        session.snapshot = session.manifest = None  # until it is all written
+        await in_thread(write)
         session.snapshot, session.manifest = snapshot, manifest
 
     def _restore_into(
@@ -185,10 +191,7 @@ class WorkspaceEnvironment:
         self, state: WorkspaceState, action: ToolCall, limits: SandboxLimits
     ) -> tuple[WorkspaceState, Observation]:
         """Run one tool call from `state`; raises SessionLost if the session is not here."""
-        session = self.host.sessions.get(state.session_id)
-        if session is None:
-            raise SessionLost(f"session {state.session_id} is not on this worker")
-        async with session.lock:
+        async with self._locked(state.session_id) as session:
             session.last_used = time.monotonic()
             if session.snapshot is None or session.snapshot.sha256 != state.snapshot.sha256:
                 await self._restore(session, state.snapshot)
@@ -219,7 +222,7 @@ class WorkspaceEnvironment:
                 return None
             return self.trees.commit(entries, new, previous)
 
-        stored = await asyncio.to_thread(scan_and_store)
+        stored = await in_thread(scan_and_store)
         if isinstance(stored, TreeError):
             await self._restore(session, session.snapshot)
             text = f"{observation.text}\nerror: {stored}; the step's changes were undone"
@@ -244,9 +247,9 @@ class WorkspaceEnvironment:
                 case "bash":
                     return await self._bash(session, arguments["command"], limits)
                 case "read_file":
-                    return await asyncio.to_thread(self._read, session, arguments["path"], limits)
+                    return await in_thread(self._read, session, arguments["path"], limits)
                 case "write_file":
-                    return await asyncio.to_thread(
+                    return await in_thread(
                         self._write, session, arguments["path"], arguments["content"], limits
                     )
                 case "submit":
@@ -275,21 +278,27 @@ class WorkspaceEnvironment:
     ) -> tuple[WorkspaceState, Observation]:
         """Harbor's oracle, for `tempered tasks validate`: `bash /solution/solve.sh` in the
         workspace, with the task's reference solution tree read-only at /solution."""
-        session = self.host.sessions.get(state.session_id)
-        if session is None:
-            raise SessionLost(f"session {state.session_id} is not on this worker")
         manifest = await asyncio.to_thread(self.trees.get_manifest, solution)
         contents = await asyncio.to_thread(self.trees.get_contents, manifest)
-        scratch = self.host.scratch()
-        try:
-            await asyncio.to_thread(restore, manifest, contents, scratch, None)
-            async with session.lock:
+        async with self.host.scratch() as (scratch, _):
+            await in_thread(restore, manifest, contents, scratch, None)
+            async with self._locked(state.session_id) as session:
                 command = f"bash {SOLUTION_DIR}/{SOLVE}"
                 seen = await self._bash(session, command, limits, ((scratch, SOLUTION_DIR, False),))
                 seen = await self._snapshot(session, seen)
                 return self._state(session), seen
-        finally:
-            await asyncio.to_thread(self.host.discard, scratch)
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, session_id: str) -> AsyncIterator[Session]:
+        """The session, its lock held; SessionLost if it is not here (or was closed while this
+        waited for its lock: a new session may be at its path)."""
+        session = self.host.sessions.get(session_id)
+        if session is not None:
+            async with session.lock:
+                if self.host.sessions.get(session_id) is session:
+                    yield session
+                    return
+        raise SessionLost(f"session {session_id} is not on this worker")
 
     def _read(self, session: Session, path: str, limits: SandboxLimits) -> Observation:
         relative = resolve(session.workspace, session.spec.workdir, path)
@@ -367,13 +376,7 @@ class WorkspaceEnvironment:
                 raise InvalidTask(f"the hidden tests hold no {check.tests}")
             source = test_contents[entry.sha256].decode()
             return await check_functions(self.backend, workspace, contents, check, source, limits)
-        slot = self.host.take_slot()
-        try:
-            scratch = self.host.scratch()
-        except BaseException:
-            self.host.release_slot(slot)
-            raise
-        try:
+        async with self.host.scratch() as (scratch, slot):  # the slot freed once it is gone
             uid = session_uid(slot) if os.geteuid() == 0 else None
 
             def lay_out() -> TreeError | None:
@@ -389,14 +392,11 @@ class WorkspaceEnvironment:
                     return exc
                 return None
 
-            if unfit := await asyncio.to_thread(lay_out):  # the agent's tree: scored, not failed
+            if unfit := await in_thread(lay_out):  # the agent's tree: scored, not failed
                 return unchecked(f"the final workspace cannot be checked: {unfit}", limits)
             return await check_script(
                 self.runner, scratch, task, check, uid or os.geteuid(), limits, cgroup_name(slot)
             )
-        finally:
-            await asyncio.to_thread(self.host.discard, scratch)
-            self.host.release_slot(slot)
 
 
 def _not_a_file(path: str, mode: int) -> Observation:

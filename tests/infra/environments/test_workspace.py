@@ -359,10 +359,11 @@ async def test_a_verifier_whose_scratch_fails_frees_its_slot(
     state = await rig.env.reset(spec, "s0")
     free = len(rig.host._free)
 
-    def no_memory() -> None:
+    def no_memory(*_: object) -> bool:
         raise OSError(errno.ENOMEM, "Cannot allocate memory")
 
-    monkeypatch.setattr(rig.host, "scratch", no_memory)
+    monkeypatch.setattr(rig.host, "quota", no_memory)
     with pytest.raises(OSError, match="Cannot allocate memory"):
         await rig.env.verify(spec, state, LIMITS)
-    assert len(rig.host._free) == free
+    assert len(rig.host._free) == free and rig.host.leftovers == {}
+    assert [p.name for p in rig.host.directory.iterdir()] == ["s0"]
