@@ -18,6 +18,12 @@ with a platform fault, retried (on the `sandbox` queue, possibly on another host
 condemned host fails every task whose open lands on it, non-retryably, while other hosts may
 be healthy, so in doubt it serves. After a try without a verdict the next waits
 `PROBE_PAUSE_S`: a shortage that neighbours' sessions cause for a moment may be over.
+
+ENOSPC from bwrap's clone is the one shortage that can also be a setting: a namespace count
+used up, or a limit of 0 (`user.max_user_namespaces=0` is RHEL 7's default and a common
+hardening), which no retry passes. So on ENOSPC the probe reads the limits of the namespaces
+a sandbox makes (`NAMESPACES`, in `limits`, /proc/sys/user) and adds those at 0 to the try's
+error (`no_namespaces`), which makes it definitive and names the setting in the verdict.
 """
 
 from __future__ import annotations
@@ -59,8 +65,19 @@ PROBE_PAUSE_S = 1.0
 """The wait before the next try after one that failed without a verdict (a resource error)."""
 PROBE_DIR = "sandbox-probe"
 """The probe's workspace, in the directory it is given (the session host's)."""
+NAMESPACE_LIMITS = Path("/proc/sys/user")
+"""Where the kernel's limits on namespaces are (user.max_<kind>_namespaces)."""
+NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
+"""The kinds of namespace a sandbox makes (bwrap --unshare-all, and its mounts)."""
+ENOSPC = (
+    "no space left on device",  # older bwrap: "Creating new namespace failed: No space left..."
+    "(enospc)",  # bwrap 0.8: "...: nesting depth or /proc/sys/user/max_*_namespaces exceeded..."
+)
+"""Words of ENOSPC: a namespace count used up (no verdict), or a limit of 0 (`no_namespaces`)."""
+NO_NAMESPACES = "is 0 on this host"
+"""What `no_namespaces` adds to an ENOSPC where a namespace limit is 0 (`definitive`)."""
 NO_VERDICT = (
-    "no space left on device",  # ENOSPC: user.max_user_namespaces (or pid, mnt...) used up
+    *ENOSPC,  # user.max_user_namespaces (or pid, mnt...) used up
     "resource temporarily unavailable",  # EAGAIN: a pids limit, RLIMIT_NPROC, a full table
     "cannot allocate memory",  # ENOMEM
     "out of memory",
@@ -80,6 +97,7 @@ DEFINITIVE = (
     "function not implemented",  # ENOSYS: a seccomp profile that answers so
     "bad system call",  # SIGSYS: a seccomp profile that kills (`_killed`)
     "cannot execute",  # the launching shell is missing or not executable (`_try`)
+    "read-only file system",  # EROFS: /proc/sys for --disable-userns, the session directory
 )
 """Words of a failure that no retry mends: this host can never run the sandbox."""
 logger = logging.getLogger(__name__)
@@ -94,28 +112,54 @@ def definitive(said: str) -> bool:
     without the capabilities, a seccomp profile answering EPERM, setpriv refused to change
     uid), a kernel without user namespaces, a uid map an LSM forbids, an option bwrap or
     setpriv does not know (too old), a seccomp profile answering ENOSYS or killing with
-    SIGSYS, a launcher that cannot be executed. A binary missing from PATH is `missing`,
-    checked before any try. These are the same on every try, on this host, for every task.
+    SIGSYS, a launcher that cannot be executed; EROFS ("Read-only file system"): what must
+    be written is on a read-only mount, which stays so until the host is set up again (a
+    container started without the chart's start script has /proc/sys read-only, so bwrap's
+    --disable-userns cannot set user.max_user_namespaces in the sandbox: "cannot open
+    /proc/sys/user/max_user_namespaces: Read-only file system"; or the session directory is
+    on a read-only file system). And an ENOSPC to which the probe added a namespace limit of 0
+    (`NO_NAMESPACES`, `no_namespaces`; checked first): no namespace of that kind can ever be
+    made here. A binary missing from PATH is `missing`, checked before any try. These are the
+    same on every try, on this host, for every task.
 
-    No verdict (`NO_VERDICT`, which wins over the rest): ENOSPC, EAGAIN, ENOMEM, EMFILE,
-    EDQUOT: a namespace count, pids or memory used up for a moment (often by neighbours'
-    sessions), which the next try or the step's retry may pass. Nor does anything else
-    (an error of no known kind), nor a try that does not end in time (`probe`)."""
+    No verdict (`NO_VERDICT`, which wins over the rest but a limit of 0): ENOSPC, EAGAIN,
+    ENOMEM, EMFILE, EDQUOT: a namespace count, pids or memory used up for a moment (often by
+    neighbours' sessions), which the next try or the step's retry may pass. Nor does anything
+    else (an error of no known kind), nor a try that does not end in time (`probe`)."""
     text = said.lower()
+    if NO_NAMESPACES in text:
+        return True
     if any(words in text for words in NO_VERDICT):
         return False
     return any(words in text for words in DEFINITIVE)
 
 
+def no_namespaces(said: str, limits: Path = NAMESPACE_LIMITS) -> str:
+    """`said`, a failed try's error, with the namespace limits in `limits` that are 0 named
+    after it (`NO_NAMESPACES`) where it is ENOSPC: "bwrap: Creating new namespace failed: No
+    space left on device (user.max_user_namespaces is 0 on this host)". A limit whose file is
+    missing (an older kernel, another kind) or unreadable is not one."""
+    if not any(words in said.lower() for words in ENOSPC):
+        return said
+    zero = []
+    for kind in NAMESPACES:
+        with contextlib.suppress(OSError, ValueError):
+            if int((limits / f"max_{kind}_namespaces").read_text()) == 0:
+                zero.append(f"user.max_{kind}_namespaces {NO_NAMESPACES}")
+    return f"{said} ({', '.join(zero)})" if zero else said
+
+
 def probe(
     runner: CommandRunner, directory: Path | None = None, slot: int = SLOTS - 1,
     timeout_s: float = PROBE_TIMEOUT_S, pause_s: float = PROBE_PAUSE_S,
+    limits: Path = NAMESPACE_LIMITS,
 ) -> str:  # fmt: skip
     """Why no command can run on this host, or "" when one can or no verdict was reached
     (logged): `runner.missing`, else the last error of PROBE_TRIES tries that all failed
-    definitively (`definitive`). Each try runs `true` as uid `session_uid(slot)` (a slot the
-    caller holds) in a workspace made in `directory`, which sandbox uids must reach (the
-    session host's); without one, in a fresh 0711 directory of $TMPDIR. Blocks."""
+    definitively (`definitive`; an ENOSPC with the namespace limits of `limits` that are 0,
+    `no_namespaces`). Each try runs `true` as uid `session_uid(slot)` (a slot the caller
+    holds) in a workspace made in `directory`, which sandbox uids must reach (the session
+    host's); without one, in a fresh 0711 directory of $TMPDIR. Blocks."""
     if runner.missing:
         return runner.missing
     own = directory is None
@@ -130,15 +174,16 @@ def probe(
             outcome = _try(runner, directory, slot, timeout_s)
             if outcome == "":
                 return ""
-            failures.append(outcome)
+            failures.append(outcome if outcome is None else no_namespaces(outcome, limits))
     finally:
         if own:
             shutil.rmtree(directory, ignore_errors=True)
     if all(failure is not None and definitive(failure) for failure in failures):
         return (
             f"no workspace sandbox comes up on this host: {failures[-1]} (bwrap needs root "
-            "or unprivileged user namespaces, and no seccomp profile or dropped capability "
-            "that forbids new namespaces)"
+            "or unprivileged user namespaces (user.max_*_namespaces above 0), a writable "
+            "/proc/sys, and no seccomp profile or dropped capability that forbids new "
+            "namespaces)"
         )
     said = "; ".join(f"no answer in {timeout_s}s" if f is None else f for f in failures)
     logger.warning(

@@ -45,6 +45,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -154,9 +155,10 @@ class CommandRunner:
             return "running as root needs setpriv to drop to a sandbox uid (util-linux)"
         return ""
 
-    def probe(self, directory: Path | None = None, slot: int = SLOTS - 1, **options: float) -> str:
+    def probe(self, directory: Path | None = None, slot: int = SLOTS - 1, **options: Any) -> str:
         """Why no command can run on this host ("" when one can, or no verdict): a start-up
-        check of this runner's own sandbox (`infra/sandbox/probe.py`). Blocks."""
+        check of this runner's own sandbox (`infra/sandbox/probe.py`; `options` are its
+        keywords: timeout_s, pause_s, limits). Blocks."""
         from infra.sandbox.probe import probe  # it builds on this module
 
         return probe(self, directory, slot, **options)
