@@ -31,4 +31,4 @@ TRAIN_PER_FAMILY = 4
 def workspace_tasks() -> tuple[WorkspaceTask, ...]:
     """Every task of the suite, train first within each family."""
     instances = seeded(SUITE, FAMILIES, per_family=INSTANCES_PER_FAMILY, train=TRAIN_PER_FAMILY)
-    return tuple(render(repo, task_id, split) for task_id, repo, split, _ in instances)
+    return tuple(render(repo, task_id, split, rng) for task_id, repo, split, rng in instances)

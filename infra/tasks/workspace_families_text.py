@@ -211,7 +211,9 @@ def {name}(text: str) -> bool:
         fixed=fixed,
         visible=[(name, ("([)]",)), (name, ("(a[b]c)",))],
         hidden=[(name, (text,)) for text in texts],
-        together=2,  # True then False in every assert: no constant answer passes one
+        # a True and a False call an assert, in an order drawn per instance: no constant
+        # answer, nor one that alternates or counts calls, passes one (`hidden_asserts`)
+        together=2,
     )
 
 

@@ -1,19 +1,28 @@
 """A mini-repository of the built-in `workspace` suite, and how it becomes a task.
 
     repo = FAMILIES["roman"](rng)             # a Repo: module, README, bug, reference, calls
-    task = render(repo, "workspace-roman-0", "train")
+    task = render(repo, "workspace-roman-0", "train", rng)
 
 The workspace holds the module with its bug (or missing function), `README.md` stating the
 behaviour, and `test_<module>.py`, example tests the agent may run (`python3 test_<module>.py`).
-The hidden tests are top-level asserts on more calls (`assert f(x) == y`, or a few calls at
-once, `assert (f(a), f(b)) == (x, y)`: `Repo.together`), run by the two-process verifier
-against the module's functions; its score is the share of asserts that pass. Expected values
-are computed here by running the reference module (our own, trusted code), so they always agree
-with it. The reference solution, `solve.sh`, writes the reference module over the buggy one.
+The hidden tests are top-level asserts on more calls (`assert f(x) == y`, or a group of calls
+at once with one of them repeated, `assert (f(b), f(a), f(a), f(a)) == (y, x, x, x)`:
+`Repo.together`), run by the two-process verifier against the module's functions; its score is
+the share of asserts that pass. Expected values are computed here by running the reference
+module (our own, trusted code), so they always agree with it. The reference solution,
+`solve.sh`, writes the reference module over the buggy one.
+
+One candidate process answers all of a check's calls, so a program may keep state between
+them: the order of the asserts and of each group's calls is drawn per task instance
+(`hidden_order`), and a group's calls are laid out so that no answer sequence that repeats
+every one, two or three calls (`PERIODS`: a constant, an alternating toggle, a counter modulo
+2 or 3, a cycle through -1, 0, 1) passes it, whatever the arguments (`_layouts`).
 """
 
 from __future__ import annotations
 
+import itertools
+import random
 import sys
 import types
 from collections.abc import Mapping, Sequence
@@ -29,6 +38,10 @@ FLOAT_TOLERANCE = 1e-9
 
 Call = tuple[str, tuple[Any, ...]]
 """(function name, positional arguments)."""
+PERIODS = (1, 2, 3)
+"""No group of hidden calls passes an answer sequence of one of these periods: for each, the
+group has two calls this far apart whose expected values differ (a constant: 1; a toggle or a
+counter modulo 2: 2; a counter modulo 3 or a cycle through three answers: 3)."""
 
 
 @dataclass(frozen=True)
@@ -49,11 +62,14 @@ class Repo:
     extra: dict[str, str] = field(default_factory=dict)
     """Other files of the repository (a helper module), path → text."""
     together: int = 1
-    """Hidden calls an assert checks: consecutive groups of this many, whose expected values
-    must not all be equal (`assert (f(a), f(b)) == (True, False)`). Where answers take a few
-    values (True/False, -1/0/1), one call an assert let a constant answer pass every assert
-    expecting it (half of them, a third) while the bug passed fewer: a reward for solving
-    nothing, since an episode is paid above the untouched workspace's score."""
+    """Distinct hidden calls an assert checks: consecutive groups of this many, whose expected
+    values must not all be equal, each call at least once and one more than once, in an order
+    drawn per instance (`assert (f(b), f(a), f(a), f(a)) == (False, True, True, True)`).
+    Where answers take a few values (True/False, -1/0/1), one call an assert let a constant
+    answer pass every assert expecting it (half of them, a third) while the bug passed fewer:
+    a reward for solving nothing, since an episode is paid above the untouched workspace's
+    score; and groups with one answer pattern in every instance (True then False) let a
+    program that alternates its answers pass them all."""
 
 
 def reference_results(
@@ -89,9 +105,37 @@ def assertion(name: str, args: tuple[Any, ...], expected: Any) -> str:
     return f"assert {_call(name, args)} == {expected!r}\n"
 
 
-def hidden_asserts(repo: Repo) -> list[str]:
-    """The hidden tests, one assert a line: `repo.together` calls each (ValueError if a group's
-    expected values are all equal: one constant answer would pass it)."""
+def hidden_order(rng: random.Random) -> random.Random:
+    """The stream that orders a task's hidden asserts: drawn from its family's stream `rng`
+    where the instance ended, which it leaves there (a draw from `rng` would change every
+    later instance of the family: their prompts, files and solutions). Deterministic: the
+    same in every process."""
+    return random.Random(repr(rng.getstate()))
+
+
+def _layouts(values: Sequence[Any]) -> list[tuple[int, ...]]:
+    """The ways to check calls whose expected values are `values` in one assert: sequences of
+    their indices, each at least once (so one more than once), in which every period of
+    `PERIODS` has two positions that far apart whose expected values differ. Their length is
+    one more than the calls' and than the longest period: a window of three calls alone is
+    passed by some phase of a counter modulo 3 (every pattern of three answers is one)."""
+    length = max(len(values), *PERIODS) + 1
+    return [
+        layout
+        for layout in itertools.product(range(len(values)), repeat=length)
+        if len(set(layout)) == len(values)
+        and all(
+            any(values[layout[i]] != values[layout[i + period]] for i in range(length - period))
+            for period in PERIODS
+        )
+    ]
+
+
+def hidden_asserts(repo: Repo, order: random.Random) -> list[str]:
+    """The hidden tests, one assert a line, in an order drawn from `order` (`hidden_order`):
+    `repo.together` calls each, laid out as one of `_layouts`, drawn from `order` too
+    (ValueError if a group's expected values are all equal: one constant answer would pass
+    it, or floats, which an assert of several calls cannot compare within a tolerance)."""
     expected = _results(repo, repo.hidden)
     asserts = []
     for start in range(0, len(repo.hidden), repo.together):
@@ -100,12 +144,13 @@ def hidden_asserts(repo: Repo) -> list[str]:
         if len(calls) == 1:
             asserts.append(assertion(*calls[0], values[0]))
             continue
-        if all(value == values[0] for value in values) or any(
-            isinstance(value, float) for value in values
-        ):
+        layouts = [] if any(isinstance(v, float) for v in values) else _layouts(values)
+        if not layouts:
             raise ValueError(f"{repo.module}: hidden calls {calls} expect {values} together")
-        checked = ", ".join(_call(name, args) for name, args in calls)
-        asserts.append(f"assert ({checked}) == {tuple(values)!r}\n")
+        layout = order.choice(layouts)
+        checked = ", ".join(_call(*calls[i]) for i in layout)
+        asserts.append(f"assert ({checked}) == {tuple(values[i] for i in layout)!r}\n")
+    order.shuffle(asserts)
     return asserts
 
 
@@ -136,13 +181,17 @@ raise SystemExit(1 if failed else 0)
 '''
 
 
-def render(repo: Repo, task_id: str, split: Literal["train", "heldout"]) -> WorkspaceTask:
+def render(
+    repo: Repo, task_id: str, split: Literal["train", "heldout"], rng: random.Random
+) -> WorkspaceTask:
+    """The task of `repo`, whose family's stream `rng` ends where the instance did (`seeded`):
+    the hidden asserts' order is drawn from it (`hidden_order`), which draws nothing from it."""
     module_file = f"{repo.module}.py"
     readme = (
         f"# {repo.module}\n\n{repo.behaviour}\n\n"
         f"Run the example tests with `python3 test_{repo.module}.py`.\n"
     )
-    hidden = "".join(hidden_asserts(repo))
+    hidden = "".join(hidden_asserts(repo, hidden_order(rng)))
     prompt = (
         f"The repository in your working directory (/app) has a Python module, {module_file}, "
         f"in which {repo.summary}. It does not behave as README.md says. Fix it, run the "

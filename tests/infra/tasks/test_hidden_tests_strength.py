@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import sys
 import types
 from collections import defaultdict
@@ -24,7 +25,13 @@ from infra.environments.mounts import remove_tree
 from infra.tasks import load_suite
 from infra.tasks.seeded import seeded
 from infra.tasks.workspace import FAMILIES, INSTANCES_PER_FAMILY, TRAIN_PER_FAMILY
-from infra.tasks.workspace_repo import SUITE, Repo, hidden_asserts, reference_results
+from infra.tasks.workspace_repo import (
+    SUITE,
+    Repo,
+    hidden_asserts,
+    hidden_order,
+    reference_results,
+)
 from tests.infra.environments.conftest import needs_root, session_root
 
 
@@ -106,15 +113,16 @@ def test_starter_tests_reject_a_constant_answer() -> None:
                 assert not _passes(_with_body(task, body), task), f"{task.id}: {body}"
 
 
-def _repos() -> list[tuple[str, Repo]]:
+def _repos() -> list[tuple[str, tuple[Repo, random.Random]]]:
+    """(task id, (instance, the stream its hidden asserts' order is drawn from)), as rendered."""
     instances = seeded(SUITE, FAMILIES, per_family=INSTANCES_PER_FAMILY, train=TRAIN_PER_FAMILY)
-    return [(task_id, repo) for task_id, repo, _, _ in instances]
+    return [(task_id, (repo, hidden_order(rng))) for task_id, repo, _, rng in instances]
 
 
-def untouched_share(repo: Repo) -> float:
+def untouched_share(repo: Repo, order: random.Random) -> float:
     """The share of the hidden asserts the untouched module passes: each hidden assert run on
     its own against the buggy module (the verifier's score of an untouched workspace)."""
-    asserts = hidden_asserts(repo)
+    asserts = hidden_asserts(repo, order)
     helpers = {path.removesuffix(".py"): text for path, text in repo.extra.items()}
     for name, text in helpers.items():
         helper = types.ModuleType(name)
@@ -143,8 +151,8 @@ SUITE_BOUND = 0.15  # before: 0.34
 
 def test_untouched_workspaces_pass_few_hidden_asserts() -> None:
     shares: dict[str, list[float]] = defaultdict(list)
-    for task_id, repo in _repos():
-        share = untouched_share(repo)
+    for task_id, (repo, order) in _repos():
+        share = untouched_share(repo, order)
         assert share <= TASK_BOUND, f"{task_id}: the untouched module passes {share:.0%}"
         shares[task_id.split("-")[1]].append(share)
     assert set(shares) == set(FAMILIES)
@@ -155,7 +163,7 @@ def test_untouched_workspaces_pass_few_hidden_asserts() -> None:
 
 def test_hidden_workspace_answers_are_not_one_value() -> None:
     """The bug is exercised without one answer dominating (a constant would be paid)."""
-    for task_id, repo in _repos():
+    for task_id, (repo, _) in _repos():
         expected = reference_results(repo.fixed, repo.module, repo.hidden, repo.extra)
         top = max(expected.count(value) for value in expected)
         limit = 0.8 if task_id.split("-")[1] == "game" else 0.5  # game: mostly "both" words
@@ -210,5 +218,5 @@ def test_the_verifier_scores_untouched_workspaces_as_computed() -> None:
     finally:
         remove_tree(root)
     for task, got in zip(tasks, scores, strict=True):
-        assert got == pytest.approx(untouched_share(repos[task.spec.id])), task.spec.id
+        assert got == pytest.approx(untouched_share(*repos[task.spec.id])), task.spec.id
         assert got <= TASK_BOUND, task.spec.id

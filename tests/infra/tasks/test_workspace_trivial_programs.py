@@ -7,14 +7,18 @@ passed about half the hidden asserts of the true/false families and a third of t
 ones, more than the untouched bug: a reward for not solving the task, which RL finds. Here every
 task of the suite (train and held out) gets each trivial program in the function its hidden
 tests call, scored in-process as the verifier scores it (each top-level assert one unit, the
-share that passed); a sample goes through the real two-process verifier to show the in-process
-scores are its scores.
+share that passed, all in one namespace: one candidate process answers all of a check's
+calls); a sample goes through the real two-process verifier to show the in-process scores are
+its scores. Stateful programs too: when every group of calls had one answer pattern (True then
+False), a function that alternated its answers passed every assert of the brackets tasks.
 """
 
 from __future__ import annotations
 
 import ast
 import asyncio
+import itertools
+import random
 import sys
 import tempfile
 from dataclasses import dataclass, replace
@@ -35,6 +39,14 @@ from tests.infra.environments.conftest import needs_root, session_root
 FIRST_ARGUMENT = "<first argument>"
 TRIVIAL = ("True", "False", "-1", "0", "1", "None", "[]", '""', FIRST_ARGUMENT)
 """The bodies `return <this>` put in the function under test."""
+STATEFUL = (
+    *("n % 2 == 1", "n % 2 == 0", "n % 2", "1 - n % 2"),  # toggles, counters modulo 2
+    *("n % 3", "n % 3 - 1", "1 - n % 3"),  # counters modulo 3
+    *(f"n % 3 {op} {k}" for op in ("==", "!=") for k in range(3)),
+    "n",  # a counter
+)
+"""The stateful bodies put in the function under test: `return <this>`, n the calls so far
+(1 on the first). Besides these, every cycle through the task's answer values (`cycles`)."""
 
 
 def _tree(packed: Packed) -> dict[str, str]:
@@ -80,19 +92,59 @@ class Case:
 
     def trivial(self, answer: str) -> str:
         """The untouched module with the function's body replaced by `return <answer>`."""
+        return self._with_body([f"return {answer}"])
+
+    def stateful(self, answer: str) -> str:
+        """The untouched module with the function's body replaced by one that counts its calls
+        in the module (n, 1 on the first) and returns `answer`, an expression of n."""
+        counted = ['calls = globals().setdefault("_calls", [0])', "calls[0] += 1", "n = calls[0]"]
+        return self._with_body([*counted, f"return {answer}"])
+
+    def _with_body(self, body: list[str]) -> str:
         source = self.files[self.path]
         (node,) = [
             n
             for n in ast.parse(source).body
             if isinstance(n, ast.FunctionDef) and n.name == self.function
         ]
-        if answer == FIRST_ARGUMENT:
-            answer = node.args.args[0].arg
+        if body[-1] == f"return {FIRST_ARGUMENT}":
+            body = [*body[:-1], f"return {node.args.args[0].arg}"]
         lines = source.splitlines(keepends=True)
-        body = " " * node.body[0].col_offset + f"return {answer}\n"
+        indent = " " * node.body[0].col_offset
         start, end = node.body[0].lineno - 1, node.end_lineno
         assert end is not None
-        return "".join(lines[:start]) + body + "".join(lines[end:])
+        return (
+            "".join(lines[:start])
+            + "".join(f"{indent}{line}\n" for line in body)
+            + "".join(lines[end:])
+        )
+
+    def answers(self) -> list[str]:
+        """The distinct values the hidden asserts expect, as literals, in order of appearance."""
+        seen: dict[str, None] = {}
+        for node in ast.parse(self.tests).body:
+            assert isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare)
+            if not isinstance(node.test.ops[0], ast.Eq):
+                continue  # abs(f(x) - y) < tolerance
+            (expected,) = node.test.comparators
+            grouped = isinstance(node.test.left, ast.Tuple)
+            for value in (
+                expected.elts if grouped and isinstance(expected, ast.Tuple) else [expected]
+            ):
+                seen[ast.unparse(value)] = None
+        return list(seen)
+
+    def cycles(self) -> list[str]:
+        """Every cycle through the task's answer values, in every order and so from every phase
+        (`return [True, False][(n - 1) % 2]`), where they are few (three at most: True and
+        False, -1, 0 and 1)."""
+        values = self.answers()
+        if len(values) > 3:
+            return []
+        return [
+            f"[{', '.join(order)}][(n - 1) % {len(order)}]"
+            for order in itertools.permutations(values)
+        ]
 
     def score(self, module: str) -> float:
         """The verifier's score of the workspace with `module` as the module under test: its
@@ -146,6 +198,44 @@ def test_no_trivial_program_scores_above_the_untouched_workspace() -> None:
     assert not earned, "\n".join(f"{k}: {v}" for k, v in sorted(earned.items()))
 
 
+def test_no_stateful_program_scores_above_the_untouched_workspace() -> None:
+    """One process answers all of a check's calls, so a program may count them. An alternating
+    toggle, counters modulo 2 and 3 and every cycle through the answer values, from every
+    phase, earn nothing on any task: a group's calls are laid out so that no answer sequence
+    of period 1, 2 or 3 passes it (`workspace_repo._layouts`)."""
+    earned: dict[str, list[str]] = {}
+    tried = 0
+    for case in CASES:
+        untouched = case.score(case.files[case.path])
+        for answer in (*STATEFUL, *case.cycles()):
+            score = case.score(case.stateful(answer))
+            reward = REWARD.score((), verdict=score, untouched=untouched)
+            tried += 1
+            if reward > 0:
+                family = case.task.spec.id.split("-")[1]
+                earned.setdefault(f"{family}: return {answer}", []).append(
+                    f"{case.task.spec.id} {score:.2f} vs {untouched:.2f} -> {reward:.2f}"
+                )
+    assert not earned, "\n".join(f"{k}: {v}" for k, v in sorted(earned.items()))
+    assert tried > len(CASES) * len(STATEFUL)  # cycles were tried too
+
+
+def test_the_order_of_grouped_calls_is_drawn_per_instance() -> None:
+    """No answer pattern is the same in every instance of a family: the asserts' order and each
+    group's layout are drawn from the instance's seeded stream."""
+    patterns: dict[str, set[str]] = {}
+    for case in CASES:
+        family = case.task.spec.id.split("-")[1]
+        expected = [
+            ast.unparse(node.test.comparators[0])
+            for node in ast.parse(case.tests).body
+            if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare)
+        ]
+        patterns.setdefault(family, set()).add(" ".join(expected))
+    for family in ("brackets", "versions"):  # the same answers, in one order, before
+        assert len(patterns[family]) == 5, (family, patterns[family])
+
+
 @needs_root
 def test_the_verifier_scores_trivial_programs_as_computed() -> None:
     """Each held-out task with two trivial programs (in turn) and untouched, through the real
@@ -166,8 +256,12 @@ def test_the_verifier_scores_trivial_programs_as_computed() -> None:
         workspace = case.task.spec.workspace
         assert workspace is not None
         runs.append((case, case.files[case.path], workspace))
-        for answer in (TRIVIAL[n % len(TRIVIAL)], TRIVIAL[(n + 4) % len(TRIVIAL)]):
-            module = case.trivial(answer)
+        stateful = case.stateful(STATEFUL[n % len(STATEFUL)])  # its count kept between asserts
+        for module in (
+            case.trivial(TRIVIAL[n % len(TRIVIAL)]),
+            case.trivial(TRIVIAL[(n + 4) % len(TRIVIAL)]),
+            stateful,
+        ):
             packed = pack_files({**case.files, case.path: module})
             objects.update(packed.objects)
             runs.append((case, module, workspace.model_copy(update={"files": packed.ref})))
@@ -219,8 +313,27 @@ def test_an_assert_whose_calls_expect_one_value_is_refused() -> None:
         together=2,
     )
     with pytest.raises(ValueError, match="together"):
-        hidden_asserts(repo)
-    assert hidden_asserts(replace(repo, hidden=repo.hidden[1:])) == [
-        "assert (odd(4), odd(5)) == (False, True)\n",
-        "assert odd(7) == True\n",
-    ]
+        hidden_asserts(repo, random.Random(0))
+    # (4, 5) checked with a call repeated, laid out so that no sequence of period 1, 2 or 3
+    # passes: one of six ways, and the asserts in either order
+    a, b = "odd(4)", "odd(5)"
+    layouts = {
+        f"assert ({', '.join(calls)}) == {tuple(call == b for call in calls)!r}\n"
+        for calls in [(a, a, a, b), (a, a, b, b), (a, b, b, b), (b, a, a, a), (b, b, a, a),
+                      (b, b, b, a)]
+    }  # fmt: skip
+    drawn = [hidden_asserts(replace(repo, hidden=repo.hidden[1:]), random.Random(seed))
+             for seed in range(60)]  # fmt: skip
+    assert {asserts[0] == "assert odd(7) == True\n" for asserts in drawn} == {True, False}
+    assert {line for asserts in drawn for line in asserts} == {*layouts, "assert odd(7) == True\n"}
+
+
+def test_the_hidden_order_draws_nothing_from_the_familys_stream() -> None:
+    """A draw would change every later instance of the family: prompts, files, solutions."""
+    from infra.tasks.workspace_repo import hidden_order
+
+    rng = random.Random("tempered-workspace-brackets")
+    rng.random()
+    state = rng.getstate()
+    first, second = hidden_order(rng), hidden_order(rng)
+    assert rng.getstate() == state and first.random() == second.random()
