@@ -17,11 +17,8 @@ import hashlib
 import logging
 from typing import Any
 
-import boto3
-from botocore.config import Config
-
 from contracts.common import ObjectRef
-from infra.storage import ObjectStore
+from infra.storage import ObjectStore, s3_client
 from infra.storage_errors import (
     ObjectNotFound,
     StorageError,
@@ -56,21 +53,12 @@ class Reader:
     def __init__(self, store: ObjectStore):
         s3 = store.settings
         self.bucket, self.endpoint, self.access_key = store.bucket, store.endpoint, s3.access_key
-        config = Config(
+        self.client = s3_client(
+            s3,
             connect_timeout=min(s3.connect_timeout_s, CONNECT_TIMEOUT_S),
             read_timeout=READ_TIMEOUT_S,
             retries={"total_max_attempts": 2, "mode": "standard"},
-            s3={"addressing_style": "path"},
-            signature_version="s3v4",
             max_pool_connections=8,
-        )
-        self.client = boto3.session.Session().client(
-            "s3",
-            endpoint_url=s3.endpoint,
-            region_name=s3.region,
-            aws_access_key_id=s3.access_key,
-            aws_secret_access_key=s3.secret_key.get_secret_value(),
-            config=config,
         )
         self.client.meta.events.register("before-call.s3", _only_reads)
 

@@ -72,6 +72,19 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def s3_client(s3: S3Settings, **config: Any) -> Any:
+    """A boto3 S3 client of `s3`'s endpoint and credentials (path-style, SigV4), with `config`'s
+    timeouts, retries and pool: the store's, and the codec server's own (infra/codec_reader.py)."""
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        region_name=s3.region,
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key.get_secret_value(),
+        config=Config(s3={"addressing_style": "path"}, signature_version="s3v4", **config),
+    )
+
+
 class ObjectStore:
     """One bucket of one S3 endpoint. Thread-safe (one boto3 client, shared)."""
 
@@ -80,22 +93,13 @@ class ObjectStore:
         self.bucket = bucket or s3.bucket
         self.endpoint = s3.endpoint or f"https://s3.{s3.region}.amazonaws.com"
         self.page_size = page_size
-        config = Config(
-            connect_timeout=s3.connect_timeout_s,
-            read_timeout=60,
-            retries={"max_attempts": s3.max_attempts, "mode": "standard"},
-            s3={"addressing_style": "path"},
-            signature_version="s3v4",
-            max_pool_connections=32,
-        )
         try:
-            self._client = boto3.session.Session().client(
-                "s3",
-                endpoint_url=s3.endpoint,
-                region_name=s3.region,
-                aws_access_key_id=s3.access_key,
-                aws_secret_access_key=s3.secret_key.get_secret_value(),
-                config=config,
+            self._client = s3_client(
+                s3,
+                connect_timeout=s3.connect_timeout_s,
+                read_timeout=60,
+                retries={"max_attempts": s3.max_attempts, "mode": "standard"},
+                max_pool_connections=32,
             )
         except ValueError as exc:
             raise PermanentStorageError(f"bad S3 endpoint URL {s3.endpoint!r}: {exc}") from None
