@@ -126,7 +126,7 @@ def {name}(a: str, b: str) -> int:
         else:
             short, long = equal()
             cases.append((short, long) if rng.random() < 0.5 else (long, short))
-    cases += [("2.0.0", "2"), ("1.9", "1.10")]  # answers in pairs that differ: -1 1, 0 -1, ...
+    cases += [("2.0.0", "2"), ("1.9", "1.10")]  # answers in fours: -1 1 0 -1, 1 0 -1 1, ...
     return Repo(
         module=rng.choice(("versioning", "semver_lite", "releases", "vercmp")),
         summary=f"`{name}(a, b)` compares two version numbers",
@@ -139,9 +139,10 @@ def {name}(a: str, b: str) -> int:
         fixed=fixed,
         visible=[(name, ("1.9", "1.10")), (name, ("1.0", "1"))],
         hidden=[(name, case) for case in cases],
-        # two answers an assert (-1, 0 and 1 are a third each), in an order drawn per
-        # instance: no constant answer, nor a cycle or a counter, passes one
-        together=2,
+        # four calls an assert, with two or three answers (-1, 0 and 1 are a third each), in
+        # an order drawn per instance: no constant answer, nor a cycle or a counter over calls
+        # or over new arguments (remembering the others), passes one (`hidden_asserts`)
+        together=4,
     )
 
 
@@ -219,8 +220,19 @@ def {name}(text: str, column: str) -> float:
         source=buggy,
         fixed=fixed,
         visible=[(name, (example, "price")), (name, (example, "count"))],
-        hidden=[(name, (table(), rng.choice(headers[1:]))) for _ in range(7)],
+        # every total at least 100 (a first data row of 100s, which the bug skips): no
+        # constant answer nor count of calls is one
+        hidden=[
+            (name, (_leading(text, delimiter, len(headers)), column))
+            for text, column in [(table(), rng.choice(headers[1:])) for _ in range(7)]
+        ],
     )
+
+
+def _leading(table: str, delimiter: str, width: int) -> str:
+    """`table` with a first data row of 100s."""
+    header, rows = table.split("\n", 1)
+    return f"{header}\n{delimiter.join(['z'] + ['100'] * (width - 1))}\n{rows}"
 
 
 def game(rng: random.Random) -> Repo:
@@ -252,14 +264,24 @@ def {name}(number: int) -> str:
     for divisor in rules:
         both *= divisor
     first, second = rules
-    # mostly multiples of both divisors (the bug says only the first word), and one number
-    # of each other kind
-    numbers = sorted(both * k for k in rng.sample(range(1, 16), 12))
-    numbers += [
+    # multiples of both divisors (the bug says only the first word), each checked with a number
+    # of another kind: a multiple of the first only, of the second only, or of neither
+    multiples = sorted(both * k for k in rng.sample(range(1, 16), 12))
+    drawn = [
         first * (second * rng.randint(0, 9) + rng.randint(1, second - 1)),
         second * (first * rng.randint(0, 9) + rng.randint(1, first - 1)),
         both * rng.randint(1, 9) + 1,
     ]
+    numbers, taken = [], {*multiples, *drawn}
+    for k, multiple in enumerate(multiples):
+        if k < len(drawn):
+            other = drawn[k]
+        else:
+            other = multiple + (first, second, 1)[k % 3]
+            while other in taken:
+                other += both  # of the same kind
+            taken.add(other)
+        numbers += [multiple, other]
     return Repo(
         module=rng.choice(("game", "counting_game", "playground", "chant")),
         summary=f"`{name}(number)` says a number in a counting game",
@@ -273,6 +295,9 @@ def {name}(number: int) -> str:
         visible=[(name, (both,)), (name, (1,))],
         hidden=[(name, (n,)) for n in numbers],
         extra={"rules.py": helper},
+        # a multiple of both and another number an assert: no one answer (the words the
+        # README shows, either word, the number) passes one
+        together=2,
     )
 
 

@@ -195,9 +195,17 @@ def {name}(text: str) -> bool:
             + "".join(pairs[o] + filler() for o in opened)
         )
 
-    texts = [text for _ in range(5) for text in (nested(), crossed())]
+    drawn = [text for _ in range(5) for text in (nested(), crossed())]
     opener, closer = rng.choice(sorted(pairs.items()))
-    texts += [f"a{opener}b{closer}", "([)]", f"{opener}{{[]}}{closer}", "(("]  # True, False, ...
+    # two True and two False calls an assert, each with a text the bug gets wrong (nested,
+    # crossed, "([)]"), in groups of distinct texts
+    balanced = [*drawn[0::2], f"a{opener}b{closer}", f"{opener}{{[]}}{closer}", "[x]"]
+    unbalanced = [*drawn[1::2], "((", "([)]", ")("]
+    texts = [
+        text
+        for start in range(0, len(balanced), 2)
+        for text in (*balanced[start : start + 2], *unbalanced[start : start + 2])
+    ]
     return Repo(
         module=rng.choice(("syntax", "parens", "matcher", "bracketing")),
         summary=f"`{name}(text)` checks that brackets are balanced",
@@ -211,9 +219,10 @@ def {name}(text: str) -> bool:
         fixed=fixed,
         visible=[(name, ("([)]",)), (name, ("(a[b]c)",))],
         hidden=[(name, (text,)) for text in texts],
-        # a True and a False call an assert, in an order drawn per instance: no constant
-        # answer, nor one that alternates or counts calls, passes one (`hidden_asserts`)
-        together=2,
+        # two True and two False calls an assert, in an order drawn per instance: no constant
+        # answer, nor one that alternates or counts calls or the new arguments it is given
+        # (remembering the others), passes one (`hidden_asserts`)
+        together=4,
     )
 
 

@@ -16,7 +16,8 @@ One candidate process answers all of a check's calls, so a program may keep stat
 them: the order of the asserts and of each group's calls is drawn per task instance
 (`hidden_order`), and a group's calls are laid out so that no answer sequence that repeats
 every one, two or three calls (`PERIODS`: a constant, an alternating toggle, a counter modulo
-2 or 3, a cycle through -1, 0, 1) passes it, whatever the arguments (`_layouts`).
+2 or 3, a cycle through -1, 0, 1) passes it, whatever the arguments, nor one that remembers
+each argument's answer and answers new ones so (`_layouts`, `MEMO_PERIODS`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ PERIODS = (1, 2, 3)
 """No group of hidden calls passes an answer sequence of one of these periods: for each, the
 group has two calls this far apart whose expected values differ (a constant: 1; a toggle or a
 counter modulo 2: 2; a counter modulo 3 or a cycle through three answers: 3)."""
+MEMO_PERIODS = PERIODS
+"""Nor does a program that remembers each argument's answer and answers a new one by how many
+it has seen (True, False, True, ... over new arguments; a cycle through -1, 0, 1): a group's
+calls, in the order first made, have two this far apart whose expected values differ, where
+the group has more calls than the period (four calls pass none; two pass a phase of every
+period), and no call is in two groups (a remembered answer would let it skip one)."""
 
 
 @dataclass(frozen=True)
@@ -124,19 +131,30 @@ def _layouts(values: Sequence[Any]) -> list[tuple[int, ...]]:
         layout
         for layout in itertools.product(range(len(values)), repeat=length)
         if len(set(layout)) == len(values)
-        and all(
-            any(values[layout[i]] != values[layout[i + period]] for i in range(length - period))
-            for period in PERIODS
-        )
+        and _breaks(values, layout, PERIODS)
+        and _breaks(values, list(dict.fromkeys(layout)), MEMO_PERIODS)
     ]
+
+
+def _breaks(values: Sequence[Any], order: Sequence[int], periods: Sequence[int]) -> bool:
+    """Whether `order` (indices of `values`) has, for each period shorter than it, two
+    positions that far apart whose values differ: no sequence of that period matches it."""
+    return all(
+        any(values[order[i]] != values[order[i + period]] for i in range(len(order) - period))
+        for period in periods
+        if period < len(order)
+    )
 
 
 def hidden_asserts(repo: Repo, order: random.Random) -> list[str]:
     """The hidden tests, one assert a line, in an order drawn from `order` (`hidden_order`):
     `repo.together` calls each, laid out as one of `_layouts`, drawn from `order` too
     (ValueError if a group's expected values are all equal: one constant answer would pass
-    it, or floats, which an assert of several calls cannot compare within a tolerance)."""
+    it, or floats, which an assert of several calls cannot compare within a tolerance; or if
+    no layout passes `_layouts`, or a call is in two groups)."""
     expected = _results(repo, repo.hidden)
+    if repo.together > 1 and len(set(map(repr, repo.hidden))) < len(repo.hidden):
+        raise ValueError(f"{repo.module}: a hidden call is checked in two groups")
     asserts = []
     for start in range(0, len(repo.hidden), repo.together):
         calls = repo.hidden[start : start + repo.together]

@@ -37,8 +37,12 @@ from infra.tasks.workspace_task import SOLVE, WorkspaceTask
 from tests.infra.environments.conftest import needs_root, session_root
 
 FIRST_ARGUMENT = "<first argument>"
-TRIVIAL = ("True", "False", "-1", "0", "1", "None", "[]", '""', FIRST_ARGUMENT)
-"""The bodies `return <this>` put in the function under test."""
+TRIVIAL = (
+    *("True", "False", "-1", "0", "1", "2", "None", "[]", '""'),
+    *(FIRST_ARGUMENT, f"str({FIRST_ARGUMENT})"),
+)
+"""The bodies `return <this>` put in the function under test; besides these, every answer the
+task shows (`shown`)."""
 STATEFUL = (
     *("n % 2 == 1", "n % 2 == 0", "n % 2", "1 - n % 2"),  # toggles, counters modulo 2
     *("n % 3", "n % 3 - 1", "1 - n % 3"),  # counters modulo 3
@@ -46,7 +50,9 @@ STATEFUL = (
     "n",  # a counter
 )
 """The stateful bodies put in the function under test: `return <this>`, n the calls so far
-(1 on the first). Besides these, every cycle through the task's answer values (`cycles`)."""
+(1 on the first). Besides these, every cycle through the task's answer values (`cycles`).
+With a memo (`memo`), n counts the distinct arguments so far and each argument is answered as
+the first time: a program that alternates True and False over new arguments."""
 
 
 def _tree(packed: Packed) -> dict[str, str]:
@@ -107,8 +113,7 @@ class Case:
             for n in ast.parse(source).body
             if isinstance(n, ast.FunctionDef) and n.name == self.function
         ]
-        if body[-1] == f"return {FIRST_ARGUMENT}":
-            body = [*body[:-1], f"return {node.args.args[0].arg}"]
+        body = [line.replace(FIRST_ARGUMENT, node.args.args[0].arg) for line in body]
         lines = source.splitlines(keepends=True)
         indent = " " * node.body[0].col_offset
         start, end = node.body[0].lineno - 1, node.end_lineno
@@ -118,6 +123,41 @@ class Case:
             + "".join(f"{indent}{line}\n" for line in body)
             + "".join(lines[end:])
         )
+
+    def memo(self, answer: str) -> str:
+        """The untouched module with the function's body replaced by one that remembers each
+        argument's answer and answers a new one with `answer`, an expression of n, the
+        arguments seen so far with this one (1 on the first)."""
+        return self._with_body(
+            [
+                "key = repr(locals())",  # the arguments, before any other local
+                'memo = globals().setdefault("_memo", {})',
+                "if key not in memo:",
+                "    n = len(memo) + 1",
+                f"    memo[key] = {answer}",
+                "return memo[key]",
+            ]
+        )
+
+    def shown(self) -> list[str]:
+        """The answers the task shows, as literals: the example tests' expected values and, in
+        the `game` family, each word of rules.py (a constant of them, or of the words of a
+        multiple of both divisors, which the README shows, passed most hidden asserts)."""
+        tests = self.files[f"test_{self.module}.py"]
+        (cases,) = [
+            node.value
+            for node in ast.parse(tests).body
+            if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "CASES"
+        ]
+        assert isinstance(cases, ast.List)
+        shown = {
+            ast.unparse(case.elts[2]): None for case in cases.elts if isinstance(case, ast.Tuple)
+        }
+        if "rules.py" in self.files:
+            rules: dict[int, str] = {}
+            exec(self.files["rules.py"], rules)  # noqa: S102 - our own suite's helper
+            shown |= {repr(word): None for word in rules["RULES"].values()}
+        return list(shown)
 
     def answers(self) -> list[str]:
         """The distinct values the hidden asserts expect, as literals, in order of appearance."""
@@ -187,7 +227,7 @@ def test_no_trivial_program_scores_above_the_untouched_workspace() -> None:
     earned: dict[str, list[str]] = {}
     for case in CASES:
         untouched = case.score(case.files[case.path])
-        for answer in TRIVIAL:
+        for answer in (*TRIVIAL, *case.shown()):
             score = case.score(case.trivial(answer))
             reward = REWARD.score((), verdict=score, untouched=untouched)
             if reward > 0:
@@ -202,22 +242,27 @@ def test_no_stateful_program_scores_above_the_untouched_workspace() -> None:
     """One process answers all of a check's calls, so a program may count them. An alternating
     toggle, counters modulo 2 and 3 and every cycle through the answer values, from every
     phase, earn nothing on any task: a group's calls are laid out so that no answer sequence
-    of period 1, 2 or 3 passes it (`workspace_repo._layouts`)."""
+    of period 1, 2 or 3 passes it (`workspace_repo._layouts`). The same over new arguments,
+    remembering the others (`Case.memo`: one that alternated True and False so passed each
+    brackets group whose first call expected True, and a cycle through -1, 0, 1 some versions
+    groups): a group's calls, in the order first made, are laid out so too, and a call is in
+    one group only."""
     earned: dict[str, list[str]] = {}
     tried = 0
     for case in CASES:
         untouched = case.score(case.files[case.path])
         for answer in (*STATEFUL, *case.cycles()):
-            score = case.score(case.stateful(answer))
-            reward = REWARD.score((), verdict=score, untouched=untouched)
-            tried += 1
-            if reward > 0:
-                family = case.task.spec.id.split("-")[1]
-                earned.setdefault(f"{family}: return {answer}", []).append(
-                    f"{case.task.spec.id} {score:.2f} vs {untouched:.2f} -> {reward:.2f}"
-                )
+            for kind, module in (("", case.stateful(answer)), ("memo ", case.memo(answer))):
+                score = case.score(module)
+                reward = REWARD.score((), verdict=score, untouched=untouched)
+                tried += 1
+                if reward > 0:
+                    family = case.task.spec.id.split("-")[1]
+                    earned.setdefault(f"{family}: {kind}return {answer}", []).append(
+                        f"{case.task.spec.id} {score:.2f} vs {untouched:.2f} -> {reward:.2f}"
+                    )
     assert not earned, "\n".join(f"{k}: {v}" for k, v in sorted(earned.items()))
-    assert tried > len(CASES) * len(STATEFUL)  # cycles were tried too
+    assert tried > 2 * len(CASES) * len(STATEFUL)  # cycles were tried too
 
 
 def test_the_order_of_grouped_calls_is_drawn_per_instance() -> None:
