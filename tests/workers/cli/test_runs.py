@@ -193,7 +193,9 @@ def test_runs_prune_keeps_v0_and_the_newest_versions(
     assert "deleted policy versions v1, v2;" in capsys.readouterr().out
     left = [v for v in range(4) if policy_manifest(store, "prune-me", v) is not None]
     assert left == [0, 3]
-    assert cli(["runs", "prune", "prune-me", "--keep", "-1", "--force"], settings) == 2
+    with pytest.raises(SystemExit) as refused:  # at parse time, as every bad number is
+        cli(["runs", "prune", "prune-me", "--keep", "-1", "--force"], settings)
+    assert refused.value.code == 2 and "-1 is not 0 or more" in capsys.readouterr().err
 
 
 def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
