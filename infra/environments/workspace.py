@@ -18,20 +18,17 @@ Tools (`contracts.episode.WORKSPACE_TOOLS`):
 
 A malformed call, an unknown tool, bad arguments or a path out of the workspace give an error
 observation (a step like any other). After every step the workspace is snapshotted
-(`snapshots.py`): only changed files are read and uploaded, and nothing is uploaded when the
-tree is unchanged; the new state names the snapshot and the tree digest. A step is always run
-from the state it is given: if the session holds another tree (a retried step whose first
-attempt got further), it is restored from that state's snapshot first, so a step's outcome
-depends only on its state and its call.
+(`snapshots.py`: only changed files uploaded); the new state names the snapshot and the tree
+digest. A step runs from the state it is given: a session holding another tree (a retried
+step whose first attempt got further) is restored from that state's snapshot first.
 
 A workspace is a tmpfs of its own where the worker may mount one (`mounts.py`): past the quota
-a command gets ENOSPC, as on a full disk, and `write_file` an error observation.
+a command gets ENOSPC, and `write_file` an error observation. A cancelled reset or step holds
+its session's lock until its thread has ended (`in_thread`); a step that waited while its
+session was closed is lost.
 
-A cancelled reset or step holds its session's lock until its thread has ended (`in_thread`):
-no close removes the directory beside it; a step that waited while it was closed is lost.
-
-Not covered: interactive commands (stdin is empty), a command's output streamed back while it
-runs, a quota inside one command where no tmpfs can be mounted (the size is checked after it).
+Not covered: interactive commands (stdin is empty), output streamed while a command runs, a
+quota inside one command where no tmpfs can be mounted (the size is checked after it).
 """
 
 from __future__ import annotations
