@@ -8,7 +8,6 @@ itself) passes only a small share of the hidden asserts, which is its reward in 
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import random
 import sys
@@ -21,7 +20,6 @@ from typing import Any
 import pytest
 
 from contracts.task import TaskSpec
-from infra.environments.mounts import remove_tree
 from infra.tasks import load_suite
 from infra.tasks.seeded import seeded
 from infra.tasks.workspace import FAMILIES, INSTANCES_PER_FAMILY, TRAIN_PER_FAMILY
@@ -32,7 +30,8 @@ from infra.tasks.workspace_repo import (
     hidden_order,
     reference_results,
 )
-from tests.infra.environments.conftest import needs_root, session_root
+from tests.infra.environments.conftest import needs_root
+from tests.infra.tasks.verifying import verified_scores
 
 
 def _function(program: str, name: str) -> Callable[..., Any]:
@@ -173,49 +172,19 @@ def test_hidden_workspace_answers_are_not_one_value() -> None:
 def test_the_verifier_scores_untouched_workspaces_as_computed() -> None:
     """One task per family through the real sandbox: the untouched workspace's score is the
     share computed in-process above."""
-    from infra.environments.sessions import SessionHost
-    from infra.environments.snapshots import MemoryObjects, Trees
-    from infra.environments.workspace import WorkspaceEnvironment
-    from infra.sandbox import get_backend
-    from infra.sandbox.workspace import CommandRunner
-    from infra.settings import SandboxSettings, Settings, WorkspaceSettings
-    from infra.tasks.validate import VALIDATION_LIMITS
+    from infra.environments.snapshots import MemoryObjects
     from infra.tasks.workspace import workspace_tasks
 
     repos = dict(_repos())
     tasks = [task for task in workspace_tasks() if task.spec.split == "heldout"]
     assert len(tasks) == len(FAMILIES)
-    root = session_root()
-    settings = Settings(sandbox=SandboxSettings(workspaces=WorkspaceSettings(root=root)))
     objects = MemoryObjects()
+    specs = []
     for task in tasks:
         objects.update(task.objects)
-    trees = Trees(objects)
-    host = SessionHost(settings.sandbox.workspaces)
-    backend = get_backend(settings, None)
-    env = WorkspaceEnvironment(host, trees, CommandRunner(), backend)
-
-    async def score(n: int, task: Any) -> float:
-        session = f"strength-{n}"
-        try:
-            state = await env.reset(task.spec.workspace, session)
-            graded = await env.verify(task.spec.workspace, state, VALIDATION_LIMITS)
-        finally:
-            await env.close([session])
-        return float(graded.score)
-
-    async def run() -> list[float]:
-        try:
-            return list(await asyncio.gather(*(score(n, t) for n, t in enumerate(tasks))))
-        finally:
-            await host.shutdown()
-            trees.close()
-            await backend.close()
-
-    try:
-        scores = asyncio.run(run())
-    finally:
-        remove_tree(root)
+        assert task.spec.workspace is not None
+        specs.append(task.spec.workspace)
+    scores = verified_scores(objects, specs, "strength")
     for task, got in zip(tasks, scores, strict=True):
         assert got == pytest.approx(untouched_share(*repos[task.spec.id])), task.spec.id
         assert got <= TASK_BOUND, task.spec.id

@@ -16,7 +16,6 @@ False), a function that alternated its answers passed every assert of the bracke
 from __future__ import annotations
 
 import ast
-import asyncio
 import itertools
 import random
 import sys
@@ -28,13 +27,13 @@ from typing import Any
 import pytest
 
 from contracts.task import RewardConfig, WorkspaceSpec
-from infra.environments.mounts import remove_tree
 from infra.environments.tree import Packed, decode_tree, pack_files
 from infra.sandbox.judge import split_tests
 from infra.tasks.workspace import workspace_tasks
 from infra.tasks.workspace_repo import Repo, hidden_asserts
 from infra.tasks.workspace_task import SOLVE, WorkspaceTask
-from tests.infra.environments.conftest import needs_root, session_root
+from tests.infra.environments.conftest import needs_root
+from tests.infra.tasks.verifying import verified_scores
 
 FIRST_ARGUMENT = "<first argument>"
 TRIVIAL = (
@@ -285,13 +284,7 @@ def test_the_order_of_grouped_calls_is_drawn_per_instance() -> None:
 def test_the_verifier_scores_trivial_programs_as_computed() -> None:
     """Each held-out task with two trivial programs (in turn) and untouched, through the real
     sandbox: its score is the in-process one."""
-    from infra.environments.sessions import SessionHost
-    from infra.environments.snapshots import MemoryObjects, Trees
-    from infra.environments.workspace import WorkspaceEnvironment
-    from infra.sandbox import get_backend
-    from infra.sandbox.workspace import CommandRunner
-    from infra.settings import SandboxSettings, Settings, WorkspaceSettings
-    from infra.tasks.validate import VALIDATION_LIMITS
+    from infra.environments.snapshots import MemoryObjects
 
     runs: list[tuple[Case, str, WorkspaceSpec]] = []
     objects = MemoryObjects()
@@ -310,36 +303,7 @@ def test_the_verifier_scores_trivial_programs_as_computed() -> None:
             packed = pack_files({**case.files, case.path: module})
             objects.update(packed.objects)
             runs.append((case, module, workspace.model_copy(update={"files": packed.ref})))
-    root = session_root()
-    settings = Settings(sandbox=SandboxSettings(workspaces=WorkspaceSettings(root=root)))
-    trees = Trees(objects)
-    host = SessionHost(settings.sandbox.workspaces)
-    backend = get_backend(settings, None)
-    env = WorkspaceEnvironment(host, trees, CommandRunner(), backend)
-
-    async def score(n: int, spec: WorkspaceSpec) -> float:
-        session = f"trivial-{n}"
-        try:
-            state = await env.reset(spec, session)
-            graded = await env.verify(spec, state, VALIDATION_LIMITS)
-        finally:
-            await env.close([session])
-        return float(graded.score)
-
-    async def run() -> list[float]:
-        try:
-            return list(
-                await asyncio.gather(*(score(n, spec) for n, (_, _, spec) in enumerate(runs)))
-            )
-        finally:
-            await host.shutdown()
-            trees.close()
-            await backend.close()
-
-    try:
-        scores = asyncio.run(run())
-    finally:
-        remove_tree(root)
+    scores = verified_scores(objects, [spec for _, _, spec in runs], "trivial")
     for (case, module, _), got in zip(runs, scores, strict=True):
         assert got == pytest.approx(case.score(module)), (case.task.spec.id, module)
 
