@@ -37,6 +37,7 @@ from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.workspace import CommandRunner
 from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from tests.infra.environments.conftest import session_root
+from tests.infra.sandbox.argv_faults import alter_argv, fail_with, reject_option
 from workers import sandbox
 from workers.plan import WorkerPlan
 
@@ -85,23 +86,15 @@ def probes(
     with `reject`, bwrap itself refuses each of them (an option it does not know), as a bwrap
     that may not create its namespaces refuses every sandbox; with `error`, each fails with
     that text on stderr, as bwrap would. Each one's `Mounts` and cgroups go to `mounts`."""
-    asked: list[str] = []
-    build = CommandRunner.argv
 
-    def argv(self: CommandRunner, command: str, *args: Any) -> list[str]:
-        line = build(self, command, *args)
-        asked.append(command)
+    def change(runner: CommandRunner, line: list[str], args: tuple[Any, ...]) -> list[str]:
         if mounts is not None:
             mounts.append((args[0], args[3]))
         if reject:
-            at = line.index(str(self.bwrap)) + 1
-            line[at:at] = ["--no-such-option"]
-        if error:
-            return ["/bin/sh", "-c", f"echo '{error}' >&2; exit 1"]
-        return line
+            line = reject_option(runner, line, args)
+        return fail_with(f"echo '{error}' >&2; exit 1")(runner, line, args) if error else line
 
-    monkeypatch.setattr(CommandRunner, "argv", argv)
-    return asked
+    return alter_argv(monkeypatch, change)
 
 
 def without_bwrap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

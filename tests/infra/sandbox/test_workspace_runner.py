@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from infra.sandbox.workspace import (
     check_mount_point,
     session_uid,
 )
+from tests.infra.sandbox.argv_faults import alter_argv, fail_with, nproc_one, reject_option
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or os.geteuid() != 0, reason="needs bwrap and root"
@@ -192,57 +192,6 @@ def test_mount_points_inside_the_system_are_refused(path: str) -> None:
         check_mount_point(path)
 
 
-def rejected_option(monkeypatch: pytest.MonkeyPatch, tries: int = 2) -> list[str]:
-    """Make bwrap itself refuse the next `tries` sandboxes (an option it does not know), as a
-    host whose bwrap cannot create its namespaces does; returns the commands asked for."""
-    asked: list[str] = []
-    build = CommandRunner.argv
-
-    def argv(self: CommandRunner, command: str, *args: Any) -> list[str]:
-        line = build(self, command, *args)
-        asked.append(command)
-        if len(asked) <= tries:
-            at = line.index(str(self.bwrap)) + 1
-            line[at:at] = ["--no-such-option"]
-        return line
-
-    monkeypatch.setattr(CommandRunner, "argv", argv)
-    return asked
-
-
-def failing(monkeypatch: pytest.MonkeyPatch, script: str, tries: int = 2) -> list[str]:
-    """Make the next `tries` sandboxes a shell `script` that fails as bwrap would (the rest
-    are real); returns the commands asked for."""
-    asked: list[str] = []
-    build = CommandRunner.argv
-
-    def argv(self: CommandRunner, command: str, *args: Any) -> list[str]:
-        asked.append(command)
-        line = build(self, command, *args)
-        return ["/bin/sh", "-c", script] if len(asked) <= tries else line
-
-    monkeypatch.setattr(CommandRunner, "argv", argv)
-    return asked
-
-
-def short_of_processes(monkeypatch: pytest.MonkeyPatch, tries: int = 2) -> list[str]:
-    """A real shortage, no fake: the next `tries` sandboxes start with RLIMIT_NPROC at 1 for
-    the sandbox uid, so bwrap cannot clone its namespaces (EAGAIN), as when a pids limit or
-    the kernel's tables are used up for a moment."""
-    asked: list[str] = []
-    build = CommandRunner.argv
-
-    def argv(self: CommandRunner, command: str, *args: Any) -> list[str]:
-        line = build(self, command, *args)
-        asked.append(command)
-        if len(asked) <= tries:
-            line[2] = re.sub(r"ulimit -p \d+", "ulimit -p 1", line[2])
-        return line
-
-    monkeypatch.setattr(CommandRunner, "argv", argv)
-    return asked
-
-
 @pytest.fixture
 def pauses(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The pauses of half a second or more asked of `time.sleep` (not taken); shorter ones
@@ -267,7 +216,7 @@ def test_the_probe_passes_where_sandboxes_come_up(pauses: list[float]) -> None:
 def test_the_probe_reports_bwraps_own_error_once_it_failed_twice(
     monkeypatch: pytest.MonkeyPatch, pauses: list[float]
 ) -> None:
-    asked = rejected_option(monkeypatch)
+    asked = alter_argv(monkeypatch, reject_option, tries=2)
     why = CommandRunner().probe()
     assert asked == ["true"] * 2  # the steps' own sandbox (argv), for `true`
     assert why.startswith("no workspace sandbox comes up on this host: bwrap: Unknown option")
@@ -277,7 +226,7 @@ def test_the_probe_reports_bwraps_own_error_once_it_failed_twice(
 
 
 def test_a_probe_that_fails_once_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    asked = rejected_option(monkeypatch, tries=1)
+    asked = alter_argv(monkeypatch, reject_option, tries=1)
     assert CommandRunner().probe() == "" and len(asked) == 2
 
 
@@ -295,7 +244,7 @@ def test_a_probe_that_fails_once_is_tried_again(monkeypatch: pytest.MonkeyPatch)
 def test_a_fault_no_retry_mends_condemns_the_host(
     monkeypatch: pytest.MonkeyPatch, script: str
 ) -> None:
-    failing(monkeypatch, script)
+    alter_argv(monkeypatch, fail_with(script), tries=2)
     why = CommandRunner().probe()
     assert why.startswith("no workspace sandbox comes up on this host: "), why
     if "SYS" in script:
@@ -319,7 +268,7 @@ def test_a_resource_shortage_condemns_nothing(
 ) -> None:
     """user.max_user_namespaces used up by neighbours' sessions, a pids limit, memory: the
     host is healthy once they end; the worker serves and a step would be retried."""
-    asked = failing(monkeypatch, f"echo '{error}' >&2; exit 1")
+    asked = alter_argv(monkeypatch, fail_with(f"echo '{error}' >&2; exit 1"), tries=2)
     with caplog.at_level(logging.WARNING):
         assert CommandRunner().probe() == ""
     assert len(asked) == 2 and pauses == [1.0]  # the second try came a second later
@@ -329,7 +278,7 @@ def test_a_resource_shortage_condemns_nothing(
 def test_a_real_process_shortage_condemns_nothing(
     monkeypatch: pytest.MonkeyPatch, pauses: list[float], caplog: pytest.LogCaptureFixture
 ) -> None:
-    asked = short_of_processes(monkeypatch)
+    asked = alter_argv(monkeypatch, nproc_one, tries=2)
     with caplog.at_level(logging.WARNING):
         assert CommandRunner().probe() == ""
     assert len(asked) == 2 and pauses == [1.0]
@@ -339,7 +288,7 @@ def test_a_real_process_shortage_condemns_nothing(
 def test_a_shortage_that_passes_is_waited_out(
     monkeypatch: pytest.MonkeyPatch, pauses: list[float], caplog: pytest.LogCaptureFixture
 ) -> None:
-    asked = short_of_processes(monkeypatch, tries=1)
+    asked = alter_argv(monkeypatch, nproc_one, tries=1)
     with caplog.at_level(logging.WARNING):
         assert CommandRunner().probe() == ""
     assert len(asked) == 2 and pauses == [1.0] and not caplog.text  # then it came up
