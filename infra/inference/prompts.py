@@ -138,6 +138,7 @@ class ChatFormat:
         )
         self.end_of_turn, self._end_of_turn_text = self._find_end_of_turn()
         self.untrusted = UntrustedText(tokenizer)
+        self._frames: dict[Callable[[str], str], tuple[str, str]] = {}
 
     def system_prompt(self) -> str:
         if self.env is EnvName.CODE:
@@ -150,16 +151,16 @@ class ChatFormat:
         """Step 0: system prompt and task, generation prompt appended (the task is untrusted:
         task files come from suites)."""
 
-        def render(task: str) -> str:
-            text: str = self.tokenizer.apply_chat_template(
-                task_messages(task, self.system_prompt()),
-                tokenize=False,
-                add_generation_prompt=True,
-                **self._template_args,
-            )
-            return text
+        return self._encode(self._first, prompt)
 
-        return self._encode(render, prompt)
+    def _first(self, task: str) -> str:
+        text: str = self.tokenizer.apply_chat_template(
+            task_messages(task, self.system_prompt()),
+            tokenize=False,
+            add_generation_prompt=True,
+            **self._template_args,
+        )
+        return text
 
     def observation_message(self, text: str) -> dict[str, str]:
         """The observation as the next message, clipped (`clip`: characters, then tokens)."""
@@ -184,11 +185,15 @@ class ChatFormat:
     def _encode(self, render: Callable[[str], str], content: str) -> list[int]:
         """`render(content)` tokenized with `content` as untrusted text. Its span is what the
         template writes between the text it writes around a placeholder, so a template that
-        alters a message's text (trims it, say) still has all of it treated as untrusted."""
-        frame = render(CONTENT)
-        if frame.count(CONTENT) != 1:
-            raise ValueError("the chat template does not render a message's text exactly once")
-        before, after = frame.split(CONTENT)
+        alters a message's text (trims it, say) still has all of it treated as untrusted.
+        The frame (`render(CONTENT)`) is rendered once per `render`: it is the same each time."""
+        if render not in self._frames:
+            frame = render(CONTENT)
+            if frame.count(CONTENT) != 1:
+                raise ValueError("the chat template does not render a message's text exactly once")
+            before, after = frame.split(CONTENT)
+            self._frames[render] = before, after
+        before, after = self._frames[render]
         rendered = render(content)
         end = len(rendered) - len(after)
         if not (rendered.startswith(before) and rendered.endswith(after) and end >= len(before)):
