@@ -2,12 +2,17 @@
 
     why = probe(runner, host.directory, slot)    # "": serve sessions; else why none can run
 
-It runs `true` in the very sandbox a step gets (`CommandRunner.argv`), in the step's cgroups
-where the runner uses them (created, limited, joined, then reaped and removed, as
-`CommandRunner.run` does), over an empty workspace made as a session's is: a 0700 directory
-owned by the slot's uid in the session host's directory, whose parents `SessionHost` has
-checked sandbox uids can pass. (Before, it sat in $TMPDIR, which a sandbox uid may not reach:
-a 0700 parent condemned a healthy host.) One try costs a sandbox start, ~20 ms.
+It runs `true` as a step does, through `CommandRunner.run` (the one home of "start a step's
+sandbox and wait for it": the very sandbox, `CommandRunner.argv`, and the slot's cgroups where
+the runner uses them, created, limited, joined, then reaped and removed), with the try's
+deadline as the wall-clock limit, over an empty workspace made as a session's is: a 0700
+directory owned by the slot's uid in the session host's directory, whose parents `SessionHost`
+has checked sandbox uids can pass. (Before, it sat in $TMPDIR, which a sandbox uid may not
+reach: a 0700 parent condemned a healthy host.) The run's outcome is the try's: a pass, no
+answer in time, or why not in the launcher's words (bwrap's, setpriv's or the shell's stderr,
+the signal that killed it: `SandboxNotUp`; the errno of a launcher that could not be started).
+`probe` blocks: each run gets an event loop of its own, in a thread of its own where the
+caller runs one (the worker builds its plan in its loop). One try costs a sandbox start, ~20 ms.
 
 What a failed try said decides (`definitive`, the one rule): only a fault that no retry can
 mend condemns the host, and then only when every one of `PROBE_TRIES` tries failed so; the
@@ -28,34 +33,30 @@ error (`no_namespaces`), which makes it definitive and names the setting in the 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 import time
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.cgroups import Cgroups
-from infra.sandbox.process import KILL_GRACE_S
-from infra.sandbox.workspace import (
-    LAUNCH_ENV,
-    SLOTS,
-    WRAPPER_PROCESSES,
-    Mounts,
-    cgroup_name,
-    session_uid,
-    status_messages,
-)
+from infra.sandbox.workspace import SLOTS, Mounts, SandboxNotUp, cgroup_name, session_uid
 
 if TYPE_CHECKING:
     from infra.sandbox.workspace import CommandRunner
+
+T = TypeVar("T")
 
 PROBE_TIMEOUT_S = 10.0
 """How long one try waits for its sandbox (one takes ~20 ms; a loaded host longer)."""
@@ -194,64 +195,61 @@ def probe(
 
 
 def _try(runner: CommandRunner, directory: Path, slot: int, timeout_s: float) -> str | None:
-    """Run `true` in a step's sandbox and cgroups over an empty workspace: "" if it ran, None if
-    it did not end in `timeout_s` (killed), else why not (on one line)."""
-    uid, limits = session_uid(slot), SandboxLimits()
-    workspace, cgroups, fds = directory / PROBE_DIR, None, []
+    """Run `true` as a step of slot `slot` (`CommandRunner.run`) over an empty workspace: "" if
+    it ran, None if it did not end in `timeout_s` (killed), else why not (on one line)."""
+    uid, workspace, name = session_uid(slot), directory / PROBE_DIR, cgroup_name(slot)
     try:
         _remove(workspace)  # a dead try's
         workspace.mkdir(mode=0o700)  # as a session's: its uid's, under 0711 parents
         if os.geteuid() == 0:
             os.chown(workspace, uid, uid)
-        if runner.use_cgroups:
-            cgroups = Cgroups.create(cgroup_name(slot))
-            cgroups.apply(limits, processes_overhead=WRAPPER_PROCESSES)
-        status_r, status_w = os.pipe()
-        fds += [status_r, status_w]
-        argv = runner.argv("true", Mounts(workspace), uid, limits, cgroups, status_w)
-        try:
-            process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                pass_fds=(status_w,), start_new_session=True, env=LAUNCH_ENV,
-            )  # fmt: skip
-        except OSError as exc:
-            unusable = exc.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC)
-            return f"cannot {'execute' if unusable else 'start'} {argv[0]}: {exc.strerror}"
-        finally:
-            os.close(fds.pop())
-        try:
-            _, stderr = process.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.communicate(timeout=KILL_GRACE_S)
-            return None
-        os.set_blocking(status_r, False)
-        reported = b""
-        with contextlib.suppress(BlockingIOError):  # bwrap has ended: all it wrote is there
-            reported = os.read(status_r, 65536)
-    except SandboxInfraError as exc:  # the cgroups
+        limits = SandboxLimits(timeout_s=timeout_s)
+        result = _blocking(runner.run("true", Mounts(workspace), uid, limits, name))
+    except SandboxNotUp as exc:  # bwrap never reported the command's start, or its end
+        if isinstance(launch := exc.__cause__, OSError):  # the launcher did not start at all
+            unusable = launch.errno in (errno.ENOENT, errno.EACCES, errno.ENOEXEC)
+            what = launch.filename or "the launcher"
+            return f"cannot {'execute' if unusable else 'start'} {what}: {launch.strerror}"
+        return None if exc.timed_out else _said(exc.stderr, exc.returncode)
+    except SandboxInfraError as exc:  # the cgroups, a global OOM kill, a sandbox that won't die
         return str(exc)
     except OSError as exc:  # the workspace (a root without CAP_CHOWN), a pipe
         return f"cannot prepare its workspace: {exc}"
     finally:
-        for fd in fds:
-            os.close(fd)
-        if cgroups is not None and not cgroups.reap_blocking():
-            logger.warning("workspace sandbox probe: cgroups %s did not empty", cgroups.name)
+        if runner.use_cgroups and any(p.exists() for p in Cgroups.named(name).paths.values()):
+            logger.warning("workspace sandbox probe: cgroups %s did not empty", name)
         _remove(workspace)
-    if process.returncode == 0 and status_messages(reported).get("exit-code") == 0:
+    if result.status is ExecStatus.PASSED:
         return ""
-    said = " ".join(stderr.decode("utf-8", "replace").split())[-1000:]
-    return " ".join(filter(None, [said, _killed(process.returncode)])) or (
-        f"exit status {process.returncode}, no error text"
+    if result.status is ExecStatus.TIMEOUT:
+        return None
+    said = " ".join(result.stderr.split())[-1000:]
+    return f"{said} ({result.detail})".lstrip()  # it came up, but `true` failed in it
+
+
+def _blocking(run: Coroutine[Any, Any, T]) -> T:
+    """`run`, awaited to its end in a fresh event loop: in this thread, or in one of its own
+    where this thread runs a loop already (the worker builds its plan in one)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run)
+    with ThreadPoolExecutor(1, thread_name_prefix="sandbox-probe") as thread:
+        return thread.submit(asyncio.run, run).result()
+
+
+def _said(stderr: str, returncode: int | None) -> str:
+    """What a launcher said on stderr, on one line, and the signal that killed it, if any;
+    its exit status where it said nothing."""
+    said = " ".join(stderr.split())[-1000:]
+    return " ".join(filter(None, [said, _killed(returncode)])) or (
+        f"exit status {returncode}, no error text"
     )
 
 
-def _killed(returncode: int) -> str:
+def _killed(returncode: int | None) -> str:
     """How a signal ended the launcher ("" when none did): SIGSYS is a seccomp kill."""
-    if returncode >= 0:
+    if returncode is None or returncode >= 0:
         return ""
     with contextlib.suppress(ValueError):
         return f"(killed by {signal.Signals(-returncode).name}: {signal.strsignal(-returncode)})"

@@ -20,14 +20,14 @@ processes (rlimits set by the launching shell), memory (the cgroup), output (cap
 `limits.output_bytes` per stream, the rest drained).
 
 bwrap reports on a status fd once the sandbox is up and again with the command's exit code,
-so a sandbox that never came up is a platform fault (`SandboxInfraError`), never a result. A
-host without bwrap (or, for a root worker, setpriv) cannot run any command: `missing` says so.
-Nor can one whose bwrap may not create the namespaces it asks for (unprivileged user namespaces
-disabled, a seccomp profile, a container without the capabilities): `probe` runs `true` in
-the very sandbox and cgroups a step gets and returns bwrap's own error, where it is one no
-retry mends (`infra/sandbox/probe.py`; a resource shortage or a slow host is no verdict). The
-sandbox worker asks once at start and then serves no workspace sessions (workers/sandbox.py)
-rather than fail each step with a retried platform fault.
+so a sandbox that never came up is a platform fault (`SandboxNotUp`, a `SandboxInfraError`),
+never a result. A host without bwrap (or, for a root worker, setpriv) cannot run any command:
+`missing` says so. Nor can one whose bwrap may not create the namespaces it asks for
+(unprivileged user namespaces disabled, a seccomp profile, a container without the
+capabilities): `probe` runs `true` through `run`, as a step, and returns bwrap's own error,
+where it is one no retry mends (`infra/sandbox/probe.py`; a resource shortage or a slow host
+is no verdict). The sandbox worker asks once at start and then serves no workspace sessions
+(workers/sandbox.py) rather than fail each step with a retried platform fault.
 
 Not covered: a disk quota on the workspace (the session host's: `infra/environments/mounts.py`),
 images (the host's system is the sandbox's root file system).
@@ -136,6 +136,19 @@ class CommandResult:
     detail: str = ""
 
 
+class SandboxNotUp(SandboxInfraError):
+    """A sandbox that never came up, or whose bwrap failed to set it up: also what its
+    launcher wrote to stderr, how the launcher ended (its return code: negative, a signal)
+    and whether the deadline passed first, for the start-up probe (`probe.py`). Caused by
+    the OSError where the launcher could not be started at all."""
+
+    def __init__(
+        self, message: str, stderr: str = "", returncode: int | None = None, timed_out: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.stderr, self.returncode, self.timed_out = stderr, returncode, timed_out
+
+
 class CommandRunner:
     """Runs commands in fresh sandboxes; one instance serves many concurrent commands."""
 
@@ -168,8 +181,8 @@ class CommandRunner:
         cgroups: Cgroups | None, status_fd: int,
     ) -> list[str]:  # fmt: skip
         """[shell: join cgroups, set rlimits] → setpriv to `uid` → bwrap → /bin/sh -c command."""
-        if self.missing or not self.bwrap:
-            raise SandboxInfraError(self.missing)
+        if (missing := self.missing) or not self.bwrap:
+            raise SandboxInfraError(missing)
         binds = ["--bind", str(mounts.workspace), check_mount_point(mounts.workdir)]
         for host, inside, writable in mounts.extra:
             binds += ["--bind" if writable else "--ro-bind", str(host), check_mount_point(inside)]
@@ -207,7 +220,8 @@ class CommandRunner:
     async def run(
         self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits, name: str
     ) -> CommandResult:
-        """Run `command` (by /bin/sh -c) over `mounts` as `uid`, in cgroups named `name`."""
+        """Run `command` (by /bin/sh -c) over `mounts` as `uid`, in cgroups named `name`; a
+        sandbox that never came up raises `SandboxNotUp`."""
         cgroups = Cgroups.create(name) if self.use_cgroups else None
         try:
             if cgroups is not None:
@@ -235,7 +249,7 @@ class CommandRunner:
             )
         except OSError as exc:
             os.close(status_r)
-            raise SandboxInfraError(f"cannot start the workspace sandbox: {exc}") from exc
+            raise SandboxNotUp(f"cannot start the workspace sandbox: {exc}") from exc
         finally:
             os.close(status_w)
         status = asyncio.StreamReader()
@@ -266,7 +280,8 @@ class CommandRunner:
         if event == "global":
             raise SandboxInfraError("the host ran out of memory (a global OOM kill)")
         messages = status_messages(reported)
-        return _result(messages, timed_out, event == "limit", limits, duration_ms, stdout, stderr)
+        oom, code = event == "limit", process.returncode
+        return _result(messages, timed_out, oom, limits, duration_ms, stdout, stderr, code)
 
 
 def status_messages(data: bytes) -> dict[str, object]:
@@ -282,16 +297,19 @@ def status_messages(data: bytes) -> dict[str, object]:
 
 def _result(
     messages: dict[str, object], timed_out: bool, oom: bool, limits: SandboxLimits,
-    duration_ms: int, stdout: Capture, stderr: Capture,
+    duration_ms: int, stdout: Capture, stderr: Capture, returncode: int | None,
 ) -> CommandResult:  # fmt: skip
+    def not_up(message: str) -> SandboxNotUp:
+        return SandboxNotUp(message, stderr.text(), returncode, timed_out)
+
     if "child-pid" not in messages:
         if timed_out:
-            raise SandboxInfraError(f"the workspace sandbox did not start in {limits.timeout_s}s")
-        raise SandboxInfraError(f"the workspace sandbox failed to start: {stderr.text()[-2000:]}")
+            raise not_up(f"the workspace sandbox did not start in {limits.timeout_s}s")
+        raise not_up(f"the workspace sandbox failed to start: {stderr.text()[-2000:]}")
     code = messages.get("exit-code")
     exit_code = code if isinstance(code, int) else None
     if exit_code is None and not (oom or timed_out):  # bwrap itself failed (a mount, a uid)
-        raise SandboxInfraError(f"the workspace sandbox failed to set up: {stderr.text()[-2000:]}")
+        raise not_up(f"the workspace sandbox failed to set up: {stderr.text()[-2000:]}")
     if oom:
         status, detail = ExecStatus.MEMORY_EXCEEDED, f"memory limit of {limits.memory_mb} MB"
     elif timed_out:

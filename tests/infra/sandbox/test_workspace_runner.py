@@ -301,18 +301,18 @@ def test_the_probe_runs_in_cgroups_and_removes_them(monkeypatch: pytest.MonkeyPa
         pytest.skip("needs cgroups")
     made: list[Cgroups] = []
     peaks: list[int] = []
-    create, reap = Cgroups.create.__func__, Cgroups.reap_blocking  # type: ignore[attr-defined]
+    create, reap = Cgroups.create.__func__, Cgroups.reap  # type: ignore[attr-defined]
 
     def created(cls: type[Cgroups], name: str) -> Cgroups:
         made.append(create(cls, name))
         return made[-1]
 
-    def reaped(self: Cgroups, *args: Any) -> bool:
+    async def reaped(self: Cgroups, *args: Any) -> bool:
         peaks.append(int((self.paths["memory"] / "memory.max_usage_in_bytes").read_text()))
-        return bool(reap(self, *args))
+        return bool(await reap(self, *args))
 
     monkeypatch.setattr(Cgroups, "create", classmethod(created))
-    monkeypatch.setattr(Cgroups, "reap_blocking", reaped)
+    monkeypatch.setattr(Cgroups, "reap", reaped)
     assert runner.probe() == ""
     assert [group.name for group in made] == [cgroup_name(SLOTS - 1)]
     assert peaks[0] > 0  # the sandbox's processes were charged to it
