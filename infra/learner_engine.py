@@ -97,6 +97,9 @@ class LearnerEngine:
         `adapter_dir`, version `version` is that LoRA adapter over `model_dir` (= `adapter_of`)."""
         if (adapter_dir is None) != (adapter_of is None):
             raise TypeError("adapter_dir and adapter_of go together")
+        # what it held goes first: a load that fails midway (another run's adapter, its memory)
+        # must leave no version a step of the run it held could take for its own, half-switched
+        self.version = None
         config = config or GRPOConfig()
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         without_dropout(model)  # inference sampled without it

@@ -63,7 +63,10 @@ def pass_logprobs(model: Any, unit: grpo.Pass) -> list[torch.Tensor]:
             or keys is None
             or values is None
         ):
-            raise TypeError(f"share_prompt needs full-attention cache layers, not {layer!r}")
+            raise ValueError(  # the run's setting: refused once (`invalid`), never retried
+                f"share_prompt needs full-attention cache layers, not {type(layer).__name__} "
+                "(a sliding-window model): set the learner's share_prompt to false"
+            )
         prompt.append((keys, values))
     return [_continued(model, config, prompt, head, batch, p) for batch in unit.batches]
 

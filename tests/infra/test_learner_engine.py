@@ -360,3 +360,18 @@ def test_a_model_with_no_pad_and_a_list_of_end_ids_pads_with_the_first(
     engine = LearnerEngine("cpu")
     engine.load(model_dir, 0, CONFIG)
     assert engine.pad_id == 7
+
+
+def test_a_failed_load_leaves_no_version_behind(
+    tiny_dir: Path, groups: list[list[Trajectory]], tmp_path: Path
+) -> None:
+    """Another run's load that fails midway (its adapter over a full-weight config) must not
+    leave this run's version standing over half-switched settings: its next step reloads."""
+    engine = LearnerEngine("cpu")
+    engine.load(tiny_dir, 0, CONFIG)
+    engine.train_step(groups, CONFIG)
+    with pytest.raises(ValueError, match="LoRA adapter"):
+        engine.load(tiny_dir, 1, CONFIG, adapter_dir=tmp_path, adapter_of=0)
+    assert engine.version is None  # the activity reloads (`_engine_at`: version != step)
+    with pytest.raises(RuntimeError, match="has not been called"):
+        engine.train_step(groups, CONFIG)

@@ -146,3 +146,26 @@ def test_a_token_bound_splits_batches_but_never_a_row() -> None:
     plain = list(grpo.micro_batches(rows, size=8, pad_id=0, max_tokens=450))
     assert [tuple(b.input_ids.shape) for b in plain] == [(2, 200), (1, 200), (1, 400)]
     assert [len(b.input_ids) for b in grpo.micro_batches(rows, size=3, pad_id=0)] == [3, 1]
+
+
+def test_a_sliding_window_model_is_refused_once_not_retried(tiny_dir: Path, tmp_path: Path) -> None:
+    """Its cache layers cannot hold a shared prompt: a ValueError (the activity's `invalid`, and
+    expected on every rank), where a TypeError was retried as a fault without end."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    model = MistralForCausalLM(
+        MistralConfig(
+            vocab_size=259, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, sliding_window=16, pad_token_id=0,
+            eos_token_id=2, bos_token_id=1,
+        )
+    )  # fmt: skip
+    model.save_pretrained(tmp_path)
+    for path in tiny_dir.glob("*token*"):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    config = GRPOConfig(max_staleness=8, share_prompt=True)
+    engine = LearnerEngine("cpu")
+    engine.load(tmp_path, 0, config)
+    with pytest.raises(ValueError, match="set the learner's share_prompt to false"):
+        engine.train_step(on_policy_groups(tmp_path), config)
