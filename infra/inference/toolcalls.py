@@ -16,9 +16,15 @@ template and the tiny preset's ChatML ignore both. For those, the documented fal
 `template_renders_tools(tokenizer)` decides which (it renders a conversation with and without
 `tools` and compares). `parse_tool_call` turns a model's turn into a `ToolCall`, leniently where
 intent is unambiguous (arguments given as a JSON string, `parameters` for `arguments`, a code
-fence inside the tags, a missing closing tag, junk after the JSON, raw newlines inside a string) and strictly otherwise: one
-call per turn (the first); no call, broken JSON, an unknown tool or bad arguments give a `ToolCall` whose `error`
-says what was wrong, in words the model can act on. It never raises.
+fence inside the tags, a missing closing tag, junk after the JSON, raw newlines inside a string)
+and strictly otherwise: one call per turn (the first); no call, broken JSON (nesting too deep
+for the decoder included), an unknown tool or bad arguments give a `ToolCall` whose `error` says
+what was wrong, in words the model can act on. It never raises.
+
+Every `ToolCall` it returns stays far below the JSON depth pydantic reads and writes (200, and a
+`GenerateResponse` carries the call a few levels down): a valid call's argument values nest at
+most `MAX_DEPTH` levels (deeper is bad arguments), and an error call keeps the model's arguments
+only when they are flat (scalar values) and at most `MAX_KEPT_CHARS` of JSON, else none.
 
 Not covered here: running a call (infra/environments/), how a template is rendered into token
 ids (infra/inference/prompts.py).
@@ -37,6 +43,11 @@ RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 CALL_EXAMPLE = (
     f'{CALL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CALL_CLOSE}'
 )
+MAX_DEPTH = 16
+"""How deep a valid call's argument value may nest (lists and objects in lists and objects)."""
+MAX_KEPT_CHARS = 2000
+"""An error call keeps flat arguments up to this size (JSON characters), to show what was asked."""
+SCALARS = (str, int, float, bool, type(None))
 
 
 def tool_schemas(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -93,6 +104,8 @@ def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall:
         value, _ = json.JSONDecoder(strict=False).raw_decode(body)
     except json.JSONDecodeError as exc:
         return _error(f"the tool call is not valid JSON ({exc.msg} at character {exc.pos})")
+    except Exception as exc:  # RecursionError (nested too deep), an integer of 4300+ digits
+        return _error(f"the tool call is not valid JSON ({_one_line(exc)})")
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return _error('the tool call must be a JSON object with a "name" and "arguments"')
     name: str = value["name"]
@@ -100,7 +113,7 @@ def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall:
     if isinstance(arguments, str):  # OpenAI style: the arguments object as a JSON string
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError:
+        except Exception:  # JSONDecodeError, RecursionError, …
             return _error(f"the arguments of {name!r} are not a JSON object", name)
     if not isinstance(arguments, dict):
         return _error(f"the arguments of {name!r} must be a JSON object", name)
@@ -116,7 +129,8 @@ def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall:
 
 
 def _check_arguments(tool: ToolSpec, arguments: dict[str, Any]) -> str | None:
-    """What is wrong with `arguments` under the tool's (flat) JSON schema, or None."""
+    """What is wrong with `arguments` under the tool's (flat) JSON schema, or None; a value of
+    no scalar type nests at most `MAX_DEPTH` levels."""
     properties: dict[str, Any] = tool.parameters.get("properties", {})
     missing = [key for key in tool.parameters.get("required", []) if key not in arguments]
     if missing:
@@ -133,14 +147,36 @@ def _check_arguments(tool: ToolSpec, arguments: dict[str, Any]) -> str | None:
     }
     for key, value in arguments.items():
         kind = properties[key].get("type")
-        if kind not in types:
-            continue
-        # a JSON true is no integer or number, though Python's bool is an int
-        if not isinstance(value, types[kind]) or (isinstance(value, bool) and kind != "boolean"):
+        if kind in types and (
+            # a JSON true is no integer or number, though Python's bool is an int
+            not isinstance(value, types[kind]) or (isinstance(value, bool) and kind != "boolean")
+        ):
             article = "an" if kind == "integer" else "a"
             return f"{key!r} must be {article} {kind}"
+        if _nests_deeper(value, MAX_DEPTH):
+            return f"{key!r} nests deeper than {MAX_DEPTH} levels"
     return None
 
 
+def _nests_deeper(value: Any, levels: int) -> bool:
+    """Whether `value` nests lists or objects more than `levels` deep (recursing `levels` at most)."""
+    if not isinstance(value, dict | list):
+        return False
+    children = value.values() if isinstance(value, dict) else value
+    return levels <= 0 or any(_nests_deeper(child, levels - 1) for child in children)
+
+
 def _error(why: str, name: str = "", arguments: dict[str, Any] | None = None) -> ToolCall:
+    """An error call; the model's `arguments` kept only when flat and small (else `why` says so)."""
+    if arguments and not (
+        all(isinstance(value, SCALARS) for value in arguments.values())
+        and len(json.dumps(arguments)) <= MAX_KEPT_CHARS
+    ):
+        why = f"{why} (arguments not kept: nested values or over {MAX_KEPT_CHARS} characters)"
+        arguments = None
     return ToolCall(name=name, arguments=arguments or {}, error=why)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

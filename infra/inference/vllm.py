@@ -24,7 +24,8 @@ Policy versions, loaded without a restart:
   finish, then `reload_weights` loads the version's directory in place (about a second for
   135M parameters on CPU), the prefix cache is reset (its KV blocks were computed by the old
   weights) and the engine's weight-version label is set. A version of another architecture
-  (a run on another base model) restarts the engine on it instead.
+  (a run on another base model) restarts the engine on it instead. The switch compares with the
+  architecture recorded when the engine was built, never with files the policy cache may evict.
 - LoRA versions (`PolicyVersion.adapter_of`): a `LoRARequest` over the loaded full-weight
   version; adapters of that version decode in the same batch, nothing drains.
 Every output carries vLLM's per-token weight-version label; a token sampled by other weights
@@ -87,7 +88,10 @@ class _EngineThread:
 
 
 def _architecture(model_dir: Path) -> dict[str, Any]:
-    config = json.loads((model_dir / "config.json").read_text())
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError) as exc:  # e.g. evicted from the policy cache: fetched again
+        raise InferenceError(f"vllm backend: no checkpoint config: {_one_line(exc)}") from exc
     return {k: v for k, v in config.items() if k not in CONFIG_NOISE}
 
 
@@ -104,7 +108,7 @@ class VLLMBackend:
         self.tokens_generated = 0
         self._thread: _EngineThread | None = None
         self._engine: Any = None
-        self._model_dir: Path | None = None  # what the engine was built on
+        self._arch: dict[str, Any] | None = None  # of the checkpoint the engine was built on
         self._gate: VersionGate[PolicyHandle] | None = None
         self._wait_s = wait_s
         self._lora_ids: dict[tuple[str, int], int] = {}
@@ -139,7 +143,7 @@ class VLLMBackend:
         self._gate = VersionGate(self._load, self._wait_s)
         await self._build(model_dir)
         try:
-            await self._warm_up()
+            await self._warm_up(str(model_dir))
         except Exception as exc:
             raise InferenceError(
                 f"vllm backend: the engine on {model_dir} failed its warm-up batch "
@@ -148,7 +152,8 @@ class VLLMBackend:
             ) from exc
 
     async def _build(self, model_dir: Path) -> None:
-        """(Re)build the engine on `model_dir`."""
+        """(Re)build the engine on `model_dir`, recording its architecture."""
+        arch = _architecture(model_dir)  # read first: the policy cache may evict the directory
         self._shutdown_engine()
         _configure_processes(self.config)
         try:
@@ -187,22 +192,17 @@ class VLLMBackend:
                 f"vllm backend: the engine did not start on {model_dir}: {_one_line(exc)}",
                 retryable=False,
             ) from exc
-        self._model_dir = model_dir
+        self._arch = arch
         await self._engine.update_weight_version(str(model_dir))
 
-    async def _warm_up(self) -> None:
+    async def _warm_up(self, label: str) -> None:
         """One small batch: the first steps after a start are several times slower."""
-        assert self._model_dir is not None
-        vocab = int(json.loads((self._model_dir / "config.json").read_text())["vocab_size"])
-        rows = min(WARMUP_ROWS, self.config.max_num_seqs)
-        prompts = [
-            [(97 + 31 * i + 7 * k) % vocab for k in range(WARMUP_PROMPT_TOKENS)]
-            for i in range(rows)
-        ]
+        assert self._arch is not None
+        vocab, rows = int(self._arch["vocab_size"]), min(WARMUP_ROWS, self.config.max_num_seqs)
+        tokens = range(WARMUP_PROMPT_TOKENS)
+        prompts = [[(97 + 31 * i + 7 * k) % vocab for k in tokens] for i in range(rows)]
         params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=0)
-        await asyncio.gather(
-            *(self._row(p, params, None, None, str(self._model_dir)) for p in prompts)
-        )
+        await asyncio.gather(*(self._row(p, params, None, None, label) for p in prompts))
 
     async def close(self) -> None:
         if self._thread is None:
@@ -215,7 +215,7 @@ class VLLMBackend:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
-            self._model_dir = None
+            self._arch = None
 
     # -- versions ------------------------------------------------------------------------------
 
@@ -223,9 +223,9 @@ class VLLMBackend:
         """Make `weights` (a full-weight version) the engine's weights; the gate has drained."""
         started = time.perf_counter()
         engine = self._engine
-        if engine is None or engine.errored or self._model_dir is None:
+        if engine is None or engine.errored or self._arch is None:
             await self._build(weights.path)
-        elif _architecture(weights.path) != _architecture(self._model_dir):
+        elif _architecture(weights.path) != self._arch:
             log.info("policy %s has another architecture: restarting the engine", weights.name)
             await self._build(weights.path)
         else:

