@@ -1,0 +1,293 @@
+"""The Dockerfile of a Harbor task (`infra/tasks/harbor.py`) read as a file tree, not built.
+
+    workdir, files, env = read_dockerfile(Path("task/environment/Dockerfile"))
+    # "/app", {"src/main.py": File(...)} (relative to the workdir), {"KEY": "value"}
+
+The local and gVisor backends run a task's environment over the host's read-only system, so
+only these instructions are understood, as Docker reads them (a UTF-8 BOM, comments and
+continued lines too):
+
+    FROM       the base image: ignored (one only; multi-stage builds are an error)
+    WORKDIR    quotes removed, `$VAR`/`${VAR}` expanded, relative to the previous one; the
+               workspace is the last one (/app when none), outside the sandbox's system
+    COPY       build-context files into the workspace, sources relative to the context (a
+               leading `/` too), globs as pathlib reads them (one matching nothing is an error);
+               several sources or matches, a destination ending in `/`, or one that is a
+               directory already take the files into it; a directory copies its contents;
+               `--chown`/`--chmod` ignored, `--from` an error
+    ENV        KEY=value words (or the legacy KEY value), quoted and expanded as Docker does
+
+Anything else is a TaskInputError naming the file and line: another instruction, a file COPY
+would put where a directory is (or below a file), a file outside the final workspace, a glob
+pathlib refuses, a NUL character, a source outside the context or unreadable.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import shlex
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from contracts.task import WorkspaceSpec
+from infra.environments.tree import File
+from infra.sandbox.workspace import BASE_ENV, check_mount_point
+
+DEFAULT_WORKDIR = "/app"
+INSTRUCTIONS = {"FROM", "WORKDIR", "COPY", "ENV"}
+_VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_WORKDIR = TypeAdapter(Annotated[str, WorkspaceSpec.model_fields["workdir"]])
+
+
+class TaskInputError(ValueError):
+    """A task directory that cannot be loaded; the message names the task and the file."""
+
+
+def read_dockerfile(path: Path) -> tuple[str, dict[str, File], dict[str, str]]:
+    """(WORKDIR, the workspace's files, ENV) of a Dockerfile that only uses FROM, WORKDIR, COPY
+    and ENV; TaskInputError naming the file and line otherwise."""
+    context = path.parent
+    workdir, env = DEFAULT_WORKDIR, dict[str, str]()
+    placed: dict[str, tuple[int, File]] = {}  # absolute path → (the line that put it, file)
+    dirs = {"/", DEFAULT_WORKDIR}  # the directories so far, each one's parents too: the
+    # workdir's (every WORKDIR line makes its own), the ones COPY made
+    froms = 0
+    for number, instruction, arguments in _instructions(path):
+
+        def fail(why: str, number: int = number) -> TaskInputError:
+            return TaskInputError(f"{path}:{number}: {why}")
+
+        if instruction not in INSTRUCTIONS:
+            raise fail(
+                f"{instruction} is not supported: the local and gVisor backends understand only "
+                f"{', '.join(sorted(INSTRUCTIONS))} (the base image's files are the host's)"
+            )
+        if instruction == "FROM":
+            froms += 1
+            if froms > 1:
+                raise fail("multi-stage builds (a second FROM) are not supported")
+        elif instruction == "WORKDIR":
+            words = _shell_words(arguments, env, fail, split=False)  # one path, spaces and all
+            if not words or not words[0]:
+                raise fail("WORKDIR needs a path")
+            workdir = _absolute(workdir, words[0])
+            try:
+                check_mount_point(_WORKDIR.validate_python(workdir))
+            except ValidationError as exc:
+                raise fail(f"WORKDIR {workdir!r}: {exc.errors()[0]['msg']}") from None
+            except ValueError as exc:
+                raise fail(f"WORKDIR {exc}") from None
+            _make_dirs(workdir, placed, dirs, fail)
+        elif instruction == "ENV":
+            env.update(_env(arguments, env, fail))
+        else:
+            words = _words(arguments, fail)
+            if any(word.startswith("--from") for word in words):
+                raise fail("COPY --from (multi-stage) is not supported")
+            words = [word for word in words if not word.startswith("--")]
+            if len(words) < 2:
+                raise fail("COPY needs a source and a destination")
+            *sources, destination = (_expand(word, env) for word in words)
+            target = _absolute(workdir, destination)
+            matches = [match for source in sources for match in _matches(context, source, fail)]
+            into = destination.endswith("/") or len(matches) > 1 or target in dirs
+            for match in matches:
+                if match.is_dir():
+                    _make_dirs(target, placed, dirs, fail)
+                for absolute, file in _copy(match, target, into).items():
+                    if absolute in dirs:
+                        raise fail(f"COPY puts a file at {absolute}, a directory already")
+                    _make_dirs(posixpath.dirname(absolute), placed, dirs, fail)
+                    placed[absolute] = (number, file)
+    tree: dict[str, File] = {}
+    for absolute, (number, file) in placed.items():
+        if not absolute.startswith(workdir.rstrip("/") + "/"):
+            raise TaskInputError(
+                f"{path}:{number}: COPY to {absolute} lies outside the workspace {workdir}"
+            )
+        tree[posixpath.relpath(absolute, workdir)] = file
+    return workdir, tree, env
+
+
+def _absolute(directory: str, path: str) -> str:
+    """`path` from `directory`, normalised (`//x` is `/x`, as Docker reads it)."""
+    return posixpath.normpath("/" + posixpath.join(directory, path).lstrip("/"))
+
+
+def _make_dirs(
+    directory: str, placed: dict[str, Any], dirs: set[str], fail: Callable[[str], Exception]
+) -> None:
+    """Record `directory` and its parents as directories; an error where one is a file."""
+    while directory not in dirs:
+        if directory in placed:
+            raise fail(f"{directory} is a file an earlier COPY put there, not a directory")
+        dirs.add(directory)
+        directory = posixpath.dirname(directory)
+
+
+def _instructions(path: Path) -> list[tuple[int, str, str]]:
+    """(line number, INSTRUCTION, arguments), continuation lines joined, comments dropped."""
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskInputError(f"{path}: unreadable ({exc})") from None
+    result, pending, start = [], "", 0
+    for number, line in enumerate(lines, 1):
+        if "\0" in line:
+            raise TaskInputError(f"{path}:{number}: a NUL character")
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue  # inside a continued line too, as Docker reads it
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        text, pending = pending + stripped, ""
+        instruction, *arguments = text.split(None, 1)
+        result.append((start, instruction.upper(), "".join(arguments).strip()))
+    if pending:
+        raise TaskInputError(f"{path}:{start}: the file ends inside a continued line")
+    return result
+
+
+def _words(arguments: str, fail: Any) -> list[str]:
+    if arguments.startswith("["):
+        try:
+            words = json.loads(arguments)
+        except ValueError:
+            words = None
+        if isinstance(words, list) and all(isinstance(word, str) for word in words):
+            return words
+    return _split(arguments, fail)
+
+
+def _split(arguments: str, fail: Any) -> list[str]:
+    try:
+        return shlex.split(arguments)
+    except ValueError as exc:  # an unclosed quote: the instruction's error, not the loader's
+        raise fail(f"{exc.args[0].lower()} in {arguments!r}") from None
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    scope = {**BASE_ENV, **env}
+    return _VARIABLE.sub(lambda m: scope.get(m.group(1) or m.group(2), ""), text)
+
+
+def _env(arguments: str, env: dict[str, str], fail: Any) -> dict[str, str]:
+    first, *rest = re.split(r"\s+", arguments.strip(), maxsplit=1)
+    if not first:
+        raise fail("ENV needs KEY=value")
+    if "=" not in first:  # the legacy form: ENV KEY value with spaces
+        whole = _shell_words(rest[0] if rest else "", env, fail, split=False)
+        if not _KEY.fullmatch(first) or not whole:
+            raise fail(f"ENV {arguments!r} is neither KEY=value nor KEY value")
+        return {first: whole[0]}
+    pairs: dict[str, str] = {}
+    for word in _shell_words(arguments, env, fail):
+        key, equals, value = word.partition("=")
+        if not equals or not _KEY.fullmatch(key):
+            raise fail(f"ENV {word!r} is not KEY=value")
+        pairs[key] = value  # as Docker: expanded from what the lines before set, not this one
+    return pairs
+
+
+def _shell_words(text: str, env: dict[str, str], fail: Any, split: bool = True) -> list[str]:
+    """Docker's processing of ENV words: quotes removed, `$VAR` and `${VAR}` expanded except in
+    single quotes, a backslash escapes the next character (in double quotes only `"`, `$` and
+    a backslash); words split at unquoted whitespace unless `split` is false."""
+    scope = {**BASE_ENV, **env}
+    words: list[str] = []
+    word: list[str] | None = None  # None: between words
+    quote, i = "", 0
+    while i < len(text):
+        char = text[i]
+        if char.isspace() and split and not quote:
+            if word is not None:
+                words.append("".join(word))
+            word, i = None, i + 1
+            continue
+        word = [] if word is None else word
+        variable = _VARIABLE.match(text, i) if char == "$" and quote != "'" else None
+        if variable:
+            word.append(scope.get(variable.group(1) or variable.group(2), ""))
+            i = variable.end()
+            continue
+        escapes = quote == "" or (quote == '"' and text[i + 1 : i + 2] in ('"', "$", "\\"))
+        if char == "\\" and quote != "'" and escapes and i + 1 < len(text):
+            word.append(text[i + 1])
+            i += 2
+            continue
+        if char == quote:
+            quote = ""
+        elif char in "'\"" and not quote:
+            quote = char
+        else:
+            word.append(char)
+        i += 1
+    if quote:
+        raise fail(f"no closing quotation in {text!r}")
+    return words if word is None else [*words, "".join(word)]
+
+
+def _matches(context: Path, source: str, fail: Any) -> list[Path]:
+    """What COPY `source` names in the build `context`: the path, or a glob's matches (sorted).
+    As Docker reads it, a leading `/` is the context's top."""
+    relative = source.lstrip("/")
+    if not any(c in relative for c in "*?["):
+        matches = [context / relative]
+    else:
+        try:
+            matches = sorted(context.glob(relative))
+        except (ValueError, NotImplementedError, OSError) as exc:
+            raise fail(f"COPY {source}: a pattern this loader cannot read ({exc})") from None
+        if not matches:
+            raise fail(f"COPY {source}: no file in {context} matches")
+    for match in matches:
+        try:
+            inside = match.resolve().is_relative_to(context.resolve())
+        except (OSError, RuntimeError) as exc:  # RuntimeError: a loop of links
+            raise fail(f"COPY {source}: {exc}") from None
+        if not inside:
+            raise fail(f"COPY {source} lies outside the build context {context}")
+        if not match.exists():
+            raise fail(f"COPY {source}: no such file in {context}")
+        if not match.is_dir() and not match.is_file():
+            raise fail(f"COPY {source}: {match} is neither a file nor a directory")
+    return matches
+
+
+def _copy(match: Path, target: str, into: bool) -> dict[str, File]:
+    """The files COPY puts at or under `target` (absolute paths) from `match`: a directory's
+    contents, or a file (into `target` as a directory where `into`, else at `target`)."""
+    if match.is_dir():
+        return {posixpath.join(target, relative): file for relative, file in tree(match).items()}
+    destination = posixpath.join(target, match.name) if into else target
+    return {destination: read_file(match)}
+
+
+def tree(root: Path) -> dict[str, File]:
+    """Every regular file under `root` (links are not followed), by relative path;
+    TaskInputError naming what cannot be read."""
+    try:
+        paths = sorted(root.rglob("*"))
+    except OSError as exc:
+        raise TaskInputError(f"{root}: unreadable ({exc.strerror or exc})") from None
+    return {
+        path.relative_to(root).as_posix(): read_file(path)
+        for path in paths
+        if path.is_file() and not path.is_symlink()
+    }
+
+
+def read_file(path: Path) -> File:
+    try:
+        return File(path.read_bytes(), bool(path.stat().st_mode & 0o111))
+    except OSError as exc:
+        raise TaskInputError(f"{path}: unreadable ({exc.strerror or exc})") from None
