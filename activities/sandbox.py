@@ -1,8 +1,9 @@
 """The `execute` activity (queue `sandbox`): run every sample's program against the task's tests.
 
 For each item the program is read from the object store (`item.code`), run in the configured
-sandbox backend with the request's tests, the task's helpers (trusted code, run beside the
-tests in the verifier's checker), entry point and limits, and its full `ExecutionResult` plus
+sandbox backend with the request's tests and hidden tests (whose failures are never shown), the
+task's helpers (trusted code, run beside the tests in the verifier's checker), entry point and
+limits, and its full `ExecutionResult` plus
 stdout/stderr are written under the turn's keys (`keys.attempt_key`: one set per activity
 attempt, written create-only, so an orphaned attempt that finishes after its retry can never
 change the bytes a returned ref names). Items run concurrently, at most
@@ -134,7 +135,12 @@ class SandboxActivities:
             try:
                 with self.breaker.guard(failures=(SandboxInfraError,)):
                     return await self.backend.run(
-                        program, req.tests, req.limits, req.entry_point, helpers=req.helpers
+                        program,
+                        req.tests,
+                        req.limits,
+                        req.entry_point,
+                        helpers=req.helpers,
+                        hidden_tests=req.hidden_tests,
                     )
             except CircuitOpenError as exc:
                 if self.breaker.state is CircuitState.HALF_OPEN:

@@ -186,7 +186,7 @@ class SandboxPool:
         async def one(code: str, task: TaskSpec) -> bool:
             async with self.slots:
                 result = await self.backend.run(
-                    code, task.tests, self.limits, task.entry_point, task.helpers
+                    code, task.tests, self.limits, task.entry_point, task.helpers, task.hidden_tests
                 )
             return bool(result.status == ExecStatus.PASSED)
 

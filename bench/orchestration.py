@@ -113,6 +113,7 @@ class PlainRollout:
                     task_id=task.id,
                     turn=step,
                     tests=task.tests,
+                    hidden_tests=task.hidden_tests,
                     entry_point=task.entry_point,
                     limits=task_input.limits,
                     items=[

@@ -53,6 +53,9 @@ class ExecuteRequest(Contract):
     helpers: str = Field(
         default="", description="The task's trusted helper code (TaskSpec.helpers)."
     )
+    hidden_tests: str = Field(
+        default="", description="Test units whose failures are never shown (TaskSpec.hidden_tests)."
+    )
     entry_point: str | None = None
     limits: SandboxLimits = SandboxLimits()
     items: list[ExecuteItem]

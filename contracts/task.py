@@ -49,6 +49,15 @@ class TaskSpec(Contract):
         default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Function under test."
     )
     tests: str = Field(default="", description="Python run after the program in its namespace.")
+    hidden_tests: str = Field(
+        default="",
+        description="Python test units run in the same namespace after `tests` (and after "
+        "`check(entry_point)`), counted in the verdict like every other unit, whose failures are "
+        "never shown: the checker reports only 'a hidden test failed (<exception type>)', so a "
+        "program cannot special-case what its feedback showed. Each top-level assert is one unit "
+        "(`judge.split_tests`). The `starter` suite holds half its asserts here; HumanEval and "
+        "other suites have none (HumanEval's `check` is one function).",
+    )
     helpers: str = Field(
         default="",
         description="Trusted task code (e.g. helpers the prompt defines) run beside the tests on "

@@ -80,6 +80,7 @@ class Regrading:
             self.limits,
             task.entry_point,
             helpers=task.helpers,
+            hidden_tests=task.hidden_tests,
             gate=self.gate,
             backoff=self.backoff,
         )

@@ -9,9 +9,18 @@ test log.
 Stateless between steps (the state is the task and the last answer), so there is no session
 and nothing to snapshot. In a training run the step is the `execute` activity
 (activities/sandbox.py), which batches a group's answers through the same backend call,
-`SandboxBackend.run(program, task.tests, limits, task.entry_point)`; this class is that call
-behind the environment Protocol, for code that drives environments directly (validation,
+`SandboxBackend.run(program, task.tests, limits, task.entry_point, ...)`; this class is that
+call behind the environment Protocol, for code that drives environments directly (validation,
 benchmarks, a plain asyncio loop).
+
+The observation after a failed turn is the checker's report, which quotes the failing assert
+of the task's `tests` (expected value included). The verdict also runs the task's
+`hidden_tests` (`TaskSpec.hidden_tests`; the `starter` suite holds half its asserts there), of
+which the observation says only "a hidden test failed (<exception type>)" and the count passed,
+so a program that special-cases what it was shown still fails them. Not covered: tasks without
+hidden tests (HumanEval, user suites that give none), where the feedback still quotes the very
+asserts the verdict is graded on; and the hidden inputs, which the program sees as arguments
+and may print into its own output.
 """
 
 from __future__ import annotations
@@ -72,4 +81,6 @@ class CodeEnvironment:
         return 0
 
     async def _run(self, task: TaskSpec, program: str, limits: SandboxLimits) -> ExecutionResult:
-        return await self.backend.run(program, task.tests, limits, task.entry_point, task.helpers)
+        return await self.backend.run(
+            program, task.tests, limits, task.entry_point, task.helpers, task.hidden_tests
+        )

@@ -2,7 +2,7 @@
 
     from infra.sandbox import get_backend
     backend = get_backend(settings)            # settings.sandbox.backend, or name="gvisor"
-    result = await backend.run(program, tests, limits, entry_point="add", helpers=task.helpers)
+    result = await backend.run(program, tests, limits, "add", task.helpers, task.hidden_tests)
 
 Every backend runs the same two-process verifier (`verifier.py`): the tests, the task's helpers
 and the verdict live in a checker process; the program runs in a separate, confined candidate

@@ -1,11 +1,11 @@
 """The sandbox backend Protocol every backend (local bwrap, gVisor, Kubernetes) implements.
 
-A backend runs one untrusted Python program against its tests under `SandboxLimits` and returns
-an `ExecutionResult`. The tests, the task's helpers and the verdict live in a checker process
-the program cannot reach; the program is only ever called with, and answers in, plain data
-(`verifier.py`). What the *program* does is always a result (passed/failed/error/timeout/
-memory_exceeded); only a fault of the platform itself raises `SandboxInfraError`, which callers
-retry and never turn into a reward.
+A backend runs one untrusted Python program against its tests (and the task's hidden tests,
+whose failures are never shown) under `SandboxLimits` and returns an `ExecutionResult`. The
+tests, the task's helpers and the verdict live in a checker process the program cannot reach;
+the program is only ever called with, and answers in, plain data (`verifier.py`). What the
+*program* does is always a result (passed/failed/error/timeout/memory_exceeded); only a fault of
+the platform itself raises `SandboxInfraError`, which callers retry and never turn into a reward.
 """
 
 from __future__ import annotations
@@ -39,10 +39,12 @@ class SandboxBackend(Protocol):
         limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
         helpers: str = "",
+        hidden_tests: str = "",
     ) -> ExecutionResult:
         """Run `program`, then every unit of `tests` and `check(entry_point)` (if given) against
         it. `helpers` is the task's own code (`TaskSpec.helpers`, trusted), run beside the tests
-        so that what they call is the task's and never the program's."""
+        so that what they call is the task's and never the program's. `hidden_tests`
+        (`TaskSpec.hidden_tests`) run last, counted in the verdict, their failures never shown."""
         ...
 
     async def close(self) -> None:
@@ -67,10 +69,11 @@ class VerifierBackend:
         limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
         helpers: str = "",
+        hidden_tests: str = "",
     ) -> ExecutionResult:
-        """Run `program`, then `tests` and `check(entry_point)` against it, with the task's
-        `helpers` (trusted code from the task) on the checker's side."""
-        return await self.verifier.run(program, tests, limits, entry_point, helpers)
+        """Run `program`, then `tests`, `check(entry_point)` and `hidden_tests` against it, with
+        the task's `helpers` (trusted code from the task) on the checker's side."""
+        return await self.verifier.run(program, tests, limits, entry_point, helpers, hidden_tests)
 
     async def close(self) -> None:
         """Destroy the warm pairs and stop the launchers."""

@@ -14,8 +14,12 @@ its deadline, how long the candidate may take to come up, the candidate's rlimit
    or raises the builtin exception of the reported name), the program's small plain-data
    globals, then the task's helpers (code from the task's prompt, trusted) run *here*, so
    `poly`, `encode_cyclic` or `check` always mean the task's own;
-3. runs every test unit (`judge.split_tests`) and `check(<entry point>)`, and writes one
-   verdict frame to `job_fd`: {status, tests_passed, tests_total, error, exc_type, lost}.
+3. runs every test unit (`judge.split_tests`), `check(<entry point>)`, then the hidden units,
+   and writes one verdict frame to `job_fd`: {status, tests_passed, tests_total, error,
+   exc_type, lost}. A hidden unit (`TaskSpec.hidden_tests`) counts like any other, but its
+   failure reads only "a hidden test failed (<exception type>)": no source line (compiled as
+   `HIDDEN_FILE`, which `describe` never shows), message or traceback, so no feedback holds
+   its expected value.
 
 `lost` is "" when the candidate answered throughout, else why it stopped: "not_ready" (its
 sandbox never came up: a platform fault), "exited" (end of file: the program exited or was
@@ -24,8 +28,8 @@ plain data). The host decides the final status from the verdict, its own unit co
 candidate's exit status and cgroup events.
 
 Not covered: tests that pass callables or other non-data objects to the program (such a call
-fails its test unit: `CallRefused`), or that look at the arguments after a call (mutations stay
-in the candidate).
+fails its test unit: `CallRefused`) or look at the arguments after a call (mutations stay in the
+candidate); hiding hidden units' inputs (the program may print its arguments) or their count.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ SEVERITY = {"passed": 0, "failed": 1, "error": 2, "memory_exceeded": 3}
 LOST_REASONS = ("not_ready", "exited", "timeout", "protocol")
 REPORT_CHARS = 8000
 """Tracebacks of failing units kept in the verdict (the first ones)."""
+HIDDEN_FILE = "hidden_tests.py"  # where hidden units are compiled: never a key of `Run.files`
 CHECKER_ADDRESS_SPACE = 4 << 30
 """RLIMIT_AS of a checker: decoded replies are capped by `codec`, so this only stops runaways."""
 
@@ -53,9 +58,8 @@ class CandidateLost(BaseException):  # noqa: N818 - a BaseException, and sticky 
     whatever a test does with the exception."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(
-            f"the program stopped answering ({reason}){': ' + detail if detail else ''}"
-        )
+        detail = f": {detail}" if detail else ""
+        super().__init__(f"the program stopped answering ({reason}){detail}")
         self.reason = reason
 
 
@@ -247,15 +251,14 @@ class Run:
 
     def __init__(self, job: dict[str, Any], channel: Channel, job_fd: int) -> None:
         self.job, self.channel, self.job_fd = job, channel, job_fd
-        self.files = {
-            "tests.py": str(job.get("tests") or ""),
-            "helpers.py": str(job.get("helpers") or ""),
-        }
-        self.units = [
-            (bool(u["test"]), int(u["line"]), str(u["source"])) for u in job.get("units") or []
+        tests, helpers = str(job.get("tests") or ""), str(job.get("helpers") or "")
+        self.files = {"tests.py": tests, "helpers.py": helpers}
+        self.units = [  # (is a test, hidden, its source at its line of the tests)
+            (bool(u["test"]), bool(u.get("hidden")), "\n" * (int(u["line"]) - 1) + str(u["source"]))
+            for u in job.get("units") or []
         ]
         self.entry_point = str(job["entry_point"]) if job.get("entry_point") else None
-        self.total = bool(self.entry_point) + sum(is_test for is_test, _, _ in self.units)
+        self.total = bool(self.entry_point) + sum(unit[0] for unit in self.units)
         self.passed, self.worst, self.error, self.exc_type = 0, "passed", "", ""
 
     def verdict(self, status: str | None = None, lost: str = "") -> dict[str, object]:
@@ -271,11 +274,12 @@ class Run:
             "lost": lost,
         }
 
-    def record(self, exc: BaseException, status: str | None = None) -> str:
-        """Note a failure: its traceback joins the report; the worst one names the status."""
+    def record(self, exc: BaseException, status: str | None = None, hidden: bool = False) -> str:
+        """Note a failure (its traceback; a hidden unit's type only); the worst names the status."""
         status = status or classify(exc)
         if len(self.error) < REPORT_CHARS:
-            self.error += describe(exc, self.files)
+            shown = f"a hidden test failed ({type(exc).__name__})\n" if hidden else None
+            self.error += shown or describe(exc, self.files)
         if SEVERITY[status] > SEVERITY[self.worst]:
             self.worst, self.exc_type = status, type(exc).__name__
         return status
@@ -331,31 +335,35 @@ class Run:
             return self.verdict()
         if not self.units and not self.entry_point:
             return self.verdict("passed")
-        namespace = self.namespace(exports)
+        namespace, hidden = self.namespace(exports), False
         try:
             if self.files["helpers.py"]:
                 exec(compile(self.files["helpers.py"], "helpers.py", "exec"), namespace)  # noqa: S102 - the task's own code
-            units = [
-                (t, compile("\n" * (line - 1) + source, "tests.py", "exec"))
-                for t, line, source in self.units
-            ]
+            steps: list[tuple[bool, bool, Callable[[], object]]] = []
+            for is_test, hidden, source in self.units:
+                code = compile(source, HIDDEN_FILE if hidden else "tests.py", "exec")
+                steps.append((is_test, hidden, partial(exec, code, namespace)))
         except Exception as exc:  # noqa: BLE001 - the task's code is broken: no test can run
-            status = self.record(exc)
+            status = self.record(exc, hidden=hidden)
             return self.verdict("error" if status == "failed" else status)
-        for is_test, code in units:
-            if not self.run_unit(partial(exec, code, namespace), is_test):
-                return self.verdict("error" if self.worst == "failed" else self.worst)
         if self.entry_point:
-            check, candidate = namespace.get("check"), Proxy(self.channel, self.entry_point)
-            if self.entry_point not in exports or exports[self.entry_point] is not None:
-                self.record(NameError(f"the program does not define {self.entry_point}()"))
-            elif not callable(check):
-                self.record(NameError("the tests do not define check(candidate)"))
-            else:
-                self.run_unit(lambda: check(candidate), True)
+            steps.append((True, False, partial(self.check, namespace, exports)))
+        steps.sort(key=lambda step: step[1])  # stable: the shown units, `check`, the hidden ones
+        for is_test, hidden, action in steps:
+            if not self.run_unit(action, is_test, hidden):
+                return self.verdict("error" if self.worst == "failed" else self.worst)
         return self.verdict()
 
-    def run_unit(self, action: Callable[[], object], is_test: bool) -> bool:
+    def check(self, namespace: dict[str, object], exports: dict[str, object]) -> None:
+        """The tests' `check(<entry point>)`, with the program's entry point."""
+        name, check = str(self.entry_point), namespace.get("check")
+        if name not in exports or exports[name] is not None:
+            raise NameError(f"the program does not define {name}()")
+        if not callable(check):
+            raise NameError("the tests do not define check(candidate)")
+        check(Proxy(self.channel, name))
+
+    def run_unit(self, action: Callable[[], object], is_test: bool, hidden: bool = False) -> bool:
         """Run one unit; False when a setup unit failed (the remaining units cannot run)."""
         faults = self.channel.faults
         try:
@@ -365,12 +373,13 @@ class Run:
         except BaseException as exc:  # noqa: BLE001 - every failure of a unit is a result
             if self.channel.lost is not None:  # the test caught it: the run still ends here
                 raise self.channel.lost from None
-            self.record(exc)
+            self.record(exc, hidden=hidden)
             return is_test
         if self.channel.lost is not None:
             raise self.channel.lost
         if self.channel.faults != faults:  # a CandidateFault the test caught still fails it
-            self.record(CandidateFault("a call in this test did not end with plain data"))
+            fault = CandidateFault("a call in this test did not end with plain data")
+            self.record(fault, hidden=hidden)
             return is_test
         self.passed += is_test
         return True

@@ -1,7 +1,7 @@
 """The `gvisor` sandbox backend: the two-process verifier with each candidate in a gVisor container.
 
     backend = GVisorBackend(load_settings().sandbox.gvisor)   # or get_backend(settings)
-    result = await backend.run(program, tests, limits, entry_point, helpers=task.helpers)
+    result = await backend.run(program, tests, limits, entry_point, task.helpers, task.hidden_tests)
     # SandboxInfraError where runsc cannot work (not installed, not root, kernel says no)
 
 The checker is the local backend's (a fork of the checker zygote on this host, `verifier.py`);

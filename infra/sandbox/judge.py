@@ -1,6 +1,6 @@
 """How the host counts test units and turns what it saw of one run into an `ExecutionResult`.
 
-    units = split_tests(tests, entry_point)              # the host's own count of test units
+    units = split_tests(tests, entry_point, hidden_tests)  # the host's own count of test units
     result = judge(observed, expected_units, limits, backend="local", enforcement="cgroup")
 
 `observed` is the checker's verdict (or None), whether the host's deadline passed, and how the
@@ -22,6 +22,10 @@ memory events, and whether the host killed it. The rules, in their one home:
   starved it (the worker's own overload) → a platform fault;
 - no verdict: past the deadline → timeout, else the checker died → a platform fault; a
   candidate whose sandbox never came up → a platform fault.
+
+Hidden tests (`TaskSpec.hidden_tests`) are test units like the others here: counted by the
+host, so `passed` needs every one of them; only the checker's report of them differs (it names
+the exception type, nothing else: `checker.py`).
 
 Platform faults raise `SandboxInfraError` (retried, never a reward). Pure functions; tested
 with fabricated observations in tests/infra/sandbox/test_judge.py.
@@ -49,21 +53,28 @@ MemoryEvent = Literal["", "limit", "global"]
 its processes while its own limit was never hit (the host ran out of memory)."""
 
 
-def split_tests(tests: str, entry_point: str | None) -> list[dict[str, object]]:
+def split_tests(tests: str, entry_point: str | None, hidden: str = "") -> list[dict[str, object]]:
     """Test units: each top-level `assert` is one test, other statements are setup.
 
     Tests without a top-level assert run as one unit, which is itself the one test unless an
-    entry point is given (then `check(entry_point)` is the test). Split here, on the host, so
-    the count the verdict must match is the host's own.
+    entry point is given (then `check(entry_point)` is the test). `hidden` (the task's
+    `hidden_tests`) is split the same way after them, as if no entry point were given, each of
+    its units marked "hidden" (the checker runs them after `check` and never shows why they
+    failed). Split here, on the host, so the count the verdict must match is the host's own.
     """
+    units = _split(tests, entry_point is None)
+    return units + [{**unit, "hidden": True} for unit in _split(hidden, True)]
+
+
+def _split(tests: str, whole_is_test: bool) -> list[dict[str, object]]:
     if not tests:
         return []
     try:
         tree = ast.parse(tests)
     except SyntaxError:
-        return [{"test": entry_point is None, "line": 1, "source": tests}]
+        return [{"test": whole_is_test, "line": 1, "source": tests}]
     if not any(isinstance(stmt, ast.Assert) for stmt in tree.body):
-        return [{"test": entry_point is None, "line": 1, "source": tests}]
+        return [{"test": whole_is_test, "line": 1, "source": tests}]
     lines = tests.splitlines(keepends=True)
     units: list[dict[str, object]] = []
     for stmt in tree.body:

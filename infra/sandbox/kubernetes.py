@@ -217,6 +217,7 @@ class KubernetesBackend:
         limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
         helpers: str = "",
+        hidden_tests: str = "",
     ) -> ExecutionResult:
         async with self._start_lock:
             if not self._started:
@@ -228,7 +229,7 @@ class KubernetesBackend:
                 self._sweeper = asyncio.create_task(self._sweep())
         name = f"tempered-sbx-{secrets.token_hex(6)}"
         nonce = secrets.token_hex(16)
-        units = split_tests(tests, entry_point)
+        units = split_tests(tests, entry_point, hidden_tests)
         rlimits = sandbox_rlimits(limits)
         job = checker_job(program, tests, helpers, units, entry_point, limits, rlimits)
         manifest = build_job_manifest(

@@ -66,7 +66,7 @@ ENV_CHUNK = 96 * 1024
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 """In a pod with a service-account token: the pod's namespace."""
 MAX_JOB_BYTES = 1024 * 1024
-"""Largest job (program + tests + helpers) a pod spec carries (etcd keeps objects < 1.5 MiB)."""
+"""Largest job (program, tests, helpers, hidden tests) a pod spec carries (etcd: < 1.5 MiB)."""
 RETRY_AFTER_MAX_S = 30.0
 """The longest Retry-After we honour; a server asking for more gets this much."""
 PERMISSIONS: dict[str, frozenset[tuple[str, str, str]]] = {

@@ -1,7 +1,8 @@
 """The `local` sandbox backend: the two-process verifier on this host, under bubblewrap.
 
     backend = LocalBackend(load_settings().sandbox.local)       # or get_backend(settings)
-    result = await backend.run(program, tests, SandboxLimits(), "add", helpers=task.helpers)
+    result = await backend.run(program, task.tests, SandboxLimits(), "add", task.helpers,
+                               task.hidden_tests)
     await backend.close()
 
 Every run is a fresh checker/candidate pair (`verifier.py`): the checker, forked from a zygote

@@ -6,7 +6,7 @@ for at most `offline_attempts`. A platform failure (`SandboxInfraError`, or stat
 `infra_error`) is never a verdict: after the last attempt the run is reported as unjudged.
 
     outcome = await run_retrying(backend, program, task.tests, limits, task.entry_point,
-                                 helpers=task.helpers)
+                                 helpers=task.helpers, hidden_tests=task.hidden_tests)
     if outcome.result is None: ...          # every attempt hit the platform, not the program
 """
 
@@ -66,18 +66,21 @@ async def run_retrying(
     entry_point: str | None,
     *,
     helpers: str = "",
+    hidden_tests: str = "",
     gate: asyncio.Semaphore | None = None,
     backoff: Backoff = INFRA_RETRY,
 ) -> Attempted:
-    """Run `program` against `tests` (with the task's `helpers`), retrying platform failures;
-    `gate` bounds concurrency."""
+    """Run `program` against `tests` and `hidden_tests` (with the task's `helpers`), retrying
+    platform failures; `gate` bounds concurrency."""
     gate = gate or asyncio.Semaphore(1)
     failures: list[str] = []
 
     async def attempt() -> ExecutionResult:
         async with gate:
             try:
-                result = await backend.run(program, tests, limits, entry_point, helpers=helpers)
+                result = await backend.run(
+                    program, tests, limits, entry_point, helpers=helpers, hidden_tests=hidden_tests
+                )
             except SandboxInfraError as exc:
                 failures.append(f"{type(exc).__name__}: {exc}")
                 raise _PlatformFault from exc

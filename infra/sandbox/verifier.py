@@ -1,7 +1,7 @@
 """The two-process verifier: a trusted checker calls an untrusted candidate, data only.
 
     verifier = Verifier(launcher, name="local", warm=4)       # local.py, gvisor.py build one
-    result = await verifier.run(program, tests, limits, entry_point="add", helpers=helpers)
+    result = await verifier.run(program, tests, limits, "add", helpers, hidden_tests)
     await verifier.close()
 
 Per run, two fresh processes, paired by two pipes and nothing else:
@@ -18,8 +18,9 @@ The candidate holds exactly its ends of the two pipes and its output pipes to th
 cannot see, signal, ptrace or read the checker (another uid, another pid namespace or
 kernel), and nothing but decoded plain data crosses from it to the checker, so no object,
 frame, closure or memory of the grader is ever reachable from model code. The host counts the
-test units itself (`judge.split_tests`) and reports `passed` only when the checker says every
-unit ran and passed and its counts equal the host's count (> 0 whenever there are tests).
+test units itself, hidden ones included (`judge.split_tests`), and reports `passed` only when
+the checker says every unit ran and passed and its counts equal the host's count (> 0 whenever
+there are tests).
 
 The host keeps the run's deadline: the checker says when the candidate is up ("started"), and
 the program has had its time once it used `timeout_s` of the wall clock, not counting time its
@@ -85,7 +86,8 @@ def checker_job(
     rlimits: dict[str, tuple[int, int]],
     deadline_s: float | None = None,
 ) -> dict[str, object]:
-    """What a checker is sent for one run (see checker.py): plain data only. `deadline_s`: the
+    """What a checker is sent for one run (see checker.py): plain data only; `units`
+    (`judge.split_tests`) carry the hidden tests' too, marked "hidden". `deadline_s`: the
     checker's own deadline once the candidate is up (default the run's timeout; the verifier
     gives it the starvation bound, as the host decides when the program had its time)."""
     return {
@@ -217,9 +219,11 @@ class Verifier:
         limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
         helpers: str = "",
+        hidden_tests: str = "",
     ) -> ExecutionResult:
-        """Run `program` against `tests` (with the task's `helpers` on the checker's side)."""
-        units = split_tests(tests, entry_point)
+        """Run `program` against `tests` and `hidden_tests` (with the task's `helpers` on the
+        checker's side)."""
+        units = split_tests(tests, entry_point, hidden_tests)
         pair = self._take_warm(limits.tmpfs_mb) or await self._prepare(limits.tmpfs_mb)
         if self.warm:
             self._refill(limits.tmpfs_mb)

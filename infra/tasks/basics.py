@@ -4,9 +4,10 @@ Each task names what to do in so many words (a command to run with `bash`, a fil
 with `write_file`) and then to `submit`; the verdict is the `workspace` suite's: hidden asserts
 on a module's functions, run by the two-process verifier against the final workspace. The
 module is what the action brings about (a script generates it, a file is renamed, written or
-rewritten), so the untouched workspace fails. Five families × 10 seeded instances: instances
-0-5 are `train`, 6-9 `heldout` (30 / 20 tasks: one held-out task is 5 points). Held-out tasks
-are new instances (other names, commands and constants) of the families seen in training.
+rewritten), so the untouched workspace fails. Five families, 6 seeded `train` instances each
+and 20 `heldout` in all (`HELDOUT`; 30 / 20 tasks: one held-out task is 5 points). Held-out
+tasks are new instances of the families seen in training: no reference solution of one is a
+training task's (`done_by`, `infra/tasks/seeded.py`), so recalling a trained call passes none.
 
 Why: SmolLM2-135M fixes none of the `workspace` suite's bugs (0 of 64 episodes), so an agent
 run on it has no reward to learn from. Here the model has only to carry an instruction into a
@@ -36,8 +37,9 @@ from infra.tasks.workspace_repo import HIDDEN_TESTS, assertion, reference_result
 from infra.tasks.workspace_task import SOLVE, WorkspaceTask, workspace_task
 
 SUITE = "basics"
-INSTANCES_PER_FAMILY = 10
 TRAIN_PER_FAMILY = 6
+HELDOUT = {"script": 2, "python": 6, "rename": 4, "write": 4, "edit": 4}
+"""Held-out instances per family (20 in all): `script` has two answers beyond its training ones."""
 NAMES = ("scale", "shift", "offset", "boost", "adjust", "convert", "step", "bump")
 MODULES = ("tools", "helpers", "mathops", "numbers", "calc", "ops", "util", "core")
 
@@ -169,8 +171,14 @@ def render(basic: Basic, task_id: str, split: Split, rng: random.Random) -> Work
     )
 
 
+def done_by(basic: Basic) -> str:
+    """What solves an instance (its reference shell lines): no held-out task may share them with
+    a training one (`seeded`)."""
+    return basic.solve
+
+
 @cache
 def basics_tasks() -> tuple[WorkspaceTask, ...]:
     """Every task of the suite, train first within each family."""
-    instances = seeded(SUITE, FAMILIES, per_family=INSTANCES_PER_FAMILY, train=TRAIN_PER_FAMILY)
+    instances = seeded(SUITE, FAMILIES, train=TRAIN_PER_FAMILY, heldout=HELDOUT, key=done_by)
     return tuple(render(basic, task_id, split, rng) for task_id, basic, split, rng in instances)

@@ -1,15 +1,29 @@
 """The built-in `starter` suite: small, procedurally generated Python function tasks.
 
 Twenty task families (see `infra/tasks/starter_families.py`), from trivial (add a constant) to
-moderate (fizzbuzz with custom words, running maxima, deduplication). Each family yields 10
-seeded instances whose constants, function names and test values differ; instances 0-5 are
-`train`, 6-9 are `heldout` (120 / 80 tasks: one held-out task is 1.25 points). Held-out tasks are therefore *new instances of
-the families seen in training*, which is what lets a ~135M-parameter policy measurably improve
-its held-out pass@1 from a few minutes of GRPO.
+moderate (fizzbuzz with custom words, running maxima, deduplication). Each family's first 6
+seeded instances are `train` (120 tasks); `heldout` are 80 more (one is 1.25 points) of the
+nine families whose instances differ in what solves them (`HELDOUT`: their constants), each
+with a signature and body no instance of its family before it has, whatever the function's
+name (`solved_by`, `infra/tasks/seeded.py`). Held-out tasks are therefore *new instances of the
+families seen in training*: the trained rule with other constants, never a trained answer
+(which is what lets a ~135M-parameter policy measurably improve its held-out pass@1 from a few
+minutes of GRPO, and what makes that gain learning, not recall). The other eleven families
+(reverse a string, parity, ...) have one or two answers in all, so none of their instances is
+held out.
 
 Tests are derived from the canonical solution itself (its outputs on the instance's inputs),
 so canonical and tests cannot disagree; the family's `wrong_body` is a plausible mistake that
 the unit tests and `tempered tasks validate starter` prove the tests reject.
+
+Public and hidden tests, as programming judges have them: of the n distinct inputs, the first
+ceil(n/2) (the first is the prompt's docstring example) are the shown `tests`
+(`def check(candidate)`, whose failing assert the feedback of a failed turn quotes), the rest
+`hidden_tests` (top-level asserts on the function's name, whose failures are reported without
+source or values). The verdict runs both, so its asserts are all n, as before the split; a
+program that special-cases what its feedback showed still fails the hidden ones. Not covered:
+the hidden inputs themselves (the program sees its arguments and may print them), and the shown
+half alone need not reject `wrong_body` (the verdict does).
 
     from infra.tasks.starter import starter_tasks
     tasks = starter_tasks()          # 200 TaskSpecs, identical on every call and machine
@@ -25,8 +39,13 @@ from infra.tasks.seeded import seeded
 from infra.tasks.starter_families import FAMILIES, Instance
 
 SUITE = "starter"
-INSTANCES_PER_FAMILY = 10
 TRAIN_PER_FAMILY = 6
+HELDOUT = {
+    "add": 6, "multiply": 4, "repeat": 10, "sumabove": 2, "letters": 4, "fizzbuzz": 9,
+    "compare": 13, "linear": 16, "clamp": 16,
+}  # fmt: skip
+"""Held-out instances per family: at most the distinct answers its stream holds beyond its
+training instances' (add: 11 constants in all); families with one or two answers have none."""
 FLOAT_TOLERANCE = 1e-6
 
 
@@ -45,10 +64,11 @@ def _args(args: tuple[Any, ...]) -> str:
     return ", ".join(repr(arg) for arg in args)
 
 
-def _assertion(args: tuple[Any, ...], expected: Any) -> str:
+def _assertion(function: str, args: tuple[Any, ...], expected: Any) -> str:
+    """`assert function(args) == expected` (a float: within FLOAT_TOLERANCE)."""
     if isinstance(expected, float):
-        return f"    assert abs(candidate({_args(args)}) - {expected!r}) < {FLOAT_TOLERANCE}"
-    return f"    assert candidate({_args(args)}) == {expected!r}"
+        return f"assert abs({function}({_args(args)}) - {expected!r}) < {FLOAT_TOLERANCE}"
+    return f"assert {function}({_args(args)}) == {expected!r}"
 
 
 def render(instance: Instance, task_id: str, split: str) -> TaskSpec:
@@ -69,13 +89,16 @@ def render(instance: Instance, task_id: str, split: str) -> TaskSpec:
         "```\n\n"
         f"Answer with one ```python code block that defines `{instance.name}`."
     )
-    checks = [_assertion(args, out) for args, out in zip(inputs, outputs, strict=True)]
-    tests = "def check(candidate):\n" + "\n".join(checks) + "\n"
+    shown = (len(inputs) + 1) // 2  # ceil(n/2): the docstring's example is the first
+    cases = list(zip(inputs, outputs, strict=True))
+    checks = [f"    {_assertion('candidate', args, out)}\n" for args, out in cases[:shown]]
+    hidden = [f"{_assertion(instance.name, args, out)}\n" for args, out in cases[shown:]]
     return TaskSpec(
         id=task_id,
         prompt=prompt,
         entry_point=instance.name,
-        tests=tests,
+        tests="def check(candidate):\n" + "".join(checks),
+        hidden_tests="".join(hidden),
         canonical_solution=canonical,
         wrong_solution=program(instance, instance.wrong_body),
         suite=SUITE,
@@ -83,9 +106,15 @@ def render(instance: Instance, task_id: str, split: str) -> TaskSpec:
     )
 
 
+def solved_by(instance: Instance) -> tuple[str, str, str]:
+    """What solves an instance, whatever its function's name (signature and body): no held-out
+    task shares it with an earlier one of its family (`seeded`)."""
+    return instance.params, instance.returns, instance.body
+
+
 @cache
 def _generate() -> tuple[TaskSpec, ...]:
-    instances = seeded(SUITE, FAMILIES, per_family=INSTANCES_PER_FAMILY, train=TRAIN_PER_FAMILY)
+    instances = seeded(SUITE, FAMILIES, train=TRAIN_PER_FAMILY, heldout=HELDOUT, key=solved_by)
     return tuple(render(instance, task_id, split) for task_id, instance, split, _ in instances)
 
 

@@ -5,7 +5,8 @@ A family (`starter_families_numeric.py`, `starter_families_text.py`) is a functi
 only, so the suite is the same on every machine; the tests' expected values are computed later
 from `body` (by `infra/tasks/starter.py`). Every `wrong_body` is a plausible mistake
 (off-by-one, wrong comparison, forgotten case) and the inputs always include a case that
-exposes it.
+exposes it: among all of them, which the verdict runs, not necessarily among the shown half
+(`starter.render` splits them into shown and hidden tests; the feedback quotes only the shown).
 """
 
 from __future__ import annotations

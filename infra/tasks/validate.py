@@ -197,7 +197,8 @@ async def _run_once(
     limits: SandboxLimits,
     backoff: Backoff,
 ) -> RunRecord:
-    """One program against `task.tests`; platform failures are retried, never a verdict."""
+    """One program against `task.tests` and `task.hidden_tests`; platform failures are retried,
+    never a verdict."""
     attempted = await run_retrying(
         backend,
         program,
@@ -205,6 +206,7 @@ async def _run_once(
         limits,
         task.entry_point,
         helpers=task.helpers,
+        hidden_tests=task.hidden_tests,
         backoff=backoff,
     )
     result = attempted.result

@@ -153,6 +153,24 @@ async def test_the_tasks_helpers_reach_the_checker(store: ObjectStore) -> None:
 
 
 @pytest.mark.asyncio
+async def test_the_tasks_hidden_tests_count_and_their_failures_stay_hidden(
+    store: ObjectStore,
+) -> None:
+    programs = {0: PROGRAMS[0], 1: "def add(a, b):\n    return 3 if (a, b) == (1, 2) else 0\n"}
+    acts = SandboxActivities(Settings(), store=store)
+    try:
+        req = request(store, programs, hidden_tests="assert add(40, 2) == 42\n")
+        response = await ActivityEnvironment().run(acts.execute, req)
+    finally:
+        await acts.close()
+    solved, special_cased = response.outcomes
+    assert (solved.status, solved.tests_passed, solved.tests_total) == (ExecStatus.PASSED, 2, 2)
+    assert special_cased.status == ExecStatus.FAILED and special_cased.tests_passed == 1
+    stderr = store.get_text(special_cased.result.key.replace("result.json", "stderr.txt"))
+    assert stderr == "a hidden test failed (AssertionError)\n"
+
+
+@pytest.mark.asyncio
 async def test_missing_code_is_invalid_input(store: ObjectStore) -> None:
     acts = SandboxActivities(Settings(), store=store)
     req = request(store, {0: PROGRAMS[0]})

@@ -70,8 +70,12 @@ class DelayedBackend:
         limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
         helpers: str = "",
+        hidden_tests: str = "",
     ) -> ExecutionResult:
-        result: ExecutionResult = await self.inner.run(program, tests, limits, entry_point, helpers)  # type: ignore[attr-defined]
+        run = self.inner.run  # type: ignore[attr-defined]
+        result: ExecutionResult = await run(
+            program, tests, limits, entry_point, helpers, hidden_tests
+        )
         if "slow attempt" in program:
             await self.gate.wait()
             return result.model_copy(update={"stdout": self.marker})
@@ -121,6 +125,7 @@ class FailingOnSecond:
         limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
         helpers: str = "",
+        hidden_tests: str = "",
     ) -> ExecutionResult:
         if "fault" in program:
             await self.sibling_running.wait()  # fail while the other item is mid-run

@@ -40,6 +40,7 @@ class ScriptedBackend:
         limits: SandboxLimits = LIMITS,
         entry_point: str | None = None,
         helpers: str = "",
+        hidden_tests: str = "",
     ) -> ExecutionResult:
         return self.results.pop(0)
 

@@ -2,11 +2,14 @@
 
     tempered sandbox run solution.py --tests tests.py --entry-point add --json
     tempered sandbox run solution.py --tests tests.py --helpers task_helpers.py
+    tempered sandbox run solution.py --tests tests.py --hidden-tests hidden.py --entry-point add
     tempered sandbox run spin.py --backend gvisor --timeout 2 --memory-mb 128
 
 The verdict comes from the verifier's checker process, which holds the tests (and the task's
-helpers: trusted code run beside them, never the program's); the program runs in its own
-sandboxed process and is only called with plain data (infra/sandbox/verifier.py).
+helpers: trusted code run beside them, never the program's, and the hidden tests, which run
+last, count, and fail as "a hidden test failed (<exception type>)" with nothing else shown); the
+program runs in its own sandboxed process and is only called with plain data
+(infra/sandbox/verifier.py).
 
 Tests in HumanEval's form (`def check(candidate)`) need `--entry-point`: without it nothing
 calls `check`, and any program passed them (`uncalled_check`), so they are refused.
@@ -49,6 +52,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--helpers", type=Path, help="trusted task code the tests may use (run beside them)"
     )
     run.add_argument(
+        "--hidden-tests",
+        type=Path,
+        help="Python file of tests that count but whose failures are never shown (run last)",
+    )
+    run.add_argument(
         "--entry-point",
         help="function passed to the tests' check(candidate) (needed when they define one)",
     )
@@ -66,6 +74,7 @@ def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
         program = read_source(args.program)
         tests = read_source(args.tests) if args.tests else ""
         helpers = read_source(args.helpers) if args.helpers else ""
+        hidden_tests = read_source(args.hidden_tests) if args.hidden_tests else ""
     except ValueError as exc:  # pydantic's ValidationError too
         print(f"tempered sandbox: {describe_error(exc)}", file=sys.stderr)
         return 2
@@ -84,7 +93,9 @@ def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
         except Exception as exc:  # a backend that cannot even be set up (no runsc, no kubeconfig)
             raise SandboxInfraError(f"cannot set up the {backend_name} backend: {exc}") from exc
         try:
-            return await backend.run(program, tests, limits, args.entry_point, helpers=helpers)
+            return await backend.run(
+                program, tests, limits, args.entry_point, helpers, hidden_tests
+            )
         finally:
             await backend.close()
 

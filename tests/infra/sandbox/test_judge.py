@@ -71,6 +71,23 @@ def test_the_host_counts_units_itself() -> None:
     assert expected_units(split_tests("", None), None) == 0
 
 
+def test_hidden_tests_are_units_the_host_counts_marked_hidden() -> None:
+    """`passed` needs every hidden unit too: the host's count includes them."""
+    check, hidden = "def check(c):\n    assert c(1)\n", "x = 3\nassert f(x) == 7\n"
+    units = split_tests(check, "f", hidden)
+    assert units[0] == {"test": False, "line": 1, "source": check}
+    assert units[1:] == [
+        {"test": False, "line": 1, "source": "x = 3\n", "hidden": True},
+        {"test": True, "line": 2, "source": "assert f(x) == 7\n", "hidden": True},
+    ]
+    assert expected_units(units, "f") == 2
+    # hidden tests without a top-level assert are one hidden test, entry point or not
+    assert split_tests("", "f", "check(f)\n") == [
+        {"test": True, "line": 1, "source": "check(f)\n", "hidden": True}
+    ]
+    assert _status(_seen(PASSED), expected=expected_units(units, "f")) == ExecStatus.FAILED
+
+
 @pytest.mark.parametrize(
     ("fields", "status"),
     [

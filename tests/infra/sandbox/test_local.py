@@ -307,6 +307,29 @@ def test_cli_sandbox_run_uses_the_task_helpers(tmp_path, capsys) -> None:
     assert printed["status"] == "failed" and printed["tests_passed"] == 0, printed
 
 
+def test_cli_sandbox_run_takes_hidden_tests(tmp_path, capsys) -> None:
+    from workers.cli import run as cli
+
+    files = {
+        "p.py": "def add(a, b):\n    return a + b if a < 10 else 0\n",
+        "t.py": CHECK,
+        "h.py": "assert add(40, 2) == 42\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    argv = ["sandbox", "run", str(tmp_path / "p.py"), "--tests", str(tmp_path / "t.py")]
+    assert (
+        cli([*argv, "--hidden-tests", str(tmp_path / "h.py"), "--entry-point", "add", "--json"])
+        == 0
+    )
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["status"] == "failed" and (printed["tests_passed"], printed["tests_total"]) == (
+        1,
+        2,
+    )
+    assert printed["stderr"] == "a hidden test failed (AssertionError)\n", printed
+
+
 def test_cli_sandbox_run_infra_error_exits_3(tmp_path, capsys, monkeypatch) -> None:
     from workers.cli import run as cli
 

@@ -1,6 +1,6 @@
 """The two-process verifier (local backend) against real bwrap and zygotes: statuses, what
-crosses the channel, exceptions, limits, output, task helpers. Its sandbox and lifecycle are in
-test_confinement.py, hostile programs in test_adversarial.py."""
+crosses the channel, exceptions, limits, output, task helpers, hidden tests. Its sandbox and
+lifecycle are in test_confinement.py, hostile programs in test_adversarial.py."""
 
 from __future__ import annotations
 
@@ -160,6 +160,45 @@ def test_a_task_whose_tests_cannot_run_is_an_error_of_the_run_not_a_platform_fau
     result = box.run(program, tests, "add", helpers=helpers)
     assert result.status == ExecStatus.ERROR and result.tests_passed == 0, result
     assert result.detail == detail and error in result.stderr, result
+
+
+HIDDEN = "assert add(40, 2) == 42\n"
+
+
+@pytest.mark.parametrize(
+    ("program", "hidden", "status", "reported"),
+    [
+        ("def add(a, b):\n    return 5\n", HIDDEN, ExecStatus.FAILED, "AssertionError"),
+        (
+            "def add(a, b):\n    if a == 40:\n        raise ValueError(f'want {a + b}')\n"
+            "    return a + b\n",
+            HIDDEN,
+            ExecStatus.ERROR,
+            "ValueError",
+        ),
+        (ADD, "import no_such_module_42\n" + HIDDEN, ExecStatus.ERROR, "ModuleNotFoundError"),
+        (ADD, "assert add(40, 2) == (42\n", ExecStatus.ERROR, "SyntaxError"),
+    ],
+)
+def test_a_failing_hidden_test_is_reported_by_its_exception_type_alone(
+    box: Box, program: str, hidden: str, status: ExecStatus, reported: str
+) -> None:
+    """No source line, message (the program's own: `want 42`) or traceback of a hidden unit:
+    what a program could special-case on its next turn."""
+    result = box.run(program, CHECK, "add", hidden_tests=hidden)
+    assert result.status == status and result.detail == reported, result
+    assert result.tests_total == 2 and f"a hidden test failed ({reported})" in result.stderr
+    assert "42" not in result.stderr + result.stdout and "add(40" not in result.stderr, result
+
+
+def test_hidden_tests_run_after_check_and_count_in_the_verdict(box: Box) -> None:
+    tests = "seen = []\ndef check(candidate):\n    seen.append(candidate(2, 3))\n    assert seen == [5]\n"
+    result = box.run(ADD, tests, "add", hidden_tests="assert seen == [5]\n" + HIDDEN)
+    assert result.status == ExecStatus.PASSED and result.tests_passed == result.tests_total == 3
+    wrong = box.run("def add(a, b):\n    return 0\n", CHECK, "add", hidden_tests=HIDDEN)
+    assert wrong.status == ExecStatus.FAILED and (wrong.tests_passed, wrong.tests_total) == (0, 2)
+    assert 'File "tests.py", line 2, in check' in wrong.stderr  # a shown failure still shows
+    assert wrong.stderr.endswith("a hidden test failed (AssertionError)\n"), wrong.stderr
 
 
 @pytest.mark.parametrize(

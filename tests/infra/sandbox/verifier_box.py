@@ -46,9 +46,10 @@ class Box:
         entry_point: str | None = None,
         helpers: str = "",
         limits: SandboxLimits = FAST,
+        hidden_tests: str = "",
     ) -> ExecutionResult:
         return self.loop.run_until_complete(
-            self.run_async(program, tests, entry_point, helpers, limits)
+            self.run_async(program, tests, entry_point, helpers, limits, hidden_tests)
         )
 
     async def run_async(
@@ -58,9 +59,12 @@ class Box:
         entry_point: str | None = None,
         helpers: str = "",
         limits: SandboxLimits = FAST,
+        hidden_tests: str = "",
     ) -> ExecutionResult:
-        program, tests, helpers = (textwrap.dedent(text) for text in (program, tests, helpers))
-        return await self.backend.run(program, tests, limits, entry_point, helpers)
+        program, tests, helpers, hidden_tests = (
+            textwrap.dedent(text) for text in (program, tests, helpers, hidden_tests)
+        )
+        return await self.backend.run(program, tests, limits, entry_point, helpers, hidden_tests)
 
     def settle(self) -> None:
         """Let released runs finish dying (their teardown runs in the background)."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -16,9 +18,11 @@ import pytest
 
 from contracts.task import TaskSpec
 from infra.settings import Settings
-from infra.tasks import load_quarantine, load_suite, quarantine_path
+from infra.tasks import load_quarantine, load_suite, load_workspace_suite, quarantine_path, starter
 from infra.tasks.jsonl import read_jsonl, write_jsonl
-from infra.tasks.starter_families import FAMILIES
+from infra.tasks.seeded import seeded
+from infra.tasks.starter import HELDOUT
+from infra.tasks.starter_families import FAMILIES, Instance
 
 REPO = Path(__file__).resolve().parents[3]
 DIGEST = (
@@ -28,11 +32,13 @@ DIGEST = (
 
 
 def _passes(program: str, task: TaskSpec) -> bool:
-    """Run trusted suite code in-process (the sandbox path is covered by test_validate)."""
+    """Run trusted suite code in-process (the sandbox path is covered by test_validate): the
+    shown tests, then the hidden ones, as the verdict does."""
     namespace: dict[str, Any] = {}
     exec(program + "\n" + task.tests, namespace)
     try:
         namespace["check"](namespace[task.entry_point])
+        exec(task.hidden_tests, namespace)
     except Exception:
         return False
     return True
@@ -48,11 +54,43 @@ def test_starter_counts_ids_and_splits() -> None:
     assert {t.id for t in train} | {t.id for t in heldout} == set(ids)
     assert all(re.fullmatch(r"starter-[a-z]+-\d+", task_id) for task_id in ids)
     assert all(task.suite == "starter" for task in tasks)
-    # held-out tasks are new instances of the families seen in training
+    # held-out tasks are new instances of families seen in training (those with new answers)
     family = re.compile(r"starter-([a-z]+)-\d+")
     train_families = Counter(family.fullmatch(t.id).group(1) for t in train)  # type: ignore[union-attr]
     heldout_families = Counter(family.fullmatch(t.id).group(1) for t in heldout)  # type: ignore[union-attr]
-    assert set(train_families) == set(heldout_families) == set(FAMILIES)
+    assert set(train_families) == set(FAMILIES) and train_families == dict.fromkeys(FAMILIES, 6)
+    assert heldout_families == HELDOUT
+
+
+def _answer(task: TaskSpec) -> str:
+    """What solves a starter task, whatever its function is called: the canonical body."""
+    assert task.canonical_solution and task.entry_point
+    return task.canonical_solution.replace(f"def {task.entry_point}(", "def f(", 1)
+
+
+def test_no_held_out_task_is_solved_by_a_training_tasks_answer() -> None:
+    """Before: 35 of the 80 held-out tasks were passed by a training task's very program."""
+    starter = load_suite("starter")
+    trained = {_answer(t) for t in starter if t.split == "train"}
+    heldout = [_answer(t) for t in starter if t.split == "heldout"]
+    assert len(heldout) == len(set(heldout)) == 80 and trained.isdisjoint(heldout)
+    for suite in ("basics", "workspace"):
+        tasks = load_workspace_suite(suite)
+        solves = {t.spec.id: t.spec.canonical_solution for t in tasks}
+        trained = {solves[t.spec.id] for t in tasks if t.spec.split == "train"}
+        heldout = [solves[t.spec.id] for t in tasks if t.spec.split == "heldout"]
+        assert None not in trained and len(heldout) == len(set(heldout))
+        assert trained.isdisjoint(heldout), suite
+
+
+def test_a_family_without_enough_new_answers_is_an_error() -> None:
+    def coin(rng: random.Random) -> int:
+        return rng.randint(0, 2)
+
+    drawn = list(seeded("s", {"coin": coin}, train=8, heldout=0, key=lambda x: x))
+    assert [split for *_, split, _ in drawn] == ["train"] * 8
+    with pytest.raises(ValueError, match="family 'coin' draws no held-out instance"):
+        list(seeded("s", {"coin": coin}, train=8, heldout={"coin": 1}, key=lambda x: x))
 
 
 def test_starter_is_deterministic_across_calls_and_processes() -> None:
@@ -80,8 +118,9 @@ def test_starter_prompts_name_entry_point_and_ask_for_code() -> None:
         assert "```python" in task.prompt and len(task.prompt) < 600, task.id
         assert (task.canonical_solution or "").startswith(f"def {task.entry_point}("), task.id
         assert (
-            task.tests.count("assert candidate(") + task.tests.count("assert abs(candidate(") >= 3
+            task.tests.count("assert candidate(") + task.tests.count("assert abs(candidate(") >= 2
         )
+        assert task.tests.count("assert ") + task.hidden_tests.count("assert ") >= 3, task.id
 
 
 def test_starter_canonical_passes_and_wrong_fails_every_task() -> None:
@@ -89,6 +128,66 @@ def test_starter_canonical_passes_and_wrong_fails_every_task() -> None:
         assert task.canonical_solution and task.wrong_solution
         assert _passes(task.canonical_solution, task), f"{task.id}: canonical fails its tests"
         assert not _passes(task.wrong_solution, task), f"{task.id}: tests accept the wrong solution"
+
+
+def _starter_instances(monkeypatch: pytest.MonkeyPatch) -> dict[str, Instance]:
+    """Each starter task's instance, as `starter.render` is given it."""
+    rendered, render = {}, starter.render
+
+    def capture(instance: Instance, task_id: str, split: str) -> TaskSpec:
+        rendered[task_id] = instance
+        return render(instance, task_id, split)
+
+    monkeypatch.setattr(starter, "render", capture)
+    starter._generate.__wrapped__()  # type: ignore[attr-defined]
+    return rendered
+
+
+def _asserted(source: str, call: str) -> list[tuple[str, str, bool]]:
+    """(the arguments' repr, the expected value's repr, compared within a tolerance) of every
+    assert on `call(...)` in `source`, in order."""
+    cases = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Assert):
+            continue
+        test = node.test
+        assert isinstance(test, ast.Compare), ast.unparse(node)
+        near = isinstance(test.ops[0], ast.Lt)  # abs(call(...) - expected) < FLOAT_TOLERANCE
+        if near:
+            assert isinstance(test.left, ast.Call) and isinstance(test.left.args[0], ast.BinOp)
+            called, expected = test.left.args[0].left, test.left.args[0].right
+            assert ast.literal_eval(test.comparators[0]) == starter.FLOAT_TOLERANCE
+        else:
+            assert isinstance(test.ops[0], ast.Eq), ast.unparse(node)
+            called, expected = test.left, test.comparators[0]
+        assert isinstance(called, ast.Call) and isinstance(called.func, ast.Name)
+        assert called.func.id == call, ast.unparse(node)
+        args = tuple(ast.literal_eval(arg) for arg in called.args)
+        cases.append((repr(args), repr(ast.literal_eval(expected)), near))
+    return cases
+
+
+def test_starter_shows_half_its_asserts_and_hides_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verdict's asserts are what they were before the split (the canonical solution's
+    outputs on the instance's distinct inputs, floats within the tolerance), the first
+    ceil(n/2) of them shown (the docstring's example first), the rest hidden."""
+    instances = _starter_instances(monkeypatch)
+    tasks = load_suite("starter")
+    assert {task.id for task in tasks} == set(instances)
+    for task in tasks:
+        instance, name = instances[task.id], str(task.entry_point)
+        canonical: dict[str, Any] = {}
+        exec(str(task.canonical_solution), canonical)
+        inputs = list({repr(args): args for args in instance.inputs}.values())
+        outputs = [canonical[name](*args) for args in inputs]
+        before = [
+            (repr(a), repr(o), isinstance(o, float)) for a, o in zip(inputs, outputs, strict=True)
+        ]
+        shown, hidden = _asserted(task.tests, "candidate"), _asserted(task.hidden_tests, name)
+        assert shown + hidden == before, task.id
+        assert len(shown) == (len(before) + 1) // 2 and hidden, task.id
+        example = ", ".join(repr(arg) for arg in inputs[0])
+        assert f">>> {name}({example})\n    {outputs[0]!r}\n" in task.prompt, task.id
 
 
 def test_humaneval_maps_all_164_problems() -> None:

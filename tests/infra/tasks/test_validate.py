@@ -49,11 +49,12 @@ class FlakyPlatform:
         limits: SandboxLimits = DEFAULT_LIMITS,
         entry_point: str | None = None,
         helpers: str = "",
+        hidden_tests: str = "",
     ) -> ExecutionResult:
         self.calls += 1
         if self.calls <= self.faults:
             raise SandboxInfraError(f"injected platform fault {self.calls}")
-        return await self.inner.run(program, tests, limits, entry_point, helpers)
+        return await self.inner.run(program, tests, limits, entry_point, helpers, hidden_tests)
 
     async def close(self) -> None:
         await self.inner.close()
@@ -76,6 +77,7 @@ def broken_and_weak(template: TaskSpec) -> list[TaskSpec]:
         update={
             "id": "deliberately-weak",
             "tests": "def check(candidate):\n    assert candidate is not None\n",
+            "hidden_tests": "",  # a starter task's hidden asserts would still reject it
         }
     )
     assert broken.canonical_solution != canonical and weak.tests != tests
