@@ -226,6 +226,7 @@ class AgentTaskWorkflow:
             tests=task_input.task.tests,
             entry_point=task_input.task.entry_point,
             helpers=task_input.task.helpers,
+            hidden_tests=task_input.task.hidden_tests,
             limits=task_input.limits,
             items=[
                 ExecuteItem(sample=c.sample, code=c.code)
@@ -276,12 +277,26 @@ class AgentTaskWorkflow:
             workflow.upsert_search_attributes(updates)
 
 
+CANCELLED_WITH_RUN_PATCH = "tempered-task-cancelled-with-its-run"
+"""Marks runs whose agent-task children are cancelled when the run closes (cancelled, failed,
+terminated, timed out: `ParentClosePolicy.REQUEST_CANCEL`), so each closes its workspace sessions
+(`finally: sessions.close()`). Before, the default (TERMINATE) ended them where they stood, and
+their sessions held a uid slot and a tmpfs each until the sandbox worker's TTL reaped them. A run
+closes with children in flight only when it ends early: it drains them before it continues as new
+or completes."""
+
+
 async def run_agent_task(task_input: AgentTaskInput, workflow_id: str) -> AgentTaskResult:
-    """Run one agent task as a child of the calling workflow (a training or evaluation task)."""
+    """Run one agent task as a child of the calling workflow (a training or evaluation task),
+    cancelled if the caller closes before it ends (`CANCELLED_WITH_RUN_PATCH`)."""
+    closing = workflow.ParentClosePolicy.TERMINATE  # the SDK's default
+    if workflow.patched(CANCELLED_WITH_RUN_PATCH):
+        closing = workflow.ParentClosePolicy.REQUEST_CANCEL
     return await workflow.execute_child_workflow(
         AgentTaskWorkflow.run,
         task_input,
         id=workflow_id,
         task_queue=Queue.AGENT_TASKS.value,
+        parent_close_policy=closing,
         **task_start_options(task_input),
     )

@@ -1,6 +1,6 @@
 """A training run's held-out evaluations, as children of `TrainingRunWorkflow`.
 
-    evaluations = Evaluations(run_input, kept_results, retention, run_task)
+    evaluations = Evaluations(run_input, kept_results, retention, run_task, failed)
     evaluations.heldout = spread(tasks.heldout, run_input.heldout_limit)   # the suite's
     evaluations.start(version)          # one greedy episode per held-out task (children)
     evaluations.children_ahead(...)     # what may still start: the run's history look-ahead
@@ -10,8 +10,10 @@ An evaluation of version v runs every held-out task as an `AgentTaskWorkflow` ch
 `eval_turns` turns; pass@1 counts those solved at turn 1, the solve rate all solved
 (`EvalResult.of`). The run starts one before training, every `eval_every` learner steps and
 after the last; each reads its version for as long as it runs (`Retention`). Only the first
-result and the last `EVAL_TAIL` cross a continue-as-new. It issues exactly the commands the
-run issued before this was its own module (the recorded histories replay).
+result and the last `EVAL_TAIL` cross a continue-as-new. A child that fails makes its evaluation
+raise what `failed` returns (the run's failure, at once: workflows/run_failure.py), or, before
+that, the child's failure. It issues exactly the commands the run issued before this was its own
+module (the recorded histories replay).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from temporalio import workflow
+from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     from contracts.names import eval_run_id
@@ -36,6 +39,9 @@ EVAL_TAIL = 32
 
 RunTask = Callable[[AgentTaskInput, str], Awaitable[AgentTaskResult]]
 """How the run executes one agent task as its child: (input, workflow id) → result."""
+Failed = Callable[[TaskSpec, int, FailureError], Exception | None]
+"""What an evaluation raises when a child fails: (held-out task, version, its failure) → the
+error, or None for the child's own failure."""
 
 
 class Evaluations:
@@ -45,8 +51,10 @@ class Evaluations:
         results: Sequence[EvalResult],
         retention: Retention,
         run_task: RunTask,
+        failed: Failed,
     ) -> None:
         self._input, self._retention, self._run_task = run_input, retention, run_task
+        self._failed = failed
         self.results: list[EvalResult] = list(results)
         self.heldout: list[TaskSpec] = []
         self.jobs: list[asyncio.Task[None]] = []
@@ -86,13 +94,20 @@ class Evaluations:
         if not self.heldout:
             return
         eval_run = eval_run_id(run_input.run_id, version)
-        children = [
-            self._run_task(run_input.eval_input(t, eval_run, version), f"{eval_run}-{t.id}")
-            for t in self.heldout
-        ]
+        children = [self._run_one(t, eval_run, version) for t in self.heldout]
         self.in_flight += len(self.heldout)
         try:
             results = await asyncio.gather(*children)
         finally:
             self.in_flight -= len(self.heldout)
         self.results.append(EvalResult.of(version, results, run_input.eval_turns))
+
+    async def _run_one(self, task: TaskSpec, eval_run: str, version: int) -> AgentTaskResult:
+        task_input = self._input.eval_input(task, eval_run, version)
+        try:
+            return await self._run_task(task_input, f"{eval_run}-{task.id}")
+        except FailureError as exc:
+            error = self._failed(task, version, exc)
+            if error is None:
+                raise
+            raise error from exc

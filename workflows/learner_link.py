@@ -7,14 +7,17 @@ run's continues-as-new (`ParentClosePolicy.ABANDON`), so the two find each other
     link.raise_if_failed()                       # LEARNER_FAILED, once it reported an error
     await link.finish()                          # train on what is queued, then end
     final = await link.final()                   # its last state, as `learner_done` told it
+    await link.cancel()                          # the run was cancelled or failed
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from temporalio import workflow
+from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
     from contracts.errors import ErrorType, fail
@@ -55,3 +58,10 @@ class LearnerLink:
         self.raise_if_failed()
         assert self.done is not None and self.done.final is not None
         return self.done.final
+
+    async def cancel(self) -> None:
+        """Cancel it, unless it has ended (it outlives the run that started it by design, not
+        the training: the run cancels it as it fails or is cancelled)."""
+        if not self.ended():
+            with contextlib.suppress(FailureError):  # it may have ended meanwhile
+                await workflow.get_external_workflow_handle(self.workflow_id).cancel()

@@ -18,13 +18,14 @@ Bounded history (workflows/budget.py): before each start and before the ending, 
 history could pass `budget` (20% of Temporal's limits by default), counting what the children
 in flight and the evaluations to come will add, drains and continues as new with a `RunResume`
 (suite, counters, the last `PROGRESS_TAIL` learner steps). The learner outlives the run that
-started it (`ParentClosePolicy.ABANDON`); they find each other by workflow id.
+started it (`ParentClosePolicy.ABANDON`); they find each other by workflow id. A task's child that
+fails, or a learner that cannot be reached, fails the run at once (workflows/run_failure.py);
+a run that fails or is cancelled cancels the learner and its children in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from datetime import datetime, timedelta
 from typing import NoReturn
 
@@ -75,6 +76,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.learner import HISTORY_TAIL, LearnerWorkflow
     from workflows.learner_link import LearnerLink
     from workflows.retention import Retention
+    from workflows.run_failure import RunFailure
     from workflows.search import search_attribute_updates
 
 SPREAD_REDRAWS_PATCH = "tempered-run-spread-redraws"
@@ -87,8 +89,6 @@ ENDING_PATCH = "tempered-run-ending-bytes"
 """Marks runs whose ending look-ahead counts the learner's state as reported (`state_bytes`)
 once for each copy the ending receives: its `learner_done`, the run's result and, in the
 segment that started the learner, the child's result (before it: one copy of 1 KiB a step)."""
-FAILED_TASK_PATCH = "tempered-run-fails-with-a-task"
-"""Marks runs that fail once a task's child fails (before: waiting for good for its group)."""
 PROGRESS_TAIL = 100
 """Learner steps the run keeps (and its `progress` query shows)."""
 
@@ -107,14 +107,13 @@ class TrainingRunWorkflow:
         self._redrawn = resume.redrawn if resume else 0  # flat groups not sent to the learner
         learner_id = f"{workflow.info().workflow_id}-learner"  # done: it ended as we drained
         self._learner = LearnerLink(learner_id, resume.learner_done if resume else None)
-        self._failed: Exception | None = None  # a task's child failed (FAILED_TASK_PATCH)
+        self._failure = RunFailure()  # a task's child failed, or the learner cannot be reached
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
         self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
         self._unrecorded = UnrecordedStarts()
         self._retention = Retention(run_input, resume.pruned_below if resume else 1)
-        self._evaluations = Evaluations(
-            run_input, resume.evals if resume else [], self._retention, run_agent_task
-        )
+        evals, failed = resume.evals if resume else [], self._failure.evaluation_failed
+        self._evaluations = Evaluations(run_input, evals, self._retention, run_agent_task, failed)
         if resume:
             self._evaluations.heldout = spread(resume.tasks.heldout, run_input.heldout_limit)
         self._tails_at_start = self._tails_bytes()
@@ -131,12 +130,11 @@ class TrainingRunWorkflow:
             tasks, deadline = resume.tasks, resume.deadline
         try:
             await self._roll_out(tasks, deadline)
-            await self._learner.finish()
+            await self._failure.reaching(self._learner.finish())
             final = await learner if learner is not None else await self._learner.final()
         except (asyncio.CancelledError, FailureError):
-            if not self._learner.ended():  # it outlives this run by design, not the training
-                with contextlib.suppress(FailureError):  # it may have ended meanwhile
-                    await workflow.get_external_workflow_handle(self._learner.workflow_id).cancel()
+            if not self._failure.learner_lost:  # it outlives this run by design, not training
+                await self._learner.cancel()
             raise
         evaluations = self._evaluations
         if final.history and not evaluations.measured(final.history[-1].policy.version):
@@ -237,8 +235,7 @@ class TrainingRunWorkflow:
         while await self._task_due(total):
             await workflow.wait_condition(self._may_start)
             self._learner.raise_if_failed()
-            if self._failed is not None:
-                raise self._failed
+            self._failure.raise_if_failed()
             if self._stopped is not None or (deadline is not None and workflow.now() >= deadline):
                 break
             if self._history_full():
@@ -252,9 +249,13 @@ class TrainingRunWorkflow:
         await asyncio.gather(*self._rollouts)
 
     async def _task_due(self, total: int) -> bool:
-        """Whether fewer than `total` are `_filled` (with redraws left: once those in flight end)."""
+        """Whether fewer than `total` are `_filled` (with redraws left: once those in flight end,
+        or the run failed)."""
         if self._filled >= total and self._redraws_left:
-            await workflow.wait_condition(lambda: self._filled < total or self._in_flight == 0)
+            await workflow.wait_condition(
+                lambda: self._filled < total or self._in_flight == 0 or self._failure.wakes
+            )
+            self._failure.raise_if_woken()
         return self._filled < total
 
     @property
@@ -285,7 +286,7 @@ class TrainingRunWorkflow:
         step = self._filled // grpo.groups_per_step
         in_flight_ok = self._in_flight < self._input.concurrency
         ready = in_flight_ok and self._learner_steps >= step - grpo.max_staleness
-        failed = self._learner.error is not None or self._failed is not None
+        failed = self._learner.error is not None or self._failure.error is not None
         return ready or failed or self._stopped is not None
 
     def _history_full(self, *, ending: bool = False) -> bool:
@@ -382,8 +383,7 @@ class TrainingRunWorkflow:
                 self._input.task_input(task, policy_version), f"{self._input.run_id}-task-{task.id}"
             )
         except FailureError as exc:  # its group never comes: the run would wait for it forever
-            if workflow.patched(FAILED_TASK_PATCH) and self._failed is None:
-                self._failed = fail(ErrorType.TASK_FAILED, f"task {task.id}: {exc.cause or exc}")
+            self._failure.task_failed(task.id, exc)
             raise
         finally:
             self._in_flight -= 1
@@ -397,4 +397,4 @@ class TrainingRunWorkflow:
             rewards=result.rewards,
             policy_version=min(result.policy_versions),
         )
-        await self._learner.send(Signal.ADD_GROUPS, [[group]])
+        await self._failure.reaching(self._learner.send(Signal.ADD_GROUPS, [[group]]))

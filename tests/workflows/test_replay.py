@@ -70,6 +70,17 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     # recorded on the release whose cancelled learner waits for its step to stop (its patch
     # marker): tests/workflows/test_learner.py with TEMPERED_RECORD_HISTORIES=1
     "learner_cancelled_in_step.json": (LearnerWorkflow, "learner-cancelled-in-a-step"),
+    # recorded on the release whose runs' tasks are cancelled, not terminated, when the run
+    # closes early, and whose run fails at once on a failed task, held-out task or unreachable
+    # learner (their patch markers): tests/workflows/test_training_run_children.py (stand-in
+    # tasks that wait to be cancelled) and test_training_run_fails_at_once.py with
+    # TEMPERED_RECORD_HISTORIES=1; a run cancelled with its tasks in flight, one whose task
+    # failed, one whose held-out task failed as it waited for its last tasks, and one whose
+    # learner was terminated (its signals failed after their retries)
+    "training_run_children_cancelled.json": (TrainingRunWorkflow, "train-early-cancelled"),
+    "training_run_task_failed.json": (TrainingRunWorkflow, "train-early-fails"),
+    "training_run_held_out_failed.json": (TrainingRunWorkflow, "train-early-held-out-fails"),
+    "training_run_learner_lost.json": (TrainingRunWorkflow, "train-learner-lost"),
 }
 
 

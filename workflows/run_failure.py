@@ -1,0 +1,92 @@
+"""How a training run fails before its end: its first failure, which its waits wake on.
+
+    failure = RunFailure()
+    failure.task_failed(task.id, exc)          # a training task's child failed for good
+    Evaluations(..., failure.evaluation_failed)   # a held-out task's child did: what it raises
+    await failure.reaching(link.send(...))     # the learner cannot be reached: raises
+    failure.raise_if_failed()                  # the run's main loop, once a wait woke
+    failure.raise_if_woken()                   # after a wait that wakes on `wakes` too
+    failure.error, failure.wakes               # what the run's waits wake on
+    failure.learner_lost                       # nothing to cancel as the run fails
+
+A training task's child that fails for good fails the run (`FAILED_TASK_PATCH`): its group never
+comes, and an on-policy run would wait for it for good. With `FAILS_AT_ONCE_PATCH`, so does a
+learner that cannot be reached (a signal to it failed after `signal_run`'s 31 s of retries: it
+ended without `learner_done`, terminated from the UI or the CLI), and a held-out evaluation's
+child that fails. Before, the first raised in the rollout that sent the signal, a task nobody
+awaited until the next continue-as-new, and the run waited for the learner's steps for good
+(nothing in flight, its time budget unread); the second surfaced only at the next
+continue-as-new's drain or at the run's end. With that patch the wait for the last tasks in
+flight (`TrainingRunWorkflow._task_due`) wakes on a failure too (`wakes`). Its children still in
+flight are cancelled as the run closes (workflows/agent_task.py, `CANCELLED_WITH_RUN_PATCH`).
+
+Each patch is asked only once a failure came: a run that never fails records neither marker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from contracts.errors import ErrorType, fail
+    from contracts.task import TaskSpec
+
+FAILED_TASK_PATCH = "tempered-run-fails-with-a-task"
+"""Marks runs that fail once a task's child fails (before: waiting for good for its group)."""
+FAILS_AT_ONCE_PATCH = "tempered-run-fails-at-once"
+"""Marks runs that fail at once when their learner cannot be reached or a held-out evaluation's
+child fails, and whose wait for the tasks in flight at the end wakes on a failure."""
+
+
+class RunFailure:
+    def __init__(self) -> None:
+        self.error: Exception | None = None
+        """The run's first failure: its main loop raises it."""
+        self.wakes = False
+        """Whether `error` also wakes the run's wait for its last tasks in flight (`_task_due`,
+        `FAILS_AT_ONCE_PATCH`); the wait for a free slot wakes on any failure."""
+        self.learner_lost = False
+        """A signal to the learner failed for good: it is gone (nothing to cancel)."""
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def raise_if_woken(self) -> None:
+        """Raise the failure if it is one that `wakes` (after a wait that woke on it)."""
+        if self.wakes:
+            self.raise_if_failed()
+
+    def task_failed(self, task_id: str, exc: FailureError) -> None:
+        """A training task's child failed for good: its group never comes."""
+        if workflow.patched(FAILED_TASK_PATCH):
+            self._keep(fail(ErrorType.TASK_FAILED, f"task {task_id}: {exc.cause or exc}"))
+
+    def evaluation_failed(
+        self, task: TaskSpec, version: int, exc: FailureError
+    ) -> ApplicationError | None:
+        """A held-out task's child failed: what its evaluation raises, the run's failure too
+        (None before `FAILS_AT_ONCE_PATCH`: the child's own failure, noticed later)."""
+        if not workflow.patched(FAILS_AT_ONCE_PATCH):
+            return None
+        where = f"held-out task {task.id} (evaluation of version {version})"
+        return self._keep(fail(ErrorType.TASK_FAILED, f"{where}: {exc.cause or exc}"))
+
+    async def reaching(self, signal: Awaitable[None]) -> None:
+        """Await `signal` to the learner: one that could not be delivered fails the run."""
+        try:
+            await signal
+        except FailureError as exc:
+            if not workflow.patched(FAILS_AT_ONCE_PATCH):
+                raise
+            self.learner_lost, why = True, f"the learner cannot be reached: {exc.cause or exc}"
+            raise self._keep(fail(ErrorType.LEARNER_FAILED, why)) from exc
+
+    def _keep(self, error: ApplicationError) -> ApplicationError:
+        """`error`, kept as the run's failure unless one came before."""
+        if self.error is None:
+            self.error, self.wakes = error, workflow.patched(FAILS_AT_ONCE_PATCH)
+        return error
