@@ -186,19 +186,26 @@ class ChatFormat:
         """`render(content)` tokenized with `content` as untrusted text. Its span is what the
         template writes between the text it writes around a placeholder, so a template that
         alters a message's text (trims it, say) still has all of it treated as untrusted.
-        The frame (`render(CONTENT)`) is rendered once per `render`: it is the same each time."""
-        if render not in self._frames:
-            frame = render(CONTENT)
-            if frame.count(CONTENT) != 1:
-                raise ValueError("the chat template does not render a message's text exactly once")
-            before, after = frame.split(CONTENT)
-            self._frames[render] = before, after
-        before, after = self._frames[render]
+        The frame (`render(CONTENT)`) is kept per `render` and rendered again when the text no
+        longer fits it: a template may print the date (`strftime_now`), which changes at midnight."""
         rendered = render(content)
-        end = len(rendered) - len(after)
-        if not (rendered.startswith(before) and rendered.endswith(after) and end >= len(before)):
-            raise ValueError("the chat template renders a message differently for its text")
-        return self.untrusted.encode(rendered, (len(before), end))
+        for fresh in (False, True):
+            if fresh or render not in self._frames:
+                self._frames[render] = self._frame(render)
+            before, after = self._frames[render]
+            end = len(rendered) - len(after)
+            if rendered.startswith(before) and rendered.endswith(after) and end >= len(before):
+                return self.untrusted.encode(rendered, (len(before), end))
+        raise ValueError("the chat template renders a message differently for its text")
+
+    @staticmethod
+    def _frame(render: Callable[[str], str]) -> tuple[str, str]:
+        """The text `render` writes before and after a message's text."""
+        frame = render(CONTENT)
+        if frame.count(CONTENT) != 1:
+            raise ValueError("the chat template does not render a message's text exactly once")
+        before, after = frame.split(CONTENT)
+        return before, after
 
     def next_prompt(self, previous: CompletionRecord, observation: str) -> list[int]:
         """Step k > 0: the previous step's exact ids, its end of turn, the observation."""

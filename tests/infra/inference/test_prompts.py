@@ -260,3 +260,36 @@ def test_feedback_quotes_only_the_tail_of_long_output() -> None:
 )
 def test_extract_code(completion: str, code: str) -> None:
     assert extract_code(completion) == code
+
+
+def test_a_template_that_prints_the_date_still_renders_after_midnight(tokenizer: Any) -> None:
+    """The frame kept for the first prompt holds the date it was rendered on (Llama 3.2's
+    "Today Date"): past midnight it no longer frames the prompt, and is rendered again."""
+    import datetime
+
+    import transformers.utils.chat_template_utils as chat_templates
+
+    template = (
+        "{%- set today = strftime_now('%d %b %Y') %}{%- for message in messages %}"
+        "{{- '<|im_start|>' + message.role + '\\n' }}"
+        "{%- if message.role == 'system' %}{{- 'Today Date: ' + today + '\\n\\n' }}{%- endif %}"
+        "{{- message.content + '<|im_end|>\\n' }}{%- endfor %}"
+        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+
+    class Clock(datetime.datetime):
+        at = datetime.datetime(2026, 12, 6, 23, 59)
+
+        @classmethod
+        def now(cls, tz: Any = None) -> Any:
+            return cls.at
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chat_templates, "datetime", Clock)
+        chat = ChatFormat(with_template(tokenizer, template), EnvName.CODE)
+        chat.first_prompt("Write add(a, b).")
+        Clock.at = datetime.datetime(2026, 12, 7, 0, 1)
+        ids = chat.first_prompt("Write add(a, b).")
+        assert ids == ChatFormat(with_template(tokenizer, template), EnvName.CODE).first_prompt(
+            "Write add(a, b)."
+        )
