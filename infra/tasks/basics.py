@@ -7,7 +7,7 @@ module is what the action brings about (a script generates it, a file is renamed
 rewritten), so the untouched workspace fails. Five families, 6 seeded `train` instances each
 and 20 `heldout` in all (`HELDOUT`; 30 / 20 tasks: one held-out task is 5 points). Held-out
 tasks are new instances of the families seen in training: no reference solution of one is a
-training task's (`done_by`, `infra/tasks/seeded.py`), so recalling a trained call passes none.
+training task's (`same_action`, `infra/tasks/seeded.py`), so recalling a trained call passes none.
 
 Why: SmolLM2-135M fixes none of the `workspace` suite's bugs (0 of 64 episodes), so an agent
 run on it has no reward to learn from. Here the model has only to carry an instruction into a
@@ -171,14 +171,19 @@ def render(basic: Basic, task_id: str, split: Split, rng: random.Random) -> Work
     )
 
 
-def done_by(basic: Basic) -> str:
-    """What solves an instance (its reference shell lines): no held-out task may share them with
-    a training one (`seeded`)."""
-    return basic.solve
+def same_action(earlier: Basic, new: Basic) -> bool:
+    """Whether `earlier`'s action would pass `new`: the same shell lines, or the same module
+    brought about (its name and text): no held-out task may (`seeded`)."""
+    return earlier.solve == new.solve or (earlier.module, earlier.source) == (
+        new.module,
+        new.source,
+    )
 
 
 @cache
 def basics_tasks() -> tuple[WorkspaceTask, ...]:
     """Every task of the suite, train first within each family."""
-    instances = seeded(SUITE, FAMILIES, train=TRAIN_PER_FAMILY, heldout=HELDOUT, key=done_by)
+    instances = seeded(
+        SUITE, FAMILIES, train=TRAIN_PER_FAMILY, heldout=HELDOUT, clashes=same_action
+    )
     return tuple(render(basic, task_id, split, rng) for task_id, basic, split, rng in instances)

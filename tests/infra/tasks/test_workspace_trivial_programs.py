@@ -20,6 +20,7 @@ import itertools
 import random
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,7 @@ def test_the_order_of_grouped_calls_is_drawn_per_instance() -> None:
     """No answer pattern is the same in every instance of a family: the asserts' order and each
     group's layout are drawn from the instance's seeded stream."""
     patterns: dict[str, set[str]] = {}
+    instances: Counter[str] = Counter()
     for case in CASES:
         family = case.task.spec.id.split("-")[1]
         expected = [
@@ -276,8 +278,9 @@ def test_the_order_of_grouped_calls_is_drawn_per_instance() -> None:
             if isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare)
         ]
         patterns.setdefault(family, set()).add(" ".join(expected))
+        instances[family] += 1
     for family in ("brackets", "versions"):  # the same answers, in one order, before
-        assert len(patterns[family]) == 5, (family, patterns[family])
+        assert len(patterns[family]) == instances[family] >= 4, (family, patterns[family])
 
 
 @needs_root
