@@ -6,6 +6,7 @@ takes; see the README for an example.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Literal
@@ -55,8 +56,9 @@ class TaskSpec(Contract):
         "`check(entry_point)`), counted in the verdict like every other unit, whose failures are "
         "never shown: the checker reports only 'a hidden test failed (<exception type>)', so a "
         "program cannot special-case what its feedback showed. Each top-level assert is one unit "
-        "(`judge.split_tests`). The `starter` suite holds half its asserts here; HumanEval and "
-        "other suites have none (HumanEval's `check` is one function).",
+        "(`judge.split_tests`), and there must be one at least (`hidden_tests_problem`: a hidden "
+        "`def check(candidate)` would never be called). The `starter` suite holds half its "
+        "asserts here; HumanEval and other suites have none (HumanEval's `check` is one function).",
     )
     helpers: str = Field(
         default="",
@@ -76,7 +78,57 @@ class TaskSpec(Contract):
             raise ValueError("a code task needs entry_point and tests")
         if self.env is EnvName.WORKSPACE and self.workspace is None:
             raise ValueError("a workspace task needs workspace (files and verifier)")
+        if problem := hidden_tests_problem(self.hidden_tests):
+            raise ValueError(f"hidden_tests: {problem}")
         return self
+
+
+def hidden_tests_problem(hidden: str) -> str:
+    """Why `hidden` cannot be a task's hidden tests, or "" when it can: the rule, in its one home
+    (TaskSpec validation, `judge.split_tests` and `tempered sandbox run --hidden-tests` apply it).
+
+    Hidden tests are top-level asserts (with setup statements between them), at least one. The
+    checker calls only the shown tests' `check` with the entry point, before the hidden units: a
+    hidden `def check(candidate)` that nothing calls, or hidden text with no top-level assert
+    (one unit that passes when it runs), would pass every program. Text that does not parse is
+    left to the checker, which fails every program on it ("a hidden test failed (SyntaxError)").
+    """
+    if not hidden:
+        return ""
+    try:
+        body = ast.parse(hidden).body
+    except SyntaxError:
+        return ""
+    example = "write each hidden test as a top-level assert, e.g. `assert add(40, 2) == 42`"
+    if uncalled_check(hidden):
+        return (
+            "they define check(candidate), which nothing calls (only the shown tests' check is "
+            f"called with the entry point), so every program would pass them: {example}"
+        )
+    if not any(isinstance(stmt, ast.Assert) for stmt in body):
+        return (
+            "they hold no top-level assert (such text is one unit, which passes whenever it runs "
+            f"without an error: a definition alone passes every program): {example}"
+        )
+    return ""
+
+
+def uncalled_check(tests: str) -> bool:
+    """Whether `tests` define a top-level `check` that nothing in them calls (HumanEval's form,
+    which only an entry point calls). False for text that does not parse."""
+    try:
+        body = ast.parse(tests).body
+    except SyntaxError:
+        return False
+    defs = (ast.FunctionDef, ast.AsyncFunctionDef)
+    if not any(isinstance(stmt, defs) and stmt.name == "check" for stmt in body):
+        return False
+    return not any(
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "check"
+        for stmt in body
+        if not (isinstance(stmt, defs) and stmt.name == "check")
+        for node in ast.walk(stmt)
+    )
 
 
 class SamplingParams(Contract):

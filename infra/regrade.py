@@ -10,6 +10,13 @@ overwritten, and a rerun with the same verdicts is a no-op: records are compared
 verdict (`VERDICT`), never by `detail`, the checker's stderr tail, which a rerun of the same
 verdict need not reproduce (a timeout cuts it elsewhere; a set's repr follows the hash seed).
 
+A task is found by its id, but an id may name another problem now than when the run sampled it
+(a suite redrew its instances: `starter-add-8` was "plus 12", now "plus 7"). A trajectory whose
+stored prompt (`Trajectory.prompt`, the task's own prompt as the run had it) is not the task's
+prompt now is skipped, and says so, never graded against the other problem. Skipped too: a task
+the suite no longer has, a `workspace` episode (its verifier grades it), a trajectory without a
+program.
+
     outcome = await Regrading(store, backend, "v2", "starter", limits=…, reward=…,
                               concurrency=8).run_all(trajectories, tasks)
 """
@@ -68,6 +75,14 @@ class Regrading:
     async def one(self, trajectory: Trajectory, task: TaskSpec | None) -> list[tuple[str, str]]:
         if task is None:
             return [("skipped", f"task {trajectory.task_id!r} is not in suite {self.suite!r}")]
+        if trajectory.prompt != task.prompt:
+            return [
+                (
+                    "skipped",
+                    f"task {trajectory.task_id!r} of suite {self.suite!r} is another problem "
+                    "now (its prompt is not the one the run sampled): not regraded against it",
+                )
+            ]
         if trajectory.env is not EnvName.CODE:
             return [("skipped", f"a {trajectory.env} episode is graded by its verifier")]
         final = trajectory.steps[-1].code if trajectory.steps else None

@@ -38,6 +38,7 @@ def trajectory(
     solved: bool | None = None,
     end: EpisodeEnd = EpisodeEnd.STEP_BUDGET,
     created_at: str = "",
+    prompt: str = "p",
 ) -> Trajectory:
     token_ids: list[int] = []
     loss_mask: list[int] = []
@@ -69,7 +70,7 @@ def trajectory(
         task_id=task_id,
         sample=sample,
         group_size=group_size,
-        prompt="p",
+        prompt=prompt,
         token_ids=token_ids,
         loss_mask=loss_mask,
         logprobs=logprobs,

@@ -25,7 +25,9 @@ memory events, and whether the host killed it. The rules, in their one home:
 
 Hidden tests (`TaskSpec.hidden_tests`) are test units like the others here: counted by the
 host, so `passed` needs every one of them; only the checker's report of them differs (it names
-the exception type, nothing else: `checker.py`).
+the exception type, nothing else: `checker.py`). They must hold a top-level assert and no
+uncalled `check` (`contracts.task.hidden_tests_problem`; `split_tests` refuses others): a hidden
+`def check(candidate)` alone was one unit that only defined `check`, and passed every program.
 
 Platform faults raise `SandboxInfraError` (retried, never a reward). Pure functions; tested
 with fabricated observations in tests/infra/sandbox/test_judge.py.
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from contracts.sandbox import ExecStatus, ExecutionResult
-from contracts.task import SandboxLimits
+from contracts.task import SandboxLimits, hidden_tests_problem
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.process import Capture
 
@@ -58,10 +60,14 @@ def split_tests(tests: str, entry_point: str | None, hidden: str = "") -> list[d
 
     Tests without a top-level assert run as one unit, which is itself the one test unless an
     entry point is given (then `check(entry_point)` is the test). `hidden` (the task's
-    `hidden_tests`) is split the same way after them, as if no entry point were given, each of
-    its units marked "hidden" (the checker runs them after `check` and never shows why they
-    failed). Split here, on the host, so the count the verdict must match is the host's own.
+    `hidden_tests`) is split the same way after them, each of its units marked "hidden" (the
+    checker runs them after `check` and never shows why they failed); ValueError when it breaks
+    `hidden_tests_problem`'s rule (no top-level assert, or a `check` nothing calls), which would
+    pass every program. Split here, on the host, so the count the verdict must match is the
+    host's own.
     """
+    if problem := hidden_tests_problem(hidden):
+        raise ValueError(f"hidden tests: {problem}")
     units = _split(tests, entry_point is None)
     return units + [{**unit, "hidden": True} for unit in _split(hidden, True)]
 

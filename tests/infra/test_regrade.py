@@ -1,6 +1,8 @@
 """`Regrading` writes one RewardRecord per trajectory, create-only (real SeaweedFS): a rerun
 that reaches the same verdict is a no-op even when the checker's stderr differs; a rerun that
-reaches another verdict is a conflict and keeps the first record. The CLI: tests/workers/cli."""
+reaches another verdict is a conflict and keeps the first record; a trajectory sampled from
+another prompt than its task id's now is skipped, never graded against the other problem. The
+CLI: tests/workers/cli."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ FAILED = trajectory(
     run_id="regrade",
     task_id=TASK.id,
     solved=False,
+    prompt=TASK.prompt,
 )
 
 
@@ -90,3 +93,28 @@ async def test_a_rerun_with_the_same_verdict_and_other_stderr_is_unchanged(
         f"{FAILED.id}: {key} holds a different verdict (flaky tests?); kept it"
     ]
     assert not flaky["regraded"] and store.get_model(key, RewardRecord) == stored
+
+
+@pytest.mark.asyncio
+async def test_a_trajectory_of_a_redrawn_task_is_skipped_not_regraded(store: ObjectStore) -> None:
+    """The starter suite redrew its held-out instances: `starter-add-8` was "plus 12", now "plus
+    7". Its old trajectories were regraded against the new problem, and a solved one recorded
+    as "changed" (unsolved) without a word."""
+    old = "Return `x` plus 12."
+    new = TASK.model_copy(update={"prompt": "Return `x` plus 7.", "tests": "assert add(0) == 7"})
+    solved = trajectory(
+        [Step([1], [2], code="def add(x): return x + 12", status=ExecStatus.PASSED)],
+        reward=1.0,
+        run_id="regrade",
+        task_id=TASK.id,
+        prompt=old,
+    )
+    backend = ScriptedBackend(failed("AssertionError"))  # what grading it against `new` gives
+    outcome = await regrading(store, backend).run_all([solved], {TASK.id: new})
+    assert outcome["skipped"] == [
+        f"{solved.id}: task 'add' of suite 'starter' is another problem now (its prompt is not "
+        "the one the run sampled): not regraded against it"
+    ]
+    assert not outcome["regraded"] and not outcome["changed"] and not outcome["unchanged"]
+    assert len(backend.results) == 1  # never run
+    assert not list(store.list_keys(keys.rewards_prefix("regrade", "v2")))

@@ -12,11 +12,14 @@ program runs in its own sandboxed process and is only called with plain data
 (infra/sandbox/verifier.py).
 
 Tests in HumanEval's form (`def check(candidate)`) need `--entry-point`: without it nothing
-calls `check`, and any program passed them (`uncalled_check`), so they are refused.
+calls `check`, and any program passed them (`uncalled_check`), so they are refused. Hidden tests
+are top-level asserts: only the shown tests' `check` is called, so hidden ones in that form (or
+with no top-level assert) would pass any program, and are refused too (`hidden_tests_problem`,
+the rule TaskSpec applies).
 
 Exit status 0 whenever the sandbox worked, whatever the program did (read `status`); 2 for bad
-input (a file that cannot be read, limits out of bounds, a `check` with no `--entry-point`: one
-line on stderr, nothing run); 3 when
+input (a file that cannot be read, limits out of bounds, a `check` with no `--entry-point`,
+hidden tests without a top-level assert: one line on stderr, nothing run); 3 when
 the platform failed (`infra_error`, message on stderr). Runs the backend in this process, as the
 sandbox activity does, without Temporal or S3.
 """
@@ -24,14 +27,13 @@ sandbox activity does, without Temporal or S3.
 from __future__ import annotations
 
 import argparse
-import ast
 import asyncio
 import sys
 from pathlib import Path
 from typing import get_args
 
 from contracts.sandbox import ExecStatus, ExecutionResult
-from contracts.task import SandboxLimits
+from contracts.task import SandboxLimits, hidden_tests_problem, uncalled_check
 from infra.sandbox import SandboxInfraError, get_backend
 from infra.settings import SandboxBackendName, Settings
 from workers.cli.errors import describe as describe_error
@@ -54,7 +56,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     run.add_argument(
         "--hidden-tests",
         type=Path,
-        help="Python file of tests that count but whose failures are never shown (run last)",
+        help="Python file of top-level asserts that count but whose failures are never shown "
+        "(run last)",
     )
     run.add_argument(
         "--entry-point",
@@ -85,6 +88,9 @@ def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
+    if problem := hidden_tests_problem(hidden_tests):
+        print(f"tempered sandbox: {args.hidden_tests}: {problem}", file=sys.stderr)
+        return 2
     backend_name = args.backend or settings.sandbox.backend
 
     async def go() -> ExecutionResult:
@@ -111,25 +117,6 @@ def run_cmd(args: argparse.Namespace, settings: Settings) -> int:
         return INFRA_ERROR_EXIT
     print(result.model_dump_json() if args.json else describe(result))
     return 0
-
-
-def uncalled_check(tests: str) -> bool:
-    """Whether `tests` define a top-level `check` that nothing in them calls (HumanEval's form,
-    which `--entry-point` calls). Run without an entry point, such tests are one unit that only
-    defines `check`: it passed whatever the program did."""
-    try:
-        body = ast.parse(tests).body
-    except SyntaxError:
-        return False  # the verifier reports it
-    defs = (ast.FunctionDef, ast.AsyncFunctionDef)
-    if not any(isinstance(stmt, defs) and stmt.name == "check" for stmt in body):
-        return False
-    return not any(
-        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "check"
-        for stmt in body
-        if not (isinstance(stmt, defs) and stmt.name == "check")
-        for node in ast.walk(stmt)
-    )
 
 
 def read_source(path: Path) -> str:

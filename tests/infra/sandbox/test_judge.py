@@ -81,11 +81,28 @@ def test_hidden_tests_are_units_the_host_counts_marked_hidden() -> None:
         {"test": True, "line": 2, "source": "assert f(x) == 7\n", "hidden": True},
     ]
     assert expected_units(units, "f") == 2
-    # hidden tests without a top-level assert are one hidden test, entry point or not
-    assert split_tests("", "f", "check(f)\n") == [
-        {"test": True, "line": 1, "source": "check(f)\n", "hidden": True}
-    ]
     assert _status(_seen(PASSED), expected=expected_units(units, "f")) == ExecStatus.FAILED
+    # hidden text that does not parse is one hidden test, which the checker fails
+    assert split_tests("", "f", "assert f(1) == (2\n") == [
+        {"test": True, "line": 1, "source": "assert f(1) == (2\n", "hidden": True}
+    ]
+
+
+@pytest.mark.parametrize(
+    "hidden",
+    [
+        "def check(candidate):\n    assert candidate(40, 2) == 42\n",  # HumanEval's form
+        "def check(candidate):\n    assert candidate(40, 2) == 42\nassert f(1, 2) == 3\n",
+        "x = f(40, 2)\n",
+        "check(f)\n",  # a call is not an assert: one unit, passing whenever it runs
+        "# nothing\n",
+    ],
+)
+def test_hidden_tests_without_a_top_level_assert_are_refused(hidden: str) -> None:
+    """Hidden `def check(candidate): assert candidate(40, 2) == 42` was one unit that only
+    defined `check` (the shown `check` had been called already): a wrong `add` passed 2/2."""
+    with pytest.raises(ValueError, match="^hidden tests: they (define check|hold no top-level)"):
+        split_tests("def check(c):\n    assert c(1, 2) == 3\n", "f", hidden)
 
 
 @pytest.mark.parametrize(

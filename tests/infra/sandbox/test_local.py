@@ -330,6 +330,28 @@ def test_cli_sandbox_run_takes_hidden_tests(tmp_path, capsys) -> None:
     assert printed["stderr"] == "a hidden test failed (AssertionError)\n", printed
 
 
+def test_cli_sandbox_run_refuses_hidden_tests_in_check_form(tmp_path, capsys) -> None:
+    """Hidden `def check(candidate)` was one unit that only defined `check` (the shown `check`
+    had been called): a wrong `add` printed status passed, 2/2."""
+    from workers.cli import run as cli
+
+    files = {
+        "p.py": "def add(a, b):\n    return a + b if a < 10 else 0\n",
+        "t.py": CHECK,
+        "h.py": "def check(candidate):\n    assert candidate(40, 2) == 42\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    argv = ["sandbox", "run", str(tmp_path / "p.py"), "--tests", str(tmp_path / "t.py")]
+    argv += ["--hidden-tests", str(tmp_path / "h.py"), "--entry-point", "add", "--json"]
+    assert cli(argv) == 2
+    captured = capsys.readouterr()
+    assert not captured.out, captured.out  # nothing run
+    assert captured.err.startswith(
+        f"tempered sandbox: {tmp_path / 'h.py'}: they define check(candidate), which nothing calls"
+    ), captured.err
+
+
 def test_cli_sandbox_run_infra_error_exits_3(tmp_path, capsys, monkeypatch) -> None:
     from workers.cli import run as cli
 

@@ -12,7 +12,7 @@ from contracts.episode import EpisodeEnd, ToolCall
 from contracts.learner import PolicyManifest, PolicyVersion
 from contracts.run import TrainingRunInput
 from contracts.sandbox import ExecStatus, ExecutionResult
-from contracts.task import EnvName
+from contracts.task import EnvName, TaskSpec
 from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
 from infra import keys
 from infra.policy import TINY, materialize_base_model, policy_manifest, publish_policy
@@ -47,17 +47,18 @@ def without_temporal(settings: Settings) -> Settings:
     return settings.model_copy(update={"temporal": TemporalSettings(address=address)})
 
 
-def demo(task_id: str, sample: int, code: str, solved: bool) -> Trajectory:
+def demo(task: TaskSpec, sample: int, code: str, solved: bool) -> Trajectory:
     status = ExecStatus.PASSED if solved else ExecStatus.FAILED
     return trajectory(
         [Step([1], [2], policy_version=sample, code=code, status=status)],
         reward=1.0 if solved else -0.1,
         run_id=RUN,
-        task_id=task_id,
+        task_id=task.id,
         sample=sample,
         group_size=2,
         solved=solved,
         created_at="2025-01-01T00:00:00Z",
+        prompt=task.prompt,  # regrade skips a trajectory sampled from another prompt
     )
 
 
@@ -69,10 +70,10 @@ def demo_run(store: ObjectStore) -> list[Trajectory]:
     first, second = load_suite("starter", split="train")[:2]
     assert first.canonical_solution and second.canonical_solution and second.wrong_solution
     stored = [
-        demo(first.id, 0, first.canonical_solution, solved=False),
-        demo(first.id, 1, first.canonical_solution, solved=True),
-        demo(second.id, 0, second.canonical_solution, solved=True),
-        demo(second.id, 1, second.wrong_solution, solved=True),
+        demo(first, 0, first.canonical_solution, solved=False),
+        demo(first, 1, first.canonical_solution, solved=True),
+        demo(second, 0, second.canonical_solution, solved=True),
+        demo(second, 1, second.wrong_solution, solved=True),
     ]
     store.put_json(keys.run_record_key(RUN), TrainingRunInput(run_id=RUN, group_size=2))
     for t in stored:

@@ -1,0 +1,60 @@
+"""`TaskSpec.hidden_tests` must hold a top-level assert and no uncalled `check`
+(`hidden_tests_problem`): a task file (JSONL, and every suite built on `TaskSpec`) whose hidden
+tests are in HumanEval's `def check(candidate)` form is refused with one line naming the field,
+instead of a task that every program solves."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from contracts.task import TaskSpec, hidden_tests_problem
+from infra.tasks.jsonl import read_jsonl
+
+SHOWN = "def check(candidate):\n    assert candidate(1, 2) == 3\n"
+CHECK_FORM = "def check(candidate):\n    assert candidate(40, 2) == 42\n"
+
+
+def task(hidden: str) -> TaskSpec:
+    return TaskSpec(
+        id="add", prompt="Write add.", entry_point="add", tests=SHOWN, hidden_tests=hidden
+    )
+
+
+@pytest.mark.parametrize(
+    ("hidden", "problem"),
+    [
+        ("", ""),
+        ("assert add(40, 2) == 42\n", ""),
+        ("x = 40\nassert add(x, 2) == 42\n", ""),
+        ("def helper(a):\n    return add(a, 2)\nassert helper(40) == 42\n", ""),
+        ("assert add(40, 2) == (42\n", ""),  # not Python: the checker fails every program on it
+        (CHECK_FORM, "they define check(candidate), which nothing calls"),
+        (CHECK_FORM + "assert add(1, 1) == 2\n", "they define check(candidate), which nothing"),
+        (CHECK_FORM + "check(add)\n", "they hold no top-level assert"),
+        ("add(40, 2)\n", "they hold no top-level assert"),
+        ("\n", "they hold no top-level assert"),
+    ],
+)
+def test_the_rule(hidden: str, problem: str) -> None:
+    found = hidden_tests_problem(hidden)
+    assert found.startswith(problem) and bool(found) is bool(problem), found
+    if problem:
+        with pytest.raises(ValidationError, match=re.escape(f"hidden_tests: {problem}")):
+            task(hidden)
+    else:
+        assert task(hidden).hidden_tests == hidden
+
+
+def test_a_task_file_with_check_form_hidden_tests_is_refused(tmp_path: Path) -> None:
+    """It loaded, and a wrong `add` (shown: candidate(1, 2) == 3; hidden: candidate(40, 2) == 42)
+    passed 2/2: the hidden unit only defined `check`, which nothing called."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(task("").model_copy(update={"hidden_tests": CHECK_FORM}).model_dump_json())
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(path))}:1: .*hidden_tests: they define check"
+    ):
+        read_jsonl(path)
