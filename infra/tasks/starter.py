@@ -4,8 +4,8 @@ Twenty task families (see `infra/tasks/starter_families.py`), from trivial (add 
 moderate (fizzbuzz with custom words, running maxima, deduplication). Each family's first 6
 seeded instances are `train` (120 tasks); `heldout` are 80 more (one is 1.25 points) of the
 nine families whose instances differ in what solves them (`HELDOUT`: their constants), each
-with a signature and body no instance of its family before it has, whatever the function's
-name (`same_answer`, `infra/tasks/seeded.py`). Held-out tasks are therefore *new instances of the
+passed by no earlier instance's function of its family, whatever the function's name
+(`same_answer`, `infra/tasks/seeded.py`). Held-out tasks are therefore *new instances of the
 families seen in training*: the trained rule with other constants, never a trained answer
 (which is what lets a ~135M-parameter policy measurably improve its held-out pass@1 from a few
 minutes of GRPO, and what makes that gain learning, not recall). The other eleven families
@@ -56,12 +56,6 @@ def program(instance: Instance, body: str) -> str:
     return f"def {instance.name}({instance.params}) -> {instance.returns}:\n{body}\n"
 
 
-def _call(source: str, name: str, args: tuple[Any, ...]) -> Any:
-    namespace: dict[str, Any] = {}
-    exec(compile(source, f"<starter:{name}>", "exec"), namespace)  # our own, trusted source
-    return namespace[name](*args)
-
-
 def _args(args: tuple[Any, ...]) -> str:
     return ", ".join(repr(arg) for arg in args)
 
@@ -77,7 +71,7 @@ def render(instance: Instance, task_id: str, split: str) -> TaskSpec:
     """The `TaskSpec` of an instance: prompt with a docstring example, derived tests."""
     canonical = program(instance, instance.body)
     inputs = list({repr(args): args for args in instance.inputs}.values())  # drop repeats
-    outputs = [_call(canonical, instance.name, args) for args in inputs]
+    outputs = [_function(instance)(*args) for args in inputs]
     example_args, example_out = inputs[0], outputs[0]
     spec = instance.spec.replace("\n", "\n    ")
     prompt = (
