@@ -153,9 +153,6 @@ class VLLMBackend:
 
     async def _build(self, model_dir: Path) -> None:
         """(Re)build the engine on `model_dir`, recording its architecture."""
-        arch = _architecture(model_dir)  # read first: the policy cache may evict the directory
-        self._shutdown_engine()
-        _configure_processes(self.config)
         try:
             # vLLM costs seconds to import and pulls in its whole stack: only a worker whose
             # backend is `vllm` pays, when its engine starts
@@ -165,6 +162,9 @@ class VLLMBackend:
             raise InferenceError(
                 f"vllm backend: vLLM is not installed ({exc}); {INSTALL_HINT}", retryable=False
             ) from exc
+        arch = _architecture(model_dir)  # before the engine: the policy cache may evict it
+        self._shutdown_engine()
+        _configure_processes(self.config)
         config = self.config
         args = AsyncEngineArgs(
             model=str(model_dir),
