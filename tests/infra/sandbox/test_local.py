@@ -307,21 +307,23 @@ def test_cli_sandbox_run_uses_the_task_helpers(tmp_path, capsys) -> None:
     assert printed["status"] == "failed" and printed["tests_passed"] == 0, printed
 
 
-def test_cli_sandbox_run_takes_hidden_tests(tmp_path, capsys) -> None:
-    from workers.cli import run as cli
-
+def hidden_case(tmp_path, hidden: str) -> list[str]:
+    """`sandbox run` argv of a wrong `add` (0 from 10 on), the shown CHECK and `hidden`."""
     files = {
         "p.py": "def add(a, b):\n    return a + b if a < 10 else 0\n",
         "t.py": CHECK,
-        "h.py": "assert add(40, 2) == 42\n",
+        "h.py": hidden,
     }
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     argv = ["sandbox", "run", str(tmp_path / "p.py"), "--tests", str(tmp_path / "t.py")]
-    assert (
-        cli([*argv, "--hidden-tests", str(tmp_path / "h.py"), "--entry-point", "add", "--json"])
-        == 0
-    )
+    return [*argv, "--hidden-tests", str(tmp_path / "h.py"), "--entry-point", "add", "--json"]
+
+
+def test_cli_sandbox_run_takes_hidden_tests(tmp_path, capsys) -> None:
+    from workers.cli import run as cli
+
+    assert cli(hidden_case(tmp_path, "assert add(40, 2) == 42\n")) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["status"] == "failed" and (printed["tests_passed"], printed["tests_total"]) == (
         1,
@@ -335,16 +337,10 @@ def test_cli_sandbox_run_refuses_hidden_tests_in_check_form(tmp_path, capsys) ->
     had been called): a wrong `add` printed status passed, 2/2."""
     from workers.cli import run as cli
 
-    files = {
-        "p.py": "def add(a, b):\n    return a + b if a < 10 else 0\n",
-        "t.py": CHECK,
-        "h.py": "def check(candidate):\n    assert candidate(40, 2) == 42\n",
-    }
-    for name, text in files.items():
-        (tmp_path / name).write_text(text)
-    argv = ["sandbox", "run", str(tmp_path / "p.py"), "--tests", str(tmp_path / "t.py")]
-    argv += ["--hidden-tests", str(tmp_path / "h.py"), "--entry-point", "add", "--json"]
-    assert cli(argv) == 2
+    assert (
+        cli(hidden_case(tmp_path, "def check(candidate):\n    assert candidate(40, 2) == 42\n"))
+        == 2
+    )
     captured = capsys.readouterr()
     assert not captured.out, captured.out  # nothing run
     assert captured.err.startswith(
