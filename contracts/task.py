@@ -100,7 +100,7 @@ def hidden_tests_problem(hidden: str) -> str:
     except SyntaxError:
         return ""
     example = "write each hidden test as a top-level assert, e.g. `assert add(40, 2) == 42`"
-    if uncalled_check(hidden):
+    if _uncalled_check(body):
         return (
             "they define check(candidate), which nothing calls (only the shown tests' check is "
             f"called with the entry point), so every program would pass them: {example}"
@@ -117,9 +117,12 @@ def uncalled_check(tests: str) -> bool:
     """Whether `tests` define a top-level `check` that nothing in them calls (HumanEval's form,
     which only an entry point calls). False for text that does not parse."""
     try:
-        body = ast.parse(tests).body
+        return _uncalled_check(ast.parse(tests).body)
     except SyntaxError:
         return False
+
+
+def _uncalled_check(body: list[ast.stmt]) -> bool:
     defs = (ast.FunctionDef, ast.AsyncFunctionDef)
     if not any(isinstance(stmt, defs) and stmt.name == "check" for stmt in body):
         return False
