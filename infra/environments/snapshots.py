@@ -17,6 +17,11 @@ Blocking (file system, boto3): callers run these in a thread. The scan remembers
 (inode, size, times, mode) and its digest, so a step that changed one file reads one file; a
 commit uploads one object, the manifest with the contents new since `previous` inline, so no
 caller ever holds a ref to a manifest whose contents are missing.
+
+A stat proves a file's bytes only once the clock has passed its times (git's "racily clean"
+files): before Linux 6.13 file times come from a clock that moves once a tick (1 to 10 ms), so
+a same-size rewrite in the tick of a scan leaves the stat as it was. A file whose times are not
+older than a scan's start by `RACY_NS` is read again by the next scan (`_settled`).
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -55,6 +61,21 @@ PARALLEL = 8
 MANIFESTS = 1024
 """Manifests kept in memory."""
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+CLOCK_REALTIME_COARSE = 5
+"""Linux's id (unnamed in `time`) of the clock file times come from (from 6.13: it or later)."""
+RACY_NS = round(time.clock_getres(CLOCK_REALTIME_COARSE) * 1e9)
+"""How much older than a scan's start a file's times must be for its stat to be trusted: one
+tick of that clock (4 ms at HZ=250). Older than the clock is exact on tmpfs, ext4, xfs (1 ns
+times); the tick covers file systems that round times down by up to a tick (CIFS: 100 ns), not
+those of 1 or 2 s (FAT), which no workspace is on."""
+SETTLE_NS, REREAD_BYTES = 10 * RACY_NS, 8 << 20
+"""`prime` waits at most `SETTLE_NS`, and only for files that would cost more than
+`REREAD_BYTES` (a page each, plus their bytes: some ms of reading, as long as the wait) to read."""
+
+
+def coarse_now() -> int:
+    """Now (ns) by that clock: a file written later has times at least this late."""
+    return time.clock_gettime_ns(CLOCK_REALTIME_COARSE)
 
 
 class Objects(Protocol):
@@ -227,6 +248,7 @@ class Scanner:
 
     def __init__(self, max_bytes: int, max_entries: int = MAX_ENTRIES) -> None:
         self.max_bytes, self.max_entries = max_bytes, max_entries
+        self.clock: Callable[[], int] = coarse_now  # what file times are compared with
         self._digests: dict[str, tuple[StatKey, str]] = {}
 
     def scan(self, root: Path, stored: Collection[str]) -> tuple[list[Entry], dict[str, bytes]]:
@@ -236,6 +258,7 @@ class Scanner:
         blobs: dict[str, bytes] = {}
         seen: dict[str, tuple[StatKey, str]] = {}
         total = 0
+        start = self.clock()
         fd = os.open(root, DIR_FLAGS)
         try:
             for path, parent_fd, name, info in _walk(fd, ""):
@@ -253,7 +276,8 @@ class Scanner:
                     digest, data = self._digest(path, parent_fd, name, info, stored)
                     if data is not None:
                         blobs[digest] = data
-                    seen[path] = (_stat_key(info), digest)
+                    if _settled(info, start):
+                        seen[path] = (_stat_key(info), digest)
                     entries.append(
                         Entry(
                             path=path,
@@ -307,17 +331,50 @@ class Scanner:
         return digest, None if digest in stored else data
 
     def prime(self, root: Path, manifest: Manifest) -> None:
-        """Remember the digests of a tree just restored under `root` (no need to read it)."""
-        self._digests = {}
+        """Remember the digests of a tree just restored under `root`, for the next scan not to
+        read it. Its files are as recent as the clock, their stats not yet trusted: if reading
+        them again would cost more than `REREAD_BYTES`, wait (at most `SETTLE_NS`) for the clock
+        to pass them; files still too recent are read by the next scan."""
+        files = manifest.files()
+        start, infos = self._stat(root, files)
+        recent = [info for info in infos if not _settled(info, start)]
+        if sum(PAGE + info.st_size for info in recent) > REREAD_BYTES:
+            newest = max(max(info.st_mtime_ns, info.st_ctime_ns) for info in recent)
+            if self._wait_past(newest + RACY_NS):
+                start, infos = self._stat(root, files)
+        self._digests = {
+            entry.path: (_stat_key(info), entry.sha256)
+            for entry, info in zip(files, infos, strict=True)
+            if _settled(info, start)
+        }
+
+    def _stat(self, root: Path, files: list[Entry]) -> tuple[int, list[os.stat_result]]:
+        """The clock, then the stat of each of `files` under `root`."""
+        start, infos = self.clock(), []
         with Parents(root) as parents:
-            for entry in manifest.files():
+            for entry in files:
                 parent_fd, name = parents.of(entry.path)
-                info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-                self._digests[entry.path] = (_stat_key(info), entry.sha256)
+                infos.append(os.stat(name, dir_fd=parent_fd, follow_symlinks=False))
+        return start, infos
+
+    def _wait_past(self, moment: int) -> bool:
+        """Sleep until the clock is past `moment` (True), or for `SETTLE_NS` (False)."""
+        deadline = time.monotonic_ns() + SETTLE_NS
+        while (now := self.clock()) <= moment:
+            left = deadline - time.monotonic_ns()
+            if left <= 0:
+                return False
+            time.sleep(min(left, max(moment - now, RACY_NS // 4)) / 1e9)  # it moves by ticks
+        return True
 
 
 def _stat_key(info: os.stat_result) -> StatKey:
     return (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode)
+
+
+def _settled(info: os.stat_result, start: int) -> bool:
+    """Whether any later write changes the file's times, at a scan that began at `start`."""
+    return max(info.st_mtime_ns, info.st_ctime_ns) < start - RACY_NS
 
 
 def _walk(
