@@ -51,6 +51,9 @@ class Signal(StrEnum):
     """LearnerWorkflow: finished groups to train on (from the run)."""
     FINISH = "finish"
     """LearnerWorkflow: train on what is queued, then end (from the run)."""
+    PING = "ping"
+    """LearnerWorkflow: nothing to do; the run's probe that it is still there (a run waiting
+    with nothing in flight sends it now and then: one that cannot be delivered fails the run)."""
     LEARNER_PROGRESS = "learner_progress"
     """TrainingRunWorkflow: a learner step done (from the learner)."""
     LEARNER_DONE = "learner_done"

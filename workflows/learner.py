@@ -135,6 +135,10 @@ class LearnerWorkflow:
         """Train on what is queued (a last partial batch included), then end."""
         self._finish = True
 
+    @workflow.signal(name=Signal.PING)
+    def ping(self) -> None:
+        """The run's probe (`workflows/learner_link.py`): delivered is all it asks."""
+
     @workflow.query(name="status")
     def status(self) -> LearnerInput:
         return self._state

@@ -1,19 +1,27 @@
 """The training run's side of its learner: the `LearnerWorkflow` it started, which outlives the
 run's continues-as-new (`ParentClosePolicy.ABANDON`), so the two find each other by workflow id.
 
-    link = LearnerLink(f"{run_workflow_id}-learner")
+    link = LearnerLink(f"{run_workflow_id}-learner", failure)  # failure: the run's RunFailure
     link.done = done                             # the run's `learner_done` signal handler
     await link.send(Signal.ADD_GROUPS, [[group]])
     link.raise_if_failed()                       # LEARNER_FAILED, once it reported an error
     await link.finish()                          # train on what is queued, then end
     final = await link.final()                   # its last state, as `learner_done` told it
     await link.cancel()                          # the run was cancelled or failed
+    await link.wait(ready, idle, deadline)       # probing it while nothing is in flight
+
+A learner terminated from the UI or the CLI ends without `learner_done`. The run notices as a
+signal to it fails (`RunFailure.reaching`): with tasks in flight, the next group's `add_groups`;
+with nothing in flight, a wait (`wait`, `final`) sends `Signal.PING` every `PROBE_EVERY`
+(`PROBE_PATCH`; before it, such a run waited for good and read its time budget only when a
+wait woke).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -23,12 +31,25 @@ with workflow.unsafe.imports_passed_through():
     from contracts.errors import ErrorType, fail
     from contracts.learner import LearnerDone, LearnerInput
     from contracts.names import Signal
+    from workflows.run_failure import RunFailure
     from workflows.signals import signal_run
+
+PROBE_PATCH = "tempered-run-probes-its-learner"
+"""Marks runs that, waiting with nothing in flight, probe their learner every `PROBE_EVERY` and
+end their rollouts at the time budget's deadline while they wait (asked at a run's first
+wait)."""
+PROBE_EVERY = timedelta(minutes=2)
+"""How often a run waiting with nothing in flight signals its learner (a timer and a signal:
+about four events each; a CPU learner step takes about two minutes)."""
 
 
 class LearnerLink:
-    def __init__(self, workflow_id: str, done: LearnerDone | None = None) -> None:
+    def __init__(
+        self, workflow_id: str, failure: RunFailure, done: LearnerDone | None = None
+    ) -> None:
         self.workflow_id = workflow_id
+        self.failure = failure
+        """The run's failure: a ping that cannot be delivered fails it (`reaching`)."""
         self.done = done
         """What the learner said when it ended (`learner_done`); None while it runs."""
 
@@ -54,10 +75,40 @@ class LearnerLink:
 
     async def final(self) -> LearnerInput:
         """The learner's last state, told by `learner_done` (it is no child of this run)."""
-        await workflow.wait_condition(self.ended)
+        await self.wait(self.ended, lambda: True, None)
         self.raise_if_failed()
         assert self.done is not None and self.done.final is not None
         return self.done.final
+
+    async def wait(
+        self,
+        condition: Callable[[], bool],
+        idle: Callable[[], bool],
+        deadline: datetime | None,
+    ) -> None:
+        """Wait for `condition`. While `idle()` (nothing in flight: no signal would go to the
+        learner), probe the learner every `PROBE_EVERY` (an undeliverable ping fails the run:
+        `RunFailure.reaching`) and return at `deadline` (the time budget's end) if that comes
+        first."""
+        if not workflow.patched(PROBE_PATCH):
+            await workflow.wait_condition(condition)  # for good
+            return
+        while True:
+            probing, timeout = idle() and not self.ended(), PROBE_EVERY
+            if probing and deadline is not None:
+                if workflow.now() >= deadline:
+                    return
+                timeout = min(timeout, deadline - workflow.now())
+
+            def woken(probing: bool = probing) -> bool:
+                return condition() or idle() != probing
+
+            try:
+                await workflow.wait_condition(woken, timeout=timeout if probing else None)
+            except TimeoutError:
+                await self.failure.reaching(self.send(Signal.PING))
+            if condition():
+                return
 
     async def cancel(self) -> None:
         """Cancel it, unless it has ended (it outlives the run that started it by design, not

@@ -19,8 +19,9 @@ history could pass `budget` (20% of Temporal's limits by default), counting what
 in flight and the evaluations to come will add, drains and continues as new with a `RunResume`
 (suite, counters, the last `PROGRESS_TAIL` learner steps). The learner outlives the run that
 started it (`ParentClosePolicy.ABANDON`); they find each other by workflow id. A task's child that
-fails, or a learner that cannot be reached, fails the run at once (workflows/run_failure.py);
-a run that fails or is cancelled cancels the learner and its children in flight.
+fails, or a learner that cannot be reached (pinged while nothing is in flight: learner_link.py),
+fails the run at once (workflows/run_failure.py); a run that fails or is cancelled cancels the
+learner and its children in flight.
 """
 
 from __future__ import annotations
@@ -106,8 +107,10 @@ class TrainingRunWorkflow:
         self._done = resume.done if resume else 0
         self._redrawn = resume.redrawn if resume else 0  # flat groups not sent to the learner
         learner_id = f"{workflow.info().workflow_id}-learner"  # done: it ended as we drained
-        self._learner = LearnerLink(learner_id, resume.learner_done if resume else None)
         self._failure = RunFailure()  # a task's child failed, or the learner cannot be reached
+        self._learner = LearnerLink(
+            learner_id, self._failure, resume.learner_done if resume else None
+        )
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
         self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
         self._unrecorded = UnrecordedStarts()
@@ -131,7 +134,7 @@ class TrainingRunWorkflow:
         try:
             await self._roll_out(tasks, deadline)
             await self._failure.reaching(self._learner.finish())
-            final = await learner if learner is not None else await self._learner.final()
+            final = await (learner if learner is not None else self._learner.final())
         except (asyncio.CancelledError, FailureError):
             if not self._failure.learner_lost:  # it outlives this run by design, not training
                 await self._learner.cancel()
@@ -233,7 +236,7 @@ class TrainingRunWorkflow:
         info = workflow.info()
         self._at_start = (info.get_current_history_length(), info.get_current_history_size())
         while await self._task_due(total):
-            await workflow.wait_condition(self._may_start)
+            await self._learner.wait(self._may_start, lambda: not self._in_flight, deadline)
             self._learner.raise_if_failed()
             self._failure.raise_if_failed()
             if self._stopped is not None or (deadline is not None and workflow.now() >= deadline):

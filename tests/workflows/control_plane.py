@@ -164,12 +164,13 @@ async def control_plane(
     trainer: ScriptedTrainer,
     *,
     agent_task: type = StandInAgentTask,
+    learner: type = LearnerWorkflow,
     rewards: Sequence[Callable[..., Any]] = (),
 ) -> AsyncIterator[None]:
     """The run, the learner and the stand-in tasks (agent-tasks), the scripted suite and trainer
     (learner), the suite loader, the real ledger and `rewards` (rewards), for the `with` block."""
     ledger = LedgerActivities(store)
-    workflows = [TrainingRunWorkflow, LearnerWorkflow, agent_task]
+    workflows = [TrainingRunWorkflow, learner, agent_task]
     async with (
         Worker(
             client,

@@ -81,6 +81,9 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     "training_run_task_failed.json": (TrainingRunWorkflow, "train-early-fails"),
     "training_run_held_out_failed.json": (TrainingRunWorkflow, "train-early-held-out-fails"),
     "training_run_learner_lost.json": (TrainingRunWorkflow, "train-learner-lost"),
+    # recorded on the release whose run probes its learner while nothing is in flight (its
+    # patch marker): test_training_run_fails_at_once.py, a learner terminated in its first step
+    "training_run_learner_probed.json": (TrainingRunWorkflow, "train-learner-idle"),
 }
 
 
