@@ -27,7 +27,7 @@ from temporalio.exceptions import ApplicationError
 
 from contracts.errors import ErrorType
 from contracts.learner import GRPOConfig
-from contracts.names import Queue
+from contracts.names import Queue, Signal
 from contracts.run import TrainingRunInput
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import time_skipping_server
@@ -119,16 +119,20 @@ async def test_a_failed_held_out_task_fails_the_run_at_once(store: ObjectStore) 
 @workflow.defn(name="LearnerWorkflow", sandboxed=False)
 class StalledLearner:
     """A learner that takes every signal and never takes a step (one whose step outlasts the
-    run's patience), with no activity running: the time-skipping server skips no time once a
-    workflow is terminated with one running."""
+    run's patience), with no activity running (the time-skipping server skips no time once a
+    workflow is terminated with one running); told to `finish`, it ends as it began."""
+
+    def __init__(self) -> None:
+        self.finished = False
 
     @workflow.run
-    async def run(self, raw: dict[str, Any]) -> None:
-        await workflow.wait_condition(lambda: False)
+    async def run(self, raw: dict[str, Any]) -> dict[str, Any]:
+        await workflow.wait_condition(lambda: self.finished)
+        return raw
 
     @workflow.signal(dynamic=True)
     def any_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        pass
+        self.finished |= name == Signal.FINISH
 
 
 @pytest.mark.asyncio
@@ -164,3 +168,35 @@ async def test_a_learner_terminated_while_nothing_is_in_flight_fails_the_run(
     assert waited.total_seconds() < bound, waited
     assert patched(history, PROBE_PATCH)
     await checked(history, "training_run_learner_probed.json")
+
+
+@pytest.mark.asyncio
+async def test_a_run_waiting_with_nothing_in_flight_ends_at_its_time_budget(
+    store: ObjectStore,
+) -> None:
+    """The learner never takes its first step; the run, waiting for it with nothing in flight,
+    stops rolling out at its time budget's deadline and ends (before: the budget was read only
+    when a wait woke, so it waited for good)."""
+    run = RUN.model_copy(
+        update={
+            "run_id": "budget-idle",
+            "time_budget_s": 600,
+            "grpo": GRPOConfig(groups_per_step=2, max_staleness=0),
+        }
+    )
+    async with (
+        time_skipping_server() as env,
+        control_plane(
+            env.client, store, ScriptedSuite(train=10), ScriptedTrainer(), learner=StalledLearner
+        ),
+    ):
+        handle = await env.client.start_workflow(
+            TrainingRunWorkflow.run, run, id="train-budget-idle", task_queue=Queue.AGENT_TASKS
+        )
+        result = await asyncio.wait_for(handle.result(), 60)
+        history = await handle.fetch_history()
+
+    assert (result.tasks_started, result.steps) == (2, 0), result
+    took = history.events[-1].event_time.ToDatetime() - history.events[0].event_time.ToDatetime()
+    assert 600 <= took.total_seconds() < 600 + PROBE_EVERY.total_seconds(), took
+    assert patched(history, PROBE_PATCH)
