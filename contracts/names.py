@@ -106,11 +106,13 @@ SEARCH_ATTRIBUTE_TYPES: dict[SearchAttr, str] = {
 }
 
 
-def eval_run_id(run: str, version: int, suite: str | None = None) -> str:
+def eval_run_id(run: str, version: int, suite: str | None = None, tag: str | None = None) -> str:
     """The run id of an evaluation of `run`'s policy `version`: `<run>-eval-v<version>` by the
-    training run, `<run>-eval-v<version>-<suite>` by `tempered eval --suite`. Its tasks'
-    workflow ids are `<eval run>-<task>`."""
+    training run, `<run>-eval-v<version>-<suite>-<tag>` by `tempered eval` (`tag`: a digest of
+    its settings and a nonce of its own, so no two evaluations share the turns stored under the
+    id). Its tasks' workflow ids are `<eval run>-<task>`."""
     tail = "" if suite is None else "-" + re.sub(r"[^A-Za-z0-9_-]", "_", suite)
+    tail += "" if tag is None else "-" + re.sub(r"[^A-Za-z0-9_-]", "_", tag)
     return f"{run}-eval-v{version}{tail}"
 
 

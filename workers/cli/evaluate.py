@@ -1,8 +1,22 @@
-"""`tempered eval`: pass@1 of a policy through the same pipeline (agent tasks, one greedy turn).
+"""`tempered eval`: pass@1 of a policy through the same pipeline (agent tasks, greedy turns).
 
-    tempered eval --run RUN --policy 3 --suite starter      # version 3 of a training run
+    tempered eval --run RUN --policy 3                      # version 3 of a training run, as the
+                                                            # run's own held-out evals measure it
     tempered eval --policy smollm2 --suite humaneval        # a preset or HF dir, published as v0
-                                                            # of a fresh run `eval-<timestamp>`
+                                                            # of a fresh run `eval-<UTC>-<random>`
+
+With `--run`, the settings are the run's (its input, `runs/<run>/run.json`): `eval_sampling`,
+`max_context_tokens`, `eval_turns`, sandbox limits, and its suite and `heldout_limit`, so the
+figures are those of the run's held-out evaluation of that version; each one given on the command
+line wins. Without a run (or one without run.json) they are this command's own: greedy, 256 new
+tokens, a 4096-token context, one turn. `--limit N` takes N tasks spread over the list (`spread`,
+every family kept), as `heldout_limit` does. The settings used go to stderr.
+
+Each evaluation has a run of its own, `<run>-eval-v<N>-<suite>-<settings digest>-<nonce>`: the
+inference activity hands back a turn stored under the same run id and task whenever its prompt
+matches, so a shared id gave a rerun with other settings the earlier completions. The same
+settings get a fresh id too: the sandbox results of a rerun never match the stored trajectories
+byte for byte (attempt keys, timings), so a shared id failed its writes (`StoredConflict`).
 
 Needs the stack and the workers running (`tempered up`, `tempered worker all`); prints one JSON
 line. Before any task starts, bad input (a suite, a version never published, a model that is
@@ -14,14 +28,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
+import secrets
 import sys
-from datetime import datetime
+from datetime import UTC, datetime
+from pathlib import Path
 
+from contracts.common import is_identifier
 from contracts.names import Queue, eval_run_id
 from contracts.rollout import AgentTaskResult
-from contracts.task import SamplingParams, SandboxLimits, TaskSpec, eval_task_input
+from contracts.run import EvalResult, TrainingRunInput, spread
+from contracts.task import SamplingParams, TaskSpec
+from infra import keys
 from infra.policy import (
+    MANIFEST,
     check_base_model,
     materialize_base_model,
     policy_manifest,
@@ -29,7 +50,7 @@ from infra.policy import (
     publish_policy,
 )
 from infra.settings import Settings
-from infra.storage import ObjectStore
+from infra.storage import ObjectNotFound, ObjectStore, sha256_file
 from infra.tasks import SUITE_HELP, load_suite
 from workers.backlog import queue_backlogs
 from workers.cli.errors import describe, positive, run_id
@@ -39,17 +60,36 @@ from workflows.agent_task import AgentTaskWorkflow
 EVAL_QUEUES = frozenset(q.value for q in Queue) - {Queue.LEARNER.value}
 """The queues an evaluation's tasks go through: the workflows', inference, sandbox, rewards."""
 
+OWN_SETTINGS = TrainingRunInput(
+    run_id="eval",
+    eval_sampling=SamplingParams(temperature=0.0, max_new_tokens=256, stop_after_code_block=True),
+    eval_max_turns=1,
+    max_context_tokens=4096,
+)
+"""The evaluation settings of a policy that is not a run's version (or of a run without
+run.json), as the run input whose `eval_input` builds each task's input."""
+
+
+class Collision(Exception):
+    """The fresh run's version 0 holds other weights than the ones this eval published."""
+
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("eval", help="pass@1 of a policy on a suite")
     parser.add_argument(
         "--policy", required=True, help="version number (with --run), preset or HF dir"
     )
-    parser.add_argument("--run", type=run_id, help="training run whose version --policy names")
-    parser.add_argument("--suite", default="starter", help=SUITE_HELP)
+    parser.add_argument(
+        "--run", type=run_id, help="training run whose version --policy names (and its settings)"
+    )
+    parser.add_argument("--suite", help=f"{SUITE_HELP} (default: the run's, else starter)")
     parser.add_argument("--split", default="heldout", choices=["heldout", "train", "all"])
-    parser.add_argument("--limit", type=positive, help="only the first N tasks")
-    parser.add_argument("--max-new-tokens", type=positive, default=256)
+    parser.add_argument(
+        "--limit", type=positive, help="N tasks spread over the suite (default: the run's)"
+    )
+    parser.add_argument("--max-new-tokens", type=positive, help="default: the run's, else 256")
+    parser.add_argument("--max-turns", type=positive, help="default: the run's, else 1")
+    parser.add_argument("--max-context-tokens", type=positive, help="default: the run's, else 4096")
     parser.add_argument("--concurrency", type=positive, default=64, help="agent tasks in flight")
     parser.add_argument(
         "--wait-for-workers",
@@ -61,9 +101,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
     try:
-        tasks = _tasks(args)
         store = ObjectStore.from_settings(settings)
         target = _policy(args, store)
+        policy_run, version = target or (fresh_run_id(), 0)
+        spec, source = _spec(args, store, policy_run, recorded=target is not None)
+        tasks, total = _tasks(args, spec)
+        eval_run = _eval_run(policy_run, version, spec)
     except ValueError as exc:  # bad input: exit 2, as every command's (it was 1)
         return _bad_input(exc)
     if not args.wait_for_workers and (unserved := asyncio.run(_unserved(settings))):
@@ -75,23 +118,35 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 1
     if target is None:  # a preset or HF dir: published as version 0 of a fresh run
-        run = datetime.now().strftime("eval-%Y%m%d-%H%M%S")
         try:
-            base = materialize_base_model(args.policy, settings, store)
+            _publish(args.policy, settings, store, policy_run)
         except ValueError as exc:  # e.g. smollm2 without its package, an empty s3:// prefix
             return _bad_input(exc)
-        target = run, publish_policy(store, run, 0, base).version
-    policy_run, version = target
-    results = asyncio.run(_evaluate(settings, args, tasks, policy_run, version))
-    solved = sum(r.solved[0] for r in results)
+        except Collision as exc:
+            print(f"tempered eval: {exc}", file=sys.stderr)
+            return 1
+    sampling = spec.eval_sampling
+    print(
+        f"tempered eval: {source}: temperature {sampling.temperature}, max_new_tokens "
+        f"{sampling.max_new_tokens}, max_context_tokens {spec.max_context_tokens}, turns "
+        f"{spec.eval_turns}; {len(tasks)} of {total} {args.split} tasks of {spec.suite!r}",
+        file=sys.stderr,
+    )
+    results = asyncio.run(_evaluate(settings, args, spec, tasks, eval_run, version))
+    result = EvalResult.of(version, results, spec.eval_turns)
     summary = {
-        "suite": args.suite,
+        "suite": spec.suite,
         "split": args.split,
         "policy_run": policy_run,
         "policy_version": version,
-        "tasks": len(results),
-        "solved": solved,
-        "pass_at_1": solved / len(results),
+        "eval_run": eval_run,
+        "tasks": result.tasks,
+        "solved": round(result.pass_at_1 * result.tasks),
+        "pass_at_1": result.pass_at_1,
+        "solve_rate": result.solve_rate,
+        "turns": result.turns,
+        "max_new_tokens": sampling.max_new_tokens,
+        "max_context_tokens": spec.max_context_tokens,
     }
     print(json.dumps(summary))
     return 0
@@ -102,13 +157,87 @@ def _bad_input(exc: ValueError) -> int:
     return 2
 
 
-def _tasks(args: argparse.Namespace) -> list[TaskSpec]:
-    """The suite's tasks to evaluate; ValueError for a suite that does not load or has none."""
-    tasks = load_suite(args.suite, split=None if args.split == "all" else args.split)
-    tasks = tasks[: args.limit] if args.limit else tasks
-    if not tasks:
-        raise ValueError(f"suite {args.suite!r} has no {args.split} tasks")
-    return tasks
+def fresh_run_id() -> str:
+    """The run a preset or dir is published to: UTC (a DST fall-back repeats no local hour
+    here) and a random suffix (two evals started in the same second shared `eval-<second>`,
+    and the second measured the first one's model)."""
+    return datetime.now(UTC).strftime("eval-%Y%m%d-%H%M%S-") + secrets.token_hex(4)
+
+
+def settings_digest(spec: TrainingRunInput) -> str:
+    """8 hex digits of what decides an evaluation's turns: sampling, turns, context, limits
+    (in its run id: evaluations with the same digest measured the same way)."""
+    chosen = {
+        "sampling": spec.eval_sampling.model_dump(mode="json"),
+        "turns": spec.eval_turns,
+        "context": spec.max_context_tokens,
+        "limits": spec.limits.model_dump(mode="json"),
+    }
+    return hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:8]
+
+
+def _eval_run(policy_run: str, version: int, spec: TrainingRunInput) -> str:
+    """This evaluation's run id (`eval_run_id`): the settings' digest and a nonce of its own.
+    ValueError where it is not an id (a run id near the 128-character limit)."""
+    tag = f"{settings_digest(spec)}-{secrets.token_hex(3)}"
+    eval_run = eval_run_id(policy_run, version, spec.suite, tag)
+    if not is_identifier(eval_run):
+        raise ValueError(
+            f"the evaluation's run id {eval_run!r} is not one (at most 128 characters); "
+            "evaluate a run with a shorter id"
+        )
+    return eval_run
+
+
+def _spec(
+    args: argparse.Namespace, store: ObjectStore, policy_run: str, recorded: bool
+) -> tuple[TrainingRunInput, str]:
+    """The evaluation's settings, as a run input (`eval_input` builds each task's from it), and
+    a line saying where they come from. ValueError for a setting out of bounds."""
+    record = _run_record(store, args.run) if recorded else None
+    if record is not None:
+        source = f"settings of run {args.run!r} (its run.json)"
+    else:
+        lacking = f" (run {args.run!r} has no run.json)" if recorded else ""
+        source = f"tempered eval's own settings{lacking}"
+    base = record or OWN_SETTINGS
+    data = base.model_dump() | {"run_id": policy_run, "resume": None}
+    data["suite"] = args.suite or base.suite
+    given = {
+        "--max-new-tokens": args.max_new_tokens,
+        "--max-turns": args.max_turns,
+        "--max-context-tokens": args.max_context_tokens,
+        "--limit": args.limit,
+    }
+    if args.max_new_tokens is not None:
+        data["eval_sampling"]["max_new_tokens"] = args.max_new_tokens
+    if args.max_turns is not None:
+        data["eval_max_turns"] = args.max_turns
+    if args.max_context_tokens is not None:
+        data["max_context_tokens"] = args.max_context_tokens
+    data["heldout_limit"] = args.limit or 0
+    if args.limit is None and record and (data["suite"], args.split) == (record.suite, "heldout"):
+        data["heldout_limit"] = record.heldout_limit  # the run's own held-out tasks
+    named = [flag for flag, value in given.items() if value is not None]
+    if named:
+        source += f"; {', '.join(named)} from the command line"
+    return TrainingRunInput.model_validate(data), source
+
+
+def _run_record(store: ObjectStore, run: str) -> TrainingRunInput | None:
+    try:
+        return store.get_model(keys.run_record_key(run), TrainingRunInput)
+    except ObjectNotFound:
+        return None
+
+
+def _tasks(args: argparse.Namespace, spec: TrainingRunInput) -> tuple[list[TaskSpec], int]:
+    """The suite's tasks to evaluate (`heldout_limit` of them, `spread`) and how many it has;
+    ValueError for a suite that does not load or has none."""
+    every = load_suite(spec.suite, split=None if args.split == "all" else args.split)
+    if not every:
+        raise ValueError(f"suite {spec.suite!r} has no {args.split} tasks")
+    return spread(every, spec.heldout_limit), len(every)
 
 
 def _policy(args: argparse.Namespace, store: ObjectStore) -> tuple[str, int] | None:
@@ -133,6 +262,26 @@ def _policy(args: argparse.Namespace, store: ObjectStore) -> tuple[str, int] | N
     return args.run, version
 
 
+def _publish(spec: str, settings: Settings, store: ObjectStore, run: str) -> None:
+    """Publish the preset or dir `spec` as version 0 of `run`. Publishing is first-writer-wins:
+    Collision where version 0 turns out to hold other files than these."""
+    local = materialize_base_model(spec, settings, store)
+    policy = publish_policy(store, run, 0, local)
+    manifest = policy_manifest(store, run, 0)
+    files = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()} - {MANIFEST}
+    if (
+        manifest is None
+        or set(manifest.files) != files
+        or not all(
+            sha256_file(Path(local, name)) == ref.sha256 for name, ref in manifest.files.items()
+        )
+    ):
+        raise Collision(
+            f"run {run!r} already has a version 0 of other weights (s3://{store.bucket}/"
+            f"{policy.prefix}), published by another eval; nothing was evaluated: run it again"
+        )
+
+
 async def _unserved(settings: Settings) -> list[str]:
     """The queues an evaluation needs that no worker polls (`DescribeTaskQueue`'s pollers, as
     `tempered status` shows them): with none, `eval` waited for them without a word."""
@@ -141,28 +290,21 @@ async def _unserved(settings: Settings) -> list[str]:
 
 
 async def _evaluate(
-    settings: Settings, args: argparse.Namespace, tasks: list[TaskSpec], run: str, version: int
+    settings: Settings,
+    args: argparse.Namespace,
+    spec: TrainingRunInput,
+    tasks: list[TaskSpec],
+    eval_run: str,
+    version: int,
 ) -> list[AgentTaskResult]:
     client = await connect(settings)
     slots = asyncio.Semaphore(args.concurrency)
-    eval_run = eval_run_id(run, version, args.suite)
-    sampling = SamplingParams(
-        temperature=0.0, max_new_tokens=args.max_new_tokens, stop_after_code_block=True
-    )
 
     async def one(task: TaskSpec) -> AgentTaskResult:
-        request = eval_task_input(
-            task,
-            run_id=eval_run,
-            policy_run=run,
-            policy_version=version,
-            sampling=sampling,
-            limits=SandboxLimits(),
-        )
         async with slots:
             return await client.execute_workflow(
                 AgentTaskWorkflow.run,
-                request,
+                spec.eval_input(task, eval_run, version),
                 id=f"{eval_run}-{task.id}",
                 task_queue=Queue.AGENT_TASKS.value,
             )
