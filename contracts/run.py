@@ -3,6 +3,7 @@ the suite it loads, its held-out evaluations, its progress and result, and the c
 state it carries through continue-as-new. The learner's own are in contracts/learner.py."""
 
 import random
+import re
 from collections.abc import Sequence
 from datetime import datetime
 
@@ -95,6 +96,14 @@ def drawn_task(order: Sequence[TaskSpec], index: int) -> TaskSpec:
     """The `index`-th task a run starts: the order repeats in epochs, `<id>-e<epoch>`."""
     epoch, position = divmod(index, len(order))
     return order[position].model_copy(update={"id": f"{order[position].id}-e{epoch}"})
+
+
+def suite_task_id(run_id: str, task_id: str) -> str:
+    """The suite id of the task that run `run_id` rolled out as `task_id` (`Trajectory.task_id`):
+    a training run's tasks are drawn (`drawn_task`: `<id>-e<epoch>` → `<id>`), an evaluation's
+    keep their suite ids (`is_evaluation`), whatever they end with."""
+    drawn = None if is_evaluation(run_id) else re.fullmatch(r"(.+)-e[0-9]+", task_id)
+    return drawn[1] if drawn else task_id
 
 
 def redraws_allowed(budget: int, steps: int, steps_done: int) -> int:

@@ -17,16 +17,25 @@ prompt now is skipped, and says so, never graded against the other problem. Skip
 the suite no longer has, a `workspace` episode (its verifier grades it), a trajectory without a
 program.
 
-    outcome = await Regrading(store, backend, "v2", "starter", limits=…, reward=…,
-                              concurrency=8).run_all(trajectories, tasks)
+A training run's trajectory names its task as the run drew it (`<id>-e<epoch>`,
+`contracts.run.drawn_task`); `contracts.run.suite_task_id` gives the suite id it is looked up by.
+
+    grading = Regrading(store, backend, "v2", "starter", limits=…, reward=…, concurrency=8)
+    outcome = await grading.run_stored(run_id, tasks)      # read from the store as it goes
+    outcome = await grading.run_all(trajectories, tasks)   # any iterable, a lazy one too
+
+Trajectories are read as grading goes, and at most `READ_AHEAD` × `concurrency` are held at once
+(each holds its token ids, mask and log-probs: ~330 kB for 4,096 tokens), never a whole run.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TypeVar
 
 from contracts.errors import INFRA_RETRY, Backoff
+from contracts.run import suite_task_id
 from contracts.sandbox import ExecStatus
 from contracts.task import EnvName, RewardConfig, SandboxLimits, TaskSpec
 from contracts.trajectory import RewardRecord, Trajectory
@@ -40,6 +49,11 @@ OUTCOMES = ("regraded", "changed", "unchanged", "conflict", "skipped", "infra")
 
 VERDICT = ("status", "tests_passed", "tests_total", "solved", "reward")
 """The fields of a RewardRecord that a rerun must reproduce for its record to count as the same."""
+
+READ_AHEAD = 2
+"""Trajectories held at once, per sandbox slot: one running, one read and waiting for a slot."""
+
+Item = TypeVar("Item")
 
 
 class Regrading:
@@ -59,27 +73,64 @@ class Regrading:
     ):
         self.store, self.backend, self.grader, self.suite = store, backend, grader, suite
         self.limits, self.reward, self.backoff = limits, reward, backoff
-        self.gate = asyncio.Semaphore(concurrency)
+        self.concurrency, self.gate = concurrency, asyncio.Semaphore(concurrency)
 
     async def run_all(
-        self, trajectories: list[Trajectory], tasks: Mapping[str, TaskSpec]
+        self, trajectories: Iterable[Trajectory], tasks: Mapping[str, TaskSpec]
     ) -> dict[str, list[str]]:
-        """Regrade every trajectory; `{outcome: ["<trajectory id>[: note]", ...]}`."""
-        outcome: dict[str, list[str]] = {kind: [] for kind in OUTCOMES}
-        results = await asyncio.gather(*(self.one(t, tasks.get(t.task_id)) for t in trajectories))
-        for trajectory, kinds in zip(trajectories, results, strict=True):
-            for kind, note in kinds:
-                outcome[kind].append(f"{trajectory.id}: {note}" if note else trajectory.id)
-        return outcome
+        """Regrade every trajectory; `{outcome: sorted(["<trajectory id>[: note]", ...])}`.
+        `trajectories` is drawn from as grading goes (in a thread: a lazy one may read)."""
 
-    async def one(self, trajectory: Trajectory, task: TaskSpec | None) -> list[tuple[str, str]]:
+        async def given(trajectory: Trajectory) -> Trajectory:
+            return trajectory
+
+        return await self._each(trajectories, given, tasks)
+
+    async def run_stored(self, run_id: str, tasks: Mapping[str, TaskSpec]) -> dict[str, list[str]]:
+        """`run_all` of every trajectory stored for `run_id`, each read when a slot is free."""
+
+        async def read(key: str) -> Trajectory:
+            return await asyncio.to_thread(self.store.get_model, key, Trajectory)
+
+        return await self._each(self.store.list_keys(keys.trajectories_prefix(run_id)), read, tasks)
+
+    async def _each(
+        self,
+        items: Iterable[Item],
+        load: Callable[[Item], Awaitable[Trajectory]],
+        tasks: Mapping[str, TaskSpec],
+    ) -> dict[str, list[str]]:
+        """Regrade the trajectory `load` makes of each of `items`, `READ_AHEAD` × concurrency
+        at a time: each worker holds one trajectory, and `items` is drawn one at a time."""
+        outcome: dict[str, list[str]] = {kind: [] for kind in OUTCOMES}
+        source, drawing = iter(items), asyncio.Lock()
+
+        async def worker() -> None:
+            while True:
+                async with drawing:  # a generator is advanced by one thread at a time
+                    item = await asyncio.to_thread(next, source, None)
+                if item is None:
+                    return
+                trajectory = await load(item)
+                for kind, note in await self.one(trajectory, tasks):
+                    outcome[kind].append(f"{trajectory.id}: {note}" if note else trajectory.id)
+
+        await asyncio.gather(*(worker() for _ in range(READ_AHEAD * self.concurrency)))
+        return {kind: sorted(lines) for kind, lines in outcome.items()}
+
+    async def one(
+        self, trajectory: Trajectory, tasks: Mapping[str, TaskSpec]
+    ) -> list[tuple[str, str]]:
+        """Regrade one trajectory against its task of `tasks` (by `suite_task_id`)."""
+        name = suite_task_id(trajectory.run_id, trajectory.task_id)
+        task = tasks.get(name)
         if task is None:
-            return [("skipped", f"task {trajectory.task_id!r} is not in suite {self.suite!r}")]
+            return [("skipped", f"task {name!r} is not in suite {self.suite!r}")]
         if trajectory.prompt != task.prompt:
             return [
                 (
                     "skipped",
-                    f"task {trajectory.task_id!r} of suite {self.suite!r} is another problem "
+                    f"task {name!r} of suite {self.suite!r} is another problem "
                     "now (its prompt is not the one the run sampled): not regraded against it",
                 )
             ]

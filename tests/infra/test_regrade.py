@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.run import draw_order, drawn_task, suite_task_id
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import RewardConfig, SandboxLimits, TaskSpec
 from contracts.trajectory import RewardRecord
@@ -118,3 +119,38 @@ async def test_a_trajectory_of_a_redrawn_task_is_skipped_not_regraded(store: Obj
     assert not outcome["regraded"] and not outcome["changed"] and not outcome["unchanged"]
     assert len(backend.results) == 1  # never run
     assert not list(store.list_keys(keys.rewards_prefix("regrade", "v2")))
+
+
+@pytest.mark.asyncio
+async def test_a_training_trajectory_is_regraded_against_the_task_it_was_drawn_from(
+    store: ObjectStore,
+) -> None:
+    """A training run rolls out `drawn_task`s (`<id>-e<epoch>`), and that is the trajectory's
+    task id: every training trajectory was skipped as "not in suite". An evaluation's task keeps
+    its suite id, even one that looks like an epoch's."""
+    suite = [TASK, TASK.model_copy(update={"id": "add-e1", "prompt": "Write add, again."})]
+    order = draw_order(suite, 0)
+    drawn = [drawn_task(order, index) for index in range(4)]  # two epochs
+    assert {t.id for t in drawn} == {"add-e0", "add-e1", "add-e1-e0", "add-e1-e1"}
+    runs = [
+        trajectory(
+            [Step([1], [2], code="def add(a, b): return a + b", status=ExecStatus.FAILED)],
+            reward=-0.1,
+            run_id=run,
+            task_id=task.id,
+            solved=False,
+            prompt=task.prompt,
+        )
+        for run, task in [*(("regrade", t) for t in drawn), ("regrade-eval-v1", suite[1])]
+    ]
+    passed = ExecutionResult(status=ExecStatus.PASSED, tests_passed=1, tests_total=1)
+    backend = ScriptedBackend(*[passed] * len(runs))
+    outcome = await regrading(store, backend).run_all(runs, {t.id: t for t in suite})
+    assert not outcome["skipped"] and sorted(outcome["changed"]) == sorted(t.id for t in runs)
+    for t in runs:  # one record per trajectory, under its own (drawn) id
+        assert store.get_model(keys.reward_key(t.run_id, "v2", t.task_id, 0), RewardRecord).solved
+    assert [suite_task_id(t.run_id, t.task_id) for t in runs] == [
+        *(o.id for o in order),
+        *(o.id for o in order),
+        "add-e1",
+    ]

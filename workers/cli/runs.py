@@ -14,9 +14,10 @@
 suite defines them now* (suite from `--suite`, else the run's `run.json`, else `starter`); the
 work is `infra/regrade.py`'s, this module only finds the inputs and prints the outcome.
 
-`rm` and `prune` refuse a run that is still running, and (without `--force`) any run when
-Temporal cannot be asked. Content-addressed workspace objects (`trees/`, `packs/`) are shared
-between runs and stay. Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad
+`rm` and `prune` refuse a run that is still running (its training run, or an evaluation of it:
+`tempered eval --run`), and (without `--force`) any run when Temporal cannot be asked; `prune`
+refuses `--keep 0`, which would delete the version `latest.json` names. Content-addressed
+workspace objects (`trees/`, `packs/`) are shared between runs and stay. Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad
 input or S3 unusable.
 """
 
@@ -27,14 +28,17 @@ import asyncio
 import contextlib
 import functools
 import sys
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TypeVar, get_args
 
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
+from temporalio.client import Client
 from temporalio.service import RPCError
 
 from contracts.common import is_identifier
@@ -58,6 +62,8 @@ from workers.training import running_handle
 
 Command = Callable[[argparse.Namespace, Settings], int]
 Record = TypeVar("Record", bound=BaseModel)
+READERS = 8
+"""Objects `runs show` reads at once."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -127,9 +133,17 @@ def _require_run(store: ObjectStore, run: str) -> None:
         )
 
 
-def _load_all(store: ObjectStore, keys_: list[str], cls: type[Record]) -> list[Record]:
-    with ThreadPoolExecutor(8) as pool:
-        return list(pool.map(lambda key: store.get_model(key, cls), keys_))
+def _stream(store: ObjectStore, keys_: Iterable[str], cls: type[Record]) -> Iterator[Record]:
+    """Each object of `keys_` as `cls`, in order, `READERS` read at once and at most twice as
+    many held: a run's trajectories (~330 kB each in memory) are never all in memory."""
+    with ThreadPoolExecutor(READERS) as pool:
+        window: deque[Future[Record]] = deque()
+        for key in keys_:
+            window.append(pool.submit(store.get_model, key, cls))
+            if len(window) >= 2 * READERS:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
 
 
 def _run_record(store: ObjectStore, run: str) -> TrainingRunInput | None:
@@ -139,8 +153,30 @@ def _run_record(store: ObjectStore, run: str) -> TrainingRunInput | None:
         return None
 
 
-def _mean(values: list[float]) -> str:
-    return f"{sum(values) / len(values):+.3f}" if values else "-"
+@dataclass
+class _Tally:
+    """What `runs show` prints of some trajectories or reward records: sums, never the records."""
+
+    count: int = 0
+    solved: int = 0
+    reward: float = 0.0
+    changed: int = 0
+    steps: int = 0
+    versions: set[int] = field(default_factory=set)
+
+    def add(self, record: Trajectory | RewardRecord) -> None:
+        self.count += 1
+        self.solved += record.solved
+        self.reward += record.reward
+        if isinstance(record, RewardRecord):
+            self.changed += record.solved != record.previous_solved
+        else:
+            self.steps = max(self.steps, len(record.steps))
+            self.versions.add(record.policy_version)
+
+    @property
+    def mean(self) -> str:
+        return f"{self.reward / self.count:+.3f}" if self.count else "-"
 
 
 @_user_errors
@@ -181,43 +217,32 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
     )
     console.print(f"[bold]{run}[/]  ({about})")
     tasks = _names(store, keys.tasks_prefix(run))
-    trajectories = _load_all(
-        store, list(store.list_keys(keys.trajectories_prefix(run))), Trajectory
-    )
-    rewards = [t.reward for t in trajectories]
-    solved = sum(t.solved for t in trajectories)
+    every, per_task = _Tally(), dict[str, _Tally]()
+    for t in _stream(store, store.list_keys(keys.trajectories_prefix(run)), Trajectory):
+        every.add(t)
+        per_task.setdefault(t.task_id, _Tally()).add(t)
     console.print(
-        f"tasks {len(tasks)}  trajectories {len(trajectories)}  mean reward {_mean(rewards)}  "
-        f"solved {solved}/{len(trajectories)}"
+        f"tasks {len(tasks)}  trajectories {every.count}  mean reward {every.mean}  "
+        f"solved {every.solved}/{every.count}"
     )
-    per_task = Table(title="trajectories by task")
+    by_task = Table(title="trajectories by task")
     for column in ("task", "samples", "solved", "mean reward", "steps", "policy versions"):
-        per_task.add_column(column, justify="left" if column == "task" else "right")
-    for task in sorted({t.task_id for t in trajectories}):
-        group = [t for t in trajectories if t.task_id == task]
-        per_task.add_row(
-            task,
-            str(len(group)),
-            f"{sum(t.solved for t in group)}/{len(group)}",
-            _mean([t.reward for t in group]),
-            str(max(len(t.steps) for t in group)),
-            ",".join(str(v) for v in sorted({t.policy_version for t in group})),
-        )
-    console.print(per_task)
+        by_task.add_column(column, justify="left" if column == "task" else "right")
+    for task, tally in sorted(per_task.items()):
+        versions = ",".join(str(v) for v in sorted(tally.versions))
+        row = (str(tally.count), f"{tally.solved}/{tally.count}", tally.mean, str(tally.steps))
+        by_task.add_row(task, *row, versions)
+    console.print(by_task)
     graders = Table(title="reward records")
     for column in ("grader", "records", "solved", "mean reward", "changed"):
         graders.add_column(column, justify="left" if column == "grader" else "right")
     for grader in _names(store, keys.rewards_prefix(run)):
         prefix = keys.rewards_prefix(run, grader)
-        records = _load_all(store, list(store.list_keys(prefix)), RewardRecord)
-        changed = sum(r.solved != r.previous_solved for r in records)
-        graders.add_row(
-            grader,
-            str(len(records)),
-            f"{sum(r.solved for r in records)}/{len(records)}",
-            _mean([r.reward for r in records]),
-            str(changed),
-        )
+        tally = _Tally()
+        for record in _stream(store, store.list_keys(prefix), RewardRecord):
+            tally.add(record)
+        row = (str(tally.count), f"{tally.solved}/{tally.count}", tally.mean, str(tally.changed))
+        graders.add_row(grader, *row)
     console.print(graders)
     policies = Table(title="policy versions")
     latest = latest_policy(store, run)
@@ -257,8 +282,11 @@ def runs_rm(args: argparse.Namespace, settings: Settings) -> int:
 
 @_user_errors
 def runs_prune(args: argparse.Namespace, settings: Settings) -> int:
-    if args.keep < 0:
-        raise ValueError(f"--keep must be 0 or more, not {args.keep}")
+    if args.keep < 1:  # latest.json names the newest version and never moves back
+        raise ValueError(
+            "--keep 0 would delete the run's latest policy version (latest.json names it: what "
+            "the run trained to); keep 1 or more, or `tempered runs rm` the run"
+        )
     store = _open_store(settings)
     _refuse_running(store, settings, args.runs, args.force, "pruned")
     for run in args.runs:
@@ -285,18 +313,35 @@ def _refuse_running(
             ) from None
         running = []
     if running:
-        raise ValueError(f"still running: {', '.join(running)} (`tempered stop` it first)")
+        raise ValueError(
+            f"still running: {', '.join(running)} (`tempered stop` a training run first; let "
+            "an evaluation finish, or cancel its workflows)"
+        )
 
 
 async def _running(settings: Settings, runs: list[str]) -> list[str]:
-    """The runs of `runs` whose training run workflow is running."""
+    """The runs of `runs` that something runs on, each as the error names it: their training
+    run's workflow, or a workflow of an evaluation of them (`tempered eval --run`, which reads
+    a policy version and writes the evaluation's prefix, both of which `prune` and `rm` delete)."""
     client = await connect(settings)
     found = []
     for run in runs:
         with contextlib.suppress(ValueError):  # no such workflow, or it ended
             await running_handle(client, run)
             found.append(run)
+            continue
+        if evaluation := await _running_evaluation(client, run):
+            found.append(f"{run} (an evaluation of it: workflow {evaluation})")
     return found
+
+
+async def _running_evaluation(client: Client, run: str) -> str | None:
+    """The id of a running workflow of an evaluation of `run` (`evaluates`), if any."""
+    query = f'WorkflowId STARTS_WITH "{run}" AND ExecutionStatus = "Running"'
+    async for execution in client.list_workflows(query):
+        if evaluates(execution.id, run):
+            return execution.id
+    return None
 
 
 def show_episodes(
@@ -305,7 +350,7 @@ def show_episodes(
     """Each stored episode of `task` (or only `sample`), step by step, from the store."""
     prefix = keys.trajectories_prefix(run)
     names = [k for k in store.list_keys(prefix) if k.startswith(f"{prefix}{task}--s")]
-    trajectories = sorted(_load_all(store, names, Trajectory), key=lambda t: t.sample)
+    trajectories = sorted(_stream(store, names, Trajectory), key=lambda t: t.sample)
     if sample is not None:
         trajectories = [t for t in trajectories if t.sample == sample]
     if not trajectories:
@@ -326,10 +371,7 @@ def regrade(args: argparse.Namespace, settings: Settings) -> int:
     spec = _run_record(store, args.run)
     suite = args.suite or (spec.suite if spec else "starter")
     tasks = {task.id: task for task in load_suite(suite)}
-    trajectories = _load_all(
-        store, list(store.list_keys(keys.trajectories_prefix(args.run))), Trajectory
-    )
-    if not trajectories:
+    if next(iter(store.list_keys(keys.trajectories_prefix(args.run))), None) is None:
         raise ValueError(f"run {args.run!r} has no trajectories to regrade")
     backend = get_backend(settings, args.backend)
     grading = Regrading(
@@ -344,7 +386,7 @@ def regrade(args: argparse.Namespace, settings: Settings) -> int:
 
     async def regrade_all() -> dict[str, list[str]]:
         try:
-            return await grading.run_all(trajectories, tasks)
+            return await grading.run_stored(args.run, tasks)
         finally:
             await backend.close()
 

@@ -10,7 +10,7 @@ import pytest
 
 from contracts.episode import EpisodeEnd, ToolCall
 from contracts.learner import PolicyManifest, PolicyVersion
-from contracts.run import TrainingRunInput
+from contracts.run import TrainingRunInput, drawn_task
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, TaskSpec
 from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
@@ -66,8 +66,10 @@ def demo(task: TaskSpec, sample: int, code: str, solved: bool) -> Trajectory:
 def demo_run(store: ObjectStore) -> list[Trajectory]:
     """Two starter tasks × G=2. Recorded verdicts: sample 0 of the first task is recorded as
     failed although its final code is the canonical solution; sample 1 of the second task is
-    recorded as solved although its code is the wrong solution. The other two are right."""
-    first, second = load_suite("starter", split="train")[:2]
+    recorded as solved although its code is the wrong solution. The other two are right. Their
+    task ids are as the run drew them (`<id>-e<epoch>`), as a training run stores them."""
+    order = load_suite("starter", split="train")[:2]
+    first, second = drawn_task(order, 0), drawn_task(order, 1)
     assert first.canonical_solution and second.canonical_solution and second.wrong_solution
     stored = [
         demo(first, 0, first.canonical_solution, solved=False),
@@ -310,3 +312,6 @@ def test_regrade_rescores_without_overwriting(
     assert len(before) == 4
     assert cli(["regrade", RUN, "--grader", "v2"], settings) == 0  # rerun: identical, a no-op
     assert {key: store.head(key) for key in store.list_keys(prefix)} == before
+    capsys.readouterr()
+    assert cli(["runs", "show", RUN], settings) == 0
+    assert re.search(r"v2\s*│\s*4\s*│\s*3/4\s*│\s*\+0\.725\s*│\s*2", capsys.readouterr().out)
