@@ -228,7 +228,10 @@ async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, 
             own_queue_worker(client, plans[Queue.SANDBOX]),
             Worker(client, task_queue=DRIVER_QUEUE, workflows=[ScriptedEpisodes]),
         ):
-            await run("plain")  # warm-up: caches, sandbox start-up paths
+            for mode in ("plain", "tempered"):  # warm-up of both sides: caches, start-up paths,
+                await run(mode)  # a new queue's first workflow and activity tasks
+            for sides in cpu.values():
+                sides.clear()  # the warm-up's CPU is not a round's
             for round_ in range(args.rounds):
                 for mode in ("plain", "tempered") if round_ % 2 == 0 else ("tempered", "plain"):
                     rates[mode].append(await run(mode))

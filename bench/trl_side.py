@@ -8,6 +8,7 @@ greedy `generate` per task with Tempered's prompt, scored in the same sandbox ba
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +109,10 @@ def trl_side(
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
 
     def evaluate(step: int) -> None:
-        tokens = run.eval_sampling.max_new_tokens
-        timeline.evaluated(step, greedy_pass_at_1(model, tokenizer, heldout, pool, tokens))
+        """Held-out pass@1, greedy; training waits for it (the timeline nets it out)."""
+        tokens, began = run.eval_sampling.max_new_tokens, time.perf_counter()
+        pass_at_1 = greedy_pass_at_1(model, tokenizer, heldout, pool, tokens)
+        timeline.evaluated(step, pass_at_1, stopped_s=time.perf_counter() - began)
 
     class HeldoutEval(TrainerCallback):  # type: ignore[misc]
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -20,8 +20,14 @@ greedily (one sample, one turn, every `--eval-every` steps, and before the first
             task's tests in the sandbox; a callback evaluates held-out pass@1 with greedy
             `generate`. Clock: from loading the model.
 
-`--max-turns` (default 1) applies to Tempered only (TRL's GRPOTrainer is single-turn here), so
-the default compares equal work per step. Target: `--target P` (absolute pass@1), else `--gain
+`--max-turns` (default 1) applies to Tempered only (TRL's GRPOTrainer is single-turn here).
+Each side trains with its own method: Tempered keeps the preset's dynamic sampling
+(`redraw_flat_groups`) and bounded staleness (`max_staleness`, rollouts one version ahead),
+which TRL's trainer has no equivalent of, so a step is not the same work on both sides. TRL's
+held-out evaluations stop its training while they run, Tempered's run beside it: each side's
+report gives its time to target as measured and, net of evaluations that stopped training
+(`…_net_s`, the TRL side's only), what its training alone took; `median_step_gap_s` is net.
+`--seed` reaches both sides (Tempered's draw order, TRL's sampler and init). Target: `--target P` (absolute pass@1), else `--gain
 G` over the side's own step-0 pass@1. A side stops once an eval reaches the target; the ratio
 Tempered/TRL of the times to target is reported (goal <= 0.8). With `--target 0` (the `tiny`
 model never passes a test) there is no time to target: every step runs, and wall time per step
@@ -67,7 +73,9 @@ FULL = ["--preset", "smollm2", "--gain", "0.1", "--steps", "30", "--eval-every",
 
 def experiment(args: argparse.Namespace) -> TrainingRunInput:
     """The preset with this bench's overrides: what both sides train with."""
-    run = load_preset(args.preset, steps=args.steps, run_id=f"vs-trl-{uuid.uuid4().hex[:8]}")
+    run = load_preset(
+        args.preset, steps=args.steps, seed=args.seed, run_id=f"vs-trl-{uuid.uuid4().hex[:8]}"
+    )
     given = {
         "learning_rate": args.lr,
         "groups_per_step": args.prompts_per_step,
@@ -113,16 +121,24 @@ class Timeline:
         self.steps: dict[int, float] = {}
         self.evals: dict[int, dict[str, Any]] = {}
         self.target_s: float | None = None
+        self.target_net_s: float | None = None
+        self.stopped_s = 0.0  # evaluations that stopped training (TRL's), so far
 
     def now(self) -> float:
         return time.perf_counter() - self.started
 
-    def stepped(self, step: int) -> None:
-        self.steps.setdefault(step, self.now())
+    def net(self) -> float:
+        """Seconds since the clock, less the evaluations that stopped training."""
+        return self.now() - self.stopped_s
 
-    def evaluated(self, step: int, pass_at_1: float) -> None:
+    def stepped(self, step: int) -> None:
+        self.steps.setdefault(step, self.net())
+
+    def evaluated(self, step: int, pass_at_1: float, stopped_s: float = 0.0) -> None:
+        """An eval of `step` ended; `stopped_s`: how long it stopped training (0: beside it)."""
         if step in self.evals:
             return
+        self.stopped_s += stopped_s
         now = self.now()
         self.evals[step] = {"step": step, "pass_at_1": pass_at_1, "t_s": round(now, 2)}
         print(f"{self.side}: step {step} held-out pass@1 {pass_at_1:.3f} at {now:.1f}s", flush=True)
@@ -130,7 +146,7 @@ class Timeline:
         if self.target_s is None and any(
             reached(e["pass_at_1"], base, self.args) for e in self.evals.values()
         ):
-            self.target_s = now
+            self.target_s, self.target_net_s = now, self.net()
 
     def report(self) -> dict[str, Any]:
         wall = self.now()
@@ -139,6 +155,10 @@ class Timeline:
         return {
             "wall_s": round(wall, 2),
             "time_to_target_s": None if self.target_s is None else round(self.target_s, 2),
+            "time_to_target_net_s": None
+            if self.target_net_s is None
+            else round(self.target_net_s, 2),
+            "evals_stopped_training_s": round(self.stopped_s, 2),
             "steps": len(step_at),
             "s_per_step": round(wall / max(1, len(step_at)), 2),
             "median_step_gap_s": round(median_of(gaps), 2),
@@ -223,6 +243,7 @@ def compare(args: argparse.Namespace, sides: dict[str, dict[str, Any]]) -> dict[
     }
     if tempered["time_to_target_s"] and trl["time_to_target_s"]:
         report["measured"], report["ratio"] = "time_to_target_s", ratio("time_to_target_s")
+        report["ratio_net"] = ratio("time_to_target_net_s")
     elif args.target == 0:
         report["measured"] = "s_per_step (target 0: no time to target; evals included)"
         report["ratio"] = report["s_per_step_ratio"]
@@ -241,7 +262,8 @@ def print_sides(report: dict[str, Any]) -> None:
             f"held-out pass@1 by step {evals}"
         )
     print(
-        f"vs_trl: measured {report['measured']}: Tempered/TRL = {report['ratio']} (goal <= 0.8); "
+        f"vs_trl: measured {report['measured']}: Tempered/TRL = {report['ratio']} (goal <= 0.8), "
+        f"{report.get('ratio_net')} net of TRL's evaluations; "
         f"median step gap ratio {report['step_gap_ratio']}; load {report['machine']['load_average']}",
         flush=True,
     )

@@ -18,7 +18,9 @@ intervals:
 
 Each instant of the window goes to the first of these that is active (`segments`, in that
 order), and what none covers is `temporal`: workflow tasks, scheduling, polling, start-up and
-idle waits. Training comes before evaluation: an evaluation that rides along with the rollouts
+idle waits. It is a lower bound of what Temporal costs a run: one rollout's wait on Temporal is
+hidden whenever another's span is open (two rollouts each waiting half their time, interleaved,
+give `temporal` 0). What orchestration costs a rollout is `bench/orchestration.py`'s to measure. Training comes before evaluation: an evaluation that rides along with the rollouts
 (at a lower priority, as the default's does) counts only where it holds the run up on its own,
 such as the final one; a `model.generate` span is an evaluation's when its parent span is one of
 the evaluation's activities. `busy` is each category's own active time (they overlap: inference

@@ -110,6 +110,7 @@ def write_profile(settings: Settings, run_id: str, wall_s: float, out: Path) -> 
         own = f"   (active {busy:7.1f} s in all)" if busy is not None else ""
         print(f"  {name:<11} {seconds:7.1f} s {100 * seconds / wall:5.1f}%{own}")
     print(f"  inference engine idle {profile.inference_idle_s:.1f} s of {profile.wall_s:.0f} s")
+    print("  (temporal: what no span covers, a lower bound of Temporal's cost; see bench/)")
     import matplotlib  # ~0.35 s to import: only a finished run pays it
 
     matplotlib.use("Agg")
