@@ -38,7 +38,7 @@ from contracts.sandbox import (
 from infra import keys
 from infra.circuit import CircuitBreaker, CircuitOpenError, CircuitState
 from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
-from infra.sandbox.kubernetes_job import JobTooLarge
+from infra.sandbox.base import JobTooLarge
 from infra.settings import Settings
 from infra.storage import ObjectNotFound, ObjectStore
 from infra.telemetry import (

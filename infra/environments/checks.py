@@ -10,7 +10,8 @@ Two kinds (`tree.Check.kind`, carried by the hidden-tests tree):
   workspace's Python files (and data files, within a budget: `program_files`) into its private
   /tmp and star-imports the modules under test; the checker process holds the hidden tests
   (top-level asserts naming those modules' functions) and calls the functions as data. The
-  score is the share of hidden asserts that passed (0 for Python files past the budget).
+  score is the share of hidden asserts that passed (0 for Python files past the budget, or a
+  program the backend cannot carry: `JobTooLarge`, Kubernetes's Job takes 1 MiB).
 - `script` (Harbor tasks): `bash /tests/test.sh` in a fresh workspace sandbox, the final
   workspace at its workdir (a copy: the session is untouched), the tests at /tests read-only,
   /logs/verifier writable; the score is the number the script wrote to
@@ -39,8 +40,8 @@ from pathlib import Path
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import SandboxLimits, WorkspaceSpec
 from infra.environments.base import Graded
-from infra.environments.tree import Check, Manifest
-from infra.sandbox.base import SandboxBackend
+from infra.environments.tree import Check, Entry, Manifest
+from infra.sandbox.base import JobTooLarge, SandboxBackend
 from infra.sandbox.workspace import CommandResult, CommandRunner, Mounts
 
 REWARD_FILE = "reward.txt"
@@ -49,10 +50,12 @@ TESTS_DIR = "/tests"
 MAX_PROGRAM_FILE = 1 << 20
 """Workspace files other than Python larger than this are not copied into the functions check."""
 MAX_PROGRAM_BYTES = 8 << 20
-"""Workspace bytes a functions check copies in all. Its program travels in one frame of the
-verifier's codec (16 MiB), and base64, JSON and base64 again grow the bytes by at most 1.4×
-(zlib gives back most of the first base64): every file up to 1 MiB of a 13 MB workspace made a
-program no frame could carry, a TypeError on every retry of the verify."""
+"""Workspace bytes a functions check copies in all, each file's name counted as the program's
+JSON writes it (`program_cost`). Its program travels in one frame of the verifier's codec
+(16 MiB), and base64, JSON and base64 again grow the bytes by at most 1.4× (zlib gives back
+most of the first base64): every file up to 1 MiB of a 13 MB workspace made a program no frame
+could carry, a TypeError on every retry of the verify, and so did 68,000 empty files with names
+of 255 bytes while names were not counted."""
 
 
 class InvalidTask(ValueError):
@@ -91,26 +94,33 @@ def functions_program(files: Mapping[str, bytes], modules: list[str]) -> str:
     )
 
 
+def program_cost(entry: Entry) -> int:
+    """What a file adds to a functions check's program before base64 and zlib: its bytes, and
+    its name with the JSON around it (escapes included: a control character takes six)."""
+    return entry.size + len(json.dumps({entry.path: ""}))
+
+
 def program_files(workspace: Manifest, contents: Mapping[str, bytes]) -> dict[str, bytes] | str:
-    """The files a functions check copies, within `MAX_PROGRAM_BYTES`: every Python file (the
-    modules under test and whatever they import), then the other files of up to
-    `MAX_PROGRAM_FILE` in path order while they fit (data the code may read). Or why not: the
-    Python files alone are larger, which is the agent's doing, never the task's."""
+    """The files a functions check copies, within `MAX_PROGRAM_BYTES` (`program_cost`): every
+    Python file (the modules under test and whatever they import), then the other files of up
+    to `MAX_PROGRAM_FILE` in path order while they fit (data the code may read). Or why not:
+    the Python files alone are larger, which is the agent's doing, never the task's."""
     python = [entry for entry in workspace.files() if entry.path.endswith(".py")]
-    if (size := sum(entry.size for entry in python)) > MAX_PROGRAM_BYTES:
-        largest = sorted(python, key=lambda entry: -entry.size)[:3]
+    if (size := sum(map(program_cost, python))) > MAX_PROGRAM_BYTES:
+        largest = sorted(python, key=lambda entry: -program_cost(entry))[:3]
+        named = ", ".join(f"{e.path[:100]} {program_cost(e) / 1e6:.1f} MB" for e in largest)
         return (
             f"the workspace's Python files hold {size / 1e6:.1f} MB, more than the "
-            f"{MAX_PROGRAM_BYTES >> 20} MiB a functions check copies (the largest: "
-            + ", ".join(f"{entry.path} {entry.size / 1e6:.1f} MB" for entry in largest)
-            + ")"
+            f"{MAX_PROGRAM_BYTES >> 20} MiB a functions check copies (names counted; the "
+            f"largest: {named})"
         )
     files = {entry.path: contents[entry.sha256] for entry in python}
     for entry in workspace.files():
-        fits = entry.size <= MAX_PROGRAM_FILE and size + entry.size <= MAX_PROGRAM_BYTES
+        cost = program_cost(entry)
+        fits = entry.size <= MAX_PROGRAM_FILE and size + cost <= MAX_PROGRAM_BYTES
         if fits and entry.path not in files:
             files[entry.path] = contents[entry.sha256]
-            size += entry.size
+            size += cost
     return files
 
 
@@ -130,7 +140,10 @@ async def check_functions(
     if isinstance(files, str):
         return unchecked(files, limits)
     program = functions_program(files, check.modules)
-    result = await backend.run(program, tests, check_limits(check, limits))
+    try:
+        result = await backend.run(program, tests, check_limits(check, limits))
+    except JobTooLarge as exc:  # the same on every retry: scored, never retried for ever
+        return unchecked(f"the final workspace makes a program too large to send: {exc}", limits)
     if result.status is ExecStatus.PASSED:
         return Graded(result, 1.0)
     score = result.tests_passed / result.tests_total if result.tests_total else 0.0

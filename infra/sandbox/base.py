@@ -26,6 +26,11 @@ class SandboxInfraError(Exception):
     """The platform failed (bwrap missing, no space, backend down): retry, never a reward."""
 
 
+class JobTooLarge(ValueError):
+    """The job (program and tests) is larger than the backend can carry (a pod spec, the
+    verifier's codec frame): the same every time, so never worth a retry."""
+
+
 @runtime_checkable
 class SandboxBackend(Protocol):
     """Runs untrusted code; one instance serves many concurrent `run` calls."""

@@ -22,6 +22,11 @@ group (`track_cpu`), and all it forks later is born there. Without a separate cp
 v1 with cpu,cpuacct co-mounted), `cpu_wait` counts only the CPU of live processes and of the
 children they reaped: children reaped by nobody (SIGCHLD ignored) leave no trace, so a program
 can then fake the host's starvation (a platform fault, retried) instead of timing out.
+
+The rest of the run's CPU accounting lives here too: a process's wait for a CPU (`run_delay`,
+the checker's as well as the candidate's), whether the program gave its CPU away itself
+(`gave_cpu_away`: then no wait of its is the host's doing), and a zygote child's pid on this
+host (`host_pid`).
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class Cgroups:
 
     def __init__(self, paths: dict[str, Path], cpuacct: Path | None = None) -> None:
         self.paths, self.cpuacct = paths, cpuacct
+        self.gave_away = ""
+        """How the run's pid 1 gave its CPU away, once `cpu_wait` saw it ("" if never)."""
 
     @staticmethod
     def available() -> bool:
@@ -201,12 +208,14 @@ class Cgroups:
     def cpu_wait(self) -> tuple[float, float] | None:
         """(seconds the run's pid 1, the process that answers the checker, spent runnable but
         waiting for a CPU; CPU seconds the run's processes used), from the kernel's schedstat
-        and stat; None when no process of the run is its sandbox's pid 1. The CPU is the
-        cpuacct group's count where there is one (`cpu_used`: it keeps what processes that
-        exited used, which a program could otherwise burn in children nobody reaps while its
-        pid 1 waits for the CPU they hold, and so pass off its timeout as the host's
-        starvation), never less than what the live processes and their reaped children used
-        (CPU a process used before it was moved into the group)."""
+        and stat; None when no process of the run is its sandbox's pid 1, or once its pid 1
+        gave its CPU away (`gave_cpu_away`; for good: it may take back some of it between two
+        looks), as its waits are then its own doing. The CPU is the cpuacct group's count
+        where there is one (`cpu_used`: it keeps what processes that exited used, which a
+        program could otherwise burn in children nobody reaps while its pid 1 waits for the
+        CPU they hold, and so pass off its timeout as the host's starvation), never less than
+        what the live processes and their reaped children used (CPU a process used before it
+        was moved into the group)."""
         used = self.cpu_used()
         wait, cpu, found, tick = 0.0, 0.0, False, os.sysconf("SC_CLK_TCK")
         for pid in self.pids():
@@ -216,8 +225,9 @@ class Cgroups:
                 cpu += sum(int(field) for field in fields[11:15]) / tick  # utime .. cstime
                 status = (proc / "status").read_text().splitlines()
                 if next(line for line in status if line.startswith("NSpid:")).split()[-1] == "1":
-                    wait, found = int((proc / "schedstat").read_text().split()[1]) / 1e9, True
-        return (wait, max(cpu, used or 0.0)) if found else None
+                    wait, found = run_delay(pid), True
+                    self.gave_away = self.gave_away or gave_cpu_away(pid, fields)
+        return (wait, max(cpu, used or 0.0)) if found and not self.gave_away else None
 
     def pids(self) -> list[int]:
         """Every process in the groups and the groups below them (gVisor's sandbox group, which
@@ -265,6 +275,50 @@ class Cgroups:
         for path in [*self.paths.values(), *([self.cpuacct] if self.cpuacct else [])]:
             with contextlib.suppress(OSError):
                 path.rmdir()
+
+
+def run_delay(pid: int | None) -> float:
+    """Seconds the process `pid` (its main thread) spent runnable but waiting for a CPU
+    (/proc/<pid>/schedstat); 0 for none, or one that is gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9 if pid else 0.0
+    return 0.0
+
+
+def gave_cpu_away(pid: int, fields: list[str]) -> str:
+    """How the process `pid` (its /proc stat `fields` after the name) claims less of a CPU than
+    this host's processes do, or "": a higher nice, another scheduling policy (SCHED_IDLE),
+    its session's autogroup niced, or fewer CPUs. A program may do each of these to itself
+    (the kernel lets any process lower its own claim), and then waits for a CPU by its own
+    doing: a busy CPU it moved onto, a share it gave to others."""
+    nice, policy = int(fields[16]), int(fields[38])  # stat fields 19 (nice), 41 (policy)
+    if nice > os.getpriority(os.PRIO_PROCESS, 0):
+        return f"nice {nice}"
+    if policy != os.sched_getscheduler(0):
+        return f"scheduling policy {policy}"
+    with contextlib.suppress(OSError, ValueError, IndexError):  # no autogroups in this kernel
+        autogroup = Path(f"/proc/{pid}/autogroup").read_text().split()  # "/autogroup-7 nice 0"
+        if int(autogroup[-1]) > 0:
+            return f"autogroup nice {autogroup[-1]}"
+    if not os.sched_getaffinity(0) <= os.sched_getaffinity(pid):
+        return f"CPUs {sorted(os.sched_getaffinity(pid))}"
+    return ""
+
+
+def host_pid(ancestor: int, inner: int) -> int | None:
+    """The pid on this host of the descendant of `ancestor` whose pid is `inner` in a pid
+    namespace of its own (a zygote's child: the zygote says `inner`); None if there is none."""
+    todo = [ancestor]
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(OSError, ValueError, StopIteration):  # gone meanwhile
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            nspid = next(line for line in status if line.startswith("NSpid:")).split()[1:]
+            if len(nspid) > 1 and int(nspid[-1]) == inner:
+                return pid
+            for task in os.listdir(f"/proc/{pid}/task"):
+                todo += map(int, Path(f"/proc/{pid}/task/{task}/children").read_text().split())
+    return None
 
 
 def _procs_below(path: Path) -> set[int]:

@@ -233,8 +233,9 @@ class ForkServer:
                 waiter.set_result(lost)
         self._forked.clear()
 
-    async def fork(self, run_id: int, spec: CandidateSpec | None, fds: list[int]) -> None:
-        """Fork a child for `run_id` holding `fds` (a candidate confined as `spec` says)."""
+    async def fork(self, run_id: int, spec: CandidateSpec | None, fds: list[int]) -> int:
+        """Fork a child for `run_id` holding `fds` (a candidate confined as `spec` says); its
+        pid in the zygote's pid namespace (`cgroups.host_pid` finds it on the host)."""
         options: dict[str, object] = {}
         if spec is not None:
             group = spec.cgroups.name if spec.cgroups is not None else None
@@ -249,7 +250,7 @@ class ForkServer:
         except OSError as exc:
             self._forked.pop(run_id, None)
             raise SandboxInfraError(f"the {self.role} zygote is unreachable: {exc}") from exc
-        await future
+        return await future
 
     def kill(self, run_id: int) -> None:
         if self.control is not None:

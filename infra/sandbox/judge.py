@@ -18,8 +18,9 @@ memory events, and whether the host killed it. The rules, in their one home:
   its own pid namespace), else the program's own end; anything else → failed (an early exit, a
   closed or abused channel);
 - the deadline passed: timeout once the program had its deadline's worth of time
-  (`deadline_state`: time spent waiting for a CPU it never got does not count); the host
-  starved it (the worker's own overload) → a platform fault;
+  (`deadline_state`: time it or the checker spent waiting for a CPU they never got does not
+  count, unless the program gave its CPU away itself: a nice, SCHED_IDLE, fewer CPUs); the
+  host starved it (the worker's own overload) → a platform fault;
 - no verdict: past the deadline → timeout, else the checker died → a platform fault; a
   candidate whose sandbox never came up → a platform fault.
 
@@ -191,18 +192,26 @@ def starvation_bound(timeout_s: float) -> float:
 
 
 def deadline_state(
-    elapsed_s: float, cpu_wait: tuple[float, float] | None, limits: SandboxLimits
+    elapsed_s: float,
+    cpu_wait: tuple[float, float] | None,
+    limits: SandboxLimits,
+    checker_wait_s: float = 0.0,
 ) -> Literal["running", "timeout", "starved"]:
     """Whether a program still answering after `elapsed_s` of wall time had its time.
 
     Its time is what it used of the wall clock: not the time its answering process spent
-    runnable but waiting for a CPU, unless its processes together burnt that much CPU (then it
-    starved itself). `cpu_wait` is (that wait, the run's CPU seconds) (`Cgroups.cpu_wait`; None:
-    unknown, so the wall clock counts); its CPU must include that of processes that exited
-    (cpuacct counts them), or children nobody reaps could hold the CPU and leave no trace.
-    "timeout" once it had `limits.timeout_s`; "starved" when `starvation_bound` passed first
-    (the worker's own overload: a platform fault)."""
-    used = elapsed_s if cpu_wait is None else max(elapsed_s - cpu_wait[0], cpu_wait[1])
+    runnable but waiting for a CPU, nor the time the checker did (`checker_wait_s`: while the
+    checker runs the tests the program sleeps on its pipe, so a starved checker leaves no wait
+    of the program's), unless its processes together burnt that much CPU (then it starved
+    itself). `cpu_wait` is (that wait, the run's CPU seconds) (`Cgroups.cpu_wait`; None:
+    unknown, or the program gave its CPU away itself, so the wall clock counts); its CPU must
+    include that of processes that exited (cpuacct counts them), or children nobody reaps could
+    hold the CPU and leave no trace. "timeout" once it had `limits.timeout_s`; "starved" when
+    `starvation_bound` passed first (the worker's own overload: a platform fault)."""
+    if cpu_wait is None:
+        used = elapsed_s
+    else:
+        used = max(elapsed_s - cpu_wait[0] - checker_wait_s, cpu_wait[1])
     if used >= limits.timeout_s:
         return "timeout"
     return "starved" if elapsed_s >= starvation_bound(limits.timeout_s) else "running"

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.task import SandboxLimits
+from infra.sandbox.base import JobTooLarge
 from infra.sandbox.forkserver import sources, zygote_source
 from infra.sandbox.judge import Exit, Observed
 from infra.sandbox.process import Capture
@@ -84,10 +85,6 @@ PERMISSIONS: dict[str, frozenset[tuple[str, str, str]]] = {
 """Every API call the backend (`kubernetes.py`) makes, as RBAC (apiGroup, resource, verb), by
 namespace: the sandbox namespace's, and the worker's own (its fellows' pods, which
 `reap_orphans` looks up). The chart's Roles grant these and nothing else."""
-
-
-class JobTooLarge(ValueError):
-    """The job does not fit a pod spec: the same every time, so never worth a retry."""
 
 
 def label_value(text: str) -> str:

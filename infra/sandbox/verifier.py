@@ -24,8 +24,9 @@ there are tests).
 
 The host keeps the run's deadline: the checker says when the candidate is up ("started"), and
 the program has had its time once it used `timeout_s` of the wall clock, not counting time its
-answering process spent runnable but waiting for a CPU (`judge.deadline_state`); a host that
-never gave it that time within `judge.starvation_bound` makes the run a platform fault.
+answering process or the checker spent runnable but waiting for a CPU (`judge.deadline_state`);
+a host that never gave it that time within `judge.starvation_bound` makes the run a platform
+fault. A job no codec frame can carry raises `JobTooLarge` (the same on every retry).
 
 Warm pool: pairs are started ahead of time (per tmpfs size), each serves one run and is then
 killed; nothing of a job exists in a pair before its run, and nothing is reused across runs.
@@ -50,8 +51,8 @@ from dataclasses import dataclass
 from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
 from infra.sandbox import codec
-from infra.sandbox.base import DEFAULT_LIMITS, SandboxInfraError
-from infra.sandbox.cgroups import Cgroups, sweep_dead_workers
+from infra.sandbox.base import DEFAULT_LIMITS, JobTooLarge, SandboxInfraError
+from infra.sandbox.cgroups import Cgroups, host_pid, run_delay, sweep_dead_workers
 from infra.sandbox.channels import JobSocket, OutputPipe
 from infra.sandbox.forkserver import ForkServer, checker_zygote_argv, worker_uids
 from infra.sandbox.judge import (
@@ -113,6 +114,7 @@ class Pair:
     job: socket.socket
     stdout: int
     stderr: int
+    checker_pid: int | None  # on this host (`cgroups.host_pid`), None if not found
     released: bool = False
 
 
@@ -198,12 +200,14 @@ class Verifier:
             fds += [end.detach() for end in socket.socketpair()]
             calls_r, calls_w, replies_r, replies_w, out_r, out_w, err_r, err_w, job, job_child = fds
             spec = CandidateSpec(self._uids.start + slot, tmpfs_mb, cgroups)
-            await asyncio.gather(  # the checker's fork is asked for first
+            inner, _ = await asyncio.gather(  # the checker's fork is asked for first
                 checker.fork(run_id, None, [job_child, calls_w, replies_r]),
                 self.launcher.fork(run_id, spec, [calls_r, replies_w, out_w, err_w]),
             )
             ours = {job, out_r, err_r}
-            return Pair(run_id, slot, tmpfs_mb, cgroups, socket.socket(fileno=job), out_r, err_r)
+            pid = host_pid(checker.process.pid, inner) if checker.process else None
+            sock = socket.socket(fileno=job)
+            return Pair(run_id, slot, tmpfs_mb, cgroups, sock, out_r, err_r, pid)
         except BaseException:
             await self._abandon(run_id, slot, cgroups)
             raise
@@ -232,6 +236,8 @@ class Verifier:
         job = checker_job(program, tests, helpers, units, entry_point, limits, rlimits, bound)
         try:
             seen = await self._execute(pair, job, limits)
+        except codec.NotPlainData as exc:  # the job's frame: the same on every retry
+            raise JobTooLarge(f"program + tests do not fit the checker's channel: {exc}") from None
         finally:
             self._spawn(self._release(pair))
         return judge(seen, expected_units(units, entry_point), limits, self.name, self.enforcement)
@@ -302,11 +308,13 @@ class Verifier:
             if first != ("started",):  # the candidate never came up: the checker said why
                 return (first if type(first) is dict else None), ""
             started, reading = time.monotonic(), asyncio.ensure_future(frames.next())
+            checker_before = run_delay(pair.checker_pid)
             try:
                 done, _ = await asyncio.wait({reading}, timeout=limits.timeout_s)
                 while not done:
                     cpu_wait = pair.cgroups.cpu_wait() if pair.cgroups is not None else None
-                    state = deadline_state(time.monotonic() - started, cpu_wait, limits)
+                    checker = max(run_delay(pair.checker_pid) - checker_before, 0.0)
+                    state = deadline_state(time.monotonic() - started, cpu_wait, limits, checker)
                     if state != "running":
                         return None, state
                     done, _ = await asyncio.wait({reading}, timeout=DEADLINE_POLL_S)

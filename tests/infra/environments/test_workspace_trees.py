@@ -4,6 +4,7 @@ ever nor an invalid input that fails the training run."""
 
 from __future__ import annotations
 
+import base64
 import os
 
 import pytest
@@ -89,3 +90,15 @@ async def test_a_functions_check_copies_the_python_files_within_a_budget(rig: Ri
     assert graded.score == 0.0 and graded.result.status is ExecStatus.FAILED
     assert "Python files hold 8.4 MB, more than the 8 MiB" in graded.result.detail
     assert "table.py 8.4 MB" in graded.result.detail
+
+
+async def test_a_functions_check_counts_the_names_of_the_files_it_copies(rig: Rig) -> None:
+    """68,000 empty files named by 255 random letters (a workspace holds up to 100,000): the
+    budget counted no names, so 17 MB of them made a program past the verifier's 16 MiB frame,
+    a TypeError on every retry of the verify. The names count: what fits is copied, and the
+    code is checked."""
+    names = (base64.urlsafe_b64encode(os.urandom(192)).decode()[:255] for _ in range(68_000))
+    spec = rig.spec({**FILES, "calc.py": FIXED}, HIDDEN, FUNCTIONS)
+    final = rig.add(pack_files({**FILES, "calc.py": FIXED, **dict.fromkeys(names, b"")}))
+    graded = await rig.env.verify(spec, WorkspaceState("gone", final.ref), LIMITS)
+    assert graded.result.status is ExecStatus.PASSED and graded.score == 1.0, graded.result

@@ -160,6 +160,12 @@ BLOCKING_AND_FLOODING = {
         "            while time.monotonic() < end:\n                pass\n            os._exit(0)\n"
         "        time.sleep(0.03)\nos.nice(19)\ndef add(a, b):\n    while True:\n        pass\n"
     ),
+    # Its pid 1 gives its CPU away (its session's autogroup niced, onto one CPU): beside a busy
+    # CPU it waits for the CPU it gave away, its own doing (test_starvation.py adds the load).
+    "give its CPU away to fake the host's starvation": (
+        "import os\nopen('/proc/self/autogroup', 'w').write('19')\nos.sched_setaffinity(0, {0})\n"
+        "def add(a, b):\n    while True:\n        pass\n"
+    ),
 }
 OUTLIVING = {
     "a thread keeps answering 5": (

@@ -157,6 +157,17 @@ def test_a_deadline_counts_the_time_the_program_had() -> None:
     assert deadline_state(21.0, (20.9, 0.1), one_s) == "starved"  # the host never gave it 1 s
 
 
+def test_the_checkers_wait_for_a_cpu_is_not_the_programs_time() -> None:
+    """While the checker runs the tests the program sleeps on its pipe: a starved checker
+    leaves no wait of the program's, and was charged to it (a correct program timed out)."""
+    one_s = SandboxLimits(timeout_s=1)
+    assert deadline_state(1.2, (0.0, 0.1), one_s) == "timeout"
+    assert deadline_state(1.2, (0.0, 0.1), one_s, checker_wait_s=1.0) == "running"
+    assert deadline_state(1.2, (0.0, 1.2), one_s, checker_wait_s=1.0) == "timeout"  # its CPU
+    assert deadline_state(21.0, (0.1, 0.1), one_s, checker_wait_s=20.8) == "starved"
+    assert deadline_state(1.2, None, one_s, checker_wait_s=1.0) == "timeout"  # gave it away
+
+
 def test_a_starved_program_is_the_hosts_fault() -> None:
     with pytest.raises(SandboxInfraError, match="starved"):
         _status(_seen(None, timed_out=True, starved=True))

@@ -10,6 +10,7 @@ import pytest
 
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits, TaskSpec
+from infra.sandbox.base import JobTooLarge
 from infra.sandbox.judge import starvation_bound
 from infra.tasks.humaneval import humaneval_tasks
 from tests.infra.sandbox.verifier_box import Box, needs_root
@@ -245,6 +246,14 @@ def test_output_is_captured_and_capped(box: Box) -> None:
     result = box.run(program, CHECK, "add", limits=SandboxLimits(timeout_s=5, output_bytes=1024))
     assert result.status == ExecStatus.PASSED and result.truncated, result
     assert result.stdout == "o" * 1024 and result.stderr == "e" * 1024
+
+
+def test_a_job_past_the_checkers_frame_is_refused_for_good(box: Box) -> None:
+    """A program past the codec's 16 MiB frame raised a bare TypeError (codec.NotPlainData),
+    retried for ever: it is `JobTooLarge`, the request's fault (as on Kubernetes)."""
+    with pytest.raises(JobTooLarge, match="16777216"):
+        box.run("BIG = '" + "x" * (16 << 20) + "'\n" + ADD, CHECK, "add")
+    assert box.run(ADD, CHECK, "add").status == ExecStatus.PASSED
 
 
 def test_a_thread_flooding_stdout_after_the_answers_does_not_hold_the_host(box: Box) -> None:
