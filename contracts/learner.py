@@ -5,7 +5,7 @@ contracts (its input, evaluations, progress and result) are in contracts/run.py.
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from contracts.common import Contract, Identifier, ObjectRef
 
@@ -115,6 +115,19 @@ class GRPOConfig(Contract):
     )
     """Names of the linear modules that get an adapter (Llama-style projections by default);
     with `train_last_layers`, only those of the last N decoder layers."""
+
+    @model_validator(mode="after")
+    def _flat_means_flat(self) -> "GRPOConfig":
+        """A flat group is judged by its episodes' rewards (`has_signal`); discounted turn
+        credit gives equal rewards reached in different numbers of turns a signal, which
+        redrawing would throw away."""
+        if self.redraw_flat_groups and self.credit == "turn" and self.turn_discount < 1:
+            raise ValueError(
+                "redraw_flat_groups with credit = 'turn' and turn_discount < 1: a group whose "
+                "episodes scored alike in different numbers of turns carries a signal, yet would "
+                "be redrawn as flat; set redraw_flat_groups = 0 or turn_discount = 1"
+            )
+        return self
 
     def shares_prompt(self, device: str, ranks: int = 1) -> bool:
         """Whether a learner of `ranks` ranks on torch `device` runs each group's prompt once

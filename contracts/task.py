@@ -176,6 +176,7 @@ class RewardConfig(Contract):
         rounds_passed: Sequence[bool],
         verdict: float | None = None,
         untouched: float | None = None,
+        cut_short_of: int | None = None,
     ) -> float:
         """The reward formula, in its one home: a sample whose rounds passed or failed as
         `rounds_passed` says (the last round decides `solved`) scores `solved` if it solved,
@@ -183,7 +184,10 @@ class RewardConfig(Contract):
         its final workspace's `verdict` (the verifier's score in [0, 1]) earns `solved` times
         its share of the way from the `untouched` workspace's score to 1, never below 0 (the
         hidden asserts the bug does not touch pass anyway: doing nothing earned 0.34 on average
-        in the workspace suite). The workflow's FEEDBACK and DONE and `tempered regrade` call it."""
+        in the workspace suite). `cut_short_of`: the turns a `code` episode was allowed when its
+        context ran out (`context_budget`): each it never took is a failed round (else a long
+        failing turn that ends an episode early would score above trying again). The workflow's FEEDBACK and DONE and
+        `tempered regrade` call it."""
         if verdict is not None:
             if untouched is not None and untouched < 1.0:
                 verdict = max(0.0, (verdict - untouched) / (1.0 - untouched))
@@ -191,6 +195,7 @@ class RewardConfig(Contract):
         else:
             earned = self.solved if rounds_passed and rounds_passed[-1] else 0.0
         failed = sum(1 for passed in rounds_passed if not passed)
+        failed += max(0, (cut_short_of or 0) - len(rounds_passed))
         return earned + self.failed_turn * failed
 
 

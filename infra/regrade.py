@@ -34,6 +34,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
+from contracts.episode import EpisodeEnd
 from contracts.errors import INFRA_RETRY, Backoff
 from contracts.run import suite_task_id
 from contracts.sandbox import ExecStatus
@@ -69,11 +70,18 @@ class Regrading:
         limits: SandboxLimits,
         reward: RewardConfig,
         concurrency: int,
+        max_turns: int | None = None,
         backoff: Backoff = INFRA_RETRY,
     ):
+        """`max_turns`: the run's, for an episode its context cut short (`RewardConfig.score`'s
+        `cut_short_of`); None leaves such an episode's turns not taken unscored."""
         self.store, self.backend, self.grader, self.suite = store, backend, grader, suite
         self.limits, self.reward, self.backoff = limits, reward, backoff
+        self.max_turns = max_turns
         self.concurrency, self.gate = concurrency, asyncio.Semaphore(concurrency)
+
+    def _cut(self, trajectory: Trajectory) -> int | None:
+        return self.max_turns if trajectory.end is EpisodeEnd.CONTEXT_BUDGET else None
 
     async def run_all(
         self, trajectories: Iterable[Trajectory], tasks: Mapping[str, TaskSpec]
@@ -164,7 +172,7 @@ class Regrading:
             tests_passed=result.tests_passed,
             tests_total=result.tests_total,
             solved=solved,
-            reward=self.reward.score([*earlier, solved]),
+            reward=self.reward.score([*earlier, solved], cut_short_of=self._cut(trajectory)),
             previous_solved=trajectory.solved,
             previous_reward=trajectory.reward,
             detail="" if solved else result.stderr[-400:],

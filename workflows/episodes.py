@@ -55,7 +55,7 @@ class EpisodeGroup:
         """Record this step: every completion with its outcome; episodes whose next prompt did
         not fit the context budget end as `context_budget`."""
         for sample in generated.over_budget:
-            self.episodes[sample].end = EpisodeEnd.CONTEXT_BUDGET
+            self._cut(self.episodes[sample])
         for completion in generated.completions:
             outcome = outcomes[completion.sample]
             version = completion.policy_version
@@ -64,6 +64,14 @@ class EpisodeGroup:
                 self._code_step(step, version, completion, outcome)
             else:
                 self._tool_step(step, version, completion, outcome)
+
+    def _cut(self, episode: EpisodeState) -> None:
+        """Its next prompt does not fit the context budget: it ends, and a `code` episode's
+        turns left count as failed rounds (`RewardConfig.score`'s `cut_short_of`)."""
+        episode.end = EpisodeEnd.CONTEXT_BUDGET
+        if self.env is EnvName.CODE and not episode.solved:
+            rounds = [s.status is ExecStatus.PASSED for s in episode.steps]
+            episode.reward = self.input.reward.score(rounds, cut_short_of=self.input.max_turns)
 
     def _code_step(
         self, step: int, version: int, completion: Completion, outcome: ExecuteOutcome

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.episode import EpisodeEnd
 from contracts.run import draw_order, drawn_task, suite_task_id
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import RewardConfig, SandboxLimits, TaskSpec
@@ -154,3 +155,34 @@ async def test_a_training_trajectory_is_regraded_against_the_task_it_was_drawn_f
         *(o.id for o in order),
         "add-e1",
     ]
+
+
+@pytest.mark.asyncio
+async def test_an_episode_its_context_cut_short_is_regraded_with_its_turns_left_failed(
+    store: ObjectStore,
+) -> None:
+    """Its one round fails again; of a run of 3 turns, the two it never took count as failed
+    (as the workflow scored it): -0.3, not -0.1."""
+    cut = trajectory(
+        [Step([1], [2], code="def add(a, b): return a - b", status=ExecStatus.FAILED)],
+        reward=-0.3,
+        run_id="regrade-cut",
+        task_id=TASK.id,
+        solved=False,
+        end=EpisodeEnd.CONTEXT_BUDGET,
+        prompt=TASK.prompt,
+    )
+    grading = Regrading(
+        store,
+        ScriptedBackend(failed("AssertionError")),
+        "v2",
+        "starter",
+        limits=LIMITS,
+        reward=RewardConfig(),
+        concurrency=1,
+        max_turns=3,
+    )
+    outcome = await grading.run_all([cut], {TASK.id: TASK})
+    assert outcome["regraded"] == [cut.id], outcome
+    record = store.get_model(keys.reward_key("regrade-cut", "v2", TASK.id, 0), RewardRecord)
+    assert record.reward == pytest.approx(-0.3) and record.previous_reward == pytest.approx(-0.3)

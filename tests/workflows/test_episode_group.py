@@ -180,3 +180,20 @@ def test_a_verdict_for_an_episode_without_steps_sets_only_its_reward() -> None:
     g.judge([Verdict(sample=0, status=ExecStatus.FAILED, score=0.0, result=ref("v"))])
     assert g.episodes[0].reward == 0.0 and g.episodes[0].steps == []
     assert group(WORKSPACE, size=2).best_reward() == 0.0
+
+
+def test_a_code_episode_its_context_cut_short_scores_its_turns_left_as_failed() -> None:
+    """Three turns; every sample fails turn 0, sample 0's next prompt is over the context
+    budget, the others fail turns 1 and 2. Before, sample 0 scored one failed round (-0.1)
+    against the others' three (-0.3): the long failing turn that ended it earned a positive
+    advantage. Now its turns left count as failed: all three score alike."""
+    episodes = EpisodeGroup(
+        AgentTaskInput(task=CODE, run_id="r", group_size=3, max_turns=3, reward=REWARD)
+    )
+    episodes.feedback(0, generated(0, 0, 1, 2), {s: ran(s, ExecStatus.FAILED) for s in range(3)})
+    cut = generated(0, 1, 2, over_budget={0: 5000})
+    episodes.feedback(1, cut, {s: ran(s, ExecStatus.FAILED) for s in (1, 2)})
+    episodes.feedback(2, generated(0, 1, 2), {s: ran(s, ExecStatus.FAILED) for s in (1, 2)})
+    first = episodes.episodes[0]
+    assert first.end is EpisodeEnd.CONTEXT_BUDGET and len(first.steps) == 1
+    assert [round(e.reward, 6) for e in episodes.episodes] == [-0.3, -0.3, -0.3]

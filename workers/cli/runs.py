@@ -382,6 +382,7 @@ def regrade(args: argparse.Namespace, settings: Settings) -> int:
         limits=spec.limits if spec else SandboxLimits(),
         reward=spec.reward if spec else RewardConfig(),
         concurrency=settings.sandbox.concurrency,
+        max_turns=spec.max_turns if spec else None,
     )
 
     async def regrade_all() -> dict[str, list[str]]:
