@@ -34,7 +34,8 @@ setup: $(STAMP) $(COMPILED)
 $(CORE): pyproject.toml scripts/setup-system.sh
 	@bash scripts/setup-system.sh
 	@command -v $(PYTHON) >/dev/null || { echo "setup: $(PYTHON) not found (Tempered needs Python 3.11)"; exit 1; }
-	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	@# a venv that lost its pip (Debian's python without python3.11-venv) is made again
+	@[ -x $(BIN)/pip ] || { rm -rf $(VENV); $(PYTHON) -m venv $(VENV); }
 	$(BIN)/pip install --quiet --upgrade pip
 	$(PIP) 'torch==2.13.0'
 	$(PIP) -e .
