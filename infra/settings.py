@@ -68,6 +68,11 @@ class _Section(BaseModel):
 class TemporalSettings(_Section):
     address: str = Field(default="127.0.0.1:7233", min_length=3, max_length=1024)
     """gRPC address of the Temporal frontend, `host:port`."""
+    embedded: bool = True
+    """Whether `address` is the embedded dev server, which `tempered up` starts and `down` stops.
+    False: a Temporal run elsewhere (a cluster, e.g. the Helm chart's workers', a server of your
+    own): `up` and `train` start none (nor its UI's codec server) and only check that it
+    answers; `down` leaves it running."""
     namespace: str = Field(default="default", min_length=1)
     """Temporal namespace."""
     ui_port: int = Field(default=8233, ge=1, le=65535)

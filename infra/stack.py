@@ -8,6 +8,11 @@ server (`infra.codec`, which shows what payloads' S3 references hold), in the ba
 Temporal keeps its histories in `home/temporal.db` (SQLite, WAL), SeaweedFS its objects in
 `home/seaweed/`, so `down` + `up` loses nothing. Tempered's search attributes are registered
 at start-up and the bucket is created.
+
+Either server may be external instead, one that this installation uses as it is and never starts
+or stops: S3 when `s3.endpoint` is not on 127.0.0.1/localhost, Temporal when
+`temporal.embedded` is false (then `up` only checks that it answers, and starts no codec
+server: that serves the embedded UI; `tempered codec --origin URL` serves another).
 """
 
 from __future__ import annotations
@@ -27,7 +32,13 @@ from infra.storage import ObjectStore
 
 START_TIMEOUT_S = 60.0
 LISTEN_WAIT_S = 5.0
-"""How long a service of ours that runs may take to listen (another command may be starting it)."""
+"""How long a service of ours that runs may take to listen (another command may be starting it),
+and an external Temporal to answer."""
+NO_CODEC = (
+    "codec: not started (it serves the embedded Temporal's UI; for another UI, run "
+    "`tempered codec --origin URL`)"
+)
+"""`up`'s line for the codec server when Temporal is external."""
 
 
 class StackError(RuntimeError):
@@ -54,6 +65,14 @@ def s3_endpoint(settings: Settings) -> Endpoint | None:
     if url.hostname not in {"127.0.0.1", "localhost"} or url.port is None:
         return None
     return Endpoint("127.0.0.1", url.port)
+
+
+def temporal_ui(settings: Settings) -> str | None:
+    """The embedded dev server's Web UI, or None when Temporal is external (its UI is not ours
+    to know)."""
+    if not settings.temporal.embedded:
+        return None
+    return f"http://{temporal_endpoint(settings).host}:{settings.temporal.ui_port}"
 
 
 def temporal_service(settings: Settings) -> Service:
@@ -124,6 +143,8 @@ def temporal_command(settings: Settings) -> list[str]:
 def up(settings: Settings) -> list[str]:
     """Start whatever is not running; returns one line per service saying what happened."""
     settings.home.mkdir(parents=True, exist_ok=True)
+    if not settings.temporal.embedded:
+        return [_check_external_temporal(settings), _start_seaweed(settings), NO_CODEC]
     lines = [_start_temporal(settings)]
     lines.append(_start_seaweed(settings))
     lines.append(_start_codec(settings))
@@ -131,26 +152,32 @@ def up(settings: Settings) -> list[str]:
 
 
 def down(settings: Settings) -> list[str]:
-    """Stop our services, all at once (each shuts down gracefully in seconds)."""
+    """Stop our services, all at once (each shuts down gracefully in seconds). An external
+    Temporal is not ours: it is left running (a dev server an earlier embedded `up` started is
+    stopped, by its pidfile, as any of ours)."""
     services = [codec_service(settings), temporal_service(settings), seaweed_service(settings)]
     with ThreadPoolExecutor(len(services)) as pool:
         stopped = list(pool.map(lambda service: service.stop(), services))
-    return [
+    lines = [
         f"{service.name}: {'stopped' if was else 'was not running'}"
         for service, was in zip(services, stopped, strict=True)
     ]
+    if not settings.temporal.embedded and not stopped[1]:
+        lines[1] = f"temporal: external at {settings.temporal.address}, left running"
+    return lines
 
 
 def status(settings: Settings) -> dict[str, str]:
-    """Service → 'running (pid N) at …' or 'stopped'."""
+    """Service → 'running (pid N) at …', 'stopped', or 'external …' (Temporal: answering or not)."""
     temporal = temporal_endpoint(settings)
     result = {}
-    pid = temporal_service(settings).pid()
-    result["temporal"] = (
-        f"running (pid {pid}) at {temporal}, UI http://{temporal.host}:{settings.temporal.ui_port}"
-        if pid
-        else "stopped"
-    )
+    if not settings.temporal.embedded:
+        answers = "answering" if port_open(temporal.host, temporal.port) else "not answering"
+        result["temporal"] = f"external at {settings.temporal.address}, {answers}"
+    elif pid := temporal_service(settings).pid():
+        result["temporal"] = f"running (pid {pid}) at {temporal}, UI {temporal_ui(settings)}"
+    else:
+        result["temporal"] = "stopped"
     s3 = s3_endpoint(settings)
     pid = seaweed_service(settings).pid()
     if s3 is None:
@@ -171,9 +198,15 @@ def _start_temporal(settings: Settings) -> str:
             return f"temporal: already running at {endpoint}"
         for port in (endpoint.port, settings.temporal.ui_port, settings.temporal.http_port):
             if port_open(endpoint.host, port):
+                theirs = (
+                    " (or, if a Temporal to use as it is answers there, "
+                    "TEMPERED_TEMPORAL__EMBEDDED=false)"
+                    if port == endpoint.port
+                    else ""
+                )
                 raise StackError(
                     f"port {endpoint.host}:{port} is taken by another process; stop it or set "
-                    "TEMPERED_TEMPORAL__ADDRESS / __UI_PORT / __HTTP_PORT"
+                    f"TEMPERED_TEMPORAL__ADDRESS / __UI_PORT / __HTTP_PORT{theirs}"
                 )
         service.start(temporal_command(settings))
         try:
@@ -182,7 +215,20 @@ def _start_temporal(settings: Settings) -> str:
         except (RuntimeError, TimeoutError) as err:
             service.stop()
             raise StackError(f"Temporal dev server did not start: {err}") from None
-        return f"temporal: started at {endpoint}, UI http://{endpoint.host}:{settings.temporal.ui_port}"
+        return f"temporal: started at {endpoint}, UI {temporal_ui(settings)}"
+
+
+def _check_external_temporal(settings: Settings) -> str:
+    """An external Temporal is not started, only required to answer (`train` needs it to)."""
+    endpoint, address = temporal_endpoint(settings), settings.temporal.address
+    try:
+        wait_for_port(endpoint.host, endpoint.port, LISTEN_WAIT_S)
+    except TimeoutError:
+        raise StackError(
+            f"nothing answers at {address}, the external Temporal (temporal.embedded is false: "
+            "`up` starts none); start it, or set TEMPERED_TEMPORAL__ADDRESS"
+        ) from None
+    return f"temporal: external at {address} (not started)"
 
 
 def _start_seaweed(settings: Settings) -> str:

@@ -1,6 +1,7 @@
 """`tempered up`, `tempered down`, `tempered worker QUEUE|all`: the embedded stack and workers.
 
     tempered up                  Temporal dev server (+ UI) and SeaweedFS S3, in the background
+                                 (an external Temporal or S3 is used as it is, never started)
     tempered down                stop them, and the background workers `tempered train` started
     tempered worker sandbox      run one queue's worker in the foreground (`all`: every queue)
 
@@ -44,7 +45,10 @@ def up_description() -> str:
         "Start Temporal (+ Web UI), SeaweedFS (S3) and the UI's codec server in the background,\n"
         "their state under settings.home ($TEMPERED_HOME). Their ports are settings, set as\n"
         "TEMPERED_ variables or in tempered.toml ([temporal] address = ...), all on 127.0.0.1\n"
-        "and below 32768:\n\n" + "\n".join(lines)
+        "and below 32768:\n\n" + "\n".join(lines) + "\n\n"
+        "TEMPERED_TEMPORAL__EMBEDDED=false uses the Temporal at __ADDRESS as it is (a cluster, a\n"
+        "server of your own): `up` starts no Temporal (nor the codec server of its UI), only\n"
+        "checks that it answers, and `down` leaves it running."
     )
 
 

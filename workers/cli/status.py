@@ -54,7 +54,9 @@ class StatusReport(BaseModel):
     """Everything `tempered status` shows; `--json` prints it as is."""
 
     home: str
-    services: dict[str, str] = Field(description="temporal, s3 → running (pid, address) or not.")
+    services: dict[str, str] = Field(
+        description="temporal, s3, codec → running (pid, address), stopped or external."
+    )
     background_workers: dict[str, int] = Field(
         default={}, description="Queue → pid of the background worker `tempered train` started."
     )
@@ -69,6 +71,9 @@ class StatusReport(BaseModel):
         default=None, description="Running training runs; None when Temporal is unreachable."
     )
     temporal: str = Field(description="Address of the Temporal frontend asked for runs.")
+    temporal_external: bool = Field(
+        default=False, description="Whether that Temporal is external (`temporal.embedded`)."
+    )
     temporal_error: str | None = Field(default=None, description="Why it could not be asked.")
 
 
@@ -85,6 +90,7 @@ async def collect(settings: Settings) -> StatusReport:
     report = StatusReport(
         home=str(settings.home),
         temporal=settings.temporal.address,
+        temporal_external=not settings.temporal.embedded,
         services=stack.status(settings),
         background_workers={
             queue.value: pid for queue, pid in background_workers(settings).items()
@@ -149,7 +155,8 @@ def render(report: StatusReport, console: Console, now: float | None = None) -> 
             line.append(row.figures.last_error, style="default")
             console.print(line)
     if report.runs is None:
-        reason = f"training runs: cannot reach Temporal at {report.temporal} (`tempered up`?)"
+        hint = "(external)" if report.temporal_external else "(`tempered up`?)"
+        reason = f"training runs: cannot reach Temporal at {report.temporal} {hint}"
         console.print(Text(reason, style="red"))
     elif not report.runs:
         console.print("no training run is running")

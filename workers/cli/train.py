@@ -5,7 +5,7 @@
     tempered train --preset tiny --dry-run      # print the plan as JSON; start nothing
 
 `train` brings the embedded stack and one background worker per queue up if they are not
-running, starts a `TrainingRunWorkflow` (`workers.training`), shows its progress, and writes
+running (an external Temporal, `temporal.embedded = false`, is used as it is), starts a `TrainingRunWorkflow` (`workers.training`), shows its progress, and writes
 `report.json` and `reward_curve.png` under `<home>/reports/<run>/`. Presets are
 `infra.presets`; `tempered eval` measures a policy on its own (`workers/cli/evaluate.py`).
 
@@ -204,9 +204,11 @@ def _report(
     settings: Settings, run_input: TrainingRunInput, result: TrainingRunResult, wall_s: float
 ) -> int:
     out = write_report(settings, run_input, result, wall_s)
-    ui = f"http://127.0.0.1:{settings.temporal.ui_port}/namespaces/{settings.temporal.namespace}"
     print(f"report: {out / 'report.json'}  curve: {out / 'reward_curve.png'}")
-    print(f"Temporal UI: {ui}/workflows?query=TemperedRunId%3D%22{run_input.run_id}%22")
+    ui = stack.temporal_ui(settings)
+    if ui is not None:  # an external Temporal's UI is not ours to know
+        runs = f"workflows?query=TemperedRunId%3D%22{run_input.run_id}%22"
+        print(f"Temporal UI: {ui}/namespaces/{settings.temporal.namespace}/{runs}")
     return 0
 
 
@@ -214,10 +216,11 @@ def plan(settings: Settings, run_input: TrainingRunInput, workers: bool) -> dict
     """What `train` would do: the stack it brings up (unless running), the background workers
     it starts (unless running), the workflow it starts, where the report goes."""
     s3 = stack.s3_endpoint(settings)
+    external = "" if settings.temporal.embedded else " (external)"
     return {
         "stack": {
-            "temporal": str(stack.temporal_endpoint(settings)),
-            "temporal_ui": f"http://127.0.0.1:{settings.temporal.ui_port}",
+            "temporal": f"{stack.temporal_endpoint(settings)}{external}",
+            "temporal_ui": stack.temporal_ui(settings),
             "s3": f"http://{s3} (embedded)"
             if s3
             else f"{settings.s3.endpoint or 'AWS'} (external)",
@@ -237,7 +240,8 @@ def plan(settings: Settings, run_input: TrainingRunInput, workers: bool) -> dict
 
 def _bring_up(settings: Settings, workers: bool) -> None:
     """The stack and the background workers, where not running (a rebooted machine's stack
-    restarts from its files, and the runs it held go on)."""
+    restarts from its files, and the runs it held go on); an external Temporal is only checked
+    to answer (`stack.up`)."""
     for line in stack.up(settings):
         print(line)
     for line in ensure_workers(settings) if workers else []:
