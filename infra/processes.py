@@ -128,7 +128,14 @@ class Service:
         return None
 
     def stop(self, timeout_s: float = 15.0) -> bool:
-        """SIGTERM (then SIGKILL after `timeout_s`) our process group; False if none ran."""
+        """SIGTERM our process (the group's leader) and wait until it exits; SIGKILL its whole
+        group if it outlives `timeout_s`. False if none ran.
+
+        The graceful signal goes to the leader alone: it drains, then ends its own children (a
+        vLLM engine core, a worker's ranks); one that got SIGTERM itself would abort its work
+        at once (vLLM's requests in flight). What the leader leaves behind gets SIGTERM once
+        it is gone. An exited process counts as gone while it is a zombie: its parent may live
+        on without reaping it (the `tempered train` that started it, a container's PID 1)."""
         with self.lock():
             return self._stop(timeout_s)
 
@@ -136,17 +143,17 @@ class Service:
         pid = self.pid()
         if pid is None:
             return False
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGTERM)
-        try:
-            psutil.Process(pid).wait(timeout_s)
-        except psutil.TimeoutExpired:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            leader = psutil.Process(pid)
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(pid).wait(5)
-        except psutil.NoSuchProcess:
-            pass
+                os.kill(pid, signal.SIGTERM)
+            if _exits(leader, timeout_s):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGTERM)  # what it left behind in its group
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+                _exits(leader, 5)
         self.pidfile.unlink(missing_ok=True)
         return True
 
@@ -155,6 +162,32 @@ class Service:
             return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return ""
+
+
+def _exited(process: psutil.Process) -> bool:
+    """Whether `process` has exited: gone, or a zombie (reaped here if it is our child)."""
+    try:
+        if not process.is_running():
+            return True
+        if process.status() != psutil.STATUS_ZOMBIE:
+            return False
+        if process.ppid() == os.getpid():
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(process.pid, os.WNOHANG)
+    except psutil.NoSuchProcess:
+        pass
+    return True
+
+
+def _exits(process: psutil.Process, timeout_s: float) -> bool:
+    """Whether `process` exits within `timeout_s`, polled: a zombie whose parent lives on never
+    disappears, so psutil's `wait` (a pid that is not our child) waited out its timeout."""
+    deadline = time.monotonic() + timeout_s
+    while not _exited(process):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def port_open(host: str, port: int, timeout_s: float = 0.3) -> bool:

@@ -14,24 +14,107 @@ field failed every workflow task of a run, which then waited forever). An activi
 code is every other package: it loads its activities once, so after an edit (a task suite, an
 environment) it would go on running the old ones. A worker started with other settings (another
 backend, bucket or model: `TEMPERED_*` or the TOML file) is restarted too; before, it served the
-new command with the old ones, saying only "already running".
+new command with the old ones, saying only "already running". The settings' digest covers
+their secrets (a rotated `s3.secret_key`), keyed by `home/run/settings.key` (its owner's alone):
+the pidfiles that hold it are anyone's to read.
+
+A worker being stopped (`tempered down`, a restart) gets its queue's drain (`drain_s`) and
+`STOP_MARGIN_S` more before SIGKILL: the learner's step in flight was killed 40 s into its
+270 s, and redone. `stop_workers` stops them all at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import hmac
+import json
 import os
+import secrets
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, SecretBytes, SecretStr
 
 from contracts.names import Queue
 from infra.processes import Service
 from infra.settings import Settings
+from workers.learner import LEARNER_DRAIN_S
+from workers.plan import WorkerPlan
 from workers.versioning import activity_code_digest, workflow_code_digest
 
 RESTARTED = "restarted: its code changed since it started"
 RECONFIGURED = "restarted: this command's settings differ from those it started with"
 PINNED = " (a run still pinned to the old build waits for a worker of that build)"
+
+
+STOP_MARGIN_S = 10.0
+"""After a worker's drain, room for its own shutdown (closing an engine, its ranks, telemetry)
+before it is killed."""
+
+DRAINS: dict[Queue, float] = {Queue.LEARNER: LEARNER_DRAIN_S}
+"""The queues whose worker plan sets its own `drain_s`; the others keep `WorkerPlan`'s."""
+
+
+def drain_s(queue: Queue) -> float:
+    """How long `queue`'s worker lets activities in flight finish after SIGTERM."""
+    return DRAINS.get(queue, WorkerPlan.drain_s)
+
+
+def stop_timeout_s(queue: Queue) -> float:
+    """How long a stop waits for `queue`'s worker before SIGKILL."""
+    return drain_s(queue) + STOP_MARGIN_S
+
+
+def settings_digest(settings: Settings) -> str:
+    """What tells a worker's settings from another's: their dump (where a secret reads
+    '**********') and their secrets, keyed, so a pidfile's digest never gives a secret away."""
+    found: dict[str, str] = {}
+    _secrets(settings, "", found)
+    text = json.dumps([settings.model_dump_json(), found], sort_keys=True)
+    return hmac.new(_digest_key(settings.home), text.encode(), hashlib.sha256).hexdigest()[:16]
+
+
+def _secrets(value: Any, path: str, found: dict[str, str]) -> None:
+    """Every secret in `value` (a model, and the models, lists and dicts in it), by its path."""
+    if isinstance(value, SecretStr | SecretBytes):
+        found[path] = repr(value.get_secret_value())
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            _secrets(getattr(value, name), f"{path}.{name}", found)
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _secrets(item, f"{path}[{index}]", found)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _secrets(item, f"{path}[{key!r}]", found)
+
+
+def _digest_key(home: Path) -> bytes:
+    """This home's key of `settings_digest`: made once, readable by its owner alone."""
+    path = home / "run" / "settings.key"
+    if not path.exists():
+        _new_key(path)
+    try:
+        return bytes.fromhex(path.read_text())
+    except ValueError:
+        raise ValueError(f"{path} is not a key this program wrote: remove it") from None
+
+
+def _new_key(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{secrets.token_hex(8)}.part")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(secrets.token_hex(32))
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.link(partial, path)  # whole, and the first one made wins
+    finally:
+        partial.unlink()
 
 
 def worker_service(settings: Settings, queue: Queue) -> Service:
@@ -50,7 +133,7 @@ def ensure_workers(
     if settings.config is not None:  # the workers read the same TOML file as this process
         env["TEMPERED_CONFIG"] = str(settings.config)
     workflow_code, activity_code = workflow_code_digest(), activity_code_digest()
-    configured = hashlib.sha256(settings.model_dump_json().encode()).hexdigest()[:16]
+    configured = settings_digest(settings)
     for queue in Queue:
         service = worker_service(settings, queue)
         workflows = queue is Queue.AGENT_TASKS
@@ -61,7 +144,7 @@ def ensure_workers(
                 if running in (None, code):
                     lines.append(f"worker {queue.value}: already running")
                     continue
-                service.stop(timeout_s=40)
+                service.stop(timeout_s=stop_timeout_s(queue))
                 moved = running.split()[0] != code.split()[0]  # the code, not just the settings
                 why = RESTARTED + (PINNED if workflows else "") if moved else RECONFIGURED
                 lines.append(f"worker {queue.value}: {why}")
@@ -71,11 +154,14 @@ def ensure_workers(
 
 
 def stop_workers(settings: Settings) -> list[str]:
-    return [
-        f"worker {queue.value}: stopped"
-        for queue in Queue
-        if worker_service(settings, queue).stop(timeout_s=40)
-    ]
+    """Stop our background workers, all at once, each given its drain."""
+
+    def stop(queue: Queue) -> bool:
+        return worker_service(settings, queue).stop(timeout_s=stop_timeout_s(queue))
+
+    with ThreadPoolExecutor(len(Queue)) as pool:
+        stopped = list(pool.map(stop, Queue))
+    return [f"worker {q.value}: stopped" for q, was in zip(Queue, stopped, strict=True) if was]
 
 
 def background_workers(settings: Settings) -> dict[Queue, int]:

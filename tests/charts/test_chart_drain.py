@@ -12,19 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from contracts.names import Queue
 from tests.charts.chart import VALUE_SETS, deployments, needs_helm, render, value_set_id
-from workers.learner import LEARNER_DRAIN_S
+from workers.background import STOP_MARGIN_S, drain_s
 from workers.plan import WorkerPlan
 
 pytestmark = needs_helm
-
-MARGIN_S = 10
-"""Room after the drain for the worker's own shutdown (closing the engine, flushing telemetry)."""
 
 
 @pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
 def test_every_worker_drains_within_its_pods_grace(values: Path | None) -> None:
     for name, deployment in deployments(render(values)).items():
-        drain = LEARNER_DRAIN_S if name == "learner" else WorkerPlan().drain_s
+        queues = {queue.value: queue for queue in Queue}
+        drain = drain_s(queues[name]) if name in queues else WorkerPlan.drain_s
         grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-        assert grace >= drain + MARGIN_S, (name, grace, drain)
+        assert grace >= drain + STOP_MARGIN_S, (name, grace, drain)  # room for its own shutdown
