@@ -40,7 +40,6 @@ from contracts.names import Queue, eval_run_id
 from contracts.rollout import AgentTaskResult
 from contracts.run import EvalResult, TrainingRunInput, spread
 from contracts.task import SamplingParams, TaskSpec
-from infra import keys
 from infra.policy import (
     MANIFEST,
     check_base_model,
@@ -50,10 +49,11 @@ from infra.policy import (
     publish_policy,
 )
 from infra.settings import Settings
-from infra.storage import ObjectNotFound, ObjectStore, sha256_file
+from infra.storage import ObjectStore, sha256_file
 from infra.tasks import SUITE_HELP, load_suite
 from workers.backlog import queue_backlogs
 from workers.cli.errors import describe, positive, run_id
+from workers.cli.runs import run_record
 from workers.runtime import connect
 from workflows.agent_task import AgentTaskWorkflow
 
@@ -194,7 +194,7 @@ def _spec(
 ) -> tuple[TrainingRunInput, str]:
     """The evaluation's settings, as a run input (`eval_input` builds each task's from it), and
     a line saying where they come from. ValueError for a setting out of bounds."""
-    record = _run_record(store, args.run) if recorded else None
+    record = run_record(store, args.run) if recorded else None
     if record is not None:
         source = f"settings of run {args.run!r} (its run.json)"
     else:
@@ -222,13 +222,6 @@ def _spec(
     if named:
         source += f"; {', '.join(named)} from the command line"
     return TrainingRunInput.model_validate(data), source
-
-
-def _run_record(store: ObjectStore, run: str) -> TrainingRunInput | None:
-    try:
-        return store.get_model(keys.run_record_key(run), TrainingRunInput)
-    except ObjectNotFound:
-        return None
 
 
 def _tasks(args: argparse.Namespace, spec: TrainingRunInput) -> tuple[list[TaskSpec], int]:

@@ -146,7 +146,8 @@ def _stream(store: ObjectStore, keys_: Iterable[str], cls: type[Record]) -> Iter
             yield window.popleft().result()
 
 
-def _run_record(store: ObjectStore, run: str) -> TrainingRunInput | None:
+def run_record(store: ObjectStore, run: str) -> TrainingRunInput | None:
+    """The input `run` was started with (`runs/<run>/run.json`), None if it has none."""
     try:
         return store.get_model(keys.run_record_key(run), TrainingRunInput)
     except ObjectNotFound:
@@ -209,7 +210,7 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
         return show_episodes(console, store, run, args.task, args.sample)
     if args.sample is not None:
         raise ValueError("--sample needs --task")
-    spec = _run_record(store, run)
+    spec = run_record(store, run)
     about = (
         f"suite {spec.suite}, base {spec.base_model}, G={spec.group_size}"
         if spec
@@ -368,7 +369,7 @@ def regrade(args: argparse.Namespace, settings: Settings) -> int:
         raise ValueError(f"--grader {grader!r}: use letters, digits, '_', '.', '-'")
     store = _open_store(settings)
     _require_run(store, args.run)
-    spec = _run_record(store, args.run)
+    spec = run_record(store, args.run)
     suite = args.suite or (spec.suite if spec else "starter")
     tasks = {task.id: task for task in load_suite(suite)}
     if next(iter(store.list_keys(keys.trajectories_prefix(args.run))), None) is None:
