@@ -13,7 +13,7 @@ on a loaded machine) and every test loads its own versions into it, live:
   equals transformers + peft (marked slow: it builds an adapter and a peft reference);
 - a request for a version not published yet waits, and is served once it is published (slow;
   the wait itself is tests/infra/inference/test_gate.py's, in `make test`);
-- a row of priority 0 is scheduled before the rows of priority 1 that wait for a slot.
+- a row of priority 0 is scheduled before the rows of priority 1 that wait for a slot (slow).
 
 LOGPROB_TOL = 1e-4: both sides compute in float32; the differences are kernel rounding
 (measured: max 1.6e-5 over 40-token completions). The learner's importance ratio
@@ -144,7 +144,8 @@ async def test_a_published_version_is_served_live_like_transformers_serves_it(
     assert again[0].token_ids == served[1][2].token_ids
 
 
-@pytest.mark.asyncio
+@pytest.mark.slow  # 20-25 s of `make test` (over its budget); the CPU default's own priority
+@pytest.mark.asyncio  # order is tests/infra/inference/test_local.py's, in `make test`
 async def test_a_row_of_higher_priority_enters_the_batch_before_the_waiting_rows(
     engine: VLLMBackend, store: ObjectStore, smollm2: Path, prompts: list[list[int]], tmp_path: Path
 ) -> None:
