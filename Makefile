@@ -34,8 +34,9 @@ setup: $(STAMP) $(COMPILED)
 $(CORE): pyproject.toml scripts/setup-system.sh
 	@bash scripts/setup-system.sh
 	@command -v $(PYTHON) >/dev/null || { echo "setup: $(PYTHON) not found (Tempered needs Python 3.11)"; exit 1; }
-	@# a venv that lost its pip (Debian's python without python3.11-venv) is made again
-	@[ -x $(BIN)/pip ] || { rm -rf $(VENV); $(PYTHON) -m venv $(VENV); }
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	@# a venv without pip (Debian's python3.11 before python3.11-venv, uv's) gets it, not a new venv
+	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip --upgrade
 	$(BIN)/pip install --quiet --upgrade pip
 	$(PIP) 'torch==2.13.0'
 	$(PIP) -e .

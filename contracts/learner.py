@@ -5,7 +5,7 @@ contracts (its input, evaluations, progress and result) are in contracts/run.py.
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from contracts.common import Contract, Identifier, ObjectRef
 
@@ -116,18 +116,19 @@ class GRPOConfig(Contract):
     """Names of the linear modules that get an adapter (Llama-style projections by default);
     with `train_last_layers`, only those of the last N decoder layers."""
 
-    @model_validator(mode="after")
-    def _flat_means_flat(self) -> "GRPOConfig":
-        """A flat group is judged by its episodes' rewards (`has_signal`); discounted turn
-        credit gives equal rewards reached in different numbers of turns a signal, which
-        redrawing would throw away."""
+    def new_run_problem(self) -> str | None:
+        """Why a new run may not train with these settings (None: it may). Asked where a run is
+        built (`infra.presets.load_preset`), not when a stored input is read: runs of earlier
+        releases that set these must still decode (their histories replay)."""
         if self.redraw_flat_groups and self.credit == "turn" and self.turn_discount < 1:
-            raise ValueError(
+            # a flat group is judged by its episodes' rewards (`has_signal`); discounted turn
+            # credit gives equal rewards reached in different numbers of turns a signal
+            return (
                 "redraw_flat_groups with credit = 'turn' and turn_discount < 1: a group whose "
                 "episodes scored alike in different numbers of turns carries a signal, yet would "
                 "be redrawn as flat; set redraw_flat_groups = 0 or turn_discount = 1"
             )
-        return self
+        return None
 
     def shares_prompt(self, device: str, ranks: int = 1) -> bool:
         """Whether a learner of `ranks` ranks on torch `device` runs each group's prompt once

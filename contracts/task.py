@@ -185,8 +185,9 @@ class RewardConfig(Contract):
         its share of the way from the `untouched` workspace's score to 1, never below 0 (the
         hidden asserts the bug does not touch pass anyway: doing nothing earned 0.34 on average
         in the workspace suite). `cut_short_of`: the turns a `code` episode was allowed when its
-        context ran out (`context_budget`): each it never took is a failed round (else a long
-        failing turn that ends an episode early would score above trying again). The workflow's FEEDBACK and DONE and
+        context ran out (`context_budget`): unless its last round passed, each it never took is
+        a failed round (else a long failing turn that ends an episode early would score above
+        trying again). The workflow's FEEDBACK and DONE and
         `tempered regrade` call it."""
         if verdict is not None:
             if untouched is not None and untouched < 1.0:
@@ -195,7 +196,8 @@ class RewardConfig(Contract):
         else:
             earned = self.solved if rounds_passed and rounds_passed[-1] else 0.0
         failed = sum(1 for passed in rounds_passed if not passed)
-        failed += max(0, (cut_short_of or 0) - len(rounds_passed))
+        if cut_short_of is not None and not (rounds_passed and rounds_passed[-1]):
+            failed += max(0, cut_short_of - len(rounds_passed))
         return earned + self.failed_turn * failed
 
 

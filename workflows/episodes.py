@@ -69,7 +69,7 @@ class EpisodeGroup:
         """Its next prompt does not fit the context budget: it ends, and a `code` episode's
         turns left count as failed rounds (`RewardConfig.score`'s `cut_short_of`)."""
         episode.end = EpisodeEnd.CONTEXT_BUDGET
-        if self.env is EnvName.CODE and not episode.solved:
+        if self.env is EnvName.CODE:
             rounds = [s.status is ExecStatus.PASSED for s in episode.steps]
             episode.reward = self.input.reward.score(rounds, cut_short_of=self.input.max_turns)
 

@@ -55,6 +55,9 @@ def load_preset(name: str, **overrides: Any) -> TrainingRunInput:
     values.update({k: v for k, v in overrides.items() if v is not None})
     values.setdefault("run_id", datetime.now().strftime("run-%Y%m%d-%H%M%S"))
     try:
-        return TrainingRunInput.model_validate(values)
+        run = TrainingRunInput.model_validate(values)
     except ValidationError as exc:
         raise ValueError(f"{where}: {describe_validation_error(exc)}") from None
+    if problem := run.grpo.new_run_problem():
+        raise ValueError(f"{where}: {problem}")
+    return run

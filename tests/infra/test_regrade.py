@@ -186,3 +186,25 @@ async def test_an_episode_its_context_cut_short_is_regraded_with_its_turns_left_
     assert outcome["regraded"] == [cut.id], outcome
     record = store.get_model(keys.reward_key("regrade-cut", "v2", TASK.id, 0), RewardRecord)
     assert record.reward == pytest.approx(-0.3) and record.previous_reward == pytest.approx(-0.3)
+
+
+@pytest.mark.asyncio
+async def test_a_cut_episode_whose_last_round_now_passes_owes_no_turns(
+    store: ObjectStore,
+) -> None:
+    """Its one round passes on a regrade: solved, it owes nothing for the turns it never took
+    (as the workflow scores a solved episode)."""
+    cut = FAILED.model_copy(update={"run_id": "regrade-solved", "end": EpisodeEnd.CONTEXT_BUDGET})
+    grading = Regrading(
+        store,
+        ScriptedBackend(ExecutionResult(status=ExecStatus.PASSED, tests_passed=2, tests_total=2)),
+        "v2",
+        "starter",
+        limits=LIMITS,
+        reward=RewardConfig(),
+        concurrency=1,
+        max_turns=3,
+    )
+    await grading.run_all([cut], {TASK.id: TASK})
+    record = store.get_model(keys.reward_key("regrade-solved", "v2", TASK.id, 0), RewardRecord)
+    assert record.solved and record.reward == pytest.approx(1.0)
