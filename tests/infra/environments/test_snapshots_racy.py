@@ -124,3 +124,28 @@ def test_a_primed_tree_is_not_read_again(tmp_path: Path, monkeypatch: pytest.Mon
     entries, new = scanner.scan(workspace, manifest.packed())
     assert tree_digest(entries) == manifest.digest() and new == {}
     assert [path for path in opened if path.endswith(".py")] == []
+
+
+def _settle(path: Path) -> None:
+    newest = max(path.stat().st_mtime_ns, path.stat().st_ctime_ns)
+    while snapshots.coarse_now() <= newest + snapshots.RACY_NS:
+        time.sleep(0.001)
+
+
+def test_a_same_size_rewrite_of_a_settled_file_is_snapshotted(tmp_path: Path) -> None:
+    """The stat key's times: an in-place edit of the same size (same inode) of a file the
+    cache trusts is read again."""
+    lib = tmp_path / "lib.py"
+    lib.write_bytes(b"retrun\n")
+    _settle(lib)
+    trees, scanner = Trees(MemoryObjects()), Scanner(1 << 20)
+    _, first = trees.commit(*scanner.scan(tmp_path, set()), None)
+    ino = lib.stat().st_ino
+    with open(lib, "r+b") as f:  # in place: same inode, same size, later mtime
+        f.write(b"return\n")
+    assert lib.stat().st_ino == ino
+    _settle(lib)
+    entries, new = scanner.scan(tmp_path, first.packed())
+    _, second = trees.commit(entries, new, first)
+    (entry,) = second.files()
+    assert trees.get_contents(second)[entry.sha256] == b"return\n"

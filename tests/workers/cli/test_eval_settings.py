@@ -26,6 +26,7 @@ from contracts.learner import PolicyManifest, PolicyVersion
 from contracts.names import Queue
 from contracts.rollout import GenerateRequest
 from contracts.run import TrainingRunInput, spread
+from contracts.sandbox import ExecutionResult
 from contracts.task import SamplingParams, SandboxLimits
 from infra import keys
 from infra.policy import policy_manifest, publish_policy
@@ -121,6 +122,11 @@ async def test_eval_of_a_runs_version_uses_the_runs_evaluation_settings(
     assert {call.turn for call in calls} == {0, 1}  # eval_turns 2: the wrong answers retried
     summary = json.loads(out)
     assert (summary["tasks"], summary["turns"], summary["pass_at_1"]) == (4, 2, 0.0)
+    results = [
+        k for k in store.list_keys(f"runs/{summary['eval_run']}/") if k.endswith("result.json")
+    ]
+    assert results and spec.limits != SandboxLimits()  # the programs ran under the run's limits
+    assert all(store.get_model(k, ExecutionResult).limits == spec.limits for k in results)
     assert "settings of run 'rec' (its run.json)" in err
     assert "max_new_tokens 128, max_context_tokens 2048, turns 2" in err
 

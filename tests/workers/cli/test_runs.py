@@ -315,3 +315,28 @@ def test_regrade_rescores_without_overwriting(
     capsys.readouterr()
     assert cli(["runs", "show", RUN], settings) == 0
     assert re.search(r"v2\s*│\s*4\s*│\s*3/4\s*│\s*\+0\.725\s*│\s*2", capsys.readouterr().out)
+
+
+def test_cli_regrade_counts_the_turns_a_cut_episode_never_took(
+    seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path
+) -> None:
+    """The command hands the run's max_turns to the regrade: the workflow scored this episode
+    -0.3 (two turns never taken), and so does the regrade."""
+    task = drawn_task(load_suite("starter", split="train")[:1], 0)
+    assert task.wrong_solution
+    cut = trajectory(
+        [Step([1], [2], code=task.wrong_solution, status=ExecStatus.FAILED)],
+        reward=-0.3,
+        run_id="cutrun",
+        task_id=task.id,
+        sample=0,
+        group_size=1,
+        solved=False,
+        end=EpisodeEnd.CONTEXT_BUDGET,
+        prompt=task.prompt,
+    )
+    store.put_json(keys.run_record_key("cutrun"), TrainingRunInput(run_id="cutrun", max_turns=3))
+    store.put_json(keys.trajectory_key("cutrun", cut.task_id, 0), cut)
+    assert cli(["regrade", "cutrun", "--grader", "v2"], settings_for(seaweed, store, tmp_path)) == 0
+    record = store.get_model(keys.reward_key("cutrun", "v2", task.id, 0), RewardRecord)
+    assert not record.solved and record.reward == pytest.approx(-0.3)
