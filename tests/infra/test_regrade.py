@@ -163,14 +163,8 @@ async def test_an_episode_its_context_cut_short_is_regraded_with_its_turns_left_
 ) -> None:
     """Its one round fails again; of a run of 3 turns, the two it never took count as failed
     (as the workflow scored it): -0.3, not -0.1."""
-    cut = trajectory(
-        [Step([1], [2], code="def add(a, b): return a - b", status=ExecStatus.FAILED)],
-        reward=-0.3,
-        run_id="regrade-cut",
-        task_id=TASK.id,
-        solved=False,
-        end=EpisodeEnd.CONTEXT_BUDGET,
-        prompt=TASK.prompt,
+    cut = FAILED.model_copy(
+        update={"run_id": "regrade-cut", "end": EpisodeEnd.CONTEXT_BUDGET, "reward": -0.3}
     )
     grading = Regrading(
         store,

@@ -50,7 +50,7 @@ from infra.policy import (
 )
 from infra.settings import Settings
 from infra.storage import ObjectStore, sha256_file
-from infra.tasks import SUITE_HELP, load_suite
+from infra.tasks import SUITE_HELP, load_quarantine, load_suite
 from workers.backlog import queue_backlogs
 from workers.cli.errors import describe, positive, run_id
 from workers.cli.runs import run_record
@@ -105,7 +105,7 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
         target = _policy(args, store)
         policy_run, version = target or (fresh_run_id(), 0)
         spec, source = _spec(args, store, policy_run, recorded=target is not None)
-        tasks, total = _tasks(args, spec)
+        tasks, total = _tasks(args, spec, settings)
         eval_run = _eval_run(policy_run, version, spec)
     except ValueError as exc:  # bad input: exit 2, as every command's (it was 1)
         return _bad_input(exc)
@@ -224,10 +224,15 @@ def _spec(
     return TrainingRunInput.model_validate(data), source
 
 
-def _tasks(args: argparse.Namespace, spec: TrainingRunInput) -> tuple[list[TaskSpec], int]:
-    """The suite's tasks to evaluate (`heldout_limit` of them, `spread`) and how many it has;
-    ValueError for a suite that does not load or has none."""
-    every = load_suite(spec.suite, split=None if args.split == "all" else args.split)
+def _tasks(
+    args: argparse.Namespace, spec: TrainingRunInput, settings: Settings
+) -> tuple[list[TaskSpec], int]:
+    """The suite's tasks to evaluate (`heldout_limit` of them, `spread`, after the quarantined
+    ones are left out, as a run's `load_tasks` does) and how many it has; ValueError for a
+    suite that does not load or has none."""
+    skip = load_quarantine(settings, spec.suite)
+    split = None if args.split == "all" else args.split
+    every = [task for task in load_suite(spec.suite, split=split) if task.id not in skip]
     if not every:
         raise ValueError(f"suite {spec.suite!r} has no {args.split} tasks")
     return spread(every, spec.heldout_limit), len(every)

@@ -32,7 +32,7 @@ from infra import keys
 from infra.policy import policy_manifest, publish_policy
 from infra.settings import Settings
 from infra.storage import ObjectStore, sha256_file
-from infra.tasks import load_suite
+from infra.tasks import load_suite, quarantine_path
 from tests.fixtures.temporal import TemporalServer
 from tests.workflows.harness import ScriptedModel, connect, running_workers
 from workers.cli import evaluate, run
@@ -233,3 +233,27 @@ def test_an_eval_whose_version_0_holds_other_weights_stops_naming_them(
     err = capsys.readouterr().err
     assert err.startswith("tempered eval: run 'eval-taken' already has a version 0 of other ")
     assert err.count("\n") == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(120)
+async def test_eval_leaves_out_the_quarantined_tasks_as_the_run_does(
+    temporal_server: TemporalServer,
+    namespace: str,
+    store: ObjectStore,
+    tmp_path: Path,
+    capsys: Capture,
+) -> None:
+    """A held-out task `tempered tasks validate` quarantined is not in the run's evaluations
+    (`load_tasks` leaves it out before `spread`); `tempered eval --run` spread over it too."""
+    spec = recorded_run(store)
+    settings = settings_of(store, temporal_server, namespace, tmp_path)
+    heldout = load_suite("starter", split="heldout")
+    bad = spread(heldout, spec.heldout_limit)[0]
+    quarantine_path(settings, "starter").parent.mkdir(parents=True, exist_ok=True)
+    quarantine_path(settings, "starter").write_text(json.dumps({"quarantined": [bad.id]}))
+    argv = ["--run", RUN, "--policy", "0", "--max-turns", "1"]
+    code, calls, _, err = await evaluate_with(settings, store, argv, capsys)
+    assert code == 0, err
+    kept = [task for task in heldout if task.id != bad.id]
+    assert task_ids(calls) == {t.id for t in spread(kept, spec.heldout_limit)}
