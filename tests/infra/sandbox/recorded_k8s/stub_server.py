@@ -146,7 +146,7 @@ class StubKubeApi:
                     body = recorded("job-list.json")
                     body["items"] = [
                         stub.as_served(j["manifest"])
-                        for j in stub.jobs.values()
+                        for j in list(stub.jobs.values())  # a run's thread may add one
                         if j["manifest"]["metadata"]["labels"].get(key) == value
                     ]
                     return self.reply(200, body)
