@@ -59,7 +59,9 @@ def failed(stderr: str, passed: int = 0) -> ExecutionResult:
     )
 
 
-def regrading(store: ObjectStore, backend: ScriptedBackend) -> Regrading:
+def regrading(
+    store: ObjectStore, backend: ScriptedBackend, max_turns: int | None = None
+) -> Regrading:
     return Regrading(
         store,
         backend,
@@ -68,6 +70,7 @@ def regrading(store: ObjectStore, backend: ScriptedBackend) -> Regrading:
         limits=LIMITS,
         reward=RewardConfig(),
         concurrency=1,
+        max_turns=max_turns,
     )
 
 
@@ -166,16 +169,7 @@ async def test_an_episode_its_context_cut_short_is_regraded_with_its_turns_left_
     cut = FAILED.model_copy(
         update={"run_id": "regrade-cut", "end": EpisodeEnd.CONTEXT_BUDGET, "reward": -0.3}
     )
-    grading = Regrading(
-        store,
-        ScriptedBackend(failed("AssertionError")),
-        "v2",
-        "starter",
-        limits=LIMITS,
-        reward=RewardConfig(),
-        concurrency=1,
-        max_turns=3,
-    )
+    grading = regrading(store, ScriptedBackend(failed("AssertionError")), max_turns=3)
     outcome = await grading.run_all([cut], {TASK.id: TASK})
     assert outcome["regraded"] == [cut.id], outcome
     record = store.get_model(keys.reward_key("regrade-cut", "v2", TASK.id, 0), RewardRecord)
@@ -189,14 +183,9 @@ async def test_a_cut_episode_whose_last_round_now_passes_owes_no_turns(
     """Its one round passes on a regrade: solved, it owes nothing for the turns it never took
     (as the workflow scores a solved episode)."""
     cut = FAILED.model_copy(update={"run_id": "regrade-solved", "end": EpisodeEnd.CONTEXT_BUDGET})
-    grading = Regrading(
+    grading = regrading(
         store,
         ScriptedBackend(ExecutionResult(status=ExecStatus.PASSED, tests_passed=2, tests_total=2)),
-        "v2",
-        "starter",
-        limits=LIMITS,
-        reward=RewardConfig(),
-        concurrency=1,
         max_turns=3,
     )
     await grading.run_all([cut], {TASK.id: TASK})
