@@ -45,9 +45,9 @@ CHECKER_WORK = (  # about 0.25 s of the checker's CPU on an idle host, the progr
     "    assert candidate(total, 1) == total + 1\n"
 )
 LOWERINGS = {  # how a process gives its CPU away, and how it takes back what the kernel lets it
-    "its autogroup's nice": (
-        "open('/proc/self/autogroup', 'w').write('19')",
-        "open('/proc/self/autogroup', 'w').write('0')",
+    "its autogroup's nice": (  # a with block: a write the kernel refuses raises at close
+        "with open('/proc/self/autogroup', 'w') as f: f.write('19')",
+        "with open('/proc/self/autogroup', 'w') as f: f.write('0')",
     ),
     "its nice": ("os.nice(19)", "os.nice(-19)"),
     "SCHED_IDLE": (
@@ -60,7 +60,7 @@ LOWERINGS = {  # how a process gives its CPU away, and how it takes back what th
     ),
     "nothing (the control)": ("pass", "pass"),
 }
-PID_1 = (  # pid 1 of its own pid namespace, as a candidate is; steps on the host's word
+PID_1 = (  # pid 1 of its own pid namespace and session, as a candidate is; steps on the host's word
     "import os, sys, time\n{lower}\nprint('lowered', flush=True)\nsys.stdin.readline()\n"
     "{restore}\nprint('restored', flush=True)\ntime.sleep(60)\n"
 )
@@ -98,7 +98,8 @@ def test_a_pid_1_that_gives_its_cpu_away_gets_no_starvation_excuse(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-    )
+        start_new_session=True,  # its own autogroup (pytest's may be the kernel's default one,
+    )  # whose nice cannot be set: the write failed unseen and nothing was given away)
     cgroups = Cgroups.create(f"{os.getpid()}-starve-{uuid.uuid4().hex[:8]}")
     assert unshare.stdin is not None and unshare.stdout is not None
     try:
