@@ -35,9 +35,8 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel, SecretBytes, SecretStr
+from pydantic import SecretBytes, SecretStr
 
 from contracts.names import Queue
 from infra.processes import Service
@@ -70,27 +69,17 @@ def stop_timeout_s(queue: Queue) -> float:
 
 
 def settings_digest(settings: Settings) -> str:
-    """What tells a worker's settings from another's: their dump (where a secret reads
-    '**********') and their secrets, keyed, so a pidfile's digest never gives a secret away."""
-    found: dict[str, str] = {}
-    _secrets(settings, "", found)
-    text = json.dumps([settings.model_dump_json(), found], sort_keys=True)
+    """What tells a worker's settings from another's: their dump, secrets revealed (a rotated
+    `s3.secret_key` is other settings) and keyed, so a pidfile's digest never gives one away."""
+    text = json.dumps(settings.model_dump(), sort_keys=True, default=_reveal)
     return hmac.new(_digest_key(settings.home), text.encode(), hashlib.sha256).hexdigest()[:16]
 
 
-def _secrets(value: Any, path: str, found: dict[str, str]) -> None:
-    """Every secret in `value` (a model, and the models, lists and dicts in it), by its path."""
+def _reveal(value: object) -> str:
+    """A value JSON has no form for, as text: a secret's own value, anything else its str."""
     if isinstance(value, SecretStr | SecretBytes):
-        found[path] = repr(value.get_secret_value())
-    elif isinstance(value, BaseModel):
-        for name in type(value).model_fields:
-            _secrets(getattr(value, name), f"{path}.{name}", found)
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            _secrets(item, f"{path}[{index}]", found)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _secrets(item, f"{path}[{key!r}]", found)
+        return repr(value.get_secret_value())
+    return str(value)
 
 
 def _digest_key(home: Path) -> bytes:
