@@ -10,7 +10,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentRequest
 from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
 
 from contracts.learner import LearnerInput
 from contracts.names import Queue
@@ -56,6 +58,24 @@ async def wait_until_running_on(
     raise AssertionError(f"{handle.id} never ran a workflow task on {build}")
 
 
+async def wait_until_current(client: Client, settings: Settings) -> None:
+    """Until the worker of `settings`'s build polled and was made its deployment's current
+    version (a fixed 2 s wait ran out on a slower machine: 1.2-1.7 s here under load)."""
+    request = DescribeWorkerDeploymentRequest(
+        namespace=client.namespace, deployment_name=settings.temporal.deployment
+    )
+    for _ in range(300):
+        try:
+            described = await client.workflow_service.describe_worker_deployment(request)
+        except RPCError:  # no worker of the deployment polled yet
+            described = None
+        routing = described.worker_deployment_info.routing_config if described else None
+        if routing and routing.current_deployment_version.build_id == settings.temporal.build_id:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"build {settings.temporal.build_id} was never made current")
+
+
 @pytest.mark.asyncio
 async def test_running_workflows_finish_on_their_build(
     temporal_server, namespace, tmp_path: Path
@@ -69,7 +89,7 @@ async def test_running_workflows_finish_on_their_build(
         await wait_until_running_on(running, "b1")
         new_worker, _ = await build_worker(client, Queue.AGENT_TASKS, new)
         async with new_worker:
-            await asyncio.sleep(2)  # b2 polls and is made current
+            await wait_until_current(client, new)
             started_later = await start_learner(client)
             await wait_until_running_on(started_later, "b2")
             for handle in (running, started_later):
