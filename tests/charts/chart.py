@@ -58,6 +58,14 @@ def helm_run(*args: str) -> str:
     return done.stdout
 
 
+def helm_refusal(*args: str) -> str:
+    """helm's output when it exits non-zero; the test fails when it succeeds."""
+    assert HELM is not None
+    done = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0, f"helm {' '.join(args)} succeeded"
+    return done.stdout + done.stderr
+
+
 @functools.cache
 def render(values: Path | None = None, *sets: str) -> list[dict[str, Any]]:
     """The chart's objects rendered with a values file and `--set` items (cached)."""

@@ -5,7 +5,9 @@ no schema for (CRD_KINDS), which get a structural check here instead. What the w
 checked against the settings model: their environment, ports, GPUs, per-worker overrides,
 autoscaling (HPA or KEDA) and Worker Versioning. The sandbox namespace (RBAC, network policy,
 limits, gVisor) is tests/charts/test_chart_sandbox.py's; the learner's ranks and /dev/shm are
-tests/charts/test_learner_chart.py's. Skipped without helm (see tests/charts/chart.py).
+tests/charts/test_learner_chart.py's; devices, the build id, the names and numbers of
+`settings:` and the schema's refusals are tests/charts/test_chart_values.py's. Skipped without
+helm (see tests/charts/chart.py).
 """
 
 from __future__ import annotations
@@ -236,12 +238,12 @@ def test_the_chart_runs_the_images_own_user() -> None:
 def test_agent_tasks_is_versioned_and_scales_on_its_builds_backlog(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    docs = render(None, "workers.agent-tasks.keda.enabled=true", "image.tag=2.3.4")
+    docs = render(None, "workers.agent-tasks.keda.enabled=true", "temporal.buildId=2.3.4")
     temporal = settings_from(worker_env(docs, "agent-tasks"), monkeypatch).temporal
     assert (temporal.versioning, temporal.deployment, temporal.build_id) == (
         "pinned",
         "tempered",
-        "2.3.4",  # the image tag names the build
+        "2.3.4",  # KEDA's build is the worker's (without it, test_chart_values.py)
     )
     (scaled,) = [
         s for s in objects(docs, "ScaledObject").values() if "agent-tasks" in s["metadata"]["name"]

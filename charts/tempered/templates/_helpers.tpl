@@ -26,9 +26,11 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
-{{- /* The agent-tasks worker's build id: temporal.buildId, else the image tag. */ -}}
+{{- /* The agent-tasks worker's build id: temporal.buildId, or "" when the worker names its own
+build, a digest of its workflow code (workers/versioning.py build_id): then an image bump that
+leaves the workflows as they were keeps their build, and their running workflows. */ -}}
 {{- define "tempered.buildId" -}}
-{{- .Values.temporal.buildId | default (default .Chart.AppVersion .Values.image.tag) -}}
+{{- .Values.temporal.buildId -}}
 {{- end -}}
 
 {{- define "tempered.image" -}}
@@ -61,8 +63,27 @@ would not stick.)
 {{- $over := get .root.Values.workers .name | default dict -}}
 {{- $merged := include "tempered.deepMerge" (dict "base" .root.Values.defaults "over" $over) | fromYaml -}}
 {{- $_ := set $merged "name" .name -}}
-{{- $_ := set $merged "queue" (default .name $merged.queue) -}}
 {{- toYaml $merged -}}
+{{- end -}}
+
+{{/*
+A value as the string an environment variable (`settings:`, a worker's `env:`) or KEDA's trigger
+metadata holds. helm reads a values file's numbers as floats, which toString writes as "1e+06"
+from a million up, and an int field refuses that: whole numbers are written as integers.
+*/}}
+{{- define "tempered.string" -}}
+{{- if and (kindIs "float64" .) (eq . (floor .)) -}}
+{{- printf "%.0f" . -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The settings that name the torch device of the workers that run torch on GPUs
+(infra/settings.py: inference.local.device, learner.device). */}}
+{{- define "tempered.deviceSettings" -}}
+inference: TEMPERED_INFERENCE__LOCAL__DEVICE
+learner: TEMPERED_LEARNER__DEVICE
 {{- end -}}
 
 {{/* Prometheus port offset of each task queue (infra/telemetry.py PORT_OFFSETS). */}}
