@@ -5,32 +5,41 @@ not code. The UI sends every payload it displays to its remote codec endpoint
 (`POST /decode`, Temporal's remote-codec protocol); this server returns each JSON payload with
 every reference it contains given a `content`: the object's text (a program, a log), or its
 JSON document (a completion, an execution result, with the references inside those resolved
-too, one level deep; lists of token ids shown as their length). A payload whose references
-lead to text becomes `{"shown": [lines], "payload": …}`: those texts first, one line per line
+too, one level deep; lists of token ids shown as their length). A payload with references
+becomes `{"shown": [lines], "payload": …}`: the texts they lead to first, one line per line
 (each program, log, observation, and every multi-line field of a document, under a `── label
 ──` line; a document's status and reward in its label line), because the UI's event rows
-preview a payload's first characters and its boxes show its first lines. Started by `tempered up` (`infra.stack`) and wired into the dev server's
-UI (`--ui-codec-endpoint`); `tempered codec` runs it in the foreground.
+preview a payload's first characters and its boxes show its first lines. `POST /encode`
+undoes exactly that (the UI's "Start Workflow Like This One" sends it the decoded input): it
+gives back the bytes the data converter wrote (`pydantic_core.to_json` of `payload` without
+what its references were given; a float the UI's form rewrote, `30.0` as `30`, stays so). Any
+other payload both leave as it came.
 
-Run in the background by `tempered up` as `python -m infra.codec` (settings from the
-environment `service_env` writes).
+Started by `tempered up` (`infra.stack`) as `python -m infra.codec` (settings from the
+environment `service_env` writes), the dev server's UI pointed at it (`--ui-codec-endpoint`);
+`tempered codec` runs one in the foreground.
 
 It is for display only, and so:
 - it never writes: its own S3 client sends GetObject (ranged, at most what it shows) and
-  refuses any other call, and `/encode` hands payloads back unchanged;
-- it caps what it reads and returns: `MAX_OBJECT_BYTES` of one object (`content_truncated`
-  says so), `MAX_BYTES`, `MAX_REFS` references (each read tried counts, found or not) and
-  `MAX_SECONDS` per request (later references get no content); a reference's `size` is never
-  trusted for how much to read;
+  refuses any other call, and `/encode` only takes away what `/decode` added;
+- it caps what it reads and adds: `MAX_OBJECT_BYTES` of one object (`content_truncated` says
+  so), `MAX_REFS` references (each read tried counts, found or not), `MAX_SECONDS` and
+  `MAX_BYTES` per request (later references get no content); a reference's `size` is never
+  trusted for how much to read. `MAX_BYTES` counts what is sent, so a response's payloads are
+  at most its request's (re-encoded), `MAX_BYTES` and a line on each of its references, and
+  4/3 of that in base64;
 - it answers only the UI's origin: a request (or CORS preflight) without an allowed `Origin`
   gets 403, and responses allow exactly that origin.
 `Origin` keeps other web pages out, not other programs (any client can send the UI's), so a
 reference is shown only if it names the stored object exactly: its size, and its sha256 (a
 whole object's bytes are hashed, a part's object must carry that digest in its `sha256`
 metadata, as every object Tempered writes does). Knowing a key is not enough to read it:
-this server shows no more than the payloads that reference it already give away. Failures
-are a line with no endpoint, bucket or credentials in it (`content_error`; the detail goes
-to the server's log); once S3 does not answer, the rest of the request is not tried.
+this server shows no more than the payloads that reference it already give away, and its
+replies say nothing of an object a reference does not name exactly (missing, another size,
+another digest: one line, `NO_MATCH`). Failures are a line with no endpoint, bucket or
+credentials in it (`content_error`); the detail goes to the server's log, one line per
+request, keys cut short (a forged request must not fill the disk). Once S3 does not answer,
+the rest of the request is not tried.
 """
 
 from __future__ import annotations
@@ -40,11 +49,13 @@ import base64
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from pydantic_core import to_json
 
 from contracts.common import ObjectRef
 from infra.codec_reader import UNAVAILABLE, NotShown, Reader, S3Unavailable
@@ -60,7 +71,8 @@ AT_A_GLANCE = ("status", "reward", "solved", "tests_passed", "tests_total", "end
 MAX_NUMBERS = 16
 """A resolved document's list of more numbers than this (token ids) shows as its length."""
 MAX_BYTES = 1024 * 1024
-"""Bytes of object content in one response at most."""
+"""Bytes one response adds at most, as sent: `content`, `shown` and the lines saying why not
+inside them, as JSON (a text is in both; a control byte takes 6), before base64."""
 MAX_REFS = 256
 """References resolved in one request at most."""
 MAX_DEPTH = 2
@@ -71,17 +83,37 @@ MAX_SECONDS = 10.0
 """Time one request may spend reading S3; references after it get no content."""
 JSON_ENCODING = "json/plain"
 OVER_LIMIT = "(not shown: over the codec server's limit for one request)"
+ADDED = ("content", "content_error", "content_truncated")
+"""What `/decode` adds to a reference, and `/encode` takes away."""
 log = logging.getLogger("tempered.codec")
 
 
 @dataclass
+class _Failures:
+    """The references a request could not show, for one line of the log at its end."""
+
+    first: dict[str, str] = field(default_factory=dict)  # the UI's line: its first detail
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def add(self, err: NotShown) -> None:
+        self.first.setdefault(str(err), err.detail)
+        self.counts[str(err)] += 1
+
+    def log(self) -> None:
+        if self.counts:
+            kinds = "; ".join(f"{n} like {self.first[line]}" for line, n in self.counts.items())
+            log.warning("%d references not shown: %s", self.counts.total(), kinds)
+
+
+@dataclass
 class _Budget:
-    """What one request may still read."""
+    """What one request may still read and add, and what it could not show."""
 
     refs: int = MAX_REFS
     bytes: int = MAX_BYTES
     deadline: float = field(default_factory=lambda: time.monotonic() + MAX_SECONDS)
     unavailable: bool = False  # S3 did not answer: nothing more is tried
+    failures: _Failures = field(default_factory=_Failures)
 
 
 @dataclass
@@ -92,6 +124,7 @@ class Resolver:
     reader: Reader
     budget: _Budget = field(default_factory=_Budget)
     shown: list[str] = field(default_factory=list)
+    found: bool = False  # a reference: the payload is marked decoded (`shown`, `payload`)
     _texts: list[str] = field(default_factory=list)  # what `shown` holds, whole
 
     def resolve(self, node: Any, depth: int = 0) -> Any:
@@ -109,19 +142,32 @@ class Resolver:
 
     def _content(self, ref: ObjectRef, depth: int) -> dict[str, Any]:
         budget = self.budget
+        self.found = True
         if budget.unavailable:
             return {"content_error": UNAVAILABLE}
-        if budget.refs <= 0 or budget.bytes <= 0 or time.monotonic() > budget.deadline:
+        limit = min(MAX_OBJECT_BYTES, budget.bytes // 2)  # a text is sent twice (`shown`)
+        if budget.refs <= 0 or limit <= 0 or time.monotonic() > budget.deadline:
             return {"content": OVER_LIMIT}
         budget.refs -= 1  # a read tried counts, whatever it finds
         try:
-            data, whole = self.reader.read(ref, min(MAX_OBJECT_BYTES, budget.bytes))
-        except S3Unavailable as err:
-            budget.unavailable = True
-            return {"content_error": str(err)}
+            data, whole = self.reader.read(ref, limit)
         except NotShown as err:
+            budget.unavailable = isinstance(err, S3Unavailable)
+            budget.failures.add(err)
             return {"content_error": str(err)}
-        budget.bytes -= len(data)
+        room, shown, texts = budget.bytes, len(self.shown), len(self._texts)
+        content = self._holding(ref, data, whole, depth)
+        cost = len(_json(content)) + sum(len(_json(line)) + 1 for line in self.shown[shown:])
+        if cost > room:  # none of it (a cut JSON document or escape is no display), no more
+            del self.shown[shown:], self._texts[texts:]
+            budget.bytes = 0
+            return {"content": OVER_LIMIT}
+        # the references inside it are in `cost`; a budget they closed stays closed
+        budget.bytes = min(budget.bytes, room - cost)
+        return content
+
+    def _holding(self, ref: ObjectRef, data: bytes, whole: bool, depth: int) -> dict[str, Any]:
+        """What `ref` is given for `data`, what it holds; its texts added to `shown`."""
         label = "/".join(ref.key.split("/")[-2:])
         if whole and ref.key.endswith(".json"):
             try:
@@ -131,6 +177,7 @@ class Resolver:
             else:
                 self._show_glance(label, document)
                 self._show_texts(label, document)
+                self.budget.bytes -= len(data)  # what the references inside it may add, less
                 return {"content": self.resolve(document, depth + 1)}
         text = data.decode(errors="replace")
         self._show(label, text)
@@ -170,6 +217,11 @@ class Resolver:
             self.shown.append("…")
 
 
+def _json(value: Any) -> bytes:
+    """`value` as a decoded payload holds it (what `MAX_BYTES` counts)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -186,28 +238,71 @@ def _as_ref(node: dict[str, Any]) -> ObjectRef | None:
 def decode_payloads(reader: Reader, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Temporal's remote-codec `/decode`: JSON payloads with their references resolved."""
     budget = _Budget()  # shared by the request's payloads; `shown` is each payload's own
-    return [_decode_one(Resolver(reader, budget), payload) for payload in payloads]
+    decoded = [_decode_one(Resolver(reader, budget), payload) for payload in payloads]
+    budget.failures.log()
+    return decoded
 
 
 def _decode_one(resolver: Resolver, payload: dict[str, Any]) -> dict[str, Any]:
-    """`payload` with its references resolved; unchanged if it is no JSON payload, or one
-    this server cannot take (malformed, nested too deeply): it fails alone, not the request."""
+    """`payload` with its references resolved; unchanged if it has none, is no JSON payload,
+    or one this server cannot take (malformed, nested too deeply): it fails alone."""
     try:
         metadata = payload.get("metadata") or {}
-        encoding = base64.b64decode(metadata.get("encoding", "")).decode(errors="replace")
-        if encoding != JSON_ENCODING:
+        if _encoding(metadata) != JSON_ENCODING:
             return payload  # binary/null/protobuf: shown as the UI shows it
         resolved = resolver.resolve(json.loads(base64.b64decode(payload.get("data", ""))))
-        if resolver.shown:  # what the references hold, first: row previews, boxes show the top
-            resolved = {"shown": resolver.shown, "payload": resolved}
-        data = json.dumps(resolved, ensure_ascii=False).encode()
+        if not resolver.found:
+            return payload
+        # what the references hold first (row previews, boxes show the top); `/encode` undoes it
+        data = _json({"shown": resolver.shown, "payload": resolved})
     except (ValueError, TypeError, AttributeError, RecursionError):
         return payload
     return {"metadata": metadata, "data": base64.b64encode(data).decode()}
 
 
+def encode_payloads(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Temporal's remote-codec `/encode`: what `/decode` made of a payload, back to what the
+    data converter wrote (`pydantic_core.to_json`); any other payload unchanged."""
+    return [_encode_one(payload) for payload in payloads]
+
+
+def _encode_one(payload: dict[str, Any]) -> dict[str, Any]:
+    try:
+        metadata = payload.get("metadata") or {}
+        if _encoding(metadata) != JSON_ENCODING:
+            return payload
+        value = json.loads(base64.b64decode(payload.get("data", "")))
+        if not _is_decoded(value) or (original := _undecoded(value["payload"])) == value["payload"]:
+            return payload  # not what `/decode` gives: it adds to every reference of `payload`
+        data = to_json(original)
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        return payload
+    return {"metadata": metadata, "data": base64.b64encode(data).decode()}
+
+
+def _encoding(metadata: dict[str, Any]) -> str:
+    return base64.b64decode(metadata.get("encoding", "")).decode(errors="replace")
+
+
+def _is_decoded(value: Any) -> bool:
+    """Whether `value` has the shape `/decode` gives a payload with references."""
+    if not isinstance(value, dict) or value.keys() != {"shown", "payload"}:
+        return False
+    return isinstance(value["shown"], list) and all(isinstance(s, str) for s in value["shown"])
+
+
+def _undecoded(node: Any) -> Any:
+    """`node` without what `/decode` added to its references (`ADDED`)."""
+    if isinstance(node, list):
+        return [_undecoded(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    added = ADDED if _as_ref(node) is not None else ()
+    return {name: _undecoded(value) for name, value in node.items() if name not in added}
+
+
 def create_app(store: ObjectStore, origins: Iterable[str]) -> web.Application:
-    """The aiohttp app: `POST /decode`, `POST /encode` (identity), CORS for `origins` only."""
+    """The aiohttp app: `POST /decode`, `POST /encode` (its inverse), CORS for `origins` only."""
     allowed = frozenset(origin.rstrip("/") for origin in origins)
     reader = Reader(store)
 
@@ -232,7 +327,8 @@ def create_app(store: ObjectStore, origins: Iterable[str]) -> web.Application:
         return web.json_response({"payloads": decoded})
 
     async def encode(request: web.Request) -> web.Response:
-        return web.json_response({"payloads": await _payloads(request)})
+        payloads = await _payloads(request)
+        return web.json_response({"payloads": await asyncio.to_thread(encode_payloads, payloads)})
 
     async def preflight(request: web.Request) -> web.Response:
         return web.Response(status=204)  # the middleware adds the CORS headers

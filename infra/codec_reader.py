@@ -7,14 +7,16 @@ A client of its own, for display: short timeouts (a page waits on it, an activit
 anything but GetObject refused before it is sent, ranged reads of at most what is shown, and
 each object checked against the reference's size and sha256 (a part against the object's
 `sha256` metadata), so knowing a key is not enough to read it. Failures are one line with no
-endpoint, bucket or credentials in it; the detail goes to the log. Not covered: what a request
-may read in all (the resolver's budget, infra/codec.py).
+endpoint, bucket or credentials in it, and one line (`NO_MATCH`) whether the object is missing,
+another size, another digest or has no digest to check a part against: the replies tell whoever
+asks nothing of a key they could not read. The detail (`NotShown.detail`, the key cut to
+`KEY_CHARS`) is for the log, which infra/codec.py writes once per request. Not covered: what a
+request may read in all (the resolver's budget, infra/codec.py).
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 from typing import Any
 
 from contracts.common import ObjectRef
@@ -29,16 +31,22 @@ from infra.storage_errors import (
 CONNECT_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 3.0
 """One S3 read of the codec (two attempts at most): a page waits on it, an activity does not."""
-MISMATCH = "not shown: the stored object is not the referenced one (size or sha256)"
-UNCHECKED = "not shown: the stored object has no sha256 to check a part of it against"
-NOT_FOUND = "not shown: no such object"
+NO_MATCH = "not shown: no stored object matches the reference (its key, size and sha256)"
 REFUSED = "not shown: S3 refused the read (the codec server's log says why)"
 UNAVAILABLE = "not shown: S3 did not answer"
-log = logging.getLogger("tempered.codec")
+KEY_CHARS = 200
+"""Characters of a key the log shows at most (a forged one may be megabytes)."""
+DETAIL_CHARS = 400
+"""Characters of S3's error the log shows at most (it may quote the key, URL-encoded)."""
 
 
 class NotShown(Exception):
-    """A reference whose content is not shown; the message is the line the UI gets."""
+    """A reference whose content is not shown: the message is the line the UI gets, `detail`
+    the log's (the key shortened)."""
+
+    def __init__(self, reply: str, key: str, why: str):
+        super().__init__(reply)
+        self.detail = f"{short_key(key)}: {why}"
 
 
 class S3Unavailable(NotShown):
@@ -70,13 +78,11 @@ class Reader:
             with translate_errors("get", ref.key, self.endpoint, self.bucket, self.access_key):
                 return self._read(ref, wanted)
         except ObjectNotFound:
-            raise NotShown(NOT_FOUND) from None
+            raise NotShown(NO_MATCH, ref.key, "no such object") from None
         except TransientStorageError as err:
-            log.warning("reading %s: %s", ref.key, err)
-            raise S3Unavailable(UNAVAILABLE) from None
+            raise S3Unavailable(UNAVAILABLE, ref.key, self._without_key(err, ref.key)) from None
         except StorageError as err:  # credentials, bucket, a key S3 will not take
-            log.warning("reading %s: %s", ref.key, err)
-            raise NotShown(REFUSED) from None
+            raise NotShown(REFUSED, ref.key, self._without_key(err, ref.key)) from None
 
     def _read(self, ref: ObjectRef, wanted: int) -> tuple[bytes, bool]:
         args = {"Bucket": self.bucket, "Key": ref.key}
@@ -87,16 +93,29 @@ class Reader:
         try:
             stored = (reply.get("Metadata") or {}).get("sha256")
             if _total_size(reply) != ref.size or stored not in (None, ref.sha256):
-                raise NotShown(MISMATCH)  # read nothing of it
+                raise NotShown(NO_MATCH, ref.key, "another size or sha256")  # read nothing of it
             whole = wanted == ref.size
             if not whole and stored is None:
-                raise NotShown(UNCHECKED)
+                raise NotShown(NO_MATCH, ref.key, "no sha256 metadata to check a part against")
             data = bytes(body.read(wanted))  # no more, even from a server that ignores Range
         finally:
             body.close()
         if whole and (len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256):
-            raise NotShown(MISMATCH)
+            raise NotShown(NO_MATCH, ref.key, "another sha256")
         return data, whole
+
+    def _without_key(self, err: Exception, key: str) -> str:
+        """`err`'s message without the key it names (the detail names it, shortened), cut."""
+        text = str(err).replace(f"s3://{self.bucket}/{key}", f"s3://{self.bucket}/<key>")
+        text = " ".join(text.replace(repr(key), "<key>").split())  # one line, whatever S3 said
+        return text if len(text) <= DETAIL_CHARS else f"{text[:DETAIL_CHARS]}…"
+
+
+def short_key(key: str) -> str:
+    """`key` for the log: quoted and escaped (one line), cut to `KEY_CHARS` characters."""
+    if len(key) <= KEY_CHARS:
+        return repr(key)
+    return f"{key[:KEY_CHARS]!r}… ({len(key)} characters)"
 
 
 def _only_reads(model: Any, **_: Any) -> None:

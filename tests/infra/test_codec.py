@@ -112,7 +112,8 @@ async def test_a_changed_object_is_not_shown_as_the_referenced_one(
     ref = store.put_text("runs/r/code.py", PROGRAM)
     store.put_text(ref.key, "something else")
     (decoded,) = await decode(client, {"code": ref.model_dump()})
-    assert "content" not in decoded["code"] and "sha256" in decoded["code"]["content_error"]
+    code = decoded["payload"]["code"]
+    assert "content" not in code and code["content_error"] == codec_reader.NO_MATCH
 
 
 @pytest.mark.asyncio
@@ -166,9 +167,7 @@ async def test_a_key_alone_reads_nothing(client: TestClient[Any, Any], store: Ob
     ]
     (decoded,) = await decode(client, {"refs": guesses})
     assert "SECRET" not in json.dumps(decoded)
-    assert [r["content_error"] for r in refs_in(decoded)] == [codec_reader.MISMATCH] * 3 + [
-        codec_reader.UNCHECKED
-    ]
+    assert [r["content_error"] for r in refs_in(decoded)] == [codec_reader.NO_MATCH] * 4
     (shown,) = await decode(client, {"refs": [ref.model_dump()]})  # the real reference: shown
     assert refs_in(shown)[0]["content"].startswith("SECRET")
 
@@ -188,12 +187,12 @@ async def test_what_a_reference_claims_does_not_size_the_read(
     finally:
         tracemalloc.stop()
     assert peak < 4 * 1024 * 1024, f"{peak} bytes at the peak"
-    assert refs_in(decoded)[0]["content_error"] == codec_reader.MISMATCH
+    assert refs_in(decoded)[0]["content_error"] == codec_reader.NO_MATCH
     missing = [{"key": f"runs/r/none-{i}", "size": 1, "sha256": "0" * 64} for i in range(300)]
     (decoded,) = await decode(client, {"refs": missing})
     tried, skipped = refs_in(decoded)[: codec.MAX_REFS], refs_in(decoded)[codec.MAX_REFS :]
     assert [r.get("content") for r in skipped] == [codec.OVER_LIMIT] * (300 - codec.MAX_REFS)
-    assert [r["content_error"] for r in tried] == [codec_reader.NOT_FOUND] * codec.MAX_REFS
+    assert [r["content_error"] for r in tried] == [codec_reader.NO_MATCH] * codec.MAX_REFS
 
 
 @pytest.mark.asyncio
