@@ -210,6 +210,17 @@ class TrainingRunInput(Contract):
             )
         return run_id
 
+    def new_run_problem(self) -> str | None:
+        """Why a new run may not start with this input (None: it may), asked where a run is built
+        (`infra.presets.load_preset`), not when a stored input is read: runs of earlier
+        releases must still decode (their histories replay)."""
+        if self.group_size < 2:  # GRPO's advantage is an episode's reward against its group's
+            return (
+                f"group_size = {self.group_size}: a group of one episode is always flat (its "
+                "advantage is 0), so the run would train nothing; set group_size to 2 or more"
+            )
+        return self.grpo.new_run_problem()
+
     def task_input(self, task: TaskSpec, policy_version: int) -> AgentTaskInput:
         """The training rollout of `task` (a group of `group_size`), pinned to `policy_version`."""
         return AgentTaskInput(

@@ -3,7 +3,8 @@
 Values come, highest priority first, from constructor arguments, `TEMPERED_*` environment
 variables (nested with `__`, e.g. `TEMPERED_S3__ENDPOINT`, `TEMPERED_SANDBOX__KUBERNETES__IMAGE`),
 the TOML file named by `config` (`load_settings(path)`, else `$TEMPERED_CONFIG`, else
-`tempered.toml` in the working directory when there is one), then the defaults below.
+`tempered.toml` in the working directory when there is one), then the defaults below (the
+file and the `TEMPERED_` names are checked by infra/settings_env.py).
 
     from infra.settings import load_settings
     settings = load_settings()                   # or load_settings("my.toml", home=tmp)
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import tomllib
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -37,13 +37,11 @@ from pydantic_settings import (
     InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    TomlConfigSettingsSource,
 )
 
 from contracts.common import describe_validation_error
+from infra.settings_env import check_environment, local_config, noted, settings_file, toml_source
 
-LOCAL_CONFIG = "tempered.toml"
-"""Read from the working directory when no config file is named."""
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 """A Kubernetes namespace name (RFC 1123 label)."""
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
@@ -62,7 +60,8 @@ def unknown_backend(kind: str, name: str, names: Any) -> ValueError:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    # nan passed every bound as "should be <= 120" (each comparison with nan is false)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
 
 
 class TemporalSettings(_Section):
@@ -312,11 +311,6 @@ class TelemetrySettings(_Section):
     """Address the Prometheus endpoints bind to (0.0.0.0 in a pod, so Prometheus can scrape)."""
 
 
-def _local_config() -> Path | None:
-    local = Path(LOCAL_CONFIG)
-    return local.resolve() if local.is_file() else None
-
-
 class Settings(BaseSettings):
     """All configuration of Tempered."""
 
@@ -326,9 +320,10 @@ class Settings(BaseSettings):
         extra="forbid",
         toml_file=None,
         use_attribute_docstrings=True,
+        allow_inf_nan=False,
     )
 
-    config: FilePath | None = Field(default_factory=_local_config)
+    config: FilePath | None = Field(default_factory=local_config)
     """TOML file these settings were read from (`$TEMPERED_CONFIG`; default ./tempered.toml)."""
     home: Path = Field(default_factory=lambda: Path.cwd() / ".tempered")
     """State directory: server databases, pids, logs, caches, reports (`$TEMPERED_HOME`;
@@ -375,26 +370,22 @@ class Settings(BaseSettings):
         named = None
         if isinstance(init_settings, InitSettingsSource):
             named = init_settings.init_kwargs.get("config")
-        path = named or os.environ.get("TEMPERED_CONFIG") or _local_config()
-        if not path:
+        path, implicit = settings_file(named)
+        if path is None:
             return init_settings, env_settings
-        if not Path(path).is_file():
-            raise ValueError(f"settings file {path} does not exist")
-        try:
-            toml = TomlConfigSettingsSource(settings_cls, Path(path))
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"{path}: not valid TOML ({exc})") from None
-        return init_settings, env_settings, toml
+        return init_settings, env_settings, toml_source(settings_cls, path, implicit)
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:
     """Settings from overrides > env > TOML (`config`, else $TEMPERED_CONFIG) > defaults.
 
-    Raises ValueError with one line naming every bad field (or the file that is not TOML).
+    Raises ValueError with one line naming every bad field, the `TEMPERED_` variables that name
+    none, or the file that cannot be read or is not TOML.
     """
     if config is not None:
         overrides["config"] = Path(config)
+    check_environment(Settings, os.environ)
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        raise ValueError(describe_validation_error(exc)) from None
+        raise ValueError(noted(describe_validation_error(exc), overrides.get("config"))) from None

@@ -58,6 +58,6 @@ def load_preset(name: str, **overrides: Any) -> TrainingRunInput:
         run = TrainingRunInput.model_validate(values)
     except ValidationError as exc:
         raise ValueError(f"{where}: {describe_validation_error(exc)}") from None
-    if problem := run.grpo.new_run_problem():
+    if problem := run.new_run_problem():
         raise ValueError(f"{where}: {problem}")
     return run

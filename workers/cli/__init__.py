@@ -30,8 +30,6 @@ import os
 import sys
 from collections.abc import Callable
 
-from pydantic import ValidationError
-
 from infra.settings import Settings, load_settings
 from workers.cli import codec, evaluate, runs, sandbox, stack, status, tasks, train
 from workers.cli.errors import describe
@@ -67,7 +65,7 @@ def run(argv: list[str] | None = None, settings: Settings | None = None) -> int:
     if settings is None:
         try:
             settings = load_settings(args.config)
-        except (ValidationError, FileNotFoundError, ValueError) as err:
+        except (ValueError, OSError) as err:  # pydantic's ValidationError is a ValueError
             print(f"tempered: bad configuration: {err}", file=sys.stderr)
             return 2
     command: Command = args.func

@@ -1,17 +1,21 @@
 """The CLI refuses counts that cannot work at parse time, with one line naming the argument:
 `tempered eval --concurrency 0` once waited for good (a semaphore of 0), `--limit 0` evaluated
-the whole suite and `--limit -2` all but its last two tasks; and makes the paths a run's
-workers read absolute."""
+the whole suite and `--limit -2` all but its last two tasks; makes the paths a run's workers
+read absolute; and refuses settings it cannot read or that name nothing, and a run whose
+groups cannot train, before any command runs (exit 2, one line)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from contracts.run import TrainingRunInput
 from infra import keys
 from infra.policy_cache import forget_run
-from workers.cli import build_parser
+from infra.settings import Settings
+from workers.cli import build_parser, run
 from workers.cli.train import absolute
 
 
@@ -138,3 +142,87 @@ def test_seconds_that_are_not_a_number_are_refused_at_parse_time(
     err = capsys.readouterr().err
     assert f"{value!r} is not a number (a finite one, e.g. 30)" in err and "Traceback" not in err
     assert build_parser().parse_args([*argv, "2.5"]).__dict__[argv[-1][2:].replace("-", "_")] == 2.5
+
+
+@pytest.fixture
+def no_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty working directory and no TEMPERED_ variables (the developer's never leak in)."""
+    for name in [n for n in os.environ if n.upper().startswith("TEMPERED_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("TEMPERED_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+LISTING = ["tasks", "ls", "starter"]
+"""A command that runs with default settings and needs no server."""
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one line `tempered ARGV` exits 2 with, before the command runs."""
+    assert run(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert "Traceback" not in captured.err
+    return captured.err.strip()
+
+
+def test_a_settings_file_that_cannot_be_read_exits_2_naming_it(
+    no_settings: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A PermissionError traceback for every command; a directory was "does not exist"."""
+    config = no_settings / "my.toml"
+    config.mkdir()
+    err = refused(["--config", str(config), *LISTING], capsys)
+    assert err == f"tempered: bad configuration: {config}: cannot read settings file (a directory)"
+    config.rmdir()
+    config.write_text("")
+    real_open = Path.open
+
+    def denied(self: Path, *args: object, **kwargs: object) -> object:
+        if self.absolute() == config:  # as mode 000 does (the tests may run as root)
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(Path, "open", denied)
+    monkeypatch.setenv("TEMPERED_CONFIG", str(config))
+    err = refused(LISTING, capsys)
+    assert (
+        err
+        == f"tempered: bad configuration: {config}: cannot read settings file (Permission denied)"
+    )
+
+
+def test_a_variable_that_names_no_setting_exits_2_naming_it(
+    no_settings: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TEMPERED_TEMPORAL_ADDRESS (one `_` where the nesting takes `__`) ran the command on the
+    default address without a word."""
+    monkeypatch.setenv("TEMPERED_TEMPORAL_ADDRESS", "foo:1")
+    err = refused(LISTING, capsys)
+    assert err.startswith("tempered: bad configuration: environment variable ")
+    assert "TEMPERED_TEMPORAL_ADDRESS names no setting (did you mean TEMPERED_TEMPORAL__AD" in err
+    monkeypatch.delenv("TEMPERED_TEMPORAL_ADDRESS")
+    monkeypatch.setenv("TEMPERED_HOME", "")
+    assert "environment variable TEMPERED_HOME is empty" in refused(LISTING, capsys)
+
+
+def test_groups_of_one_are_a_new_runs_problem() -> None:
+    def problem(group_size: int) -> str | None:
+        return TrainingRunInput(run_id="r", group_size=group_size).new_run_problem()
+
+    assert (problem(1) or "").startswith("group_size = 1: ")
+    assert problem(2) is None
+
+
+def test_a_run_of_groups_of_one_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A group of one episode is always flat (its advantage is 0): such a run trained nothing,
+    and spent its redraw budget replacing groups no draw could fix."""
+    preset = tmp_path / "g1.toml"
+    preset.write_text("group_size = 1\n")
+    argv = ["train", "--preset", str(preset), "--dry-run"]
+    assert run(argv, Settings(home=tmp_path / "home")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tempered train: {preset}: group_size = 1: ") and "2 or more" in err
