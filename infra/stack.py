@@ -140,8 +140,24 @@ def temporal_command(settings: Settings) -> list[str]:
     return command
 
 
+def check_home(settings: Settings) -> None:
+    """ValueError unless `settings.home` is a writable directory or can be made one (its nearest
+    existing parent is a writable directory). Creates nothing: `train --dry-run` calls it too. A
+    home at a file, or on a read-only disk, failed only later, with "[Errno 20] Not a directory:
+    '.../run/temporal.pid'", naming neither home nor the setting."""
+    home = settings.home
+    problem = f"home {home} (TEMPERED_HOME or the `home` setting) is not a writable directory"
+    existing = next(path for path in (home, *home.parents) if os.path.lexists(path))
+    if not existing.is_dir():
+        raise ValueError(f"{problem}: {'it' if existing == home else existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):  # a read-only mount answers EROFS here
+        cannot = "cannot write in it" if existing == home else f"cannot create it in {existing}"
+        raise ValueError(f"{problem}: {cannot}")
+
+
 def up(settings: Settings) -> list[str]:
     """Start whatever is not running; returns one line per service saying what happened."""
+    check_home(settings)
     settings.home.mkdir(parents=True, exist_ok=True)
     if not settings.temporal.embedded:
         return [_check_external_temporal(settings), _start_seaweed(settings), NO_CODEC]

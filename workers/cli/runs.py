@@ -16,9 +16,10 @@ work is `infra/regrade.py`'s, this module only finds the inputs and prints the o
 
 `rm` and `prune` refuse a run that is still running (its training run, or an evaluation of it:
 `tempered eval --run`), and (without `--force`) any run when Temporal cannot be asked; `prune`
-refuses `--keep 0`, which would delete the version `latest.json` names. Content-addressed
-workspace objects (`trees/`, `packs/`) are shared between runs and stay. Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad
-input or S3 unusable.
+refuses `--keep 0`, which would delete the version `latest.json` names. An `rm` that stopped half
+way is finished by running it again (`runs_remove.py` deletes the run's own prefix last).
+Content-addressed workspace objects (`trees/`, `packs/`) are shared between runs and stay. Exit
+codes: 0 done, 1 some trajectories could not be regraded, 2 bad input or S3 unusable.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TypeVar, get_args
 
 from pydantic import BaseModel
@@ -57,6 +57,7 @@ from infra.storage import ObjectNotFound, ObjectStore, StorageError
 from infra.tasks import load_suite
 from workers.cli.episodes import print_episode
 from workers.cli.errors import natural, run_id
+from workers.cli.runs_remove import remove_run
 from workers.runtime import connect
 from workers.training import running_handle
 
@@ -267,17 +268,8 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
 def runs_rm(args: argparse.Namespace, settings: Settings) -> int:
     store = _open_store(settings)
     _refuse_running(store, settings, args.runs, args.force, "deleted")
-    for run in args.runs:
-        evals = [
-            p
-            for p in store.list_prefixes(keys.RUNS_PREFIX)
-            if evaluates(p.removeprefix(keys.RUNS_PREFIX).rstrip("/"), run)
-        ]
-        when = datetime.now(UTC).isoformat(timespec="seconds")
-        store.put_json(keys.removed_run_key(run), {"run_id": run, "removed_at": when})
-        deleted = sum(store.delete_prefix(p) for p in [keys.run_prefix(run), *evals])
-        forget_run(settings.policy_cache, run)
-        print(f"deleted run {run}: {deleted} objects ({len(evals)} evaluations), cached policies")
+    for run in args.runs:  # in an order a rerun finishes (runs_remove.py)
+        print(remove_run(store, settings.policy_cache, run))
     return 0
 
 

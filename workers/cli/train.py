@@ -16,8 +16,14 @@ goes on in the background workers), and
     tempered stop RUN [--reason TEXT]           # no new tasks; it ends as a finished run does
     tempered stop RUN --cancel                  # cancel it now, learner included; no report
 
-Exit status: 0 done, 1 the run failed, 2 a bad preset, override, base model, suite or run
-(nothing started), 130 detached.
+A new run's id must be new. One with objects under `runs/<id>/` (a finished or failed run, or
+one in progress, which `--attach` follows) or one `tempered runs rm` removed (`removed/<id>.json`)
+is refused once the store answers, before the workers and the run start (`--dry-run` checks it
+where S3 answers, and says where not); one whose workflow runs, when its start is refused. A home
+that is no writable directory is refused before anything (`infra.stack.check_home`).
+
+Exit status: 0 done, 1 the run failed, 2 a bad preset, override, base model, suite, home, run
+id or run (nothing started), 130 detached.
 """
 
 from __future__ import annotations
@@ -32,13 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from contracts.names import Queue, Workflow
 from contracts.run import TrainingRunInput, TrainingRunResult
-from infra import stack
+from infra import keys, stack
 from infra.policy import SMOLLM2, TINY, check_base_model
 from infra.presets import DEFAULT, load_preset, preset_names
 from infra.settings import Settings
+from infra.storage import ObjectStore, StorageError
 from infra.tasks import BUILTIN_SUITES, absolute_suite, load_quarantine, load_suite
 from workers.background import ensure_workers
 from workers.cli.errors import number, run_id
@@ -92,9 +100,17 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     stop.set_defaults(func=stop_cmd)
 
 
+class RunIdTaken(ValueError):
+    """A new run's `--run-id` that names a run already, and why."""
+
+    def __init__(self, run: str, why: str):
+        super().__init__(f"run id {run!r} is taken ({why}); choose another --run-id")
+
+
 def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
     if args.attach is not None:
         return _attach_cmd(args, settings)
+    unchecked = None
     try:
         run_input = load_preset(
             args.preset,
@@ -107,15 +123,27 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
             keep_versions=args.keep_versions,
         )
         check_inputs(settings, run_input, workers_here=not args.no_workers)
+        if args.dry_run:
+            unchecked = _check_run_id_if_up(settings, run_input.run_id)
     except ValueError as exc:  # unknown preset, bad TOML, an override out of bounds, bad model…
         print(f"tempered train: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
+        if unchecked is not None:
+            print(
+                f"tempered train: run id {run_input.run_id!r} not checked ({unchecked}); a run "
+                "checks it once the stack is up",
+                file=sys.stderr,
+            )
         print(json.dumps(plan(settings, run_input, workers=not args.no_workers), indent=2))
         return 0
-    _bring_up(settings, workers=not args.no_workers)
-    started = time.monotonic()
-    result = asyncio.run(_train(settings, run_input))
+    try:
+        _bring_up(settings, workers=not args.no_workers, new_run=run_input.run_id)
+        started = time.monotonic()
+        result = asyncio.run(_train(settings, run_input))
+    except RunIdTaken as exc:
+        print(f"tempered train: {exc}", file=sys.stderr)
+        return 2
     return _report(settings, run_input, result, time.monotonic() - started)
 
 
@@ -131,10 +159,11 @@ def absolute(spec: str | None) -> str | None:
 
 
 def check_inputs(settings: Settings, run_input: TrainingRunInput, workers_here: bool) -> None:
-    """ValueError for a base model or suite the run could not use, before anything starts. The
-    workers read both: with `--no-workers` they may run elsewhere, so a path that is not here
-    is theirs to read (as `absolute` leaves it), and only what this machine can see is
-    checked; names (presets, built-in suites) always are."""
+    """ValueError for a home, base model or suite the run could not use, before anything starts.
+    The workers read the model and suite: with `--no-workers` they may run elsewhere, so a path
+    that is not here is theirs to read (as `absolute` leaves it), and only what this machine
+    can see is checked; names (presets, built-in suites) always are."""
+    stack.check_home(settings)
 
     def theirs(spec: str) -> bool:  # a path (not a name) this machine does not have
         path = spec.removeprefix("harbor:")
@@ -144,6 +173,36 @@ def check_inputs(settings: Settings, run_input: TrainingRunInput, workers_here: 
         check_base_model(run_input.base_model)
     if workers_here or not theirs(run_input.suite):
         check_suite(settings, run_input.suite)
+
+
+def check_run_id(store: ObjectStore, run: str) -> None:
+    """RunIdTaken if the store knows run `run`: `tempered runs rm` removed it (prepare_run
+    refuses the id: workers may still cache its policies under it), or objects of it are stored
+    (a rerun of the same command passed prepare_run's create-only write of an identical
+    run.json, then met the old run's trajectories and acks). Both were found only after the
+    stack, five workers and the workflow had started; a run in progress is `--attach`ed to."""
+    removed = store.head(keys.removed_run_key(run))
+    if removed is not None:
+        where = f"s3://{store.bucket}/{removed.key}"
+        raise RunIdTaken(run, f"`tempered runs rm` removed a run with it: {where}")
+    prefix = keys.run_prefix(run)
+    if next(iter(store.list_keys(prefix)), None) is not None:
+        follow = f"`tempered train --attach {run}` follows it while it runs"
+        raise RunIdTaken(
+            run, f"a run with it is stored under s3://{store.bucket}/{prefix}; {follow}"
+        )
+
+
+def _check_run_id_if_up(settings: Settings, run: str) -> str | None:
+    """`check_run_id` for `--dry-run`, which starts no stack: where S3 answers at the first try;
+    else why not (None: checked)."""
+    try:
+        store = ObjectStore(settings.s3.model_copy(update={"max_attempts": 1}))
+        store.check()
+        check_run_id(store, run)
+    except StorageError as exc:
+        return str(exc)
+    return None
 
 
 def check_suite(settings: Settings, suite: str) -> None:
@@ -238,19 +297,28 @@ def plan(settings: Settings, run_input: TrainingRunInput, workers: bool) -> dict
     }
 
 
-def _bring_up(settings: Settings, workers: bool) -> None:
+def _bring_up(settings: Settings, workers: bool, new_run: str | None = None) -> None:
     """The stack and the background workers, where not running (a rebooted machine's stack
     restarts from its files, and the runs it held go on); an external Temporal is only checked
-    to answer (`stack.up`)."""
+    to answer (`stack.up`). A `new_run`'s id is checked once the store answers, before the
+    workers start."""
     for line in stack.up(settings):
         print(line)
+    if new_run is not None:
+        check_run_id(ObjectStore.from_settings(settings), new_run)
     for line in ensure_workers(settings) if workers else []:
         print(line)
 
 
 async def _train(settings: Settings, run_input: TrainingRunInput) -> TrainingRunResult:
     client = await connect(settings)
-    handle = await start_run(client, run_input)
+    try:
+        handle = await start_run(client, run_input)
+    except WorkflowAlreadyStartedError:  # started, and nothing stored yet: `check_run_id` passed
+        run = run_input.run_id
+        raise RunIdTaken(
+            run, f"it is running: `tempered train --attach {run}` follows it"
+        ) from None
     print(f"started {Workflow.TRAINING_RUN.value} {handle.id}")
     return await _follow(client, handle, run_input, settings)
 

@@ -1,0 +1,68 @@
+"""A `tempered runs rm` that stops half way (S3 fails, Ctrl-C) is finished by running it again:
+the run's own objects go last, so the rerun still finds the run. Before, they went first, and
+the rerun stopped at "unknown run" with the evaluations and cached policies left for good."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from infra import keys
+from infra.seaweed import pick_free_ports
+from infra.settings import Settings, TemporalSettings
+from infra.storage import ObjectStore, TransientStorageError
+from tests.fixtures.s3 import SeaweedServer
+from workers.cli import run
+
+RUN = "demo"
+EVALUATIONS = ("demo-eval-v0", "demo-eval-v3-humaneval")
+Capture = pytest.CaptureFixture[str]
+
+
+@pytest.fixture
+def settings(seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path) -> Settings:
+    """The test's bucket; a Temporal nothing listens at (`rm --force` goes on without it)."""
+    return Settings(
+        home=tmp_path,
+        s3=seaweed.settings.model_copy(update={"bucket": store.bucket}),
+        temporal=TemporalSettings(address=f"127.0.0.1:{pick_free_ports()[0]}"),
+    )
+
+
+@pytest.mark.parametrize("failing", [2, 3], ids=["in an evaluation", "in the run itself"])
+def test_an_interrupted_rm_is_finished_by_a_rerun(
+    failing: int,
+    store: ObjectStore,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Capture,
+) -> None:
+    for key in (keys.run_record_key(RUN), keys.trajectory_key(RUN, "t", 0), "runs/demo2/x"):
+        store.put_text(key, "{}")
+    for evaluation in EVALUATIONS:
+        store.put_text(keys.trajectory_key(evaluation, "t", 0), "{}")
+    cached = settings.policy_cache / RUN / "v000001"
+    cached.mkdir(parents=True)
+    calls = []
+    real_delete = ObjectStore.delete_keys
+
+    def delete_keys(self: ObjectStore, doomed: list[str]) -> int:  # S3 fails on call `failing`
+        calls.append(doomed)
+        if len(calls) == failing:
+            raise TransientStorageError("delete: S3 at http://s3 is unavailable (503)")
+        return real_delete(self, doomed)
+
+    monkeypatch.setattr(ObjectStore, "delete_keys", delete_keys)
+    assert run(["runs", "rm", RUN, "--force"], settings) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tempered runs: delete: S3 at http://s3 is unavailable (503); ")
+    assert f"rm of run {RUN} stopped; done: " in err and len(err.splitlines()) == 1
+    assert "evaluation demo-eval-v0" in err and "run the same `tempered runs rm` again" in err
+    assert ("its cached policies" in err) == (failing == 3)
+
+    monkeypatch.setattr(ObjectStore, "delete_keys", real_delete)
+    assert run(["runs", "rm", RUN, "--force"], settings) == 0  # was: "unknown run 'demo'"
+    assert f"deleted run {RUN}:" in capsys.readouterr().out
+    assert list(store.list_keys(keys.RUNS_PREFIX)) == ["runs/demo2/x"]
+    assert not cached.exists() and store.exists(keys.removed_run_key(RUN))

@@ -1,0 +1,53 @@
+"""How `tempered runs rm` deletes one run (`workers/cli/runs.py` checks first that it may):
+in an order that a rerun of the command finishes, whenever it stopped.
+
+    line = remove_run(store, settings.policy_cache, "exp1")   # "deleted run exp1: ..."
+
+First `removed/<run>.json` (the id is never used again, `infra/keys.py`), then the run's
+evaluations (`runs/<run>-eval-.../`), then its locally cached policy versions, and the run's
+own `runs/<run>/` last: until that is gone a rerun finds the run (`tempered runs rm` refuses an
+unknown one) and deletes what is left. Deleting the run's prefix first left a rerun stopped at
+"unknown run", with the evaluations and cached policies kept for good. An S3 error on the way
+names what was done already. It does not ask whether the run runs (the caller did).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import UTC, datetime
+from pathlib import Path
+
+from contracts.names import evaluates
+from infra import keys
+from infra.policy_cache import forget_run
+from infra.storage import ObjectExists, ObjectStore, StorageError
+
+
+def remove_run(store: ObjectStore, cache_dir: Path, run: str) -> str:
+    """Delete `run`'s objects, its evaluations' and its policy versions in `cache_dir`; the
+    line that says what went. A StorageError says what was deleted before it."""
+    evals = [
+        prefix
+        for prefix in store.list_prefixes(keys.RUNS_PREFIX)
+        if evaluates(prefix.removeprefix(keys.RUNS_PREFIX).rstrip("/"), run)
+    ]
+    done: list[str] = []
+    try:
+        when = datetime.now(UTC).isoformat(timespec="seconds")
+        with contextlib.suppress(ObjectExists):  # a rerun keeps the first removal's record
+            record = {"run_id": run, "removed_at": when}
+            store.put_json(keys.removed_run_key(run), record, create_only=True)
+        done.append(f"wrote {keys.removed_run_key(run)}")
+        deleted = 0
+        for prefix in evals:
+            deleted += store.delete_prefix(prefix)
+            done.append(f"deleted evaluation {prefix.removeprefix(keys.RUNS_PREFIX).rstrip('/')}")
+        forget_run(cache_dir, run)
+        done.append("deleted its cached policies")
+        deleted += store.delete_prefix(keys.run_prefix(run))  # last: a rerun finds the run
+    except StorageError as exc:
+        raise StorageError(
+            f"{exc}; rm of run {run} stopped; done: {', '.join(done) or 'nothing'}; run the same "
+            "`tempered runs rm` again to finish it"
+        ) from None
+    return f"deleted run {run}: {deleted} objects ({len(evals)} evaluations), cached policies"
