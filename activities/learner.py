@@ -67,6 +67,7 @@ from infra.policy import (
     publish_policy,
 )
 from infra.policy_cache import fetch_policy
+from infra.run_ids import removal_record
 from infra.settings import Settings
 from infra.storage import DigestMismatch, ObjectExists, ObjectNotFound, ObjectStore
 from infra.telemetry import record_learner_step, record_queue_wait, record_staleness, span
@@ -96,7 +97,7 @@ class LearnerActivities:
         """Publish `req.base_model` as version 0 of the run; a no-op when v0 already exists.
         A run id `tempered runs rm` removed is refused: workers that served that run may still
         hold its policies and ledger segments in memory and caches, under the same names."""
-        removed = await asyncio.to_thread(self.store.head, keys.removed_run_key(req.run_id))
+        removed = await asyncio.to_thread(removal_record, self.store, req.run_id)
         if removed is not None:
             raise invalid(
                 "run_id",

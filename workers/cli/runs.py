@@ -51,6 +51,7 @@ from infra.policy import latest_policy, policy_manifest, policy_versions
 from infra.policy_cache import forget_run
 from infra.regrade import OUTCOMES, Regrading
 from infra.retention import prune_versions
+from infra.run_ids import removal_record, run_stored
 from infra.sandbox import get_backend
 from infra.settings import SandboxBackendName, Settings
 from infra.storage import ObjectNotFound, ObjectStore, StorageError
@@ -127,8 +128,10 @@ def _names(store: ObjectStore, prefix: str) -> list[str]:
     return [p[len(prefix) :].rstrip("/") for p in store.list_prefixes(prefix)]
 
 
-def _require_run(store: ObjectStore, run: str) -> None:
-    if next(iter(store.list_keys(keys.run_prefix(run))), None) is None:
+def _require_run(store: ObjectStore, run: str, removing: bool = False) -> None:
+    """ValueError unless `run` names a run; `removing`: or one an interrupted `rm` removed in
+    part (its removal record written: a rerun finishes it)."""
+    if not run_stored(store, run) and not (removing and removal_record(store, run)):
         raise ValueError(
             f"unknown run {run!r}: nothing stored under s3://{store.bucket}/runs/{run}/"
         )
@@ -267,7 +270,7 @@ def runs_show(args: argparse.Namespace, settings: Settings) -> int:
 @_user_errors
 def runs_rm(args: argparse.Namespace, settings: Settings) -> int:
     store = _open_store(settings)
-    _refuse_running(store, settings, args.runs, args.force, "deleted")
+    _refuse_running(store, settings, args.runs, args.force, "deleted", removing=True)
     for run in args.runs:  # in an order a rerun finishes (runs_remove.py)
         print(remove_run(store, settings.policy_cache, run))
     return 0
@@ -291,11 +294,16 @@ def runs_prune(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _refuse_running(
-    store: ObjectStore, settings: Settings, runs: list[str], force: bool, done: str
+    store: ObjectStore,
+    settings: Settings,
+    runs: list[str],
+    force: bool,
+    done: str,
+    removing: bool = False,
 ) -> None:
     """ValueError for an unknown run, a running one, or (unless `force`) no Temporal to ask."""
     for run in runs:
-        _require_run(store, run)
+        _require_run(store, run, removing)
     try:
         running = asyncio.run(_running(settings, runs))
     except (OSError, RuntimeError, RPCError) as exc:  # no Temporal to ask, or it failed

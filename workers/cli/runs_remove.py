@@ -5,15 +5,14 @@ in an order that a rerun of the command finishes, whenever it stopped.
 
 First `removed/<run>.json` (the id is never used again, `infra/keys.py`), then the run's
 evaluations (`runs/<run>-eval-.../`), then its locally cached policy versions, and the run's
-own `runs/<run>/` last: until that is gone a rerun finds the run (`tempered runs rm` refuses an
-unknown one) and deletes what is left. Deleting the run's prefix first left a rerun stopped at
+own `runs/<run>/` last. A rerun of `rm` takes a run with a removal record as one to finish
+(`infra.run_ids`; other commands call it unknown) and deletes what is left. Deleting the run's prefix first left a rerun stopped at
 "unknown run", with the evaluations and cached policies kept for good. An S3 error on the way
 names what was done already. It does not ask whether the run runs (the caller did).
 """
 
 from __future__ import annotations
 
-import contextlib
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -34,10 +33,12 @@ def remove_run(store: ObjectStore, cache_dir: Path, run: str) -> str:
     done: list[str] = []
     try:
         when = datetime.now(UTC).isoformat(timespec="seconds")
-        with contextlib.suppress(ObjectExists):  # a rerun keeps the first removal's record
+        try:  # a rerun keeps the first removal's record
             record = {"run_id": run, "removed_at": when}
             store.put_json(keys.removed_run_key(run), record, create_only=True)
-        done.append(f"wrote {keys.removed_run_key(run)}")
+            done.append(f"wrote {keys.removed_run_key(run)}")
+        except ObjectExists:
+            done.append(f"kept {keys.removed_run_key(run)}")
         deleted = 0
         for prefix in evals:
             deleted += store.delete_prefix(prefix)
@@ -47,7 +48,7 @@ def remove_run(store: ObjectStore, cache_dir: Path, run: str) -> str:
         deleted += store.delete_prefix(keys.run_prefix(run))  # last: a rerun finds the run
     except StorageError as exc:
         raise StorageError(
-            f"{exc}; rm of run {run} stopped; done: {', '.join(done) or 'nothing'}; run the same "
-            "`tempered runs rm` again to finish it"
+            f"{exc}; rm of run {run} stopped; done: {', '.join(done) or 'nothing'}; run "
+            f"`tempered runs rm {run}` again to finish it"
         ) from None
     return f"deleted run {run}: {deleted} objects ({len(evals)} evaluations), cached policies"

@@ -45,6 +45,7 @@ from contracts.run import TrainingRunInput, TrainingRunResult
 from infra import keys, stack
 from infra.policy import SMOLLM2, TINY, check_base_model
 from infra.presets import DEFAULT, load_preset, preset_names
+from infra.run_ids import removal_record, run_stored
 from infra.settings import Settings
 from infra.storage import ObjectStore, StorageError
 from infra.tasks import BUILTIN_SUITES, absolute_suite, load_quarantine, load_suite
@@ -181,12 +182,12 @@ def check_run_id(store: ObjectStore, run: str) -> None:
     (a rerun of the same command passed prepare_run's create-only write of an identical
     run.json, then met the old run's trajectories and acks). Both were found only after the
     stack, five workers and the workflow had started; a run in progress is `--attach`ed to."""
-    removed = store.head(keys.removed_run_key(run))
+    removed = removal_record(store, run)
     if removed is not None:
         where = f"s3://{store.bucket}/{removed.key}"
         raise RunIdTaken(run, f"`tempered runs rm` removed a run with it: {where}")
-    prefix = keys.run_prefix(run)
-    if next(iter(store.list_keys(prefix)), None) is not None:
+    if run_stored(store, run):
+        prefix = keys.run_prefix(run)
         follow = f"`tempered train --attach {run}` follows it while it runs"
         raise RunIdTaken(
             run, f"a run with it is stored under s3://{store.bucket}/{prefix}; {follow}"
@@ -305,7 +306,10 @@ def _bring_up(settings: Settings, workers: bool, new_run: str | None = None) -> 
     for line in stack.up(settings):
         print(line)
     if new_run is not None:
-        check_run_id(ObjectStore.from_settings(settings), new_run)
+        try:
+            check_run_id(ObjectStore.from_settings(settings), new_run)
+        except StorageError as exc:  # the workers' store may be theirs alone (`--no-workers`)
+            print(f"tempered train: run id {new_run!r} not checked here ({exc})", file=sys.stderr)
     for line in ensure_workers(settings) if workers else []:
         print(line)
 

@@ -58,7 +58,7 @@ def test_an_interrupted_rm_is_finished_by_a_rerun(
     err = capsys.readouterr().err
     assert err.startswith("tempered runs: delete: S3 at http://s3 is unavailable (503); ")
     assert f"rm of run {RUN} stopped; done: " in err and len(err.splitlines()) == 1
-    assert "evaluation demo-eval-v0" in err and "run the same `tempered runs rm` again" in err
+    assert "evaluation demo-eval-v0" in err and f"run `tempered runs rm {RUN}` again" in err
     assert ("its cached policies" in err) == (failing == 3)
 
     monkeypatch.setattr(ObjectStore, "delete_keys", real_delete)
@@ -66,3 +66,32 @@ def test_an_interrupted_rm_is_finished_by_a_rerun(
     assert f"deleted run {RUN}:" in capsys.readouterr().out
     assert list(store.list_keys(keys.RUNS_PREFIX)) == ["runs/demo2/x"]
     assert not cached.exists() and store.exists(keys.removed_run_key(RUN))
+
+
+def test_a_rerun_finishes_the_run_an_rm_of_two_stopped_in(
+    store: ObjectStore,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: Capture,
+) -> None:
+    """`rm a b` stopped inside b: a was gone for good, and the rerun the error advised (`rm a
+    b`) stopped at "unknown run 'a'" before b. A run with a removal record counts as one to
+    finish; the rerun deletes what is left of b, and a again (nothing)."""
+    for run_id in ("a", "b"):
+        store.put_text(keys.run_record_key(run_id), "{}")
+        store.put_text(keys.trajectory_key(run_id, "t", 0), "{}")
+    real_delete = ObjectStore.delete_keys
+
+    def delete_keys(self: ObjectStore, doomed: list[str]) -> int:
+        if any(key.startswith("runs/b/") for key in doomed):
+            raise TransientStorageError("delete: S3 at http://s3 is unavailable (503)")
+        return real_delete(self, doomed)
+
+    monkeypatch.setattr(ObjectStore, "delete_keys", delete_keys)
+    assert run(["runs", "rm", "a", "b", "--force"], settings) == 2
+    assert "run `tempered runs rm b` again" in capsys.readouterr().err
+    monkeypatch.setattr(ObjectStore, "delete_keys", real_delete)
+    assert run(["runs", "rm", "a", "b", "--force"], settings) == 0, capsys.readouterr().err
+    assert list(store.list_keys(keys.RUNS_PREFIX)) == []
+    assert run(["runs", "show", "a"], settings) == 2  # removed: no run to show
+    assert "unknown run 'a'" in capsys.readouterr().err

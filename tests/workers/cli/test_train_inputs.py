@@ -138,3 +138,26 @@ def test_a_home_that_is_no_writable_directory_is_refused(
     with pytest.raises(ValueError, match="is not a writable directory"):
         infra_stack.up(settings)  # `tempered up`, `train --attach`
     assert not (tmp_path / "ro" / "home").exists()
+
+
+def test_a_store_this_machine_cannot_reach_leaves_the_run_id_to_the_workers(
+    settings: Settings, nothing_starts: list[str], monkeypatch: pytest.MonkeyPatch, capsys: Capture
+) -> None:
+    """With `--no-workers` the workers' S3 may be theirs alone (an in-cluster address): the
+    check of the id stopped the run with exit 1 before it started. It says the id was not
+    checked here and goes on (a running id is refused at the start, a removed one by
+    prepare_run)."""
+    endpoint = f"http://127.0.0.1:{pick_free_ports()[0]}"
+    s3 = settings.s3.model_copy(update={"endpoint": endpoint, "max_attempts": 1})
+    elsewhere = settings.model_copy(update={"s3": s3})
+    reached: list[str] = []
+
+    async def train(settings: Settings, run_input: object) -> None:
+        reached.append("run")
+        raise SystemExit(0)
+
+    monkeypatch.setattr(train_cli, "_train", train)
+    with pytest.raises(SystemExit):
+        run(["train", "--preset", "tiny", "--run-id", "fresh1", "--no-workers"], elsewhere)
+    err = capsys.readouterr().err
+    assert err.startswith("tempered train: run id 'fresh1' not checked here (") and reached
