@@ -51,4 +51,6 @@ def remove_run(store: ObjectStore, cache_dir: Path, run: str) -> str:
             f"{exc}; rm of run {run} stopped; done: {', '.join(done) or 'nothing'}; run "
             f"`tempered runs rm {run}` again to finish it"
         ) from None
+    if deleted == 0 and done[0].startswith("kept"):
+        return f"run {run} was removed already ({keys.removed_run_key(run)}): nothing left of it"
     return f"deleted run {run}: {deleted} objects ({len(evals)} evaluations), cached policies"

@@ -238,7 +238,9 @@ def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
     ]
     assert not (tmp_path / "cache" / "policies" / RUN).exists() and not blob.exists()
     assert store.exists(keys.removed_run_key(RUN))  # the id is not used again (prepare_run)
-    assert cli(["runs", "rm", RUN, "--force"], settings) == 2  # gone: an unknown run now
+    assert cli(["runs", "rm", RUN, "--force"], settings) == 0  # a rerun: nothing left
+    assert "run demo was removed already (removed/demo.json)" in capsys.readouterr().out
+    assert cli(["runs", "show", RUN], settings) == 2  # gone: an unknown run now
     assert "unknown run 'demo'" in capsys.readouterr().err
 
 
