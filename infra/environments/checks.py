@@ -18,8 +18,10 @@ Two kinds (`tree.Check.kind`, carried by the hidden-tests tree):
   /logs/verifier/reward.txt. The script runs with the workspace's code, as in Harbor.
 
 A task whose check cannot work (no check in the tests tree, a script that exits without a
-reward, a reward that is not a number in [0, 1]) raises `InvalidTask`, naming the file; that
-is the task's fault, never retried and never a reward.
+reward, a reward that is not a number in [0, 1] or is longer than 64 bytes) raises
+`InvalidTask`, naming the file; that is the task's fault, never retried and never a reward.
+`read_regular` is how such files are read (the Harbor loader's task files too): never a FIFO's
+wait, never more bytes than asked for.
 
 Not covered: a `script` check's verdict is only as strong as Harbor's. The workspace's code runs
 inside the script's sandbox, under its uid, so code that writes /logs/verifier/reward.txt itself
@@ -45,6 +47,8 @@ from infra.sandbox.base import JobTooLarge, SandboxBackend
 from infra.sandbox.workspace import CommandResult, CommandRunner, Mounts
 
 REWARD_FILE = "reward.txt"
+MAX_REWARD_BYTES = 64
+"""The longest reward.txt: a number, with room for digits, a sign and spaces."""
 LOGS_DIR = "/logs/verifier"
 TESTS_DIR = "/tests"
 MAX_PROGRAM_FILE = 1 << 20
@@ -175,25 +179,67 @@ async def check_script(
     return Graded(_result(ran, runner, limits, status, reward), reward)
 
 
+class NotARegularFile(OSError):
+    """A path `read_regular` will not read: a FIFO, a directory, a device, a socket."""
+
+
+class FileTooLarge(ValueError):
+    """A file holding more bytes than its reader takes (`size`: how many it holds)."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        super().__init__(f"{path}: {size} bytes")
+        self.size = size
+
+
+def read_regular(path: Path, max_bytes: int, *, follow_links: bool = False) -> bytes:
+    """The bytes of the regular file at `path`, at most `max_bytes` (else `FileTooLarge`). It
+    is opened without waiting (a FIFO's open waits for a writer that may never come) and, unless
+    `follow_links`, without following a link; its size is looked at before it is read, so a
+    large (or sparse) file is never read. OSError where it is no regular file
+    (`NotARegularFile`) or cannot be read."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # a directory opens, and its read was a fault
+            raise NotARegularFile(f"{path}: not a regular file")
+        if info.st_size > max_bytes:
+            raise FileTooLarge(path, info.st_size)
+        handle = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        data = handle.read(info.st_size + 1)
+        if len(data) > info.st_size:  # it grew since: read on to the limit
+            data += handle.read(max_bytes + 1 - len(data))
+    if len(data) > max_bytes:
+        raise FileTooLarge(path, len(data))
+    return data
+
+
 def read_reward(path: Path, check: Check, ran: CommandResult) -> float:
-    """The number in reward.txt (opened without following links, at most 64 bytes read)."""
+    """The number in reward.txt (opened without following links; `MAX_REWARD_BYTES` at most,
+    all of it read: a number followed by more than fits was once read as the number)."""
     where = f"tests/{check.tests}"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        data = read_regular(path, MAX_REWARD_BYTES)
     except FileNotFoundError:
         raise InvalidTask(
             f"{where} wrote no reward to {LOGS_DIR}/{REWARD_FILE} ({ran.detail or 'exit status 0'}); "
             f"stderr: {ran.stderr.strip()[-300:]!r}"
         ) from None
+    except FileTooLarge:
+        raise InvalidTask(
+            f"{where}: {LOGS_DIR}/{REWARD_FILE} holds more than {MAX_REWARD_BYTES} bytes"
+        ) from None
+    except NotARegularFile:
+        raise InvalidTask(f"{where}: {LOGS_DIR}/{REWARD_FILE} is not a regular file") from None
     except OSError as exc:
         raise InvalidTask(
             f"{where}: {LOGS_DIR}/{REWARD_FILE} is not a regular file ({exc.strerror})"
         ) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory opens, and its read was a fault
-        os.close(fd)
-        raise InvalidTask(f"{where}: {LOGS_DIR}/{REWARD_FILE} is not a regular file")
-    with os.fdopen(fd, "rb") as handle:
-        text = handle.read(64).decode("ascii", "replace").strip()
+    text = data.decode("ascii", "replace").strip()
     try:
         reward = float(text)
     except ValueError:
@@ -202,7 +248,7 @@ def read_reward(path: Path, check: Check, ran: CommandResult) -> float:
         ) from None
     if not 0.0 <= reward <= 1.0:
         raise InvalidTask(f"{where} wrote the reward {reward}, outside [0, 1]")
-    return reward
+    return reward + 0.0  # -0.0 + 0.0 is 0.0: a score of "-0" nowhere
 
 
 def _result(

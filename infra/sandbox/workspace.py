@@ -250,6 +250,11 @@ class CommandRunner:
         except OSError as exc:
             os.close(status_r)
             raise SandboxNotUp(f"cannot start the workspace sandbox: {exc}") from exc
+        except ValueError as exc:  # a NUL byte: the caller's input, the same on every try
+            os.close(status_r)
+            raise ValueError(
+                f"cannot start the workspace sandbox: {exc} in its command, paths or variables"
+            ) from exc
         finally:
             os.close(status_w)
         status = asyncio.StreamReader()

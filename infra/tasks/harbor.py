@@ -13,23 +13,37 @@ A task directory (Harbor's layout):
 
 Paths are Harbor's: the workspace at the Dockerfile's WORKDIR (/app when it sets none), the
 tests at /tests (read-only, only while verifying), the solution at /solution, the verifier's
-output under /logs/verifier/. The local and gVisor backends run a task's environment as a
+output under /logs/verifier. The local and gVisor backends run a task's environment as a
 file tree over the host's read-only system, so the Dockerfile may only use FROM (the base is
 ignored), WORKDIR, COPY and ENV, read as Docker reads them (`infra/tasks/harbor_dockerfile.py`
 says how far); anything else in it is an error naming the file and line.
 
+task.toml is Harbor's. Tempered reads `[verifier] timeout_sec` (a number of seconds),
+`[verifier.env]` (variable names as a Dockerfile's ENV takes them; strings, numbers and
+booleans, spelt as TOML spells them; no NUL) and `[metadata] split`; a wrong type there is an
+error, never coerced. The rest of Harbor's format is accepted and ignored: the other keys of
+[verifier] (user, network_mode, allowed_hosts, environment_mode, environment, continuous,
+collect), the rest of [metadata], and the top-level version, schema_version, source, steps,
+artifacts, multi_step_reward_strategy, [task], [agent], [environment] and [solution]. A key
+Harbor does not have, at the top or in [verifier], is an error listing the known ones (a typo
+such as `timeout_secs` once gave the default silently).
+
 A task with bad input is reported with its directory and file (and line), and the other tasks
 still load: no instruction.md, an unreadable task.toml or one with a bad field, a task file or
 directory that is a link (task.toml, instruction.md, tests/, tests/test.sh, solution/,
-environment/, the Dockerfile: its target may lie anywhere on the host), a Dockerfile it cannot
-use (a bad WORKDIR or file tree is the Dockerfile's error, not task.toml's), a file it cannot
-read.
+environment/, the Dockerfile: its target may lie anywhere on the host), a task file that is
+no regular file (a FIFO is never waited on), files that take more than a workspace's size in
+all (`max_mb`, each looked at before it is read: `harbor_dockerfile.Budget`), a Dockerfile it
+cannot use (a bad WORKDIR or file tree is the Dockerfile's error, not task.toml's), a file it
+cannot read. A directory holding task.toml and task directories too is refused whole: which
+was meant is not for the loader to guess.
 
 Not covered: images (the Kubernetes backend's business), multi-stage builds, `.dockerignore`.
 """
 
 from __future__ import annotations
 
+import datetime
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -38,7 +52,14 @@ from pydantic import ValidationError
 
 from contracts.common import describe_validation_error, is_identifier
 from infra.environments.tree import Check
-from infra.tasks.harbor_dockerfile import TaskInputError, read_dockerfile, tree
+from infra.tasks.harbor_dockerfile import (
+    ENV_KEY,
+    MAX_TASK_MB,
+    Budget,
+    TaskInputError,
+    read_dockerfile,
+    tree,
+)
 from infra.tasks.workspace_task import WorkspaceTask, workspace_task
 
 __all__ = ["PREFIX", "TaskInputError", "is_harbor", "load_harbor", "load_task", "read_dockerfile"]
@@ -48,51 +69,85 @@ _BLAME = {"workspace": "environment/Dockerfile", "": "environment/Dockerfile"}
 """The file at fault for a task's ValidationError, by its first field (`""`: a tree's, the
 workspace's: tests/ and solution/ are directories, they cannot clash), else task.toml."""
 LINKED = ("", "task.toml", "instruction.md", "tests", "tests/test.sh", "solution", "environment")
+KEYS = {
+    "": (
+        ("verifier", "metadata"),
+        ("version", "schema_version", "source", "steps", "artifacts",
+         "multi_step_reward_strategy", "task", "agent", "environment", "solution"),
+    ),
+    "verifier": (
+        ("timeout_sec", "env"),
+        ("user", "network_mode", "allowed_hosts", "environment_mode", "environment",
+         "continuous", "collect"),
+    ),
+}  # fmt: skip
+"""Harbor's task.toml keys, at the top and in [verifier]: (those Tempered reads, those it
+ignores). Any other key there is an error."""
 
 
 def is_harbor(suite: str) -> bool:
     return suite.startswith(PREFIX)
 
 
-def load_harbor(path: str | Path) -> tuple[list[WorkspaceTask], dict[str, str]]:
+def load_harbor(
+    path: str | Path, *, max_mb: int = MAX_TASK_MB
+) -> tuple[list[WorkspaceTask], dict[str, str]]:
     """The tasks under `path` (a task directory, or a directory of task directories, sorted)
-    and, by directory name, one error line per task directory that could not be loaded."""
+    and, by directory name, one error line per task directory that could not be loaded (among
+    them those whose files take more than `max_mb` in all)."""
     root = Path(path)
     if not root.is_dir():
         raise ValueError(f"{root}: no such directory of Harbor tasks")
-    directories = [root] if (root / "task.toml").exists() else sorted(
+    children = sorted(
         child for child in root.iterdir() if child.is_dir() and (child / "task.toml").exists()
-    )  # fmt: skip
-    if not directories:
+    )
+    if (root / "task.toml").exists():
+        if children:
+            names = ", ".join(child.name for child in children[:5])
+            raise ValueError(
+                f"{root}: holds task.toml and task directories too ({names}): name one task "
+                "directory, or a directory of them without a task.toml of its own"
+            )
+        children = [root]
+    if not children:
         raise ValueError(f"{root}: no Harbor task (a directory with task.toml) in it")
     tasks: list[WorkspaceTask] = []
     errors: dict[str, str] = {}
-    for directory in directories:
+    for directory in children:
         try:
-            tasks.append(load_task(directory, suite=f"{PREFIX}{path}"))
+            tasks.append(load_task(directory, suite=f"{PREFIX}{path}", max_mb=max_mb))
         except TaskInputError as exc:
             errors[directory.name] = str(exc)
     return tasks, errors
 
 
-def load_task(directory: Path, suite: str) -> WorkspaceTask:
-    """One Harbor task directory as a workspace task; TaskInputError naming the file at fault."""
+def load_task(directory: Path, suite: str, *, max_mb: int = MAX_TASK_MB) -> WorkspaceTask:
+    """One Harbor task directory as a workspace task, its files read within `max_mb`;
+    TaskInputError naming the task and the file at fault."""
     name = directory.name
     if not is_identifier(name):
         raise TaskInputError(f"{directory}: the directory name is not a valid task id")
+    try:
+        return _load(directory, name, suite, Budget(max_mb))
+    except TaskInputError as exc:
+        raise TaskInputError(f"task {name}: {exc}") from None
 
+
+def _load(directory: Path, name: str, suite: str, budget: Budget) -> WorkspaceTask:
     def fail(file: str, why: str) -> TaskInputError:
-        return TaskInputError(f"task {name}: {directory / file}: {why}")
+        return TaskInputError(f"{directory / file}: {why}")
 
     for part in (*LINKED, "environment/Dockerfile"):  # before any is read
         if (directory / part).is_symlink():  # its target may lie anywhere: read it as a copy
             raise fail(part or ".", "is a link: a task's files must lie in its directory")
     try:
-        config = tomllib.loads((directory / "task.toml").read_text(encoding="utf-8"))
+        text = budget.read(directory / "task.toml", follow_links=False).decode("utf-8")
+        config = tomllib.loads(text)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise fail("task.toml", f"unreadable ({exc})") from None
     try:
-        prompt = (directory / "instruction.md").read_text(encoding="utf-8").strip()
+        data = budget.read(directory / "instruction.md", follow_links=False)
+        prompt = data.decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise fail("instruction.md", f"missing or unreadable ({exc.__class__.__name__})") from None
     if not prompt:
@@ -103,42 +158,93 @@ def load_task(directory: Path, suite: str) -> WorkspaceTask:
     if not dockerfile.is_file():
         raise fail("environment/Dockerfile", "missing")
     try:
-        verifier = _table(config, "verifier")
-        metadata = _table(config, "metadata")
-        check = Check(
-            kind="script",
-            tests="test.sh",
-            timeout_s=verifier.get("timeout_sec"),
-            env={str(k): str(v) for k, v in _table(verifier, "env", "verifier.").items()},
-        )
+        check, split = _config(config)
     except ValidationError as exc:
         raise fail("task.toml", describe_validation_error(exc)) from None
-    except TaskInputError as exc:
-        raise TaskInputError(f"task {name}: {exc}") from None
+    except ValueError as exc:
+        raise fail("task.toml", str(exc)) from None
     try:
-        workdir, files, env = read_dockerfile(dockerfile)
+        workdir, files, env = read_dockerfile(dockerfile, budget)
+        tests = tree(directory / "tests", budget)
+        solution = (
+            tree(directory / "solution", budget) if (directory / "solution").is_dir() else None
+        )
         return workspace_task(
             name,
             prompt,
             files,
-            tree(directory / "tests"),
+            tests,
             check,
-            solution=tree(directory / "solution") if (directory / "solution").is_dir() else None,
+            solution=solution,
             workdir=workdir,
             env_vars=env,
             suite=suite,
-            split=metadata.get("split", "train"),
+            split=split,
         )
     except ValidationError as exc:  # by the first field at fault (the split: task.toml)
         loc = exc.errors()[0]["loc"]
         file = _BLAME.get(str(loc[0]) if loc else "", "task.toml")
         raise fail(file, describe_validation_error(exc)) from None
-    except TaskInputError as exc:
-        raise TaskInputError(f"task {name}: {exc}") from None
+
+
+def _config(config: dict[str, Any]) -> tuple[Check, Any]:
+    """The check and the split task.toml asks for; ValueError naming the key at fault."""
+    _known(config, "")
+    verifier, metadata = _table(config, "verifier"), _table(config, "metadata")
+    _known(verifier, "verifier")
+    timeout = verifier.get("timeout_sec")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
+        raise ValueError(f"timeout_sec: a number of seconds, not {_kind(timeout)}")
+    env = {
+        key: _env_value(key, value) for key, value in _table(verifier, "env", "verifier.").items()
+    }
+    check = Check(kind="script", tests="test.sh", timeout_s=timeout, env=env)
+    return check, metadata.get("split", "train")
+
+
+def _known(table: dict[str, Any], within: str) -> None:
+    """ValueError for a key of `table` (task.toml's top, or [`within`]) Harbor does not have."""
+    read, ignored = KEYS[within]
+    for key in table:
+        if key not in read and key not in ignored:
+            where = f"[{within}] " if within else ""
+            raise ValueError(
+                f"{where}{key}: no such key{'' if within else ' at the top'} (Tempered reads "
+                f"{', '.join(read)}; ignores Harbor's {', '.join(ignored)})"
+            )
+
+
+def _env_value(key: str, value: Any) -> str:
+    """A [verifier.env] variable's value as the test script gets it; ValueError naming it
+    where no process could be given it (bwrap's --setenv once failed on `C=D`, and a NUL
+    stopped `tasks validate` for every task)."""
+    if not ENV_KEY.fullmatch(key):
+        raise ValueError(
+            f"[verifier.env] {key!r} is not a variable name (letters, digits and _, not first "
+            "a digit)"
+        )
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as TOML spells it
+    if not isinstance(value, str | int | float):
+        raise ValueError(
+            f"[verifier.env] {key}: a string, a number or a boolean, not {_kind(value)}"
+        )
+    if "\0" in (text := str(value)):
+        raise ValueError(f"[verifier.env] {key}: a NUL character")
+    return text
+
+
+def _kind(value: Any) -> str:
+    """The TOML type of `value`, for an error."""
+    kinds = {bool: "a boolean", str: "a string", int: "an integer", float: "a float"}
+    kinds |= {list: "an array", dict: "a table"}
+    if isinstance(value, datetime.date | datetime.time):
+        return "a date or time"
+    return kinds.get(type(value), type(value).__name__)
 
 
 def _table(config: dict[str, Any], key: str, within: str = "") -> dict[str, Any]:
-    table = config.get(key) or {}
+    table = config.get(key, {})
     if not isinstance(table, dict):
-        raise TaskInputError(f"task.toml: [{within}{key}] is not a table")
+        raise ValueError(f"[{within}{key}] is not a table")
     return table

@@ -2,6 +2,9 @@
 
     workdir, files, env = read_dockerfile(Path("task/environment/Dockerfile"))
     # "/app", {"src/main.py": File(...)} (relative to the workdir), {"KEY": "value"}
+    budget = Budget(256)                        # the MB a task's files may take in all
+    workdir, files, env = read_dockerfile(Path("task/environment/Dockerfile"), budget)
+    tests = tree(Path("task/tests"), budget)    # the task's other files count too
 
 The local and gVisor backends run a task's environment over the host's read-only system, so
 only these instructions are understood, as Docker reads them (a UTF-8 BOM, comments and
@@ -9,7 +12,8 @@ continued lines too):
 
     FROM       the base image: ignored (one only; multi-stage builds are an error)
     WORKDIR    quotes removed, `$VAR`/`${VAR}` expanded, relative to the previous one; the
-               workspace is the last one (/app when none), outside the sandbox's system
+               workspace is the last one (/app when none), outside the sandbox's system and
+               outside the trees the verifier mounts (/tests, /logs/verifier, /solution)
     COPY       build-context files into the workspace, sources relative to the context (a
                leading `/` too), globs as pathlib reads them (one matching nothing is an error);
                several sources or matches, a destination ending in `/`, or one that is a
@@ -20,6 +24,11 @@ continued lines too):
 Anything else is a TaskInputError naming the file and line: another instruction, a file COPY
 would put where a directory is (or below a file), a file outside the final workspace, a glob
 pathlib refuses, a NUL character, a source outside the context or unreadable.
+
+Every file is read through a `Budget`: looked at before it is read (`checks.read_regular`: a
+FIFO is no file, never waited on), and refused, unread and named, where it would take the
+task's files past a workspace's size (`sandbox.workspaces.max_workspace_mb`, its default
+unless the caller gives another): a task that large could not be restored into one anyway.
 """
 
 from __future__ import annotations
@@ -35,13 +44,28 @@ from typing import Annotated, Any
 from pydantic import TypeAdapter, ValidationError
 
 from contracts.task import WorkspaceSpec
+from infra.environments.checks import (
+    LOGS_DIR,
+    TESTS_DIR,
+    FileTooLarge,
+    NotARegularFile,
+    read_regular,
+)
 from infra.environments.tree import File
+from infra.environments.workspace import SOLUTION_DIR
 from infra.sandbox.workspace import BASE_ENV, check_mount_point
+from infra.settings import WorkspaceSettings
 
 DEFAULT_WORKDIR = "/app"
 INSTRUCTIONS = {"FROM", "WORKDIR", "COPY", "ENV"}
+VERIFIER_DIRS = (TESTS_DIR, LOGS_DIR, SOLUTION_DIR)
+"""Where the verifier (and the solution's run) mount trees of their own: a workspace there or
+below would be hidden by them, and a correct solution would score 0."""
+MAX_TASK_MB: int = WorkspaceSettings.model_fields["max_workspace_mb"].default
+"""What a task's files may take in all, by default: a workspace's default size."""
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""A variable name a task may set (a Dockerfile's ENV, task.toml's [verifier.env])."""
 _VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
-_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _WORKDIR = TypeAdapter(Annotated[str, WorkspaceSpec.model_fields["workdir"]])
 
 
@@ -49,16 +73,43 @@ class TaskInputError(ValueError):
     """A task directory that cannot be loaded; the message names the task and the file."""
 
 
-def read_dockerfile(path: Path) -> tuple[str, dict[str, File], dict[str, str]]:
+class Budget:
+    """The bytes a task's files may still take; `read` takes a file's from it."""
+
+    def __init__(self, max_mb: int = MAX_TASK_MB) -> None:
+        self.max_mb, self.left = max_mb, max_mb << 20
+
+    def read(self, path: Path, *, follow_links: bool = True) -> bytes:
+        """`path`'s bytes, looked at before they are read; TaskInputError naming it where it
+        is no regular file or would not fit, the OSError of a file that cannot be read."""
+        try:
+            data = read_regular(path, self.left, follow_links=follow_links)
+        except FileTooLarge as exc:
+            raise TaskInputError(
+                f"{path}: {exc.size} bytes: the task's files would take more than a "
+                f"workspace's {self.max_mb} MB"
+            ) from None
+        except NotARegularFile:
+            raise TaskInputError(f"{path}: not a regular file") from None
+        self.left -= len(data)
+        return data
+
+
+def read_dockerfile(
+    path: Path, budget: Budget | None = None
+) -> tuple[str, dict[str, File], dict[str, str]]:
     """(WORKDIR, the workspace's files, ENV) of a Dockerfile that only uses FROM, WORKDIR, COPY
-    and ENV; TaskInputError naming the file and line otherwise."""
+    and ENV, its files read within `budget` (a fresh one: `MAX_TASK_MB`); TaskInputError naming
+    the file and line otherwise."""
+    budget = budget or Budget()
     context = path.parent
     workdir, env = DEFAULT_WORKDIR, dict[str, str]()
+    workdir_line = 0
     placed: dict[str, tuple[int, File]] = {}  # absolute path → (the line that put it, file)
     dirs = {"/", DEFAULT_WORKDIR}  # the directories so far, each one's parents too: the
     # workdir's (every WORKDIR line makes its own), the ones COPY made
     froms = 0
-    for number, instruction, arguments in _instructions(path):
+    for number, instruction, arguments in _instructions(path, budget):
 
         def fail(why: str, number: int = number) -> TaskInputError:
             return TaskInputError(f"{path}:{number}: {why}")
@@ -84,6 +135,7 @@ def read_dockerfile(path: Path) -> tuple[str, dict[str, File], dict[str, str]]:
             except ValueError as exc:
                 raise fail(f"WORKDIR {exc}") from None
             _make_dirs(workdir, placed, dirs, fail)
+            workdir_line = number
         elif instruction == "ENV":
             env.update(_env(arguments, env, fail))
         else:
@@ -100,11 +152,18 @@ def read_dockerfile(path: Path) -> tuple[str, dict[str, File], dict[str, str]]:
             for match in matches:
                 if match.is_dir():
                     _make_dirs(target, placed, dirs, fail)
-                for absolute, file in _copy(match, target, into).items():
+                for absolute, file in _copy(match, target, into, budget).items():
                     if absolute in dirs:
                         raise fail(f"COPY puts a file at {absolute}, a directory already")
                     _make_dirs(posixpath.dirname(absolute), placed, dirs, fail)
                     placed[absolute] = (number, file)
+    for mounted in VERIFIER_DIRS:
+        if workdir == mounted or workdir.startswith(mounted + "/"):
+            raise TaskInputError(
+                f"{path}:{workdir_line}: WORKDIR {workdir!r} lies in {mounted}, mounted over "
+                f"the workspace to verify or solve (none of {', '.join(VERIFIER_DIRS)} may "
+                "hold it)"
+            )
     tree: dict[str, File] = {}
     for absolute, (number, file) in placed.items():
         if not absolute.startswith(workdir.rstrip("/") + "/"):
@@ -131,10 +190,10 @@ def _make_dirs(
         directory = posixpath.dirname(directory)
 
 
-def _instructions(path: Path) -> list[tuple[int, str, str]]:
+def _instructions(path: Path, budget: Budget) -> list[tuple[int, str, str]]:
     """(line number, INSTRUCTION, arguments), continuation lines joined, comments dropped."""
     try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
+        lines = budget.read(path, follow_links=False).decode("utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise TaskInputError(f"{path}: unreadable ({exc})") from None
     result, pending, start = [], "", 0
@@ -186,13 +245,13 @@ def _env(arguments: str, env: dict[str, str], fail: Any) -> dict[str, str]:
         raise fail("ENV needs KEY=value")
     if "=" not in first:  # the legacy form: ENV KEY value with spaces
         whole = _shell_words(rest[0] if rest else "", env, fail, split=False)
-        if not _KEY.fullmatch(first) or not whole:
+        if not ENV_KEY.fullmatch(first) or not whole:
             raise fail(f"ENV {arguments!r} is neither KEY=value nor KEY value")
         return {first: whole[0]}
     pairs: dict[str, str] = {}
     for word in _shell_words(arguments, env, fail):
         key, equals, value = word.partition("=")
-        if not equals or not _KEY.fullmatch(key):
+        if not equals or not ENV_KEY.fullmatch(key):
             raise fail(f"ENV {word!r} is not KEY=value")
         pairs[key] = value  # as Docker: expanded from what the lines before set, not this one
     return pairs
@@ -263,31 +322,32 @@ def _matches(context: Path, source: str, fail: Any) -> list[Path]:
     return matches
 
 
-def _copy(match: Path, target: str, into: bool) -> dict[str, File]:
+def _copy(match: Path, target: str, into: bool, budget: Budget) -> dict[str, File]:
     """The files COPY puts at or under `target` (absolute paths) from `match`: a directory's
     contents, or a file (into `target` as a directory where `into`, else at `target`)."""
     if match.is_dir():
-        return {posixpath.join(target, relative): file for relative, file in tree(match).items()}
+        files = tree(match, budget)
+        return {posixpath.join(target, relative): file for relative, file in files.items()}
     destination = posixpath.join(target, match.name) if into else target
-    return {destination: read_file(match)}
+    return {destination: read_file(match, budget)}
 
 
-def tree(root: Path) -> dict[str, File]:
-    """Every regular file under `root` (links are not followed), by relative path;
-    TaskInputError naming what cannot be read."""
+def tree(root: Path, budget: Budget) -> dict[str, File]:
+    """Every regular file under `root` (links are not followed), by relative path, read within
+    `budget`; TaskInputError naming what cannot be read."""
     try:
         paths = sorted(root.rglob("*"))
     except OSError as exc:
         raise TaskInputError(f"{root}: unreadable ({exc.strerror or exc})") from None
     return {
-        path.relative_to(root).as_posix(): read_file(path)
+        path.relative_to(root).as_posix(): read_file(path, budget)
         for path in paths
         if path.is_file() and not path.is_symlink()
     }
 
 
-def read_file(path: Path) -> File:
+def read_file(path: Path, budget: Budget) -> File:
     try:
-        return File(path.read_bytes(), bool(path.stat().st_mode & 0o111))
+        return File(budget.read(path), bool(path.stat().st_mode & 0o111))
     except OSError as exc:
         raise TaskInputError(f"{path}: unreadable ({exc.strerror or exc})") from None

@@ -6,8 +6,11 @@ session is verified untouched and must score below 1.0. The driver, the verdicts
 quarantine list are `infra/tasks/validate.py`'s (solution runs are its canonical runs, the
 untouched workspace its wrong solution: broken, flaky, weak, infra, clean); this module says
 only how one run goes. A Harbor task directory that cannot be loaded is broken, its runs the
-load error. Everything runs on this host, with the trees in memory: no object store,
-no Temporal.
+load error, and so is a task whose initial tree does not fit a workspace (`TreeError`) or whose
+check cannot work (`InvalidTask`): that task's verdict, never the suite's end. A task without
+a solution (Harbor's solution/ is optional) is not judged: it is logged as unjudged and left
+out of the report, and the others are validated. Everything runs on this host, with the trees
+in memory: no object store, no Temporal.
 
     report = await validate_workspace_suite(settings, "harbor:examples/harbor", CheckPlan(5))
     tempered tasks validate workspace --repeats 5
@@ -16,6 +19,7 @@ no Temporal.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from functools import partial
 
@@ -26,6 +30,7 @@ from contracts.task import SandboxLimits
 from infra.environments.checks import InvalidTask
 from infra.environments.sessions import SessionHost
 from infra.environments.snapshots import MemoryObjects, Trees
+from infra.environments.tree import TreeError
 from infra.environments.workspace import WorkspaceEnvironment
 from infra.sandbox import get_backend
 from infra.sandbox.base import SandboxInfraError
@@ -43,12 +48,15 @@ from infra.tasks.validate import (
 from infra.tasks.workspace_task import WorkspaceTask
 
 _ids = itertools.count()
+log = logging.getLogger("tempered.tasks")
 
 
 async def _attempt(
     env: WorkspaceEnvironment, task: WorkspaceTask, solve: bool, limits: SandboxLimits
 ) -> RunRecord:
-    """One session: reset, the solution if `solve`, verify, close. Platform faults raise."""
+    """One session: reset, the solution if `solve`, verify, close. Platform faults raise; the
+    task's own (a check that cannot work, a tree that does not fit a workspace) are its run's
+    error."""
     workspace = task.spec.workspace
     assert workspace is not None
     session_id = f"validate-{next(_ids)}"
@@ -61,7 +69,7 @@ async def _attempt(
             if seen.status is not ExecStatus.PASSED:
                 return RunRecord(status=ExecStatus.FAILED, detail=f"solve.sh: {seen.text[-300:]}")
         graded = await env.verify(workspace, state, limits)
-    except InvalidTask as exc:
+    except (InvalidTask, TreeError) as exc:
         return RunRecord(status=ExecStatus.ERROR, detail=str(exc))
     finally:
         await env.close([session_id])
@@ -109,9 +117,13 @@ async def validate_workspace_tasks(
     unloadable: dict[str, str] | None = None,
 ) -> ValidationReport:
     """Run every task's solution in `plan.repeats` fresh sessions; verify one untouched session.
-    `unloadable` (task name: why it could not be loaded) are reported as broken."""
-    if missing := [task.spec.id for task in tasks if task.solution is None]:
-        raise ValueError(f"tasks without a solution/solve.sh cannot be validated: {missing[:5]}")
+    `unloadable` (task name: why it could not be loaded) are reported as broken; tasks without
+    a solution are logged as unjudged and left out."""
+    for task in tasks:
+        if task.solution is None:
+            log.warning(
+                "unjudged: %s: no solution to validate with (solution/solve.sh)", task.spec.id
+            )
     runs = [
         TaskRuns(
             task.spec.id,
@@ -119,6 +131,7 @@ async def validate_workspace_tasks(
             wrong=partial(_retrying, env, task, False, plan.limits),
         )
         for task in tasks
+        if task.solution is not None
     ]
     runs += [
         TaskRuns(name, canonical=partial(_unloadable, error))

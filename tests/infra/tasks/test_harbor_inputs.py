@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from infra.tasks import harbor_dockerfile
 from infra.tasks.harbor import TaskInputError, load_harbor, load_task, read_dockerfile
 from tests.paths import REPO_ROOT
 
@@ -99,17 +101,17 @@ def test_an_unreadable_file_is_the_loaders_error_naming_it(
     000 would not stop the read: the read fails here instead."""
     task(tmp_path, "FROM python\nCOPY greet.py /app/\n", name="good")
     bad = task(tmp_path, "FROM python\nCOPY greet.py /app/\n", name="bad")
-    read_bytes = Path.read_bytes
+    read_regular = harbor_dockerfile.read_regular
     for part in ("environment/greet.py", "tests/test_greet.py"):
         unreadable = bad / part
 
-        def refuse(path: Path, unreadable: Path = unreadable) -> bytes:
+        def refuse(path: Path, *args: Any, unreadable: Path = unreadable, **kw: Any) -> bytes:
             if path == unreadable:
                 raise PermissionError(13, "Permission denied", str(path))
-            return read_bytes(path)
+            return read_regular(path, *args, **kw)
 
         with monkeypatch.context() as patch:
-            patch.setattr(Path, "read_bytes", refuse)
+            patch.setattr(harbor_dockerfile, "read_regular", refuse)
             tasks, errors = load_harbor(tmp_path)
         assert [t.spec.id for t in tasks] == ["good"]
         assert errors == {"bad": f"task bad: {unreadable}: unreadable (Permission denied)"}
