@@ -94,6 +94,9 @@ def bad_arguments(tool: ToolSpec, arguments: dict[str, object]) -> str | None:
     if broken := sorted(name for name, value in arguments.items() if not is_utf8(str(value))):
         # JSON's "\\ud83d" alone decodes to a lone surrogate, which no file or command can hold
         return f"{tool.name}: {', '.join(broken)} is not valid Unicode (a lone surrogate)"
+    # a file may hold NULs; no command or path can (a ValueError, retried as a platform fault)
+    if nul := sorted(n for n, value in arguments.items() if "\0" in str(value) and n != "content"):
+        return f"{tool.name}: {', '.join(nul)} holds a NUL"
     if tool.name == "bash" and len(str(arguments["command"]).encode()) > MAX_COMMAND_BYTES:
         return (
             f"bash: the command is longer than {MAX_COMMAND_BYTES} bytes; write it to a file "

@@ -75,6 +75,9 @@ async def test_each_tool(rig: Rig) -> None:
         (call("read_file", path="\ud83d.txt"), "not valid Unicode"),
         (call("bash", command="echo \ud83d"), "not valid Unicode"),
         (call("bash", command="echo " + "x" * 200_000), "longer than 65536 bytes"),
+        (call("bash", command="echo a\0b"), "command holds a NUL"),  # a ValueError, retried
+        (call("read_file", path="a\0.txt"), "path holds a NUL"),
+        (call("write_file", path="a\0.txt", content="x"), "path holds a NUL"),
         (call("write_file", path="pipe", content="x"), "pipe is not a file"),  # no wait for good
         (call("read_file", path="pipe"), "pipe is not a file"),
         (call("write_file", path="via/x.py", content="x"), "no such directory 'gone'"),  # gone/..
