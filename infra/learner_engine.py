@@ -39,7 +39,7 @@ from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
 from infra import grpo
 from infra.learner_base import NonFiniteLoss, StepMetrics, init_single_process, why_no_gradient
-from infra.learner_forward import pass_logprobs, sampled_logprobs
+from infra.learner_forward import pass_logprobs, refuse_unshareable, sampled_logprobs
 from infra.learner_lora import ADAPTER_CONFIG, LoraSpec, save_adapter
 from infra.learner_model import train_only_last_layers, without_dropout
 from infra.policy import save_weights
@@ -254,6 +254,8 @@ class LearnerEngine:
         if self.version is None:
             raise RuntimeError("LearnerEngine.load() has not been called")
         started = time.perf_counter()
+        if config.shares_prompt(self.device, self.world):  # every rank alike, before any pass
+            refuse_unshareable(self._base_config)
         self._apply_config(config)
         plan = grpo.plan_step(
             groups, self.version, config, self.pad_id, self.normalization, self.device, self.world

@@ -14,8 +14,12 @@ token p comes from the prefix's last position. The result equals `sampled_logpro
 rows within float error (tests/infra/test_learner_forward.py); the learner's compute for the
 default run's groups falls by about a third (bench/learner.py).
 
-Not covered: models whose attention layers do not take `past_key_values` (transformers'
-standard decoders all do), and sliding-window caches (a prefix longer than the window).
+A model whose cache layers cannot hold a shared prompt whole (sliding-window or chunked
+attention, linear attention) is refused (ValueError) by `refuse_unshareable`, from its config
+alone: the engine asks before a step's first pass, so every rank of a group refuses alike
+(refused in a pass, it came from the ranks whose passes share a prompt, while the others
+waited for them in the step's collectives). Not covered: models whose attention layers do not
+take `past_key_values` (transformers' standard decoders all do).
 """
 
 from __future__ import annotations
@@ -41,6 +45,25 @@ def sampled_logprobs(model: Any, batch: grpo.MicroBatch) -> torch.Tensor:
     return grpo.token_logprobs_at(logits, batch.input_ids, positions)
 
 
+def refuse_unshareable(config: Any) -> None:
+    """Raise ValueError unless every cache layer of a model of transformers `config` keeps
+    every key and value (the cache `pass_logprobs` shares a prompt through)."""
+    for layer in DynamicCache(config=config).layers:
+        if not _shareable(layer):
+            raise _unshareable(layer)
+
+
+def _shareable(layer: Any) -> bool:
+    return isinstance(layer, DynamicLayer) and not layer.is_sliding
+
+
+def _unshareable(layer: Any) -> ValueError:
+    return ValueError(  # the run's setting: refused once (`invalid`), never retried
+        f"share_prompt needs full-attention cache layers, not {type(layer).__name__} "
+        "(a sliding-window model): set the learner's share_prompt to false"
+    )
+
+
 def pass_logprobs(model: Any, unit: grpo.Pass) -> list[torch.Tensor]:
     """`sampled_logprobs` of each of the pass's batches, the shared prefix computed once."""
     if unit.prefix == 0:
@@ -57,16 +80,8 @@ def pass_logprobs(model: Any, unit: grpo.Pass) -> list[torch.Tensor]:
     prompt = []
     for layer in cache.layers:
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if (
-            not isinstance(layer, DynamicLayer)
-            or layer.is_sliding
-            or keys is None
-            or values is None
-        ):
-            raise ValueError(  # the run's setting: refused once (`invalid`), never retried
-                f"share_prompt needs full-attention cache layers, not {type(layer).__name__} "
-                "(a sliding-window model): set the learner's share_prompt to false"
-            )
+        if not _shareable(layer) or keys is None or values is None:
+            raise _unshareable(layer)  # `refuse_unshareable` told the engine's ranks before
         prompt.append((keys, values))
     return [_continued(model, config, prompt, head, batch, p) for batch in unit.batches]
 

@@ -6,29 +6,31 @@
     learner.save(out_dir)                           # rank 0 writes
     learner.close()
 
-    python -m infra.learner_ranks --socket PATH --settings JSON   # one rank (torchrun runs it)
-
 The worker (`RankGroup`, its `train_step` activity in a thread) starts on first use
-`python -m torch.distributed.run --standalone --nproc-per-node N -m infra.learner_ranks`: a
-single-host c10d rendezvous on a port the OS picks (no fixed port), one process per GPU on cuda
-(NCCL), N gloo processes on CPU. Rank 0 connects back to the worker over a Unix socket in a
-private (0700) temporary directory, reports every rank's pid, then serves commands: each one is
-broadcast to all ranks over a gloo control group (whose wait is unbounded: a learner idles
-between steps), runs on every rank's `LearnerEngine`, and rank 0 sends back the result, a
+`python -m torch.distributed.run --standalone --nproc-per-node N -m infra.learner_ranks_process`:
+a single-host c10d rendezvous on a port the OS picks (no fixed port), one process per GPU on
+cuda (NCCL), N gloo processes on CPU. Rank 0 connects back to the worker over a Unix socket in a
+private (0700) temporary directory, reports every rank's pid, then serves commands, which every
+rank runs in lockstep (infra/learner_ranks_process.py); rank 0 sends back each result, and a
 heartbeat per micro-batch meanwhile. Collectives of the step itself time out after
 `learner.collective_timeout_s`.
 
 Failure: an input the step can never train on (ValueError) or a NaN/inf loss comes back as that
 exception from every rank alike, and the group lives on. Anything else ends the rank; torchrun
 then stops the others and exits, the worker sees it (or the socket's end) and raises
-`RankGroupFailed` (retryable), killing what is left of the group; the next call starts a fresh
-group, which the activity reloads from the last published version. If the worker dies, rank 0
-reads the socket's end and the group exits. Not covered: ranks on several hosts.
+`RankGroupFailed` (retryable). So it does when the group fails to start, and when rank 0 sends
+nothing for `collective_timeout_s + start_timeout_s` (`RankGroup._silence_s`): a rank 0 stuck
+outside a collective leaves the others waiting for its next command without end. Each failure
+SIGKILLs what is left of the group, torchrun and each rank by its pid (torchrun starts every
+rank in a session of its own, beyond its process group's signal; a rank also dies with
+torchrun); the next call starts a fresh group, which the activity reloads from the last
+published version. If the worker dies, rank 0 reads the socket's end and the group exits. Rank r
+takes GPU r of those CUDA_VISIBLE_DEVICES shows (`LearnerSettings` refuses a device index with
+N > 1). Not covered: ranks on several hosts.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import shutil
@@ -39,19 +41,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NoReturn
 
+import psutil
+
 from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
-from infra.learner_base import Learner, NonFiniteLoss, StepMetrics, prepare_deepspeed
+from infra.learner_base import Learner, NonFiniteLoss, StepMetrics
 from infra.settings import LearnerSettings
 
 SOCKET = "rank0.sock"
-CONTROL_TIMEOUT = timedelta(days=365)
-"""How long ranks wait for the worker's next command (the learner idles between steps)."""
 EXPECTED = {"ValueError": ValueError, "NonFiniteLoss": NonFiniteLoss}
 """Exceptions every rank raises alike for the same command: reported, the group lives on."""
 LOG_TAIL = 12
@@ -82,6 +83,7 @@ class RankGroup:
         self.version: int | None = None
         self.pids: list[int] = []
         """Each rank's pid, by rank (empty while no group runs)."""
+        self._ranks: list[psutil.Process] = []  # the same processes: a recycled pid is not one
         self._adapter_of: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
@@ -143,7 +145,7 @@ class RankGroup:
             self._kill()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
-        self._process, self._conn, self._dir, self.pids = None, None, None, []
+        self._process, self._conn, self._dir, self.pids, self._ranks = None, None, None, [], []
         self.version = None
 
     # -- the group -----------------------------------------------------------------------------
@@ -159,10 +161,12 @@ class RankGroup:
         if self._conn is None:
             self._start()
         assert self._conn is not None
+        silence = self._silence_s()
+        hung = f"rank 0 sent nothing for {silence:.0f}s during {name} (hung?)"
         try:
             self._conn.send((name, args, kwargs or {}))
             while True:
-                message = self._receive(deadline=None)
+                message = self._receive(time.monotonic() + silence, hung)
                 if message[0] == "beat":
                     if heartbeat is not None:
                         self._beat(heartbeat)
@@ -174,6 +178,19 @@ class RankGroup:
         except (OSError, EOFError) as exc:
             self._fail(f"lost rank 0 during {name}: {exc}")
 
+    def _silence_s(self) -> float:
+        """How long rank 0 may send nothing during a command before the group counts as hung.
+
+        Rank 0 speaks after each pass of a step and at the end of each command. Between, a
+        healthy group runs a pass, loads or saves the model, or loads the reference model (the
+        first pass with a KL term); a rank that waits in a collective on a peer that hung or
+        died fails within collective_timeout_s, and the group with it. A rank 0 stuck outside a
+        collective (a hung write, a stuck device) says nothing, and the other ranks wait for its
+        next command without bound. So: collective_timeout_s, plus start_timeout_s (the time
+        the ranks may take to start, torch imported and the group formed) for the work itself;
+        a pass, load or save that lasts longer (15 min by default) fails the call."""
+        return self.settings.collective_timeout_s + self.settings.start_timeout_s
+
     def _beat(self, heartbeat: Callable[[], None]) -> None:
         """Rank 0's beat, passed on; a heartbeat that raises (a cancelled step) ends the group
         mid-step (its ranks cannot be interrupted), so the next step starts a fresh one."""
@@ -184,43 +201,61 @@ class RankGroup:
             self.close()
             raise
 
-    def _receive(self, deadline: float | None) -> Any:
-        """The next message of rank 0, watching the group (and the deadline) meanwhile."""
+    def _receive(self, deadline: float, late: str) -> Any:
+        """The next message of rank 0; the group fails (`late` says why) if it is not there by
+        `deadline`, or fails as the group exits."""
         assert self._conn is not None and self._process is not None
         while not self._conn.poll(0.2):
             if self._process.poll() is not None:
                 self._fail(f"the rank group exited with status {self._process.returncode}")
-            if deadline is not None and time.monotonic() > deadline:
-                self._fail(f"the rank group did not start in {self.settings.start_timeout_s:.0f}s")
+            if time.monotonic() > deadline:
+                self._fail(late)
         return self._conn.recv()
 
     def _start(self) -> None:
+        """Start torchrun and wait for rank 0's pids. Whatever fails once anything is made
+        (a socket error, a group that dies before "ready") ends it all: RankGroupFailed."""
         self._dir = Path(tempfile.mkdtemp(prefix="tempered-learner-"))  # 0700: ours alone
-        path = self._dir / SOCKET
-        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        server.bind(str(path))
-        server.listen(1)
-        server.settimeout(0.2)
-        argv = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={self.settings.ranks}",
-            "-m",
-            "infra.learner_ranks",
-            f"--socket={path}",
-            f"--settings={self.settings.model_dump_json()}",
-        ]
-        env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_SETS}
-        env["OMP_NUM_THREADS"] = str(self.settings.threads or 1)
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log, "ab") as log:
-            self._process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        deadline = time.monotonic() + self.settings.start_timeout_s
         try:
+            self._launch(self._dir / SOCKET)
+        except RankGroupFailed:
+            raise  # ended by _fail already
+        except EOFError:
+            self._fail("the rank group did not start: rank 0 hung up before it reported")
+        except Exception as exc:
+            self._fail(f"the rank group did not start: {type(exc).__name__}: {exc}")
+        except BaseException:  # interrupted: end what started, then go on unwinding
+            self._kill()
+            self.close()
+            raise
+
+    def _launch(self, path: Path) -> None:
+        """torchrun, rank 0 connected to `path` and its "ready" read (the ranks' pids)."""
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            server.bind(str(path))
+            server.listen(1)
+            server.settimeout(0.2)
+            argv = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={self.settings.ranks}",
+                "-m",
+                "infra.learner_ranks_process",
+                f"--socket={path}",
+                f"--settings={self.settings.model_dump_json()}",
+            ]
+            env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_SETS}
+            env["OMP_NUM_THREADS"] = str(self.settings.threads or 1)
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log, "ab") as log:
+                self._process = subprocess.Popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
+            start = self.settings.start_timeout_s
+            deadline = time.monotonic() + start
             while True:
                 with contextlib.suppress(TimeoutError):
                     client, _ = server.accept()
@@ -228,12 +263,13 @@ class RankGroup:
                 if self._process.poll() is not None:
                     self._fail(f"the rank group exited with status {self._process.returncode}")
                 if time.monotonic() > deadline:
-                    self._fail(f"rank 0 did not connect in {self.settings.start_timeout_s:.0f}s")
+                    self._fail(f"rank 0 did not connect in {start:.0f}s")
         finally:
             server.close()
         client.setblocking(True)
         self._conn = Connection(client.detach())
-        _, pids = self._receive(deadline)
+        _, pids = self._receive(deadline, f"the rank group did not start in {start:.0f}s")
+        self._ranks = [psutil.Process(pid) for pid in pids]
         self.pids = list(pids)
 
     def _fail(self, why: str) -> NoReturn:
@@ -244,11 +280,20 @@ class RankGroup:
         raise RankGroupFailed(f"learner ranks: {why}; {self.log} ends with:\n{tail}")
 
     def _kill(self) -> None:
-        """SIGKILL the group's process group (torchrun and its ranks: only what we started)."""
+        """SIGKILL torchrun's process group and each rank (only what we started): torchrun
+        starts every rank in a session of its own, out of its group's reach. The ranks are
+        those that reported and, while torchrun lives, its children (a group still starting)."""
         if self._process is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self._process.pid, signal.SIGKILL)
+        ranks = list(self._ranks)
+        if self._process.poll() is None:  # not reaped: its pid and group are still its own
+            with contextlib.suppress(psutil.Error):
+                ranks += psutil.Process(self._process.pid).children(recursive=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+        for rank in ranks:
+            with contextlib.suppress(psutil.Error):  # gone, or its pid recycled: not ours
+                rank.kill()
         self._process.wait()
 
 
@@ -256,93 +301,3 @@ def _tail(path: Path, lines: int) -> str:
     with contextlib.suppress(OSError):
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     return ""
-
-
-# -- one rank (run by torchrun) ----------------------------------------------------------------
-
-
-def _serve(socket_path: str, settings: LearnerSettings) -> None:
-    """Join the group, then run the worker's commands until it says close (or goes away)."""
-    import torch
-
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    device = settings.device
-    if not device.startswith("cpu"):
-        device = f"{device.split(':')[0]}:{local_rank}"
-        torch.cuda.set_device(device)
-    prepare_deepspeed(device)
-    import deepspeed  # after prepare_deepspeed, which sets what its first import reads
-
-    from infra.learner_engine import LearnerEngine
-
-    deepspeed.init_distributed(
-        dist_backend="gloo" if device.startswith("cpu") else "nccl",
-        timeout=timedelta(seconds=settings.collective_timeout_s),
-        verbose=False,
-    )
-    dist = torch.distributed
-    control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
-    engine = LearnerEngine(device=device, threads=settings.threads)
-    conn: Connection | None = None
-    if rank == 0:
-        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        client.connect(socket_path)
-        conn = Connection(client.detach())
-    pids: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(pids, os.getpid(), group=control)
-    if conn is not None:
-        conn.send(("ready", pids))
-    while True:
-        message: list[Any] = [None]
-        if conn is not None:
-            try:
-                message = [conn.recv()]
-            except (EOFError, OSError):  # the worker is gone: so are we
-                message = [("close", (), {})]
-        dist.broadcast_object_list(message, src=0, group=control)
-        name, args, kwargs = message[0]
-        if name == "close":
-            break
-        reply = _run(engine, name, args, kwargs, None if conn is None else _beat(conn))
-        if conn is not None:
-            conn.send(reply)
-    dist.destroy_process_group()
-
-
-def _beat(conn: Connection) -> Callable[[], None]:
-    """Rank 0's heartbeat: one message to the worker per micro-batch."""
-    return lambda: conn.send(("beat",))
-
-
-def _run(
-    engine: Any,
-    name: str,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    beat: Callable[[], None] | None,
-) -> tuple[Any, ...]:
-    """One command on this rank's engine: ("ok", result) or ("error", kind, message)."""
-    try:
-        if name == "load":
-            engine.load(*args, **kwargs)
-            return ("ok", engine.adapter_of)
-        if name == "train_step":
-            return ("ok", engine.train_step(*args, heartbeat=beat))
-        if name in ("set_reference", "save"):
-            return ("ok", getattr(engine, name)(*args))
-        raise RuntimeError(f"unknown learner command {name!r}")
-    except tuple(EXPECTED.values()) as exc:
-        kind = next(k for k, t in EXPECTED.items() if isinstance(exc, t))
-        return ("error", kind, str(exc))
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="One rank of the learner (started by torchrun).")
-    parser.add_argument("--socket", required=True, help="The learner worker's Unix socket.")
-    parser.add_argument("--settings", required=True, help="LearnerSettings as JSON.")
-    args = parser.parse_args(argv)
-    _serve(args.socket, LearnerSettings.model_validate_json(args.settings))
-
-
-if __name__ == "__main__":
-    main()

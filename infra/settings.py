@@ -31,6 +31,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -286,7 +287,8 @@ class LearnerSettings(_Section):
     """The learner worker's DeepSpeed engine (infra/learner_engine.py, infra/learner_ranks.py)."""
 
     device: str = Field(default="cpu", pattern=TORCH_DEVICE)
-    """Device of the DeepSpeed engine: `cpu` (gloo) or `cuda` (NCCL; rank r uses GPU r)."""
+    """Device of the DeepSpeed engine: `cpu` (gloo) or `cuda` (NCCL; rank r uses GPU r of those
+    CUDA_VISIBLE_DEVICES shows: no index when ranks > 1)."""
     threads: int = Field(default=0, ge=0, le=1024)
     """torch threads of each rank; 0 = torch's default (1 per rank when ranks > 1)."""
     ranks: int = Field(default=1, ge=1, le=64)
@@ -298,7 +300,18 @@ class LearnerSettings(_Section):
     (retried: the next attempt starts a fresh group)."""
     collective_timeout_s: float = Field(default=600.0, ge=10, le=86400)
     """A rank waiting this long in a collective (a peer died or hung) fails, and the step with
-    it; the wait for the next step between steps is not bounded by it."""
+    it; the wait for the next step between steps is not bounded by it. With `start_timeout_s`,
+    also how long rank 0 may stay silent during a command before the group is ended."""
+
+    @model_validator(mode="after")
+    def _one_gpu_per_rank(self) -> LearnerSettings:
+        kind, _, index = self.device.partition(":")
+        if self.ranks > 1 and index and kind != "cpu":  # it would be ignored: rank r takes r
+            raise ValueError(
+                f"device {self.device!r} with ranks = {self.ranks}: rank r takes {kind}:r; set "
+                f"device to {kind!r} and choose the GPUs with CUDA_VISIBLE_DEVICES"
+            )
+        return self
 
 
 class TelemetrySettings(_Section):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -26,6 +27,7 @@ from contracts.trajectory import Trajectory
 from infra.learner_engine import LearnerEngine
 from infra.learner_ranks import RankGroup
 from infra.settings import LearnerSettings
+from tests.infra.test_learner_ranks_faults import still_running
 from tests.learner_groups import on_policy_groups
 
 CONFIG = GRPOConfig(learning_rate=1e-3, micro_batch_size=3, max_staleness=8, share_prompt=False)
@@ -42,8 +44,9 @@ def groups(tiny_dir: Path) -> list[list[Trajectory]]:
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RankGroup]:
     group = RankGroup(LearnerSettings(ranks=2), tmp_path_factory.mktemp("logs") / "ranks.log")
     yield group
+    processes = [psutil.Process(pid) for pid in group.pids]
     group.close()
-    assert group.pids == []
+    assert group.pids == [] and len(processes) == 2 and still_running(processes) == []
 
 
 @pytest.mark.parametrize(
