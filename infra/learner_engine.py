@@ -8,7 +8,7 @@
 The engine is built once per `load` (deepspeed.initialize with a plain torch AdamW, so no fused
 Adam or other extension is JIT-compiled) and reused for every following step. Alone (the
 learner worker with `learner.ranks = 1`) it forms a one-process group; as one rank of N
-(`infra.learner_ranks`, started by torchrun) it joins the group torchrun describes, takes every
+(`infra.learner_ranks_process`, started by torchrun) it joins the group torchrun describes, takes every
 N-th pass of the step and lets DeepSpeed reduce the gradients, so the summed gradient is
 the one-rank gradient (each row's loss scale is computed over the whole step first). CPU uses
 gloo (DS_ACCELERATOR=cpu), CUDA NCCL. Weights and optimizer are float32; `save` writes the

@@ -12,9 +12,11 @@ wait is unbounded: a learner idles between steps) and runs on every rank's `Lear
 0 sends back the result, and a heartbeat per micro-batch meanwhile. An exception every rank
 raises alike (`EXPECTED`) is sent back as such and the rank lives on; any other ends the rank.
 
-Not covered: a torchrun that dies before a rank has asked for the signal (its first instant);
-that rank fails when it next needs torchrun's rendezvous store, or rank 0 on the worker's
-socket, which the worker removes when the group fails.
+A torchrun that died before the rank asked for the signal (its imports) is seen too: the rank's
+parent is then another process than the one it started under, and it exits. Not covered: a
+torchrun that dies while the interpreter starts, before this module's first line; that rank
+fails when it next needs torchrun's rendezvous store, or rank 0 on the worker's socket, which
+the worker removes when the group fails.
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
 
-from infra.learner_base import prepare_deepspeed
-from infra.learner_ranks import EXPECTED
-from infra.settings import LearnerSettings
+PARENT = os.getppid()
+"""torchrun, read before the project's imports (about 0.4 s): a parent other than it once the
+signal is asked for means it died meanwhile."""
+
+from infra.learner_base import prepare_deepspeed  # noqa: E402 (after PARENT)
+from infra.learner_ranks import EXPECTED  # noqa: E402
+from infra.settings import LearnerSettings  # noqa: E402
 
 CONTROL_TIMEOUT = timedelta(days=365)
 """How long ranks wait for the worker's next command (the learner idles between steps)."""
@@ -48,6 +54,8 @@ def die_with_parent() -> None:
     if libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), 0, 0, 0) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"prctl(PR_SET_PDEATHSIG): {os.strerror(errno)}")
+    if os.getppid() != PARENT:  # torchrun died before the signal was asked for
+        sys.exit(f"rank: torchrun (pid {PARENT}) is gone")
 
 
 def serve(socket_path: str, settings: LearnerSettings) -> None:

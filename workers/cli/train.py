@@ -308,7 +308,10 @@ def _bring_up(settings: Settings, workers: bool, new_run: str | None = None) -> 
     if new_run is not None:
         try:
             check_run_id(ObjectStore.from_settings(settings), new_run)
-        except StorageError as exc:  # the workers' store may be theirs alone (`--no-workers`)
+        except StorageError as exc:
+            if workers:  # their store is this one: a reused id must not pass unchecked
+                raise
+            # `--no-workers`: the workers' store may be theirs alone (an in-cluster address)
             print(f"tempered train: run id {new_run!r} not checked here ({exc})", file=sys.stderr)
     for line in ensure_workers(settings) if workers else []:
         print(line)

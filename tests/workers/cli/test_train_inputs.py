@@ -161,3 +161,15 @@ def test_a_store_this_machine_cannot_reach_leaves_the_run_id_to_the_workers(
         run(["train", "--preset", "tiny", "--run-id", "fresh1", "--no-workers"], elsewhere)
     err = capsys.readouterr().err
     assert err.startswith("tempered train: run id 'fresh1' not checked here (") and reached
+
+
+def test_a_store_the_local_workers_share_must_answer_the_check(
+    settings: Settings, nothing_starts: list[str], capsys: Capture
+) -> None:
+    """With workers here their store is this one: an S3 error in the check is not waved
+    through (a reused id would meet the old run's trajectories); nothing starts."""
+    endpoint = f"http://127.0.0.1:{pick_free_ports()[0]}"
+    s3 = settings.s3.model_copy(update={"endpoint": endpoint, "max_attempts": 1})
+    unreachable = settings.model_copy(update={"s3": s3})
+    assert run(["train", "--preset", "tiny", "--run-id", "fresh2"], unreachable) != 0
+    assert "not checked here" not in capsys.readouterr().err and nothing_starts == []
