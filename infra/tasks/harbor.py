@@ -18,25 +18,27 @@ file tree over the host's read-only system, so the Dockerfile may only use FROM 
 ignored), WORKDIR, COPY and ENV, read as Docker reads them (`infra/tasks/harbor_dockerfile.py`
 says how far); anything else in it is an error naming the file and line.
 
-task.toml is Harbor's. Tempered reads `[verifier] timeout_sec` (a number of seconds),
-`[verifier.env]` (variable names as a Dockerfile's ENV takes them; strings, numbers and
-booleans, spelt as TOML spells them; no NUL) and `[metadata] split`; a wrong type there is an
-error, never coerced. The rest of Harbor's format is accepted and ignored: the other keys of
-[verifier] (user, network_mode, allowed_hosts, environment_mode, environment, continuous,
-collect), the rest of [metadata], and the top-level version, schema_version, source, steps,
-artifacts, multi_step_reward_strategy, [task], [agent], [environment] and [solution]. A key
-Harbor does not have, at the top or in [verifier], is an error listing the known ones (a typo
-such as `timeout_secs` once gave the default silently).
+task.toml is Harbor's. Tempered reads `[verifier] timeout_sec` (a number of seconds, or a
+string of one, as Harbor's float field takes it; a boolean is an error), `[verifier.env]`
+(variable names as a Dockerfile's ENV takes them; strings, numbers and booleans, spelt as TOML
+spells them; no NUL) and `[metadata] split`; a wrong type there is an error. The rest of
+Harbor's format (`KEYS`, and the rest of [metadata]) is accepted and ignored. Other keys, at
+the top or in [verifier], are ignored as Harbor ignores them, with one warning per task naming
+them, except a close misspelling of a key Tempered reads: an error asking "did you mean" (a
+typo such as `timeout_secs` once gave the default silently).
 
 A task with bad input is reported with its directory and file (and line), and the other tasks
 still load: no instruction.md, an unreadable task.toml or one with a bad field, a task file or
 directory that is a link (task.toml, instruction.md, tests/, tests/test.sh, solution/,
 environment/, the Dockerfile: its target may lie anywhere on the host), a task file that is
-no regular file (a FIFO is never waited on), files that take more than a workspace's size in
-all (`max_mb`, each looked at before it is read: `harbor_dockerfile.Budget`), a Dockerfile it
+no regular file (a FIFO is never waited on), files past their size (below), a Dockerfile it
 cannot use (a bad WORKDIR or file tree is the Dockerfile's error, not task.toml's), a file it
-cannot read. A directory holding task.toml and task directories too is refused whole: which
-was meant is not for the loader to guess.
+cannot read. The files COPY puts in the workspace take at most `max_mb` in all, and the
+task's other files (task.toml, instruction.md, the Dockerfile, tests/, solution/: never in the
+workspace) `harbor_dockerfile.MAX_TASK_FILES_MB`, each looked at before it is read
+(`harbor_dockerfile.Budget`). A directory holding task.toml and task directories too (beside
+its own environment/, tests/ and solution/, whatever they hold) is refused whole: which was
+meant is not for the loader to guess.
 
 Not covered: images (the Kubernetes backend's business), multi-stage builds, `.dockerignore`.
 """
@@ -44,11 +46,13 @@ Not covered: images (the Kubernetes backend's business), multi-stage builds, `.d
 from __future__ import annotations
 
 import datetime
+import difflib
+import logging
 import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from contracts.common import describe_validation_error, is_identifier
 from infra.environments.tree import Check
@@ -69,6 +73,8 @@ _BLAME = {"workspace": "environment/Dockerfile", "": "environment/Dockerfile"}
 """The file at fault for a task's ValidationError, by its first field (`""`: a tree's, the
 workspace's: tests/ and solution/ are directories, they cannot clash), else task.toml."""
 LINKED = ("", "task.toml", "instruction.md", "tests", "tests/test.sh", "solution", "environment")
+OWN_DIRS = ("environment", "tests", "solution")
+"""A task directory's own directories: a task.toml in them is a fixture, not a task."""
 KEYS = {
     "": (
         ("verifier", "metadata"),
@@ -82,7 +88,13 @@ KEYS = {
     ),
 }  # fmt: skip
 """Harbor's task.toml keys, at the top and in [verifier]: (those Tempered reads, those it
-ignores). Any other key there is an error."""
+ignores). Any other key there is ignored with a warning, or an error where it is a close
+misspelling (`CLOSE`) of one Tempered reads."""
+CLOSE = 0.8
+"""difflib's ratio from which an unknown key is taken for a misspelling: `timeout_secs`,
+`verifierr` and `envs` are; `restart_environment` and `ground_truth` are not."""
+_SECONDS = TypeAdapter(float)
+log = logging.getLogger("tempered.tasks")
 
 
 def is_harbor(suite: str) -> bool:
@@ -94,7 +106,11 @@ def load_harbor(
 ) -> tuple[list[WorkspaceTask], dict[str, str]]:
     """The tasks under `path` (a task directory, or a directory of task directories, sorted)
     and, by directory name, one error line per task directory that could not be loaded (among
-    them those whose files take more than `max_mb` in all)."""
+    them those whose workspace would take more than `max_mb` in all).
+
+    `max_mb` is `sandbox.workspaces.max_workspace_mb`'s default: the suite loaders
+    (`infra.tasks.load_suite` and its callers) have no settings at hand. A lower configured
+    limit still fails such a task, at reset, as a workspace that does not fit."""
     root = Path(path)
     if not root.is_dir():
         raise ValueError(f"{root}: no such directory of Harbor tasks")
@@ -102,7 +118,7 @@ def load_harbor(
         child for child in root.iterdir() if child.is_dir() and (child / "task.toml").exists()
     )
     if (root / "task.toml").exists():
-        if children:
+        if children := [child for child in children if child.name not in OWN_DIRS]:
             names = ", ".join(child.name for child in children[:5])
             raise ValueError(
                 f"{root}: holds task.toml and task directories too ({names}): name one task "
@@ -122,18 +138,18 @@ def load_harbor(
 
 
 def load_task(directory: Path, suite: str, *, max_mb: int = MAX_TASK_MB) -> WorkspaceTask:
-    """One Harbor task directory as a workspace task, its files read within `max_mb`;
-    TaskInputError naming the task and the file at fault."""
+    """One Harbor task directory as a workspace task, its workspace's files read within
+    `max_mb`; TaskInputError naming the task and the file at fault."""
     name = directory.name
     if not is_identifier(name):
         raise TaskInputError(f"{directory}: the directory name is not a valid task id")
     try:
-        return _load(directory, name, suite, Budget(max_mb))
+        return _load(directory, name, suite, Budget(max_mb), Budget.own())
     except TaskInputError as exc:
         raise TaskInputError(f"task {name}: {exc}") from None
 
 
-def _load(directory: Path, name: str, suite: str, budget: Budget) -> WorkspaceTask:
+def _load(directory: Path, name: str, suite: str, budget: Budget, own: Budget) -> WorkspaceTask:
     def fail(file: str, why: str) -> TaskInputError:
         return TaskInputError(f"{directory / file}: {why}")
 
@@ -141,12 +157,12 @@ def _load(directory: Path, name: str, suite: str, budget: Budget) -> WorkspaceTa
         if (directory / part).is_symlink():  # its target may lie anywhere: read it as a copy
             raise fail(part or ".", "is a link: a task's files must lie in its directory")
     try:
-        text = budget.read(directory / "task.toml", follow_links=False).decode("utf-8")
+        text = own.read(directory / "task.toml", follow_links=False).decode("utf-8")
         config = tomllib.loads(text)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise fail("task.toml", f"unreadable ({exc})") from None
     try:
-        data = budget.read(directory / "instruction.md", follow_links=False)
+        data = own.read(directory / "instruction.md", follow_links=False)
         prompt = data.decode("utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         raise fail("instruction.md", f"missing or unreadable ({exc.__class__.__name__})") from None
@@ -158,17 +174,21 @@ def _load(directory: Path, name: str, suite: str, budget: Budget) -> WorkspaceTa
     if not dockerfile.is_file():
         raise fail("environment/Dockerfile", "missing")
     try:
-        check, split = _config(config)
+        check, split, unknown = _config(config)
     except ValidationError as exc:
         raise fail("task.toml", describe_validation_error(exc)) from None
     except ValueError as exc:
         raise fail("task.toml", str(exc)) from None
-    try:
-        workdir, files, env = read_dockerfile(dockerfile, budget)
-        tests = tree(directory / "tests", budget)
-        solution = (
-            tree(directory / "solution", budget) if (directory / "solution").is_dir() else None
+    if unknown:
+        log.warning(
+            "%s: keys Tempered does not know, ignored: %s",
+            directory / "task.toml",
+            ", ".join(unknown),
         )
+    try:
+        workdir, files, env = read_dockerfile(dockerfile, budget, own)
+        tests = tree(directory / "tests", own)
+        solution = tree(directory / "solution", own) if (directory / "solution").is_dir() else None
         return workspace_task(
             name,
             prompt,
@@ -187,31 +207,38 @@ def _load(directory: Path, name: str, suite: str, budget: Budget) -> WorkspaceTa
         raise fail(file, describe_validation_error(exc)) from None
 
 
-def _config(config: dict[str, Any]) -> tuple[Check, Any]:
-    """The check and the split task.toml asks for; ValueError naming the key at fault."""
-    _known(config, "")
+def _config(config: dict[str, Any]) -> tuple[Check, Any, list[str]]:
+    """The check and the split task.toml asks for, and the keys it has that Harbor does not
+    (dotted: `verifier.x`); ValueError naming the key at fault."""
+    unknown = _unknown(config, "")
     verifier, metadata = _table(config, "verifier"), _table(config, "metadata")
-    _known(verifier, "verifier")
+    unknown += _unknown(verifier, "verifier")
     timeout = verifier.get("timeout_sec")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
-        raise ValueError(f"timeout_sec: a number of seconds, not {_kind(timeout)}")
+    if timeout is not None:
+        try:
+            if isinstance(timeout, bool):  # Harbor's float would take it for 0 or 1 s
+                raise ValueError
+            timeout = _SECONDS.validate_python(timeout)
+        except ValueError:  # ValidationError too
+            shown = repr(timeout) if isinstance(timeout, str) else _kind(timeout)
+            raise ValueError(f"timeout_sec: a number of seconds, not {shown}") from None
     env = {
         key: _env_value(key, value) for key, value in _table(verifier, "env", "verifier.").items()
     }
     check = Check(kind="script", tests="test.sh", timeout_s=timeout, env=env)
-    return check, metadata.get("split", "train")
+    return check, metadata.get("split", "train"), unknown
 
 
-def _known(table: dict[str, Any], within: str) -> None:
-    """ValueError for a key of `table` (task.toml's top, or [`within`]) Harbor does not have."""
+def _unknown(table: dict[str, Any], within: str) -> list[str]:
+    """The keys of `table` (task.toml's top, or [`within`]) Harbor does not have, dotted;
+    ValueError for one that is a close misspelling of a key Tempered reads."""
     read, ignored = KEYS[within]
-    for key in table:
-        if key not in read and key not in ignored:
+    unknown = [key for key in table if key not in read and key not in ignored]
+    for key in unknown:
+        if meant := difflib.get_close_matches(key, read, n=1, cutoff=CLOSE):
             where = f"[{within}] " if within else ""
-            raise ValueError(
-                f"{where}{key}: no such key{'' if within else ' at the top'} (Tempered reads "
-                f"{', '.join(read)}; ignores Harbor's {', '.join(ignored)})"
-            )
+            raise ValueError(f"{where}{key}: no such key; did you mean {meant[0]}?")
+    return [f"{within}.{key}" if within else key for key in unknown]
 
 
 def _env_value(key: str, value: Any) -> str:

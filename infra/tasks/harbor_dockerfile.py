@@ -2,9 +2,9 @@
 
     workdir, files, env = read_dockerfile(Path("task/environment/Dockerfile"))
     # "/app", {"src/main.py": File(...)} (relative to the workdir), {"KEY": "value"}
-    budget = Budget(256)                        # the MB a task's files may take in all
-    workdir, files, env = read_dockerfile(Path("task/environment/Dockerfile"), budget)
-    tests = tree(Path("task/tests"), budget)    # the task's other files count too
+    workspace, own = Budget(256), Budget.own()  # the workspace's MB; the task's other files
+    workdir, files, env = read_dockerfile(Path("task/environment/Dockerfile"), workspace, own)
+    tests = tree(Path("task/tests"), own)       # mounted at /tests, not in the workspace
 
 The local and gVisor backends run a task's environment over the host's read-only system, so
 only these instructions are understood, as Docker reads them (a UTF-8 BOM, comments and
@@ -26,9 +26,13 @@ would put where a directory is (or below a file), a file outside the final works
 pathlib refuses, a NUL character, a source outside the context or unreadable.
 
 Every file is read through a `Budget`: looked at before it is read (`checks.read_regular`: a
-FIFO is no file, never waited on), and refused, unread and named, where it would take the
-task's files past a workspace's size (`sandbox.workspaces.max_workspace_mb`, its default
-unless the caller gives another): a task that large could not be restored into one anyway.
+FIFO is no file, never waited on), and refused, unread and named, where it would take more
+than its budget. The files COPY puts in the workspace take a workspace's size in all
+(`MAX_TASK_MB`, `sandbox.workspaces.max_workspace_mb`'s default, unless the caller gives
+another): a task that large could not be restored into one anyway. The task's other files
+(the Dockerfile, and harbor.py's task.toml, instruction.md, tests/ and solution/) are never
+in the workspace; they take `MAX_TASK_FILES_MB` in all, so that no task takes the loader's
+memory.
 """
 
 from __future__ import annotations
@@ -62,7 +66,11 @@ VERIFIER_DIRS = (TESTS_DIR, LOGS_DIR, SOLUTION_DIR)
 """Where the verifier (and the solution's run) mount trees of their own: a workspace there or
 below would be hidden by them, and a correct solution would score 0."""
 MAX_TASK_MB: int = WorkspaceSettings.model_fields["max_workspace_mb"].default
-"""What a task's files may take in all, by default: a workspace's default size."""
+"""What the files COPY puts in a workspace may take in all, by default: a workspace's
+default size."""
+MAX_TASK_FILES_MB = 1024
+"""What a task's files outside the workspace may take in all: a cap on the loader's memory,
+generous (a task's tests may hold fixtures), not a size any backend needs."""
 ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """A variable name a task may set (a Dockerfile's ENV, task.toml's [verifier.env])."""
 _VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
@@ -74,10 +82,21 @@ class TaskInputError(ValueError):
 
 
 class Budget:
-    """The bytes a task's files may still take; `read` takes a file's from it."""
+    """The bytes a task's files may still take; `read` takes a file's from it. `Budget(mb)`
+    is a workspace's, `Budget.own()` that of the task's files outside it; `past` says what a
+    file too many would take past, for the error."""
 
-    def __init__(self, max_mb: int = MAX_TASK_MB) -> None:
+    def __init__(self, max_mb: int = MAX_TASK_MB, past: str = "") -> None:
         self.max_mb, self.left = max_mb, max_mb << 20
+        self.past = past or f"the workspace's files would take more than a workspace's {max_mb} MB"
+
+    @classmethod
+    def own(cls) -> Budget:
+        return cls(
+            MAX_TASK_FILES_MB,
+            "the task's own files (task.toml, instruction.md, the Dockerfile, tests/, "
+            f"solution/) would take more than {MAX_TASK_FILES_MB} MB, the most the loader reads",
+        )
 
     def read(self, path: Path, *, follow_links: bool = True) -> bytes:
         """`path`'s bytes, looked at before they are read; TaskInputError naming it where it
@@ -85,10 +104,7 @@ class Budget:
         try:
             data = read_regular(path, self.left, follow_links=follow_links)
         except FileTooLarge as exc:
-            raise TaskInputError(
-                f"{path}: {exc.size} bytes: the task's files would take more than a "
-                f"workspace's {self.max_mb} MB"
-            ) from None
+            raise TaskInputError(f"{path}: {exc.size} bytes: {self.past}") from None
         except NotARegularFile:
             raise TaskInputError(f"{path}: not a regular file") from None
         self.left -= len(data)
@@ -96,11 +112,12 @@ class Budget:
 
 
 def read_dockerfile(
-    path: Path, budget: Budget | None = None
+    path: Path, budget: Budget | None = None, own: Budget | None = None
 ) -> tuple[str, dict[str, File], dict[str, str]]:
     """(WORKDIR, the workspace's files, ENV) of a Dockerfile that only uses FROM, WORKDIR, COPY
-    and ENV, its files read within `budget` (a fresh one: `MAX_TASK_MB`); TaskInputError naming
-    the file and line otherwise."""
+    and ENV, the files COPY takes read within `budget` (a fresh one: `MAX_TASK_MB`), the
+    Dockerfile within `own` (a fresh `Budget.own()`); TaskInputError naming the file and line
+    otherwise."""
     budget = budget or Budget()
     context = path.parent
     workdir, env = DEFAULT_WORKDIR, dict[str, str]()
@@ -109,7 +126,7 @@ def read_dockerfile(
     dirs = {"/", DEFAULT_WORKDIR}  # the directories so far, each one's parents too: the
     # workdir's (every WORKDIR line makes its own), the ones COPY made
     froms = 0
-    for number, instruction, arguments in _instructions(path, budget):
+    for number, instruction, arguments in _instructions(path, own or Budget.own()):
 
         def fail(why: str, number: int = number) -> TaskInputError:
             return TaskInputError(f"{path}:{number}: {why}")

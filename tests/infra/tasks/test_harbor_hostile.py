@@ -23,6 +23,7 @@ from infra.environments.checks import InvalidTask, read_reward
 from infra.environments.tree import Check, TreeError
 from infra.sandbox.workspace import CommandResult, CommandRunner, Mounts, cgroup_name, session_uid
 from infra.settings import WorkspaceSettings
+from infra.tasks import harbor_dockerfile
 from infra.tasks.harbor import TaskInputError, load_harbor, load_task
 from infra.tasks.validate import CheckPlan
 from infra.tasks.workspace_validate import validate_workspace_tasks
@@ -94,15 +95,13 @@ def test_a_verifier_env_takes_strings_numbers_and_booleans_as_toml_spells_them(
     [
         (
             "[verifier]\ntimeout_secs = 900\n",
-            r"\[verifier\] timeout_secs: no such key \(Tempered reads timeout_sec, env; "
-            r"ignores Harbor's user, ",
+            r"\[verifier\] timeout_secs: no such key; did you mean timeout_sec\?",
         ),
-        ("timeout_sec = 900\n", r"timeout_sec: no such key at the top \(Tempered reads verifier, "),
-        ("[verifierr]\nx = 1\n", r"verifierr: no such key at the top \(Tempered reads verifier, "),
+        ("[verifierr]\nx = 1\n", r"verifierr: no such key; did you mean verifier\?"),
         ("[verifier]\ntimeout_sec = true\n", r"timeout_sec: a number of seconds, not a boolean"),
-        ("[verifier]\ntimeout_sec = '30'\n", r"timeout_sec: a number of seconds, not a string"),
+        ("[verifier]\ntimeout_sec = 'soon'\n", r"timeout_sec: a number of seconds, not 'soon'"),
     ],
-    ids=["verifier-typo", "top-level-key", "table-typo", "bool-timeout", "string-timeout"],
+    ids=["verifier-typo", "table-typo", "bool-timeout", "word-timeout"],
 )
 def test_the_keys_tempered_reads_are_checked_not_ignored_or_coerced(
     tmp_path: Path, toml: str, message: str
@@ -111,6 +110,27 @@ def test_the_keys_tempered_reads_are_checked_not_ignored_or_coerced(
     a deadline of one second."""
     error = bad_task_error(tmp_path, toml=toml)
     assert re.match(rf"task bad: \S+/bad/task.toml: {message}", error), error
+
+
+def test_keys_harbor_ignores_load_with_one_warning_naming_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Harbor's TaskConfig ignores keys it does not have, and real tasks carry some: once
+    each was an error and the task was lost. A numeric string is Harbor's float too."""
+    toml = (
+        'timeout_sec = 900\n[verifier]\ntimeout_sec = "30"\nrestart_environment = false\n'
+        "[ground_truth]\nepsilon = 0.05\n"
+    )
+    with caplog.at_level(logging.WARNING, logger="tempered.tasks"):
+        loaded = load_task(task(tmp_path, toml=toml), suite="harbor:x")
+    check = loaded.tests.manifest.check
+    assert check is not None and check.timeout_s == 30.0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].endswith(
+        "task.toml: keys Tempered does not know, ignored: timeout_sec, ground_truth, "
+        "verifier.restart_environment"
+    ), warnings
 
 
 def test_harbors_tables_tempered_does_not_implement_load_and_are_ignored(tmp_path: Path) -> None:
@@ -170,12 +190,12 @@ def test_a_file_larger_than_a_workspace_is_refused_unread_naming_it(tmp_path: Pa
     tasks, errors = load_harbor(tmp_path)
     assert [t.spec.id for t in tasks] == ["good"]
     assert errors["bad"] == (
-        f"task bad: {bad}/environment/data.bin: {(limit << 20) + 1} bytes: the task's files "
-        f"would take more than a workspace's {limit} MB"
+        f"task bad: {bad}/environment/data.bin: {(limit << 20) + 1} bytes: the workspace's "
+        f"files would take more than a workspace's {limit} MB"
     )
 
 
-def test_the_files_of_a_task_count_together_against_the_limit(tmp_path: Path) -> None:
+def test_the_files_of_a_workspace_count_together_against_the_limit(tmp_path: Path) -> None:
     """Each file fits; together (COPY can take one file many times) they do not."""
     copies = "".join(f"COPY greet.py /app/g{n}.py\n" for n in range(3))
     directory = task(tmp_path, dockerfile=f"FROM python\n{copies}")
@@ -183,6 +203,31 @@ def test_the_files_of_a_task_count_together_against_the_limit(tmp_path: Path) ->
     load_task(directory, suite="harbor:x", max_mb=2)
     with pytest.raises(TaskInputError, match=r"greet.py: 400000 bytes: .* more than .* 1 MB"):
         load_task(directory, suite="harbor:x", max_mb=1)
+
+
+def test_tests_and_solution_do_not_count_against_the_workspace(tmp_path: Path) -> None:
+    """They are mounted at /tests and /solution, not put in the workspace: once a 1.2 MB
+    fixture in tests/ took a 1.2 MB workspace past 2 MB, blamed as the workspace's."""
+    directory = task(tmp_path, dockerfile="FROM python\nCOPY . /app/\n")
+    (directory / "environment" / "data.bin").write_bytes(b"x" * 1_200_000)
+    (directory / "tests" / "fixture.bin").write_bytes(b"y" * 1_200_000)
+    (directory / "solution" / "fixture.bin").write_bytes(b"z" * 1_200_000)
+    files = load_task(directory, suite="harbor:x", max_mb=2).files.manifest.files()
+    assert "data.bin" in [entry.path for entry in files]
+
+
+def test_a_task_file_past_the_loaders_cap_is_refused_unread_naming_it(tmp_path: Path) -> None:
+    directory = task(tmp_path)
+    size = (harbor_dockerfile.MAX_TASK_FILES_MB << 20) + 1
+    with (directory / "tests" / "fixture.bin").open("wb") as sparse:
+        sparse.truncate(size)  # no disk taken
+    with pytest.raises(TaskInputError) as raised:
+        load_task(directory, suite="harbor:x")
+    assert str(raised.value) == (
+        f"task fix-greeting: {directory}/tests/fixture.bin: {size} bytes: the task's own files "
+        "(task.toml, instruction.md, the Dockerfile, tests/, solution/) would take more than "
+        f"{harbor_dockerfile.MAX_TASK_FILES_MB} MB, the most the loader reads"
+    )
 
 
 # -- the layout ------------------------------------------------------------------------------

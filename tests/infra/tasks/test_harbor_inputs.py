@@ -206,3 +206,15 @@ def test_dockerfiles_docker_builds_load(
 def test_read_dockerfile_reads_a_bom(tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_bytes("\ufeffFROM a\nENV A=1\n".encode())
     assert read_dockerfile(tmp_path / "Dockerfile") == ("/app", {}, {"A": "1"})
+
+
+@pytest.mark.parametrize("part", ["environment", "tests", "solution"])
+def test_a_task_toml_fixture_in_a_tasks_own_directories_is_no_task(
+    tmp_path: Path, part: str
+) -> None:
+    """Once the task named directly was refused as "holds task.toml and task directories
+    too": its environment/, tests/ and solution/ are its own, whatever they hold."""
+    directory = task(tmp_path, "FROM python\nCOPY greet.py /app/\n")
+    (directory / part / "task.toml").write_text('version = "1.0"\n')
+    tasks, errors = load_harbor(directory)
+    assert [t.spec.id for t in tasks] == ["fix-greeting"] and errors == {}
