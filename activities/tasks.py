@@ -6,7 +6,8 @@ tests are uploaded to the object store (content-addressed trees, `infra/environm
 uploading them again is a no-op), so the refs in `TaskSpec.workspace` name stored trees. Harbor
 task directories that cannot be loaded are skipped and logged, naming the task and file. An
 unknown suite, an unreadable task file or quarantine list fails the activity without retry,
-naming the file.
+naming the file. The load runs in a thread and heartbeats meanwhile (`heartbeating`): reading
+and uploading a large Harbor suite can take longer than the heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from temporalio import activity
 
+from activities.heartbeat import heartbeating
 from contracts.errors import invalid
 from contracts.names import Activity
 from contracts.run import LoadTasksRequest, LoadTasksResponse
@@ -26,6 +28,8 @@ from infra.tasks import is_workspace_suite, load_quarantine, load_suite, load_wo
 
 UPLOADS = 16
 """Tree objects uploaded at once."""
+HEARTBEAT_S = 5.0
+"""Seconds between the heartbeats of a load in progress."""
 
 
 class TaskActivities:
@@ -41,7 +45,7 @@ class TaskActivities:
 
     @activity.defn(name=Activity.LOAD_TASKS.value)
     async def load_tasks(self, request: LoadTasksRequest) -> LoadTasksResponse:
-        return await asyncio.to_thread(self._load, request)
+        return await heartbeating(asyncio.to_thread(self._load, request), every_s=HEARTBEAT_S)
 
     def _load(self, request: LoadTasksRequest) -> LoadTasksResponse:
         try:

@@ -10,6 +10,9 @@ at bounded concurrency through one sandbox backend. A task is
   `infra_error`) after the offline retries of `contracts.errors.INFRA_RETRY` (through
   `infra/sandbox/retrying.py`) — the task is not judged then, and never counted as broken.
 
+A task with nothing to validate with (a Harbor task without solution/solve.sh) has no runs and
+no verdict: the report lists it as **unjudged**, never quarantined.
+
 Broken, flaky and weak tasks are quarantined: `<home>/quarantine/<key>.json` (`suite_key`) lists
 them and training skips them (`infra.tasks.load_quarantine`). The verdicts, the report and the
 driver (`run_checks`, given each task's runs as `TaskRuns`) are shared with workspace suites
@@ -92,6 +95,7 @@ class ValidationReport(BaseModel):
     created_at: str
     wall_s: float
     tasks: list[TaskCheck]
+    unjudged: list[str] = []  # tasks with nothing to validate with: no runs, no verdict
 
     def ids(self, verdict: str) -> list[str]:
         return [task.task_id for task in self.tasks if task.verdict == verdict]
@@ -125,6 +129,7 @@ class ValidationReport(BaseModel):
             "weak": self.ids("weak"),
             "infra": self.ids("infra"),
             "no_wrong_solution": [task.task_id for task in self.tasks if task.wrong is None],
+            "unjudged": self.unjudged,
             "quarantined": self.quarantined,
         }
 
@@ -150,10 +155,16 @@ class TaskRuns:
 
 
 async def run_checks(
-    tasks: list[TaskRuns], plan: CheckPlan, *, suite: str, backend: str
+    tasks: list[TaskRuns],
+    plan: CheckPlan,
+    *,
+    suite: str,
+    backend: str,
+    unjudged: list[str] | None = None,
 ) -> ValidationReport:
     """The driver of every suite: each task's canonical run `plan.repeats` times and its wrong
-    run once, all tasks at once but at most `plan.concurrency` runs at a time."""
+    run once, all tasks at once but at most `plan.concurrency` runs at a time. `unjudged`: the
+    tasks with nothing to run, reported as such."""
     repeats, on_run = plan.repeats, plan.on_run
     if repeats < 1 or plan.concurrency < 1:
         raise ValueError("repeats and concurrency must be at least 1")
@@ -187,6 +198,7 @@ async def run_checks(
         created_at=created_at,
         wall_s=round(time.perf_counter() - started, 2),
         tasks=checks,
+        unjudged=sorted(unjudged or []),
     )
 
 
@@ -257,7 +269,15 @@ async def validate_tasks(
     return await run_checks(runs, plan, suite=suite, backend=backend.name)
 
 
-CATEGORIES = ("broken", "flaky", "weak", "infra", "no_wrong_solution", "quarantined")
+CATEGORIES = (
+    "broken",
+    "flaky",
+    "weak",
+    "infra",
+    "no_wrong_solution",
+    "unjudged",
+    "quarantined",
+)
 
 
 def read_quarantine(settings: Settings, suite: str) -> dict[str, list[str]]:
@@ -295,7 +315,8 @@ def write_quarantine(
     """
     path = quarantine_path(settings, report.suite)
     document = report.quarantine_document()
-    checked = {task.task_id for task in report.tasks}
+    # an unjudged task was looked at too: its earlier entries go, as a whole-suite run drops them
+    checked = {task.task_id for task in report.tasks} | set(report.unjudged)
     previous = {} if replace else read_quarantine(settings, report.suite)
     for category, ids in previous.items():
         kept = [task_id for task_id in ids if task_id not in checked]

@@ -8,9 +8,9 @@ untouched workspace its wrong solution: broken, flaky, weak, infra, clean); this
 only how one run goes. A Harbor task directory that cannot be loaded is broken, its runs the
 load error, and so is a task whose initial tree does not fit a workspace (`TreeError`) or whose
 check cannot work (`InvalidTask`): that task's verdict, never the suite's end. A task without
-a solution (Harbor's solution/ is optional) is not judged: it is logged as unjudged and left
-out of the report, and the others are validated. Everything runs on this host, with the trees
-in memory: no object store, no Temporal.
+a solution (Harbor's solution/ is optional) is not judged: it is logged and reported as
+unjudged (never quarantined), and the others are validated. Everything runs on this host, with
+the trees in memory: no object store, no Temporal.
 
     report = await validate_workspace_suite(settings, "harbor:examples/harbor", CheckPlan(5))
     tempered tasks validate workspace --repeats 5
@@ -118,12 +118,10 @@ async def validate_workspace_tasks(
 ) -> ValidationReport:
     """Run every task's solution in `plan.repeats` fresh sessions; verify one untouched session.
     `unloadable` (task name: why it could not be loaded) are reported as broken; tasks without
-    a solution are logged as unjudged and left out."""
-    for task in tasks:
-        if task.solution is None:
-            log.warning(
-                "unjudged: %s: no solution to validate with (solution/solve.sh)", task.spec.id
-            )
+    a solution are logged and reported as unjudged."""
+    unjudged = [task.spec.id for task in tasks if task.solution is None]
+    for task_id in unjudged:
+        log.warning("unjudged: %s: no solution to validate with (solution/solve.sh)", task_id)
     runs = [
         TaskRuns(
             task.spec.id,
@@ -137,7 +135,7 @@ async def validate_workspace_tasks(
         TaskRuns(name, canonical=partial(_unloadable, error))
         for name, error in (unloadable or {}).items()
     ]
-    return await run_checks(runs, plan, suite=suite, backend=env.backend.name)
+    return await run_checks(runs, plan, suite=suite, backend=env.backend.name, unjudged=unjudged)
 
 
 async def validate_workspace_suite(

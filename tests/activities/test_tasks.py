@@ -5,15 +5,18 @@ quarantine list that is not one) failing once, without retry, naming what is wro
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
+import activities.tasks
 from activities.tasks import TaskActivities
 from contracts.errors import ErrorType
 from contracts.run import LoadTasksRequest
+from contracts.task import TaskSpec
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import load_suite, quarantine_path
@@ -91,3 +94,26 @@ async def test_bad_input_fails_without_retry_naming_it(
             TaskActivities(settings, store).load_tasks, LoadTasksRequest(suite=suite)
         )
     assert failed.value.type == ErrorType.INVALID_INPUT and failed.value.non_retryable
+
+
+@pytest.mark.asyncio
+async def test_a_slow_load_heartbeats_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the load ran in a thread without heartbeating: a suite slower to read than the
+    heartbeat timeout timed out, and every retry did too."""
+    tasks = load_suite("starter")
+
+    def slow(suite: str) -> list[TaskSpec]:
+        time.sleep(1.5)
+        return tasks
+
+    monkeypatch.setattr(activities.tasks, "load_suite", slow)
+    monkeypatch.setattr(activities.tasks, "HEARTBEAT_S", 0.2)
+    env = ActivityEnvironment()
+    beats: list[tuple[object, ...]] = []
+    env.on_heartbeat = lambda *details: beats.append(details)
+    request = LoadTasksRequest(suite="starter", skip_quarantined=False)
+    loaded = await env.run(TaskActivities(Settings(home=tmp_path)).load_tasks, request)
+    assert sorted(t.id for t in loaded.train + loaded.heldout) == sorted(t.id for t in tasks)
+    assert len(beats) >= 3

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from rich.console import Console
 
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
@@ -28,6 +29,7 @@ from infra.tasks.harbor import TaskInputError, load_harbor, load_task
 from infra.tasks.validate import CheckPlan
 from infra.tasks.workspace_validate import validate_workspace_tasks
 from tests.paths import REPO_ROOT
+from workers.cli.tasks import print_summary
 
 EXAMPLES = REPO_ROOT / "examples" / "harbor"
 
@@ -312,6 +314,14 @@ def test_a_task_without_a_solution_is_unjudged_and_the_others_validated(
     assert [check.task_id for check in report.tasks] == ["fix-greeting"]
     assert env.resets == 2  # its solution and its untouched workspace, none of `alone`'s
     assert "unjudged: alone: no solution to validate with" in caplog.text
+    # reported, in a category of its own: once it was only logged, missing from the report
+    assert report.unjudged == ["alone"]
+    assert '"unjudged":["alone"]' in report.model_dump_json()
+    document = report.quarantine_document()
+    assert document["unjudged"] == ["alone"] and "alone" not in report.quarantined
+    console = Console(record=True, width=120)
+    print_summary(console, report)
+    assert re.search(r"unjudged \(no solution\) *│ *1 ", console.export_text())
 
 
 def reward_of(tmp_path: Path, data: bytes) -> float:
