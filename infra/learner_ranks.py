@@ -81,13 +81,16 @@ class RankGroup:
         self.settings = settings
         self.log = log
         self.version: int | None = None
-        self.pids: list[int] = []
-        """Each rank's pid, by rank (empty while no group runs)."""
-        self._ranks: list[psutil.Process] = []  # the same processes: a recycled pid is not one
+        self._ranks: list[psutil.Process] = []  # by rank: a recycled pid is not one of them
         self._adapter_of: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self._dir: Path | None = None
+
+    @property
+    def pids(self) -> list[int]:
+        """Each rank's pid, by rank (empty while no group runs)."""
+        return [rank.pid for rank in self._ranks]
 
     # -- the Learner protocol ------------------------------------------------------------------
 
@@ -145,7 +148,7 @@ class RankGroup:
             self._kill()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
-        self._process, self._conn, self._dir, self.pids, self._ranks = None, None, None, [], []
+        self._process, self._conn, self._dir, self._ranks = None, None, None, []
         self.version = None
 
     # -- the group -----------------------------------------------------------------------------
@@ -270,7 +273,6 @@ class RankGroup:
         self._conn = Connection(client.detach())
         _, pids = self._receive(deadline, f"the rank group did not start in {start:.0f}s")
         self._ranks = [psutil.Process(pid) for pid in pids]
-        self.pids = list(pids)
 
     def _fail(self, why: str) -> NoReturn:
         """End the group and raise RankGroupFailed with `why` and the log's last lines."""
