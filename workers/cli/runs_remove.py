@@ -6,8 +6,9 @@ in an order that a rerun of the command finishes, whenever it stopped.
 First `removed/<run>.json` (the id is never used again, `infra/keys.py`), then the run's
 evaluations (`runs/<run>-eval-.../`), then its locally cached policy versions, and the run's
 own `runs/<run>/` last. A rerun of `rm` takes a run with a removal record as one to finish
-(`infra.run_ids`; other commands call it unknown) and deletes what is left. Deleting the run's prefix first left a rerun stopped at
-"unknown run", with the evaluations and cached policies kept for good. An S3 error on the way
+(`infra.run_ids`; other commands call it unknown) and deletes what is left. Deleting the run's
+prefix first left a rerun stopped at "unknown run", with the evaluations and cached policies
+kept for good. An S3 error on the way
 names what was done already. It does not ask whether the run runs (the caller did).
 """
 
@@ -31,14 +32,16 @@ def remove_run(store: ObjectStore, cache_dir: Path, run: str) -> str:
         if evaluates(prefix.removeprefix(keys.RUNS_PREFIX).rstrip("/"), run)
     ]
     done: list[str] = []
+    record_key, removed_before = keys.removed_run_key(run), False
     try:
         when = datetime.now(UTC).isoformat(timespec="seconds")
         try:  # a rerun keeps the first removal's record
             record = {"run_id": run, "removed_at": when}
-            store.put_json(keys.removed_run_key(run), record, create_only=True)
-            done.append(f"wrote {keys.removed_run_key(run)}")
+            store.put_json(record_key, record, create_only=True)
+            done.append(f"wrote {record_key}")
         except ObjectExists:
-            done.append(f"kept {keys.removed_run_key(run)}")
+            removed_before = True
+            done.append(f"kept {record_key}")
         deleted = 0
         for prefix in evals:
             deleted += store.delete_prefix(prefix)
@@ -51,6 +54,6 @@ def remove_run(store: ObjectStore, cache_dir: Path, run: str) -> str:
             f"{exc}; rm of run {run} stopped; done: {', '.join(done) or 'nothing'}; run "
             f"`tempered runs rm {run}` again to finish it"
         ) from None
-    if deleted == 0 and done[0].startswith("kept"):
-        return f"run {run} was removed already ({keys.removed_run_key(run)}): nothing left of it"
+    if deleted == 0 and removed_before:
+        return f"run {run} was removed already ({record_key}): nothing left of it"
     return f"deleted run {run}: {deleted} objects ({len(evals)} evaluations), cached policies"
