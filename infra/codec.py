@@ -50,7 +50,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -246,18 +246,15 @@ def decode_payloads(reader: Reader, payloads: list[dict[str, Any]]) -> list[dict
 def _decode_one(resolver: Resolver, payload: dict[str, Any]) -> dict[str, Any]:
     """`payload` with its references resolved; unchanged if it has none, is no JSON payload,
     or one this server cannot take (malformed, nested too deeply): it fails alone."""
-    try:
-        metadata = payload.get("metadata") or {}
-        if _encoding(metadata) != JSON_ENCODING:
-            return payload  # binary/null/protobuf: shown as the UI shows it
-        resolved = resolver.resolve(json.loads(base64.b64decode(payload.get("data", ""))))
+
+    def decoded(value: Any) -> bytes | None:
+        resolved = resolver.resolve(value)
         if not resolver.found:
-            return payload
+            return None
         # what the references hold first (row previews, boxes show the top); `/encode` undoes it
-        data = _json({"shown": resolver.shown, "payload": resolved})
-    except (ValueError, TypeError, AttributeError, RecursionError):
-        return payload
-    return {"metadata": metadata, "data": base64.b64encode(data).decode()}
+        return _json({"shown": resolver.shown, "payload": resolved})
+
+    return _rewritten(payload, decoded)
 
 
 def encode_payloads(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -267,15 +264,25 @@ def encode_payloads(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _encode_one(payload: dict[str, Any]) -> dict[str, Any]:
+    def encoded(value: Any) -> bytes | None:
+        if not _is_decoded(value) or (original := _undecoded(value["payload"])) == value["payload"]:
+            return None  # not what `/decode` gives: it adds to every reference of `payload`
+        return to_json(original)
+
+    return _rewritten(payload, encoded)
+
+
+def _rewritten(payload: dict[str, Any], rewrite: Callable[[Any], bytes | None]) -> dict[str, Any]:
+    """A JSON payload whose value `rewrite` turned into new data; `payload` as it came where
+    it is no JSON payload, `rewrite` gives None, or either cannot take it (it fails alone)."""
     try:
         metadata = payload.get("metadata") or {}
         if _encoding(metadata) != JSON_ENCODING:
-            return payload
-        value = json.loads(base64.b64decode(payload.get("data", "")))
-        if not _is_decoded(value) or (original := _undecoded(value["payload"])) == value["payload"]:
-            return payload  # not what `/decode` gives: it adds to every reference of `payload`
-        data = to_json(original)
+            return payload  # binary/null/protobuf: shown as the UI shows it
+        data = rewrite(json.loads(base64.b64decode(payload.get("data", ""))))
     except (ValueError, TypeError, AttributeError, RecursionError):
+        return payload
+    if data is None:
         return payload
     return {"metadata": metadata, "data": base64.b64encode(data).decode()}
 
