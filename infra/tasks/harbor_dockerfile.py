@@ -87,7 +87,7 @@ class Budget:
     file too many would take past, for the error."""
 
     def __init__(self, max_mb: int = MAX_TASK_MB, past: str = "") -> None:
-        self.max_mb, self.left = max_mb, max_mb << 20
+        self.left = max_mb << 20
         self.past = past or f"the workspace's files would take more than a workspace's {max_mb} MB"
 
     @classmethod
