@@ -14,12 +14,14 @@ names what was done already. It does not ask whether the run runs (the caller di
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 from pathlib import Path
 
 from contracts.names import evaluates
 from infra import keys
 from infra.policy_cache import forget_run
+from infra.run_ids import removal_record
 from infra.storage import ObjectExists, ObjectStore, StorageError
 
 
@@ -32,16 +34,16 @@ def remove_run(store: ObjectStore, cache_dir: Path, run: str) -> str:
         if evaluates(prefix.removeprefix(keys.RUNS_PREFIX).rstrip("/"), run)
     ]
     done: list[str] = []
-    record_key, removed_before = keys.removed_run_key(run), False
+    record_key = keys.removed_run_key(run)
     try:
-        when = datetime.now(UTC).isoformat(timespec="seconds")
-        try:  # a rerun keeps the first removal's record
-            record = {"run_id": run, "removed_at": when}
-            store.put_json(record_key, record, create_only=True)
-            done.append(f"wrote {record_key}")
-        except ObjectExists:
-            removed_before = True
-            done.append(f"kept {record_key}")
+        # asked, not told by the write: a create-only write of the same bytes (a rerun in the
+        # same second) succeeds, and the rerun took itself for the first removal
+        removed_before = removal_record(store, run) is not None
+        if not removed_before:
+            when = datetime.now(UTC).isoformat(timespec="seconds")
+            with contextlib.suppress(ObjectExists):  # another `rm` wrote it meanwhile
+                store.put_json(record_key, {"run_id": run, "removed_at": when}, create_only=True)
+        done.append(f"{'kept' if removed_before else 'wrote'} {record_key}")
         deleted = 0
         for prefix in evals:
             deleted += store.delete_prefix(prefix)

@@ -4,6 +4,7 @@ the rerun stopped at "unknown run" with the evaluations and cached policies left
 
 from __future__ import annotations
 
+from datetime import datetime, tzinfo
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from infra.seaweed import pick_free_ports
 from infra.settings import Settings, TemporalSettings
 from infra.storage import ObjectStore, TransientStorageError
 from tests.fixtures.s3 import SeaweedServer
-from workers.cli import run
+from workers.cli import run, runs_remove
 
 RUN = "demo"
 EVALUATIONS = ("demo-eval-v0", "demo-eval-v3-humaneval")
@@ -95,3 +96,23 @@ def test_a_rerun_finishes_the_run_an_rm_of_two_stopped_in(
     assert list(store.list_keys(keys.RUNS_PREFIX)) == []
     assert run(["runs", "show", "a"], settings) == 2  # removed: no run to show
     assert "unknown run 'a'" in capsys.readouterr().err
+
+
+def test_a_rerun_in_the_same_second_knows_the_run_was_removed(
+    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch, capsys: Capture
+) -> None:
+    """The removal record holds its second: a rerun within it wrote the same bytes, which a
+    create-only write takes, and said "deleted run demo: 0 objects" as a first removal (it
+    failed test_runs.py once in CI). The record is looked up, not inferred from the write."""
+    store.put_text(keys.run_record_key(RUN), "{}")
+
+    class FrozenClock(datetime):
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> FrozenClock:
+            return cls(2026, 12, 6, 15, 0, 0, tzinfo=tz)
+
+    monkeypatch.setattr(runs_remove, "datetime", FrozenClock)
+    assert run(["runs", "rm", RUN, "--force"], settings) == 0
+    assert f"deleted run {RUN}: 1 objects" in capsys.readouterr().out
+    assert run(["runs", "rm", RUN, "--force"], settings) == 0
+    assert f"run {RUN} was removed already" in capsys.readouterr().out
