@@ -176,6 +176,7 @@ class InferenceActivities:
                 prompt_token_ids=prompts[i],
                 completion_token_ids=result.output.token_ids,
                 logprobs=result.output.logprobs,
+                logprob_temperature=req.sampling.logprob_temperature,
                 policy_version=result.policy.version,
                 finish_reason=result.output.finish_reason,
                 started_at=started_at,

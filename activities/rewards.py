@@ -65,19 +65,28 @@ class TokenSequence:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     spans: list[tuple[int, int]] = field(default_factory=list)
+    logprob_temperature: float = 1.0
 
 
 def token_sequence(records: Sequence[CompletionRecord]) -> TokenSequence:
     """One sequence from an episode's steps: the last prompt and completion, with a mask of 1
     on every step's completion tokens and 0 on prompt, observation and template tokens.
     Raises PrefixBroken when a step's prompt is not the previous prompt + completion + more,
-    ValueError when a record's log-probs are not one per completion token."""
+    ValueError when a record's log-probs are not one per completion token, or were taken at
+    another temperature than the first step's (the learner recomputes an episode's at one)."""
     out = TokenSequence()
+    if records:
+        out.logprob_temperature = records[0].logprob_temperature
     for k, record in enumerate(records):
         completion = record.completion_token_ids
         if len(record.logprobs) != len(completion):
             raise ValueError(
                 f"step {k}: {len(record.logprobs)} logprobs for {len(completion)} tokens"
+            )
+        if record.logprob_temperature != out.logprob_temperature:
+            raise ValueError(
+                f"step {k}: log-probs taken at temperature {record.logprob_temperature}, "
+                f"step 0's at {out.logprob_temperature}"
             )
         prompt = record.prompt_token_ids
         if prompt[: len(out.token_ids)] != out.token_ids:
@@ -152,6 +161,7 @@ class RewardActivities:
             token_ids=sequence.token_ids,
             loss_mask=sequence.loss_mask,
             logprobs=sequence.logprobs,
+            logprob_temperature=sequence.logprob_temperature,
             steps=steps,
             end=episode.end,
             reward=episode.reward,

@@ -20,6 +20,13 @@ class CompletionRecord(Contract):
     prompt_token_ids: list[int]
     completion_token_ids: list[int]
     logprobs: list[float] = Field(description="Log-prob of each completion token when sampled.")
+    logprob_temperature: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=2.0,
+        description="The temperature `logprobs` were taken at (`SamplingParams."
+        "logprob_temperature`); 1 in records written before it was recorded.",
+    )
     policy_version: int
     finish_reason: str = "stop"
     started_at: str = ""

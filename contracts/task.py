@@ -135,7 +135,12 @@ def _uncalled_check(body: list[ast.stmt]) -> bool:
 
 
 class SamplingParams(Contract):
-    temperature: float = Field(default=0.8, ge=0.0, le=2.0)
+    temperature: float = Field(
+        default=0.8,
+        ge=0.0,
+        le=2.0,
+        description="Softmax temperature of the sampling distribution; 0 is greedy (argmax).",
+    )
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     max_new_tokens: int = Field(default=256, ge=1, le=8192)
     seed: int | None = Field(
@@ -159,6 +164,15 @@ class SamplingParams(Contract):
         description="Order in which waiting rows enter the local backend's running batch, lower "
         "first (a run's evaluations: 1, behind its training rollouts); it never changes a token.",
     )
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature at which a sampled token's log-prob is taken, by the sampler and by
+        the learner alike: `temperature`, whose softmax the token was drawn from (top-p left
+        out, as verl's and TRL's learners leave it out), or 1 for a greedy row (no distribution
+        to take it from: the policy's own). The policy gradient and the importance ratio are
+        then those of the distribution that sampled, not of another one."""
+        return self.temperature if self.temperature > 0 else 1.0
 
 
 class RewardConfig(Contract):

@@ -50,6 +50,13 @@ class Trajectory(Contract):
     token_ids: list[int]
     loss_mask: list[int] = Field(description="1: sampled by the policy; 0: prompt, observation.")
     logprobs: list[float] = Field(description="Sampled log-prob where the mask is 1, else 0.")
+    logprob_temperature: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=2.0,
+        description="The temperature every step's `logprobs` were taken at, which the learner "
+        "recomputes them at (one per episode); 1 in trajectories written before it was recorded.",
+    )
     steps: list[TrajectoryStep]
     end: EpisodeEnd
     reward: float

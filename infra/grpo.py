@@ -16,17 +16,23 @@ Choices, stated once:
   and sampled over all its steps, never re-tokenized) with its `loss_mask`: only the tokens the
   policy sampled (mask 1) are in the loss, each weighted by its advantage (its episode's, or
   its turn's); prompt, observation and template tokens (mask 0) get no gradient.
-- Ratio: exp(logp_now - logp_sampled), against the temperature-1 log-probs recorded at sampling
-  time (the trajectory's `logprobs`), PPO-clipped to [1 - eps, 1 + eps].
+- Log-probs are taken at the temperature the episode was sampled at (the trajectory's
+  `logprob_temperature`: log_softmax(logits / T), top-p left out, as verl and TRL take them),
+  by the sampler and here alike: at T = 1 the gradient would be that of another distribution
+  than the one that drew the tokens, and a group's baseline would no longer cancel in it.
+- Ratio: exp(logp_now - logp_sampled), against the log-probs recorded at sampling time (the
+  trajectory's `logprobs`), PPO-clipped to [1 - eps, 1 + eps].
 - KL to the reference (when kl_coef > 0): the k3 estimator exp(ref - logp) - (ref - logp) - 1.
 - Normalisation "tokens" (default, as in DAPO): the step's loss is the sum of per-token losses
   over all sampled tokens of the step's rows divided by their count, so a long episode is not
   worth less per token than a short one. "sequence" (original GRPO): mean within each row, then
-  mean over rows. The rows are those that give a gradient: without a KL term a row of zero
-  advantage (a flat group's) gives none and is left out, of the count too, as DAPO's dynamic
-  sampling leaves flat groups out, so the update per token does not shrink as more groups come
-  back flat (with kl_coef > 0 every row counts). Either way each row carries a precomputed per-token `scale`, so micro-batch
-  losses simply add up to the step's loss (gradient accumulation needs no further scaling).
+  mean over rows. The rows counted are those of the groups that carry a signal: without a KL
+  term a flat group (every advantage 0) gives no gradient and is left out, of the count too, as
+  DAPO's dynamic sampling leaves flat groups out, so the update per token does not shrink as
+  more groups come back flat (with kl_coef > 0 every row counts). A row of zero advantage in a
+  group with a signal (its reward the group's mean) is counted but not computed: its gradient
+  is 0. Either way each row carries a precomputed per-token `scale`, so micro-batch losses
+  simply add up to the step's loss (gradient accumulation needs no further scaling).
 - Staleness: a trajectory whose oldest step is more than `max_staleness` versions behind the
   learner is dropped ("drop") or weighted 0.5 ** (extra lag) ("downweight").
 """
@@ -70,6 +76,7 @@ class Row:
     advantages: list[float]  # the token's advantage where the mask is 1, else 0
     weight: float = 1.0  # staleness weight
     scale: float = 0.0  # per-token loss scale, set by normalize()
+    temperature: float = 1.0  # the log-probs' temperature (the trajectory's logprob_temperature)
 
     @property
     def sampled(self) -> int:
@@ -113,6 +120,7 @@ def rows_from_group(trajectories: Sequence[Trajectory], step: int, config: GRPOC
                 old_logprobs=list(trajectory.logprobs),
                 advantages=per_token,
                 weight=weight,
+                temperature=trajectory.logprob_temperature,
             )
         )
     return out
@@ -138,6 +146,7 @@ class MicroBatch:
     old_logprobs: torch.Tensor  # (B, T-1) float
     advantages: torch.Tensor  # (B, T-1) float: the predicted token's advantage
     token_scale: torch.Tensor  # (B, T-1) float: loss_mask * row.scale
+    temperature: torch.Tensor  # (B,) float: each row's log-prob temperature
 
     def to(self, device: torch.device | str) -> MicroBatch:
         return MicroBatch(**{k: v.to(device) for k, v in vars(self).items()})
@@ -171,6 +180,7 @@ def collate(rows: Sequence[Row], pad_id: int) -> MicroBatch:
         old_logprobs=old,
         advantages=advantages,
         token_scale=loss_mask * scales,
+        temperature=torch.tensor([r.temperature for r in rows]),
     )
 
 
@@ -275,7 +285,7 @@ def plain_passes(rows: Sequence[Row], size: int, pad_id: int, max_tokens: int = 
 @dataclass
 class StepPlan:
     passes: list[Pass]
-    rows: list[Row]  # every row of the step, normalised
+    rows: list[Row]  # the rows computed (those with a gradient), normalised with the step's
     used: list[str]  # trajectory ids trained on (not stale)
     dropped: list[str]  # trajectory ids dropped as stale
 
@@ -290,18 +300,21 @@ def plan_step(
     ranks: int = 1,
 ) -> StepPlan:
     """A learner step's rows, normalised over the whole step, in the passes `config` asks for
-    on `device` and `ranks` ranks (`GRPOConfig.shares_prompt`). Without a KL term a row of zero advantage gives
-    no gradient: it is left out (no compute)."""
-    by_group: list[list[Row]] = []
+    on `device` and `ranks` ranks (`GRPOConfig.shares_prompt`). Without a KL term a flat group
+    gives no gradient and is left out, and a row of zero advantage is counted in the
+    normalisation (its group has a signal) but not computed."""
+    counted: list[list[Row]] = []
     used: list[str] = []
     dropped: list[str] = []
     for group in groups:
         part = rows_from_group(group, step, config)
-        by_group.append([r for r in part.rows if config.kl_coef > 0 or r.has_signal])
+        if config.kl_coef > 0 or any(r.has_signal for r in part.rows):
+            counted.append(part.rows)
         used += part.used
         dropped += part.dropped
+    normalize([row for part in counted for row in part], normalization)
+    by_group = [[r for r in part if config.kl_coef > 0 or r.has_signal] for part in counted]
     rows = [row for part in by_group for row in part]
-    normalize(rows, normalization)
     size, most = config.micro_batch_size, config.micro_batch_tokens
     if config.shares_prompt(device, ranks):
         passes = prefix_passes(by_group, size, pad_id, most)
@@ -310,15 +323,23 @@ def plan_step(
     return StepPlan(passes, rows, used, dropped)
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """log p(input_ids[:, j+1] | prefix) for j < T-1, in float32: shape (B, T-1)."""
-    return _logprobs_of(logits[:, :-1], input_ids[:, 1:])
+def token_logprobs(
+    logits: torch.Tensor, input_ids: torch.Tensor, temperature: torch.Tensor | None = None
+) -> torch.Tensor:
+    """log p(input_ids[:, j+1] | prefix) for j < T-1, in float32: shape (B, T-1), each row's
+    at its `temperature` (B,) (none: 1)."""
+    return _logprobs_of(logits[:, :-1], input_ids[:, 1:], temperature)
 
 
-def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(targets) under `logits` (B, K, V), in float32: shape (B, K)."""
+def _logprobs_of(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor | None
+) -> torch.Tensor:
+    """log p(targets) under `logits` (B, K, V) / `temperature` (B,), in float32: (B, K)."""
+    scaled = logits.float()
+    if temperature is not None and bool((temperature != 1.0).any()):
+        scaled = scaled / temperature.to(scaled.device, torch.float32)[:, None, None]
     flat = torch.nn.functional.cross_entropy(
-        logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none"
+        scaled.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="none"
     )
     return -flat.view_as(targets)
 
@@ -330,12 +351,15 @@ def sampled_positions(batch: MicroBatch) -> torch.Tensor:
 
 
 def token_logprobs_at(
-    logits: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    temperature: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`token_logprobs` from the logits at `positions` only (`logits`: (B, len(positions), V),
     as `logits_to_keep=positions` returns them): shape (B, T-1), zero at the other positions.
     The LM head and the log-softmax then cost the sampled tokens' share of the sequence."""
-    kept = _logprobs_of(logits, input_ids[:, positions + 1])
+    kept = _logprobs_of(logits, input_ids[:, positions + 1], temperature)
     out = kept.new_zeros((input_ids.size(0), input_ids.size(1) - 1))
     return out.index_copy(1, positions, kept)
 

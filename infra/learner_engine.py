@@ -210,6 +210,7 @@ class LearnerEngine:
     def _model_from(self, state: dict[str, torch.Tensor], dtype: torch.dtype) -> Any:
         """A new CPU model of the same architecture (adapters too) holding `state` in `dtype`."""
         model: Any = AutoModelForCausalLM.from_config(self._base_config, dtype=dtype)
+        without_dropout(model)  # as `load` does: inference samples without it
         if self._lora is not None:
             model = self._lora.wrap(model)
         model.load_state_dict(state)
@@ -381,6 +382,7 @@ class LearnerEngine:
                 attention_mask=batch.attention_mask.to(self.device),
                 use_cache=False,
             ).logits
-            return grpo.token_logprobs(logits, batch.input_ids.to(self.device)).cpu()
+            ids = batch.input_ids.to(self.device)
+            return grpo.token_logprobs(logits, ids, batch.temperature).cpu()
         finally:
             module.train(was_training)

@@ -42,7 +42,7 @@ def sampled_logprobs(model: Any, batch: grpo.MicroBatch) -> torch.Tensor:
         use_cache=False,
         logits_to_keep=positions,
     ).logits
-    return grpo.token_logprobs_at(logits, batch.input_ids, positions)
+    return grpo.token_logprobs_at(logits, batch.input_ids, positions, batch.temperature)
 
 
 def refuse_unshareable(config: Any) -> None:
@@ -110,4 +110,4 @@ def _continued(
     ).logits
     if len(later) < len(positions):  # token p is sampled: the prompt's last logit predicts it
         logits = torch.cat([head.expand(rows, -1, -1), logits], dim=1)
-    return grpo.token_logprobs_at(logits, batch.input_ids, positions)
+    return grpo.token_logprobs_at(logits, batch.input_ids, positions, batch.temperature)

@@ -6,9 +6,9 @@ A backend turns prompt token ids into sampled completions under one policy versi
 
 Token ids in, token ids out: prompts are rendered and tokenized once by
 `infra.inference.prompts`, so the ids the learner trains on are exactly the ids that were fed.
-Each output carries, per sampled token, `log softmax(logits)` of the policy at temperature 1
-(the policy's own probability of that token, which is what the PPO/GRPO ratio needs), not
-the probability under the temperature/top-p-shaped sampling distribution.
+Each output carries, per sampled token, its log-prob at the row's temperature
+(`SamplingParams.logprob_temperature`: `log_softmax(logits / T)`, 1 for a greedy row), which the
+learner recomputes for the GRPO ratio (top-p: `infra.inference.vllm` says where it differs).
 
 Backends: `local` (transformers, `infra.inference.local`), `vllm` (a vLLM engine in the worker,
 `infra.inference.vllm`). A backend with `continuous_batching` takes concurrent calls and lets new

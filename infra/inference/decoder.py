@@ -206,7 +206,9 @@ class RowBatch:
         tokens = self.choose(
             self._guided_logits(), [r.params for r in self.rows], [r.generator for r in self.rows]
         )
-        logprobs = torch.log_softmax(self._logits, dim=-1).gather(-1, tokens[:, None])[:, 0]
+        temperature = [r.params.logprob_temperature for r in self.rows]  # as the learner's
+        scaled = self._logits / torch.tensor(temperature, device=self.device)[:, None]
+        logprobs = torch.log_softmax(scaled, dim=-1).gather(-1, tokens[:, None])[:, 0]
         gone: list[int] = []
         for r, (row, token, logprob) in enumerate(
             zip(self.rows, tokens.tolist(), logprobs.tolist(), strict=True)
@@ -243,7 +245,7 @@ class RowBatch:
 
     def _guided_logits(self) -> torch.Tensor:
         """The next logits with each guided row's disallowed tokens at -inf (a copy; the
-        log-probs recorded are the policy's own, from the raw logits)."""
+        log-probs recorded are the policy's own, from the unguided logits)."""
         assert self._logits is not None
         guided = [(r, row.guide) for r, row in enumerate(self.rows) if row.guide is not None]
         logits = self._logits.clone() if guided else self._logits

@@ -12,9 +12,9 @@ budget, the end of its first code block or tool call). Each row draws from its o
 `torch.Generator`, so a seeded row samples the same tokens whatever else shares its batch.
 Temperature 0 is greedy (argmax). `sample_batch` runs the same loop on a fixed set of rows.
 
-Log-probs: for each sampled token we store `log_softmax(logits)[token]` of the raw logits at
-temperature 1 (the policy's own probability), which is what the learner's importance ratio
-compares against; it is *not* the log-prob under the temperature/top-p sampling distribution.
+Log-probs: for each sampled token we store `log_softmax(logits / T)[token]` at the row's
+`SamplingParams.logprob_temperature` T (its temperature; 1 when greedy), which the learner
+recomputes for its importance ratio; top-p is left out of it, as the learner leaves it out.
 
 One policy version decodes at a time; requests for another wait until the running rows finish.
 At most `max_loaded` full-weight versions (default 2) stay loaded; a batch keeps a reference to

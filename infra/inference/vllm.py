@@ -10,10 +10,10 @@ process keeps the engine's front end on an event loop thread of its own (`_Engin
 starting and warming up block `start()` and the worker's loop never runs vLLM's.
 
 Requests: token ids in (`TokensPrompt`), token ids out (`detokenize=False`); the log-prob of
-each sampled token (`logprobs=0`, vLLM's default `raw_logprobs` mode: log-softmax of the raw
-logits before temperature and top-p, the quantity the learner recomputes); each row's own seed,
-temperature (0 = greedy), top-p and priority (the engine schedules by priority, lower first,
-then arrival: evaluation rows wait behind training rollouts for a slot).
+each sampled token (`logprobs=0` in `processed_logprobs` mode: at the row's temperature, as the
+learner recomputes it, but after top-p too: a row with top_p < 1 records its token's log-prob
+within the nucleus, at most -log(top_p) above the learner's); each row's own seed, temperature
+(0 = greedy), top-p and priority (lower first, then arrival: evaluations wait behind rollouts).
 `stop_after_code_block` / `stop_after_tool_call` stream the row's tokens and abort it in the
 engine at the token that ends it (`infra.inference.stops`).
 Concurrent calls join the engine's running batch (continuous batching).
@@ -184,6 +184,7 @@ class VLLMBackend:
             max_lora_rank=config.max_lora_rank,
             max_loras=config.max_loras,
             max_cpu_loras=max(config.max_cpu_loras, config.max_loras),
+            logprobs_mode="processed_logprobs",  # SamplingParams.logprob_temperature's
         )
         try:
             self._engine = AsyncLLM.from_engine_args(args)

@@ -89,6 +89,19 @@ async def test_a_run_with_no_published_version_starts_on_the_base_model(
 
 
 @pytest.mark.asyncio
+async def test_a_record_says_the_temperature_its_log_probs_were_taken_at(
+    acts: InferenceActivities, store: ObjectStore
+) -> None:
+    """The sampler takes each token's log-prob at the row's temperature (1 when greedy) and the
+    record says which, for the learner to recompute them at the same."""
+    for temperature, expected in ((0.6, 0.6), (0.0, 1.0)):
+        sampling = SamplingParams(temperature=temperature, max_new_tokens=4, seed=1)
+        response = await generate(acts, request(f"t{temperature}", samples=1, sampling=sampling))
+        record = store.get_model(response.completions[0].completion.key, CompletionRecord)
+        assert record.logprob_temperature == expected
+
+
+@pytest.mark.asyncio
 async def test_a_retry_reuses_what_an_earlier_attempt_stored(
     acts: InferenceActivities, store: ObjectStore, tiny_dir: Path
 ) -> None:

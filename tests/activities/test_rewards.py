@@ -135,6 +135,23 @@ def test_token_sequence_checks_the_prefix_property() -> None:
     assert token_sequence([]).token_ids == []
 
 
+def test_an_episodes_log_prob_temperature_is_carried_and_one() -> None:
+    """The learner recomputes an episode's log-probs at the temperature they were taken at, one
+    per episode: it is carried into the sequence, and steps taken at two are refused."""
+    first = record([1, 2], [5, EOT], 0, 0).model_copy(update={"logprob_temperature": 0.9})
+    second = record([1, 2, 5, EOT, 7], [8], 1, 0)
+    assert (
+        token_sequence(
+            [first, second.model_copy(update={"logprob_temperature": 0.9})]
+        ).logprob_temperature
+        == 0.9
+    )
+    with pytest.raises(
+        ValueError, match="step 1: log-probs taken at temperature 1.0, step 0's at 0.9"
+    ):
+        token_sequence([first, second])
+
+
 @pytest.mark.asyncio
 async def test_a_broken_prefix_fails_without_retry(store: ObjectStore) -> None:
     req = request(store, group_size=1)

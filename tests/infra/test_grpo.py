@@ -199,6 +199,30 @@ def test_token_logprobs_match_log_softmax() -> None:
     assert torch.allclose(grpo.token_logprobs(logits, ids), expected, atol=1e-6)
 
 
+def test_log_probs_are_taken_at_each_rows_sampling_temperature() -> None:
+    """A trajectory sampled at T is recomputed at T (log_softmax(logits / T)), row by row, in
+    the full and the sampled-positions forms: the ratio is then 1 on the policy that sampled."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11)
+    ids = torch.randint(0, 11, (2, 5))
+    temperature = torch.tensor([0.7, 1.0])
+    scaled = torch.log_softmax(logits / temperature[:, None, None], -1)
+    expected = scaled[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+    assert torch.allclose(grpo.token_logprobs(logits, ids, temperature), expected, atol=1e-6)
+    positions = torch.tensor([1, 3])
+    kept = grpo.token_logprobs_at(logits[:, positions], ids, positions, temperature)
+    assert torch.allclose(kept[:, positions], expected[:, positions], atol=1e-6)
+    assert not torch.allclose(grpo.token_logprobs(logits, ids)[0], expected[0], atol=1e-3)
+
+    sampled = trajectory([Step([1, 5], [7, 8])], reward=1.0)
+    sampled.logprob_temperature = 0.7
+    rows = grpo.rows_from_group(
+        [sampled, trajectory([Step([1, 5], [9])], sample=1)], 0, GRPOConfig()
+    )
+    batch = grpo.collate(rows.rows, pad_id=0)
+    assert batch.temperature.tolist() == pytest.approx([0.7, 1.0])
+
+
 def test_logprobs_at_sampled_positions_give_the_full_loss_and_gradient() -> None:
     """The learner computes logits only where a row predicts a sampled token
     (`sampled_positions`); the loss, its statistics and its gradient are the full ones."""

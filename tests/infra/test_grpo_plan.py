@@ -73,6 +73,19 @@ def test_rows_without_advantage_are_left_out_unless_a_kl_term_trains_them() -> N
     assert len(with_kl.rows) == 4
 
 
+def test_a_row_at_its_groups_mean_counts_in_the_step_as_dapo_counts_it() -> None:
+    """DAPO's token mean counts every token of the groups it keeps: a sample whose reward is its
+    group's mean (advantage 0) is not computed but still counted, so the update per token does
+    not jump by half when a reward moves from 0.5 + 1e-9 to 0.5."""
+    scales = []
+    for middle in (0.5, 0.5 + 1e-9):
+        plan = grpo.plan_step([group([0.0, middle, 1.0])], step=0, config=GRPOConfig(), pad_id=0)
+        scales.append(sorted(r.scale for r in plan.rows))
+        assert len(plan.used) == 3
+    assert len(scales[0]) == 2 and len(scales[1]) == 3  # the mean's row is not computed ...
+    assert scales[0][0] == pytest.approx(scales[1][0])  # ... but counted: 1/6 per token both
+
+
 def test_a_trajectory_whose_first_token_is_marked_sampled_is_refused() -> None:
     bad = trajectory([Step([], [3, 4])], reward=1.0)
     with pytest.raises(ValueError, match="first token is marked as sampled"):

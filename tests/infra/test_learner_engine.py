@@ -110,16 +110,20 @@ def test_stale_groups_are_dropped_without_an_update(
     assert metrics.rows == 8 and metrics.dropped_stale == [] and metrics.grad_norm > 0
 
 
-def test_zero_stage_change_rebuilds_the_engine(
-    tiny_dir: Path, groups: list[list[Trajectory]]
+def test_zero_stage_change_rebuilds_the_engine_still_without_dropout(
+    tiny_dir: Path, groups: list[list[Trajectory]], tmp_path: Path
 ) -> None:
+    dropping = shutil.copytree(tiny_dir, tmp_path / "tiny-dropout")  # a config with dropout
+    config = json.loads((dropping / "config.json").read_text())
+    (dropping / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.3}))
     engine = LearnerEngine("cpu")
-    engine.load(tiny_dir, 0, CONFIG)
+    engine.load(dropping, 0, CONFIG)
     first = engine.engine
     before = weights(engine)
     staged = CONFIG.model_copy(update={"zero_stage": 2})
     metrics = engine.train_step(groups, staged)
     assert engine.engine is not first and engine.engine.zero_optimization_stage() == 2
+    assert engine.module.model.layers[0].self_attn.attention_dropout == 0.0  # as sampled
     assert metrics.grad_norm > 0
     assert any(not torch.equal(before[k], v) for k, v in weights(engine).items())
 

@@ -81,9 +81,12 @@ def publish_adapter(
 
 
 @torch.inference_mode()
-def learner_logprobs(model: Any, prompt: list[int], completion: list[int]) -> list[float]:
+def learner_logprobs(
+    model: Any, prompt: list[int], completion: list[int], temperature: float = 1.0
+) -> list[float]:
     """The learner's log-prob of each completion token: one forward over prompt + completion,
-    `grpo.token_logprobs` (log-softmax of the raw logits), as `train_step` recomputes them."""
+    `grpo.token_logprobs` at `temperature`, as `train_step` recomputes them."""
     ids = torch.tensor([prompt + completion])
     logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
-    return grpo.token_logprobs(logits, ids)[0, len(prompt) - 1 :].tolist()
+    at = torch.tensor([temperature])
+    return grpo.token_logprobs(logits, ids, at)[0, len(prompt) - 1 :].tolist()

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from contracts.task import SamplingParams
+from infra import grpo
 from infra.inference import Batcher, PolicyHandle, decoder, local
 from infra.inference.local import (
     NUCLEUS_K,
@@ -39,12 +40,15 @@ def prompts(n: int) -> list[list[int]]:
     return [[3 + (7 * i + 13 * k) % 250 for k in range(5 + 9 * i)] for i in range(n)]
 
 
-def teacher_forced(policy: LoadedPolicy, prompt: list[int], completion: list[int]) -> torch.Tensor:
-    """log softmax of the unpadded model over prompt + completion, at each completion token."""
+def teacher_forced(
+    policy: LoadedPolicy, prompt: list[int], completion: list[int], temperature: float = 1.0
+) -> torch.Tensor:
+    """The learner's log-prob (`grpo.token_logprobs` at `temperature`) of each completion token,
+    the unpadded model run once over prompt + completion."""
+    ids = torch.tensor([prompt + completion])
     with torch.inference_mode():
-        logits = policy.model(input_ids=torch.tensor([prompt + completion])).logits[0].float()
-    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
-    return logprobs.gather(-1, torch.tensor(completion)[:, None])[:, 0]
+        logits = policy.model(input_ids=ids).logits
+    return grpo.token_logprobs(logits, ids, torch.tensor([temperature]))[0, len(prompt) - 1 :]
 
 
 def test_seeded_sampling_is_reproducible_and_seed_dependent(policy: LoadedPolicy) -> None:
@@ -72,7 +76,10 @@ def test_greedy_picks_the_argmax_every_step(policy: LoadedPolicy) -> None:
         assert logits[len(prompt) - 1 : -1].argmax(-1).tolist() == output.token_ids
 
 
-def test_logprobs_equal_teacher_forced_recomputation(policy: LoadedPolicy) -> None:
+def test_logprobs_are_the_learners_at_the_rows_temperature(policy: LoadedPolicy) -> None:
+    """What the sampler records is what the learner recomputes: log_softmax(logits / T) at the
+    row's temperature (1 when greedy), top-p left out; at T = 1 it would be the log-prob of
+    another distribution than the one that drew the token."""
     rows = prompts(4)
     params = [
         SamplingParams(temperature=0.0, max_new_tokens=12),
@@ -84,7 +91,7 @@ def test_logprobs_equal_teacher_forced_recomputation(policy: LoadedPolicy) -> No
     for prompt, param, output in zip(rows, params, outputs, strict=True):
         assert len(output.token_ids) == len(output.logprobs) == param.max_new_tokens
         assert output.finish_reason == "length"
-        expected = teacher_forced(policy, prompt, output.token_ids)
+        expected = teacher_forced(policy, prompt, output.token_ids, param.logprob_temperature)
         assert torch.allclose(torch.tensor(output.logprobs), expected, atol=1e-4)
 
 
