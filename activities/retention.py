@@ -4,6 +4,7 @@ a bound while it trains, with the blobs only they name (`infra.retention.prune_b
 The bound is the workflow's to choose (`workflows/retention.py`: version 0, the newest
 `keep_versions` and every version still read stay); this side only deletes, and a repeated or
 retried call deletes nothing more. Served by `tempered worker rewards`, which holds the store.
+It heartbeats while it deletes: a prune of many versions may outlast the heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -12,10 +13,14 @@ import asyncio
 
 from temporalio import activity
 
+from activities.heartbeat import heartbeating
 from contracts.names import Activity
 from contracts.run import PrunePoliciesRequest, PrunePoliciesResponse
 from infra.retention import prune_below
 from infra.storage import ObjectStore
+
+HEARTBEAT_S = 5.0
+"""Seconds between the heartbeats of a prune in progress."""
 
 
 class RetentionActivities:
@@ -24,7 +29,10 @@ class RetentionActivities:
 
     @activity.defn(name=Activity.PRUNE_POLICIES.value)
     async def prune_policies(self, request: PrunePoliciesRequest) -> PrunePoliciesResponse:
-        deleted = await asyncio.to_thread(prune_below, self.store, request.run_id, request.below)
+        deleted = await heartbeating(
+            asyncio.to_thread(prune_below, self.store, request.run_id, request.below),
+            every_s=HEARTBEAT_S,
+        )
         if deleted:
             activity.logger.info("run %s: deleted policy versions %s", request.run_id, deleted)
         return PrunePoliciesResponse(deleted=deleted)

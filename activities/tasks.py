@@ -8,6 +8,12 @@ task directories that cannot be loaded are skipped and logged, naming the task a
 unknown suite, an unreadable task file or quarantine list fails the activity without retry,
 naming the file. The load runs in a thread and heartbeats meanwhile (`heartbeating`): reading
 and uploading a large Harbor suite can take longer than the heartbeat timeout.
+
+The suite travels inline: in this activity's result and in the run's continue-as-new input
+(`RunResume.tasks`), each one Temporal payload, which Temporal refuses above 2 MiB (the SDK
+would retry the refused result for ever). A suite above `MAX_SUITE_BYTES` fails here, without
+retry, saying its size (HumanEval's 164 tasks take 0.4 MB). Not covered: carrying a larger
+suite by reference.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ UPLOADS = 16
 """Tree objects uploaded at once."""
 HEARTBEAT_S = 5.0
 """Seconds between the heartbeats of a load in progress."""
+MAX_SUITE_BYTES = 3 << 19
+"""The most a run's loaded suite may take as JSON (1.5 MiB): Temporal's 2 MiB payload limit,
+less room for the rest of the run's continue-as-new input."""
 
 
 class TaskActivities:
@@ -61,11 +70,20 @@ class TaskActivities:
         except (ValueError, FileNotFoundError) as err:
             raise invalid("suite", str(err)) from None
         kept = [t for t in tasks if t.id not in skipped]
-        return LoadTasksResponse(
+        response = LoadTasksResponse(
             train=[t for t in kept if t.split == "train"],
             heldout=[t for t in kept if t.split == "heldout"],
             quarantined=sorted(skipped & {t.id for t in tasks}),
         )
+        size = len(response.model_dump_json())
+        if size > MAX_SUITE_BYTES:
+            raise invalid(
+                "suite",
+                f"{request.suite}: its {len(kept)} tasks take {size / 2**20:.1f} MiB as a workflow "
+                f"payload, over the {MAX_SUITE_BYTES / 2**20:.1f} MiB a run carries (Temporal "
+                "refuses a payload over 2 MiB): split it into suites for several runs",
+            )
+        return response
 
     def _upload(self, suite: str, skipped: set[str]) -> list[TaskSpec]:
         """The suite's tasks, with the trees of those not skipped in the store."""

@@ -117,3 +117,24 @@ async def test_a_slow_load_heartbeats_while_it_runs(
     loaded = await env.run(TaskActivities(Settings(home=tmp_path)).load_tasks, request)
     assert sorted(t.id for t in loaded.train + loaded.heldout) == sorted(t.id for t in tasks)
     assert len(beats) >= 3
+
+
+@pytest.mark.asyncio
+async def test_a_suite_too_large_for_a_workflow_payload_fails_without_retry(
+    tmp_path: Path, store: ObjectStore
+) -> None:
+    """Temporal refuses a payload over 2 MiB, and the SDK retried the refused result for ever:
+    a suite over `MAX_SUITE_BYTES` fails at once, saying its size."""
+    base = load_suite("starter", split="train")[0]
+    suite = tmp_path / "large.jsonl"
+    lines = []
+    for i in range(100):  # 100 tasks of a 16 KiB prompt: 1.6 MiB
+        task = base.model_copy(update={"id": f"large-{i}", "prompt": "x" * (16 << 10)})
+        lines.append(task.model_dump_json())
+    suite.write_text("\n".join(lines) + "\n")
+    acts = TaskActivities(Settings(home=tmp_path), store)
+    with pytest.raises(ApplicationError, match=r"its 100 tasks take 1\.6 MiB .* over the 1\.5 MiB"):
+        await ActivityEnvironment().run(acts.load_tasks, LoadTasksRequest(suite=str(suite)))
+    suite.write_text("\n".join(lines[:80]) + "\n")  # 1.3 MiB: carried
+    loaded = await ActivityEnvironment().run(acts.load_tasks, LoadTasksRequest(suite=str(suite)))
+    assert len(loaded.train) == 80
