@@ -34,7 +34,7 @@ Raw control characters (the newlines of a file's content) are allowed inside a s
 `parse_tool_call` reads JSON with `strict=False`: a model writes code with real newlines.
 
 What the learner sees: the decoder records each token's log-prob under the policy itself,
-unconstrained (as it scores every token from the raw logits), so the importance ratio compares
+unconstrained (as it scores every token, at the row's temperature), so the importance ratio compares
 like with like, while the sample is drawn from the constrained distribution. vLLM's own guide
 reports the masked log-probs instead (a forced token ~0), which is why the `vllm` backend
 refuses guided rows.
