@@ -337,11 +337,12 @@ class Decoder:
     def _take(self, key: Hashable | None, room: int) -> tuple[Hashable | None, list[_Waiting]]:
         """Requests to admit, first in (priority, arrival) order: of the running version (`key`)
         while the first waiting row is of it, else none (the batch drains); with no batch
-        running, of the first waiting row's version."""
+        running, of the first waiting row's version (none: nothing to start)."""
         with self._changed:
             while not self._closed and not self._queue and key is None:
                 self._changed.wait()
-            now = time.monotonic()
+            now = time.monotonic()  # a row its caller gave up on neither drains nor starts
+            self._queue = deque(item for item in self._queue if not item.future.cancelled())
             ordered = sorted(self._queue, key=lambda item: item.rank(now))  # stable: arrival
             if not ordered:
                 return key, []
@@ -350,9 +351,8 @@ class Decoder:
             elif ordered[0].key != key:
                 return key, []  # drain first
             taken = [item for item in ordered if item.key == key][:room]
-            for item in taken:
-                self._queue.remove(item)
-            return key, [item for item in taken if not item.future.cancelled()]
+            self._queue = deque(item for item in self._queue if item not in taken)
+            return key, taken
 
     def _run(self) -> None:
         key: Hashable | None = None

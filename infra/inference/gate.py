@@ -9,8 +9,9 @@ The loaded version keeps admitting requests until another version has waiters; t
 stops, the requests in flight finish (the drain), one waiter calls `load`, and every waiter of
 the new version queued at that moment is admitted as one cohort (`_budget`), so two versions
 with waiters alternate in cohorts rather than ping-ponging per request. A request that waits
-longer than `wait_s` gets an `InferenceError`; a `load` that fails leaves the gate with nothing
-loaded (the next waiter loads again) and fails the request that tried it.
+longer than `wait_s` gets an `InferenceError`; one that times out or is cancelled leaves its
+cohort; a `load` that fails, or weights lost (`invalidate`), leave the gate with nothing loaded
+and no cohort (the next waiter loads again); the failed load fails the request that tried it.
 
 Used by the `vllm` backend, whose engine holds one set of full weights (LoRA versions over it
 share its turn). Pure asyncio: no engine, no I/O, so it is tested on its own.
@@ -48,6 +49,7 @@ class VersionGate(Generic[K]):
     def invalidate(self) -> None:
         """The loaded weights are lost (their engine died): the next request loads again."""
         self.loaded = None
+        self._budget = 0  # a cohort of weights no longer there is owed no turn
 
     def _others_waiting(self, key: K) -> bool:
         return any(n > 0 for k, n in self._waiting.items() if k != key)
@@ -58,6 +60,13 @@ class VersionGate(Generic[K]):
         if key == self.loaded:
             return self._budget > 0 or not self._others_waiting(key)
         return self.in_flight == 0 and self._budget == 0
+
+    def _leave(self) -> None:
+        """A waiter left unadmitted: the cohort is at most the loaded version's waiters left
+        (a turn counted for it, and never taken, would hold every other version)."""
+        if self.loaded is not None:
+            self._budget = min(self._budget, self._waiting[self.loaded])
+        self._changed.notify_all()  # its leaving may admit others (e.g. the last of a version)
 
     @asynccontextmanager
     async def serving(self, key: K) -> AsyncIterator[None]:
@@ -73,10 +82,12 @@ class VersionGate(Generic[K]):
     async def _acquire(self, key: K) -> None:
         async with self._changed:
             self._waiting[key] += 1
+            admitted = False
             try:
                 await asyncio.wait_for(
                     self._changed.wait_for(lambda: self._admits(key)), self.wait_s
                 )
+                admitted = True
             except TimeoutError:
                 raise InferenceError(
                     f"{_name(key)} not loaded within {self.wait_s:.0f}s "
@@ -84,6 +95,8 @@ class VersionGate(Generic[K]):
                 ) from None
             finally:
                 self._waiting[key] -= 1
+                if not admitted:  # timed out or cancelled: it takes no turn of a cohort
+                    self._leave()
             if key == self.loaded:
                 self._budget = max(0, self._budget - 1)
                 self.in_flight += 1

@@ -17,9 +17,10 @@ Log-probs: for each sampled token we store `log_softmax(logits / T)[token]` at t
 recomputes for its importance ratio; top-p is left out of it, as the learner leaves it out.
 
 One policy version decodes at a time; requests for another wait until the running rows finish.
-At most `max_loaded` full-weight versions (default 2) stay loaded; a batch keeps a reference to
-its model, so evicting a version never disturbs a batch that is still running on it. A LoRA
-version (`PolicyHandle.base`) is its base's model with the version's adapter applied (peft).
+At most `max_loaded` full-weight versions (default 2) stay loaded, the least recently used
+evicted first; a batch keeps a reference to its model, so evicting a version never disturbs a
+batch that is still running on it. A LoRA version (`PolicyHandle.base`) is its base's model with
+the version's adapter applied (peft); serving it uses its base.
 
 Throughput on this machine:  python -m infra.inference.local smollm2 --batch 1 8 32
 """
@@ -248,11 +249,11 @@ class LocalBackend:
 
     def _adapted(self, handle: PolicyHandle, base: PolicyHandle) -> LoadedPolicy:
         """The LoRA version `handle`: its base's model with the version's adapter added."""
-        key = (handle.run_id, handle.version)
+        key, base_key = (handle.run_id, handle.version), (base.run_id, base.version)
         if key in self._adapters:
             self._adapters.move_to_end(key)
+            self._loaded.move_to_end(base_key)  # its base is in use too: the LRU keeps it
             return self._adapters[key]
-        base_key = (base.run_id, base.version)
         base_policy = self._policy(base)
         # peft imports in ~1 s: only a worker that serves a LoRA version pays for it
         from peft import PeftModel

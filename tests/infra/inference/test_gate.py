@@ -105,3 +105,51 @@ async def test_a_failed_load_fails_its_request_and_the_next_one_loads_again() ->
     async with gate.serving("v0"):
         pass
     assert engine.loads == ["v0", "v0"] and gate.loads == 2  # the failed load not counted
+
+
+@pytest.mark.asyncio
+async def test_a_cohort_member_that_gives_up_as_its_version_loads_does_not_hold_the_gate() -> None:
+    """A waiter of the version being loaded, cancelled as the load returns, was counted in the
+    cohort: nobody took its turn and every other version waited out its bound, again and again
+    (an evaluation pinned to an old version, cancelled: the newest version's requests never
+    served)."""
+    cohort: list[asyncio.Task[None]] = []
+
+    async def load(version: str) -> None:
+        await asyncio.sleep(0.02)
+        if version == "old":
+            cohort[0].cancel()  # its caller gives up while the load finishes
+            await asyncio.sleep(0)  # and the load takes one more step (e.g. a last RPC)
+
+    gate = VersionGate(load, wait_s=0.2)
+
+    async def serve(version: str) -> None:
+        async with gate.serving(version):
+            await asyncio.sleep(0.01)
+
+    loader = asyncio.create_task(serve("old"))
+    await asyncio.sleep(0.005)
+    cohort.append(asyncio.create_task(serve("old")))
+    await asyncio.gather(loader, cohort[0], return_exceptions=True)
+    assert cohort[0].cancelled()
+    await serve("new")  # loaded at once, not after the bound
+    assert gate.loaded == "new" and gate.in_flight == 0
+
+
+@pytest.mark.asyncio
+async def test_weights_lost_as_a_cohort_is_admitted_leave_no_cohort_behind() -> None:
+    """The engine dies right after a load, before the version's cohort is admitted: the cohort
+    loads again at once (its budget counted for weights no longer there held every version)."""
+    engine = Engine()
+    gate = VersionGate(engine.load, wait_s=0.2)
+
+    async def dies_at_once() -> None:
+        async with gate.serving("v1"):
+            gate.invalidate()
+            await asyncio.sleep(0.01)
+
+    loader = asyncio.create_task(dies_at_once())
+    await asyncio.sleep(0.001)
+    seen: list[str] = []
+    await asyncio.gather(loader, request(gate, engine, "v1", seen))
+    assert engine.loads == ["v1", "v1"] and seen == ["v1:v1"] * 3

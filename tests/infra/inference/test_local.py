@@ -309,21 +309,28 @@ async def test_lora_versions_apply_their_adapter_over_one_loaded_base(
 
 
 @pytest.mark.asyncio
-async def test_a_base_evicted_takes_its_adapters_with_it(
+async def test_a_base_in_use_through_its_adapters_stays_and_evicted_takes_them_with_it(
     tiny_dir: Path, tmp_path: Path, loads: list[str]
 ) -> None:
-    """A LoRA version holds its base's model: evicted (`max_loaded`), the base leaves with its
-    adapters, so its memory is freed and the version, asked again, reloads the base."""
+    """A LoRA version holds its base's model: serving it uses the base (the LRU, `max_loaded`,
+    evicts another version first); evicted, the base leaves with its adapters, so its memory is
+    freed and the version, asked again, reloads the base."""
     from tests.infra.inference.policies import lora_adapter
 
     base = PolicyHandle("lora", 0, tiny_dir)
     tuned = PolicyHandle("lora", 1, lora_adapter(tiny_dir, tmp_path / "a", seed=1, scale=0.5), base)
-    backend = LocalBackend(LocalInferenceSettings(max_loaded=1))
+    others = [PolicyHandle("other", v, tiny_dir) for v in range(4)]
+    backend = LocalBackend(LocalInferenceSettings(max_loaded=2))
     rows, greedy = prompts(1), [SamplingParams(temperature=0.0, max_new_tokens=6)]
     first = await backend.generate(rows, greedy, tuned)
-    await backend.generate(rows, greedy, PolicyHandle("other", 0, tiny_dir))  # evicts lora/v0
+    for other in others[:2]:  # lora/v1 served after each: other/v0 is the one evicted
+        await backend.generate(rows, greedy, other)
+        await backend.generate(rows, greedy, tuned)
+    assert backend.loaded_versions() == [("other", 1), ("lora", 0)] and len(loads) == 3
+    for other in others[2:]:  # two full-weight versions used since: lora/v0 evicted
+        await backend.generate(rows, greedy, other)
     again = await backend.generate(rows, greedy, tuned)
-    assert loads == [str(tiny_dir)] * 3 and again[0].token_ids == first[0].token_ids
+    assert loads == [str(tiny_dir)] * 6 and again[0].token_ids == first[0].token_ids
     await backend.close()
 
 

