@@ -10,24 +10,32 @@ intervals:
   learner      `learner.train_step` spans of the run
   inference    `model.generate` spans of training requests: the inference engine had one of
                the run's rollouts (or another run's) to work on
-  evaluation   activity spans (`RunActivity:*`) of the run's held-out evaluation workflows
-               (`contracts.names.evaluates`), their `model.generate` spans among them
-  sandbox      `sandbox.run` spans: model-written code running
+  sandbox      `sandbox.run` spans of training: model-written code running
   activities   any other activity span of the run: waiting for a batch slot, store reads and
                writes, rewards, prepare_run
+  evaluation   activity spans (`RunActivity:*`) of the run's held-out evaluation workflows
+               (`contracts.names.evaluates`), their `model.generate` and `sandbox.run` spans
+               among them
 
 Each instant of the window goes to the first of these that is active (`segments`, in that
 order), and what none covers is `temporal`: workflow tasks, scheduling, polling, start-up and
 idle waits. It is a lower bound of what Temporal costs a run: one rollout's wait on Temporal is
 hidden whenever another's span is open (two rollouts each waiting half their time, interleaved,
-give `temporal` 0). What orchestration costs a rollout is `bench/orchestration.py`'s to measure. Training comes before evaluation: an evaluation that rides along with the rollouts
+give `temporal` 0). What orchestration costs a rollout is `bench/orchestration.py`'s to
+measure. Training comes before evaluation: an evaluation that rides along with the rollouts
 (at a lower priority, as the default's does) counts only where it holds the run up on its own,
-such as the final one; a `model.generate` span is an evaluation's when its parent span is one of
-the evaluation's activities. `busy` is each category's own active time (they overlap: inference
-and sandboxes run side by side), and `inference_idle_s` the window minus the time the engine
-had any request, training or evaluation.
+such as the final one; a `model.generate` or `sandbox.run` span is an evaluation's when its
+parent span is one of the evaluation's activities. `busy` is each category's own active time
+(they overlap: inference and sandboxes run side by side), and `inference_idle_s` the window
+minus the time the engine had any request, training or evaluation.
 
-Not covered: a setup that exports to an OTLP collector instead of files (no spans here: the
+An activity span is the run's by its workflow id (`of_run`), as the run names its workflows:
+`train-<run>` (`workers.training.workflow_id`), `train-<run>-learner` (its learner),
+`<run>-task-<task>` (its rollouts, `workflows/training_run.py`) and `<run>-eval-v<N>-<task>`
+(its evaluations' tasks, `contracts.names.eval_run_id`).
+
+Not covered: a run whose id is another's, `-task-` and more (run `a-task-b`'s rollouts,
+`a-task-b-task-<task>`, read as run `a`'s too: a task id may hold `-task-`); a setup that exports to an OTLP collector instead of files (no spans here: the
 profile is empty and says so); spans still in a worker's export buffer when the run ends (the
 exporters flush every few seconds); spans a worker wrote before its newest two files (each
 rotated at `ROTATE_BYTES`), which leaves early parts of a long run on a busy worker out.
@@ -45,8 +53,12 @@ from pydantic import BaseModel, Field
 from contracts.names import evaluates
 
 Interval = tuple[float, float]
-ORDER = ("learner", "inference", "evaluation", "sandbox", "activities")
-"""Categories in the order an instant is attributed (the first active one takes it)."""
+ORDER = ("learner", "inference", "sandbox", "activities", "evaluation")
+"""Categories in the order an instant is attributed (the first active one takes it): training's
+before evaluation's."""
+EVALUATION_CHILDREN = ("inference", "sandbox")
+"""Categories whose span is the evaluation's when its parent is one of the evaluation's activities
+(the work it waited on)."""
 
 
 class RunProfile(BaseModel):
@@ -72,7 +84,7 @@ def run_profile(telemetry_dir: Path, run_id: str, started: float, ended: float) 
     evaluations = {
         span.get("span_id")
         for span, category in zip(spans, categories, strict=True)
-        if category == "evaluation"
+        if category == "evaluation" and span.get("span_id")
     }
     engine: list[Interval] = []  # every request the engine had, training or evaluation
     for span, category in zip(spans, categories, strict=True):
@@ -80,10 +92,10 @@ def run_profile(telemetry_dir: Path, run_id: str, started: float, ended: float) 
             continue
         start = float(span["start"])
         interval = (start, start + float(span["duration_ms"]) / 1000)
-        if span["name"] == "model.generate":
+        if category == "inference":
             engine.append(interval)
-            if span.get("parent_id") in evaluations:
-                category = "evaluation"
+        if category in EVALUATION_CHILDREN and span.get("parent_id") in evaluations:
+            category = "evaluation"
         intervals[category].append(interval)
     wall = window[1] - window[0]
     unions = {name: _union(_clip(found, window)) for name, found in intervals.items()}
@@ -107,12 +119,19 @@ def _category(span: dict[str, Any], run_id: str) -> str | None:
     name, attrs = str(span.get("name", "")), span.get("attrs") or {}
     if name.startswith("RunActivity:"):
         workflow = str(attrs.get("temporalWorkflowID", ""))
-        if run_id not in workflow:
-            return None
-        return "evaluation" if evaluates(workflow, run_id) else "activities"
+        if evaluates(workflow, run_id):
+            return "evaluation"
+        return "activities" if of_run(workflow, run_id) else None
     if name == "learner.train_step":
         return "learner" if attrs.get("tempered.run_id") in (None, run_id) else None
     return {"model.generate": "inference", "sandbox.run": "sandbox"}.get(name)
+
+
+def of_run(workflow: str, run_id: str) -> bool:
+    """Whether workflow id `workflow` is one of run `run_id`'s training workflows: the run's, its
+    learner's or a rollout's (exactly: run `r2`'s are not run `r`'s)."""
+    run = f"train-{run_id}"
+    return workflow in (run, f"{run}-learner") or workflow.startswith(f"{run_id}-task-")
 
 
 def _spans(telemetry_dir: Path, window: Interval) -> Iterator[dict[str, Any]]:

@@ -43,17 +43,17 @@ def test_the_window_is_split_by_priority_and_other_runs_are_left_out(tmp_path: P
     assert profile.segments == {
         "learner": 20.0,  # 45-65
         "inference": 45.0,  # 0-50, less the learner's
-        "evaluation": 5.0,  # 20-70, less the above
-        "sandbox": 0.0,  # 40-70: all taken already
-        "activities": 0.0,  # 0-55: likewise
+        "sandbox": 5.0,  # 40-70 (training's), less the above
+        "activities": 0.0,  # 0-55: all taken already
+        "evaluation": 0.0,  # 20-70: likewise, training's before the evaluation's
         "temporal": 30.0,  # 70-100: nothing ran
     }
     assert profile.busy == {
         "learner": 20.0,
         "inference": 50.0,
-        "evaluation": 50.0,
         "sandbox": 30.0,
         "activities": 55.0,
+        "evaluation": 50.0,
     }
     assert profile.inference_idle_s == 37  # the engine had a request 0-50 and 55-68
     assert profile.spans == 7
@@ -75,3 +75,44 @@ def test_spans_of_a_rotated_file_still_count(tmp_path: Path) -> None:
     )
     profile = run_profile(tmp_path, "r1", T0, T0 + 40)
     assert profile.segments["learner"] == 20 and profile.spans == 2
+
+
+def test_trainings_sandbox_and_activities_come_before_an_evaluations(tmp_path: Path) -> None:
+    # training's program runs 0-10 while an evaluation task's store write is open (2-8): the
+    # time is training's, as the caption says; the evaluation's own program is evaluation
+    (tmp_path / "w.jsonl").write_text(
+        span("RunActivity:execute", 0, 10, ("t1", None), temporalWorkflowID="r-task-x")
+        + span("sandbox.run", 0, 10, ("t2", "t1"))
+        + span(
+            "RunActivity:write_trajectories", 2, 6, ("e1", None), temporalWorkflowID="r-eval-v0-y"
+        )
+        + span("RunActivity:execute", 20, 10, ("e2", None), temporalWorkflowID="r-eval-v0-y")
+        + span("sandbox.run", 21, 8, ("e3", "e2"))
+    )
+    profile = run_profile(tmp_path, "r", T0, T0 + 30)
+    assert profile.segments == {
+        "learner": 0.0,
+        "inference": 0.0,
+        "sandbox": 10.0,  # 0-10: training's program
+        "activities": 0.0,  # 0-10: under it
+        "evaluation": 10.0,  # 20-30: the evaluation's activity and its program
+        "temporal": 10.0,
+    }
+    assert profile.busy["sandbox"] == 10 and profile.busy["evaluation"] == 16
+
+
+def test_a_run_whose_id_starts_with_anothers_is_not_it(tmp_path: Path) -> None:
+    # "r2"'s spans are not "r"'s, though "r" is in its workflow ids; each of "r"'s own
+    # workflows counts: the run's, its learner's, its tasks' and its evaluations'
+    ours = {"train-r": 1, "train-r-learner": 11, "r-task-a": 21, "r-eval-v3-a": 31}
+    theirs = ("train-r2", "train-r2-learner", "r2-task-a", "r2-eval-v3-a", "xr-task-a", "r-tasks")
+    (tmp_path / "w.jsonl").write_text(
+        "".join(
+            span("RunActivity:a", start, 5, temporalWorkflowID=workflow)
+            for workflow, start in ours.items()
+        )
+        + "".join(span("RunActivity:a", 40, 50, temporalWorkflowID=w) for w in theirs)
+    )
+    profile = run_profile(tmp_path, "r", T0, T0 + 100)
+    assert profile.segments["activities"] == 15 and profile.segments["evaluation"] == 5
+    assert profile.spans == 4

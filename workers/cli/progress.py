@@ -28,13 +28,18 @@ ALIVE_S = 60.0
 
 
 async def follow(
-    client: Client, handle: RunHandle, run_input: TrainingRunInput, settings: Settings
+    client: Client,
+    handle: RunHandle,
+    run_input: TrainingRunInput,
+    settings: Settings,
+    started: float,
 ) -> TrainingRunResult:
     """Render progress until the run ends (a live table on a terminal, else a plain line when
     a figure changes, at most every `LOG_EVERY_S` unless the learner stepped, and at least
-    every `ALIVE_S`); return its result."""
+    every `ALIVE_S`); return its result. `started` is when the run began (Unix seconds), so an
+    `--attach` shows the run's elapsed time, not the time since following began; the closing
+    `summary` is the caller's to print, with the wall time its report gives."""
     result = asyncio.ensure_future(handle.result())
-    started = time.monotonic()
     console = Console()
     latest = RunProgress()
     if console.is_terminal:
@@ -42,20 +47,18 @@ async def follow(
             async for progress in watch(handle, result):
                 latest = progress or latest  # not queryable yet (no task run): keep the last
                 backlogs = await _backlogs(client)
-                live.update(view(run_input, latest, time.monotonic() - started, settings, backlogs))
+                live.update(view(run_input, latest, time.time() - started, settings, backlogs))
     else:  # a log file or a pipe: lines that read in order, no redraws
         printed, printed_at, printed_step = "", -ALIVE_S, None
         async for progress in watch(handle, result):
-            latest, elapsed = progress or latest, time.monotonic() - started
+            latest, elapsed = progress or latest, time.time() - started
             line, step = progress_line(run_input, latest), last_step(latest)
             quiet_s = elapsed - printed_at
             changed = line != printed and (step != printed_step or quiet_s >= LOG_EVERY_S)
             if changed or quiet_s >= ALIVE_S:
                 print(f"[{elapsed:5.0f} s] {line}", flush=True)
                 printed, printed_at, printed_step = line, elapsed, step
-    outcome = result.result()
-    console.print(summary(outcome, time.monotonic() - started))
-    return outcome
+    return result.result()
 
 
 def progress_line(run_input: TrainingRunInput, progress: RunProgress) -> str:
@@ -96,7 +99,9 @@ def view(
         f"{progress.tasks_started} started"
         + (f", {progress.redrawn} flat redrawn" if progress.redrawn else "")
         + (f"; stopping ({progress.stopping}): no new ones" if progress.stopping else ""),
-        "reward": reward_text(last),
+        # flat groups redrawn never reach the learner: not every rollout's mean
+        "reward": reward_text(last)
+        + (f" (mean of the groups trained at step {step})" if last else ""),
         "staleness": str(last.staleness) if last else "-",
         "pass@1": evals or "-",
         "inference": f"{tokens_per_s:.0f} tokens/s",
@@ -113,7 +118,7 @@ def last_step(progress: RunProgress) -> LearnerProgress | None:
 
 
 def reward_text(step: LearnerProgress | None) -> str:
-    """Mean reward of the latest learner step."""
+    """Mean reward of the groups the latest learner step trained."""
     return f"{step.reward_mean:+.3f}" if step else "-"
 
 
@@ -139,6 +144,7 @@ def eval_label(evals: list[EvalResult]) -> str:
 
 
 def summary(result: TrainingRunResult, elapsed: float) -> str:
+    """The closing line; `elapsed` is the run's wall time, as its report has it."""
     evals = ", ".join(eval_text(e) for e in result.evals)
     stopped = f" (stopped: {result.stopped})" if result.stopped else ""
     return (

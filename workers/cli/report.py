@@ -1,6 +1,13 @@
 """The report of a training run: `report.json` (per-step metrics; held-out pass@1 at turn 1 and
 the solve rate within the run's `eval_turns` turns, before and after training) and
-`reward_curve.png` under `<home>/reports/<run>/`, written by `tempered train` when the run ends."""
+`reward_curve.png` under `<home>/reports/<run>/`, written by `tempered train` when the run ends.
+
+A step is numbered by the policy version it published (step N publishes version N), so the
+reward curve and the evaluations share one axis. The learner keeps only its last `HISTORY_TAIL`
+step results (`workflows/learner.py`): `steps` lists those, `steps_taken` says how many the run
+took and `steps_listed` whether the list holds them all (every step's ack is in the store). A
+step's `reward_mean` is the mean reward of the groups it trained: flat groups redrawn by dynamic
+sampling never reach the learner and are not in it."""
 
 from __future__ import annotations
 
@@ -26,9 +33,11 @@ def write_report(
         "run_id": result.run_id,
         "config": run_input.model_dump(mode="json"),
         "wall_time_s": round(wall_s, 1),
+        "steps_taken": result.steps,
+        "steps_listed": steps_listed(result),
         "steps": [
             {
-                "step": i + 1,
+                "step": h.policy.version,
                 "policy_version": h.policy.version,
                 "loss": h.loss,
                 "reward_mean": h.reward_mean,
@@ -36,7 +45,7 @@ def write_report(
                 "dropped_stale": h.dropped_stale,
                 "duration_s": h.duration_s,
             }
-            for i, h in enumerate(result.history)
+            for h in result.history
         ],
         "evals": [e.model_dump() for e in evals],
         "eval_turns": run_input.eval_turns,
@@ -55,6 +64,12 @@ def write_report(
     return out
 
 
+def steps_listed(result: TrainingRunResult) -> str:
+    """`all`, or `the last N of M` where the learner's history holds only its tail."""
+    listed = len(result.history)
+    return "all" if listed >= result.steps else f"the last {listed} of {result.steps}"
+
+
 def _plot(path: Path, report: dict[str, Any]) -> None:
     # matplotlib costs ~0.35 s to import: only a finished run pays it, not every `tempered` call
     import matplotlib
@@ -65,7 +80,10 @@ def _plot(path: Path, report: dict[str, Any]) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     steps = [s["step"] for s in report["steps"]]
     ax.plot(
-        steps, [s["reward_mean"] for s in report["steps"]], marker="o", label="train reward (mean)"
+        steps,
+        [s["reward_mean"] for s in report["steps"]],
+        marker="o",
+        label="mean reward of the groups trained at each step",
     )
     if report["evals"]:
         versions = [e["policy_version"] for e in report["evals"]]

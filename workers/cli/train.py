@@ -33,10 +33,10 @@ import asyncio
 import json
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
 from temporalio.client import Client
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
@@ -51,7 +51,7 @@ from infra.storage import ObjectStore, StorageError
 from infra.tasks import BUILTIN_SUITES, absolute_suite, load_quarantine, load_suite
 from workers.background import ensure_workers
 from workers.cli.errors import number, run_id
-from workers.cli.progress import follow
+from workers.cli.progress import follow, summary
 from workers.cli.report import report_dir, write_report
 from workers.runtime import connect
 from workers.training import RunHandle, attach, start_run, stop_run, workflow_id
@@ -140,12 +140,11 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     try:
         _bring_up(settings, workers=not args.no_workers, new_run=run_input.run_id)
-        started = time.monotonic()
-        result = asyncio.run(_train(settings, run_input))
+        result, wall_s = asyncio.run(_train(settings, run_input))
     except RunIdTaken as exc:
         print(f"tempered train: {exc}", file=sys.stderr)
         return 2
-    return _report(settings, run_input, result, time.monotonic() - started)
+    return _report(settings, run_input, result, wall_s)
 
 
 def absolute(spec: str | None) -> str | None:
@@ -263,6 +262,9 @@ def stop_cmd(args: argparse.Namespace, settings: Settings) -> int:
 def _report(
     settings: Settings, run_input: TrainingRunInput, result: TrainingRunResult, wall_s: float
 ) -> int:
+    """The closing summary, the report and where to look, all with the run's own wall time (an
+    `--attach`'s summary once counted from when following began, its report from the start)."""
+    Console().print(summary(result, wall_s))
     out = write_report(settings, run_input, result, wall_s)
     print(f"report: {out / 'report.json'}  curve: {out / 'reward_curve.png'}")
     ui = stack.temporal_ui(settings)
@@ -317,7 +319,11 @@ def _bring_up(settings: Settings, workers: bool, new_run: str | None = None) -> 
         print(line)
 
 
-async def _train(settings: Settings, run_input: TrainingRunInput) -> TrainingRunResult:
+async def _train(
+    settings: Settings, run_input: TrainingRunInput
+) -> tuple[TrainingRunResult, float]:
+    """Start run `run_input` and follow it to its end: its result and wall time."""
+    started = time.time()
     client = await connect(settings)
     try:
         handle = await start_run(client, run_input)
@@ -327,7 +333,8 @@ async def _train(settings: Settings, run_input: TrainingRunInput) -> TrainingRun
             run, f"it is running: `tempered train --attach {run}` follows it"
         ) from None
     print(f"started {Workflow.TRAINING_RUN.value} {handle.id}")
-    return await _follow(client, handle, run_input, settings)
+    result = await _follow(client, handle, run_input, settings, started)
+    return result, time.time() - started
 
 
 async def _attach(
@@ -337,15 +344,19 @@ async def _attach(
     client = await connect(settings)
     handle, run_input, since = await attach(client, run_id)
     print(f"attached to {Workflow.TRAINING_RUN.value} {handle.id} (started {since:%H:%M:%S} UTC)")
-    result = await _follow(client, handle, run_input, settings)
-    return run_input, result, (datetime.now(UTC) - since).total_seconds()
+    result = await _follow(client, handle, run_input, settings, since.timestamp())
+    return run_input, result, time.time() - since.timestamp()
 
 
 async def _follow(
-    client: Client, handle: RunHandle, run_input: TrainingRunInput, settings: Settings
+    client: Client,
+    handle: RunHandle,
+    run_input: TrainingRunInput,
+    settings: Settings,
+    started: float,
 ) -> TrainingRunResult:
     try:
-        return await follow(client, handle, run_input, settings)
+        return await follow(client, handle, run_input, settings, started)
     except asyncio.CancelledError:  # Ctrl-C: the run is durable and goes on without us
         run = run_input.run_id
         print(

@@ -1,17 +1,20 @@
 """`tempered train --dry-run` prints the plan and starts nothing, as bad options do; `tempered
---help` stays light."""
+--help` stays light; `--attach` reports the run's own wall time."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from contracts.names import Queue
-from contracts.run import TrainingRunInput
+from contracts.run import TrainingRunInput, TrainingRunResult
 from infra.presets import preset_names
 from infra.settings import Settings
 from infra.tasks import load_suite, quarantine_path
@@ -215,3 +218,50 @@ def test_a_time_budget_that_is_not_a_number_is_refused_in_a_preset_file(
         assert capsys.readouterr().err == (
             f"tempered train: {preset}: time_budget_s: Input should be a finite number\n"
         )
+
+
+def test_attach_prints_the_runs_own_wall_time_as_the_report_has_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attached to a run that began 500 s ago and ends now: the summary said `finished in 0s`
+    (since following began) while report.json and the profile said 500 s."""
+    from workers.cli import progress, train
+
+    run_input = TrainingRunInput(run_id="r1", steps=3)
+    outcome = TrainingRunResult(
+        run_id="r1", steps=3, tasks_started=6, tasks_done=6, history=[], evals=[]
+    )
+
+    class Handle:
+        id = "train-r1"
+
+        async def result(self) -> TrainingRunResult:
+            return outcome
+
+    async def attach(_client: object, _run: str) -> tuple[Handle, TrainingRunInput, datetime]:
+        return Handle(), run_input, datetime.now(UTC) - timedelta(seconds=500)
+
+    async def connect(_settings: Settings) -> object:
+        return object()
+
+    async def watch(_handle: Handle, done: asyncio.Future[object]) -> AsyncIterator[None]:
+        await done  # the run ends at once: no progress to show
+        return
+        yield
+
+    reported: list[float] = []
+
+    def write_report(_s: Settings, _i: TrainingRunInput, _r: object, wall_s: float) -> Path:
+        reported.append(wall_s)
+        return tmp_path
+
+    monkeypatch.setattr(train, "_bring_up", lambda *_, **__: None)
+    monkeypatch.setattr(train, "connect", connect)
+    monkeypatch.setattr(train, "attach", attach)
+    monkeypatch.setattr(train, "write_report", write_report)
+    monkeypatch.setattr(progress, "watch", watch)
+    assert run(["train", "--attach", "r1", "--no-workers"], Settings(home=tmp_path)) == 0
+    [wall_s] = reported
+    assert wall_s == pytest.approx(500, abs=5)
+    out = capsys.readouterr().out
+    assert f"run r1 finished in {wall_s:.0f}s: 3 steps" in out, out
