@@ -25,7 +25,11 @@ stops its sandbox command and ends (`activities/heartbeat.py`).
 
 Errors: an agent's bad action is an observation, never an error, and a final tree that no
 check can take (too large to restore or to send) scores 0; a task whose check is broken
-is `InvalidTask` (non-retryable, naming the task and file); a snapshot that does not exist or
+is `InvalidTask` (non-retryable, naming the task and file). A script check runs the tree's own
+code, which can spoil its reward file (`checks.BadReward`): an agent's tree that does scores
+0, the reason in its verdict, and the task is broken only when its untouched tree (the initial
+files: the workflow's sample G, or checked here when no item holds it) leaves no reward either,
+so that an agent's code never fails the training run. A snapshot that does not exist or
 does not match its digest is `InvalidInput`; platform and storage faults are retried.
 Observations and verdicts are written create-only under keys named by their content's digest,
 so a step or a check run again (elsewhere) never changes what a returned ref names.
@@ -45,6 +49,7 @@ from typing import TypeVar
 from temporalio import activity
 
 from activities.heartbeat import heartbeating_each
+from contracts.common import ObjectRef
 from contracts.episode import (
     CloseSessionsRequest,
     CloseSessionsResponse,
@@ -64,7 +69,8 @@ from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity, Queue
 from contracts.task import EnvName
 from infra import keys
-from infra.environments.checks import InvalidTask
+from infra.environments.base import Graded
+from infra.environments.checks import BadReward, InvalidTask
 from infra.environments.sessions import Session, SessionHost
 from infra.environments.snapshots import StoreObjects, Trees
 from infra.environments.tree import TreeError
@@ -148,8 +154,13 @@ class EnvironmentActivities:
         _workspace_only(req.env)
         if not req.items:
             raise invalid("items", "nothing to verify")
-        verdicts = await self._each(req.items, lambda item: self._verify(req, item), req.task_id)
-        return VerifyResponse(verdicts=verdicts)
+        verified = await self._each(req.items, lambda item: self._verify(req, item), req.task_id)
+        if any(spoiled for _, spoiled in verified) and not any(
+            _untouched(req, item.snapshot) for item in req.items
+        ):  # no item is the task's own tree, which tells an agent's code from a broken check
+            untouched = [req.workspace.files]
+            await self._each(untouched, lambda tree: self._grade(req, tree, None), req.task_id)
+        return VerifyResponse(verdicts=[verdict for verdict, _ in verified])
 
     @activity.defn(name=Activity.CLOSE_SESSIONS.value)
     async def close_sessions(self, req: CloseSessionsRequest) -> CloseSessionsResponse:
@@ -218,18 +229,14 @@ class EnvironmentActivities:
             session=self._ref(after),
         )
 
-    async def _verify(self, req: VerifyRequest, item: VerifyItem) -> Verdict:
-        state = WorkspaceState(f"verify-s{item.sample}", item.snapshot)
-        with _faults(f"items[sample {item.sample}].snapshot"):
-            try:
-                graded = await self.env.verify(req.workspace, state, req.limits)
-            except InvalidTask as exc:
-                raise fail(ErrorType.INVALID_TASK, f"task {req.task_id}: {exc}") from exc
+    async def _verify(self, req: VerifyRequest, item: VerifyItem) -> tuple[Verdict, bool]:
+        """The item's verdict, and whether its tree spoiled the reward file (scored 0)."""
+        graded, spoiled = await self._grade(req, item.snapshot, item.sample)
         result = graded.result
         data = result.model_dump_json()
         key = keys.verdict_key(req.run_id, req.task_id, item.sample, _digest(data))
         ref = await asyncio.to_thread(self.store.put_json, key, result, create_only=True)
-        return Verdict(
+        verdict = Verdict(
             sample=item.sample,
             status=result.status,
             tests_passed=result.tests_passed,
@@ -237,6 +244,25 @@ class EnvironmentActivities:
             score=graded.score,
             result=ref,
         )
+        return verdict, spoiled
+
+    async def _grade(
+        self, req: VerifyRequest, tree: ObjectRef, sample: int | None
+    ) -> tuple[Graded, bool]:
+        """The tree's score (`sample` None: the task's initial tree), and whether the tree
+        spoiled the script's reward file: scored 0 for an agent's tree, the task broken for its
+        own. A broken check is `InvalidTask`."""
+        where = "workspace.files" if sample is None else f"items[sample {sample}].snapshot"
+        state = WorkspaceState("verify-untouched" if sample is None else f"verify-s{sample}", tree)
+        with _faults(where):
+            try:
+                return await self.env.verify(req.workspace, state, req.limits), False
+            except BadReward as exc:  # the agent's code spoiled it, unless the tree is the task's
+                if exc.graded is None or _untouched(req, tree):
+                    raise fail(ErrorType.INVALID_TASK, f"task {req.task_id}: {exc}") from exc
+                return exc.graded, True
+            except InvalidTask as exc:
+                raise fail(ErrorType.INVALID_TASK, f"task {req.task_id}: {exc}") from exc
 
     def _ref(self, state: WorkspaceState) -> SessionRef:
         return SessionRef(
@@ -263,6 +289,12 @@ class EnvironmentActivities:
         self.trees.close()
         if self._owned_backend:
             await self.backend.close()
+
+
+def _untouched(req: VerifyRequest, tree: ObjectRef) -> bool:
+    """Whether `tree` is the task's initial tree (the same bytes: an agent's tree that changed
+    nothing is the task's own too)."""
+    return tree.sha256 == req.workspace.files.sha256
 
 
 def _workspace_only(env: EnvName) -> None:

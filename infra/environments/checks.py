@@ -17,9 +17,15 @@ Two kinds (`tree.Check.kind`, carried by the hidden-tests tree):
   /logs/verifier writable; the score is the number the script wrote to
   /logs/verifier/reward.txt. The script runs with the workspace's code, as in Harbor.
 
-A task whose check cannot work (no check in the tests tree, a script that exits without a
-reward, a reward that is not a number in [0, 1] or is longer than 64 bytes) raises
-`InvalidTask`, naming the file; that is the task's fault, never retried and never a reward.
+A task whose check cannot work (no check in the tests tree) raises `InvalidTask`, naming the
+file; that is the task's fault, never retried and never a reward. A script check whose reward
+file is missing or unreadable after the run (a directory, a link, a FIFO, more than 64 bytes,
+not a number in [0, 1]) raises `BadReward`, an `InvalidTask` carrying that run's verdict scored
+0 (`graded`, its detail saying why): the script ran the workspace's code, which can spoil the
+file, so whose fault it is depends on whose tree ran. The verify activity scores an agent's
+tree 0 and raises only when the task's untouched tree does the same (activities/environment.py);
+`tempered tasks validate` takes it as the task's (the trees it checks, the untouched one and
+the reference solution's, are the task's own).
 `read_regular` is how such files are read (the Harbor loader's task files too): never a FIFO's
 wait, never more bytes than asked for.
 
@@ -64,6 +70,16 @@ of 255 bytes while names were not counted."""
 
 class InvalidTask(ValueError):
     """The task's own check is broken (not the agent's workspace)."""
+
+
+class BadReward(InvalidTask):
+    """A script check left no reward it could read: the task's fault when the tree it ran is the
+    task's own, the agent's when its code ran in the script (`graded`: that run, scored 0;
+    None from `read_reward`, which has no run to score)."""
+
+    def __init__(self, message: str, graded: Graded | None = None) -> None:
+        super().__init__(message)
+        self.graded = graded
 
 
 def check_limits(check: Check, limits: SandboxLimits) -> SandboxLimits:
@@ -174,7 +190,11 @@ async def check_script(
     ran = await runner.run(f"bash {TESTS_DIR}/{check.tests}", mounts, uid, limits, slot_name)
     if ran.status in (ExecStatus.TIMEOUT, ExecStatus.MEMORY_EXCEEDED):
         return Graded(_result(ran, runner, limits, ran.status, 0.0), 0.0)
-    reward = read_reward(logs / REWARD_FILE, check, ran)
+    try:
+        reward = read_reward(logs / REWARD_FILE, check, ran)
+    except BadReward as exc:
+        result = _result(ran, runner, limits, ExecStatus.FAILED, 0.0, f"scored 0: {exc}")
+        raise BadReward(str(exc), Graded(result, 0.0)) from None
     status = ExecStatus.PASSED if reward >= 1.0 else ExecStatus.FAILED
     return Graded(_result(ran, runner, limits, status, reward), reward)
 
@@ -220,34 +240,35 @@ def read_regular(path: Path, max_bytes: int, *, follow_links: bool = False) -> b
 
 def read_reward(path: Path, check: Check, ran: CommandResult) -> float:
     """The number in reward.txt (opened without following links; `MAX_REWARD_BYTES` at most,
-    all of it read: a number followed by more than fits was once read as the number)."""
+    all of it read: a number followed by more than fits was once read as the number), or
+    `BadReward` saying why not."""
     where = f"tests/{check.tests}"
     try:
         data = read_regular(path, MAX_REWARD_BYTES)
     except FileNotFoundError:
-        raise InvalidTask(
+        raise BadReward(
             f"{where} wrote no reward to {LOGS_DIR}/{REWARD_FILE} ({ran.detail or 'exit status 0'}); "
             f"stderr: {ran.stderr.strip()[-300:]!r}"
         ) from None
     except FileTooLarge:
-        raise InvalidTask(
+        raise BadReward(
             f"{where}: {LOGS_DIR}/{REWARD_FILE} holds more than {MAX_REWARD_BYTES} bytes"
         ) from None
     except NotARegularFile:
-        raise InvalidTask(f"{where}: {LOGS_DIR}/{REWARD_FILE} is not a regular file") from None
+        raise BadReward(f"{where}: {LOGS_DIR}/{REWARD_FILE} is not a regular file") from None
     except OSError as exc:
-        raise InvalidTask(
+        raise BadReward(
             f"{where}: {LOGS_DIR}/{REWARD_FILE} is not a regular file ({exc.strerror})"
         ) from None
     text = data.decode("ascii", "replace").strip()
     try:
         reward = float(text)
     except ValueError:
-        raise InvalidTask(
+        raise BadReward(
             f"{where} wrote {text[:20]!r} to {LOGS_DIR}/{REWARD_FILE}, not a number"
         ) from None
     if not 0.0 <= reward <= 1.0:
-        raise InvalidTask(f"{where} wrote the reward {reward}, outside [0, 1]")
+        raise BadReward(f"{where} wrote the reward {reward}, outside [0, 1]")
     return reward + 0.0  # -0.0 + 0.0 is 0.0: a score of "-0" nowhere
 
 
@@ -257,6 +278,7 @@ def _result(
     limits: SandboxLimits,
     status: ExecStatus,
     reward: float,
+    detail: str = "",
 ) -> ExecutionResult:
     return ExecutionResult(
         status=status,
@@ -270,5 +292,5 @@ def _result(
         backend="local",
         limits=limits,
         enforcement="cgroup" if runner.use_cgroups else "rlimit",
-        detail=ran.detail or f"reward {reward:g}",
+        detail=detail or ran.detail or f"reward {reward:g}",
     )

@@ -1,6 +1,7 @@
 """The session activities with real bwrap and a real SeaweedFS: sessions open on this worker's
 queue, steps store their observation and a new snapshot, verdicts come from the hidden tests,
-closed sessions are lost (non-retryable), a broken check is the task's fault."""
+closed sessions are lost (non-retryable), a broken check is the task's fault and a reward file
+the agent's code spoiled is a score of 0."""
 
 from __future__ import annotations
 
@@ -43,6 +44,10 @@ RUN, QUEUE = "run-env", "sandbox-test-host-1"
 LIMITS = SandboxLimits(timeout_s=8)
 COMPLETION = ObjectRef(key="runs/x/completion.json", size=0, sha256="0" * 64)
 TASK = workspace_tasks()[4]  # workspace-slugify-4
+SPOILABLE = (  # Harbor's test.sh: the agent's code runs in it, with /logs/verifier writable
+    "python3 -c 'import calc; assert calc.add(1, 2) == 3' "
+    "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+)
 
 
 @pytest_asyncio.fixture
@@ -308,10 +313,43 @@ async def test_bad_requests_and_broken_checks_are_not_retried(
         run_id=RUN, task_id="broken-task", env=EnvName.WORKSPACE, workspace=broken, limits=LIMITS,
         items=[VerifyItem(sample=0, snapshot=spec().files)],
     )  # fmt: skip
-    with pytest.raises(ApplicationError) as no_reward:
-        await ActivityEnvironment().run(acts.verify_episodes, verify)
-    assert no_reward.value.type == ErrorType.INVALID_TASK and no_reward.value.non_retryable
-    assert "task broken-task: tests/test.sh wrote no reward" in str(no_reward.value)
+    final = pack_files({"calc.py": "def add(a, b):\n    return a + b\n"})
+    for key, data in final.objects.items():
+        store.put_bytes(key, data)
+    for items in ([VerifyItem(sample=0, snapshot=final.ref)], verify.items):  # the untouched
+        with pytest.raises(ApplicationError) as no_reward:  # workspace is checked, here or not
+            await ActivityEnvironment().run(
+                acts.verify_episodes, verify.model_copy(update={"items": items})
+            )
+        assert no_reward.value.type == ErrorType.INVALID_TASK and no_reward.value.non_retryable
+        assert "task broken-task: tests/test.sh wrote no reward" in str(no_reward.value)
+
+
+async def test_a_final_tree_that_spoils_the_reward_file_scores_zero_not_invalid(
+    acts: EnvironmentActivities, store: ObjectStore
+) -> None:
+    """A Harbor test.sh runs the agent's code with /logs/verifier writable: code that made
+    reward.txt a directory raised InvalidTask, which failed the training run. Its tree scores
+    0, whether the untouched workspace (whose reward is read) is verified beside it or not."""
+    spoiler = pack_files({"calc.py": "import os\nos.mkdir('/logs/verifier/reward.txt')\n"})
+    script = pack_files({"test.sh": SPOILABLE}, Check(kind="script"))
+    for key, data in {**spoiler.objects, **script.objects}.items():
+        store.put_bytes(key, data)
+    harbor = spec().model_copy(update={"verifier": script.ref})
+    spoiled, untouched = (
+        VerifyItem(sample=0, snapshot=spoiler.ref),
+        VerifyItem(sample=1, snapshot=spec().files),
+    )
+    for items in ([spoiled, untouched], [spoiled]):
+        verify = VerifyRequest(
+            run_id=RUN, task_id=TASK.spec.id, env=EnvName.WORKSPACE, workspace=harbor,
+            limits=LIMITS, items=items,
+        )  # fmt: skip
+        verdicts = (await ActivityEnvironment().run(acts.verify_episodes, verify)).verdicts
+        assert [v.score for v in verdicts] == [0.0] * len(items)
+        assert verdicts[0].status is ExecStatus.FAILED and verdicts[0].tests_passed == 0
+        detail = store.get_model(verdicts[0].result.key, ExecutionResult).detail
+        assert "scored 0: tests/test.sh: /logs/verifier/reward.txt is not a regular file" in detail
 
 
 @pytest.mark.parametrize("acts", [1], indirect=True)

@@ -12,7 +12,7 @@ import pytest
 from contracts.episode import ToolCall
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
-from infra.environments.checks import MAX_PROGRAM_BYTES
+from infra.environments.checks import MAX_PROGRAM_BYTES, BadReward
 from infra.environments.tree import File, pack_files
 from infra.environments.workspace import WorkspaceState
 from tests.infra.environments.conftest import Rig, needs_root
@@ -102,3 +102,39 @@ async def test_a_functions_check_counts_the_names_of_the_files_it_copies(rig: Ri
     final = rig.add(pack_files({**FILES, "calc.py": FIXED, **dict.fromkeys(names, b"")}))
     graded = await rig.env.verify(spec, WorkspaceState("gone", final.ref), LIMITS)
     assert graded.result.status is ExecStatus.PASSED and graded.score == 1.0, graded.result
+
+
+SPOILED = (  # Harbor's test.sh: the agent's code runs in it, with /logs/verifier writable
+    "python3 -c 'import calc; assert calc.add(1, 2) == 3' "
+    "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("os.mkdir(REWARD)", "reward.txt is not a regular file"),
+        ("os.symlink('/etc/hostname', REWARD)", "reward.txt is not a regular file"),
+        ("open(REWARD, 'w').write('lots'); os.chmod(REWARD, 0o444)", "not a number"),
+        ("open(REWARD, 'w').write('1' + ' ' * 99); os.chmod(REWARD, 0o444)", "more than 64"),
+        ("os.kill(os.getppid(), 9)", "wrote no reward"),
+    ],
+)
+async def test_a_final_tree_that_spoils_the_reward_scores_zero(
+    rig: Rig, code: str, error: str
+) -> None:
+    """The script's reward file, made unreadable by the final tree's code, raised InvalidTask:
+    the task's fault, not retried, and the training run failed. It is the run's verdict, scored
+    0, on the error a caller raises only where the tree is the task's own (`BadReward`)."""
+    spec = rig.spec(FILES, {"test.sh": SPOILED})
+    spoiler = f"import os\nREWARD = '/logs/verifier/reward.txt'\n{code}\n"
+    stored = rig.add(pack_files({"calc.py": spoiler}))
+    with pytest.raises(BadReward, match=error) as spoiled:
+        await rig.env.verify(spec, WorkspaceState("spoiled", stored.ref), LIMITS)
+    graded = spoiled.value.graded
+    assert graded is not None and graded.score == 0.0
+    assert graded.result.status is ExecStatus.FAILED and graded.result.tests_passed == 0
+    assert graded.result.detail.startswith("scored 0: tests/test.sh")
+    assert error in graded.result.detail
+    untouched = await rig.env.reset(spec, "s0")  # the task's own tree: its reward is read
+    assert (await rig.env.verify(spec, untouched, LIMITS)).score == 0.0
