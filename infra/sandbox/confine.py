@@ -12,9 +12,12 @@ no network and its own pid/ipc/uts namespaces. For each run it forks a child wit
   systems unmounted, hostname "sandbox";
 - every capability dropped (bounding set included), no supplementary groups, the run's own
   uid/gid (no host account owns it, no other process runs under it), no_new_privs;
-- a seccomp filter that refuses new user namespaces (like bwrap's --disable-userns) and
-  clone3 (whose flags a filter cannot read; the C library falls back to clone); once the run's
-  resource limits are set, a second one that refuses changing them (`lock_rlimits`).
+- a seccomp filter that refuses new user namespaces (like bwrap's --disable-userns), clone3
+  (whose flags a filter cannot read; the C library falls back to clone), ptrace, and a SIGKILL
+  the program sends itself as if from the kernel (the two would let pid 1 of its namespace die
+  of a SIGKILL it caused, which the judge takes for a kill from outside: a platform fault);
+  once the run's resource limits are set, a second one that refuses changing them
+  (`lock_rlimits`).
 
 Every step is checked and a failure raises OSError: the caller exits and the run is reported
 as a platform fault, never started half-confined. Kill pid 1 (the candidate) and the kernel
@@ -49,6 +52,10 @@ ARCHES = {  # machine: (AUDIT_ARCH_*, clone, unshare, clone3)
     "aarch64": (0xC00000B7, 220, 97, 435),
 }
 RLIMIT_CALLS = {"x86_64": (160, 302), "aarch64": (164, 261)}  # setrlimit, prlimit64
+SIGNAL_CALLS = {  # ptrace, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_send_signal
+    "x86_64": (101, 129, 297, 424),
+    "aarch64": (117, 138, 240, 424),
+}
 EXPECTED_STATUS = {
     "CapInh": 0,
     "CapPrm": 0,
@@ -137,28 +144,80 @@ class _SockFprog(ctypes.Structure):
 
 def _seccomp_program() -> list[tuple[int, int, int, int]]:
     """EPERM for clone/unshare with CLONE_NEWUSER, ENOSYS for clone3 (whose flags live in
-    memory a filter cannot read), kill on another architecture or the x32 ABI."""
+    memory a filter cannot read), kill on another architecture or the x32 ABI.
+
+    And EPERM for what would let the candidate, pid 1 of its pid namespace, die of a SIGKILL it
+    caused itself (the kernel ignores a kill(1, SIGKILL) from inside the namespace, so the judge
+    takes such an end as the platform's): ptrace (a child attached to it could resume it with
+    SIGKILL) and a SIGKILL it sends itself with a siginfo that says "from the kernel" (si_code
+    SI_KERNEL, which the kernel forces through): rt_sigqueueinfo, rt_tgsigqueueinfo, and
+    pidfd_send_signal with a siginfo (without one, it is a plain kill)."""
     machine = os.uname().machine
     if machine not in ARCHES:
         raise OSError(f"confine: no seccomp filter for {machine}")
     arch, clone, unshare, clone3 = ARCHES[machine]
+    ptrace, sigqueueinfo, tgsigqueueinfo, pidfd_send_signal = SIGNAL_CALLS[machine]
     kill, ld, jeq, jge, jset, ret = SECCOMP_RET_KILL_PROCESS, 0x20, 0x15, 0x35, 0x45, 0x06
-    return [
-        (ld, 0, 0, 4),  # 0: architecture
-        (jeq, 1, 0, arch),
-        (ret, 0, 0, kill),
-        (ld, 0, 0, 0),  # 3: syscall number
-        (jge, 0, 1, 0x40000000),  # x32 syscalls on x86_64
-        (ret, 0, 0, kill),
-        (jeq, 0, 1, clone3),  # 6
-        (ret, 0, 0, SECCOMP_RET_ERRNO | 38),  # ENOSYS
-        (jeq, 1, 0, unshare),  # 8
-        (jeq, 0, 3, clone),
-        (ld, 0, 0, 16),  # 10: low word of the first argument (flags)
-        (jset, 0, 1, CLONE_NEWUSER),
-        (ret, 0, 0, SECCOMP_RET_ERRNO | 1),  # EPERM
-        (ret, 0, 0, SECCOMP_RET_ALLOW),  # 13
-    ]
+    sigkill = int(signal.SIGKILL)
+    return _resolve(
+        [
+            (ld, 0, 0, 4),  # architecture
+            (jeq, 1, 0, arch),
+            (ret, 0, 0, kill),
+            (ld, 0, 0, 0),  # syscall number
+            (jge, 0, 1, 0x40000000),  # x32 syscalls on x86_64
+            (ret, 0, 0, kill),
+            (jeq, 0, 1, clone3),
+            (ret, 0, 0, SECCOMP_RET_ERRNO | 38),  # ENOSYS
+            (jeq, "eperm", 0, ptrace),
+            (jeq, "flags", 0, unshare),
+            (jeq, "flags", 0, clone),
+            (jeq, "second", 0, sigqueueinfo),
+            (jeq, "third", 0, tgsigqueueinfo),
+            (jeq, 0, "allow", pidfd_send_signal),
+            (ld, 0, 0, 24),  # pidfd_send_signal: the signal (int: the low word is all it reads)
+            (jeq, 0, "allow", sigkill),
+            (ld, 0, 0, 32),  # low word of the siginfo pointer (a pointer's low word may be 0)
+            (jeq, 0, "eperm", 0),
+            (ld, 0, 0, 36),  # its high word
+            (jeq, "allow", "eperm", 0),
+            "second",
+            (ld, 0, 0, 24),  # rt_sigqueueinfo: the signal
+            (jeq, "eperm", "allow", sigkill),
+            "third",
+            (ld, 0, 0, 32),  # rt_tgsigqueueinfo: the signal
+            (jeq, "eperm", "allow", sigkill),
+            "flags",
+            (ld, 0, 0, 16),  # low word of the first argument (flags)
+            (jset, "eperm", "allow", CLONE_NEWUSER),
+            "eperm",
+            (ret, 0, 0, SECCOMP_RET_ERRNO | 1),
+            "allow",
+            (ret, 0, 0, SECCOMP_RET_ALLOW),
+        ]
+    )
+
+
+def _resolve(
+    program: list[tuple[int, int | str, int | str, int] | str],
+) -> list[tuple[int, int, int, int]]:
+    """A filter program whose jump targets may name a label (a string in the list, marking the
+    next instruction), with each name turned into the forward offset the kernel reads."""
+    labels: dict[str, int] = {}
+    code: list[tuple[int, int | str, int | str, int]] = []
+    for item in program:
+        if isinstance(item, str):
+            labels[item] = len(code)
+        else:
+            code.append(item)
+
+    def offset(target: int | str, at: int) -> int:
+        jump = target if isinstance(target, int) else labels[target] - at - 1
+        if not 0 <= jump < 256:
+            raise ValueError(f"confine: a jump of {jump} in a filter program")
+        return jump
+
+    return [(op, offset(jt, at), offset(jf, at), k) for at, (op, jt, jf, k) in enumerate(code)]
 
 
 def _rlimits_locked_program() -> list[tuple[int, int, int, int]]:

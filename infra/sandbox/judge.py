@@ -15,8 +15,9 @@ memory events, and whether the host killed it. The rules, in their one home:
   fault; SIGXCPU,
   or SIGKILL after using its CPU limit → timeout; SIGKILL otherwise → a platform fault only
   where the program cannot SIGKILL itself (`sigkill_is_foreign`: the local candidate is pid 1 of
-  its own pid namespace), else the program's own end; anything else → failed (an early exit, a
-  closed or abused channel);
+  its own pid namespace, and its seccomp filter refuses ptrace and a SIGKILL sent as the
+  kernel's, `confine.py`), else the program's own end; anything else → failed (an early exit,
+  a closed or abused channel, a wait status that is no end);
 - the deadline passed: timeout once the program had its deadline's worth of time
   (`deadline_state`: time it or the checker spent waiting for a CPU they never got does not
   count, unless the program gave its CPU away itself: a nice, SCHED_IDLE, fewer CPUs); the
@@ -101,7 +102,7 @@ class Exit:
     """How the candidate ended, as its launcher saw it."""
 
     status: int
-    """A wait status (`os.waitstatus_to_exitcode` reads it)."""
+    """A wait status (`os.waitstatus_to_exitcode` reads it; one it cannot is the program's)."""
     cpu_s: float = 0.0
     fault: str = ""
     """Set when the platform ended it (its zygote or gVisor sandbox died): a platform fault."""
@@ -232,7 +233,7 @@ def _ended_early(
         raise SandboxInfraError("an OOM kill outside the run's own memory limit (host memory)")
     code = None
     if not seen.killed and seen.exit is not None:
-        code = os.waitstatus_to_exitcode(seen.exit.status)  # its own end, not the host's kill
+        code = _exit_code(seen.exit.status)  # its own end, not the host's kill
     cpu_s = seen.exit.cpu_s if seen.exit is not None else 0.0
     if code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu_s >= limits.cpu_s):
         return ExecStatus.TIMEOUT, f"CPU limit of {limits.cpu_s}s", code
@@ -243,3 +244,13 @@ def _ended_early(
     if expected == 0 and code == 0:
         return ExecStatus.PASSED, "", code
     return ExecStatus.FAILED, "the program exited before its tests reported", code
+
+
+def _exit_code(status: int) -> int | None:
+    """The exit code of a wait status (minus the signal that killed it); None for a status
+    that is no end (a stop or continue that a tracer's wait reports): the program brought it
+    about (it made its launcher its tracer), so it reads as its failure, never a fault."""
+    try:
+        return os.waitstatus_to_exitcode(status)
+    except ValueError:
+        return None

@@ -242,7 +242,8 @@ def reap(exits: dict[int, tuple[int, float]]) -> None:
             return
         if pid == 0:
             return
-        exits[pid] = (status, usage.ru_utime + usage.ru_stime)
+        if os.WIFEXITED(status) or os.WIFSIGNALED(status):  # a stop (we trace it) is no end
+            exits[pid] = (status, usage.ru_utime + usage.ru_stime)
 
 
 def kill_candidate_uid() -> int:

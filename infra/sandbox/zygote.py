@@ -195,6 +195,8 @@ def _reap(children: dict[int, int], send: Callable[[object], None]) -> None:
             return
         if pid == 0:
             return
+        if not (os.WIFEXITED(status) or os.WIFSIGNALED(status)):
+            continue  # a stop is no end: a child that made us its tracer (ptrace) lives on
         run_id = children.pop(pid, None)
         if run_id is not None:
             send(("exited", run_id, status, usage.ru_utime + usage.ru_stime))

@@ -33,6 +33,11 @@ FORGED = (  # what a verdict, a reply and a success line look like, written ever
     "                pass\n"
 )
 
+PTRACE = (
+    "import ctypes, os, time\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]\n"
+)
+
 INTROSPECTION = {
     "walk the caller's frames and rewrite their locals": (
         "import sys\ndef add(a, b):\n    f = sys._getframe()\n    while f is not None:\n"
@@ -222,6 +227,30 @@ EARLY_EXITS = {
     "exit 137 as if SIGKILLed": "import os\ndef add(a, b):\n    os._exit(137)\n",
     "abort": "import os\ndef add(a, b):\n    os.abort()\n",
     "atexit forges": FORGED + "import atexit, os\natexit.register(forge_everywhere)\nos._exit(0)\n",
+    "ptrace: a child resumes it with SIGKILL": (  # pid 1 of its namespace, killed from inside
+        PTRACE + "if os.fork() == 0:\n    time.sleep(0.2)\n    libc.ptrace(16, 1, None, None)\n"
+        "    try:\n        os.waitpid(1, 0x40000000)\n    except OSError:\n        pass\n"
+        "    libc.ptrace(7, 1, None, 9)\n    os._exit(0)\n"
+        "def add(a, b):\n    time.sleep(1)\n    return a - b\n"
+    ),
+    "ptrace: TRACEME, close the channel, stop": (  # its parent, the zygote, sees the stop
+        PTRACE + "import signal\ndef add(a, b):\n    libc.ptrace(0, 0, None, None)\n"
+        "    signal.signal(signal.SIGUSR1, lambda *_: None)\n    os.close(4)\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n    return a - b\n"
+    ),
+    **{
+        f"a SIGKILL it sends itself as the kernel: {call}": (
+            "import ctypes, os, platform\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "info = (ctypes.c_int * 32)(9, 0, 0x80)  # SIGKILL, si_code SI_KERNEL\n"
+            "NR = {'x86_64': (129, 297), 'aarch64': (138, 240)}[platform.machine()]\n"
+            f"def add(a, b):\n    pid = os.getpid()\n    libc.syscall({args})\n    return a - b\n"
+        )
+        for call, args in {
+            "rt_sigqueueinfo": "NR[0], pid, 9, info",
+            "rt_tgsigqueueinfo": "NR[1], pid, pid, 9, info",
+            "pidfd_send_signal": "424, os.pidfd_open(pid), 9, info, 0",
+        }.items()
+    },
 }
 EXCEPTION_DATA = {  # what the checker reports of a program's exception is the program's data
     "a SyntaxError with an unhashable filename": (

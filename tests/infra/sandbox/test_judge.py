@@ -32,6 +32,7 @@ PASSED = {
 }
 LOST = {**PASSED, "status": "failed", "tests_passed": 0, "lost": "exited"}
 EXITED_3, SIGKILLED, SIGXCPU = 3 << 8, signal.SIGKILL, signal.SIGXCPU  # wait statuses
+STOPPED, CONTINUED = signal.SIGUSR1 << 8 | 0x7F, 0xFFFF  # no end: what a tracer's wait sees
 
 
 def _seen(verdict: dict[str, object] | None, **fields: Any) -> Observed:
@@ -122,6 +123,8 @@ def test_hidden_tests_without_a_top_level_assert_are_refused(hidden: str) -> Non
             {"exit": Exit(SIGKILLED), "killed": False, "sigkill_is_foreign": False},
             ExecStatus.FAILED,
         ),
+        ({"exit": Exit(STOPPED), "killed": False}, ExecStatus.FAILED),  # the program's, not ours
+        ({"exit": Exit(CONTINUED), "killed": False}, ExecStatus.FAILED),
     ],
 )
 def test_how_an_early_end_is_judged(fields: dict[str, Any], status: ExecStatus) -> None:
