@@ -162,8 +162,10 @@ class TrainingRunInput(Contract):
     concurrency: int = Field(
         default=8,
         ge=1,
-        le=2000,
-        description="Agent tasks in flight (Temporal allows a workflow 2,000 pending children).",
+        le=2000,  # not lowered to the limit: stored inputs of earlier releases must decode
+        description="Agent tasks in flight at most. Temporal allows a workflow 2,000 pending "
+        "children: the run keeps these, its held-out tasks and its learner together within "
+        "`MAX_PENDING_CHILDREN` (workflows/children.py), fewer tasks waiting past it.",
     )
     eval_every: int = Field(
         default=0, ge=0, description="Held-out eval every N steps; 0 = ends only."

@@ -89,7 +89,10 @@ class LearnerLink:
         """Wait for `condition`. While `idle()` (nothing in flight: no signal would go to the
         learner), probe the learner every `PROBE_EVERY` (an undeliverable ping fails the run:
         `RunFailure.reaching`) and return at `deadline` (the time budget's end) if that comes
-        first."""
+        first. A learner that ended with no error while the run waits on it with nothing in
+        flight (told `finish` by someone else) fails the run with LEARNER_FAILED: it takes no
+        more steps. That needs no patch: the loop before spun there in one activation (a
+        deadlock), so no history went past it."""
         if not workflow.patched(PROBE_PATCH):
             await workflow.wait_condition(condition)  # for good
             return
@@ -109,6 +112,12 @@ class LearnerLink:
                 await self.failure.reaching(self.send(Signal.PING))
             if condition():
                 return
+            if self.ended() and idle():  # nothing left to make `condition` true
+                raise fail(ErrorType.LEARNER_FAILED, f"the learner ended {self._where()}")
+
+    def _where(self) -> str:
+        final = self.done.final if self.done is not None else None
+        return f"at step {final.step} of {final.max_steps}" if final else "before its steps"
 
     async def cancel(self) -> None:
         """Cancel it, unless it has ended (it outlives the run that started it by design, not

@@ -6,6 +6,7 @@
     await failure.reaching(link.send(...))     # the learner cannot be reached: raises
     failure.raise_if_failed()                  # the run's main loop, once a wait woke
     failure.raise_if_woken()                   # after a wait that wakes on `wakes` too
+    await failure.ending(awaitable)            # the run's ending's waits: raises if it comes
     failure.error, failure.wakes               # what the run's waits wake on
     failure.learner_lost                       # nothing to cancel as the run fails
 
@@ -19,13 +20,22 @@ awaited until the next continue-as-new, and the run waited for the learner's ste
 continue-as-new's drain or at the run's end. With that patch the wait for the last tasks in
 flight (`TrainingRunWorkflow._task_due`) wakes on a failure too (`wakes`). Its children still in
 flight are cancelled as the run closes (workflows/agent_task.py, `CANCELLED_WITH_RUN_PATCH`).
+With `ENDING_WAKES_PATCH`, so do the waits of the run's ending (`ending`: its last tasks in
+flight, `finish`, the learner's last steps): before, a held-out evaluation's failure there
+surfaced once the learner had ended, after every step it still had to take.
 
-Each patch is asked only once a failure came: a run that never fails records neither marker.
+`FAILED_TASK_PATCH` and `FAILS_AT_ONCE_PATCH` are asked only once a failure came: a run that
+never fails records neither marker. `ENDING_WAKES_PATCH` is asked at each run's ending, before
+its first wait there: how that wait is made depends on it, before any failure comes. It is not
+`FAILS_AT_ONCE_PATCH`: a run whose held-out task failed at its ending under that marker waited
+for its learner (and started evaluations, pruned versions), and its history must replay.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError, FailureError
@@ -34,11 +44,17 @@ with workflow.unsafe.imports_passed_through():
     from contracts.errors import ErrorType, fail
     from contracts.task import TaskSpec
 
+T = TypeVar("T")
+
 FAILED_TASK_PATCH = "tempered-run-fails-with-a-task"
 """Marks runs that fail once a task's child fails (before: waiting for good for its group)."""
 FAILS_AT_ONCE_PATCH = "tempered-run-fails-at-once"
 """Marks runs that fail at once when their learner cannot be reached or a held-out evaluation's
 child fails, and whose wait for the tasks in flight at the end wakes on a failure."""
+ENDING_WAKES_PATCH = "tempered-run-ending-wakes-on-failure"
+"""Marks runs whose ending (the last tasks in flight, `finish`, the learner's last steps) wakes
+on a failure and raises it (before: a held-out evaluation's, there, surfaced once the learner
+had ended)."""
 
 
 class RunFailure:
@@ -47,7 +63,8 @@ class RunFailure:
         """The run's first failure: its main loop raises it."""
         self.wakes = False
         """Whether `error` also wakes the run's wait for its last tasks in flight (`_task_due`,
-        `FAILS_AT_ONCE_PATCH`); the wait for a free slot wakes on any failure."""
+        `FAILS_AT_ONCE_PATCH`) and its ending's waits (`ending`, `ENDING_WAKES_PATCH`); the
+        wait for a free slot wakes on any failure."""
         self.learner_lost = False
         """A signal to the learner failed for good: it is gone (nothing to cancel)."""
 
@@ -59,6 +76,21 @@ class RunFailure:
         """Raise the failure if it is one that `wakes` (after a wait that woke on it)."""
         if self.wakes:
             self.raise_if_failed()
+
+    async def ending(self, awaitable: Awaitable[T]) -> T:
+        """Await `awaitable`, one of the run's ending's waits; with `ENDING_WAKES_PATCH`, raise
+        the failure instead as soon as one comes that `wakes` (the run's main loop raises it
+        alike). Before the patch: `awaitable` alone, exactly as the run awaited it."""
+        if not workflow.patched(ENDING_WAKES_PATCH):
+            return await awaitable
+        job = asyncio.ensure_future(awaitable)
+        try:
+            await workflow.wait_condition(lambda: job.done() or self.wakes)
+        except asyncio.CancelledError:  # the run was cancelled: so is `awaitable`, as awaited
+            job.cancel()
+            raise
+        self.raise_if_woken()
+        return job.result()
 
     def task_failed(self, task_id: str, exc: FailureError) -> None:
         """A training task's child failed for good: its group never comes."""

@@ -1,18 +1,20 @@
 """`TrainingRunWorkflow`: one training run, end to end (what `tempered train` starts).
 
 Loads the task suite (quarantined tasks skipped), publishes policy version 0, starts the
-`LearnerWorkflow` as a child, and keeps `concurrency` `AgentTaskWorkflow` children in flight until
-`steps × groups_per_step` groups have been rolled out (or the time budget is spent, or a `stop`
-signal came: then the tasks in flight, the learner's last step and the final evaluation still run,
-and the result says why it stopped). Each finished group is signalled to the learner; rollouts go
-on while it trains (asynchronous RL) but never run more than `grpo.max_staleness` steps ahead of
-it: the group for step b waits for version b − max_staleness and is pinned to the newest version
-known when it starts (`max_staleness = 0` is synchronous, on-policy GRPO). A flat group (no GRPO
-signal) is not sent with `grpo.redraw_flat_groups` N: another task takes its slot, N times a run at
-most, spread over its steps (DAPO's dynamic sampling; `redraws_allowed`). Held-out pass@1 (turn 1)
-and the solve rate within `eval_turns` turns are measured before training, every `eval_every` steps
-and after the last (greedy). With `keep_versions` N, versions that are neither 0, the newest N nor
-read by a rollout or an evaluation in flight are deleted as the run goes (workflows/retention.py).
+`LearnerWorkflow` as a child, and keeps `concurrency` `AgentTaskWorkflow` children in flight (fewer
+where they, the held-out tasks' and the learner would pass Temporal's limit of pending children:
+workflows/children.py) until `steps × groups_per_step` groups have been rolled out (or the time
+budget is spent, or a `stop` signal came: then the tasks in flight, the learner's last step and the
+final evaluation still run, and the result says why it stopped). Each finished group is signalled to
+the learner; rollouts go on while it trains (asynchronous RL) but never run more than
+`grpo.max_staleness` steps ahead of it: the group for step b waits for version b − max_staleness and
+is pinned to the newest version known when it starts (`max_staleness = 0` is synchronous, on-policy
+GRPO). A flat group (no GRPO signal) is not sent with `grpo.redraw_flat_groups` N: another task
+takes its slot, N times a run at most, spread over its steps (DAPO's dynamic sampling;
+`redraws_allowed`). Held-out pass@1 (turn 1) and the solve rate within `eval_turns` turns are
+measured before training, every `eval_every` steps and after the last (greedy). With `keep_versions`
+N, versions that are neither 0, the newest N nor read by a rollout or an evaluation in flight are
+deleted as the run goes (workflows/retention.py).
 
 Bounded history (workflows/budget.py): before each start and before the ending, a run whose
 history could pass `budget` (20% of Temporal's limits by default), counting what the children
@@ -20,8 +22,9 @@ in flight and the evaluations to come will add, drains and continues as new with
 (suite, counters, the last `PROGRESS_TAIL` learner steps). The learner outlives the run that
 started it (`ParentClosePolicy.ABANDON`); they find each other by workflow id. A task's child that
 fails, or a learner that cannot be reached (pinged while nothing is in flight: learner_link.py),
-fails the run at once (workflows/run_failure.py); a run that fails or is cancelled cancels the
-learner and its children in flight.
+fails the run at once, also while it waits for its last tasks and its learner's last steps
+(workflows/run_failure.py); a run that fails or is cancelled cancels the learner and its
+children in flight.
 """
 
 from __future__ import annotations
@@ -73,6 +76,7 @@ with workflow.unsafe.imports_passed_through():
         signal_reserve,
         spent,
     )
+    from workflows.children import PendingChildren
     from workflows.evaluations import Evaluations
     from workflows.learner import HISTORY_TAIL, LearnerWorkflow
     from workflows.learner_link import LearnerLink
@@ -116,7 +120,10 @@ class TrainingRunWorkflow:
         self._unrecorded = UnrecordedStarts()
         self._retention = Retention(run_input, resume.pruned_below if resume else 1)
         evals, failed = resume.evals if resume else [], self._failure.evaluation_failed
-        self._evaluations = Evaluations(run_input, evals, self._retention, run_agent_task, failed)
+        self._children = PendingChildren()  # Temporal's limit: tasks, held-out tasks, learner
+        self._evaluations = Evaluations(
+            run_input, evals, self._retention, run_agent_task, failed, self._children
+        )
         if resume:
             self._evaluations.heldout = spread(resume.tasks.heldout, run_input.heldout_limit)
         self._tails_at_start = self._tails_bytes()
@@ -133,8 +140,10 @@ class TrainingRunWorkflow:
             tasks, deadline = resume.tasks, resume.deadline
         try:
             await self._roll_out(tasks, deadline)
-            await self._failure.reaching(self._learner.finish())
-            final = await (learner if learner is not None else self._learner.final())
+            await self._failure.ending(self._failure.reaching(self._learner.finish()))
+            final = await self._failure.ending(
+                learner if learner is not None else self._learner.final()
+            )
         except (asyncio.CancelledError, FailureError):
             if not self._failure.learner_lost:  # it outlives this run by design, not training
                 await self._learner.cancel()
@@ -182,6 +191,7 @@ class TrainingRunWorkflow:
             **activity_options(Activity.PREPARE_RUN, max(run_input.heartbeat_timeout_s, 120)),
         )
         self._evaluations.start(base.version)
+        self._children.started()  # the learner, before version 0's held-out tasks
         learner = await workflow.start_child_workflow(
             LearnerWorkflow.run,
             LearnerInput(
@@ -246,10 +256,11 @@ class TrainingRunWorkflow:
             task, version = drawn_task(order, self._started), self._latest_version
             self._started += 1  # here, not in the task: the next pass reads it before that runs
             self._unrecorded.started()
+            self._children.started()
             self._rollouts.append(self._retention.start(version, self._rollout_one(task, version)))
         if self._history_full(ending=True):  # the run's ending must fit as well
             await self._continue_as_new(tasks, deadline)
-        await asyncio.gather(*self._rollouts)
+        await self._failure.ending(asyncio.gather(*self._rollouts))
 
     async def _task_due(self, total: int) -> bool:
         """Whether fewer than `total` are `_filled` (with redraws left: once those in flight end,
@@ -281,13 +292,14 @@ class TrainingRunWorkflow:
         )
 
     def _may_start(self) -> bool:
-        """A slot is free and the learner is far enough along for the next group (or the
+        """A slot is free (of `concurrency`, and of the run's pending children:
+        workflows/children.py) and the learner is far enough along for the next group (or the
         learner or a task failed: the run fails too; or the run was told to stop). Bounded
         staleness: the group for learner step b (counted over `_filled`) is sampled from a
         version ≥ b − max_staleness."""
         grpo = self._input.grpo
         step = self._filled // grpo.groups_per_step
-        in_flight_ok = self._in_flight < self._input.concurrency
+        in_flight_ok = self._in_flight < self._input.concurrency and not self._children.full
         ready = in_flight_ok and self._learner_steps >= step - grpo.max_staleness
         failed = self._learner.error is not None or self._failure.error is not None
         return ready or failed or self._stopped is not None
@@ -390,6 +402,7 @@ class TrainingRunWorkflow:
             raise
         finally:
             self._in_flight -= 1
+            self._children.ended()
         self._done += 1
         if self._may_redraw and self._stopped is None and not has_signal(result.rewards):
             self._redrawn += 1  # dynamic sampling: the next task takes its place

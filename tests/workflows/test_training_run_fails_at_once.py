@@ -9,7 +9,12 @@ step (tests/workflows/control_plane.py):
   its step with nothing in flight (no signal to fail), it is found by the run's probe
   (`PROBE_PATCH`, a ping every `PROBE_EVERY`);
 - a held-out task's child failed: before, the run noticed it at its end (or the next
-  continue-as-new's drain), after training on; now it fails with TASK_FAILED, naming the task."""
+  continue-as-new's drain), after training on; now it fails with TASK_FAILED, naming the task.
+  Also while the run waits for its learner's last steps (`ENDING_WAKES_PATCH`): before, it waited for
+  them first;
+- its learner ended with no error before the run's steps (told `finish` by someone else): before,
+  the run's wait for the learner spun in one activation (a TMPRL1101 deadlock, the run stuck
+  RUNNING); now it fails with LEARNER_FAILED, saying at which step the learner ended."""
 
 from __future__ import annotations
 
@@ -20,23 +25,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio import workflow
+from temporalio import activity, workflow
 from temporalio.client import WorkflowHistory
 from temporalio.common import RawValue
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError
 
-from contracts.errors import ErrorType
-from contracts.learner import GRPOConfig
-from contracts.names import Queue, Signal
-from contracts.run import TrainingRunInput
+from contracts.errors import ErrorType, fail
+from contracts.learner import GRPOConfig, LearnerProgress, TrainStepRequest, TrainStepResponse
+from contracts.names import Activity, Queue, Signal, eval_run_id
+from contracts.run import LoadTasksResponse, RunResume, TrainingRunInput
 from infra.storage import ObjectStore
-from tests.fixtures.temporal import time_skipping_server
-from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
+from tests.fixtures.temporal import TemporalServer, time_skipping_server
+from tests.workflows.control_plane import (
+    ScriptedSuite,
+    ScriptedTrainer,
+    StandInAgentTask,
+    control_plane,
+)
+from tests.workflows.harness import connect
 from tests.workflows.replaying import replay
 from tests.workflows.test_training_run import FailingAgentTask
-from tests.workflows.test_training_run_children import failure
+from tests.workflows.test_training_run_children import failure, started_children
 from workflows.learner_link import PROBE_EVERY, PROBE_PATCH
-from workflows.run_failure import FAILS_AT_ONCE_PATCH
+from workflows.run_failure import ENDING_WAKES_PATCH, FAILS_AT_ONCE_PATCH
 from workflows.signals import RETRY_DELAYS_S
 from workflows.training_run import TrainingRunWorkflow
 
@@ -200,3 +211,173 @@ async def test_a_run_waiting_with_nothing_in_flight_ends_at_its_time_budget(
     took = history.events[-1].event_time.ToDatetime() - history.events[0].event_time.ToDatetime()
     assert 600 <= took.total_seconds() < 600 + PROBE_EVERY.total_seconds(), took
     assert patched(history, PROBE_PATCH)
+
+
+@pytest.mark.asyncio
+async def test_a_learner_that_ended_before_the_runs_steps_fails_the_run(store: ObjectStore) -> None:
+    """Told `finish` by someone else (the signal is public), the learner ends at its step k of
+    n, with `learner_done` and no error; the run, on-policy, waits for step k + 1 with nothing
+    in flight (before: that wait spun in one activation, a TMPRL1101 deadlock)."""
+    trainer = ScriptedTrainer()
+    run = RUN.model_copy(
+        update={
+            "run_id": "learner-ended",
+            "steps": 10,
+            "concurrency": 2,
+            "grpo": GRPOConfig(groups_per_step=2, max_staleness=0),
+        }
+    )
+    async with (
+        time_skipping_server() as env,
+        control_plane(env.client, store, ScriptedSuite(train=40), trainer),
+    ):
+        handle = await env.client.start_workflow(
+            TrainingRunWorkflow.run, run, id="train-learner-ended", task_queue=Queue.AGENT_TASKS
+        )
+        while not trainer.steps:
+            await env.sleep(0.05)
+        learner = env.client.get_workflow_handle(f"{handle.id}-learner")
+        await learner.signal(Signal.FINISH)
+        ended = await learner.result()
+        cause = await failure(handle, 30)  # before: RUNNING for good
+        history = await handle.fetch_history()
+
+    assert isinstance(cause, ApplicationError) and cause.type == ErrorType.LEARNER_FAILED, cause
+    assert cause.message == f"the learner ended at step {ended['step']} of {run.steps}", cause
+    assert ended["step"] < run.steps
+    await replay(history, TrainingRunWorkflow)
+
+
+@workflow.defn(name="AgentTaskWorkflow", sandboxed=False)
+class HeldOutFailsWhenTold(StandInAgentTask):
+    """The stand-in, but the held-out tasks of the evaluation of version `VERSION` wait until
+    signalled `fail`, then fail for good."""
+
+    VERSION = 0
+
+    def __init__(self) -> None:
+        self._fail = False
+
+    @workflow.signal(name="fail")
+    def fail_now(self) -> None:
+        self._fail = True
+
+    @workflow.run
+    async def run(self, raw: dict[str, Any]) -> dict[str, Any]:
+        if raw.get("run_id", "").endswith(f"-eval-v{self.VERSION}"):
+            await workflow.wait_condition(lambda: self._fail)
+            raise fail(ErrorType.INVALID_TASK, "its tests are broken")
+        return await super().run(raw)
+
+
+class HeldTrainer(ScriptedTrainer):
+    """`train_step`, but step `at` waits for `released` (a long last step)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.holding, self.released = at, asyncio.Event(), asyncio.Event()
+
+    @activity.defn(name=Activity.TRAIN_STEP.value)
+    async def train_step(self, request: TrainStepRequest) -> TrainStepResponse:
+        if request.step == self.at:
+            self.holding.set()
+            await self.released.wait()
+        return await super().train_step(request)
+
+
+@workflow.defn(name="LearnerWorkflow", sandboxed=False)
+class BusyLearner:
+    """A learner that takes every signal and never ends (one whose last steps take long)."""
+
+    @workflow.run
+    async def run(self, raw: dict[str, Any]) -> dict[str, Any]:
+        await workflow.wait_condition(lambda: False)
+        return raw
+
+    @workflow.signal(dynamic=True)
+    def any_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        pass
+
+
+ENDING = RUN.model_copy(update={"steps": 3, "eval_every": 1})
+"""Every task started by the learner's last step, an evaluation after each step."""
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("segment", "end"), [("first", "fails"), ("resumed", "fails"), ("first", "cancelled")]
+)
+async def test_a_held_out_task_failing_as_the_run_waits_for_its_learner_fails_it_at_once(
+    temporal_server: TemporalServer, namespace: str, store: ObjectStore, segment: str, end: str
+) -> None:
+    """Every task done, the run waits for its learner's last step: in the `first` segment the
+    learner's result (its child), in a `resumed` one its `learner_done` (`LearnerLink.final`).
+    A held-out task of the evaluation then running `fails`: the run fails at once and cancels
+    the learner (before: it waited for the learner's last step, here for good). Or the run is
+    `cancelled` there: it cancels the learner, as it did before the wait woke on failures. On
+    the dev server, real time: the learner's step waits for the test."""
+    client = await connect(temporal_server.address, namespace)
+    suite = ScriptedSuite(train=10, heldout=1)
+    run = ENDING.model_copy(update={"run_id": f"ending-{segment}-{end}"})
+    trainer, learner = HeldTrainer(at=2), None
+    if segment == "resumed":  # continued as new with every task done, its learner busy
+        resume = RunResume(
+            tasks=LoadTasksResponse(train=suite.train, heldout=suite.heldout),
+            started=6,
+            done=6,
+            progress=[],
+            evals=[],
+            deadline=None,
+            segment=1,
+        )
+        run, learner = run.model_copy(update={"resume": resume}), BusyLearner
+    HeldOutFailsWhenTold.VERSION = 2
+    workflow_id = f"train-{run.run_id}"
+    plane = control_plane(
+        client,
+        store,
+        suite,
+        trainer,
+        agent_task=HeldOutFailsWhenTold,
+        **({"learner": learner} if learner else {}),
+    )
+    try:
+        async with plane:
+            if learner is not None:
+                await client.start_workflow(
+                    "LearnerWorkflow", {}, id=f"{workflow_id}-learner", task_queue=Queue.AGENT_TASKS
+                )
+            handle = await client.start_workflow(
+                TrainingRunWorkflow.run, run, id=workflow_id, task_queue=Queue.AGENT_TASKS
+            )
+            if learner is None:
+                await asyncio.wait_for(trainer.holding.wait(), 30)
+            else:  # the learner's step 2 published version 2: its evaluation starts
+                progress = LearnerProgress(step=2, policy_version=2, trained_groups=4)
+                await handle.signal(TrainingRunWorkflow.learner_progress, progress)
+            held_out = eval_run_id(run.run_id, 2) + f"-{suite.heldout[0].id}"
+            assert held_out in await started_children(handle, 1 if learner else 9)
+            state = await handle.query(TrainingRunWorkflow.progress)
+            assert (state.tasks_done, state.in_flight) == (6, 0), state
+            if end == "cancelled":
+                await handle.cancel()
+            else:
+                await client.get_workflow_handle(held_out).signal("fail")
+            cause = await failure(handle, 15)  # before: when the learner's step ended
+            history = await handle.fetch_history()
+    finally:
+        trainer.released.set()
+
+    if end == "cancelled":
+        assert isinstance(cause, CancelledError), cause
+    else:
+        assert isinstance(cause, ApplicationError) and cause.type == ErrorType.TASK_FAILED, cause
+        assert cause.message.startswith("held-out task heldout-0 (evaluation of version 2): ")
+    cancels = [
+        e.request_cancel_external_workflow_execution_initiated_event_attributes
+        for e in history.events
+        if e.HasField("request_cancel_external_workflow_execution_initiated_event_attributes")
+    ]
+    assert {c.workflow_execution.workflow_id for c in cancels} == {f"{workflow_id}-learner"}
+    assert patched(history, ENDING_WAKES_PATCH)
+    await replay(history, TrainingRunWorkflow)
