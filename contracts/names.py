@@ -106,6 +106,22 @@ SEARCH_ATTRIBUTE_TYPES: dict[SearchAttr, str] = {
 }
 
 
+def run_workflow_id(run: str) -> str:
+    """Id of the TrainingRunWorkflow of run `run` (one run, one workflow)."""
+    return f"train-{run}"
+
+
+def learner_workflow_id(run_workflow: str) -> str:
+    """Id of the LearnerWorkflow the training run `run_workflow` (its workflow id) starts."""
+    return f"{run_workflow}-learner"
+
+
+def task_workflow_id(run: str, task: str) -> str:
+    """Id of run `run`'s AgentTaskWorkflow rolling out training task `task` (`<run>-task-<task>`:
+    a task id may itself hold `-task-`, so the id alone does not always tell whose it is)."""
+    return f"{run}-task-{task}"
+
+
 def eval_run_id(run: str, version: int, suite: str | None = None, tag: str | None = None) -> str:
     """The run id of an evaluation of `run`'s policy `version`: `<run>-eval-v<version>` by the
     training run, `<run>-eval-v<version>-<suite>-<tag>` by `tempered eval` (`tag`: a digest of

@@ -29,13 +29,13 @@ parent span is one of the evaluation's activities. `busy` is each category's own
 (they overlap: inference and sandboxes run side by side), and `inference_idle_s` the window
 minus the time the engine had any request, training or evaluation.
 
-An activity span is the run's by its workflow id (`of_run`), as the run names its workflows:
-`train-<run>` (`workers.training.workflow_id`), `train-<run>-learner` (its learner),
-`<run>-task-<task>` (its rollouts, `workflows/training_run.py`) and `<run>-eval-v<N>-<task>`
-(its evaluations' tasks, `contracts.names.eval_run_id`).
+An activity span is the run's by its workflow id (`of_run`), as contracts/names.py names a
+run's workflows: `train-<run>`, `train-<run>-learner` (its learner), `<run>-task-<task>` (its
+rollouts) and `<run>-eval-v<N>-<task>` (its evaluations' tasks).
 
 Not covered: a run whose id is another's, `-task-` and more (run `a-task-b`'s rollouts,
-`a-task-b-task-<task>`, read as run `a`'s too: a task id may hold `-task-`); a setup that exports to an OTLP collector instead of files (no spans here: the
+`a-task-b-task-<task>`, read as run `a`'s too: a task id may hold `-task-`); a setup that
+exports to an OTLP collector instead of files (no spans here: the
 profile is empty and says so); spans still in a worker's export buffer when the run ends (the
 exporters flush every few seconds); spans a worker wrote before its newest two files (each
 rotated at `ROTATE_BYTES`), which leaves early parts of a long run on a busy worker out.
@@ -50,7 +50,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from contracts.names import evaluates
+from contracts.names import evaluates, learner_workflow_id, run_workflow_id, task_workflow_id
 
 Interval = tuple[float, float]
 ORDER = ("learner", "inference", "sandbox", "activities", "evaluation")
@@ -130,8 +130,9 @@ def _category(span: dict[str, Any], run_id: str) -> str | None:
 def of_run(workflow: str, run_id: str) -> bool:
     """Whether workflow id `workflow` is one of run `run_id`'s training workflows: the run's, its
     learner's or a rollout's (exactly: run `r2`'s are not run `r`'s)."""
-    run = f"train-{run_id}"
-    return workflow in (run, f"{run}-learner") or workflow.startswith(f"{run_id}-task-")
+    run = run_workflow_id(run_id)
+    rollouts = task_workflow_id(run_id, "")
+    return workflow in (run, learner_workflow_id(run)) or workflow.startswith(rollouts)
 
 
 def _spans(telemetry_dir: Path, window: Interval) -> Iterator[dict[str, Any]]:

@@ -31,7 +31,7 @@ from temporalio.client import (
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from contracts.names import Queue, SearchAttr, Workflow
+from contracts.names import Queue, SearchAttr, Workflow, run_workflow_id
 from contracts.run import RunProgress, TrainingRunInput, TrainingRunResult
 from workflows.budget import TASK_TIMEOUT
 from workflows.search import KEYS
@@ -47,7 +47,7 @@ RunHandle = WorkflowHandle[TrainingRunWorkflow, TrainingRunResult]
 
 def workflow_id(run_id: str) -> str:
     """Id of the TrainingRunWorkflow of `run_id` (one run, one workflow)."""
-    return f"train-{run_id}"
+    return run_workflow_id(run_id)
 
 
 async def start_run(client: Client, run_input: TrainingRunInput) -> RunHandle:

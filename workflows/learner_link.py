@@ -1,7 +1,7 @@
 """The training run's side of its learner: the `LearnerWorkflow` it started, which outlives the
 run's continues-as-new (`ParentClosePolicy.ABANDON`), so the two find each other by workflow id.
 
-    link = LearnerLink(f"{run_workflow_id}-learner", failure)  # failure: the run's RunFailure
+    link = LearnerLink(learner_workflow_id(run_wf_id), failure)  # failure: the run's RunFailure
     link.done = done                             # the run's `learner_done` signal handler
     await link.send(Signal.ADD_GROUPS, [[group]])
     link.raise_if_failed()                       # LEARNER_FAILED, once it reported an error

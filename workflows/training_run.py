@@ -47,7 +47,14 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryGroup,
         has_signal,
     )
-    from contracts.names import Activity, Queue, SearchAttr, Signal
+    from contracts.names import (
+        Activity,
+        Queue,
+        SearchAttr,
+        Signal,
+        learner_workflow_id,
+        task_workflow_id,
+    )
     from contracts.run import (
         EvalResult,
         LoadTasksRequest,
@@ -110,7 +117,7 @@ class TrainingRunWorkflow:
         self._started = resume.started if resume else 0
         self._done = resume.done if resume else 0
         self._redrawn = resume.redrawn if resume else 0  # flat groups not sent to the learner
-        learner_id = f"{workflow.info().workflow_id}-learner"  # done: it ended as we drained
+        learner_id = learner_workflow_id(workflow.info().workflow_id)  # done: ended as we drained
         self._failure = RunFailure()  # a task's child failed, or the learner cannot be reached
         self._learner = LearnerLink(
             learner_id, self._failure, resume.learner_done if resume else None
@@ -395,7 +402,8 @@ class TrainingRunWorkflow:
         self._in_flight += 1
         try:
             result = await run_agent_task(
-                self._input.task_input(task, policy_version), f"{self._input.run_id}-task-{task.id}"
+                self._input.task_input(task, policy_version),
+                task_workflow_id(self._input.run_id, task.id),
             )
         except FailureError as exc:  # its group never comes: the run would wait for it forever
             self._failure.task_failed(task.id, exc)
