@@ -15,9 +15,13 @@ gloo (DS_ACCELERATOR=cpu), CUDA NCCL. Weights and optimizer are float32; `save` 
 weights in the checkpoint's dtype, one shard per layer (`infra.policy.save_weights`).
 
 With `GRPOConfig.lora_rank > 0` only LoRA adapters train (`infra.learner_lora`) and `save`
-writes an adapter directory over the full-weight version `adapter_of`. After a crash the
-learner reloads the last published version: the AdamW moments restart from zero then (the
-trade-off for versions that are plain HF/PEFT directories inference loads directly).
+writes an adapter directory over the full-weight version `adapter_of`. After a crash, or on
+another learner worker, the learner reloads the last published version: the AdamW moments
+restart from zero then (the trade-off for versions that are plain HF/PEFT directories inference
+loads directly). For a base stored in bf16 the weights lose precision too: versions are saved
+in the checkpoint's dtype, so the reload starts from the rounded weights, and an update too
+small to change a bf16 value, which an engine that stays up keeps in its float32 weights, is
+lost.
 ZeRO stage 0-3 comes from GRPOConfig; a change of stage rebuilds the engine from the current
 weights.
 """

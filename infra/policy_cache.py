@@ -7,6 +7,9 @@ keeps that sharing on disk: each blob is downloaded (and verified) once, into `.
 version's directory holds hard links to the blobs it names.
 
     local = fetch_policy(store, "run-1", 3, settings.policy_cache, keep=6)
+    fd = pin(local)                                       # None: evicted meanwhile
+    ...                                                   # read it: it stays until unpinned
+    unpin(fd)
     forget_run(settings.policy_cache, "run-1")            # `tempered runs rm`
 
 Layout under the cache directory:
@@ -16,23 +19,34 @@ Layout under the cache directory:
   .lock                       one file lock: fetches, evictions and removals take turns
 
 A version directory that exists is complete: it is built in a temporary directory and renamed
-into place. With `keep`, the least recently fetched versions beyond `keep` (across runs) are
-removed after each fetch, then every blob no version links to. A removed version is simply
-fetched again when asked for. A full-weight version that a cached LoRA version names
-(`adapter_of`) counts as fetched whenever that adapter was: the base is fetched once and then
-only read through its adapters, so by its own fetch time it went first, and every adapter
-over it stopped working until the full weights were downloaded again.
+into place. With `keep`, the least recently used versions beyond `keep` (across runs) are
+removed after each fetch, then every blob no version links to. A version is used when it is
+fetched or pinned (its directory's mtime). A removed version is simply fetched again when asked
+for. A full-weight version that a cached LoRA version names (`adapter_of`) counts as used
+whenever that adapter was: the base is fetched once and then only read through its adapters,
+so by its own use it went first, and every adapter over it stopped working until the full
+weights were downloaded again.
+
+A pinned version is not evicted: `pin` takes a shared `flock` on the version's directory,
+which eviction takes exclusively without waiting and skips the version where it cannot (nor
+its base), so the cache may hold more than `keep` while readers hold them. The lock belongs to
+the open directory, so it works across processes (the learner and the inference workers share
+the cache) and ends with the process that held it. A fetch killed midway leaves its temporary
+directory; the next sweep (under the lock, so no fetch is in flight) removes it, or its links
+would keep the blobs it had downloaded for good.
 
 Not covered: a version directory is read-only by convention (its files are links to shared
-blobs: writing one in place would change every version that shares it); another process that
-still reads a version being evicted keeps its open files (POSIX), but not its paths.
+blobs: writing one in place would change every version that shares it); `forget_run` removes a
+run's versions even while they are pinned (the run is gone: its requests fail either way).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -65,10 +79,38 @@ def fetch_policy(
         if not (target / MANIFEST).is_file():
             manifest = store.get_model(keys.policy_manifest_key(run_id, version), PolicyManifest)
             _build_version(store, manifest, cache, target)
-        os.utime(target)  # most recently fetched: evicted last
+        _mark_used(target)
         if keep is not None:
-            _evict(cache, keep)
+            _evict(cache, keep, target)
     return target
+
+
+def pin(version_dir: Path) -> int | None:
+    """Keep the cached version `version_dir` from eviction until `unpin` (or until this process
+    ends), and mark it used now. Returns the pin, or None if the version is not cached (evicted
+    meanwhile, or being evicted now): fetch it again."""
+    try:
+        fd = os.open(version_dir, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # fails only while it is being removed
+        locked, cached = os.fstat(fd), os.stat(version_dir)
+        # the directory locked is still the one cached there (not one removed, then fetched again)
+        if (locked.st_dev, locked.st_ino) == (cached.st_dev, cached.st_ino) and (
+            Path(version_dir) / MANIFEST
+        ).is_file():
+            _mark_used(Path(version_dir))
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def unpin(fd: int) -> None:
+    """End a pin `pin` returned."""
+    os.close(fd)  # closing the directory releases its lock
 
 
 def forget_run(cache_dir: Path, run_id: str) -> None:
@@ -86,9 +128,9 @@ def forget_run(cache_dir: Path, run_id: str) -> None:
 
 def cached_versions(cache_dir: Path) -> list[Path]:
     """The complete version directories in the cache, in eviction order: least recently
-    fetched first, a base named by cached adapters as recent as the most recent of them."""
+    used first, a base named by cached adapters as recent as the most recent of them."""
     found = {
-        version: version.stat().st_mtime_ns
+        version: version.stat().st_mtime_ns  # last used: `_mark_used`
         for run in Path(cache_dir).iterdir()
         if run.is_dir() and run.name != BLOBS
         for version in run.iterdir()
@@ -143,19 +185,59 @@ def _build_version(store: ObjectStore, manifest: PolicyManifest, cache: Path, ta
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _evict(cache: Path, keep: int) -> None:
+def _mark_used(version_dir: Path) -> None:
+    # the clock's own resolution: a file system's "now" (utime without times) is as coarse as
+    # the kernel's tick, and uses within one tick would tie
+    now = time.time_ns()
+    os.utime(version_dir, ns=(now, now))
+
+
+def _evict(cache: Path, keep: int, fetched: Path) -> None:
     versions = cached_versions(cache)
-    for version in versions[: max(0, len(versions) - keep)]:
-        shutil.rmtree(version, ignore_errors=True)
-        with contextlib.suppress(OSError):  # the run's last cached version: drop its folder
-            version.parent.rmdir()
-    if len(versions) > keep:
+    excess, removed = len(versions) - keep, 0
+    spared: set[Path] = set()  # the bases of versions that stay: adapters sort before them
+    for version in versions:
+        if removed >= excess:
+            break
+        if version != fetched and version not in spared and _remove_unpinned(version):
+            removed += 1
+        elif (base := _base_of(version)) is not None:
+            spared.add(base)
+    if excess > 0:
         _remove_unlinked_blobs(cache)
 
 
+def _remove_unpinned(version: Path) -> bool:
+    """Remove a cached version unless someone pins it (`pin`); whether it was removed."""
+    try:
+        fd = os.open(version, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        # held while the files go: a `pin` meanwhile fails, and its caller fetches again
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    try:
+        shutil.rmtree(version, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the run's last cached version: drop its folder
+            version.parent.rmdir()
+    finally:
+        os.close(fd)
+    return True
+
+
 def _remove_unlinked_blobs(cache: Path) -> None:
-    """Blobs no version directory links to, and downloads a killed fetch left (a fetch holds
-    the lock, so none is in flight here)."""
+    """Blobs no version directory links to, and what a killed fetch left: its temporary
+    directory, whose links would keep its blobs, and its downloads (a fetch holds the lock, so
+    none is in flight here)."""
+    for run in cache.iterdir():
+        if run.is_dir() and run.name != BLOBS:
+            for leftover in run.glob(".*.tmp"):  # `_build_version`'s temporary directories
+                shutil.rmtree(leftover, ignore_errors=True)
+            with contextlib.suppress(OSError):  # a run whose only entry was a leftover
+                run.rmdir()
     for blobs in (cache / BLOBS, cache / LEGACY_BLOBS):
         if blobs.is_dir():
             for blob in blobs.iterdir():  # a run's folder holds only folders: v<N>, temporaries

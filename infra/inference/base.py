@@ -30,12 +30,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from contracts.learner import PolicyManifest
 from contracts.task import SamplingParams
 from infra.policy import MANIFEST, latest_policy
-from infra.policy_cache import fetch_policy
+from infra.policy_cache import fetch_policy, pin, unpin
 from infra.settings import InferenceSettings
 from infra.storage import ObjectNotFound, ObjectStore
 from infra.telemetry import span
@@ -129,7 +129,16 @@ class PolicyResolver:
     version is downloaded once (concurrent resolvers share the download); a specific version is
     always exactly that version, and one not published yet is waited for (at most `wait_s`,
     default `settings.inference.policy_wait_s`). Store calls run in threads.
+
+    A handle's directories (its base's too) stay cached until the task that called `resolve`
+    ends: a request reads them after resolving (tokenizer, config, weights, adapters), and
+    each activity runs in a task of its own. Each resolve pins them (`infra.policy_cache.pin`,
+    which other processes' evictions respect too) and marks them used, so the bounded cache
+    evicts the versions least recently asked for, never one a request is still reading.
     """
+
+    PIN_ATTEMPTS = 3
+    """Fetches of a version `resolve` tries while each is evicted again before it is pinned."""
 
     def __init__(
         self,
@@ -151,6 +160,7 @@ class PolicyResolver:
         self._latest: dict[str, tuple[int, float]] = {}
         self._handles: dict[tuple[str, int], PolicyHandle] = {}
         self._locks: dict[object, asyncio.Lock] = {}
+        self._pins: dict[asyncio.Task[Any], dict[Path, int]] = {}
 
     def _lock(self, key: object) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
@@ -159,13 +169,42 @@ class PolicyResolver:
         if version is None:
             version = await self.latest_version(run_id)
         key = (run_id, version)
-        handle = self._handles.get(key)
-        if handle is None or not handle.on_disk():
-            async with self._lock(key):
-                handle = self._handles.get(key)
-                if handle is None or not handle.on_disk():
-                    handle = self._handles[key] = await self._handle(run_id, version)
-        return handle
+        for _ in range(self.PIN_ATTEMPTS):
+            handle = self._handles.get(key)
+            if handle is None or not handle.on_disk():
+                async with self._lock(key):
+                    handle = self._handles.get(key)
+                    if handle is None or not handle.on_disk():
+                        handle = self._handles[key] = await self._handle(run_id, version)
+            if self._pin(handle):
+                return handle
+            if self._handles.get(key) is handle:  # evicted since it was checked: fetch again
+                del self._handles[key]
+        raise InferenceError(
+            f"policy {run_id}/v{version} was evicted from the cache each time before it could "
+            f"be pinned ({self.PIN_ATTEMPTS} fetches): the cache keeps too few versions"
+        )
+
+    def _pin(self, handle: PolicyHandle) -> bool:
+        """Pin the handle's directories until the current task ends (False: one was evicted)."""
+        task = asyncio.current_task()
+        if task is None:  # a coroutine that asyncio runs is always in a task
+            raise RuntimeError("PolicyResolver.resolve runs in an asyncio task")
+        held = self._pins.get(task)
+        if held is None:
+            held = self._pins[task] = {}
+            task.add_done_callback(self._unpin)
+        for part in (handle, handle.base):
+            if part is not None and part.path not in held:
+                fd = pin(part.path)
+                if fd is None:
+                    return False
+                held[part.path] = fd
+        return True
+
+    def _unpin(self, task: asyncio.Task[Any]) -> None:
+        for fd in self._pins.pop(task, {}).values():
+            unpin(fd)
 
     async def latest_version(self, run_id: str) -> int:
         """Newest published version of `run_id` (cached for `latest_ttl_s`)."""

@@ -1,9 +1,13 @@
 """Policy versions share unchanged files, in the store and in a machine's cache; the cache stays
-bounded (real SeaweedFS; infra/policy.py, infra/policy_cache.py). Pruning: test_retention.py."""
+bounded, but never removes a version another process pins (real SeaweedFS; infra/policy.py,
+infra/policy_cache.py). Pruning: test_retention.py."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,16 @@ from infra.policy import (
 )
 from infra.policy_cache import BLOBS, LEGACY_BLOBS, cached_versions, fetch_policy, forget_run
 from infra.storage import ObjectStore
+from tests.paths import REPO_ROOT
+
+PINNING_READER = """
+import sys
+from pathlib import Path
+from infra.policy_cache import pin
+assert pin(Path(sys.argv[1])) is not None
+print("pinned", flush=True)
+sys.stdin.read()
+"""
 
 
 def _variant(tiny_dir: Path, out: Path, tag: str) -> Path:
@@ -132,11 +146,18 @@ def test_a_download_a_killed_fetch_left_is_removed(
     publish_policy(store, "killed", 0, tiny_dir)
     publish_policy(store, "killed", 1, _variant(tiny_dir, tmp_path / "v1", "one"), step=1)
     cache = tmp_path / "cache"
-    fetch_policy(store, "killed", 0, cache, keep=1)
+    v0 = fetch_policy(store, "killed", 0, cache, keep=1)
     part = cache / BLOBS / ".0123.abcd.part"
     part.write_bytes(b"half a shard")
+    killed = cache / "killed" / ".v2.0badf00d.tmp"  # a fetch killed before its manifest
+    killed.mkdir()
+    for name in os.listdir(v0):
+        if name != MANIFEST:
+            os.link(v0 / name, killed / name)
     fetch_policy(store, "killed", 1, cache, keep=1)  # evicts v0, then sweeps the blobs
-    assert not part.exists()
+    assert not part.exists() and not killed.exists()
+    files = len([p for p in tiny_dir.iterdir() if p.is_file()])
+    assert len(list((cache / BLOBS).iterdir())) == files  # v0's own file, no longer linked
     assert [p.name for p in cached_versions(cache)] == ["v1"]
     publish_policy(store, "next", 0, tiny_dir)
     fetch_policy(store, "next", 0, cache, keep=1)  # the last version of "killed" goes
@@ -159,3 +180,27 @@ def test_a_run_named_like_the_blob_folder_is_a_run(
     assert (again / "generation_config.json").read_bytes() == (
         tiny_dir / "generation_config.json"
     ).read_bytes()
+
+
+def test_a_version_another_process_pins_is_not_evicted(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    _publish_variants(store, "pinned", 3, tiny_dir, tmp_path)
+    cache = tmp_path / "cache"
+    v0 = fetch_policy(store, "pinned", 0, cache, keep=1)
+    reader = subprocess.Popen(  # an inference worker still reading v0
+        [sys.executable, "-c", PINNING_READER, str(v0)],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert reader.stdout is not None and reader.stdout.readline() == "pinned\n"
+        for version in (1, 2):
+            fetch_policy(store, "pinned", version, cache, keep=1)
+        assert [p.name for p in cached_versions(cache)] == ["v0", "v2"]  # v1 went in its place
+    finally:
+        reader.communicate("", timeout=60)  # the reader ends: its pin goes with it
+    fetch_policy(store, "pinned", 2, cache, keep=1)
+    assert [p.name for p in cached_versions(cache)] == ["v2"]

@@ -1,7 +1,7 @@
 """PolicyResolver against a real SeaweedFS: pinned versions not published yet are waited for
 (bounded), versions that were skipped fail at once, LoRA versions carry their base (kept
-in the bounded cache while adapters over it are), and a version the bounded cache evicted is
-fetched again."""
+in the bounded cache while adapters over it are), the bounded cache evicts the least recently
+used version but none a request still holds, and a version it evicted is fetched again."""
 
 from __future__ import annotations
 
@@ -11,11 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from infra.inference import InferenceError, PolicyResolver
+from infra.inference import InferenceError, PolicyHandle, PolicyResolver
 from infra.policy import publish_policy
 from infra.storage import ObjectStore
 from tests.infra.inference.policies import publish_adapter
 from tests.infra.test_policy_cache import counted_builds
+
+
+async def request(policies: PolicyResolver, run_id: str, version: int) -> PolicyHandle:
+    """`resolve` as an activity calls it, in a task of its own: the handle's pins go when the task
+    ends (the sleep lets that task's done callbacks run)."""
+    handle = await asyncio.create_task(policies.resolve(run_id, version))
+    await asyncio.sleep(0)
+    return handle
 
 
 @pytest.mark.asyncio
@@ -72,10 +80,10 @@ async def test_a_version_the_bounded_cache_evicted_is_fetched_again(
     for version in (0, 1):
         publish_policy(store, "evict", version, tiny_dir, step=version)
     policies = PolicyResolver(store, tmp_path / "cache", keep=1)
-    first = await policies.resolve("evict", 0)
-    await policies.resolve("evict", 1)  # the cache keeps one version: v0's directory goes
+    first = await request(policies, "evict", 0)
+    await request(policies, "evict", 1)  # the cache keeps one version: v0's directory goes
     assert not first.path.exists()
-    again = await policies.resolve("evict", 0)
+    again = await request(policies, "evict", 0)
     assert again.path == first.path and (again.path / "config.json").is_file()
 
 
@@ -96,3 +104,44 @@ async def test_the_base_of_new_adapter_versions_stays_cached(
         tuned = await policies.resolve("bases", version)
         assert tuned.base == base and base.on_disk()
     assert built.count("v0") == 1  # the full weights were downloaded once
+
+
+@pytest.mark.asyncio
+async def test_the_version_in_use_outlives_one_used_once(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    publish_policy(store, "serving", 0, tiny_dir)
+    for version in (0, 1):
+        publish_policy(store, "training", version, tiny_dir, step=version)
+    policies = PolicyResolver(store, tmp_path / "cache", keep=2)
+    hot = await request(policies, "serving", 0)
+    cold = await request(policies, "training", 0)  # fetched once, never asked for again
+    for _ in range(3):  # requests keep resolving the serving version: cache hits
+        assert await request(policies, "serving", 0) is hot
+    await request(policies, "training", 1)  # one version more than the cache keeps
+    assert hot.on_disk() and not cold.on_disk()
+
+
+@pytest.mark.asyncio
+async def test_a_version_a_request_still_reads_is_not_evicted(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    for version in range(3):
+        publish_policy(store, "held", version, tiny_dir, step=version)
+    policies = PolicyResolver(store, tmp_path / "cache", keep=1)
+    resolved, loaded = asyncio.Event(), asyncio.Event()
+
+    async def slow_request() -> str:
+        handle = await policies.resolve("held", 0)
+        resolved.set()
+        await loaded.wait()  # the backend reads the version's files only now
+        return (handle.path / "config.json").read_text()
+
+    slow = asyncio.create_task(slow_request())
+    await resolved.wait()
+    await request(policies, "held", 1)  # the cache keeps one version: v0 is in use
+    loaded.set()
+    assert (await slow).startswith("{")
+    await asyncio.sleep(0)  # the slow request's pins go
+    held = await request(policies, "held", 2)
+    assert [p.name for p in held.path.parent.iterdir()] == ["v2"]
