@@ -29,7 +29,7 @@ from common import machine, median_of, merge_results  # first: puts the repo roo
 from contracts.learner import GRPOConfig
 from contracts.task import EnvName
 from contracts.trajectory import Trajectory
-from infra import grpo
+from infra import grpo_plan
 from infra.inference.prompts import ChatFormat
 from infra.learner_engine import LearnerEngine
 from infra.policy import materialize_base_model
@@ -72,7 +72,7 @@ def make_groups(rng: random.Random, prompts: list[list[int]], count: int, g: int
 
 def computed_tokens(groups: list[list[Trajectory]], config: GRPOConfig) -> int:
     """Tokens the step's forwards run, padding included (a shared prompt once per pass)."""
-    passes = grpo.plan_step(groups, 0, config, pad_id=0).passes
+    passes = grpo_plan.plan_step(groups, 0, config, pad_id=0).passes
     return sum(
         p.prefix + sum(b.input_ids.numel() - p.prefix * b.input_ids.size(0) for b in p.batches)
         for p in passes

@@ -41,7 +41,7 @@ from transformers import AutoModelForCausalLM
 
 from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
-from infra import grpo
+from infra import grpo, grpo_plan
 from infra.learner_base import NonFiniteLoss, StepMetrics, init_single_process, why_no_gradient
 from infra.learner_forward import pass_logprobs, refuse_unshareable, sampled_logprobs
 from infra.learner_lora import ADAPTER_CONFIG, LoraSpec, save_adapter
@@ -251,7 +251,7 @@ class LearnerEngine:
         Trajectories more than `config.max_staleness` versions behind `self.version` are dropped
         or down-weighted. The version advances by one even when nothing was trainable (an empty
         step publishes unchanged weights, so the version sequence has no gaps). Every rank of a
-        group calls it with the same groups; rank r runs passes r, r + N, ... (`grpo.Pass`: a
+        group calls it with the same groups; rank r runs passes r, r + N, ... (`grpo_plan.Pass`: a
         group's prompt runs once per pass if `config.shares_prompt(self.device, self.world)`). With
         `config.epochs` = μ > 1 the passes run μ times, each followed by an optimizer update;
         the metrics are the first update's but `clip_fraction`, which counts them all.
@@ -262,7 +262,7 @@ class LearnerEngine:
         if config.shares_prompt(self.device, self.world):  # every rank alike, before any pass
             refuse_unshareable(self._base_config)
         self._apply_config(config)
-        plan = grpo.plan_step(
+        plan = grpo_plan.plan_step(
             groups, self.version, config, self.pad_id, self.normalization, self.device, self.world
         )
         units, rows, used = plan.passes, plan.rows, plan.used
@@ -299,7 +299,7 @@ class LearnerEngine:
         )
 
     def _backward(
-        self, units: list[grpo.Pass], config: GRPOConfig, heartbeat: Callable[[], None] | None
+        self, units: list[grpo_plan.Pass], config: GRPOConfig, heartbeat: Callable[[], None] | None
     ) -> torch.Tensor:
         """Accumulate the gradient of every pass of the step; this rank's sums of loss, tokens,
         clipped, kl_sampler and kl_ref. A rank runs passes r, r + N, ... and as many passes as
@@ -329,7 +329,7 @@ class LearnerEngine:
         reported = self.engine.get_global_grad_norm()  # ZeRO's optimizers record it; stage 0 not
         return float(reported if reported is not None else unclipped or 0.0)
 
-    def _pass_loss(self, unit: grpo.Pass, config: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pass_loss(self, unit: grpo_plan.Pass, config: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
         """A pass's share of the step loss, and its sums of loss, tokens, clipped, kl_sampler and
         kl_ref (float64, for the step's statistics)."""
         loss = torch.zeros((), device=self.device)

@@ -1,6 +1,6 @@
 """The learner's forward passes: log-probs of the sampled tokens, with a group's prompt run once.
 
-    for unit in grpo.prefix_passes(groups, size=8, pad_id=0):
+    for unit in grpo_plan.prefix_passes(groups, size=8, pad_id=0):
         logprobs = pass_logprobs(engine, unit)             # one (B, T-1) tensor per batch
         loss = sum(grpo.grpo_loss(lp, b, clip_eps=0.2)[0] for lp, b in zip(logprobs, unit.batches))
         loss.backward()
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from infra import grpo
+from infra import grpo, grpo_plan
 
 
 def sampled_logprobs(model: Any, batch: grpo.MicroBatch) -> torch.Tensor:
@@ -64,7 +64,7 @@ def _unshareable(layer: Any) -> ValueError:
     )
 
 
-def pass_logprobs(model: Any, unit: grpo.Pass) -> list[torch.Tensor]:
+def pass_logprobs(model: Any, unit: grpo_plan.Pass) -> list[torch.Tensor]:
     """`sampled_logprobs` of each of the pass's batches, the shared prefix computed once."""
     if unit.prefix == 0:
         return [sampled_logprobs(model, batch) for batch in unit.batches]

@@ -7,7 +7,7 @@ import pytest
 
 from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
-from infra import grpo
+from infra import grpo, grpo_plan
 from infra.credit import group_advantages, step_returns, token_advantages, turn_advantages
 from tests.trajectories import Step, trajectory
 
@@ -88,7 +88,7 @@ def test_the_learners_rows_carry_the_configured_credit() -> None:
     # rewards differ, but the episode the context budget ended after one failed turn ties
     # with the others on turn 0 and never reached turn 1: its row trains nothing, left out
     cut_short = episode(2, -0.1)
-    plan = grpo.plan_step(
+    plan = grpo_plan.plan_step(
         [[episode(0, *FIXED), episode(1, *FAILED_TWICE), cut_short]], 0, config, pad_id=0
     )
     assert [r.trajectory_id for r in plan.rows] == ["r.t.s0", "r.t.s1"]

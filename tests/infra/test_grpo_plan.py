@@ -1,4 +1,4 @@
-"""How a learner step is planned (`infra.grpo`): which rows train, where batches are cut, and
+"""How a learner step is planned (`infra.grpo_plan`): which rows train, where batches are cut, and
 that the loss's statistics count sampled tokens only. Hand-sized cases at the bounds, where an
 off-by-one would change the plan; the loss itself is tests/infra/test_grpo.py's."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from contracts.learner import GRPOConfig
-from infra import grpo
+from infra import grpo, grpo_plan
 from tests.infra.test_grpo import row
 from tests.trajectories import Step, trajectory
 
@@ -27,35 +27,35 @@ def row_counts(batches: list[grpo.MicroBatch]) -> list[int]:
 
 def test_micro_batches_fill_up_to_the_row_and_token_bounds_exactly() -> None:
     rows = rows_of(4, 4, 4, 4, 4)
-    assert row_counts(list(grpo.micro_batches(rows, size=2, pad_id=0, max_tokens=8))) == [2, 2, 1]
-    assert row_counts(list(grpo.micro_batches(rows, size=2, pad_id=0, max_tokens=7))) == [1] * 5
-    assert row_counts(list(grpo.micro_batches(rows, size=3, pad_id=0, max_tokens=12))) == [3, 2]
-    assert row_counts(list(grpo.micro_batches(rows, size=3, pad_id=0))) == [3, 2]
+    assert row_counts(list(grpo_plan.micro_batches(rows, size=2, pad_id=0, max_tokens=8))) == [2, 2, 1]
+    assert row_counts(list(grpo_plan.micro_batches(rows, size=2, pad_id=0, max_tokens=7))) == [1] * 5
+    assert row_counts(list(grpo_plan.micro_batches(rows, size=3, pad_id=0, max_tokens=12))) == [3, 2]
+    assert row_counts(list(grpo_plan.micro_batches(rows, size=3, pad_id=0))) == [3, 2]
 
 
 def test_a_row_longer_than_the_token_bound_goes_alone() -> None:
-    batches = list(grpo.micro_batches(rows_of(3, 5, 50), size=4, pad_id=0, max_tokens=20))
+    batches = list(grpo_plan.micro_batches(rows_of(3, 5, 50), size=4, pad_id=0, max_tokens=20))
     assert [tuple(b.input_ids.shape) for b in batches] == [(2, 5), (1, 50)]
 
 
 def test_a_pass_is_cut_after_its_first_row_when_that_saves_more_than_a_forward() -> None:
     # after the 3 shared prompt tokens: 1 and 100 tokens. One batch pads the short row to 100
     # (2·100 + 64 = 264); two batches cost 1 + 64 + 100 + 64 = 229.
-    (unit,) = grpo.prefix_passes([rows_of(4, 103, prompt=3)], size=8, pad_id=0)
+    (unit,) = grpo_plan.prefix_passes([rows_of(4, 103, prompt=3)], size=8, pad_id=0)
     assert unit.prefix == 3 and row_counts(unit.batches) == [1, 1]
     # close lengths: one batch (2·5 + 64 = 74 against 138)
-    (unit,) = grpo.prefix_passes([rows_of(8, 8, prompt=3)], size=8, pad_id=0)
+    (unit,) = grpo_plan.prefix_passes([rows_of(8, 8, prompt=3)], size=8, pad_id=0)
     assert row_counts(unit.batches) == [2]
 
 
 def test_the_token_bound_of_a_pass_counts_its_prefix_and_holds_at_its_value() -> None:
     group = rows_of(8, 8, prompt=3)  # a batch of both: 2 rows × (3 + 5) = 16 tokens
-    (unit,) = grpo.prefix_passes([group], size=8, pad_id=0, max_tokens=16)
+    (unit,) = grpo_plan.prefix_passes([group], size=8, pad_id=0, max_tokens=16)
     assert row_counts(unit.batches) == [2]
-    (unit,) = grpo.prefix_passes([group], size=8, pad_id=0, max_tokens=15)
+    (unit,) = grpo_plan.prefix_passes([group], size=8, pad_id=0, max_tokens=15)
     assert row_counts(unit.batches) == [1, 1]
     # a row over the bound on its own still trains, alone
-    (unit,) = grpo.prefix_passes([rows_of(8, 53, prompt=3)], size=8, pad_id=0, max_tokens=16)
+    (unit,) = grpo_plan.prefix_passes([rows_of(8, 53, prompt=3)], size=8, pad_id=0, max_tokens=16)
     assert row_counts(unit.batches) == [1, 1]
 
 
@@ -67,9 +67,9 @@ def group(rewards: list[float]) -> list:
 
 def test_rows_without_advantage_are_left_out_unless_a_kl_term_trains_them() -> None:
     flat, signal = group([1.0, 1.0]), group([1.0, 0.0])
-    plain = grpo.plan_step([flat, signal], step=0, config=GRPOConfig(), pad_id=0)
+    plain = grpo_plan.plan_step([flat, signal], step=0, config=GRPOConfig(), pad_id=0)
     assert len(plain.rows) == 2 and len(plain.used) == 4  # the flat group is used, not trained
-    with_kl = grpo.plan_step([flat, signal], step=0, config=GRPOConfig(kl_coef=0.1), pad_id=0)
+    with_kl = grpo_plan.plan_step([flat, signal], step=0, config=GRPOConfig(kl_coef=0.1), pad_id=0)
     assert len(with_kl.rows) == 4
 
 
@@ -79,7 +79,7 @@ def test_a_row_at_its_groups_mean_counts_in_the_step_as_dapo_counts_it() -> None
     not jump by half when a reward moves from 0.5 + 1e-9 to 0.5."""
     scales = []
     for middle in (0.5, 0.5 + 1e-9):
-        plan = grpo.plan_step([group([0.0, middle, 1.0])], step=0, config=GRPOConfig(), pad_id=0)
+        plan = grpo_plan.plan_step([group([0.0, middle, 1.0])], step=0, config=GRPOConfig(), pad_id=0)
         scales.append(sorted(r.scale for r in plan.rows))
         assert len(plan.used) == 3
     assert len(scales[0]) == 2 and len(scales[1]) == 3  # the mean's row is not computed ...
@@ -121,7 +121,7 @@ def test_a_groups_prompt_is_shared_on_a_cpu_and_not_on_a_gpu_unless_the_config_s
     ]
 
     def prefixes(config: GRPOConfig, device: str) -> list[int]:
-        return [p.prefix for p in grpo.plan_step(groups, 0, config, 0, device=device).passes]
+        return [p.prefix for p in grpo_plan.plan_step(groups, 0, config, 0, device=device).passes]
 
     assert prefixes(GRPOConfig(), "cpu") == [3]
     assert prefixes(GRPOConfig(), "cuda") == prefixes(GRPOConfig(), "cuda:1") == [0]

@@ -1,4 +1,4 @@
-"""A group's prompt run once (`grpo.prefix_passes` + `learner_forward.pass_logprobs`) gives the
+"""A group's prompt run once (`grpo_plan.prefix_passes` + `learner_forward.pass_logprobs`) gives the
 log-probs, loss and gradient of every row run whole, on the tiny preset's model."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from contracts.learner import GRPOConfig
-from infra import grpo
+from infra import grpo, grpo_plan
 from infra.learner_engine import LearnerEngine
 from infra.learner_forward import pass_logprobs, sampled_logprobs
 from infra.learner_model import train_only_last_layers
@@ -50,7 +50,7 @@ def group(seed: int) -> list[grpo.Row]:
 
 
 def loss_and_grads(
-    model: torch.nn.Module, units: list[grpo.Pass]
+    model: torch.nn.Module, units: list[grpo_plan.Pass]
 ) -> tuple[float, list[torch.Tensor]]:
     model.zero_grad()
     total = torch.zeros(())
@@ -71,10 +71,10 @@ def test_a_shared_prompt_gives_the_whole_rows_loss_and_gradient(
     groups = [group(1), group(2)]
     rows = [r for g in groups for r in g]
     grpo.normalize(rows)
-    shared = grpo.prefix_passes(groups, size=4, pad_id=0)
+    shared = grpo_plan.prefix_passes(groups, size=4, pad_id=0)
     assert [u.prefix for u in shared] == [24, 24, 24, 24]  # the prompt, not the alike tokens
     assert sum(len(b.input_ids) for u in shared for b in u.batches) == 12
-    plain = grpo.plain_passes(rows, size=4, pad_id=0)
+    plain = grpo_plan.plain_passes(rows, size=4, pad_id=0)
     shared_loss, shared_grads = loss_and_grads(model, shared)
     plain_loss, plain_grads = loss_and_grads(model, plain)
     assert shared_loss == pytest.approx(plain_loss, rel=1e-5)
@@ -91,22 +91,22 @@ def test_a_shared_prompt_gives_the_whole_rows_loss_and_gradient(
 def test_the_shared_prefix_stops_at_a_difference_or_a_sampled_token() -> None:
     a = episode([1, 2, 3, 4], [([5, 6], [])], 1.0)
     b = episode([1, 2, 3, 4], [([5, 7], [])], -1.0)
-    assert grpo.shared_prefix([a, b]) == 4  # token 5 is sampled in both: not shared
+    assert grpo_plan.shared_prefix([a, b]) == 4  # token 5 is sampled in both: not shared
     c = episode([1, 2, 9, 4], [([5], [])], 1.0)
-    assert grpo.shared_prefix([a, b, c]) == 2
-    assert grpo.shared_prefix([a]) == 0  # one row: nothing to share
+    assert grpo_plan.shared_prefix([a, b, c]) == 2
+    assert grpo_plan.shared_prefix([a]) == 0  # one row: nothing to share
     short = episode([1], [([2], [])], 1.0)
-    assert grpo.shared_prefix([a, short]) == 1
+    assert grpo_plan.shared_prefix([a, short]) == 1
 
 
 def test_passes_hold_at_most_size_rows_and_split_only_where_padding_costs_more() -> None:
     prompt = list(range(1, 101))
     near = [episode(prompt, [([7] * n, [])], 1.0) for n in (10, 12, 14)]
     far = [episode(prompt, [([7] * n, [])], -1.0) for n in (400, 410)]
-    (unit,) = grpo.prefix_passes([near + far], size=8, pad_id=0)
+    (unit,) = grpo_plan.prefix_passes([near + far], size=8, pad_id=0)
     assert unit.prefix == 100
     assert [len(b.input_ids) for b in unit.batches] == [3, 2]  # short rows are not padded to 510
-    units = grpo.prefix_passes([near + far], size=2, pad_id=0)
+    units = grpo_plan.prefix_passes([near + far], size=2, pad_id=0)
     assert [sum(len(b.input_ids) for b in u.batches) for u in units] == [2, 2, 1]
     assert units[-1].prefix == 0  # a pass of one row shares nothing
 
@@ -141,11 +141,11 @@ def test_the_engine_step_is_the_same_with_the_prompt_shared(
 def test_a_token_bound_splits_batches_but_never_a_row() -> None:
     prompt = list(range(1, 101))
     rows = [episode(prompt, [([7] * n, [])], 1.0) for n in (100, 100, 100, 300)]
-    (unit,) = grpo.prefix_passes([rows], size=8, pad_id=0, max_tokens=450)
+    (unit,) = grpo_plan.prefix_passes([rows], size=8, pad_id=0, max_tokens=450)
     assert sorted(tuple(b.input_ids.shape) for b in unit.batches) == [(1, 200), (1, 400), (2, 200)]
-    plain = list(grpo.micro_batches(rows, size=8, pad_id=0, max_tokens=450))
+    plain = list(grpo_plan.micro_batches(rows, size=8, pad_id=0, max_tokens=450))
     assert [tuple(b.input_ids.shape) for b in plain] == [(2, 200), (1, 200), (1, 400)]
-    assert [len(b.input_ids) for b in grpo.micro_batches(rows, size=3, pad_id=0)] == [3, 1]
+    assert [len(b.input_ids) for b in grpo_plan.micro_batches(rows, size=3, pad_id=0)] == [3, 1]
 
 
 def test_a_sliding_window_model_is_refused_once_not_retried(tiny_dir: Path, tmp_path: Path) -> None:
