@@ -146,7 +146,10 @@ class EnvironmentActivities:
         _workspace_only(req.env)
         if not req.items:
             raise invalid("items", "no steps to run")
-        outcomes = await self._each(req.items, lambda item: self._step(req, item), req.task_id)
+        with contextlib.ExitStack() as held:  # from here, not from a slot: the TTL sweeper
+            for item in req.items:  # would close a session whose step waits for one
+                held.enter_context(self.host.busy(item.session.session_id))
+            outcomes = await self._each(req.items, lambda i: self._step(req, i), req.task_id)
         return EnvStepResponse(outcomes=outcomes)
 
     @activity.defn(name=Activity.VERIFY_EPISODES.value)

@@ -95,11 +95,13 @@ def mkdir(name: str, dir_fd: int, uid: int | None) -> None:
 
 
 def restore(manifest: Manifest, contents: Mapping[str, bytes], root: Path, uid: int | None) -> None:
-    """Write the tree into `root` (which must be empty) and hand it to `uid` (None: as is)."""
+    """Write the tree into `root` (which must be empty), each file with the mtime it keeps, and
+    hand it to `uid` (None: as is)."""
     if any(root.iterdir()):
         raise TreeError(f"{root} is not empty")
     if uid is not None:
         os.chown(root, uid, uid)
+    mtimes = iter(manifest.mtimes)  # one a file, in order (none: the current time)
     with Parents(root, make=True, uid=uid) as parents:
         for entry in manifest.entries:
             parent_fd, name = parents.of(entry.path)
@@ -118,3 +120,6 @@ def restore(manifest: Manifest, contents: Mapping[str, bytes], root: Path, uid: 
                     if uid is not None:
                         os.fchown(fd, uid, uid)
                     handle.write(contents[entry.sha256])
+                    if (mtime := next(mtimes, None)) is not None:  # after the last write
+                        handle.flush()
+                        os.utime(fd, ns=(mtime, mtime))

@@ -18,10 +18,14 @@ Every session and verifier run holds one uid slot (`infra/sandbox/workspace.sess
 its own uid, its own cgroups (`<pid>-w<slot>`). When a worker starts it removes what dead
 workers left: their directories (and the tmpfs mounted in them), the processes still running
 under their uids (bwrap's `--die-with-parent` normally took them already) and their cgroups. A
-session that no step touched for `ttl_s` is closed by the sweeper task; its last snapshot
-stays in the store, so a later step restores it (`SessionLost` → `open_sessions` with the
-snapshot). The sweeper also removes, within `SWEEP_S`, what workers that died after this one
-started left behind.
+session idle for `ttl_s` is closed by the sweeper task; its last snapshot stays in the store,
+so a later step restores it (`SessionLost` → `open_sessions` with the snapshot). The sweeper
+also removes, within `SWEEP_S`, what workers that died after this one started left behind.
+
+A session is not idle while a step holds it (`busy`: from its call, a wait for the lock
+included, or from the receipt of its item by a caller that queues it), and its idle time
+starts when the step ends; the sweeper checks each session again just before closing it.
+Before, a command longer than `ttl_s` (900 s by default; a step may run 3,600) was closed.
 
 Closing a session forgets it at once (a step no longer finds it: `SessionLost`), but it keeps
 its uid slot until its directory (and tmpfs) is gone: a removal that fails (EBUSY, EIO) leaves
@@ -59,7 +63,7 @@ import os
 import signal
 import stat
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,6 +104,9 @@ class Session:
     manifest: Manifest | None = None
     """The tree `snapshot` names (None with it: the workspace must be restored)."""
     last_used: float = field(default_factory=time.monotonic)
+    """When its last step ended (`SessionHost.busy`), or it was made."""
+    busy: int = 0
+    """Opens and steps that hold it (`SessionHost.busy`): the sweeper leaves it open meanwhile."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     removing: asyncio.Task[None] | None = None
     """Its directory's removal under way, once closed (`SessionHost.close`): one at a time."""
@@ -267,6 +274,24 @@ class SessionHost:
             with contextlib.suppress(Exception):  # logged, and back in `leftovers`
                 await self.discard_scratch(path, slot)
 
+    @contextlib.contextmanager
+    def busy(self, session_id: str) -> Iterator[None]:
+        """Keep the session (if it is here) from the TTL sweeper while a step of it waits or
+        runs; its idle time starts again when the step ends."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            yield
+            return
+        session.busy += 1
+        try:
+            yield
+        finally:
+            session.busy -= 1
+            session.last_used = time.monotonic()
+
+    def _idle(self, session: Session) -> bool:
+        return not session.busy and time.monotonic() - session.last_used > self.config.ttl_s
+
     async def close(self, session_ids: list[str]) -> int:
         """Remove these sessions (unknown ids are skipped), and retry those in `closing`
         among them; returns how many it removed. Every id is tried; then the first failure,
@@ -276,9 +301,14 @@ class SessionHost:
             raise failure
         return closed
 
-    async def _close(self, session_ids: list[str]) -> tuple[int, Exception | None]:
+    async def _close(
+        self, session_ids: list[str], idle: bool = False
+    ) -> tuple[int, Exception | None]:
+        """`close`'s work; `idle`: leave open those a step took since the sweeper listed them."""
         closed, failure = 0, None
         for session_id in session_ids:
+            if idle and (open_one := self.sessions.get(session_id)) and not self._idle(open_one):
+                continue
             session = self.sessions.pop(session_id, None) or self.closing.get(session_id)
             if session is None:
                 continue
@@ -326,10 +356,9 @@ class SessionHost:
         ttl = self.config.ttl_s
         while True:
             await asyncio.sleep(min(SWEEP_S, ttl / 4))
-            now = time.monotonic()
-            idle = [s.id for s in self.sessions.values() if now - s.last_used > ttl]
+            idle = [s.id for s in self.sessions.values() if self._idle(s)]
             if idle or self.closing:
-                closed, _ = await self._close([*idle, *self.closing])  # failures: logged
+                closed, _ = await self._close([*idle, *self.closing], idle=True)  # failures: logged
                 if closed:
                     log.info("closed %d sessions, idle for %.0fs or retried", closed, ttl)
             await self._retry_leftovers()

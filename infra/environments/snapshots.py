@@ -3,7 +3,7 @@
     trees = Trees(StoreObjects(store))                  # or Trees(MemoryObjects()) offline
     scanner = Scanner(max_bytes=256 << 20)
     entries, new = scanner.scan(workspace, previous.packed())   # reads changed files only
-    ref, manifest = trees.commit(entries, new, previous)        # one PUT: manifest + new contents
+    ref, manifest = trees.commit(entries, new, previous, mtimes=scanner.mtimes)   # one PUT
     restore(manifest, trees.get_contents(manifest), fresh_dir, uid)   # `disk.py`
 
 The workspace is written by sandboxed code, so the scan never follows a link and opens every
@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,6 +36,7 @@ from typing import Protocol
 
 from contracts.common import ObjectRef
 from infra.environments.disk import DIR_FLAGS, PAGE, Parents, disk_bytes, link_bytes
+from infra.environments.lru import Lru
 from infra.environments.paths import is_utf8
 from infra.environments.tree import (
     MAX_PACKS,
@@ -58,8 +57,12 @@ MAX_DEPTH = 256
 """Directory levels one workspace may nest (PATH_MAX allows some 2,000 of one letter)."""
 PARALLEL = 8
 """Pack downloads in flight at once."""
-MANIFESTS = 1024
-"""Manifests kept in memory."""
+ENTRY_BYTES, EXECUTABLE_BYTES, LISTED_BYTES, MTIME_BYTES = 768, 512, 288, 48
+"""A little over what a decoded manifest takes in memory beside its paths (1,033 B measured
+for a file's entry, listed content and mtime): each entry (a pydantic model, its dict and set
+of the fields given, a digest's str), 512 B more for an executable file's (a fifth field given
+outgrows that set's smallest table), each content listed (a tuple, a digest, an int), each
+mtime."""
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 CLOCK_REALTIME_COARSE = 5
 """Linux's id (unnamed in `time`) of the clock file times come from (from 6.13: it or later)."""
@@ -113,32 +116,22 @@ class MemoryObjects(dict[str, bytes]):
 
 
 class Trees:
-    """Stored trees, with bounded LRU caches of the manifests and packs this process read or
-    wrote (all immutable: named by their digests). Concurrent reads of one pack fetch it once
-    (the G sessions of a group open from one initial tree)."""
+    """Stored trees, with LRU caches (`lru.Lru`) of the contents and of the manifests this
+    process read or wrote (all immutable: named by their digests), each of at most
+    `cache_bytes`. Concurrent reads of one manifest or pack fetch it once (the G sessions of a
+    group open from one initial tree). Before, manifests were kept by count (1,024 of up to
+    100,000 entries each: tens of GB)."""
 
     def __init__(self, objects: Objects, cache_bytes: int = 256 << 20) -> None:
         self.objects = objects
         self.cache_bytes = cache_bytes
-        self._cache: OrderedDict[str, dict[str, bytes]] = OrderedDict()
-        self._cached = 0
-        self._manifests: OrderedDict[str, Manifest] = OrderedDict()
-        self._lock = threading.Lock()
-        self._fetching: dict[str, threading.Lock] = {}
+        self._contents: Lru[dict[str, bytes]] = Lru(cache_bytes)
+        self._manifests: Lru[Manifest] = Lru(cache_bytes)
         self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="trees")
 
     def get_manifest(self, ref: ObjectRef) -> Manifest:
         """The manifest `ref` names, checked against its digest."""
-        with self._lock:
-            if (cached := self._manifests.get(ref.sha256)) is not None:
-                self._manifests.move_to_end(ref.sha256)
-                return cached
-        manifest = self._read_manifest(ref)
-        with self._lock:
-            self._manifests[ref.sha256] = manifest
-            if len(self._manifests) > MANIFESTS:
-                self._manifests.popitem(last=False)
-        return manifest
+        return self._manifests.load(ref.sha256, lambda: self._read_manifest(ref), manifest_bytes)
 
     def _read_manifest(self, ref: ObjectRef) -> Manifest:
         try:
@@ -161,11 +154,11 @@ class Trees:
 
     def commit(
         self, entries: list[Entry], new: Mapping[str, bytes], previous: Manifest | None,
-        check: Check | None = None,
+        check: Check | None = None, mtimes: Mapping[str, int] | None = None,
     ) -> tuple[ObjectRef, Manifest]:  # fmt: skip
-        """Store the tree `entries` (with `check`) in one object: the contents none of
-        `previous`'s objects hold, from `new`, inline; or every content inline when the tree is
-        due to be packed anew."""
+        """Store the tree `entries` (with `check`, and each file's time from `mtimes` if given:
+        `Scanner.mtimes`) in one object: the contents none of `previous`'s objects hold, from
+        `new`, inline; or every content inline when the tree is due to be packed anew."""
         needed = {entry.sha256 for entry in entries if entry.kind == "file"}
         earlier = previous.all_packs() if previous else []
         kept = [p for p in earlier if any(d in needed for d, _ in p.contents)]
@@ -180,8 +173,10 @@ class Trees:
         if len(kept) >= MAX_PACKS or held > 2 * live:
             everything = {**self._unpacked(kept), **new}
             kept, inline = [], {digest: everything[digest] for digest in needed}
+        listing = sorted(entries, key=lambda e: e.path)
         manifest = Manifest(
-            entries=sorted(entries, key=lambda e: e.path),
+            entries=listing,
+            mtimes=[mtimes[e.path] for e in listing if e.kind == "file"] if mtimes else [],
             packs=kept,
             inline=[(digest, len(inline[digest])) for digest in sorted(inline)],
             check=check,
@@ -194,10 +189,9 @@ class Trees:
 
     def _unpacked(self, packs: list[Pack]) -> dict[str, bytes]:
         """Every content of `packs`, from the cache or fetched in parallel."""
-        with self._lock:
-            cached = {p.sha256: self._cache[p.sha256] for p in packs if p.sha256 in self._cache}
-            for digest in cached:
-                self._cache.move_to_end(digest)
+        cached = {
+            p.sha256: held for p in packs if (held := self._contents.get(p.sha256)) is not None
+        }
         missing = [pack for pack in packs if pack.sha256 not in cached]
         found: dict[str, bytes] = {}
         for contents in [*cached.values(), *self._pool.map(self._fetch, missing)]:
@@ -205,32 +199,16 @@ class Trees:
         return found
 
     def _fetch(self, pack: Pack) -> dict[str, bytes]:
-        with self._lock:
-            fetching = self._fetching.setdefault(pack.sha256, threading.Lock())
-        with fetching:  # another thread fetching the same pack: wait, then take it cached
-            with self._lock:
-                if (cached := self._cache.get(pack.sha256)) is not None:
-                    return cached
+        def fetch() -> dict[str, bytes]:
             try:
-                contents = pack.unpack(self.objects.get(pack.key))
+                return pack.unpack(self.objects.get(pack.key))
             except ObjectNotFound:
                 raise TreeError(f"pack {pack.key} of the tree is missing") from None
-            finally:
-                with self._lock:
-                    self._fetching.pop(pack.sha256, None)
-            self._remember(pack.sha256, contents)
-            return contents
+
+        return self._contents.load(pack.sha256, fetch, _contents_bytes)
 
     def _remember(self, digest: str, contents: dict[str, bytes]) -> None:
-        size = sum(len(data) for data in contents.values())
-        with self._lock:
-            if digest in self._cache or size > self.cache_bytes // 4:
-                return
-            self._cache[digest] = contents
-            self._cached += size
-            while self._cached > self.cache_bytes:
-                _, evicted = self._cache.popitem(last=False)
-                self._cached -= sum(len(data) for data in evicted.values())
+        self._contents.put(digest, contents, _contents_bytes(contents))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -238,6 +216,23 @@ class Trees:
 
 def _sizes(entries: list[Entry]) -> dict[str, int]:
     return {entry.sha256: entry.size for entry in entries if entry.kind == "file"}
+
+
+def _contents_bytes(contents: dict[str, bytes]) -> int:
+    return sum(map(len, contents.values()))
+
+
+def manifest_bytes(manifest: Manifest) -> int:
+    """About what `manifest` takes in memory, decoded (a little over: `ENTRY_BYTES`)."""
+    entries = manifest.entries
+    listed = len(manifest.inline) + sum(len(pack.contents) for pack in manifest.packs)
+    return (
+        ENTRY_BYTES * len(entries)
+        + EXECUTABLE_BYTES * sum(entry.executable for entry in entries)
+        + LISTED_BYTES * listed
+        + MTIME_BYTES * len(manifest.mtimes)
+        + sum(len(entry.path) + len(entry.target) for entry in entries)
+    )
 
 
 StatKey = tuple[int, int, int, int, int]
@@ -249,6 +244,8 @@ class Scanner:
     def __init__(self, max_bytes: int, max_entries: int = MAX_ENTRIES) -> None:
         self.max_bytes, self.max_entries = max_bytes, max_entries
         self.clock: Callable[[], int] = coarse_now  # what file times are compared with
+        self.mtimes: dict[str, int] = {}
+        """Each file's mtime (ns) at the last scan (path → ns), for `Trees.commit`."""
         self._digests: dict[str, tuple[StatKey, str]] = {}
 
     def scan(self, root: Path, stored: Collection[str]) -> tuple[list[Entry], dict[str, bytes]]:
@@ -257,6 +254,7 @@ class Scanner:
         entries: list[Entry] = []
         blobs: dict[str, bytes] = {}
         seen: dict[str, tuple[StatKey, str]] = {}
+        mtimes: dict[str, int] = {}
         total = 0
         start = self.clock()
         fd = os.open(root, DIR_FLAGS)
@@ -278,6 +276,7 @@ class Scanner:
                         blobs[digest] = data
                     if _settled(info, start):
                         seen[path] = (_stat_key(info), digest)
+                    mtimes[path] = info.st_mtime_ns
                     entries.append(
                         Entry(
                             path=path,
@@ -293,7 +292,7 @@ class Scanner:
             ) from None
         finally:
             os.close(fd)
-        self._digests = seen
+        self._digests, self.mtimes = seen, mtimes
         return entries, blobs
 
     def _charge(self, total: int, cost: int) -> int:

@@ -39,7 +39,6 @@ import contextlib
 import errno
 import os
 import stat
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +54,7 @@ from infra.environments.paths import AGENT_ERRNOS, PathError, is_utf8, resolve
 from infra.environments.sessions import Session, SessionHost
 from infra.environments.snapshots import Trees
 from infra.environments.threads import in_thread
-from infra.environments.tree import Manifest, TreeError, tree_digest
+from infra.environments.tree import Manifest, TreeError
 from infra.sandbox.base import SandboxBackend
 from infra.sandbox.workspace import CommandResult, CommandRunner, Mounts, cgroup_name, session_uid
 
@@ -142,9 +141,10 @@ class WorkspaceEnvironment:
         of that id on this worker (a retried open) is replaced."""
         await self.host.close([session_id])
         session = self.host.create(session_id, task)
-        try:
-            async with session.lock:  # a close after a cancel waits for the restore's thread
-                await self._restore(session, snapshot or task.files)
+        try:  # a close after a cancel waits for the restore's thread
+            with self.host.busy(session_id):
+                async with session.lock:
+                    await self._restore(session, snapshot or task.files)
         except BaseException:
             await self.host.close([session_id])
             raise
@@ -191,19 +191,34 @@ class WorkspaceEnvironment:
         self, state: WorkspaceState, action: ToolCall, limits: SandboxLimits
     ) -> tuple[WorkspaceState, Observation]:
         """Run one tool call from `state`; raises SessionLost if the session is not here."""
-        async with self._locked(state.session_id) as session:
-            session.last_used = time.monotonic()
-            if session.snapshot is None or session.snapshot.sha256 != state.snapshot.sha256:
-                await self._restore(session, state.snapshot)
-            try:
-                observation = await self._act(session, action, limits)
-                if action.error is None and action.name in ("bash", "write_file"):
-                    observation = await self._snapshot(session, observation)
-            except BaseException:
-                session.snapshot = session.manifest = None  # not durable: restore next time
-                raise
-            session.last_used = time.monotonic()
+        async with self._from(state) as session:
+            observation = await self._act(session, action, limits)
+            if action.error is None and action.name in ("bash", "write_file"):
+                observation = await self._snapshot(session, observation)
             return self._state(session), observation
+
+    @contextlib.asynccontextmanager
+    async def _from(self, state: WorkspaceState) -> AsyncIterator[Session]:
+        """The session, busy (`SessionHost.busy`) and locked, holding the tree `state` names:
+        restored first if it holds another (a retried step whose first attempt got further).
+        An error or a cancel inside leaves it to be restored by the next step. SessionLost if
+        it is not here, or was closed while this waited for its lock (a new session may be at
+        its path)."""
+        session_id = state.session_id
+        lost = SessionLost(f"session {session_id} is not on this worker")
+        with self.host.busy(session_id):
+            if (session := self.host.sessions.get(session_id)) is None:
+                raise lost
+            async with session.lock:
+                if self.host.sessions.get(session_id) is not session:
+                    raise lost
+                if session.snapshot is None or session.snapshot.sha256 != state.snapshot.sha256:
+                    await self._restore(session, state.snapshot)
+                try:
+                    yield session
+                except BaseException:
+                    session.snapshot = session.manifest = None  # not durable: restore next time
+                    raise
 
     async def _snapshot(self, session: Session, observation: Observation) -> Observation:
         """Store the workspace after a step that may have changed it; a workspace grown past
@@ -214,13 +229,14 @@ class WorkspaceEnvironment:
         def scan_and_store() -> TreeError | tuple[ObjectRef, Manifest] | None:
             """One trip to a thread: the scan (its TreeError returned: the step is undone), then
             the commit if the tree changed."""
+            scanner = session.scanner
             try:
-                entries, new = session.scanner.scan(session.workspace, previous.packed())
+                entries, new = scanner.scan(session.workspace, previous.packed())
             except TreeError as exc:
                 return exc
-            if tree_digest(entries) == previous.digest():
+            if previous.holds(entries, scanner.mtimes):
                 return None
-            return self.trees.commit(entries, new, previous)
+            return self.trees.commit(entries, new, previous, mtimes=scanner.mtimes)
 
         stored = await in_thread(scan_and_store)
         if isinstance(stored, TreeError):
@@ -277,28 +293,17 @@ class WorkspaceEnvironment:
         self, state: WorkspaceState, solution: ObjectRef, limits: SandboxLimits
     ) -> tuple[WorkspaceState, Observation]:
         """Harbor's oracle, for `tempered tasks validate`: `bash /solution/solve.sh` in the
-        workspace, with the task's reference solution tree read-only at /solution."""
+        workspace, with the task's reference solution tree read-only at /solution; run from
+        `state` as a step is."""
         manifest = await asyncio.to_thread(self.trees.get_manifest, solution)
         contents = await asyncio.to_thread(self.trees.get_contents, manifest)
         async with self.host.scratch() as (scratch, _):
             await in_thread(restore, manifest, contents, scratch, None)
-            async with self._locked(state.session_id) as session:
+            async with self._from(state) as session:
                 command = f"bash {SOLUTION_DIR}/{SOLVE}"
                 seen = await self._bash(session, command, limits, ((scratch, SOLUTION_DIR, False),))
                 seen = await self._snapshot(session, seen)
                 return self._state(session), seen
-
-    @contextlib.asynccontextmanager
-    async def _locked(self, session_id: str) -> AsyncIterator[Session]:
-        """The session, its lock held; SessionLost if it is not here (or was closed while this
-        waited for its lock: a new session may be at its path)."""
-        session = self.host.sessions.get(session_id)
-        if session is not None:
-            async with session.lock:
-                if self.host.sessions.get(session_id) is session:
-                    yield session
-                    return
-        raise SessionLost(f"session {session_id} is not on this worker")
 
     def _read(self, session: Session, path: str, limits: SandboxLimits) -> Observation:
         relative = resolve(session.workspace, session.spec.workdir, path)

@@ -152,6 +152,26 @@ async def test_an_episode_through_the_activities(
     assert lost.value.type == ErrorType.SESSION_LOST and lost.value.non_retryable
 
 
+async def test_a_step_waiting_for_a_sandbox_slot_keeps_its_session_from_the_sweeper(
+    acts: EnvironmentActivities,
+) -> None:
+    """An item holds its session busy from when `env_step` receives it, not from when it gets a
+    slot: the TTL sweeper skips a busy session (before, one waiting for a slot aged)."""
+    sessions = await open_two(acts)
+    acts._slots = asyncio.Semaphore(0)  # every slot taken: the items wait
+    read = ToolCall(name="bash", arguments={"command": "true"})
+    waiting = asyncio.ensure_future(
+        ActivityEnvironment().run(acts.env_step, step(sessions, 0, {0: read, 1: read}))
+    )
+    await asyncio.sleep(0.2)
+    held = [acts.host.sessions[sessions[s].session_id].busy for s in (0, 1)]
+    acts._slots.release()
+    acts._slots.release()
+    await waiting
+    assert held == [1, 1]
+    assert all(acts.host.sessions[sessions[s].session_id].busy == 0 for s in (0, 1))
+
+
 async def test_a_restored_session_continues_from_its_snapshot(acts: EnvironmentActivities) -> None:
     sessions = await open_two(acts)
     write = ToolCall(name="write_file", arguments={"path": "notes.txt", "content": "remember\n"})

@@ -57,9 +57,10 @@ def test_scan_then_restore_round_trips_the_tree(tmp_path: Path) -> None:
     source.mkdir()
     copy.mkdir()
     write_tree(source)
-    trees = Trees(MemoryObjects())
-    entries, new = Scanner(1 << 20).scan(source, set())
-    ref, manifest = trees.commit(entries, new, None)
+    os.utime(source / "run.sh", ns=(1, 10**18 + 123))  # older than the files written after it
+    trees, scanner = Trees(MemoryObjects()), Scanner(1 << 20)
+    entries, new = scanner.scan(source, set())
+    ref, manifest = trees.commit(entries, new, None, mtimes=scanner.mtimes)
     kinds = {e.path: e.kind for e in manifest.entries}
     assert kinds == {"alias.py": "link", "data.bin": "file", "empty": "dir", "run.sh": "file",
                      "shadow": "link", "src": "dir", "src/lib.py": "file"}  # fmt: skip
@@ -72,6 +73,11 @@ def test_scan_then_restore_round_trips_the_tree(tmp_path: Path) -> None:
     assert tree_digest(again) == manifest.digest() == restored.digest()
     assert os.readlink(copy / "shadow") == "/etc/shadow"
     assert os.access(copy / "run.sh", os.X_OK)
+    files = [entry.path for entry in manifest.files()]  # their times, to the ns (`make`)
+    assert [(copy / path).stat().st_mtime_ns for path in files] == [
+        (source / path).stat().st_mtime_ns for path in files
+    ]
+    assert (copy / "run.sh").stat().st_mtime_ns == 10**18 + 123
 
 
 def test_a_second_scan_reads_and_stores_only_what_changed(

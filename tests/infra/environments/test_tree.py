@@ -17,6 +17,7 @@ from infra.environments.tree import (
     TreeError,
     decode_tree,
     make_pack,
+    manifest_ref,
     pack_files,
     sha256,
 )
@@ -46,6 +47,26 @@ def test_the_digest_covers_contents_paths_and_the_executable_bit_only() -> None:
     assert pack_files({"a.py": "1"}, Check(kind="script")).manifest.digest() == base.digest()
     for other in ({"a.py": "2"}, {"b.py": "1"}, {"a.py": File(b"1", executable=True)}):
         assert pack_files(other).manifest.digest() != base.digest()
+
+
+def test_file_times_are_kept_beside_the_entries_out_of_the_digest() -> None:
+    """A restore sets them (`disk.restore`); a tree stored before they were kept still reads,
+    and a tree without them (a task's) is held by any times."""
+    untimed = pack_files({"a.c": "int a;", "b": "x", "d/e.o": "obj"})
+    timed = Manifest(entries=untimed.manifest.entries, mtimes=[3, 1, 2])
+    assert timed.digest() == untimed.manifest.digest()
+    _, stored = manifest_ref(timed)
+    assert decode_tree(stored)[0].mtimes == [3, 1, 2]
+    assert b"mtimes" not in zlib.decompress(untimed.objects[untimed.ref.key])  # refs as before
+    head = b'{"entries":[{"path":"a.py","kind":"file","sha256":"%s","size":1}]}' % DIGEST.encode()
+    assert decode_tree(zlib.compress(head + b"\n"))[0].mtimes == []  # stored before: no times
+    entries = timed.entries
+    assert timed.holds(entries, {"a.c": 3, "b": 1, "d/e.o": 2})
+    assert not timed.holds(entries, {"a.c": 3, "b": 1, "d/e.o": 4})  # touched: a new snapshot
+    assert untimed.manifest.holds(entries, {"a.c": 3, "b": 1, "d/e.o": 4})
+    assert not timed.holds(entries[:-1], {"a.c": 3, "b": 1})
+    with pytest.raises(ValidationError, match="2 mtimes for 3 files"):
+        Manifest(entries=entries, mtimes=[1, 2])
 
 
 @pytest.mark.parametrize(
