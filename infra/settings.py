@@ -181,7 +181,8 @@ class WorkspaceSettings(_Section):
     memory); `directory`, a directory of `root` (its size checked only after each step); `auto`,
     a tmpfs where the worker runs as root, else a directory."""
     blob_cache_mb: int = Field(default=256, ge=0, le=65536)
-    """Memory of the worker's cache of workspace files fetched from or sent to the store."""
+    """Memory of the worker's cache of workspace files fetched from or sent to the store; its
+    cache of decoded tree manifests takes as much again at most."""
 
 
 class SandboxSettings(_Section):
