@@ -16,15 +16,15 @@ measured before training, every `eval_every` steps and after the last (greedy). 
 N, versions that are neither 0, the newest N nor read by a rollout or an evaluation in flight are
 deleted as the run goes (workflows/retention.py).
 
-Bounded history (workflows/budget.py): before each start and before the ending, a run whose
-history could pass `budget` (20% of Temporal's limits by default), counting what the children
-in flight and the evaluations to come will add, drains and continues as new with a `RunResume`
-(suite, counters, the last `PROGRESS_TAIL` learner steps). The learner outlives the run that
-started it (`ParentClosePolicy.ABANDON`); they find each other by workflow id. A task's child that
-fails, or a learner that cannot be reached (pinged while nothing is in flight: learner_link.py),
-fails the run at once, also while it waits for its last tasks and its learner's last steps
-(workflows/run_failure.py); a run that fails or is cancelled cancels the learner and its
-children in flight.
+Bounded history (workflows/run_look_ahead.py): before each start and before the ending, a run
+whose history could pass `budget` (20% of Temporal's limits by default), counting what the
+children in flight and the evaluations to come will add, drains and continues as new with a
+`RunResume` (suite, counters, the last `PROGRESS_TAIL` learner steps). The learner outlives the
+run that started it (`ParentClosePolicy.ABANDON`); they find each other by workflow id. A task's
+child that fails, or a learner that cannot be reached (pinged while nothing is in flight:
+learner_link.py), fails the run at once, also while it waits for its last tasks and its
+learner's last steps (workflows/run_failure.py); a run that fails or is cancelled cancels the
+learner and its children in flight.
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ with workflow.unsafe.imports_passed_through():
         task_workflow_id,
     )
     from contracts.run import (
-        EvalResult,
         LoadTasksRequest,
         LoadTasksResponse,
         PrepareRunRequest,
@@ -72,35 +71,18 @@ with workflow.unsafe.imports_passed_through():
     from contracts.task import TaskSpec
     from workflows.activity_options import activity_options
     from workflows.agent_task import run_agent_task
-    from workflows.budget import (
-        EVENTS_PER_TASK,
-        PROGRESS_SIGNAL_BYTES,
-        RESERVE_EVENTS,
-        STEP_RECORD_BYTES,
-        TASK_TIMEOUT,
-        UnrecordedStarts,
-        ending_bytes,
-        signal_reserve,
-        spent,
-    )
+    from workflows.budget import TASK_TIMEOUT
     from workflows.children import PendingChildren
     from workflows.evaluations import Evaluations
-    from workflows.learner import HISTORY_TAIL, LearnerWorkflow
+    from workflows.learner import LearnerWorkflow
     from workflows.learner_link import LearnerLink
     from workflows.retention import Retention
     from workflows.run_failure import RunFailure
+    from workflows.run_look_ahead import RunLookAhead
     from workflows.search import search_attribute_updates
 
 SPREAD_REDRAWS_PATCH = "tempered-run-spread-redraws"
 """Marks runs whose redraws of flat groups are spread over the learner steps."""
-LOOK_AHEAD_PATCH = "tempered-run-look-ahead-bytes"
-"""Marks runs whose history look-ahead counts the tails a continue-as-new carries as they have
-grown, the children started in the current workflow task as not in the history yet, and, at the
-ending, the learner's report (`learner_done`, one copy of its step records at 1 KiB each)."""
-ENDING_PATCH = "tempered-run-ending-bytes"
-"""Marks runs whose ending look-ahead counts the learner's state as reported (`state_bytes`)
-once for each copy the ending receives: its `learner_done`, the run's result and, in the
-segment that started the learner, the child's result (before it: one copy of 1 KiB a step)."""
 PROGRESS_TAIL = 100
 """Learner steps the run keeps (and its `progress` query shows)."""
 
@@ -123,8 +105,6 @@ class TrainingRunWorkflow:
             learner_id, self._failure, resume.learner_done if resume else None
         )
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
-        self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
-        self._unrecorded = UnrecordedStarts()
         self._retention = Retention(run_input, resume.pruned_below if resume else 1)
         evals, failed = resume.evals if resume else [], self._failure.evaluation_failed
         self._children = PendingChildren()  # Temporal's limit: tasks, held-out tasks, learner
@@ -133,7 +113,7 @@ class TrainingRunWorkflow:
         )
         if resume:
             self._evaluations.heldout = spread(resume.tasks.heldout, run_input.heldout_limit)
-        self._tails_at_start = self._tails_bytes()
+        self._look_ahead = RunLookAhead(run_input, self._progress, self._evaluations)
 
     @workflow.run
     async def run(self, run_input: TrainingRunInput) -> TrainingRunResult:
@@ -250,8 +230,7 @@ class TrainingRunWorkflow:
         run_input = self._input
         total = run_input.steps * run_input.grpo.groups_per_step
         order = draw_order(tasks.train, run_input.seed)
-        info = workflow.info()
-        self._at_start = (info.get_current_history_length(), info.get_current_history_size())
+        self._look_ahead.began()
         while await self._task_due(total):
             await self._learner.wait(self._may_start, lambda: not self._in_flight, deadline)
             self._learner.raise_if_failed()
@@ -262,7 +241,7 @@ class TrainingRunWorkflow:
                 await self._continue_as_new(tasks, deadline)
             task, version = drawn_task(order, self._started), self._latest_version
             self._started += 1  # here, not in the task: the next pass reads it before that runs
-            self._unrecorded.started()
+            self._look_ahead.started()
             self._children.started()
             self._rollouts.append(self._retention.start(version, self._rollout_one(task, version)))
         if self._history_full(ending=True):  # the run's ending must fit as well
@@ -312,50 +291,15 @@ class TrainingRunWorkflow:
         return ready or failed or self._stopped is not None
 
     def _history_full(self, *, ending: bool = False) -> bool:
-        """Whether the history, with what the children in flight and the evaluations still to
-        come will add (and, at the `ending`, the learner's last reports), reaches the budget."""
-        if not self._rollouts:
-            return False  # a segment starts one task at least
-        info, (events, size), tasks = workflow.info(), self._at_start, len(self._rollouts)
-        per_task_events = max(
-            EVENTS_PER_TASK, -(-(info.get_current_history_length() - events) // tasks)
+        """Whether the history could pass the budget before what is in flight is done
+        (workflows/run_look_ahead.py); at the `ending`, with the learner's last reports."""
+        return self._look_ahead.full(
+            rollouts=len(self._rollouts),
+            in_flight=self._in_flight,
+            started=self._started,
+            learner_steps=self._learner_steps,
+            ending=ending,
         )
-        per_task_bytes = (info.get_current_history_size() - size) // tasks
-        children = self._in_flight + self._evaluations.children_ahead(
-            self._started, self._learner_steps, ending
-        )
-        # the continue-as-new event carries the next input (the result is about as large)
-        last = size
-        if workflow.patched(LOOK_AHEAD_PATCH):
-            children += self._unrecorded.count
-            last += self._tails_bytes() - self._tails_at_start
-            last += signal_reserve(2, PROGRESS_SIGNAL_BYTES)
-            if ending:
-                last += self._ending_bytes()
-        return spent(
-            self._input.budget,
-            ahead_events=per_task_events * children + RESERVE_EVENTS,
-            ahead_bytes=per_task_bytes * children + last,
-        )
-
-    def _ending_bytes(self) -> int:
-        """What the learner's ending brings besides the run's tails (`budget.ending_bytes`)."""
-        if not workflow.patched(ENDING_PATCH):  # one copy of the step records
-            return STEP_RECORD_BYTES * min(self._input.steps, HISTORY_TAIL)
-        return ending_bytes(
-            steps=self._input.steps,
-            done=self._learner_steps,
-            reported=self._progress[-1].state_bytes if self._progress else 0,
-            first_segment=self._input.resume is None,
-            tail=HISTORY_TAIL,
-        )
-
-    def _tails(self) -> tuple[list[LearnerProgress], list[EvalResult]]:
-        """What a continue-as-new carries that grows: the learner steps and evaluations kept."""
-        return self._progress, self._evaluations.kept()
-
-    def _tails_bytes(self) -> int:
-        return sum(len(m.model_dump_json()) for tail in self._tails() for m in tail)
 
     async def _continue_as_new(
         self, tasks: LoadTasksResponse, deadline: datetime | None
@@ -368,7 +312,7 @@ class TrainingRunWorkflow:
             if evaluations.idle and self._retention.idle:
                 break
         self._learner.raise_if_failed()
-        progress, evals = self._tails()
+        progress, evals = self._look_ahead.tails()
         resume = RunResume(
             tasks=tasks,
             started=self._started,
