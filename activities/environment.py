@@ -214,7 +214,7 @@ class EnvironmentActivities:
         ):
             started = time.perf_counter()
             try:
-                after, seen = await self.env.step(state, item.call, req.limits)
+                after, seen = await self.env.step(state, item.call, req.limits, req.step)
             except SessionLost as exc:
                 raise fail(ErrorType.SESSION_LOST, f"sample {item.sample}: {exc}") from exc
         if seen.status is not None:

@@ -1,7 +1,7 @@
 """The environment Protocol: what an agent acts in, one file per environment.
 
     state = await env.reset(task, session_id)                 # INIT: the starting state
-    state, observation = await env.step(state, action, limits)   # EXECUTE: one action
+    state, observation = await env.step(state, action, limits, 3)   # EXECUTE: step 3
     graded = await env.verify(task, state, limits)            # DONE: the final state's score
     await env.close([session_id])
 
@@ -9,6 +9,10 @@
 state the last answer. `workspace` (workspace.py): the action is a tool call (`bash`,
 `read_file`, `write_file`, `submit`), the state a session on a sandbox worker with its last
 snapshot, and the score comes from a fresh verifier sandbox holding the hidden tests.
+
+A step runs from the state it is given, never on top of what an earlier attempt of it did:
+a retried step keeps its number, and a workspace session that already applied that number
+starts again from `state`.
 
 An action that cannot run (a malformed call, an unknown tool, bad arguments, a path out of the
 workspace) is an observation saying why, never an exception: it counts as a step. Only faults
@@ -65,9 +69,10 @@ class Environment(Protocol[TaskT, StateT, ActionT]):
         ...
 
     async def step(
-        self, state: StateT, action: ActionT, limits: SandboxLimits
+        self, state: StateT, action: ActionT, limits: SandboxLimits, number: int | None = None
     ) -> tuple[StateT, Observation]:
-        """Run one action; the new state and what the agent sees."""
+        """Run one action; the new state and what the agent sees. `number`: the step's in its
+        episode, a retry's the same (None: no retry to tell apart)."""
         ...
 
     async def verify(self, task: TaskT, state: StateT, limits: SandboxLimits) -> Graded:

@@ -67,8 +67,9 @@ class CodeEnvironment:
         return CodeState(task)
 
     async def step(
-        self, state: CodeState, action: str, limits: SandboxLimits
+        self, state: CodeState, action: str, limits: SandboxLimits, number: int | None = None
     ) -> tuple[CodeState, Observation]:
+        """Run `action` against the tests (`number` unused: a step changes no state here)."""
         result = await self._run(state.task, action, limits)
         passed = result.status is ExecStatus.PASSED
         return CodeState(state.task, action), Observation(test_log(result), result.status, passed)

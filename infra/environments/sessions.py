@@ -6,7 +6,7 @@
     await host.close(["s3-1a2b3c4d"])                       # or the TTL sweeper does it
 
 On disk, each worker process owns one directory named by its pid and the kernel's start time
-of that pid, so a pid reused by a later process never looks alive:
+of that pid (`dead_workers.worker_dir_name`):
 
     <root>/<pid>-<start>/                 root-owned, 0711
         <session id>/ws/                  the workspace, owned by the session's uid, 0700:
@@ -16,11 +16,10 @@ of that pid, so a pid reused by a later process never looks alive:
 
 Every session and verifier run holds one uid slot (`infra/sandbox/workspace.session_uid`):
 its own uid, its own cgroups (`<pid>-w<slot>`). When a worker starts it removes what dead
-workers left: their directories (and the tmpfs mounted in them), the processes still running
-under their uids (bwrap's `--die-with-parent` normally took them already) and their cgroups. A
-session idle for `ttl_s` is closed by the sweeper task; its last snapshot stays in the store,
-so a later step restores it (`SessionLost` → `open_sessions` with the snapshot). The sweeper
-also removes, within `SWEEP_S`, what workers that died after this one started left behind.
+workers left (`dead_workers.sweep_dead`: directories, processes, cgroups). A session idle for
+`ttl_s` is closed by the sweeper task; its last snapshot stays in the store, so a later step
+restores it (`SessionLost` → `open_sessions` with the snapshot). The sweeper also removes,
+within `SWEEP_S`, what workers that died after this one started left behind.
 
 A session is not idle while a step holds it (`busy`: from its call, a wait for the lock
 included, or from the receipt of its item by a caller that queues it), and its idle time
@@ -60,35 +59,26 @@ import contextlib
 import itertools
 import logging
 import os
-import signal
 import stat
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from contracts.common import ObjectRef
 from contracts.task import WorkspaceSpec
+from infra.environments.dead_workers import sweep_dead, worker_dir_name
 from infra.environments.mounts import mount_tmpfs, remove, remove_tree, unmount
 from infra.environments.snapshots import MAX_ENTRIES, Scanner
 from infra.environments.threads import in_thread
 from infra.environments.tree import Manifest
-from infra.processes import start_ticks
 from infra.sandbox.base import SandboxInfraError
-from infra.sandbox.cgroups import sweep_dead_workers
-from infra.sandbox.workspace import SESSION_UID_BASE, SLOTS, session_uid
+from infra.sandbox.workspace import SLOTS, session_uid
 from infra.settings import WorkspaceSettings
 
 log = logging.getLogger("tempered.sessions")
 SWEEP_S = 30.0
 """How often the sweeper looks for idle sessions and dead workers' leftovers."""
-
-
-def worker_dir_name(pid: int | None = None) -> str:
-    pid = os.getpid() if pid is None else pid
-    return f"{pid}-{start_ticks(pid)}"
 
 
 @dataclass
@@ -103,6 +93,8 @@ class Session:
     snapshot: ObjectRef | None = None
     manifest: Manifest | None = None
     """The tree `snapshot` names (None with it: the workspace must be restored)."""
+    applied: int = -1
+    """The number of the last step that may have changed it: one at or below it is a retry."""
     last_used: float = field(default_factory=time.monotonic)
     """When its last step ended (`SessionHost.busy`), or it was made."""
     busy: int = 0
@@ -118,15 +110,6 @@ class Session:
     @property
     def workspace(self) -> Path:
         return self.directory / "ws"
-
-
-@dataclass
-class Sweep:
-    """What a start-up sweep removed."""
-
-    directories: int = 0
-    processes: int = 0
-    cgroups: int = 0
 
 
 class SessionHost:
@@ -380,33 +363,3 @@ class SessionHost:
         await self.close([*self.sessions, *self.closing])
         await self._retry_leftovers()
         await asyncio.to_thread(self.discard, self.directory)
-
-
-def sweep_dead(root: Path) -> Sweep:
-    """Remove what dead workers left under `root`: directories, processes, cgroups."""
-    swept = Sweep()
-    for directory in root.iterdir():
-        pid_text, _, ticks = directory.name.partition("-")
-        if not pid_text.isdigit() or not directory.is_dir():
-            continue
-        pid = int(pid_text)
-        if ticks == str(start_ticks(pid)):
-            continue  # its worker is alive
-        if start_ticks(pid) is None:  # no process has its pid: its uids and cgroups are free
-            swept.processes += _kill_uids(pid)
-            swept.cgroups += sweep_dead_workers(pid)
-        remove_tree(directory)
-        swept.directories += 1
-    return swept
-
-
-def _kill_uids(pid: int) -> int:
-    """SIGKILL every process running under a workspace uid of worker `pid`."""
-    uids = range(SESSION_UID_BASE + pid * SLOTS, SESSION_UID_BASE + (pid + 1) * SLOTS)
-    killed = 0
-    for process in psutil.process_iter(["uids"]):
-        with contextlib.suppress(psutil.Error, TypeError):
-            if process.info["uids"].real in uids:
-                os.kill(process.pid, signal.SIGKILL)
-                killed += 1
-    return killed

@@ -5,7 +5,7 @@
     state, seen = await env.step(state, ToolCall(name="bash", arguments={"command": "ls"}), limits)
     graded = await env.verify(task.workspace, state, limits)      # hidden tests, fresh sandbox
 
-Tools (`contracts.episode.WORKSPACE_TOOLS`):
+Tools (`contracts.episode.WORKSPACE_TOOLS`; a call's arguments are checked by `tools.py`):
 
 - `bash`: `/bin/sh -c command` in a fresh sandbox over the workspace, mounted read-write at the
   task's workdir (`infra/sandbox/workspace.py`: own uid and cgroups, no network, wall-time,
@@ -20,7 +20,10 @@ A malformed call, an unknown tool, bad arguments or a path out of the workspace 
 observation (a step like any other). After every step the workspace is snapshotted
 (`snapshots.py`: only changed files uploaded); the new state names the snapshot and the tree
 digest. A step runs from the state it is given: a session holding another tree (a retried
-step whose first attempt got further) is restored from that state's snapshot first.
+step whose first attempt got further) is restored from that state's snapshot first, and so is
+one that already ran a step of that number or a later one (a retry whose first attempt changed
+only what no snapshot holds, `tree.py`: a name that is not UTF-8, a FIFO, a mode bit; before,
+the retry repeated it).
 
 A workspace is a tmpfs of its own where the worker may mount one (`mounts.py`): past the quota
 a command gets ENOSPC, and `write_file` an error observation. A cancelled reset or step holds
@@ -45,22 +48,21 @@ from pathlib import Path
 
 from contracts.common import ObjectRef
 from contracts.episode import WORKSPACE_TOOLS, ToolCall, ToolSpec
-from contracts.sandbox import ExecStatus
 from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
 from infra.environments.base import Graded, Observation
 from infra.environments.checks import InvalidTask, check_functions, check_script, unchecked
 from infra.environments.disk import restore
-from infra.environments.paths import AGENT_ERRNOS, PathError, is_utf8, resolve
+from infra.environments.paths import AGENT_ERRNOS, PathError, resolve
 from infra.environments.sessions import Session, SessionHost
 from infra.environments.snapshots import Trees
 from infra.environments.threads import in_thread
+from infra.environments.tools import TOOLS, bad_arguments, command_text
 from infra.environments.tree import Manifest, TreeError
 from infra.sandbox.base import SandboxBackend
-from infra.sandbox.workspace import CommandResult, CommandRunner, Mounts, cgroup_name, session_uid
+from infra.sandbox.workspace import CommandRunner, Mounts, cgroup_name, session_uid
 
 SOLUTION_DIR, SOLVE = "/solution", "solve.sh"
 """Where Harbor's oracle finds the reference solution, and what it runs."""
-TOOLS: dict[str, ToolSpec] = {tool.name: tool for tool in WORKSPACE_TOOLS}
 
 
 class SessionLost(LookupError):
@@ -74,48 +76,6 @@ class WorkspaceState:
     session_id: str
     snapshot: ObjectRef
     tree_digest: str = ""
-
-
-MAX_COMMAND_BYTES = 65_536
-"""The longest `bash` command: it is one argument of `/bin/sh -c`, and Linux refuses an argument
-over 128 KiB (E2BIG), which would fail the step as the platform's fault, again and again."""
-
-
-def bad_arguments(tool: ToolSpec, arguments: dict[str, object]) -> str | None:
-    """Why `arguments` do not fit `tool`'s schema (every argument a required string), or None."""
-    expected = set(tool.parameters["properties"])
-    if missing := sorted(expected - arguments.keys()):
-        return f"{tool.name} needs the argument(s) {', '.join(missing)}"
-    if extra := sorted(arguments.keys() - expected):
-        return f"{tool.name} takes no argument(s) {', '.join(extra)}"
-    if wrong := sorted(name for name, value in arguments.items() if not isinstance(value, str)):
-        return f"{tool.name}: {', '.join(wrong)} must be a string"
-    if broken := sorted(name for name, value in arguments.items() if not is_utf8(str(value))):
-        # JSON's "\\ud83d" alone decodes to a lone surrogate, which no file or command can hold
-        return f"{tool.name}: {', '.join(broken)} is not valid Unicode (a lone surrogate)"
-    # a file may hold NULs; no command or path can (a ValueError, retried as a platform fault)
-    if nul := sorted(n for n, value in arguments.items() if "\0" in str(value) and n != "content"):
-        return f"{tool.name}: {', '.join(nul)} holds a NUL"
-    if tool.name == "bash" and len(str(arguments["command"]).encode()) > MAX_COMMAND_BYTES:
-        return (
-            f"bash: the command is longer than {MAX_COMMAND_BYTES} bytes; write it to a file "
-            "with write_file and run that"
-        )
-    return None
-
-
-def command_text(result: CommandResult, limit: int) -> str:
-    """A command's observation: how it ended and what it printed."""
-    if result.status in (ExecStatus.TIMEOUT, ExecStatus.MEMORY_EXCEEDED):
-        lines = [f"the command was killed: {result.detail}"]
-    else:
-        lines = [f"exit code: {result.exit_code}"]
-    for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
-        if text:
-            lines += [f"{name}:", text.rstrip("\n")]
-    if result.truncated:
-        lines.append(f"(output cut at {limit} bytes per stream)")
-    return "\n".join(lines)
 
 
 class WorkspaceEnvironment:
@@ -188,19 +148,25 @@ class WorkspaceEnvironment:
     # -- step --------------------------------------------------------------------------------
 
     async def step(
-        self, state: WorkspaceState, action: ToolCall, limits: SandboxLimits
-    ) -> tuple[WorkspaceState, Observation]:
-        """Run one tool call from `state`; raises SessionLost if the session is not here."""
-        async with self._from(state) as session:
+        self, state: WorkspaceState, action: ToolCall, limits: SandboxLimits,
+        number: int | None = None,
+    ) -> tuple[WorkspaceState, Observation]:  # fmt: skip
+        """Run one tool call from `state`; raises SessionLost if the session is not here.
+        `number`: the step's in its episode (`EnvStepRequest.step`), a retry's the same."""
+        changes = action.error is None and action.name in ("bash", "write_file")
+        async with self._from(state, number if changes else None) as session:
             observation = await self._act(session, action, limits)
-            if action.error is None and action.name in ("bash", "write_file"):
+            if changes:
                 observation = await self._snapshot(session, observation)
             return self._state(session), observation
 
     @contextlib.asynccontextmanager
-    async def _from(self, state: WorkspaceState) -> AsyncIterator[Session]:
+    async def _from(
+        self, state: WorkspaceState, number: int | None = None
+    ) -> AsyncIterator[Session]:
         """The session, busy (`SessionHost.busy`) and locked, holding the tree `state` names:
-        restored first if it holds another (a retried step whose first attempt got further).
+        restored first if it holds another (a retried step whose first attempt got further) or
+        if it applied a step `number` or later (a retry), and noted as applying `number`.
         An error or a cancel inside leaves it to be restored by the next step. SessionLost if
         it is not here, or was closed while this waited for its lock (a new session may be at
         its path)."""
@@ -212,8 +178,12 @@ class WorkspaceEnvironment:
             async with session.lock:
                 if self.host.sessions.get(session_id) is not session:
                     raise lost
-                if session.snapshot is None or session.snapshot.sha256 != state.snapshot.sha256:
+                held = session.snapshot
+                retried = number is not None and number <= session.applied
+                if retried or held is None or held.sha256 != state.snapshot.sha256:
                     await self._restore(session, state.snapshot)
+                if number is not None:
+                    session.applied = number
                 try:
                     yield session
                 except BaseException:

@@ -20,8 +20,9 @@ import pytest
 
 from contracts.common import ObjectRef
 from contracts.task import WorkspaceSpec
+from infra.environments.dead_workers import sweep_dead, worker_dir_name
 from infra.environments.mounts import mount_tmpfs, mounts_under, remove_tree
-from infra.environments.sessions import SessionHost, sweep_dead, worker_dir_name
+from infra.environments.sessions import SessionHost
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.workspace import SESSION_UID_BASE, SLOTS
 from infra.settings import WorkspaceSettings

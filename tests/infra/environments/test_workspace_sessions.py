@@ -1,12 +1,13 @@
 """A step holds its session: the TTL sweeper leaves a session open while a step of it waits or
 runs and for `ttl_s` after it ends, and checks again just before each close; `solve` runs from
-its state as a step does. Real hosts (tmpfs workspaces, as root), the sweeper every 20 ms;
-the commands are a fake runner's, held on an asyncio.Event.
+its state as a step does, and so does a retried step. Real hosts (tmpfs workspaces, as root),
+the sweeper every 20 ms; the commands are a fake runner's, held on an asyncio.Event.
 
 Before, a session was idle from the start of its last step: a command longer than `ttl_s` was
 closed under it, and so was a session whose step began while the sweeper closed another (its
 list was taken once). `solve` ran in whatever tree its session held, and a failure left the
-session's snapshot as if the tree were still that one.
+session's snapshot as if the tree were still that one. A retried step (its number again) whose
+only change no snapshot holds ran on top of its first attempt.
 """
 
 from __future__ import annotations
@@ -139,3 +140,23 @@ async def test_a_failed_solve_leaves_its_session_to_be_restored(rig: Rig) -> Non
     left = ToolCall(name="read_file", arguments={"path": "left.txt"})
     _, seen = await rig.env.step(state, left, LIMITS)  # restored first: the tree `state` names
     assert seen.text == "error: left.txt: no such file"
+
+
+CAFE = "\"$(printf 'caf\\351')\""
+"""`café` in latin-1: a name that is not UTF-8, which no snapshot holds."""
+APPEND = ToolCall(name="bash", arguments={"command": f"printf x >> {CAFE}; cat {CAFE}"})
+
+
+async def test_a_retried_step_runs_from_its_state_though_its_snapshot_missed_its_effect(
+    rig: Rig,
+) -> None:
+    """The step left the tree digest as it was (its only change is a name no snapshot holds);
+    its retry (the same number: an attempt that timed out after it ran) is restored first. A
+    later number runs in the workspace as it is."""
+    state = await rig.env.reset(rig.spec({"a.txt": "a"}), "s0")
+    after, seen = await rig.env.step(state, APPEND, LIMITS, 1)
+    assert after.snapshot == state.snapshot and seen.text == "exit code: 0\nstdout:\nx"
+    _, again = await rig.env.step(state, APPEND, LIMITS, 1)
+    assert again.text == "exit code: 0\nstdout:\nx", "the retry repeated the step's effect"
+    _, later = await rig.env.step(after, APPEND, LIMITS, 2)
+    assert later.text == "exit code: 0\nstdout:\nxx"
