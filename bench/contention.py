@@ -14,7 +14,13 @@ the core its neighbour's threads need. For each spin count this bench runs, in f
   train      forward and backward of 4 x 400 tokens with the top 6 of 30 layers trainable, as
              the preset's learner trains (tokens / s);
 
-each alone, then both together. Rounds alternate the order of the spin counts. Printed and
+each alone, then both together. Every process starts at one signal and works until one
+shared deadline (`--seconds` after it); each counts only the units of work it finished by then
+(a decode step of the batch, a call's prefill in its first; a forward and backward), over the
+time to its last such unit, so no side is credited with work it did alone after the other
+stopped. (Until 6 December each process ran whole calls until its own `--seconds` were up,
+and a decode call, 25-32 s beside training, outlasted the window: decode then ran alone at
+the end and "together" counted that.) Rounds alternate the order of the spin counts. Printed and
 merged into bench/results.json under "contention": each side's tokens/s alone and together,
 and `shared`, the two together as fractions of their alone speed at the default spin, summed
 (1.0 = sharing the cores lost nothing; 2 cores shared by two 2-thread processes ideally give
@@ -31,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,21 +46,36 @@ from common import machine, median_of, merge_results  # first: puts the repo roo
 ROLES = ("generate", "train")
 
 
-def role_main(role: str, seconds: float, start_file: Path) -> None:
-    """One side, in its own process: prepare, wait for `start_file`, work, print tokens/s."""
+def role_main(role: str, start_file: Path) -> None:
+    """One side, in its own process: prepare, wait for `start_file` (it holds the shared
+    deadline, on the machine-wide monotonic clock), work until the deadline, print tokens/s."""
     from infra.policy import materialize_base_model
     from infra.settings import Settings
 
     path = str(materialize_base_model("smollm2", Settings()))
     work = _generate(path) if role == "generate" else _train(path)
-    work()  # warm
+    for _ in work():  # warm: one whole call
+        pass
     start_file.with_suffix(f".{role}").touch()
     while not start_file.exists():
         time.sleep(0.01)
-    started, tokens = time.perf_counter(), 0
-    while time.perf_counter() - started < seconds:
-        tokens += work()
-    print(f"{tokens / (time.perf_counter() - started):.2f}", flush=True)
+    rate = rate_until(work, float(start_file.read_text()))
+    print("none" if rate is None else f"{rate:.2f}", flush=True)
+
+
+def rate_until(work: Callable[[], Iterator[int]], deadline: float) -> float | None:
+    """Run `work` calls until `deadline` (time.monotonic) passes; tokens/s of the units that
+    finished by then, over the time to the last of them (None: none finished)."""
+    started = time.monotonic()
+    tokens, counted_until, now = 0, started, started
+    while now < deadline:
+        for made in work():
+            now = time.monotonic()
+            if now > deadline:  # finished after the other side may have stopped: not counted
+                break
+            tokens, counted_until = tokens + made, now
+        now = time.monotonic()  # a call that yielded nothing still moves the clock on
+    return tokens / (counted_until - started) if tokens else None
 
 
 def _generate(path: str) -> Any:
@@ -71,16 +93,16 @@ def _generate(path: str) -> Any:
         [rng.randrange(100, 40_000) for _ in range(rng.randint(100, 300))] for _ in range(32)
     ]
 
-    def work() -> int:
+    def work() -> Iterator[int]:
+        """One call: prefill the 32 rows, then yield each decode step's tokens as it ends."""
         batch = RowBatch(policy, _choose)
         batch.eos_ids = frozenset()  # every row decodes its 40 tokens
         params = SamplingParams(temperature=0.0, max_new_tokens=40)
         batch.admit([batch.row(p, params) for p in prompts])
-        tokens = 0
         while batch.rows:
-            tokens += len(batch.rows)
+            made = len(batch.rows)
             batch.step()
-        return tokens
+            yield made
 
     return work
 
@@ -94,16 +116,18 @@ def _train(path: str) -> Any:
         parameter.requires_grad_(any(f"layers.{i}." in name for i in range(24, 30)))
     ids = torch.randint(100, 40_000, (4, 400), generator=torch.Generator().manual_seed(0))
 
-    def work() -> int:
+    def work() -> Iterator[int]:
+        """One call: a forward and backward, yielding its tokens when it ends."""
         logits = model(input_ids=ids).logits
         logits.log_softmax(-1).mean().backward()
-        return int(ids.numel())
+        yield int(ids.numel())
 
     return work
 
 
 def measure(roles: tuple[str, ...], spin: str, seconds: float) -> dict[str, float]:
-    """tokens/s of each of `roles`, run side by side with GOMP_SPINCOUNT `spin`."""
+    """tokens/s of each of `roles`, run side by side with GOMP_SPINCOUNT `spin` until one
+    deadline `seconds` after they start."""
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     if spin != "default":
         env["GOMP_SPINCOUNT"] = spin
@@ -116,8 +140,6 @@ def measure(roles: tuple[str, ...], spin: str, seconds: float) -> dict[str, floa
                     __file__,
                     "--role",
                     role,
-                    "--seconds",
-                    str(seconds),
                     "--start-file",
                     str(start),
                 ],
@@ -132,8 +154,13 @@ def measure(roles: tuple[str, ...], spin: str, seconds: float) -> dict[str, floa
             if any(p.poll() is not None for p in procs.values()):
                 raise SystemExit(f"a {'/'.join(roles)} process died before it started")
             time.sleep(0.05)
-        start.touch()
-        return {role: float(p.communicate()[0].split()[-1]) for role, p in procs.items()}
+        ready = start.with_suffix(".deadline")  # written whole, then renamed: read at once
+        ready.write_text(repr(time.monotonic() + seconds))
+        ready.replace(start)
+        rates = {role: p.communicate()[0].split()[-1] for role, p in procs.items()}
+    if "none" in rates.values():
+        raise SystemExit(f"{spin}: no unit of work finished within {seconds} s: raise --seconds")
+    return {role: float(rate) for role, rate in rates.items()}
 
 
 def main() -> None:
@@ -145,7 +172,9 @@ def main() -> None:
     parser.add_argument("--start-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role:
-        return role_main(args.role, args.seconds, args.start_file)
+        return role_main(args.role, args.start_file)
+    if args.seconds <= 0 or args.rounds < 1:
+        parser.error("--seconds must be above 0 and --rounds at least 1")
     spins = args.spins.split(",")
     samples: dict[str, dict[str, list[float]]] = {s: {} for s in spins}
     for round_index in range(args.rounds):

@@ -16,10 +16,12 @@ process, the production sandbox worker (`workers.runtime.build_worker` plus its 
    steps) driven through Temporal (`tests/episode_driver.ScriptedEpisodes`: each step an
    `env_step` activity on the worker's own queue) and by a plain asyncio loop calling the very
    same activity methods on the same sessions. Rounds alternate the order; medians of steps/s.
-   Target: Temporal ≥ 0.8× plain. Each mode's CPU milliseconds a step are printed beside it:
-   the dev server's, this process's (activities, and in tempered mode the SDK and the
-   workflow) and the rest's (sandboxes, SeaweedFS): on a machine of few cores the difference
-   between the modes is where the gap goes.
+   `--concurrency` bounds how many of the `--episodes` episodes run at once, so it cannot
+   exceed them (the bench refuses: before 6 December "16 in flight" ran 8 episodes, 8 at a
+   time). Target: Temporal ≥ 0.8× plain. Each mode's CPU milliseconds a step are printed
+   beside it: the dev server's, this process's (activities, and in tempered mode the SDK and
+   the workflow) and the rest's (sandboxes, SeaweedFS): on a machine of few cores the
+   difference between the modes is where the gap goes.
 
 Printed and merged into bench/results.json under "episodes" (with the machine's load average:
 other work on the machine slows both sides alike, not their ratio).
@@ -287,6 +289,18 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=20, help="snapshot: steps over 1 MiB")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--concurrency", type=int, default=4, help="episodes in flight")
+    parser.add_argument(
+        "--concurrency", type=int, default=4, help="episodes in flight, at most --episodes"
+    )
     parser.add_argument("--rounds", type=int, default=2)
-    asyncio.run(main(parser.parse_args()))
+    args = parser.parse_args()
+    if args.concurrency < 1:
+        parser.error(f"--concurrency {args.concurrency}: at least 1 episode must be in flight")
+    if args.concurrency > args.episodes:
+        # Refused, not raised to match: more episodes would change the work a run measures.
+        parser.error(
+            f"--concurrency {args.concurrency} > --episodes {args.episodes}: only "
+            f"{args.episodes} episodes exist to be in flight; pass --episodes "
+            f"{args.concurrency} (or more) for {args.concurrency} at once"
+        )
+    asyncio.run(main(args))

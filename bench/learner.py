@@ -9,10 +9,13 @@ layers trained, micro-batches of 8, 4 groups a step). The groups have the defaul
 G = 6 samples of one starter task's real first prompt (the chat template's tokens, 126-168
 of them); a sample solves at turn 1 (20-60 sampled tokens) or takes a second turn (a first
 turn of 40-128 tokens, a test log of 100-220, a second turn of 20-128), half and half, with
-random token ids (a step's cost depends on the lengths, not on the tokens). Every step trains
-new groups with `share_prompt` on and off, in alternating order; reported are median seconds
-per step, the tokens each mode computes (padding included) and the ratio. Printed and merged
-into bench/results.json under "learner".
+random token ids (a step's cost depends on the lengths, not on the tokens). First one
+unmeasured step per mode (groups of its own), so neither measured mode pays first-call costs
+(on a GPU: kernel loads, the allocator's growth); until 6 December there was none, and
+`shared` went first at step 0, paying them. Every step then trains new groups with
+`share_prompt` on and off, in alternating order; reported are median seconds per step, the
+tokens each mode computes (padding included) and the ratio. Printed and merged into
+bench/results.json under "learner".
 
 Not covered: the publish and save that follow a step (bench/publish.py), and the decoder that
 shares the CPU with the learner in a real run.
@@ -106,6 +109,10 @@ def main() -> None:
     rng = random.Random(args.seed)
     engine = LearnerEngine(args.device)
     engine.load(path, 0, config)
+    warm_rng = random.Random(f"warm-up {args.seed}")  # the measured groups stay as before
+    warm = make_groups(warm_rng, prompts, config.groups_per_step, preset.group_size)
+    for mode in ("shared", "whole"):  # first calls: not measured, groups of their own
+        engine.train_step(warm, config.model_copy(update={"share_prompt": mode == "shared"}))
     seconds: dict[str, list[float]] = {"shared": [], "whole": []}
     tokens: dict[str, int] = {"shared": 0, "whole": 0}
     for step in range(args.steps):

@@ -8,8 +8,10 @@ One private SeaweedFS (and Temporal, unused) on free ports. SmolLM2-135M-Instruc
 its top `--layers` decoder layers and its final norm (what a default-run step trains). Each
 side then does what the learner and an inference worker do for a version:
 
-- `whole`: a plain copy of the model built from its config (as the learner did), saved as one
-  `model.safetensors`, published, fetched into a cache of its own;
+- `whole`: the live model saved with `save_pretrained` as one `model.safetensors`, published,
+  fetched into a cache of its own (until 6 December this side first built a fresh copy from
+  the config, as the learner then did: ~2 s of random initialisation a version counted as
+  "save", so its figures measured that copy path, not the file format);
 - `sharded`: `infra.policy.save_weights` (one shard per layer), published (files the run
   already holds are not sent), fetched into a cache of its own (shared blobs are linked).
 
@@ -47,11 +49,7 @@ def _copy_side_files(base: Path, out: Path) -> None:
 
 
 def _save_whole(model: Any, out: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    copy = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
-    copy.load_state_dict({k: v.detach() for k, v in model.state_dict().items()})
-    copy.save_pretrained(out)
+    model.save_pretrained(out)  # the format alone: no copy built, as `sharded` builds none
 
 
 def _save_sharded(model: Any, out: Path) -> None:
@@ -59,7 +57,7 @@ def _save_sharded(model: Any, out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--versions", type=int, default=4)
     parser.add_argument("--layers", type=int, default=6)
     args = parser.parse_args()

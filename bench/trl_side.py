@@ -4,6 +4,8 @@ Run through `bench/vs_trl.py --side trl` (it needs TRL: `pip install -e '.[bench
 (TRL's GRPOTrainer is), one optimizer step per generation, DAPO token normalization and the
 same trainable parameters as Tempered's learner (`train_last_layers`); held-out pass@1 is one
 greedy `generate` per task with Tempered's prompt, scored in the same sandbox backend.
+Gradient checkpointing is off, as in Tempered's learner: TRL's configs turn it on by default,
+which recomputes each forward in the backward pass (more work a step, less memory).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ def grpo_config(run: TrainingRunInput, seed: int, out_dir: Path) -> Any:
         max_grad_norm=run.grpo.max_grad_norm,
         per_device_train_batch_size=run.grpo.groups_per_step * run.group_size,
         gradient_accumulation_steps=1,
+        gradient_checkpointing=False,  # TRL's default is on; Tempered's learner never recomputes
         num_generations=run.group_size,
         num_iterations=1,
         max_completion_length=run.sampling.max_new_tokens,
