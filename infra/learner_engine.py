@@ -329,7 +329,9 @@ class LearnerEngine:
         reported = self.engine.get_global_grad_norm()  # ZeRO's optimizers record it; stage 0 not
         return float(reported if reported is not None else unclipped or 0.0)
 
-    def _pass_loss(self, unit: grpo_plan.Pass, config: GRPOConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pass_loss(
+        self, unit: grpo_plan.Pass, config: GRPOConfig
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A pass's share of the step loss, and its sums of loss, tokens, clipped, kl_sampler and
         kl_ref (float64, for the step's statistics)."""
         loss = torch.zeros((), device=self.device)

@@ -27,10 +27,16 @@ def row_counts(batches: list[grpo.MicroBatch]) -> list[int]:
 
 def test_micro_batches_fill_up_to_the_row_and_token_bounds_exactly() -> None:
     rows = rows_of(4, 4, 4, 4, 4)
-    assert row_counts(list(grpo_plan.micro_batches(rows, size=2, pad_id=0, max_tokens=8))) == [2, 2, 1]
-    assert row_counts(list(grpo_plan.micro_batches(rows, size=2, pad_id=0, max_tokens=7))) == [1] * 5
-    assert row_counts(list(grpo_plan.micro_batches(rows, size=3, pad_id=0, max_tokens=12))) == [3, 2]
-    assert row_counts(list(grpo_plan.micro_batches(rows, size=3, pad_id=0))) == [3, 2]
+
+    def counts(size: int, max_tokens: int = 0) -> list[int]:
+        return row_counts(
+            list(grpo_plan.micro_batches(rows, size, pad_id=0, max_tokens=max_tokens))
+        )
+
+    assert counts(2, max_tokens=8) == [2, 2, 1]
+    assert counts(2, max_tokens=7) == [1] * 5
+    assert counts(3, max_tokens=12) == [3, 2]
+    assert counts(3) == [3, 2]
 
 
 def test_a_row_longer_than_the_token_bound_goes_alone() -> None:
@@ -79,7 +85,9 @@ def test_a_row_at_its_groups_mean_counts_in_the_step_as_dapo_counts_it() -> None
     not jump by half when a reward moves from 0.5 + 1e-9 to 0.5."""
     scales = []
     for middle in (0.5, 0.5 + 1e-9):
-        plan = grpo_plan.plan_step([group([0.0, middle, 1.0])], step=0, config=GRPOConfig(), pad_id=0)
+        plan = grpo_plan.plan_step(
+            [group([0.0, middle, 1.0])], step=0, config=GRPOConfig(), pad_id=0
+        )
         scales.append(sorted(r.scale for r in plan.rows))
         assert len(plan.used) == 3
     assert len(scales[0]) == 2 and len(scales[1]) == 3  # the mean's row is not computed ...
