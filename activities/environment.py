@@ -7,8 +7,10 @@ Queues. Every sandbox worker polls the shared `sandbox` queue and its own queue,
     open_sessions    sandbox       a session per sample on THIS worker, from the task's initial
                                    tree or the given snapshots; each `SessionRef.queue` names
                                    this worker's own queue
-    env_step         own queue     run each item's tool call in its session, write the
-                                   observation text to the store, snapshot the workspace
+    env_step         own queue     run each item's tool call in its session (an item brings
+                                   its brief: one cut is parsed again from the turn's record),
+                                   write the observation text to the store, snapshot the
+                                   workspace
     close_sessions   own queue     remove sessions (best effort: a TTL reaps the rest)
     verify_episodes  sandbox       score final snapshots against the hidden tests in fresh
                                    verifier sandboxes (any worker)
@@ -30,7 +32,9 @@ code, which can spoil its reward file (`checks.BadReward`): an agent's tree that
 0, the reason in its verdict, and the task is broken only when its untouched tree (the initial
 files: the workflow's sample G, or checked here when no item holds it) leaves no reward either,
 so that an agent's code never fails the training run. A snapshot that does not exist or
-does not match its digest is `InvalidInput`; platform and storage faults are retried.
+does not match its digest is `InvalidInput`, and so is a turn's record that does not match its
+digest or does not give the item's call; platform and storage faults are retried, a record the
+store does not hold among them (`TransientStorageError`: generate stored it before its ref came).
 Observations and verdicts are written create-only under keys named by their content's digest,
 so a step or a check run again (elsewhere) never changes what a returned ref names.
 """
@@ -46,11 +50,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TypeVar
 
+from pydantic import ValidationError
 from temporalio import activity
 
 from activities.heartbeat import heartbeating_each
-from contracts.common import ObjectRef
+from contracts.common import ObjectRef, describe_validation_error
 from contracts.episode import (
+    WORKSPACE_TOOLS,
     CloseSessionsRequest,
     CloseSessionsResponse,
     EnvStepItem,
@@ -60,6 +66,7 @@ from contracts.episode import (
     OpenSessionsRequest,
     OpenSessionsResponse,
     SessionRef,
+    ToolCall,
     Verdict,
     VerifyItem,
     VerifyRequest,
@@ -67,6 +74,7 @@ from contracts.episode import (
 )
 from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity, Queue
+from contracts.rollout import CompletionRecord
 from contracts.task import EnvName
 from infra import keys
 from infra.environments.base import Graded
@@ -75,10 +83,11 @@ from infra.environments.sessions import Session, SessionHost
 from infra.environments.snapshots import StoreObjects, Trees
 from infra.environments.tree import TreeError
 from infra.environments.workspace import SessionLost, WorkspaceEnvironment, WorkspaceState
+from infra.inference.toolcalls import full_call
 from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
 from infra.sandbox.workspace import CommandRunner
 from infra.settings import Settings
-from infra.storage import ObjectStore
+from infra.storage import DigestMismatch, ObjectNotFound, ObjectStore, TransientStorageError
 from infra.telemetry import record_queue_wait, record_sandbox_run, sandbox_in_flight, span
 
 HEARTBEAT_S = 5.0
@@ -200,6 +209,7 @@ class EnvironmentActivities:
     async def _step(self, req: EnvStepRequest, item: EnvStepItem) -> EnvStepOutcome:
         session = item.session
         state = WorkspaceState(session.session_id, session.snapshot, session.tree_digest)
+        call = await self._call(item)
         tool = item.call.name if item.call.error is None else "malformed"
         with (
             _faults(f"sample {item.sample}: session.snapshot"),
@@ -214,7 +224,7 @@ class EnvironmentActivities:
         ):
             started = time.perf_counter()
             try:
-                after, seen = await self.env.step(state, item.call, req.limits, req.step)
+                after, seen = await self.env.step(state, call, req.limits, req.step)
             except SessionLost as exc:
                 raise fail(ErrorType.SESSION_LOST, f"sample {item.sample}: {exc}") from exc
         if seen.status is not None:
@@ -231,6 +241,31 @@ class EnvironmentActivities:
             submitted=seen.submitted,
             session=self._ref(after),
         )
+
+    async def _call(self, item: EnvStepItem) -> ToolCall:
+        """The call to run: the item's own, or where that brief was cut, the whole call parsed
+        again from the turn's record. A record the store does not hold is retried (it was
+        stored before the ref came); one that does not give that call can never run."""
+        if not item.call.cut:
+            return item.call
+        ref, where = item.completion, f"items[sample {item.sample}].completion"
+        try:
+            data = await asyncio.to_thread(self.store.get_verified, ref)
+        except ObjectNotFound as exc:
+            raise TransientStorageError(
+                f"{where}: the turn's record {ref.key}, which holds the call to run, is not in "
+                f"the store ({exc}); retried"
+            ) from exc
+        except DigestMismatch as exc:
+            raise invalid(where, str(exc)) from exc
+        try:
+            return full_call(
+                item.call, CompletionRecord.model_validate_json(data).text, WORKSPACE_TOOLS
+            )
+        except ValidationError as exc:
+            raise invalid(where, f"{ref.key}: {describe_validation_error(exc)}") from exc
+        except ValueError as exc:
+            raise invalid(where, f"{ref.key}: {exc}") from exc
 
     async def _verify(self, req: VerifyRequest, item: VerifyItem) -> tuple[Verdict, bool]:
         """The item's verdict, and whether its tree spoiled the reward file (scored 0)."""

@@ -13,7 +13,9 @@ concurrently running activity into batched backend calls. Each completion is wri
 `keys.turn_key(run, task, sample, step, "completion.json")` (a `CompletionRecord`: the exact
 prompt and completion ids and log-probs the learner trains on), and its action is parsed: `code`
 writes the program to `code.py`; `workspace` returns the `ToolCall` (infra/inference/toolcalls.py,
-which never raises: a malformed call comes back with `error` set and costs the episode a step).
+which never raises: a malformed call comes back with `error` set and costs the episode a step),
+as its brief (`ToolCall.brief`): the whole call stays in the record, whose text `env_step` and
+`write_trajectories` parse again, so no file content the model writes crosses Temporal.
 
 Policy: `req.policy_version` None means the newest published version of `req.policy_run`
 (re-read every couple of seconds, so a hot reload needs no restart); a number means exactly
@@ -300,7 +302,7 @@ class InferenceActivities:
             code = extract_code(record.text)
             action["code"] = self.store.put_text(key(CODE), code, create_only=True)
         else:
-            action["call"] = parse_tool_call(record.text, WORKSPACE_TOOLS)
+            action["call"] = parse_tool_call(record.text, WORKSPACE_TOOLS).brief()
         return Completion(
             sample=item.sample,
             completion=completion_ref,

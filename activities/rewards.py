@@ -3,6 +3,8 @@
 Each episode's stored step records (completion.json, and code.py for `code`) are assembled into
 a `contracts.trajectory.Trajectory` (format 2: one token sequence per episode with its loss mask
 and sampled log-probs, see `token_sequence`) and written create-only at `keys.trajectory_key`.
+A `workspace` step's call is stored whole: the request holds its brief, and a brief that was cut
+is parsed again from the step's completion text (`toolcalls.full_call`).
 The document is a pure function of the request and of those artefacts (its timestamps come from
 the completion records, never from the clock), so a retried activity writes identical bytes and
 reports `created=0`.
@@ -10,8 +12,8 @@ reports `created=0`.
 Storage failures propagate as retryable errors (S3 down is never a reward); a request that can
 never succeed (an episode that never ended, a `code` step never executed, an `infra_error`
 step or verdict, an artefact whose digest does not match its ref, a step whose prompt does not
-extend the previous step's prompt and completion, a different trajectory already stored under
-the key) raises a non-retryable ApplicationError naming the field.
+extend the previous step's prompt and completion, a step's text that does not give its call, a
+different trajectory already stored under the key) raises a non-retryable ApplicationError naming the field.
 
 Served by `tempered worker rewards` (workers/rewards.py).
 """
@@ -27,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from temporalio import activity
 
 from contracts.common import ObjectRef, describe_validation_error
+from contracts.episode import WORKSPACE_TOOLS, ToolCall
 from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity
 from contracts.rollout import (
@@ -40,6 +43,7 @@ from contracts.sandbox import ExecStatus
 from contracts.task import EnvName
 from contracts.trajectory import Trajectory, TrajectoryStep, trajectory_id
 from infra import keys
+from infra.inference.toolcalls import full_call
 from infra.storage import DigestMismatch, ObjectExists, ObjectNotFound, ObjectStore, sha256_bytes
 from infra.telemetry import record_rewards
 
@@ -193,7 +197,7 @@ class RewardActivities:
             completion_text=record.text,
             finish_reason=record.finish_reason,
             code=code,
-            call=step.call,
+            call=self._call(where, step, record),
             observation=step.observation,
             status=step.status,
             tests_passed=step.tests_passed,
@@ -202,6 +206,16 @@ class RewardActivities:
             started_at=record.started_at,
             finished_at=record.finished_at,
         )
+
+    @staticmethod
+    def _call(where: str, step: EpisodeStep, record: CompletionRecord) -> ToolCall | None:
+        """The step's whole call: the workflow holds its brief, the record its text."""
+        if step.call is None:
+            return None
+        try:
+            return full_call(step.call, record.text, WORKSPACE_TOOLS)
+        except ValueError as exc:
+            raise invalid(f"{where}.call", f"{step.completion.key}: {exc}") from exc
 
     def _read(self, where: str, ref: ObjectRef) -> bytes:
         """An artefact a step stored; one missing or changed can never be read (not retried)."""

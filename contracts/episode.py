@@ -14,11 +14,14 @@ Sessions are sticky: a session lives on the sandbox worker that opened it, and i
 that worker's own task queue (`SessionRef.queue`). After every step the workspace is
 snapshotted to S3 (content-addressed); when the worker dies, `open_sessions` restores the
 session on another worker from `SessionRef.snapshot` and the step is run again there.
-Payloads carry references only: no workspace, log or observation text crosses Temporal.
+Payloads carry references only: no workspace, log or observation text crosses Temporal, and a
+tool call crosses it as its brief (`ToolCall.brief`: a few hundred characters a value), never
+with the file contents or commands it holds whole.
 """
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Any
 
@@ -37,8 +40,18 @@ class ToolSpec(Contract):
     parameters: dict[str, Any] = Field(description="JSON schema of the arguments object.")
 
 
+BRIEF_CHARS = 256
+"""The most characters of a call's name, error or any one argument value that its brief keeps
+(`ToolCall.brief`): what travels in Temporal payloads."""
+
+
 class ToolCall(Contract):
-    """The action parsed from one model turn; `error` set when the turn held no valid call."""
+    """The action parsed from one model turn; `error` set when the turn held no valid call.
+
+    In Temporal payloads a call travels as its `brief` (a file written whole at every step of
+    every episode would otherwise pass the 2 MiB a payload may hold); where the full call is
+    needed (`env_step` runs it, `write_trajectories` stores it) it is parsed again from the
+    turn's CompletionRecord (`infra.inference.toolcalls.full_call`)."""
 
     name: str = ""
     arguments: dict[str, Any] = {}
@@ -47,6 +60,35 @@ class ToolCall(Contract):
         description="Why the turn is not a valid call (malformed, unknown tool, bad "
         "arguments): it becomes an error observation and counts as a step.",
     )
+    cut: bool = Field(
+        default=False,
+        description="A brief whose name, error or argument values were cut to `BRIEF_CHARS` "
+        "(each such value ends with a note of its full length): not the call to run.",
+    )
+
+    def brief(self) -> ToolCall:
+        """This call with its name, error and each argument value at most `BRIEF_CHARS`
+        characters (a value other than a string is cut as its JSON text), `cut` set when any
+        was cut; the call itself when none was."""
+        name = _cut(self.name)
+        error = None if self.error is None else _cut(self.error)
+        arguments = {key: _brief_value(value) for key, value in self.arguments.items()}
+        if name == self.name and error == self.error and arguments == self.arguments:
+            return self
+        return ToolCall(name=name, arguments=arguments, error=error, cut=True)
+
+
+def _brief_value(value: Any) -> Any:
+    """An argument value of a brief: itself, or its text cut when that is too long."""
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return _cut(text) if len(text) > BRIEF_CHARS else value
+
+
+def _cut(text: str) -> str:
+    """`text` at most `BRIEF_CHARS` characters, plus a note of its length where it was cut."""
+    if len(text) <= BRIEF_CHARS:
+        return text
+    return f"{text[:BRIEF_CHARS]}… [cut: {len(text)} characters]"
 
 
 class EpisodeEnd(StrEnum):
@@ -99,8 +141,10 @@ class EnvStepItem(Contract):
         description="The turn's CompletionRecord (its text holds the call)."
     )
     call: ToolCall = Field(
-        description="The call GENERATE parsed from that text (`infra/inference/toolcalls.py`); "
-        "run as given. With `error` set it is not run: the error is the observation."
+        description="The brief of the call GENERATE parsed from that text "
+        "(`infra/inference/toolcalls.py`): run as given unless `cut`, else the full call is "
+        "parsed again from `completion`. With `error` set it is not run: the error is the "
+        "observation."
     )
 
 
@@ -117,7 +161,7 @@ class EnvStepRequest(Contract):
 
 class EnvStepOutcome(Contract):
     sample: int
-    call: ToolCall
+    call: ToolCall = Field(description="The item's call, as it came (a brief).")
     observation: ObjectRef = Field(description="Observation text, as the model will read it.")
     status: ExecStatus | None = Field(
         default=None, description="Of a command or program the call ran (None: no run)."

@@ -26,6 +26,10 @@ Every `ToolCall` it returns stays far below the JSON depth pydantic reads and wr
 most `MAX_DEPTH` levels (deeper is bad arguments), and an error call keeps the model's arguments
 only when they are flat (scalar values) and at most `MAX_KEPT_CHARS` of JSON, else none.
 
+A call crosses Temporal as its brief (`ToolCall.brief`, its values cut to a few hundred
+characters); `full_call` gives back the whole call where it is needed, by parsing the turn's text
+again (the parse is deterministic: the same text, the same call).
+
 Not covered here: running a call (infra/environments/), how a template is rendered into token
 ids (infra/inference/prompts.py).
 """
@@ -126,6 +130,18 @@ def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall:
     if problem:
         return _error(f"bad arguments for {name!r}: {problem}", name, arguments)
     return ToolCall(name=name, arguments=arguments)
+
+
+def full_call(call: ToolCall, text: str, tools: Sequence[ToolSpec]) -> ToolCall:
+    """The call whose brief `call` is: `call` itself where nothing was cut, else the turn's
+    `text` parsed again. Raises ValueError when `text` does not parse to a call with that brief
+    (the text of another turn)."""
+    if not call.cut:
+        return call
+    parsed = parse_tool_call(text, tools)
+    if parsed.brief() != call:
+        raise ValueError("the turn's text does not parse to the call whose brief came with it")
+    return parsed
 
 
 def _check_arguments(tool: ToolSpec, arguments: dict[str, Any]) -> str | None:

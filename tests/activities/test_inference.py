@@ -15,7 +15,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.inference import InferenceActivities, sample_params
 from activities.rewards import RewardActivities
-from contracts.episode import EpisodeEnd
+from contracts.episode import WORKSPACE_TOOLS, EpisodeEnd, ToolCall
 from contracts.learner import GRPOConfig
 from contracts.rollout import (
     CompletionRecord,
@@ -29,6 +29,7 @@ from contracts.task import EnvName, SamplingParams, TaskSpec, WorkspaceSpec
 from contracts.trajectory import Trajectory
 from infra import grpo, keys
 from infra.inference.prompts import extract_code, feedback_text
+from infra.inference.toolcalls import full_call, parse_tool_call, render_tool_call
 from infra.policy import latest_policy, publish_policy
 from infra.settings import InferenceSettings, LocalInferenceSettings, Settings
 from infra.storage import ObjectStore
@@ -175,6 +176,9 @@ async def test_a_workspace_step_returns_the_parsed_call(
     req_guided = request("ws-guided", samples=2, env=EnvName.WORKSPACE, sampling=guided)
     for c in (await generate(acts, req_guided)).completions:  # the same model, guided
         assert c.call is not None and c.call.error is None, c.call
+        text = store.get_model(c.completion.key, CompletionRecord).text
+        assert c.call == parse_tool_call(text, WORKSPACE_TOOLS).brief()  # what env_step gets
+        assert full_call(c.call, text, WORKSPACE_TOOLS) == parse_tool_call(text, WORKSPACE_TOOLS)
     workspace_chat = await chat(acts, EnvName.WORKSPACE)
     first = response.completions[0].completion
     record = store.get_model(first.key, CompletionRecord)
@@ -186,6 +190,29 @@ async def test_a_workspace_step_returns_the_parsed_call(
     prompt = store.get_model(step.completion.key, CompletionRecord).prompt_token_ids
     assert prompt == workspace_chat.next_prompt(record, "exit 0")
     assert "<tool_response>\nexit 0\n</tool_response>" in workspace_chat.tokenizer.decode(prompt)
+
+
+@pytest.mark.asyncio
+async def test_a_workspace_call_comes_back_as_its_brief(
+    acts: InferenceActivities, store: ObjectStore
+) -> None:
+    """A turn that writes a 69 KB file (stored by an earlier attempt, so nothing is sampled):
+    the completion carries the call cut to its brief; the record gives the call back whole."""
+    call = ToolCall(name="write_file", arguments={"path": "big.py", "content": "x = 1\n" * 11_500})
+    workspace_chat = await chat(acts, EnvName.WORKSPACE)
+    record = CompletionRecord(
+        text=f"I write it.\n{render_tool_call(call)}",
+        prompt_token_ids=workspace_chat.first_prompt(PROMPT),
+        completion_token_ids=[5, 6],
+        logprobs=[-0.5, -0.5],
+        policy_version=0,
+    )
+    store.put_json(keys.turn_key(RUN, "ws-big", 0, 0, "completion.json"), record)
+    req = request("ws-big", samples=1, env=EnvName.WORKSPACE)
+    (c,) = (await generate(acts, req)).completions
+    assert c.call is not None and c.call.cut and c.call.name == "write_file"
+    assert len(c.model_dump_json()) < 2048
+    assert full_call(c.call, record.text, WORKSPACE_TOOLS) == call
 
 
 @pytest.mark.asyncio

@@ -8,7 +8,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.rewards import PrefixBroken, RewardActivities, token_sequence
-from contracts.episode import EpisodeEnd, ToolCall, Verdict
+from contracts.episode import WORKSPACE_TOOLS, EpisodeEnd, ToolCall, Verdict
 from contracts.rollout import (
     CompletionRecord,
     EpisodeState,
@@ -20,7 +20,8 @@ from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, TaskSpec, WorkspaceSpec
 from contracts.trajectory import Trajectory
 from infra import keys
-from infra.storage import ObjectStore
+from infra.inference.toolcalls import parse_tool_call, render_tool_call
+from infra.storage import ObjectStore, sha256_bytes
 
 RUN = "run-rw"
 TASK = TaskSpec(
@@ -256,6 +257,52 @@ async def test_workspace_episodes_record_calls_ends_and_the_verdict(store: Objec
     assert submitted.verifier == result and submitted.steps[0].code is None
     assert submitted.token_ids == [1, 2, 5, 6] and submitted.loss_mask == [0, 0, 1, 1]
     assert ended.end == "context_budget" and ended.token_ids == [] and ended.steps == []
+
+
+@pytest.mark.asyncio
+async def test_a_workspace_trajectory_holds_the_whole_call_of_a_cut_brief(
+    store: ObjectStore,
+) -> None:
+    """The request carries each call's brief (68 KB of file content cut to a few hundred
+    characters); the trajectory stores the call whole, parsed again from the step's record,
+    and a record whose text gives another call is refused, naming the step."""
+    task = TaskSpec(
+        id="ws-big",
+        prompt="Write big.py.",
+        env=EnvName.WORKSPACE,
+        workspace=WorkspaceSpec(
+            files=store.put_text("ws/f", "f"), verifier=store.put_text("ws/t", "t")
+        ),
+    )
+    call = ToolCall(name="write_file", arguments={"path": "big.py", "content": "x = 1\n" * 11_500})
+
+    def episode(text: str) -> EpisodeState:
+        completion = record([1, 2], [5, 6], 0, 0).model_copy(update={"text": text})
+        step = EpisodeStep(
+            step=0,
+            policy_version=0,
+            completion=store.put_json(f"ws/{sha256_bytes(text.encode())}.json", completion),
+            call=parse_tool_call(render_tool_call(call), WORKSPACE_TOOLS).brief(),
+            observation=store.put_text("ws/o.txt", "wrote big.py"),
+        )
+        return EpisodeState(sample=0, steps=[step], end=EpisodeEnd.STEP_BUDGET)
+
+    brief = episode(render_tool_call(call)).steps[0].call
+    assert brief is not None and brief.cut and len(brief.model_dump_json()) < 1024
+    req = WriteTrajectoriesRequest(
+        run_id=RUN, task=task, group_size=1, samples=[episode(render_tool_call(call))]
+    )
+    (ref,) = (await write(store, req)).trajectories
+    assert store.get_model(ref.key, Trajectory).steps[0].call == call
+    other = render_tool_call(
+        ToolCall(name="write_file", arguments={"path": "big.py", "content": "y"})
+    )
+    req = WriteTrajectoriesRequest(
+        run_id=f"{RUN}-other", task=task, group_size=1, samples=[episode(other)]
+    )
+    with pytest.raises(ApplicationError, match=r"samples\[0\]\.steps\[0\]\.call: ws/") as err:
+        await write(store, req)
+    assert err.value.non_retryable
 
 
 @pytest.mark.asyncio

@@ -51,7 +51,7 @@ from contracts.rollout import (
 from contracts.sandbox import ExecStatus
 from contracts.task import AgentTaskInput, EnvName
 from infra import keys
-from infra.inference.toolcalls import parse_tool_call, render_tool_call
+from infra.inference.toolcalls import full_call, parse_tool_call, render_tool_call
 from infra.storage import ObjectStore
 from workflows.agent_task import AgentTaskWorkflow
 
@@ -100,7 +100,8 @@ Script = Callable[[int, int], "str | ToolCall"]
 class ScriptedModel:
     """A `generate` activity whose answer for (sample, step) is `script(sample, step)`: a
     program for `code` tasks; a `ToolCall` (rendered in the model's format) or raw text for
-    `workspace`. `gate(step)`, if given, is awaited before answering a step."""
+    `workspace`, returned as its brief as `generate` returns it. `gate(step)`, if given, is
+    awaited before answering a step."""
 
     def __init__(
         self,
@@ -158,7 +159,7 @@ class ScriptedModel:
         if request.env is EnvName.CODE:
             action["code"] = self.store.put_text(key("code.py"), str(answer))
         else:
-            action["call"] = parse_tool_call(text, WORKSPACE_TOOLS)
+            action["call"] = parse_tool_call(text, WORKSPACE_TOOLS).brief()  # as generate
         return Completion(
             sample=sample,
             completion=self.store.put_json(key("completion.json"), record),
@@ -175,7 +176,9 @@ def tree_digest(tree: dict[str, str]) -> str:
 class ScriptedSandbox:
     """One sandbox worker's sessions: `open_sessions` and `verify_episodes` on `sandbox`,
     `env_step` and `close_sessions` on its own queue. A workspace is a dict of files; `bash`
-    only echoes; the verifier passes a workspace whose `fixed.py` reads `ok`."""
+    only echoes; the verifier passes a workspace whose `fixed.py` reads `ok`. A step runs the
+    whole call, parsed again from its record where the brief it came with was cut, as
+    `env_step` does."""
 
     def __init__(self, store: ObjectStore, name: str):
         self.store, self.queue = store, f"sandbox-{name}"
@@ -221,7 +224,11 @@ class ScriptedSandbox:
             tree = self.sessions.get(item.session.session_id)
             if tree is None:
                 raise fail(ErrorType.SESSION_LOST, f"{item.session.session_id} is not here")
-            text, status, submitted = self._run(tree, item.call)
+            call = item.call
+            if call.cut:  # as env_step: the whole call, parsed again from the turn's record
+                record = self.store.get_model(item.completion.key, CompletionRecord)
+                call = full_call(call, record.text, WORKSPACE_TOOLS)
+            text, status, submitted = self._run(tree, call)
             self.steps_run.append((item.sample, req.step))
             key = keys.turn_key(req.run_id, req.task_id, item.sample, req.step, "observation.txt")
             outcomes.append(
