@@ -12,13 +12,17 @@ at start-up and the bucket is created.
 Either server may be external instead, one that this installation uses as it is and never starts
 or stops: S3 when `s3.endpoint` is not on 127.0.0.1/localhost, Temporal when
 `temporal.embedded` is false (then `up` only checks that it answers, and starts no codec
-server: that serves the embedded UI; `tempered codec --origin URL` serves another).
+server: that serves the embedded UI; `tempered codec --origin URL` serves another). Any S3 must
+refuse a second create-only write (`ObjectStore.check_create_only`, exactly-once results depend
+on it): the embedded one is checked when `up` starts it, an external one by each `up` (once per
+endpoint and bucket in a process), unless it cannot be reached from here (workers elsewhere may).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlparse
@@ -28,12 +32,15 @@ from infra import codec
 from infra.processes import Service, bundled_binary, port_open, wait_for_port
 from infra.seaweed import SeaweedPorts, seaweed_command, wait_s3_ready
 from infra.settings import Settings
-from infra.storage import ObjectStore
+from infra.storage import ObjectStore, StorageError, TransientStorageError
 
 START_TIMEOUT_S = 60.0
 LISTEN_WAIT_S = 5.0
 """How long a service of ours that runs may take to listen (another command may be starting it),
 and an external Temporal to answer."""
+PROBE_TIMEOUT_S = 10.0
+"""Read timeout of `up`'s own S3 requests: with the store's (60 s, 3 attempts) a SeaweedFS that
+ran but did not answer kept `up` waiting 4 minutes."""
 NO_CODEC = (
     "codec: not started (it serves the embedded Temporal's UI; for another UI, run "
     "`tempered codec --origin URL`)"
@@ -250,14 +257,20 @@ def _check_external_temporal(settings: Settings) -> str:
 def _start_seaweed(settings: Settings) -> str:
     endpoint = s3_endpoint(settings)
     if endpoint is None:
-        return f"s3: external endpoint {settings.s3.endpoint or 'AWS'} (not started)"
+        return _check_external_s3(settings)
     service = seaweed_service(settings)
     with service.lock():
-        if service.pid() is not None:
+        if (pid := service.pid()) is not None:
             _listening(service, endpoint.host, endpoint.port)
             # this command's bucket may be another than the first one's (the server was checked
-            # when it started: the bucket alone is made here)
-            ObjectStore.from_settings(settings).ensure_bucket()
+            # when it started: the bucket alone is made here), asked once: it may run, hung
+            try:
+                _store(settings, retries=0).ensure_bucket()
+            except StorageError as exc:
+                raise StackError(
+                    f"seaweedfs runs (pid {pid}), but S3 at http://{endpoint} does not answer "
+                    f"as it should ({exc}); `tempered down`, then `tempered up`"
+                ) from None
             return f"seaweedfs: already running, S3 at http://{endpoint}"
         ports = SeaweedPorts.from_base(endpoint.port, settings.s3.embedded_base_port)
         for port in ports.all_ports():
@@ -278,11 +291,12 @@ def _start_seaweed(settings: Settings) -> str:
         )
         try:
             wait_for_port(endpoint.host, endpoint.port, START_TIMEOUT_S, service)
-            wait_s3_ready(f"http://{endpoint}", START_TIMEOUT_S)
-        except (RuntimeError, TimeoutError) as err:
+            _serving(service, f"http://{endpoint}")
+            _ensure_bucket(settings, service)
+        except (RuntimeError, TimeoutError, StorageError) as err:
+            reason = _exited(service) or str(err)  # its log says why, not the refused request
             service.stop()
-            raise StackError(f"SeaweedFS did not start: {err}") from None
-        _ensure_bucket(settings)
+            raise StackError(f"SeaweedFS did not start: {reason}") from None
         return f"seaweedfs: started, S3 at http://{endpoint}, bucket {settings.s3.bucket!r}"
 
 
@@ -307,11 +321,65 @@ def _start_codec(settings: Settings) -> str:
         return f"codec: started at {url} (the UI shows what payloads reference)"
 
 
-def _ensure_bucket(settings: Settings) -> None:
-    store = ObjectStore.from_settings(settings)
+_create_only_checked: set[tuple[str, str]] = set()
+"""The external (endpoint, bucket) pairs this process found to refuse a second create-only write."""
+
+
+def _check_external_s3(settings: Settings) -> str:
+    """An external S3 is not started, only checked to refuse a second create-only write. One
+    it cannot reach is reported, not fatal: `train --no-workers` may name a store only its
+    workers reach; workers here stop at their first request to it."""
+    store = _store(settings, retries=0)
+    line = f"s3: external endpoint {settings.s3.endpoint or 'AWS'} (not started)"
+    if (store.endpoint, store.bucket) not in _create_only_checked:
+        try:
+            store.check_create_only()
+        except TransientStorageError as exc:
+            return f"{line}; not checked for conditional writes here: {exc}"
+        except StorageError as exc:
+            raise StackError(f"external S3, bucket {store.bucket!r}: {exc}") from None
+        _create_only_checked.add((store.endpoint, store.bucket))
+    return f"{line}, conditional writes checked"
+
+
+def _store(settings: Settings, retries: int | None = None) -> ObjectStore:
+    """The store with `up`'s own read timeout (PROBE_TIMEOUT_S) and `retries` (the settings'
+    by default) of a failed request."""
+    return ObjectStore(settings.s3, read_timeout_s=PROBE_TIMEOUT_S, retries=retries)
+
+
+def _serving(service: Service, url: str) -> None:
+    """Wait until the S3 gateway at `url` answers HTTP (`wait_s3_ready`), failing at once, with
+    the log's tail, when `service` exits: one that died after opening its port cost
+    START_TIMEOUT_S and ended in "connection refused"."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if (exited := _exited(service)) is not None:
+            raise RuntimeError(exited)
+        try:
+            wait_s3_ready(url, 1.0)
+            return
+        except TimeoutError as err:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{err}, {START_TIMEOUT_S:.0f}s in all") from None
+
+
+def _ensure_bucket(settings: Settings, service: Service) -> None:
+    store = _store(settings)
     store.ensure_bucket()
-    store.wait_ready(START_TIMEOUT_S)  # after a restart, reads fail until volumes re-register
+    # after a restart, reads fail until volumes re-register
+    store.wait_ready(START_TIMEOUT_S, running=lambda: service.pid() is not None)
     store.check_create_only()
+
+
+def _exited(service: Service) -> str | None:
+    """What to say of a service that has exited during its start (None while it runs)."""
+    if service.pid() is not None:
+        return None
+    return (
+        f"{service.name} exited during start-up; last log lines ({service.logfile}):\n"
+        f"{service.log_tail()}"
+    )
 
 
 def _listening(service: Service, host: str, port: int) -> None:

@@ -20,7 +20,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -41,7 +41,12 @@ from infra.storage_errors import (
     TransientStorageError,
     translate_errors,
 )
-from infra.storage_multipart import MULTIPART_THRESHOLD, transfer_config, upload_in_parts
+from infra.storage_multipart import (
+    MULTIPART_THRESHOLD,
+    abort_uploads,
+    transfer_config,
+    upload_in_parts,
+)
 
 __all__ = [
     "DigestMismatch",
@@ -88,7 +93,16 @@ def s3_client(s3: S3Settings, **config: Any) -> Any:
 class ObjectStore:
     """One bucket of one S3 endpoint. Thread-safe (one boto3 client, shared)."""
 
-    def __init__(self, s3: S3Settings, bucket: str | None = None, *, page_size: int = 1000):
+    def __init__(
+        self,
+        s3: S3Settings,
+        bucket: str | None = None,
+        *,
+        page_size: int = 1000,
+        read_timeout_s: float = 60.0,
+        retries: int | None = None,
+    ):
+        """`retries`: botocore's retries of a failed request, `s3.max_attempts` by default."""
         self.settings = s3
         self.bucket = bucket or s3.bucket
         self.endpoint = s3.endpoint or f"https://s3.{s3.region}.amazonaws.com"
@@ -97,8 +111,11 @@ class ObjectStore:
             self._client = s3_client(
                 s3,
                 connect_timeout=s3.connect_timeout_s,
-                read_timeout=60,
-                retries={"max_attempts": s3.max_attempts, "mode": "standard"},
+                read_timeout=read_timeout_s,
+                retries={
+                    "max_attempts": s3.max_attempts if retries is None else retries,
+                    "mode": "standard",
+                },
                 max_pool_connections=32,
             )
         except ValueError as exc:
@@ -118,9 +135,15 @@ class ObjectStore:
                 if exc.response.get("Error", {}).get("Code") not in BUCKET_EXISTS_CODES:
                     raise
 
-    def wait_ready(self, timeout_s: float, probe_key: str = ".tempered-ready") -> None:
+    def wait_ready(
+        self,
+        timeout_s: float,
+        probe_key: str = ".tempered-ready",
+        running: Callable[[], bool] = lambda: True,
+    ) -> None:
         """Poll a put + get of `probe_key` until it works: after a (re)start SeaweedFS answers
-        S3 requests before its volumes have re-registered and fails them with InternalError."""
+        S3 requests before its volumes have re-registered and fails them with InternalError.
+        Gives up at once when `running()` says the server has exited."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -128,6 +151,8 @@ class ObjectStore:
                 self.get_bytes(probe_key)
                 return
             except TransientStorageError as exc:
+                if not running():
+                    raise TransientStorageError(f"{exc} (the server has exited)") from exc
                 if time.monotonic() >= deadline:
                     raise TransientStorageError(
                         f"{exc} (still failing after {timeout_s:.0f}s)"
@@ -230,6 +255,10 @@ class ObjectStore:
     def delete_prefix(self, prefix: str) -> int:
         """Delete every key under `prefix`; how many."""
         return self.delete_keys(list(self.list_keys(prefix)))
+
+    def abort_uploads(self, prefix: str) -> int:
+        """Abort the incomplete multipart uploads under `prefix`; how many (`storage_multipart`)."""
+        return abort_uploads(self._client, self.bucket, prefix, self._errors)
 
     def delete_keys(self, doomed: list[str]) -> int:
         """Delete `doomed` (S3 DeleteObjects, 1,000 a request); how many."""

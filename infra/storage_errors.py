@@ -19,7 +19,7 @@ _TRANSIENT_CODES = {
     "Throttling",
     "ThrottlingException",
     "RequestTimeout",
-    "RequestTimeTooSkewed",
+    "IncompleteBody",  # the request's body was cut short on the way
     "InternalError",
     # 409: a concurrent conditional write to the same key is in flight; AWS says retry (the
     # retry then gets 412 or succeeds). Not ObjectExists: nothing may be stored there yet.
@@ -98,6 +98,26 @@ def classify_client_error(
         return PermanentStorageError(
             f"bucket '{bucket}' does not exist at {endpoint}: run `tempered up` or create it"
         )
+    message = error.get("Message", "") or str(exc)
+    failed = f"S3 at {endpoint} failed {op} on {where}: {code} {message}"
+    # codes whose status (404, 403, 501) the catch-alls below would misread come first
+    if code == "NoSuchUpload":  # no missing object: its upload was aborted or expired meanwhile
+        return TransientStorageError(
+            f"S3 at {endpoint} lost the multipart upload of {where} (NoSuchUpload: aborted or "
+            "expired meanwhile); a retry uploads it anew"
+        )
+    if code == "RequestTimeTooSkewed":  # a clock set right (NTP) lets the retries through
+        return TransientStorageError(
+            f"S3 at {endpoint} refused {op} on {where}: this machine's clock is too far from "
+            "the server's (RequestTimeTooSkewed); set it right (NTP)"
+        )
+    if code == "NotImplemented" or status == 501:
+        return PermanentStorageError(
+            f"S3 at {endpoint} does not implement {op} on {where} as sent ({code} {message}); "
+            "Tempered needs conditional writes (If-None-Match: *), which some S3 servers lack"
+        )
+    if code in _TRANSIENT_CODES:
+        return TransientStorageError(failed)
     if code in ("NoSuchKey", "NotFound") or status == 404:
         return ObjectNotFound(f"{where} not found")
     if code in _CREDENTIAL_HINTS or (status == 403 and code == "403"):
@@ -109,9 +129,8 @@ def classify_client_error(
         return PermanentStorageError(
             f"S3 at {endpoint} denied {op} on {where} to access key '{access_key}'"
         )
-    message = error.get("Message", "") or str(exc)
-    if code in _TRANSIENT_CODES or status >= 500:
-        return TransientStorageError(f"S3 at {endpoint} failed {op} on {where}: {code} {message}")
+    if status >= 500:
+        return TransientStorageError(failed)
     return PermanentStorageError(f"S3 {op} on {where} failed: {code} {message}")
 
 

@@ -3,13 +3,16 @@ transfer settings of the store's downloads.
 
     config = transfer_config()          # boto3's managed downloads: parallel ranged GETs
     upload_in_parts(client, bucket, path, ref, create_only, errors)
+    abort_uploads(client, bucket, "runs/r1/", errors)   # what writers killed mid-upload left
 
 `ObjectStore.upload_file` sends a file above MULTIPART_THRESHOLD through `upload_in_parts`:
 PART_SIZE parts, PART_WORKERS at a time, each read from disk by its own worker (never the whole
 file in memory), the object's sha256 (`ref`, hashed beforehand) in its `sha256` metadata as for
 a single PUT. With `create_only` the completing request carries `If-None-Match: *`; any
 failure, a refused completion included, aborts the upload so no parts are left behind, and the
-typed error (`errors`, the store's botocore translation) propagates.
+typed error (`errors`, the store's botocore translation) propagates. A writer killed mid-upload
+aborts nothing: its parts stay stored, counted by S3 but listed by no list of keys, until
+`abort_uploads` (`tempered runs rm`, for the run's prefix) aborts them.
 
 Not covered: choosing between one PUT and parts, hashing the file, and what a refused
 create-only write means (an identical object is a success): `infra/storage.py`'s.
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from boto3.s3.transfer import TransferConfig
+from botocore.exceptions import ClientError
 
 from contracts.common import ObjectRef
 
@@ -77,6 +81,26 @@ def upload_in_parts(
         with contextlib.suppress(Exception):
             client.abort_multipart_upload(Bucket=bucket, Key=ref.key, UploadId=upload_id)
         raise
+
+
+def abort_uploads(client: Any, bucket: str, prefix: str, errors: Errors) -> int:
+    """Abort every incomplete multipart upload under `prefix`; how many there were."""
+    pages = client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix)
+    with errors("list multipart uploads", prefix):
+        uploads = [
+            (upload["Key"], upload["UploadId"])
+            for page in pages
+            for upload in page.get("Uploads", [])
+            if upload["Key"].startswith(prefix)  # a server that ignored Prefix lists them all
+        ]
+    for key, upload_id in uploads:
+        with errors("abort multipart upload", key):
+            try:
+                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "NoSuchUpload":
+                    raise  # NoSuchUpload: completed or aborted meanwhile, gone either way
+    return len(uploads)
 
 
 def _upload_part(

@@ -95,6 +95,27 @@ def test_only_a_failed_precondition_means_the_object_exists(
     assert type(error) is expected
 
 
+@pytest.mark.parametrize(
+    ("code", "status", "expected", "says"),
+    [
+        # some S3 servers do not implement If-None-Match: retrying it never helps
+        ("NotImplemented", 501, PermanentStorageError, "conditional writes"),
+        # a 403 that is no refusal of the credentials: the clock is off
+        ("RequestTimeTooSkewed", 403, TransientStorageError, "clock"),
+        # a 404 that is no missing object: the upload was aborted or expired meanwhile
+        ("NoSuchUpload", 404, TransientStorageError, "multipart upload"),
+        # the request's body was cut short on the way: the network's fault
+        ("IncompleteBody", 400, TransientStorageError, "IncompleteBody"),
+    ],
+)
+def test_codes_are_classified_before_the_status_catch_alls(
+    code: str, status: int, expected: type[Exception], says: str
+) -> None:
+    error = classify_client_error(_client_error(code, status), "put", "k", "http://s3", "b", "ak")
+    assert type(error) is expected, error
+    assert says in str(error) and "access key" not in str(error)
+
+
 def test_conditional_request_conflict_is_transient(store: ObjectStore) -> None:
     """S3 answers 409 ConditionalRequestConflict to concurrent conditional writes of one key
     (AWS: retry). SeaweedFS never sends it, so a botocore Stubber on the real client does; the

@@ -5,11 +5,12 @@ in an order that a rerun of the command finishes, whenever it stopped.
 
 First `removed/<run>.json` (the id is never used again, `infra/keys.py`), then the run's
 evaluations (`runs/<run>-eval-.../`), then its locally cached policy versions, and the run's
-own `runs/<run>/` last. A rerun of `rm` takes a run with a removal record as one to finish
-(`infra.run_ids`; other commands call it unknown) and deletes what is left. Deleting the run's
-prefix first left a rerun stopped at "unknown run", with the evaluations and cached policies
-kept for good. An S3 error on the way
-names what was done already. It does not ask whether the run runs (the caller did).
+own `runs/<run>/` last; under each prefix the incomplete multipart uploads are aborted before
+its objects go (a worker killed mid-upload leaves its parts stored, listed by no list of keys).
+A rerun of `rm` takes a run with a removal record as one to finish (`infra.run_ids`; other
+commands call it unknown) and deletes what is left. Deleting the run's prefix first left a rerun
+stopped at "unknown run", with the evaluations and cached policies kept for good. An S3 error on
+the way names what was done already. It does not ask whether the run runs (the caller did).
 """
 
 from __future__ import annotations
@@ -44,18 +45,23 @@ def remove_run(store: ObjectStore, cache_dir: Path, run: str) -> str:
             with contextlib.suppress(ObjectExists):  # another `rm` wrote it meanwhile
                 store.put_json(record_key, {"run_id": run, "removed_at": when}, create_only=True)
         done.append(f"{'kept' if removed_before else 'wrote'} {record_key}")
-        deleted = 0
+        deleted = aborted = 0
         for prefix in evals:
+            aborted += store.abort_uploads(prefix)
             deleted += store.delete_prefix(prefix)
             done.append(f"deleted evaluation {prefix.removeprefix(keys.RUNS_PREFIX).rstrip('/')}")
         forget_run(cache_dir, run)
         done.append("deleted its cached policies")
+        aborted += store.abort_uploads(keys.run_prefix(run))
         deleted += store.delete_prefix(keys.run_prefix(run))  # last: a rerun finds the run
     except StorageError as exc:
         raise StorageError(
             f"{exc}; rm of run {run} stopped; done: {', '.join(done) or 'nothing'}; run "
             f"`tempered runs rm {run}` again to finish it"
         ) from None
-    if deleted == 0 and removed_before:
+    if deleted == aborted == 0 and removed_before:
         return f"run {run} was removed already ({record_key}): nothing left of it"
-    return f"deleted run {run}: {deleted} objects ({len(evals)} evaluations), cached policies"
+    uploads = f", {aborted} incomplete uploads" if aborted else ""
+    return (
+        f"deleted run {run}: {deleted} objects ({len(evals)} evaluations){uploads}, cached policies"
+    )

@@ -116,3 +116,25 @@ def test_a_rerun_in_the_same_second_knows_the_run_was_removed(
     assert f"deleted run {RUN}: 1 objects" in capsys.readouterr().out
     assert run(["runs", "rm", RUN, "--force"], settings) == 0
     assert f"run {RUN} was removed already" in capsys.readouterr().out
+
+
+def test_rm_aborts_the_runs_incomplete_uploads(
+    store: ObjectStore, settings: Settings, capsys: Capture
+) -> None:
+    """A learner killed mid-publish leaves a multipart upload's parts stored, listed by no list
+    of keys: `rm` deleted the run's objects and kept those parts for good. It aborts the
+    uploads under the run's prefix and its evaluations' (another run's stay)."""
+    store.put_text(keys.run_record_key(RUN), "{}")
+    client = store._client
+    orphans = [f"runs/{RUN}/policy/blobs/b1", f"runs/{EVALUATIONS[0]}/x", "runs/demo2/policy/b"]
+    store.put_text(keys.trajectory_key(EVALUATIONS[0], "t", 0), "{}")
+    for key in orphans:
+        upload = client.create_multipart_upload(Bucket=store.bucket, Key=key)["UploadId"]
+        client.upload_part(
+            Bucket=store.bucket, Key=key, UploadId=upload, PartNumber=1, Body=b"x" * 1024
+        )  # ... and the writer dies here: no complete, no abort
+
+    assert run(["runs", "rm", RUN, "--force"], settings) == 0, capsys.readouterr().err
+    assert "2 incomplete uploads" in capsys.readouterr().out
+    left = client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])
+    assert [upload["Key"] for upload in left] == ["runs/demo2/policy/b"]
