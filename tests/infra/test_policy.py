@@ -20,6 +20,7 @@ from infra.policy import (
     WEIGHTS_INDEX,
     PolicyIntegrityError,
     _build_once,
+    advance_latest,
     check_base_model,
     latest_policy,
     materialize_base_model,
@@ -155,6 +156,39 @@ def test_latest_only_moves_forward(store: ObjectStore, tiny_dir: Path) -> None:
     v2 = publish_policy(store, "r3", 2, tiny_dir, step=2)
     publish_policy(store, "r3", 1, tiny_dir, step=1)
     assert latest_policy(store, "r3") == v2
+
+
+def test_a_slow_publisher_of_an_older_version_never_moves_latest_back(
+    store: ObjectStore, tiny_dir: Path
+) -> None:
+    """v1's publisher reads latest (v0), v2's lands before v1's write: the write is a
+    compare-and-swap on what was read, so latest stays at v2."""
+    v0 = publish_policy(store, "r5", 0, tiny_dir)
+    v1 = publish_policy(store, "r5", 1, tiny_dir, step=1)
+    v2 = publish_policy(store, "r5", 2, tiny_dir, step=2)
+    store.put_json(keys.latest_policy_key("r5"), v0)  # as it was before v1 and v2 advanced it
+
+    class Overtaken(ObjectStore):
+        raced = False
+
+        def _race(self, key: str) -> None:
+            if key == keys.latest_policy_key("r5") and not self.raced:
+                self.raced = True
+                advance_latest(store, v2)  # the newer publisher, between read and write
+
+        def get_bytes(self, key: str) -> bytes:
+            data = super().get_bytes(key)
+            self._race(key)
+            return data
+
+        def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+            found = super().get_versioned(key)
+            self._race(key)
+            return found
+
+    slow = Overtaken(store.settings, store.bucket)
+    advance_latest(slow, v1)
+    assert slow.raced and latest_policy(store, "r5") == v2
 
 
 @pytest.mark.parametrize("same_size", [False, True])
