@@ -19,8 +19,9 @@ as its brief (`ToolCall.brief`): the whole call stays in the record, whose text 
 
 Policy: `req.policy_version` None means the newest published version of `req.policy_run`
 (re-read every couple of seconds, so a hot reload needs no restart); a number means exactly
-that version. Seeds: with `sampling.seed = s`, sample i of step t uses `s + 1000 * i + t`
-(not `s + i`: every step of a sample gets its own stream), so a seeded run is reproducible.
+that version. Seeds: with `sampling.seed = s`, each row samples from a stream of its own, seeded
+by a hash of (s, task, sample, step): a seeded run is reproducible, and no two of its rows share
+their sampling noise (before, sample i of step t of every task used `s + 1000 * i + t`).
 
 Retries: step artefacts are written create-only. An attempt first reads what earlier attempts
 stored for its samples, reuses those records (after checking they answer the same prompt),
@@ -36,6 +37,7 @@ non-retryable ApplicationError naming the field. Served by `tempered worker infe
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,11 +94,14 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-def sample_params(sampling: SamplingParams, sample: int, turn: int) -> SamplingParams:
-    """The params of one row: the request's, with seed `seed + 1000 * sample + turn` if seeded."""
+def sample_params(sampling: SamplingParams, task_id: str, sample: int, turn: int) -> SamplingParams:
+    """The params of one row: the request's, with the row's own seed if seeded (a hash of the
+    base seed, the task, the sample and the turn: the same on every machine and every run)."""
     if sampling.seed is None:
         return sampling
-    return sampling.model_copy(update={"seed": sampling.seed + 1000 * sample + turn})
+    row = f"{sampling.seed}/{task_id}/{sample}/{turn}".encode()
+    seed = int.from_bytes(hashlib.blake2b(row, digest_size=8).digest(), "big") >> 1
+    return sampling.model_copy(update={"seed": seed})
 
 
 class InferenceActivities:
@@ -165,7 +170,9 @@ class InferenceActivities:
         results = await asyncio.gather(
             *(
                 self.batcher.submit(
-                    prompts[i], sample_params(req.sampling, req.items[i].sample, req.turn), policy
+                    prompts[i],
+                    sample_params(req.sampling, req.task_id, req.items[i].sample, req.turn),
+                    policy,
                 )
                 for i in todo
             )

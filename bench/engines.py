@@ -94,7 +94,9 @@ class Shape:
     def params(self) -> list[SamplingParams]:
         from activities.inference import sample_params
 
-        return [sample_params(self.sampling, s, 0) for _ in self.tasks for s in range(self.group)]
+        return [
+            sample_params(self.sampling, t.id, s, 0) for t in self.tasks for s in range(self.group)
+        ]
 
     def prompts(self, chat: Any) -> list[list[int]]:
         return [chat.first_prompt(t.prompt) for t in self.tasks for _ in range(self.group)]

@@ -144,7 +144,8 @@ class SamplingParams(Contract):
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
     max_new_tokens: int = Field(default=256, ge=1, le=8192)
     seed: int | None = Field(
-        default=None, description="Base seed; sample s at turn t uses seed + 1000·s + t."
+        default=None,
+        description="Base seed; each row (task, sample, turn) seeds its own stream from it.",
     )
     stop_after_code_block: bool = Field(
         default=False, description="Stop a completion once its first ``` block is closed."

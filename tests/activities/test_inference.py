@@ -65,7 +65,7 @@ async def test_generate_stores_exact_records_and_code(
         assert c.code is not None and store.get_text(c.code.key) == extract_code(record.text)
         records.append(record)
     assert len({tuple(r.completion_token_ids) for r in records}) == 3  # a seed per sample
-    again = await generate(acts, request("add-again"))  # same seeds, same tokens
+    again = await generate(acts, request("add", run_id=f"{RUN}-again"))  # same seeds, same tokens
     for c, record in zip(again.completions, records, strict=True):
         resampled = store.get_model(c.completion.key, CompletionRecord)
         assert resampled.completion_token_ids == record.completion_token_ids
@@ -132,10 +132,18 @@ async def test_a_retry_reuses_what_an_earlier_attempt_stored(
     assert changed.value.non_retryable
 
 
-def test_seed_of_each_sample_and_turn() -> None:
+def test_a_seeded_row_has_its_own_stream_per_task_sample_and_turn() -> None:
+    """The same (seed, task, sample, turn) gives the same seed on every machine; any other gives
+    another: before, every task's sample s at turn t drew from one stream, so the groups of a
+    seeded run shared their sampling noise."""
     base = SamplingParams(seed=5)
-    assert sample_params(base, 2, 1).seed == 2006
-    assert sample_params(SamplingParams(seed=None), 2, 1).seed is None
+    rows = [(task, s, t) for task in ("add-1", "add-2") for s in range(8) for t in range(3)]
+    seeds = [sample_params(base, task, s, t).seed for task, s, t in rows]
+    assert len(set(seeds)) == len(rows)
+    assert all(seed is not None and 0 <= seed < 2**63 for seed in seeds)
+    assert sample_params(base, "add-1", 2, 1).seed == 0x776BEDF6F8C021E  # fixed, not per process
+    assert sample_params(SamplingParams(seed=6), "add-1", 2, 1).seed != seeds[7]
+    assert sample_params(SamplingParams(seed=None), "add-1", 2, 1).seed is None
 
 
 @pytest.mark.asyncio
@@ -172,7 +180,7 @@ async def test_a_workspace_step_returns_the_parsed_call(
         assert c.code is None and c.call is not None
         assert c.call.error  # the untrained tiny model writes no valid call
         assert not store.exists(keys.turn_key(RUN, "ws", c.sample, 0, "code.py"))
-    guided = sampling.model_copy(update={"max_new_tokens": 160, "tool_choice": "required"})
+    guided = sampling.model_copy(update={"max_new_tokens": 400, "tool_choice": "required"})
     req_guided = request("ws-guided", samples=2, env=EnvName.WORKSPACE, sampling=guided)
     for c in (await generate(acts, req_guided)).completions:  # the same model, guided
         assert c.call is not None and c.call.error is None, c.call
