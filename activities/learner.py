@@ -252,8 +252,15 @@ class LearnerActivities:
         try:
             engine.save(out, base_name=f"{req.run_id}/v{base}" if base is not None else "")
             (out / STEP_RECORD).write_text(record.model_dump_json(indent=1))
+            _stop_if_asked(stop, req.step)  # saving took seconds; uploading may take more
             policy = publish_policy(
-                self.store, req.run_id, req.step + 1, out, step=req.step + 1, adapter_of=base
+                self.store,
+                req.run_id,
+                req.step + 1,
+                out,
+                step=req.step + 1,
+                adapter_of=base,
+                before_manifest=lambda: _stop_if_asked(stop, req.step),
             )
         except BaseException:
             engine.version = None  # weights moved on but were not published: reload next time

@@ -299,10 +299,13 @@ def publish_policy(
     local_dir: Path,
     step: int = 0,
     adapter_of: int | None = None,
+    before_manifest: Callable[[], None] | None = None,
 ) -> PolicyVersion:
     """Publish `local_dir` as `version` of `run_id`; returns the version actually stored.
 
     With `adapter_of`, `local_dir` is a PEFT LoRA adapter over that full-weight version.
+    `before_manifest` runs once the blobs are up, before the manifest makes the version exist:
+    the publisher's last chance to stop (it raises).
     First publisher wins: if the version's manifest already exists (a retry, or a concurrent
     publisher), its PolicyVersion is returned unchanged; compare `prefix` to tell whether it is
     these bytes. The latest pointer is advanced (never moved back) in every case.
@@ -317,6 +320,8 @@ def publish_policy(
         refs = {
             name: _upload_blob(store, run_id, path, digests[name]) for name, path in named.items()
         }
+        if before_manifest is not None:
+            before_manifest()
         policy = PolicyVersion(
             run_id=run_id,
             version=version,

@@ -276,6 +276,39 @@ async def test_a_cancelled_step_stops_at_its_next_micro_batch_and_publishes_noth
 
 
 @pytest.mark.asyncio
+async def test_a_step_cancelled_while_it_saves_publishes_nothing(
+    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled after training, while its weights are written out, the step stops before its
+    version is published (it used to publish it and write its ack for a cancelled step); the
+    retry reloads v0 and publishes v1."""
+    monkeypatch.setattr(learner_module, "HEARTBEAT_EVERY_S", 0.05)
+    real_save = LearnerEngine.save
+
+    def slow_save(engine: LearnerEngine, *args: Any, **kwargs: Any) -> None:
+        real_save(engine, *args, **kwargs)
+        time.sleep(0.5)
+
+    monkeypatch.setattr(LearnerEngine, "save", slow_save)
+    env = ActivityEnvironment()
+    acts = LearnerActivities(settings, store)
+    await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+    request = TrainStepRequest(
+        run_id=RUN, step=0, groups=[write_group(store, "t0", 0, 0)], config=CONFIG
+    )
+    env.on_heartbeat = lambda *details: (
+        env.cancel() if details and details[0].get("phase") == "publish" else None
+    )
+    with pytest.raises(asyncio.CancelledError):
+        await env.run(acts.train_step, request)
+    assert policy_manifest(store, RUN, 1) is None and latest_policy(store, RUN).version == 0  # type: ignore[union-attr]
+    assert not store.exists(keys.learner_ack_key(RUN, 0))
+    assert acts.engine is not None and acts.engine.version is None  # reloads next time
+    done = await ActivityEnvironment().run(acts.train_step, request)
+    assert done.policy.version == 1
+
+
+@pytest.mark.asyncio
 async def test_train_step_rejects_bad_refs(
     store: ObjectStore, settings: Settings, tiny_dir: Path
 ) -> None:
