@@ -8,7 +8,7 @@
 
 The workspace is written by sandboxed code, so the scan never follows a link and opens every
 path relative to its parent's descriptor with O_NOFOLLOW: a link to /etc/shadow is stored as a
-link, a FIFO is skipped, nothing outside the directory is ever read. A restore writes into a
+link, a FIFO is left out (`walk.py`), nothing outside the directory is ever read. A restore writes into a
 fresh directory only, from a manifest that has nothing below a link (`tree.Manifest`), and
 hands every path to the session's uid (`disk.restore`). A scan counts what a restore will
 take of a workspace's tmpfs, so a tree it accepts always fits one again.
@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -49,12 +49,11 @@ from infra.environments.tree import (
     manifest_ref,
     sha256,
 )
+from infra.environments.walk import leave_out, walk
 from infra.storage import ObjectNotFound, ObjectStore
 
 MAX_ENTRIES = 100_000
 """Paths one workspace may hold."""
-MAX_DEPTH = 256
-"""Directory levels one workspace may nest (PATH_MAX allows some 2,000 of one letter)."""
 PARALLEL = 8
 """Pack downloads in flight at once."""
 ENTRY_BYTES, EXECUTABLE_BYTES, LISTED_BYTES, MTIME_BYTES = 768, 512, 288, 48
@@ -246,11 +245,17 @@ class Scanner:
         self.clock: Callable[[], int] = coarse_now  # what file times are compared with
         self.mtimes: dict[str, int] = {}
         """Each file's mtime (ns) at the last scan (path → ns), for `Trees.commit`."""
+        self.unkept: list[str] = []
+        """What the last scan could not keep (`walk`), printable paths: removed if it pruned."""
         self._digests: dict[str, tuple[StatKey, str]] = {}
 
-    def scan(self, root: Path, stored: Collection[str]) -> tuple[list[Entry], dict[str, bytes]]:
+    def scan(
+        self, root: Path, stored: Collection[str], prune: bool = False
+    ) -> tuple[list[Entry], dict[str, bytes]]:
         """The entries of the tree under `root`, and the contents of its files that are not
-        already `stored` (digests). TreeError past `max_bytes` or `max_entries`."""
+        already `stored` (digests); with `prune`, what no snapshot can keep is removed from
+        `root` (`walk`). TreeError past `max_bytes` or `max_entries`."""
+        self.unkept = []
         entries: list[Entry] = []
         blobs: dict[str, bytes] = {}
         seen: dict[str, tuple[StatKey, str]] = {}
@@ -259,16 +264,18 @@ class Scanner:
         start = self.clock()
         fd = os.open(root, DIR_FLAGS)
         try:
-            for path, parent_fd, name, info in _walk(fd, ""):
+            for path, parent_fd, name, info in walk(fd, self.unkept, prune):
                 if len(entries) >= self.max_entries:
                     raise TreeError(f"the workspace holds more than {self.max_entries} paths")
                 if stat.S_ISDIR(info.st_mode):
                     entries.append(Entry(path=path, kind="dir"))
                 elif stat.S_ISLNK(info.st_mode):
                     target = os.readlink(name, dir_fd=parent_fd)
-                    if is_utf8(target):  # else skipped, as a name that is not UTF-8 is
-                        total = self._charge(total, link_bytes(target))
-                        entries.append(Entry(path=path, kind="link", target=target))
+                    if not is_utf8(target):  # left out, as a name that is not UTF-8 is
+                        leave_out(parent_fd, name, path, self.unkept, prune)
+                        continue
+                    total = self._charge(total, link_bytes(target))
+                    entries.append(Entry(path=path, kind="link", target=target))
                 else:
                     total = self._charge(total, disk_bytes(info.st_size))
                     digest, data = self._digest(path, parent_fd, name, info, stored)
@@ -374,29 +381,3 @@ def _stat_key(info: os.stat_result) -> StatKey:
 def _settled(info: os.stat_result, start: int) -> bool:
     """Whether any later write changes the file's times, at a scan that began at `start`."""
     return max(info.st_mtime_ns, info.st_ctime_ns) < start - RACY_NS
-
-
-def _walk(
-    dir_fd: int, prefix: str, depth: int = 1
-) -> Iterator[tuple[str, int, str, os.stat_result]]:
-    """(path, parent fd, name, lstat) of every directory, link and regular file under the open
-    directory `dir_fd`, never following a link; special files and names that are not UTF-8
-    are skipped (links whose target is not: by `scan`). TreeError past `MAX_DEPTH` levels."""
-    if depth > MAX_DEPTH:  # a frame and a descriptor a level: never the worker's limits
-        raise TreeError(f"the workspace nests directories deeper than {MAX_DEPTH} levels")
-    with os.scandir(dir_fd) as listing:
-        names = sorted(entry.name for entry in listing)
-    for name in names:
-        path = f"{prefix}{name}"
-        if not is_utf8(path):
-            continue
-        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if stat.S_ISDIR(info.st_mode):
-            yield path, dir_fd, name, info
-            child = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
-            try:
-                yield from _walk(child, path + "/", depth + 1)
-            finally:
-                os.close(child)
-        elif stat.S_ISLNK(info.st_mode) or stat.S_ISREG(info.st_mode):
-            yield path, dir_fd, name, info

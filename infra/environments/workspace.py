@@ -19,11 +19,13 @@ Tools (`contracts.episode.WORKSPACE_TOOLS`; a call's arguments are checked by `t
 A malformed call, an unknown tool, bad arguments or a path out of the workspace give an error
 observation (a step like any other). After every step the workspace is snapshotted
 (`snapshots.py`: only changed files uploaded); the new state names the snapshot and the tree
-digest. A step runs from the state it is given: a session holding another tree (a retried
-step whose first attempt got further) is restored from that state's snapshot first, and so is
-one that already ran a step of that number or a later one (a retry whose first attempt changed
-only what no snapshot holds, `tree.py`: a name that is not UTF-8, a FIFO, a mode bit; before,
-the retry repeated it).
+digest. What no snapshot can hold (a FIFO, a name that is not UTF-8: `walk.py`) is removed
+after the step and named in its observation, so a session restored after a crash is the
+workspace the agent saw. A step runs from the state it is given: a session holding another
+tree (a retried step whose first attempt got further) is restored from that state's snapshot
+first, and so is one that already ran a step of that number or a later one (a retry whose
+first attempt changed only what no snapshot holds, such as a mode bit; before, the retry
+repeated it).
 
 A workspace is a tmpfs of its own where the worker may mount one (`mounts.py`): past the quota
 a command gets ENOSPC, and `write_file` an error observation. A cancelled reset or step holds
@@ -63,6 +65,9 @@ from infra.sandbox.workspace import CommandRunner, Mounts, cgroup_name, session_
 
 SOLUTION_DIR, SOLVE = "/solution", "solve.sh"
 """Where Harbor's oracle finds the reference solution, and what it runs."""
+UNKEPT_NAMED = 8
+"""Paths a step's note names of what it removed (`walk.py`); more are an ellipsis."""
+UNKEPT_WHY = "a workspace keeps only directories, regular files and links, with UTF-8 names"
 
 
 class SessionLost(LookupError):
@@ -192,7 +197,9 @@ class WorkspaceEnvironment:
 
     async def _snapshot(self, session: Session, observation: Observation) -> Observation:
         """Store the workspace after a step that may have changed it; a workspace grown past
-        its size limit is put back as it was, and the agent is told."""
+        its size limit is put back as it was, and the agent is told. What no snapshot can keep
+        (a FIFO, a name that is not UTF-8) is removed, so a crash changes nothing the agent
+        sees, and the agent is told that too."""
         previous = session.manifest
         assert session.snapshot is not None and previous is not None
 
@@ -201,7 +208,7 @@ class WorkspaceEnvironment:
             the commit if the tree changed."""
             scanner = session.scanner
             try:
-                entries, new = scanner.scan(session.workspace, previous.packed())
+                entries, new = scanner.scan(session.workspace, previous.packed(), prune=True)
             except TreeError as exc:
                 return exc
             if previous.holds(entries, scanner.mtimes):
@@ -215,6 +222,12 @@ class WorkspaceEnvironment:
             return Observation(text, observation.status, observation.submitted)
         if stored is not None:
             session.snapshot, session.manifest = stored
+        if unkept := session.scanner.unkept:
+            named = ", ".join(unkept[:UNKEPT_NAMED]) + (
+                ", ..." if len(unkept) > UNKEPT_NAMED else ""
+            )
+            text = f"{observation.text}\nnote: removed {named}: {UNKEPT_WHY}"
+            return Observation(text, observation.status, observation.submitted)
         return observation
 
     async def _act(self, session: Session, call: ToolCall, limits: SandboxLimits) -> Observation:

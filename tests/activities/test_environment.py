@@ -37,7 +37,7 @@ from infra.sandbox.local import LocalBackend
 from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from infra.storage import ObjectStore
 from infra.tasks.workspace import workspace_tasks
-from tests.infra.environments.conftest import needs_root, session_root
+from tests.infra.environments.conftest import UNHELD, needs_root, session_root
 
 pytestmark = [needs_root, pytest.mark.asyncio]
 RUN, QUEUE = "run-env", "sandbox-test-host-1"
@@ -199,19 +199,17 @@ async def test_a_restored_session_continues_from_its_snapshot(acts: EnvironmentA
 async def test_a_retried_step_does_not_repeat_what_its_snapshot_missed(
     acts: EnvironmentActivities,
 ) -> None:
-    """The step's only change is a name that is not UTF-8 (latin-1 `café`), which no snapshot
-    holds; the same request again (its attempt timed out after it ran) runs from the state it
-    names. Before, the retry found the session's snapshot unchanged and appended again."""
+    """The step's only change is a mode bit, which no snapshot holds; the same request again
+    (its attempt timed out after it ran) runs from the state it names. Before, the retry found
+    the session's snapshot unchanged and changed the mode again."""
     sessions = await open_two(acts)
-    cafe = "\"$(printf 'caf\\351')\""
-    append = ToolCall(name="bash", arguments={"command": f"printf x >> {cafe}; cat {cafe}"})
-    request = step(sessions, 0, {0: append})
+    request = step(sessions, 0, {0: UNHELD})
     seen = []
     for _ in range(2):
         outcome = (await ActivityEnvironment().run(acts.env_step, request)).outcomes[0]
         assert outcome.session.snapshot == sessions[0].snapshot
         seen.append(acts.store.get_text(outcome.observation.key))
-    assert seen == ["exit code: 0\nstdout:\nx"] * 2, "the retry repeated the step's effect"
+    assert seen == ["exit code: 0\nstdout:\n644"] * 2, "the retry repeated the step's effect"
 
 
 async def test_an_open_that_fails_for_one_sample_leaves_no_session_open(

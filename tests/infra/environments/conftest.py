@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from contracts.episode import ToolCall
 from contracts.task import WorkspaceSpec
 from infra.environments.mounts import remove_tree
 from infra.environments.sessions import SessionHost
@@ -78,3 +79,11 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
         await backend.close()
         trees.close()
         remove_tree(root)
+
+
+UNHELD = ToolCall(
+    name="bash",
+    arguments={"command": 'f="$(ls | head -n 1)"; stat -c %a "$f"; chmod o+w "$f"'},
+)
+"""Prints the mode of the workspace's first file, then adds a bit no snapshot holds (a
+snapshot keeps the executable bits only): a change that leaves the tree digest as it was."""

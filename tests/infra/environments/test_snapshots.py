@@ -17,7 +17,6 @@ from contracts.common import ObjectRef
 from infra.environments.disk import restore
 from infra.environments.mounts import remove
 from infra.environments.snapshots import (
-    MAX_DEPTH,
     RACY_NS,
     MemoryObjects,
     Scanner,
@@ -36,6 +35,7 @@ from infra.environments.tree import (
     sha256,
     tree_digest,
 )
+from infra.environments.walk import MAX_DEPTH
 from infra.storage import ObjectStore
 from tests.paths import REPO_ROOT
 
@@ -50,6 +50,28 @@ def write_tree(root: Path) -> None:
     os.symlink("/etc/shadow", root / "shadow")
     os.symlink("src/lib.py", root / "alias.py")
     os.mkfifo(root / "fifo")
+
+
+def test_a_pruning_scan_removes_what_no_snapshot_keeps_and_names_it(tmp_path: Path) -> None:
+    """A FIFO, names and a link target that are not UTF-8 (a directory with what it holds) are
+    left out of every scan; a pruning scan also removes them, so the live tree is the tree a
+    restore gives."""
+    write_tree(tmp_path)
+    os.mkdir(os.fsencode(tmp_path) + b"/d\xe9j\xe0")
+    (Path(os.fsdecode(os.fsencode(tmp_path) + b"/d\xe9j\xe0")) / "inner.txt").write_text("x")
+    os.symlink(b"caf\xe9", os.fsencode(tmp_path / "src") + b"/bad-link")
+    kept = {"alias.py", "data.bin", "empty", "run.sh", "shadow", "src", "src/lib.py"}
+    unkept = ["d\\xe9j\\xe0", "fifo", "src/bad-link"]
+    scanner = Scanner(1 << 20)
+    entries, _ = scanner.scan(tmp_path, set())
+    assert {e.path for e in entries} == kept and scanner.unkept == unkept
+    assert len(os.listdir(tmp_path)) == 8, "a scan that does not prune removed something"
+    entries, _ = scanner.scan(tmp_path, set(), prune=True)
+    assert {e.path for e in entries} == kept and scanner.unkept == unkept
+    assert sorted(os.listdir(tmp_path)) == sorted(p for p in kept if "/" not in p)
+    assert os.listdir(tmp_path / "src") == ["lib.py"]
+    assert Scanner(1 << 20).scan(tmp_path, set(), prune=True)[0] == entries
+    assert scanner.scan(tmp_path, set())[0] == entries and scanner.unkept == []
 
 
 def test_scan_then_restore_round_trips_the_tree(tmp_path: Path) -> None:

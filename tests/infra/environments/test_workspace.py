@@ -15,7 +15,7 @@ from contracts.task import SandboxLimits
 from infra.environments.checks import InvalidTask
 from infra.environments.mounts import mounts_under
 from infra.environments.tree import Check, TreeError
-from infra.environments.workspace import SessionLost, WorkspaceState
+from infra.environments.workspace import UNKEPT_WHY, SessionLost, WorkspaceState
 from tests.infra.environments.conftest import Rig, needs_root
 
 pytestmark = [needs_root, pytest.mark.asyncio]
@@ -85,11 +85,13 @@ async def test_each_tool(rig: Rig) -> None:
 )
 async def test_bad_calls_are_error_observations(rig: Rig, action: ToolCall, error: str) -> None:
     state = await rig.env.reset(rig.spec(FILES), "s0")
-    state, _ = await rig.env.step(
+    state, made = await rig.env.step(
         state,
         call("bash", command="ln -s /etc out; ln -s .. up; mkfifo pipe; ln -s gone/../d via"),
         LIMITS,
     )
+    assert made.text.endswith("note: removed pipe: " + UNKEPT_WHY), made.text
+    os.mkfifo(rig.host.sessions["s0"].workspace / "pipe")  # as if its step's scan missed it
     after, seen = await rig.env.step(state, action, LIMITS)
     assert error in seen.text and seen.status is None and not seen.submitted
     assert after.tree_digest == state.tree_digest
