@@ -18,6 +18,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 from pydantic import BaseModel
 
 from infra.settings import Settings
@@ -29,6 +30,7 @@ from tests.charts.chart import (
     WORKERS,
     container,
     deployments,
+    helm_refusal,
     helm_run,
     needs_helm,
     objects,
@@ -226,6 +228,65 @@ def test_keda_keeps_one_replica_of_busy_activity_workers_unless_told_zero() -> N
     assert min_replicas(render(keda)) == {"inference": 1, "rewards": 1, "sandbox": 1}
     explicit = render(keda, "workers.rewards.keda.minReplicas=0")
     assert min_replicas(explicit) == {"inference": 1, "rewards": 0, "sandbox": 1}
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (
+            ["autoscaling.enabled=true", "autoscaling.minReplicas=5", "autoscaling.maxReplicas=2"],
+            "workers.rewards: autoscaling.minReplicas 5 is above autoscaling.maxReplicas 2",
+        ),
+        (
+            ["keda.enabled=true", "keda.minReplicas=9"],
+            "workers.rewards: keda.minReplicas 9 is above keda.maxReplicas 8",
+        ),
+        (  # an HPA with no metrics scales on 80% CPU, which no value said
+            ["autoscaling.enabled=true", "autoscaling.targetCPUUtilizationPercentage=0"],
+            "workers.rewards: autoscaling has no target: set"
+            " autoscaling.targetCPUUtilizationPercentage or targetMemoryUtilizationPercentage",
+        ),
+    ],
+    ids=["hpa-min-above-max", "keda-min-above-max", "hpa-without-targets"],
+)
+def test_an_autoscaler_the_cluster_would_refuse_fails_to_render(
+    sets: list[str], message: str
+) -> None:
+    """The schema cannot compare two values: these rendered, and the API server (HPA) or KEDA's
+    webhook refused them at install, or the HPA scaled on what no value said."""
+    args = [arg for item in sets for arg in ("--set", f"workers.rewards.{item}")]
+    assert message in helm_refusal("template", "tempered", str(CHART), *args)
+
+
+def _worker_object_names(docs: list[dict[str, Any]]) -> list[str]:
+    return [
+        d["metadata"]["name"]
+        for d in docs
+        if d["kind"] in ("Deployment", "HorizontalPodAutoscaler", "ScaledObject")
+    ]
+
+
+@pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
+def test_every_object_has_a_name_of_its_own(values: Path | None) -> None:
+    """ci/long-name-values.yaml's fullname is as long as a 53-character release name makes it:
+    cut to 63 characters before the queue was added, all five Deployments had one name."""
+    docs = render(values)
+    found = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
+    assert len(found) == len(set(found)), sorted(found)
+    assert [n for n in _worker_object_names(docs) if len(n) > 63] == []
+
+
+def test_a_release_name_of_helms_longest_keeps_each_workers_name() -> None:
+    release = "r" * 53  # helm's longest
+    rendered = helm_run(
+        "template", release, str(CHART), "--set", "workers.rewards.keda.enabled=true"
+    )
+    docs = [doc for doc in yaml.safe_load_all(rendered) if doc]
+    names = _worker_object_names(docs)
+    assert len(names) == 6 and all(len(n) <= 63 for n in names), names
+    prefixes = {d["metadata"]["name"].removesuffix(f"-{q}") for q, d in deployments(docs).items()}
+    assert len(prefixes) == 1, names  # the queue is kept whole, after one shortened fullname
+    assert sorted(set(names)) == sorted(deployments(docs)[q]["metadata"]["name"] for q in WORKERS)
 
 
 def test_the_chart_runs_the_images_own_user() -> None:

@@ -126,9 +126,9 @@ def test_the_settings_names_are_the_settings_models_fields() -> None:
 @pytest.mark.parametrize(
     ("name", "allowed"),
     [
-        ("TEMPERED_SANDBOX__CONCURRENCY", True),
+        ("TEMPERED_SANDBOX__WORKSPACES__MAX_WORKSPACE_MB", True),
         ("TEMPERED_OMP_SPIN_COUNT", True),
-        ("TEMPERED_HOME", True),
+        ("TEMPERED_CONFIG", True),
         ("TEMPERED_SANDBOX_CONCURRENCY", False),
         ("TEMPERED_INFERNCE__MAX_BATCH", False),
         ("TEMPERED_INFERENCE", False),
@@ -145,6 +145,42 @@ def test_helm_refuses_a_misspelt_settings_name() -> None:
         "lint", "--strict", str(CHART), "--set", "settings.TEMPERED_SANDBOX_CONCURRENCY=64"
     )
     assert "TEMPERED_SANDBOX_CONCURRENCY" in refusal
+
+
+@pytest.mark.parametrize(
+    ("item", "instead"),
+    [
+        ("settings.TEMPERED_SANDBOX__CONCURRENCY=64", "sandbox.concurrency"),
+        ("settings.TEMPERED_HOME=/elsewhere", "stateDir"),
+        ("settings.TEMPERED_SANDBOX__KUBERNETES__NAMESPACE=other", "sandbox.namespace"),
+        ("settings.TEMPERED_TELEMETRY__PROMETHEUS_PORT=9000", "telemetry.prometheus.basePort"),
+    ],
+)
+def test_settings_may_not_name_a_setting_the_chart_writes(item: str, instead: str) -> None:
+    """The ConfigMap once held such a key twice and the later, `settings:`'s, won: past the
+    sandbox quota check (concurrency), the sandbox namespace's RBAC, the state dir's mount and
+    the metrics ports, all made on the dedicated value."""
+    name = item.split("=")[0]
+    refusal = helm_refusal("template", "tempered", str(CHART), "--set", item)
+    assert f"{name} is written by the chart: set {instead}" in refusal, refusal
+
+
+def test_every_setting_the_chart_writes_is_refused_in_settings() -> None:
+    """Every key of the chart's ConfigMap and Secret (each optional one rendered) and the
+    learner's ranks: a `settings:` entry would be overridden by, or override, the chart's."""
+    docs = render(
+        None,
+        "temporal.buildId=b7",
+        "sandbox.runtimeClass.name=gvisor",
+        "telemetry.otlpEndpoint=http://otel-collector:4317",
+    )
+    (configmap,) = objects(docs, "ConfigMap").values()
+    (secret,) = objects(docs, "Secret").values()
+    written = [*configmap["data"], *secret["stringData"], "TEMPERED_LEARNER__RANKS"]
+    sets = [arg for name in written for arg in ("--set", f"settings.{name}=1")]
+    refusal = helm_refusal("template", "tempered", str(CHART), *sets)
+    assert [n for n in written if f"settings.{n} is written by the chart" not in refusal] == []
+    assert render(None, "settings.TEMPERED_SANDBOX__WORKSPACES__MAX_WORKSPACE_MB=64")
 
 
 def test_large_numbers_reach_the_workers_as_numbers(
@@ -184,6 +220,8 @@ def test_large_numbers_reach_the_workers_as_numbers(
         "s3.endpoint=",  # dropped, the worker would use its own default, 127.0.0.1:8333
         "workers.sandbox.queue=rewards",  # a metrics port and a quota check of another queue
         "defaults.queue=inference",
+        "defaults.stateDirSizeLimit=10GB",  # an emptyDir's sizeLimit the API server refuses
+        "workers.learner.stateDirSizeLimit=",
     ],
 )
 def test_the_schema_refuses(item: str) -> None:

@@ -1,7 +1,9 @@
-"""The chart's learner: one DeepSpeed rank per GPU it requests, and a /dev/shm for NCCL.
+"""The chart's learner: one DeepSpeed rank per GPU it requests, a /dev/shm for NCCL, and never
+more than one replica.
 
 Rendering, strict 1.33 validation and lint of every value set are tests/charts/test_chart.py's;
-this checks what the learner's pod tells the worker (settings.learner.ranks) and mounts.
+this checks what the learner's pod tells the worker (settings.learner.ranks), what it mounts, and
+that values asking for a second learner fail to render.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from tests.charts.chart import (
     CHART,
     container,
     deployments,
+    helm_refusal,
     needs_helm,
     render,
     settings_from,
@@ -66,3 +69,27 @@ def test_the_learners_env_may_set_its_ranks(monkeypatch: pytest.MonkeyPatch) -> 
     env = [e["name"] for e in container(learner)["env"]]
     assert env.count("TEMPERED_LEARNER__RANKS") == 1
     assert settings_from(worker_env(docs, "learner"), monkeypatch).learner.ranks == 2
+
+
+@pytest.mark.parametrize(
+    ("item", "reason"),
+    [
+        ("workers.learner.replicas=3", "replicas is 3"),
+        ("defaults.replicas=2", "replicas is 2"),  # inherited
+        ("workers.learner.autoscaling.enabled=true", "autoscaling.enabled is true"),
+        ("workers.learner.keda.enabled=true", "keda.enabled is true"),
+        ("workers.learner.strategy.type=RollingUpdate", "strategy.type is RollingUpdate"),
+    ],
+)
+def test_never_more_than_one_learner(item: str, reason: str) -> None:
+    """One DeepSpeed engine owns the learner's GPUs and the policy it publishes: a second
+    replica, an autoscaler that adds one, or a rolling update's surge pod beside the old one
+    once rendered as asked."""
+    refusal = helm_refusal("template", "tempered", str(CHART), "--set", item)
+    assert "workers.learner runs one pod at most" in refusal, refusal
+    assert reason in refusal, refusal
+
+
+def test_the_learner_may_be_scaled_to_zero() -> None:
+    learner = deployments(render(None, "workers.learner.replicas=0"))["learner"]
+    assert learner["spec"]["replicas"] == 0

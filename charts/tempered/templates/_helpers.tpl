@@ -109,8 +109,17 @@ app.kubernetes.io/component: worker
 tempered.dev/queue: {{ .name }}
 {{- end -}}
 
+{{/* <fullname>-<queue> in 63 characters: the fullname is shortened, never the queue, so the
+workers' Deployments (and HPAs, ScaledObjects) keep names of their own under a long release name.
+Shortened alike for every queue (to fit the longest, of tempered.portOffsets, all the queues), so
+they keep one prefix, which no worker's values change. */}}
 {{- define "tempered.workerName" -}}
-{{- printf "%s-%s" (include "tempered.fullname" .root) .name | trunc 63 | trimSuffix "-" -}}
+{{- $longest := 0 -}}
+{{- range $queue, $_ := include "tempered.portOffsets" .root | fromYaml -}}
+{{- $longest = max $longest (len $queue) -}}
+{{- end -}}
+{{- $base := include "tempered.fullname" .root | trunc (int (sub 62 $longest)) | trimSuffix "-" -}}
+{{- printf "%s-%s" $base .name -}}
 {{- end -}}
 
 {{- define "tempered.settingsName" -}}
@@ -144,6 +153,94 @@ sandbox namespace (see sandbox-rbac.yaml). */}}
 {{- define "tempered.sandboxPodLabels" -}}
 app.kubernetes.io/component: sandbox
 tempered.dev/sandbox: "true"
+{{- end -}}
+
+{{/*
+The TEMPERED_* settings the chart writes itself (settings-configmap.yaml, settings-secret.yaml, the
+learner's env), each with the value that sets it; tests/charts/test_chart_values.py checks that
+every key those render is here. A `settings:` entry of one would be written twice, and the
+ConfigMap's later key (or the learner's env) would win, past what the chart derives from the
+value: the sandbox quota check (concurrency), the sandbox namespace and its RBAC, the state dir's
+mount, the metrics ports.
+*/}}
+{{- define "tempered.chartSettings" -}}
+TEMPERED_HOME: stateDir
+TEMPERED_TEMPORAL__ADDRESS: temporal.address
+TEMPERED_TEMPORAL__NAMESPACE: temporal.namespace
+TEMPERED_TEMPORAL__VERSIONING: temporal.versioning
+TEMPERED_TEMPORAL__DEPLOYMENT: temporal.deployment
+TEMPERED_TEMPORAL__BUILD_ID: temporal.buildId
+TEMPERED_TEMPORAL__PROMOTE: temporal.promote
+TEMPERED_S3__ENDPOINT: s3.endpoint
+TEMPERED_S3__REGION: s3.region
+TEMPERED_S3__BUCKET: s3.bucket
+TEMPERED_S3__ACCESS_KEY: s3.accessKey or s3.existingSecret
+TEMPERED_S3__SECRET_KEY: s3.secretKey or s3.existingSecret
+TEMPERED_SANDBOX__BACKEND: sandbox.backend
+TEMPERED_SANDBOX__CONCURRENCY: sandbox.concurrency
+TEMPERED_SANDBOX__KUBERNETES__NAMESPACE: sandbox.namespace
+TEMPERED_SANDBOX__KUBERNETES__IMAGE: sandbox.image
+TEMPERED_SANDBOX__KUBERNETES__RUNTIME_CLASS: sandbox.runtimeClass.name
+TEMPERED_TELEMETRY__OTLP_ENDPOINT: telemetry.otlpEndpoint
+TEMPERED_TELEMETRY__PROMETHEUS_PORT: telemetry.prometheus.basePort (with telemetry.prometheus.enabled)
+TEMPERED_TELEMETRY__PROMETHEUS_HOST: telemetry.prometheus.host
+TEMPERED_LEARNER__RANKS: workers.learner.gpu or workers.learner.env
+{{- end -}}
+
+{{/* Fails the release when `settings:` names a setting of tempered.chartSettings. */}}
+{{- define "tempered.checkSettings" -}}
+{{- $owned := include "tempered.chartSettings" . | fromYaml -}}
+{{- $taken := list -}}
+{{- range $key := keys (.Values.settings | default dict) | sortAlpha -}}
+{{- if hasKey $owned $key -}}
+{{- $taken = append $taken (printf "settings.%s is written by the chart: set %s instead" $key (get $owned $key)) -}}
+{{- end -}}
+{{- end -}}
+{{- if $taken -}}
+{{- fail (printf "%s (a settings: entry would override what the chart derives from it)." (join "; " $taken)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Fails the release on a worker's scaling that the cluster would refuse or that breaks the worker
+(.: its effective values, tempered.worker): the learner at more than one pod, by replicas, an
+autoscaler or a rolling update's surge pod (one DeepSpeed engine owns its GPUs and publishes the
+policy; a second would train beside it); an HPA's or KEDA's minimum above its maximum (the API
+server, KEDA's webhook refuse them); an HPA without a target (no `metrics` scales on 80% CPU,
+which no value said). The schema cannot compare two values.
+*/}}
+{{- define "tempered.checkScaling" -}}
+{{- $w := . -}}
+{{- if eq $w.name "learner" -}}
+{{- $why := list -}}
+{{- if gt (int $w.replicas) 1 -}}
+{{- $why = append $why (printf "replicas is %d" (int $w.replicas)) -}}
+{{- end -}}
+{{- if $w.autoscaling.enabled -}}
+{{- $why = append $why "autoscaling.enabled is true" -}}
+{{- end -}}
+{{- if $w.keda.enabled -}}
+{{- $why = append $why "keda.enabled is true" -}}
+{{- end -}}
+{{- if ne (toString ($w.strategy | default dict).type) "Recreate" -}}
+{{- $why = append $why (printf "strategy.type is %s" (toString ($w.strategy | default dict).type | default "unset (RollingUpdate)")) -}}
+{{- end -}}
+{{- if $why -}}
+{{- fail (printf "workers.learner runs one pod at most (one DeepSpeed engine owns its GPUs; never two learners side by side), but %s (in workers.learner or from defaults): set workers.learner.replicas to 1 or 0, strategy.type to Recreate, and autoscaling.enabled and keda.enabled to false." (join ", " $why)) -}}
+{{- end -}}
+{{- end -}}
+{{- if $w.keda.enabled -}}
+{{- if gt (int $w.keda.minReplicas) (int $w.keda.maxReplicas) -}}
+{{- fail (printf "workers.%s: keda.minReplicas %d is above keda.maxReplicas %d (KEDA refuses the ScaledObject)." $w.name (int $w.keda.minReplicas) (int $w.keda.maxReplicas)) -}}
+{{- end -}}
+{{- else if $w.autoscaling.enabled -}}
+{{- if gt (int $w.autoscaling.minReplicas) (int $w.autoscaling.maxReplicas) -}}
+{{- fail (printf "workers.%s: autoscaling.minReplicas %d is above autoscaling.maxReplicas %d (the API server refuses the HorizontalPodAutoscaler)." $w.name (int $w.autoscaling.minReplicas) (int $w.autoscaling.maxReplicas)) -}}
+{{- end -}}
+{{- if not (or (gt (int $w.autoscaling.targetCPUUtilizationPercentage) 0) (gt (int $w.autoscaling.targetMemoryUtilizationPercentage) 0)) -}}
+{{- fail (printf "workers.%s: autoscaling has no target: set autoscaling.targetCPUUtilizationPercentage or targetMemoryUtilizationPercentage above 0 (an HPA without metrics scales on 80%% CPU)." $w.name) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
