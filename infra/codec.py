@@ -39,26 +39,29 @@ replies say nothing of an object a reference does not name exactly (missing, ano
 another digest: one line, `NO_MATCH`). Failures are a line with no endpoint, bucket or
 credentials in it (`content_error`); the detail goes to the server's log, one line per
 request, keys cut short (a forged request must not fill the disk). Once S3 does not answer,
-the rest of the request is not tried.
+no reference of any request is tried for `codec_reader.SILENT_S` (the UI sends many requests at
+once, and each would wait out the timeouts again). Reads run on threads of their own
+(`READ_THREADS`), so a hung S3 holds those, not the threads `/encode` runs on; the payloads'
+JSON and `/encode` are infra/codec_payloads.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-from pydantic_core import to_json
 
 from contracts.common import ObjectRef
-from infra.codec_reader import UNAVAILABLE, NotShown, Reader, S3Unavailable
+from infra.codec_payloads import as_ref, encode_payloads, rewritten
+from infra.codec_reader import READ_THREADS, NotShown, Reader
 from infra.settings import Settings, load_settings
 from infra.storage import ObjectStore
 
@@ -80,11 +83,9 @@ MAX_DEPTH = 2
 MAX_REQUEST_BYTES = 8 * 1024 * 1024
 """Largest request body accepted (payloads are references, so this is generous)."""
 MAX_SECONDS = 10.0
-"""Time one request may spend reading S3; references after it get no content."""
-JSON_ENCODING = "json/plain"
+"""Time from a request's arrival (its wait for a thread included) in which it may read S3;
+references after it get no content."""
 OVER_LIMIT = "(not shown: over the codec server's limit for one request)"
-ADDED = ("content", "content_error", "content_truncated")
-"""What `/decode` adds to a reference, and `/encode` takes away."""
 log = logging.getLogger("tempered.codec")
 
 
@@ -107,12 +108,12 @@ class _Failures:
 
 @dataclass
 class _Budget:
-    """What one request may still read and add, and what it could not show."""
+    """What one request may still read and add, and what it could not show; made when the
+    request arrives (its `MAX_SECONDS` count the wait for a thread too)."""
 
     refs: int = MAX_REFS
     bytes: int = MAX_BYTES
     deadline: float = field(default_factory=lambda: time.monotonic() + MAX_SECONDS)
-    unavailable: bool = False  # S3 did not answer: nothing more is tried
     failures: _Failures = field(default_factory=_Failures)
 
 
@@ -135,7 +136,7 @@ class Resolver:
         if not isinstance(node, dict):
             return node
         resolved = {name: self.resolve(value, depth) for name, value in node.items()}
-        ref = _as_ref(node)
+        ref = as_ref(node)
         if ref is not None and depth < MAX_DEPTH:
             resolved.update(self._content(ref, depth))
         return resolved
@@ -143,16 +144,13 @@ class Resolver:
     def _content(self, ref: ObjectRef, depth: int) -> dict[str, Any]:
         budget = self.budget
         self.found = True
-        if budget.unavailable:
-            return {"content_error": UNAVAILABLE}
         limit = min(MAX_OBJECT_BYTES, budget.bytes // 2)  # a text is sent twice (`shown`)
         if budget.refs <= 0 or limit <= 0 or time.monotonic() > budget.deadline:
             return {"content": OVER_LIMIT}
         budget.refs -= 1  # a read tried counts, whatever it finds
         try:
             data, whole = self.reader.read(ref, limit)
-        except NotShown as err:
-            budget.unavailable = isinstance(err, S3Unavailable)
+        except NotShown as err:  # S3 not answering: the reader answers the next ones at once
             budget.failures.add(err)
             return {"content_error": str(err)}
         room, shown, texts = budget.bytes, len(self.shown), len(self._texts)
@@ -226,18 +224,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _as_ref(node: dict[str, Any]) -> ObjectRef | None:
-    if not {"key", "size", "sha256"} <= node.keys():
-        return None
-    try:
-        return ObjectRef.model_validate({k: node[k] for k in ("key", "size", "sha256")})
-    except ValueError:
-        return None
-
-
-def decode_payloads(reader: Reader, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Temporal's remote-codec `/decode`: JSON payloads with their references resolved."""
-    budget = _Budget()  # shared by the request's payloads; `shown` is each payload's own
+def decode_payloads(
+    reader: Reader, payloads: list[dict[str, Any]], budget: _Budget | None = None
+) -> list[dict[str, Any]]:
+    """Temporal's remote-codec `/decode`: JSON payloads with their references resolved, within
+    `budget` (a new one if None), which the request's payloads share."""
+    budget = budget if budget is not None else _Budget()  # `shown` is each payload's own
     decoded = [_decode_one(Resolver(reader, budget), payload) for payload in payloads]
     budget.failures.log()
     return decoded
@@ -254,97 +246,63 @@ def _decode_one(resolver: Resolver, payload: dict[str, Any]) -> dict[str, Any]:
         # what the references hold first (row previews, boxes show the top); `/encode` undoes it
         return _json({"shown": resolver.shown, "payload": resolved})
 
-    return _rewritten(payload, decoded)
-
-
-def encode_payloads(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Temporal's remote-codec `/encode`: what `/decode` made of a payload, back to what the
-    data converter wrote (`pydantic_core.to_json`); any other payload unchanged."""
-    return [_encode_one(payload) for payload in payloads]
-
-
-def _encode_one(payload: dict[str, Any]) -> dict[str, Any]:
-    def encoded(value: Any) -> bytes | None:
-        if not _is_decoded(value) or (original := _undecoded(value["payload"])) == value["payload"]:
-            return None  # not what `/decode` gives: it adds to every reference of `payload`
-        return to_json(original)
-
-    return _rewritten(payload, encoded)
-
-
-def _rewritten(payload: dict[str, Any], rewrite: Callable[[Any], bytes | None]) -> dict[str, Any]:
-    """A JSON payload whose value `rewrite` turned into new data; `payload` as it came where
-    it is no JSON payload, `rewrite` gives None, or either cannot take it (it fails alone)."""
-    try:
-        metadata = payload.get("metadata") or {}
-        if _encoding(metadata) != JSON_ENCODING:
-            return payload  # binary/null/protobuf: shown as the UI shows it
-        data = rewrite(json.loads(base64.b64decode(payload.get("data", ""))))
-    except (ValueError, TypeError, AttributeError, RecursionError):
-        return payload
-    if data is None:
-        return payload
-    return {"metadata": metadata, "data": base64.b64encode(data).decode()}
-
-
-def _encoding(metadata: dict[str, Any]) -> str:
-    return base64.b64decode(metadata.get("encoding", "")).decode(errors="replace")
-
-
-def _is_decoded(value: Any) -> bool:
-    """Whether `value` has the shape `/decode` gives a payload with references."""
-    if not isinstance(value, dict) or value.keys() != {"shown", "payload"}:
-        return False
-    return isinstance(value["shown"], list) and all(isinstance(s, str) for s in value["shown"])
-
-
-def _undecoded(node: Any) -> Any:
-    """`node` without what `/decode` added to its references (`ADDED`)."""
-    if isinstance(node, list):
-        return [_undecoded(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    added = ADDED if _as_ref(node) is not None else ()
-    return {name: _undecoded(value) for name, value in node.items() if name not in added}
+    return rewritten(payload, decoded)
 
 
 def create_app(store: ObjectStore, origins: Iterable[str]) -> web.Application:
     """The aiohttp app: `POST /decode`, `POST /encode` (its inverse), CORS for `origins` only."""
     allowed = frozenset(origin.rstrip("/") for origin in origins)
     reader = Reader(store)
+    # threads of their own: a hung S3 holds these, not asyncio's default pool (`/encode`'s)
+    reads = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="codec-reads")
 
     @web.middleware
     async def only_the_ui(request: web.Request, handler: Any) -> web.StreamResponse:
         origin = request.headers.get("Origin", "")
         if origin not in allowed:
             return web.json_response({"error": f"origin {origin!r} is not allowed"}, status=403)
-        response = await handler(request)
-        response.headers["Access-Control-Allow-Origin"] = origin
-        response.headers["Access-Control-Allow-Methods"] = "POST, OPTIONS"
-        response.headers["Access-Control-Allow-Headers"] = request.headers.get(
-            "Access-Control-Request-Headers", "content-type, x-namespace"
-        )
-        response.headers["Access-Control-Max-Age"] = "600"
-        response.headers["Vary"] = "Origin"
+        try:
+            response = await handler(request)
+        except web.HTTPException as error:  # a 400 without CORS is a CORS error to the browser
+            _allow(error.headers, origin, request)
+            raise
+        _allow(response.headers, origin, request)
         return response
 
     async def decode(request: web.Request) -> web.Response:
+        budget = _Budget()  # the request's clock starts as it arrives, not once it has a thread
         payloads = await _payloads(request)
-        decoded = await asyncio.to_thread(decode_payloads, reader, payloads)
+        loop = asyncio.get_running_loop()
+        decoded = await loop.run_in_executor(reads, decode_payloads, reader, payloads, budget)
         return web.json_response({"payloads": decoded})
 
     async def encode(request: web.Request) -> web.Response:
         payloads = await _payloads(request)
         return web.json_response({"payloads": await asyncio.to_thread(encode_payloads, payloads)})
 
+    async def stop_reads(app: web.Application) -> None:
+        reads.shutdown(wait=False, cancel_futures=True)
+
     async def preflight(request: web.Request) -> web.Response:
         return web.Response(status=204)  # the middleware adds the CORS headers
 
     app = web.Application(middlewares=[only_the_ui], client_max_size=MAX_REQUEST_BYTES)
+    app.on_cleanup.append(stop_reads)
     for path, handler in (("/decode", decode), ("/encode", encode)):
         app.router.add_post(path, handler)
         app.router.add_route("OPTIONS", path, preflight)
     return app
+
+
+def _allow(headers: Any, origin: str, request: web.Request) -> None:
+    """CORS headers of a response (or error) to `origin`, an allowed one."""
+    headers["Access-Control-Allow-Origin"] = origin
+    headers["Access-Control-Allow-Methods"] = "POST, OPTIONS"
+    headers["Access-Control-Allow-Headers"] = request.headers.get(
+        "Access-Control-Request-Headers", "content-type, x-namespace"
+    )
+    headers["Access-Control-Max-Age"] = "600"
+    headers["Vary"] = "Origin"
 
 
 async def _payloads(request: web.Request) -> list[dict[str, Any]]:

@@ -10,13 +10,16 @@ each object checked against the reference's size and sha256 (a part against the 
 endpoint, bucket or credentials in it, and one line (`NO_MATCH`) whether the object is missing,
 another size, another digest or has no digest to check a part against: the replies tell whoever
 asks nothing of a key they could not read. The detail (`NotShown.detail`, the key cut to
-`KEY_CHARS`) is for the log, which infra/codec.py writes once per request. Not covered: what a
-request may read in all (the resolver's budget, infra/codec.py).
+`KEY_CHARS`) is for the log, which infra/codec.py writes once per request. Once S3 does not
+answer, the reader remembers it for `SILENT_S`: meanwhile every read is `S3Unavailable` at
+once, whichever request asks (the UI sends many at once, each would wait out the timeouts).
+Not covered: what a request may read in all (the resolver's budget, infra/codec.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 from contracts.common import ObjectRef
@@ -31,6 +34,10 @@ from infra.storage_errors import (
 CONNECT_TIMEOUT_S = 2.0
 READ_TIMEOUT_S = 3.0
 """One S3 read of the codec (two attempts at most): a page waits on it, an activity does not."""
+SILENT_S = 30.0
+"""After S3 did not answer, how long reads are answered `UNAVAILABLE` without being sent."""
+READ_THREADS = 8
+"""Threads reading at once (infra/codec.py's), and the client's connections."""
 NO_MATCH = "not shown: no stored object matches the reference (its key, size and sha256)"
 REFUSED = "not shown: S3 refused the read (the codec server's log says why)"
 UNAVAILABLE = "not shown: S3 did not answer"
@@ -50,7 +57,7 @@ class NotShown(Exception):
 
 
 class S3Unavailable(NotShown):
-    """S3 did not answer: no other reference of the request is tried."""
+    """S3 did not answer (or did not within `SILENT_S`): the reader sends nothing meanwhile."""
 
 
 class Reader:
@@ -66,20 +73,26 @@ class Reader:
             connect_timeout=min(s3.connect_timeout_s, CONNECT_TIMEOUT_S),
             read_timeout=READ_TIMEOUT_S,
             retries={"total_max_attempts": 2, "mode": "standard"},
-            max_pool_connections=8,
+            max_pool_connections=READ_THREADS,
         )
         self.client.meta.events.register("before-call.s3", _only_reads)
+        self._silent_until = 0.0  # S3 did not answer: until then no read is sent (monotonic)
 
     def read(self, ref: ObjectRef, limit: int) -> tuple[bytes, bool]:
         """The first `min(ref.size, limit)` bytes of the object `ref` names, and whether they
         are all of it; `NotShown` unless the stored object is that one."""
         wanted = min(ref.size, limit)
+        if time.monotonic() < self._silent_until:
+            raise S3Unavailable(
+                UNAVAILABLE, ref.key, f"not tried: S3 silent in the last {SILENT_S:g} s"
+            )
         try:
             with translate_errors("get", ref.key, self.endpoint, self.bucket, self.access_key):
                 return self._read(ref, wanted)
         except ObjectNotFound:
             raise NotShown(NO_MATCH, ref.key, "no such object") from None
         except TransientStorageError as err:
+            self._silent_until = time.monotonic() + SILENT_S
             raise S3Unavailable(UNAVAILABLE, ref.key, self._without_key(err, ref.key)) from None
         except StorageError as err:  # credentials, bucket, a key S3 will not take
             raise NotShown(REFUSED, ref.key, self._without_key(err, ref.key)) from None

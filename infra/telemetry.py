@@ -16,10 +16,13 @@ without one, to `<home>/telemetry/<service>-<pid>.jsonl`, which `read_live_figur
 serves its metrics at `http://<host>:<port_for(service)>/metrics` and the Temporal SDK's own
 metrics `SDK_PORT_SHIFT` ports above. The `record_*` helpers are no-ops until setup; the
 instruments they record onto (names, units, buckets) are defined in `telemetry_instruments.py`.
+`shutdown()` waits `SHUTDOWN_S` at most for the exporters' last flush (a collector that does not
+answer costs a worker's stop no more); what they have not sent by then is lost.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -63,6 +66,12 @@ PORT_OFFSETS: dict[str, int] = {
 """Prometheus port of a worker = `settings.telemetry.prometheus_port` + its offset."""
 SDK_PORT_SHIFT = 10
 """The Temporal SDK's metrics of a worker are served this many ports above its own."""
+OTLP_TIMEOUT_S = 2.0
+"""One export to the OTLP collector, its retries included (the exporters' default: 10 s)."""
+SHUTDOWN_S = 3.0
+"""How long `shutdown()` waits for the exporters' last flush: a worker's stop leaves
+`workers.background.STOP_MARGIN_S` for all of its own shutdown."""
+log = logging.getLogger("tempered.telemetry")
 
 
 def prometheus_port_for(settings: Settings, service: str) -> int | None:
@@ -137,8 +146,19 @@ class Telemetry:
         with _lock:
             if _instruments is not None and _tracer is self.tracer:
                 _instruments, _tracer = None, trace.NoOpTracer()
-        self.tracer_provider.shutdown()
-        self.meter_provider.shutdown()
+        # each on a thread of its own (neither takes a deadline for all it does), side by side:
+        # a collector that does not answer holds them, not the worker's stop
+        stopping = [
+            threading.Thread(target=provider.shutdown, name="telemetry-shutdown", daemon=True)
+            for provider in (self.tracer_provider, self.meter_provider)
+        ]
+        for thread in stopping:
+            thread.start()
+        deadline = time.monotonic() + SHUTDOWN_S
+        for thread in stopping:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in stopping):
+            log.warning("telemetry: exporters not flushed in %g s, left behind", SHUTDOWN_S)
         if self._prometheus_server is not None:
             self._prometheus_server.shutdown()
             self._prometheus_server.server_close()
@@ -158,9 +178,10 @@ def setup_telemetry(settings: Settings, service: str, export_interval_s: float =
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        span_exporter = OTLPSpanExporter(endpoint=settings.telemetry.otlp_endpoint)
+        endpoint = settings.telemetry.otlp_endpoint
+        span_exporter = OTLPSpanExporter(endpoint=endpoint, timeout=OTLP_TIMEOUT_S)
         metric_exporter: MetricExporter = OTLPMetricExporter(
-            endpoint=settings.telemetry.otlp_endpoint
+            endpoint=endpoint, timeout=OTLP_TIMEOUT_S
         )
     else:
         jsonl = JsonlSink(settings.home / "telemetry" / f"{service}-{os.getpid()}.jsonl")

@@ -9,7 +9,8 @@ import json
 import socket
 import time
 import tracemalloc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
+from contracts.common import ObjectRef
 from infra import codec, codec_reader
 from infra.settings import S3Settings
 from infra.storage import ObjectStore
@@ -145,7 +147,18 @@ async def test_only_the_ui_origin_is_answered(client: TestClient[Any, Any]) -> N
     assert preflight.headers["Access-Control-Allow-Origin"] == UI
     assert "x-namespace" in preflight.headers["Access-Control-Allow-Headers"]
     bad = await client.post("/decode", data=b"not json", headers={"Origin": UI})
-    assert bad.status == 400
+    assert bad.status == 400  # with CORS headers, or the browser reports a CORS error instead
+    assert bad.headers["Access-Control-Allow-Origin"] == UI
+
+
+@contextmanager
+def silent_s3() -> Iterator[ObjectStore]:
+    """A store whose S3 accepts connections and never answers them."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(1024)  # the kernel completes connections; nothing ever answers them
+        s3 = S3Settings(endpoint=f"http://127.0.0.1:{hole.getsockname()[1]}", bucket="tempered")
+        yield ObjectStore(s3)
 
 
 def refs_in(decoded: Any) -> list[dict[str, Any]]:
@@ -202,17 +215,65 @@ async def test_what_a_reference_claims_does_not_size_the_read(
 async def test_s3_that_does_not_answer_does_not_hang_the_ui() -> None:
     """S3 accepting connections and never answering: the UI gets its answer in seconds (each
     reference says so), not after 60 s × 3 attempts per reference."""
-    with socket.socket() as hole:
-        hole.bind(("127.0.0.1", 0))
-        hole.listen(64)  # the kernel completes connections; nothing ever answers them
-        s3 = S3Settings(endpoint=f"http://127.0.0.1:{hole.getsockname()[1]}", bucket="tempered")
-        app = codec.create_app(ObjectStore(s3), [UI])
+    with silent_s3() as silent:
+        app = codec.create_app(silent, [UI])
         async with TestClient(TestServer(app)) as hung:
             refs = [{"key": f"runs/r/{i}.txt", "size": 1, "sha256": "0" * 64} for i in range(5)]
             started = time.monotonic()
             (decoded,) = await asyncio.wait_for(decode(hung, {"refs": refs}), 30)
     assert time.monotonic() - started < codec.MAX_SECONDS + 5
     assert [r["content_error"] for r in refs_in(decoded)] == [codec_reader.UNAVAILABLE] * 5
+
+
+@pytest.mark.asyncio
+async def test_many_requests_to_an_s3_that_does_not_answer_wait_about_one_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The UI sends a /decode per event at once: against an S3 that never answers, all are
+    answered within about one read's time (its silence is remembered across requests), not one
+    pool of threads' worth after another; /encode, which reads nothing, meanwhile at once."""
+    monkeypatch.setattr(codec_reader, "READ_TIMEOUT_S", 1.0)  # one read: 2 attempts, ~2-3 s
+    one_read = 2 * codec_reader.READ_TIMEOUT_S + 1.0  # and at most 1 s of backoff between
+    with silent_s3() as silent:
+        async with TestClient(TestServer(codec.create_app(silent, [UI]))) as hung:
+            started = time.monotonic()
+            decodes = [
+                asyncio.create_task(
+                    decode(hung, {"ref": {"key": f"runs/r/{i}.txt", "size": 1, "sha256": "0" * 64}})
+                )
+                for i in range(96)  # more than any default pool's threads, twice
+            ]
+            await asyncio.sleep(0.5)  # the reads are under way
+            encoding = time.monotonic()
+            encoded = await hung.post(
+                "/encode", json={"payloads": [payload({"a": 1})]}, headers={"Origin": UI}
+            )
+            encode_took = time.monotonic() - encoding
+            decoded = await asyncio.wait_for(asyncio.gather(*decodes), 120)
+            took = time.monotonic() - started
+    assert took < one_read + 2.0, f"96 requests took {took:.1f} s"
+    assert encoded.status == 200 and encode_took < 1.0, f"/encode took {encode_took:.1f} s"
+    assert {d["payload"]["ref"]["content_error"] for (d,) in decoded} == {codec_reader.UNAVAILABLE}
+
+
+def test_an_s3_that_did_not_answer_is_not_asked_again_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(codec_reader, "READ_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(codec_reader, "SILENT_S", 1.0)
+    ref = ObjectRef(key="runs/r/x.txt", size=1, sha256="0" * 64)
+    with silent_s3() as silent:
+        reader = codec_reader.Reader(silent)
+        with pytest.raises(codec_reader.S3Unavailable) as first:
+            reader.read(ref, 1)
+        asked = time.monotonic()
+        with pytest.raises(codec_reader.S3Unavailable) as again:
+            reader.read(ref, 1)
+        assert time.monotonic() - asked < 0.1 and "not tried" in again.value.detail
+        time.sleep(1.0)  # `SILENT_S` later: asked again
+        with pytest.raises(codec_reader.S3Unavailable) as later:
+            reader.read(ref, 1)
+    assert "not tried" not in first.value.detail + later.value.detail
 
 
 @pytest.mark.asyncio

@@ -1,10 +1,15 @@
 """What bounds a long-lived worker's telemetry: its JSONL file rotates at a size limit (and the
-readers see across the rotation), and reward gauges carry a run kind, never a run id."""
+readers see across the rotation), reward gauges carry a run kind, never a run id, and its
+shutdown returns in `SHUTDOWN_S` whatever its OTLP collector does."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +104,48 @@ def test_live_figures_take_the_training_reward_not_the_newest_label_set(tmp_path
     (telemetry / "rewards-1.jsonl").write_text(json.dumps(snapshot) + "\n")
     worker = tm.read_live_figures(Settings(home=tmp_path))["rewards-1"]
     assert (worker.reward_mean, worker.pass_rate) == (0.3, 0.3)
+
+
+@pytest.mark.parametrize("collector", ["silent", "closed"])
+def test_shutdown_returns_in_its_bound_when_the_collector_does_not_answer(
+    tmp_path: Path, collector: str
+) -> None:
+    """A worker's stop leaves `workers.background.STOP_MARGIN_S` (10 s) for all its shutdown:
+    an OTLP collector that accepts and never answers, or a closed port, must not take 14-20 s
+    of it (the exporters' own timeouts, retried) and get the worker killed."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)  # the kernel completes connections; nothing ever answers them
+        endpoint = f"http://127.0.0.1:{hole.getsockname()[1]}"
+        if collector == "closed":
+            hole.close()
+        settings = Settings(home=tmp_path, telemetry={"otlp_endpoint": endpoint})
+        telemetry = tm.setup_telemetry(settings, "learner", export_interval_s=3600)
+        with tm.span("learner.step", run_id="r"):
+            tm.record_learner_step(1.0)
+        started = time.monotonic()
+        telemetry.shutdown()
+        took = time.monotonic() - started
+    assert took < tm.SHUTDOWN_S + 1.0, f"shutdown took {took:.1f} s"
+    assert tm.SHUTDOWN_S + 1.0 < 10.0  # inside STOP_MARGIN_S, with room for the rest
+
+
+def test_shutdown_leaves_a_provider_that_hangs_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(tm, "SHUTDOWN_S", 0.5)
+    telemetry = tm.setup_telemetry(Settings(home=tmp_path), "sandbox", export_interval_s=3600)
+    released = threading.Event()
+    provider = telemetry.tracer_provider
+    hanging = provider.shutdown
+    monkeypatch.setattr(provider, "shutdown", lambda: (released.wait(30), hanging()))
+    started = time.monotonic()
+    try:
+        with caplog.at_level(logging.WARNING, "tempered.telemetry"):
+            telemetry.shutdown()
+        took = time.monotonic() - started
+    finally:
+        released.set()
+    assert took < 1.5, f"shutdown took {took:.1f} s"
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "tempered.telemetry"]
+    assert line == "telemetry: exporters not flushed in 0.5 s, left behind"
