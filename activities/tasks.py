@@ -1,13 +1,14 @@
 """The `load_tasks` activity (queue `rewards`): a suite's train and held-out tasks, minus quarantine.
 
 Task files are read here, not in the workflow, so the workflow stays deterministic. For a
-`workspace` suite (the built-in one, or `harbor:DIR`) each task's initial workspace and hidden
-tests are uploaded to the object store (content-addressed trees, `infra/environments/tree.py`:
-uploading them again is a no-op), so the refs in `TaskSpec.workspace` name stored trees. Harbor
-task directories that cannot be loaded are skipped and logged, naming the task and file. An
-unknown suite, an unreadable task file or quarantine list fails the activity without retry,
-naming the file. The load runs in a thread and heartbeats meanwhile (`heartbeating`): reading
-and uploading a large Harbor suite can take longer than the heartbeat timeout.
+`workspace` suite (`basics`, `workspace`, or `harbor:DIR`) each task's initial workspace and
+hidden tests are uploaded to the object store, task by task (`infra.tasks.workspace_specs`, as
+`tempered eval` does), so the refs in `TaskSpec.workspace` name stored trees. Harbor task
+directories that cannot be loaded are skipped, logged and returned (`unloadable`: by name, one
+line each, naming the task and file). An unknown suite, an unreadable suite file, directory or
+quarantine list fails the activity without retry, naming it. The load runs in a thread and
+heartbeats meanwhile (`heartbeating`): reading and uploading a large Harbor suite can take
+longer than the heartbeat timeout.
 
 The suite travels inline: in this activity's result and in the run's continue-as-new input
 (`RunResume.tasks`), each one Temporal payload, which Temporal refuses above 2 MiB (the SDK
@@ -19,7 +20,6 @@ suite by reference.
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
 
 from temporalio import activity
 
@@ -27,13 +27,10 @@ from activities.heartbeat import heartbeating
 from contracts.errors import invalid
 from contracts.names import Activity
 from contracts.run import LoadTasksRequest, LoadTasksResponse
-from contracts.task import TaskSpec
 from infra.settings import Settings
 from infra.storage import ObjectStore
-from infra.tasks import is_workspace_suite, load_quarantine, load_suite, load_workspace_suite
+from infra.tasks import is_workspace_suite, load_quarantine, load_suite, workspace_specs
 
-UPLOADS = 16
-"""Tree objects uploaded at once."""
 HEARTBEAT_S = 5.0
 """Seconds between the heartbeats of a load in progress."""
 MAX_SUITE_BYTES = 3 << 19
@@ -63,10 +60,12 @@ class TaskActivities:
                 if request.skip_quarantined
                 else set()
             )
-            if is_workspace_suite(request.suite):
-                tasks = self._upload(request.suite, skipped)
+            if is_workspace_suite(request.suite):  # the trees of those not skipped, stored
+                tasks, unloadable = workspace_specs(
+                    request.suite, self.store.put_bytes, keep=lambda spec: spec.id not in skipped
+                )
             else:
-                tasks = load_suite(request.suite)
+                tasks, unloadable = load_suite(request.suite), {}
         except (ValueError, FileNotFoundError) as err:
             raise invalid("suite", str(err)) from None
         kept = [t for t in tasks if t.id not in skipped]
@@ -74,6 +73,7 @@ class TaskActivities:
             train=[t for t in kept if t.split == "train"],
             heldout=[t for t in kept if t.split == "heldout"],
             quarantined=sorted(skipped & {t.id for t in tasks}),
+            unloadable=unloadable,
         )
         size = len(response.model_dump_json())
         if size > MAX_SUITE_BYTES:
@@ -84,16 +84,3 @@ class TaskActivities:
                 "refuses a payload over 2 MiB): split it into suites for several runs",
             )
         return response
-
-    def _upload(self, suite: str, skipped: set[str]) -> list[TaskSpec]:
-        """The suite's tasks, with the trees of those not skipped in the store."""
-        tasks = load_workspace_suite(suite)
-        objects = {
-            key: data
-            for task in tasks
-            if task.spec.id not in skipped
-            for key, data in task.objects.items()
-        }
-        with ThreadPoolExecutor(UPLOADS) as pool:
-            list(pool.map(lambda item: self.store.put_bytes(*item), objects.items()))
-        return [task.spec for task in tasks]

@@ -75,6 +75,11 @@ class LoadTasksResponse(Contract):
     train: list[TaskSpec]
     heldout: list[TaskSpec]
     quarantined: list[str] = []
+    unloadable: dict[str, str] = Field(
+        default={},
+        description="Harbor task directories that did not load, by name: why (one line, "
+        "naming the file).",
+    )
 
 
 def spread(tasks: Sequence[TaskSpec], limit: int) -> list[TaskSpec]:
@@ -196,7 +201,11 @@ class TrainingRunInput(Contract):
     limits: SandboxLimits = SandboxLimits()
     grpo: GRPOConfig = GRPOConfig()
     heartbeat_timeout_s: float = Field(default=30.0, ge=1.0, le=3600)
-    seed: int = Field(default=0, description="Seeds the order in which training tasks are drawn.")
+    seed: int = Field(
+        default=0,
+        ge=0,  # random.Random seeds with abs(): -1 drew the tasks in the order of 1
+        description="Seeds the order in which training tasks are drawn.",
+    )
     budget: HistoryBudget = HistoryBudget()
     resume: "RunResume | None" = Field(
         default=None, description="Set by the run itself when it continues as new."

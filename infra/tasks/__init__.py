@@ -5,7 +5,8 @@ files, Harbor task directories, quarantine.
     train = load_suite("starter", split="train")          # 120 tasks
     heldout = load_suite("starter", split="heldout")      # 80 tasks
     tasks = load_suite("harbor:examples/harbor")          # workspace tasks from Harbor dirs
-    with_trees = load_workspace_suite("workspace")        # their trees too (for uploads)
+    with_trees = load_workspace_suite("workspace")        # their trees too (to validate)
+    specs, unloadable = workspace_specs("workspace", store.put_bytes)  # their trees stored
     tools = load_suite("basics", split="train")           # 30 tool-use tasks (infra/tasks/basics.py)
     skip = load_quarantine(settings, "starter")           # ids `tempered tasks validate` flagged
 
@@ -20,12 +21,14 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contracts.task import TaskSpec
 from infra.tasks.basics import basics_tasks
-from infra.tasks.harbor import is_harbor, load_harbor
+from infra.tasks.harbor import harbor_tasks, is_harbor
 from infra.tasks.humaneval import humaneval_tasks
 from infra.tasks.jsonl import read_jsonl
 from infra.tasks.starter import starter_tasks
@@ -39,6 +42,8 @@ BUILTIN_SUITES = ("starter", "humaneval", "basics", "workspace")
 WORKSPACE_SUITES = {"basics": basics_tasks, "workspace": workspace_tasks}
 """The built-in suites of `workspace` tasks (trees to upload, a solution to run)."""
 SPLITS = ("train", "heldout")
+UPLOADS = 2
+"""Objects stored at once (`workspace_specs`): a task's two trees, its workspace and tests."""
 SUITE_HELP = " | ".join((*BUILTIN_SUITES, "harbor:DIR", "FILE.jsonl"))
 """What a `--suite` option takes, for the CLI's help."""
 
@@ -52,6 +57,7 @@ __all__ = [
     "load_workspace_suite",
     "quarantine_path",
     "suite_key",
+    "workspace_specs",
     "workspace_suite_and_errors",
 ]
 
@@ -75,8 +81,7 @@ def load_workspace_suite(name: str, *, split: str | None = None) -> list[Workspa
     cannot be loaded are logged (one line each, naming the task and file) and skipped;
     ValueError when none can be."""
     tasks, errors = workspace_suite_and_errors(name, split=split)
-    for error in errors.values():
-        log.warning("skipped a Harbor task: %s", error)
+    _log_unloadable(errors)
     return tasks
 
 
@@ -86,18 +91,70 @@ def workspace_suite_and_errors(
     """`load_workspace_suite`'s tasks, and the Harbor task directories it could not load (by
     name: the error naming the file; whatever `split` is, as their split is unknown)."""
     _check_split(split)
+    tasks: list[WorkspaceTask] = []
     errors: dict[str, str] = {}
+    for task_id, loaded in _workspace_suite(name):
+        if isinstance(loaded, str):
+            errors[task_id] = loaded
+        elif split is None or loaded.spec.split == split:
+            tasks.append(loaded)
+    return tasks, errors
+
+
+def workspace_specs(
+    name: str,
+    put: Callable[[str, bytes], object] | None = None,
+    *,
+    keep: Callable[[TaskSpec], bool] = lambda spec: True,
+) -> tuple[list[TaskSpec], dict[str, str]]:
+    """The specs of workspace suite `name`'s tasks, and the Harbor task directories it could
+    not load (logged; by name, one line each); ValueError as `load_workspace_suite`. With
+    `put` (an object store's `put_bytes`), the trees of the tasks `keep` takes are stored
+    through it (content-addressed: storing them again is a no-op), so that the refs in their
+    specs name stored trees: the run's `load_tasks` and `tempered eval` do, before any task
+    starts.
+
+    One task at a time: each is loaded, its trees stored, and only its spec kept before the
+    next is read. A suite's trees held all together (twice, in one dict to upload) could take
+    more memory than a worker has: a Harbor task may hold a workspace's size."""
+    specs: list[TaskSpec] = []
+    errors: dict[str, str] = {}
+    with ThreadPoolExecutor(UPLOADS) as pool:
+        for task_id, loaded in _workspace_suite(name):
+            if isinstance(loaded, str):
+                errors[task_id] = loaded
+                continue
+            specs.append(loaded.spec)
+            if put is not None and keep(loaded.spec):
+                list(pool.map(lambda item: put(*item), loaded.objects.items()))
+    _log_unloadable(errors)
+    return specs, errors
+
+
+def _workspace_suite(name: str) -> Iterator[tuple[str, WorkspaceTask | str]]:
+    """Suite `name`'s tasks one at a time (Harbor's loaded as they are reached), by id: the
+    task, or a Harbor task directory's error line. ValueError for a suite that is not a
+    workspace suite, and after the last for a Harbor suite none of whose tasks loaded."""
     if name in WORKSPACE_SUITES:
-        tasks = list(WORKSPACE_SUITES[name]())
+        yield from ((task.spec.id, task) for task in WORKSPACE_SUITES[name]())
     elif is_harbor(name):
-        tasks, errors = load_harbor(name.removeprefix("harbor:"))
-        if not tasks:
-            raise ValueError("no Harbor task could be loaded: " + "; ".join(errors.values()))
+        errors, count = [], 0
+        for task_id, loaded in harbor_tasks(name.removeprefix("harbor:")):
+            count += 1
+            if isinstance(loaded, str):
+                errors.append(loaded)
+            yield task_id, loaded
+        if len(errors) == count:
+            raise ValueError("no Harbor task could be loaded: " + "; ".join(errors))
     else:
         raise ValueError(
             f"{name!r} is not a workspace suite ({', '.join(WORKSPACE_SUITES)} or harbor:DIR)"
         )
-    return [task for task in tasks if split is None or task.spec.split == split], errors
+
+
+def _log_unloadable(errors: dict[str, str]) -> None:
+    for error in errors.values():
+        log.warning("skipped a Harbor task: %s", error)
 
 
 def _check_split(split: str | None) -> None:
@@ -113,7 +170,7 @@ def load_suite(name: str, *, split: str | None = None) -> list[TaskSpec]:
     """
     _check_split(split)
     if is_harbor(name):
-        tasks = [task.spec for task in load_workspace_suite(name)]
+        tasks, _ = workspace_specs(name)
     elif name in BUILTIN_SUITES:
         tasks = _builtin(name)
     elif name.endswith(".jsonl") or Path(name).is_file():

@@ -28,12 +28,16 @@ them, except a close misspelling of a key Tempered reads: an error asking "did y
 typo such as `timeout_secs` once gave the default silently).
 
 A task with bad input is reported with its directory and file (and line), and the other tasks
-still load: no instruction.md, an unreadable task.toml or one with a bad field, a task file or
-directory that is a link (task.toml, instruction.md, tests/, tests/test.sh, solution/,
-environment/, the Dockerfile: its target may lie anywhere on the host), a task file that is
-no regular file (a FIFO is never waited on), files past their size (below), a Dockerfile it
-cannot use (a bad WORKDIR or file tree is the Dockerfile's error, not task.toml's), a file it
-cannot read. The files COPY puts in the workspace take at most `max_mb` in all, and the
+still load: no task.toml (a directory holding any of task.toml, instruction.md, tests/ or
+Terminal-Bench's task.yaml is a task's; one with none of them, such as docs/, is passed over),
+no instruction.md, an unreadable task.toml or one with a bad field, a task file or directory
+that is a link (task.toml, instruction.md, tests/, tests/test.sh, solution/, environment/, the
+Dockerfile, anything in tests/, solution/ or a directory COPY takes: its target may lie
+anywhere on the host), a task file that is no regular file (a FIFO is never waited on), files
+past their size (below), a Dockerfile it cannot use (a bad WORKDIR or file tree is the
+Dockerfile's error, not task.toml's), a file or directory it cannot read (a mode of 000: the
+worker's uid is not root everywhere). A suite directory that cannot be listed is bad input
+(ValueError). The files COPY puts in the workspace take at most `max_mb` in all, and the
 task's other files (task.toml, instruction.md, the Dockerfile, tests/, solution/: never in the
 workspace) `harbor_dockerfile.MAX_TASK_FILES_MB`, each looked at before it is read
 (`harbor_dockerfile.Budget`). A directory holding task.toml and task directories too (beside
@@ -49,6 +53,7 @@ import datetime
 import difflib
 import logging
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +71,24 @@ from infra.tasks.harbor_dockerfile import (
 )
 from infra.tasks.workspace_task import WorkspaceTask, workspace_task
 
-__all__ = ["PREFIX", "TaskInputError", "is_harbor", "load_harbor", "load_task", "read_dockerfile"]
+__all__ = [
+    "PREFIX",
+    "TaskInputError",
+    "harbor_tasks",
+    "is_harbor",
+    "load_harbor",
+    "load_task",
+    "read_dockerfile",
+]
 
 PREFIX = "harbor:"
 _BLAME = {"workspace": "environment/Dockerfile", "": "environment/Dockerfile"}
 """The file at fault for a task's ValidationError, by its first field (`""`: a tree's, the
 workspace's: tests/ and solution/ are directories, they cannot clash), else task.toml."""
 LINKED = ("", "task.toml", "instruction.md", "tests", "tests/test.sh", "solution", "environment")
+MARKERS = ("task.toml", "instruction.md", "tests", "task.yaml")
+"""What makes a directory a task's (to load, or to report): Harbor's files, and
+Terminal-Bench's task.yaml. A directory with none of them (docs/, .git/) is passed over."""
 OWN_DIRS = ("environment", "tests", "solution")
 """A task directory's own directories: a task.toml in them is a fixture, not a task."""
 KEYS = {
@@ -111,30 +127,59 @@ def load_harbor(
     `max_mb` is `sandbox.workspaces.max_workspace_mb`'s default: the suite loaders
     (`infra.tasks.load_suite` and its callers) have no settings at hand. A lower configured
     limit still fails such a task, at reset, as a workspace that does not fit."""
-    root = Path(path)
-    if not root.is_dir():
-        raise ValueError(f"{root}: no such directory of Harbor tasks")
-    children = sorted(
-        child for child in root.iterdir() if child.is_dir() and (child / "task.toml").exists()
-    )
-    if (root / "task.toml").exists():
-        if children := [child for child in children if child.name not in OWN_DIRS]:
-            names = ", ".join(child.name for child in children[:5])
-            raise ValueError(
-                f"{root}: holds task.toml and task directories too ({names}): name one task "
-                "directory, or a directory of them without a task.toml of its own"
-            )
-        children = [root]
-    if not children:
-        raise ValueError(f"{root}: no Harbor task (a directory with task.toml) in it")
     tasks: list[WorkspaceTask] = []
     errors: dict[str, str] = {}
+    for name, loaded in harbor_tasks(path, max_mb=max_mb):
+        if isinstance(loaded, str):
+            errors[name] = loaded
+        else:
+            tasks.append(loaded)
+    return tasks, errors
+
+
+def harbor_tasks(
+    path: str | Path, *, max_mb: int = MAX_TASK_MB
+) -> Iterator[tuple[str, WorkspaceTask | str]]:
+    """`load_harbor`'s tasks one at a time, each loaded as it is reached, so that a caller
+    that uploads them holds one task's files, not the suite's: (directory name, the task or
+    its error line). ValueError, before the first, where `path` holds no task or cannot be
+    listed."""
+    root = Path(path)
+    try:
+        if not root.is_dir():
+            raise ValueError(f"{root}: no such directory of Harbor tasks")
+        children = sorted(child for child in root.iterdir() if _is_task_dir(child))
+        if (root / "task.toml").is_symlink() or (root / "task.toml").exists():
+            if children := [child for child in children if child.name not in OWN_DIRS]:
+                names = ", ".join(child.name for child in children[:5])
+                raise ValueError(
+                    f"{root}: holds task.toml and task directories too ({names}): name one "
+                    "task directory, or a directory of them without a task.toml of its own"
+                )
+            children = [root]
+        elif not children and _is_task_dir(root):
+            children = [root]  # a task directory named alone, without its task.toml
+    except OSError as exc:  # the suite's directory itself: bad input, not retried
+        raise ValueError(f"{exc.filename or root}: unreadable ({exc.strerror or exc})") from None
+    if not children:
+        raise ValueError(f"{root}: no Harbor task (a directory with task.toml) in it")
     for directory in children:
         try:
-            tasks.append(load_task(directory, suite=f"{PREFIX}{path}", max_mb=max_mb))
+            yield directory.name, load_task(directory, suite=f"{PREFIX}{path}", max_mb=max_mb)
         except TaskInputError as exc:
-            errors[directory.name] = str(exc)
-    return tasks, errors
+            yield directory.name, " ".join(str(exc).splitlines())  # one line, as promised
+
+
+def _is_task_dir(path: Path) -> bool:
+    """Whether `path` is a directory holding any of a task's files (`MARKERS`; a link too, a
+    dangling one as well): without a regular task.toml it is that task's error, not a
+    directory to pass over. True for one that cannot be looked into: its error says why."""
+    try:
+        return path.is_dir() and any(
+            (path / marker).is_symlink() or (path / marker).exists() for marker in MARKERS
+        )
+    except OSError:
+        return True
 
 
 def load_task(directory: Path, suite: str, *, max_mb: int = MAX_TASK_MB) -> WorkspaceTask:
@@ -147,6 +192,9 @@ def load_task(directory: Path, suite: str, *, max_mb: int = MAX_TASK_MB) -> Work
         return _load(directory, name, suite, Budget(max_mb), Budget.own())
     except TaskInputError as exc:
         raise TaskInputError(f"task {name}: {exc}") from None
+    except OSError as exc:  # a look refused (a mode of 000): this task's error, not the suite's
+        where = exc.filename or directory
+        raise TaskInputError(f"task {name}: {where}: unreadable ({exc.strerror or exc})") from None
 
 
 def _load(directory: Path, name: str, suite: str, budget: Budget, own: Budget) -> WorkspaceTask:
@@ -156,6 +204,10 @@ def _load(directory: Path, name: str, suite: str, budget: Budget, own: Budget) -
     for part in (*LINKED, "environment/Dockerfile"):  # before any is read
         if (directory / part).is_symlink():  # its target may lie anywhere: read it as a copy
             raise fail(part or ".", "is a link: a task's files must lie in its directory")
+    if not (directory / "task.toml").exists():
+        yaml = " (task.yaml is Terminal-Bench's format, not Harbor's)"
+        why = yaml if (directory / "task.yaml").exists() else ""
+        raise fail("task.toml", f"missing: a Harbor task directory needs one{why}")
     try:
         text = own.read(directory / "task.toml", follow_links=False).decode("utf-8")
         config = tomllib.loads(text)

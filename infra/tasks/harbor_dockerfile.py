@@ -23,7 +23,9 @@ continued lines too):
 
 Anything else is a TaskInputError naming the file and line: another instruction, a file COPY
 would put where a directory is (or below a file), a file outside the final workspace, a glob
-pathlib refuses, a NUL character, a source outside the context or unreadable.
+pathlib refuses, a NUL character, a source outside the context or unreadable. What cannot be
+taken from a copied directory (`tree`: a link in it, a directory or file it cannot read) is
+an error naming that path.
 
 Every file is read through a `Budget`: looked at before it is read (`checks.read_regular`: a
 FIFO is no file, never waited on), and refused, unread and named, where it would take more
@@ -38,6 +40,7 @@ memory.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import re
 import shlex
@@ -350,17 +353,32 @@ def _copy(match: Path, target: str, into: bool, budget: Budget) -> dict[str, Fil
 
 
 def tree(root: Path, budget: Budget) -> dict[str, File]:
-    """Every regular file under `root` (links are not followed), by relative path, read within
-    `budget`; TaskInputError naming what cannot be read."""
-    try:
-        paths = sorted(root.rglob("*"))
-    except OSError as exc:
-        raise TaskInputError(f"{root}: unreadable ({exc.strerror or exc})") from None
-    return {
-        path.relative_to(root).as_posix(): read_file(path, budget)
-        for path in paths
-        if path.is_file() and not path.is_symlink()
-    }
+    """Every file under `root`, by relative path, read within `budget`; TaskInputError naming
+    a directory that cannot be listed, a link (not followed: its target may lie anywhere on
+    the host) or a file that cannot be read. pathlib's `rglob` passed over the first two
+    without a word, and the task ran without the files its author gave it."""
+    files: dict[str, File] = {}
+    pending = [root]  # a stack, not recursion: a hostile tree may be deeper than Python's limit
+    while pending:
+        directory = pending.pop()
+        try:
+            with os.scandir(directory) as listing:
+                entries = sorted(listing, key=lambda entry: entry.name)
+        except OSError as exc:
+            raise TaskInputError(f"{directory}: unreadable ({exc.strerror or exc})") from None
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                link, subdirectory = entry.is_symlink(), entry.is_dir(follow_symlinks=False)
+            except OSError as exc:
+                raise TaskInputError(f"{path}: unreadable ({exc.strerror or exc})") from None
+            if link:
+                raise TaskInputError(f"{path}: is a link: a task's files must lie in its directory")
+            if subdirectory:
+                pending.append(path)
+            else:  # a FIFO or socket too: `Budget.read` refuses it, naming it
+                files[path.relative_to(root).as_posix()] = read_file(path, budget)
+    return dict(sorted(files.items()))
 
 
 def read_file(path: Path, budget: Budget) -> File:

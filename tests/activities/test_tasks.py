@@ -5,8 +5,10 @@ quarantine list that is not one) failing once, without retry, naming what is wro
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -15,11 +17,15 @@ from temporalio.testing import ActivityEnvironment
 import activities.tasks
 from activities.tasks import TaskActivities
 from contracts.errors import ErrorType
-from contracts.run import LoadTasksRequest
+from contracts.run import LoadTasksRequest, LoadTasksResponse
 from contracts.task import TaskSpec
 from infra.settings import Settings
 from infra.storage import ObjectStore
-from infra.tasks import load_suite, quarantine_path
+from infra.tasks import harbor, load_suite, load_workspace_suite, quarantine_path
+from infra.tasks.workspace_task import WorkspaceTask
+from tests.paths import REPO_ROOT
+
+HARBOR = REPO_ROOT / "examples" / "harbor"
 
 
 def write_quarantine(settings: Settings, suite: str, text: str) -> None:
@@ -138,3 +144,54 @@ async def test_a_suite_too_large_for_a_workflow_payload_fails_without_retry(
     suite.write_text("\n".join(lines[:80]) + "\n")  # 1.3 MiB: carried
     loaded = await ActivityEnvironment().run(acts.load_tasks, LoadTasksRequest(suite=str(suite)))
     assert len(loaded.train) == 80
+
+
+class Recording:
+    """A store that records each object put, in `events` beside the tasks' loads."""
+
+    def __init__(self, events: list[tuple[str, str]]) -> None:
+        self.events = events
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.events.append(("put", key))
+
+
+@pytest.mark.asyncio
+async def test_a_harbor_suite_is_uploaded_task_by_task_and_its_unloadable_tasks_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every task's trees were held until the whole suite was loaded, and then once more in one
+    dict to upload (a suite of large tasks took the worker's memory); the tasks that did not
+    load were only logged on the rewards worker, where no one running the suite looked."""
+    suite = Path(shutil.copytree(HARBOR, tmp_path / "suite"))
+    (suite / "count-lines" / "instruction.md").unlink()
+    every = {task.spec.id: task for task in load_workspace_suite(f"harbor:{suite}")}
+    owner = {key: name for name, task in every.items() for key in task.objects}
+    events: list[tuple[str, str]] = []
+    load_task = harbor.load_task
+
+    def recorded(directory: Path, *args: Any, **kw: Any) -> WorkspaceTask:
+        events.append(("load", directory.name))
+        return load_task(directory, *args, **kw)
+
+    monkeypatch.setattr(harbor, "load_task", recorded)
+    acts = TaskActivities(Settings(home=tmp_path), cast(ObjectStore, Recording(events)))
+    loaded = await ActivityEnvironment().run(
+        acts.load_tasks, LoadTasksRequest(suite=f"harbor:{suite}")
+    )
+    assert sorted(t.id for t in loaded.train + loaded.heldout) == sorted(every)
+    assert [event for event in events if event[0] == "load"] == [
+        ("load", name) for name in ("count-lines", "fix-greeting", "sort-names")
+    ]
+    put = [(kind, owner[key] if kind == "put" else key) for kind, key in events]
+    assert put == [
+        ("load", "count-lines"),
+        ("load", "fix-greeting"),
+        *[("put", "fix-greeting")] * len(every["fix-greeting"].objects),
+        ("load", "sort-names"),
+        *[("put", "sort-names")] * len(every["sort-names"].objects),
+    ]
+    (reason,) = loaded.unloadable.values()
+    assert list(loaded.unloadable) == ["count-lines"] and "instruction.md" in reason
+    assert "\n" not in reason
+    assert LoadTasksResponse.model_validate({"train": [], "heldout": []}).unloadable == {}

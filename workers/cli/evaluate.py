@@ -21,7 +21,9 @@ byte for byte (attempt keys, timings), so a shared id failed its writes (`Stored
 Needs the stack and the workers running (`tempered up`, `tempered worker all`); prints one JSON
 line. Before any task starts, bad input (a suite, a version never published, a model that is
 not one) exits 2, and a queue no worker polls exits 1, naming it (the tasks waited for it without
-a word). Held-out evals during training are the TrainingRunWorkflow's, not this command's.
+a word); a workspace suite's trees are put in the store, as a run's `load_tasks` puts them
+(`infra.tasks.workspace_specs`). Held-out evals during training are the TrainingRunWorkflow's,
+not this command's.
 """
 
 from __future__ import annotations
@@ -50,7 +52,13 @@ from infra.policy import (
 )
 from infra.settings import Settings
 from infra.storage import ObjectStore, sha256_file
-from infra.tasks import SUITE_HELP, load_quarantine, load_suite
+from infra.tasks import (
+    SUITE_HELP,
+    is_workspace_suite,
+    load_quarantine,
+    load_suite,
+    workspace_specs,
+)
 from workers.backlog import queue_backlogs
 from workers.cli.errors import describe, positive, run_id
 from workers.cli.runs import run_record
@@ -105,7 +113,7 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
         target = _policy(args, store)
         policy_run, version = target or (fresh_run_id(), 0)
         spec, source = _spec(args, store, policy_run, recorded=target is not None)
-        tasks, total = _tasks(args, spec, settings)
+        tasks, total = _tasks(args, spec, settings, store)
         eval_run = _eval_run(policy_run, version, spec)
     except ValueError as exc:  # bad input: exit 2, as every command's (it was 1)
         return _bad_input(exc)
@@ -225,14 +233,24 @@ def _spec(
 
 
 def _tasks(
-    args: argparse.Namespace, spec: TrainingRunInput, settings: Settings
+    args: argparse.Namespace, spec: TrainingRunInput, settings: Settings, store: ObjectStore
 ) -> tuple[list[TaskSpec], int]:
     """The suite's tasks to evaluate (`heldout_limit` of them, `spread`, after the quarantined
     ones are left out, as a run's `load_tasks` does) and how many it has; ValueError for a
-    suite that does not load or has none."""
+    suite that does not load or has none. A workspace suite's trees (of the split's tasks
+    not quarantined) are put in the store first, as `load_tasks` puts them: only a run did,
+    and an eval of a suite no run had loaded failed every task at its reset."""
     skip = load_quarantine(settings, spec.suite)
     split = None if args.split == "all" else args.split
-    every = [task for task in load_suite(spec.suite, split=split) if task.id not in skip]
+
+    def chosen(task: TaskSpec) -> bool:
+        return task.id not in skip and (split is None or task.split == split)
+
+    if is_workspace_suite(spec.suite):
+        suite, _ = workspace_specs(spec.suite, store.put_bytes, keep=chosen)
+    else:
+        suite = load_suite(spec.suite)
+    every = [task for task in suite if chosen(task)]
     if not every:
         raise ValueError(f"suite {spec.suite!r} has no {args.split} tasks")
     return spread(every, spec.heldout_limit), len(every)
