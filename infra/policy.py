@@ -292,6 +292,16 @@ def _local_files(local_dir: Path, adapter: bool = False) -> dict[str, Path]:
     return named
 
 
+def policy_digest(local_dir: Path) -> str:
+    """16 hex digits of a model directory's file names and contents: what the prefix of a
+    version published from it names."""
+    return _tree({name: sha256_file(path) for name, path in _local_files(local_dir).items()})
+
+
+def _tree(digests: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def publish_policy(
     store: ObjectStore,
     run_id: str,
@@ -312,7 +322,7 @@ def publish_policy(
     """
     named = _local_files(Path(local_dir), adapter=adapter_of is not None)
     digests = {name: sha256_file(path) for name, path in named.items()}
-    tree = hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()[:16]
+    tree = _tree(digests)
     manifest_key = keys.policy_manifest_key(run_id, version)
     existing = _read_manifest(store, manifest_key)
     if existing is None:

@@ -3,7 +3,7 @@
     tempered eval --run RUN --policy 3                      # version 3 of a training run, as the
                                                             # run's own held-out evals measure it
     tempered eval --policy smollm2 --suite humaneval        # a preset or HF dir, published as v0
-                                                            # of a fresh run `eval-<UTC>-<random>`
+                                                            # of `eval-base-<content digest>`
 
 With `--run`, the settings are the run's (its input, `runs/<run>/run.json`): `eval_sampling`,
 `max_context_tokens`, `eval_turns`, sandbox limits, and its suite and `heldout_limit`, so the
@@ -34,8 +34,6 @@ import hashlib
 import json
 import secrets
 import sys
-from datetime import UTC, datetime
-from pathlib import Path
 
 from contracts.common import is_identifier
 from contracts.names import Queue, eval_run_id
@@ -43,15 +41,15 @@ from contracts.rollout import AgentTaskResult
 from contracts.run import EvalResult, TrainingRunInput, spread
 from contracts.task import SamplingParams, TaskSpec
 from infra.policy import (
-    MANIFEST,
     check_base_model,
     materialize_base_model,
+    policy_digest,
     policy_manifest,
     policy_versions,
     publish_policy,
 )
 from infra.settings import Settings
-from infra.storage import ObjectStore, sha256_file
+from infra.storage import ObjectStore
 from infra.tasks import (
     SUITE_HELP,
     is_workspace_suite,
@@ -79,7 +77,7 @@ run.json), as the run input whose `eval_input` builds each task's input."""
 
 
 class Collision(Exception):
-    """The fresh run's version 0 holds other weights than the ones this eval published."""
+    """The base run's version 0 holds other weights than the ones this eval published."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -107,11 +105,17 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.set_defaults(func=eval_cmd)
 
 
+BASE_RUN = "eval-base-"
+"""A preset or dir is published as version 0 of the run its content names (`BASE_RUN` and its
+`policy_digest`): an eval of the same weights again publishes nothing (each eval of a 517 MB
+model left a copy in a run of its own), and evals of other weights never share a run."""
+
+
 def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
     try:
         store = ObjectStore.from_settings(settings)
         target = _policy(args, store)
-        policy_run, version = target or (fresh_run_id(), 0)
+        policy_run, version = target or (BASE_RUN + "0" * 16, 0)  # named once it is built
         spec, source = _spec(args, store, policy_run, recorded=target is not None)
         tasks, total = _tasks(args, spec, settings, store)
         eval_run = _eval_run(policy_run, version, spec)
@@ -125,14 +129,16 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 1
-    if target is None:  # a preset or HF dir: published as version 0 of a fresh run
+    if target is None:  # a preset or HF dir: version 0 of the run its content names
         try:
-            _publish(args.policy, settings, store, policy_run)
+            policy_run = _publish(args.policy, settings, store)
         except ValueError as exc:  # e.g. smollm2 without its package, an empty s3:// prefix
             return _bad_input(exc)
         except Collision as exc:
             print(f"tempered eval: {exc}", file=sys.stderr)
             return 1
+        spec = spec.model_copy(update={"run_id": policy_run})
+        eval_run = _eval_run(policy_run, version, spec)  # as long as the one checked above
     sampling = spec.eval_sampling
     print(
         f"tempered eval: {source}: temperature {sampling.temperature}, max_new_tokens "
@@ -163,13 +169,6 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
 def _bad_input(exc: ValueError) -> int:
     print(f"tempered eval: {describe(exc)}", file=sys.stderr)
     return 2
-
-
-def fresh_run_id() -> str:
-    """The run a preset or dir is published to: UTC (a DST fall-back repeats no local hour
-    here) and a random suffix (two evals started in the same second shared `eval-<second>`,
-    and the second measured the first one's model)."""
-    return datetime.now(UTC).strftime("eval-%Y%m%d-%H%M%S-") + secrets.token_hex(4)
 
 
 def settings_digest(spec: TrainingRunInput) -> str:
@@ -278,24 +277,19 @@ def _policy(args: argparse.Namespace, store: ObjectStore) -> tuple[str, int] | N
     return args.run, version
 
 
-def _publish(spec: str, settings: Settings, store: ObjectStore, run: str) -> None:
-    """Publish the preset or dir `spec` as version 0 of `run`. Publishing is first-writer-wins:
-    Collision where version 0 turns out to hold other files than these."""
-    local = materialize_base_model(spec, settings, store)
+def _publish(model: str, settings: Settings, store: ObjectStore) -> str:
+    """Publish the preset or dir `model` as version 0 of the run its content names (a no-op
+    when it is there); that run. Collision where version 0 holds other files than these."""
+    local = materialize_base_model(model, settings, store)
+    digest = policy_digest(local)
+    run = BASE_RUN + digest
     policy = publish_policy(store, run, 0, local)
-    manifest = policy_manifest(store, run, 0)
-    files = {p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()} - {MANIFEST}
-    if (
-        manifest is None
-        or set(manifest.files) != files
-        or not all(
-            sha256_file(Path(local, name)) == ref.sha256 for name, ref in manifest.files.items()
-        )
-    ):
+    if not policy.prefix.endswith(f"/{digest}/"):
         raise Collision(
             f"run {run!r} already has a version 0 of other weights (s3://{store.bucket}/"
-            f"{policy.prefix}), published by another eval; nothing was evaluated: run it again"
+            f"{policy.prefix}); nothing was evaluated"
         )
+    return run
 
 
 async def _unserved(settings: Settings) -> list[str]:

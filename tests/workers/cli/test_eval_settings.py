@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +28,13 @@ from contracts.run import TrainingRunInput, spread
 from contracts.sandbox import ExecutionResult
 from contracts.task import SamplingParams, SandboxLimits
 from infra import keys
-from infra.policy import policy_manifest, publish_policy
+from infra.policy import policy_digest, policy_manifest, publish_policy
 from infra.settings import Settings
 from infra.storage import ObjectStore, sha256_file
 from infra.tasks import load_suite, quarantine_path
 from tests.fixtures.temporal import TemporalServer
 from tests.workflows.harness import ScriptedModel, connect, running_workers
-from workers.cli import evaluate, run
+from workers.cli import run
 from workflows.agent_task import AgentTaskWorkflow
 
 Capture = pytest.CaptureFixture[str]
@@ -170,14 +169,6 @@ async def test_no_two_evals_share_an_eval_run_and_its_id_names_the_settings(
     assert digests[0] == digests[2] and len({digests[0], digests[1], digests[3]}) == 3
 
 
-class Frozen(datetime):
-    """The clock of two evals started in the same second."""
-
-    @classmethod
-    def now(cls, tz: tzinfo | None = None) -> Frozen:
-        return cls(2025, 11, 2, 1, 30, 0, tzinfo=tz)
-
-
 def model_dir(root: Path, tag: str) -> Path:
     out = root / tag
     out.mkdir()
@@ -188,21 +179,21 @@ def model_dir(root: Path, tag: str) -> Path:
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
-async def test_two_evals_started_in_the_same_second_measure_their_own_models(
+async def test_evals_measure_their_own_models_and_publish_each_once(
     temporal_server: TemporalServer,
     namespace: str,
     store: ObjectStore,
     tmp_path: Path,
     capsys: Capture,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Both published to `eval-<second>` v0; the first publisher won, and the second eval
-    printed model A's pass@1 as model B's."""
-    monkeypatch.setattr(evaluate, "datetime", Frozen)
+    """A model is published as v0 of the run its content names: two evals of other weights
+    never share a run (two in one second once shared `eval-<second>`, and the second printed
+    model A's pass@1 as model B's), and an eval of the same weights again publishes nothing
+    (each eval left a copy of the model in a run of its own)."""
     settings = settings_of(store, temporal_server, namespace, tmp_path / "home")
-    published = {}
-    for tag in ("A", "B"):
-        local = model_dir(tmp_path, tag)
+    published, stored = {}, {}
+    for tag in ("A", "B", "A"):
+        local = tmp_path / tag if (tmp_path / tag).exists() else model_dir(tmp_path, tag)
         argv = ["--policy", str(local), "--limit", "1"]
         code, calls, out, err = await evaluate_with(settings, store, argv, capsys)
         assert code == 0, err
@@ -212,9 +203,13 @@ async def test_two_evals_started_in_the_same_second_measure_their_own_models(
         assert manifest is not None
         weights = manifest.files["model.safetensors"].sha256
         assert weights == sha256_file(local / "model.safetensors"), tag
+        if tag in published:
+            assert summary["policy_run"] == published[tag]
+            assert stored[tag] == sorted(store.list_keys(keys.run_prefix(published[tag])))
         published[tag] = summary["policy_run"]
+        stored[tag] = sorted(store.list_keys(keys.run_prefix(published[tag])))
     assert published["A"] != published["B"]
-    assert all(name.startswith("eval-20251102-") for name in published.values())
+    assert published["A"] == f"eval-base-{policy_digest(tmp_path / 'A')}"
 
 
 def test_an_eval_whose_version_0_holds_other_weights_stops_naming_them(
@@ -226,12 +221,12 @@ def test_an_eval_whose_version_0_holds_other_weights_stops_naming_them(
     settings = Settings(
         home=tmp_path / "home", s3=store.settings.model_copy(update={"bucket": store.bucket})
     )
-    monkeypatch.setattr(evaluate, "fresh_run_id", lambda: "eval-taken")
-    publish_policy(store, "eval-taken", 0, model_dir(tmp_path, "A"))
-    argv = ["eval", "--policy", str(model_dir(tmp_path, "B")), "--wait-for-workers"]
+    taken = f"eval-base-{policy_digest(model_dir(tmp_path, 'B'))}"
+    publish_policy(store, taken, 0, model_dir(tmp_path, "A"))
+    argv = ["eval", "--policy", str(tmp_path / "B"), "--wait-for-workers"]
     assert run(argv, settings) == 1
     err = capsys.readouterr().err
-    assert err.startswith("tempered eval: run 'eval-taken' already has a version 0 of other ")
+    assert err.startswith(f"tempered eval: run '{taken}' already has a version 0 of other ")
     assert err.count("\n") == 1
 
 
