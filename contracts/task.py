@@ -280,9 +280,9 @@ def eval_task_input(
     policy_version: int,
     sampling: SamplingParams,
     limits: SandboxLimits,
-    max_turns: int = 1,
-    max_context_tokens: int = 4096,
-    heartbeat_timeout_s: float = 30.0,
+    max_turns: int,
+    max_context_tokens: int,
+    heartbeat_timeout_s: float,
 ) -> AgentTaskInput:
     """Evaluation rollout of one task: one greedy-or-given sample, up to `max_turns` turns, a
     pinned policy (pass@1 is whether its first turn solved it)."""

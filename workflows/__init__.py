@@ -1,5 +1,7 @@
 """Deterministic Temporal workflows: the agent-task FSM, the learner and the training run.
 
-Workflow modules import only `contracts` (and `workflows.fsm`), under
-`workflow.unsafe.imports_passed_through()`; all I/O happens in activities.
+Workflow modules import the standard library, `temporalio`, `contracts` and one another (the
+training run composes a dozen `workflows.*` modules), the project's modules and pydantic under
+`workflow.unsafe.imports_passed_through()`. None imports `activities`, `infra` or `workers`:
+activities are called by name (`contracts.names`), and all I/O happens in them.
 """

@@ -7,7 +7,8 @@ reward. The error types that are never retried come from `contracts.errors.NON_R
 Steps of a workspace session go to the queue of the sandbox worker that holds it (`queue=`)
 with a schedule-to-start timeout: a worker that is gone never picks the step up, the timeout
 (which Temporal does not retry) ends the activity, and the workflow restores the session
-elsewhere. `attempts` bounds best-effort calls (closing sessions); 0 means unlimited.
+elsewhere. `attempts` bounds the best-effort calls a workflow logs and moves past when they fail
+(closing sessions, pruning policy versions); 0 means unlimited.
 `wait_for_cancel`: a cancelled workflow waits for the activity to stop (it reports the cancel
 once its work has ended) instead of moving on while the work runs (the SDK's TRY_CANCEL).
 """

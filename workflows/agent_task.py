@@ -42,6 +42,7 @@ Start one without Python (see README):
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from temporalio import workflow
@@ -158,7 +159,8 @@ class AgentTaskWorkflow:
         self, task_input: AgentTaskInput, group: EpisodeGroup, sessions: Sessions | None
     ) -> None:
         """GENERATE → EXECUTE → FEEDBACK until every episode ended, out of steps, or aborted."""
-        for step in range(task_input.max_turns):
+        # no bound of its own: `after_feedback` leads to DONE at step max_turns - 1 at the latest
+        for step in itertools.count():
             self._turn = step
             self._move(State.GENERATE, task_input)
             generated = await self._generate(task_input, group.acting())

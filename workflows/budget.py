@@ -5,12 +5,14 @@ Temporal fails a run whose history passes 51,200 events or 50 MiB; a budget is a
 those (20% by default). `spent` looks ahead: a caller that has work in flight which will still
 add events (children that have yet to finish) counts them, and the continue-as-new's own input,
 so continuing as new once they are done keeps the whole run inside the budget; signals that
-arrive while that is decided get room of their own (`signal_reserve`).
+arrive while that is decided get room of their own (`signal_reserve`). What a step or task
+adds is measured from a `HistoryMark`.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import NamedTuple
 
 from temporalio import workflow
 
@@ -25,6 +27,40 @@ def spent(budget: HistoryBudget, *, ahead_events: int = 0, ahead_bytes: int = 0)
         info.get_current_history_length() + ahead_events >= budget.events
         or info.get_current_history_size() + ahead_bytes >= budget.bytes
     )
+
+
+class Growth(NamedTuple):
+    """What a history added: `events`, and `size` in bytes."""
+
+    events: int
+    size: int
+
+
+class HistoryMark:
+    """This run's history as it stood at a point (0 events and bytes until `mark`ed)."""
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.size = 0  # bytes
+
+    def mark(self) -> None:
+        """Mark the history as it stands now."""
+        info = workflow.info()
+        self.events, self.size = info.get_current_history_length(), info.get_current_history_size()
+
+    def grown(self) -> Growth:
+        """What the history added since the mark."""
+        info = workflow.info()
+        return Growth(
+            info.get_current_history_length() - self.events,
+            info.get_current_history_size() - self.size,
+        )
+
+    def per_unit(self, units: int) -> Growth:
+        """What each of `units` (steps, tasks) added since the mark, on average: events rounded
+        up, bytes down."""
+        events, size = self.grown()
+        return Growth(-(-events // units), size // units)
 
 
 EVENTS_PER_TASK = 12

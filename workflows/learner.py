@@ -30,7 +30,7 @@ Runs of earlier releases replay as they were: the ledger is behind
 input), writing it in the next segment behind `LEDGER_FIRST_PATCH` (before it, a segment
 wrote its own before continuing, and looked ahead by its average step), waiting for a
 cancelled step behind `STEP_WAIT_PATCH`, and counting the next input at the state's size now
-behind `LOOK_AHEAD_PATCH`.
+behind `LEARNER_LOOK_AHEAD_PATCH`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from contracts.names import Activity, SearchAttr, Signal
     from workflows.activity_options import activity_options
-    from workflows.budget import RESERVE_EVENTS, TASK_TIMEOUT, signal_reserve, spent
+    from workflows.budget import (
+        RESERVE_EVENTS,
+        TASK_TIMEOUT,
+        Growth,
+        HistoryMark,
+        signal_reserve,
+        spent,
+    )
     from workflows.cancellation import cancel_kept, raise_if_cancelled
     from workflows.search import search_attribute_updates
     from workflows.signals import signal_run
@@ -71,7 +78,7 @@ LEDGER_FIRST_PATCH = "tempered-learner-ledger-first"
 """Marks runs that write the previous segment's ids first, and look ahead by their largest
 step. Before, a burst of group signals while a segment wrote its ledger could pass its budget
 (617 events of 600 in a run of 10 ms tasks: the cold first write took 7 signals, 28 events)."""
-LOOK_AHEAD_PATCH = "tempered-learner-look-ahead-bytes"
+LEARNER_LOOK_AHEAD_PATCH = "tempered-learner-look-ahead-bytes"
 """Marks runs whose look-ahead counts the next input at the state's size now (its consumed ids,
 step history and pending groups as they have grown). Before, it counted the ids alone, and a
 segment could pass a byte budget by its history's growth."""
@@ -95,13 +102,12 @@ class LearnerWorkflow:
             self._first_step = learner_input.ledger_from
         else:  # an input of the release before the ledger lists every id since step 0
             self._first_step = 0 if learner_input.consumed else learner_input.step
-        self._at_start = (0, 0)  # history (events, bytes) when this run began
+        self._start = HistoryMark()  # the history when this run began
         self._write_first = False  # LEDGER_FIRST_PATCH
-        self._look_ahead = False  # LOOK_AHEAD_PATCH
+        self._looks_ahead = False  # LEARNER_LOOK_AHEAD_PATCH
         self._state_bytes = 0  # the state's size as JSON when this run began
         self._largest_group = 0  # the largest group this run carried or was sent, as JSON
-        self._largest_step = 0  # most events one step (wait included) added to this run
-        self._largest_step_bytes = 0  # and most bytes
+        self._largest_step = Growth(0, 0)  # most events, and bytes, one step (wait included) added
 
     @workflow.run
     async def run(self, learner_input: LearnerInput) -> LearnerInput:
@@ -145,15 +151,15 @@ class LearnerWorkflow:
 
     async def _train(self) -> None:
         state = self._state
-        info = workflow.info()
-        self._at_start = (info.get_current_history_length(), info.get_current_history_size())
+        self._start.mark()
         self._write_first = workflow.patched(LEDGER_FIRST_PATCH)
-        self._look_ahead = workflow.patched(LOOK_AHEAD_PATCH)
+        self._looks_ahead = workflow.patched(LEARNER_LOOK_AHEAD_PATCH)
         self._state_bytes = len(state.model_dump_json())
         self._largest_group = max((len(g.model_dump_json()) for g in state.pending), default=0)
         if self._write_first and state.consumed:
             await self._record_segment()  # the previous segment's ids
-        mark = (info.get_current_history_length(), info.get_current_history_size())
+        step_start = HistoryMark()
+        step_start.mark()
         while state.step < state.max_steps:
             await workflow.wait_condition(
                 lambda: (
@@ -197,10 +203,11 @@ class LearnerWorkflow:
                 )
             )
             await self._report(state, response, batch)
-            now = (info.get_current_history_length(), info.get_current_history_size())
-            self._largest_step = max(self._largest_step, now[0] - mark[0])
-            self._largest_step_bytes = max(self._largest_step_bytes, now[1] - mark[1])
-            mark = now
+            added, largest = step_start.grown(), self._largest_step
+            self._largest_step = Growth(
+                max(largest.events, added.events), max(largest.size, added.size)
+            )
+            step_start.mark()
             if state.step < state.max_steps and (
                 self._steps >= state.steps_per_run
                 or workflow.info().is_continue_as_new_suggested()
@@ -213,30 +220,41 @@ class LearnerWorkflow:
         return (self._steps > 0 or self._signals > 0) and self._budget_spent()
 
     def _budget_spent(self) -> bool:
-        """Whether one more step (as large as the largest so far; before LEDGER_FIRST_PATCH, the
-        average; in bytes, before LOOK_AHEAD_PATCH) and the run's end would pass the budget."""
-        info, (events, size), steps = workflow.info(), self._at_start, max(self._steps, 1)
-        per_step = -(-(info.get_current_history_length() - events) // steps)
-        per_step_bytes = (info.get_current_history_size() - size) // steps
-        if self._write_first:
-            per_step = self._largest_step
-        # the continue-as-new event carries the next input: this run's, grown by its state since
-        carried = size
-        if self._look_ahead:
-            per_step_bytes = max(per_step_bytes, self._largest_step_bytes)
-            state = len(self._state.model_dump_json())
-            carried += state - self._state_bytes
-            carried += signal_reserve(self._state.burst, self._largest_group)
-            if self._finish or self._state.step + 1 >= self._state.max_steps:
-                carried += state  # the next step may be the last: the ending's `learner_done`
-                # and result carry the state twice (and its ledger write the ids once more)
-        elif self._write_first:  # before LOOK_AHEAD_PATCH: grown by the ids alone
-            carried += sum(len(task_id) + 3 for task_id in self._state.consumed)
+        """Whether one more step and the run's end would pass the budget."""
+        step = self._next_step()
         return spent(
             self._state.budget,
-            ahead_events=max(STEP_EVENTS, per_step) + RESERVE_EVENTS,
-            ahead_bytes=per_step_bytes + carried,
+            ahead_events=max(STEP_EVENTS, step.events) + RESERVE_EVENTS,
+            # the continue-as-new event carries the next input: this run's, grown since
+            ahead_bytes=step.size + self._start.size + self._input_growth(),
         )
+
+    def _next_step(self) -> Growth:
+        """What the next step is counted at: the largest step so far (in bytes, the average if
+        larger). Before LEDGER_FIRST_PATCH, its events are the average step's; before
+        LEARNER_LOOK_AHEAD_PATCH, its bytes are."""
+        average = self._start.per_unit(max(self._steps, 1))
+        events = self._largest_step.events if self._write_first else average.events
+        size = max(average.size, self._largest_step.size) if self._looks_ahead else average.size
+        return Growth(events, size)
+
+    def _input_growth(self) -> int:
+        """Bytes the next segment's input has over this run's (which the history's size at the
+        start stands for): the state's growth, room for `burst` groups signalled while the
+        continue-as-new is decided and, when the next step may be the last, the ending. Before
+        LEARNER_LOOK_AHEAD_PATCH, the consumed ids alone; before LEDGER_FIRST_PATCH, nothing."""
+        state = self._state
+        if self._looks_ahead:
+            size = len(state.model_dump_json())
+            growth = size - self._state_bytes + signal_reserve(state.burst, self._largest_group)
+            if self._finish or state.step + 1 >= state.max_steps:
+                # the ending's `learner_done` and result carry the state twice (and its ledger
+                # write the ids once more)
+                growth += size
+            return growth
+        if self._write_first:
+            return sum(len(task_id) + 3 for task_id in state.consumed)
+        return 0
 
     async def _unconsumed_batch(self) -> list[TrajectoryGroup] | None:
         """The next batch, or None after dropping groups an earlier segment already took."""

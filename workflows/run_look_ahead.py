@@ -10,17 +10,17 @@
 The rule is workflows/budget.py's (`spent`): the history so far, plus what the children in flight
 and the evaluations still to come will add (each at a task's average so far, in events at least
 `EVENTS_PER_TASK`), plus the continue-as-new's own input (counted as the history's size when
-the run began rolling out), reaches the `budget`. With `LOOK_AHEAD_PATCH` it also counts the
+the run began rolling out), reaches the `budget`. With `RUN_LOOK_AHEAD_PATCH` it also counts the
 children started in the current workflow task once more (`UnrecordedStarts`), the tails the input
 carries as they have grown since the run began, room for two `learner_progress` signals and, at
 the ending, the learner's report (`ENDING_PATCH`: its state as reported, once per copy the
 ending receives). Continuing as new, and draining first, is the run's
 (workflows/training_run.py).
 
-The look-ahead issues no command. `full` asks `LOOK_AHEAD_PATCH` (and under it, at the ending,
+The look-ahead issues no command. `full` asks `RUN_LOOK_AHEAD_PATCH` (and under it, at the ending,
 `ENDING_PATCH`) once the run has started a task. Measuring the tails reads `Evaluations.kept`,
 which may ask `BASELINE_PATCH`: as the look-ahead is made, in each `full` under
-`LOOK_AHEAD_PATCH`, and in `tails`.
+`RUN_LOOK_AHEAD_PATCH`, and in `tails`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ with workflow.unsafe.imports_passed_through():
         PROGRESS_SIGNAL_BYTES,
         RESERVE_EVENTS,
         STEP_RECORD_BYTES,
+        HistoryMark,
         UnrecordedStarts,
         ending_bytes,
         signal_reserve,
@@ -43,7 +44,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.evaluations import Evaluations
     from workflows.learner import HISTORY_TAIL
 
-LOOK_AHEAD_PATCH = "tempered-run-look-ahead-bytes"
+RUN_LOOK_AHEAD_PATCH = "tempered-run-look-ahead-bytes"
 """Marks runs whose history look-ahead counts the tails a continue-as-new carries as they have
 grown, the children started in the current workflow task as not in the history yet, and, at the
 ending, the learner's report (`learner_done`, one copy of its step records at 1 KiB each)."""
@@ -63,14 +64,13 @@ class RunLookAhead:
         self._input = run_input
         self._progress = progress  # the run's own list: it appends and trims it in place
         self._evaluations = evaluations
-        self._at_start = (0, 0)  # history (events, bytes) when this run began rolling out
+        self._start = HistoryMark()  # the history when this run began rolling out
         self._unrecorded = UnrecordedStarts()
         self._tails_at_start = self._tails_bytes()
 
     def began(self) -> None:
         """The run begins rolling out: a task's average is measured from here."""
-        info = workflow.info()
-        self._at_start = (info.get_current_history_length(), info.get_current_history_size())
+        self._start.mark()
 
     def started(self) -> None:
         """A task's child was started in the current workflow task."""
@@ -90,15 +90,11 @@ class RunLookAhead:
         `rollouts` are the tasks this run started, `in_flight` those still running."""
         if not rollouts:
             return False  # a segment starts one task at least
-        info, (events, size) = workflow.info(), self._at_start
-        per_task_events = max(
-            EVENTS_PER_TASK, -(-(info.get_current_history_length() - events) // rollouts)
-        )
-        per_task_bytes = (info.get_current_history_size() - size) // rollouts
+        per_task = self._start.per_unit(rollouts)
         children = in_flight + self._evaluations.children_ahead(started, learner_steps, ending)
         # the continue-as-new event carries the next input (the result is about as large)
-        last = size
-        if workflow.patched(LOOK_AHEAD_PATCH):
+        last = self._start.size
+        if workflow.patched(RUN_LOOK_AHEAD_PATCH):
             children += self._unrecorded.count
             last += self._tails_bytes() - self._tails_at_start
             last += signal_reserve(2, PROGRESS_SIGNAL_BYTES)
@@ -106,8 +102,8 @@ class RunLookAhead:
                 last += self._ending_bytes(learner_steps)
         return spent(
             self._input.budget,
-            ahead_events=per_task_events * children + RESERVE_EVENTS,
-            ahead_bytes=per_task_bytes * children + last,
+            ahead_events=max(EVENTS_PER_TASK, per_task.events) * children + RESERVE_EVENTS,
+            ahead_bytes=per_task.size * children + last,
         )
 
     def tails(self) -> tuple[list[LearnerProgress], list[EvalResult]]:
