@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,6 +158,14 @@ class Service:
         self.pidfile.unlink(missing_ok=True)
         return True
 
+    def start_failure(self) -> str | None:
+        """What to say of this service if it exited during its start, with its log's last
+        lines (None while it runs)."""
+        if self.pid() is not None:
+            return None
+        told = f"{self.name} exited during start-up; last log lines ({self.logfile}):"
+        return f"{told}\n{self.log_tail()}"
+
     def log_tail(self, lines: int = 15) -> str:
         try:
             return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
@@ -205,11 +214,8 @@ def wait_for_port(host: str, port: int, timeout_s: float, service: Service | Non
     while time.monotonic() < deadline:
         if port_open(host, port):
             return
-        if service is not None and service.pid() is None:
-            raise RuntimeError(
-                f"{service.name} exited during start-up; last log lines ({service.logfile}):\n"
-                f"{service.log_tail()}"
-            )
+        if service is not None and (failure := service.start_failure()) is not None:
+            raise RuntimeError(failure)
         time.sleep(0.1)
     raise TimeoutError(f"{host}:{port} did not open within {timeout_s:.0f}s")
 
@@ -230,18 +236,34 @@ def ephemeral_ports() -> range:
 
 def free_port(candidates: range = PORT_RANGE) -> int:
     """A port of `candidates` (outside the ephemeral range) that can be bound right now."""
+    return free_ports((0,), candidates)
+
+
+def free_ports(offsets: Sequence[int], candidates: range = PORT_RANGE) -> int:
+    """A port P of `candidates` such that P + each of `offsets` is outside the ephemeral range
+    and can be bound on 127.0.0.1 right now: a server's set of ports (SeaweedFS's,
+    `seaweed.pick_free_ports`). Tried from a random start, so parallel stacks rarely collide."""
     ephemeral = ephemeral_ports()
-    ports = [p for p in candidates if p not in ephemeral]
+    bases = [
+        base
+        for base in candidates
+        if all(0 < base + offset < 65536 and base + offset not in ephemeral for offset in offsets)
+    ]
     start = int.from_bytes(os.urandom(4), "little")
-    for attempt in range(len(ports)):
-        port = ports[(start + attempt * 7919) % len(ports)]
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
+    for attempt in range(len(bases)):
+        base = bases[(start + attempt * 7919) % len(bases)]
+        if all(_bindable(base + offset) for offset in offsets):
+            return base
     raise RuntimeError(f"no free port in {candidates.start}..{candidates.stop - 1}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def limit_openmp_spin(spin_count: int | None) -> None:

@@ -21,8 +21,6 @@ Run `python -m infra.seaweed DIR` to print the command line for a directory.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sys
 import time
 import urllib.error
@@ -31,12 +29,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.processes import bundled_binary
+from infra.processes import PORT_RANGE, bundled_binary, free_ports
 
 GRPC_OFFSET = 10000
 """SeaweedFS's convention: a server's gRPC port is its HTTP port plus this."""
 
 S3_CONFIG_NAME = "s3-identities.json"
+S3_OFFSET = 5
+"""Where `pick_free_ports` puts S3: next to the five servers from base_port."""
 
 
 @dataclass(frozen=True)
@@ -142,30 +142,13 @@ def wait_s3_ready(endpoint: str, timeout_s: float) -> None:
         time.sleep(0.1)
 
 
-def ports_free(ports: Iterable[int]) -> bool:
-    """Whether every port can be bound on 127.0.0.1 right now."""
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
-
-
-def pick_free_ports(low: int = 10000, high: int = 22000) -> tuple[int, int]:
-    """(s3_port, base_port) with every port of the layout free: for tests and parallel stacks.
-
-    The default range keeps the gRPC ports (+GRPC_OFFSET) below the kernel's ephemeral range,
-    where a client connection can take a port between our check and SeaweedFS's bind."""
-    rng = int.from_bytes(os.urandom(4), "little")
-    span = (high - low) // 8
-    for attempt in range(span):
-        base = low + ((rng + attempt * 7919) % span) * 8
-        ports = SeaweedPorts.from_base(base + 5, base)
-        if ports_free(ports.all_ports()):
-            return ports.s3, base
-    raise RuntimeError(f"no free port layout for SeaweedFS in {low}..{high}")
+def pick_free_ports(candidates: range = PORT_RANGE) -> tuple[int, int]:
+    """(s3_port, base_port) with every port of the layout free and outside the kernel's
+    ephemeral range, where a client connection can take a port between our check and
+    SeaweedFS's bind (gRPC ports included): for tests and parallel stacks."""
+    lowest = SeaweedPorts.from_base(1024 + S3_OFFSET, 1024)
+    base = free_ports([port - 1024 for port in lowest.all_ports()], candidates)
+    return base + S3_OFFSET, base
 
 
 if __name__ == "__main__":

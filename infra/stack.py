@@ -294,7 +294,8 @@ def _start_seaweed(settings: Settings) -> str:
             _serving(service, f"http://{endpoint}")
             _ensure_bucket(settings, service)
         except (RuntimeError, TimeoutError, StorageError) as err:
-            reason = _exited(service) or str(err)  # its log says why, not the refused request
+            # its log says why, not the refused request
+            reason = service.start_failure() or str(err)
             service.stop()
             raise StackError(f"SeaweedFS did not start: {reason}") from None
         return f"seaweedfs: started, S3 at http://{endpoint}, bucket {settings.s3.bucket!r}"
@@ -354,7 +355,7 @@ def _serving(service: Service, url: str) -> None:
     START_TIMEOUT_S and ended in "connection refused"."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:
-        if (exited := _exited(service)) is not None:
+        if (exited := service.start_failure()) is not None:
             raise RuntimeError(exited)
         try:
             wait_s3_ready(url, 1.0)
@@ -370,16 +371,6 @@ def _ensure_bucket(settings: Settings, service: Service) -> None:
     # after a restart, reads fail until volumes re-register
     store.wait_ready(START_TIMEOUT_S, running=lambda: service.pid() is not None)
     store.check_create_only()
-
-
-def _exited(service: Service) -> str | None:
-    """What to say of a service that has exited during its start (None while it runs)."""
-    if service.pid() is not None:
-        return None
-    return (
-        f"{service.name} exited during start-up; last log lines ({service.logfile}):\n"
-        f"{service.log_tail()}"
-    )
 
 
 def _listening(service: Service, host: str, port: int) -> None:

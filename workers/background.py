@@ -41,7 +41,6 @@ from pydantic import SecretBytes, SecretStr
 from contracts.names import Queue
 from infra.processes import Service
 from infra.settings import Settings
-from workers.learner import LEARNER_DRAIN_S
 from workers.plan import WorkerPlan
 from workers.versioning import activity_code_digest, workflow_code_digest
 
@@ -54,8 +53,10 @@ STOP_MARGIN_S = 10.0
 """After a worker's drain, room for its own shutdown (closing an engine, its ranks, telemetry)
 before it is killed."""
 
-DRAINS: dict[Queue, float] = {Queue.LEARNER: LEARNER_DRAIN_S}
-"""The queues whose worker plan sets its own `drain_s`; the others keep `WorkerPlan`'s."""
+DRAINS: dict[Queue, float] = {Queue.LEARNER: 270.0}
+"""The queues whose worker plan sets its own `drain_s` (from here, by `drain_s`); the others
+keep `WorkerPlan`'s. The learner's step in flight may finish (and publish): a step takes
+minutes, and a cancelled one is redone from its start. The chart gives the learner's pod 300 s."""
 
 
 def drain_s(queue: Queue) -> float:

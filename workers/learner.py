@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import asyncio
 
+from contracts.names import Queue
 from infra.settings import Settings
+from workers.background import drain_s
 from workers.plan import WorkerPlan
-
-LEARNER_DRAIN_S = 270.0
-"""A step in flight may finish (and publish) for this long after SIGTERM: a step takes minutes,
-and a cancelled one is redone from its start. The chart gives the learner's pod 300 s."""
 
 
 def build(settings: Settings) -> WorkerPlan:
@@ -39,7 +37,7 @@ def build(settings: Settings) -> WorkerPlan:
         activities=[activities.prepare_run, activities.train_step],
         max_concurrent_activities=1,
         on_shutdown=close,
-        drain_s=LEARNER_DRAIN_S,
+        drain_s=drain_s(Queue.LEARNER),  # as long as a stop waits for (background.DRAINS)
         # one activity, heartbeating every 5 s: sent as often, a cancel (`tempered stop
         # --cancel`) reaches the step within seconds, not the SDK's 60
         heartbeat_every_s=HEARTBEAT_EVERY_S,

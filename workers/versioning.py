@@ -8,7 +8,7 @@ first task, children start on their parent's build, and `LearnerWorkflow` and
 `AUTO_UPGRADE` there). Activity workers are unversioned: their contracts change additively.
 
     config = deployment_config(settings, plan)     # None for activity workers, or versioning off
-    promotion = promote_in_background(client, config)   # this build becomes current once polling
+    promote_in_background(client, settings, config)   # this build becomes current once polling
 
 The build id is `settings.temporal.build_id` (e.g. the image tag) or a digest of the code that
 decides a workflow's commands (the `workflows` and `contracts` packages), so an unchanged

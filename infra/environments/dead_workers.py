@@ -26,7 +26,7 @@ import psutil
 from infra.environments.mounts import remove_tree
 from infra.processes import start_ticks
 from infra.sandbox.cgroups import sweep_dead_workers
-from infra.sandbox.workspace import SESSION_UID_BASE, SLOTS
+from infra.sandbox.workspace import SLOTS, session_uid
 
 
 def worker_dir_name(pid: int | None = None) -> str:
@@ -63,7 +63,7 @@ def sweep_dead(root: Path) -> Sweep:
 
 def _kill_uids(pid: int) -> int:
     """SIGKILL every process running under a workspace uid of worker `pid`."""
-    uids = range(SESSION_UID_BASE + pid * SLOTS, SESSION_UID_BASE + (pid + 1) * SLOTS)
+    uids = {session_uid(slot, pid) for slot in range(SLOTS)}
     killed = 0
     for process in psutil.process_iter(["uids"]):
         with contextlib.suppress(psutil.Error, TypeError):

@@ -18,10 +18,23 @@ sandbox (no network, read-only root and /dev, the host's `tempered` cgroup folde
 uid. Both get their code as sources on stdin, read here from this package's own files, and
 never open a file the model could write.
 
-Sandbox uids: each worker process owns 8192 uids no host account uses (`worker_uids`): offset
-0 runs its checkers, the others its candidates, one per run in flight.
+Sandbox uids: each worker process claims a block of BLOCK_UIDS uids no host account uses
+(`worker_uids`): offset 0 runs its checkers, the others its candidates, one per run in flight.
+A block is claimed, not derived from the pid: one per pid would need BLOCK_UIDS · 2^22 uids
+(Linux's largest pid_max), past 32 bits, so there are only WORKER_BLOCKS, and while a worker's
+block was its pid % WORKER_BLOCKS, two live workers whose pids differed by a multiple of that
+shared one. Their candidates could not reach each other's processes or files (a pid namespace
+each, ptrace refused, a private /tmp, a read-only root), but the kernel keeps some accounts per
+uid: one's processes counted against the other's RLIMIT_NPROC (a fork failed, and the program
+with it: a wrong verdict), and the two shared the uid's keyring. So a worker claims its pid's
+block, else the next free one, by binding an abstract unix socket named for it, which the
+kernel frees when the worker ends.
 
-Not covered: restarting a zygote that died (the verifier starts a new one on its next run).
+Not covered: restarting a zygote that died (the verifier starts a new one on its next run);
+workers that share the host's uids but not its network namespace, where abstract names live
+(two sandbox pods on one node): they do not see each other's claims (nor pids, which the
+workspaces' uids are made of: `workspace.session_uid`); keys a run left in its uid's keyring,
+which outlive it (the seccomp filter allows keyctl): the slot's next run can read them.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ import marshal
 import os
 import signal
 import socket
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,8 +63,14 @@ MODULES = ("codec", "confine", "candidate", "checker")
 """The modules a zygote runs, in load order (each may import the ones before it)."""
 START_TIMEOUT_S = 30.0
 UID_BASE = 100_000
-"""Sandbox uids are UID_BASE + (worker pid % 512) * 8192 + slot: no host account owns them."""
-SANDBOX_UID_RANGE = range(UID_BASE, UID_BASE + 512 * 8192)
+"""Sandbox uids are UID_BASE + block · BLOCK_UIDS + slot: no host account owns them."""
+BLOCK_UIDS = 8192
+"""Uids of one worker's block: its checkers' (offset 0) and one per candidate run in flight."""
+WORKER_BLOCKS = 512
+"""Blocks in all: at most this many verifier workers run on one host at once."""
+SANDBOX_UID_RANGE = range(UID_BASE, UID_BASE + WORKER_BLOCKS * BLOCK_UIDS)
+BLOCK_CLAIM = "\0tempered-sandbox-uids-{}"
+"""The abstract unix socket name that holds a block for its worker (`worker_uids`)."""
 SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2"}
 ENV = ["--clearenv", *(arg for item in SANDBOX_ENV.items() for arg in ("--setenv", *item))]
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -63,10 +83,37 @@ ZYGOTE_CAPS = [
 set, and killing its children (which run under other uids); bwrap drops the rest."""
 
 
-def worker_uids(pid: int | None = None) -> range:
-    """The sandbox uids of the worker process `pid` (default: this one)."""
-    base = UID_BASE + ((os.getpid() if pid is None else pid) % 512) * 8192
-    return range(base, base + 8192)
+_claim: tuple[int, int, socket.socket] | None = None
+"""(pid, block, the socket that holds it) of this process's block."""
+_claiming = threading.Lock()
+
+
+def worker_uids() -> range:
+    """This worker process's block of sandbox uids, claimed on the first call; SandboxInfraError
+    when live workers hold every block."""
+    global _claim
+    with _claiming:
+        pid = os.getpid()
+        if _claim is None or _claim[0] != pid:  # a forked child claims its own
+            _claim = (pid, *_claim_block(pid))
+        start = UID_BASE + _claim[1] * BLOCK_UIDS
+    return range(start, start + BLOCK_UIDS)
+
+
+def _claim_block(pid: int) -> tuple[int, socket.socket]:
+    """The first free block from `pid`'s own (pid % WORKER_BLOCKS), and the socket holding it."""
+    for step in range(WORKER_BLOCKS):
+        block = (pid + step) % WORKER_BLOCKS
+        holder = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            holder.bind(BLOCK_CLAIM.format(block))
+        except OSError:  # another live worker's
+            holder.close()
+            continue
+        return block, holder
+    raise SandboxInfraError(
+        f"live workers on this host hold all {WORKER_BLOCKS} blocks of sandbox uids"
+    )
 
 
 def root_binds() -> list[str]:

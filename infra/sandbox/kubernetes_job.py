@@ -42,6 +42,7 @@ from contracts.task import SandboxLimits
 from infra.sandbox.base import JobTooLarge
 from infra.sandbox.forkserver import sources, zygote_source
 from infra.sandbox.judge import Exit, Observed
+from infra.sandbox.launcher import candidate_rlimits
 from infra.sandbox.process import Capture
 
 LAUNCHER_SOURCE = (Path(__file__).parent / "pod_launcher.py").read_text()
@@ -93,17 +94,11 @@ def label_value(text: str) -> str:
 
 
 def sandbox_rlimits(limits: SandboxLimits) -> dict[str, tuple[int, int]]:
-    """Rlimits the candidate sets on itself in the pod. Memory is the pod's cgroup's job (the
-    address space cap only turns absurd allocations into a fast MemoryError) and processes the
-    node's pod pids limit: the candidate's uid is shared by every sandbox pod on a node, so a
-    per-uid RLIMIT_NPROC would make pods starve each other."""
-    file_size, space = limits.file_size_mb * 2**20, (2 * limits.memory_mb + 256) * 2**20
-    return {
-        "RLIMIT_CPU": (limits.cpu_s, limits.cpu_s + 1),
-        "RLIMIT_FSIZE": (file_size, file_size),
-        "RLIMIT_CORE": (0, 0),
-        "RLIMIT_AS": (space, space),
-    }
+    """Rlimits the candidate sets on itself in the pod: the host's rule (`candidate_rlimits`)
+    with cgroups, as the pod's cgroup bounds memory, and without RLIMIT_NPROC, as processes are
+    the node's pod pids limit: the candidate's uid is shared by every sandbox pod on a node, so
+    a per-uid RLIMIT_NPROC would make pods starve each other."""
+    return candidate_rlimits(limits, cgroups=True, nproc=False)
 
 
 def _chunks(prefix: str, text: str) -> list[dict[str, str]]:

@@ -6,7 +6,8 @@
 
 A launcher starts one candidate per run, confined as a `CandidateSpec` says, holding exactly
 the fds it is given, and reports how it ended (`judge.Exit`); `candidate_rlimits` are the
-limits every candidate sets on itself before the program runs.
+limits every candidate sets on itself before the program runs (and the rule of every other
+sandbox's: a Kubernetes pod's candidate, a workspace command).
 """
 
 from __future__ import annotations
@@ -62,15 +63,36 @@ class CandidateLauncher(Protocol):
     async def close(self) -> None: ...
 
 
-def candidate_rlimits(limits: SandboxLimits, cgroups: bool) -> dict[str, tuple[int, int]]:
-    """Limits the candidate sets on itself before the program runs (RLIMIT_NPROC counts the
-    candidate too). Address space: the limit itself without cgroups; with them (which bound
-    real memory), a generous cap that turns absurd allocations into a fast MemoryError."""
-    space = limits.memory_mb * MB if not cgroups else (2 * limits.memory_mb + 256) * MB
-    return {
+def candidate_rlimits(
+    limits: SandboxLimits,
+    cgroups: bool,
+    nproc: bool = True,
+    *,
+    processes_overhead: int = 1,
+    space_cap: bool = True,
+) -> dict[str, tuple[int, int]]:
+    """The rlimits of every sandbox, in setrlimit's terms: a host candidate sets them on itself
+    before the program runs, a Kubernetes pod's candidate too (`kubernetes_job.sandbox_rlimits`),
+    and a workspace command's launching shell as `ulimit` flags (`workspace.ulimit_prelude`).
+
+    CPU: SIGXCPU at `cpu_s` (a timeout), SIGKILL a second later. Processes (`nproc`):
+    `max_processes` plus those the sandbox itself runs under the same uid
+    (`processes_overhead`: the candidate itself; bwrap's two for a workspace command); off where
+    the uid is shared by sandboxes that must not starve each other (Kubernetes). Address space:
+    the memory limit itself without cgroups; with them (which bound real memory), a generous
+    cap that turns absurd allocations into a fast MemoryError, or none (`space_cap` False:
+    a workspace command may be any program, and runtimes that reserve far more address space
+    than they touch, a JVM or Go, would fail under one)."""
+    file_size = limits.file_size_mb * MB
+    rlimits = {
         "RLIMIT_CPU": (limits.cpu_s, limits.cpu_s + 1),
-        "RLIMIT_FSIZE": (limits.file_size_mb * MB, limits.file_size_mb * MB),
+        "RLIMIT_FSIZE": (file_size, file_size),
         "RLIMIT_CORE": (0, 0),
-        "RLIMIT_NPROC": (limits.max_processes + 1,) * 2,
-        "RLIMIT_AS": (space, space),
     }
+    if nproc:
+        rlimits["RLIMIT_NPROC"] = (limits.max_processes + processes_overhead,) * 2
+    if not cgroups:
+        rlimits["RLIMIT_AS"] = (limits.memory_mb * MB,) * 2
+    elif space_cap:
+        rlimits["RLIMIT_AS"] = ((2 * limits.memory_mb + 256) * MB,) * 2
+    return rlimits

@@ -54,7 +54,7 @@ from infra.sandbox import codec
 from infra.sandbox.base import DEFAULT_LIMITS, JobTooLarge, SandboxInfraError
 from infra.sandbox.cgroups import Cgroups, host_pid, run_delay, sweep_dead_workers
 from infra.sandbox.channels import JobSocket, OutputPipe
-from infra.sandbox.forkserver import ForkServer, checker_zygote_argv, worker_uids
+from infra.sandbox.forkserver import BLOCK_UIDS, ForkServer, checker_zygote_argv, worker_uids
 from infra.sandbox.judge import (
     Exit,
     Observed,
@@ -127,18 +127,17 @@ class Verifier:
         python: str = "/usr/bin/python3",
         warm: int = 4,
         name: str = "local",
-        slots: range = range(1, 8192),
+        slots: range = range(1, BLOCK_UIDS),
     ) -> None:
-        """`slots`: offsets in the worker's uid range (`worker_uids`) that candidates may use
+        """`slots`: offsets in the worker's uid block (`worker_uids`) that candidates may use
         (also naming their cgroups); offset 0 is the checkers' uid."""
-        if slots.start < 1 or slots.stop > 8192:
-            raise ValueError("slots must lie within 1..8191")
+        if slots.start < 1 or slots.stop > BLOCK_UIDS:
+            raise ValueError(f"slots must lie within 1..{BLOCK_UIDS - 1}")
         self.launcher, self.python, self.warm, self.name = launcher, python, warm, name
         self.slots = slots
         self.bwrap, self.setpriv = shutil.which("bwrap"), shutil.which("setpriv")
         self.use_cgroups = Cgroups.available()
         self.enforcement = "cgroup" if self.use_cgroups else "rlimit"
-        self._uids = worker_uids()
         self._ids = itertools.count(1)
         self._pool: dict[int, list[Pair]] = {}
         self._filling: dict[int, int] = {}
@@ -168,7 +167,8 @@ class Verifier:
             await self._stop()
             if self.use_cgroups:
                 await asyncio.to_thread(sweep_dead_workers)  # may wait for a kill
-            argv = checker_zygote_argv(self.python, self._uids.start, self.bwrap, self.setpriv)
+            checker_uid = worker_uids().start  # the block is claimed at the first start
+            argv = checker_zygote_argv(self.python, checker_uid, self.bwrap, self.setpriv)
             checker = ForkServer("checker", argv)
             started = [checker.start(), self.launcher.start()]
             failed = [e for e in await asyncio.gather(*started, return_exceptions=True) if e]
@@ -199,7 +199,7 @@ class Verifier:
                 fds += os.pipe()
             fds += [end.detach() for end in socket.socketpair()]
             calls_r, calls_w, replies_r, replies_w, out_r, out_w, err_r, err_w, job, job_child = fds
-            spec = CandidateSpec(self._uids.start + slot, tmpfs_mb, cgroups)
+            spec = CandidateSpec(worker_uids().start + slot, tmpfs_mb, cgroups)
             inner, _ = await asyncio.gather(  # the checker's fork is asked for first
                 checker.fork(run_id, None, [job_child, calls_w, replies_r]),
                 self.launcher.fork(run_id, spec, [calls_r, replies_w, out_w, err_w]),

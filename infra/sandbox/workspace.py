@@ -58,8 +58,10 @@ from infra.sandbox.local import root_binds
 from infra.sandbox.process import KILL_GRACE_S, Capture
 
 SESSION_UID_BASE = 10_000_000
-"""Workspace uids are SESSION_UID_BASE + pid·SLOTS + slot: unique per live worker process,
-above the local backend's range (`local.SANDBOX_UID_RANGE`), owned by no host account."""
+"""Workspace uids are SESSION_UID_BASE + pid·SLOTS + slot: unique per live worker process (of
+one pid namespace), above the local backend's range (`local.SANDBOX_UID_RANGE`), owned by no
+host account. Every pid has its own SLOTS: SLOTS · 2^22 (Linux's largest pid_max) fits a uid,
+where the verifier's larger blocks do not (`forkserver.worker_uids` claims one instead)."""
 SLOTS = 512
 """Workspace uids (sessions and verifier runs) one worker holds at once."""
 PID_1 = '/bin/sh -c "$1"; exit $?'
@@ -67,6 +69,15 @@ PID_1 = '/bin/sh -c "$1"; exit $?'
 a shell that runs the command as its child and exits with its status. The command is never
 pid 1 itself, to which the kernel does not deliver SIGXCPU: a command past its CPU time would
 get only the SIGKILL a second later, and an exit by SIGKILL says nothing of why."""
+ULIMIT_FLAGS = {
+    "RLIMIT_CPU": ("t", 1),
+    "RLIMIT_FSIZE": ("f", 512),
+    "RLIMIT_CORE": ("c", 512),
+    "RLIMIT_NPROC": ("p", 1),
+    "RLIMIT_AS": ("v", 1024),
+}
+"""Each rlimit's `ulimit` flag and the bytes in one of its units (1 for seconds and processes),
+as dash, the launching /bin/sh of Debian and Ubuntu, reads them."""
 WRAPPER_PROCESSES = 2
 """bwrap's outer process and pid 1 count against the command's process limits."""
 INNER_UID = 1000
@@ -99,6 +110,26 @@ def cgroup_name(slot: int, pid: int | None = None) -> str:
     """Cgroup name of a slot: `<pid>-w<slot>`, which `cgroups.sweep_dead_workers` reaps once the
     worker is gone."""
     return f"{os.getpid() if pid is None else pid}-w{slot}"
+
+
+def workspace_rlimits(limits: SandboxLimits, cgroups: bool) -> dict[str, tuple[int, int]]:
+    """A workspace command's rlimits: the sandboxes' rule (`launcher.candidate_rlimits`), its
+    processes counting bwrap's two, and with cgroups no address-space cap (any program runs)."""
+    return candidate_rlimits(limits, cgroups, processes_overhead=WRAPPER_PROCESSES, space_cap=False)
+
+
+def ulimit_prelude(rlimits: dict[str, tuple[int, int]]) -> list[str]:
+    """`rlimits` as the launching shell's `ulimit` commands. A `ulimit` without -S or -H sets
+    both values, so a limit whose two differ (CPU: SIGXCPU, then SIGKILL) takes two commands,
+    the soft one first: the kernel refuses a hard limit below the soft one."""
+    commands = []
+    for name, (soft, hard) in rlimits.items():
+        flag, unit = ULIMIT_FLAGS[name]
+        if soft == hard:
+            commands.append(f"ulimit -{flag} {soft // unit}")
+        else:
+            commands += [f"ulimit -S -{flag} {soft // unit}", f"ulimit -H -{flag} {hard // unit}"]
+    return commands
 
 
 def check_mount_point(path: str) -> str:
@@ -203,18 +234,8 @@ class CommandRunner:
             drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--nnp"]
             sandbox = drop + sandbox
         joins = cgroups.procs_files() if cgroups is not None else []
-        # SIGXCPU at the CPU limit (a timeout), SIGKILL a second later (`ulimit -t` alone sets
-        # both limits at once: a SIGKILL at once)
-        cpu_soft, cpu_hard = candidate_rlimits(limits, cgroups is not None)["RLIMIT_CPU"]
-        prelude = [f"echo $$ > {shlex.quote(str(procs))}" for procs in joins] + [
-            f"ulimit -S -t {cpu_soft}",  # the soft one first: never above the hard one
-            f"ulimit -H -t {cpu_hard}",
-            f"ulimit -f {limits.file_size_mb * MB // 512}",
-            f"ulimit -p {limits.max_processes + WRAPPER_PROCESSES}",
-            "ulimit -c 0",
-        ]
-        if cgroups is None:  # no memory cgroup: bound the address space instead
-            prelude.append(f"ulimit -v {limits.memory_mb * 1024}")
+        prelude = [f"echo $$ > {shlex.quote(str(procs))}" for procs in joins]
+        prelude += ulimit_prelude(workspace_rlimits(limits, cgroups is not None))
         return ["/bin/sh", "-c", " && ".join(prelude) + ' && exec "$@"', "sandbox", *sandbox]
 
     async def run(

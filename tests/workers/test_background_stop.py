@@ -17,9 +17,13 @@ from pydantic import SecretStr
 from contracts.names import Queue
 from infra.processes import Service
 from infra.settings import Settings
-from workers.background import RECONFIGURED, ensure_workers, stop_workers, worker_service
-from workers.learner import LEARNER_DRAIN_S
-from workers.plan import WorkerPlan
+from workers.background import (
+    RECONFIGURED,
+    drain_s,
+    ensure_workers,
+    stop_workers,
+    worker_service,
+)
 
 DRAINER = """
 import signal, sys, time
@@ -72,8 +76,9 @@ def timeouts(monkeypatch: pytest.MonkeyPatch) -> dict[str, float]:
 
 
 def drain_of(queue: Queue) -> float:
-    """What the queue's worker plan gives its activities in flight after SIGTERM."""
-    return LEARNER_DRAIN_S if queue is Queue.LEARNER else WorkerPlan().drain_s
+    """What the queue's worker plan gives its activities in flight after SIGTERM (a plan takes
+    it from `drain_s`: tests/workers/test_background_drains.py)."""
+    return drain_s(queue)
 
 
 def test_down_gives_each_worker_its_drain(settings: Settings, timeouts: dict[str, float]) -> None:
