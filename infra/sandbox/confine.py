@@ -17,7 +17,7 @@ no network and its own pid/ipc/uts namespaces. For each run it forks a child wit
   the program sends itself as if from the kernel (the two would let pid 1 of its namespace die
   of a SIGKILL it caused, which the judge takes for a kill from outside: a platform fault);
   once the run's resource limits are set, a second one that refuses changing them
-  (`lock_rlimits`).
+  (`lock_rlimits`); the kernel's keyrings, kept per uid across runs, are refused too.
 
 Every step is checked and a failure raises OSError: the caller exits and the run is reported
 as a platform fault, never started half-confined. Kill pid 1 (the candidate) and the kernel
@@ -56,6 +56,10 @@ SIGNAL_CALLS = {  # ptrace, rt_sigqueueinfo, rt_tgsigqueueinfo, pidfd_send_signa
     "x86_64": (101, 129, 297, 424),
     "aarch64": (117, 138, 240, 424),
 }
+KEYRING_CALLS = {
+    "x86_64": (248, 249, 250),
+    "aarch64": (217, 218, 219),
+}  # add_key, request_key, keyctl
 EXPECTED_STATUS = {
     "CapInh": 0,
     "CapPrm": 0,
@@ -151,12 +155,17 @@ def _seccomp_program() -> list[tuple[int, int, int, int]]:
     takes such an end as the platform's): ptrace (a child attached to it could resume it with
     SIGKILL) and a SIGKILL it sends itself with a siginfo that says "from the kernel" (si_code
     SI_KERNEL, which the kernel forces through): rt_sigqueueinfo, rt_tgsigqueueinfo, and
-    pidfd_send_signal with a siginfo (without one, it is a plain kill)."""
+    pidfd_send_signal with a siginfo (without one, it is a plain kill).
+
+    And EPERM for the kernel's keyrings (add_key, request_key, keyctl, as Docker's default
+    profile refuses them): they are kept per uid, not per namespace, so a key a run added would
+    outlive it, for the next run under the same uid to read."""
     machine = os.uname().machine
     if machine not in ARCHES:
         raise OSError(f"confine: no seccomp filter for {machine}")
     arch, clone, unshare, clone3 = ARCHES[machine]
     ptrace, sigqueueinfo, tgsigqueueinfo, pidfd_send_signal = SIGNAL_CALLS[machine]
+    add_key, request_key, keyctl = KEYRING_CALLS[machine]
     kill, ld, jeq, jge, jset, ret = SECCOMP_RET_KILL_PROCESS, 0x20, 0x15, 0x35, 0x45, 0x06
     sigkill = int(signal.SIGKILL)
     return _resolve(
@@ -170,6 +179,9 @@ def _seccomp_program() -> list[tuple[int, int, int, int]]:
             (jeq, 0, 1, clone3),
             (ret, 0, 0, SECCOMP_RET_ERRNO | 38),  # ENOSYS
             (jeq, "eperm", 0, ptrace),
+            (jeq, "eperm", 0, add_key),
+            (jeq, "eperm", 0, request_key),
+            (jeq, "eperm", 0, keyctl),
             (jeq, "flags", 0, unshare),
             (jeq, "flags", 0, clone),
             (jeq, "second", 0, sigqueueinfo),

@@ -26,15 +26,15 @@ block was its pid % WORKER_BLOCKS, two live workers whose pids differed by a mul
 shared one. Their candidates could not reach each other's processes or files (a pid namespace
 each, ptrace refused, a private /tmp, a read-only root), but the kernel keeps some accounts per
 uid: one's processes counted against the other's RLIMIT_NPROC (a fork failed, and the program
-with it: a wrong verdict), and the two shared the uid's keyring. So a worker claims its pid's
+with it: a wrong verdict). So a worker claims its pid's
 block, else the next free one, by binding an abstract unix socket named for it, which the
 kernel frees when the worker ends.
 
 Not covered: restarting a zygote that died (the verifier starts a new one on its next run);
 workers that share the host's uids but not its network namespace, where abstract names live
 (two sandbox pods on one node): they do not see each other's claims (nor pids, which the
-workspaces' uids are made of: `workspace.session_uid`); keys a run left in its uid's keyring,
-which outlive it (the seccomp filter allows keyctl): the slot's next run can read them.
+workspaces' uids are made of: `workspace.session_uid`). The kernel's keyrings, also kept per
+uid and across runs, are refused by the candidate's seccomp filter (`confine.py`).
 """
 
 from __future__ import annotations

@@ -38,9 +38,12 @@ confine = load("confine")
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 NR = {  # numbers from the kernel's tables, not from confine.py
-    "x86_64": {"ptrace": 101, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "unshare": 272},
-    "aarch64": {"ptrace": 117, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "unshare": 97},
+    "x86_64": {"ptrace": 101, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297, "unshare": 272,
+               "add_key": 248, "request_key": 249, "keyctl": 250},
+    "aarch64": {"ptrace": 117, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240, "unshare": 97,
+                "add_key": 217, "request_key": 218, "keyctl": 219},
 }[platform.machine()]
+KEY_SPEC_USER_KEYRING, KEYCTL_GET_KEYRING_ID = -4, 0
 PIDFD_SEND_SIGNAL, SI_KERNEL, SI_QUEUE = 424, 0x80, -1
 HIGH_ONLY = ctypes.c_void_p(1 << 32)  # a pointer whose low word is 0
 
@@ -99,6 +102,13 @@ print(json.dumps({
         lambda pid: libc.syscall(PIDFD_SEND_SIGNAL, os.pidfd_open(pid), 9, HIGH_ONLY, 0)
     ),
     "unshare CLONE_NEWUSER": attempt(lambda pid: libc.syscall(NR["unshare"], 0x10000000)),
+    "add_key to the uid's keyring": attempt(
+        lambda pid: libc.syscall(NR["add_key"], b"user", b"kept", b"secret", 6, KEY_SPEC_USER_KEYRING)
+    ),
+    "request_key": attempt(lambda pid: libc.syscall(NR["request_key"], b"user", b"kept", None, 0)),
+    "keyctl": attempt(
+        lambda pid: libc.syscall(NR["keyctl"], KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING, 0)
+    ),
     "rt_sigqueueinfo SIGUSR1": attempt(
         lambda pid: libc.syscall(NR["rt_sigqueueinfo"], pid, 10, info(10, SI_QUEUE))
     ),
@@ -173,6 +183,10 @@ def test_the_filter_refuses_what_would_fake_a_kill_from_outside() -> None:
         "pidfd_send_signal SIGKILL with a siginfo": errno.EPERM,
         "pidfd_send_signal SIGKILL, a siginfo above 4 GiB": errno.EPERM,
         "unshare CLONE_NEWUSER": errno.EPERM,
+        # the kernel's keyrings are per uid, not per namespace: a key would outlive the run
+        "add_key to the uid's keyring": errno.EPERM,
+        "request_key": errno.EPERM,
+        "keyctl": errno.EPERM,
         "rt_sigqueueinfo SIGUSR1": 0,  # other signals, and a plain SIGKILL, still work
         "pidfd_send_signal SIGKILL to a child": 0,
     }
