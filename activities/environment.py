@@ -50,11 +50,11 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TypeVar
 
-from pydantic import ValidationError
 from temporalio import activity
 
 from activities.heartbeat import heartbeating_each
-from contracts.common import ObjectRef, describe_validation_error
+from activities.stored import read_model
+from contracts.common import ObjectRef
 from contracts.episode import (
     WORKSPACE_TOOLS,
     CloseSessionsRequest,
@@ -87,10 +87,9 @@ from infra.inference.toolcalls import full_call
 from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
 from infra.sandbox.workspace import CommandRunner
 from infra.settings import Settings
-from infra.storage import DigestMismatch, ObjectNotFound, ObjectStore, TransientStorageError
+from infra.storage import ObjectStore
 from infra.telemetry import record_queue_wait, record_sandbox_run, sandbox_in_flight, span
 
-HEARTBEAT_S = 5.0
 WORKSPACE_BACKEND = "workspace"
 """How telemetry names the sandbox of workspace commands (metrics `backend` label)."""
 T = TypeVar("T")
@@ -249,21 +248,11 @@ class EnvironmentActivities:
         if not item.call.cut:
             return item.call
         ref, where = item.completion, f"items[sample {item.sample}].completion"
+        record = await asyncio.to_thread(
+            read_model, self.store, where, ref, CompletionRecord, missing_retried=True
+        )
         try:
-            data = await asyncio.to_thread(self.store.get_verified, ref)
-        except ObjectNotFound as exc:
-            raise TransientStorageError(
-                f"{where}: the turn's record {ref.key}, which holds the call to run, is not in "
-                f"the store ({exc}); retried"
-            ) from exc
-        except DigestMismatch as exc:
-            raise invalid(where, str(exc)) from exc
-        try:
-            return full_call(
-                item.call, CompletionRecord.model_validate_json(data).text, WORKSPACE_TOOLS
-            )
-        except ValidationError as exc:
-            raise invalid(where, f"{ref.key}: {describe_validation_error(exc)}") from exc
+            return full_call(item.call, record.text, WORKSPACE_TOOLS)
         except ValueError as exc:
             raise invalid(where, f"{ref.key}: {exc}") from exc
 
@@ -320,7 +309,7 @@ class EnvironmentActivities:
             async with self._slots:
                 return await work(item)
 
-        return await heartbeating_each(items, bounded, every_s=HEARTBEAT_S, details=lambda: what)
+        return await heartbeating_each(items, bounded, details=lambda: what)
 
     async def close(self) -> None:
         await self.host.shutdown()

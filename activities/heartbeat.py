@@ -1,14 +1,17 @@
 """Heartbeats of long activities, in one place.
 
-    result = await heartbeating(self._generate(req), every_s=2.0)
-    result = await heartbeating(asyncio.to_thread(work), every_s=5.0, details=progress.copy)
-    outcomes = await heartbeating_each(req.items, self._one, every_s=5.0)
+    result = await heartbeating(self._generate(req))
+    result = await heartbeating(asyncio.to_thread(work), details=progress.copy)
+    outcomes = await heartbeating_each(req.items, self._one)
 
 An activity that stops heartbeating for its `heartbeat_timeout` is retried elsewhere, so every
 activity that can take longer than that (model loads, batched generation, sandbox runs, learner
-steps) awaits its work through `heartbeating`. Cancelling the activity cancels the work and
-waits (up to `CANCEL_GRACE_S`) until its cleanup is done; a thread cannot be cancelled, so work in one runs on unless it is asked to stop (the learner's
-step is: activities/learner.py).
+steps) awaits its work through `heartbeating`. It beats every third of the activity's own
+heartbeat timeout (contracts allow 1 s), at most every `MAX_EVERY_S`: the interval is derived
+here, never set by the caller, so no caller can beat slower than its timeout needs.
+Cancelling the activity cancels the work and waits (up to `CANCEL_GRACE_S`) until its cleanup
+is done; a thread cannot be cancelled, so work in one runs on unless it is asked to stop (the
+learner's step is: activities/learner.py).
 `heartbeating_each` is the shape of a batch activity (one request, N items run concurrently):
 the first item that fails cancels its siblings and its own error is what the activity raises.
 Bounding concurrency is the caller's, around as much of an item's work as it needs.
@@ -26,12 +29,24 @@ T = TypeVar("T")
 R = TypeVar("R")
 CANCEL_GRACE_S = 10.0
 """How long a cancelled activity waits for its work to finish cleaning up before it ends."""
+MAX_EVERY_S = 5.0
+"""The longest wait between two heartbeats, however long the heartbeat timeout: a cancel reaches
+an activity only with the server's answer to one (workers/learner.py sends them as often)."""
 
 
-async def heartbeating(
-    work: Awaitable[T], *, every_s: float, details: Callable[[], object] | None = None
-) -> T:
-    """Await `work`, heartbeating `details()` (or nothing) every `every_s` until it is done."""
+def heartbeat_every_s() -> float:
+    """Seconds between the running activity's heartbeats: a third of its heartbeat timeout (a
+    beat may be late, or one lost, before it times out), at most `MAX_EVERY_S`."""
+    timeout = activity.info().heartbeat_timeout
+    if not timeout:
+        return MAX_EVERY_S
+    return min(MAX_EVERY_S, timeout.total_seconds() / 3)
+
+
+async def heartbeating(work: Awaitable[T], *, details: Callable[[], object] | None = None) -> T:
+    """Await `work`, heartbeating `details()` (or nothing) every `heartbeat_every_s()` until
+    it is done."""
+    every_s = heartbeat_every_s()
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -57,7 +72,6 @@ async def heartbeating_each(
     items: Iterable[T],
     work: Callable[[T], Coroutine[Any, Any, R]],
     *,
-    every_s: float,
     details: Callable[[], object] | None = None,
 ) -> list[R]:
     """`work` on every item concurrently, heartbeating as `heartbeating` does; the results in
@@ -73,4 +87,4 @@ async def heartbeating_each(
             raise failed.exceptions[0] from None
         return [task.result() for task in tasks]
 
-    return await heartbeating(every_item(), every_s=every_s, details=details)
+    return await heartbeating(every_item(), details=details)

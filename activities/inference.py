@@ -30,8 +30,9 @@ stores a sample first, that record wins. A returned ref therefore always matches
 
 Errors: storage and inference infrastructure failures are retryable; a request that can never
 succeed (no items, duplicate samples, a step k > 0 without its previous record or observation,
-an artefact missing or not matching its digest, an unpublished pinned version) raises a
-non-retryable ApplicationError naming the field. Served by `tempered worker inference`.
+an artefact missing, not matching its digest or not a valid record (`activities/stored.py`),
+an unpublished pinned version) raises a non-retryable ApplicationError naming the field.
+Served by `tempered worker inference`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from typing import Any
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
-from contracts.common import ObjectRef
+from activities.stored import parse_model, read_model, read_verified
 from contracts.episode import WORKSPACE_TOOLS
 from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity
@@ -71,11 +72,10 @@ from infra.inference import (
 from infra.inference.prompts import ChatFormat, extract_code, observation_text
 from infra.inference.toolcalls import parse_tool_call
 from infra.settings import Settings
-from infra.storage import DigestMismatch, ObjectExists, ObjectNotFound, ObjectStore
+from infra.storage import ObjectExists, ObjectNotFound, ObjectStore, ref_of
 
 COMPLETION = "completion.json"
 CODE = "code.py"
-HEARTBEAT_S = 2.0
 MAX_FORMATS = 4
 
 
@@ -127,7 +127,6 @@ class InferenceActivities:
         self._formats: OrderedDict[tuple[Path, EnvName], ChatFormat] = OrderedDict()
         self._formats_lock = asyncio.Lock()
         self._positions: dict[Path, int] = {}
-        self.heartbeat_s = HEARTBEAT_S
 
     def _publish_base_model(self, run_id: str) -> int:
         """Version 0 of a run started without a training run: `settings.inference.base_model`."""
@@ -142,14 +141,14 @@ class InferenceActivities:
     async def generate(self, req: GenerateRequest) -> GenerateResponse:
         self._validate(req)
         try:  # heartbeats flow through downloads, model loads and queueing alike
-            return await heartbeating(self._generate(req), every_s=self.heartbeat_s)
+            return await heartbeating(self._generate(req))
         except InferenceError as exc:
             kind = ErrorType.INFERENCE if exc.retryable else ErrorType.INVALID_INPUT
             raise fail(kind, str(exc)) from exc
 
     async def _generate(self, req: GenerateRequest) -> GenerateResponse:
         stored = await asyncio.gather(
-            *(asyncio.to_thread(self._stored, req, item) for item in req.items)
+            *(asyncio.to_thread(self._stored, req, index) for index in range(len(req.items)))
         )
         policy = await self.policies.resolve(req.policy_run, _version(req, stored))
         chat = await self.chat_format(policy, req.env)
@@ -266,25 +265,20 @@ class InferenceActivities:
         """The prompt of one episode's step (blocking: reads the previous step from S3)."""
         if item.previous is None or item.observation is None:
             return chat.first_prompt(req.prompt)
-        previous = CompletionRecord.model_validate_json(
-            self._read(f"items[{index}].previous", item.previous)
-        )
-        observation = self._read(f"items[{index}].observation", item.observation)
+        where = f"items[{index}]"
+        previous = read_model(self.store, f"{where}.previous", item.previous, CompletionRecord)
+        observation = read_verified(self.store, f"{where}.observation", item.observation)
         return chat.next_prompt(previous, observation_text(req.env, observation))
 
-    def _read(self, field: str, ref: ObjectRef) -> bytes:
-        try:
-            return self.store.get_verified(ref)
-        except (ObjectNotFound, DigestMismatch) as exc:
-            raise invalid(field, str(exc)) from exc
-
-    def _stored(self, req: GenerateRequest, item: GenerateItem) -> CompletionRecord | None:
+    def _stored(self, req: GenerateRequest, index: int) -> CompletionRecord | None:
         """The record an earlier attempt of this activity already stored, if any (blocking)."""
-        key = keys.turn_key(req.run_id, req.task_id, item.sample, req.turn, COMPLETION)
+        sample = req.items[index].sample
+        key = keys.turn_key(req.run_id, req.task_id, sample, req.turn, COMPLETION)
         try:
-            return self.store.get_model(key, CompletionRecord)
+            data = self.store.get_bytes(key)
         except ObjectNotFound:
             return None
+        return parse_model(f"items[{index}]", key, data, CompletionRecord)
 
     def _write(
         self, req: GenerateRequest, item: GenerateItem, record: CompletionRecord | None
@@ -301,9 +295,12 @@ class InferenceActivities:
 
         try:
             completion_ref = self.store.put_json(key(COMPLETION), record, create_only=True)
-        except ObjectExists:
-            record = self.store.get_model(key(COMPLETION), CompletionRecord)
-            completion_ref = self.store.put_json(key(COMPLETION), record, create_only=True)
+        except ObjectExists:  # another attempt's record: its bytes give its ref, no write
+            data = self.store.get_bytes(key(COMPLETION))
+            completion_ref = ref_of(key(COMPLETION), data)
+            record = parse_model(
+                f"items[sample {item.sample}]", key(COMPLETION), data, CompletionRecord
+            )
         action: dict[str, Any] = {}
         if req.env is EnvName.CODE:
             code = extract_code(record.text)

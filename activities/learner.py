@@ -15,8 +15,9 @@ next attempt starts a fresh group, which reloads the last published version.
    run the GRPO step in a thread (heartbeating), save, write `train_step.json` (which
    trajectories made this version) into the directory, publish it as version n + 1 (first
    publisher wins), then write the ack create-only and return. With `GRPOConfig.lora_rank > 0`
-   the version is a LoRA adapter directory over the full-weight version it trains on
-   (`PolicyVersion.adapter_of`, the run's version 0 unless the run switched to LoRA later).
+   the version is a LoRA adapter directory over the run's version 0 (`PolicyVersion.adapter_of`):
+   LoRA is fixed for a run, and a step that asks for it on a full-weight version above 0 is
+   refused as invalid, by a warm engine and a restarted one alike.
 A cancelled step stops: the cancel (delivered with a heartbeat) stops its thread at the next
 micro-batch, the engine drops the unpublished weights (the next step reloads), nothing is
 published, and the activity reports the cancel only once the thread has ended, so the learner
@@ -43,6 +44,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
+from activities.stored import read_model
 from contracts.common import ObjectRef
 from contracts.errors import ErrorType, fail, invalid
 from contracts.learner import (
@@ -69,12 +71,13 @@ from infra.policy import (
 from infra.policy_cache import fetch_policy
 from infra.run_ids import removal_record
 from infra.settings import Settings
-from infra.storage import DigestMismatch, ObjectExists, ObjectNotFound, ObjectStore
+from infra.storage import ObjectExists, ObjectNotFound, ObjectStore
 from infra.telemetry import record_learner_step, record_queue_wait, record_staleness, span
 
 T = TypeVar("T")
 STEP_RECORD = "train_step.json"
-HEARTBEAT_EVERY_S = 5.0
+ATTEMPT_DIRS = "*/.v*.*"
+"""Each attempt's version while it saves and publishes, under the work dir: `<run>/.v<N>.<id>`."""
 
 
 class StepCancelled(Exception):
@@ -88,6 +91,7 @@ class LearnerActivities:
         self.settings = settings
         self.store = store or ObjectStore.from_settings(settings)
         self.work_dir = settings.home / "learner"
+        _sweep_attempts(self.work_dir)
         self.engine: Learner | None = None  # built on the first step
         self._engine_run: str | None = None
         self._engine_lock = threading.Lock()
@@ -247,7 +251,7 @@ class LearnerActivities:
             metrics=metrics.summary(),
         )
         progress["phase"] = "publish"
-        out = self.work_dir / req.run_id / f".v{req.step + 1}.{attempt[:8]}"
+        out = self.work_dir / req.run_id / f".v{req.step + 1}.{attempt[:8]}"  # ATTEMPT_DIRS too
         base = engine.adapter_of
         try:
             engine.save(out, base_name=f"{req.run_id}/v{base}" if base is not None else "")
@@ -288,6 +292,7 @@ class LearnerActivities:
                     "step", f"policy version {step} of run {run_id} is not published"
                 ) from exc
             policy = PolicyManifest.model_validate_json((local / MANIFEST).read_bytes()).policy
+            _lora_fixed(run_id, step, config, full_weights=policy.adapter_of is None)
             started = time.perf_counter()
             try:
                 if policy.adapter_of is None:
@@ -301,6 +306,8 @@ class LearnerActivities:
                 raise invalid("config", str(exc)) from exc
             progress["load_s"] = round(time.perf_counter() - started, 2)
             self._engine_run = run_id
+        else:
+            _lora_fixed(run_id, step, config, full_weights=self.engine.adapter_of is None)
         if config.kl_coef > 0:
             self.engine.set_reference(self._fetch(run_id, 0))
         return self.engine
@@ -313,17 +320,10 @@ class LearnerActivities:
         group = req.groups[index]
         if len(group.rewards) not in (0, len(group.trajectories)):
             raise invalid(f"groups[{index}].rewards", "not one reward per trajectory")
-        trajectories = []
-        for j, ref in enumerate(group.trajectories):
-            where = f"groups[{index}].trajectories[{j}]"
-            try:
-                data = self.store.get_verified(ref)
-            except ObjectNotFound as exc:
-                raise invalid(where, f"{ref.key} does not exist") from exc
-            except DigestMismatch as exc:
-                raise invalid(where, str(exc)) from exc
-            trajectories.append(Trajectory.model_validate_json(data))
-        return trajectories
+        return [
+            read_model(self.store, f"groups[{index}].trajectories[{j}]", ref, Trajectory)
+            for j, ref in enumerate(group.trajectories)
+        ]
 
 
 async def _in_thread(work: Callable[[threading.Event], T], progress: dict[str, Any]) -> T:
@@ -337,15 +337,36 @@ async def _in_thread(work: Callable[[threading.Event], T], progress: dict[str, A
         return dict(progress)
 
     try:
-        return await heartbeating(
-            asyncio.shield(thread), every_s=HEARTBEAT_EVERY_S, details=details
-        )
+        return await heartbeating(asyncio.shield(thread), details=details)
     except asyncio.CancelledError:
         stop.set()
         progress["phase"] = f"cancelled in {progress.get('phase')}: stopping"
         with contextlib.suppress(Exception):
-            await heartbeating(thread, every_s=HEARTBEAT_EVERY_S, details=details)
+            await heartbeating(thread, details=details)
         raise
+
+
+def _lora_fixed(run_id: str, step: int, config: GRPOConfig, full_weights: bool) -> None:
+    """Refuse LoRA on a full-weight version above 0 (a run trains adapters from v0 or never): a
+    warm engine refused the switch, while a restarted one wrapped new adapters over the version
+    and trained, so the outcome hung on a restart."""
+    if full_weights and step > 0 and config.lora_rank > 0:
+        raise invalid(
+            "config",
+            f"version {step} of run {run_id} holds full weights, and this step asks for LoRA "
+            f"(lora_rank {config.lora_rank}): LoRA settings (lora_rank, lora_alpha, "
+            "lora_target_modules, train_last_layers) are fixed for a run",
+        )
+
+
+def _sweep_attempts(work_dir: Path) -> None:
+    """Remove the attempt directories a learner killed outright (SIGKILL, OOM) while it saved or
+    published left behind, each a full copy of the weights (removed in a `finally` otherwise).
+    Called as the activities start, when no attempt of this worker can be in flight (and a home
+    serves one learner worker, as it holds one policy cache)."""
+    for path in work_dir.glob(ATTEMPT_DIRS):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _stop_if_asked(stop: threading.Event, step: int) -> None:

@@ -19,9 +19,6 @@ from contracts.run import PrunePoliciesRequest, PrunePoliciesResponse
 from infra.retention import prune_below
 from infra.storage import ObjectStore
 
-HEARTBEAT_S = 5.0
-"""Seconds between the heartbeats of a prune in progress."""
-
 
 class RetentionActivities:
     def __init__(self, store: ObjectStore) -> None:
@@ -31,7 +28,6 @@ class RetentionActivities:
     async def prune_policies(self, request: PrunePoliciesRequest) -> PrunePoliciesResponse:
         deleted = await heartbeating(
             asyncio.to_thread(prune_below, self.store, request.run_id, request.below),
-            every_s=HEARTBEAT_S,
         )
         if deleted:
             activity.logger.info("run %s: deleted policy versions %s", request.run_id, deleted)

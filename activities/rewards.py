@@ -11,9 +11,10 @@ reports `created=0`.
 
 Storage failures propagate as retryable errors (S3 down is never a reward); a request that can
 never succeed (an episode that never ended, a `code` step never executed, an `infra_error`
-step or verdict, an artefact whose digest does not match its ref, a step whose prompt does not
-extend the previous step's prompt and completion, a step's text that does not give its call, a
-different trajectory already stored under the key) raises a non-retryable ApplicationError naming the field.
+step or verdict, an artefact missing, not matching its ref's digest or not a valid record
+(`activities/stored.py`), a step whose prompt does not extend the previous step's prompt and
+completion, a step's text that does not give its call, a different trajectory already stored
+under the key) raises a non-retryable ApplicationError naming the field.
 
 Served by `tempered worker rewards` (workers/rewards.py).
 """
@@ -23,12 +24,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
 from temporalio import activity
 
-from contracts.common import ObjectRef, describe_validation_error
+from activities.stored import read_model, read_verified
+from contracts.common import ObjectRef
 from contracts.episode import WORKSPACE_TOOLS, ToolCall
 from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity
@@ -44,10 +44,8 @@ from contracts.task import EnvName
 from contracts.trajectory import Trajectory, TrajectoryStep, trajectory_id
 from infra import keys
 from infra.inference.toolcalls import full_call
-from infra.storage import DigestMismatch, ObjectExists, ObjectNotFound, ObjectStore, sha256_bytes
+from infra.storage import JSON, ObjectExists, ObjectStore
 from infra.telemetry import record_rewards
-
-M = TypeVar("M", bound=BaseModel)
 
 
 class PrefixBroken(ValueError):
@@ -138,7 +136,9 @@ class RewardActivities:
         if episode.verdict is not None and episode.verdict.status is ExecStatus.INFRA_ERROR:
             raise invalid(f"{where}.verdict", "infra_error is a platform fault, never a reward")
         records = [
-            self._load(f"{where}.steps[{k}].completion", step.completion, CompletionRecord)
+            read_model(
+                self.store, f"{where}.steps[{k}].completion", step.completion, CompletionRecord
+            )
             for k, step in enumerate(episode.steps)
         ]
         try:
@@ -189,7 +189,7 @@ class RewardActivities:
         if env is EnvName.CODE:
             if step.status is None or step.code is None:
                 raise invalid(f"{where}.status", "step was never executed (no status or code)")
-            code = self._read(f"{where}.code", step.code).decode()
+            code = read_verified(self.store, f"{where}.code", step.code).decode()
         return TrajectoryStep(
             step=step.step,
             policy_version=step.policy_version,
@@ -217,30 +217,11 @@ class RewardActivities:
         except ValueError as exc:
             raise invalid(f"{where}.call", f"{step.completion.key}: {exc}") from exc
 
-    def _read(self, where: str, ref: ObjectRef) -> bytes:
-        """An artefact a step stored; one missing or changed can never be read (not retried)."""
-        try:
-            return self.store.get_verified(ref)
-        except ObjectNotFound as exc:
-            raise invalid(where, f"{ref.key} does not exist") from exc
-        except DigestMismatch as exc:
-            raise invalid(where, str(exc)) from exc
-
-    def _load(self, where: str, ref: ObjectRef, cls: type[M]) -> M:
-        try:
-            return cls.model_validate_json(self._read(where, ref))
-        except ValidationError as exc:
-            raise invalid(where, f"{ref.key}: {describe_validation_error(exc)}") from exc
-
     def _write_once(self, run_id: str, trajectory: Trajectory) -> tuple[ObjectRef, bool]:
         """Create-only write; (ref, True) when new, (ref, False) when already stored (a retry)."""
         key = keys.trajectory_key(run_id, trajectory.task_id, trajectory.sample)
         data = trajectory.model_dump_json().encode()
-        stored = self.store.head(key)
-        if stored is not None and stored.sha256 == sha256_bytes(data):
-            return stored, False
         try:
-            ref = self.store.put_bytes(key, data, create_only=True, content_type="application/json")
+            return self.store.put_once(key, data, content_type=JSON)
         except ObjectExists as exc:  # a different trajectory: the rollout was not deterministic
             raise fail(ErrorType.STORED_CONFLICT, str(exc)) from exc
-        return ref, True

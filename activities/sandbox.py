@@ -49,7 +49,6 @@ from infra.telemetry import (
     span,
 )
 
-HEARTBEAT_S = 5.0
 PROBE_POLL_S = 0.1
 """How often an item waiting for a half-open breaker's probe looks at the breaker again."""
 
@@ -81,7 +80,6 @@ class SandboxActivities:
         outcomes = await heartbeating_each(
             range(len(req.items)),
             lambda index: self._execute_one(req, index, attempt),
-            every_s=HEARTBEAT_S,
             details=lambda: f"{req.task_id} turn {req.turn}: {len(req.items)} items",
         )
         return ExecuteResponse(outcomes=outcomes)

@@ -31,8 +31,6 @@ from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import is_workspace_suite, load_quarantine, load_suite, workspace_specs
 
-HEARTBEAT_S = 5.0
-"""Seconds between the heartbeats of a load in progress."""
 MAX_SUITE_BYTES = 3 << 19
 """The most a run's loaded suite may take as JSON (1.5 MiB): Temporal's 2 MiB payload limit,
 less room for the rest of the run's continue-as-new input."""
@@ -51,7 +49,7 @@ class TaskActivities:
 
     @activity.defn(name=Activity.LOAD_TASKS.value)
     async def load_tasks(self, request: LoadTasksRequest) -> LoadTasksResponse:
-        return await heartbeating(asyncio.to_thread(self._load, request), every_s=HEARTBEAT_S)
+        return await heartbeating(asyncio.to_thread(self._load, request))
 
     def _load(self, request: LoadTasksRequest) -> LoadTasksResponse:
         try:

@@ -69,7 +69,6 @@ REF = ObjectRef(key="bench/none", size=1, sha256="0" * 64)
 HEARTBEAT_TIMEOUT_S = 120.0
 """A held GENERATE heartbeats (the SDK sends one per 0.8 × this at most); an activity task the
 server handed to a poll that had just given up is retried after this, not after 20 minutes."""
-HEARTBEAT_S = 30.0
 TRANSIENT = {
     RPCStatusCode.NOT_FOUND,  # "Namespace default is not found": a busy dev server's cache
     RPCStatusCode.UNAVAILABLE,
@@ -109,7 +108,7 @@ class Scripted:
     async def generate(self, request: GenerateRequest) -> GenerateResponse:
         self._started("generate")
         self.waiting += 1
-        await heartbeating(self.release.wait(), every_s=HEARTBEAT_S)  # held until all started
+        await heartbeating(self.release.wait())  # held until all started
         completions = [
             Completion(sample=i.sample, completion=REF, code=REF, num_tokens=1)
             for i in request.items

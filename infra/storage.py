@@ -62,12 +62,18 @@ M = TypeVar("M", bound=BaseModel)
 
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
+OCTETS = "application/octet-stream"
 _READ_CHUNK = 2**20
 PROBE_PREFIX = ".tempered-probe/"
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def ref_of(key: str, data: bytes) -> ObjectRef:
+    """The ref of `data` stored at `key`."""
+    return ObjectRef(key=key, size=len(data), sha256=sha256_bytes(data))
 
 
 def sha256_file(path: Path) -> str:
@@ -185,28 +191,27 @@ class ObjectStore:
                 self.delete(probe)
 
     def put_bytes(
-        self,
-        key: str,
-        data: bytes,
-        *,
-        create_only: bool = False,
-        content_type: str = "application/octet-stream",
+        self, key: str, data: bytes, *, create_only: bool = False, content_type: str = OCTETS
     ) -> ObjectRef:
-        ref = ObjectRef(key=key, size=len(data), sha256=sha256_bytes(data))
-        args: dict[str, Any] = {
-            "Bucket": self.bucket,
-            "Key": key,
-            "Body": data,
-            "ContentType": content_type,
-            "Metadata": {"sha256": ref.sha256},
-        }
         if create_only:
-            args["IfNoneMatch"] = "*"
+            return self.put_once(key, data, content_type=content_type)[0]
+        return self._put(ref_of(key, data), data, content_type)
+
+    def put_once(
+        self, key: str, data: bytes, *, content_type: str = OCTETS
+    ) -> tuple[ObjectRef, bool]:
+        """Create-only write: (ref, True) if this call created the object, (the stored ref,
+        False) if `key` already holds these bytes (a retry); `ObjectExists` if other bytes."""
+        ref = ref_of(key, data)
         try:
-            with self._errors("put", key):
-                self._client.put_object(**args)
+            return self._put(ref, data, content_type, IfNoneMatch="*"), True
         except ObjectExists:
-            return self._existing_or_raise(ref)
+            return self._existing_or_raise(ref), False
+
+    def _put(self, ref: ObjectRef, data: bytes, content_type: str, **condition: str) -> ObjectRef:
+        meta = {"ContentType": content_type, "Metadata": {"sha256": ref.sha256}}
+        with self._errors("put", ref.key):
+            self._client.put_object(Bucket=self.bucket, Key=ref.key, Body=data, **meta, **condition)
         return ref
 
     def put_if_unchanged(self, key: str, data: bytes, etag: str | None) -> bool:

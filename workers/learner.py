@@ -26,7 +26,8 @@ from workers.plan import WorkerPlan
 def build(settings: Settings) -> WorkerPlan:
     # activities.learner brings boto3 and the learner's modules: only a learner worker pays for
     # them, not `tempered --help` nor the workers of the other queues
-    from activities.learner import HEARTBEAT_EVERY_S, LearnerActivities
+    from activities.heartbeat import MAX_EVERY_S
+    from activities.learner import LearnerActivities
 
     activities = LearnerActivities(settings)
 
@@ -40,5 +41,5 @@ def build(settings: Settings) -> WorkerPlan:
         drain_s=drain_s(Queue.LEARNER),  # as long as a stop waits for (background.DRAINS)
         # one activity, heartbeating every 5 s: sent as often, a cancel (`tempered stop
         # --cancel`) reaches the step within seconds, not the SDK's 60
-        heartbeat_every_s=HEARTBEAT_EVERY_S,
+        heartbeat_every_s=MAX_EVERY_S,
     )

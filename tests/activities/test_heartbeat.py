@@ -1,6 +1,7 @@
 """`heartbeating` and `heartbeating_each` in an activity context: results and errors pass through,
-heartbeats flow while the work runs, and a cancelled activity ends only once its work's cleanup
-is done (bounded by CANCEL_GRACE_S)."""
+heartbeats flow while the work runs, as often as the activity's heartbeat timeout needs, and a
+cancelled activity ends only once its work's cleanup is done (bounded by CANCEL_GRACE_S). On a
+real server: tests/activities/test_retention.py."""
 
 from __future__ import annotations
 
@@ -11,20 +12,33 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities import heartbeat
-from activities.heartbeat import heartbeating, heartbeating_each
+from activities.heartbeat import heartbeat_every_s, heartbeating, heartbeating_each
+from tests.activities.heartbeats import timing_out_after
+
+
+def test_the_interval_is_a_third_of_the_heartbeat_timeout_at_most_5s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every caller beat every 5 s (2 s for generate) whatever its timeout, which a run may set
+    to 1 s: every activity longer than that timed out, and was retried for ever."""
+    assert timing_out_after(1.5).run(heartbeat_every_s) == pytest.approx(0.5)
+    assert timing_out_after(30).run(heartbeat_every_s) == heartbeat.MAX_EVERY_S == 5.0
+    assert timing_out_after(None).run(heartbeat_every_s) == 5.0
+    monkeypatch.setattr(heartbeat, "MAX_EVERY_S", 0.05)
+    assert timing_out_after(30).run(heartbeat_every_s) == 0.05
 
 
 @pytest.mark.asyncio
 async def test_the_result_and_heartbeats_of_the_work() -> None:
     beats: list[tuple[object, ...]] = []
-    env = ActivityEnvironment()
+    env = timing_out_after(0.03)
     env.on_heartbeat = lambda *details: beats.append(details)
 
     async def work() -> int:
         await asyncio.sleep(0.1)
         return 7
 
-    assert await env.run(heartbeating, work(), every_s=0.01, details=lambda: "busy") == 7
+    assert await env.run(heartbeating, work(), details=lambda: "busy") == 7
     assert len(beats) >= 3 and set(beats) == {("busy",)}
 
 
@@ -37,8 +51,8 @@ async def test_the_first_failing_item_is_raised_as_it_is() -> None:
         return item
 
     with pytest.raises(KeyError):
-        await ActivityEnvironment().run(heartbeating_each, range(4), one, every_s=0.01)
-    assert await ActivityEnvironment().run(heartbeating_each, [0, 1], one, every_s=0.01) == [0, 1]
+        await ActivityEnvironment().run(heartbeating_each, range(4), one)
+    assert await ActivityEnvironment().run(heartbeating_each, [0, 1], one) == [0, 1]
 
 
 @pytest.mark.asyncio
@@ -57,7 +71,7 @@ async def test_a_cancelled_activity_ends_after_its_works_cleanup() -> None:
             cleaned.set()
 
     env = ActivityEnvironment()
-    activity = asyncio.create_task(env.run(heartbeating, work(), every_s=0.01))
+    activity = asyncio.create_task(env.run(heartbeating, work()))
     await started.wait()
     env.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -78,7 +92,7 @@ async def test_the_wait_for_cleanup_is_bounded(monkeypatch: pytest.MonkeyPatch) 
             await asyncio.shield(released.wait())  # a cleanup that does not end in time
 
     env = ActivityEnvironment()
-    activity = asyncio.create_task(env.run(heartbeating, stubborn(), every_s=0.01))
+    activity = asyncio.create_task(env.run(heartbeating, stubborn()))
     await started.wait()
     began = time.monotonic()
     env.cancel()

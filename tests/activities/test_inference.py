@@ -347,3 +347,23 @@ async def test_invalid_requests_fail_without_retry(
         ) as err:
             await generate(acts, bad)
         assert err.value.non_retryable, needle
+
+
+@pytest.mark.asyncio
+async def test_a_stored_record_that_does_not_validate_fails_without_retry(
+    acts: InferenceActivities, store: ObjectStore
+) -> None:
+    """A record of a newer release (a field this one does not know) fails the step naming the
+    item: pydantic's error used to escape as a retryable one, and the step was retried for ever."""
+    first = (await generate(acts, request("newer", samples=1))).completions[0]
+    record = store.get_model(first.completion.key, CompletionRecord).model_dump()
+    newer = store.put_json(keys.turn_key(RUN, "newer", 0, 0, "newer.json"), {**record, "new": 1})
+    item = GenerateItem(sample=0, previous=newer, observation=first.completion)
+    with pytest.raises(ApplicationError, match=r"items\[0\]\.previous: .*newer\.json") as err:
+        await generate(acts, request("newer", turn=1, items=[item]))
+    assert err.value.non_retryable
+    # an earlier attempt's record, read back by a retry to be reused
+    store.put_json(keys.turn_key(RUN, "stored", 0, 0, "completion.json"), {**record, "new": 1})
+    with pytest.raises(ApplicationError, match=r"items\[0\]: .*completion\.json") as err:
+        await generate(acts, request("stored", samples=1))
+    assert err.value.non_retryable

@@ -21,6 +21,7 @@ from infra.inference import InferenceError, PolicyHandle
 from infra.policy import publish_policy
 from infra.storage import ObjectStore
 from tests.activities.generation import PROMPT, RUN, GatedBackend, chat, generate, request
+from tests.activities.heartbeats import timing_out_after
 
 
 @pytest.mark.asyncio
@@ -128,10 +129,9 @@ async def test_heartbeats_flow_while_waiting_and_cancelled_requests_leave_the_qu
 ) -> None:
     backend = acts.backend
     assert isinstance(backend, GatedBackend)
-    acts.heartbeat_s = 0.05
     backend.gate.clear()
     beats: list[object] = []
-    held_env, doomed_env = ActivityEnvironment(), ActivityEnvironment()
+    held_env, doomed_env = timing_out_after(0.15), ActivityEnvironment()
     held_env.on_heartbeat = lambda *details: beats.append(details)
     held = asyncio.create_task(held_env.run(acts.generate, request("held", samples=2)))
     while acts.batcher.running == 0:

@@ -16,6 +16,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 import activities.learner as learner_module
+from activities import heartbeat
 from activities.learner import LearnerActivities
 from contracts.errors import ErrorType
 from contracts.learner import GRPOConfig, StepRecord, TrainStepRequest, TrajectoryGroup
@@ -142,7 +143,7 @@ async def test_a_run_id_that_runs_rm_removed_is_refused(
 async def test_train_step_exactly_once_and_crash_resume(
     store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch, loads: list[int]
 ) -> None:
-    monkeypatch.setattr(learner_module, "HEARTBEAT_EVERY_S", 0.05)
+    monkeypatch.setattr(heartbeat, "MAX_EVERY_S", 0.05)
     beats: list[Any] = []
     env = ActivityEnvironment()
     env.on_heartbeat = lambda *details: beats.append(details)
@@ -235,7 +236,7 @@ async def test_a_cancelled_step_stops_at_its_next_micro_batch_and_publishes_noth
     """Cancelled while it trains, the step's thread stops at its next micro-batch, and the
     activity reports the cancel only once that thread has ended (the engine is free): no
     version, no ack, nothing trained on afterwards. The retry reloads v0 and trains in full."""
-    monkeypatch.setattr(learner_module, "HEARTBEAT_EVERY_S", 0.05)
+    monkeypatch.setattr(heartbeat, "MAX_EVERY_S", 0.05)
     passes: list[float] = []
     real_pass = LearnerEngine._pass_loss
 
@@ -282,7 +283,7 @@ async def test_a_step_cancelled_while_it_saves_publishes_nothing(
     """Cancelled after training, while its weights are written out, the step stops before its
     version is published (it used to publish it and write its ack for a cancelled step); the
     retry reloads v0 and publishes v1."""
-    monkeypatch.setattr(learner_module, "HEARTBEAT_EVERY_S", 0.05)
+    monkeypatch.setattr(heartbeat, "MAX_EVERY_S", 0.05)
     real_save = LearnerEngine.save
 
     def slow_save(engine: LearnerEngine, *args: Any, **kwargs: Any) -> None:

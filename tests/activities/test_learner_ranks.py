@@ -16,7 +16,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-import activities.learner as learner_module
+from activities import heartbeat
 from activities.learner import LearnerActivities
 from contracts.errors import ErrorType
 from contracts.learner import TrainStepRequest
@@ -88,7 +88,7 @@ async def test_a_killed_rank_fails_the_step_and_the_retry_reforms_the_group(
 
     # cancelled at its first heartbeat in training: the ranks cannot be interrupted, so the
     # group ends there; nothing is published, and the retry re-forms it
-    monkeypatch.setattr(learner_module, "HEARTBEAT_EVERY_S", 0.05)
+    monkeypatch.setattr(heartbeat, "MAX_EVERY_S", 0.05)
     step_of_the_group = group.train_step
 
     def slow(

@@ -12,7 +12,6 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities import sandbox as sandbox_activities
 from activities.sandbox import SandboxActivities
 from contracts.sandbox import ExecStatus, ExecuteItem, ExecuteRequest, ExecutionResult
 from contracts.task import SandboxLimits
@@ -21,6 +20,7 @@ from infra.circuit import CircuitBreaker, CircuitConfig, CircuitState
 from infra.sandbox.local import LocalBackend
 from infra.settings import Settings
 from infra.storage import ObjectStore
+from tests.activities.heartbeats import timing_out_after
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or os.geteuid() != 0, reason="needs bwrap and root"
@@ -54,13 +54,10 @@ def request(store: ObjectStore, programs: dict[int, str], **overrides: object) -
 
 
 @pytest.mark.asyncio
-async def test_execute_stores_results_and_maps_statuses(
-    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sandbox_activities, "HEARTBEAT_S", 0.01)
+async def test_execute_stores_results_and_maps_statuses(store: ObjectStore) -> None:
     acts = SandboxActivities(Settings(), store=store)
     heartbeats: list[object] = []
-    env = ActivityEnvironment()
+    env = timing_out_after(0.03)
     env.on_heartbeat = lambda *details: heartbeats.append(details)
     started = time.monotonic()
     try:

@@ -23,6 +23,7 @@ from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import harbor, load_suite, load_workspace_suite, quarantine_path
 from infra.tasks.workspace_task import WorkspaceTask
+from tests.activities.heartbeats import timing_out_after
 from tests.paths import REPO_ROOT
 
 HARBOR = REPO_ROOT / "examples" / "harbor"
@@ -115,8 +116,7 @@ async def test_a_slow_load_heartbeats_while_it_runs(
         return tasks
 
     monkeypatch.setattr(activities.tasks, "load_suite", slow)
-    monkeypatch.setattr(activities.tasks, "HEARTBEAT_S", 0.2)
-    env = ActivityEnvironment()
+    env = timing_out_after(0.6)
     beats: list[tuple[object, ...]] = []
     env.on_heartbeat = lambda *details: beats.append(details)
     request = LoadTasksRequest(suite="starter", skip_quarantined=False)

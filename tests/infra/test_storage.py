@@ -60,6 +60,31 @@ def test_create_only_is_idempotent_for_identical_content(store: ObjectStore) -> 
     with pytest.raises(ObjectExists, match="already holds different content"):
         store.put_bytes("once", b"different", create_only=True)
     assert store.get_bytes("once") == b"same"
+    assert store.put_once("once", b"same") == (first, False)  # a retry: stored, not created
+    with pytest.raises(ObjectExists):
+        store.put_once("once", b"different")
+    assert store.put_once("twice", b"same", content_type="text/plain") == (
+        first.model_copy(update={"key": "twice"}),
+        True,
+    )
+
+
+def test_identical_writers_racing_create_it_once(store: ObjectStore) -> None:
+    """Writers of the same bytes all get its ref, and exactly one of them created it."""
+    contenders = 8
+    barrier = threading.Barrier(contenders)
+    created: list[bool] = []
+
+    def contend() -> None:
+        barrier.wait()
+        created.append(store.put_once("same-raced", b"same")[1])
+
+    threads = [threading.Thread(target=contend) for _ in range(contenders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(created) == [False] * (contenders - 1) + [True]
 
 
 def test_create_only_race_has_exactly_one_winner(store: ObjectStore) -> None:

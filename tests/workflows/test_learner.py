@@ -22,7 +22,7 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import CancelledError
 from temporalio.worker import Worker
 
-from activities.learner import HEARTBEAT_EVERY_S
+from activities.heartbeat import MAX_EVERY_S
 from activities.ledger import LedgerActivities
 from contracts.common import ObjectRef
 from contracts.learner import (
@@ -226,7 +226,7 @@ async def test_a_cancelled_learner_ends_once_its_step_stopped(
         await asyncio.wait_for(trainer.started.wait(), timeout=30)
         await handle.cancel()
         with pytest.raises(WorkflowFailureError) as ended:  # the SDK's throttle: up to 60 s
-            await asyncio.wait_for(handle.result(), timeout=HEARTBEAT_EVERY_S + 10)
+            await asyncio.wait_for(handle.result(), timeout=MAX_EVERY_S + 10)
         ended_at = time.monotonic()
         history = await handle.fetch_history()
     assert isinstance(ended.value.cause, CancelledError), ended.value.cause
