@@ -13,7 +13,7 @@ Either server may be external instead, one that this installation uses as it is 
 or stops: S3 when `s3.endpoint` is not on 127.0.0.1/localhost, Temporal when
 `temporal.embedded` is false (then `up` only checks that it answers, and starts no codec
 server: that serves the embedded UI; `tempered codec --origin URL` serves another). Any S3 must
-refuse a second create-only write (`ObjectStore.check_create_only`, exactly-once results depend
+refuse a second create-only write (`storage_checks.check_create_only`, exactly-once results depend
 on it): the embedded one is checked when `up` starts it, an external one by each `up` (once per
 endpoint and bucket in a process), unless it cannot be reached from here (workers elsewhere may).
 """
@@ -33,6 +33,7 @@ from infra.processes import Service, bundled_binary, port_open, wait_for_port
 from infra.seaweed import SeaweedPorts, seaweed_command, wait_s3_ready
 from infra.settings import Settings
 from infra.storage import ObjectStore, StorageError, TransientStorageError
+from infra.storage_checks import check_create_only, wait_ready
 
 START_TIMEOUT_S = 60.0
 LISTEN_WAIT_S = 5.0
@@ -334,7 +335,7 @@ def _check_external_s3(settings: Settings) -> str:
     line = f"s3: external endpoint {settings.s3.endpoint or 'AWS'} (not started)"
     if (store.endpoint, store.bucket) not in _create_only_checked:
         try:
-            store.check_create_only()
+            check_create_only(store)
         except TransientStorageError as exc:
             return f"{line}; not checked for conditional writes here: {exc}"
         except StorageError as exc:
@@ -369,8 +370,8 @@ def _ensure_bucket(settings: Settings, service: Service) -> None:
     store = _store(settings)
     store.ensure_bucket()
     # after a restart, reads fail until volumes re-register
-    store.wait_ready(START_TIMEOUT_S, running=lambda: service.pid() is not None)
-    store.check_create_only()
+    wait_ready(store, START_TIMEOUT_S, running=lambda: service.pid() is not None)
+    check_create_only(store)
 
 
 def _listening(service: Service, host: str, port: int) -> None:

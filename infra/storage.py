@@ -18,9 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -64,7 +62,6 @@ TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
 OCTETS = "application/octet-stream"
 _READ_CHUNK = 2**20
-PROBE_PREFIX = ".tempered-probe/"
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -142,53 +139,10 @@ class ObjectStore:
                 if exc.response.get("Error", {}).get("Code") not in BUCKET_EXISTS_CODES:
                     raise
 
-    def wait_ready(
-        self,
-        timeout_s: float,
-        probe_key: str = ".tempered-ready",
-        running: Callable[[], bool] = lambda: True,
-    ) -> None:
-        """Poll a put + get of `probe_key` until it works: after a (re)start SeaweedFS answers
-        S3 requests before its volumes have re-registered and fails them with InternalError.
-        Gives up at once when `running()` says the server has exited."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self.put_bytes(probe_key, b"ready")
-                self.get_bytes(probe_key)
-                return
-            except TransientStorageError as exc:
-                if not running():
-                    raise TransientStorageError(f"{exc} (the server has exited)") from exc
-                if time.monotonic() >= deadline:
-                    raise TransientStorageError(
-                        f"{exc} (still failing after {timeout_s:.0f}s)"
-                    ) from exc
-                time.sleep(0.2)
-
     def check(self) -> None:
         """Raise a typed error with one human line unless the bucket is listable."""
         with self._errors("list"):
             self._client.list_objects_v2(Bucket=self.bucket, MaxKeys=1)
-
-    def check_create_only(self) -> None:
-        """Refuse a store that ignores `If-None-Match: *` (create-only writes, and with them
-        exactly-once trajectories, acks and policy versions, depend on it): write a fresh probe
-        key twice with different content; the second write must be refused."""
-        probe = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
-        try:
-            self.put_bytes(probe, b"first", create_only=True)
-            try:
-                self.put_bytes(probe, b"second", create_only=True)
-            except ObjectExists:
-                return
-            raise PermanentStorageError(
-                f"S3 at {self.endpoint} ignores If-None-Match (a create-only write overwrote "
-                f"{probe}); Tempered needs conditional writes for exactly-once results"
-            )
-        finally:
-            with contextlib.suppress(StorageError):
-                self.delete(probe)
 
     def put_bytes(
         self, key: str, data: bytes, *, create_only: bool = False, content_type: str = OCTETS

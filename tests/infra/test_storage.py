@@ -14,7 +14,6 @@ from contracts.common import ObjectRef
 from contracts.task import TaskSpec
 from infra.seaweed import pick_free_ports
 from infra.storage import (
-    PROBE_PREFIX,
     DigestMismatch,
     ObjectExists,
     ObjectNotFound,
@@ -23,6 +22,7 @@ from infra.storage import (
     TransientStorageError,
     sha256_bytes,
 )
+from infra.storage_checks import PROBE_PREFIX, check_create_only
 from infra.storage_multipart import MULTIPART_THRESHOLD
 from tests.fixtures.s3 import SeaweedServer
 
@@ -229,7 +229,7 @@ def test_store_recovers_after_restart(seaweed: SeaweedServer, store: ObjectStore
 
 
 def test_store_that_ignores_if_none_match_is_refused(store: ObjectStore) -> None:
-    store.check_create_only()  # SeaweedFS enforces conditional writes
+    check_create_only(store)  # SeaweedFS enforces conditional writes
     assert not list(store.list_keys(PROBE_PREFIX)), "the probe cleans up after itself"
 
     def drop_condition(params: dict[str, Any], **_: Any) -> None:
@@ -237,5 +237,5 @@ def test_store_that_ignores_if_none_match_is_refused(store: ObjectStore) -> None
 
     store._client.meta.events.register("provide-client-params.s3.PutObject", drop_condition)
     with pytest.raises(PermanentStorageError, match="ignores If-None-Match") as err:
-        store.check_create_only()
+        check_create_only(store)
     assert str(err.value).count("\n") == 0
