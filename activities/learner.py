@@ -362,8 +362,8 @@ def _lora_fixed(run_id: str, step: int, config: GRPOConfig, full_weights: bool) 
 def _sweep_attempts(work_dir: Path) -> None:
     """Remove the attempt directories a learner killed outright (SIGKILL, OOM) while it saved or
     published left behind, each a full copy of the weights (removed in a `finally` otherwise).
-    Called as the activities start, when no attempt of this worker can be in flight (and a home
-    serves one learner worker, as it holds one policy cache)."""
+    Called as the activities start, when no attempt of this worker can be in flight; another
+    learner worker on the same home would lose its attempt in flight (one per home is assumed)."""
     for path in work_dir.glob(ATTEMPT_DIRS):
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)

@@ -6,7 +6,8 @@
     engine.save(out_dir)                             # HF directory of version 4
 
 The engine is built once per `load` (deepspeed.initialize with a plain torch AdamW, so no fused
-Adam or other extension is JIT-compiled) and reused for every following step. Alone (the
+Adam or other extension is JIT-compiled) and reused for every following step; the engine a load
+or rebuild replaces is destroyed first (`_release`: ZeRO's hooks would keep it alive). Alone (the
 learner worker with `learner.ranks = 1`) it forms a one-process group; as one rank of N
 (`infra.learner_ranks_process`, started by torchrun) it joins the group torchrun describes, takes every
 N-th pass of the step and lets DeepSpeed reduce the gradients, so the summed gradient is
@@ -29,7 +30,6 @@ weights.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -44,24 +44,15 @@ from contracts.trajectory import Trajectory
 from infra import grpo, grpo_plan
 from infra.learner_base import NonFiniteLoss, StepMetrics, init_single_process, why_no_gradient
 from infra.learner_forward import pass_logprobs, refuse_unshareable, sampled_logprobs
-from infra.learner_lora import ADAPTER_CONFIG, LoraSpec, save_adapter
-from infra.learner_model import train_only_last_layers, without_dropout
+from infra.learner_lora import LoraSpec, save_adapter
+from infra.learner_model import (
+    destroy_engine,
+    stored_dtype,
+    train_only_last_layers,
+    without_dropout,
+    written_by_save,
+)
 from infra.policy import save_weights
-
-
-def _written_by_save(name: str) -> bool:
-    """Files of a policy directory that `save` writes itself (or that are not the model's)."""
-    weights = name.endswith((".safetensors", ".bin")) or name.endswith(".index.json")
-    own = ("config.json", "generation_config.json", "manifest.json", ADAPTER_CONFIG)
-    return weights or name in own
-
-
-def _stored_dtype(model_dir: Path) -> torch.dtype:
-    """The dtype a checkpoint's weights are stored in (config.json), float32 if unnamed."""
-    config = json.loads((model_dir / "config.json").read_text())
-    name = config.get("dtype") or config.get("torch_dtype") or "float32"
-    dtype = getattr(torch, str(name).removeprefix("torch."), None)
-    return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
 class LearnerEngine:
@@ -104,10 +95,11 @@ class LearnerEngine:
         # what it held goes first: a load that fails midway (another run's adapter, its memory)
         # must leave no version a step of the run it held could take for its own, half-switched
         self.version = None
+        self._release()  # before the new weights, so the two never take memory together
         config = config or GRPOConfig()
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         without_dropout(model)  # inference sampled without it
-        self.save_dtype = _stored_dtype(Path(model_dir))
+        self.save_dtype = stored_dtype(Path(model_dir))
         pad, eos = model.config.pad_token_id, model.config.eos_token_id
         eos = eos[0] if isinstance(eos, list) and eos else eos  # Llama 3: a list of end ids
         self.pad_id = int(pad if pad is not None else (eos or 0))
@@ -117,7 +109,7 @@ class LearnerEngine:
         self._companions = {
             path.name: path.read_bytes()
             for path in sorted(Path(model_dir).iterdir())
-            if path.is_file() and not _written_by_save(path.name)
+            if path.is_file() and not written_by_save(path.name)
         }
         self._lora = LoraSpec.of(config, model.config.num_hidden_layers)
         if adapter_dir is not None:
@@ -184,6 +176,7 @@ class LearnerEngine:
         if self._lora is None:
             train_only_last_layers(model, config.train_last_layers)
         trainable = [p for p in model.parameters() if p.requires_grad]
+        self._release()
         optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
         ds_config = {
             "train_micro_batch_size_per_gpu": config.micro_batch_size,
@@ -196,6 +189,12 @@ class LearnerEngine:
         }
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         self._config = config
+
+    def _release(self) -> None:
+        """Destroy the engine and free what it held (`learner_model.destroy_engine`)."""
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            destroy_engine(engine, self.device)
 
     def _gathered(self, trainable_only: bool = False) -> Any:
         """Context in which ZeRO-3 partitioned parameters are whole (a no-op below stage 3)."""
@@ -233,7 +232,9 @@ class LearnerEngine:
                 )
         built = ("zero_stage", "max_grad_norm", "train_last_layers")
         if any(getattr(config, knob) != getattr(self._config, knob) for knob in built):
+            version, self.version = self.version, None  # a failed rebuild leaves no engine
             self._build(self._model_from(self._state(), torch.float32), config)
+            self.version = version
         for group in self.engine.optimizer.param_groups:
             group["lr"] = config.learning_rate
         self._config = config

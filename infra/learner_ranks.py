@@ -10,9 +10,10 @@ The worker (`RankGroup`, its `train_step` activity in a thread) starts on first 
 `python -m torch.distributed.run --standalone --nproc-per-node N -m infra.learner_ranks_process`:
 a single-host c10d rendezvous on a port the OS picks (no fixed port), one process per GPU on
 cuda (NCCL), N gloo processes on CPU. Rank 0 connects back to the worker over a Unix socket in a
-private (0700) temporary directory, reports every rank's pid, then serves commands, which every
-rank runs in lockstep (infra/learner_ranks_process.py); rank 0 sends back each result, and a
-heartbeat per micro-batch meanwhile. Collectives of the step itself time out after
+private (0700) temporary directory (which holds torchrun's `--log-dir` too: `close` removes
+both), reports every rank's pid, then serves commands, which every rank runs in lockstep
+(infra/learner_ranks_process.py); rank 0 sends back each result, and a heartbeat per
+micro-batch meanwhile. Collectives of the step itself time out after
 `learner.collective_timeout_s`.
 
 Failure: an input the step can never train on (ValueError) or a NaN/inf loss comes back as that
@@ -245,6 +246,8 @@ class RankGroup:
                 "torch.distributed.run",
                 "--standalone",
                 f"--nproc-per-node={self.settings.ranks}",
+                # else its agent's torchelastic_* directory in the temp dir outlives the group
+                f"--log-dir={path.parent / 'torchelastic'}",
                 "-m",
                 "infra.learner_ranks_process",
                 f"--socket={path}",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -156,3 +157,35 @@ async def test_non_finite_loss_fails_loudly_and_publishes_nothing(
     monkeypatch.setattr(grpo, "grpo_loss", real_loss)  # the fault is gone: the step trains
     done = await env.run(acts.train_step, request)
     assert done.policy.version == 1 and math.isfinite(done.loss)
+
+
+@pytest.mark.asyncio
+async def test_a_learner_killed_while_publishing_leaves_no_weights_behind_once_restarted(
+    store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed outright (SIGKILL, OOM) while it saved or published, a learner skipped the
+    `finally` that removes the attempt's directory: a full copy of the weights under
+    home/learner/<run>/, for good. A worker that starts has no attempt in flight: it sweeps."""
+    env, acts = ActivityEnvironment(), LearnerActivities(settings, store)
+    await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+    request = TrainStepRequest(
+        run_id=RUN, step=0, groups=[write_group(store, "t1", 0, 1)], config=CONFIG
+    )
+
+    def killed(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("killed")  # with no `finally` run: rmtree does nothing
+
+    with monkeypatch.context() as patch:
+        patch.setattr(learner_module, "publish_policy", killed)
+        patch.setattr(learner_module, "shutil", SimpleNamespace(rmtree=lambda *a, **k: None))
+        with pytest.raises(RuntimeError, match="killed"):
+            await env.run(acts.train_step, request)
+    work = settings.home / "learner"
+    left = list(work.glob(f"{RUN}/.v1.*"))
+    assert len(left) == 1 and list(left[0].glob("*.safetensors"))
+    other = work / RUN / "notes.txt"  # not an attempt's: kept
+    other.write_text("mine")
+    restarted = LearnerActivities(settings, store)
+    assert not left[0].exists() and other.exists()
+    assert (await env.run(restarted.train_step, request)).policy.version == 1
+    assert list(work.glob(f"{RUN}/.v*")) == []

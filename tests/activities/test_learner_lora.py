@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.learner import LearnerActivities
+from contracts.errors import ErrorType
 from contracts.learner import GRPOConfig, TrainStepRequest, TrajectoryGroup
 from contracts.run import PrepareRunRequest
 from contracts.task import SamplingParams
@@ -21,6 +23,7 @@ from infra.learner_engine import LearnerEngine
 from infra.policy import WEIGHTS_INDEX, materialize_base_model, policy_manifest
 from infra.settings import LocalInferenceSettings, Settings
 from infra.storage import ObjectStore
+from tests.activities.test_learner import write_group
 from tests.trajectories import Step, trajectory
 
 RUN = "run-lora"
@@ -93,3 +96,31 @@ async def test_lora_versions_are_adapters_and_the_served_policy_follows_them(
         await backend.close()
     assert served.base is not None and served.base.version == 0
     assert before[0].token_ids != rewarded and after[0].token_ids == rewarded
+
+
+@pytest.mark.asyncio
+async def test_a_full_weight_run_is_refused_lora_alike_by_a_warm_and_a_restarted_learner(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """LoRA is fixed for a run. A warm engine refused a switch at v1 as invalid; a restarted
+    learner wrapped new adapters over v1 and trained, so the outcome hung on a restart."""
+    settings = Settings(home=tmp_path / "home")
+    env, warm = ActivityEnvironment(), LearnerActivities(settings, store)
+    await env.run(warm.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
+    full = GRPOConfig(learning_rate=1e-3, micro_batch_size=4, max_staleness=8)
+    step = TrainStepRequest(
+        run_id=RUN, step=0, groups=[write_group(store, "t0", 0, 1, RUN)], config=full
+    )
+    assert (await env.run(warm.train_step, step)).policy.adapter_of is None
+    lora = full.model_copy(update={"lora_rank": 4})
+    switch = TrainStepRequest(
+        run_id=RUN, step=1, groups=[write_group(store, "t1", 1, 2, RUN)], config=lora
+    )
+    refusals = []
+    for acts in (warm, LearnerActivities(settings, store)):  # the second: a restarted worker
+        with pytest.raises(ApplicationError, match="fixed for a run") as err:
+            await env.run(acts.train_step, switch)
+        refusals.append((err.value.type, err.value.non_retryable, str(err.value)))
+    assert refusals[0] == refusals[1]
+    assert refusals[0][:2] == (ErrorType.INVALID_INPUT, True)
+    assert policy_manifest(store, RUN, 2) is None

@@ -1,20 +1,23 @@
 """A rank group that fails ends whole and says so: what a learner of N ranks does when a part of
 it dies, hangs or never starts, and what it refuses before it starts.
 
-Two tests form a real group of two ranks (torchrun, gloo on CPU, no model: `set_reference`
-needs none): torchrun killed alone takes its ranks with it, and a rank 0 that stops (SIGSTOP,
-standing in for a hung write or device) fails the call within its bound, its ranks killed. The
-others stand torchrun in with a small script: a group that dies while it forms, and ranks in
-sessions of their own that `_kill` must reach one by one. A sliding-window model with
-`share_prompt` is refused from its config, before any pass, so every rank refuses alike.
+Three tests form a real group of two ranks (torchrun, gloo on CPU, no model: `set_reference`
+needs none): torchrun killed alone takes its ranks with it, a closed group leaves nothing in the
+temp dir, and a rank 0 that stops (SIGSTOP, standing in for a hung write or device) fails the
+call within its bound, its ranks killed. The others stand torchrun in with a small script: a
+group that dies while it forms, and ranks in sessions of their own that `_kill` must reach one
+by one. A sliding-window model with `share_prompt` is refused from its config, before any pass,
+so every rank refuses alike.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -98,6 +101,25 @@ def test_ranks_end_with_torchrun(tmp_path: Path, leftovers: list[psutil.Process]
     with pytest.raises(RankGroupFailed, match="learner ranks"):
         group.set_reference(None)
     assert group.pids == [] and group._process is None
+
+
+def test_a_closed_group_leaves_nothing_in_the_temp_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, leftovers: list[psutil.Process]
+) -> None:
+    """torchrun's agent made a torchelastic_* directory (its ranks' logs) in the temp dir at
+    every start, and nothing removed it, not even a clean close(): a failing learner re-forms
+    its group at every attempt."""
+    temp = Path(tempfile.mkdtemp(prefix="tt-"))  # short: a Unix socket's path is < 108 bytes
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # the worker's own temp files
+    monkeypatch.setenv("TMPDIR", str(temp))  # torchrun's and the ranks'
+    try:
+        group = RankGroup(FORMS, tmp_path / "ranks.log")
+        group.set_reference(None)
+        _ranks_of(group, leftovers)
+        group.close()
+        assert sorted(path.name for path in temp.iterdir()) == []
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_a_silent_rank_0_fails_the_call_within_its_bound(
