@@ -2,7 +2,8 @@
 versions, inference picks each one up (the tiny preset is synchronous, max_staleness 0, so the
 groups of step b are sampled from version b), and every trajectory is trained on exactly once.
 A run also outlives its command: Ctrl-C detaches, `tempered train --attach` follows it again
-and `tempered stop` ends it early, as a finished run ends."""
+and `tempered stop` ends it early, as a finished run ends; attached to once it has ended, it
+writes the run's report again, from the workflow's result."""
 
 from __future__ import annotations
 
@@ -96,5 +97,11 @@ def test_a_run_outlives_its_command_and_stops_when_told(stack: Stack) -> None:
     assert report["stopped"] == "enough for a test" and 0 < steps < 50
     assert report["tasks_started"] == report["tasks_done"] < 50 * 2
     assert report["evals"][-1]["policy_version"] == steps, "no final evaluation"
+    (stack.home / "reports" / "long" / "report.json").unlink()  # as if no one had followed it
     again = stack.tempered("train", "--attach", "long", "--no-workers")
-    assert again.returncode == 2 and "is not running (completed)" in again.stderr
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "run long ended (completed) at " in again.stdout, again.stdout
+    rewritten = json.loads((stack.home / "reports" / "long" / "report.json").read_text())
+    assert (rewritten["steps"], rewritten["stopped"]) == (report["steps"], report["stopped"])
+    # close minus start; the follower's own clock read the end up to a poll (2 s) later
+    assert -1 < report["wall_time_s"] - rewritten["wall_time_s"] < 10

@@ -6,7 +6,7 @@ bench/vs_trl.py share (none of them reaches into another's module for it).
     async for progress in watch(handle, result):       # RunProgress, or None before it answers
         ...
     runs = await running_runs(client)                  # every running training run, with progress
-    handle, run_input, since = await attach(client, run_id)   # a running run, to follow again
+    found = await attach(client, run_id)               # a run to follow again, or to report
     said = await stop_run(client, run_id, reason="enough", cancel=False)   # `tempered stop`
 
 Progress is the workflow's `progress` query, read as the typed `contracts.run.RunProgress`.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -24,6 +25,7 @@ from pydantic import BaseModel, Field
 from temporalio.client import (
     Client,
     WorkflowExecution,
+    WorkflowExecutionDescription,
     WorkflowExecutionStatus,
     WorkflowHandle,
     WorkflowQueryFailedError,
@@ -110,33 +112,66 @@ async def running_runs(client: Client) -> list[RunningRun]:
     return list(await asyncio.gather(*(describe(e) for e in executions)))
 
 
-async def running_handle(client: Client, run_id: str) -> RunHandle:
-    """The handle of training run `run_id` (its current segment); a ValueError naming the run
-    when there is none or it is no longer running."""
+async def _describe(client: Client, run_id: str) -> tuple[RunHandle, WorkflowExecutionDescription]:
+    """The handle of training run `run_id` (its current segment) and what Temporal says of it;
+    a ValueError naming the run when there is none."""
     handle: RunHandle = client.get_workflow_handle_for(TrainingRunWorkflow.run, workflow_id(run_id))
     try:
-        status = (await handle.describe()).status
+        return handle, await handle.describe()
     except RPCError as err:
         if err.status is RPCStatusCode.NOT_FOUND:
             raise ValueError(f"no training run {run_id!r} (workflow {handle.id})") from None
         raise
-    if status is not WorkflowExecutionStatus.RUNNING:
-        state = status.name.lower().replace("_", " ") if status else "unknown"
+
+
+def state_name(status: WorkflowExecutionStatus | None) -> str:
+    """`running`, `completed`, `failed`, `terminated`, `timed out`, …"""
+    return status.name.lower().replace("_", " ") if status else "unknown"
+
+
+async def running_handle(client: Client, run_id: str) -> RunHandle:
+    """The handle of training run `run_id` (its current segment); a ValueError naming the run
+    when there is none or it is no longer running."""
+    handle, description = await _describe(client, run_id)
+    if description.status is not WorkflowExecutionStatus.RUNNING:
+        state = state_name(description.status)
         raise ValueError(f"training run {run_id!r} is not running ({state})")
     return handle
 
 
-async def attach(client: Client, run_id: str) -> tuple[RunHandle, TrainingRunInput, datetime]:
-    """A running run to follow again: its handle, its input (from its current segment's first
-    event) and when its first segment started."""
-    handle = await running_handle(client, run_id)
+@dataclass(frozen=True)
+class FoundRun:
+    """A training run to follow, or one that has closed, to report (`attach`)."""
+
+    handle: RunHandle
+    run_input: TrainingRunInput
+    started: datetime
+    """When its first segment started."""
+    closed: datetime | None
+    """When it closed; None while it runs."""
+    state: str
+    """`state_name` of its current segment's status."""
+
+
+async def attach(client: Client, run_id: str) -> FoundRun:
+    """Run `run_id`, running or closed (a run that ended while no one followed it still has
+    its report to write, from its result): its handle, its input (from its current segment's
+    first event), when its first segment started and when it closed."""
+    handle, description = await _describe(client, run_id)
     first = await anext(aiter(handle.fetch_history_events(page_size=1)))
     payloads = first.workflow_execution_started_event_attributes.input.payloads
     [run_input] = await client.data_converter.decode(payloads, [TrainingRunInput])
     this_segment = first.event_time.ToDatetime(tzinfo=UTC)
     query = f'WorkflowId = "{handle.id}"'  # every segment, the continued-as-new ones too
     started = [execution.start_time async for execution in client.list_workflows(query)]
-    return handle, run_input, min(started, default=this_segment)
+    running = description.status is WorkflowExecutionStatus.RUNNING
+    return FoundRun(
+        handle=handle,
+        run_input=run_input,
+        started=min(started, default=this_segment),
+        closed=None if running else description.close_time or datetime.now(UTC),
+        state=state_name(description.status),
+    )
 
 
 async def stop_run(client: Client, run_id: str, *, reason: str, cancel: bool) -> str:

@@ -16,7 +16,8 @@
 
 One module per command group (`stack`, `status`, `train`, `evaluate`, `sandbox`, `tasks`,
 `runs`, `codec`); each adds its parsers in `register` and runs as `command(args, settings) -> exit
-status`. Nothing outside this package imports it: what a command shares with bench or tests
+status`. Once stdout's reader has gone (`tempered … | head`) the command stops quietly, as Unix
+tools do (`READER_GONE`). Nothing outside this package imports it: what a command shares with bench or tests
 lives in `workers.training`, `infra.presets` and the like. torch is not imported to parse
 arguments (only the commands that load a model do, through infra.policy). The process ends
 with `os._exit` after flushing: the Temporal SDK may abort at interpreter exit.
@@ -25,8 +26,10 @@ with `os._exit` after flushing: the Temporal SDK may abort at interpreter exit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import select
 import sys
 from collections.abc import Callable
 
@@ -36,6 +39,10 @@ from workers.cli.errors import describe
 
 Command = Callable[[argparse.Namespace, Settings], int]
 """What every command is: parsed arguments and settings in, exit status out."""
+READER_GONE = 141
+"""Exit status once stdout's reader has gone: a shell's for a process SIGPIPE ended (128 + 13).
+Python ignores SIGPIPE (a write raises BrokenPipeError instead), and a default SIGPIPE would end
+a worker whose S3 connection broke as well."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: list[str] | None = None, settings: Settings | None = None) -> int:
     """Parse `argv` and run the command; `settings` default to `load_settings(--config)`."""
+    try:
+        return _run(argv, settings)
+    except (BrokenPipeError, SystemExit) as err:
+        if not _reader_gone(err):
+            raise
+        with contextlib.suppress(OSError, ValueError):  # what is still buffered goes nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return READER_GONE
+
+
+def _run(argv: list[str] | None, settings: Settings | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -74,14 +92,33 @@ def run(argv: list[str] | None = None, settings: Settings | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as err:  # one clear line, not a traceback wall (use -v for the traceback)
-        if args.verbose:
+        if args.verbose or _reader_gone(err):
             raise
         print(f"tempered {args.command}: {describe(err)}", file=sys.stderr)
         return 1
 
 
+def _reader_gone(err: BaseException) -> bool:
+    """Whether `err` comes of writing to a stdout whose reader has gone: a BrokenPipeError while
+    stdout is a pipe no one reads (not one of a socket or a subprocess), or the SystemExit of a
+    rich console after one (it points stdout at /dev/null first)."""
+    if isinstance(err, SystemExit):
+        return isinstance(err.__context__, BrokenPipeError)  # rich's Console.on_broken_pipe
+    if not isinstance(err, BrokenPipeError):
+        return False
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poll.poll(0))  # no reader
+    except (OSError, ValueError):  # no file descriptor (a test's captured stdout)
+        return False
+
+
 def main() -> None:
     code = run()
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:  # its reader went before the output's last lines
+        code = READER_GONE
     sys.stderr.flush()
     os._exit(code)

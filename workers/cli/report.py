@@ -24,8 +24,14 @@ def report_dir(settings: Settings, run_id: str) -> Path:
 
 
 def write_report(
-    settings: Settings, run_input: TrainingRunInput, result: TrainingRunResult, wall_s: float
+    settings: Settings,
+    run_input: TrainingRunInput,
+    result: TrainingRunResult,
+    wall_s: float,
+    ended: float | None = None,
 ) -> Path:
+    """report.json (and the curve and profile) of a run that took `wall_s` and `ended` (epoch
+    seconds; None: now) into its report directory."""
     out = report_dir(settings, run_input.run_id)
     out.mkdir(parents=True, exist_ok=True)
     evals = sorted(result.evals, key=lambda e: e.policy_version)
@@ -58,7 +64,7 @@ def write_report(
         "redrawn": result.redrawn,
         "stopped": result.stopped,
     }
-    report["profile"] = write_profile(settings, result.run_id, wall_s, out)
+    report["profile"] = write_profile(settings, result.run_id, wall_s, out, ended)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     _plot(out / "reward_curve.png", report)
     return out
@@ -109,14 +115,17 @@ def _plot(path: Path, report: dict[str, Any]) -> None:
     plt.close(fig)
 
 
-def write_profile(settings: Settings, run_id: str, wall_s: float, out: Path) -> dict[str, Any]:
-    """Where the run's wall time went (`infra.telemetry_profile`, from the workers' span files):
-    printed as a table, drawn as a stacked bar in `profile.png`, returned for report.json."""
+def write_profile(
+    settings: Settings, run_id: str, wall_s: float, out: Path, ended: float | None = None
+) -> dict[str, Any]:
+    """Where the run's wall time went (`infra.telemetry_profile`, from the workers' span files,
+    over the `wall_s` before `ended`, or before now): printed as a table, drawn as a stacked bar
+    in `profile.png`, returned for report.json."""
     import time
 
     from infra.telemetry_profile import run_profile
 
-    ended = time.time()
+    ended = time.time() if ended is None else ended
     profile = run_profile(settings.home / "telemetry", run_id, ended - wall_s, ended)
     wall = profile.wall_s or 1.0
     print(

@@ -14,19 +14,19 @@
 suite defines them now* (suite from `--suite`, else the run's `run.json`, else `starter`); the
 work is `infra/regrade.py`'s, this module only finds the inputs and prints the outcome.
 
-`rm` and `prune` refuse a run that is still running (its training run, or an evaluation of it:
-`tempered eval --run`), and (without `--force`) any run when Temporal cannot be asked; `prune`
-refuses `--keep 0`, which would delete the version `latest.json` names. An `rm` that stopped half
-way is finished by running it again (`runs_remove.py` deletes the run's own prefix last).
-Content-addressed workspace objects (`trees/`, `packs/`) are shared between runs and stay. Exit
-codes: 0 done, 1 some trajectories could not be regraded, 2 bad input or S3 unusable.
+`rm` and `prune` refuse a run that a workflow still works on (its training run, its learner, its
+tasks, or an evaluation of it: `runs_busy.py`), and (without `--force`) any run when Temporal
+cannot be asked; `prune` refuses `--keep 0`, which would delete the version `latest.json` names.
+An `rm` that stopped half way is finished by running it again (`runs_remove.py` deletes the
+run's own prefix last). Content-addressed workspace objects (`trees/`, `packs/`) are shared
+between runs and stay. Exit codes: 0 done, 1 some trajectories could not be regraded, 2 bad
+input or S3 unusable.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import sys
 from collections import deque
@@ -38,11 +38,9 @@ from typing import TypeVar, get_args
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
-from temporalio.client import Client
 from temporalio.service import RPCError
 
 from contracts.common import is_identifier
-from contracts.names import evaluates
 from contracts.run import TrainingRunInput
 from contracts.task import RewardConfig, SandboxLimits
 from contracts.trajectory import RewardRecord, Trajectory
@@ -58,9 +56,8 @@ from infra.storage import ObjectNotFound, ObjectStore, StorageError
 from infra.tasks import load_suite
 from workers.cli.episodes import print_episode
 from workers.cli.errors import natural, run_id
+from workers.cli.runs_busy import busy
 from workers.cli.runs_remove import remove_run
-from workers.runtime import connect
-from workers.training import running_handle
 
 Command = Callable[[argparse.Namespace, Settings], int]
 Record = TypeVar("Record", bound=BaseModel)
@@ -190,13 +187,18 @@ def runs_ls(args: argparse.Namespace, settings: Settings) -> int:
     table = Table(title=f"runs in s3://{store.bucket}")
     for column in ("run", "tasks", "trajectories", "policy versions", "latest", "graders"):
         table.add_column(column, justify="left" if column in ("run", "graders") else "right")
-    for run in _names(store, keys.RUNS_PREFIX):
+    # an S3 store may go on listing an emptied prefix: a removed run's, a pruned version's
+    for run in filter(functools.partial(run_stored, store), _names(store, keys.RUNS_PREFIX)):
         latest = latest_policy(store, run)
+        published = [  # with a manifest: published and not pruned since
+            v for v in policy_versions(store, run) if store.exists(keys.policy_manifest_key(run, v))
+        ]
         table.add_row(
-            run,
+            # an `rm` that stopped half way: running it again finishes it
+            f"{run} (removed in part)" if removal_record(store, run) else run,
             str(len(_names(store, keys.tasks_prefix(run)))),
             str(sum(1 for _ in store.list_keys(keys.trajectories_prefix(run)))),
-            str(len(policy_versions(store, run))),
+            str(len(published)),
             f"v{latest.version}" if latest else "-",
             ", ".join(_names(store, keys.rewards_prefix(run))) or "-",
         )
@@ -305,7 +307,7 @@ def _refuse_running(
     for run in runs:
         _require_run(store, run, removing)
     try:
-        running = asyncio.run(_running(settings, runs))
+        running = asyncio.run(busy(settings, runs))
     except (OSError, RuntimeError, RPCError) as exc:  # no Temporal to ask, or it failed
         if not force:
             raise ValueError(
@@ -316,33 +318,8 @@ def _refuse_running(
     if running:
         raise ValueError(
             f"still running: {', '.join(running)} (`tempered stop` a training run first; let "
-            "an evaluation finish, or cancel its workflows)"
+            "an evaluation or a learner finish, or cancel their workflows)"
         )
-
-
-async def _running(settings: Settings, runs: list[str]) -> list[str]:
-    """The runs of `runs` that something runs on, each as the error names it: their training
-    run's workflow, or a workflow of an evaluation of them (`tempered eval --run`, which reads
-    a policy version and writes the evaluation's prefix, both of which `prune` and `rm` delete)."""
-    client = await connect(settings)
-    found = []
-    for run in runs:
-        with contextlib.suppress(ValueError):  # no such workflow, or it ended
-            await running_handle(client, run)
-            found.append(run)
-            continue
-        if evaluation := await _running_evaluation(client, run):
-            found.append(f"{run} (an evaluation of it: workflow {evaluation})")
-    return found
-
-
-async def _running_evaluation(client: Client, run: str) -> str | None:
-    """The id of a running workflow of an evaluation of `run` (`evaluates`), if any."""
-    query = f'WorkflowId STARTS_WITH "{run}" AND ExecutionStatus = "Running"'
-    async for execution in client.list_workflows(query):
-        if evaluates(execution.id, run):
-            return execution.id
-    return None
 
 
 def show_episodes(

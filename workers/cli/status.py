@@ -11,7 +11,8 @@
 Worker figures come from the workers' telemetry files under `<home>/telemetry/` (with an OTLP
 collector configured there are none: the collector has them). Backlogs are Temporal's
 (`workers.backlog`, DescribeTaskQueue). Runs are found by a visibility query for running
-`TrainingRunWorkflow`s and read through their `progress` query.
+`TrainingRunWorkflow`s and read through their `progress` query. Exit status: 0, or 1 when
+Temporal cannot be asked (what could be read is shown all the same).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def status_cmd(args: argparse.Namespace, settings: Settings) -> int:
         print(report.model_dump_json(indent=2))
     else:
         render(report, Console())
-    return 0
+    return 1 if report.temporal_error else 0
 
 
 async def collect(settings: Settings) -> StatusReport:

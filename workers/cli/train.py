@@ -5,9 +5,10 @@
     tempered train --preset tiny --dry-run      # print the plan as JSON; start nothing
 
 `train` brings the embedded stack and one background worker per queue up if they are not
-running (an external Temporal, `temporal.embedded = false`, is used as it is), starts a `TrainingRunWorkflow` (`workers.training`), shows its progress, and writes
-`report.json` and `reward_curve.png` under `<home>/reports/<run>/`. Presets are
-`infra.presets`; `tempered eval` measures a policy on its own (`workers/cli/evaluate.py`).
+running (an external Temporal, `temporal.embedded = false`, is used as it is), starts a
+`TrainingRunWorkflow` (`workers.training`), shows its progress, and writes `report.json` and
+`reward_curve.png` under `<home>/reports/<run>/`. Presets are `infra.presets`; `tempered eval`
+measures a policy on its own (`workers/cli/evaluate.py`).
 
 The run is a durable workflow and does not depend on this command: Ctrl-C detaches (the run
 goes on in the background workers), and
@@ -15,6 +16,11 @@ goes on in the background workers), and
     tempered train --attach RUN                 # follows it again and writes its report
     tempered stop RUN [--reason TEXT]           # no new tasks; it ends as a finished run does
     tempered stop RUN --cancel                  # cancel it now, learner included; no report
+
+`--attach` looks the run up once the stack answers, before it starts a worker; a run that ended
+while no command followed it gets its report then, from its workflow's result (wall time: its
+close minus its start), and one that failed, was cancelled or terminated has none (exit 1). The
+checks of a new run's inputs and id are `workers/cli/train_inputs.py`'s.
 
 A new run's id must be new. One with objects under `runs/<id>/` (a finished or failed run, or
 one in progress, which `--attach` follows) or one `tempered runs rm` removed (`removed/<id>.json`)
@@ -33,26 +39,31 @@ import asyncio
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from temporalio.client import Client
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import CancelledError, TerminatedError, WorkflowAlreadyStartedError
+from temporalio.exceptions import TimeoutError as WorkflowTimeoutError
 
 from contracts.names import Queue, Workflow
 from contracts.run import TrainingRunInput, TrainingRunResult
-from infra import keys, stack
-from infra.policy import SMOLLM2, TINY, check_base_model
+from infra import stack
 from infra.presets import DEFAULT, load_preset, preset_names
-from infra.run_ids import removal_record, run_stored
 from infra.settings import Settings
 from infra.storage import ObjectStore, StorageError
-from infra.tasks import BUILTIN_SUITES, absolute_suite, load_quarantine, load_suite
+from infra.tasks import BUILTIN_SUITES
 from workers.background import ensure_workers
-from workers.cli.errors import number, run_id
+from workers.cli.errors import describe, natural, number, run_id
 from workers.cli.progress import follow, summary
 from workers.cli.report import report_dir, write_report
+from workers.cli.train_inputs import (
+    RunIdTaken,
+    absolute,
+    check_inputs,
+    check_run_id,
+    check_run_id_if_up,
+)
 from workers.runtime import connect
 from workers.training import RunHandle, attach, start_run, stop_run, workflow_id
 
@@ -76,7 +87,7 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     train.add_argument("--run-id", help="default: run-<timestamp>")
     train.add_argument("--time-budget", type=number, help="stop rolling out after N seconds")
     train.add_argument(
-        "--seed", type=int, help="order of the training tasks (default: the preset's)"
+        "--seed", type=natural, help="order of the training tasks (default: the preset's)"
     )
     train.add_argument(
         "--keep-versions",
@@ -89,7 +100,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--dry-run", action="store_true", help="print the plan as JSON and start nothing"
     )
     train.add_argument(
-        "--attach", metavar="RUN", type=run_id, help="follow a running run, write its report"
+        "--attach",
+        metavar="RUN",
+        type=run_id,
+        help="follow a run, write its report (also once ended)",
     )
     train.set_defaults(func=train_cmd)
     stop = commands.add_parser("stop", help="stop a running training run")
@@ -99,13 +113,6 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--cancel", action="store_true", help="cancel now, learner included (no final eval)"
     )
     stop.set_defaults(func=stop_cmd)
-
-
-class RunIdTaken(ValueError):
-    """A new run's `--run-id` that names a run already, and why."""
-
-    def __init__(self, run: str, why: str):
-        super().__init__(f"run id {run!r} is taken ({why}); choose another --run-id")
 
 
 def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
@@ -125,7 +132,7 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
         )
         check_inputs(settings, run_input, workers_here=not args.no_workers)
         if args.dry_run:
-            unchecked = _check_run_id_if_up(settings, run_input.run_id)
+            unchecked = check_run_id_if_up(settings, run_input.run_id)
     except ValueError as exc:  # unknown preset, bad TOML, an override out of bounds, bad model…
         print(f"tempered train: {exc}", file=sys.stderr)
         return 2
@@ -141,80 +148,14 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
     try:
         _bring_up(settings, workers=not args.no_workers, new_run=run_input.run_id)
         result, wall_s = asyncio.run(_train(settings, run_input))
+        ended_at = None  # now
     except RunIdTaken as exc:
         print(f"tempered train: {exc}", file=sys.stderr)
         return 2
-    return _report(settings, run_input, result, wall_s)
-
-
-def absolute(spec: str | None) -> str | None:
-    """A model directory, suite file or `harbor:DIR` named relative to here, made absolute: the
-    workers that read it run in the stack's home (a relative path failed there, after the dry
-    run had passed). Presets, built-in suites, s3:// prefixes and what is not here stay as
-    they are."""
-    if spec is None or spec in (TINY, SMOLLM2):
-        return spec
-    made = absolute_suite(spec)  # a model directory is spelled as a suite file is
-    return made if Path(made.removeprefix("harbor:")).exists() else spec
-
-
-def check_inputs(settings: Settings, run_input: TrainingRunInput, workers_here: bool) -> None:
-    """ValueError for a home, base model or suite the run could not use, before anything starts.
-    The workers read the model and suite: with `--no-workers` they may run elsewhere, so a path
-    that is not here is theirs to read (as `absolute` leaves it), and only what this machine
-    can see is checked; names (presets, built-in suites) always are."""
-    stack.check_home(settings)
-
-    def theirs(spec: str) -> bool:  # a path (not a name) this machine does not have
-        path = spec.removeprefix("harbor:")
-        return ("/" in path or path.endswith(".jsonl")) and not Path(path).expanduser().exists()
-
-    if workers_here or not theirs(run_input.base_model):
-        check_base_model(run_input.base_model)
-    if workers_here or not theirs(run_input.suite):
-        check_suite(settings, run_input.suite)
-
-
-def check_run_id(store: ObjectStore, run: str) -> None:
-    """RunIdTaken if the store knows run `run`: `tempered runs rm` removed it (prepare_run
-    refuses the id: workers may still cache its policies under it), or objects of it are stored
-    (a rerun of the same command passed prepare_run's create-only write of an identical
-    run.json, then met the old run's trajectories and acks). Both were found only after the
-    stack, five workers and the workflow had started; a run in progress is `--attach`ed to."""
-    removed = removal_record(store, run)
-    if removed is not None:
-        where = f"s3://{store.bucket}/{removed.key}"
-        raise RunIdTaken(run, f"`tempered runs rm` removed a run with it: {where}")
-    if run_stored(store, run):
-        prefix = keys.run_prefix(run)
-        follow = f"`tempered train --attach {run}` follows it while it runs"
-        raise RunIdTaken(
-            run, f"a run with it is stored under s3://{store.bucket}/{prefix}; {follow}"
-        )
-
-
-def _check_run_id_if_up(settings: Settings, run: str) -> str | None:
-    """`check_run_id` for `--dry-run`, which starts no stack: where S3 answers at the first try;
-    else why not (None: checked)."""
-    try:
-        store = ObjectStore(settings.s3.model_copy(update={"max_attempts": 1}))
-        store.check()
-        check_run_id(store, run)
-    except StorageError as exc:
-        return str(exc)
-    return None
-
-
-def check_suite(settings: Settings, suite: str) -> None:
-    """ValueError unless `suite` loads and leaves training tasks once quarantined ones are
-    skipped, as the run's first activity needs (activities/tasks.py): a missing or malformed
-    suite passed `--dry-run`, and a real run failed only after the stack and five workers had
-    started and the workflow had begun."""
-    skipped = load_quarantine(settings, suite)
-    train = [task for task in load_suite(suite, split="train") if task.id not in skipped]
-    if not train:
-        left = f" left ({len(skipped)} quarantined by `tempered tasks validate`)" if skipped else ""
-        raise ValueError(f"suite {suite!r} has no training tasks{left}")
+    except WorkflowFailureError as err:
+        print(f"tempered train: run {run_input.run_id} {ended(err)}", file=sys.stderr)
+        return 1
+    return _report(settings, run_input, result, wall_s, ended_at)
 
 
 RUN_OPTIONS = (
@@ -231,19 +172,43 @@ RUN_OPTIONS = (
 
 
 def _attach_cmd(args: argparse.Namespace, settings: Settings) -> int:
-    given = [f"--{name.replace('_', '-')}" for name in RUN_OPTIONS if getattr(args, name)]
+    """Follow run `--attach` to its end, or take the result of one that ended unfollowed, and
+    write its report. The run is looked up once the stack answers, before any worker starts."""
+    values = {name: getattr(args, name) for name in RUN_OPTIONS}
+    given = [  # not by truth: `--seed 0` or `--keep-versions 0` passed unseen
+        f"--{name.replace('_', '-')}"
+        for name, value in values.items()
+        if value is not None and value is not False  # False: `--dry-run` not given
+    ]
     given += ["--preset"] if args.preset != DEFAULT else []
     if given:
         problem = f"--attach takes no run options (got {', '.join(given)})"
         print(f"tempered train: {problem}", file=sys.stderr)
         return 2
-    _bring_up(settings, workers=not args.no_workers)
+    _bring_up(settings, workers=False)  # Temporal, to ask; the workers once the run is found
     try:
-        run_input, result, wall_s = asyncio.run(_attach(settings, args.attach))
-    except ValueError as exc:  # no such run, or it has ended
+        run_input, result, wall_s, ended_at = asyncio.run(
+            _attach(settings, args.attach, workers=not args.no_workers)
+        )
+    except ValueError as exc:  # no such run
         print(f"tempered train: {exc}", file=sys.stderr)
         return 2
-    return _report(settings, run_input, result, wall_s)
+    except WorkflowFailureError as err:
+        print(f"tempered train: run {args.attach} {ended(err)}", file=sys.stderr)
+        return 1
+    return _report(settings, run_input, result, wall_s, ended_at)
+
+
+def ended(err: WorkflowFailureError) -> str:
+    """How a run that has no result ended, for `run RUN …`."""
+    cause = err.cause
+    if isinstance(cause, TerminatedError):
+        return f"was terminated ({cause.message}): no result, no report"
+    if isinstance(cause, CancelledError):
+        return "was cancelled: no result, no report"
+    if isinstance(cause, WorkflowTimeoutError):
+        return f"timed out ({cause.message}): no result, no report"
+    return f"failed: {describe(cause or err)}"
 
 
 def stop_cmd(args: argparse.Namespace, settings: Settings) -> int:
@@ -260,12 +225,17 @@ def stop_cmd(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _report(
-    settings: Settings, run_input: TrainingRunInput, result: TrainingRunResult, wall_s: float
+    settings: Settings,
+    run_input: TrainingRunInput,
+    result: TrainingRunResult,
+    wall_s: float,
+    ended_at: float | None,
 ) -> int:
     """The closing summary, the report and where to look, all with the run's own wall time (an
-    `--attach`'s summary once counted from when following began, its report from the start)."""
+    `--attach`'s summary once counted from when following began, its report from the start)
+    and, for a run that ended unfollowed, its own end (`ended_at`; None: now)."""
     Console().print(summary(result, wall_s))
-    out = write_report(settings, run_input, result, wall_s)
+    out = write_report(settings, run_input, result, wall_s, ended_at)
     print(f"report: {out / 'report.json'}  curve: {out / 'reward_curve.png'}")
     ui = stack.temporal_ui(settings)
     if ui is not None:  # an external Temporal's UI is not ours to know
@@ -338,14 +308,24 @@ async def _train(
 
 
 async def _attach(
-    settings: Settings, run_id: str
-) -> tuple[TrainingRunInput, TrainingRunResult, float]:
-    """Follow running run `run_id` to its end: its input, result and wall time so far."""
+    settings: Settings, run_id: str, workers: bool
+) -> tuple[TrainingRunInput, TrainingRunResult, float, float | None]:
+    """Run `run_id`'s input, result, wall time and end (None: now): followed to its end where
+    it runs (with the `workers` up), else from its closed workflow (close minus start)."""
     client = await connect(settings)
-    handle, run_input, since = await attach(client, run_id)
-    print(f"attached to {Workflow.TRAINING_RUN.value} {handle.id} (started {since:%H:%M:%S} UTC)")
-    result = await _follow(client, handle, run_input, settings, since.timestamp())
-    return run_input, result, time.time() - since.timestamp()
+    found = await attach(client, run_id)
+    since, closed = found.started, found.closed
+    if closed is not None:  # it ended while no one followed it: its report was never written
+        print(f"run {run_id} ended ({found.state}) at {closed:%H:%M:%S} UTC: nothing to follow")
+        result = await found.handle.result()  # WorkflowFailureError: none to report
+        return found.run_input, result, (closed - since).total_seconds(), closed.timestamp()
+    for line in await asyncio.to_thread(ensure_workers, settings) if workers else []:
+        print(line)
+    print(
+        f"attached to {Workflow.TRAINING_RUN.value} {found.handle.id} (started {since:%H:%M:%S} UTC)"
+    )
+    result = await _follow(client, found.handle, found.run_input, settings, since.timestamp())
+    return found.run_input, result, time.time() - since.timestamp(), None
 
 
 async def _follow(

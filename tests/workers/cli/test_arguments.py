@@ -16,7 +16,7 @@ from infra import keys
 from infra.policy_cache import forget_run
 from infra.settings import Settings
 from workers.cli import build_parser, run
-from workers.cli.train import absolute
+from workers.cli.train_inputs import absolute
 
 
 @pytest.mark.parametrize(
@@ -226,3 +226,19 @@ def test_a_run_of_groups_of_one_is_refused(
     assert run(argv, Settings(home=tmp_path / "home")) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"tempered train: {preset}: group_size = 1: ") and "2 or more" in err
+
+
+def test_a_negative_seed_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--seed -1` was accepted and drew the tasks in the order of `--seed 1` (random.Random
+    seeds with the absolute value): two runs said to differ trained alike."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["train", "--seed", "-1"])
+    assert exited.value.code == 2
+    assert "argument --seed: -1 is not 0 or more" in capsys.readouterr().err
+    assert build_parser().parse_args(["train", "--seed", "0"]).seed == 0
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        TrainingRunInput(run_id="r", seed=-1)  # a preset file's seed, or a client's input
+    preset = tmp_path / "s.toml"
+    preset.write_text("seed = -1\n")
+    assert run(["train", "--preset", str(preset), "--dry-run"], Settings(home=tmp_path)) == 2
+    assert "seed" in capsys.readouterr().err

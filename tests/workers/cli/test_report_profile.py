@@ -13,12 +13,15 @@ from infra.settings import Settings
 from workers.cli.report import write_profile
 
 
+@pytest.mark.parametrize("ago", [0, 3600], ids=["just ended", "ended an hour ago"])
 def test_the_profile_is_printed_drawn_and_returned(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], ago: int
 ) -> None:
+    """A run `--attach` reports after it ended unfollowed is profiled over its own window (the
+    window ended at the report's writing: an hour on, the profile held none of its spans)."""
     telemetry = tmp_path / "telemetry"
     telemetry.mkdir()
-    now = time.time()
+    now = time.time() - ago
     spans = [
         {"name": "model.generate", "start": now - 8, "duration_ms": 4000, "attrs": {}},
         {
@@ -31,7 +34,7 @@ def test_the_profile_is_printed_drawn_and_returned(
     (telemetry / "inference-1.jsonl").write_text(
         "".join(json.dumps({"kind": "span", **s}, separators=(",", ":")) + "\n" for s in spans)
     )
-    profile = write_profile(Settings(home=tmp_path), "r", 10.0, tmp_path)
+    profile = write_profile(Settings(home=tmp_path), "r", 10.0, tmp_path, ended=now)
     assert profile["segments"]["inference"] == pytest.approx(4, abs=0.1)
     assert profile["segments"]["learner"] == pytest.approx(2, abs=0.1)
     assert sum(profile["segments"].values()) == pytest.approx(profile["wall_s"], abs=0.05)

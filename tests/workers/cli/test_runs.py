@@ -113,6 +113,32 @@ def test_runs_ls(
     assert re.search(r"other\s*│\s*0\s*│\s*0\s*│\s*0\s*│\s*-", out), out
 
 
+def test_runs_ls_lists_no_removed_run_and_counts_no_pruned_version(
+    seaweed: SeaweedServer,
+    store: ObjectStore,
+    demo_run: list[Trajectory],
+    tmp_path: Path,
+    capsys: Capture,
+) -> None:
+    """SeaweedFS goes on listing a prefix whose objects are deleted: `runs ls` listed a run
+    `runs rm` had removed, and counted the policy versions `runs prune` had deleted."""
+    settings = without_temporal(settings_for(seaweed, store, tmp_path))
+    pruned = keys.policy_manifest_key(RUN, 2)
+    store.put_text(pruned, "{}")
+    store.delete(pruned)
+    store.put_text("runs/gone/run.json", "{}")
+    assert cli(["runs", "rm", "gone", "--force"], settings) == 0
+    store.put_text("runs/half/run.json", "{}")  # an `rm` that stopped before the run's prefix
+    store.put_text(keys.removed_run_key("half"), "{}")
+    assert "runs/gone/" in list(store.list_prefixes(keys.RUNS_PREFIX))  # still listed
+    capsys.readouterr()
+    assert cli(["runs", "ls"], settings) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"demo\s*│\s*2\s*│\s*4\s*│\s*2\s*│\s*v1\s*│\s*-", out), out
+    assert "gone" not in out, out
+    assert re.search(r"half \(removed in part\)\s*│", out), out
+
+
 def test_runs_show(
     seaweed: SeaweedServer,
     store: ObjectStore,

@@ -11,9 +11,18 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 
 from contracts.learner import PolicyManifest, PolicyVersion
-from contracts.names import Queue, Workflow, eval_run_id
+from contracts.names import (
+    Queue,
+    SearchAttr,
+    Workflow,
+    eval_run_id,
+    learner_workflow_id,
+    run_workflow_id,
+    task_workflow_id,
+)
 from infra import keys
 from infra.policy import latest_policy, policy_manifest
 from infra.settings import Settings, TemporalSettings
@@ -21,6 +30,7 @@ from infra.storage import ObjectStore
 from tests.fixtures.s3 import SeaweedServer
 from tests.fixtures.temporal import TemporalServer
 from workers.cli import run
+from workflows.search import KEYS
 
 RUN = "busy"
 EVAL = eval_run_id(RUN, 2, "starter")  # `tempered eval --run busy --policy 2 --suite starter`
@@ -112,3 +122,58 @@ def test_prune_keep_0_is_refused_for_the_latest_version(
     assert err.count("\n") == 1
     latest = latest_policy(store, RUN)
     assert latest is not None and latest.version == 3 and left(store) == [0, 1, 2, 3]
+
+
+def test_rm_refuses_an_evaluation_or_a_learner_that_still_runs(
+    store: ObjectStore, settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`runs rm` of an evaluation's own run id deleted the prefix its task workflows
+    (`<evaluation>-<task>`) were writing: only `train-<id>` and evaluations *of* the id were
+    asked for. Nor was a learner that outlives its terminated run (`train-<run>-learner`). A
+    workflow of another run whose id only begins alike is no matter."""
+    cli_eval = eval_run_id(RUN, 2, "starter", "1a2b3c4d-9f8e7d")  # `tempered eval`'s
+    run_eval = eval_run_id(RUN, 3)  # the training run's evaluation of v3
+    other_eval = eval_run_id(RUN, 3, "starter", "0f0f0f0f-aaaaaa")  # begins as run_eval does
+    workflows = {  # id → TemperedRunId (`tempered eval` starts its tasks without it)
+        f"{cli_eval}-starter-add-1": None,
+        f"{run_eval}-starter-add-2": run_eval,
+        f"{other_eval}-starter-add-2": other_eval,
+        learner_workflow_id(run_workflow_id("lone")): None,
+        task_workflow_id("lone2", "starter-add-1"): "lone2",  # begins as `lone-` would not
+    }
+    for run_id in (cli_eval, run_eval, other_eval, "lone", "lone2"):
+        store.put_text(f"runs/{run_id}/run.json", "{}")
+
+    async def start() -> Client:
+        client = await Client.connect(settings.temporal.address, namespace=namespace)
+        for workflow_id, owner in workflows.items():
+            attrs = [SearchAttributePair(KEYS[SearchAttr.RUN_ID], owner)] if owner else []
+            await client.start_workflow(
+                Workflow.AGENT_TASK.value,
+                id=workflow_id,
+                task_queue=Queue.AGENT_TASKS.value,
+                search_attributes=TypedSearchAttributes(attrs),
+            )
+        await visible(client, 'ExecutionStatus = "Running"', len(workflows))
+        return client
+
+    namespace = settings.temporal.namespace
+    client = asyncio.run(start())
+    for run_id, why in (
+        (cli_eval, f"its task: workflow {cli_eval}-starter-add-1"),
+        (run_eval, f"its task: workflow {run_eval}-starter-add-2"),
+        ("lone", "its learner: workflow train-lone-learner"),
+    ):
+        assert run(["runs", "rm", run_id], settings) == 2, run_id
+        err = capsys.readouterr().err
+        assert f"still running: {run_id} ({why})" in err, err
+        assert store.exists(f"runs/{run_id}/run.json")
+
+    async def finish() -> None:
+        for workflow_id in workflows:
+            await client.get_workflow_handle(workflow_id).terminate(reason="done")
+        await visible(client, 'ExecutionStatus = "Running"', 0)
+
+    asyncio.run(finish())
+    assert run(["runs", "rm", cli_eval, run_eval, "lone"], settings) == 0
+    assert not any(store.exists(f"runs/{r}/run.json") for r in (cli_eval, run_eval, "lone"))

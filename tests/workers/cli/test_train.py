@@ -1,5 +1,6 @@
 """`tempered train --dry-run` prints the plan and starts nothing, as bad options do; `tempered
---help` stays light; `--attach` reports the run's own wall time."""
+--help` stays light; `--attach` takes no run option (a 0 included), starts no worker before the
+run is found, and reports the run's own wall time (`test_train_attach.py`: a run that ended)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,7 @@ from infra.presets import preset_names
 from infra.settings import Settings
 from infra.tasks import load_suite, quarantine_path
 from workers.cli import run
+from workers.training import FoundRun
 
 
 def test_dry_run_prints_the_plan_and_starts_nothing(
@@ -103,14 +106,61 @@ def test_help_parses_without_importing_torch() -> None:
     assert out.stdout.strip() == "[]", out.stderr
 
 
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--steps", "3", "--preset", "tiny"], "--steps, --preset"),
+        # zeros were taken for options not given (tested by truth), and silently ignored
+        (["--seed", "0"], "--seed"),
+        (["--keep-versions", "0"], "--keep-versions"),
+        (["--time-budget", "0"], "--time-budget"),
+        (["--steps", "0", "--dry-run"], "--steps, --dry-run"),
+    ],
+)
 def test_attach_takes_no_run_options_and_starts_nothing(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    options: list[str],
+    named: str,
 ) -> None:
+    from workers.cli import train
+
+    started: list[str] = []  # a stack brought up here would outlive the test
+    monkeypatch.setattr(train.stack, "up", lambda _settings: started.append("stack") or [])
+    monkeypatch.setattr(train, "ensure_workers", lambda _settings: started.append("workers") or [])
     settings = Settings(home=tmp_path / "home")
-    assert run(["train", "--attach", "r1", "--steps", "3", "--preset", "tiny"], settings) == 2
+    assert run(["train", "--attach", "r1", *options], settings) == 2
     error = capsys.readouterr().err
-    assert error == "tempered train: --attach takes no run options (got --steps, --preset)\n"
-    assert not settings.home.exists()
+    assert error == f"tempered train: --attach takes no run options (got {named})\n"
+    assert not settings.home.exists() and started == []
+
+
+def test_attach_to_no_run_starts_no_worker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stack and all five workers were brought up (workers running with other settings
+    restarted) before the run was looked up: `--attach typo` exited 2 having started them."""
+    from workers.cli import train
+
+    done: list[str] = []
+
+    async def connect(_settings: Settings) -> object:
+        done.append("connect")
+        return object()
+
+    async def attach(_client: object, run: str) -> None:
+        raise ValueError(f"no training run {run!r} (workflow train-{run})")
+
+    monkeypatch.setattr(train.stack, "up", lambda _settings: done.append("stack") or [])
+    monkeypatch.setattr(train, "ensure_workers", lambda _settings: done.append("workers") or [])
+    monkeypatch.setattr(train, "connect", connect)
+    monkeypatch.setattr(train, "attach", attach)
+    assert run(["train", "--attach", "typo"], Settings(home=tmp_path)) == 2
+    assert (
+        capsys.readouterr().err == "tempered train: no training run 'typo' (workflow train-typo)\n"
+    )
+    assert done == ["stack", "connect"]
 
 
 def test_a_bad_suite_is_one_line_and_starts_nothing(
@@ -238,8 +288,13 @@ def test_attach_prints_the_runs_own_wall_time_as_the_report_has_it(
         async def result(self) -> TrainingRunResult:
             return outcome
 
-    async def attach(_client: object, _run: str) -> tuple[Handle, TrainingRunInput, datetime]:
-        return Handle(), run_input, datetime.now(UTC) - timedelta(seconds=500)
+    done: list[str] = []
+
+    async def attach(_client: object, _run: str) -> FoundRun:
+        done.append("attach")
+        started = datetime.now(UTC) - timedelta(seconds=500)
+        handle: Any = Handle()  # what following uses of a RunHandle
+        return FoundRun(handle, run_input, started, closed=None, state="running")
 
     async def connect(_settings: Settings) -> object:
         return object()
@@ -251,16 +306,21 @@ def test_attach_prints_the_runs_own_wall_time_as_the_report_has_it(
 
     reported: list[float] = []
 
-    def write_report(_s: Settings, _i: TrainingRunInput, _r: object, wall_s: float) -> Path:
+    def write_report(
+        _s: Settings, _i: TrainingRunInput, _r: object, wall_s: float, ended: float | None
+    ) -> Path:
+        assert ended is None  # followed to its end: it ended now
         reported.append(wall_s)
         return tmp_path
 
-    monkeypatch.setattr(train, "_bring_up", lambda *_, **__: None)
+    monkeypatch.setattr(train.stack, "up", lambda _settings: [])
+    monkeypatch.setattr(train, "ensure_workers", lambda _settings: done.append("workers") or [])
     monkeypatch.setattr(train, "connect", connect)
     monkeypatch.setattr(train, "attach", attach)
     monkeypatch.setattr(train, "write_report", write_report)
     monkeypatch.setattr(progress, "watch", watch)
-    assert run(["train", "--attach", "r1", "--no-workers"], Settings(home=tmp_path)) == 0
+    assert run(["train", "--attach", "r1"], Settings(home=tmp_path)) == 0
+    assert done == ["attach", "workers"]  # a running run is followed with its workers up
     [wall_s] = reported
     assert wall_s == pytest.approx(500, abs=5)
     out = capsys.readouterr().out

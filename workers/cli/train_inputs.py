@@ -1,0 +1,101 @@
+"""What `tempered train` checks of a new run before anything starts (`workers/cli/train.py`):
+its home, base model and suite, and that its run id is new.
+
+    check_inputs(settings, run_input, workers_here=True)   # ValueError: home, model, suite
+    check_run_id(store, "exp1")                            # RunIdTaken: stored or removed
+    why = check_run_id_if_up(settings, "exp1")             # `--dry-run`: None once checked
+
+A run id is taken when objects are stored under `runs/<id>/` (a finished or failed run, or one
+in progress, which `--attach` follows) or `tempered runs rm` removed it (`removed/<id>.json`;
+`infra.run_ids` says both). Whether its workflow runs is Temporal's to say, when the run starts.
+Paths the workers read are made absolute here (`absolute`): they run in the stack's home.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from contracts.run import TrainingRunInput
+from infra import keys, stack
+from infra.policy import SMOLLM2, TINY, check_base_model
+from infra.run_ids import removal_record, run_stored
+from infra.settings import Settings
+from infra.storage import ObjectStore, StorageError
+from infra.tasks import absolute_suite, load_quarantine, load_suite
+
+
+class RunIdTaken(ValueError):
+    """A new run's `--run-id` that names a run already, and why."""
+
+    def __init__(self, run: str, why: str):
+        super().__init__(f"run id {run!r} is taken ({why}); choose another --run-id")
+
+
+def absolute(spec: str | None) -> str | None:
+    """A model directory, suite file or `harbor:DIR` named relative to here, made absolute: the
+    workers that read it run in the stack's home (a relative path failed there, after the dry
+    run had passed). Presets, built-in suites, s3:// prefixes and what is not here stay as
+    they are."""
+    if spec is None or spec in (TINY, SMOLLM2):
+        return spec
+    made = absolute_suite(spec)  # a model directory is spelled as a suite file is
+    return made if Path(made.removeprefix("harbor:")).exists() else spec
+
+
+def check_inputs(settings: Settings, run_input: TrainingRunInput, workers_here: bool) -> None:
+    """ValueError for a home, base model or suite the run could not use, before anything starts.
+    The workers read the model and suite: with `--no-workers` they may run elsewhere, so a path
+    that is not here is theirs to read (as `absolute` leaves it), and only what this machine
+    can see is checked; names (presets, built-in suites) always are."""
+    stack.check_home(settings)
+
+    def theirs(spec: str) -> bool:  # a path (not a name) this machine does not have
+        path = spec.removeprefix("harbor:")
+        return ("/" in path or path.endswith(".jsonl")) and not Path(path).expanduser().exists()
+
+    if workers_here or not theirs(run_input.base_model):
+        check_base_model(run_input.base_model)
+    if workers_here or not theirs(run_input.suite):
+        check_suite(settings, run_input.suite)
+
+
+def check_run_id(store: ObjectStore, run: str) -> None:
+    """RunIdTaken if the store knows run `run`: `tempered runs rm` removed it (prepare_run
+    refuses the id: workers may still cache its policies under it), or objects of it are stored
+    (a rerun of the same command passed prepare_run's create-only write of an identical
+    run.json, then met the old run's trajectories and acks). Both were found only after the
+    stack, five workers and the workflow had started; a run in progress is `--attach`ed to."""
+    removed = removal_record(store, run)
+    if removed is not None:
+        where = f"s3://{store.bucket}/{removed.key}"
+        raise RunIdTaken(run, f"`tempered runs rm` removed a run with it: {where}")
+    if run_stored(store, run):
+        prefix = keys.run_prefix(run)
+        follow = f"`tempered train --attach {run}` follows it while it runs"
+        raise RunIdTaken(
+            run, f"a run with it is stored under s3://{store.bucket}/{prefix}; {follow}"
+        )
+
+
+def check_run_id_if_up(settings: Settings, run: str) -> str | None:
+    """`check_run_id` for `--dry-run`, which starts no stack: where S3 answers at the first try;
+    else why not (None: checked)."""
+    try:
+        store = ObjectStore(settings.s3.model_copy(update={"max_attempts": 1}))
+        store.check()
+        check_run_id(store, run)
+    except StorageError as exc:
+        return str(exc)
+    return None
+
+
+def check_suite(settings: Settings, suite: str) -> None:
+    """ValueError unless `suite` loads and leaves training tasks once quarantined ones are
+    skipped, as the run's first activity needs (activities/tasks.py): a missing or malformed
+    suite passed `--dry-run`, and a real run failed only after the stack and five workers had
+    started and the workflow had begun."""
+    skipped = load_quarantine(settings, suite)
+    train = [task for task in load_suite(suite, split="train") if task.id not in skipped]
+    if not train:
+        left = f" left ({len(skipped)} quarantined by `tempered tasks validate`)" if skipped else ""
+        raise ValueError(f"suite {suite!r} has no training tasks{left}")
