@@ -17,7 +17,8 @@ no network and its own pid/ipc/uts namespaces. For each run it forks a child wit
   the program sends itself as if from the kernel (the two would let pid 1 of its namespace die
   of a SIGKILL it caused, which the judge takes for a kill from outside: a platform fault);
   once the run's resource limits are set, a second one that refuses changing them
-  (`lock_rlimits`); the kernel's keyrings, kept per uid across runs, are refused too.
+  (`lock_rlimits`); the kernel's keyrings, kept per uid across runs, are refused too. A
+  workspace command's bwrap loads the same filter, ptrace let through (`seccomp_filter`).
 
 Every step is checked and a failure raises OSError: the caller exits and the run is reported
 as a platform fault, never started half-confined. Kill pid 1 (the candidate) and the kernel
@@ -146,7 +147,14 @@ class _SockFprog(ctypes.Structure):
     _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
 
 
-def _seccomp_program() -> list[tuple[int, int, int, int]]:
+def seccomp_filter(allow_ptrace: bool = False) -> bytes:
+    """The seccomp filter (`_seccomp_program`) as the kernel reads it, for a sandbox that loads
+    it elsewhere: bwrap's --seccomp reads these bytes from a file descriptor (a workspace
+    command's, `workspace.py`, with `allow_ptrace`). OSError on an architecture without one."""
+    return _pack(_seccomp_program(allow_ptrace))
+
+
+def _seccomp_program(allow_ptrace: bool = False) -> list[tuple[int, int, int, int]]:
     """EPERM for clone/unshare with CLONE_NEWUSER, ENOSYS for clone3 (whose flags live in
     memory a filter cannot read), kill on another architecture or the x32 ABI.
 
@@ -155,7 +163,8 @@ def _seccomp_program() -> list[tuple[int, int, int, int]]:
     takes such an end as the platform's): ptrace (a child attached to it could resume it with
     SIGKILL) and a SIGKILL it sends itself with a siginfo that says "from the kernel" (si_code
     SI_KERNEL, which the kernel forces through): rt_sigqueueinfo, rt_tgsigqueueinfo, and
-    pidfd_send_signal with a siginfo (without one, it is a plain kill).
+    pidfd_send_signal with a siginfo (without one, it is a plain kill). `allow_ptrace` lets
+    ptrace pass, where pid 1 is not the program (a workspace command's sandbox).
 
     And EPERM for the kernel's keyrings (add_key, request_key, keyctl, as Docker's default
     profile refuses them): they are kept per uid, not per namespace, so a key a run added would
@@ -178,7 +187,7 @@ def _seccomp_program() -> list[tuple[int, int, int, int]]:
             (ret, 0, 0, kill),
             (jeq, 0, 1, clone3),
             (ret, 0, 0, SECCOMP_RET_ERRNO | 38),  # ENOSYS
-            (jeq, "eperm", 0, ptrace),
+            *([] if allow_ptrace else [(jeq, "eperm", 0, ptrace)]),
             (jeq, "eperm", 0, add_key),
             (jeq, "eperm", 0, request_key),
             (jeq, "eperm", 0, keyctl),
@@ -250,11 +259,16 @@ def _rlimits_locked_program() -> list[tuple[int, int, int, int]]:
     ]
 
 
+def _pack(program: list[tuple[int, int, int, int]]) -> bytes:
+    """A filter program's instructions as the kernel reads them (struct sock_filter)."""
+    return b"".join(struct.pack("=HBBI", *insn) for insn in program)
+
+
 def _fprog(
     program: list[tuple[int, int, int, int]],
 ) -> tuple[ctypes.Array[ctypes.c_char], _SockFprog]:
     """A filter program as the kernel reads it (keep the buffer alive as long as the struct)."""
-    packed = b"".join(struct.pack("=HBBI", *insn) for insn in program)
+    packed = _pack(program)
     buffer = ctypes.create_string_buffer(packed, len(packed))
     return buffer, _SockFprog(len(program), ctypes.addressof(buffer))
 

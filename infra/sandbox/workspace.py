@@ -12,12 +12,18 @@ own uid (no host account owns it; RLIMIT_NPROC counts only its processes), in it
 (memory, pids; `cgroups.py`), in a bwrap sandbox with every namespace unshared (no network at
 all), every capability dropped, no nested user namespaces, the host's /usr, /bin and /lib* read
 only (`local.root_binds`), a private size-limited /tmp, and `--die-with-parent`: when the
-worker dies, the sandbox dies with it. The workspace is bound read-write at `workdir` (and
-extra trees read-only or read-write where a verifier wants them: Harbor's /tests,
-/logs/verifier, /solution), so what the command changes there is what the next step sees.
-Limits: wall time (the whole sandbox is killed at the deadline), CPU time, file size and
-processes (rlimits set by the launching shell), memory (the cgroup), output (captured up to
-`limits.output_bytes` per stream, the rest drained).
+worker dies, the sandbox dies with it. bwrap loads the candidate's seccomp filter
+(`confine.seccomp_filter`, from a memfd): no kernel keyrings (kept per uid, and a slot's uid
+serves one session after another: a key would pass from one episode to the next), no user
+namespaces, clone3 ENOSYS (the C library falls back to clone), no other architecture (a 32-bit
+binary is killed). ptrace passes: the candidate refuses it only because its program is pid 1,
+and a shell's debuggers need it (gdb, strace, LeakSanitizer). The workspace is bound
+read-write at `workdir` (and extra trees read-only or read-write where a verifier wants them:
+Harbor's /tests, /logs/verifier, /solution), so what the command changes there is what the
+next step sees. Limits: wall time (the whole sandbox is killed at the deadline), CPU time, file
+size and processes (rlimits set by the launching /bin/sh, dash or bash: `PROCESSES_FLAG`),
+memory (the cgroup), output (captured up to `limits.output_bytes` per stream, the rest
+drained).
 
 bwrap reports on a status fd once the sandbox is up and again with the command's exit code,
 so a sandbox that never came up is a platform fault (`SandboxNotUp`, a `SandboxInfraError`),
@@ -53,6 +59,7 @@ from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.cgroups import MB, Cgroups
+from infra.sandbox.confine import seccomp_filter
 from infra.sandbox.launcher import candidate_rlimits
 from infra.sandbox.local import root_binds
 from infra.sandbox.process import KILL_GRACE_S, Capture
@@ -73,11 +80,14 @@ ULIMIT_FLAGS = {
     "RLIMIT_CPU": ("t", 1),
     "RLIMIT_FSIZE": ("f", 512),
     "RLIMIT_CORE": ("c", 512),
-    "RLIMIT_NPROC": ("p", 1),
+    "RLIMIT_NPROC": ("$processes", 1),
     "RLIMIT_AS": ("v", 1024),
 }
 """Each rlimit's `ulimit` flag and the bytes in one of its units (1 for seconds and processes),
-as dash, the launching /bin/sh of Debian and Ubuntu, reads them."""
+as every shell started as sh reads them (bash's POSIX mode too: -c and -f in 512 bytes)."""
+PROCESSES_FLAG = "{ ulimit -u > /dev/null 2>&1 && processes=u || processes=p; }"
+"""Sets $processes to the shell's flag for RLIMIT_NPROC: -u in bash, busybox, ksh and zsh; -p in
+dash, which has no -u (bash's -p is the pipe size, which no one can set)."""
 WRAPPER_PROCESSES = 2
 """bwrap's outer process and pid 1 count against the command's process limits."""
 INNER_UID = 1000
@@ -122,7 +132,7 @@ def ulimit_prelude(rlimits: dict[str, tuple[int, int]]) -> list[str]:
     """`rlimits` as the launching shell's `ulimit` commands. A `ulimit` without -S or -H sets
     both values, so a limit whose two differ (CPU: SIGXCPU, then SIGKILL) takes two commands,
     the soft one first: the kernel refuses a hard limit below the soft one."""
-    commands = []
+    commands = [PROCESSES_FLAG] if "RLIMIT_NPROC" in rlimits else []
     for name, (soft, hard) in rlimits.items():
         flag, unit = ULIMIT_FLAGS[name]
         if soft == hard:
@@ -188,16 +198,21 @@ class CommandRunner:
         self.setpriv = shutil.which("setpriv")
         self.root = os.geteuid() == 0
         self.use_cgroups = Cgroups.available()
+        try:
+            self.seccomp, self.no_seccomp = seccomp_filter(allow_ptrace=True), ""
+        except OSError as exc:  # an architecture without one
+            self.seccomp, self.no_seccomp = b"", str(exc)
 
     @property
     def missing(self) -> str:
-        """Why no command can run on this host (a binary not on PATH), or "" when none is
-        missing: the same every time, so a configuration fault, not a transient one."""
+        """Why no command can run on this host (a binary not on PATH, no seccomp filter for its
+        architecture), or "" when none is missing: the same every time, so a configuration
+        fault, not a transient one."""
         if not self.bwrap:
             return "bwrap is missing (install bubblewrap on the sandbox worker's host)"
         if self.root and not self.setpriv:
             return "running as root needs setpriv to drop to a sandbox uid (util-linux)"
-        return ""
+        return self.no_seccomp
 
     def probe(self, directory: Path | None = None, slot: int = SLOTS - 1, **options: Any) -> str:
         """Why no command can run on this host ("" when one can, or no verdict): a start-up
@@ -209,11 +224,14 @@ class CommandRunner:
 
     def argv(
         self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits,
-        cgroups: Cgroups | None, status_fd: int,
+        cgroups: Cgroups | None, status_fd: int, seccomp_fd: int | None = None,
     ) -> list[str]:  # fmt: skip
-        """[shell: join cgroups, set rlimits] → setpriv to `uid` → bwrap → /bin/sh -c command."""
+        """[shell: join cgroups, set rlimits] → setpriv to `uid` → bwrap → /bin/sh -c command.
+        `seccomp_fd` holds `self.seccomp` for bwrap to read (none only where `missing` says why)."""
         if (missing := self.missing) or not self.bwrap:
             raise SandboxInfraError(missing)
+        if seccomp_fd is None:
+            raise ValueError("a workspace sandbox needs its seccomp filter's file descriptor")
         binds = ["--bind", str(mounts.workspace), check_mount_point(mounts.workdir)]
         for host, inside, writable in mounts.extra:
             binds += ["--bind" if writable else "--ro-bind", str(host), check_mount_point(inside)]
@@ -227,7 +245,7 @@ class CommandRunner:
             "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox", *root_binds(),
             "--proc", "/proc", "--dev", "/dev", "--size", str(limits.tmpfs_mb * MB),
             "--tmpfs", "/tmp", *binds, "--chdir", mounts.workdir, "--remount-ro", "/",
-            "--json-status-fd", str(status_fd), "--clearenv", *env,
+            "--json-status-fd", str(status_fd), "--seccomp", str(seccomp_fd), "--clearenv", *env,
             "/bin/sh", "-c", PID_1, "sandbox", command,
         ]  # fmt: skip
         if self.root and self.setpriv:
@@ -257,14 +275,18 @@ class CommandRunner:
         cgroups: Cgroups | None,
     ) -> CommandResult:  # fmt: skip
         status_r, status_w = os.pipe()
+        seccomp = -1
         try:
-            argv = self.argv(command, mounts, uid, limits, cgroups, status_w)
+            seccomp = os.memfd_create("seccomp")  # bwrap reads it from its offset to its end
+            os.write(seccomp, self.seccomp)
+            os.lseek(seccomp, 0, os.SEEK_SET)
+            argv = self.argv(command, mounts, uid, limits, cgroups, status_w, seccomp)
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                pass_fds=(status_w,),
+                pass_fds=(status_w, seccomp),
                 start_new_session=True,
                 env=LAUNCH_ENV,
             )
@@ -278,6 +300,8 @@ class CommandRunner:
             ) from exc
         finally:
             os.close(status_w)
+            if seccomp >= 0:
+                os.close(seccomp)
         status = asyncio.StreamReader()
         transport, _ = await asyncio.get_running_loop().connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(status), os.fdopen(status_r, "rb", 0)

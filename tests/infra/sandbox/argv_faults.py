@@ -58,4 +58,8 @@ def fail_with(script: str) -> Change:
 def nproc_one(runner: CommandRunner, line: list[str], args: tuple[Any, ...]) -> list[str]:
     """RLIMIT_NPROC at 1 for the sandbox uid: bwrap cannot clone its namespaces (EAGAIN), as
     when a pids limit or the kernel's tables are used up for a moment."""
-    return [*line[:2], re.sub(r"ulimit -p \d+", "ulimit -p 1", line[2]), *line[3:]]
+    return [
+        *line[:2],
+        re.sub(r"ulimit -\$processes \d+", "ulimit -$processes 1", line[2]),
+        *line[3:],
+    ]
