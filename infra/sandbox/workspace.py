@@ -290,14 +290,15 @@ class CommandRunner:
                 start_new_session=True,
                 env=LAUNCH_ENV,
             )
-        except OSError as exc:
+        except BaseException as exc:  # nothing started: nothing will write to `status_r`
             os.close(status_r)
-            raise SandboxNotUp(f"cannot start the workspace sandbox: {exc}") from exc
-        except ValueError as exc:  # a NUL byte: the caller's input, the same on every try
-            os.close(status_r)
-            raise ValueError(
-                f"cannot start the workspace sandbox: {exc} in its command, paths or variables"
-            ) from exc
+            if isinstance(exc, OSError):
+                raise SandboxNotUp(f"cannot start the workspace sandbox: {exc}") from exc
+            if isinstance(exc, ValueError):  # a NUL byte: the caller's input, on every try
+                raise ValueError(
+                    f"cannot start the workspace sandbox: {exc} in its command, paths or variables"
+                ) from exc
+            raise  # e.g. `argv`'s SandboxInfraError: no bwrap here
         finally:
             os.close(status_w)
             if seccomp >= 0:

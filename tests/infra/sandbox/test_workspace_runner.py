@@ -140,6 +140,23 @@ def test_a_mount_the_host_cannot_make_is_a_platform_fault(workspace: Path) -> No
         run(workspace, "true", extra=((Path("/nonexistent/tempered"), "/data", False),))
 
 
+def test_a_sandbox_that_cannot_be_launched_leaves_no_descriptor_open(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`argv` refusing (no bwrap on this host) left the status pipe's read end open, one
+    descriptor a command for as long as the worker lived."""
+
+    def no_bwrap(*_: object) -> list[str]:
+        raise SandboxInfraError("bwrap is not installed")
+
+    monkeypatch.setattr(CommandRunner, "argv", no_bwrap)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(SandboxInfraError, match="not installed"):
+            run(workspace, "true")
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_session_uids_never_overlap_between_workers_or_slots() -> None:
     """A dead worker's uids are swept by range: no uid of a live worker may lie in it."""
     pids = (99, 100, 101)
