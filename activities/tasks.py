@@ -4,8 +4,9 @@ Task files are read here, not in the workflow, so the workflow stays determinist
 `workspace` suite (`basics`, `workspace`, or `harbor:DIR`) each task's initial workspace and
 hidden tests are uploaded to the object store, task by task (`infra.tasks.workspace_specs`, as
 `tempered eval` does), so the refs in `TaskSpec.workspace` name stored trees. Harbor task
-directories that cannot be loaded are skipped, logged and returned (`unloadable`: by name, one
-line each, naming the task and file). An unknown suite, an unreadable suite file, directory or
+directories that cannot be loaded are skipped and logged, one line each naming the task and
+file (not returned: a new response field would not decode in a run pinned to an older build;
+`tempered tasks validate` lists them). An unknown suite, an unreadable suite file, directory or
 quarantine list fails the activity without retry, naming it. The load runs in a thread and
 heartbeats meanwhile (`heartbeating`): reading and uploading a large Harbor suite can take
 longer than the heartbeat timeout.
@@ -59,11 +60,11 @@ class TaskActivities:
                 else set()
             )
             if is_workspace_suite(request.suite):  # the trees of those not skipped, stored
-                tasks, unloadable = workspace_specs(
+                tasks, _ = workspace_specs(
                     request.suite, self.store.put_bytes, keep=lambda spec: spec.id not in skipped
                 )
             else:
-                tasks, unloadable = load_suite(request.suite), {}
+                tasks = load_suite(request.suite)
         except (ValueError, FileNotFoundError) as err:
             raise invalid("suite", str(err)) from None
         kept = [t for t in tasks if t.id not in skipped]
@@ -71,7 +72,6 @@ class TaskActivities:
             train=[t for t in kept if t.split == "train"],
             heldout=[t for t in kept if t.split == "heldout"],
             quarantined=sorted(skipped & {t.id for t in tasks}),
-            unloadable=unloadable,
         )
         size = len(response.model_dump_json())
         if size > MAX_SUITE_BYTES:

@@ -75,11 +75,6 @@ class LoadTasksResponse(Contract):
     train: list[TaskSpec]
     heldout: list[TaskSpec]
     quarantined: list[str] = []
-    unloadable: dict[str, str] = Field(
-        default={},
-        description="Harbor task directories that did not load, by name: why (one line, "
-        "naming the file).",
-    )
 
 
 def spread(tasks: Sequence[TaskSpec], limit: int) -> list[TaskSpec]:
@@ -203,7 +198,8 @@ class TrainingRunInput(Contract):
     heartbeat_timeout_s: float = Field(default=30.0, ge=1.0, le=3600)
     seed: int = Field(
         default=0,
-        ge=0,  # random.Random seeds with abs(): -1 drew the tasks in the order of 1
+        # No lower bound here: runs recorded with a negative seed must still decode. The CLI
+        # refuses one (random.Random seeds with abs(): -1 drew the tasks in the order of 1).
         description="Seeds the order in which training tasks are drawn.",
     )
     budget: HistoryBudget = HistoryBudget()

@@ -172,11 +172,11 @@ class LearnerEngine:
         import deepspeed  # after the group: prepare_deepspeed set what its first import reads
 
         self.rank, self.world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        self._release()  # before the new model takes the device: never two models there at once
         model.to(self.device)
         if self._lora is None:
             train_only_last_layers(model, config.train_last_layers)
         trainable = [p for p in model.parameters() if p.requires_grad]
-        self._release()
         optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=0.0)
         ds_config = {
             "train_micro_batch_size_per_gpu": config.micro_batch_size,

@@ -173,10 +173,7 @@ class ObjectStore:
         with None only if there is none (`If-None-Match`); False if another writer came first."""
         condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
         try:
-            with self._errors("put", key):
-                self._client.put_object(
-                    Bucket=self.bucket, Key=key, Body=data, ContentType=JSON, **condition
-                )
+            self._put(ref_of(key, data), data, JSON, **condition)
         except (ObjectExists, ObjectNotFound):  # 412, or the object went away since the read
             return False
         return True
