@@ -17,8 +17,9 @@ no network and its own pid/ipc/uts namespaces. For each run it forks a child wit
   the program sends itself as if from the kernel (the two would let pid 1 of its namespace die
   of a SIGKILL it caused, which the judge takes for a kill from outside: a platform fault);
   once the run's resource limits are set, a second one that refuses changing them
-  (`lock_rlimits`); the kernel's keyrings, kept per uid across runs, are refused too. A
-  workspace command's bwrap loads the same filter, ptrace let through (`seccomp_filter`).
+  (`lock_rlimits`); the kernel's keyrings, kept per uid across runs, and io_uring are refused
+  too, and the child leaves the worker's session keyring first. A workspace command's bwrap
+  loads the same filter, ptrace let through (`seccomp_filter`).
 
 Every step is checked and a failure raises OSError: the caller exits and the run is reported
 as a platform fault, never started half-confined. Kill pid 1 (the candidate) and the kernel
@@ -61,6 +62,8 @@ KEYRING_CALLS = {
     "x86_64": (248, 249, 250),
     "aarch64": (217, 218, 219),
 }  # add_key, request_key, keyctl
+IO_URING_CALLS = (425, 426, 427)  # io_uring_setup, _enter, _register: one number on both
+KEYCTL_JOIN_SESSION_KEYRING = 1
 EXPECTED_STATUS = {
     "CapInh": 0,
     "CapPrm": 0,
@@ -168,7 +171,9 @@ def _seccomp_program(allow_ptrace: bool = False) -> list[tuple[int, int, int, in
 
     And EPERM for the kernel's keyrings (add_key, request_key, keyctl, as Docker's default
     profile refuses them): they are kept per uid, not per namespace, so a key a run added would
-    outlive it, for the next run under the same uid to read."""
+    outlive it, for the next run under the same uid to read. And for io_uring (setup, enter,
+    register), as Docker's profile refuses it: no rule here is reachable through it, but it is
+    the widest kernel surface a program could otherwise use."""
     machine = os.uname().machine
     if machine not in ARCHES:
         raise OSError(f"confine: no seccomp filter for {machine}")
@@ -191,6 +196,7 @@ def _seccomp_program(allow_ptrace: bool = False) -> list[tuple[int, int, int, in
             (jeq, "eperm", 0, add_key),
             (jeq, "eperm", 0, request_key),
             (jeq, "eperm", 0, keyctl),
+            *[(jeq, "eperm", 0, call) for call in IO_URING_CALLS],
             (jeq, "flags", 0, unshare),
             (jeq, "flags", 0, clone),
             (jeq, "second", 0, sigqueueinfo),
@@ -317,6 +323,7 @@ class Confinement:
         """Become `uid` for good: every capability dropped (the bounding set too, which needs
         CAP_SETPCAP), no supplementary groups, no_new_privs, the seccomp filter; then verify.
         The Kubernetes pod's launcher calls this alone (its pod has no namespaces to make)."""
+        _leave_session_keyring()
         for cap in range(self._last_cap + 1):
             prctl(PR_CAPBSET_DROP, cap)
         os.setgroups([])
@@ -328,6 +335,17 @@ class Confinement:
         mode = ctypes.c_ulong(SECCOMP_MODE_FILTER)
         _check(_libc.prctl(PR_SET_SECCOMP, mode, ctypes.byref(self._fprog), 0, 0), "seccomp")
         _verify(uid)
+
+
+def _leave_session_keyring() -> None:
+    """Join a new, empty session keyring: a process keeps its parent's across a uid change, and
+    possessing the worker's (under systemd, a container runtime) shows its keys' names and sizes
+    in /proc/keys. An outer filter that refuses keyctl (a container's) leaves nothing to leave."""
+    keyctl = KEYRING_CALLS[os.uname().machine][2]
+    if _libc.syscall(keyctl, KEYCTL_JOIN_SESSION_KEYRING, None) < 0:
+        err = ctypes.get_errno()
+        if err not in (1, 13, 38):  # EPERM, EACCES, ENOSYS: keyrings are out of reach here
+            raise OSError(err, f"confine: join a session keyring: {os.strerror(err)}")
 
 
 def _verify(uid: int) -> None:
