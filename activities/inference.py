@@ -8,8 +8,9 @@ observation's tokens (`item.observation`), never a re-tokenisation of the histor
 prompt plus `max_new_tokens` exceeds `max_context_tokens` is not sampled: it is reported in
 `over_budget` and the workflow ends that episode (`context_budget`).
 
-The rest are submitted to the worker's shared `Batcher`, which coalesces rows from every
-concurrently running activity into batched backend calls. Each completion is written to
+The rest are submitted to the worker's shared `Batcher`, which hands each row straight to the
+backend, where rows from every concurrently running activity join one running batch (continuous
+batching). Each completion is written to
 `keys.turn_key(run, task, sample, step, "completion.json")` (a `CompletionRecord`: the exact
 prompt and completion ids and log-probs the learner trains on), and its action is parsed: `code`
 writes the program to `code.py`; `workspace` returns the `ToolCall` (infra/inference/toolcalls.py,
@@ -116,8 +117,7 @@ class InferenceActivities:
         self.settings = settings
         self.store = store or ObjectStore.from_settings(settings)
         self.backend = backend or get_backend(settings)
-        inference = settings.inference
-        self.batcher = Batcher(self.backend, inference.max_batch, inference.max_wait_ms)
+        self.batcher = Batcher(self.backend)
         self.policies = PolicyResolver(
             self.store,
             settings.policy_cache,
@@ -185,7 +185,7 @@ class InferenceActivities:
                 completion_token_ids=result.output.token_ids,
                 logprobs=result.output.logprobs,
                 logprob_temperature=req.sampling.logprob_temperature,
-                policy_version=result.policy.version,
+                policy_version=policy.version,
                 finish_reason=result.output.finish_reason,
                 started_at=started_at,
                 finished_at=finished_at,
@@ -318,5 +318,4 @@ class InferenceActivities:
         )
 
     async def close(self) -> None:
-        await self.batcher.close()
         await self.backend.close()

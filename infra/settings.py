@@ -269,15 +269,12 @@ class InferenceSettings(_Section):
     """How long a request for a version that is not published yet waits for it (polling
     `latest.json`) before it fails; also how long a `vllm` request waits for the engine to
     finish the requests of another version and load its own."""
-    max_batch: int = Field(default=32, ge=1, le=4096)
-    """Most sequences coalesced into one generate call."""
-    max_wait_ms: int = Field(default=20, ge=0, le=10000)
-    """How long a request waits for others to join its batch."""
     max_activities: int = Field(default=256, ge=1, le=65536)
-    """`generate` activities one worker takes at once. Rows wait in the worker's batcher and
-    engine, which order them by `SamplingParams.priority` (a run's evaluations behind its
-    training rollouts), so it takes more than fit one batch; with several inference workers,
-    a lower figure leaves more of a backlog in the task queue for the others."""
+    """`generate` activities one worker takes at once. Their rows go straight into the
+    backend, whose continuous batch (`local.max_rows`, `vllm.max_num_seqs` wide) takes waiting
+    rows in order of `SamplingParams.priority` (a run's evaluations behind its training
+    rollouts), so it takes more than fit one batch; with several inference workers, a lower
+    figure leaves more of a backlog in the task queue for the others."""
     local: LocalInferenceSettings = LocalInferenceSettings()
     """Settings of the `local` backend."""
     vllm: VLLMSettings = VLLMSettings()

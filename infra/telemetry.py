@@ -290,9 +290,9 @@ def _in_flight(backend: str) -> Iterator[None]:
             counter.add(-1, {"backend": backend})
 
 
-def record_inference_batch(batch_size: int, new_tokens: int, seconds: float) -> None:
+def record_inference_row(new_tokens: int, seconds: float) -> None:
+    """A sampled row: its tokens, and its rate over its `seconds` in the backend."""
     if (m := _instruments) is not None:
-        m.batch_size.record(batch_size)
         m.tokens.add(new_tokens)
         if seconds > 0:
             m.tokens_per_second.record(new_tokens / seconds)

@@ -19,8 +19,6 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 """Histogram bucket bounds of durations: 5 ms to 15 minutes."""
-COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-"""Histogram bucket bounds of counts (sequences per batch)."""
 CIRCUIT_STATES = {"closed": 0, "half_open": 1, "open": 2}
 """The value `tempered.circuit.state` records for each `infra.circuit.CircuitState`."""
 
@@ -41,12 +39,6 @@ class Instruments:
         )
         self.sandbox_in_flight = meter.create_up_down_counter(
             "tempered.sandbox.in_flight", "{run}", "Sandboxed runs executing now."
-        )
-        self.batch_size = histogram(
-            "tempered.inference.batch_size",
-            "{sequence}",
-            "Sequences per generate call.",
-            explicit_bucket_boundaries_advisory=list(COUNT_BUCKETS),
         )
         self.tokens = meter.create_counter(
             "tempered.inference.tokens", "{token}", "Generated tokens."

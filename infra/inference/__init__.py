@@ -2,7 +2,7 @@
 
     from infra.inference import Batcher, PolicyResolver, get_backend
     backend = get_backend(settings)                  # settings.inference.backend: local | vllm
-    batcher = Batcher(backend, settings.inference.max_batch, settings.inference.max_wait_ms)
+    batcher = Batcher(backend)                       # rows join the backend's running batch
     policy = await PolicyResolver(store, cache_dir).resolve(run_id)        # newest version
     result = await batcher.submit(prompt_ids, sampling_params, policy)
 

@@ -11,15 +11,17 @@ Each output carries, per sampled token, its log-prob at the row's temperature
 learner recomputes for the GRPO ratio (top-p: `infra.inference.vllm` says where it differs).
 
 Backends: `local` (transformers, `infra.inference.local`), `vllm` (a vLLM engine in the worker,
-`infra.inference.vllm`). A backend with `continuous_batching` takes concurrent calls and lets new
-rows join its running batch; the `Batcher` then hands each request straight through.
+`infra.inference.vllm`). Both batch continuously: they take concurrent calls, and the rows of a
+new call join the running batch between decode steps. The rules they share live here:
+`row_budget` (what a row may sample), `one_line` (an error in a message: the engines' and the
+tool-call parser's) and `synthetic_prompts` (the rows of warm-ups and benchmarks).
 
 `PolicyResolver` turns "run R, version N or newest" into a `PolicyHandle` with the version's
-files on local disk (`infra.policy.fetch_policy`). A version is either full weights or a LoRA
-adapter (`PolicyVersion.adapter_of`) whose handle carries the full-weight version it applies to
-(`handle.base`). A request pinned to a version that is not published yet waits for it, polling
-`latest.json`, for at most `wait_s`; a version older than the newest that has no manifest was
-never published and fails at once.
+files on local disk (`infra.policy_cache.fetch_policy`). A version is either full weights or a
+LoRA adapter (`PolicyVersion.adapter_of`) whose handle carries the full-weight version it
+applies to (`handle.base`). A request pinned to a version that is not published yet waits for
+it, polling `latest.json`, for at most `wait_s`; a version older than the newest that has no
+manifest was never published and fails at once.
 """
 
 from __future__ import annotations
@@ -98,14 +100,33 @@ class GenerationOutput:
     finish_reason: FinishReason
 
 
+def row_budget(prompt: list[int], params: SamplingParams, context: int) -> int:
+    """The tokens a row may sample: `max_new_tokens`, clamped to the room its prompt leaves in
+    the `context` (the most tokens a row may hold). 0, for an empty prompt (nothing to condition
+    on) or a full context, means the row samples nothing: its output is empty, `length`."""
+    if not prompt:
+        return 0
+    return max(0, min(params.max_new_tokens, context - len(prompt)))
+
+
+def one_line(exc: BaseException) -> str:
+    """`exc` as its type and the first line of its message (engines raise pages)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def synthetic_prompts(rows: int, tokens: int, vocab: int) -> list[list[int]]:
+    """`rows` distinct prompts of `tokens` ids below `vocab`, the same on every call: what a
+    warm-up or a benchmark decodes when no real prompt matters (no tokenizer needed)."""
+    return [[(97 + 31 * i + 7 * k) % vocab for k in range(tokens)] for i in range(rows)]
+
+
 @runtime_checkable
 class InferenceBackend(Protocol):
-    """Samples completions; one instance serves many `generate` calls (one at a time or not)."""
+    """Samples completions; one instance serves many concurrent `generate` calls, whose rows
+    join one running batch inside it (continuous batching)."""
 
     name: str
-    continuous_batching: bool
-    """True: concurrent `generate` calls join one running batch inside the backend (so the
-    batcher passes requests through); False: one call at a time, batched by the batcher."""
     max_model_len: int | None
     """The most tokens a row may hold (prompt and completion) where the engine bounds it below
     the model's positions (vLLM's `max_model_len`); None: the model's positions."""

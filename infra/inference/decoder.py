@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import torch
 
 from contracts.task import SamplingParams
-from infra.inference.base import FinishReason, GenerationOutput, InferenceError
+from infra.inference.base import FinishReason, GenerationOutput, InferenceError, row_budget
 from infra.inference.guided import CallGuide, Guides
 from infra.inference.kvcache import SlotCache, compaction
 from infra.inference.prefixes import Prefix, VersionPrefixes
@@ -109,20 +109,20 @@ class RowBatch:
         self._logits: torch.Tensor | None = None
 
     def row(self, prompt: list[int], params: SamplingParams) -> Row:
-        """A row of this batch's policy (its budget clamped to the context)."""
+        """A row of this batch's policy (its budget: `row_budget` in the model's context)."""
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
-        budget = min(params.max_new_tokens, self.policy.max_context - len(prompt))
+        budget = row_budget(prompt, params, self.policy.max_context)
         watch, guide = self.policy.stops.watch(params), self.policy.guides.guide(params)
         return Row(prompt, params, budget, generator, watch, guide)
 
     @torch.inference_mode()
     def admit(self, rows: list[Row]) -> list[Row]:
         """Prefill `rows` and add them to the batch; returns those with nothing to sample
-        (an empty prompt, no budget left), which are done as they are. A row whose prompt
-        extends one that ended in this version (`prefixes`) prefills only its new tokens."""
-        empty = [r for r in rows if r.budget <= 0 or not r.prompt]
-        rows = [r for r in rows if r.budget > 0 and r.prompt]
+        (a budget of 0), which are done as they are. A row whose prompt extends one that ended in
+        this version (`prefixes`) prefills only its new tokens."""
+        empty = [r for r in rows if r.budget <= 0]
+        rows = [r for r in rows if r.budget > 0]
         fresh: list[Row] = []
         for row in rows:
             hit = self.prefixes.take(row.prompt) if self.prefixes is not None else None
@@ -312,8 +312,6 @@ class Decoder:
         self._queue: deque[_Waiting] = deque()
         self._changed = threading.Condition()
         self._closed = False
-        self.busy_s = 0.0
-        self.tokens = 0
         self._thread = threading.Thread(target=self._run, name="decoder", daemon=True)
         self._thread.start()
 
@@ -363,7 +361,6 @@ class Decoder:
             key, items = self._take(key if running else None, room)
             if key is None:
                 continue
-            started = time.perf_counter()
             rows: list[Row] = []
             try:
                 if batch is None or not batch.rows:
@@ -378,14 +375,12 @@ class Decoder:
                 error = exc if isinstance(exc, InferenceError) else InferenceError(repr(exc))
                 _fail([*_futures(batch), *(item.future for item in items)], error)
                 batch = None
-            self.busy_s += time.perf_counter() - started
         with self._changed:
             waiting = [item.future for item in self._queue]
         _fail([*waiting, *_futures(batch)], InferenceError("the local backend closed"))
 
     def _resolve(self, rows: list[Row]) -> None:
         for row in rows:
-            self.tokens += len(row.output.token_ids)
             if row.future is not None:
                 with contextlib.suppress(InvalidStateError):  # its caller gave up on it
                     row.future.set_result(row.output)

@@ -40,7 +40,13 @@ import torch
 
 from contracts.episode import WORKSPACE_TOOLS
 from contracts.task import SamplingParams
-from infra.inference.base import GenerationOutput, InferenceError, PolicyHandle, model_positions
+from infra.inference.base import (
+    GenerationOutput,
+    InferenceError,
+    PolicyHandle,
+    model_positions,
+    synthetic_prompts,
+)
 from infra.inference.decoder import Decoder, RowBatch
 from infra.inference.guided import Guides
 from infra.inference.kvcache import ATTENTION, register_attention
@@ -179,7 +185,6 @@ class LocalBackend:
     """
 
     name = "local"
-    continuous_batching = True
     max_model_len: int | None = None  # the model's positions (`LoadedPolicy.max_context`)
 
     def __init__(self, config: LocalInferenceSettings | None = None):
@@ -196,18 +201,6 @@ class LocalBackend:
         self._lock = threading.Lock()  # guards the caches
         self.prefixes = PrefixStore(config.prefix_cache_mib << 20)  # the decoder's thread only
         self._decoder = Decoder(config.max_rows, self._batch)
-
-    @property
-    def tokens_generated(self) -> int:
-        return self._decoder.tokens
-
-    @property
-    def busy_s(self) -> float:
-        return self._decoder.busy_s
-
-    def loaded_versions(self) -> list[tuple[str, int]]:
-        """(run, version) of the loaded full-weight policies, least recently used first."""
-        return list(self._loaded)
 
     def _batch(self, key: object) -> RowBatch:
         """A new batch of version `key` (on the decoder's thread: no batch runs)."""
@@ -312,9 +305,7 @@ def benchmark(model_dir: str, batches: list[int], new_tokens: int, prompt_tokens
     policy = load_policy(model_dir, torch.device("cpu"))
     vocab = int(policy.model.config.vocab_size)
     for size in batches:
-        prompts = [
-            [(97 + 31 * i + 7 * k) % vocab for k in range(prompt_tokens)] for i in range(size)
-        ]
+        prompts = synthetic_prompts(size, prompt_tokens, vocab)
         params = [
             SamplingParams(temperature=1.0, max_new_tokens=new_tokens, seed=i) for i in range(size)
         ]

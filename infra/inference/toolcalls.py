@@ -1,4 +1,4 @@
-"""The tool-call format, rendered and parsed in one place: Hermes-style tags around JSON.
+"""The tool-call format, taught to the model and parsed in one place: Hermes tags around JSON.
 
     <tool_call>
     {"name": "bash", "arguments": {"command": "pytest -q"}}
@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from contracts.episode import ToolCall, ToolSpec
+from infra.inference.base import one_line
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
@@ -90,12 +91,6 @@ def observation_message(text: str, *, tool_role: bool) -> dict[str, str]:
     return {"role": "user", "content": f"{RESPONSE_OPEN}\n{text}\n{RESPONSE_CLOSE}"}
 
 
-def render_tool_call(call: ToolCall) -> str:
-    """The text of `call` in the format the model is asked to write (for scripted turns)."""
-    body = json.dumps({"name": call.name, "arguments": call.arguments})
-    return f"{CALL_OPEN}\n{body}\n{CALL_CLOSE}"
-
-
 def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall:
     """The first tool call in a model's turn, checked against `tools`; never raises."""
     start = text.find(CALL_OPEN)
@@ -109,7 +104,7 @@ def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall:
     except json.JSONDecodeError as exc:
         return _error(f"the tool call is not valid JSON ({exc.msg} at character {exc.pos})")
     except Exception as exc:  # RecursionError (nested too deep), an integer of 4300+ digits
-        return _error(f"the tool call is not valid JSON ({_one_line(exc)})")
+        return _error(f"the tool call is not valid JSON ({one_line(exc)})")
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return _error('the tool call must be a JSON object with a "name" and "arguments"')
     name: str = value["name"]
@@ -191,8 +186,3 @@ def _error(why: str, name: str = "", arguments: dict[str, Any] | None = None) ->
         why = f"{why} (arguments not kept: nested values or over {MAX_KEPT_CHARS} characters)"
         arguments = None
     return ToolCall(name=name, arguments=arguments or {}, error=why)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

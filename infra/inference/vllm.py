@@ -56,7 +56,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from contracts.task import SamplingParams
-from infra.inference.base import FinishReason, GenerationOutput, InferenceError, PolicyHandle
+from infra.inference.base import (
+    FinishReason,
+    GenerationOutput,
+    InferenceError,
+    PolicyHandle,
+    one_line,
+    row_budget,
+    synthetic_prompts,
+)
 from infra.inference.gate import VersionGate
 from infra.inference.stops import StopRules
 from infra.settings import VLLMSettings
@@ -91,7 +99,7 @@ def _architecture(model_dir: Path) -> dict[str, Any]:
     try:
         config = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError) as exc:  # e.g. evicted from the policy cache: fetched again
-        raise InferenceError(f"vllm backend: no checkpoint config: {_one_line(exc)}") from exc
+        raise InferenceError(f"vllm backend: no checkpoint config: {one_line(exc)}") from exc
     return {k: v for k, v in config.items() if k not in CONFIG_NOISE}
 
 
@@ -99,13 +107,11 @@ class VLLMBackend:
     """`InferenceBackend` over an in-process vLLM engine; `start()` before the first request."""
 
     name = "vllm"
-    continuous_batching = True
 
     def __init__(self, config: VLLMSettings | None = None, wait_s: float = 600.0):
         """`wait_s`: how long a request may wait for the engine to load its version."""
         self.config = config or VLLMSettings()
         self.max_model_len: int | None = self.config.max_model_len
-        self.tokens_generated = 0
         self._thread: _EngineThread | None = None
         self._engine: Any = None
         self._arch: dict[str, Any] | None = None  # of the checkpoint the engine was built on
@@ -146,7 +152,7 @@ class VLLMBackend:
         except Exception as exc:
             raise InferenceError(
                 f"vllm backend: the engine on {model_dir} failed its warm-up batch "
-                f"({_one_line(exc)}; the engine's log above has the cause)",
+                f"({one_line(exc)}; the engine's log above has the cause)",
                 retryable=False,
             ) from exc
 
@@ -189,7 +195,7 @@ class VLLMBackend:
             self._engine = AsyncLLM.from_engine_args(args)
         except Exception as exc:
             raise InferenceError(
-                f"vllm backend: the engine did not start on {model_dir}: {_one_line(exc)}",
+                f"vllm backend: the engine did not start on {model_dir}: {one_line(exc)}",
                 retryable=False,
             ) from exc
         self._arch = arch
@@ -198,9 +204,8 @@ class VLLMBackend:
     async def _warm_up(self, label: str) -> None:
         """One small batch: the first steps after a start are several times slower."""
         assert self._arch is not None
-        vocab, rows = int(self._arch["vocab_size"]), min(WARMUP_ROWS, self.config.max_num_seqs)
-        tokens = range(WARMUP_PROMPT_TOKENS)
-        prompts = [[(97 + 31 * i + 7 * k) % vocab for k in tokens] for i in range(rows)]
+        rows = min(WARMUP_ROWS, self.config.max_num_seqs)
+        prompts = synthetic_prompts(rows, WARMUP_PROMPT_TOKENS, int(self._arch["vocab_size"]))
         params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=0)
         await asyncio.gather(*(self._row(p, params, None, None, label) for p in prompts))
 
@@ -289,9 +294,7 @@ class VLLMBackend:
                 self._row(prompt, row, lora, stops, policy.weights.name)
                 for prompt, row in zip(prompts, params, strict=True)
             )
-            outputs = list(await asyncio.gather(*rows))
-        self.tokens_generated += sum(len(o.token_ids) for o in outputs)
-        return outputs
+            return list(await asyncio.gather(*rows))
 
     async def _row(
         self,
@@ -306,8 +309,8 @@ class VLLMBackend:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        budget = min(params.max_new_tokens, self.config.max_model_len - len(prompt))
-        if budget <= 0 or not prompt:
+        budget = row_budget(prompt, params, self.config.max_model_len)
+        if budget == 0:
             return GenerationOutput([], [], "length")
         watch = stops.watch(params) if stops is not None else None
         request = EngineParams(
@@ -376,10 +379,10 @@ def _engine_error(exc: Exception, engine: Any) -> InferenceError:
     if isinstance(exc, InferenceError):
         return exc
     if isinstance(exc, ValueError):  # the engine refused the request itself
-        return InferenceError(f"vLLM rejected the request: {_one_line(exc)}", retryable=False)
+        return InferenceError(f"vLLM rejected the request: {one_line(exc)}", retryable=False)
     if engine is not None and engine.errored:
-        return InferenceError(f"the vLLM engine died ({_one_line(exc)}); it restarts on retry")
-    return InferenceError(f"vLLM failed: {_one_line(exc)}")
+        return InferenceError(f"the vLLM engine died ({one_line(exc)}); it restarts on retry")
+    return InferenceError(f"vLLM failed: {one_line(exc)}")
 
 
 def _configure_processes(config: VLLMSettings) -> None:
@@ -394,8 +397,3 @@ def _configure_processes(config: VLLMSettings) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would drown the log
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -22,9 +22,7 @@ async def acts(
 ) -> AsyncIterator[InferenceActivities]:
     settings = Settings(
         home=tmp_path,
-        inference=InferenceSettings(
-            max_batch=8, max_wait_ms=20, local=LocalInferenceSettings(threads=1)
-        ),
+        inference=InferenceSettings(local=LocalInferenceSettings(threads=1)),
     )
     await asyncio.to_thread(publish_policy, store, RUN, 0, tiny_dir)
     activities = InferenceActivities(

@@ -1,5 +1,5 @@
 """What the generate activity's tests share: a run with the tiny preset published as v0, a backend
-that can hold a batch in flight, and one request shape (test_inference.py,
+that can hold rows in flight, and one request shape (test_inference.py,
 test_inference_concurrency.py; the `acts` fixture is in conftest.py)."""
 
 from __future__ import annotations
@@ -21,21 +21,29 @@ PROMPT = "Write add(a, b) returning a + b."
 
 
 class GatedBackend(LocalBackend):
-    """The local backend, holding each batch until `gate` opens (to hold a batch in flight).
-    Batched by the batcher (not continuously), so requests queue where the tests can see them."""
-
-    continuous_batching = False
+    """The local backend (continuously batched, as every backend), holding each call until
+    `gate` opens (to hold rows in flight); it counts the rows held and the rows it sampled."""
 
     def __init__(self, config: LocalInferenceSettings):
         super().__init__(config)
         self.gate = asyncio.Event()
         self.gate.set()
+        self.held = 0
+        """Rows waiting at the gate now (a cancelled caller's leave)."""
+        self.rows = 0
+        """Rows sampled."""
 
     async def generate(
         self, prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle
     ) -> list[GenerationOutput]:
-        await self.gate.wait()
-        return await super().generate(prompts, params, policy)
+        self.held += len(prompts)
+        try:
+            await self.gate.wait()
+        finally:
+            self.held -= len(prompts)
+        outputs = await super().generate(prompts, params, policy)
+        self.rows += len(outputs)
+        return outputs
 
 
 def request(task: str, samples: int = 3, turn: int = 0, **overrides: object) -> GenerateRequest:

@@ -15,10 +15,11 @@ from contracts.common import ObjectRef
 from contracts.episode import WORKSPACE_TOOLS, EnvStepRequest, ToolCall
 from contracts.errors import ErrorType
 from contracts.rollout import CompletionRecord
-from infra.inference.toolcalls import parse_tool_call, render_tool_call
+from infra.inference.toolcalls import parse_tool_call
 from infra.storage import ObjectStore, TransientStorageError
 from tests.activities.test_environment import acts, open_two, step  # noqa: F401 (a fixture)
 from tests.infra.environments.conftest import needs_root
+from tests.infra.inference.scripted import render_tool_call
 
 pytestmark = [needs_root, pytest.mark.asyncio]
 BIG = "print('a line of a realistic source file')\n" * 1600  # 68,800 characters

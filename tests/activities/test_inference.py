@@ -29,11 +29,12 @@ from contracts.task import EnvName, SamplingParams, TaskSpec, WorkspaceSpec
 from contracts.trajectory import Trajectory
 from infra import grpo, keys
 from infra.inference.prompts import extract_code, feedback_text
-from infra.inference.toolcalls import full_call, parse_tool_call, render_tool_call
+from infra.inference.toolcalls import full_call, parse_tool_call
 from infra.policy import latest_policy, publish_policy
 from infra.settings import InferenceSettings, LocalInferenceSettings, Settings
 from infra.storage import ObjectStore
-from tests.activities.generation import PROMPT, RUN, chat, generate, request
+from tests.activities.generation import PROMPT, RUN, GatedBackend, chat, generate, request
+from tests.infra.inference.scripted import render_tool_call
 
 
 @pytest.mark.asyncio
@@ -107,8 +108,10 @@ async def test_a_retry_reuses_what_an_earlier_attempt_stored(
     acts: InferenceActivities, store: ObjectStore, tiny_dir: Path
 ) -> None:
     unseeded = SamplingParams(temperature=1.0, max_new_tokens=6)
+    backend = acts.backend
+    assert isinstance(backend, GatedBackend)
     partial = await generate(acts, request("retry", samples=1, sampling=unseeded))
-    rows_before = acts.batcher.rows
+    rows_before = backend.rows
     # v1 appears; the retry covers samples 0 and 1: sample 0 is reused as stored, sample 1 is
     # sampled from v0 too, so one turn never mixes versions.
     await asyncio.to_thread(publish_policy, store, RUN, 1, tiny_dir, 1)
@@ -116,7 +119,7 @@ async def test_a_retry_reuses_what_an_earlier_attempt_stored(
     retry = await generate(acts, request("retry", samples=2, sampling=unseeded))
     assert retry.policy_version == 0
     assert retry.completions[0] == partial.completions[0]  # same refs, same bytes
-    assert acts.batcher.rows == rows_before + 1
+    assert backend.rows == rows_before + 1
     record = store.get_model(retry.completions[1].completion.key, CompletionRecord)
     assert record.policy_version == 0
     # an overlapping attempt that sampled v1 before it saw sample 0 stored: the stored v0

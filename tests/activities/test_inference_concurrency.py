@@ -1,7 +1,7 @@
 """The generate activity under concurrent work, on a real SeaweedFS and the real local backend held
 at a gate: a first wave that loads the tokenizer once, a hot reload that finishes in-flight work
 on the old version, an overlapping attempt that stored first, the chat-format cache, heartbeats
-while a request waits and cancelled requests leaving the queue.
+while a request waits and cancelled requests leaving the backend unsampled.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from infra.policy import publish_policy
 from infra.storage import ObjectStore
 from tests.activities.generation import PROMPT, RUN, GatedBackend, chat, generate, request
 from tests.activities.heartbeats import timing_out_after
+from tests.infra.inference.policies import loaded_versions
 
 
 @pytest.mark.asyncio
@@ -53,11 +54,11 @@ async def test_hot_reload_finishes_in_flight_work_on_the_old_version(
     assert isinstance(backend, GatedBackend)
     backend.gate.clear()
     in_flight = asyncio.create_task(generate(acts, request("old", samples=2)))
-    while acts.batcher.running == 0:  # its batch has started, on v0, and is held at the gate
+    while backend.held < 2:  # its rows are in the backend, on v0, held at the gate
         await asyncio.sleep(0.01)
     await asyncio.to_thread(publish_policy, store, RUN, 1, tiny_dir, 1)
     newer = asyncio.create_task(generate(acts, request("new", samples=2)))
-    while acts.batcher.waiting < 2:  # resolved to v1, queued behind the running batch
+    while backend.held < 4:  # resolved to v1, in the backend beside the old rows
         await asyncio.sleep(0.01)
     backend.gate.set()
     old, new = await asyncio.gather(in_flight, newer)
@@ -67,7 +68,7 @@ async def test_hot_reload_finishes_in_flight_work_on_the_old_version(
             assert store.get_model(c.completion.key, CompletionRecord).policy_version == version
     pinned = await generate(acts, request("pinned", samples=1, policy_version=0))
     assert pinned.policy_version == 0
-    assert sorted(backend.loaded_versions()) == [(RUN, 0), (RUN, 1)]
+    assert sorted(loaded_versions(backend)) == [(RUN, 0), (RUN, 1)]
 
 
 @pytest.mark.asyncio
@@ -80,7 +81,7 @@ async def test_an_attempt_that_stored_first_wins_an_overlapping_one(
     assert isinstance(backend, GatedBackend)
     backend.gate.clear()
     this = asyncio.create_task(generate(acts, request("overlap", samples=1)))
-    while acts.batcher.running == 0:
+    while backend.held == 0:
         await asyncio.sleep(0.01)
     prompt = (await chat(acts)).first_prompt(PROMPT)
     theirs = CompletionRecord(
@@ -134,17 +135,17 @@ async def test_heartbeats_flow_while_waiting_and_cancelled_requests_leave_the_qu
     held_env, doomed_env = timing_out_after(0.15), ActivityEnvironment()
     held_env.on_heartbeat = lambda *details: beats.append(details)
     held = asyncio.create_task(held_env.run(acts.generate, request("held", samples=2)))
-    while acts.batcher.running == 0:
+    while backend.held < 2:
         await asyncio.sleep(0.01)
     doomed = asyncio.create_task(doomed_env.run(acts.generate, request("doomed", samples=3)))
-    while acts.batcher.waiting < 3:
+    while backend.held < 5:
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.3)
-    assert len(beats) >= 3  # the event loop stays free while the batch is held
+    assert len(beats) >= 3  # the event loop stays free while the rows are held
     doomed_env.cancel()
     with pytest.raises(asyncio.CancelledError):
         await doomed
-    assert acts.batcher.waiting == 0
+    assert backend.held == 2  # the cancelled rows left the backend
     backend.gate.set()
     assert len((await held).completions) == 2
-    assert acts.batcher.rows == 2  # the cancelled samples were never generated
+    assert backend.rows == 2  # the cancelled samples were never generated

@@ -20,8 +20,9 @@ from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, TaskSpec, WorkspaceSpec
 from contracts.trajectory import Trajectory
 from infra import keys
-from infra.inference.toolcalls import parse_tool_call, render_tool_call
+from infra.inference.toolcalls import parse_tool_call
 from infra.storage import ObjectStore, sha256_bytes
+from tests.infra.inference.scripted import render_tool_call
 
 RUN = "run-rw"
 TASK = TaskSpec(

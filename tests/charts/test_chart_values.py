@@ -110,8 +110,8 @@ def settings_name_pattern() -> str:
 
 def test_the_settings_names_are_the_settings_models_fields() -> None:
     """pydantic-settings ignores a TEMPERED_ variable with no top-level field of its own
-    (TEMPERED_SANDBOX_CONCURRENCY, TEMPERED_INFERNCE__MAX_BATCH), so the schema lists them; a
-    misspelt field inside a section fails the worker at start (extra="forbid")."""
+    (TEMPERED_SANDBOX_CONCURRENCY, TEMPERED_INFERNCE__MAX_ACTIVITIES), so the schema lists
+    them; a misspelt field inside a section fails the worker at start (extra="forbid")."""
     sections: list[str] = []
     scalars: list[str] = []
     for name, field in Settings.model_fields.items():
@@ -130,7 +130,7 @@ def test_the_settings_names_are_the_settings_models_fields() -> None:
         ("TEMPERED_OMP_SPIN_COUNT", True),
         ("TEMPERED_CONFIG", True),
         ("TEMPERED_SANDBOX_CONCURRENCY", False),
-        ("TEMPERED_INFERNCE__MAX_BATCH", False),
+        ("TEMPERED_INFERNCE__MAX_ACTIVITIES", False),
         ("TEMPERED_INFERENCE", False),
         ("TEMPERED_HOME__PATH", False),
         ("TEMPERED_WORKER_ID", False),  # the chart's, a pod's own

@@ -51,7 +51,7 @@ def test_each_backend_has_its_own_sub_model() -> None:
     assert isinstance(settings.inference.vllm, VLLMSettings)
     # the shared knobs stay where every caller reads them
     assert (settings.sandbox.backend, settings.sandbox.concurrency) == ("local", 8)
-    assert (settings.inference.backend, settings.inference.max_batch) == ("local", 32)
+    assert (settings.inference.backend, settings.inference.max_activities) == ("local", 256)
     assert "python" not in type(settings.sandbox).model_fields  # no backend field left on top
     assert "device" not in type(settings.inference).model_fields
 
@@ -126,6 +126,9 @@ def test_home_is_tempered_home_else_the_working_directory(
         ({"inference": {"local": {"device": "gpu"}}}, "inference.local.device: String should"),
         ({"inference": {"vllm": {"max_lora_rank": 12}}}, "inference.vllm.max_lora_rank: Input"),
         ({"inference": {"backend": "tgi"}}, "inference.backend: Input should be 'local' or 'vllm'"),
+        # batching moved into the engines (continuous batching): the old knobs are refused
+        ({"inference": {"max_batch": 64}}, "inference.max_batch: Extra inputs are not permitted"),
+        ({"inference": {"max_wait_ms": 5}}, "inference.max_wait_ms: Extra inputs are not"),
         # `up`, `status`, `train` read its port: "invalid literal for int() with base 10"
         ({"temporal": {"address": "temporal"}}, "temporal.address: Value error, 'temporal' is not"),
         ({"temporal": {"address": "host:http"}}, "temporal.address: Value error, 'host:http' is"),

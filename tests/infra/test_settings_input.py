@@ -107,7 +107,7 @@ def test_an_implicitly_read_settings_file_is_named_in_its_errors(clean: Path) ->
         ("tempered_learner_device", "TEMPERED_LEARNER__DEVICE"),
         ("TEMPERED_SANDBOX_KUBERNETES__IMAGE", "TEMPERED_SANDBOX__KUBERNETES__IMAGE"),
         ("TEMPERED__S3__BUCKET", "TEMPERED_S3__BUCKET"),
-        ("TEMPERED_INFERNCE__MAX_BATCH", "TEMPERED_INFERENCE__MAX_BATCH"),
+        ("TEMPERED_INFERNCE__MAX_ACTIVITIES", "TEMPERED_INFERENCE__MAX_ACTIVITIES"),
         ("TEMPERED_OMP_SPINCOUNT", "TEMPERED_OMP_SPIN_COUNT"),
         ("TEMPERED_HOME__PATH", None),
         ("TEMPERED_WORKER", None),

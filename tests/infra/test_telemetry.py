@@ -39,7 +39,7 @@ def _records(path: Path) -> list[dict]:
 
 def test_helpers_are_noops_before_setup() -> None:
     tm.record_sandbox_run("local", "passed", 0.1)
-    tm.record_inference_batch(4, 100, 0.5)
+    tm.record_inference_row(100, 0.5)
     tm.record_rewards(0.5, 0.25)
     with tm.sandbox_in_flight("local"), tm.span("nothing", task_id="t") as current:
         assert not current.is_recording()
@@ -106,7 +106,7 @@ def test_prometheus_endpoint_serves_metric_names(tmp_path: Path) -> None:
     telemetry = tm.setup_telemetry(settings, "sandbox", export_interval_s=60)
     try:
         tm.record_sandbox_run("gvisor", "timeout", 3.0)
-        tm.record_inference_batch(8, 512, 2.0)
+        tm.record_inference_row(512, 2.0)
         with urllib.request.urlopen(f"http://127.0.0.1:{sandbox_port}/metrics", timeout=5) as reply:
             body = reply.read().decode()
     finally:
@@ -118,10 +118,11 @@ def test_prometheus_endpoint_serves_metric_names(tmp_path: Path) -> None:
     assert 'service_name="tempered-sandbox"' in body  # target_info carries the resource
     for name in (
         "tempered_sandbox_duration",
-        "tempered_inference_batch_size",
+        "tempered_inference_tokens_per_second",
         "tempered_process_rss",
     ):
         assert name in body, name
+    assert "batch_size" not in body  # every row is its own call: the batch is the engine's
     with pytest.raises(OSError):  # the server is gone after shutdown
         urllib.request.urlopen(f"http://127.0.0.1:{sandbox_port}/metrics", timeout=2)
 
@@ -149,10 +150,10 @@ def test_read_live_figures_aggregates_the_newest_snapshots(tmp_path: Path) -> No
     try:
         for status, seconds in [("passed", 0.04)] * 3 + [("failed", 0.4), ("timeout", 10.0)]:
             tm.record_sandbox_run("local", status, seconds)
-        tm.record_inference_batch(4, 100, 1.0)
+        tm.record_inference_row(100, 1.0)
         telemetry.flush()
         time.sleep(0.2)
-        tm.record_inference_batch(4, 300, 1.0)
+        tm.record_inference_row(300, 1.0)
         tm.record_rewards(0.4, 0.5, run_id="r1")
         tm.record_learner_step(2.0)
         tm.record_learner_step(4.0)

@@ -51,8 +51,9 @@ from contracts.rollout import (
 from contracts.sandbox import ExecStatus
 from contracts.task import AgentTaskInput, EnvName
 from infra import keys
-from infra.inference.toolcalls import full_call, parse_tool_call, render_tool_call
+from infra.inference.toolcalls import full_call, parse_tool_call
 from infra.storage import ObjectStore
+from tests.infra.inference.scripted import render_tool_call
 from workflows.agent_task import AgentTaskWorkflow
 
 PROMPT_IDS = [1, 2, 3]

@@ -1,5 +1,6 @@
 """Policy versions for the inference tests: changed full weights, LoRA adapters, publishing them,
-and the learner's recomputation of sampled tokens' log-probs (what the importance ratio uses)."""
+the learner's recomputation of sampled tokens' log-probs (what the importance ratio uses), and
+which versions a local backend holds loaded."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from contracts.learner import PolicyManifest, PolicyVersion
 from infra import grpo, keys
+from infra.inference.local import LocalBackend
 from infra.policy import WEIGHTS_INDEX, advance_latest, save_weights
 from infra.storage import ObjectStore
 
@@ -90,3 +92,9 @@ def learner_logprobs(
     logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits
     at = torch.tensor([temperature])
     return grpo.token_logprobs(logits, ids, at)[0, len(prompt) - 1 :].tolist()
+
+
+def loaded_versions(backend: LocalBackend) -> list[tuple[str, int]]:
+    """(run, version) of the full-weight policies `backend` holds loaded, least recently used
+    first."""
+    return list(backend._loaded)

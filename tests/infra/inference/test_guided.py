@@ -21,7 +21,8 @@ from contracts.episode import WORKSPACE_TOOLS, ToolCall, ToolSpec
 from contracts.task import SamplingParams
 from infra.inference.guided import START, CallGrammar, CallGuide, read
 from infra.inference.local import LoadedPolicy, sample_batch
-from infra.inference.toolcalls import parse_tool_call, render_tool_call
+from infra.inference.toolcalls import parse_tool_call
+from tests.infra.inference.scripted import render_tool_call
 from tests.infra.inference.test_local import prompts, teacher_forced
 
 

@@ -17,10 +17,10 @@ from infra.inference.toolcalls import (
     MAX_KEPT_CHARS,
     observation_message,
     parse_tool_call,
-    render_tool_call,
     tool_schemas,
     tools_system_block,
 )
+from tests.infra.inference.scripted import render_tool_call
 
 
 def parse(text: str) -> ToolCall:

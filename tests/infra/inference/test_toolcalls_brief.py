@@ -8,7 +8,8 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from contracts.episode import BRIEF_CHARS, WORKSPACE_TOOLS, ToolCall
-from infra.inference.toolcalls import full_call, parse_tool_call, render_tool_call
+from infra.inference.toolcalls import full_call, parse_tool_call
+from tests.infra.inference.scripted import render_tool_call
 
 BIG = "print('a line of a realistic source file')\n" * 1600  # 68 KB
 

@@ -234,3 +234,15 @@ async def test_stop_rules_are_kept_for_the_versions_used_last_only(
         assert await backend._stop_rules(path) is await backend._stop_rules(pinned) is RULES
     assert len(backend._stops) <= 2
     assert loaded == [str(published[0]), str(pinned), *map(str, published[1:])]
+
+
+@pytest.mark.asyncio
+async def test_a_row_with_nothing_to_sample_is_an_empty_length_output_the_engine_never_sees() -> (
+    None
+):
+    pytest.importorskip("vllm")
+    backend = VLLMBackend(VLLMSettings(max_model_len=64))  # no engine: asking it would fail
+    params = SamplingParams(max_new_tokens=8)
+    for prompt in ([], [5] * 64, [5] * 70):
+        output = await backend._row(prompt, params, None, None, "v0")
+        assert (output.token_ids, output.logprobs, output.finish_reason) == ([], [], "length")
