@@ -5,7 +5,9 @@ The agent-tasks worker (the only one with workflows) polls as version `<deployme
 a Temporal Worker Deployment, `PINNED` by default: a workflow stays on the build that ran its
 first task, children start on their parent's build, and `LearnerWorkflow` and
 `TrainingRunWorkflow` move to the current build at their next continue-as-new (they ask for
-`AUTO_UPGRADE` there). Activity workers are unversioned: their contracts change additively.
+`AUTO_UPGRADE` there). Activity workers are unversioned: their contracts change additively (a
+request field with a default, never a response field: a pinned build's contracts refuse unknown
+fields, so its workflows could not decode the response).
 
     config = deployment_config(settings, plan)     # None for activity workers, or versioning off
     promote_in_background(client, settings, config)   # this build becomes current once polling
