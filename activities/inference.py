@@ -130,7 +130,8 @@ class InferenceActivities:
 
     def _publish_base_model(self, run_id: str) -> int:
         """Version 0 of a run started without a training run: `settings.inference.base_model`."""
-        from infra.policy import materialize_base_model, publish_policy
+        from infra.base_models import materialize_base_model
+        from infra.policy import publish_policy
 
         local_dir = materialize_base_model(
             self.settings.inference.base_model, self.settings, self.store

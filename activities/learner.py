@@ -59,15 +59,10 @@ from contracts.names import Activity
 from contracts.run import PrepareRunRequest
 from contracts.trajectory import Trajectory
 from infra import keys
+from infra.base_models import materialize_base_model
 from infra.learner_base import Learner, NonFiniteLoss
 from infra.learner_ranks import RankGroupFailed, open_learner
-from infra.policy import (
-    MANIFEST,
-    advance_latest,
-    materialize_base_model,
-    policy_manifest,
-    publish_policy,
-)
+from infra.policy import MANIFEST, advance_latest, policy_manifest, publish_policy
 from infra.policy_cache import fetch_policy
 from infra.run_ids import removal_record
 from infra.settings import Settings

@@ -49,7 +49,7 @@ ROLES = ("generate", "train")
 def role_main(role: str, start_file: Path) -> None:
     """One side, in its own process: prepare, wait for `start_file` (it holds the shared
     deadline, on the machine-wide monotonic clock), work until the deadline, print tokens/s."""
-    from infra.policy import materialize_base_model
+    from infra.base_models import materialize_base_model
     from infra.settings import Settings
 
     path = str(materialize_base_model("smollm2", Settings()))

@@ -32,9 +32,9 @@ import torch
 from common import machine, merge_results  # first: puts the repo root on sys.path
 
 from contracts.task import SamplingParams
+from infra.base_models import materialize_base_model
 from infra.inference.decoder import RowBatch
 from infra.inference.local import _choose, load_policy
-from infra.policy import materialize_base_model
 from infra.settings import Settings
 
 

@@ -242,7 +242,7 @@ async def through_temporal(client: Any, requests: list[GenerateRequest]) -> dict
 
 
 async def main(args: argparse.Namespace) -> None:
-    from infra.policy import materialize_base_model
+    from infra.base_models import materialize_base_model
 
     model = materialize_base_model("smollm2", Settings(home=ROOT / ".tempered"))
     shape = Shape()

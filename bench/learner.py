@@ -33,9 +33,9 @@ from contracts.learner import GRPOConfig
 from contracts.task import EnvName
 from contracts.trajectory import Trajectory
 from infra import grpo_plan
+from infra.base_models import materialize_base_model
 from infra.inference.prompts import ChatFormat
 from infra.learner_engine import LearnerEngine
-from infra.policy import materialize_base_model
 from infra.presets import load_preset
 from infra.settings import Settings
 from infra.tasks import load_suite

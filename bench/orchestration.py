@@ -185,7 +185,8 @@ def task_inputs(
 
 
 async def measure(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    from infra.policy import materialize_base_model, publish_policy
+    from infra.base_models import materialize_base_model
+    from infra.policy import publish_policy
     from infra.storage import ObjectStore
     from infra.tasks import load_suite
 

@@ -32,11 +32,11 @@ from common import machine, median_of, merge_results  # first: puts the repo roo
 from contracts.rollout import CompletionRecord
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, SamplingParams
+from infra.base_models import materialize_base_model
 from infra.inference.decoder import RowBatch
 from infra.inference.local import _choose, load_policy
 from infra.inference.prefixes import PrefixStore
 from infra.inference.prompts import ChatFormat, feedback_text
-from infra.policy import materialize_base_model
 from infra.settings import Settings
 from infra.tasks import load_suite
 

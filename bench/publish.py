@@ -34,7 +34,8 @@ from typing import Any
 import torch
 from common import bench_stack, machine, median_of, merge_results
 
-from infra.policy import materialize_base_model, policy_manifest, publish_policy, save_weights
+from infra.base_models import materialize_base_model
+from infra.policy import policy_manifest, publish_policy, save_weights
 from infra.policy_cache import fetch_policy
 from infra.settings import Settings
 from infra.storage import ObjectStore

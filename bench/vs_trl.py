@@ -100,7 +100,7 @@ def experiment(args: argparse.Namespace) -> TrainingRunInput:
 
 def base_model_dir(spec: str) -> Path:
     """The preset's HF directory, materialized once in the shared model cache (not per run)."""
-    from infra.policy import materialize_base_model
+    from infra.base_models import materialize_base_model
     from infra.settings import load_settings
 
     return materialize_base_model(spec, load_settings())

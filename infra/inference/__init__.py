@@ -54,7 +54,7 @@ def get_backend(
 
             backend = VLLMBackend(inference.vllm, wait_s=inference.policy_wait_s)
             if start:
-                from infra.policy import materialize_base_model
+                from infra.base_models import materialize_base_model
 
                 backend.start(materialize_base_model(inference.base_model, settings))
             return backend

@@ -334,7 +334,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from infra.policy import materialize_base_model
+    from infra.base_models import materialize_base_model
 
     directory = materialize_base_model(args.model, load_settings())
     print(f"{directory} on cpu, {torch.get_num_threads()} threads")

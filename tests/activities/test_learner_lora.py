@@ -17,10 +17,11 @@ from contracts.learner import GRPOConfig, TrainStepRequest, TrajectoryGroup
 from contracts.run import PrepareRunRequest
 from contracts.task import SamplingParams
 from infra import grpo, keys
+from infra.base_models import materialize_base_model
 from infra.inference.base import PolicyResolver
 from infra.inference.local import LocalBackend
 from infra.learner_engine import LearnerEngine
-from infra.policy import WEIGHTS_INDEX, materialize_base_model, policy_manifest
+from infra.policy import WEIGHTS_INDEX, policy_manifest
 from infra.settings import LocalInferenceSettings, Settings
 from infra.storage import ObjectStore
 from tests.activities.test_learner import write_group

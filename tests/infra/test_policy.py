@@ -13,17 +13,13 @@ from typing import Any
 import pytest
 
 from infra import keys
+from infra.base_models import SMOLLM2, TINY, _build_once, check_base_model, materialize_base_model
 from infra.policy import (
     MANIFEST,
-    SMOLLM2,
-    TINY,
     WEIGHTS_INDEX,
     PolicyIntegrityError,
-    _build_once,
     advance_latest,
-    check_base_model,
     latest_policy,
-    materialize_base_model,
     policy_manifest,
     publish_policy,
     save_weights,

@@ -40,14 +40,8 @@ from contracts.names import Queue, eval_run_id
 from contracts.rollout import AgentTaskResult
 from contracts.run import EvalResult, TrainingRunInput, spread
 from contracts.task import SamplingParams, TaskSpec
-from infra.policy import (
-    check_base_model,
-    materialize_base_model,
-    policy_digest,
-    policy_manifest,
-    policy_versions,
-    publish_policy,
-)
+from infra.base_models import check_base_model, materialize_base_model
+from infra.policy import policy_digest, policy_manifest, policy_versions, publish_policy
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import (

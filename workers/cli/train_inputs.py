@@ -17,7 +17,7 @@ from pathlib import Path
 
 from contracts.run import TrainingRunInput
 from infra import keys, stack
-from infra.policy import SMOLLM2, TINY, check_base_model
+from infra.base_models import SMOLLM2, TINY, check_base_model
 from infra.run_ids import removal_record, run_stored
 from infra.settings import Settings
 from infra.storage import ObjectStore, StorageError

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from infra.base_models import materialize_base_model
 from infra.inference.local import LoadedPolicy, load_policy
-from infra.policy import materialize_base_model
 from infra.settings import Settings
 from tests.paths import REPO_ROOT
 

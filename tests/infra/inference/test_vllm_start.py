@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from contracts.task import SamplingParams
+from infra.base_models import materialize_base_model
 from infra.inference import InferenceError, PolicyHandle, get_backend
 from infra.inference.vllm import VLLMBackend
-from infra.policy import materialize_base_model
 from infra.settings import Settings, VLLMSettings
 
 

@@ -15,7 +15,8 @@ from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, TaskSpec
 from contracts.trajectory import RewardRecord, Trajectory, TrajectoryStep
 from infra import keys
-from infra.policy import TINY, materialize_base_model, policy_manifest, publish_policy
+from infra.base_models import TINY, materialize_base_model
+from infra.policy import policy_manifest, publish_policy
 from infra.policy_cache import BLOBS
 from infra.seaweed import pick_free_ports
 from infra.settings import Settings, TemporalSettings

@@ -232,7 +232,7 @@ def test_a_base_model_that_is_not_one_is_refused_by_the_dry_run(
 ) -> None:
     """`--base-model /nonexistent` passed `--dry-run`; a real run started the stack and five
     workers and failed in its first learner activity. Presets, model directories and s3://
-    prefixes pass as before (what `infra.policy.materialize_base_model` takes)."""
+    prefixes pass as before (what `infra.base_models.materialize_base_model` takes)."""
     settings = Settings(home=tmp_path / "home")
     (tmp_path / "empty").mkdir()
     (tmp_path / "file").write_text("x")
