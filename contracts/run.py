@@ -198,8 +198,8 @@ class TrainingRunInput(Contract):
     heartbeat_timeout_s: float = Field(default=30.0, ge=1.0, le=3600)
     seed: int = Field(
         default=0,
-        # No lower bound here: runs recorded with a negative seed must still decode. The CLI
-        # refuses one (random.Random seeds with abs(): -1 drew the tasks in the order of 1).
+        # No lower bound here: runs recorded with a negative seed must still decode. A new run
+        # refuses one (`new_run_problem`), as the CLI does.
         description="Seeds the order in which training tasks are drawn.",
     )
     budget: HistoryBudget = HistoryBudget()
@@ -221,6 +221,8 @@ class TrainingRunInput(Contract):
         """Why a new run may not start with this input (None: it may), asked where a run is built
         (`infra.presets.load_preset`), not when a stored input is read: runs of earlier
         releases must still decode (their histories replay)."""
+        if self.seed < 0:  # random.Random seeds with abs(): -1 would draw as 1 does
+            return f"seed = {self.seed}: a seed is 0 or more (-{-self.seed} draws as {-self.seed})"
         if self.group_size < 2:  # GRPO's advantage is an episode's reward against its group's
             return (
                 f"group_size = {self.group_size}: a group of one episode is always flat (its "
