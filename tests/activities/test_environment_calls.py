@@ -33,6 +33,12 @@ def turn(store: ObjectStore, key: str, text: str) -> tuple[ObjectRef, ToolCall]:
     return store.put_json(key, record), parse_tool_call(text, WORKSPACE_TOOLS).brief()
 
 
+def write_turn(store: ObjectStore, key: str, content: str) -> tuple[ObjectRef, ToolCall]:
+    """`turn` of a call writing `content` to big.py."""
+    write = ToolCall(name="write_file", arguments={"path": "big.py", "content": content})
+    return turn(store, key, render_tool_call(write))
+
+
 def with_completion(request: EnvStepRequest, completion: ObjectRef) -> EnvStepRequest:
     items = [item.model_copy(update={"completion": completion}) for item in request.items]
     return request.model_copy(update={"items": items})
@@ -43,8 +49,7 @@ async def test_a_cut_call_runs_whole_from_its_record(
     store: ObjectStore,
 ) -> None:
     sessions = await open_two(acts)
-    write = ToolCall(name="write_file", arguments={"path": "big.py", "content": BIG})
-    ref, brief = turn(store, "turns/0/completion.json", render_tool_call(write))
+    ref, brief = write_turn(store, "turns/0/completion.json", BIG)
     assert brief.cut and len(brief.arguments["content"]) < 300
     request = with_completion(step(sessions, 0, {0: brief}), ref)
     (outcome,) = (await ActivityEnvironment().run(acts.env_step, request)).outcomes
@@ -70,15 +75,13 @@ async def test_a_cut_calls_record_that_cannot_be_read_or_differs_fails_clearly(
     store: ObjectStore,
 ) -> None:
     sessions = await open_two(acts)
-    write = ToolCall(name="write_file", arguments={"path": "big.py", "content": BIG})
-    ref, brief = turn(store, "turns/0/completion.json", render_tool_call(write))
+    ref, brief = write_turn(store, "turns/0/completion.json", BIG)
     missing = ref.model_copy(update={"key": "turns/gone/completion.json"})
     request = with_completion(step(sessions, 0, {0: brief}), missing)
     with pytest.raises(TransientStorageError, match="turns/gone/completion.json.*not in the store"):
         await ActivityEnvironment().run(acts.env_step, request)
 
-    other = ToolCall(name="write_file", arguments={"path": "big.py", "content": BIG + "#"})
-    other_ref, _ = turn(store, "turns/other/completion.json", render_tool_call(other))
+    other_ref, _ = write_turn(store, "turns/other/completion.json", BIG + "#")
     request = with_completion(step(sessions, 0, {0: brief}), other_ref)
     with pytest.raises(ApplicationError, match="does not parse to the call") as refused:
         await ActivityEnvironment().run(acts.env_step, request)

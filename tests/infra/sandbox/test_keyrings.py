@@ -11,15 +11,11 @@ session keyring of its own (as under systemd) and put a key in it, then a child 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.infra.sandbox.test_self_inflicted_ends import LOAD
-from tests.paths import REPO_ROOT
+from tests.infra.sandbox.test_self_inflicted_ends import run_alone
 
 PROBE = r"""
 import ctypes, json, os
@@ -48,15 +44,8 @@ print(os.read(read, 4096).decode())
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a uid change needs root")
 def test_a_confined_program_sees_nothing_of_the_workers_session_keyring() -> None:
-    done = subprocess.run(
-        [sys.executable, "-S", "-I", "-c", LOAD + PROBE, str(REPO_ROOT / "infra" / "sandbox")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    seen = json.loads(done.stdout.splitlines()[-1])
+    seen = run_alone(PROBE)
+    assert isinstance(seen, dict)
     if "skip" in seen:
         pytest.skip(f"this host refuses keyrings to the test itself: {seen['skip']}")
     assert seen == {"seen": False}, "the confined child listed the worker's key in /proc/keys"

@@ -161,7 +161,8 @@ print(json.dumps(seen))
 """
 
 
-def _run(script: str) -> object:
+def run_alone(script: str) -> object:
+    """The last line of `script`'s output (JSON), run with `LOAD` in a fresh interpreter."""
     done = subprocess.run(
         [sys.executable, "-S", "-I", "-c", LOAD + script, str(REPO_ROOT / "infra" / "sandbox")],
         capture_output=True,
@@ -174,7 +175,7 @@ def _run(script: str) -> object:
 
 
 def test_the_filter_refuses_what_would_fake_a_kill_from_outside() -> None:
-    results = _run(PROBES)
+    results = run_alone(PROBES)
     assert results == {
         "ptrace TRACEME": errno.EPERM,
         "ptrace ATTACH": errno.EPERM,
@@ -195,7 +196,7 @@ def test_the_filter_refuses_what_would_fake_a_kill_from_outside() -> None:
 
 
 def test_the_reapers_forward_ends_not_stops() -> None:
-    seen = _run(REAPERS)
+    seen = run_alone(REAPERS)
     if seen == "no ptrace here":
         pytest.skip("this host refuses PTRACE_TRACEME")
     assert seen == {
