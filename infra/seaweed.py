@@ -38,6 +38,10 @@ S3_CONFIG_NAME = "s3-identities.json"
 S3_OFFSET = 5
 """Where `pick_free_ports` puts S3: next to the five servers from base_port."""
 
+MAX_BASE_PORT = 22000
+"""The highest base_port a setting may name: base_port + 4 + GRPC_OFFSET stays below the
+kernel's default ephemeral range (32768–60999), with room to spare."""
+
 
 @dataclass(frozen=True)
 class SeaweedPorts:
@@ -147,7 +151,8 @@ def pick_free_ports(candidates: range = PORT_RANGE) -> tuple[int, int]:
     ephemeral range, where a client connection can take a port between our check and
     SeaweedFS's bind (gRPC ports included): for tests and parallel stacks."""
     lowest = SeaweedPorts.from_base(1024 + S3_OFFSET, 1024)
-    base = free_ports([port - 1024 for port in lowest.all_ports()], candidates)
+    bases = range(candidates.start, min(candidates.stop, MAX_BASE_PORT + 1))
+    base = free_ports([port - 1024 for port in lowest.all_ports()], bases)
     return base + S3_OFFSET, base
 
 

@@ -41,6 +41,7 @@ from pydantic_settings import (
 )
 
 from contracts.common import describe_validation_error
+from infra.seaweed import MAX_BASE_PORT
 from infra.settings_env import check_environment, local_config, noted, settings_file, toml_source
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
@@ -126,7 +127,7 @@ class S3Settings(_Section):
     the shards they did not change, so the default holds about 1.1 GB of SmolLM2-135M when
     the learner trains its top 6 layers. At least 2: a LoRA version is fetched, then its base,
     and with room for one the base's fetch evicted the adapter just fetched."""
-    embedded_base_port: int = Field(default=9333, ge=1024, le=22000)
+    embedded_base_port: int = Field(default=9333, ge=1024, le=MAX_BASE_PORT)
     """First of the embedded SeaweedFS's five internal HTTP ports (its gRPC ports are each
     +10000: the bound keeps all of them below the kernel's ephemeral range, 32768–60999)."""
 

@@ -248,7 +248,7 @@ def open_three(acts: EnvironmentActivities, sample_2: Callable[[], Awaitable[Non
             both.set()
         return state
 
-    acts.env.reset = reset_or_not  # type: ignore[method-assign]
+    acts.env.reset = reset_or_not  # type: ignore[method-assign, assignment]
 
 
 async def cancel_open(acts: EnvironmentActivities, opened: asyncio.Event) -> None:
