@@ -65,23 +65,27 @@ $(STAMP): $(CORE)
 train: $(COMPILED)
 	$(BIN)/tempered train
 
-# --durations: the slowest tests, in every CI log (the suite's budget is ~15 minutes). Lint runs
-# beside the tests, on the core they leave idle (they keep about one of two busy; mypy from a
-# cold cache takes ~90 s here), and its output follows theirs; either failing fails the target.
-# It runs in a process group of its own, ended with the target (a background job of a script
-# ignores Ctrl-C: without it, an interrupted `make test` would leave mypy running).
+# --durations: the slowest tests, in every CI log (the suite's budget is ~15 minutes). The tests
+# run in TEST_WORKERS processes (pytest-xdist; one test mostly waits on a server, so alone it
+# kept about one of two cores busy), then those marked `alone` in one. Lint runs beside them
+# (mypy from a cold cache takes ~90 s here), and its output follows theirs; either failing fails
+# the target. It runs in a process group of its own, ended with the target (a background job of
+# a script ignores Ctrl-C: without it, an interrupted `make test` would leave mypy running).
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	@setsid $(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
 	trap 'kill -- -$$lint 2>/dev/null || true' EXIT; trap 'exit 130' INT TERM; \
-	tests=0; $(BIN)/python -m pytest -m "not slow and not gpu" --durations=15 $(PYTEST_FLAGS) \
-		|| tests=$$?; \
+	tests=0; $(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow and not gpu and not alone" \
+		--durations=15 $(PYTEST_FLAGS) || tests=$$?; \
+	$(BIN)/python -m pytest -m "alone and not slow and not gpu" $(PYTEST_FLAGS) || tests=$$?; \
 	linted=0; wait $$lint || linted=$$?; \
 	echo "--- make lint (ran beside the tests) ---"; cat $(VENV)/lint.log; \
 	[ $$linted -eq 0 ] || echo "make test: lint failed"; \
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 
 test-all: setup
-	$(BIN)/python -m pytest -m "not gpu" $(PYTEST_FLAGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not gpu and not alone" $(PYTEST_FLAGS)
+	$(BIN)/python -m pytest -m "alone and not gpu" $(PYTEST_FLAGS)
 
 bench: setup
 	$(PIP) -e '.[bench]'   # TRL, for bench/vs_trl.py only

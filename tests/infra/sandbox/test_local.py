@@ -178,6 +178,7 @@ async def test_enforcement_reports_cgroups_when_available(backend) -> None:
     assert result.enforcement == backend.enforcement == expected
 
 
+@pytest.mark.alone
 @pytest.mark.asyncio
 async def test_a_fresh_boot_without_tempered_cgroups_still_runs() -> None:
     """After a reboot no `tempered` cgroup folder exists; the candidate zygote binds it, so the
