@@ -12,6 +12,10 @@ that worker is gone (the timeout, which Temporal does not retry) or no longer ho
 (`SessionLost`), the sessions are restored from their last snapshots by `open_sessions` on the
 shared `sandbox` queue and the step runs again on the worker that restored them; the workflow
 records the step once. A worker that was only slow keeps its orphaned sessions until its TTL.
+Episodes that ended on a worker before it went keep its queue; `close` sends nothing to a queue
+found gone (behind `GONE_PATCH`): its sessions went with its process, and the next sandbox
+worker's sweep (`sweep_dead`) removes what it left on the host; one only cut off from Temporal
+closes them on its TTL. Before, the close waited out `session_timeout_s` on that queue first.
 A step whose sessions are lost `MAX_RESTORES` times running fails the task (`SessionLost`):
 a step that takes its worker down each time would otherwise restore and lose them for ever
 (behind `RESTORE_LIMIT_PATCH`). The untouched workspace is verified beside the final ones,
@@ -79,17 +83,26 @@ UNTOUCHED_PATCH = "tempered-verify-untouched"
 STOP_PATCH = "tempered-sessions-stop-steps"
 """Marks runs whose steps wait for a cancel (its marker comes with the first step) and whose
 failing or cancelled step stops its other queues' steps before it raises (`_step_each`)."""
+GONE_PATCH = "tempered-sessions-close-skips-gone"
+"""Marks runs whose close skips the queues of workers found gone (`close`); its marker comes
+only with a close that skips one."""
 OPEN_PATCH = "tempered-sessions-open-waits"
 """Marks runs whose first open waits for a cancel (its marker comes with it, at INIT), and whose
 stops take what already came back before they cancel (`open_first`, `_stop`). Its marker costs
 two events per workspace task."""
 
 
+def worker_gone(error: ActivityError) -> bool:
+    """Whether an activity on a worker's own queue failed because no worker polls it."""
+    cause = error.cause
+    return isinstance(cause, TimeoutError) and cause.type is TimeoutType.SCHEDULE_TO_START
+
+
 def session_lost(error: ActivityError) -> bool:
     """Whether a step failed because its session's worker is gone or no longer holds it."""
     cause = error.cause
-    if isinstance(cause, TimeoutError):
-        return cause.type is TimeoutType.SCHEDULE_TO_START
+    if worker_gone(error):
+        return True
     return isinstance(cause, ApplicationError) and cause.type == ErrorType.SESSION_LOST
 
 
@@ -105,6 +118,9 @@ class Sessions:
         """Set while a step stops its queues' steps: none starts new work (`_step_each`)."""
         self._settles = False
         """`OPEN_PATCH`: a stop takes the results already delivered before it cancels."""
+        self._gone: set[str] = set()
+        """The queues of workers found gone (a step's schedule-to-start timeout), and not seen
+        since: `close` sends them nothing (`GONE_PATCH`)."""
 
     async def open_first(self, episodes: list[EpisodeState]) -> None:
         """INIT: a session per episode. Behind `OPEN_PATCH` a cancel of the task stops the
@@ -149,6 +165,7 @@ class Sessions:
         )
         for episode in episodes:
             episode.session = opened.sessions[episode.sample]
+            self._gone.discard(episode.session.queue)  # answered: a worker polls it again
 
     async def step(self, step: int, generated: GenerateResponse) -> dict[int, EnvStepOutcome]:
         """Run every completion's tool call: one `env_step` per worker holding sessions."""
@@ -243,8 +260,11 @@ class Sessions:
                         wait_for_cancel=waits,
                     ),
                 )
+                self._gone.discard(queue)
                 return response.outcomes
             except ActivityError as error:
+                if worker_gone(error):
+                    self._gone.add(queue)
                 if not session_lost(error) or self._stopping:
                     raise
             lost = [self.group.episodes[i.sample] for i in items]
@@ -300,11 +320,17 @@ class Sessions:
         )
 
     async def close(self) -> None:
-        """Close every session, on its worker's queue; best effort, never raises."""
+        """Close every session, on its worker's queue; best effort, never raises. Sessions on
+        a worker found gone are left to the sweeps (`GONE_PATCH`): its queue would only time
+        out, after `session_timeout_s`, before the task could go on."""
         by_queue: dict[str, list[str]] = defaultdict(list)
         for e in self.group.episodes:
             if e.session is not None:
                 by_queue[e.session.queue].append(e.session.session_id)
+        if (gone := sorted(self._gone & by_queue.keys())) and workflow.patched(GONE_PATCH):
+            workflow.logger.info("not closing sessions on %s: its worker is gone", gone)
+            for queue in gone:
+                del by_queue[queue]
         await asyncio.gather(*(self._close_on(q, ids) for q, ids in by_queue.items()))
 
     async def _close_on(self, queue: str, session_ids: list[str]) -> None:

@@ -1,6 +1,6 @@
 """Paths the agent names, resolved inside its workspace by the host, never outside it.
 
-    relative = resolve(workspace_dir, "/app", "src/../lib.py")   # "lib.py"
+    relative = resolve(workspace_dir, "/app", "src/../lib.py")   # "lib.py" (src a directory)
     relative = resolve(workspace_dir, "/app", "/etc/passwd")     # PathError: outside
 
 The agent names paths as its commands see them: relative to the workspace (its working
@@ -9,26 +9,39 @@ directory it holds, so a path must never lead out of it: `..` past the top, an a
 elsewhere, or a link (the agent's own, made with `ln -s`) whose target points out are all
 refused. Links inside the workspace are followed the way the sandbox would follow them, one
 component at a time, each checked with lstat below directories already known to be real, so no
-lookup ever passes through a link. Nothing runs in the workspace while the host resolves
-(commands run one at a time, and a command's sandbox is gone when it returns).
+lookup ever passes through a link; a `..` goes up from where the links before it led (with
+`d -> sub/deep`, `d/../x` is `sub/x`, as `cat d/../x` reads; before, `..` was removed as text
+first, and `d/../x` named the workspace's own `x`). Nothing runs in the workspace while the
+host resolves (commands run one at a time, and a command's sandbox is gone when it returns).
+
+What the host writes there it writes as the session's commands would (`as_user`): the kernel
+checks the agent's own modes (a 0444 file, a 0555 directory) against the session's uid, not
+root's, and what is made belongs to that uid. Before, root wrote past them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import os
 import posixpath
 import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 MAX_LINKS = 40
 """Links followed while resolving one path (as the kernel's ELOOP limit)."""
 
 
-AGENT_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP})
+AGENT_ERRNOS = frozenset(
+    {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EACCES}
+)
 """What a path an agent wrote can make a file operation fail with (a name longer than the file
-system takes, a file where a directory must be, ...): the agent's error, told back to it as an
+system takes, a file where a directory must be, a mode of its own that denies the write (only
+its own files are checked, `as_user`), ...): the agent's error, told back to it as an
 observation. Any other OSError is the platform's, and its activity is retried."""
+_LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def is_utf8(text: str) -> bool:
@@ -46,12 +59,15 @@ class PathError(ValueError):
 
 
 def _inside(workdir: str, path: str) -> list[str]:
-    """The components of `path` (relative to `workdir`, or absolute) below `workdir`."""
-    joined = posixpath.normpath(posixpath.join(workdir, path))
-    if joined != workdir and not joined.startswith(workdir.rstrip("/") + "/"):
+    """The components of `path` (relative to `workdir`, or absolute through it) below `workdir`,
+    `.` dropped; its `..` are left to `resolve`, which takes each after the links before it."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if not path.startswith("/"):
+        return parts
+    top = [part for part in posixpath.normpath(workdir).split("/") if part]
+    if parts[: len(top)] != top:  # `/app/../app/x` too: out of the workspace on its way
         raise PathError(f"{path!r} is outside the workspace {workdir}")
-    relative = posixpath.relpath(joined, workdir)
-    return [] if relative == "." else relative.split("/")
+    return parts[len(top) :]
 
 
 def resolve(root: Path, workdir: str, path: str) -> str:
@@ -98,3 +114,35 @@ def resolve(root: Path, workdir: str, path: str) -> str:
             raise PathError(f"{path!r}: {'/'.join(done + [name])} is not a directory")
         done.append(name)
     return "/".join(done)
+
+
+@contextlib.contextmanager
+def as_user(workspace: Path, uid: int | None) -> Iterator[int]:
+    """A descriptor of `workspace` for `dir_fd` calls that the kernel checks as `uid` (and its
+    gid, the same number, as the sandbox runs it) would make them, and whose files and
+    directories it makes belong to it; `None`: as this process (not root: no other uid).
+
+    Only this thread's filesystem ids change (setfsuid is per thread, unlike setuid), and only
+    within the block; the descriptor is opened first, so the host's own directories above the
+    workspace need not let `uid` through."""
+    top = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        if uid is None:
+            yield top
+            return
+        _set_fs_id(_LIBC.setfsgid, uid)  # while CAP_SETGID is effective (it stays so)
+        _set_fs_id(_LIBC.setfsuid, uid)
+        try:
+            yield top
+        finally:
+            _set_fs_id(_LIBC.setfsuid, os.geteuid())  # back first: restores the fs capabilities
+            _set_fs_id(_LIBC.setfsgid, os.getegid())
+    finally:
+        os.close(top)
+
+
+def _set_fs_id(call: Callable[[int], int], value: int) -> None:
+    """`call(value)`, checked: setfsuid and setfsgid return the previous id, success or not."""
+    call(value)
+    if call(value) != value:
+        raise OSError(errno.EPERM, f"{call.__name__}({value}) failed")

@@ -13,7 +13,8 @@ Tools (`contracts.episode.WORKSPACE_TOOLS`; a call's arguments are checked by `t
   what it printed.
 - `read_file`, `write_file`: done by the host in the workspace directory, for paths the agent
   names relative to the workspace or absolute under its workdir; links are followed only
-  within the workspace (`paths.py`).
+  within the workspace, and `write_file` writes as the session's uid, its modes checked as
+  its commands' are (`paths.py`).
 - `submit`: ends the episode; the workspace as it is is graded at DONE.
 
 A malformed call, an unknown tool, bad arguments or a path out of the workspace give an error
@@ -43,6 +44,7 @@ import codecs
 import contextlib
 import errno
 import os
+import posixpath
 import stat
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -54,7 +56,7 @@ from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
 from infra.environments.base import Graded, Observation
 from infra.environments.checks import InvalidTask, check_functions, check_script, unchecked
 from infra.environments.disk import restore
-from infra.environments.paths import AGENT_ERRNOS, PathError, resolve
+from infra.environments.paths import AGENT_ERRNOS, PathError, as_user, resolve
 from infra.environments.sessions import Session, SessionHost
 from infra.environments.snapshots import Trees
 from infra.environments.threads import in_thread
@@ -319,30 +321,16 @@ class WorkspaceEnvironment:
         relative = resolve(session.workspace, session.spec.workdir, path)
         if not relative:
             return Observation(f"error: {path} is the workspace itself")
-        target = session.workspace / relative
-        self._make_parents(session, target.parent)
-        with contextlib.suppress(FileNotFoundError):  # a FIFO's open would wait for a reader
-            if not stat.S_ISREG(kind := os.stat(target).st_mode):
-                return _not_a_file(path, kind)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-        fd = os.open(target, flags, 0o644)
-        with os.fdopen(fd, "wb") as handle:
-            if os.geteuid() == 0:
-                os.fchown(handle.fileno(), session.uid, session.uid)
-            handle.write(data)
+        uid = session.uid if os.geteuid() == 0 else None
+        with as_user(session.workspace, uid) as top:  # the agent's modes hold, as in its shell
+            _make_parents(top, posixpath.dirname(relative))
+            with contextlib.suppress(FileNotFoundError):  # a FIFO's open would wait for a reader
+                if not stat.S_ISREG(kind := os.stat(relative, dir_fd=top).st_mode):
+                    return _not_a_file(path, kind)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+            with os.fdopen(os.open(relative, flags, 0o644, dir_fd=top), "wb") as handle:
+                handle.write(data)
         return Observation(f"wrote {len(data)} bytes to {relative}")
-
-    def _make_parents(self, session: Session, directory: Path) -> None:
-        """Create the missing directories down to `directory`, owned by the session's uid
-        (every existing one was checked to be a real directory by `resolve`)."""
-        missing = []
-        while not directory.exists():
-            missing.append(directory)
-            directory = directory.parent
-        for path in reversed(missing):
-            path.mkdir(mode=0o755)
-            if os.geteuid() == 0:
-                os.chown(path, session.uid, session.uid)
 
     # -- verify ------------------------------------------------------------------------------
 
@@ -385,6 +373,15 @@ class WorkspaceEnvironment:
             return await check_script(
                 self.runner, scratch, task, check, uid or os.geteuid(), limits, cgroup_name(slot)
             )
+
+
+def _make_parents(top: int, directory: str) -> None:
+    """Create the missing directories down to `directory`, relative to the descriptor `top`
+    (every existing one was checked to be a real directory by `resolve`)."""
+    parts = directory.split("/") if directory else []
+    for n in range(1, len(parts) + 1):
+        with contextlib.suppress(FileExistsError):  # the kernel says so before any mode check
+            os.mkdir("/".join(parts[:n]), 0o755, dir_fd=top)
 
 
 def _not_a_file(path: str, mode: int) -> Observation:

@@ -42,3 +42,43 @@ def test_a_chain_of_links_resolves_up_to_the_kernels_limit(tmp_path: Path) -> No
     assert resolve(tmp_path, WORKDIR, f"link{MAX_LINKS - 1}") == "file.py"  # 40 links
     with pytest.raises(PathError, match="too many levels"):
         resolve(tmp_path, WORKDIR, f"link{MAX_LINKS}")  # 41
+
+
+@pytest.fixture
+def linked(tmp_path: Path) -> Path:
+    """`x`, `sub/x`, `sub/deep/`, and the agent's link `d -> sub/deep`."""
+    (tmp_path / "sub" / "deep").mkdir(parents=True)
+    (tmp_path / "x").write_text("at root\n")
+    (tmp_path / "sub" / "x").write_text("in sub\n")
+    os.symlink("sub/deep", tmp_path / "d")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("path", "resolved"),
+    [
+        ("d/../x", "sub/x"),  # `..` of the link's target, as `cat d/../x` reads
+        ("/app/d/../x", "sub/x"),
+        ("./d/./../x", "sub/x"),
+        ("sub/deep/../../x", "x"),
+        ("up", "sub/x"),  # up -> /app/d/../x: an absolute target's `..` alike
+    ],
+)
+def test_dot_dot_is_taken_after_the_link_before_it_as_the_kernel_does(
+    linked: Path, path: str, resolved: str
+) -> None:
+    """Before, `..` was removed as text first: `d/../x` read the workspace's own `x`."""
+    os.symlink("/app/d/../x", linked / "up")
+    assert resolve(linked, WORKDIR, path) == resolved
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["../x", "d/../../../x", "/app/d/../../../etc/passwd", "/app/../etc/passwd", "/apps/x",
+     "/etc/passwd", "far/x"],
+)  # fmt: skip
+def test_every_way_out_of_the_workspace_is_still_refused(linked: Path, path: str) -> None:
+    """Out past the top: `d/../../..` is `sub/deep/../../..`; far -> /app/d/../../.."""
+    os.symlink("/app/d/../../..", linked / "far")
+    with pytest.raises(PathError, match="outside the workspace"):
+        resolve(linked, WORKDIR, path)
