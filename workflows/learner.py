@@ -1,8 +1,10 @@
 """`LearnerWorkflow`: turns finished GRPO groups into policy versions, one `train_step` at a time.
 
 Groups arrive by the `add_groups` signal (from the training run, or any client). The learner
-takes `groups_per_step` of them per step, runs the `train_step` activity (queue `learner`),
-which publishes policy version step+1, and tells its parent (`learner_progress`). It ends after
+takes `groups_per_step` of them per step, in the order they came (the training run sends each in
+time for the step it was started for: workflows/step_slots.py), runs the `train_step` activity
+(queue `learner`), which publishes policy version step+1, and tells its parent
+(`learner_progress`). It ends after
 `max_steps`, or, once told `finish`, when its queue is drained; then it tells its parent
 `learner_done` (also when it fails).
 

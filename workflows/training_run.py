@@ -9,12 +9,14 @@ final evaluation still run, and the result says why it stopped). Each finished g
 the learner; rollouts go on while it trains (asynchronous RL) but never run more than
 `grpo.max_staleness` steps ahead of it: the group for step b waits for version b − max_staleness and
 is pinned to the newest version known when it starts (`max_staleness = 0` is synchronous, on-policy
-GRPO). A flat group (no GRPO signal) is not sent with `grpo.redraw_flat_groups` N: another task
-takes its slot, N times a run at most, spread over its steps (DAPO's dynamic sampling;
-`redraws_allowed`). Held-out pass@1 (turn 1) and the solve rate within `eval_turns` turns are
-measured before training, every `eval_every` steps and after the last (greedy). With `keep_versions`
-N, versions that are neither 0, the newest N nor read by a rollout or an evaluation in flight are
-deleted as the run goes (workflows/retention.py).
+GRPO), and is sent in time to be trained at step b, after a slow one of an earlier step if need
+be (workflows/step_slots.py: the learner trains groups in the order they come). A flat group (no
+GRPO signal) is not sent with `grpo.redraw_flat_groups` N: another task takes its slot, N times a
+run at most, spread over its steps (DAPO's dynamic sampling; `redraws_allowed`). Held-out pass@1
+(turn 1) and the solve rate within `eval_turns` turns are measured before training, every
+`eval_every` steps and after the last (greedy). With `keep_versions` N, versions that are neither
+0, the newest N nor read by a rollout or an evaluation in flight are deleted as the run goes
+(workflows/retention.py).
 
 Bounded history (workflows/run_look_ahead.py): before each start and before the ending, a run
 whose history could pass `budget` (20% of Temporal's limits by default), counting what the
@@ -80,9 +82,14 @@ with workflow.unsafe.imports_passed_through():
     from workflows.run_failure import RunFailure
     from workflows.run_look_ahead import RunLookAhead
     from workflows.search import search_attribute_updates
+    from workflows.step_slots import StepSlots
 
 SPREAD_REDRAWS_PATCH = "tempered-run-spread-redraws"
 """Marks runs whose redraws of flat groups are spread over the learner steps."""
+ORDERED_GROUPS_PATCH = "tempered-run-sends-groups-in-step-order"
+"""Marks runs that send each group in time for the learner step it was started for
+(workflows/step_slots.py). Before, each went as its task finished, and one that finished after
+a later step's group could be trained a step late and dropped as stale."""
 PROGRESS_TAIL = 100
 """Learner steps the run keeps (and its `progress` query shows)."""
 
@@ -114,6 +121,10 @@ class TrainingRunWorkflow:
         if resume:
             self._evaluations.heldout = spread(resume.tasks.heldout, run_input.heldout_limit)
         self._look_ahead = RunLookAhead(run_input, self._progress, self._evaluations)
+        # ORDERED_GROUPS_PATCH, asked as the run begins rolling out: the step each group is for
+        self._ordered = False
+        grpo = run_input.grpo  # the learner's `burst` is the run's concurrency
+        self._slots = StepSlots(grpo.groups_per_step, self._filled, run_input.concurrency)
 
     @workflow.run
     async def run(self, run_input: TrainingRunInput) -> TrainingRunResult:
@@ -231,6 +242,7 @@ class TrainingRunWorkflow:
         total = run_input.steps * run_input.grpo.groups_per_step
         order = draw_order(tasks.train, run_input.seed)
         self._look_ahead.began()
+        self._ordered = workflow.patched(ORDERED_GROUPS_PATCH)
         while await self._task_due(total):
             await self._learner.wait(self._may_start, lambda: not self._in_flight, deadline)
             self._learner.raise_if_failed()
@@ -239,11 +251,15 @@ class TrainingRunWorkflow:
                 break
             if self._history_full():
                 await self._continue_as_new(tasks, deadline)
-            task, version = drawn_task(order, self._started), self._latest_version
+            task, version, step = drawn_task(order, self._started), self._latest_version, None
+            if self._ordered:
+                step = self._slots.next()
+                self._slots.started(step)
             self._started += 1  # here, not in the task: the next pass reads it before that runs
             self._look_ahead.started()
             self._children.started()
-            self._rollouts.append(self._retention.start(version, self._rollout_one(task, version)))
+            rollout = self._rollout_one(task, version, step)
+            self._rollouts.append(self._retention.start(version, rollout))
         if self._history_full(ending=True):  # the run's ending must fit as well
             await self._continue_as_new(tasks, deadline)
         await self._failure.ending(asyncio.gather(*self._rollouts))
@@ -281,10 +297,10 @@ class TrainingRunWorkflow:
         """A slot is free (of `concurrency`, and of the run's pending children:
         workflows/children.py) and the learner is far enough along for the next group (or the
         learner or a task failed: the run fails too; or the run was told to stop). Bounded
-        staleness: the group for learner step b (counted over `_filled`) is sampled from a
-        version ≥ b − max_staleness."""
+        staleness: the group for learner step b (`StepSlots.next`; before ORDERED_GROUPS_PATCH,
+        counted over `_filled`) is sampled from a version ≥ b − max_staleness."""
         grpo = self._input.grpo
-        step = self._filled // grpo.groups_per_step
+        step = self._slots.next() if self._ordered else self._filled // grpo.groups_per_step
         in_flight_ok = self._in_flight < self._input.concurrency and not self._children.full
         ready = in_flight_ok and self._learner_steps >= step - grpo.max_staleness
         failed = self._learner.error is not None or self._failure.error is not None
@@ -342,7 +358,9 @@ class TrainingRunWorkflow:
         """Newest published policy version the learner has told us of (pinned per rollout)."""
         return max((p.policy_version for p in self._progress), default=0)
 
-    async def _rollout_one(self, task: TaskSpec, policy_version: int) -> None:
+    async def _rollout_one(self, task: TaskSpec, policy_version: int, step: int | None) -> None:
+        """Roll `task` out on `policy_version` and send its group to the learner; `step`: the
+        learner step it is for (None before ORDERED_GROUPS_PATCH: sent as it finishes)."""
         self._in_flight += 1
         try:
             result = await run_agent_task(
@@ -358,6 +376,9 @@ class TrainingRunWorkflow:
         self._done += 1
         if self._may_redraw and self._stopped is None and not has_signal(result.rewards):
             self._redrawn += 1  # dynamic sampling: the next task takes its place
+            if step is not None:
+                self._slots.redrawn(step)  # a held group of a later step may take its place
+                await self._slots.send_due(self._send_groups)
             return
         group = TrajectoryGroup(
             task_id=task.id,
@@ -365,4 +386,11 @@ class TrainingRunWorkflow:
             rewards=result.rewards,
             policy_version=min(result.policy_versions),
         )
-        await self._failure.reaching(self._learner.send(Signal.ADD_GROUPS, [[group]]))
+        if step is None:
+            await self._send_groups([group])
+        else:
+            self._slots.finished(step, group)
+            await self._slots.send_due(self._send_groups)
+
+    async def _send_groups(self, groups: list[TrajectoryGroup]) -> None:
+        await self._failure.reaching(self._learner.send(Signal.ADD_GROUPS, [groups]))

@@ -89,10 +89,13 @@ class ScriptedTrainer:
         self.padding = padding
         self.steps: dict[int, list[str]] = {}
         """Step → task ids of its groups (a retried step overwrites its own entry)."""
+        self.versions: dict[str, tuple[int, int]] = {}
+        """Task id → (the step that trained its group, the group's policy version)."""
 
     @activity.defn(name=Activity.TRAIN_STEP.value)
     async def train_step(self, request: TrainStepRequest) -> TrainStepResponse:
         self.steps[request.step] = [g.task_id for g in request.groups]
+        self.versions.update((g.task_id, (request.step, g.policy_version)) for g in request.groups)
         version = request.step + 1
         trajectories = sum(len(g.trajectories) for g in request.groups)
         return TrainStepResponse(
@@ -120,7 +123,7 @@ class StandInAgentTask:
         task_id, run_id = raw["task"]["id"], raw.get("run_id", "adhoc")
         size = int(raw.get("group_size", 4))
         version = int(raw.get("policy_version") or 0)
-        await workflow.sleep(self.UNIT * (1 + zlib.crc32(task_id.encode()) % 30))
+        await workflow.sleep(self.UNIT * self.units(task_id))
         flat = task_id.startswith("flat-")
         rewards = [1.0 if s % 2 == 0 and not flat else 0.0 for s in range(size)]
         return {
@@ -141,6 +144,10 @@ class StandInAgentTask:
                 for s in range(size)
             ],
         }
+
+    def units(self, task_id: str) -> int:
+        """How many `UNIT`s task `task_id` takes: 1–30, fixed per task."""
+        return 1 + zlib.crc32(task_id.encode()) % 30
 
 
 @workflow.defn(name="AgentTaskWorkflow", sandboxed=False)

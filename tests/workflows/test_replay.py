@@ -84,6 +84,10 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     # recorded on the release whose run probes its learner while nothing is in flight (its
     # patch marker): test_training_run_fails_at_once.py, a learner terminated in its first step
     "training_run_learner_probed.json": (TrainingRunWorkflow, "train-learner-idle"),
+    # recorded on the release whose run sends each group in time for its learner step (its
+    # patch marker): tests/workflows/test_training_run_order.py with TEMPERED_RECORD_HISTORIES=1,
+    # a slow task's group held back the next step's four, sent after it in one signal
+    "training_run_ordered.json": (TrainingRunWorkflow, "train-order"),
 }
 
 
