@@ -2,7 +2,9 @@
 a bound while it trains, with the blobs only they name (`infra.retention.prune_below`).
 
 The bound is the workflow's to choose (`workflows/retention.py`: version 0, the newest
-`keep_versions` and every version still read stay); this side only deletes, and a repeated or
+`keep_versions` and every version still read stay), with the bound its last prune reached
+(`since`: only the versions from it are looked at). This side only deletes, never a version
+that a reader outside the run marks (`tempered eval`, `infra.retention.reading`); a repeated or
 retried call deletes nothing more. Served by `tempered worker rewards`, which holds the store.
 It heartbeats while it deletes: a prune of many versions may outlast the heartbeat timeout.
 """
@@ -27,7 +29,9 @@ class RetentionActivities:
     @activity.defn(name=Activity.PRUNE_POLICIES.value)
     async def prune_policies(self, request: PrunePoliciesRequest) -> PrunePoliciesResponse:
         deleted = await heartbeating(
-            asyncio.to_thread(prune_below, self.store, request.run_id, request.below),
+            asyncio.to_thread(
+                prune_below, self.store, request.run_id, request.below, since=request.since
+            ),
         )
         if deleted:
             activity.logger.info("run %s: deleted policy versions %s", request.run_id, deleted)

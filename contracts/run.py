@@ -9,7 +9,8 @@ from datetime import datetime
 
 from pydantic import Field, field_validator
 
-from contracts.common import Contract, Identifier
+from contracts.common import Contract, Identifier, is_identifier
+from contracts.errors import ErrorType, fail
 from contracts.learner import (
     GRPOConfig,
     HistoryBudget,
@@ -44,6 +45,12 @@ class PrunePoliciesRequest(Contract):
 
     run_id: Identifier
     below: int = Field(ge=1, description="The oldest version kept besides version 0.")
+    since: int | None = Field(
+        default=None,
+        ge=1,
+        description="Versions below it were deleted by earlier calls: only those from it are "
+        "looked at (None: every version listed).",
+    )
 
 
 class PrunePoliciesResponse(Contract):
@@ -93,9 +100,21 @@ def draw_order(train: Sequence[TaskSpec], seed: int) -> list[TaskSpec]:
 
 
 def drawn_task(order: Sequence[TaskSpec], index: int) -> TaskSpec:
-    """The `index`-th task a run starts: the order repeats in epochs, `<id>-e<epoch>`."""
+    """The `index`-th task a run starts: the order repeats in epochs, `<id>-e<epoch>`. A drawn id
+    over an id's 128 characters fails the run (INVALID_TASK, not retried), naming the task: its
+    task workflow could not decode its input and would be retried for ever. Checked here, not on
+    `TaskSpec`: suites stored by earlier runs must still decode."""
     epoch, position = divmod(index, len(order))
-    return order[position].model_copy(update={"id": f"{order[position].id}-e{epoch}"})
+    task = order[position]
+    drawn = f"{task.id}-e{epoch}"
+    if not is_identifier(drawn):
+        raise fail(
+            ErrorType.INVALID_TASK,
+            f"task {task.id!r} ({len(task.id)} characters), drawn in epoch {epoch} as "
+            f"`<id>-e{epoch}`, makes an id of {len(drawn)} characters, over the 128 an id may "
+            f"have; give it an id of at most {128 - len(drawn) + len(task.id)} characters",
+        )
+    return task.model_copy(update={"id": drawn})
 
 
 def suite_task_id(run_id: str, task_id: str) -> str:

@@ -13,6 +13,8 @@ runs/<run>/policy/blobs/<sha256>                             a file of some poli
 runs/<run>/policy/v<version>/manifest.json                   the version's files; written
                          last: the version is complete
 runs/<run>/policy/latest.json                                pointer, written after manifest
+runs/<run>/policy/readers/<reader>.json                      a reader outside the run (`tempered
+                         eval`) reads a version: the run's prunes keep it (infra/retention.py)
 runs/<run>/learner/step-<step>.json                          ack: trajectories consumed
 runs/<run>/learner/ledger-<segment>.json                     task ids one continue-as-new
                                                              segment of the learner took
@@ -104,6 +106,14 @@ def policy_blob_key(run: str, sha256: str) -> str:
 
 def latest_policy_key(run: str) -> str:
     return f"{policies_prefix(run)}latest.json"
+
+
+def policy_readers_prefix(run: str) -> str:
+    return f"{policies_prefix(run)}readers/"
+
+
+def policy_reader_key(run: str, reader: str) -> str:
+    return f"{policy_readers_prefix(run)}{reader}.json"
 
 
 def learner_prefix(run: str) -> str:

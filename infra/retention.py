@@ -1,9 +1,14 @@
 """Retention of a run's policy versions: which to delete, and the blobs only they name.
 
-    prune_versions(store, run, keep=K)   # a finished run (`tempered runs prune`): all but v0
-                                         # and the newest K, then every blob no kept one names
-    prune_below(store, run, below=B)     # a run still training (`keep_versions`, activity
-                                         # `prune_policies`): versions 1 .. B-1
+    prune_versions(store, run, keep=K)   # a finished run (`tempered runs prune`): all but v0,
+                                         # the one latest.json names and the newest K, then
+                                         # every blob no kept one names
+    prune_below(store, run, below=B, since=S)   # a run still training (`keep_versions`,
+                                         # activity `prune_policies`): versions S .. B-1, the
+                                         # earlier ones deleted by the prunes before (S = None:
+                                         # versions 1 .. B-1, every one listed looked at)
+    with reading(store, run, version, reader):   # `tempered eval --run`: kept meanwhile
+        ...
 
 Both keep version 0 and the full-weight versions that a kept LoRA version applies to
 (`PolicyVersion.adapter_of`). Blobs are shared between versions (a version uploads only the
@@ -14,33 +19,149 @@ is not yet. `prune_below` therefore deletes only blobs that a doomed version's m
 a blob of the version being published is new (no manifest names it) or shared with the newest
 published version (kept), unless its step restored a shard's exact bytes from before the kept
 window, which nothing here guards against. What it leaves is what `prune_versions` sweeps once
-the run has finished: blobs of crashed publishes that no manifest names. Which versions are still read (by
-rollouts in flight and evaluations) is the caller's to know: `workflows/retention.py`.
+the run has finished: blobs of crashed publishes that no manifest names. Which versions the
+run's own rollouts and evaluations still read is the caller's to know (`workflows/retention.py`).
+
+`since` keeps a live prune's cost to the versions it deletes: an S3 store may keep listing a
+pruned version's emptied folder (SeaweedFS does), and a prune that looked at every listed
+version read each one ever pruned again (1,500 versions on, 3,002 requests a prune).
+
+A reader outside the run (`tempered eval --run R --policy N`, which the run does not know of)
+marks its version (`reading`: `keys.policy_reader_key`), and both prunes keep a version a live
+marker names. The marker lives `ttl_s` from its last refresh, every `refresh_s` while the block
+runs, by the reader's clock, so a reader killed without a word pins its version no longer than
+that (clocks that differ by more than `ttl_s - refresh_s` are not allowed for). On leaving the
+block it is marked ended, not deleted: the next prune deletes the version it kept if that is
+below its bound (it may be below `since`: nothing else would look at it again), then the marker.
+Not covered: a prune that read the markers just before a reader wrote its one, and deletes the
+version just after the reader looked for it again once marked (`tempered eval` looks, and
+refuses to start where the version is gone).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+from pydantic import BaseModel, ValidationError
+
 from contracts.learner import PolicyManifest
 from infra import keys
-from infra.policy import policy_manifest, policy_versions
-from infra.storage import ObjectStore
+from infra.policy import latest_policy, policy_manifest, policy_versions
+from infra.storage import ObjectNotFound, ObjectStore, StorageError
+
+log = logging.getLogger(__name__)
+
+READER_TTL_S = 1800.0
+"""How long a reader's marker keeps its version after its last refresh."""
+READER_REFRESH_S = 300.0
+"""How often a reader refreshes its marker: a few refreshes may fail (the store down for a
+while) before the marker goes stale."""
+
+
+class PolicyReader(BaseModel):
+    """A reader's marker (`keys.policy_reader_key`)."""
+
+    version: int
+    until: float = 0.0
+    """Seconds since the epoch, by the reader's clock: stale from then on."""
+    ended: bool = False
 
 
 def prune_versions(store: ObjectStore, run_id: str, keep: int) -> list[int]:
-    """Delete the versions of a finished run but version 0 and the newest `keep`, then every
-    blob no kept version names. Returns the versions deleted (an S3 store may still list their
-    empty prefixes). The caller makes sure nothing serves the run any more."""
+    """Delete the versions of a finished run but version 0, the newest `keep` and (`keep` > 0)
+    the one latest.json names, then every blob no kept version names. Returns the versions
+    deleted (an S3 store may still list their empty prefixes). The caller makes sure nothing
+    serves the run any more; a version a live reader marks stays all the same."""
     versions = policy_versions(store, run_id)
-    kept = {0, *versions[-keep:]} if keep > 0 else {0}
-    return _prune(store, run_id, versions, kept, sweep=True)
+    live, ended = _readers(store, run_id)
+    kept = {0, *live}
+    if keep > 0:  # a publish that died between its manifest and latest.json left it behind
+        latest = latest_policy(store, run_id)
+        kept |= {*versions[-keep:], *([latest.version] if latest else [])}
+    deleted = _prune(store, run_id, versions, kept, sweep=True)
+    store.delete_keys(sorted(ended))
+    return deleted
 
 
-def prune_below(store: ObjectStore, run_id: str, below: int) -> list[int]:
-    """Delete versions 1 .. `below` - 1 of a run that may still be publishing, and the blobs
-    that only they name. Returns the versions deleted; repeating it deletes nothing more."""
+def prune_below(store: ObjectStore, run_id: str, below: int, since: int | None = None) -> list[int]:
+    """Delete versions `since` .. `below` - 1 (1 .. `below` - 1 where `since` is None) of a run
+    that may still be publishing, and the blobs that only they name, but those a live reader
+    marks; and those that ended readers kept before, however old. Returns the versions
+    deleted; repeating it deletes nothing more."""
     versions = policy_versions(store, run_id)
-    kept = {v for v in versions if v == 0 or v >= below}
-    return _prune(store, run_id, versions, kept, sweep=False)
+    live, ended = _readers(store, run_id)
+    kept = {v for v in versions if v == 0 or v >= below} | live
+    if since is not None:  # those below it are deleted, or kept by a reader that has ended
+        freed = {marker.version for marker in ended.values()}
+        versions = [v for v in versions if since <= v < below or v in freed]
+    deleted = _prune(store, run_id, versions, kept, sweep=False)
+    store.delete_keys(sorted(ended))
+    return deleted
+
+
+@contextlib.contextmanager
+def reading(
+    store: ObjectStore,
+    run_id: str,
+    version: int,
+    reader: str,
+    *,
+    ttl_s: float = READER_TTL_S,
+    refresh_s: float = READER_REFRESH_S,
+) -> Iterator[None]:
+    """Keep `version` of `run_id` from its prunes while the block runs: `reader` (an id unique
+    to this reader) marks it, and refreshes the marker from a thread. StorageError if the
+    first mark fails; a failed refresh or end is logged (the marker goes stale)."""
+    key = keys.policy_reader_key(run_id, reader)
+
+    def mark(ended: bool = False) -> None:
+        until = time.time() + (0.0 if ended else ttl_s)
+        store.put_json(key, PolicyReader(version=version, until=until, ended=ended))
+
+    def refresh() -> None:
+        while not stop.wait(refresh_s):
+            try:
+                mark()
+            except StorageError as err:  # the next refresh tries again
+                log.warning("reader %s of %s v%d: refresh failed: %s", reader, run_id, version, err)
+
+    mark()
+    stop = threading.Event()
+    refresher = threading.Thread(target=refresh, name=f"reading-{reader}", daemon=True)
+    refresher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        refresher.join()
+        try:
+            mark(ended=True)
+        except StorageError as err:
+            log.warning("reader %s of %s v%d: not marked ended: %s", reader, run_id, version, err)
+
+
+def _readers(store: ObjectStore, run_id: str) -> tuple[set[int], dict[str, PolicyReader]]:
+    """The versions that live readers mark, and the markers of readers that ended or went stale
+    (by key; an unreadable one as ended, of version 0)."""
+    live: set[int] = set()
+    ended: dict[str, PolicyReader] = {}
+    now = time.time()
+    for key in store.list_keys(keys.policy_readers_prefix(run_id)):
+        try:
+            marker = store.get_model(key, PolicyReader)
+        except ObjectNotFound:  # deleted since it was listed
+            continue
+        except ValidationError:
+            marker = PolicyReader(version=0, ended=True)
+        if marker.ended or marker.until <= now:
+            ended[key] = marker
+        else:
+            live.add(marker.version)
+    return live, ended
 
 
 def _prune(

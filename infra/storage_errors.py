@@ -18,6 +18,9 @@ _TRANSIENT_CODES = {
     "SlowDown",
     "Throttling",
     "ThrottlingException",
+    "TooManyRequests",  # 429: Ceph RGW, MinIO and others throttle with it; AWS says SlowDown
+    "RequestLimitExceeded",
+    "429",
     "RequestTimeout",
     "IncompleteBody",  # the request's body was cut short on the way
     "InternalError",
@@ -129,7 +132,7 @@ def classify_client_error(
         return PermanentStorageError(
             f"S3 at {endpoint} denied {op} on {where} to access key '{access_key}'"
         )
-    if status >= 500:
+    if status >= 500 or status == 429:  # 429 whatever its code: too many requests, for now
         return TransientStorageError(failed)
     return PermanentStorageError(f"S3 {op} on {where} failed: {code} {message}")
 

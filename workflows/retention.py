@@ -7,15 +7,19 @@
     await retention.finish(latest)       # at the run's end
 
 Kept: version 0, the newest N, and every version that a rollout or an evaluation started and
-not yet finished reads (the bound moves only past the oldest of those). Deleting is the
-`prune_policies` activity's (queue `rewards`, infra/retention.py); one runs at a time, each
-deleting below a higher bound than the last, so a run of S steps deletes S - N versions in at
-most S activities. N = 0 keeps every version and issues no command at all, as the run did before
-this existed (its recorded histories replay unchanged).
+not yet finished reads (the bound moves only past the oldest of those); an evaluation the run
+did not start (`tempered eval --run`) marks its version in the store, which the activity keeps.
+Deleting is the `prune_policies` activity's (queue `rewards`, infra/retention.py); one runs at a
+time, each deleting below a higher bound than the last and told the bound of the last one that
+succeeded (`since`: the store reads only the versions between the two), so a run of S steps
+deletes S - N versions in at most S activities, each reading about the versions it deletes.
+N = 0 keeps every version and issues no command at all, as the run did before this existed (its
+recorded histories replay unchanged; a prune's input is not compared on replay).
 
-A prune that fails for good is logged, and the versions stay: losing disk space is never worth
-failing a run over, nor waiting on. An infrastructure error is retried `PRUNE_ATTEMPTS` times
-(about 4 minutes of backoff), not without limit: a store that refuses deletes (say, credentials
+A prune that fails for good is logged, and the versions stay (the next prune looks at them
+again, unless the run continued as new meanwhile): losing disk space is never worth failing a
+run over, nor waiting on. An infrastructure error is retried `PRUNE_ATTEMPTS` times (about 4
+minutes of backoff), not without limit: a store that refuses deletes (say, credentials
 that may write but not delete) once held the run's continue-as-new and ending for good. What
 stays is swept by `tempered runs prune` once the run has finished.
 """
@@ -45,6 +49,7 @@ class Retention:
         self._input = run_input
         self.pruned_below = pruned_below
         """Versions 1 .. this - 1 are deleted (or being deleted)."""
+        self._swept_below = pruned_below  # the bound of the last prune that succeeded
         self._reading: Counter[int] = Counter()
         self._job: asyncio.Task[None] | None = None
 
@@ -90,10 +95,13 @@ class Retention:
     async def _prune(self, below: int, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await previous
+        request = PrunePoliciesRequest(
+            run_id=self._input.run_id, below=below, since=self._swept_below
+        )
         try:
             await workflow.execute_activity(
                 Activity.PRUNE_POLICIES.value,
-                PrunePoliciesRequest(run_id=self._input.run_id, below=below),
+                request,
                 result_type=PrunePoliciesResponse,
                 **activity_options(
                     Activity.PRUNE_POLICIES,
@@ -101,5 +109,6 @@ class Retention:
                     attempts=PRUNE_ATTEMPTS,
                 ),
             )
+            self._swept_below = below
         except ActivityError as err:
             workflow.logger.warning("policy versions below %d kept: %s", below, err.cause or err)

@@ -1,6 +1,6 @@
-"""The `prune_policies` activity heartbeats while it deletes, as often as its heartbeat timeout
-needs (the deletion itself: tests/infra/test_retention.py; the bound it is given:
-tests/workflows/test_retention.py)."""
+"""The `prune_policies` activity deletes from the bound the run's last prune reached (`since`)
+and heartbeats while it deletes, as often as its heartbeat timeout needs (the deletion itself:
+tests/infra/test_retention*.py; the bounds it is given: tests/workflows/test_retention*.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from temporalio import workflow
 from temporalio.client import Client
 from temporalio.common import RetryPolicy
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 import activities.retention
@@ -21,11 +22,25 @@ from contracts.run import PrunePoliciesRequest, PrunePoliciesResponse
 from infra.storage import ObjectStore
 from tests.activities.heartbeats import timing_out_after
 from tests.fixtures.temporal import TemporalServer
+from tests.infra.test_retention_bounds import publish_fakes, published
 
 QUEUE = "prune-heartbeats"
 
 
-def slow(store: ObjectStore, run_id: str, below: int) -> list[int]:
+@pytest.mark.asyncio
+async def test_a_prune_told_the_last_bound_looks_only_above_it(store: ObjectStore) -> None:
+    """`since`: versions below it were deleted by the run's earlier prunes (a store that keeps
+    listing their folders made each prune read them all again)."""
+    publish_fakes(store, "told", range(6))
+    request = PrunePoliciesRequest(run_id="told", below=4, since=3)
+    pruned = await ActivityEnvironment().run(RetentionActivities(store).prune_policies, request)
+    assert pruned.deleted == [3] and published(store, "told", 6) == [0, 1, 2, 4, 5]
+    request = PrunePoliciesRequest(run_id="told", below=4)  # an older run's: every version
+    pruned = await ActivityEnvironment().run(RetentionActivities(store).prune_policies, request)
+    assert pruned.deleted == [1, 2] and published(store, "told", 6) == [0, 4, 5]
+
+
+def slow(store: ObjectStore, run_id: str, below: int, since: int | None = None) -> list[int]:
     time.sleep(2.5)
     return [1, 2]
 

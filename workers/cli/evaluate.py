@@ -24,12 +24,18 @@ not one) exits 2, and a queue no worker polls exits 1, naming it (the tasks wait
 a word); a workspace suite's trees are put in the store, as a run's `load_tasks` puts them
 (`infra.tasks.workspace_specs`). Held-out evals during training are the TrainingRunWorkflow's,
 not this command's.
+
+A run that still trains with `keep_versions` deletes its old versions as it goes, and knows
+only the evaluations it started: while this command evaluates version N of it, a marker in the
+store keeps N (`infra.retention.reading`, refreshed as it runs, marked ended when it ends). A
+version deleted between the first look and the marker exits 2 before any task starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import secrets
@@ -42,6 +48,7 @@ from contracts.run import EvalResult, TrainingRunInput, spread
 from contracts.task import SamplingParams, TaskSpec
 from infra.base_models import check_base_model, materialize_base_model
 from infra.policy import policy_digest, policy_manifest, policy_versions, publish_policy
+from infra.retention import reading
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import (
@@ -140,7 +147,18 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
         f"{spec.eval_turns}; {len(tasks)} of {total} {args.split} tasks of {spec.suite!r}",
         file=sys.stderr,
     )
-    results = asyncio.run(_evaluate(settings, args, spec, tasks, eval_run, version))
+    # a training run's prunes keep the version while it is marked; 0 of a base run never goes
+    marked = reading(store, policy_run, version, eval_run) if target else contextlib.nullcontext()
+    with marked:
+        if target is not None and policy_manifest(store, policy_run, version) is None:
+            return _bad_input(
+                ValueError(
+                    f"run {policy_run!r} has no policy version {version} any more: the run's "
+                    "prunes (keep_versions) deleted it since this command found it; evaluate a "
+                    "newer one (`tempered runs show RUN` lists them)"
+                )
+            )
+        results = asyncio.run(_evaluate(settings, args, spec, tasks, eval_run, version))
     result = EvalResult.of(version, results, spec.eval_turns)
     summary = {
         "suite": spec.suite,
