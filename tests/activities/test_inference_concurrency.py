@@ -1,7 +1,8 @@
 """The generate activity under concurrent work, on a real SeaweedFS and the real local backend held
 at a gate: a first wave that loads the tokenizer once, a hot reload that finishes in-flight work
 on the old version, an overlapping attempt that stored first, the chat-format cache, heartbeats
-while a request waits and cancelled requests leaving the backend unsampled.
+while a request waits, and cancelled requests, or the other rows of a failed attempt, leaving the
+backend unsampled.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.inference import InferenceActivities
 from contracts.rollout import CompletionRecord
-from contracts.task import EnvName
+from contracts.task import EnvName, SamplingParams
 from infra import keys
-from infra.inference import InferenceError, PolicyHandle
+from infra.inference import GenerationOutput, InferenceError, PolicyHandle
 from infra.policy import publish_policy
 from infra.storage import ObjectStore
 from tests.activities.generation import PROMPT, RUN, GatedBackend, chat, generate, request
@@ -149,3 +151,34 @@ async def test_heartbeats_flow_while_waiting_and_cancelled_requests_leave_the_qu
     backend.gate.set()
     assert len((await held).completions) == 2
     assert backend.rows == 2  # the cancelled samples were never generated
+
+
+@pytest.mark.asyncio
+async def test_a_row_that_fails_ends_its_attempts_other_rows(
+    acts: InferenceActivities, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One row of an attempt fails: its other rows leave the backend with it (they decoded on
+    for nobody, the retry's rows queued behind them)."""
+    backend = acts.backend
+    assert isinstance(backend, GatedBackend)
+    backend.gate.clear()
+    gated, calls = backend.generate, 0
+
+    async def the_third_fails(
+        prompts: list[list[int]], params: list[SamplingParams], policy: PolicyHandle
+    ) -> list[GenerationOutput]:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            return await gated(prompts, params, policy)
+        while backend.held < 2:  # the other rows are in the backend
+            await asyncio.sleep(0.01)
+        raise InferenceError("a transient fault in one row")
+
+    monkeypatch.setattr(backend, "generate", the_third_fails)
+    with pytest.raises(ApplicationError, match="a transient fault in one row"):
+        await generate(acts, request("fails", samples=3))
+    assert backend.held == 0  # the other two left the backend
+    backend.gate.set()
+    await asyncio.sleep(0.1)
+    assert backend.rows == 0

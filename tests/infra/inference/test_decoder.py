@@ -94,3 +94,24 @@ def test_another_versions_request_waits_for_the_running_batch_to_drain(
         assert running.done() and len(batches) == 2  # v1 ran to its end, then v2's batch
     finally:
         engine.close()
+
+
+def test_a_prompt_outside_the_vocabulary_fails_alone_and_for_good(
+    endless_policy: LoadedPolicy,
+) -> None:
+    """An id the model has no embedding for failed the whole batch, as a fault to retry: the
+    rows decoding beside it failed too, and its retries failed theirs again."""
+    engine, _ = running_decoder(endless_policy, max_rows=4)
+    vocab = endless_policy.model.get_input_embeddings().num_embeddings
+    short = SamplingParams(temperature=0.0, max_new_tokens=4)
+    try:
+        with engine._changed:  # admitted in one step
+            good = engine.submit("v", prompts(1)[0], short)
+            bad = [engine.submit("v", [5, id, 6], short) for id in (vocab, -1)]
+        for future in bad:
+            with pytest.raises(InferenceError, match=r"prompt token ids? .* outside") as refused:
+                future.result(timeout=60)
+            assert not refused.value.retryable
+        assert len(good.result(timeout=60).token_ids) == 4
+    finally:
+        engine.close()

@@ -57,6 +57,26 @@ async def test_the_wait_is_bounded_and_a_skipped_version_fails_at_once(
 
 
 @pytest.mark.asyncio
+async def test_concurrent_requests_for_an_unpublished_version_share_one_bound(
+    store: ObjectStore, tiny_dir: Path, tmp_path: Path
+) -> None:
+    """The k-th of k requests waiting for one version waited k times the bound (each started
+    its clock once it took the version's lock): with the defaults, later requests hit the
+    activity's timeout and were retried for ever instead of failing with the clear error."""
+    publish_policy(store, "queued", 0, tiny_dir)
+    policies = PolicyResolver(store, tmp_path, latest_ttl_s=0.05, wait_s=0.5)
+    started = time.monotonic()
+
+    async def waited() -> float:
+        with pytest.raises(InferenceError, match="not published within") as err:
+            await policies.resolve("queued", 1)
+        assert not err.value.retryable
+        return time.monotonic() - started
+
+    assert max(await asyncio.gather(*(waited() for _ in range(4)))) < 1.0
+
+
+@pytest.mark.asyncio
 async def test_a_lora_version_resolves_with_its_full_weight_base(
     store: ObjectStore, tiny_dir: Path, tmp_path: Path
 ) -> None:

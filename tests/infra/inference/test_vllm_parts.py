@@ -246,3 +246,53 @@ async def test_a_row_with_nothing_to_sample_is_an_empty_length_output_the_engine
     for prompt in ([], [5] * 64, [5] * 70):
         output = await backend._row(prompt, params, None, None, "v0")
         assert (output.token_ids, output.logprobs, output.finish_reason) == ([], [], "length")
+
+
+class StreamingEngine:
+    """What `_row` asks of an `AsyncLLM`: a stream of `chunks` and the weights' label."""
+
+    errored = False
+
+    def __init__(self, chunks: list[Any], label: str) -> None:
+        self.chunks, self.label = chunks, label
+
+    def generate(self, prompt: object, params: object, request_id: str, **kwargs: object) -> Any:
+        async def stream() -> Any:
+            for output in self.chunks:
+                yield SimpleNamespace(outputs=[output])
+
+        return stream()
+
+    async def get_weight_version(self) -> str:
+        return self.label
+
+
+@pytest.mark.asyncio
+async def test_a_row_cut_by_a_stop_rule_is_checked_against_the_engines_weights() -> None:
+    """vLLM labels a row's tokens with their weights' version on its finished output only: a
+    row cut by a stop rule (aborted first) had no label, and passed the check unchecked."""
+    params = SamplingParams(stop_after_code_block=True, max_new_tokens=8)
+    cut = [chunk([FENCE, 4]), chunk([FENCE, 5])]  # deltas: the second fence cuts the row
+    backend = VLLMBackend(VLLMSettings(max_model_len=64))
+    backend._engine = StreamingEngine(cut, label="run/v2")
+    with pytest.raises(InferenceError, match=r"weights \['run/v2'\], not run/v1"):
+        await backend._row([1, 2], params, None, RULES, "run/v1")
+    backend._engine = StreamingEngine(cut, label="run/v1")
+    output = await backend._row([1, 2], params, None, RULES, "run/v1")
+    assert output.token_ids == [FENCE, 4, FENCE] and output.finish_reason == "stop"
+
+
+@pytest.mark.asyncio
+async def test_a_sampled_row_with_top_p_is_refused_before_the_engine_is_asked() -> None:
+    """vLLM records a log-prob within the nucleus (`processed_logprobs`: after top-p), up to
+    -log(top_p) above the learner's recomputation at the row's temperature (top-p left out,
+    `SamplingParams.logprob_temperature`): the importance ratio of every such token was off."""
+    backend = VLLMBackend(VLLMSettings())  # never started: the refusal needs no engine
+    handle = PolicyHandle("run", 0, Path("/nonexistent"))
+    nucleus = SamplingParams(temperature=0.9, top_p=0.95)
+    with pytest.raises(InferenceError, match=r"top_p = 0.95 .* sampling.top_p = 1") as refused:
+        await backend.generate([[1], [2]], [SamplingParams(top_p=1.0), nucleus], handle)
+    assert not refused.value.retryable
+    greedy = SamplingParams(temperature=0.0, top_p=0.95)  # samples no nucleus: top_p unused
+    with pytest.raises(InferenceError, match="the engine is not started"):
+        await backend.generate([[1]], [greedy], handle)

@@ -38,7 +38,7 @@ async def test_a_backend_that_was_not_started_says_so(tmp_path: Path) -> None:
     backend = get_backend(Settings(home=tmp_path, inference={"backend": "vllm"}), start=False)
     assert isinstance(backend, VLLMBackend)
     with pytest.raises(InferenceError, match="the engine is not started"):
-        await backend.generate([[1]], [SamplingParams()], PolicyHandle("r", 0, tmp_path))
+        await backend.generate([[1]], [SamplingParams(top_p=1)], PolicyHandle("r", 0, tmp_path))
 
 
 @pytest.mark.slow
