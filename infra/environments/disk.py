@@ -1,6 +1,6 @@
 """Trees on a worker's disk: what a restore writes, and what that takes of a workspace's quota.
 
-    restore(manifest, contents, fresh_dir, uid)         # every path given to `uid`
+    restore(manifest, contents, fresh_dir, uid)         # every path given to `uid`, its mode
     with Parents(root) as parents:                      # reach any path of a tree
         parent_fd, name = parents.of("a/b/c.txt")
     disk_bytes(size), link_bytes(target)                # what a restore takes of a tmpfs
@@ -8,15 +8,19 @@
 Two things a scan (`snapshots.Scanner`) reads fine can break a restore unless both sides agree:
 
 - Size. A workspace is a tmpfs (`mounts.py`), which charges each file whole pages and a long
-  link's target one, and a restore writes every path as a file of its own: 70,000 hard links
-  to a one-byte file are 70 KB to `st_size` but 70,000 pages once restored. The scan counts
-  these costs, so a tree it accepts always fits the same quota again.
+  link's target one; a hard link takes no page, and a restore makes it a link again. The scan
+  counts these costs, so a tree it accepts always fits the same quota again. (Trees stored
+  before hard links were kept restore each as a file of its own: their scans counted each.)
 - Path length. A path may pass PATH_MAX (4,096 bytes: 20 nested names of 250 letters), which a
   scan reads relative to each parent's descriptor, but which no call given the whole path can
   open (ENAMETOOLONG). A restore reaches every path the same way (`Parents`).
 
 Measured on Linux 6.18's tmpfs (no huge pages): an empty file, a directory and a link of up to
 127 bytes take no page; a hard link takes an inode (`nr_inodes` bounds those) but no page.
+
+Modes: a file gets its mode as it is created (`os.fchmod`, whatever the umask), a directory
+once all it holds is written, the deepest first: a worker that is not root could not write
+into a 0555 directory, nor reach what a 0000 one holds.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from infra.environments.tree import Manifest, TreeError
+from infra.environments.tree import Entry, Manifest, TreeError
 
 PAGE = max(4096, os.sysconf("SC_PAGESIZE"))
 """What a tmpfs charges a file for: each whole or partial page of its bytes."""
@@ -33,6 +37,8 @@ LONG_LINK = 127
 """Bytes of a link's target from which a tmpfs takes a page for it (shorter ones live in the
 inode; a kernel that counts the target's NUL takes one from 127 bytes, Linux 6.18 from 128)."""
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+"""Opening a file the agent wrote: never through a link, never waiting (a FIFO put there)."""
 
 
 def disk_bytes(size: int) -> int:
@@ -95,31 +101,54 @@ def mkdir(name: str, dir_fd: int, uid: int | None) -> None:
 
 
 def restore(manifest: Manifest, contents: Mapping[str, bytes], root: Path, uid: int | None) -> None:
-    """Write the tree into `root` (which must be empty), each file with the mtime it keeps, and
-    hand it to `uid` (None: as is)."""
+    """Write the tree into `root` (which must be empty), each file with the mtime it keeps, each
+    path with its mode, hard links as links, and hand it to `uid` (None: as is)."""
     if any(root.iterdir()):
         raise TreeError(f"{root} is not empty")
     if uid is not None:
         os.chown(root, uid, uid)
     mtimes = iter(manifest.mtimes)  # one a file, in order (none: the current time)
-    with Parents(root, make=True, uid=uid) as parents:
+    directories: list[Entry] = []
+    with Parents(root, make=True, uid=uid) as parents, Parents(root) as firsts:
         for entry in manifest.entries:
             parent_fd, name = parents.of(entry.path)
             if entry.kind == "dir":
                 mkdir(name, parent_fd, uid)
+                directories.append(entry)
             elif entry.kind == "link":
                 os.symlink(entry.target, name, dir_fd=parent_fd)
                 if uid is not None:
                     os.chown(name, uid, uid, dir_fd=parent_fd, follow_symlinks=False)
+            elif entry.target:  # a hard link: the file, its owner, mode and mtime are written
+                next(mtimes, None)
+                first_fd, first = firsts.of(entry.target)
+                os.link(
+                    first, name, src_dir_fd=first_fd, dst_dir_fd=parent_fd, follow_symlinks=False
+                )
             else:
-                mode = 0o755 if entry.executable else 0o644
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                fd = os.open(name, flags, mode, dir_fd=parent_fd)
-                with os.fdopen(fd, "wb") as handle:
-                    os.fchmod(fd, mode)  # whatever the umask
-                    if uid is not None:
-                        os.fchown(fd, uid, uid)
-                    handle.write(contents[entry.sha256])
-                    if (mtime := next(mtimes, None)) is not None:  # after the last write
-                        handle.flush()
-                        os.utime(fd, ns=(mtime, mtime))
+                _write(name, parent_fd, entry, contents[entry.sha256], uid, next(mtimes, None))
+    with Parents(root) as parents:
+        for entry in reversed(directories):  # below its parent in path order: deepest first
+            parent_fd, name = parents.of(entry.path)
+            fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+            try:
+                os.fchmod(fd, entry.permissions())
+            finally:
+                os.close(fd)
+
+
+def _write(
+    name: str, dir_fd: int, entry: Entry, data: bytes, uid: int | None, mtime: int | None
+) -> None:
+    """Create the file `name` in the open directory `dir_fd`, with its mode and `mtime`."""
+    mode = entry.permissions()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, mode, dir_fd=dir_fd)
+    with os.fdopen(fd, "wb") as handle:
+        os.fchmod(fd, mode)  # whatever the umask
+        if uid is not None:
+            os.fchown(fd, uid, uid)
+        handle.write(data)
+        if mtime is not None:  # after the last write
+            handle.flush()
+            os.utime(fd, ns=(mtime, mtime))

@@ -16,7 +16,8 @@ take of a workspace's tmpfs, so a tree it accepts always fits one again.
 Blocking (file system, boto3): callers run these in a thread. The scan remembers each file's
 (inode, size, times, mode) and its digest, so a step that changed one file reads one file; a
 commit uploads one object, the manifest with the contents new since `previous` inline, so no
-caller ever holds a ref to a manifest whose contents are missing.
+caller ever holds a ref to a manifest whose contents are missing; now and then it takes the
+contents of a few small earlier objects in too (`packing.py`).
 
 A stat proves a file's bytes only once the clock has passed its times (git's "racily clean"
 files): before Linux 6.13 file times come from a clock that moves once a tick (1 to 10 ms), so
@@ -35,17 +36,18 @@ from pathlib import Path
 from typing import Protocol
 
 from contracts.common import ObjectRef
-from infra.environments.disk import DIR_FLAGS, PAGE, Parents, disk_bytes, link_bytes
+from infra.environments.disk import DIR_FLAGS, FILE_FLAGS, PAGE, Parents, disk_bytes, link_bytes
 from infra.environments.lru import Lru
+from infra.environments.packing import still_needed, to_take
 from infra.environments.paths import is_utf8
 from infra.environments.tree import (
-    MAX_PACKS,
     Check,
     Entry,
     Manifest,
     Pack,
     TreeError,
     decode_tree,
+    entry_mode,
     manifest_ref,
     sha256,
 )
@@ -56,13 +58,12 @@ MAX_ENTRIES = 100_000
 """Paths one workspace may hold."""
 PARALLEL = 8
 """Pack downloads in flight at once."""
-ENTRY_BYTES, EXECUTABLE_BYTES, LISTED_BYTES, MTIME_BYTES = 768, 512, 288, 48
+ENTRY_BYTES, FIELDS_BYTES, LISTED_BYTES, MTIME_BYTES = 768, 512, 288, 48
 """A little over what a decoded manifest takes in memory beside its paths (1,033 B measured
 for a file's entry, listed content and mtime): each entry (a pydantic model, its dict and set
-of the fields given, a digest's str), 512 B more for an executable file's (a fifth field given
-outgrows that set's smallest table), each content listed (a tuple, a digest, an int), each
-mtime."""
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+of the fields given, a digest's str), 512 B more for one given five fields or more (a file
+that is executable, has a mode or is a hard link: that set outgrows its smallest table), each
+content listed (a tuple, a digest, an int), each mtime."""
 CLOCK_REALTIME_COARSE = 5
 """Linux's id (unnamed in `time`) of the clock file times come from (from 6.13: it or later)."""
 RACY_NS = round(time.clock_getres(CLOCK_REALTIME_COARSE) * 1e9)
@@ -156,22 +157,19 @@ class Trees:
         check: Check | None = None, mtimes: Mapping[str, int] | None = None,
     ) -> tuple[ObjectRef, Manifest]:  # fmt: skip
         """Store the tree `entries` (with `check`, and each file's time from `mtimes` if given:
-        `Scanner.mtimes`) in one object: the contents none of `previous`'s objects hold, from
-        `new`, inline; or every content inline when the tree is due to be packed anew."""
-        needed = {entry.sha256 for entry in entries if entry.kind == "file"}
-        earlier = previous.all_packs() if previous else []
-        kept = [p for p in earlier if any(d in needed for d, _ in p.contents)]
-        fresh = needed - {digest for pack in kept for digest, _ in pack.contents}
+        `Scanner.mtimes`) in one object: inline, the contents none of `previous`'s objects
+        hold, from `new`, and those of the objects it takes in (`packing.py`)."""
+        sizes = {entry.sha256: entry.size for entry in entries if entry.kind == "file"}
+        kept = still_needed(previous.all_packs(), sizes) if previous else []
+        fresh = sizes.keys() - {digest for pack in kept for digest, _ in pack.contents}
         if absent := [digest[:12] for digest in fresh if digest not in new]:
             raise TreeError(f"no bytes for the contents {absent} of the tree")
         inline = {digest: new[digest] for digest in fresh}
-        live = sum(_sizes(entries).values())
-        held = sum(size for pack in kept for _, size in pack.contents) + sum(
-            map(len, inline.values())
-        )
-        if len(kept) >= MAX_PACKS or held > 2 * live:
-            everything = {**self._unpacked(kept), **new}
-            kept, inline = [], {digest: everything[digest] for digest in needed}
+        if taken := to_take(kept, sizes, sum(map(len, inline.values()))):
+            everything = {**self._unpacked(taken), **new}
+            kept = [pack for pack in kept if pack not in taken]
+            elsewhere = {digest for pack in kept for digest, _ in pack.contents}
+            inline = {digest: everything[digest] for digest in sizes if digest not in elsewhere}
         listing = sorted(entries, key=lambda e: e.path)
         manifest = Manifest(
             entries=listing,
@@ -213,10 +211,6 @@ class Trees:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _sizes(entries: list[Entry]) -> dict[str, int]:
-    return {entry.sha256: entry.size for entry in entries if entry.kind == "file"}
-
-
 def _contents_bytes(contents: dict[str, bytes]) -> int:
     return sum(map(len, contents.values()))
 
@@ -227,10 +221,18 @@ def manifest_bytes(manifest: Manifest) -> int:
     listed = len(manifest.inline) + sum(len(pack.contents) for pack in manifest.packs)
     return (
         ENTRY_BYTES * len(entries)
-        + EXECUTABLE_BYTES * sum(entry.executable for entry in entries)
+        + FIELDS_BYTES * sum(map(_five_fields, entries))
         + LISTED_BYTES * listed
         + MTIME_BYTES * len(manifest.mtimes)
         + sum(len(entry.path) + len(entry.target) for entry in entries)
+    )
+
+
+def _five_fields(entry: Entry) -> bool:
+    """Whether `entry`, decoded, was given five fields or more (its stored JSON leaves defaults
+    out): a file's path, kind, digest and size, and one more."""
+    return entry.kind == "file" and (
+        entry.executable or entry.mode is not None or bool(entry.target)
     )
 
 
@@ -260,6 +262,8 @@ class Scanner:
         blobs: dict[str, bytes] = {}
         seen: dict[str, tuple[StatKey, str]] = {}
         mtimes: dict[str, int] = {}
+        linked: dict[str, tuple[int, int]] = {}  # path → (device, inode) of a file of 2+ links
+        met: set[tuple[int, int]] = set()
         total = 0
         start = self.clock()
         fd = os.open(root, DIR_FLAGS)
@@ -268,7 +272,8 @@ class Scanner:
                 if len(entries) >= self.max_entries:
                     raise TreeError(f"the workspace holds more than {self.max_entries} paths")
                 if stat.S_ISDIR(info.st_mode):
-                    entries.append(Entry(path=path, kind="dir"))
+                    mode, _ = entry_mode("dir", info.st_mode)
+                    entries.append(Entry(path=path, kind="dir", mode=mode))
                 elif stat.S_ISLNK(info.st_mode):
                     target = os.readlink(name, dir_fd=parent_fd)
                     if not is_utf8(target):  # left out, as a name that is not UTF-8 is
@@ -277,20 +282,27 @@ class Scanner:
                     total = self._charge(total, link_bytes(target))
                     entries.append(Entry(path=path, kind="link", target=target))
                 else:
-                    total = self._charge(total, disk_bytes(info.st_size))
+                    inode = (info.st_dev, info.st_ino)
+                    if info.st_nlink == 1 or inode not in met:  # a further path: a link, no page
+                        total = self._charge(total, disk_bytes(info.st_size))
+                    if info.st_nlink > 1:
+                        met.add(inode)
+                        linked[path] = inode
                     digest, data = self._digest(path, parent_fd, name, info, stored)
                     if data is not None:
                         blobs[digest] = data
                     if _settled(info, start):
                         seen[path] = (_stat_key(info), digest)
                     mtimes[path] = info.st_mtime_ns
+                    mode, executable = entry_mode("file", info.st_mode)
                     entries.append(
                         Entry(
                             path=path,
                             kind="file",
                             sha256=digest,
                             size=info.st_size,
-                            executable=bool(info.st_mode & 0o111),
+                            executable=executable,
+                            mode=mode,
                         )  # fmt: skip
                     )
         except PermissionError as exc:  # a worker that is not root, and a `chmod 000` of its agent
@@ -300,17 +312,17 @@ class Scanner:
         finally:
             os.close(fd)
         self._digests, self.mtimes = seen, mtimes
-        return entries, blobs
+        return _hard_links(entries, linked), blobs
 
     def _charge(self, total: int, cost: int) -> int:
         """`total` plus `cost`; TreeError past `max_bytes`. Costs are what a restore will take
-        of a tmpfs, not `st_size`: 70,000 hard links to a one-byte file are 70 KB to `du` but
-        70,000 pages once restored, a tree that no workspace could hold again."""
+        of a tmpfs (`disk.py`), not `st_size`: 1,000 one-byte files are 1 KB to `du` but 1,000
+        pages once restored."""
         total += cost
         if total > self.max_bytes:
             raise TreeError(
                 f"the workspace holds more than {self.max_bytes >> 20} MB (each file counted in "
-                f"whole {PAGE >> 10} KiB pages, and each hard link as a file of its own)"
+                f"whole {PAGE >> 10} KiB pages)"
             )
         return total
 
@@ -322,7 +334,7 @@ class Scanner:
         remembered = self._digests.get(path)
         if remembered is not None and remembered[0] == _stat_key(info) and remembered[1] in stored:
             return remembered[1], None
-        fd = os.open(name, _FILE_FLAGS, dir_fd=parent_fd)
+        fd = os.open(name, FILE_FLAGS, dir_fd=parent_fd)
         try:
             opened = os.fstat(fd)
             if not stat.S_ISREG(opened.st_mode) or opened.st_ino != info.st_ino:
@@ -372,6 +384,22 @@ class Scanner:
                 return False
             time.sleep(min(left, max(moment - now, RACY_NS // 4)) / 1e9)  # it moves by ticks
         return True
+
+
+def _hard_links(entries: list[Entry], linked: Mapping[str, tuple[int, int]]) -> list[Entry]:
+    """`entries` in path order, each further path of a file (the same inode, and the same
+    content and mode: one read while it changed is a file of its own) a hard link to its
+    first."""
+    entries.sort(key=lambda entry: entry.path)
+    if not linked:
+        return entries
+    firsts: dict[tuple[int, int, str, int | None], str] = {}
+    for n, entry in enumerate(entries):
+        if (inode := linked.get(entry.path)) is not None:
+            first = firsts.setdefault((*inode, entry.sha256, entry.mode), entry.path)
+            if first != entry.path:
+                entries[n] = Entry(**{**entry.model_dump(exclude_defaults=True), "target": first})
+    return entries
 
 
 def _stat_key(info: os.stat_result) -> StatKey:

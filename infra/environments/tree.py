@@ -2,10 +2,9 @@
 
 A tree (a workspace, or a task's hidden tests) is stored as
 
-    workspaces/trees/<sha[:2]>/<sha>.json.z   the manifest: every path with its kind, its
-                                              executable bit, its content's digest and (a
-                                              file's) mtime, the earlier objects holding
-                                              those contents, and
+    workspaces/trees/<sha[:2]>/<sha>.json.z   the manifest: every path with its kind, its mode,
+                                              its content's digest and (a file's) mtime, the
+                                              earlier objects holding those contents, and
                                               after the JSON line the contents new in this
                                               tree (zlib-compressed, named by its sha256)
     workspaces/packs/<sha[:2]>/<sha>.z        file contents, concatenated and zlib-compressed
@@ -14,14 +13,23 @@ A tree (a workspace, or a task's hidden tests) is stored as
 
 A snapshot after a step uploads one object: the manifest, with the contents the step created
 inline (none if it changed nothing); for the other files it names the earlier trees (or packs)
-holding them. Once a tree spans more than `MAX_PACKS` of them, or they hold more dead bytes than
-live ones, the snapshot holds every content inline. So a restore is a few large GETs whatever
-the number of files, a step that changed one file uploads that file, and a snapshot is one PUT.
+holding them. A tree spans at most `MAX_PACKS` objects, and they hold at most twice its live
+bytes (`packing.py`: a snapshot takes the smallest into its own, or all). So a restore is a
+few large GETs whatever the number of files, a step that changed one file uploads that file
+(now and then with the small objects of the steps before it), and a snapshot is one PUT.
 The manifest's `ObjectRef` is what payloads carry (`SessionRef.snapshot`, `WorkspaceSpec.files`).
 
-The tree digest (`Manifest.digest`) is the sha256 of the entries alone (paths, kinds, the
-executable bit, contents, link targets; not the packs): equal digests mean equal workspaces,
+The tree digest (`Manifest.digest`) is the sha256 of the entries alone (paths, kinds, modes,
+contents, link targets, hard links; not the packs): equal digests mean equal workspaces,
 whatever the file times, owners, packing, or the order files were written in.
+
+Modes: a file or directory keeps its permission bits and the sticky bit (`KEPT_MODE`), stored
+only where they differ from what a tree without modes restores (files 0644, or 0755 if any
+executable bit is set; directories 0755), so such trees keep their digests. Setuid and setgid
+are never kept: a restore as root (the hidden tests', a solution's) would hand out what they
+grant; a session's scan clears them in the live workspace too (`walk.py`). A hard link is an
+entry for each of its paths: the first in path order holds the file, each other names it
+(`Entry.target`), and a restore links them again.
 
 Each file's mtime (ns) is kept beside the entries, out of the digest, and a restore sets it, so
 `make` (which compares times) behaves alike in the live workspace and in one restored from
@@ -36,8 +44,9 @@ A hidden-tests tree also says how it is checked (`Check`): Harbor's `test.sh`, o
 suite's function tests run by the two-process verifier.
 
 Not covered: file owners, the times of directories and links, a file's other times (atime
-is set to its mtime; ctime is the restore's), modes other than the executable bit, hard links
-(stored as separate files), special files (FIFOs, sockets, devices: never stored).
+is set to its mtime; ctime is the restore's), setuid and setgid bits, the mode of the tree's
+root, special files (FIFOs, sockets, devices: never stored). Trees stored before modes were
+kept restore as they did: files 0644 or 0755, directories 0755, hard links as separate files.
 """
 
 from __future__ import annotations
@@ -58,7 +67,9 @@ from infra import keys
 COMPRESSION_LEVEL = 1
 """zlib level of packs and manifests: text shrinks 3-4×, fast."""
 MAX_PACKS = 8
-"""Packs one tree may span before a snapshot packs it anew."""
+"""Stored objects (packs, earlier trees, its own) one tree may span."""
+KEPT_MODE = 0o1777
+"""The mode bits a tree keeps: permissions and the sticky bit, never setuid or setgid."""
 
 
 class TreeError(ValueError):
@@ -95,7 +106,27 @@ class Entry(BaseModel):
     size: int = Field(default=0, ge=0)
     executable: bool = False
     target: str = ""
-    """A link's target, as written (never followed when the tree is stored or restored)."""
+    """A link's target, as written (never followed when the tree is stored or restored); a
+    file's, if it is a hard link: the earlier path of the tree holding the same file."""
+    mode: int | None = Field(default=None, ge=0, le=KEPT_MODE)
+    """A file's or directory's mode bits (`KEPT_MODE`: no larger number has other bits), where
+    they differ from `default_mode` (None: that one)."""
+
+    def permissions(self) -> int:
+        """The mode bits a restore gives it."""
+        return default_mode(self.kind, self.executable) if self.mode is None else self.mode
+
+
+def default_mode(kind: str, executable: bool) -> int:
+    """The mode of a file or directory that a tree stores without one (as before modes were
+    kept: their digests are unchanged)."""
+    return 0o755 if kind == "dir" or executable else 0o644
+
+
+def entry_mode(kind: str, st_mode: int) -> tuple[int | None, bool]:
+    """`Entry.mode` and `Entry.executable` of a file or directory of mode `st_mode`."""
+    bits, executable = st_mode & KEPT_MODE, kind == "file" and bool(st_mode & 0o111)
+    return (None if bits == default_mode(kind, executable) else bits), executable
 
 
 class Check(BaseModel):
@@ -196,8 +227,9 @@ class Manifest(BaseModel):
     @model_validator(mode="after")
     def _well_formed(self) -> Manifest:
         """Sorted unique normalised paths; nothing below a link or a file (so restoring never
-        writes through a link); files name a content."""
-        previous, leaves = "", set[str]()
+        writes through a link); files name a content, hard links an earlier file of theirs;
+        modes only on files and directories, and a file's executable bit as its mode says."""
+        previous, leaves = "", dict[str, Entry]()
         for entry in self.entries:
             path = check_path(entry.path)
             if path <= previous and previous:
@@ -207,10 +239,12 @@ class Manifest(BaseModel):
                 if parent in leaves:
                     raise TreeError(f"{path!r} lies below the link or file {parent!r}")
                 parent = posixpath.dirname(parent)
-            if entry.kind == "file" and not entry.sha256:
-                raise TreeError(f"file {path!r} names no content")
+            if entry.kind == "file":
+                _check_file(entry, leaves)
+            elif entry.mode is not None and entry.kind == "link":
+                raise TreeError(f"link {path!r} has a mode")
             if entry.kind != "dir":
-                leaves.add(path)
+                leaves[path] = entry
             previous = path
         if self.mtimes and len(self.mtimes) != len(self.files()):
             raise TreeError(f"{len(self.mtimes)} mtimes for {len(self.files())} files")
@@ -260,6 +294,30 @@ class Manifest(BaseModel):
             sha256=self._stored.sha256, size=self._stored.size, contents=self.inline, tree=True
         )
         return [*self.packs, own]
+
+
+def _check_file(entry: Entry, earlier: Mapping[str, Entry]) -> None:
+    """TreeError unless the file `entry` names a content, has the executable bit its mode
+    says, and, if it is a hard link, names an earlier path holding the same file."""
+    path = entry.path
+    if not entry.sha256:
+        raise TreeError(f"file {path!r} names no content")
+    if entry.mode is not None and entry.executable != bool(entry.mode & 0o111):
+        raise TreeError(f"file {path!r}: its executable bit is not its mode's")
+    if entry.target:
+        first = earlier.get(entry.target)
+        if (
+            first is None
+            or first.kind != "file"
+            or first.target
+            or _file_of(first) != _file_of(entry)
+        ):
+            raise TreeError(f"{path!r} is a hard link to no earlier file of its own content")
+
+
+def _file_of(entry: Entry) -> tuple[str, int, bool, int | None]:
+    """What the paths of one file (hard links) share."""
+    return entry.sha256, entry.size, entry.executable, entry.mode
 
 
 def decode_tree(stored: bytes) -> tuple[Manifest, dict[str, bytes]]:

@@ -25,8 +25,8 @@ after the step and named in its observation, so a session restored after a crash
 workspace the agent saw. A step runs from the state it is given: a session holding another
 tree (a retried step whose first attempt got further) is restored from that state's snapshot
 first, and so is one that already ran a step of that number or a later one (a retry whose
-first attempt changed only what no snapshot holds, such as a mode bit; before, the retry
-repeated it).
+first attempt changed only what no snapshot holds, such as a directory's times; before, the
+retry repeated it).
 
 A workspace is a tmpfs of its own where the worker may mount one (`mounts.py`): past the quota
 a command gets ENOSPC, and `write_file` an error observation. A cancelled reset or step holds

@@ -199,9 +199,9 @@ async def test_a_restored_session_continues_from_its_snapshot(acts: EnvironmentA
 async def test_a_retried_step_does_not_repeat_what_its_snapshot_missed(
     acts: EnvironmentActivities,
 ) -> None:
-    """The step's only change is a mode bit, which no snapshot holds; the same request again
-    (its attempt timed out after it ran) runs from the state it names. Before, the retry found
-    the session's snapshot unchanged and changed the mode again."""
+    """The step's only change is what no snapshot holds (a directory's times); the same request
+    again (its attempt timed out after it ran) runs from the state it names. Before, the retry
+    found the session's snapshot unchanged and made the change again."""
     sessions = await open_two(acts)
     request = step(sessions, 0, {0: UNHELD})
     seen = []

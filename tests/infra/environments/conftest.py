@@ -83,7 +83,8 @@ async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
 
 UNHELD = ToolCall(
     name="bash",
-    arguments={"command": 'f="$(ls | head -n 1)"; stat -c %a "$f"; chmod o+w "$f"'},
+    arguments={"command": 'f="$(ls | head -n 1)"; stat -c %a "$f"; touch -d @1 .'},
 )
-"""Prints the mode of the workspace's first file, then adds a bit no snapshot holds (a
-snapshot keeps the executable bits only): a change that leaves the tree digest as it was."""
+"""Prints the mode of the workspace's first file, then changes what no snapshot holds (the
+times of the workspace's own directory): a change that leaves the tree digest as it was.
+(Modes were such a change until snapshots kept them.)"""

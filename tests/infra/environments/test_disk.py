@@ -1,5 +1,5 @@
-"""Trees on disk: a scan counts what a restore will take of a workspace's tmpfs (hard links
-too), and a tree whose paths pass PATH_MAX restores, primes and is handed to its uid."""
+"""Trees on disk: a scan counts what a restore will take of a workspace's tmpfs (a hard link:
+no page), and a tree whose paths pass PATH_MAX restores, primes and is handed to its uid."""
 
 from __future__ import annotations
 
@@ -24,18 +24,18 @@ def test_costs_are_whole_pages() -> None:
     assert link_bytes("x" * 126) == 0 and link_bytes("x" * 127) == PAGE
 
 
-def test_a_scan_counts_each_hard_link_as_the_file_a_restore_writes(tmp_path: Path) -> None:
-    """1,000 links to a one-byte file are 1 KB by `st_size`, but a restore writes 1,000 files
-    of a page each: 70,000 of them once filled a 256 MB tmpfs on restore, a TreeError that
-    failed the task and its training run."""
+def test_a_scan_counts_a_hard_link_as_the_link_a_restore_makes(tmp_path: Path) -> None:
+    """1,000 links to a one-byte file take one page: a restore links them again. Before, a
+    restore wrote each as a file of its own (1,000 pages), which the scan counted."""
     (tmp_path / "one").write_text("x")
     (tmp_path / "d").mkdir()
     for n in range(1000):
         os.link(tmp_path / "one", tmp_path / "d" / str(n))
-    with pytest.raises(TreeError, match=r"more than 1 MB \(each file counted in whole"):
-        Scanner(max_bytes=1 << 20).scan(tmp_path, set())
-    entries, _ = Scanner(max_bytes=4200 * 1001).scan(tmp_path, set())  # 1,001 pages fit
+    entries, _ = Scanner(max_bytes=PAGE).scan(tmp_path, set())
     assert len(entries) == 1002
+    assert {e.target for e in entries if e.kind == "file"} == {"", "d/0"}  # the first path
+    with pytest.raises(TreeError, match=r"more than 0 MB \(each file counted in whole"):
+        Scanner(max_bytes=PAGE - 1).scan(tmp_path, set())
 
 
 @needs_root
@@ -49,12 +49,13 @@ def test_what_a_scan_accepts_fits_a_tmpfs_of_its_quota() -> None:
         for n in range(200):
             os.link(source / "one", source / f"h{n}")
             os.symlink("t" * 200, source / f"l{n}")  # a long target takes a page too
-        quota = 401 * PAGE  # exactly: "one", 200 links to it, 200 long links
+        quota = 201 * PAGE  # exactly: "one" (its 200 links take none), 200 long links
         entries, new = Scanner(quota).scan(source, set())
         _, manifest = Trees(MemoryObjects()).commit(entries, new, None)
         mount_tmpfs(copy, quota, 1000, os.geteuid())
         restore(manifest, new, copy, uid=None)  # no ENOSPC
-        os.link(source / "one", source / "h200")
+        assert (copy / "one").stat().st_nlink == 201
+        os.symlink("t" * 200, source / "l200")
         with pytest.raises(TreeError, match="more than"):
             Scanner(quota).scan(source, set())
     finally:

@@ -42,7 +42,7 @@ def test_pack_files_is_content_addressed_and_round_trips() -> None:
     )
 
 
-def test_the_digest_covers_contents_paths_and_the_executable_bit_only() -> None:
+def test_the_digest_covers_contents_paths_and_modes_not_the_check() -> None:
     base = pack_files({"a.py": "1"}).manifest
     assert pack_files({"a.py": "1"}, Check(kind="script")).manifest.digest() == base.digest()
     for other in ({"a.py": "2"}, {"b.py": "1"}, {"a.py": File(b"1", executable=True)}):

@@ -20,7 +20,7 @@ import pytest
 from contracts.common import ObjectRef
 from infra.environments.lru import Lru
 from infra.environments.snapshots import MemoryObjects, Trees, manifest_bytes
-from infra.environments.tree import File, Manifest, manifest_ref, pack_files, sha256
+from infra.environments.tree import Entry, File, Manifest, manifest_ref, pack_files, sha256
 
 READERS = 8
 
@@ -39,12 +39,18 @@ class Counted(MemoryObjects):
 
 
 def tree(
-    entries: int, executable: bool = False, prefix: str = "node_modules/pkg/lib"
-) -> tuple[Manifest, ObjectRef, bytes]:
-    """A manifest of `entries` files, each of its own content, with times; its ref and bytes."""
+    entries: int, executable: bool = False, prefix: str = "node_modules/pkg/lib",
+    mode: int | None = None,
+) -> tuple[Manifest, ObjectRef, bytes]:  # fmt: skip
+    """A manifest of `entries` files, each of its own content (and `mode`), with times; its ref
+    and bytes."""
     files = {f"{prefix}/module_{n:06d}.js": File(b"%d" % n, executable) for n in range(entries)}
     packed = pack_files(files).manifest
-    timed = Manifest(entries=packed.entries, inline=packed.inline, mtimes=[1] * entries)
+    listing = [
+        Entry(**{**e.model_dump(exclude_defaults=True), "mode": mode}) if e.kind == "file" else e
+        for e in packed.entries
+    ]
+    timed = Manifest(entries=listing, inline=packed.inline, mtimes=[1] * entries)
     ref, data = manifest_ref(timed, {sha256(f.data): f.data for f in files.values()})
     return timed, ref, data
 
@@ -66,13 +72,18 @@ def decoded_bytes(manifest: Manifest) -> int:
 
 
 @pytest.mark.parametrize(
-    ("entries", "executable", "prefix"),
-    [(5_000, False, "node_modules/pkg/lib"), (5_000, True, "bin"), (2_000, False, "d" * 200)],
+    ("entries", "executable", "prefix", "mode"),
+    [
+        (5_000, False, "node_modules/pkg/lib", None),
+        (5_000, True, "bin", None),
+        (2_000, False, "d" * 200, None),
+        (5_000, False, "secrets", 0o600),
+    ],
 )
 def test_the_estimate_covers_what_a_decoded_manifest_takes(
-    entries: int, executable: bool, prefix: str
+    entries: int, executable: bool, prefix: str, mode: int | None
 ) -> None:
-    manifest, _, _ = tree(entries, executable, prefix)
+    manifest, _, _ = tree(entries, executable, prefix, mode)
     taken = decoded_bytes(manifest)
     assert taken <= manifest_bytes(manifest) <= 1.5 * taken
 

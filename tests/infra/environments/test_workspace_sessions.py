@@ -32,6 +32,8 @@ from tests.infra.environments.test_workspace_cancel import Held
 pytestmark = [needs_root, pytest.mark.asyncio]
 LIMITS = SandboxLimits(timeout_s=5)
 READ = ToolCall(name="read_file", arguments={"path": "a.txt"})
+ROOT_TIME = ToolCall(name="bash", arguments={"command": "stat -c %Y .; touch -d @1 ."})
+"""Prints the mtime of the workspace's directory, then sets it to 1 as `UNHELD` does."""
 SWEEPS = 0.2
 """Long enough for some ten rounds of the sweeper."""
 
@@ -145,13 +147,13 @@ async def test_a_failed_solve_leaves_its_session_to_be_restored(rig: Rig) -> Non
 async def test_a_retried_step_runs_from_its_state_though_its_snapshot_missed_its_effect(
     rig: Rig,
 ) -> None:
-    """The step left the tree digest as it was (its only change is a name no snapshot holds);
-    its retry (the same number: an attempt that timed out after it ran) is restored first. A
-    later number runs in the workspace as it is."""
+    """The step left the tree digest as it was (its only change, the time of the workspace's
+    directory, is one no snapshot holds); its retry (the same number: an attempt that timed out
+    after it ran) is restored first. A later number runs in the workspace as it is."""
     state = await rig.env.reset(rig.spec({"a.txt": "a"}), "s0")
     after, seen = await rig.env.step(state, UNHELD, LIMITS, 1)
     assert after.snapshot == state.snapshot and seen.text == "exit code: 0\nstdout:\n644"
-    _, again = await rig.env.step(state, UNHELD, LIMITS, 1)
-    assert again.text == "exit code: 0\nstdout:\n644", "the retry repeated the step's effect"
-    _, later = await rig.env.step(after, UNHELD, LIMITS, 2)
-    assert later.text == "exit code: 0\nstdout:\n646"
+    _, again = await rig.env.step(state, ROOT_TIME, LIMITS, 1)
+    assert again.text != "exit code: 0\nstdout:\n1", "the retry repeated the step's effect"
+    _, later = await rig.env.step(after, ROOT_TIME, LIMITS, 2)
+    assert later.text == "exit code: 0\nstdout:\n1"

@@ -37,17 +37,20 @@ def bash(command: str) -> ToolCall:
     return ToolCall(name="bash", arguments={"command": command})
 
 
-async def test_a_step_whose_hard_links_would_not_fit_a_restore_is_undone(rig: Rig) -> None:
-    """1,000 hard links to a one-byte file: 1 KB by `st_size`, 4 MB once restored (a page a
-    file) in a 2 MB workspace. The step was stored, then no restore of it fitted: InvalidInput,
-    which failed the task and its training run."""
-    state = await rig.env.reset(rig.spec(FILES), "s0")
+async def test_a_step_of_many_hard_links_is_kept_and_restored_as_links(rig: Rig) -> None:
+    """1,000 hard links to one file: 1 KB by `st_size`, a page in all once restored as links.
+    Before, a restore wrote each as a file of its own (4 MB in a 2 MB workspace): a stored step
+    no restore fitted (InvalidInput, which failed the task and its training run), then a step
+    the scan undid."""
+    spec = rig.spec(FILES)
+    state = await rig.env.reset(spec, "s0")
     links = "import os; os.mkdir('d'); [os.link('calc.py', 'd/%d' % i) for i in range(1000)]"
     after, seen = await rig.env.step(state, bash(f'python3 -c "{links}"; echo made'), LIMITS)
-    assert seen.text.startswith("exit code: 0\nstdout:\nmade"), seen.text
-    assert "more than 2 MB" in seen.text and "the step's changes were undone" in seen.text
-    assert after.tree_digest == state.tree_digest
-    assert not (rig.host.sessions["s0"].workspace / "d").exists()
+    assert seen.text == "exit code: 0\nstdout:\nmade", seen.text
+    assert after.tree_digest != state.tree_digest
+    restored = await rig.env.reset(spec, "s1", after.snapshot)
+    assert restored.tree_digest == after.tree_digest
+    assert (rig.host.sessions["s1"].workspace / "calc.py").stat().st_nlink == 1001
 
 
 async def test_a_final_tree_that_does_not_fit_is_scored_zero(rig: Rig) -> None:
