@@ -56,7 +56,7 @@ from contracts.learner import (
     TrainStepResponse,
 )
 from contracts.names import Activity
-from contracts.run import PrepareRunRequest
+from contracts.run import PrepareRunRequest, RunRecord
 from contracts.trajectory import Trajectory
 from infra import keys
 from infra.base_models import materialize_base_model
@@ -103,10 +103,11 @@ class LearnerActivities:
                 f"run id {req.run_id!r} belonged to a run `tempered runs rm` removed (record "
                 f"{removed.key}); workers may still cache its policies: choose another run id",
             )
-        if req.run is not None:  # what `tempered runs show` and `regrade` read back
+        if req.run is not None:  # what `tempered runs show`, `regrade` and `eval` read back
+            record = RunRecord.of(req.run, req.heldout)
             try:
                 await asyncio.to_thread(
-                    self.store.put_json, keys.run_record_key(req.run_id), req.run, create_only=True
+                    self.store.put_json, keys.run_record_key(req.run_id), record, create_only=True
                 )
             except ObjectExists:
                 raise invalid(

@@ -2,6 +2,8 @@
 the suite it loads, its held-out evaluations, its progress and result, and the constant-size
 state it carries through continue-as-new. The learner's own are in contracts/learner.py."""
 
+import hashlib
+import json
 import random
 import re
 from collections.abc import Sequence
@@ -37,6 +39,9 @@ class PrepareRunRequest(Contract):
     base_model: str
     run: "TrainingRunInput | None" = Field(
         default=None, description="The run's input, stored once as runs/<run>/run.json."
+    )
+    heldout: "HeldoutSet | None" = Field(
+        default=None, description="The run's held-out tasks, recorded in run.json after `run`."
     )
 
 
@@ -90,6 +95,27 @@ def spread(tasks: Sequence[TaskSpec], limit: int) -> list[TaskSpec]:
     if limit <= 0 or limit >= len(tasks):
         return list(tasks)
     return [tasks[i * len(tasks) // limit] for i in range(limit)]
+
+
+def task_digest(task: TaskSpec) -> str:
+    """16 hex digits of `task`'s spec: another for a task rewritten under the same id. Fields at
+    their default are left out, so that a field a later build adds does not change it."""
+    data = task.model_dump(mode="json", exclude_defaults=True)
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class HeldoutSet(Contract):
+    """The held-out tasks a run evaluates (`spread` of its suite's, quarantined ones left out),
+    as its run.json records them: `tempered eval --run` measures these, and refuses a task gone
+    or changed since, where rebuilding the set from today's suite and quarantine list could
+    give other tasks."""
+
+    tasks: dict[str, str] = Field(description="Task id: `task_digest`, in the run's order.")
+
+    @classmethod
+    def of(cls, tasks: Sequence[TaskSpec]) -> "HeldoutSet":
+        return cls(tasks={task.id: task_digest(task) for task in tasks})
 
 
 def draw_order(train: Sequence[TaskSpec], seed: int) -> list[TaskSpec]:
@@ -284,6 +310,21 @@ class TrainingRunInput(Contract):
         return self.eval_max_turns or self.max_turns
 
 
+class RunRecord(TrainingRunInput):
+    """What runs/<run>/run.json holds: the run's input and, for runs started since it was
+    recorded, its held-out set (None in the files of earlier builds, which decode as they are)."""
+
+    heldout: HeldoutSet | None = None
+
+    @staticmethod
+    def of(run: TrainingRunInput, heldout: HeldoutSet | None) -> TrainingRunInput:
+        """The record of `run`: without a held-out set, the input alone, the bytes an earlier
+        build wrote (its attempt retried here must find them the same: the write is create-only)."""
+        if heldout is None:
+            return run
+        return RunRecord.model_validate(run.model_dump() | {"heldout": heldout})
+
+
 class RunResume(Contract):
     """Where a `TrainingRunWorkflow` continues after continue-as-new: constant in size (the
     suite, counters, bounded tails). No agent task is in flight at that moment (the run drains
@@ -317,10 +358,13 @@ class TrainingRunResult(Contract):
     )
     evals: list[EvalResult]
     stopped: str | None = Field(
-        default=None, description="Why the run ended before its steps: the `stop` signal's reason."
+        default=None,
+        description="Why the run ended before its steps: the `stop` signal's reason, or "
+        '"time budget spent".',
     )
 
 
 PrepareRunRequest.model_rebuild()
+RunRecord.model_rebuild()
 RunProgress.model_rebuild()
 TrainingRunInput.model_rebuild()

@@ -8,37 +8,46 @@ parts `*.jsonl.1`, see `infra.telemetry_files`) inside the run's time window, an
 intervals:
 
   learner      `learner.train_step` spans of the run
-  inference    `model.generate` spans of training requests: the inference engine had one of
-               the run's rollouts (or another run's) to work on
-  sandbox      `sandbox.run` spans of training: model-written code running
+  inference    `model.generate` spans of the run's training requests
+  sandbox      `sandbox.run` spans of the run's training: model-written code running
   activities   any other activity span of the run: waiting for a batch slot, store reads and
                writes, rewards, prepare_run
   evaluation   activity spans (`RunActivity:*`) of the run's held-out evaluation workflows
                (`contracts.names.evaluates`), their `model.generate` and `sandbox.run` spans
                among them
 
-Each instant of the window goes to the first of these that is active (`segments`, in that
-order), and what none covers is `temporal`: workflow tasks, scheduling, polling, start-up and
-idle waits. It is a lower bound of what Temporal costs a run: one rollout's wait on Temporal is
-hidden whenever another's span is open (two rollouts each waiting half their time, interleaved,
-give `temporal` 0). What orchestration costs a rollout is `bench/orchestration.py`'s to
-measure. Training comes before evaluation: an evaluation that rides along with the rollouts
-(at a lower priority, as the default's does) counts only where it holds the run up on its own,
-such as the final one; a `model.generate` or `sandbox.run` span is an evaluation's when its
-parent span is one of the evaluation's activities. `busy` is each category's own active time
-(they overlap: inference and sandboxes run side by side), and `inference_idle_s` the window
-minus the time the engine had any request, training or evaluation.
+An activity span is the run's by its workflow id (`of_run`); a `model.generate`, `sandbox.run`
+or `learner.train_step` span (work an activity waited on) by its parent, one of the run's
+activity spans: the engine and the sandboxes serve every run, so another run's requests, a
+`tempered eval`'s or a bench's are not this run's time. A learner step that names its run
+(`tempered.run_id`) is that run's.
 
-An activity span is the run's by its workflow id (`of_run`), as contracts/names.py names a
-run's workflows: `train-<run>`, `train-<run>-learner` (its learner), `<run>-task-<task>` (its
-rollouts) and `<run>-eval-v<N>-<task>` (its evaluations' tasks).
+Each instant of the window goes to the first of these that is active (`segments`, in that
+order). Of what none covers, a stretch of `DOWN_AFTER_S` or more in which no worker wrote
+anything (no span open or written, no metric snapshot, which every live worker writes every
+10 s) is `workers_down`: the machine was down or the workers stopped (an `--attach` after a
+reboot measures the run from its first segment's start). The rest is `temporal`: workflow
+tasks, scheduling, polling, start-up and idle waits. It is a lower bound of what Temporal costs a
+run: one rollout's wait on Temporal is hidden whenever another's span is open (two rollouts each
+waiting half their time, interleaved, give `temporal` 0). What orchestration costs a rollout is
+`bench/orchestration.py`'s to measure. Training comes before evaluation: an evaluation that
+rides along with the rollouts (at a lower priority, as the default's does) counts only where it
+holds the run up on its own, such as the final one. `busy` is each category's own active time
+(they overlap: inference and sandboxes run side by side), and `inference_idle_s` the window
+minus the time the engine had any of the run's requests, training or evaluation (it may have
+served another run's meanwhile).
+
+A run's workflows, as contracts/names.py names them: `train-<run>`, `train-<run>-learner` (its
+learner), `<run>-task-<task>` (its rollouts) and `<run>-eval-v<N>-<task>` (its evaluations' tasks).
 
 Not covered: a run whose id is another's, `-task-` and more (run `a-task-b`'s rollouts,
 `a-task-b-task-<task>`, read as run `a`'s too: a task id may hold `-task-`); a setup that
 exports to an OTLP collector instead of files (no spans here: the
 profile is empty and says so); spans still in a worker's export buffer when the run ends (the
-exporters flush every few seconds); spans a worker wrote before its newest two files (each
-rotated at `ROTATE_BYTES`), which leaves early parts of a long run on a busy worker out.
+exporters flush every few seconds; a request or program whose activity's span is still there is
+left out too); spans a worker wrote before its newest two files (each rotated at
+`ROTATE_BYTES`), which leaves early parts of a long run on a busy worker out (and may read their
+stretch as `workers_down`).
 """
 
 from __future__ import annotations
@@ -56,9 +65,12 @@ Interval = tuple[float, float]
 ORDER = ("learner", "inference", "sandbox", "activities", "evaluation")
 """Categories in the order an instant is attributed (the first active one takes it): training's
 before evaluation's."""
-EVALUATION_CHILDREN = ("inference", "sandbox")
-"""Categories whose span is the evaluation's when its parent is one of the evaluation's activities
-(the work it waited on)."""
+WORK = {"model.generate": "inference", "sandbox.run": "sandbox", "learner.train_step": "learner"}
+"""Spans of work an activity waits on (names to categories): a run's by their parent activity,
+the evaluation's when that activity is the evaluation's."""
+DOWN_AFTER_S = 30.0
+"""A stretch at least this long in which no worker wrote a record is `workers_down`: three of a
+live worker's metric snapshots (`infra.telemetry.setup_telemetry`'s 10 s) missed."""
 
 
 class RunProfile(BaseModel):
@@ -66,36 +78,39 @@ class RunProfile(BaseModel):
 
     wall_s: float = Field(description="The run's window.")
     segments: dict[str, float] = Field(
-        description="An exclusive split of wall_s: ORDER's categories, then `temporal`."
+        description="An exclusive split of wall_s: ORDER's categories, `workers_down`, then "
+        "`temporal`."
     )
     busy: dict[str, float] = Field(description="Each category's own active time (overlapping).")
     inference_idle_s: float = Field(
-        description="wall_s minus the time the inference engine had a request (of any kind)."
+        description="wall_s minus the time the inference engine had a request of the run's "
+        "(training or evaluation)."
     )
-    spans: int = Field(description="Spans read inside the window.")
+    spans: int = Field(description="The run's spans read inside the window.")
 
 
 def run_profile(telemetry_dir: Path, run_id: str, started: float, ended: float) -> RunProfile:
     """The profile of run `run_id` over [started, ended] (Unix seconds)."""
     window = (started, max(ended, started))
     intervals: dict[str, list[Interval]] = {name: [] for name in ORDER}
-    spans = list(_spans(telemetry_dir, window))
-    categories = [_category(span, run_id) for span in spans]
-    evaluations = {
-        span.get("span_id")
-        for span, category in zip(spans, categories, strict=True)
-        if category == "evaluation" and span.get("span_id")
+    records = Records()
+    spans = list(_spans(telemetry_dir, window, records))
+    activities = {
+        span.get("span_id"): category
+        for span in spans
+        if (category := _activity(span, run_id)) is not None and span.get("span_id")
     }
-    engine: list[Interval] = []  # every request the engine had, training or evaluation
-    for span, category in zip(spans, categories, strict=True):
+    engine: list[Interval] = []  # every request of the run's the engine had
+    counted = 0
+    for span in spans:
+        category = _category(span, run_id, activities)
         if category is None:
             continue
+        counted += 1
         start = float(span["start"])
         interval = (start, start + float(span["duration_ms"]) / 1000)
-        if category == "inference":
+        if span.get("name") == "model.generate":
             engine.append(interval)
-        if category in EVALUATION_CHILDREN and span.get("parent_id") in evaluations:
-            category = "evaluation"
         intervals[category].append(interval)
     wall = window[1] - window[0]
     unions = {name: _union(_clip(found, window)) for name, found in intervals.items()}
@@ -105,26 +120,43 @@ def run_profile(telemetry_dir: Path, run_id: str, started: float, ended: float) 
         taken = _intersect(unions[name], left)
         segments[name] = _length(taken)
         left = _subtract(left, taken)
-    segments["temporal"] = _length(left)
+    down = _intersect(records.quiet(window), left)
+    segments["workers_down"] = _length(down)
+    segments["temporal"] = _length(_subtract(left, down))
     return RunProfile(
         wall_s=round(wall, 2),
         segments={k: round(v, 2) for k, v in segments.items()},
         busy={k: round(_length(v), 2) for k, v in unions.items()},
         inference_idle_s=round(wall - _length(_union(_clip(engine, window))), 2),
-        spans=sum(category is not None for category in categories),
+        spans=counted,
     )
 
 
-def _category(span: dict[str, Any], run_id: str) -> str | None:
+def _activity(span: dict[str, Any], run_id: str) -> str | None:
+    """`activities` or `evaluation` for an activity span of the run's, else None."""
+    if not str(span.get("name", "")).startswith("RunActivity:"):
+        return None
+    workflow = str((span.get("attrs") or {}).get("temporalWorkflowID", ""))
+    if evaluates(workflow, run_id):
+        return "evaluation"
+    return "activities" if of_run(workflow, run_id) else None
+
+
+def _category(span: dict[str, Any], run_id: str, activities: dict[Any, str]) -> str | None:
+    """The span's category in run `run_id`'s profile (None: not the run's); `activities`: the
+    run's activity spans' ids and categories."""
     name, attrs = str(span.get("name", "")), span.get("attrs") or {}
     if name.startswith("RunActivity:"):
-        workflow = str(attrs.get("temporalWorkflowID", ""))
-        if evaluates(workflow, run_id):
-            return "evaluation"
-        return "activities" if of_run(workflow, run_id) else None
-    if name == "learner.train_step":
-        return "learner" if attrs.get("tempered.run_id") in (None, run_id) else None
-    return {"model.generate": "inference", "sandbox.run": "sandbox"}.get(name)
+        return _activity(span, run_id)
+    work = WORK.get(name)
+    if work is None:
+        return None
+    if work == "learner" and attrs.get("tempered.run_id") is not None:
+        return work if attrs["tempered.run_id"] == run_id else None
+    parent = activities.get(span.get("parent_id"))
+    if parent is None:
+        return None  # another run's, a `tempered eval`'s or a bench's
+    return "evaluation" if parent == "evaluation" else work
 
 
 def of_run(workflow: str, run_id: str) -> bool:
@@ -135,8 +167,24 @@ def of_run(workflow: str, run_id: str) -> bool:
     return workflow in (run, learner_workflow_id(run)) or workflow.startswith(rollouts)
 
 
-def _spans(telemetry_dir: Path, window: Interval) -> Iterator[dict[str, Any]]:
-    """Span records of every JSONL file that overlap `window` (metric lines are skipped)."""
+class Records:
+    """When the workers wrote anything: span intervals (of any run) and metric snapshots."""
+
+    def __init__(self) -> None:
+        self.intervals: list[Interval] = []
+
+    def quiet(self, window: Interval) -> list[Interval]:
+        """The stretches of `window` of `DOWN_AFTER_S` or more with no record; none where no
+        record was read at all (no files: nothing says the workers were down)."""
+        if not self.intervals:
+            return []
+        gaps = _subtract([window], _union(_clip(self.intervals, window)))
+        return [(a, b) for a, b in gaps if b - a >= DOWN_AFTER_S]
+
+
+def _spans(telemetry_dir: Path, window: Interval, records: Records) -> Iterator[dict[str, Any]]:
+    """Span records of every JSONL file that overlap `window`; every span and metric snapshot
+    read goes to `records` as well."""
     paths = [*telemetry_dir.glob("*.jsonl.1"), *telemetry_dir.glob("*.jsonl")]
     for path in sorted(paths) if telemetry_dir.is_dir() else []:
         try:
@@ -147,6 +195,11 @@ def _spans(telemetry_dir: Path, window: Interval) -> Iterator[dict[str, Any]]:
             continue  # renamed or dropped by a rotation since the glob
         with lines:
             for line in lines:
+                if line.startswith(METRICS):
+                    written = _metrics_time(line)
+                    if written is not None and window[0] <= written <= window[1]:
+                        records.intervals.append((written, written + RECORD_S))
+                    continue
                 if not line.startswith('{"kind":"span"'):
                     continue
                 try:
@@ -154,11 +207,26 @@ def _spans(telemetry_dir: Path, window: Interval) -> Iterator[dict[str, Any]]:
                 except ValueError:
                     continue  # a line being written
                 start = float(span.get("start") or 0)
-                if (
-                    start < window[1]
-                    and start + float(span.get("duration_ms") or 0) / 1000 > window[0]
-                ):
+                end = start + float(span.get("duration_ms") or 0) / 1000
+                if start < window[1] and end > window[0]:
+                    records.intervals.append((start, max(end, start + RECORD_S)))
                     yield span
+
+
+RECORD_S = 0.001
+"""The time a record written at an instant (a metric snapshot, an empty span) covers in
+`Records`: an interval must be longer than nothing to count."""
+METRICS = '{"kind":"metrics","ts":'
+"""How a metric snapshot's line begins (`infra.telemetry_files`): its time follows."""
+
+
+def _metrics_time(line: str) -> float | None:
+    """When a metric snapshot was written, read from its line's head (its points can be long)."""
+    head = line[len(METRICS) : len(METRICS) + 32].split(",", 1)[0]
+    try:
+        return float(head)
+    except ValueError:
+        return None  # a line being written
 
 
 def _clip(intervals: Iterable[Interval], window: Interval) -> list[Interval]:

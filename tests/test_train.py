@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 from contracts.names import Queue
+from contracts.run import RunRecord
 from infra import keys
 from infra.policy import latest_policy
 from tests.accounting import account, stored_trajectories
@@ -55,6 +56,9 @@ def test_tiny_preset_trains_three_steps_end_to_end(stack: Stack) -> None:
     ledger = account(store, "tiny3", tasks=6, group_size=4)
     ledger.assert_exactly_once()
     assert store.exists(keys.learner_ack_key("tiny3", 2))
+    record = store.get_model(keys.run_record_key("tiny3"), RunRecord)  # what `eval --run` reads
+    assert record.heldout is not None
+    assert len(record.heldout.tasks) == record.heldout_limit, record.heldout
 
 
 def test_a_run_outlives_its_command_and_stops_when_told(stack: Stack) -> None:

@@ -5,18 +5,18 @@ Loads the task suite (quarantined tasks skipped), publishes policy version 0, st
 where they, the held-out tasks' and the learner would pass Temporal's limit of pending children:
 workflows/children.py) until `steps × groups_per_step` groups have been rolled out (or the time
 budget is spent, or a `stop` signal came: then the tasks in flight, the learner's last step and the
-final evaluation still run, and the result says why it stopped). Each finished group is signalled to
-the learner; rollouts go on while it trains (asynchronous RL) but never run more than
-`grpo.max_staleness` steps ahead of it: the group for step b waits for version b − max_staleness and
-is pinned to the newest version known when it starts (`max_staleness = 0` is synchronous, on-policy
-GRPO), and is sent in time to be trained at step b, after a slow one of an earlier step if need
-be (workflows/step_slots.py: the learner trains groups in the order they come). A flat group (no
-GRPO signal) is not sent with `grpo.redraw_flat_groups` N: another task takes its slot, N times a
-run at most, spread over its steps (DAPO's dynamic sampling; `redraws_allowed`). Held-out pass@1
-(turn 1) and the solve rate within `eval_turns` turns are measured before training, every
-`eval_every` steps and after the last (greedy). With `keep_versions` N, versions that are neither
-0, the newest N nor read by a rollout or an evaluation in flight are deleted as the run goes
-(workflows/retention.py).
+final evaluation still run, and the result's `stopped` says why: the signal's reason or
+`TIME_BUDGET_SPENT`). Each finished group is signalled to the learner; rollouts go on while it
+trains (asynchronous RL) but never run more than `grpo.max_staleness` steps ahead of it: the group
+for step b waits for version b − max_staleness and is pinned to the newest version known when it
+starts (`max_staleness = 0` is synchronous, on-policy GRPO), and is sent in time to be trained at
+step b, after a slow one of an earlier step if need be (workflows/step_slots.py: the learner trains
+groups in the order they come). A flat group (no GRPO signal) is not sent with
+`grpo.redraw_flat_groups` N: another task takes its slot, N times a run at most, spread over its
+steps (DAPO's dynamic sampling; `redraws_allowed`). Held-out pass@1 (turn 1) and the solve rate
+within `eval_turns` turns are measured before training, every `eval_every` steps and after the last
+(greedy). With `keep_versions` N, versions that are neither 0, the newest N nor read by a rollout or
+an evaluation in flight are deleted as the run goes (workflows/retention.py).
 
 Bounded history (workflows/run_look_ahead.py): before each start and before the ending, a run
 whose history could pass `budget` (20% of Temporal's limits by default), counting what the
@@ -58,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
         task_workflow_id,
     )
     from contracts.run import (
+        HeldoutSet,
         LoadTasksRequest,
         LoadTasksResponse,
         PrepareRunRequest,
@@ -92,6 +93,9 @@ ORDERED_GROUPS_PATCH = "tempered-run-sends-groups-in-step-order"
 a later step's group could be trained a step late and dropped as stale."""
 PROGRESS_TAIL = 100
 """Learner steps the run keeps (and its `progress` query shows)."""
+TIME_BUDGET_SPENT = "time budget spent"
+"""Why a run that started no more tasks at its time budget's deadline ended before its steps
+(its result's `stopped`, beside a `stop` signal's reason)."""
 
 
 @workflow.defn(name="TrainingRunWorkflow")
@@ -112,6 +116,8 @@ class TrainingRunWorkflow:
             learner_id, self._failure, resume.learner_done if resume else None
         )
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
+        # said only (not `_stopped`, which sends a flat group finishing later: other commands)
+        self._budget_spent = False  # the deadline ended the rollouts (a later segment's too)
         self._retention = Retention(run_input, resume.pruned_below if resume else 1)
         evals, failed = resume.evals if resume else [], self._failure.evaluation_failed
         self._children = PendingChildren()  # Temporal's limit: tasks, held-out tasks, learner
@@ -159,7 +165,7 @@ class TrainingRunWorkflow:
             redrawn=self._redrawn,
             history=final.history,
             evals=sorted(evaluations.results, key=lambda e: e.policy_version),
-            stopped=self._stopped,
+            stopped=self._why_stopped,
         )
 
     async def _begin(
@@ -183,7 +189,10 @@ class TrainingRunWorkflow:
         base = await workflow.execute_activity(
             Activity.PREPARE_RUN.value,
             PrepareRunRequest(
-                run_id=run_input.run_id, base_model=run_input.base_model, run=run_input
+                run_id=run_input.run_id,
+                base_model=run_input.base_model,
+                run=run_input,
+                heldout=HeldoutSet.of(self._evaluations.heldout),
             ),
             result_type=PolicyVersion,
             **activity_options(Activity.PREPARE_RUN, max(run_input.heartbeat_timeout_s, 120)),
@@ -234,8 +243,13 @@ class TrainingRunWorkflow:
             redrawn=self._redrawn,
             learner=self._progress,
             evals=self._evaluations.results,
-            stopping=self._stopped,
+            stopping=self._why_stopped,
         )
+
+    @property
+    def _why_stopped(self) -> str | None:
+        """Why the run started no more tasks before its steps (None: it did not stop)."""
+        return self._stopped or (TIME_BUDGET_SPENT if self._budget_spent else None)
 
     async def _roll_out(self, tasks: LoadTasksResponse, deadline: datetime | None) -> None:
         run_input = self._input
@@ -247,7 +261,10 @@ class TrainingRunWorkflow:
             await self._learner.wait(self._may_start, lambda: not self._in_flight, deadline)
             self._learner.raise_if_failed()
             self._failure.raise_if_failed()
-            if self._stopped is not None or (deadline is not None and workflow.now() >= deadline):
+            if self._stopped is not None:
+                break
+            if deadline is not None and workflow.now() >= deadline:
+                self._budget_spent = True
                 break
             if self._history_full():
                 await self._continue_as_new(tasks, deadline)

@@ -1,6 +1,7 @@
 """The run profile from span files: an exclusive split of the window by category priority
-(training before evaluation), each category's own busy time, other runs' spans and spans outside
-the window left out."""
+(training before evaluation), each category's own busy time, other runs' spans (their activities,
+and the engine's requests and programs they waited on) and spans outside the window left out, and
+a stretch no worker wrote anything in told apart from Temporal's share."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ def span(
     return json.dumps(record, separators=(",", ":")) + "\n"
 
 
+def metrics(at: float) -> str:
+    """A metric snapshot's record (what a live worker writes every 10 s), points left out."""
+    return (
+        json.dumps({"kind": "metrics", "ts": T0 + at, "points": []}, separators=(",", ":")) + "\n"
+    )
+
+
 def test_the_window_is_split_by_priority_and_other_runs_are_left_out(tmp_path: Path) -> None:
     (tmp_path / "inference-1.jsonl").write_text(
         span("model.generate", 0, 40, ("g1", "a1"))  # 0-40 busy
@@ -33,11 +41,15 @@ def test_the_window_is_split_by_priority_and_other_runs_are_left_out(tmp_path: P
         + span("RunActivity:generate", 0, 90, temporalWorkflowID="other-task-a")  # not ours
         + span("model.generate", 200, 5)  # outside the window
         + '{"kind":"metrics","ts":1,"points":[]}\n'
+        + metrics(85)  # the worker is up
     )
     (tmp_path / "learner-2.jsonl").write_text(
         span("learner.train_step", 45, 20, **{"tempered.run_id": "r1"})  # learner 45-65
     )
-    (tmp_path / "sandbox-3.jsonl").write_text(span("sandbox.run", 40, 30))  # 40-70
+    (tmp_path / "sandbox-3.jsonl").write_text(  # 40-70, a rollout's program
+        span("RunActivity:execute", 40, 30, ("x1", None), temporalWorkflowID="r1-task-a")
+        + span("sandbox.run", 40, 30, ("s1", "x1"))
+    )
     profile = run_profile(tmp_path, "r1", T0, T0 + 100)
     assert profile.wall_s == 100
     assert profile.segments == {
@@ -46,17 +58,18 @@ def test_the_window_is_split_by_priority_and_other_runs_are_left_out(tmp_path: P
         "sandbox": 5.0,  # 40-70 (training's), less the above
         "activities": 0.0,  # 0-55: all taken already
         "evaluation": 0.0,  # 20-70: likewise, training's before the evaluation's
+        "workers_down": 0.0,  # no stretch of 30 s without a record (a snapshot at 85)
         "temporal": 30.0,  # 70-100: nothing ran
     }
     assert profile.busy == {
         "learner": 20.0,
         "inference": 50.0,
         "sandbox": 30.0,
-        "activities": 55.0,
+        "activities": 70.0,
         "evaluation": 50.0,
     }
     assert profile.inference_idle_s == 37  # the engine had a request 0-50 and 55-68
-    assert profile.spans == 7
+    assert profile.spans == 8
 
 
 def test_no_span_files_is_an_all_temporal_profile(tmp_path: Path) -> None:
@@ -96,6 +109,7 @@ def test_trainings_sandbox_and_activities_come_before_an_evaluations(tmp_path: P
         "sandbox": 10.0,  # 0-10: training's program
         "activities": 0.0,  # 0-10: under it
         "evaluation": 10.0,  # 20-30: the evaluation's activity and its program
+        "workers_down": 0.0,
         "temporal": 10.0,
     }
     assert profile.busy["sandbox"] == 10 and profile.busy["evaluation"] == 16
@@ -116,3 +130,46 @@ def test_a_run_whose_id_starts_with_anothers_is_not_it(tmp_path: Path) -> None:
     profile = run_profile(tmp_path, "r", T0, T0 + 100)
     assert profile.segments["activities"] == 15 and profile.segments["evaluation"] == 5
     assert profile.spans == 4
+
+
+def test_another_runs_requests_and_programs_are_not_this_runs(tmp_path: Path) -> None:
+    # run r1 only waits (one 5 s activity) while run r2 rolls out beside it and a `tempered
+    # eval` (no activity of r1's around its request) samples: none of that is r1's inference or
+    # sandbox time (before: 60 s of inference, 60%, and 25 s of sandbox, 3 spans)
+    (tmp_path / "inference-1.jsonl").write_text(
+        span("RunActivity:generate", 0, 5, ("a1", None), temporalWorkflowID="r1-task-x")
+        + span("RunActivity:generate", 10, 60, ("b1", None), temporalWorkflowID="r2-task-y")
+        + span("model.generate", 10, 60, ("g1", "b1"))
+        + span("model.generate", 80, 10, ("g2", "c1"))  # the eval's: its activity is c1
+    )
+    (tmp_path / "sandbox-1.jsonl").write_text(
+        span("RunActivity:execute", 70, 25, ("b2", None), temporalWorkflowID="r2-task-y")
+        + span("sandbox.run", 70, 25, ("s1", "b2"))
+        + span("sandbox.run", 96, 2)  # no parent at all
+    )
+    (tmp_path / "learner-1.jsonl").write_text(
+        span("learner.train_step", 20, 30, ("l1", "b3"))  # no run named, not under r1's activity
+    )
+    profile = run_profile(tmp_path, "r1", T0, T0 + 100)
+    assert profile.segments["inference"] == profile.segments["sandbox"] == 0, profile.segments
+    assert profile.segments["learner"] == 0
+    assert profile.segments["activities"] == 5 and profile.spans == 1
+    assert profile.inference_idle_s == 100  # the engine had none of r1's requests
+
+
+def test_a_stretch_no_worker_wrote_anything_in_is_not_temporals(tmp_path: Path) -> None:
+    # the machine went down 20 s into the run and came back at 200 (`--attach` after a
+    # reboot measures from the first segment's start): the workers wrote neither spans nor
+    # metric snapshots in between, so those 180 s are `workers_down`, not Temporal's cost; the
+    # short gaps between records while they ran stay `temporal`
+    (tmp_path / "inference-1.jsonl").write_text(
+        span("RunActivity:generate", 0, 10, temporalWorkflowID="r1-task-x")
+        + metrics(20)
+        + span("RunActivity:generate", 200, 10, temporalWorkflowID="r1-task-x")
+    )
+    (tmp_path / "sandbox-1.jsonl").write_text(metrics(0))
+    profile = run_profile(tmp_path, "r1", T0, T0 + 220)
+    assert profile.segments["activities"] == 20
+    assert profile.segments["workers_down"] == 180  # 20-200
+    assert profile.segments["temporal"] == 20  # 10-20 and 210-220
+    assert sum(profile.segments.values()) == profile.wall_s == 220

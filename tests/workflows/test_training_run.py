@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -201,6 +202,7 @@ async def last_segment(
     learner_step: int,
     stopped: str | None = None,
     heldout: int = 0,
+    deadline: datetime | None = None,
 ) -> tuple[TrainingRunResult, WorkflowHistory]:
     """A run's segment of a 2-step run over 4 tasks that starts with `started` of them done and
     its learner's `learner_done` already in (at `learner_step`), and no learner exists; with
@@ -212,7 +214,7 @@ async def last_segment(
         done=started,
         progress=[],
         evals=[],
-        deadline=None,
+        deadline=deadline,
         segment=3,
         stopped=stopped,
     )
@@ -323,6 +325,15 @@ async def test_a_stop_is_carried_through_continue_as_new(store: ObjectStore) -> 
     nothing: its learner is told to finish with what it has."""
     result, _ = await last_segment(store, "carried", started=2, learner_step=1, stopped="told")
     assert (result.tasks_started, result.steps, result.stopped) == (2, 1, "told")
+
+
+@pytest.mark.asyncio
+async def test_a_segment_past_its_time_budget_says_so(store: ObjectStore) -> None:
+    """A run that continued as new with its deadline passed starts nothing and says why it
+    ended before its steps (before: `stopped` None, as a run that took them all)."""
+    past = datetime(2000, 1, 1, tzinfo=UTC)
+    run, _ = await last_segment(store, "budget", started=2, learner_step=1, deadline=past)
+    assert (run.tasks_started, run.steps, run.stopped) == (2, 1, "time budget spent")
 
 
 def test_held_out_episodes_take_eval_max_turns_and_training_ones_max_turns() -> None:

@@ -187,7 +187,8 @@ async def test_a_run_waiting_with_nothing_in_flight_ends_at_its_time_budget(
 ) -> None:
     """The learner never takes its first step; the run, waiting for it with nothing in flight,
     stops rolling out at its time budget's deadline and ends (before: the budget was read only
-    when a wait woke, so it waited for good)."""
+    when a wait woke, so it waited for good), and says why it ended before its steps (before:
+    `stopped` None, as if it had taken them)."""
     run = RUN.model_copy(
         update={
             "run_id": "budget-idle",
@@ -206,8 +207,10 @@ async def test_a_run_waiting_with_nothing_in_flight_ends_at_its_time_budget(
         )
         result = await asyncio.wait_for(handle.result(), 60)
         history = await handle.fetch_history()
+        progress = await handle.query(TrainingRunWorkflow.progress)
 
     assert (result.tasks_started, result.steps) == (2, 0), result
+    assert result.stopped == progress.stopping == "time budget spent", result
     took = history.events[-1].event_time.ToDatetime() - history.events[0].event_time.ToDatetime()
     assert 600 <= took.total_seconds() < 600 + PROBE_EVERY.total_seconds(), took
     assert patched(history, PROBE_PATCH)

@@ -6,11 +6,19 @@
                                                             # of `eval-base-<content digest>`
 
 With `--run`, the settings are the run's (its input, `runs/<run>/run.json`): `eval_sampling`,
-`max_context_tokens`, `eval_turns`, sandbox limits, and its suite and `heldout_limit`, so the
-figures are those of the run's held-out evaluation of that version; each one given on the command
+`max_context_tokens`, `eval_turns`, sandbox limits, and its suite; each one given on the command
 line wins. Without a run (or one without run.json) they are this command's own: greedy, 256 new
-tokens, a 4096-token context, one turn. `--limit N` takes N tasks spread over the list (`spread`,
-every family kept), as `heldout_limit` does. The settings used go to stderr.
+tokens, a 4096-token context, one turn. The settings used go to stderr.
+
+The tasks of a run's version are the held-out tasks its run.json records (`HeldoutSet`, by id
+and digest), so the figures are those of the run's held-out evaluation of that version: a
+task quarantined or a held-out set rewritten since does not change them. Where one of those
+tasks is gone from the suite or changed since, the command exits 2 before any task starts,
+naming them; `--current-tasks` evaluates the suite's held-out tasks as they are today instead
+(quarantined ones left out, `spread` to the run's `heldout_limit`), as does a run.json of an
+earlier build, which records none (one line says so). `--limit N`, another `--split` or
+another `--suite` evaluate today's list too: N tasks spread over it (`spread`, every family
+kept), all of them without `--limit` (`eval_tasks.py`).
 
 Each evaluation has a run of its own, `<run>-eval-v<N>-<suite>-<settings digest>-<nonce>`: the
 inference activity hands back a turn stored under the same run id and task whenever its prompt
@@ -44,22 +52,17 @@ import sys
 from contracts.common import is_identifier
 from contracts.names import Queue, eval_run_id
 from contracts.rollout import AgentTaskResult
-from contracts.run import EvalResult, TrainingRunInput, spread
+from contracts.run import EvalResult, RunRecord, TrainingRunInput
 from contracts.task import SamplingParams, TaskSpec
 from infra.base_models import check_base_model, materialize_base_model
 from infra.policy import policy_digest, policy_manifest, policy_versions, publish_policy
 from infra.retention import reading
 from infra.settings import Settings
 from infra.storage import ObjectStore
-from infra.tasks import (
-    SUITE_HELP,
-    is_workspace_suite,
-    load_quarantine,
-    load_suite,
-    workspace_specs,
-)
+from infra.tasks import SUITE_HELP
 from workers.backlog import queue_backlogs
 from workers.cli.errors import describe, positive, run_id
+from workers.cli.eval_tasks import recorded_tasks, suite_tasks
 from workers.cli.runs import run_record
 from workers.runtime import connect
 from workflows.agent_task import AgentTaskWorkflow
@@ -94,6 +97,12 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "--limit", type=positive, help="N tasks spread over the suite (default: the run's)"
     )
+    parser.add_argument(
+        "--current-tasks",
+        action="store_true",
+        help="with --run: the suite's held-out tasks as they are today, not the ones the run "
+        "recorded (spread to its heldout_limit)",
+    )
     parser.add_argument("--max-new-tokens", type=positive, help="default: the run's, else 256")
     parser.add_argument("--max-turns", type=positive, help="default: the run's, else 1")
     parser.add_argument("--max-context-tokens", type=positive, help="default: the run's, else 4096")
@@ -117,8 +126,9 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
         store = ObjectStore.from_settings(settings)
         target = _policy(args, store)
         policy_run, version = target or (BASE_RUN + "0" * 16, 0)  # named once it is built
-        spec, source = _spec(args, store, policy_run, recorded=target is not None)
-        tasks, total = _tasks(args, spec, settings, store)
+        record = run_record(store, args.run) if target else None
+        spec, source = _spec(args, record, policy_run, recorded=target is not None)
+        tasks, chosen = _tasks(args, spec, settings, store, record)
         eval_run = _eval_run(policy_run, version, spec)
     except ValueError as exc:  # bad input: exit 2, as every command's (it was 1)
         return _bad_input(exc)
@@ -144,7 +154,7 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
     print(
         f"tempered eval: {source}: temperature {sampling.temperature}, max_new_tokens "
         f"{sampling.max_new_tokens}, max_context_tokens {spec.max_context_tokens}, turns "
-        f"{spec.eval_turns}; {len(tasks)} of {total} {args.split} tasks of {spec.suite!r}",
+        f"{spec.eval_turns}; {chosen}",
         file=sys.stderr,
     )
     # a training run's prunes keep the version while it is marked; 0 of a base run never goes
@@ -209,18 +219,18 @@ def _eval_run(policy_run: str, version: int, spec: TrainingRunInput) -> str:
 
 
 def _spec(
-    args: argparse.Namespace, store: ObjectStore, policy_run: str, recorded: bool
+    args: argparse.Namespace, record: RunRecord | None, policy_run: str, recorded: bool
 ) -> tuple[TrainingRunInput, str]:
     """The evaluation's settings, as a run input (`eval_input` builds each task's from it), and
-    a line saying where they come from. ValueError for a setting out of bounds."""
-    record = run_record(store, args.run) if recorded else None
+    a line saying where they come from (`record`: the run's run.json, if `recorded`). ValueError
+    for a setting out of bounds."""
     if record is not None:
         source = f"settings of run {args.run!r} (its run.json)"
     else:
         lacking = f" (run {args.run!r} has no run.json)" if recorded else ""
         source = f"tempered eval's own settings{lacking}"
     base = record or OWN_SETTINGS
-    data = base.model_dump() | {"run_id": policy_run, "resume": None}
+    data = base.model_dump(exclude={"heldout"}) | {"run_id": policy_run, "resume": None}
     data["suite"] = args.suite or base.suite
     given = {
         "--max-new-tokens": args.max_new_tokens,
@@ -235,7 +245,7 @@ def _spec(
     if args.max_context_tokens is not None:
         data["max_context_tokens"] = args.max_context_tokens
     data["heldout_limit"] = args.limit or 0
-    if args.limit is None and record and (data["suite"], args.split) == (record.suite, "heldout"):
+    if record is not None and _runs_own(args, data["suite"], record):
         data["heldout_limit"] = record.heldout_limit  # the run's own held-out tasks
     named = [flag for flag, value in given.items() if value is not None]
     if named:
@@ -243,28 +253,34 @@ def _spec(
     return TrainingRunInput.model_validate(data), source
 
 
+def _runs_own(args: argparse.Namespace, suite: str, record: RunRecord) -> bool:
+    """Whether the eval's tasks are the held-out set of the run `record` is of: the run's suite,
+    its held-out split, no `--limit`."""
+    return args.limit is None and (suite, args.split) == (record.suite, "heldout")
+
+
 def _tasks(
-    args: argparse.Namespace, spec: TrainingRunInput, settings: Settings, store: ObjectStore
-) -> tuple[list[TaskSpec], int]:
-    """The suite's tasks to evaluate (`heldout_limit` of them, `spread`, after the quarantined
-    ones are left out, as a run's `load_tasks` does) and how many it has; ValueError for a
-    suite that does not load or has none. A workspace suite's trees (of the split's tasks
-    not quarantined) are put in the store first, as `load_tasks` puts them: only a run did,
-    and an eval of a suite no run had loaded failed every task at its reset."""
-    skip = load_quarantine(settings, spec.suite)
-    split = None if args.split == "all" else args.split
-
-    def chosen(task: TaskSpec) -> bool:
-        return task.id not in skip and (split is None or task.split == split)
-
-    if is_workspace_suite(spec.suite):
-        suite, _ = workspace_specs(spec.suite, store.put_bytes, keep=chosen)
-    else:
-        suite = load_suite(spec.suite)
-    every = [task for task in suite if chosen(task)]
-    if not every:
-        raise ValueError(f"suite {spec.suite!r} has no {args.split} tasks")
-    return spread(every, spec.heldout_limit), len(every)
+    args: argparse.Namespace,
+    spec: TrainingRunInput,
+    settings: Settings,
+    store: ObjectStore,
+    record: RunRecord | None,
+) -> tuple[list[TaskSpec], str]:
+    """The tasks to evaluate (`eval_tasks.py`) and a phrase saying which: the held-out set the
+    run recorded, unless `--current-tasks` or a run.json that records none (a line says so)
+    rebuilds it from today's suite. ValueError where the tasks cannot be had."""
+    if args.current_tasks and not args.run:
+        raise ValueError("--current-tasks needs --run RUN (without a run the tasks are today's)")
+    if record is not None and _runs_own(args, spec.suite, record) and not args.current_tasks:
+        if record.heldout is not None:
+            return recorded_tasks(args.run, spec.suite, record.heldout, settings, store)
+        print(
+            f"tempered eval: run {args.run!r} recorded no held-out task ids (its run.json is "
+            f"from an earlier build): its held-out set is rebuilt from suite {spec.suite!r} and "
+            "its quarantine list as they are today",
+            file=sys.stderr,
+        )
+    return suite_tasks(spec.suite, args.split, spec.heldout_limit, settings, store)
 
 
 def _policy(args: argparse.Namespace, store: ObjectStore) -> tuple[str, int] | None:

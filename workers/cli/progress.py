@@ -19,6 +19,7 @@ from contracts.run import EvalResult, RunProgress, TrainingRunInput, TrainingRun
 from infra.settings import Settings
 from infra.telemetry import read_live_figures
 from workers.backlog import QueueBacklog, backlog_text, queue_backlogs
+from workers.cli.report import before_after
 from workers.training import RunHandle, watch
 
 LOG_EVERY_S = 15.0
@@ -131,11 +132,16 @@ def pass_at_1_text(evals: list[EvalResult]) -> str:
 
 
 def eval_text(evaluation: EvalResult) -> str:
-    """`v3 0.20` (pass@1 at turn 1), or `v3 0.20 / 0.35` with the solve rate within T turns."""
-    text = f"v{evaluation.policy_version} {evaluation.pass_at_1:.2f}"
+    """`v3 16/80 (0.20)` (tasks solved at turn 1, pass@1), or `v3 16/80 (0.20) / 28/80 (0.35)`
+    with those solved within T turns: the count says how coarse the figure is."""
+    text = f"v{evaluation.policy_version} {_share(evaluation.pass_at_1, evaluation.tasks)}"
     if evaluation.turns > 1 and evaluation.solve_rate is not None:
-        text += f" / {evaluation.solve_rate:.2f}"
+        text += f" / {_share(evaluation.solve_rate, evaluation.tasks)}"
     return text
+
+
+def _share(rate: float, tasks: int) -> str:
+    return f"{round(rate * tasks)}/{tasks} ({rate:.2f})"
 
 
 def eval_label(evals: list[EvalResult]) -> str:
@@ -143,16 +149,30 @@ def eval_label(evals: list[EvalResult]) -> str:
     return "held-out pass@1" + (f" / solved within {turns} turns" if turns > 1 else "")
 
 
+def gain_text(evals: list[EvalResult]) -> str:
+    """`, +12.5 points` (pass@1 at turn 1, last evaluation against the first), or that no
+    trained version was evaluated (the report's `pass_at_1_after` is null then)."""
+    before, after = before_after(evals)
+    if before is None:
+        return ""
+    if after is None:
+        return "; no trained version evaluated"
+    points = round(100 * (after.pass_at_1 - before.pass_at_1), 2)
+    turn = " at turn 1" if after.turns > 1 else ""
+    return f", {points:+g} points{turn}"
+
+
 def summary(result: TrainingRunResult, elapsed: float) -> str:
     """The closing line; `elapsed` is the run's wall time, as its report has it."""
-    evals = ", ".join(eval_text(e) for e in result.evals)
+    evals = sorted(result.evals, key=lambda e: e.policy_version)
+    shown = ", ".join(eval_text(e) for e in evals)
     stopped = f" (stopped: {result.stopped})" if result.stopped else ""
     return (
         f"run {result.run_id} finished in {elapsed:.0f}s{stopped}: {result.steps} steps, "
         f"{result.tasks_done}/{result.tasks_started} tasks"
         f"{f' ({result.redrawn} flat groups redrawn)' if result.redrawn else ''}; "
-        f"{eval_label(result.evals)}: "
-        f"{evals or 'n/a'}"
+        f"{eval_label(evals)}: "
+        f"{shown or 'n/a'}{gain_text(evals)}"
     )
 
 

@@ -7,7 +7,14 @@ reward curve and the evaluations share one axis. The learner keeps only its last
 step results (`workflows/learner.py`): `steps` lists those, `steps_taken` says how many the run
 took and `steps_listed` whether the list holds them all (every step's ack is in the store). A
 step's `reward_mean` is the mean reward of the groups it trained: flat groups redrawn by dynamic
-sampling never reach the learner and are not in it."""
+sampling never reach the learner and are not in it.
+
+`pass_at_1_after` and `solve_rate_after` are the last evaluation's, and null where no trained
+version was evaluated (its policy version is 0: the run ended, e.g. at its time budget, before
+the learner's first step): the baseline again is no "after". `stopped` says why a run ended
+before its steps (`tempered stop`'s reason, or its time budget). `config` is the run's input as
+started: a later segment's `resume` (the suite's tasks, counters), which `--attach` reads after a
+continue-as-new, is left out."""
 
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from contracts.run import TrainingRunInput, TrainingRunResult
+from contracts.run import EvalResult, TrainingRunInput, TrainingRunResult
 from infra.settings import Settings
 
 
@@ -35,9 +42,10 @@ def write_report(
     out = report_dir(settings, run_input.run_id)
     out.mkdir(parents=True, exist_ok=True)
     evals = sorted(result.evals, key=lambda e: e.policy_version)
+    before, after = before_after(evals)
     report = {
         "run_id": result.run_id,
-        "config": run_input.model_dump(mode="json"),
+        "config": run_input.model_dump(mode="json", exclude={"resume"}),
         "wall_time_s": round(wall_s, 1),
         "steps_taken": result.steps,
         "steps_listed": steps_listed(result),
@@ -55,10 +63,10 @@ def write_report(
         ],
         "evals": [e.model_dump() for e in evals],
         "eval_turns": run_input.eval_turns,
-        "pass_at_1_before": evals[0].pass_at_1 if evals else None,
-        "pass_at_1_after": evals[-1].pass_at_1 if evals else None,
-        "solve_rate_before": evals[0].solve_rate if evals else None,
-        "solve_rate_after": evals[-1].solve_rate if evals else None,
+        "pass_at_1_before": before.pass_at_1 if before else None,
+        "pass_at_1_after": after.pass_at_1 if after else None,
+        "solve_rate_before": before.solve_rate if before else None,
+        "solve_rate_after": after.solve_rate if after else None,
         "tasks_started": result.tasks_started,
         "tasks_done": result.tasks_done,
         "redrawn": result.redrawn,
@@ -68,6 +76,19 @@ def write_report(
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     _plot(out / "reward_curve.png", report)
     return out
+
+
+def before_after(evals: list[EvalResult]) -> tuple[EvalResult | None, EvalResult | None]:
+    """The first evaluation and the last, the last only where it measured a trained version
+    (above 0)."""
+    if not evals:
+        return None, None
+    first, last = min(evals, key=_version), max(evals, key=_version)
+    return first, last if last.policy_version > 0 else None
+
+
+def _version(evaluation: EvalResult) -> int:
+    return evaluation.policy_version
 
 
 def steps_listed(result: TrainingRunResult) -> str:
@@ -123,7 +144,7 @@ def write_profile(
     in `profile.png`, returned for report.json."""
     import time
 
-    from infra.telemetry_profile import run_profile
+    from infra.telemetry_profile import DOWN_AFTER_S, run_profile
 
     ended = time.time() if ended is None else ended
     profile = run_profile(settings.home / "telemetry", run_id, ended - wall_s, ended)
@@ -137,7 +158,11 @@ def write_profile(
         own = f"   (active {busy:7.1f} s in all)" if busy is not None else ""
         print(f"  {name:<11} {seconds:7.1f} s {100 * seconds / wall:5.1f}%{own}")
     print(f"  inference engine idle {profile.inference_idle_s:.1f} s of {profile.wall_s:.0f} s")
-    print("  (temporal: what no span covers, a lower bound of Temporal's cost; see bench/)")
+    print(
+        f"  (workers_down: {DOWN_AFTER_S:.0f} s or more in which no worker wrote anything, e.g."
+        " a reboot; temporal: the rest no span covers, a lower bound of Temporal's cost; see"
+        " bench/)"
+    )
     import matplotlib  # ~0.35 s to import: only a finished run pays it
 
     matplotlib.use("Agg")

@@ -41,7 +41,7 @@ from rich.table import Table
 from temporalio.service import RPCError
 
 from contracts.common import is_identifier
-from contracts.run import TrainingRunInput
+from contracts.run import RunRecord
 from contracts.task import RewardConfig, SandboxLimits
 from contracts.trajectory import RewardRecord, Trajectory
 from infra import keys
@@ -147,10 +147,11 @@ def _stream(store: ObjectStore, keys_: Iterable[str], cls: type[Record]) -> Iter
             yield window.popleft().result()
 
 
-def run_record(store: ObjectStore, run: str) -> TrainingRunInput | None:
-    """The input `run` was started with (`runs/<run>/run.json`), None if it has none."""
+def run_record(store: ObjectStore, run: str) -> RunRecord | None:
+    """What `run` recorded as it started (`runs/<run>/run.json`: its input and, since runs
+    record it, its held-out set), None if it has none."""
     try:
-        return store.get_model(keys.run_record_key(run), TrainingRunInput)
+        return store.get_model(keys.run_record_key(run), RunRecord)
     except ObjectNotFound:
         return None
 

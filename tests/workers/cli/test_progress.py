@@ -1,6 +1,8 @@
 """What `tempered train` prints: the progress line and the closing summary say how many flat
 groups the run redrew (dynamic sampling) and leave the solve rate out of a 1-turn evaluation;
-the live table says the reward is the mean of the groups a step trained."""
+an evaluation shows its tasks solved of how many, and the summary the gain in points, or that no
+trained version was evaluated; the live table says the reward is the mean of the groups a step
+trained."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from rich.console import Console
 from contracts.learner import LearnerProgress
 from contracts.run import EvalResult, RunProgress, TrainingRunInput, TrainingRunResult
 from infra.settings import Settings
-from workers.cli.progress import progress_line, summary, view
+from workers.cli.progress import eval_text, progress_line, summary, view
 
 RUN = TrainingRunInput(run_id="r", steps=6)
 
@@ -32,8 +34,31 @@ def test_the_summary_counts_redrawn_groups_and_shows_pass_at_1_alone_for_one_tur
         run_id="r", steps=6, tasks_started=30, tasks_done=30, redrawn=6, history=[], evals=evals
     )
     text = summary(result, 400.0)
-    assert "6 steps, 30/30 tasks (6 flat groups redrawn); held-out pass@1: v0 0.38, v6 0.50" in text
+    assert "6 steps, 30/30 tasks (6 flat groups redrawn); held-out pass@1: " in text
+    assert text.endswith("v0 30/80 (0.38), v6 40/80 (0.50), +12.5 points"), text
     assert "solved within" not in text
+
+
+def test_the_summary_of_a_run_without_a_trained_evaluation_says_so() -> None:
+    """A run whose time budget ran out before its first learner step: v0 is all it measured."""
+    v0 = EvalResult(policy_version=0, pass_at_1=23 / 80, tasks=80, solve_rate=23 / 80)
+    result = TrainingRunResult(
+        run_id="r",
+        steps=0,
+        tasks_started=2,
+        tasks_done=2,
+        history=[],
+        evals=[v0],
+        stopped="time budget spent",
+    )
+    text = summary(result, 600.0)
+    assert "(stopped: time budget spent): 0 steps" in text
+    assert text.endswith("v0 23/80 (0.29); no trained version evaluated"), text
+
+
+def test_a_two_turn_evaluation_shows_both_counts() -> None:
+    two = EvalResult(policy_version=3, pass_at_1=16 / 80, tasks=80, solve_rate=28 / 80, turns=2)
+    assert eval_text(two) == "v3 16/80 (0.20) / 28/80 (0.35)"
 
 
 def test_the_table_says_whose_mean_the_reward_is(tmp_path: Path) -> None:

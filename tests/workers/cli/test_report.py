@@ -1,6 +1,8 @@
 """The run report's steps: numbered by policy version (the learner keeps only its last
 `HISTORY_TAIL` results, so a list index is no step), with how many steps the run took and
-whether the list holds them all; the reward curve is labelled for what it averages."""
+whether the list holds them all; the reward curve is labelled for what it averages. A run that
+ended before a trained version was evaluated has no "after" (not its baseline again), and the
+config is the run's input as started, not a later segment's resume state."""
 
 from __future__ import annotations
 
@@ -13,7 +15,13 @@ from matplotlib.figure import Figure
 
 from contracts.common import ObjectRef
 from contracts.learner import PolicyVersion, TrainStepResponse
-from contracts.run import EvalResult, TrainingRunInput, TrainingRunResult
+from contracts.run import (
+    EvalResult,
+    LoadTasksResponse,
+    RunResume,
+    TrainingRunInput,
+    TrainingRunResult,
+)
 from infra.settings import Settings
 from workers.cli.report import write_report
 from workflows.learner import HISTORY_TAIL
@@ -74,3 +82,34 @@ def test_a_short_run_lists_every_step(tmp_path: Path) -> None:
     report = json.loads((out / "report.json").read_text())
     assert [row["step"] for row in report["steps"]] == [1, 2, 3]
     assert (report["steps_taken"], report["steps_listed"]) == (3, "all")
+
+
+def test_a_run_that_ended_before_its_first_step_reports_no_after(tmp_path: Path) -> None:
+    """Its time budget ran out before the learner's first step: v0's evaluation is all there
+    is, and it was reported as both before and after, with no reason (`stopped` None)."""
+    result = result_of(0).model_copy(update={"stopped": "time budget spent"})
+    result.evals = [EvalResult(policy_version=0, pass_at_1=23 / 80, solve_rate=23 / 80, tasks=80)]
+    run = TrainingRunInput(run_id="r", steps=7, time_budget_s=600)
+    out = write_report(Settings(home=tmp_path), run, result, 600.0)
+    report = json.loads((out / "report.json").read_text())
+    assert report["pass_at_1_before"] == report["solve_rate_before"] == 23 / 80
+    assert report["pass_at_1_after"] is None and report["solve_rate_after"] is None, report
+    assert report["stopped"] == "time budget spent"
+
+
+def test_the_config_is_the_runs_input_without_a_segments_resume(tmp_path: Path) -> None:
+    """`--attach` after a continue-as-new reads the current segment's input, whose `resume`
+    holds every task of the suite and the run's counters: not the run's configuration."""
+    resume = RunResume(
+        tasks=LoadTasksResponse(train=[], heldout=[]),
+        started=4,
+        done=4,
+        progress=[],
+        evals=[],
+        deadline=None,
+        segment=2,
+    )
+    run = TrainingRunInput(run_id="r", steps=3, resume=resume)
+    out = write_report(Settings(home=tmp_path), run, result_of(3), 1.0)
+    config = json.loads((out / "report.json").read_text())["config"]
+    assert "resume" not in config and config["steps"] == 3

@@ -23,7 +23,21 @@ def test_the_profile_is_printed_drawn_and_returned(
     telemetry.mkdir()
     now = time.time() - ago
     spans = [
-        {"name": "model.generate", "start": now - 8, "duration_ms": 4000, "attrs": {}},
+        {
+            "name": "RunActivity:generate",
+            "start": now - 8,
+            "duration_ms": 4000,
+            "span_id": "a1",
+            "attrs": {"temporalWorkflowID": "r-task-x"},
+        },
+        {
+            "name": "model.generate",
+            "start": now - 8,
+            "duration_ms": 4000,
+            "span_id": "g1",
+            "parent_id": "a1",  # the run's request: its activity is the run's
+            "attrs": {},
+        },
         {
             "name": "learner.train_step",
             "start": now - 3,
@@ -40,4 +54,5 @@ def test_the_profile_is_printed_drawn_and_returned(
     assert sum(profile["segments"].values()) == pytest.approx(profile["wall_s"], abs=0.05)
     table = capsys.readouterr().out
     assert "inference" in table and "learner" in table and "engine idle" in table
+    assert "workers_down" in table and "no worker wrote anything" in table
     assert (tmp_path / "profile.png").stat().st_size > 1000
