@@ -15,24 +15,33 @@ Two kinds (`tree.Check.kind`, carried by the hidden-tests tree):
 - `script` (Harbor tasks): `bash /tests/test.sh` in a fresh workspace sandbox, the final
   workspace at its workdir (a copy: the session is untouched), the tests at /tests read-only,
   /logs/verifier writable; the score is the number the script wrote to
-  /logs/verifier/reward.txt. The script runs with the workspace's code, as in Harbor.
+  /logs/verifier/reward.txt. The script runs with the workspace's code, as in Harbor. Its
+  deadline is the functions kind's rule (`judge.deadline_state`): time the host kept it waiting
+  for a CPU does not count, and a host that starved it is a platform fault (retried, never a
+  score); it timed out once it had its time (0).
 
 A task whose check cannot work (no check in the tests tree) raises `InvalidTask`, naming the
 file; that is the task's fault, never retried and never a reward. A script check whose reward
 file is missing or unreadable after the run (a directory, a link, a FIFO, more than 64 bytes,
-not a number in [0, 1]) raises `BadReward`, an `InvalidTask` carrying that run's verdict scored
-0 (`graded`, its detail saying why): the script ran the workspace's code, which can spoil the
-file, so whose fault it is depends on whose tree ran. The verify activity scores an agent's
+not a number in [0, 1]), or that ended by a signal whatever it left (`SIGNALLED`), raises
+`BadReward`, an `InvalidTask` carrying that run's verdict scored 0 (`graded`, its detail saying
+why): the script ran the workspace's code, which can spoil the file or kill the script, so
+whose fault it is depends on whose tree ran. The verify activity scores an agent's
 tree 0 and raises only when the task's untouched tree does the same (activities/environment.py);
 `tempered tasks validate` takes it as the task's (the trees it checks, the untouched one and
 the reference solution's, are the task's own).
 `read_regular` is how such files are read (the Harbor loader's task files too): never a FIFO's
 wait, never more bytes than asked for.
 
-Not covered: a `script` check's verdict is only as strong as Harbor's. The workspace's code runs
-inside the script's sandbox, under its uid, so code that writes /logs/verifier/reward.txt itself
-(or that runs on in the background and writes after the script did) forges the reward. The
-`functions` kind is the one whose verdict the agent's code cannot reach.
+Not covered: a `script` check's verdict is only as strong as its test script. The workspace's
+code runs inside the script's sandbox, under its uid, so code that writes
+/logs/verifier/reward.txt itself (or that runs on in the background and writes after the script
+did) forges the reward of a script that does not guard against it; examples/harbor/fix-greeting
+shows a script that does (tests/test_greet.py). A script that computes its expected answer from
+the workspace's files takes the agent's word for it: the examples compare with copies in tests/.
+A check paused by SIGSTOP times out (as the functions kind's does): the stopped time is no wait
+for a CPU, and the script's own processes can stop each other. The `functions` kind is the one
+whose verdict the agent's code cannot reach.
 """
 
 from __future__ import annotations
@@ -57,6 +66,10 @@ MAX_REWARD_BYTES = 64
 """The longest reward.txt: a number, with room for digits, a sign and spaces."""
 LOGS_DIR = "/logs/verifier"
 TESTS_DIR = "/tests"
+SIGNALLED = 128
+"""A script whose exit status is above it ended by a signal (128 + its number, as the shell
+says): the workspace's code, which runs in the script, could have written a reward of 1 and
+then killed it, so a reward it left is `BadReward` (0 for an agent's tree)."""
 MAX_PROGRAM_FILE = 1 << 20
 """Workspace files other than Python larger than this are not copied into the functions check."""
 MAX_PROGRAM_BYTES = 8 << 20
@@ -187,11 +200,17 @@ async def check_script(
         env={**spec.env_vars, **check.env},
     )
     limits = check_limits(check, limits)
-    ran = await runner.run(f"bash {TESTS_DIR}/{check.tests}", mounts, uid, limits, slot_name)
+    command = f"bash {TESTS_DIR}/{check.tests}"
+    ran = await runner.run(command, mounts, uid, limits, slot_name, own_time=True)
     if ran.status in (ExecStatus.TIMEOUT, ExecStatus.MEMORY_EXCEEDED):
         return Graded(_result(ran, runner, limits, ran.status, 0.0), 0.0)
     try:
         reward = read_reward(logs / REWARD_FILE, check, ran)
+        if ran.exit_code is not None and ran.exit_code > SIGNALLED:
+            raise BadReward(
+                f"tests/{check.tests} ended by signal {ran.exit_code - SIGNALLED} after a reward "
+                f"was written: not its verdict; stderr: {ran.stderr.strip()[-300:]!r}"
+            )
     except BadReward as exc:
         result = _result(ran, runner, limits, ExecStatus.FAILED, 0.0, f"scored 0: {exc}")
         raise BadReward(str(exc), Graded(result, 0.0)) from None

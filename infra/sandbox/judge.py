@@ -21,7 +21,8 @@ memory events, and whether the host killed it. The rules, in their one home:
 - the deadline passed: timeout once the program had its deadline's worth of time
   (`deadline_state`: time it or the checker spent waiting for a CPU they never got does not
   count, unless the program gave its CPU away itself: a nice, SCHED_IDLE, fewer CPUs); the
-  host starved it (the worker's own overload) → a platform fault;
+  host starved it (the worker's own overload) → a platform fault. A Harbor check's script is
+  held to the same rule (`workspace_deadline.py`);
 - no verdict: past the deadline → timeout, else the checker died → a platform fault; a
   candidate whose sandbox never came up → a platform fault.
 
@@ -147,11 +148,7 @@ def judge(
         raise SandboxInfraError(f"the candidate sandbox did not start: {stderr}")
     if lost == "timeout":
         if seen.starved:
-            bound = starvation_bound(limits.timeout_s)
-            raise SandboxInfraError(
-                f"the host starved the program: in {bound:.0f}s it did not get the "
-                f"{limits.timeout_s}s of time its deadline gives it (it waited for a CPU)"
-            )
+            raise starvation_fault(limits)
         status, detail = ExecStatus.TIMEOUT, f"wall-clock deadline of {limits.timeout_s}s"
         exit_code = None
     elif lost:
@@ -190,6 +187,16 @@ def utf8(text: str) -> str:
 def starvation_bound(timeout_s: float) -> float:
     """The wall time within which a program must have had its deadline's worth of time."""
     return timeout_s + max(STARVATION_FACTOR * timeout_s, STARVATION_SLACK_S)
+
+
+def starvation_fault(limits: SandboxLimits) -> SandboxInfraError:
+    """The platform fault of a run the host starved (`deadline_state` said "starved"): the
+    verifier's, and a Harbor check script's (`workspace_deadline.py`, the same rule)."""
+    bound = starvation_bound(limits.timeout_s)
+    return SandboxInfraError(
+        f"the host starved the program: in {bound:.0f}s it did not get the "
+        f"{limits.timeout_s}s of time its deadline gives it (it waited for a CPU)"
+    )
 
 
 def deadline_state(

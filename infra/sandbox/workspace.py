@@ -20,10 +20,11 @@ binary is killed). ptrace passes: the candidate refuses it only because its prog
 and a shell's debuggers need it (gdb, strace, LeakSanitizer). The workspace is bound
 read-write at `workdir` (and extra trees read-only or read-write where a verifier wants them:
 Harbor's /tests, /logs/verifier, /solution), so what the command changes there is what the
-next step sees. Limits: wall time (the whole sandbox is killed at the deadline), CPU time, file
-size and processes (rlimits set by the launching /bin/sh, dash or bash: `PROCESSES_FLAG`),
-memory (the cgroup), output (captured up to `limits.output_bytes` per stream, the rest
-drained).
+next step sees. Limits: wall time (the whole sandbox is killed at the deadline; a verifier's
+script's deadline counts its own time, as the functions check's does: `workspace_deadline.py`),
+CPU time, file size and processes (rlimits set by the launching /bin/sh, dash or bash:
+`PROCESSES_FLAG`), memory (the cgroup), output (captured up to `limits.output_bytes` per
+stream, the rest drained).
 
 bwrap reports on a status fd once the sandbox is up and again with the command's exit code,
 so a sandbox that never came up is a platform fault (`SandboxNotUp`, a `SandboxInfraError`),
@@ -60,9 +61,11 @@ from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.cgroups import MB, Cgroups
 from infra.sandbox.confine import seccomp_filter
+from infra.sandbox.judge import starvation_fault
 from infra.sandbox.launcher import candidate_rlimits
 from infra.sandbox.local import root_binds
 from infra.sandbox.process import KILL_GRACE_S, Capture
+from infra.sandbox.workspace_deadline import CpuWaits, wait_out
 
 SESSION_UID_BASE = 10_000_000
 """Workspace uids are SESSION_UID_BASE + pid·SLOTS + slot: unique per live worker process (of
@@ -257,22 +260,27 @@ class CommandRunner:
         return ["/bin/sh", "-c", " && ".join(prelude) + ' && exec "$@"', "sandbox", *sandbox]
 
     async def run(
-        self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits, name: str
-    ) -> CommandResult:
+        self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits, name: str,
+        own_time: bool = False,
+    ) -> CommandResult:  # fmt: skip
         """Run `command` (by /bin/sh -c) over `mounts` as `uid`, in cgroups named `name`; a
-        sandbox that never came up raises `SandboxNotUp`."""
+        sandbox that never came up raises `SandboxNotUp`. `own_time` (a verifier's script,
+        whose timeout is a score): the deadline counts the command's own time, not what the
+        host kept it waiting for a CPU, and a host that starved it raises SandboxInfraError
+        (`workspace_deadline.py`)."""
         cgroups = Cgroups.create(name) if self.use_cgroups else None
         try:
             if cgroups is not None:
                 cgroups.apply(limits, processes_overhead=WRAPPER_PROCESSES)
-            return await self._run(command, mounts, uid, limits, cgroups)
+            waits = CpuWaits(cgroups) if own_time and cgroups is not None else None
+            return await self._run(command, mounts, uid, limits, cgroups, waits)
         finally:
             if cgroups is not None:
                 await cgroups.reap()
 
     async def _run(
         self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits,
-        cgroups: Cgroups | None,
+        cgroups: Cgroups | None, waits: CpuWaits | None,
     ) -> CommandResult:  # fmt: skip
         status_r, status_w = os.pipe()
         seccomp = -1
@@ -312,11 +320,9 @@ class CommandRunner:
         readers = asyncio.gather(
             stdout.drain(process.stdout), stderr.drain(process.stderr), status.read()
         )
-        started, timed_out = time.monotonic(), False
+        started, deadline = time.monotonic(), ""
         try:
-            await asyncio.wait_for(asyncio.shield(process.wait()), limits.timeout_s)
-        except TimeoutError:
-            timed_out = True
+            deadline = await wait_out(process, limits, waits)
         finally:
             try:
                 await _kill(process, cgroups)
@@ -330,8 +336,10 @@ class CommandRunner:
         event = cgroups.memory_event() if cgroups is not None else ""
         if event == "global":
             raise SandboxInfraError("the host ran out of memory (a global OOM kill)")
+        if deadline == "starved":
+            raise starvation_fault(limits)
         messages = status_messages(reported)
-        oom, code = event == "limit", process.returncode
+        oom, code, timed_out = event == "limit", process.returncode, deadline != ""
         return _result(messages, timed_out, oom, limits, duration_ms, stdout, stderr, code)
 
 

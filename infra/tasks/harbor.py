@@ -19,7 +19,8 @@ ignored), WORKDIR, COPY and ENV, read as Docker reads them (`infra/tasks/harbor_
 says how far); anything else in it is an error naming the file and line.
 
 task.toml is Harbor's. Tempered reads `[verifier] timeout_sec` (a number of seconds, or a
-string of one, as Harbor's float field takes it; a boolean is an error), `[verifier.env]`
+string of one, as Harbor's float field takes it; a boolean is an error; without it Harbor's
+default, `VERIFIER_TIMEOUT_S`, not the run's sandbox limit of 10 s), `[verifier.env]`
 (variable names as a Dockerfile's ENV takes them; strings, numbers and booleans, spelt as TOML
 spells them; no NUL) and `[metadata] split`; a wrong type there is an error. The rest of
 Harbor's format (`KEYS`, and the rest of [metadata]) is accepted and ignored. Other keys, at
@@ -109,6 +110,11 @@ misspelling (`CLOSE`) of one Tempered reads."""
 CLOSE = 0.8
 """difflib's ratio from which an unknown key is taken for a misspelling: `timeout_secs`,
 `verifierr` and `envs` are; `restart_environment` and `ground_truth` are not."""
+VERIFIER_TIMEOUT_S = 600.0
+"""test.sh's wall time when task.toml names no `[verifier] timeout_sec`: Harbor's own default
+(`VerifierConfig.timeout_sec` in Harbor's src/harbor/models/task/config.py). The run's sandbox
+limit (`SandboxLimits.timeout_s`, 10 s) once stood in for it and scored a correct answer 0
+whose test took 12 s."""
 _SECONDS = TypeAdapter(float)
 log = logging.getLogger("tempered.tasks")
 
@@ -265,15 +271,14 @@ def _config(config: dict[str, Any]) -> tuple[Check, Any, list[str]]:
     unknown = _unknown(config, "")
     verifier, metadata = _table(config, "verifier"), _table(config, "metadata")
     unknown += _unknown(verifier, "verifier")
-    timeout = verifier.get("timeout_sec")
-    if timeout is not None:
-        try:
-            if isinstance(timeout, bool):  # Harbor's float would take it for 0 or 1 s
-                raise ValueError
-            timeout = _SECONDS.validate_python(timeout)
-        except ValueError:  # ValidationError too
-            shown = repr(timeout) if isinstance(timeout, str) else _kind(timeout)
-            raise ValueError(f"timeout_sec: a number of seconds, not {shown}") from None
+    timeout = verifier.get("timeout_sec", VERIFIER_TIMEOUT_S)
+    try:
+        if isinstance(timeout, bool):  # Harbor's float would take it for 0 or 1 s
+            raise ValueError
+        timeout = _SECONDS.validate_python(timeout)
+    except ValueError:  # ValidationError too
+        shown = repr(timeout) if isinstance(timeout, str) else _kind(timeout)
+        raise ValueError(f"timeout_sec: a number of seconds, not {shown}") from None
     env = {
         key: _env_value(key, value) for key, value in _table(verifier, "env", "verifier.").items()
     }

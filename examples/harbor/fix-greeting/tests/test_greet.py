@@ -1,8 +1,98 @@
+"""Scores /app/greet.py: 1 when greet("Ada") is "Hello, Ada!" and greet("") "Hello, world!".
+
+greet.py is the agent's code: it runs in this sandbox under this uid, so what it prints, the
+status it exits with, or a process it leaves behind could claim the reward (`os._exit(0)` at
+import passed a test that trusted the exit status; a child writing 1 to the reward after the
+test wrote 0 passed too). So this scorer:
+- makes itself non-dumpable before any of that code runs: no process of its uid may then ptrace
+  it or reach its memory and descriptors through /proc;
+- runs each call in a fresh python3 and compares what it printed here;
+- whatever happened, SIGKILLs every other process of the sandbox but its own ancestors (the
+  sandbox's shells) and waits until they are gone, then writes the reward to a new file renamed
+  over reward.txt (a descriptor that code opened on reward.txt writes to the file replaced).
+The code may still kill this process after writing a reward of its own: the verifier takes no
+reward from a test that ended by a signal (infra/environments/checks.py, `SIGNALLED`).
+"""
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 
-sys.path.insert(0, "/app")
-from greet import greet  # noqa: E402
+CASES = {"Ada": "Hello, Ada!", "": "Hello, world!"}
+CALL = (
+    "import sys; sys.path.insert(0, '/app'); from greet import greet; "
+    "print(repr(greet(sys.argv[1])))"
+)
+LOGS = "/logs/verifier"
+PR_SET_DUMPABLE = 4
 
-assert greet("Ada") == "Hello, Ada!", greet("Ada")
-assert greet("") == "Hello, world!", greet("")
-print("ok")
+
+def passes(name: str, expected: str) -> bool:
+    """Whether greet(name), called in a process of its own, printed repr(expected) within 10 s."""
+    call = subprocess.Popen([sys.executable, "-c", CALL, name], cwd="/app", stdout=subprocess.PIPE)
+    assert call.stdout is not None
+    with call.stdout:
+        try:
+            call.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            call.kill()
+            return False
+        os.set_blocking(call.stdout.fileno(), False)  # a process it left may hold the pipe open
+        try:
+            printed = os.read(call.stdout.fileno(), 4096)
+        except BlockingIOError:
+            printed = b""
+    return printed == f"{expected!r}\n".encode()
+
+
+def ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 0:
+        pids.add(pid)
+        with open(f"/proc/{pid}/stat") as stat:
+            pid = int(stat.read().rpartition(")")[2].split()[1])
+    return pids
+
+
+def others_gone(spared: set[int], within_s: float = 5.0) -> bool:
+    """SIGKILL every process but `spared` until none runs (a zombie runs no more); whether that
+    happened within `within_s`. A process forks no more once killed: each round leaves fewer."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        running = []
+        for pid in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
+            with contextlib.suppress(OSError):  # gone meanwhile
+                with open(f"/proc/{pid}/stat") as stat:
+                    state = stat.read().rpartition(")")[2].split()[0]
+                if pid not in spared and state not in "ZX":
+                    running.append(pid)
+                    os.kill(pid, signal.SIGKILL)
+        if not running:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def main() -> None:
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0)")
+    reward = 0
+    try:
+        reward = int(all(passes(name, expected) for name, expected in CASES.items()))
+    finally:
+        reward = reward if others_gone(ancestors()) else 0
+        with contextlib.suppress(FileNotFoundError):  # whatever that code left there
+            os.unlink(f"{LOGS}/reward.txt")
+        fd, written = tempfile.mkstemp(dir=LOGS)
+        with os.fdopen(fd, "w") as out:
+            out.write(f"{reward}\n")
+        os.replace(written, f"{LOGS}/reward.txt")
+
+
+if __name__ == "__main__":
+    main()
