@@ -27,7 +27,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    FilePath,
     SecretStr,
     ValidationError,
     field_validator,
@@ -40,9 +39,16 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from contracts.common import describe_validation_error
 from infra.seaweed import MAX_BASE_PORT
-from infra.settings_env import check_environment, local_config, noted, settings_file, toml_source
+from infra.settings_env import (
+    AbsoluteFile,
+    AbsolutePath,
+    check_environment,
+    describe_invalid,
+    local_config,
+    origins,
+    toml_sources,
+)
 
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 """A Kubernetes namespace name (RFC 1123 label)."""
@@ -167,10 +173,12 @@ class KubernetesSandboxSettings(_Section):
 class WorkspaceSettings(_Section):
     """Workspace sessions of the sandbox worker (infra/environments/sessions.py)."""
 
-    root: Path = Field(default_factory=lambda: Path(tempfile.gettempdir()) / "tempered-workspaces")
+    root: AbsolutePath = Field(
+        default_factory=lambda: Path(tempfile.gettempdir()) / "tempered-workspaces"
+    )
     """Where session workspaces live on the worker's disk, shared by the workers of a host
-    (each starts by removing what dead ones left); every parent must be searchable by others
-    (o+x), as sandbox uids reach their workspace through it."""
+    (each starts by removing what dead ones left): Tempered's alone (a directory with anything
+    else in it is refused, as is /tmp); its parents must be searchable by others (o+x)."""
     ttl_s: float = Field(default=900.0, ge=10, le=7 * 86400)
     """A session no step touched this long is closed (its last snapshot stays in the store)."""
     max_workspace_mb: int = Field(default=256, ge=1, le=65536)
@@ -335,9 +343,9 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
     )
 
-    config: FilePath | None = Field(default_factory=local_config)
+    config: AbsoluteFile | None = Field(default_factory=local_config)
     """TOML file these settings were read from (`$TEMPERED_CONFIG`; default ./tempered.toml)."""
-    home: Path = Field(default_factory=lambda: Path.cwd() / ".tempered")
+    home: AbsolutePath = Field(default_factory=lambda: Path.cwd() / ".tempered")
     """State directory: server databases, pids, logs, caches, reports (`$TEMPERED_HOME`;
     default `.tempered` in the working directory, the repo root for `make train`)."""
     temporal: TemporalSettings = TemporalSettings()
@@ -364,12 +372,6 @@ class Settings(BaseSettings):
         """This machine's cache of published policy versions (infra.policy_cache)."""
         return self.home / "cache" / "policies"
 
-    @field_validator("config", "home", mode="after")
-    @classmethod
-    def _absolute(cls, path: Path | None) -> Path | None:
-        """Absolute, so worker processes started elsewhere see the same files."""
-        return None if path is None else path.expanduser().absolute()
-
     @classmethod
     def settings_customise_sources(
         cls,
@@ -382,17 +384,14 @@ class Settings(BaseSettings):
         named = None
         if isinstance(init_settings, InitSettingsSource):
             named = init_settings.init_kwargs.get("config")
-        path, implicit = settings_file(named)
-        if path is None:
-            return init_settings, env_settings
-        return init_settings, env_settings, toml_source(settings_cls, path, implicit)
+        return init_settings, env_settings, *toml_sources(settings_cls, named)
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:
     """Settings from overrides > env > TOML (`config`, else $TEMPERED_CONFIG) > defaults.
 
-    Raises ValueError with one line naming every bad field, the `TEMPERED_` variables that name
-    none, or the file that cannot be read or is not TOML.
+    Raises ValueError with one line naming every bad field (its source, the key meant), the
+    `TEMPERED_` variables that name none, or the file that cannot be read or is not TOML.
     """
     if config is not None:
         overrides["config"] = Path(config)
@@ -400,4 +399,4 @@ def load_settings(config: str | Path | None = None, **overrides: Any) -> Setting
     try:
         return Settings(**overrides)
     except ValidationError as exc:
-        raise ValueError(noted(describe_validation_error(exc), overrides.get("config"))) from None
+        raise ValueError(describe_invalid(exc, Settings, origins(overrides, os.environ))) from None

@@ -1,31 +1,41 @@
 """What `infra.settings.load_settings` checks around the settings model: the TOML file it reads
-and the `TEMPERED_*` environment, each refused in one line that names the file or variable.
+and the `TEMPERED_*` environment, each refused in one line that names the file or variable;
+where its paths are relative to; and how its errors are told.
 
     path, implicit = settings_file(None)          # --config, else $TEMPERED_CONFIG, else ./
-    source = toml_source(Settings, path, implicit)
+    sources = toml_sources(Settings, None)        # its source, or () where there is no file
     check_environment(Settings, os.environ)       # ValueError naming every bad variable
+    describe_invalid(exc, Settings, origins(overrides, os.environ))  # a ValidationError, told
 
 pydantic-settings ignores a `TEMPERED_` variable whose first part names no field (one `_` where
 the nesting takes `__`, as in a misspelt `TEMPERED_<SECTION>_<FIELD>`); `check_environment`
-refuses it, suggesting the spelling of a field it resembles. A wrong name after a section's
-`__` is not checked here: the sections' `extra="forbid"` already names it. Nor are values,
-but for the few the model cannot report clearly: an empty path (the working directory), and a
-section set whole that is not a JSON object. It takes the model as an argument: this module
-imports nothing of infra.settings, which imports it.
+refuses it, and one that names no field further down, suggesting the spelling of a field it
+resembles (`closest_field`, which also serves a misspelt key of a TOML file, a section set
+whole as JSON, or any model's input: `describe_invalid`). Values are not checked here, but for
+the few the model cannot report clearly: an empty path (the working directory), and a section
+set whole that is not a JSON object. A value the model refuses is told with its source: the
+variable, or the settings file (`origins`); an argument's caller knows it gave it.
+
+A path is absolute once loaded, by one rule (`absolute`): `~` expanded, a relative one joined
+to the settings file's directory where the file gave it (`toml_sources`), else to the working
+directory. This module takes the model as an argument: it imports nothing of infra.settings,
+which imports it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, get_args
+from typing import Annotated, Any, get_args
 
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel, FilePath, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, TomlConfigSettingsSource
 
@@ -66,22 +76,57 @@ def settings_file(named: object) -> tuple[Path | None, bool]:
     return local, local is not None
 
 
-def noted(message: str, named: object) -> str:
-    """`message` naming the settings file, where one was read that `named` did not name."""
+def absolute(path: Path, base: Path | None = None) -> Path:
+    """`path` with `~` expanded; a relative one joined to `base`, else the working directory."""
+    path = path.expanduser()
+    return path if path.is_absolute() else (base or Path.cwd()) / path
+
+
+AbsolutePath = Annotated[Path, AfterValidator(absolute)]
+"""A path field's type: absolute, so worker processes started elsewhere see the same files."""
+AbsoluteFile = Annotated[FilePath, AfterValidator(absolute)]
+"""… of a file that exists."""
+
+
+class _TomlFile(TomlConfigSettingsSource):
+    """A settings file whose relative paths are relative to its own directory."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
+        self.model = settings_cls  # before the base class reads the file
+        super().__init__(settings_cls, path)
+
+    def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
+        data = super()._read_file(file_path)
+        _anchor(self.model, data, Path(str(file_path)).absolute().parent)
+        return data
+
+
+def _anchor(model: type[BaseModel], data: dict[str, Any], base: Path) -> None:
+    """Make the relative paths that `data` gives `model`'s path fields relative to `base`."""
+    for key, value in data.items():
+        field = model.model_fields.get(key)
+        if field is None:
+            continue  # refused by the model
+        if (section := _section(field)) and isinstance(value, dict):
+            _anchor(section, value, base)
+        elif _takes_path(field.annotation) and isinstance(value, str) and value:
+            data[key] = str(absolute(Path(value), base))
+
+
+def toml_sources(
+    settings_cls: type[BaseSettings], named: object
+) -> tuple[TomlConfigSettingsSource, ...]:
+    """The source of the settings file (`settings_file`), if there is one; ValueError naming it
+    if it cannot be read."""
     path, implicit = settings_file(named)
-    return f"{message} (settings file {path}, {IMPLICITLY})" if implicit else message
-
-
-def toml_source(
-    settings_cls: type[BaseSettings], path: Path, implicit: bool
-) -> TomlConfigSettingsSource:
-    """The source of the settings file `path`; ValueError naming it if it cannot be read."""
+    if path is None:
+        return ()
     note = f"; it was {IMPLICITLY}" if implicit else ""
     try:
         if not path.exists():
             raise ValueError(f"settings file {path} does not exist{note}")
         if path.is_file():
-            return TomlConfigSettingsSource(settings_cls, path)
+            return (_TomlFile(settings_cls, path),)
         reason = "a directory" if path.is_dir() else "not a regular file"  # the source skips it
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: not valid TOML ({exc}){note}") from None
@@ -105,17 +150,18 @@ def check_environment(model: type[BaseModel], environ: Mapping[str, str]) -> Non
         raise ValueError("; ".join(problems))
 
 
-def _problem(model: type[BaseModel], name: str, value: str) -> str | None:
+def _problem(root: type[BaseModel], name: str, value: str) -> str | None:
     if name in NOT_SETTINGS or NOT_SETTINGS_CHUNKED.fullmatch(name):
         return None
     parts = name[len(PREFIX) :].lower().split("__")
     field: FieldInfo | None = None
+    model = root
     for depth, part in enumerate(parts):
         field = model.model_fields.get(part)
         if field is None or (_section(field) is None and depth < len(parts) - 1):
             # pydantic-settings drops a name whose first part is no field, or a scalar one
-            # nested further; past a section, its extra="forbid" (or validation) names the fault
-            return _unknown(model, name) if depth == 0 else None
+            # nested further; past a section, extra="forbid" named it, but without the name meant
+            return _unknown(root, name)
         model = _section(field) or model
     assert field is not None  # a split gives a part
     if _section(field) is not None:
@@ -134,18 +180,90 @@ def _problem(model: type[BaseModel], name: str, value: str) -> str | None:
 
 
 def _unknown(model: type[BaseModel], name: str) -> str:
-    spellings = {"_".join(path).upper(): "__".join(path).upper() for path in _field_paths(model)}
-    given = name[len(PREFIX) :].upper()
-    like = spellings.get(re.sub("_+", "_", given).strip("_"))
-    if like is None:
-        close = difflib.get_close_matches(given, spellings.values(), n=1, cutoff=0.8)
-        like = close[0] if close else None
+    like = closest_field(model, name[len(PREFIX) :].split("__"))
     if like is not None:
-        return f"environment variable {name} names no setting (did you mean {PREFIX}{like}?)"
+        spelt = "__".join(like).upper()
+        return f"environment variable {name} names no setting (did you mean {PREFIX}{spelt}?)"
     return (
         f"environment variable {name} names no setting (settings variables are "
         f"{PREFIX}<FIELD> or {PREFIX}<SECTION>__<FIELD>, e.g. {PREFIX}S3__BUCKET)"
     )
+
+
+def closest_field(model: type[BaseModel], given: Sequence[str]) -> tuple[str, ...] | None:
+    """The field of `model` (a path into its sections) that the path `given`, which names none,
+    most likely means: the same words joined otherwise (`temporal_address` for `temporal`,
+    `address`), the one field of that name in any section, or a close spelling."""
+    paths = list(_field_paths(model))
+    parts = [part.lower() for part in given]
+    flat = re.sub("_+", "_", "_".join(parts)).strip("_")
+    if joined := [path for path in paths if "_".join(path) == flat]:
+        return joined[0]
+    if len(named := [path for path in paths if parts and path[-1] == parts[-1]]) == 1:
+        return named[0]
+    spelt = {".".join(path): path for path in paths}
+    close = difflib.get_close_matches(".".join(parts), spelt, n=1, cutoff=0.8)
+    return spelt[close[0]] if close else None
+
+
+def describe_invalid(
+    error: ValidationError,
+    model: type[BaseModel],
+    origin: Callable[[tuple[str, ...]], str | None] | None = None,
+) -> str:
+    """One line naming every field at fault, as `contracts.common.describe_validation_error`
+    does, with the field a key that names none most likely means (`closest_field`) and, given
+    `origin`, where each value came from."""
+    told = []
+    for fault in error.errors():
+        loc = tuple(str(part) for part in fault["loc"])
+        text = f"{'.'.join(loc) or '<input>'}: {fault['msg']}"
+        if fault["type"] == "extra_forbidden" and (like := closest_field(model, loc)):
+            text += f" (did you mean {'.'.join(like)}?)"
+        if origin is not None and (where := origin(loc)):
+            text += f" ({where})"
+        told.append(text)
+    return "; ".join(told)
+
+
+_ABSENT = object()
+
+
+def origins(
+    overrides: Mapping[str, Any], environ: Mapping[str, str]
+) -> Callable[[tuple[str, ...]], str | None]:
+    """Where the settings' value at a path came from, for `describe_invalid`: the `TEMPERED_`
+    variables and the settings file that give it, highest priority first, stopping at one that
+    gives it whole (the arguments, `overrides`, are not named: their caller knows them)."""
+    layers: list[tuple[str | None, Any]] = [(None, overrides)]
+    for name, value in sorted(environ.items()):
+        if name.upper().startswith(PREFIX) and name not in NOT_SETTINGS:
+            try:
+                given = json.loads(value)  # a section set whole
+            except ValueError:
+                given = value
+            for part in reversed(name[len(PREFIX) :].lower().split("__")):
+                given = {part: given}
+            layers.append((f"environment variable {name}", given))
+    path, implicit = settings_file(overrides.get("config"))
+    if path is not None:
+        with contextlib.suppress(OSError, ValueError):  # read before: it was fine
+            label = f"settings file {path}" + (f", {IMPLICITLY}" if implicit else "")
+            layers.append((label, tomllib.loads(path.read_text(encoding="utf-8"))))
+
+    def origin(loc: tuple[str, ...]) -> str | None:
+        named = []
+        for name, data in layers:
+            for part in loc:
+                data = data.get(part, _ABSENT) if isinstance(data, dict) else _ABSENT
+            if data is _ABSENT:
+                continue
+            named += [name] if name else []
+            if not isinstance(data, dict):
+                break  # given whole: what lower layers give is not used
+        return " and ".join(named) or None
+
+    return origin
 
 
 def _field_paths(model: type[BaseModel], above: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:

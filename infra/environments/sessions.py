@@ -8,6 +8,7 @@
 On disk, each worker process owns one directory named by its pid and the kernel's start time
 of that pid (`dead_workers.worker_dir_name`):
 
+    <root>/                               0711, marked as Tempered's (`dead_workers.claim_root`)
     <root>/<pid>-<start>/                 root-owned, 0711
         <session id>/ws/                  the workspace, owned by the session's uid, 0700:
                                           a tmpfs of max_workspace_mb where the worker may
@@ -67,7 +68,7 @@ from pathlib import Path
 
 from contracts.common import ObjectRef
 from contracts.task import WorkspaceSpec
-from infra.environments.dead_workers import sweep_dead, worker_dir_name
+from infra.environments.dead_workers import claim_root, sweep_dead, worker_dir_name
 from infra.environments.mounts import mount_tmpfs, remove, remove_tree, unmount
 from infra.environments.snapshots import MAX_ENTRIES, Scanner
 from infra.environments.threads import in_thread
@@ -118,8 +119,7 @@ class SessionHost:
     def __init__(self, config: WorkspaceSettings) -> None:
         self.config = config
         self.root = config.root
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.root.chmod(0o711)  # sandbox uids pass through to their own 0700 workspace
+        claim_root(self.root)  # refused: a directory of the user's, /tmp
         if blocked := [p for p in self.root.parents if not p.stat().st_mode & stat.S_IXOTH]:
             raise SandboxInfraError(
                 f"sandbox uids cannot reach {self.root}: {blocked[0]} is not searchable by "

@@ -96,7 +96,7 @@ def test_an_implicitly_read_settings_file_is_named_in_its_errors(clean: Path) ->
     (clean / "named.toml").write_text("[sandbox]\nconcurrency = 0\n")
     with pytest.raises(ValueError) as caught:
         load_settings(clean / "named.toml")
-    assert "implicitly" not in str(caught.value)  # the caller knows which file it named
+    assert "read implicitly" not in str(caught.value)  # the caller knows which file it named
 
 
 @pytest.mark.parametrize(
