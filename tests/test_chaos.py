@@ -13,8 +13,10 @@ processes and servers, no mocks); each kill is proven to have hit in-flight work
   completes and every trajectory is trained on exactly once (learner acks).
 
 In both, tests/fixtures/drill.py replaces only the killed worker, fails on any other death,
-and reads the histories afterwards: every task a kill hit completed as a later attempt (≥ 2)
-on another worker, and every worker alive across the Temporal restart completed work after it.
+keeps SeaweedFS down until an activity attempt has failed on it, and reads the histories
+afterwards: every task a kill hit completed as a later attempt (≥ 2) on another worker, every
+activity that failed while SeaweedFS was down completed as a later attempt once it was back,
+and every worker alive across the Temporal restart completed work after it.
 Figures go to stdout (`-s`) and bench/results.json["chaos_short"] / ["chaos"].
 
     .venv/bin/pytest -s tests/test_chaos.py -k short     # the short drill

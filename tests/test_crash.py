@@ -5,11 +5,13 @@ A `TrainingRunWorkflow` is started with the `temporal` CLI on a stack of its own
 `tempered worker QUEUE` process per queue. While it runs: the sandbox worker is SIGKILLed while
 it runs an `execute` and the rewards worker while it writes trajectories (each replaced by a
 fresh process), SeaweedFS is stopped and started again, then the Temporal dev server (no worker
-is restarted: they must reconnect on their own). Afterwards the histories show that each kill
-hit a running activity, which then completed as a later attempt on the new worker; every task
-is DONE, exactly tasks × G trajectories are stored, none twice, and the learner's acks list each
-one exactly once (trained, skipped with its reason, or dropped as stale). Figures are printed
-(`pytest -s`) and merged into bench/results.json["crash"].
+is restarted: they must reconnect on their own). SeaweedFS stays down until an activity attempt
+has failed on it. Afterwards the histories show that each kill hit a running activity, which
+then completed as a later attempt on the new worker, and that each activity that failed while
+SeaweedFS was down completed as a later attempt; every task is DONE, exactly tasks × G
+trajectories are stored, none twice, and the learner's acks list each one exactly once
+(trained, skipped with its reason, or dropped as stale). Figures are printed (`pytest -s`) and
+merged into bench/results.json["crash"].
 
     .venv/bin/pytest -m slow -s tests/test_crash.py
 """

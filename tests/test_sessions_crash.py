@@ -10,9 +10,10 @@ worker → open_sessions restores the last snapshots elsewhere and the step runs
   step runs; the episode completes on the other worker with final tree digests equal to those
   of the same script run without the crash, every step recorded once.
 - `test_an_agent_task_survives_a_killed_sandbox_worker`: the same through AgentTaskWorkflow
-  itself (GENERATE by a scripted model, tests/workflows/harness.py): the episodes end DONE
-  with the same digests, verdicts and rewards as without the crash, each step in the status
-  query once.
+  itself (GENERATE by a scripted model, tests/workflows/harness.py), the worker killed once the
+  server shows it running the long step: the episodes end DONE with the same digests, verdicts
+  and rewards as without the crash, each step in the status query once, and the history shows
+  that the long step sent to the killed worker's queue timed out or failed (never completed).
 - `test_killed_workers_leave_nothing_behind`: a worker is SIGKILLed mid-step three times (a
   new one started each time); then no sandbox process, session directory, cgroup or mount is
   left.
@@ -29,11 +30,13 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.worker import Worker
 
 from activities.rewards import RewardActivities
@@ -41,11 +44,13 @@ from contracts.episode import ToolCall
 from contracts.names import Queue
 from contracts.rollout import AgentTaskResult, TaskStatus
 from contracts.task import AgentTaskInput, SamplingParams
+from infra.environments.dead_workers import MARKER
 from infra.environments.mounts import mounts_under, remove_tree
 from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT
 from infra.sandbox.workspace import SESSION_UID_BASE, SLOTS
 from infra.tasks.workspace import workspace_tasks
 from tests.episode_driver import DRIVER_QUEUE, DriverInput, DriverResult, ScriptedEpisodes
+from tests.fixtures.history import TemporalView
 from tests.fixtures.stack import BIN, Stack
 from tests.infra.environments.conftest import needs_root
 from tests.workflows.harness import ScriptedModel, connect, running_workers
@@ -156,6 +161,50 @@ def holder_pid(stack: Stack, run_id: str) -> int:
     return int(queues[0].rsplit(":", 1)[1])
 
 
+def step_running_on(stack: Stack, workflow_id: str, pid: int) -> Callable[[], bool]:
+    """Trigger: an `env_step` of `workflow_id` is STARTED by the sandbox worker `pid`."""
+
+    def running() -> bool:
+        described = stack.temporal(
+            "workflow", "describe", "--workflow-id", workflow_id, "-o", "json"
+        )
+        return any(
+            a.get("activityType", {}).get("name") == "env_step"
+            and a.get("state") == "PENDING_ACTIVITY_STATE_STARTED"
+            and a.get("lastWorkerIdentity", "").endswith(f":{pid}")
+            for a in json.loads(described.stdout or "{}").get("pendingActivities", [])
+        )
+
+    return running
+
+
+def step_ends(stack: Stack, workflow_id: str, queue: str, step: int) -> list[str]:
+    """How each `env_step` of `step` scheduled on task queue `queue` ended (COMPLETED,
+    TIMED_OUT, FAILED, CANCELED), from the workflow's history."""
+    histories = TemporalView(stack.settings.temporal.address).histories()
+    (events,) = [events for (w, _), events in histories.items() if w == workflow_id]
+    scheduled = set()
+    for event in events:
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            attributes = event.activity_task_scheduled_event_attributes
+            kind, sent_to = attributes.activity_type.name, attributes.task_queue.name
+            request = attributes.input.payloads  # an EnvStepRequest, for env_step
+            if (
+                kind == "env_step"
+                and sent_to == queue
+                and json.loads(request[0].data)["step"] == step
+            ):
+                scheduled.add(event.event_id)
+    ends = []
+    for event in events:
+        name = EventType.Name(event.event_type).removeprefix("EVENT_TYPE_ACTIVITY_TASK_")
+        if name in ("COMPLETED", "TIMED_OUT", "FAILED", "CANCELED"):
+            attributes = getattr(event, f"activity_task_{name.lower()}_event_attributes")
+            if attributes.scheduled_event_id in scheduled:
+                ends.append(name)
+    return ends
+
+
 def upload_task(stack: Stack) -> None:
     store = stack.store()
     for key, data in TASK.objects.items():
@@ -224,7 +273,7 @@ def leftovers(root: Path, pids: list[int]) -> dict[str, list[Any]]:
         for path in (CGROUP_ROOT / ctl / "tempered").glob(f"{pid}-w*")
     ]
     return {
-        "directories": sorted(root.iterdir()),
+        "directories": sorted(p for p in root.iterdir() if p.name != MARKER),  # the root's own
         "processes": processes,
         "cgroups": cgroups,
         "mounts": mounts_under(root),  # workspace tmpfs
@@ -305,6 +354,7 @@ def test_an_agent_task_survives_a_killed_sandbox_worker(stack: Stack) -> None:
         upload_task(stack)
         calm, calm_status = asyncio.run(agent_task(stack, "calm"))
         killed: list[int] = []
+        queues: list[str] = []  # the killed worker's task queue
 
         async def kill_mid_step(handle) -> None:  # type: ignore[no-untyped-def]
             while True:
@@ -312,12 +362,15 @@ def test_an_agent_task_survives_a_killed_sandbox_worker(stack: Stack) -> None:
                 if status.turn == LONG_STEP and status.state == "EXECUTE":
                     break
                 await asyncio.sleep(0.2)
-            await asyncio.sleep(2.5)  # inside `sleep 6`
             session = status.samples[0].session
             assert session is not None
             pid = int(session.queue.rsplit("-", 1)[1])
+            running = step_running_on(stack, handle.id, pid)
+            await asyncio.to_thread(stack.wait_for, "the long step to run", running, 60, 0.2)
+            await asyncio.sleep(1.0)  # inside `sleep 6`
             workers.kill(pid)
             killed.append(pid)
+            queues.append(session.queue)
 
         started = time.monotonic()
         crashed, status = asyncio.run(agent_task(stack, "crash", kill_mid_step))
@@ -326,6 +379,9 @@ def test_an_agent_task_survives_a_killed_sandbox_worker(stack: Stack) -> None:
         print(f"agent task crash-resume: killed worker {killed}, took {time.monotonic() - started:.1f}s, "
               f"rewards {crashed.rewards} (calm {calm.rewards}), digests equal: {digests == calm_digests}")  # fmt: skip
         assert killed and crashed.state == calm.state == "DONE"
+        ends = step_ends(stack, "agent-crash", queues[0], LONG_STEP)
+        print(f"the long step on the killed worker's queue ended: {ends}")
+        assert ends and set(ends) <= {"TIMED_OUT", "FAILED"}, ends  # the kill hit it
         assert digests == calm_digests
         assert crashed.rewards == calm.rewards and crashed.solved == calm.solved == [True, False]
         for episode in status.samples:

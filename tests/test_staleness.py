@@ -8,10 +8,16 @@ update (its rewards are all equal, so without the KL term every group would be s
 advantage and nothing would be "trained"). Each learner ack says, per trajectory, what the step
 holding version n did with it; the trajectory says which versions sampled it. Checked:
 - a trajectory trained or skipped at step n was sampled no more than `max_staleness` versions
-  earlier, and one dropped as stale more than that (the `drop` policy);
+  earlier;
 - at least one trajectory was sampled from an older version than the step that trained it
   (otherwise the run tested nothing asynchronous);
 - every trajectory is accounted exactly once (trained + skipped + dropped_stale, apart).
+
+Not checked here: the `drop` policy. The run starts no group more than `max_staleness` steps
+ahead of the learner, so a group reaches it too stale only when it finishes behind groups
+started later, which this run does not arrange: it normally drops nothing. The learner's
+dropping is tested where stale groups are made on purpose (tests/infra/test_grpo.py,
+tests/infra/test_learner_engine.py).
 """
 
 from __future__ import annotations
@@ -44,9 +50,7 @@ def test_groups_from_older_versions_are_trained_within_the_bound(stack: Stack) -
         stale_policy="drop",
         kl_coef=0.05,
     )
-    ledger = Drill(stack, [workflow_id]).check_training_run(
-        "staleness", run_id, tasks, group_size, started
-    )
+    Drill(stack, [workflow_id]).check_training_run("staleness", run_id, tasks, group_size, started)
 
     store = stack.store()
     oldest = {doc.id: doc.oldest_policy_version for _, doc in stored_trajectories(store, run_id)}
@@ -61,8 +65,6 @@ def test_groups_from_older_versions_are_trained_within_the_bound(stack: Stack) -
     print(f"[staleness] versions behind, per kind: {lag}")
     used = lag["trained"] + lag["skipped"]
     assert all(0 <= behind <= MAX_STALENESS for behind in used), lag
-    assert all(behind > MAX_STALENESS for behind in lag["dropped_stale"]), lag
     assert any(behind >= 1 for behind in lag["trained"]), (
         f"no trajectory from an older version was trained: {lag}"
     )
-    assert ledger.dropped_stale == len(lag["dropped_stale"])  # counted apart from trained

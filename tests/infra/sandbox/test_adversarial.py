@@ -18,7 +18,7 @@ import pytest
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.tasks.humaneval import humaneval_tasks
-from tests.infra.sandbox.attacks import CASES, REDEFINED_HELPERS, TESTS
+from tests.infra.sandbox.attacks import CASES, OUTLIVING, REDEFINED_HELPERS, TESTS, WRONG
 from tests.infra.sandbox.verifier_box import Box, needs_root
 from tests.paths import REPO_ROOT
 
@@ -48,6 +48,12 @@ def test_the_honest_program_passes_the_same_tests(any_box: Box) -> None:
 
 
 def test_nothing_forged_outlives_the_check(any_box: Box) -> None:
+    """The attack runs here, not only in the parametrized test above (which may be deselected):
+    its daemon leaves the candidate's session, marks its /tmp `outlive`, and forges verdicts
+    after the check; once the run has ended it must be gone."""
+    attack = OUTLIVING["a daemon forges after the check"] + WRONG
+    result = any_box.run(attack, TESTS, "add", limits=LIMITS)
+    assert result.status != ExecStatus.PASSED and result.tests_passed == 0, result
     assert any_box.leftovers("outlive") == []
 
 

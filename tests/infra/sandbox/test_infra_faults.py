@@ -91,23 +91,26 @@ async def strike(
     mark: str,
     prog: str,
     limits: SandboxLimits,
-    action: Callable[[psutil.Process], None],
+    action: Callable[[psutil.Process], None] | None = None,
 ) -> str:
-    """Run `prog`; once its process named `mark` exists, do `action` to it; the outcome."""
+    """Run `prog`; once its process named `mark` exists, do `action` to it; the outcome. With
+    an `action` (a fault), fail unless it was applied to the running program: a run that ends
+    first (an infra_error of another cause, say) would pass the test without the fault."""
     backend = cold_backend()
     try:
         run = asyncio.create_task(backend.run(prog, CHECK, limits, "add"))
+        if action is None:  # a control: the program ends by itself
+            return await outcome(run)
         for _ in range(400):
             if found := named(mark):
                 await asyncio.sleep(0.3)  # let it enter add() and wait there
+                assert not run.done(), f"the run ended before the fault: {await outcome(run)}"
                 action(found[0])
-                break
+                return await outcome(run)
             if run.done():
-                break
+                pytest.fail(f"the run ended before {mark!r} appeared: {await outcome(run)}")
             await asyncio.sleep(0.05)
-        else:
-            pytest.fail(f"no process named {mark!r} appeared: the program never ran")
-        return await outcome(run)
+        pytest.fail(f"no process named {mark!r} appeared: the program never ran")
     finally:
         await backend.close()
 
@@ -279,14 +282,14 @@ async def test_a_program_over_its_own_memory_limit_is_memory_exceeded() -> None:
     name = mark()
     body = "hog = [b'x' * (8 << 20) for _ in range(64)]"
     limits = SandboxLimits(timeout_s=20, memory_mb=128)
-    status = await strike(name, program(name, body), limits, lambda process: None)
+    status = await strike(name, program(name, body), limits)
     assert status == ExecStatus.MEMORY_EXCEEDED
 
 
 async def test_a_program_spinning_past_its_cpu_limit_is_a_timeout() -> None:
     name = mark()
     limits = SandboxLimits(timeout_s=30, cpu_s=1)
-    status = await strike(name, program(name, "while True:\n    pass"), limits, lambda p: None)
+    status = await strike(name, program(name, "while True:\n    pass"), limits)
     assert status == ExecStatus.TIMEOUT
 
 
@@ -305,7 +308,7 @@ async def test_a_program_that_starves_itself_is_a_timeout() -> None:
             pass
     """
     limits = SandboxLimits(timeout_s=1.5, cpu_s=60)
-    status = await strike(name, program(name, body), limits, lambda process: None)
+    status = await strike(name, program(name, body), limits)
     assert status == ExecStatus.TIMEOUT
 
 
@@ -321,5 +324,5 @@ async def test_a_program_that_ends_itself_is_its_own_failure(body: str) -> None:
     """Only the host can SIGKILL the candidate (its pid namespace's init ignores it from
     inside), and an exit of its own is the program's doing: failed or error, never retried."""
     name = mark()
-    status = await strike(name, program(name, body), SandboxLimits(timeout_s=20), lambda p: None)
+    status = await strike(name, program(name, body), SandboxLimits(timeout_s=20))
     assert status in (ExecStatus.FAILED, ExecStatus.ERROR)
