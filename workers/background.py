@@ -45,6 +45,7 @@ from workers.plan import WorkerPlan
 from workers.versioning import activity_code_digest, workflow_code_digest
 
 RESTARTED = "restarted: its code changed since it started"
+ROOT_VARIABLE = "TEMPERED_SANDBOX__WORKSPACES__ROOT"
 RECONFIGURED = "restarted: this command's settings differ from those it started with"
 PINNED = " (a run still pinned to the old build waits for a worker of that build)"
 
@@ -122,6 +123,8 @@ def ensure_workers(
     env = {**os.environ, "TEMPERED_HOME": str(settings.home)}
     if settings.config is not None:  # the workers read the same TOML file as this process
         env["TEMPERED_CONFIG"] = str(settings.config)
+    if ROOT_VARIABLE in env:  # resolved against this command's folder, not the workers' (home)
+        env[ROOT_VARIABLE] = str(settings.sandbox.workspaces.root)
     workflow_code, activity_code = workflow_code_digest(), activity_code_digest()
     configured = settings_digest(settings)
     for queue in Queue:

@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from contracts.common import describe_validation_error
 from contracts.run import TrainingRunInput
+from infra.settings_env import describe_invalid
 
 DEFAULT = "smollm2"
 """What `tempered train` (and so `make train`) runs without `--preset`."""
@@ -57,7 +57,7 @@ def load_preset(name: str, **overrides: Any) -> TrainingRunInput:
     try:
         run = TrainingRunInput.model_validate(values)
     except ValidationError as exc:
-        raise ValueError(f"{where}: {describe_validation_error(exc)}") from None
+        raise ValueError(f"{where}: {describe_invalid(exc, TrainingRunInput)}") from None
     if problem := run.new_run_problem():
         raise ValueError(f"{where}: {problem}")
     return run
