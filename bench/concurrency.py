@@ -19,7 +19,11 @@ rate, completion rate, schedule-to-start p50/p99 of the activities (GENERATE dur
 EXECUTE and WRITE during the drain), the dev server's CPU per task (fill and drain), and this
 process's resident memory per 1,000 tasks in flight (workers, client, bench bookkeeping), and how
 each grows from the first level to the last. The activity workers are scripted so that what is
-measured is Temporal and the workflow worker, not a model or a sandbox.
+measured is Temporal and the workflow worker, not a model or a sandbox. Percentiles are
+nearest-rank (`common.percentile`: p99 of 100 latencies is the 99th; until 6 December it was
+the largest, and of 1,000 the 991st). It refuses a busy machine (`common.require_idle`, and
+after each level if other processes took the cores; `--allow-busy` measures anyway, marked
+`busy: true`).
 """
 
 from __future__ import annotations
@@ -35,7 +39,17 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from common import bench_stack, cpu_seconds, machine, merge_results, temporal_pid
+from common import (
+    add_busy_flag,
+    bench_stack,
+    cpu_seconds,
+    idle_side,
+    machine,
+    merge_results,
+    percentile,
+    require_idle,
+    temporal_pid,
+)
 from temporalio import activity
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
@@ -83,11 +97,6 @@ TASK = TaskSpec(
     entry_point="f",
     tests="def check(candidate):\n    assert candidate() == 1\n",
 )
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 class Scripted:
@@ -292,7 +301,8 @@ async def measure(settings: Settings, levels: list[int], start_concurrency: int)
     await namespace_ready(client)
     rows = []
     for n in levels:
-        row = await level(client, settings, n, start_concurrency)
+        with idle_side(f"{n} in flight"):
+            row = await level(client, settings, n, start_concurrency)
         rows.append(row)
         print(table([row]).splitlines()[-1], flush=True)
     return {"levels": rows, "growth": growth(rows), "machine": machine()}
@@ -303,7 +313,9 @@ def main() -> None:
     parser.add_argument("--levels", default="1000,10000", help="tasks in flight, comma-separated")
     parser.add_argument("--start-concurrency", type=int, default=50)
     parser.add_argument("--out", type=Path, help="also write the report here (JSON)")
+    add_busy_flag(parser)
     args = parser.parse_args()
+    require_idle(args.allow_busy)
     levels = [int(x) for x in args.levels.split(",")]
     with (
         tempfile.TemporaryDirectory(prefix="tempered-bench-") as tmp,

@@ -26,7 +26,9 @@ and `shared`, the two together as fractions of their alone speed at the default 
 (1.0 = sharing the cores lost nothing; 2 cores shared by two 2-thread processes ideally give
 about 1.0). What `Settings.omp_spin_count` sets is chosen from it. Not covered: the
 sandboxes' and the Temporal server's share of the cores in a real run (they only add to the
-contention); GPUs (no OpenMP in the hot loop).
+contention); GPUs (no OpenMP in the hot loop). It refuses a busy machine (`common.require_idle`,
+and after each measured run if other processes took the cores: this bench is about sharing
+them; `--allow-busy` measures anyway, marked `busy: true`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from common import machine, median_of, merge_results  # first: puts the repo root on sys.path
+from common import (  # first: puts the repo root on sys.path
+    add_busy_flag,
+    idle_side,
+    machine,
+    median_of,
+    merge_results,
+    require_idle,
+)
 
 ROLES = ("generate", "train")
 
@@ -170,17 +179,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--role", choices=ROLES, help=argparse.SUPPRESS)
     parser.add_argument("--start-file", type=Path, help=argparse.SUPPRESS)
+    add_busy_flag(parser)
     args = parser.parse_args()
     if args.role:
         return role_main(args.role, args.start_file)
+    require_idle(args.allow_busy)
     if args.seconds <= 0 or args.rounds < 1:
         parser.error("--seconds must be above 0 and --rounds at least 1")
     spins = args.spins.split(",")
     samples: dict[str, dict[str, list[float]]] = {s: {} for s in spins}
     for round_index in range(args.rounds):
         for spin in spins if round_index % 2 == 0 else spins[::-1]:
-            figures = {f"{r}_alone": measure((r,), spin, args.seconds)[r] for r in ROLES}
-            together = measure(ROLES, spin, args.seconds)
+            figures = {}
+            for role in ROLES:
+                with idle_side(f"{role} alone, spin {spin}"):
+                    figures[f"{role}_alone"] = measure((role,), spin, args.seconds)[role]
+            with idle_side(f"together, spin {spin}"):
+                together = measure(ROLES, spin, args.seconds)
             figures |= {f"{r}_together": together[r] for r in ROLES}
             for key, value in figures.items():
                 samples[spin].setdefault(key, []).append(value)

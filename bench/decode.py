@@ -18,6 +18,8 @@ Both sides pick greedily (argmax), so only the model step differs. Each prints m
 per step and tokens/s; the ratio is tempered over transformers tokens/s.
 The rows never end here (no EOS), so neither side pays for rows leaving. Merged into
 bench/results.json under "decode". Not covered: prefill, and sampling (top-p sorts on CPU).
+It refuses a busy machine (`common.require_idle`, and after each measured side if other
+processes took the cores; `--allow-busy` measures anyway, marked `busy: true`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,13 @@ import time
 from typing import Any
 
 import torch
-from common import machine, merge_results  # first: puts the repo root on sys.path
+from common import (  # first: puts the repo root on sys.path
+    add_busy_flag,
+    idle_side,
+    machine,
+    merge_results,
+    require_idle,
+)
 
 from contracts.task import SamplingParams
 from infra.base_models import materialize_base_model
@@ -93,7 +101,9 @@ def main() -> None:
     parser.add_argument("--columns", default="300,800")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--device", default="cpu", help="torch device of both sides")
+    add_busy_flag(parser)
     args = parser.parse_args()
+    require_idle(args.allow_busy)
     from transformers import AutoModelForCausalLM
 
     path = str(materialize_base_model("smollm2", Settings()))
@@ -105,8 +115,10 @@ def main() -> None:
         for columns in (int(c) for c in args.columns.split(",")):
             batch = prompts(rows, columns, seed=rows * 1000 + columns)
             load = os.getloadavg()[0]
-            before = transformers_step_s(plain, batch, args.steps)
-            after = tempered_step_s(policy, batch, args.steps)
+            with idle_side(f"transformers {rows}x{columns}"):
+                before = transformers_step_s(plain, batch, args.steps)
+            with idle_side(f"tempered {rows}x{columns}"):
+                after = tempered_step_s(policy, batch, args.steps)
             figure = {
                 "rows": rows,
                 "columns": columns,

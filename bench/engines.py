@@ -16,15 +16,22 @@ as in a run.
    `vllm` with LoRA served (the default settings) and `vllm-nolora` without, and
    `vllm-compiled` with torch.compile). One vLLM engine at a time (each holds gigabytes) takes
    turns with transformers, `--reps` rounds each, so every vLLM figure has its paired
-   transformers figure under the same load.
+   transformers figure under the same load, and each variant is reported against its own
+   paired runs (`local_tok_s`, `vs_local`; until 6 December against the median of every
+   transformers run of the bench, whatever the load beside the other variants).
 2. In the pipeline: a private stack (Temporal dev server + SeaweedFS on free ports), the
    production inference worker of each engine in this process (`inference.backend` = it), and
    one small workflow per task whose only step is the task's GENERATE activity, all 8 at once:
    Temporal → activity → batcher → backend. The same worker's backend is then called bare with
    the very same rows and seeds; tokens/s in the pipeline over bare is the ratio (target 0.8).
+   Both sides must sample the same tokens: each row's count of sampled tokens is checked, run
+   by run, against the first run's, and a mismatch stops the bench (before 6 December nothing
+   checked it, so a ratio could set unlike work side by side).
 
 Every figure is printed with the load average at its start (the machine is shared) and merged
-into bench/results.json under "engines". vLLM needs the `vllm` extra (`make setup`).
+into bench/results.json under "engines". vLLM needs the `vllm` extra (`make setup`). It refuses
+a busy machine (`common.require_idle`, judged again after every measured run; `--allow-busy`
+measures anyway, marked `busy: true`).
 """
 
 from __future__ import annotations
@@ -43,11 +50,14 @@ from typing import Any
 from common import (
     RESULTS,
     ROOT,
+    add_busy_flag,
     bench_stack,
+    idle_side,
     machine,
     median_of,
     merge_results,
     production_workers,
+    require_idle,
 )
 from temporalio import workflow
 from temporalio.worker import Worker
@@ -61,6 +71,8 @@ from infra.settings import InferenceSettings, Settings, VLLMSettings
 POLICY_RUN = "bench-engines"
 BENCH_QUEUE = "bench-engines"
 SEED = 1234
+Row = tuple[str, int]
+"""(task id, sample): one row of the wave."""
 
 
 @workflow.defn(name="BenchGenerate", sandboxed=False)
@@ -99,6 +111,9 @@ class Shape:
             sample_params(self.sampling, t.id, s, 0) for t in self.tasks for s in range(self.group)
         ]
 
+    def rows(self) -> list[Row]:
+        return [(t.id, s) for t in self.tasks for s in range(self.group)]
+
     def prompts(self, chat: Any) -> list[list[int]]:
         return [chat.first_prompt(t.prompt) for t in self.tasks for _ in range(self.group)]
 
@@ -124,19 +139,55 @@ def load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-async def bare(
-    backend: Any, prompts: list[list[int]], params: list[SamplingParams], policy
-) -> dict:
-    started, at = time.perf_counter(), load()
-    outputs = await backend.generate(prompts, params, policy)
-    seconds = time.perf_counter() - started
-    tokens = sum(len(o.token_ids) for o in outputs)
+def figures(tokens: int, seconds: float, at: float) -> dict:
     return {
         "tokens": tokens,
         "s": round(seconds, 2),
         "tok_s": round(tokens / seconds, 1),
         "load": at,
     }
+
+
+async def bare(
+    backend: Any, prompts: list[list[int]], params: list[SamplingParams], policy, rows: list[Row]
+) -> tuple[dict, dict[Row, int]]:
+    """The rows in one call of `backend`: figures, and each row's count of sampled tokens."""
+    started, at = time.perf_counter(), load()
+    outputs = await backend.generate(prompts, params, policy)
+    seconds = time.perf_counter() - started
+    counts = {row: len(o.token_ids) for row, o in zip(rows, outputs, strict=True)}
+    return figures(sum(counts.values()), seconds, at), counts
+
+
+def check_same_tokens(seen: dict[Row, int], reference: dict[Row, int]) -> None:
+    """Stop the bench unless `seen` sampled as many tokens as `reference` in every row (the same
+    seeds: a different count is different work, and no ratio between the two is fair)."""
+    if seen.keys() != reference.keys():
+        raise SystemExit(f"the runs sampled different rows: {sorted(seen)} vs {sorted(reference)}")
+    differ = {row: (seen[row], reference[row]) for row in reference if seen[row] != reference[row]}
+    if differ:
+        shown = ", ".join(f"{row}: {a} vs {b}" for row, (a, b) in list(differ.items())[:8])
+        raise SystemExit(
+            f"{len(differ)} of {len(reference)} rows sampled another number of tokens than the "
+            f"first run (seen vs first): {shown}"
+        )
+
+
+def paired_summary(pairs: dict[str, dict[str, list[dict]]]) -> dict[str, dict]:
+    """Each vLLM variant's median tok/s beside the median of the transformers runs paired with
+    it (measured in turns with it, under the same load), and their ratio."""
+    summary = {}
+    for name, runs in pairs.items():
+        tok_s = median_of([r["tok_s"] for r in runs[name]])
+        local = median_of([r["tok_s"] for r in runs["local"]])
+        summary[name] = {
+            "tok_s": tok_s,
+            "local_tok_s": local,
+            "vs_local": round(tok_s / local, 3),
+            "runs": runs[name],
+            "local_runs": runs["local"],
+        }
+    return summary
 
 
 def engine_backend(name: str, model: Path) -> Any:
@@ -164,26 +215,36 @@ async def engine_vs_engine(engines: list[str], model: Path, shape: Shape, reps: 
     from infra.inference.prompts import ChatFormat
 
     prompts = shape.prompts(ChatFormat(AutoTokenizer.from_pretrained(str(model)), EnvName.CODE))
-    params, policy = shape.params(), PolicyHandle(POLICY_RUN, 0, model)
+    params, policy, rows = shape.params(), PolicyHandle(POLICY_RUN, 0, model), shape.rows()
     local = engine_backend("local", model)
     await local.generate(prompts[:8], params[:8], policy)  # warm-up
-    rows: dict[str, list[dict]] = {"local": []}
+    alone: list[dict] = []  # `--engines local`: no variant to pair with
+    pairs: dict[str, dict[str, list[dict]]] = {}
     for name in (e for e in engines if e != "local"):
         backend = engine_backend(name, model)
-        rows[name] = []
+        pairs[name] = {"local": [], name: []}
         try:
             await backend.generate(prompts[:8], params[:8], policy)  # the first batches are slow
             for rep in range(reps):
                 pair = [("local", local), (name, backend)]
                 for label, engine in pair if rep % 2 == 0 else pair[::-1]:
-                    rows[label].append(await bare(engine, prompts, params, policy))
-                    print(f"  bare [{rep}] {label:14s} {rows[label][-1]}", flush=True)
+                    with idle_side(f"bare {label} beside {name} [{rep}]"):
+                        row, _ = await bare(engine, prompts, params, policy, rows)
+                    pairs[name][label].append(row)
+                    print(f"  bare [{rep}] {label:14s} {row}", flush=True)
         finally:
             await backend.close()
+    if not pairs:
+        for rep in range(reps):
+            with idle_side(f"bare local [{rep}]"):
+                row, _ = await bare(local, prompts, params, policy, rows)
+            alone.append(row)
+            print(f"  bare [{rep}] local          {row}", flush=True)
     await local.close()
+    every_local = alone + [r for runs in pairs.values() for r in runs["local"]]
     return {
-        name: {"tok_s": median_of([r["tok_s"] for r in runs]), "runs": runs}
-        for name, runs in rows.items()
+        "local": {"tok_s": median_of([r["tok_s"] for r in every_local]), "runs": every_local},
+        **paired_summary(pairs),
     }
 
 
@@ -209,20 +270,30 @@ async def pipeline(engine: str, model: Path, shape: Shape, reps: int) -> dict:
             async with worker:
                 await through_temporal(client, shape.requests(f"warm-{uuid.uuid4().hex[:6]}")[:2])
                 rows: dict[str, list[dict]] = {"pipeline": [], "bare": []}
+                first: dict[Row, int] | None = None  # the first run's tokens per row
                 for rep in range(reps):
                     for mode in ("pipeline", "bare") if rep % 2 == 0 else ("bare", "pipeline"):
-                        if mode == "bare":
-                            row = await bare(activities.backend, prompts, params, policy)
-                        else:
-                            run_id = f"bench-{rep}-{uuid.uuid4().hex[:6]}"
-                            row = await through_temporal(client, shape.requests(run_id))
+                        with idle_side(f"{engine} {mode} [{rep}]"):
+                            if mode == "bare":
+                                backend = activities.backend
+                                row, counts = await bare(
+                                    backend, prompts, params, policy, shape.rows()
+                                )
+                            else:
+                                run_id = f"bench-{rep}-{uuid.uuid4().hex[:6]}"
+                                row, counts = await through_temporal(client, shape.requests(run_id))
+                        first = first or counts
+                        check_same_tokens(counts, first)
                         rows[mode].append(row)
                         print(f"  {engine} [{rep}] {mode:8s} {row}", flush=True)
     pipe, alone = (median_of([r["tok_s"] for r in rows[m]]) for m in ("pipeline", "bare"))
     return {"ratio": round(pipe / alone, 3), "target": 0.8, **rows}
 
 
-async def through_temporal(client: Any, requests: list[GenerateRequest]) -> dict:
+async def through_temporal(
+    client: Any, requests: list[GenerateRequest]
+) -> tuple[dict, dict[Row, int]]:
+    """The requests through Temporal at once: figures, and each row's count of sampled tokens."""
     started, at = time.perf_counter(), load()
     responses = await asyncio.gather(
         *(
@@ -233,13 +304,12 @@ async def through_temporal(client: Any, requests: list[GenerateRequest]) -> dict
         )
     )
     seconds = time.perf_counter() - started
-    tokens = sum(c.num_tokens for response in responses for c in response.completions)
-    return {
-        "tokens": tokens,
-        "s": round(seconds, 2),
-        "tok_s": round(tokens / seconds, 1),
-        "load": at,
+    counts = {
+        (request.task_id, c.sample): c.num_tokens
+        for request, response in zip(requests, responses, strict=True)
+        for c in response.completions
     }
+    return figures(sum(counts.values()), seconds, at), counts
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -256,13 +326,17 @@ async def main(args: argparse.Namespace) -> None:
         chosen = args.pipeline_engines.split(",")
         report["pipeline"] = {e: await pipeline(e, model, shape, args.reps) for e in chosen}
     report["machine_after"] = machine()
-    print("engine          bare tok/s   pipeline/bare")
+    print("engine          bare tok/s   paired local tok/s   pipeline/bare")
     for name in engines:
-        tok_s = report.get("bare", {}).get(name, {}).get("tok_s")
-        print(f"{name:14s} {tok_s!s:>10}   {report.get('pipeline', {}).get(name, {}).get('ratio')}")
-    # a --no-bare or --no-pipeline run keeps the other part of an earlier run's figures
+        bare_row = report.get("bare", {}).get(name, {})
+        paired = bare_row.get("local_tok_s")
+        ratio = report.get("pipeline", {}).get(name, {}).get("ratio")
+        print(f"{name:14s} {bare_row.get('tok_s')!s:>10}   {paired!s:>18}   {ratio}")
+    # a --no-bare or --no-pipeline run keeps the other part of an earlier run's figures, named
+    # as such: the entry's `measured_at` is this run's
     earlier = json.loads(RESULTS.read_text()).get("engines", {}) if RESULTS.exists() else {}
-    merge_results("engines", {**earlier, **report})
+    kept = [part for part in ("bare", "pipeline") if part in earlier and part not in report]
+    merge_results("engines", {**earlier, **report, "kept_from_earlier": kept})
 
 
 if __name__ == "__main__":  # vLLM starts its engine processes with spawn
@@ -274,4 +348,7 @@ if __name__ == "__main__":  # vLLM starts its engine processes with spawn
     parser.add_argument("--no-bare", dest="bare", action="store_false", help="pipeline only")
     parser.add_argument("--no-pipeline", dest="pipeline", action="store_false")
     parser.add_argument("--pipeline-engines", default="local,vllm", help="engines run in it")
-    asyncio.run(main(parser.parse_args()))
+    add_busy_flag(parser)
+    args = parser.parse_args()
+    require_idle(args.allow_busy)
+    asyncio.run(main(args))

