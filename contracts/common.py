@@ -1,4 +1,5 @@
-"""Small value types used across contracts: identifiers and object-store references."""
+"""Small value types used across contracts: identifiers, object-store references, and the bases
+of every contract (`Contract`) and of those a user writes (`InputContract`)."""
 
 from typing import Annotated
 
@@ -34,6 +35,16 @@ class Contract(BaseModel):
     """Base of every contract: unknown fields are an error, so a typo never passes silently."""
 
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class InputContract(Contract):
+    """Base of a contract whose values a user writes (a run's input and what it holds, a task's
+    input): NaN and infinity are refused by name ("Input should be a finite number"), where a
+    bound said `temperature = nan` "should be less than or equal to 2" and a field bounded on
+    one side took `inf`. Results are not inputs and keep NaN: a row vLLM gave no log-prob for
+    is recorded with NaN (`CompletionRecord.logprobs`), which this would refuse."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
 
 class ObjectRef(Contract):

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from contracts.common import Contract, Identifier, ObjectRef
+from contracts.common import Contract, Identifier, InputContract, ObjectRef
 
 
 class PolicyVersion(Contract):
@@ -48,7 +48,7 @@ Credit = Literal["episode", "turn"]
 """How a group's rewards become its episodes' advantages (`GRPOConfig.credit`)."""
 
 
-class GRPOConfig(Contract):
+class GRPOConfig(InputContract):
     """How the learner turns groups into an update (GRPO with a clipped importance ratio)."""
 
     learning_rate: float = Field(default=1e-5, gt=0, le=1.0)
@@ -191,7 +191,7 @@ class TrainStepResponse(Contract):
     ack: ObjectRef = Field(description="Acknowledgement record: which trajectories were consumed.")
 
 
-class HistoryBudget(Contract):
+class HistoryBudget(InputContract):
     """How much of Temporal's per-run history limits (51,200 events, 50 MiB) a long-lived
     workflow may use before it continues as new; the defaults are 20% of each."""
 

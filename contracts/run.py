@@ -11,7 +11,7 @@ from datetime import datetime
 
 from pydantic import Field, field_validator
 
-from contracts.common import Contract, Identifier, is_identifier
+from contracts.common import Contract, Identifier, InputContract, is_identifier
 from contracts.errors import ErrorType, fail
 from contracts.learner import (
     GRPOConfig,
@@ -21,6 +21,7 @@ from contracts.learner import (
     TrainStepResponse,
 )
 from contracts.names import is_evaluation
+from contracts.new_run import MAX_STEPS, new_run_problem
 from contracts.rollout import AgentTaskResult
 from contracts.task import (
     AgentTaskInput,
@@ -185,14 +186,25 @@ class EvalResult(Contract):
         )
 
 
-class TrainingRunInput(Contract):
-    """Input of `TrainingRunWorkflow` (what `tempered train` starts)."""
+class TrainingRunInput(InputContract):
+    """Input of `TrainingRunWorkflow` (what `tempered train` starts). Fields without an upper
+    bound got none because inputs recorded before must still decode (a new bound on an old
+    field would fail an in-flight run's replay); a new run's limits are `new_run_problem`'s."""
 
     run_id: Identifier
+    """The run's id: its workflow is `train-<run_id>`, its objects live under `runs/<run_id>/`;
+    a new run's must be new (`tempered train --run-id`, default `run-<timestamp>`)."""
     suite: str = "starter"
+    """Task suite: a built-in one (`starter`, `basics`, `workspace`), `FILE.jsonl` or
+    `harbor:DIR`; its training tasks are drawn, its held-out ones evaluated."""
     base_model: str = "tiny"
-    steps: int = Field(default=3, ge=1, le=100000)
+    """Model published as policy version 0: a preset (`tiny`, `smollm2`), a Hugging Face
+    directory or an `s3://` prefix."""
+    steps: int = Field(default=3, ge=1, le=MAX_STEPS)
+    """Learner steps (policy versions published) before the run ends."""
     group_size: int = Field(default=4, ge=1, le=256)
+    """G: episodes sampled per task, whose rewards are compared with each other (GRPO); a new
+    run needs 2 or more (`new_run_problem`)."""
     max_turns: int = Field(default=2, ge=1, le=256, description="Steps per episode at most.")
     eval_max_turns: int | None = Field(
         default=None,
@@ -213,19 +225,23 @@ class TrainingRunInput(Contract):
         "`MAX_PENDING_CHILDREN` (workflows/children.py), fewer tasks waiting past it.",
     )
     eval_every: int = Field(
-        default=0, ge=0, description="Held-out eval every N steps; 0 = ends only."
+        default=0,
+        ge=0,
+        description="Held-out eval every N steps; 0 = ends only. A new run's is at most "
+        "`MAX_STEPS` (`contracts.new_run`).",
     )
     heldout_limit: int = Field(
         default=0,
         ge=0,
         description="Held-out tasks each eval runs: 0 = all of the suite's; N = N of them spread "
-        "evenly over the suite's held-out list (`spread`), the same N at every eval.",
+        "evenly over the suite's held-out list (`spread`), the same N at every eval. A new run's "
+        "is at most `MAX_HELDOUT_LIMIT` (`contracts.new_run`).",
     )
     time_budget_s: float = Field(
         default=0,
-        ge=0,
-        allow_inf_nan=False,  # `nan` read as "should be >= 0", `inf` as a budget
-        description="Stop after this long; 0 = none.",
+        ge=0,  # `nan` and `inf` are refused by name (`InputContract`)
+        description="Stop after this long; 0 = none. A new run's is at most "
+        "`MAX_TIME_BUDGET_S` (`contracts.new_run`).",
     )
     keep_versions: int = Field(
         default=0,
@@ -236,18 +252,29 @@ class TrainingRunInput(Contract):
         "still reads, and deletes the others (`workflows/retention.py`).",
     )
     sampling: SamplingParams = SamplingParams()
+    """How training rollouts sample (temperature, top-p, completion length, stop rules)."""
     eval_sampling: SamplingParams = SamplingParams(temperature=0.0, priority=1)
+    """How held-out evaluations sample: greedy by default, behind the training rows (`priority`
+    1) at the decoder."""
     reward: RewardConfig = RewardConfig()
+    """An episode's reward: for solving, and per failed round."""
     limits: SandboxLimits = SandboxLimits()
+    """Resource limits of every sandboxed execution of the run."""
     grpo: GRPOConfig = GRPOConfig()
+    """How the learner turns finished groups into an update."""
     heartbeat_timeout_s: float = Field(default=30.0, ge=1.0, le=3600)
+    """An activity of the run's tasks silent this long is retried (its worker is taken for
+    dead)."""
     seed: int = Field(
         default=0,
-        # No lower bound here: runs recorded with a negative seed must still decode. A new run
+        # No bounds here: runs recorded with a negative seed must still decode. A new run
         # refuses one (`new_run_problem`), as the CLI does.
-        description="Seeds the order in which training tasks are drawn.",
+        description="Seeds the order in which training tasks are drawn (a new run's is 0 to "
+        "`MAX_SEED`).",
     )
     budget: HistoryBudget = HistoryBudget()
+    """How much of Temporal's history limits the run's and its learner's workflows use before
+    they continue as new."""
     resume: "RunResume | None" = Field(
         default=None, description="Set by the run itself when it continues as new."
     )
@@ -265,15 +292,8 @@ class TrainingRunInput(Contract):
     def new_run_problem(self) -> str | None:
         """Why a new run may not start with this input (None: it may), asked where a run is built
         (`infra.presets.load_preset`), not when a stored input is read: runs of earlier
-        releases must still decode (their histories replay)."""
-        if self.seed < 0:  # random.Random seeds with abs(): -1 would draw as 1 does
-            return f"seed = {self.seed}: a seed is 0 or more (-{-self.seed} draws as {-self.seed})"
-        if self.group_size < 2:  # GRPO's advantage is an episode's reward against its group's
-            return (
-                f"group_size = {self.group_size}: a group of one episode is always flat (its "
-                "advantage is 0), so the run would train nothing; set group_size to 2 or more"
-            )
-        return self.grpo.new_run_problem()
+        releases must still decode (their histories replay). The rules: `contracts.new_run`."""
+        return new_run_problem(self)
 
     def task_input(self, task: TaskSpec, policy_version: int) -> AgentTaskInput:
         """The training rollout of `task` (a group of `group_size`), pinned to `policy_version`."""

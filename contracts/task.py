@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from contracts.common import Contract, Identifier, ObjectRef
+from contracts.common import Contract, Identifier, InputContract, ObjectRef
 
 
 class EnvName(StrEnum):
@@ -134,18 +134,35 @@ def _uncalled_check(body: list[ast.stmt]) -> bool:
     )
 
 
-class SamplingParams(Contract):
+class SamplingParams(InputContract):
+    """How a row's completion is sampled (a run's `sampling` and `eval_sampling`)."""
+
     temperature: float = Field(
         default=0.8,
         ge=0.0,
         le=2.0,
         description="Softmax temperature of the sampling distribution; 0 is greedy (argmax).",
     )
-    top_p: float = Field(default=0.95, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(default=256, ge=1, le=8192)
+    top_p: float = Field(
+        default=0.95,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling: each token is drawn from the smallest set of tokens whose "
+        "probabilities sum to at least this; 1 samples from the whole distribution (the `vllm` "
+        "backend refuses a sampled row with less: its log-probs would include the cut).",
+    )
+    max_new_tokens: int = Field(
+        default=256,
+        ge=1,
+        le=8192,
+        description="Completion tokens of one turn at most. A step is taken only while its "
+        "prompt plus this fits the episode's context budget (`max_context_tokens`).",
+    )
     seed: int | None = Field(
         default=None,
-        description="Base seed; each row (task, sample, turn) seeds its own stream from it.",
+        # no bound: inputs recorded before must decode; a new run's is `new_run_problem`'s
+        description="Base seed; each row (task, sample, turn) seeds its own stream from it "
+        "(None: unseeded).",
     )
     stop_after_code_block: bool = Field(
         default=False, description="Stop a completion once its first ``` block is closed."
@@ -176,7 +193,7 @@ class SamplingParams(Contract):
         return self.temperature if self.temperature > 0 else 1.0
 
 
-class RewardConfig(Contract):
+class RewardConfig(InputContract):
     """Reward of a sample: `solved` when its tests pass, plus `failed_turn` per failed round;
     a `workspace` episode earns `solved` times its verifier's score above the untouched
     workspace's."""
@@ -216,7 +233,7 @@ class RewardConfig(Contract):
         return earned + self.failed_turn * failed
 
 
-class SandboxLimits(Contract):
+class SandboxLimits(InputContract):
     """Resource limits of one sandboxed execution."""
 
     timeout_s: float = Field(default=10.0, gt=0, le=3600, description="Wall-clock deadline.")
@@ -228,7 +245,7 @@ class SandboxLimits(Contract):
     output_bytes: int = Field(default=65536, ge=256, le=16 * 2**20, description="Stdout/err cap.")
 
 
-class AgentTaskInput(Contract):
+class AgentTaskInput(InputContract):
     """Input of `AgentTaskWorkflow`: one task rolled out as a GRPO group of `group_size` samples."""
 
     task: TaskSpec

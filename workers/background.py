@@ -123,8 +123,9 @@ def ensure_workers(
     env = {**os.environ, "TEMPERED_HOME": str(settings.home)}
     if settings.config is not None:  # the workers read the same TOML file as this process
         env["TEMPERED_CONFIG"] = str(settings.config)
-    if ROOT_VARIABLE in env:  # resolved against this command's folder, not the workers' (home)
-        env[ROOT_VARIABLE] = str(settings.sandbox.workspaces.root)
+    # resolved against this command's folder (from a variable of its own or its section's
+    # JSON), not the workers' (home): the same root for this command and its workers
+    env[ROOT_VARIABLE] = str(settings.sandbox.workspaces.root)
     workflow_code, activity_code = workflow_code_digest(), activity_code_digest()
     configured = settings_digest(settings)
     for queue in Queue:

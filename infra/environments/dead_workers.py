@@ -73,7 +73,7 @@ def claim_root(root: Path) -> None:
 
 def _adoptable(root: Path) -> None:
     """SandboxInfraError unless the unmarked, existing `root` may become a sessions root."""
-    foreign = sorted(p.name for p in root.iterdir() if not _worker_dir(p))
+    foreign = sorted(p.name for p in root.iterdir() if not _worker_dir(p) and p.name != MARKER)
     if foreign:
         shown = ", ".join(repr(name) for name in foreign[:3])
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""

@@ -11,8 +11,9 @@ starting and warming up block `start()` and the worker's loop never runs vLLM's.
 
 Requests: token ids in (`TokensPrompt`), token ids out (`detokenize=False`); the log-prob of
 each sampled token (`logprobs=0` in `processed_logprobs` mode: at the row's temperature, as the
-learner recomputes it, but after top-p too, so a sampled row with top_p < 1 is refused:
-`TOP_P_REFUSAL`); each row's own seed, temperature (0 = greedy) and priority (lower first, then
+learner recomputes it, but after top-p too: a run with a sampled top_p < 1 is refused where
+it starts, `TOP_P_REFUSAL`; one started before that check is served with its top-p and a
+warning, once, rather than failed in flight); each row's own seed, temperature (0 = greedy) and priority (lower first, then
 arrival: evaluations wait behind rollouts).
 `stop_after_code_block` / `stop_after_tool_call` stream the row's tokens and abort it in the
 engine at the token that ends it (`infra.inference.stops`).
@@ -115,6 +116,7 @@ class VLLMBackend:
         self.max_model_len: int | None = self.config.max_model_len
         self._thread: _EngineThread | None = None
         self._engine: Any = None
+        self._nucleus_told = False  # TOP_P_REFUSAL's warning, given once
         self._arch: dict[str, Any] | None = None  # of the checkpoint the engine was built on
         self._gate: VersionGate[PolicyHandle] | None = None
         self._wait_s = wait_s
@@ -276,8 +278,11 @@ class VLLMBackend:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         if any(p.tool_choice == "required" for p in params):
             raise InferenceError(GUIDED_REFUSAL, retryable=False)
-        if nucleus := [p.top_p for p in params if p.temperature > 0 and p.top_p < 1]:
-            raise InferenceError(TOP_P_REFUSAL.format(top_p=nucleus[0]), retryable=False)
+        if (nucleus := [p.top_p for p in params if p.temperature > 0 and p.top_p < 1]) and (
+            not self._nucleus_told
+        ):
+            self._nucleus_told = True  # a run the train-time check did not see (an older build's)
+            log.warning("%s; served as asked", TOP_P_REFUSAL.format(top_p=nucleus[0]))
         if self._thread is None or self._gate is None:
             raise InferenceError("vllm backend: the engine is not started", retryable=False)
         return await asyncio.wrap_future(
@@ -318,7 +323,7 @@ class VLLMBackend:
         watch = stops.watch(params) if stops is not None else None
         request = EngineParams(
             temperature=params.temperature,
-            top_p=1.0,  # a sampled row with a nucleus is refused (TOP_P_REFUSAL)
+            top_p=params.top_p if params.temperature > 0 else 1.0,  # TOP_P_REFUSAL
             seed=params.seed,
             max_tokens=budget,
             logprobs=0,

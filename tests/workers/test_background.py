@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -133,3 +134,33 @@ def test_a_worker_restarts_when_its_code_changed(settings: Settings) -> None:
     assert restarted(settings, lines, old) == {Queue.SANDBOX, Queue.REWARDS}
     assert f"worker sandbox: {RESTARTED}" in lines
     assert code_of(settings, Queue.SANDBOX) == activity_code_digest()
+
+
+def test_workers_get_the_workspaces_root_this_command_resolved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative root given in a section's JSON variable resolves against this command's
+    folder; the workers run in home, where the same text named another folder."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("TEMPERED_SANDBOX", json.dumps({"workspaces": {"root": "ws"}}))
+    settings = Settings(home=tmp_path / "home")
+    seen = tmp_path / "seen"
+
+    def telling(queue: Queue) -> list[str]:
+        script = "import os, sys; open(sys.argv[1], 'w').write(os.environ.get(sys.argv[2], ''))"
+        told = seen / queue.value
+        return [sys.executable, "-c", script, str(told), "TEMPERED_SANDBOX__WORKSPACES__ROOT"]
+
+    seen.mkdir()
+    try:
+        ensure_workers(settings, telling)
+        told = seen / Queue.SANDBOX.value
+        for _ in range(100):
+            if told.exists() and told.read_text():
+                break
+            time.sleep(0.05)
+        assert told.read_text() == str(here / "ws")
+    finally:
+        stop_workers(settings)

@@ -1,15 +1,18 @@
-"""One readable line for the errors a user can cause or fix (bad address, stack down, a value
-out of bounds, …), and the argparse types that refuse bad input at parse time."""
+"""One readable line for the errors a user can cause or fix (bad address, stack down, a
+namespace the server lacks, a value out of bounds, …), the argparse types that refuse bad input
+at parse time, and the quiet SDK runtime of a command's client (`quiet_runtime`)."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 
 from pydantic import ValidationError
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
-from temporalio.service import RPCError
+from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.common import describe_validation_error, is_identifier
 
@@ -18,6 +21,8 @@ def describe(err: BaseException) -> str:
     """A one-line explanation of `err`, with the fix where one is known."""
     text = str(err).strip() or type(err).__name__
     cause = err.__cause__
+    if isinstance(err, RPCError) and err.status is RPCStatusCode.NOT_FOUND:
+        return _not_found(text.splitlines()[0])  # it answered: it is reached
     if (
         isinstance(err, RPCError)
         or "Connection refused" in text
@@ -36,6 +41,29 @@ def describe(err: BaseException) -> str:
     if isinstance(err, ValidationError):  # pydantic's own text is a dozen lines and a URL
         return f"{err.title}: {describe_validation_error(err)}"
     return text.splitlines()[0] if len(text.splitlines()) == 1 else text
+
+
+def _not_found(text: str) -> str:
+    """What Temporal's NotFound says: a namespace the server does not have ("Namespace other is
+    not found."; it read "cannot reach Temporal …; is the stack up?", and `up` said the stack
+    ran), or whatever else it did not find."""
+    if "namespace" not in text.lower():
+        return f"Temporal answered: not found ({text})"
+    return (
+        f"Temporal has no namespace ({text}): it answers, but does not have the one these "
+        "settings name; set TEMPERED_TEMPORAL__NAMESPACE to one it has, or create it (`temporal "
+        "operator namespace create NAME`; the embedded server makes its namespace when `tempered "
+        "up` starts it)"
+    )
+
+
+@functools.cache
+def quiet_runtime() -> Runtime:
+    """The SDK runtime of a command's own client, whose core logs errors only: its warnings
+    are a call's retries ("gRPC call … retried 5 times … tcp connect error"), a minute of them
+    before the call fails, which the command then says in its own words."""
+    quiet = TelemetryFilter(core_level="ERROR", other_level="ERROR")
+    return Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=quiet)))
 
 
 def _whole(text: str, least: int, what: str) -> int:

@@ -2,7 +2,9 @@
 
     tempered up                  Temporal dev server (+ UI) and SeaweedFS S3, in the background
                                  (an external Temporal or S3 is used as it is, never started)
-    tempered down                stop them, and the background workers `tempered train` started
+    tempered down [--force]      stop them, and the background workers `tempered train` started
+                                 (while a training run runs, only with --force: it waits, and
+                                 goes on after `up`; `train --attach RUN` follows it again)
     tempered worker sandbox      run one queue's worker in the foreground (`all`: every queue)
 
 What `up` starts and on which ports is `infra.stack`'s (`up --help` lists the settings that
@@ -13,13 +15,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 
-from contracts.names import Queue
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from contracts.names import Queue, SearchAttr, Workflow
 from infra import stack
-from infra.processes import limit_openmp_spin
+from infra.processes import limit_openmp_spin, port_open
 from infra.settings import S3Settings, Settings, TemporalSettings
 from workers.background import stop_workers
-from workers.runtime import run_workers
+from workers.cli.errors import describe, quiet_runtime
+from workers.runtime import connect, run_workers
+from workflows.search import KEYS
+
+ASK_S = 10.0
+"""How long `down` waits for Temporal to say which runs run, to connect and again to list."""
 
 PORTS = (
     ("temporal", "address", "gRPC frontend"),
@@ -60,7 +71,15 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     starting.set_defaults(func=up)
-    stopping = commands.add_parser("down", help="stop what `up` started, and background workers")
+    stopping = commands.add_parser(
+        "down",
+        help="stop what `up` started, and background workers",
+        description="Stop what `up` started and the background workers. While a training run "
+        "runs it stops nothing unless --force: the run waits until the stack is up again.",
+    )
+    stopping.add_argument(
+        "--force", action="store_true", help="stop them even while training runs run"
+    )
     stopping.set_defaults(func=down)
     running = commands.add_parser("worker", help="run the worker of a task queue")
     running.add_argument("queue", choices=[q.value for q in Queue] + ["all"])
@@ -74,9 +93,52 @@ def up(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def down(args: argparse.Namespace, settings: Settings) -> int:
+    """Stop the workers and the stack; while training runs run, only with `--force` (exit 2)."""
+    running = asyncio.run(_running_runs(settings))
+    if running:
+        runs = "s still run" if len(running) > 1 else " still runs"
+        attach = "; ".join(f"tempered train --attach {run}" for run in running)
+        said = (
+            f"{len(running)} training run{runs}: {', '.join(running)}. A run waits while the "
+            "stack is down and goes on after `tempered up` (a `tempered train` following it "
+            f"detaches); follow it again with {attach}"
+        )
+        if not args.force:
+            print(
+                f"tempered down: {said}. Nothing stopped: `tempered down --force` stops the "
+                "stack all the same (or `tempered stop RUN` first)",
+                file=sys.stderr,
+            )
+            return 2
+        print(f"tempered down: {said}", file=sys.stderr)
     for line in stop_workers(settings) + stack.down(settings):
         print(line)
     return 0
+
+
+async def _running_runs(settings: Settings) -> list[str]:
+    """The ids of the training runs that run on the settings' Temporal; none when nothing
+    answers there (a stack that is down), or when it cannot be asked (said on stderr)."""
+    endpoint = stack.temporal_endpoint(settings)
+    if not port_open(endpoint.host, endpoint.port):
+        return []
+    try:
+        client = await asyncio.wait_for(connect(settings, runtime=quiet_runtime()), ASK_S)
+        return await asyncio.wait_for(running_run_ids(client), ASK_S)
+    except (RuntimeError, OSError, TimeoutError, RPCError) as exc:
+        print(f"tempered down: cannot tell which runs run ({describe(exc)})", file=sys.stderr)
+        return []
+
+
+async def running_run_ids(client: Client) -> list[str]:
+    """Every running TrainingRunWorkflow's run id (its TemperedRunId), by a visibility query."""
+    query = f'WorkflowType = "{Workflow.TRAINING_RUN.value}" AND ExecutionStatus = "Running"'
+    return sorted(
+        [
+            execution.typed_search_attributes.get(KEYS[SearchAttr.RUN_ID]) or execution.id
+            async for execution in client.list_workflows(query)
+        ]
+    )
 
 
 def worker(args: argparse.Namespace, settings: Settings) -> int:

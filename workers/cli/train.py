@@ -28,8 +28,13 @@ is refused once the store answers, before the workers and the run start (`--dry-
 where S3 answers, and says where not); one whose workflow runs, when its start is refused. A home
 that is no writable directory is refused before anything (`infra.stack.check_home`).
 
+A `train` that loses Temporal while it follows the run (`tempered down`, the server's machine
+gone) detaches as Ctrl-C does, saying so: the run is durable and goes on once Temporal answers
+again. Its client's retries are not printed (`quiet_runtime`), only that.
+
 Exit status: 0 done, 1 the run failed, 2 a bad preset, override, base model, suite, home, run
-id or run (nothing started), 130 detached.
+id or run (nothing started), 75 lost Temporal while following (sysexits' EX_TEMPFAIL: the run
+is not known to have failed; `--attach` once Temporal answers), 130 detached.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import CancelledError, TerminatedError, WorkflowAlreadyStartedError
 from temporalio.exceptions import TimeoutError as WorkflowTimeoutError
+from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.names import Queue, Workflow
 from contracts.run import TrainingRunInput, TrainingRunResult
@@ -54,7 +60,7 @@ from infra.settings import Settings
 from infra.storage import ObjectStore, StorageError
 from infra.tasks import BUILTIN_SUITES
 from workers.background import ensure_workers
-from workers.cli.errors import describe, natural, number, run_id
+from workers.cli.errors import describe, natural, number, quiet_runtime, run_id
 from workers.cli.progress import follow, summary
 from workers.cli.report import report_dir, write_report
 from workers.cli.train_inputs import (
@@ -67,6 +73,8 @@ from workers.cli.train_inputs import (
 from workers.runtime import connect
 from workers.training import RunHandle, attach, start_run, stop_run, workflow_id
 
+LOST = 75
+"""Exit status of a `train` that lost Temporal while following its run (`LostTemporal`)."""
 EVAL_ONLY_SUITES = ("humaneval",)
 """Built-in suites without training tasks (all 164 of HumanEval's are held out): `tempered eval`
 and `tasks validate` take them, `train` refuses them."""
@@ -155,6 +163,8 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
     except WorkflowFailureError as err:
         print(f"tempered train: run {run_input.run_id} {ended(err)}", file=sys.stderr)
         return 1
+    except LostTemporal:
+        return LOST
     return _report(settings, run_input, result, wall_s, ended_at)
 
 
@@ -196,6 +206,8 @@ def _attach_cmd(args: argparse.Namespace, settings: Settings) -> int:
     except WorkflowFailureError as err:
         print(f"tempered train: run {args.attach} {ended(err)}", file=sys.stderr)
         return 1
+    except LostTemporal:
+        return LOST
     return _report(settings, run_input, result, wall_s, ended_at)
 
 
@@ -213,7 +225,7 @@ def ended(err: WorkflowFailureError) -> str:
 
 def stop_cmd(args: argparse.Namespace, settings: Settings) -> int:
     async def stop() -> str:
-        client = await connect(settings)
+        client = await connect(settings, runtime=quiet_runtime())
         return await stop_run(client, args.run, reason=args.reason, cancel=args.cancel)
 
     try:
@@ -294,7 +306,7 @@ async def _train(
 ) -> tuple[TrainingRunResult, float]:
     """Start run `run_input` and follow it to its end: its result and wall time."""
     started = time.time()
-    client = await connect(settings)
+    client = await connect(settings, runtime=quiet_runtime())
     try:
         handle = await start_run(client, run_input)
     except WorkflowAlreadyStartedError:  # started, and nothing stored yet: `check_run_id` passed
@@ -312,7 +324,7 @@ async def _attach(
 ) -> tuple[TrainingRunInput, TrainingRunResult, float, float | None]:
     """Run `run_id`'s input, result, wall time and end (None: now): followed to its end where
     it runs (with the `workers` up), else from its closed workflow (close minus start)."""
-    client = await connect(settings)
+    client = await connect(settings, runtime=quiet_runtime())
     found = await attach(client, run_id)
     since, closed = found.started, found.closed
     if closed is not None:  # it ended while no one followed it: its report was never written
@@ -335,14 +347,30 @@ async def _follow(
     settings: Settings,
     started: float,
 ) -> TrainingRunResult:
+    run = run_input.run_id
     try:
         return await follow(client, handle, run_input, settings, started)
     except asyncio.CancelledError:  # Ctrl-C: the run is durable and goes on without us
-        run = run_input.run_id
-        print(
-            f"detached; run {run} goes on in the background workers.\n"
-            f"  follow it again: tempered train --attach {run}\n"
-            f"  stop it:         tempered stop {run} [--cancel]",
-            file=sys.stderr,
-        )
+        _detached(run, f"detached; run {run} goes on in the background workers.")
         raise
+    except RPCError as err:
+        if err.status is not RPCStatusCode.UNAVAILABLE:
+            raise
+        # the run is durable: it waits for Temporal and goes on; it has not failed (exit 1)
+        where, why = settings.temporal.address, str(err).splitlines()[0]
+        told = f"lost Temporal at {where} ({why}); detached: run {run} goes on once it answers"
+        _detached(run, f"{told} again (after `tempered down`: `tempered up`).")
+        raise LostTemporal from None
+
+
+class LostTemporal(Exception):
+    """Temporal stopped answering while `train` followed a run (said on stderr): exit `LOST`."""
+
+
+def _detached(run: str, why: str) -> None:
+    print(
+        f"{why}\n"
+        f"  follow it again: tempered train --attach {run}\n"
+        f"  stop it:         tempered stop {run} [--cancel]",
+        file=sys.stderr,
+    )

@@ -1,7 +1,8 @@
 """What `tempered train` checks of a new run before anything starts (`workers/cli/train.py`):
-its home, base model and suite, and that its run id is new.
+its home, base model and suite, what the inference backend could not serve, and that its run id
+is new. What depends on the run's input alone is `TrainingRunInput.new_run_problem`'s.
 
-    check_inputs(settings, run_input, workers_here=True)   # ValueError: home, model, suite
+    check_inputs(settings, run_input, workers_here=True)   # ValueError: home, model, suite…
     check_run_id(store, "exp1")                            # RunIdTaken: stored or removed
     why = check_run_id_if_up(settings, "exp1")             # `--dry-run`: None once checked
 
@@ -16,8 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from contracts.run import TrainingRunInput
+from contracts.task import SamplingParams
 from infra import keys, stack
 from infra.base_models import SMOLLM2, TINY, check_base_model
+from infra.inference.vllm import GUIDED_REFUSAL, TOP_P_REFUSAL
 from infra.run_ids import removal_record, run_stored
 from infra.settings import Settings
 from infra.storage import ObjectStore, StorageError
@@ -43,10 +46,11 @@ def absolute(spec: str | None) -> str | None:
 
 
 def check_inputs(settings: Settings, run_input: TrainingRunInput, workers_here: bool) -> None:
-    """ValueError for a home, base model or suite the run could not use, before anything starts.
-    The workers read the model and suite: with `--no-workers` they may run elsewhere, so a path
-    that is not here is theirs to read (as `absolute` leaves it), and only what this machine
-    can see is checked; names (presets, built-in suites) always are."""
+    """ValueError for a home, base model or suite the run could not use, or a run the inference
+    backend could not serve (`backend_problem`), before anything starts. The workers read the
+    model and suite: with `--no-workers` they may run elsewhere, so a path that is not here is
+    theirs to read (as `absolute` leaves it), and only what this machine can see is checked;
+    names (presets, built-in suites) always are. The backend is theirs too, with their settings."""
     stack.check_home(settings)
 
     def theirs(spec: str) -> bool:  # a path (not a name) this machine does not have
@@ -57,6 +61,39 @@ def check_inputs(settings: Settings, run_input: TrainingRunInput, workers_here: 
         check_base_model(run_input.base_model)
     if workers_here or not theirs(run_input.suite):
         check_suite(settings, run_input.suite)
+    if workers_here and (problem := backend_problem(settings, run_input)):
+        raise ValueError(problem)
+
+
+def backend_problem(settings: Settings, run_input: TrainingRunInput) -> str | None:
+    """Why the inference backend of `settings` could not serve the run (None: it could): the
+    `vllm` backend refuses a sampled row with top-p < 1 and a guided tool call (its own
+    messages, `TOP_P_REFUSAL` and `GUIDED_REFUSAL`), at the first generate, after the stack
+    and five workers had started; and it serves LoRA adapters only with `enable_lora` and up to
+    `max_lora_rank` (a run's first adapter version failed, after its first step). Only where
+    the workers run here: elsewhere they have settings of their own."""
+    if settings.inference.backend != "vllm":
+        return None
+    for name in ("sampling", "eval_sampling"):
+        params: SamplingParams = getattr(run_input, name)
+        if params.tool_choice == "required":
+            return f"{name}.tool_choice = 'required': {GUIDED_REFUSAL}"
+        if params.temperature > 0 and params.top_p < 1:
+            return f"{name}.top_p = {params.top_p}: {TOP_P_REFUSAL.format(top_p=params.top_p)}"
+    rank, engine = run_input.grpo.lora_rank, settings.inference.vllm
+    if rank and not engine.enable_lora:
+        return (
+            f"grpo.lora_rank = {rank} trains LoRA adapters, but inference.vllm.enable_lora is "
+            "false: the vllm backend would refuse every version after v0; set "
+            "TEMPERED_INFERENCE__VLLM__ENABLE_LORA=true, or grpo.lora_rank = 0"
+        )
+    if rank > engine.max_lora_rank:
+        return (
+            f"grpo.lora_rank = {rank} is above inference.vllm.max_lora_rank = "
+            f"{engine.max_lora_rank}, the largest rank the vllm engine serves; set "
+            f"TEMPERED_INFERENCE__VLLM__MAX_LORA_RANK to {rank} or more, or a lower lora_rank"
+        )
+    return None
 
 
 def check_run_id(store: ObjectStore, run: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.environments.dead_workers import MARKER, sweep_dead, worker_dir_name
+from infra.environments.dead_workers import MARKER, _adoptable, sweep_dead, worker_dir_name
 from infra.environments.mounts import remove_tree
 from infra.environments.sessions import SessionHost
 from infra.sandbox.base import SandboxInfraError
@@ -118,3 +118,12 @@ def test_a_live_workers_directory_is_kept(base: Path) -> None:
     live = root / worker_dir_name(os.getppid())
     live.mkdir(parents=True)
     assert sweep_dead(root).directories == 0 and live.exists()
+
+
+def test_a_worker_that_finds_the_marker_a_sibling_just_wrote_adopts_the_root(base: Path) -> None:
+    """Two workers starting on one fresh root: B found no marker, then A wrote it; B took A's
+    marker for something Tempered did not make and refused the root."""
+    root = base / "raced"
+    root.mkdir()
+    (root / MARKER).write_text("written by the sibling between the check and the listing\n")
+    _adoptable(root)

@@ -145,7 +145,7 @@ def test_attach_to_no_run_starts_no_worker(
 
     done: list[str] = []
 
-    async def connect(_settings: Settings) -> object:
+    async def connect(_settings: Settings, **_: object) -> object:
         done.append("connect")
         return object()
 
@@ -296,7 +296,7 @@ def test_attach_prints_the_runs_own_wall_time_as_the_report_has_it(
         handle: Any = Handle()  # what following uses of a RunHandle
         return FoundRun(handle, run_input, started, closed=None, state="running")
 
-    async def connect(_settings: Settings) -> object:
+    async def connect(_settings: Settings, **_: object) -> object:
         return object()
 
     async def watch(_handle: Handle, done: asyncio.Future[object]) -> AsyncIterator[None]:
