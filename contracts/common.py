@@ -5,9 +5,12 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
+MAX_ID = 128
+"""The longest `Identifier`."""
+
 Identifier = Annotated[
     str,
-    StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"),
+    StringConstraints(min_length=1, max_length=MAX_ID, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"),
 ]
 """An id that is safe inside an S3 key and a Temporal workflow id: letters, digits, `_ . -`."""
 

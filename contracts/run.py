@@ -11,7 +11,7 @@ from datetime import datetime
 
 from pydantic import Field, field_validator
 
-from contracts.common import Contract, Identifier, InputContract, is_identifier
+from contracts.common import MAX_ID, Contract, Identifier, InputContract, is_identifier
 from contracts.errors import ErrorType, fail
 from contracts.learner import (
     GRPOConfig,
@@ -128,7 +128,7 @@ def draw_order(train: Sequence[TaskSpec], seed: int) -> list[TaskSpec]:
 
 def drawn_task(order: Sequence[TaskSpec], index: int) -> TaskSpec:
     """The `index`-th task a run starts: the order repeats in epochs, `<id>-e<epoch>`. A drawn id
-    over an id's 128 characters fails the run (INVALID_TASK, not retried), naming the task: its
+    over an id's `MAX_ID` characters fails the run (INVALID_TASK, not retried), naming the task: its
     task workflow could not decode its input and would be retried for ever. Checked here, not on
     `TaskSpec`: suites stored by earlier runs must still decode."""
     epoch, position = divmod(index, len(order))
@@ -138,8 +138,8 @@ def drawn_task(order: Sequence[TaskSpec], index: int) -> TaskSpec:
         raise fail(
             ErrorType.INVALID_TASK,
             f"task {task.id!r} ({len(task.id)} characters), drawn in epoch {epoch} as "
-            f"`<id>-e{epoch}`, makes an id of {len(drawn)} characters, over the 128 an id may "
-            f"have; give it an id of at most {128 - len(drawn) + len(task.id)} characters",
+            f"`<id>-e{epoch}`, makes an id of {len(drawn)} characters, over the {MAX_ID} an id "
+            f"may have; give it an id of at most {MAX_ID - len(drawn) + len(task.id)} characters",
         )
     return task.model_copy(update={"id": drawn})
 
