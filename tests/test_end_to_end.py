@@ -39,18 +39,7 @@ def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack
         "sampling": {"max_new_tokens": 16},
         "heartbeat_timeout_s": 5,
     }
-    started = stack.temporal(
-        "workflow",
-        "start",
-        "--task-queue",
-        "agent-tasks",
-        "--type",
-        "AgentTaskWorkflow",
-        "--workflow-id",
-        workflow_id,
-        "--input",
-        json.dumps(task_input),
-    )
+    started = stack.start_task(workflow_id, task_input)
     assert started.returncode == 0, started.stderr
     assert stack.wait_closed(workflow_id, timeout_s=240) == COMPLETED
     history = stack.temporal("workflow", "show", "--workflow-id", workflow_id, "-o", "json").stdout
@@ -66,18 +55,7 @@ def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack
     # short to be caught running: the worker is frozen until the server hands it one.
     second = f"{workflow_id}-kill"
     task_input["task"] = {**TASK, "id": "e2e-add-2"}
-    started = stack.temporal(
-        "workflow",
-        "start",
-        "--task-queue",
-        "agent-tasks",
-        "--type",
-        "AgentTaskWorkflow",
-        "--workflow-id",
-        second,
-        "--input",
-        json.dumps(task_input),
-    )
+    started = stack.start_task(second, task_input)
     assert started.returncode == 0, started.stderr
     drill = Drill(stack, [second], timeout_s=240)
     drill.run([kill_handed(Queue.SANDBOX, Activity.EXECUTE)])

@@ -16,18 +16,7 @@ from tests.fixtures.stack import Stack
 
 def test_histories_survive_down_and_up(stack: Stack) -> None:
     # No worker runs: the workflow just waits, which is enough to be listed and described.
-    started = stack.temporal(
-        "workflow",
-        "start",
-        "--task-queue",
-        "agent-tasks",
-        "--type",
-        "AgentTaskWorkflow",
-        "--workflow-id",
-        "survivor",
-        "--input",
-        json.dumps({"task": {"id": "t"}}),
-    )
+    started = stack.start_task("survivor", {"task": {"id": "t"}})
     assert started.returncode == 0, started.stderr
     ref = stack.store().put_text("probe/persisted.txt", "still here")
 
