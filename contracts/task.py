@@ -242,7 +242,13 @@ class SandboxLimits(InputContract):
     max_processes: int = Field(default=32, ge=1, le=4096, description="Processes/threads.")
     file_size_mb: int = Field(default=16, ge=1, le=4096, description="Largest file written.")
     tmpfs_mb: int = Field(default=64, ge=1, le=4096, description="Size of the private work dir.")
-    output_bytes: int = Field(default=65536, ge=256, le=16 * 2**20, description="Stdout/err cap.")
+    output_bytes: int = Field(
+        default=65536,
+        ge=256,
+        le=16 * 2**20,
+        description="Stdout/err cap (a Kubernetes pod keeps at most 1 MiB of each: "
+        "infra/sandbox/pod_launcher.py's POD_OUTPUT_BYTES).",
+    )
 
 
 class AgentTaskInput(InputContract):

@@ -25,7 +25,9 @@ Every step is checked and a failure raises OSError: the caller exits and the run
 as a platform fault, never started half-confined. Kill pid 1 (the candidate) and the kernel
 kills every process of the namespace. The Kubernetes pod's launcher uses the second half alone
 (`Confinement.drop_privileges`: uid, capabilities, groups, no_new_privs, seccomp, verified),
-as a pod has no namespaces to make. Stdlib only (loaded by `zygote.py` and `pod_launcher.py`).
+as a pod has no namespaces to make, with one more rule: since the pod's candidate shares the
+pod's network, its filter refuses every socket family but AF_UNIX (`unix_sockets_only`).
+Stdlib only (loaded by `zygote.py` and `pod_launcher.py`).
 
 Not covered: architectures other than x86_64 and aarch64 (refused), CPU isolation (RLIMIT_CPU
 and the host's deadline bound CPU time instead).
@@ -63,6 +65,8 @@ KEYRING_CALLS = {
     "aarch64": (217, 218, 219),
 }  # add_key, request_key, keyctl
 IO_URING_CALLS = (425, 426, 427)  # io_uring_setup, _enter, _register: one number on both
+SOCKET_CALLS = {"x86_64": (41, 53), "aarch64": (198, 199)}  # socket, socketpair
+AF_UNIX, EAFNOSUPPORT = 1, 97
 KEYCTL_JOIN_SESSION_KEYRING = 1
 EXPECTED_STATUS = {
     "CapInh": 0,
@@ -157,7 +161,9 @@ def seccomp_filter(allow_ptrace: bool = False) -> bytes:
     return _pack(_seccomp_program(allow_ptrace))
 
 
-def _seccomp_program(allow_ptrace: bool = False) -> list[tuple[int, int, int, int]]:
+def _seccomp_program(
+    allow_ptrace: bool = False, unix_sockets_only: bool = False
+) -> list[tuple[int, int, int, int]]:
     """EPERM for clone/unshare with CLONE_NEWUSER, ENOSYS for clone3 (whose flags live in
     memory a filter cannot read), kill on another architecture or the x32 ABI.
 
@@ -173,7 +179,12 @@ def _seccomp_program(allow_ptrace: bool = False) -> list[tuple[int, int, int, in
     profile refuses them): they are kept per uid, not per namespace, so a key a run added would
     outlive it, for the next run under the same uid to read. And for io_uring (setup, enter,
     register), as Docker's profile refuses it: no rule here is reachable through it, but it is
-    the widest kernel surface a program could otherwise use."""
+    the widest kernel surface a program could otherwise use (its IORING_OP_SOCKET among it).
+
+    And, `unix_sockets_only`, EAFNOSUPPORT for socket() and socketpair() of every family but
+    AF_UNIX: for a candidate that shares a network it must not reach (a Kubernetes pod's, whose
+    only other barrier is a NetworkPolicy that many CNIs do not enforce). A local candidate has
+    an empty network namespace of its own, where no socket reaches anything, so it keeps them."""
     machine = os.uname().machine
     if machine not in ARCHES:
         raise OSError(f"confine: no seccomp filter for {machine}")
@@ -182,6 +193,16 @@ def _seccomp_program(allow_ptrace: bool = False) -> list[tuple[int, int, int, in
     add_key, request_key, keyctl = KEYRING_CALLS[machine]
     kill, ld, jeq, jge, jset, ret = SECCOMP_RET_KILL_PROCESS, 0x20, 0x15, 0x35, 0x45, 0x06
     sigkill = int(signal.SIGKILL)
+    sockets: list[tuple[int, int | str, int | str, int] | str] = []
+    family: list[tuple[int, int | str, int | str, int] | str] = []
+    if unix_sockets_only:
+        sockets = [(jeq, "family", 0, call) for call in SOCKET_CALLS[machine]]
+        family = [
+            "family",
+            (ld, 0, 0, 16),  # socket, socketpair: the family (an int: the low word is all)
+            (jeq, "allow", 0, AF_UNIX),
+            (ret, 0, 0, SECCOMP_RET_ERRNO | EAFNOSUPPORT),
+        ]
     return _resolve(
         [
             (ld, 0, 0, 4),  # architecture
@@ -197,6 +218,7 @@ def _seccomp_program(allow_ptrace: bool = False) -> list[tuple[int, int, int, in
             (jeq, "eperm", 0, request_key),
             (jeq, "eperm", 0, keyctl),
             *[(jeq, "eperm", 0, call) for call in IO_URING_CALLS],
+            *sockets,
             (jeq, "flags", 0, unshare),
             (jeq, "flags", 0, clone),
             (jeq, "second", 0, sigqueueinfo),
@@ -217,6 +239,7 @@ def _seccomp_program(allow_ptrace: bool = False) -> list[tuple[int, int, int, in
             "flags",
             (ld, 0, 0, 16),  # low word of the first argument (flags)
             (jset, "eperm", "allow", CLONE_NEWUSER),
+            *family,
             "eperm",
             (ret, 0, 0, SECCOMP_RET_ERRNO | 1),
             "allow",
@@ -283,8 +306,10 @@ class Confinement:
     """What every child's confinement needs, prepared once in the zygote (so a fork only
     issues system calls): the seccomp programs and the kernel's highest capability number."""
 
-    def __init__(self) -> None:
-        self._filters, self._fprog = _fprog(_seccomp_program())
+    def __init__(self, unix_sockets_only: bool = False) -> None:
+        """`unix_sockets_only`: the filter refuses every socket family but AF_UNIX (for a
+        candidate that shares a network: a Kubernetes pod's, `pod_launcher.py`)."""
+        self._filters, self._fprog = _fprog(_seccomp_program(unix_sockets_only=unix_sockets_only))
         self._lock_filters, self._lock_fprog = _fprog(_rlimits_locked_program())
         with open("/proc/sys/kernel/cap_last_cap") as handle:
             self._last_cap = int(handle.read())

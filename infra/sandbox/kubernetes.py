@@ -6,29 +6,38 @@
 
 The Job manifest comes from `kubernetes_job.build_job_manifest` (pure, validated offline).
 Here are the API calls, made with the official client (synchronous, so each runs in a
-thread): create the Job; wait for its pod to finish — one shared poller lists this worker's
-sandbox pods for all runs in flight, so API load does not grow with concurrency; read the
-launcher's result line from the pod log; delete the Job (propagation Background). The pod runs
-the same two-process verifier as the other backends (`pod_launcher.py`), and the host judges
-its report with the same rules (`judge.py`) against its own count of test units.
+thread): create the Job; wait for its pod to finish — one shared watch of this instance's
+sandbox pods serves all runs in flight (`kubernetes_pods.PodWatcher`, which also fails at once
+a pod that can never start, and a Job whose pod the API server refuses); read the launcher's
+result line from the pod log (its last lines, at most `result_line_bytes`); delete the Job
+(propagation Background). The pod runs the same two-process verifier as the other backends
+(`pod_launcher.py`), and the host judges its report with the same rules (`judge.py`) against
+its own count of test units. A pod that ended OOMKilled without a result line is the program's
+memory exceeded (under gVisor the host's OOM killer ends the whole sandbox, launcher included).
 
-The Job is deleted when the run ends, when the awaiting task is cancelled, and (for Jobs
-labelled with this worker's id, `TEMPERED_WORKER_ID` or the hostname) when the backend first
-runs. A replaced worker pod (deleted, evicted, crashed: its successor has a new name) leaves
-Jobs no one awaits: its fellow workers delete them (`reap_orphans`, in the background with the
-first run, then at most every `REAP_EVERY_S` while runs come) once its pod, in the namespace
-its Jobs name (`WORKER_NAMESPACE_LABEL`, set only where the worker id is a pod's name), is not
-found or has ended; a pod that exists, or a failed lookup, keeps them. `activeDeadlineSeconds`
-and `ttlSecondsAfterFinished` bound whatever is left. `kubernetes_job.PERMISSIONS` lists
-every call made here, as the RBAC rules the chart grants.
+Each backend is an instance of its own (`INSTANCE_LABEL`, a nonce; `PROCESS_LABEL`, its
+process: `kubernetes_instance`), under its worker's id (`WORKER_LABEL`: TEMPERED_WORKER_ID or
+the hostname, the same for every process of a pod). The Job is deleted when the run ends and
+when the awaiting task is cancelled. The first run deletes the Jobs of this worker id whose
+process is known to be gone (`reap`: a dead process of this container, or a container of this
+pod that no longer runs), never a live sibling's (a `tempered sandbox run` exec'd in the
+worker's pod deleted the worker's in-flight Jobs). A replaced worker pod (deleted, evicted,
+crashed: its successor has a new name) leaves Jobs no one awaits: its fellow workers delete
+them (`reap_orphans`, in the background with the first run, then at most every `REAP_EVERY_S`
+while runs come) once its pod, in the namespace its Jobs name (`WORKER_NAMESPACE_LABEL`, set
+only where the worker id is a pod's name), is not found or has ended; a pod that exists, or a
+failed lookup, keeps them. `activeDeadlineSeconds` and `ttlSecondsAfterFinished` bound whatever
+is left. `kubernetes_job.PERMISSIONS` lists every call made here, as the RBAC rules the chart
+grants.
 
 A throttled (429), failing (5xx) or timed-out request is retried a few times with backoff
-(Retry-After honoured: `kubernetes_api.call`); a failed pod list is retried by the poller, and
-only `POLL_FAILURE_LIMIT` failures in a row fail the runs waiting on it: one bad list call must
-not abort every run in flight. What is still failing then, and every other API or transport failure
-(refused connection, 403, 409, a pod that never starts, a pod that ends without the launcher's
-result line), raises `SandboxInfraError`; only the program's behaviour becomes an
-`ExecutionResult`. A job too large for a pod spec raises `JobTooLarge` (the same every time).
+(Retry-After honoured: `kubernetes_api.call`); a failed pod list or watch is retried by the
+watcher, and only `kubernetes_pods.FAILURE_LIMIT` failures in a row fail the runs waiting on
+it. What is still failing then, and every other API or transport failure (refused connection,
+403, 409, a pod that never starts, a pod that ends without the launcher's result line), raises
+`SandboxInfraError`; only the program's behaviour becomes an `ExecutionResult`. A job too large
+for a pod spec raises `JobTooLarge`, and limits the namespace's LimitRange refuses
+`LimitsRefused` (the same every time).
 """
 
 from __future__ import annotations
@@ -48,26 +57,35 @@ from contracts.task import SandboxLimits
 from infra.sandbox.base import DEFAULT_LIMITS, SandboxInfraError
 from infra.sandbox.judge import expected_units, judge, split_tests
 from infra.sandbox.kubernetes_api import API_ATTEMPTS, call
+from infra.sandbox.kubernetes_instance import (
+    PROCESS_LABEL,
+    ProcessId,
+    container_running,
+    process_gone,
+)
 from infra.sandbox.kubernetes_job import (
     CONTAINER,
-    JOB_LABEL,
+    INSTANCE_LABEL,
     SANDBOX_LABELS,
     START_GRACE_S,
     WORKER_LABEL,
     WORKER_NAMESPACE_LABEL,
     JobTooLarge,
+    LimitsRefused,
     build_job_manifest,
     jobs_by_worker,
     label_value,
     not_found,
     observed_from_record,
+    observed_oom_killed,
     parse_pod_log,
     pod_ended,
     pod_namespace,
-    pod_state,
+    result_line_bytes,
     sandbox_rlimits,
     terminated_reason,
 )
+from infra.sandbox.kubernetes_pods import NO_POD_GRACE_S, PULL_GRACE_S, RETRY_S, PodWatcher
 from infra.sandbox.verifier import checker_job
 from infra.settings import KubernetesSandboxSettings
 
@@ -76,23 +94,22 @@ __all__ = [
     "SANDBOX_LABELS",
     "JobTooLarge",
     "KubernetesBackend",
+    "LimitsRefused",
     "build_job_manifest",
     "sandbox_rlimits",
 ]
 
 DEADLINE_SLACK_S = 10
 """How long past the Job's activeDeadlineSeconds we keep waiting before giving up."""
-POLL_FAILURE_LIMIT = 8
-"""Pod lists failing in a row (backing off up to POLL_BACKOFF_MAX_S) before the waiting runs
-fail: about half a minute of an API server that answers nothing, not one throttled call."""
-POLL_BACKOFF_MAX_S = 5.0
-"""The longest wait between two pod lists after failures (the interval doubles per failure)."""
 REAP_EVERY_S = 60.0
 """Least time between two sweeps for the Jobs of gone workers (one starts with a run)."""
 REAP_WORKERS_MAX = 16
 """Worker pods one sweep looks up (drawn at random, so none waits for ever): bounds its calls."""
 REAP_JOBS_MAX = 500
 """Jobs one sweep lists (the namespace's quota holds far fewer)."""
+LOG_TAIL_LINES = 8
+"""Pod log lines read: the result line is the launcher's last (the checker's stdio is
+/dev/null), and `result_line_bytes` bounds what is read of them."""
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -107,13 +124,15 @@ class KubernetesBackend:
         config: KubernetesSandboxSettings | None = None,
         api_client: Any | None = None,
         worker_id: str | None = None,
-        poll_interval_s: float = 0.25,
+        watch_retry_s: float = RETRY_S,
         start_grace_s: int = START_GRACE_S,
         request_timeout_s: float = 30.0,
         deadline_slack_s: float = DEADLINE_SLACK_S,
         retry_wait_s: float = 0.5,
         worker_namespace: str | None = None,
         reap_every_s: float = REAP_EVERY_S,
+        pull_grace_s: float = PULL_GRACE_S,
+        no_pod_grace_s: float = NO_POD_GRACE_S,
     ) -> None:
         """`worker_namespace`: the namespace of this worker's pod, whose name is `worker_id`
         (default: `pod_namespace`'s answer; None: no fellow workers, no sweeps)."""
@@ -136,17 +155,27 @@ class KubernetesBackend:
         worker = worker_id or os.environ.get("TEMPERED_WORKER_ID") or socket.gethostname()
         self.worker_id = label_value(worker)
         self.worker_namespace = worker_namespace or pod_namespace(worker)
+        self.process = ProcessId.here()
+        self.instance = secrets.token_hex(8)
+        self.instance_labels = {INSTANCE_LABEL: self.instance}
+        if self.process is not None:
+            self.instance_labels[PROCESS_LABEL] = self.process.label()
         self.reap_every_s, self._next_sweep = reap_every_s, 0.0
         self._sweeper: asyncio.Task[None] | None = None
-        self.poll_interval_s, self.start_grace_s = poll_interval_s, start_grace_s
-        self.request_timeout_s, self.deadline_slack_s = request_timeout_s, deadline_slack_s
-        self.retry_wait_s = retry_wait_s
-        self._poll_error: SandboxInfraError | None = None
+        self.start_grace_s, self.deadline_slack_s = start_grace_s, deadline_slack_s
+        self.request_timeout_s, self.retry_wait_s = request_timeout_s, retry_wait_s
         self._started = False
         self._start_lock = asyncio.Lock()
-        self._waiters: dict[str, asyncio.Future[Any]] = {}
-        self._pod_states: dict[str, str] = {}
-        self._poller: asyncio.Task[None] | None = None
+        self._pods = PodWatcher(
+            self._core,
+            self.namespace,
+            f"{WORKER_LABEL}={self.worker_id},{INSTANCE_LABEL}={self.instance}",
+            self._call,
+            retry_s=watch_retry_s,
+            request_timeout_s=request_timeout_s,
+            pull_grace_s=pull_grace_s,
+            no_pod_grace_s=no_pod_grace_s,
+        )
 
     async def _call(
         self, what: str, fn: Callable[..., T], *args: Any, attempts: int = API_ATTEMPTS,
@@ -159,14 +188,43 @@ class KubernetesBackend:
         )  # fmt: skip
 
     async def reap(self) -> int:
-        """Delete every Job labelled with this worker's id (left over by a previous process)."""
+        """Delete the Jobs of this worker id left by processes that are gone: of this container
+        and pid namespace, when their process no longer runs; of another container (a restart
+        of this one), when this pod runs no container that started then. A live sibling's
+        (another process, another container of the pod) and those of an unknown process stay.
+        Returns how many it deleted."""
         selector = f"{WORKER_LABEL}={self.worker_id}"
         jobs = await self._call(
             "list jobs", self._batch.list_namespaced_job, self.namespace, label_selector=selector
         )
+        pod: Any = None
+        deleted = 0
         for job in jobs.items:
-            await self._delete(str(job.metadata.name if job.metadata else ""))
-        return len(jobs.items)
+            labels = (job.metadata.labels if job.metadata else None) or {}
+            if labels.get(INSTANCE_LABEL) == self.instance:
+                continue
+            process = ProcessId.parse(labels.get(PROCESS_LABEL))
+            gone = process_gone(process, self.process)
+            if gone is None and process is not None and self.process is not None:
+                pod = pod or await self._own_pod()
+                gone = pod is not None and not container_running(pod, process.container_started_s)
+            if gone:
+                await self._delete(str(job.metadata.name if job.metadata else ""))
+                deleted += 1
+        return deleted
+
+    async def _own_pod(self) -> Any:
+        """This worker's pod (named by its worker id), or None where there is none to ask or its
+        lookup fails (then nothing of another container of it is reaped)."""
+        if self.worker_namespace is None:
+            return None
+        try:
+            return await self._call(
+                "get own pod", self._core.read_namespaced_pod, self.worker_id, self.worker_namespace
+            )
+        except SandboxInfraError as error:
+            logger.warning("keeping the sandbox Jobs of this pod's other containers: %s", error)
+            return None
 
     async def reap_orphans(self) -> int:
         """Delete the Jobs of this worker's fellow workers (same pod namespace) whose pod is
@@ -243,32 +301,40 @@ class KubernetesBackend:
             self.runtime_class,
             start_grace_s=self.start_grace_s,
             worker_namespace=self.worker_namespace,
+            instance=self.instance_labels,
         )
+        expected = expected_units(units, entry_point)
+        self._pods.expect(name)
         try:  # the Job is deleted however this ends: result, API error or cancellation
             await self._create(manifest)
             deadline = (
                 time.monotonic() + limits.timeout_s + self.start_grace_s + self.deadline_slack_s
             )
-            pod = await self._wait_for_pod(name, deadline)
+            pod = await self._pods.wait(name, deadline)
+            pod_name = str(pod["metadata"]["name"])
             pod_log = await self._call(
                 "read log",
                 self._core.read_namespaced_pod_log,
-                pod.metadata.name,
+                pod_name,
                 self.namespace,
                 container=CONTAINER,
+                tail_lines=LOG_TAIL_LINES,
+                limit_bytes=result_line_bytes(limits),
             )
         finally:
+            self._pods.forget(name)
             await asyncio.shield(self._delete_quietly(name))
         record = parse_pod_log(pod_log, nonce)
+        if record is None and terminated_reason(pod) == "OOMKilled":
+            return judge(observed_oom_killed(limits), expected, limits, self.name, "kubernetes")
         if record is None:
             raise SandboxInfraError(
-                f"kubernetes pod {pod.metadata.name} ended without a result "
-                f"({terminated_reason(pod)})"
+                f"kubernetes pod {pod_name} ended without a result ({terminated_reason(pod)})"
             )
         if record.get("fault"):
-            raise SandboxInfraError(f"kubernetes pod {pod.metadata.name}: {record['fault']}")
+            raise SandboxInfraError(f"kubernetes pod {pod_name}: {record['fault']}")
         seen = observed_from_record(record, limits)
-        return judge(seen, expected_units(units, entry_point), limits, self.name, "kubernetes")
+        return judge(seen, expected, limits, self.name, "kubernetes")
 
     async def _create(self, manifest: dict[str, Any]) -> None:
         """Create the Job. A retried create (the first timed out or got a 5xx after the server
@@ -288,65 +354,6 @@ class KubernetesBackend:
                 raise
 
         await self._call("create job", create)
-
-    async def _wait_for_pod(self, job_name: str, deadline: float) -> Any:
-        """The Job's pod once it succeeded or failed; SandboxInfraError if it never gets there."""
-        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiters[job_name] = waiter
-        if self._poller is None or self._poller.done():
-            self._poller = asyncio.create_task(self._poll_pods())
-        try:
-            return await asyncio.wait_for(waiter, timeout=max(deadline - time.monotonic(), 0.0))
-        except TimeoutError:
-            state = self._pod_states.get(job_name, "no pod yet")
-            if self._poll_error is not None:
-                state += f"; last pod list: {self._poll_error}"
-            raise SandboxInfraError(
-                f"kubernetes job {job_name} did not finish in time ({state})"
-            ) from None
-        finally:
-            self._waiters.pop(job_name, None)
-            self._pod_states.pop(job_name, None)
-
-    async def _poll_pods(self) -> None:
-        """One list call per interval serves every run in flight; stops when none waits. A
-        failed list is logged and retried with backoff: the pods run on meanwhile, so only
-        POLL_FAILURE_LIMIT failures in a row fail the waiting runs (each also has its deadline)."""
-        selector = f"{WORKER_LABEL}={self.worker_id}"
-        failures = 0
-        while self._waiters:
-            try:
-                pods = await self._call(
-                    "list pods",
-                    self._core.list_namespaced_pod,
-                    self.namespace,
-                    attempts=1,  # this loop is the retry, with the waiters' state kept
-                    label_selector=selector,
-                )
-            except SandboxInfraError as error:
-                failures += 1
-                self._poll_error = error
-                logger.warning("sandbox pod poll failed (%d in a row): %s", failures, error)
-                if failures >= POLL_FAILURE_LIMIT:
-                    failed = SandboxInfraError(f"{error} ({failures} pod lists failed in a row)")
-                    for waiter in self._waiters.values():
-                        if not waiter.done():
-                            waiter.set_exception(failed)
-                    failures = 0
-                delay = self.poll_interval_s * 2 ** min(failures, 10)
-                await asyncio.sleep(min(delay, max(POLL_BACKOFF_MAX_S, self.poll_interval_s)))
-                continue
-            failures, self._poll_error = 0, None
-            for pod in pods.items:
-                job_name = (pod.metadata.labels or {}).get(JOB_LABEL) if pod.metadata else None
-                pending = self._waiters.get(job_name or "")
-                if pending is None or pending.done():
-                    continue
-                if pod.status and pod.status.phase in ("Succeeded", "Failed"):
-                    pending.set_result(pod)
-                else:
-                    self._pod_states[str(job_name)] = pod_state(pod)
-            await asyncio.sleep(self.poll_interval_s)
 
     async def _delete(self, job_name: str) -> None:
         try:
@@ -369,7 +376,7 @@ class KubernetesBackend:
             logger.warning("could not delete sandbox job %s: %s", job_name, error)
 
     async def close(self) -> None:
-        for task in (self._poller, self._sweeper):
-            if task is not None:
-                task.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        await self._pods.close()
         await asyncio.to_thread(self._api_client.close)

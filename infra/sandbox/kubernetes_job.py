@@ -21,14 +21,24 @@ service-account token, no service links, a memory-backed emptyDir work dir, requ
 "baseline" Pod Security Standard (the chart's sandbox namespace enforces it). The sources, the
 job and the launcher travel in the pod spec (env/args), never as host paths or mounted files.
 
-Every Job names the worker that created it (`WORKER_LABEL`) and, where that worker is a pod
-whose name is its worker id, the pod's namespace (`WORKER_NAMESPACE_LABEL`, `pod_namespace`):
-how its fellow workers tell that the Job's worker is gone (`jobs_by_worker`, `pod_ended`; the
-calls are `KubernetesBackend.reap_orphans`'s).
+The pod's memory (`pod_memory_mb`) holds the candidate's whole address space (`sandbox_rlimits`:
+memory_mb + 64 MiB), its tmpfs, the launcher's share and, under a RuntimeClass, gVisor's own
+kernel: so one process cannot take the pod past its limit. The launcher keeps at most
+`pod_output_bytes` of each stream and prints them in base64: its result line is at most
+`result_line_bytes`, which is all the host reads of the log.
+
+Every Job names the worker that created it (`WORKER_LABEL`), the backend instance and process
+(`instance`: `INSTANCE_LABEL`, the pods its watch selects, and `kubernetes_instance`'s
+`PROCESS_LABEL`) and, where that worker is a pod whose name is its worker id, the pod's
+namespace (`WORKER_NAMESPACE_LABEL`, `pod_namespace`): how its fellow workers tell that the
+Job's worker is gone (`jobs_by_worker`, `pod_ended`; the calls are
+`KubernetesBackend.reap_orphans`'s).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import os
@@ -41,8 +51,9 @@ from typing import Any
 from contracts.task import SandboxLimits
 from infra.sandbox.base import JobTooLarge
 from infra.sandbox.forkserver import sources, zygote_source
+from infra.sandbox.gvisor import SENTRY_MEMORY_MB
 from infra.sandbox.judge import Exit, Observed
-from infra.sandbox.launcher import candidate_rlimits
+from infra.sandbox.launcher import candidate_rlimits, candidate_space_mb
 from infra.sandbox.process import Capture
 
 LAUNCHER_SOURCE = (Path(__file__).parent / "pod_launcher.py").read_text()
@@ -53,13 +64,25 @@ WORKER_LABEL = "tempered.dev/worker"
 WORKER_NAMESPACE_LABEL = "tempered.dev/worker-namespace"
 """On the Jobs of a worker that runs in a pod named by its worker id: that pod's namespace."""
 JOB_LABEL = "tempered.dev/job"
+INSTANCE_LABEL = "tempered.dev/instance"
+"""The backend instance (one a process) that created the Job: the pods it watches."""
 SANDBOX_LABELS = {"app.kubernetes.io/component": "sandbox", "tempered.dev/sandbox": "true"}
 LAUNCHER_CAPABILITIES = ["SETUID", "SETGID", "SETPCAP", "KILL"]
 """All the pod keeps: the launcher changes its children's uids, empties the candidate's
 bounding set, and kills whatever the candidate left."""
 LAUNCHER_OVERHEAD_MB = 96
 """Memory of the launcher, the checker and their interpreters on top of the program's
-`memory_mb` and tmpfs."""
+address space (`sandbox_rlimits`) and tmpfs."""
+RUNTIME_OVERHEAD_MB = SENTRY_MEMORY_MB
+"""Memory of a RuntimeClass's own kernel in the pod (gVisor's Sentry and gofer), as the local
+gVisor backend counts it."""
+POD_OUTPUT_BYTES = 1 << 20
+"""Output a pod keeps of each stream at most, whatever `output_bytes` allows (up to 16 MiB):
+both, in base64, make the result line the worker reads whole, and a line past the kubelet's
+log file size (containerLogMaxSize, 10 MiB by default) may be lost to its rotation."""
+RESULT_SLACK_BYTES = 256 * 1024
+"""The result line's size beyond its two streams: the verdict (texts cut to 8192 characters,
+JSON-escaped) and the other fields."""
 START_GRACE_S = 60
 """Seconds a pod may take to be scheduled and started before its deadline counts as ours."""
 TTL_AFTER_FINISHED_S = 300
@@ -78,14 +101,22 @@ PERMISSIONS: dict[str, frozenset[tuple[str, str, str]]] = {
             ("batch", "jobs", "list"),
             ("batch", "jobs", "delete"),
             ("", "pods", "list"),
+            ("", "pods", "watch"),
             ("", "pods/log", "get"),
+            ("", "events", "list"),
         }
     ),
     "worker": frozenset({("", "pods", "get")}),
 }
 """Every API call the backend (`kubernetes.py`) makes, as RBAC (apiGroup, resource, verb), by
-namespace: the sandbox namespace's, and the worker's own (its fellows' pods, which
-`reap_orphans` looks up). The chart's Roles grant these and nothing else."""
+namespace: the sandbox namespace's (Jobs; their pods, watched; logs; the Job controller's
+FailedCreate events), and the worker's own (its fellows' pods and its own, which the reapers
+look up). The chart's Roles grant these and nothing else."""
+
+
+class LimitsRefused(JobTooLarge):
+    """The sandbox namespace refuses a pod of these limits (its LimitRange's max): the same on
+    every try, for this task alone, so never retried nor counted against the backend."""
 
 
 def label_value(text: str) -> str:
@@ -95,10 +126,31 @@ def label_value(text: str) -> str:
 
 def sandbox_rlimits(limits: SandboxLimits) -> dict[str, tuple[int, int]]:
     """Rlimits the candidate sets on itself in the pod: the host's rule (`candidate_rlimits`)
-    with cgroups, as the pod's cgroup bounds memory, and without RLIMIT_NPROC, as processes are
+    with cgroups, as the pod's cgroup bounds memory, but an address space the pod holds
+    (`space_held`: `pod_memory_mb` counts it whole), and without RLIMIT_NPROC, as processes are
     the node's pod pids limit: the candidate's uid is shared by every sandbox pod on a node, so
     a per-uid RLIMIT_NPROC would make pods starve each other."""
-    return candidate_rlimits(limits, cgroups=True, nproc=False)
+    return candidate_rlimits(limits, cgroups=True, nproc=False, space_held=True)
+
+
+def pod_memory_mb(limits: SandboxLimits, runtime_class: str | None = None) -> int:
+    """A sandbox pod's memory (request = limit): the candidate's whole address space, its
+    tmpfs, the launcher's and checker's share, and under a RuntimeClass its kernel's (gVisor
+    has no OOM killer inside the sandbox: a pod past its limit dies whole, `kubernetes.py` then
+    scores its OOMKilled end as the program's memory)."""
+    runtime = RUNTIME_OVERHEAD_MB if runtime_class else 0
+    space = candidate_space_mb(limits, held=True)
+    return space + limits.tmpfs_mb + LAUNCHER_OVERHEAD_MB + runtime
+
+
+def pod_output_bytes(limits: SandboxLimits) -> int:
+    """What a pod keeps of each output stream: `output_bytes`, at most POD_OUTPUT_BYTES."""
+    return min(limits.output_bytes, POD_OUTPUT_BYTES)
+
+
+def result_line_bytes(limits: SandboxLimits) -> int:
+    """The longest result line a pod's launcher prints (what the host reads of its log)."""
+    return 2 * 4 * math.ceil(pod_output_bytes(limits) / 3) + RESULT_SLACK_BYTES
 
 
 def _chunks(prefix: str, text: str) -> list[dict[str, str]]:
@@ -119,9 +171,12 @@ def build_job_manifest(
     cpu: str = "1",
     start_grace_s: int = START_GRACE_S,
     worker_namespace: str | None = None,
+    instance: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The batch/v1 Job running the checker `job` under `limits`; pure, no API calls.
-    `worker_namespace`: the namespace of the worker's pod, where its name is `worker_id`."""
+    `worker_namespace`: the namespace of the worker's pod, where its name is `worker_id`;
+    `instance`: labels of the backend instance and process that creates it
+    (`KubernetesBackend.instance_labels`)."""
     payload = json.dumps(job)
     if len(payload) > MAX_JOB_BYTES:
         raise JobTooLarge(
@@ -130,11 +185,12 @@ def build_job_manifest(
     run = {
         "timeout_s": limits.timeout_s,
         "start_timeout_s": job["start_timeout_s"],
-        "output_bytes": limits.output_bytes,
+        "output_bytes": pod_output_bytes(limits),
     }
-    memory = f"{limits.memory_mb + limits.tmpfs_mb + LAUNCHER_OVERHEAD_MB}Mi"
+    memory = f"{pod_memory_mb(limits, runtime_class)}Mi"
     labels = {
         **SANDBOX_LABELS,
+        **(instance or {}),
         WORKER_LABEL: label_value(worker_id),
         JOB_LABEL: name,
         "app.kubernetes.io/name": "tempered",
@@ -216,11 +272,12 @@ def observed_from_record(record: dict[str, Any], limits: SandboxLimits) -> Obser
     candidate is never foreign here: in the pod it can send itself one."""
 
     def capture(key: str) -> Capture:
-        text = str(record.get(key) or "")
+        try:
+            data = base64.b64decode(str(record.get(f"{key}_base64") or ""), validate=True)
+        except binascii.Error:
+            data = b"<the launcher's capture did not decode>"
         limit = limits.output_bytes
-        return Capture(
-            limit, bytearray(text.encode()[:limit]), bool(record.get(f"{key}_truncated"))
-        )
+        return Capture(limit, bytearray(data[:limit]), bool(record.get(f"{key}_truncated")))
 
     ended = record.get("exit")
     verdict = record.get("verdict")
@@ -257,23 +314,33 @@ def pod_ended(pod: Any) -> bool:
     return bool(pod.status) and pod.status.phase in ("Succeeded", "Failed")
 
 
-def terminated_reason(pod: Any) -> str:
-    """Why a sandbox pod's container ended (its reason, else its exit code)."""
-    for status in (pod.status.container_statuses or []) if pod.status else []:
-        if status.state and status.state.terminated:
-            return str(
-                status.state.terminated.reason or f"exit {status.state.terminated.exit_code}"
-            )
-    return str(pod.status.reason if pod.status else "unknown")
+def observed_oom_killed(limits: SandboxLimits) -> Observed:
+    """What the host judges of a pod that ended OOMKilled without a result line: the program's
+    memory took the whole pod (under gVisor the host's OOM killer ends the sandbox, launcher
+    and all, while the candidate's own address space was within its limit: its processes
+    together were not)."""
+    return Observed(
+        verdict={"lost": "exited"},
+        timed_out=False,
+        duration_ms=0,
+        exit=None,
+        memory="limit",
+        stdout=Capture(limits.output_bytes),
+        stderr=Capture(limits.output_bytes),
+        killed=True,
+        sigkill_is_foreign=False,
+    )
 
 
-def pod_state(pod: Any) -> str:
-    """A sandbox pod's phase, and why its container waits if it does."""
-    phase = pod.status.phase if pod.status else "Unknown"
-    for status in (pod.status.container_statuses or []) if pod.status else []:
-        if status.state and status.state.waiting:
-            return f"{phase}: {status.state.waiting.reason}"
-    return str(phase)
+def terminated_reason(pod: dict[str, Any]) -> str:
+    """Why a sandbox pod's container ended (its reason, else its exit code); `pod` as the API
+    sends it (a dict: `kubernetes_pods` reads sandbox pods undecoded)."""
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        ended = (container.get("state") or {}).get("terminated")
+        if ended:
+            return str(ended.get("reason") or f"exit {ended.get('exitCode')}")
+    return str(status.get("reason") or "unknown")
 
 
 def transient(error: BaseException) -> bool:

@@ -63,6 +63,24 @@ class CandidateLauncher(Protocol):
     async def close(self) -> None: ...
 
 
+HELD_SPACE_SLACK_MB = 64
+"""Address space a candidate whose sandbox holds all it maps (`candidate_space_mb`) has beyond
+its memory limit: the interpreter's own mappings (~14 MB) and a few threads' stacks."""
+
+
+def candidate_space_mb(limits: SandboxLimits, held: bool = False) -> int:
+    """The address-space cap of a candidate whose memory cgroups bound. Generous, 2 x memory +
+    256 MiB: an absurd allocation fails fast with a MemoryError, and runtimes that reserve more
+    than they touch still run; the cgroup stops the rest, and the host reads its events. Or
+    `held`, memory + HELD_SPACE_SLACK_MB: where the cgroup's kill cannot be told apart from the
+    sandbox's own death, so one process must never map more than its sandbox is sized to hold
+    (a Kubernetes pod, `kubernetes_job.pod_memory_mb`: under gVisor no OOM killer runs inside
+    the sandbox, and the host's ends the whole pod, launcher and result line with it)."""
+    if held:
+        return limits.memory_mb + HELD_SPACE_SLACK_MB
+    return 2 * limits.memory_mb + 256
+
+
 def candidate_rlimits(
     limits: SandboxLimits,
     cgroups: bool,
@@ -70,6 +88,7 @@ def candidate_rlimits(
     *,
     processes_overhead: int = 1,
     space_cap: bool = True,
+    space_held: bool = False,
 ) -> dict[str, tuple[int, int]]:
     """The rlimits of every sandbox, in setrlimit's terms: a host candidate sets them on itself
     before the program runs, a Kubernetes pod's candidate too (`kubernetes_job.sandbox_rlimits`),
@@ -79,10 +98,10 @@ def candidate_rlimits(
     `max_processes` plus those the sandbox itself runs under the same uid
     (`processes_overhead`: the candidate itself; bwrap's two for a workspace command); off where
     the uid is shared by sandboxes that must not starve each other (Kubernetes). Address space:
-    the memory limit itself without cgroups; with them (which bound real memory), a generous
-    cap that turns absurd allocations into a fast MemoryError, or none (`space_cap` False:
-    a workspace command may be any program, and runtimes that reserve far more address space
-    than they touch, a JVM or Go, would fail under one)."""
+    the memory limit itself without cgroups; with them (which bound real memory),
+    `candidate_space_mb` (generous, or `space_held`: what the sandbox holds), or none
+    (`space_cap` False: a workspace command may be any program, and runtimes that reserve far
+    more address space than they touch, a JVM or Go, would fail under one)."""
     file_size = limits.file_size_mb * MB
     rlimits = {
         "RLIMIT_CPU": (limits.cpu_s, limits.cpu_s + 1),
@@ -94,5 +113,5 @@ def candidate_rlimits(
     if not cgroups:
         rlimits["RLIMIT_AS"] = (limits.memory_mb * MB,) * 2
     elif space_cap:
-        rlimits["RLIMIT_AS"] = ((2 * limits.memory_mb + 256) * MB,) * 2
+        rlimits["RLIMIT_AS"] = (candidate_space_mb(limits, space_held) * MB,) * 2
     return rlimits

@@ -18,15 +18,19 @@ is a plain Python image). In order:
    (a second uid, `CANDIDATE_UID`; bounding set, capabilities, groups dropped, no_new_privs,
    seccomp; every call checked, then verified) and *execs* a fresh interpreter running only
    `codec` and `candidate` (`zygote.py serve`), so no byte of the job or this process is in
-   its memory. The candidate cannot signal PID 1 or the checker (other uids, no CAP_KILL), nor
+   its memory. Its filter also refuses every socket family but AF_UNIX: it shares the pod's
+   network (it needs none: its channel and output are pipes). The candidate cannot signal PID 1 or the checker (other uids, no CAP_KILL), nor
    turn its own end into a platform fault: a SIGKILL it sends itself is judged its own.
 4. Sends the job to the checker, captures the candidate's output, waits for the verdict (the
    checker's deadline is the run's: no starvation bound in a pod, whose CPU is its own), kills
    every process the candidate left (orphans come to PID 1; `kill_all`), and reads the pod's
    memory events (its own limit hit, or an OOM kill without it: the node's).
-5. Prints `{"tempered_result": <nonce>, verdict, exit, memory, ...}` as the last line of its
-   stdout. The host reads it with the pod-log API, ignores every line without the nonce, and
-   judges it with `judge.judge` against its own count of test units.
+5. Prints `{"tempered_result": <nonce>, verdict, exit, memory, stdout_base64, ...}` as the
+   last line of its stdout: the captured output (at most TEMPERED_RUN's `output_bytes` a
+   stream) in base64, so the line is at most 4/3 of it plus the verdict, whose texts are cut
+   to VERDICT_TEXT_CHARS (JSON's escapes made a control byte six). The host reads it with the
+   pod-log API (bounded: `kubernetes_job.result_line_bytes`), ignores every line without the
+   nonce, and judges it with `judge.judge` against its own count of test units.
 
 A setup step that fails (a prctl, a uid change, a missing module) ends the pod with a result
 line whose `fault` says which: the host reports a platform fault, never a result.
@@ -34,6 +38,7 @@ line whose `fault` says which: the host reports a platform fault, never a result
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import json
@@ -55,6 +60,8 @@ EXIT_GRACE_S = 0.5
 KILL_GRACE_S = 5.0
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_CHILD_SUBREAPER = 1, 4, 38, 36
 CANDIDATE_MODULES = ("infra.sandbox.codec", "infra.sandbox.candidate")
+VERDICT_TEXT_CHARS = 8192
+"""Longest text of the verdict's in the result line (the checker keeps 8000 of a report)."""
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -126,7 +133,7 @@ def start_candidate(zygote: ModuleType, sources: dict[str, str], fds: list[int],
         os.chdir(home)
         from infra.sandbox import confine
 
-        confine.Confinement().drop_privileges(CANDIDATE_UID)
+        confine.Confinement(unix_sockets_only=True).drop_privileges(CANDIDATE_UID)
         argv = [
             sys.executable,
             "-S",
@@ -143,6 +150,7 @@ def start_candidate(zygote: ModuleType, sources: dict[str, str], fds: list[int],
             "HOME": home,
             "TMPDIR": home,
             "LANG": "C.UTF-8",
+            "MALLOC_ARENA_MAX": "2",  # a thread's 64 MiB arena counts in its RLIMIT_AS
         }
         os.execve(sys.executable, argv, env)
     except BaseException as exc:
@@ -338,6 +346,10 @@ def run(
     ended = own_end or exits.get(candidate)
     after = memory_counters()
     hits, kills = after[0] - before[0], after[1] - before[1]
+    if verdict is not None:  # the checker's, quoting the program: bounded in the result line
+        verdict = {
+            k: v[:VERDICT_TEXT_CHARS] if isinstance(v, str) else v for k, v in verdict.items()
+        }
     return {
         "verdict": verdict,
         "timed_out": timed_out,
@@ -345,8 +357,8 @@ def run(
         "exit": list(ended) if ended else None,
         "killed": own_end is None,
         "memory": "limit" if hits else "global" if kills else "",
-        "stdout": bytes(outputs[0].data).decode("utf-8", "replace"),
-        "stderr": bytes(outputs[1].data).decode("utf-8", "replace"),
+        "stdout_base64": base64.b64encode(outputs[0].data).decode(),
+        "stderr_base64": base64.b64encode(outputs[1].data).decode(),
         "stdout_truncated": outputs[0].truncated,
         "stderr_truncated": outputs[1].truncated,
         "fault": "" if gone else "the candidate's processes did not die after SIGKILL",

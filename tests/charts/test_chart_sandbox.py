@@ -10,6 +10,7 @@ Rendering and validation are tests/charts/test_chart.py's. Skipped without helm.
 
 from __future__ import annotations
 
+import math
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from contracts.task import SandboxLimits
+from infra.sandbox import kubernetes_job
 from infra.sandbox.kubernetes import SANDBOX_LABELS, build_job_manifest, sandbox_rlimits
 from infra.sandbox.kubernetes_job import PERMISSIONS
 from infra.sandbox.verifier import checker_job
@@ -145,12 +147,21 @@ def test_gvisor_runtime_class_reaches_the_sandbox_jobs(monkeypatch: pytest.Monke
     assert not objects(render(), "RuntimeClass")  # opt-in
 
 
+def _surge(strategy: dict[str, Any], replicas: int) -> int:
+    """The pods a rolling update runs beyond `replicas` (Kubernetes' default maxSurge: 25%,
+    rounded up)."""
+    if strategy.get("type") == "Recreate":
+        return 0
+    surge = str(strategy.get("rollingUpdate", {}).get("maxSurge", "25%"))
+    return math.ceil(replicas * int(surge[:-1]) / 100) if surge.endswith("%") else int(surge)
+
+
 @pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
 def test_sandbox_jobs_at_most_replicas_fit_the_quota(values: Path | None) -> None:
-    """The sandbox workers at their largest run (max) replicas x concurrency Jobs at once, each
-    one pod of the CPU `build_job_manifest` asks for plus the RuntimeClass's overhead; a Job over
-    the quota is refused. Checked here from the rendered objects, apart from the chart's own
-    check (tempered.checkSandboxQuota)."""
+    """The sandbox workers at their largest run (max) replicas, plus a rolling update's surge,
+    x concurrency Jobs at once, each one pod of the CPU `build_job_manifest` asks for plus the
+    RuntimeClass's overhead; a Job over the quota is refused. Checked here from the rendered
+    objects, apart from the chart's own check (tempered.checkSandboxQuota)."""
     docs = render(values)
     quota = [q["spec"]["hard"] for q in objects(docs, "ResourceQuota").values()]
     if not quota or "sandbox" not in deployments(docs):
@@ -162,7 +173,9 @@ def test_sandbox_jobs_at_most_replicas_fit_the_quota(values: Path | None) -> Non
         for obj in objects(docs, kind).values()
         if obj["spec"]["scaleTargetRef"]["name"] == "tempered-sandbox"
     ]
-    replicas = max(autoscaled) if autoscaled else deployments(docs)["sandbox"]["spec"]["replicas"]
+    deployment = deployments(docs)["sandbox"]
+    replicas = max(autoscaled) if autoscaled else deployment["spec"]["replicas"]
+    replicas += _surge(deployment["spec"]["strategy"], replicas)
     jobs = replicas * int(worker_env(docs, "sandbox")["TEMPERED_SANDBOX__CONCURRENCY"])
     pod = _sandbox_job()["spec"]["template"]["spec"]
     cpu = sum(_quantity(c["resources"]["requests"]["cpu"]) for c in pod["containers"])
@@ -180,7 +193,7 @@ _GVISOR_3_X_64 = {  # ci/gvisor-values.yaml as it was: 3 x 64 Jobs of 1.1 CPU, q
         "runtimeClass": {"name": "gvisor", "create": True, "overhead": {"cpu": "100m"}},
         "resourceQuota": {"hard": {"pods": "128", "requests.cpu": "128", "limits.cpu": "128"}},
     },
-    "workers": {"sandbox": {"replicas": 3}},
+    "workers": {"sandbox": {"replicas": 3, "strategy": {"type": "Recreate"}}},
 }
 
 
@@ -195,18 +208,40 @@ _GVISOR_3_X_64 = {  # ci/gvisor-values.yaml as it was: 3 x 64 Jobs of 1.1 CPU, q
             " 211.2 > 128.",
         ),
         (  # the pods and Jobs fit; their CPU with gVisor's overhead does not
-            {**_GVISOR_3_X_64, "workers": {"sandbox": {"replicas": 2}}},
+            {
+                **_GVISOR_3_X_64,
+                "workers": {"sandbox": {"replicas": 2, "strategy": {"type": "Recreate"}}},
+            },
             "= 128 sandbox Jobs at once, 1.1 CPU each with the RuntimeClass overhead; over the"
             " quota: requests.cpu 140.8 > 128, limits.cpu 140.8 > 128.",
         ),
-        (  # KEDA's default 8 replicas x 16 against the default quota's 64 pods
+        (  # KEDA's default 8 replicas (+ 25% surge) x 16 against the default quota's 64 pods
             {"workers": {"sandbox": {"keda": {"enabled": True, "maxReplicas": 8}}}},
-            "8 replicas (workers.sandbox keda.maxReplicas) x sandbox.concurrency 16 = 128"
-            " sandbox Jobs at once, 1 CPU each; over the quota: pods 128 > 64, requests.cpu"
-            " 128 > 64, limits.cpu 128 > 64.",
+            "8 replicas (workers.sandbox keda.maxReplicas) + 2 surge (strategy.rollingUpdate"
+            ".maxSurge 25%) x sandbox.concurrency 16 = 160 sandbox Jobs at once, 1 CPU each;"
+            " over the quota: pods 160 > 64, count/jobs.batch 160 > 128, requests.cpu 160 > 64,"
+            " limits.cpu 160 > 64.",
+        ),
+        (  # 4 x 16 is the quota's 64 pods; a rolling update runs a fifth pod beside them
+            {"workers": {"sandbox": {"replicas": 4}}},
+            "4 replicas (workers.sandbox.replicas) + 1 surge (strategy.rollingUpdate.maxSurge"
+            " 25%) x sandbox.concurrency 16 = 80 sandbox Jobs at once, 1 CPU each; over the"
+            " quota: pods 80 > 64, requests.cpu 80 > 64, limits.cpu 80 > 64.",
+        ),
+        (
+            {
+                "workers": {
+                    "sandbox": {
+                        "replicas": 2,
+                        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 3}},
+                    }
+                }
+            },
+            "2 replicas (workers.sandbox.replicas) + 3 surge (strategy.rollingUpdate.maxSurge"
+            " 3) x sandbox.concurrency 16 = 80 sandbox Jobs at once",
         ),
     ],
-    ids=["gvisor-3x64", "gvisor-cpu-only", "keda-8x16"],
+    ids=["gvisor-3x64", "gvisor-cpu-only", "keda-8x16", "surge-4x16", "surge-3"],
 )
 def test_an_overcommitted_sandbox_quota_fails_to_render(
     tmp_path: Path, values: dict[str, Any], message: str
@@ -223,3 +258,24 @@ def test_an_overcommitted_sandbox_quota_fails_to_render(
     assert done.returncode != 0, done.stdout
     assert "sandbox.resourceQuota.hard is too small for the sandbox workers" in done.stderr
     assert message in done.stderr, done.stderr
+
+
+def test_the_docs_say_which_tasks_the_limit_range_admits() -> None:
+    """limitRange.max (8Gi by default) refuses the pods of tasks the contract allows (memory_mb
+    up to 65536): the README and values.yaml give the pod's size as `build_job_manifest`
+    computes it, so an operator can tell which limits a LimitRange admits."""
+    limits = SandboxLimits(memory_mb=1000, tmpfs_mb=100)
+    extra = kubernetes_job.pod_memory_mb(limits) - limits.memory_mb - limits.tmpfs_mb
+    runtime = kubernetes_job.pod_memory_mb(limits, "gvisor") - kubernetes_job.pod_memory_mb(limits)
+    formula = f"`memory_mb + tmpfs_mb + {extra}Mi` ({runtime}Mi more under a RuntimeClass)"
+    assert formula in " ".join((CHART / "README.md").read_text().split())
+    values = " ".join(w for w in (CHART / "values.yaml").read_text().split() if w != "#")
+    assert f"memory_mb + tmpfs_mb + {extra}Mi" in values
+    maximum = render_limit_range_max_mb()
+    largest = maximum - extra - SandboxLimits().tmpfs_mb
+    assert f"memory_mb of {largest} at most with the default tmpfs_mb" in values
+
+
+def render_limit_range_max_mb() -> int:
+    (limit_range,) = objects(render(), "LimitRange").values()
+    return int(_quantity(limit_range["spec"]["limits"][0]["max"]["memory"]) // 2**20)

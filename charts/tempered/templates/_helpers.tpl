@@ -265,11 +265,14 @@ checks the rendered quotas against the Job that code builds). */}}
 
 {{/*
 Fails the release when the sandbox workers at their largest (workers.sandbox `replicas`, or
-`autoscaling.maxReplicas` / `keda.maxReplicas` when an autoscaler owns them) times
-`sandbox.concurrency` Jobs do not fit sandbox.resourceQuota.hard: a Job over the quota is
-refused by the API server (403), and the sandbox activities fail instead of queueing. Checks
-pods (or count/pods), count/jobs.batch and, from one CPU a Job plus the RuntimeClass's pod
-overhead when the chart creates it, requests.cpu (or cpu) and limits.cpu.
+`autoscaling.maxReplicas` / `keda.maxReplicas` when an autoscaler owns them, plus the pods a
+rolling update adds: `strategy.rollingUpdate.maxSurge`, Kubernetes' 25% rounded up when unset,
+none with Recreate) times `sandbox.concurrency` Jobs do not fit sandbox.resourceQuota.hard: a
+Job over the quota has no pod (its FailedCreate event fails the run, an infra error, retried).
+Checks pods (or count/pods), count/jobs.batch and, from one CPU a Job plus the RuntimeClass's
+pod overhead when the chart creates it, requests.cpu (or cpu) and limits.cpu. Not counted: a
+replaced pod that is still draining its runs (terminationGracePeriodSeconds), which a
+Deployment does not count either; Recreate waits for it.
 */}}
 {{- define "tempered.checkSandboxQuota" -}}
 {{- $hard := .Values.sandbox.resourceQuota.hard | default dict -}}
@@ -285,8 +288,23 @@ overhead when the chart creates it, requests.cpu (or cpu) and limits.cpu.
 {{- $replicas = int64 $w.autoscaling.maxReplicas -}}
 {{- $source = "workers.sandbox autoscaling.maxReplicas" -}}
 {{- end -}}
+{{- $surge := int64 0 -}}
+{{- $maxSurge := "" -}}
+{{- $strategy := $w.strategy | default dict -}}
+{{- if ne (toString $strategy.type) "Recreate" -}}
+{{- $maxSurge = "25%" -}}
+{{- $rolling := $strategy.rollingUpdate | default dict -}}
+{{- if hasKey $rolling "maxSurge" -}}
+{{- $maxSurge = toString $rolling.maxSurge -}}
+{{- end -}}
+{{- if hasSuffix "%" $maxSurge -}}
+{{- $surge = div (add (mul $replicas (trimSuffix "%" $maxSurge | int64)) 99) 100 -}}
+{{- else -}}
+{{- $surge = int64 $maxSurge -}}
+{{- end -}}
+{{- end -}}
 {{- $concurrency := int64 .Values.sandbox.concurrency -}}
-{{- $jobs := mul $replicas $concurrency -}}
+{{- $jobs := mul (add $replicas $surge) $concurrency -}}
 {{- $perJob := int64 (include "tempered.sandboxJobCpuMillis" .) -}}
 {{- $rc := .Values.sandbox.runtimeClass -}}
 {{- $overhead := "" -}}
@@ -303,7 +321,8 @@ overhead when the chart creates it, requests.cpu (or cpu) and limits.cpu.
 {{- end -}}
 {{- end -}}
 {{- if $over -}}
-{{- fail (printf "sandbox.resourceQuota.hard is too small for the sandbox workers at their largest: %d replicas (%s) x sandbox.concurrency %d = %d sandbox Jobs at once, %g CPU each%s; over the quota: %s. Raise the quota, or lower the sandbox workers' (max) replicas or sandbox.concurrency." $replicas $source $concurrency $jobs (divf $perJob 1000) (ternary " with the RuntimeClass overhead" "" (ne $overhead "")) (join ", " $over)) -}}
+{{- $surged := ternary (printf " + %d surge (strategy.rollingUpdate.maxSurge %s)" $surge $maxSurge) "" (gt $surge 0) -}}
+{{- fail (printf "sandbox.resourceQuota.hard is too small for the sandbox workers at their largest: %d replicas (%s)%s x sandbox.concurrency %d = %d sandbox Jobs at once, %g CPU each%s; over the quota: %s. Raise the quota, or lower the sandbox workers' (max) replicas, their rolling update's maxSurge or sandbox.concurrency." $replicas $source $surged $concurrency $jobs (divf $perJob 1000) (ternary " with the RuntimeClass overhead" "" (ne $overhead "")) (join ", " $over)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import kubernetes_validate
@@ -22,10 +23,12 @@ from contracts.task import SandboxLimits
 from infra.sandbox import kubernetes_job
 from infra.sandbox.base import SandboxBackend, SandboxInfraError
 from infra.sandbox.kubernetes import API_ATTEMPTS, build_job_manifest, sandbox_rlimits
+from infra.sandbox.kubernetes_instance import PROCESS_LABEL, ProcessId
 from infra.sandbox.verifier import checker_job
 from tests.infra.sandbox.recorded_k8s.stub_server import NAMESPACE, StubKubeApi
 
 CHECK = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+LIMITS = SandboxLimits(timeout_s=20)
 
 
 @pytest.fixture
@@ -117,7 +120,7 @@ async def test_run_passes_through_create_poll_log_delete(stub: StubKubeApi) -> N
     assert (result.tests_passed, result.tests_total) == (1, 1)
     assert result.stdout == "adding\n" and result.backend == "kubernetes"
     assert result.enforcement == "kubernetes"
-    methods = [m for m, _ in stub.requests]
+    methods = [m for m, path in stub.requests if not path.endswith("/pods")]  # but the watch's
     assert methods[0:2] == ["GET", "POST"]  # reap this worker's leftovers, then create
     assert methods[-2:] == ["GET", "DELETE"]  # read the log, then delete the Job
     assert stub.jobs == {} and stub.deleted[-1][1]["propagationPolicy"] == "Background"
@@ -151,7 +154,8 @@ async def test_api_errors_are_infra_errors(stub: StubKubeApi, code: int) -> None
     stub.fail_create = code
     with pytest.raises(SandboxInfraError, match=f"create job: HTTP {code}"):
         await stub.backend(retry_wait_s=0.01).run("print(1)")
-    assert stub.requests[-1][0] == "DELETE"  # cleanup is attempted (404: nothing was created)
+    calls = [method for method, path in stub.requests if not path.endswith("/pods")]
+    assert calls[-1] == "DELETE"  # cleanup is attempted (404: nothing was created)
     tries = sum(1 for method, _ in stub.requests if method == "POST")
     assert tries == (API_ATTEMPTS if code >= 500 else 1)  # a 5xx may pass; a 403/409 will not
 
@@ -186,14 +190,59 @@ async def test_pod_that_never_finishes_is_an_infra_error(stub: StubKubeApi) -> N
     assert stub.jobs == {}
 
 
-@pytest.mark.parametrize("reason", ["OOMKilled", "Error"])
 @pytest.mark.asyncio
-async def test_a_pod_without_the_launchers_result_is_an_infra_error(
-    stub: StubKubeApi, reason: str
-) -> None:
-    stub.terminated_reason = reason  # the launcher (PID 1) itself died: nothing judged the run
-    with pytest.raises(SandboxInfraError, match=f"without a result \\({reason}\\)"):
+async def test_a_pod_without_the_launchers_result_is_an_infra_error(stub: StubKubeApi) -> None:
+    stub.terminated_reason = "Error"  # the launcher (PID 1) itself died: nothing judged the run
+    with pytest.raises(SandboxInfraError, match="without a result \\(Error\\)"):
         await stub.backend().run("x = bytearray(10**10)")
+
+
+@pytest.mark.asyncio
+async def test_a_pod_the_oom_killer_ended_exceeded_its_memory(stub: StubKubeApi) -> None:
+    """Under gVisor no OOM killer runs inside the sandbox: a program past the pod's limit makes
+    the host's kill the whole sandbox, launcher included, and the pod ends OOMKilled with no
+    result line. That was an infra error, retried for ever (and counted by the circuit
+    breaker); it is the program's memory, so it is scored as such."""
+    stub.terminated_reason = "OOMKilled"
+    result = await stub.backend().run("x = bytearray(10**10)", CHECK, LIMITS, "add")
+    assert result.status is ExecStatus.MEMORY_EXCEEDED, result
+    assert (result.tests_passed, result.tests_total) == (0, 1)
+    assert stub.jobs == {}
+
+
+def _mebibytes(quantity: str) -> int:
+    assert quantity.endswith("Mi"), quantity
+    return int(quantity[:-2])
+
+
+@pytest.mark.parametrize("runtime_class", [None, "gvisor"])
+@pytest.mark.parametrize(
+    "limits",
+    [
+        SandboxLimits(),
+        SandboxLimits(memory_mb=16, tmpfs_mb=1),
+        SandboxLimits(memory_mb=65536, tmpfs_mb=4096),
+    ],
+)
+def test_the_candidates_address_space_fits_in_its_pod(
+    limits: SandboxLimits, runtime_class: str | None
+) -> None:
+    """The candidate's RLIMIT_AS was 2 x memory + 256 MiB in a pod limited to memory + tmpfs +
+    96 MiB: under gVisor (no OOM killer inside the sandbox) one process could outgrow the pod,
+    and the host's OOM killer took the whole sandbox. Its address space, the tmpfs, the
+    launcher's share and gVisor's own kernel (under a RuntimeClass) now fit the pod's limit."""
+    from infra.sandbox.gvisor import SENTRY_MEMORY_MB
+
+    job = checker_job("print(1)", "", "", [], None, limits, sandbox_rlimits(limits))
+    manifest = build_job_manifest(
+        "tempered-sbx-1", NAMESPACE, "python:3.11-slim", job, limits, "n", "w", runtime_class
+    )
+    resources = manifest["spec"]["template"]["spec"]["containers"][0]["resources"]
+    pod_mb = _mebibytes(resources["limits"]["memory"])
+    space_mb = sandbox_rlimits(limits)["RLIMIT_AS"][1] // 2**20
+    overhead = kubernetes_job.LAUNCHER_OVERHEAD_MB + (SENTRY_MEMORY_MB if runtime_class else 0)
+    assert limits.memory_mb < space_mb  # the program still has its memory, and an interpreter
+    assert space_mb + limits.tmpfs_mb + overhead <= pod_mb, (space_mb, pod_mb)
 
 
 @pytest.mark.asyncio
@@ -229,16 +278,23 @@ def add(a, b):
     assert result.status is ExecStatus.FAILED and result.tests_passed == 0, result
     lines = result.stdout.splitlines()
     assert lines[0] == "uid 10002 seccomp True caps True" and "READ" not in result.stdout, lines
-    assert lines[-1] == "environ ['HOME', 'LANG', 'PATH', 'TMPDIR']", lines
+    assert lines[-1] == "environ ['HOME', 'LANG', 'MALLOC_ARENA_MAX', 'PATH', 'TMPDIR']", lines
 
 
 @pytest.mark.asyncio
 async def test_first_run_reaps_only_this_workers_leftovers(stub: StubKubeApi) -> None:
-    stub.add_job("tempered-sbx-old", "sandbox-7f9c")
-    stub.add_job("tempered-sbx-other", "sandbox-other")
+    """Its own worker id's Jobs of a process of this container that is gone (the restarted
+    worker's previous process); not those of another worker, nor of a process it cannot tell
+    (no label)."""
+    here = ProcessId.here()
+    assert here is not None
+    gone = replace(here, ticks=here.ticks + 1)  # this pid, started at another time: not it
+    stub.add_job("tempered-sbx-old", "sandbox-7f9c", {PROCESS_LABEL: gone.label()})
+    stub.add_job("tempered-sbx-unknown", "sandbox-7f9c")
+    stub.add_job("tempered-sbx-other", "sandbox-other", {PROCESS_LABEL: gone.label()})
     backend = stub.backend()
     await backend.run("print(1)", limits=SandboxLimits(timeout_s=20))
-    assert list(stub.jobs) == ["tempered-sbx-other"]
+    assert list(stub.jobs) == ["tempered-sbx-unknown", "tempered-sbx-other"]
     await backend.run("print(2)", limits=SandboxLimits(timeout_s=20))
     assert (
         sum(1 for m, p in stub.requests if m == "GET" and p.endswith("/jobs")) == 1
@@ -246,7 +302,9 @@ async def test_first_run_reaps_only_this_workers_leftovers(stub: StubKubeApi) ->
 
 
 @pytest.mark.asyncio
-async def test_concurrent_runs_share_one_pod_poller(stub: StubKubeApi) -> None:
+async def test_concurrent_runs_share_one_pod_watch(stub: StubKubeApi) -> None:
+    """One list, then one watch of this instance's pods, for every run in flight (a list of all
+    the worker's pods every 0.25 s was 1.4 MB a list at 16 pods)."""
     backend = stub.backend()
     programs = [f"print({i} * {i})" for i in range(4)]
     results = await asyncio.gather(
@@ -254,7 +312,29 @@ async def test_concurrent_runs_share_one_pod_poller(stub: StubKubeApi) -> None:
     )
     assert [r.stdout for r in results] == [f"{i * i}\n" for i in range(4)]
     assert all(r.status is ExecStatus.PASSED for r in results)
-    assert set(stub.pod_selectors) == {"tempered.dev/worker=sandbox-7f9c"}  # one list for all runs
+    selector = f"tempered.dev/worker=sandbox-7f9c,tempered.dev/instance={backend.instance}"
+    assert stub.pod_selectors == stub.watch_selectors == [selector]
+    await backend.close()
+
+
+@pytest.mark.asyncio
+async def test_an_expired_watch_starts_over_with_a_list(stub: StubKubeApi) -> None:
+    """A watch resumed from a resourceVersion the server no longer holds gets 410 Gone: the
+    watcher lists the pods again and watches from there; no run in flight is lost."""
+    stub.hang = True
+    backend = stub.backend(watch_retry_s=0.01)
+    run = asyncio.create_task(backend.run("print(1)", limits=SandboxLimits(timeout_s=20)))
+    while not stub.watch_selectors:
+        await asyncio.sleep(0.02)
+    stub.expire_watches()  # what the open watch has delivered is now too old to resume from
+    backend._pods._shutdown()  # its connection drops: it resumes from where it was
+    while len(stub.pod_selectors) < 2:
+        await asyncio.sleep(0.02)
+    (name,) = stub.jobs
+    await asyncio.to_thread(stub._kubelet, name)  # the pod runs now, seen by the new watch
+    result = await asyncio.wait_for(run, 20)
+    assert result.status is ExecStatus.PASSED and result.stdout == "1\n"
+    assert len(stub.pod_selectors) == 2 and len(stub.watch_selectors) >= 2
     await backend.close()
 
 
