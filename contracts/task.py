@@ -247,7 +247,7 @@ class SandboxLimits(InputContract):
         ge=256,
         le=16 * 2**20,
         description="Stdout/err cap (a Kubernetes pod keeps at most 1 MiB of each: "
-        "infra/sandbox/pod_launcher.py's POD_OUTPUT_BYTES).",
+        "infra/sandbox/kubernetes_job.py's POD_OUTPUT_BYTES).",
     )
 
 
