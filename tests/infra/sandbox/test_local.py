@@ -16,7 +16,7 @@ import pytest_asyncio
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox import SandboxInfraError, get_backend, verifier
-from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT, Cgroups
+from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT, Cgroups, sweep_dead_workers
 from infra.sandbox.local import LocalBackend, worker_uids
 from infra.settings import Settings
 
@@ -185,6 +185,7 @@ async def test_a_fresh_boot_without_tempered_cgroups_still_runs() -> None:
     backend must make it (found on a fresh machine: every run was an infra error)."""
     if not Cgroups.available():
         pytest.skip("needs writable cgroups v1")
+    sweep_dead_workers()  # groups the suite's ended processes left (a fresh boot has none)
     for ctl in CGROUP_CONTROLLERS:
         folder = CGROUP_ROOT / ctl / "tempered"
         if folder.is_dir():
