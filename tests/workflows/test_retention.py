@@ -5,6 +5,7 @@ test server with the scripted control plane (tests/workflows/control_plane.py). 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -13,7 +14,12 @@ from temporalio import activity, workflow
 from temporalio.exceptions import ApplicationError
 
 from contracts.names import Activity, Queue
-from contracts.run import PrunePoliciesRequest, PrunePoliciesResponse
+from contracts.run import (
+    PrunePoliciesRequest,
+    PrunePoliciesResponse,
+    TrainingRunInput,
+    TrainingRunResult,
+)
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import time_skipping_server
 from tests.workflows.control_plane import (
@@ -105,6 +111,27 @@ async def test_old_versions_go_as_the_run_trains_and_none_still_read(
     assert old_reads, "no rollout read a version that was later deleted: the test shows nothing"
 
 
+async def run_with_prunes(
+    store: ObjectStore,
+    run: TrainingRunInput,
+    prune_policies: Callable[[PrunePoliciesRequest], Awaitable[PrunePoliciesResponse]],
+    workflow_id: str,
+) -> TrainingRunResult:
+    """`run` to its end on the time-skipping server, its prunes served by `prune_policies`."""
+    async with (
+        time_skipping_server() as env,
+        control_plane(
+            env.client,
+            store,
+            ScriptedSuite(train=30),
+            ScriptedTrainer(),
+            rewards=[prune_policies],
+        ),
+    ):
+        result, _ = await run_to_end(env.client, run, workflow_id)
+    return result
+
+
 class RefusingVersions(ScriptedVersions):
     """A store that refuses every delete, as an infrastructure error (retryable)."""
 
@@ -120,16 +147,6 @@ async def test_a_store_that_refuses_deletes_costs_the_run_nothing(store: ObjectS
     it held the run's continue-as-new and its ending for good."""
     run = RUN.model_copy(update={"run_id": "refused", "steps": 6, "keep_versions": 1})
     versions = RefusingVersions()
-    async with (
-        time_skipping_server() as env,
-        control_plane(
-            env.client,
-            store,
-            ScriptedSuite(train=30),
-            ScriptedTrainer(),
-            rewards=[versions.prune_policies],
-        ),
-    ):
-        result, _ = await run_to_end(env.client, run, "train-refused")
+    result = await run_with_prunes(store, run, versions.prune_policies, "train-refused")
     assert result.steps == run.steps
     assert versions.bounds and len(versions.bounds) % PRUNE_ATTEMPTS == 0, versions.bounds

@@ -12,9 +12,7 @@ from temporalio import activity
 from contracts.names import Activity
 from contracts.run import PrunePoliciesRequest, PrunePoliciesResponse
 from infra.storage import ObjectStore
-from tests.fixtures.temporal import time_skipping_server
-from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane, run_to_end
-from tests.workflows.test_retention import ScriptedVersions
+from tests.workflows.test_retention import ScriptedVersions, run_with_prunes
 from tests.workflows.test_training_run import RUN
 from workflows.retention import PRUNE_ATTEMPTS
 
@@ -38,17 +36,7 @@ class TellingVersions(ScriptedVersions):
 async def test_each_prune_starts_from_the_bound_the_last_one_reached(store: ObjectStore) -> None:
     run = RUN.model_copy(update={"run_id": "since", "steps": 8, "keep_versions": 1})
     versions = TellingVersions()
-    async with (
-        time_skipping_server() as env,
-        control_plane(
-            env.client,
-            store,
-            ScriptedSuite(train=30),
-            ScriptedTrainer(),
-            rewards=[versions.prune_policies],
-        ),
-    ):
-        result, _ = await run_to_end(env.client, run, "train-since")
+    result = await run_with_prunes(store, run, versions.prune_policies, "train-since")
     assert result.steps == run.steps
     calls = list(dict.fromkeys(versions.calls))  # a failed prune's retries, once
     assert len(calls) >= 4 and calls[0][0] == 1, calls
