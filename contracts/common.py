@@ -1,9 +1,11 @@
 """Small value types used across contracts: identifiers, object-store references, and the bases
 of every contract (`Contract`) and of those a user writes (`InputContract`)."""
 
+from collections.abc import Callable
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic_core import ErrorDetails
 
 MAX_ID = 128
 """The longest `Identifier`."""
@@ -26,10 +28,14 @@ def is_identifier(value: str) -> bool:
     return True
 
 
-def describe_validation_error(error: ValidationError) -> str:
-    """One line naming every field at fault: `task.entry_point: String should match …; …`."""
+def describe_validation_error(
+    error: ValidationError, note: Callable[[ErrorDetails], str] | None = None
+) -> str:
+    """One line naming every field at fault: `task.entry_point: String should match …; …`,
+    each followed by what `note` adds about it (a key meant, where a value came from)."""
     return "; ".join(
         f"{'.'.join(str(part) for part in e['loc']) or '<input>'}: {e['msg']}"
+        + (note(e) if note is not None else "")
         for e in error.errors()
     )
 

@@ -37,7 +37,10 @@ from typing import Annotated, Any, get_args
 
 from pydantic import AfterValidator, BaseModel, FilePath, ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, TomlConfigSettingsSource
+
+from contracts.common import describe_validation_error
 
 LOCAL_CONFIG = "tempered.toml"
 """Read from the working directory when no config file is named."""
@@ -211,19 +214,20 @@ def describe_invalid(
     model: type[BaseModel],
     origin: Callable[[tuple[str, ...]], str | None] | None = None,
 ) -> str:
-    """One line naming every field at fault, as `contracts.common.describe_validation_error`
-    does, with the field a key that names none most likely means (`closest_field`) and, given
-    `origin`, where each value came from."""
-    told = []
-    for fault in error.errors():
+    """`contracts.common.describe_validation_error`'s line, each field followed by the field a
+    key that names none most likely means (`closest_field`) and, given `origin`, where its
+    value came from."""
+
+    def note(fault: ErrorDetails) -> str:
         loc = tuple(str(part) for part in fault["loc"])
-        text = f"{'.'.join(loc) or '<input>'}: {fault['msg']}"
+        text = ""
         if fault["type"] == "extra_forbidden" and (like := closest_field(model, loc)):
             text += f" (did you mean {'.'.join(like)}?)"
         if origin is not None and (where := origin(loc)):
             text += f" ({where})"
-        told.append(text)
-    return "; ".join(told)
+        return text
+
+    return describe_validation_error(error, note)
 
 
 _ABSENT = object()
