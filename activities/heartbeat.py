@@ -3,7 +3,6 @@
     result = await heartbeating(self._generate(req))
     result = await heartbeating(asyncio.to_thread(work), details=progress.copy)
     outcomes = await heartbeating_each(req.items, self._one)
-    results = await all_or_cancel(submit(row) for row in rows)    # inside heartbeating
 
 An activity that stops heartbeating for its `heartbeat_timeout` is retried elsewhere, so every
 activity that can take longer than that (model loads, batched generation, sandbox runs, learner
@@ -15,7 +14,8 @@ is done; a thread cannot be cancelled, so work in one runs on unless it is asked
 learner's step is: activities/learner.py).
 `heartbeating_each` is the shape of a batch activity (one request, N items run concurrently):
 the first item that fails cancels its siblings and its own error is what the activity raises
-(`all_or_cancel`, which an activity whose items are one step of its work awaits inside).
+(`infra.aio.all_or_cancel`, which an activity whose items are one step of its work awaits
+inside `heartbeating`).
 Bounding concurrency is the caller's, around as much of an item's work as it needs.
 """
 
@@ -26,6 +26,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from temporalio import activity
+
+from infra.aio import all_or_cancel
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -81,16 +83,3 @@ async def heartbeating_each(
     retried, and a retry must not race this attempt's leftovers) and its error is raised as it
     is (`all_or_cancel`)."""
     return await heartbeating(all_or_cancel(work(item) for item in items), details=details)
-
-
-async def all_or_cancel(works: Iterable[Coroutine[Any, Any, R]]) -> list[R]:
-    """Every one of `works`, run concurrently; their results in order. The first that fails
-    cancels the others (the whole attempt is retried, and a retry must not race this attempt's
-    leftovers: rows decoding for nobody) and its error is raised as it is, not in an
-    ExceptionGroup: Temporal must see the item's own typed error."""
-    try:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(work) for work in works]
-    except ExceptionGroup as failed:
-        raise failed.exceptions[0] from None
-    return [task.result() for task in tasks]

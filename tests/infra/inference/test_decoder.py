@@ -1,8 +1,8 @@
-"""The decoder's requests (`infra.inference.decoder.Decoder`, the local backend's continuous
-batching thread) on the `tiny` preset: at most `max_rows` decode, a cancelled one leaves at the
-next step, another version's waits for the running batch to drain, one with nothing to sample is
-answered at once, and closing fails the rest. How rows decode is test_local.py's and
-test_kvcache.py's.
+"""The decoder's requests (`infra.inference.decoder_thread.Decoder`, the local backend's
+continuous batching thread) on the `tiny` preset: at most `max_rows` decode, a cancelled one
+leaves at the next step, another version's waits for the running batch to drain, one with
+nothing to sample is answered at once, and closing fails the rest. How rows decode is
+test_local.py's and test_kvcache.py's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from contracts.task import SamplingParams
-from infra.inference import decoder
+from infra.inference import decoder, decoder_thread
 from infra.inference.base import InferenceError
 from infra.inference.local import LoadedPolicy, _choose
 from tests.infra.inference.test_local import prompts
@@ -21,7 +21,7 @@ from tests.infra.inference.test_local import prompts
 
 def running_decoder(
     policy: LoadedPolicy, max_rows: int
-) -> tuple[decoder.Decoder, list[decoder.RowBatch]]:
+) -> tuple[decoder_thread.Decoder, list[decoder.RowBatch]]:
     """A decoder of `policy`, and the batches it made."""
     batches: list[decoder.RowBatch] = []
 
@@ -29,7 +29,7 @@ def running_decoder(
         batches.append(decoder.RowBatch(policy, _choose))
         return batches[-1]
 
-    return decoder.Decoder(max_rows, start), batches
+    return decoder_thread.Decoder(max_rows, start), batches
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float = 30) -> None:

@@ -1,7 +1,7 @@
-"""The decoder's queue (`infra.inference.decoder.Decoder._take`) on the `tiny` preset: a request
-its caller gave up on while it waited neither heads the queue (the running version would drain
-for it) nor starts its version (a model loaded for nobody). The rest of the decoder's request
-contract is test_decoder.py's.
+"""The decoder's queue (`infra.inference.decoder_thread.Decoder._take`) on the `tiny` preset: a
+request its caller gave up on while it waited neither heads the queue (the running version would
+drain for it) nor starts its version (a model loaded for nobody). The rest of the decoder's
+request contract is test_decoder.py's.
 """
 
 from __future__ import annotations

