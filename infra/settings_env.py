@@ -18,8 +18,9 @@ variable, or the settings file (`origins`); an argument's caller knows it gave i
 
 A path is absolute once loaded, by one rule (`absolute`): `~` expanded, a relative one joined
 to the settings file's directory where the file gave it (`toml_sources`), else to the working
-directory. This module takes the model as an argument: it imports nothing of infra.settings,
-which imports it.
+directory. A file's relative `home` that this rule moved away from its runs is refused
+(infra/settings_home.py). This module takes the model as an argument: it imports nothing of
+infra.settings, which imports it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import json
 import os
 import re
 import tomllib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Annotated, Any, get_args
@@ -41,12 +42,15 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, TomlConfigSettingsSource
 
 from contracts.common import describe_validation_error
+from infra.settings_home import check_moved_home
 
 LOCAL_CONFIG = "tempered.toml"
 """Read from the working directory when no config file is named."""
 IMPLICITLY = f"read implicitly, as the working directory's {LOCAL_CONFIG}"
 """Said of a settings file nobody named, in its errors (whoever ran the command may not know
 one was there)."""
+HOME = "home"
+"""The state directory's field, whose relative value in a file moved (infra/settings_home.py)."""
 PREFIX = "TEMPERED_"
 NOT_SETTINGS = frozenset(
     {
@@ -92,15 +96,20 @@ AbsoluteFile = Annotated[FilePath, AfterValidator(absolute)]
 
 
 class _TomlFile(TomlConfigSettingsSource):
-    """A settings file whose relative paths are relative to its own directory."""
+    """A settings file whose relative paths are relative to its own directory; its `home`, when
+    no higher source gives one, is checked against the working directory's reading of it, the
+    one of the release before (`check_moved_home`)."""
 
-    def __init__(self, settings_cls: type[BaseSettings], path: Path) -> None:
-        self.model = settings_cls  # before the base class reads the file
+    def __init__(self, settings_cls: type[BaseSettings], path: Path, check_home: bool) -> None:
+        self.model, self.check_home = settings_cls, check_home  # before super() reads the file
         super().__init__(settings_cls, path)
 
     def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
         data = super()._read_file(file_path)
-        _anchor(self.model, data, Path(str(file_path)).absolute().parent)
+        path = Path(str(file_path))
+        if self.check_home and isinstance(home := data.get(HOME), str):
+            check_moved_home(home, path)
+        _anchor(self.model, data, path.absolute().parent)
         return data
 
 
@@ -117,10 +126,11 @@ def _anchor(model: type[BaseModel], data: dict[str, Any], base: Path) -> None:
 
 
 def toml_sources(
-    settings_cls: type[BaseSettings], named: object
+    settings_cls: type[BaseSettings], named: object, given: Collection[str] = ()
 ) -> tuple[TomlConfigSettingsSource, ...]:
     """The source of the settings file (`settings_file`), if there is one; ValueError naming it
-    if it cannot be read."""
+    if it cannot be read, or if its relative `home` moved from where its runs are (unless
+    `given`, the fields a higher source gives, holds `home`: the file's is not used then)."""
     path, implicit = settings_file(named)
     if path is None:
         return ()
@@ -129,7 +139,7 @@ def toml_sources(
         if not path.exists():
             raise ValueError(f"settings file {path} does not exist{note}")
         if path.is_file():
-            return (_TomlFile(settings_cls, path),)
+            return (_TomlFile(settings_cls, path, check_home=HOME not in given),)
         reason = "a directory" if path.is_dir() else "not a regular file"  # the source skips it
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{path}: not valid TOML ({exc}){note}") from None

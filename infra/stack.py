@@ -17,6 +17,7 @@ server: that serves the embedded UI; `tempered codec --origin URL` serves anothe
 refuse a second create-only write (`storage_checks.check_create_only`, exactly-once results depend
 on it): the embedded one is checked when `up` starts it, an external one by each `up` (once per
 endpoint and bucket in a process), unless it cannot be reached from here (workers elsewhere may).
+Where each service is (its endpoint, its pidfile) is infra/stack_services.py's.
 """
 
 from __future__ import annotations
@@ -27,22 +28,28 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from itertools import pairwise
-from urllib.parse import urlparse
 
 from contracts.names import SEARCH_ATTRIBUTE_TYPES
 from infra import codec
 from infra.processes import Service, bundled_binary, port_open, wait_for_port
 from infra.seaweed import SeaweedPorts, seaweed_command, wait_s3_ready
 from infra.settings import Settings
+from infra.stack_services import (
+    LISTEN_WAIT_S,
+    StackError,
+    codec_service,
+    listening,
+    s3_endpoint,
+    seaweed_service,
+    temporal_endpoint,
+    temporal_service,
+    temporal_ui,
+)
 from infra.storage import ObjectStore, StorageError, TransientStorageError
 from infra.storage_checks import check_create_only, wait_ready
 
 START_TIMEOUT_S = 60.0
-LISTEN_WAIT_S = 5.0
-"""How long a service of ours that runs may take to listen (another command may be starting it),
-and an external Temporal to answer."""
 PROBE_TIMEOUT_S = 10.0
 """Read timeout of `up`'s own S3 requests: with the store's (60 s, 3 attempts) a SeaweedFS that
 ran but did not answer kept `up` waiting 4 minutes."""
@@ -51,52 +58,6 @@ NO_CODEC = (
     "`tempered codec --origin URL`)"
 )
 """`up`'s line for the codec server when Temporal is external."""
-
-
-class StackError(RuntimeError):
-    """The stack could not start; the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def temporal_endpoint(settings: Settings) -> Endpoint:
-    host, _, port = settings.temporal.address.rpartition(":")
-    return Endpoint(host or "127.0.0.1", int(port))
-
-
-def s3_endpoint(settings: Settings) -> Endpoint | None:
-    """The embedded S3's endpoint, or None when settings point at an external S3."""
-    url = urlparse(settings.s3.endpoint or "")
-    if url.hostname not in {"127.0.0.1", "localhost"} or url.port is None:
-        return None
-    return Endpoint("127.0.0.1", url.port)
-
-
-def temporal_ui(settings: Settings) -> str | None:
-    """The embedded dev server's Web UI, or None when Temporal is external (its UI is not ours
-    to know)."""
-    if not settings.temporal.embedded:
-        return None
-    return f"http://{temporal_endpoint(settings).host}:{settings.temporal.ui_port}"
-
-
-def temporal_service(settings: Settings) -> Service:
-    return Service("temporal", settings.home)
-
-
-def seaweed_service(settings: Settings) -> Service:
-    return Service("seaweedfs", settings.home)
-
-
-def codec_service(settings: Settings) -> Service:
-    return Service("codec", settings.home)
 
 
 def single_host_flags() -> list[str]:
@@ -229,7 +190,7 @@ def _start_temporal(settings: Settings) -> str:
     endpoint = temporal_endpoint(settings)
     with service.lock():
         if (pid := service.pid()) is not None:
-            _listening(service, endpoint.host, endpoint.port)  # another address: said so
+            listening(service, endpoint.host, endpoint.port)  # another address: said so
             _started_as_these(service, pid, settings)
             return f"temporal: already running at {endpoint}"
         for port in (endpoint.port, settings.temporal.ui_port, settings.temporal.http_port):
@@ -274,7 +235,7 @@ def _start_seaweed(settings: Settings) -> str:
     service = seaweed_service(settings)
     with service.lock():
         if (pid := service.pid()) is not None:
-            _listening(service, endpoint.host, endpoint.port)
+            listening(service, endpoint.host, endpoint.port)
             # this command's bucket may be another than the first one's (the server was checked
             # when it started: the bucket alone is made here), asked once: it may run, hung
             try:
@@ -321,7 +282,7 @@ def _start_codec(settings: Settings) -> str:
         if service.pid() is not None:
             # its settings are in its environment, which the pidfile does not record: its port
             # is what can be checked (the dev server's flags name the codec's port too)
-            _listening(service, "127.0.0.1", settings.temporal.codec_port)
+            listening(service, "127.0.0.1", settings.temporal.codec_port)
             return f"codec: already running at {url}"
         if port_open("127.0.0.1", settings.temporal.codec_port):
             return (
@@ -387,18 +348,6 @@ def _ensure_bucket(settings: Settings, service: Service) -> None:
     # after a restart, reads fail until volumes re-register
     wait_ready(store, START_TIMEOUT_S, running=lambda: service.pid() is not None)
     check_create_only(store)
-
-
-def _listening(service: Service, host: str, port: int) -> None:
-    """A service of ours runs: it must be where these settings look for it (one started with
-    other ports every later call would fail to reach). A start in flight gets a few seconds."""
-    try:
-        wait_for_port(host, port, LISTEN_WAIT_S, service)
-    except (RuntimeError, TimeoutError):
-        raise StackError(
-            f"{service.name} runs, but not at {host}:{port}: it was started with other "
-            "settings; `tempered down`, then `tempered up` with these"
-        ) from None
 
 
 def _started_as_these(service: Service, pid: int, settings: Settings) -> None:

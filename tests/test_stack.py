@@ -9,6 +9,7 @@ import socket
 import pytest
 
 from infra import stack as infra_stack
+from infra import stack_services
 from infra.processes import free_port
 from infra.storage import ObjectStore
 from tests.fixtures.stack import Stack
@@ -60,7 +61,7 @@ def test_a_running_stack_is_checked_against_this_commands_settings(
 ) -> None:
     """`tempered up` said "already running" of a stack started with other ports (every later
     call then failed to reach it), and left another bucket uncreated ("run `tempered up`")."""
-    monkeypatch.setattr(infra_stack, "LISTEN_WAIT_S", 0.3)  # no start of another is in flight
+    monkeypatch.setattr(stack_services, "LISTEN_WAIT_S", 0.3)  # no start of another in flight
     infra_stack.up(stack.settings)
     temporal = stack.settings.temporal.model_copy(update={"address": f"127.0.0.1:{free_port()}"})
     with pytest.raises(infra_stack.StackError, match="temporal runs, but not at 127.0.0.1:"):

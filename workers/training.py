@@ -9,7 +9,9 @@ bench/vs_trl.py share (none of them reaches into another's module for it).
     found = await attach(client, run_id)               # a run to follow again, or to report
     said = await stop_run(client, run_id, reason="enough", cancel=False)   # `tempered stop`
 
-Progress is the workflow's `progress` query, read as the typed `contracts.run.RunProgress`.
+Progress is the workflow's `progress` query, read as the typed `contracts.run.RunProgress`. A
+run looked up by id (`attach`, `running_handle`, `stop_run`) that is not there is a ValueError
+saying so, or naming the namespace where the server has no such namespace.
 Starting the stack and the workers is not done here (see `workers.background`, `infra.stack`).
 """
 
@@ -22,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, Field
+from temporalio.api.errordetails.v1 import NamespaceNotFoundFailure
 from temporalio.client import (
     Client,
     WorkflowExecution,
@@ -114,14 +117,35 @@ async def running_runs(client: Client) -> list[RunningRun]:
 
 async def _describe(client: Client, run_id: str) -> tuple[RunHandle, WorkflowExecutionDescription]:
     """The handle of training run `run_id` (its current segment) and what Temporal says of it;
-    a ValueError naming the run when there is none."""
+    a ValueError naming the run when there is none, or naming the namespace when the server has
+    no such namespace (both are NOT_FOUND: told apart by the error's details)."""
     handle: RunHandle = client.get_workflow_handle_for(TrainingRunWorkflow.run, workflow_id(run_id))
     try:
         return handle, await handle.describe()
     except RPCError as err:
-        if err.status is RPCStatusCode.NOT_FOUND:
-            raise ValueError(f"no training run {run_id!r} (workflow {handle.id})") from None
-        raise
+        if err.status is not RPCStatusCode.NOT_FOUND:
+            raise
+        if _no_namespace(err):
+            raise ValueError(_namespace_missing(client)) from None
+        raise ValueError(f"no training run {run_id!r} (workflow {handle.id})") from None
+
+
+def _no_namespace(err: RPCError) -> bool:
+    """Whether a NOT_FOUND `err` is the namespace's (the server's NamespaceNotFoundFailure), not
+    the workflow's."""
+    details = err.grpc_status.details
+    return any(detail.Is(NamespaceNotFoundFailure.DESCRIPTOR) for detail in details)
+
+
+def _namespace_missing(client: Client) -> str:
+    """Why no run can be looked up where `client` looks: its server lacks its namespace (a
+    misspelt setting, or a fresh server that never made it)."""
+    address = client.service_client.config.target_host
+    return (
+        f"Temporal at {address} has no namespace {client.namespace!r} (the `temporal.namespace`"
+        " setting, TEMPERED_TEMPORAL__NAMESPACE), so it holds none of the runs; set it to one"
+        f" the server has (`temporal operator namespace list --address {address}` lists them)"
+    )
 
 
 def state_name(status: WorkflowExecutionStatus | None) -> str:

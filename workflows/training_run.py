@@ -1,17 +1,17 @@
 """`TrainingRunWorkflow`: one training run, end to end (what `tempered train` starts).
 
 Loads the task suite (quarantined tasks skipped), publishes policy version 0, starts the
-`LearnerWorkflow` as a child, and keeps `concurrency` `AgentTaskWorkflow` children in flight (fewer
-where they, the held-out tasks' and the learner would pass Temporal's limit of pending children:
-workflows/children.py) until `steps × groups_per_step` groups have been rolled out (or the time
-budget is spent, or a `stop` signal came: then the tasks in flight, the learner's last step and the
-final evaluation still run, and the result's `stopped` says why: the signal's reason or
-`TIME_BUDGET_SPENT`). Each finished group is signalled to the learner; rollouts go on while it
-trains (asynchronous RL) but never run more than `grpo.max_staleness` steps ahead of it: the group
-for step b waits for version b − max_staleness and is pinned to the newest version known when it
-starts (`max_staleness = 0` is synchronous, on-policy GRPO), and is sent in time to be trained at
-step b, after a slow one of an earlier step if need be (workflows/step_slots.py: the learner trains
-groups in the order they come). A flat group (no GRPO signal) is not sent with
+`LearnerWorkflow` as a child (workflows/run_begin.py), and keeps `concurrency` `AgentTaskWorkflow`
+children in flight (fewer where they, the held-out tasks' and the learner would pass Temporal's
+limit of pending children: workflows/children.py) until `steps × groups_per_step` groups have been
+rolled out (or the time budget is spent, or a `stop` signal came: then the tasks in flight, the
+learner's last step and the final evaluation still run, and the result's `stopped` says why: the
+signal's reason or `TIME_BUDGET_SPENT`). Each finished group is signalled to the learner; rollouts
+go on while it trains (asynchronous RL) but never run more than `grpo.max_staleness` steps ahead of
+it: the group for step b waits for version b − max_staleness and is pinned to the newest version
+known when it starts (`max_staleness = 0` is synchronous, on-policy GRPO), and is sent in time to be
+trained at step b, after a slow one of an earlier step if need be (workflows/step_slots.py: the
+learner trains groups in the order they come). A flat group (no GRPO signal) is not sent with
 `grpo.redraw_flat_groups` N: another task takes its slot, N times a run at most, spread over its
 steps (DAPO's dynamic sampling; `redraws_allowed`). Held-out pass@1 (turn 1) and the solve rate
 within `eval_turns` turns are measured before training, every `eval_every` steps and after the last
@@ -37,31 +37,12 @@ from typing import NoReturn
 
 from temporalio import workflow
 from temporalio.exceptions import FailureError
-from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from contracts.errors import ErrorType, fail
-    from contracts.learner import (
-        LearnerDone,
-        LearnerInput,
-        LearnerProgress,
-        PolicyVersion,
-        TrajectoryGroup,
-        has_signal,
-    )
-    from contracts.names import (
-        Activity,
-        Queue,
-        SearchAttr,
-        Signal,
-        learner_workflow_id,
-        task_workflow_id,
-    )
+    from contracts.learner import LearnerDone, LearnerProgress, TrajectoryGroup, has_signal
+    from contracts.names import Signal, learner_workflow_id, task_workflow_id
     from contracts.run import (
-        HeldoutSet,
-        LoadTasksRequest,
         LoadTasksResponse,
-        PrepareRunRequest,
         RunProgress,
         RunResume,
         TrainingRunInput,
@@ -72,17 +53,15 @@ with workflow.unsafe.imports_passed_through():
         spread,
     )
     from contracts.task import TaskSpec
-    from workflows.activity_options import activity_options
     from workflows.agent_task import run_agent_task
     from workflows.budget import TASK_TIMEOUT
     from workflows.children import PendingChildren
     from workflows.evaluations import Evaluations
-    from workflows.learner import LearnerWorkflow
     from workflows.learner_link import LearnerLink
     from workflows.retention import Retention
+    from workflows.run_begin import begin
     from workflows.run_failure import RunFailure
     from workflows.run_look_ahead import RunLookAhead
-    from workflows.search import search_attribute_updates
     from workflows.step_slots import StepSlots
 
 SPREAD_REDRAWS_PATCH = "tempered-run-spread-redraws"
@@ -137,7 +116,9 @@ class TrainingRunWorkflow:
         resume = run_input.resume
         learner = None
         if resume is None:
-            tasks, learner = await self._begin(run_input)
+            tasks, learner = await begin(
+                run_input, self._evaluations, self._children, self._learner.workflow_id
+            )
             budget_s = run_input.time_budget_s
             deadline = workflow.now() + timedelta(seconds=budget_s) if budget_s else None
         else:
@@ -167,54 +148,6 @@ class TrainingRunWorkflow:
             evals=sorted(evaluations.results, key=lambda e: e.policy_version),
             stopped=self._why_stopped,
         )
-
-    async def _begin(
-        self, run_input: TrainingRunInput
-    ) -> tuple[LoadTasksResponse, ChildWorkflowHandle[LearnerWorkflow, LearnerInput]]:
-        """The first run's start: the suite, version 0 and its eval, the learner."""
-        workflow.upsert_search_attributes(
-            search_attribute_updates({SearchAttr.RUN_ID: run_input.run_id})
-        )
-        tasks = await workflow.execute_activity(
-            Activity.LOAD_TASKS.value,
-            LoadTasksRequest(suite=run_input.suite),
-            result_type=LoadTasksResponse,
-            **activity_options(Activity.LOAD_TASKS, run_input.heartbeat_timeout_s),
-        )
-        if not tasks.train:
-            raise fail(
-                ErrorType.INVALID_TASK, f"suite {run_input.suite!r} has no training tasks left"
-            )
-        self._evaluations.heldout = spread(tasks.heldout, run_input.heldout_limit)
-        base = await workflow.execute_activity(
-            Activity.PREPARE_RUN.value,
-            PrepareRunRequest(
-                run_id=run_input.run_id,
-                base_model=run_input.base_model,
-                run=run_input,
-                heldout=HeldoutSet.of(self._evaluations.heldout),
-            ),
-            result_type=PolicyVersion,
-            **activity_options(Activity.PREPARE_RUN, max(run_input.heartbeat_timeout_s, 120)),
-        )
-        self._evaluations.start(base.version)
-        self._children.started()  # the learner, before version 0's held-out tasks
-        learner = await workflow.start_child_workflow(
-            LearnerWorkflow.run,
-            LearnerInput(
-                run_id=run_input.run_id,
-                config=run_input.grpo,
-                max_steps=run_input.steps,
-                parent_workflow_id=workflow.info().workflow_id,
-                budget=run_input.budget,
-                burst=run_input.concurrency,
-            ),
-            id=self._learner.workflow_id,
-            task_queue=Queue.AGENT_TASKS.value,
-            parent_close_policy=ParentClosePolicy.ABANDON,  # it outlives continue-as-new
-            task_timeout=TASK_TIMEOUT,
-        )
-        return tasks, learner
 
     @workflow.signal(name=Signal.LEARNER_PROGRESS)
     def learner_progress(self, progress: LearnerProgress) -> None:

@@ -85,3 +85,60 @@ def test_an_absolute_path_is_kept_and_the_default_root_is_absolute(clean: Path) 
     config.write_text('home = "/srv/state"\n[sandbox.workspaces]\nroot = "/srv/ws"\n')
     assert _paths(load_settings(config)) == (Path("/srv/state"), Path("/srv/ws"))
     assert load_settings().sandbox.workspaces.root.is_absolute()
+
+
+# A release before read a settings file's relative `home` against the working directory: a
+# command run from there after the upgrade found a new, empty home beside the file, and the
+# user's runs seemed gone. Where only that old reading holds Tempered state, loading refuses,
+# naming both folders and how to pin one.
+
+
+def _moved(clean: Path, state: str = "temporal.db") -> tuple[Path, Path, Path]:
+    """proj/tempered.toml with `home = "state"`, run from cwd/, whose ./state holds `state`."""
+    config = clean / "proj" / "tempered.toml"
+    config.write_text(TOML)
+    old, new = clean / "cwd" / "state", clean / "proj" / "state"
+    (old / state).parent.mkdir(parents=True, exist_ok=True)
+    (old / state).mkdir() if state == "seaweed" else (old / state).write_text("")
+    return config, old, new
+
+
+@pytest.mark.parametrize("state", ["temporal.db", "seaweed", "reports/r1/report.json"])
+def test_a_relative_home_whose_state_is_only_where_the_working_directory_put_it_is_refused(
+    clean: Path, state: str
+) -> None:
+    config, old, new = _moved(clean, state)
+    with pytest.raises(ValueError) as raised:
+        load_settings(config)
+    said = str(raised.value)
+    assert str(config) in said and str(old) in said and str(new) in said
+    assert "absolute path" in said and f'home = "{old}"' in said
+    assert not new.exists()  # nothing made on the way
+
+
+def test_a_moved_home_is_not_refused_once_the_new_one_has_state_or_the_old_one_has_none(
+    clean: Path,
+) -> None:
+    config, old, new = _moved(clean)
+    (old / "temporal.db").unlink()
+    (old / "logs").mkdir()  # not state: no run is kept there
+    assert load_settings(config).home == new
+    (old / "temporal.db").write_text("")
+    (new / "seaweed").mkdir(parents=True)
+    assert load_settings(config).home == new
+
+
+def test_a_moved_home_is_not_refused_when_pinned_or_given_elsewhere(
+    clean: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config, old, new = _moved(clean)
+    assert load_settings(config, home=old).home == old
+    monkeypatch.setenv("TEMPERED_HOME", str(new))
+    assert load_settings(config).home == new
+    monkeypatch.delenv("TEMPERED_HOME")
+    config.write_text(f'home = "{new}"\n')
+    assert load_settings(config).home == new
+    monkeypatch.chdir(clean / "proj")  # the file's folder is the working directory: one reading
+    (new / "temporal.db").parent.mkdir()
+    config.write_text('home = "state"\n')
+    assert load_settings(config).home == new
