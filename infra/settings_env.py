@@ -63,7 +63,7 @@ NOT_SETTINGS = frozenset(
 )
 """`TEMPERED_` variables the code reads that are no settings (exact names: the code reads them
 so)."""
-NOT_SETTINGS_CHUNKED = re.compile(r"TEMPERED_(SOURCES|JOB)_\d+")
+NOT_SETTINGS_CHUNKED = re.compile(r"TEMPERED_JOB_\d+")
 """… and a sandbox Job's payloads, split into numbered chunks (infra/sandbox/kubernetes_job.py)."""
 
 

@@ -6,14 +6,17 @@
 
 The Job manifest comes from `kubernetes_job.build_job_manifest` (pure, validated offline).
 Here are the API calls, made with the official client (synchronous, so each runs in a
-thread): create the Job; wait for its pod to finish — one shared watch of this instance's
-sandbox pods serves all runs in flight (`kubernetes_pods.PodWatcher`, which also fails at once
-a pod that can never start, and a Job whose pod the API server refuses); read the launcher's
-result line from the pod log (its last lines, at most `result_line_bytes`); delete the Job
-(propagation Background). The pod runs the same two-process verifier as the other backends
-(`pod_launcher.py`), and the host judges its report with the same rules (`judge.py`) against
-its own count of test units. A pod that ended OOMKilled without a result line is the program's
-memory exceeded (under gVisor the host's OOM killer ends the whole sandbox, launcher included).
+thread): make sure this build's code ConfigMap is there (what every pod mounts and runs:
+`kubernetes_code.ensure_code`, a get, else a create), before the first run and after a run
+that failed as an infra error (it may have been deleted); create the Job; wait for its pod to
+finish — one shared watch of this instance's sandbox pods serves all runs in flight
+(`kubernetes_pods.PodWatcher`, which also fails at once a pod that can never start, and a Job
+whose pod the API server refuses); read the launcher's result line from the pod log (its last
+lines, at most `result_line_bytes`); delete the Job (propagation Background). The pod runs the
+same two-process verifier as the other backends (`pod_launcher.py`), and the host judges its
+report with the same rules (`judge.py`) against its own count of test units. A pod that
+ended OOMKilled without a result line is the program's memory exceeded (under gVisor the
+host's OOM killer ends the whole sandbox, launcher included).
 
 Each backend is an instance of its own (`INSTANCE_LABEL`, a nonce; `PROCESS_LABEL`, its
 process: `kubernetes_instance`), under its worker's id (`WORKER_LABEL`: TEMPERED_WORKER_ID or
@@ -36,8 +39,8 @@ watcher, and only `kubernetes_pods.FAILURE_LIMIT` failures in a row fail the run
 it. What is still failing then, and every other API or transport failure (refused connection,
 403, 409, a pod that never starts, a pod that ends without the launcher's result line), raises
 `SandboxInfraError`; only the program's behaviour becomes an `ExecutionResult`. A job too large
-for a pod spec raises `JobTooLarge`, and limits the namespace's LimitRange refuses
-`LimitsRefused` (the same every time).
+for a pod spec raises `JobTooLarge` (before any call), and limits the namespace's LimitRange
+refuses `LimitsRefused` (the same every time).
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
 from infra.sandbox.base import DEFAULT_LIMITS, SandboxInfraError
 from infra.sandbox.judge import expected_units, judge, split_tests
-from infra.sandbox.kubernetes_api import API_ATTEMPTS, call
+from infra.sandbox.kubernetes_api import API_ATTEMPTS, call, not_found
+from infra.sandbox.kubernetes_code import SandboxCode, build_code, ensure_code
 from infra.sandbox.kubernetes_instance import (
     PROCESS_LABEL,
     ProcessId,
@@ -75,7 +79,6 @@ from infra.sandbox.kubernetes_job import (
     build_job_manifest,
     jobs_by_worker,
     label_value,
-    not_found,
     observed_from_record,
     observed_oom_killed,
     parse_pod_log,
@@ -133,9 +136,12 @@ class KubernetesBackend:
         reap_every_s: float = REAP_EVERY_S,
         pull_grace_s: float = PULL_GRACE_S,
         no_pod_grace_s: float = NO_POD_GRACE_S,
+        code: SandboxCode | None = None,
     ) -> None:
         """`worker_namespace`: the namespace of this worker's pod, whose name is `worker_id`
-        (default: `pod_namespace`'s answer; None: no fellow workers, no sweeps)."""
+        (default: `pod_namespace`'s answer; None: no fellow workers, no sweeps). `code`: what
+        the pods run (default: this build's; `CodeTooLarge` here if no ConfigMap holds it)."""
+        self.code = code or build_code()
         # Imported here: the client costs ~0.25 s, which workers of other backends never need.
         from kubernetes import client
         from kubernetes import config as kube_config
@@ -164,7 +170,7 @@ class KubernetesBackend:
         self._sweeper: asyncio.Task[None] | None = None
         self.start_grace_s, self.deadline_slack_s = start_grace_s, deadline_slack_s
         self.request_timeout_s, self.retry_wait_s = request_timeout_s, retry_wait_s
-        self._started = False
+        self._started, self._code_ready = False, False
         self._start_lock = asyncio.Lock()
         self._pods = PodWatcher(
             self._core,
@@ -277,14 +283,6 @@ class KubernetesBackend:
         helpers: str = "",
         hidden_tests: str = "",
     ) -> ExecutionResult:
-        async with self._start_lock:
-            if not self._started:
-                await self.reap()
-                self._started = True
-            due = self.worker_namespace and time.monotonic() >= self._next_sweep
-            if due and (self._sweeper is None or self._sweeper.done()):
-                self._next_sweep = time.monotonic() + self.reap_every_s
-                self._sweeper = asyncio.create_task(self._sweep())
         name = f"tempered-sbx-{secrets.token_hex(6)}"
         nonce = secrets.token_hex(16)
         units = split_tests(tests, entry_point, hidden_tests)
@@ -302,7 +300,9 @@ class KubernetesBackend:
             start_grace_s=self.start_grace_s,
             worker_namespace=self.worker_namespace,
             instance=self.instance_labels,
+            code=self.code,
         )
+        await self._start()
         expected = expected_units(units, entry_point)
         self._pods.expect(name)
         try:  # the Job is deleted however this ends: result, API error or cancellation
@@ -321,6 +321,9 @@ class KubernetesBackend:
                 tail_lines=LOG_TAIL_LINES,
                 limit_bytes=result_line_bytes(limits),
             )
+        except SandboxInfraError:
+            self._code_ready = False  # its pod may lack the code: look for it again next run
+            raise
         finally:
             self._pods.forget(name)
             await asyncio.shield(self._delete_quietly(name))
@@ -335,6 +338,21 @@ class KubernetesBackend:
             raise SandboxInfraError(f"kubernetes pod {pod_name}: {record['fault']}")
         seen = observed_from_record(record, limits)
         return judge(seen, expected, limits, self.name, "kubernetes")
+
+    async def _start(self) -> None:
+        """Before a run: the first reap, this build's code ConfigMap, a sweep when one is due."""
+        async with self._start_lock:
+            if not self._started:
+                await self.reap()
+                self._started = True
+            if not self._code_ready:
+                if await ensure_code(self._core, self.namespace, self.code, self._call):
+                    logger.info("created the sandbox code configmap %s", self.code.name)
+                self._code_ready = True
+            due = self.worker_namespace and time.monotonic() >= self._next_sweep
+            if due and (self._sweeper is None or self._sweeper.done()):
+                self._next_sweep = time.monotonic() + self.reap_every_s
+                self._sweeper = asyncio.create_task(self._sweep())
 
     async def _create(self, manifest: dict[str, Any]) -> None:
         """Create the Job. A retried create (the first timed out or got a 5xx after the server

@@ -1,14 +1,15 @@
 """One call of the Kubernetes sandbox backend (`kubernetes.py`) to the API server: run in a
 thread (the official client is synchronous), retried while another try may pass, and every
-failure left a `SandboxInfraError` that names the call.
+failure left a `SandboxInfraError` that names the call; and what a failure's status says.
 
     jobs = await call("list jobs", batch.list_namespaced_job, namespace, label_selector=selector)
+    api_status(error) == 404                   # the SandboxInfraError's HTTP status, if any
 
-A throttled (429), failing (5xx) or timed-out request (`kubernetes_job.transient`) is tried up
-to `attempts` times, waiting `retry_wait_s` doubled per try, or what the server's Retry-After
-asks (capped: `kubernetes_job.retry_after`). Anything else fails at once: a refused connection
-(urllib3's own retries covered it), a 403, a 404, a 409, a malformed response. Each request is
-bounded by `request_timeout_s` unless the call passes its own `_request_timeout`.
+A throttled (429), failing (5xx) or timed-out request (`transient`) is tried up to `attempts`
+times, waiting `retry_wait_s` doubled per try, or what the server's Retry-After asks (capped:
+`retry_after`). Anything else fails at once: a refused connection (urllib3's own retries
+covered it), a 403, a 404, a 409, a malformed response. Each request is bounded by
+`request_timeout_s` unless the call passes its own `_request_timeout`.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from typing import Any, TypeVar
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from infra.sandbox.base import SandboxInfraError
-from infra.sandbox.kubernetes_job import retry_after, transient
 
 API_ATTEMPTS = 4
 """Tries of one API call that is throttled, fails with a 5xx or times out."""
+RETRY_AFTER_MAX_S = 30.0
+"""The longest Retry-After we honour; a server asking for more gets this much."""
 T = TypeVar("T")
 
 
@@ -62,3 +64,40 @@ async def call(
     except (HTTPError, OSError, ValueError) as error:  # ValueError: a malformed response
         raise SandboxInfraError(f"kubernetes {what}: {type(error).__name__}: {error}") from error
     raise AssertionError("unreachable: tenacity returns or raises")
+
+
+def transient(error: BaseException) -> bool:
+    """Worth another try: throttled (429), a server error (5xx) or a timed-out request."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import MaxRetryError, NewConnectionError
+    from urllib3.exceptions import TimeoutError as RequestTimeout
+
+    if isinstance(error, ApiException):
+        return error.status == 429 or (error.status or 0) >= 500
+    if isinstance(error, MaxRetryError):  # urllib3's own retries, spent on a timeout
+        error = error.reason or error
+    # urllib3 makes a refused connection a connect timeout; its own retries cover those
+    return isinstance(error, RequestTimeout) and not isinstance(error, NewConnectionError)
+
+
+def api_status(error: BaseException) -> int | None:
+    """The HTTP status of a failed call (a SandboxInfraError from an ApiException), if any."""
+    from kubernetes.client.exceptions import ApiException
+
+    cause = error.__cause__
+    return cause.status if isinstance(cause, ApiException) else None
+
+
+def not_found(error: BaseException) -> bool:
+    """Whether a failed call found nothing: 404."""
+    return api_status(error) == 404
+
+
+def retry_after(error: BaseException | None) -> float | None:
+    """Seconds a 429/503's Retry-After header asks for (capped), if it gives a number."""
+    headers = getattr(error, "headers", None) or {}
+    value = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
+    try:
+        return min(max(float(value), 0.0), RETRY_AFTER_MAX_S) if value is not None else None
+    except ValueError:  # an HTTP date: fall back to our own backoff
+        return None

@@ -1,12 +1,13 @@
 """The pure half of the Kubernetes sandbox backend: the Job manifest, reading its result, and
-reading the API's answers (`transient`, `retry_after`, `not_found`, `pod_ended`).
+reading the API's answers about pods (`pod_ended`, `terminated_reason`).
 
-No API calls here (those are in `kubernetes.py`; `PERMISSIONS` lists them as RBAC rules, which
-the chart's Roles grant exactly), so every manifest and the chart can be validated offline:
+No API calls here (those are in `kubernetes.py` and `kubernetes_code.py`; `PERMISSIONS` lists
+them as RBAC rules, which the chart's Roles grant exactly), so every manifest and the chart can
+be validated offline:
 
     job = checker_job(program, tests, helpers, units, entry_point, limits, sandbox_rlimits(limits))
     manifest = build_job_manifest("tempered-sbx-1a2b", "tempered-sandbox", "python:3.11-slim",
-                                  job, limits, result_nonce, worker_id="sandbox-0")
+                                  job, limits, result_nonce, worker_id="sandbox-0", code=code)
     observed = observed_from_record(parse_pod_log(log, result_nonce), limits)
 
 The pod runs the verifier's two processes under `pod_launcher.py` (PID 1, root): the checker
@@ -18,8 +19,10 @@ allowPrivilegeEscalation false, not privileged, read-only root, seccomp RuntimeD
 service-account token, no service links, a memory-backed emptyDir work dir, requests = limits,
 `activeDeadlineSeconds`, `ttlSecondsAfterFinished`, `backoffLimit: 0`, optional
 `runtimeClassName`, and the labels the chart's deny-all NetworkPolicy selects. That is the
-"baseline" Pod Security Standard (the chart's sandbox namespace enforces it). The sources, the
-job and the launcher travel in the pod spec (env/args), never as host paths or mounted files.
+"baseline" Pod Security Standard (the chart's sandbox namespace enforces it). The job (program,
+tests, helpers) travels in the pod's env; the launcher and the sandbox modules are this build's
+code ConfigMap (`kubernetes_code`: the Job names it, labels itself with its digest, and mounts
+it read-only; the command runs the launcher from it); never a host path.
 
 The pod's memory (`pod_memory_mb`) holds the candidate's whole address space (`sandbox_rlimits`:
 memory_mb + 64 MiB), its tmpfs, the launcher's share and, under a RuntimeClass, gVisor's own
@@ -50,15 +53,12 @@ from typing import Any
 
 from contracts.task import SandboxLimits
 from infra.sandbox.base import JobTooLarge
-from infra.sandbox.forkserver import sources, zygote_source
 from infra.sandbox.gvisor import SENTRY_MEMORY_MB
 from infra.sandbox.judge import Exit, Observed
+from infra.sandbox.kubernetes_code import CODE_LABEL, CODE_MOUNT, SandboxCode, build_code
 from infra.sandbox.launcher import candidate_rlimits, candidate_space_mb
 from infra.sandbox.process import Capture
 
-LAUNCHER_SOURCE = (Path(__file__).parent / "pod_launcher.py").read_text()
-SOURCES = json.dumps({**sources(), "infra.sandbox.zygote": zygote_source()})
-"""The sandbox's modules, shipped in the pod's env (the pod image has no Tempered)."""
 CONTAINER = "sandbox"
 WORKER_LABEL = "tempered.dev/worker"
 WORKER_NAMESPACE_LABEL = "tempered.dev/worker-namespace"
@@ -92,8 +92,6 @@ SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/
 """In a pod with a service-account token: the pod's namespace."""
 MAX_JOB_BYTES = 1024 * 1024
 """Largest job (program, tests, helpers, hidden tests) a pod spec carries (etcd: < 1.5 MiB)."""
-RETRY_AFTER_MAX_S = 30.0
-"""The longest Retry-After we honour; a server asking for more gets this much."""
 PERMISSIONS: dict[str, frozenset[tuple[str, str, str]]] = {
     "sandbox": frozenset(
         {
@@ -104,13 +102,16 @@ PERMISSIONS: dict[str, frozenset[tuple[str, str, str]]] = {
             ("", "pods", "watch"),
             ("", "pods/log", "get"),
             ("", "events", "list"),
+            ("", "configmaps", "get"),
+            ("", "configmaps", "create"),
         }
     ),
     "worker": frozenset({("", "pods", "get")}),
 }
 """Every API call the backend (`kubernetes.py`) makes, as RBAC (apiGroup, resource, verb), by
 namespace: the sandbox namespace's (Jobs; their pods, watched; logs; the Job controller's
-FailedCreate events), and the worker's own (its fellows' pods and its own, which the reapers
+FailedCreate events; the build's code ConfigMap, read and created, never changed nor deleted:
+`kubernetes_code`), and the worker's own (its fellows' pods and its own, which the reapers
 look up). The chart's Roles grant these and nothing else."""
 
 
@@ -172,11 +173,14 @@ def build_job_manifest(
     start_grace_s: int = START_GRACE_S,
     worker_namespace: str | None = None,
     instance: dict[str, str] | None = None,
+    code: SandboxCode | None = None,
 ) -> dict[str, Any]:
     """The batch/v1 Job running the checker `job` under `limits`; pure, no API calls.
     `worker_namespace`: the namespace of the worker's pod, where its name is `worker_id`;
     `instance`: labels of the backend instance and process that creates it
-    (`KubernetesBackend.instance_labels`)."""
+    (`KubernetesBackend.instance_labels`); `code`: the pod's code ConfigMap (this build's,
+    `kubernetes_code.build_code`, unless given)."""
+    code = code or build_code()
     payload = json.dumps(job)
     if len(payload) > MAX_JOB_BYTES:
         raise JobTooLarge(
@@ -193,6 +197,7 @@ def build_job_manifest(
         **(instance or {}),
         WORKER_LABEL: label_value(worker_id),
         JOB_LABEL: name,
+        CODE_LABEL: code.digest,
         "app.kubernetes.io/name": "tempered",
     }
     if worker_namespace:
@@ -201,12 +206,11 @@ def build_job_manifest(
         "name": CONTAINER,
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["python3", "-S", "-I", "-c", LAUNCHER_SOURCE],
+        "command": code.command(),
         "workingDir": "/work",
         "env": [
             {"name": "HOME", "value": "/work"},
             {"name": "TMPDIR", "value": "/work"},
-            *_chunks("TEMPERED_SOURCES_", SOURCES),
             *_chunks("TEMPERED_JOB_", payload),
             {"name": "TEMPERED_RUN", "value": json.dumps(run)},
             {"name": "TEMPERED_RESULT_NONCE", "value": result_nonce},
@@ -224,7 +228,10 @@ def build_job_manifest(
             "runAsGroup": 0,
             "capabilities": {"drop": ["ALL"], "add": LAUNCHER_CAPABILITIES},
         },
-        "volumeMounts": [{"name": "work", "mountPath": "/work"}],
+        "volumeMounts": [
+            {"name": "work", "mountPath": "/work"},
+            {"name": "code", "mountPath": CODE_MOUNT, "readOnly": True},
+        ],
     }
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -234,7 +241,8 @@ def build_job_manifest(
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": [
-            {"name": "work", "emptyDir": {"medium": "Memory", "sizeLimit": f"{limits.tmpfs_mb}Mi"}}
+            {"name": "work", "emptyDir": {"medium": "Memory", "sizeLimit": f"{limits.tmpfs_mb}Mi"}},
+            code.volume("code"),
         ],
     }
     if runtime_class:
@@ -341,38 +349,6 @@ def terminated_reason(pod: dict[str, Any]) -> str:
         if ended:
             return str(ended.get("reason") or f"exit {ended.get('exitCode')}")
     return str(status.get("reason") or "unknown")
-
-
-def transient(error: BaseException) -> bool:
-    """Worth another try: throttled (429), a server error (5xx) or a timed-out request."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import MaxRetryError, NewConnectionError
-    from urllib3.exceptions import TimeoutError as RequestTimeout
-
-    if isinstance(error, ApiException):
-        return error.status == 429 or (error.status or 0) >= 500
-    if isinstance(error, MaxRetryError):  # urllib3's own retries, spent on a timeout
-        error = error.reason or error
-    # urllib3 makes a refused connection a connect timeout; its own retries cover those
-    return isinstance(error, RequestTimeout) and not isinstance(error, NewConnectionError)
-
-
-def not_found(error: BaseException) -> bool:
-    """Whether a failed call (a SandboxInfraError from an ApiException) found nothing: 404."""
-    from kubernetes.client.exceptions import ApiException
-
-    cause = error.__cause__
-    return isinstance(cause, ApiException) and cause.status == 404
-
-
-def retry_after(error: BaseException | None) -> float | None:
-    """Seconds a 429/503's Retry-After header asks for (capped), if it gives a number."""
-    headers = getattr(error, "headers", None) or {}
-    value = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
-    try:
-        return min(max(float(value), 0.0), RETRY_AFTER_MAX_S) if value is not None else None
-    except ValueError:  # an HTTP date: fall back to our own backoff
-        return None
 
 
 def pod_namespace(worker_id: str) -> str | None:

@@ -1,12 +1,14 @@
 """PID 1 of every Kubernetes sandbox pod: runs a checker and a candidate, prints one result line.
 
 The Kubernetes backend starts the container (root, with only CAP_SETUID, CAP_SETGID,
-CAP_SETPCAP and CAP_KILL) as `python3 -S -I -c <this file's source>` with these variables:
-TEMPERED_SOURCES_0..N (JSON {module: source} of `codec`, `confine`, `candidate`, `checker`,
-`zygote`), TEMPERED_JOB_0..N (the checker's job, JSON, as the local verifier sends it), TEMPERED_RUN
-(`{"timeout_s", "start_timeout_s", "output_bytes"}`) and TEMPERED_RESULT_NONCE, each split to
-keep a value under Linux's 128 KiB limit. It imports nothing of Tempered from files (the image
-is a plain Python image). In order:
+CAP_SETPCAP and CAP_KILL) as `python3 -S -I <code volume>/pod_launcher.py`: this file, in the
+build's code ConfigMap mounted read-only (`kubernetes_code`), beside the sandbox modules it
+loads, one file each (`infra.sandbox.codec.py`, `confine`, `candidate`, `checker`, `zygote`),
+in the order the file `modules` lists them (`read_sources`). Its variables: TEMPERED_JOB_0..N
+(the checker's job, JSON, as the local verifier sends it, split to keep a value under Linux's
+128 KiB limit), TEMPERED_RUN (`{"timeout_s", "start_timeout_s", "output_bytes"}`) and
+TEMPERED_RESULT_NONCE. It imports nothing of Tempered through Python's import system (the image
+is a plain Python image): it compiles the modules' sources itself. In order:
 
 1. Pops the variables, makes itself non-dumpable (so nothing can read its memory, environment
    or fds, the pod log among them), and becomes the reaper of every orphan (it is PID 1; when
@@ -77,6 +79,18 @@ def pop_chunks(prefix: str) -> str:
         (int(key.rpartition("_")[2]), key) for key in os.environ if key.startswith(prefix)
     )
     return "".join(os.environ.pop(key) for _, key in keys)
+
+
+def read_sources(directory: str) -> dict[str, str]:
+    """{module: source} of the sandbox modules in `directory`, in their load order (the file
+    `modules`, a name a line; each module's source is the file `<name>.py`)."""
+    with open(os.path.join(directory, "modules")) as listed:
+        names = listed.read().split()
+    found = {}
+    for name in names:
+        with open(os.path.join(directory, f"{name}.py")) as source:
+            found[name] = source.read()
+    return found
 
 
 def install(sources: dict[str, str]) -> ModuleType:
@@ -368,7 +382,7 @@ def run(
 def main() -> None:
     nonce = os.environ.pop("TEMPERED_RESULT_NONCE", "")
     try:
-        sources = json.loads(pop_chunks("TEMPERED_SOURCES_"))
+        sources = read_sources(os.path.dirname(os.path.abspath(__file__)))
         job = json.loads(pop_chunks("TEMPERED_JOB_"))
         settings = json.loads(os.environ.pop("TEMPERED_RUN"))
         home = os.environ.get("HOME", "/tmp")

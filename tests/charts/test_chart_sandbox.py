@@ -15,12 +15,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
 from contracts.task import SandboxLimits
 from infra.sandbox import kubernetes_job
 from infra.sandbox.kubernetes import SANDBOX_LABELS, build_job_manifest, sandbox_rlimits
+from infra.sandbox.kubernetes_code import build_code
 from infra.sandbox.kubernetes_job import PERMISSIONS
 from infra.sandbox.verifier import checker_job
 from tests.charts.chart import (
@@ -53,7 +55,7 @@ def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
 
 def test_rbac_grants_exactly_the_calls_the_backend_makes() -> None:
     """The sandbox namespace's Role grants what infra/sandbox/kubernetes.py calls there (Jobs,
-    their pods and logs), the release namespace's a get of a fellow worker's pod (its reaper's
+    their pods and logs, the build's code ConfigMap), the release namespace's a get of a fellow worker's pod (its reaper's
     lookup): `PERMISSIONS`, nothing more (it granted unused ConfigMap, watch and pod-delete
     rights before), nothing cluster-wide, both bound to the sandbox worker's account only."""
     docs = render()
@@ -78,6 +80,27 @@ def test_rbac_grants_exactly_the_calls_the_backend_makes() -> None:
     assert env["TEMPERED_WORKER_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     namespace = objects(docs, "Namespace")["tempered-sandbox"]
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+def test_the_sandbox_role_may_read_and_create_configmaps_and_nothing_more() -> None:
+    """Each build's pod code is a ConfigMap the sandbox worker creates if it is missing
+    (infra/sandbox/kubernetes_code.py): a get, then a create. Immutable and named by the digest
+    of its files, it is never updated, and the worker deletes none, so it may not list, watch,
+    update, patch or delete any ConfigMap of the sandbox namespace; nor touch one elsewhere."""
+    docs = render()
+    roles = {r["metadata"]["namespace"]: r for r in objects(docs, "Role").values()}
+    configmaps = [
+        rule
+        for role in roles.values()
+        for rule in role["rules"]
+        if "configmaps" in rule["resources"]
+    ]
+    assert configmaps == [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "create"]}
+    ]
+    assert configmaps[0] in roles["tempered-sandbox"]["rules"]
+    assert "resourceNames" not in configmaps[0]  # a create cannot be bound to names
+    kubernetes_validate.validate(build_code().manifest("tempered-sandbox"), "1.33.0", strict=True)
 
 
 def test_no_sandbox_rbac_without_the_kubernetes_backend() -> None:

@@ -151,8 +151,7 @@ def test_the_variables_the_code_sets_that_are_not_settings_still_load(
         ("TEMPERED_WORKER_ID", "workers-sandbox-7c9f"),
         ("TEMPERED_RUN", "{}"),
         ("TEMPERED_RESULT_NONCE", "n"),
-        ("TEMPERED_SOURCES_0", "{"),
-        ("TEMPERED_SOURCES_12", "}"),
+        ("TEMPERED_JOB_12", "}"),
         ("TEMPERED_JOB_0", "{}"),
         ("TEMPERED_RECORD_HISTORIES", "1"),
         ("TEMPERED_LOAD_TASKS", "50"),
@@ -164,8 +163,8 @@ def test_the_variables_the_code_sets_that_are_not_settings_still_load(
     settings = load_settings()
     assert (settings.sandbox.concurrency, settings.omp_spin_count) == (3, 0)
     assert settings.s3.bucket == "lower"
-    monkeypatch.setenv("TEMPERED_SOURCES_X", "{}")  # only the numbered chunks are the Job's
-    with pytest.raises(ValueError, match="TEMPERED_SOURCES_X names no setting"):
+    monkeypatch.setenv("TEMPERED_JOB_X", "{}")  # only the numbered chunks are the Job's
+    with pytest.raises(ValueError, match="TEMPERED_JOB_X names no setting"):
         load_settings()
 
 
@@ -182,7 +181,7 @@ def test_every_variable_the_code_chart_and_image_set_passes_the_check() -> None:
         if path.is_file() and path.name != "settings_env.py":  # its docstring shows typos
             text = path.read_text(encoding="utf-8", errors="replace")
             names.update(re.findall(r"\bTEMPERED_[A-Z0-9_]*[A-Z0-9]\b", text))
-    names |= {"TEMPERED_SOURCES_0", "TEMPERED_JOB_0"}  # chunked: the code names their prefix
+    names |= {"TEMPERED_JOB_0"}  # chunked: the code names its prefix
     assert {"TEMPERED_HOME", "TEMPERED_WORKER_ID", "TEMPERED_S3__SECRET_KEY"} <= names
     check_environment(Settings, dict.fromkeys(sorted(names), "x"))
 

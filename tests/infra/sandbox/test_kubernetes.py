@@ -23,6 +23,12 @@ from contracts.task import SandboxLimits
 from infra.sandbox import kubernetes_job
 from infra.sandbox.base import SandboxBackend, SandboxInfraError
 from infra.sandbox.kubernetes import API_ATTEMPTS, build_job_manifest, sandbox_rlimits
+from infra.sandbox.kubernetes_code import (
+    CODE_LABEL,
+    CODE_MOUNT,
+    SandboxCode,
+    build_code,
+)
 from infra.sandbox.kubernetes_instance import PROCESS_LABEL, ProcessId
 from infra.sandbox.verifier import checker_job
 from tests.infra.sandbox.recorded_k8s.stub_server import NAMESPACE, StubKubeApi
@@ -80,9 +86,13 @@ def test_manifest_is_valid_and_locked_down(
         "drop": ["ALL"],
         "add": ["SETUID", "SETGID", "SETPCAP", "KILL"],
     }
+    code = build_code()
     assert pod["volumes"] == [
-        {"name": "work", "emptyDir": {"medium": "Memory", "sizeLimit": f"{limits.tmpfs_mb}Mi"}}
+        {"name": "work", "emptyDir": {"medium": "Memory", "sizeLimit": f"{limits.tmpfs_mb}Mi"}},
+        {"name": "code", "configMap": {"name": code.name, "defaultMode": 0o400}},
     ]
+    assert {"name": "code", "mountPath": CODE_MOUNT, "readOnly": True} in container["volumeMounts"]
+    assert container["command"] == ["python3", "-S", "-I", f"{CODE_MOUNT}/pod_launcher.py"]
     assert container["resources"]["requests"] == container["resources"]["limits"]
     assert pod.get("runtimeClassName") == runtime_class
     labels = manifest["spec"]["template"]["metadata"]["labels"]
@@ -91,9 +101,10 @@ def test_manifest_is_valid_and_locked_down(
         and labels["tempered.dev/sandbox"] == "true"
     )
     assert labels["tempered.dev/worker"] == "sandbox-worker-7"  # made a valid label value
+    assert labels[CODE_LABEL] == manifest["metadata"]["labels"][CODE_LABEL] == code.digest
     assert "hostPath" not in json.dumps(manifest)
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert [name for name in env if not name.startswith("TEMPERED_SOURCES_")] == [
+    assert list(env) == [
         "HOME",
         "TMPDIR",
         "TEMPERED_JOB_0",
@@ -103,10 +114,6 @@ def test_manifest_is_valid_and_locked_down(
     assert all(len(value) < 128 * 1024 for value in env.values())
     assert json.loads(env["TEMPERED_JOB_0"])["tests"] == "assert True"
     assert json.loads(env["TEMPERED_RUN"])["timeout_s"] == limits.timeout_s
-    sources = json.loads("".join(v for k, v in env.items() if k.startswith("TEMPERED_SOURCES_")))
-    assert set(sources) == {
-        f"infra.sandbox.{m}" for m in ("codec", "confine", "candidate", "checker", "zygote")
-    }
 
 
 @pytest.mark.asyncio
@@ -120,10 +127,19 @@ async def test_run_passes_through_create_poll_log_delete(stub: StubKubeApi) -> N
     assert (result.tests_passed, result.tests_total) == (1, 1)
     assert result.stdout == "adding\n" and result.backend == "kubernetes"
     assert result.enforcement == "kubernetes"
-    methods = [m for m, path in stub.requests if not path.endswith("/pods")]  # but the watch's
-    assert methods[0:2] == ["GET", "POST"]  # reap this worker's leftovers, then create
-    assert methods[-2:] == ["GET", "DELETE"]  # read the log, then delete the Job
+    code = build_code()
+    calls = stub.calls()
+    assert calls[0:4] == [
+        ("GET", "jobs"),  # reap this worker's leftovers
+        ("GET", f"configmaps/{code.name}"),  # this build's code: not there (404) …
+        ("POST", "configmaps"),  # … so it is created
+        ("POST", "jobs"),  # create the Job
+    ]
+    assert [method for method, _ in calls[-2:]] == ["GET", "DELETE"]  # the log; delete the Job
     assert stub.jobs == {} and stub.deleted[-1][1]["propagationPolicy"] == "Background"
+    assert stub.configmaps == {code.name: code.manifest(NAMESPACE)}
+    await backend.run(program, tests, SandboxLimits(timeout_s=20), entry_point="add")
+    assert [c for c in stub.calls() if "configmaps" in c[1]] == calls[1:3]  # checked once
     await backend.close()
 
 
@@ -156,7 +172,7 @@ async def test_api_errors_are_infra_errors(stub: StubKubeApi, code: int) -> None
         await stub.backend(retry_wait_s=0.01).run("print(1)")
     calls = [method for method, path in stub.requests if not path.endswith("/pods")]
     assert calls[-1] == "DELETE"  # cleanup is attempted (404: nothing was created)
-    tries = sum(1 for method, _ in stub.requests if method == "POST")
+    tries = sum(1 for method, path in stub.requests if method == "POST" and path.endswith("/jobs"))
     assert tries == (API_ATTEMPTS if code >= 500 else 1)  # a 5xx may pass; a 403/409 will not
 
 
@@ -246,14 +262,14 @@ def test_the_candidates_address_space_fits_in_its_pod(
 
 
 @pytest.mark.asyncio
-async def test_a_candidate_that_cannot_drop_its_privileges_never_runs(
-    stub: StubKubeApi, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    sources = json.loads(kubernetes_job.SOURCES)
-    del sources["infra.sandbox.confine"]  # the candidate cannot drop its privileges
-    monkeypatch.setattr(kubernetes_job, "SOURCES", json.dumps(sources))
+async def test_a_candidate_that_cannot_drop_its_privileges_never_runs(stub: StubKubeApi) -> None:
+    files = build_code().files
+    modules = [name for name in files["modules"].split() if name != "infra.sandbox.confine"]
+    code = SandboxCode.of(files["pod_launcher.py"], {m: files[f"{m}.py"] for m in modules})
     with pytest.raises(SandboxInfraError, match="did not start: sandbox setup failed.*confine"):
-        await stub.backend().run("def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3")
+        await stub.backend(code=code).run(
+            "def add(a, b):\n    return a + b\n", "assert add(1, 2) == 3"
+        )
 
 
 @pytest.mark.asyncio

@@ -1,6 +1,8 @@
 """The pod launcher (`pod_launcher.py`) run as the kubelet runs it: PID 1 of a fresh pid namespace
-(`unshare`, as root), with the env of a real Job manifest; and as a subreaper below another PID 1,
-as the stub API server runs it. What a program leaves behind is killed, however it is built."""
+(`unshare`, as root), with the env of a real Job manifest and its code ConfigMap's files where
+the pod mounts them (the stub API server's `pod_command`); and as a subreaper below another
+PID 1, as the stub API server runs it. What a program leaves behind is killed, however it is
+built."""
 
 from __future__ import annotations
 
@@ -8,20 +10,22 @@ import os
 import shutil
 import subprocess
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contracts.task import SandboxLimits
 from infra.sandbox.judge import split_tests
+from infra.sandbox.kubernetes_code import build_code
 from infra.sandbox.kubernetes_job import build_job_manifest, parse_pod_log, sandbox_rlimits
 from infra.sandbox.verifier import checker_job
+from tests.infra.sandbox.recorded_k8s.stub_server import pod_command
 
 pytestmark = pytest.mark.skipif(
     shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root"
 )
 
-SYSTEM_PYTHON = "/usr/bin/python3"
 CHECK = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
 CHAIN = """
 import subprocess
@@ -53,11 +57,13 @@ def launch(program: str, as_pid_1: bool) -> dict[str, Any]:
     units = split_tests(CHECK, "add")
     job = checker_job(program, CHECK, "", units, "add", limits, sandbox_rlimits(limits))
     manifest = build_job_manifest("tempered-sbx-t", "ns", "img", job, limits, nonce, "w")
-    container = manifest["spec"]["template"]["spec"]["containers"][0]
-    env = {item["name"]: item["value"] for item in container["env"]}
-    launcher = [SYSTEM_PYTHON, *container["command"][1:]]
+    pod = manifest["spec"]["template"]["spec"]
+    env = {item["name"]: item["value"] for item in pod["containers"][0]["env"]}
+    code = build_code()
     init = [] if as_pid_1 else ["sh", "-c", '"$@"; exit $?', "init"]
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as work, tempfile.TemporaryDirectory() as volumes:
+        launcher = pod_command(pod, {code.name: code.manifest("ns")}, Path(volumes))
+        assert launcher is not None
         env.update(HOME=work, TMPDIR=work)
         done = subprocess.run(
             ["unshare", "--pid", "--fork", "--mount-proc", *init, *launcher],

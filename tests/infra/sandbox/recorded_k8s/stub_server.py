@@ -4,8 +4,11 @@ It answers the official client on 127.0.0.1 with the response bodies in this fol
 copies of what a 1.33 API server returns, `$NAME`/`$NAMESPACE` filled per request) and plays
 the kubelet: when a Job is created it runs the pod's command (the pod launcher with its checker
 and candidate, the real code) as a local process with the pod's env, as root like the pod's
-container, and serves its stdout as the pod log. There is no pod pid namespace here: the
-launcher is a child subreaper instead of PID 1.
+container, and serves its stdout as the pod log. Its ConfigMap volumes (the build's code) are
+written to a temporary directory that stands for their mount (`pod_command`); a pod whose
+ConfigMap is missing stays ContainerCreating, as the kubelet keeps it. ConfigMaps are created
+(409 when the name is taken) and read (404 when absent), and kept in `configmaps`. There is no
+pod pid namespace here: the launcher is a child subreaper instead of PID 1.
 
 Pods are listed and watched (`watch=true`: chunked JSON lines from a resourceVersion on, as the
 API server streams them, ending after `timeoutSeconds`; a resourceVersion older than
@@ -48,6 +51,33 @@ def recorded(name: str, **fill: str) -> Any:
     return json.loads(text)
 
 
+def pod_command(
+    pod_spec: dict[str, Any], configmaps: dict[str, dict[str, Any]], root: Path
+) -> list[str] | None:
+    """The pod's container command as it runs here: each of its ConfigMap volumes' files
+    written under `root` with the volume's defaultMode, the mount path in the command replaced
+    by theirs, and this machine's python3; None when a ConfigMap it mounts is missing."""
+    (container,) = pod_spec["containers"]
+    volumes = {volume["name"]: volume for volume in pod_spec.get("volumes") or []}
+    command = [SYSTEM_PYTHON, *container["command"][1:]]
+    for mount in container.get("volumeMounts") or []:
+        source = volumes[mount["name"]].get("configMap")
+        if source is None:
+            continue
+        if source["name"] not in configmaps:
+            return None
+        directory = root / mount["name"]
+        directory.mkdir()
+        for key, text in configmaps[source["name"]]["data"].items():
+            (directory / key).write_text(text)
+            (directory / key).chmod(source.get("defaultMode", 0o644))
+        path = mount["mountPath"].rstrip("/") + "/"
+        command = [
+            str(directory) + "/" + a[len(path) :] if a.startswith(path) else a for a in command
+        ]
+    return command
+
+
 def selected(labels: dict[str, str], selector: str) -> bool:
     """Whether `labels` match an equality selector `k=v[,k=v...]` (empty: everything)."""
     terms = [term.partition("=") for term in selector.split(",") if term]
@@ -55,10 +85,12 @@ def selected(labels: dict[str, str], selector: str) -> bool:
 
 
 class StubKubeApi:
-    """STUB of the Kubernetes API (jobs, pods, pods/log, events) with a local fake kubelet."""
+    """STUB of the Kubernetes API (jobs, pods, pods/log, events, configmaps) with a local fake
+    kubelet."""
 
     def __init__(self) -> None:
         self.jobs: dict[str, dict[str, Any]] = {}
+        self.configmaps: dict[str, dict[str, Any]] = {}  # as created, by name
         self.requests: list[tuple[str, str]] = []
         self.deleted: list[tuple[str, dict[str, Any]]] = []
         self.pod_selectors: list[str] = []
@@ -84,6 +116,22 @@ class StubKubeApi:
         body = recorded("job-created.json", NAME=manifest["metadata"]["name"], NAMESPACE=NAMESPACE)
         body["metadata"]["labels"] = manifest["metadata"]["labels"]
         body["spec"] = manifest["spec"]
+        return body
+
+    def calls(self) -> list[tuple[str, str]]:
+        """The requests but the pod list's and watch's, as (method, path in the namespace)."""
+        return [
+            (method, re.sub(r".*/namespaces/[^/]+/", "", path))
+            for method, path in self.requests
+            if not path.endswith("/pods")
+        ]
+
+    def configmap(self, name: str) -> dict[str, Any]:
+        """The ConfigMap `name` as the API server returns it: as created, with its metadata."""
+        created = self.configmaps[name]
+        body = recorded("configmap.json", NAME=name, NAMESPACE=NAMESPACE)
+        body["metadata"]["labels"] = created["metadata"].get("labels") or {}
+        body.update({k: v for k, v in created.items() if k in ("data", "immutable")})
         return body
 
     def pod(self, job_name: str) -> dict[str, Any]:
@@ -131,12 +179,15 @@ class StubKubeApi:
     def _kubelet(self, name: str) -> None:
         """Run the pod's container command the way the kubelet would, with its env."""
         job = self.jobs[name]
-        container = job["manifest"]["spec"]["template"]["spec"]["containers"][0]
-        env = {item["name"]: item["value"] for item in container["env"]}
-        with tempfile.TemporaryDirectory() as work:
+        pod_spec = job["manifest"]["spec"]["template"]["spec"]
+        env = {item["name"]: item["value"] for item in pod_spec["containers"][0]["env"]}
+        with tempfile.TemporaryDirectory() as work, tempfile.TemporaryDirectory() as volumes:
+            command = pod_command(pod_spec, self.configmaps, Path(volumes))
+            if command is None:  # FailedMount: the kubelet retries, the pod stays Pending
+                return
             env.update(HOME=work, TMPDIR=work)
             done = subprocess.run(
-                [SYSTEM_PYTHON, *container["command"][1:]],
+                command,
                 env=env,
                 cwd=work,
                 capture_output=True,
@@ -206,6 +257,8 @@ class StubKubeApi:
                 stub.requests.append(("POST", self.path))
                 manifest = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 name = manifest["metadata"]["name"]
+                if self.path.endswith("/configmaps"):
+                    return self.create_configmap(name, manifest)
                 if stub.fail_create:
                     return self.reply(
                         stub.fail_create,
@@ -229,12 +282,22 @@ class StubKubeApi:
                     threading.Thread(target=stub._kubelet, args=(name,), daemon=True).start()
                 self.reply(201, stub.as_served(manifest))
 
+            def create_configmap(self, name: str, manifest: dict[str, Any]) -> None:
+                if name in stub.configmaps:
+                    body = recorded("status-409-configmap.json", NAME=name)
+                    return self.reply(409, body)
+                stub.configmaps[name] = manifest
+                self.reply(201, stub.configmap(name))
+
             def do_GET(self) -> None:
                 url = urlparse(self.path)
                 query = parse_qs(url.query)
                 watch = query.get("watch") in (["true"], ["1"])
                 stub.requests.append(("WATCH" if watch else "GET", url.path))
                 selector = query.get("labelSelector", [""])[0]
+                configmap = re.fullmatch(r".*/configmaps/([^/]+)", url.path)
+                if configmap and configmap.group(1) in stub.configmaps:
+                    return self.reply(200, stub.configmap(configmap.group(1)))
                 if url.path.endswith("/jobs"):
                     body = recorded("job-list.json")
                     body["items"] = [
