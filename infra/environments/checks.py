@@ -39,9 +39,11 @@ code runs inside the script's sandbox, under its uid, so code that writes
 did) forges the reward of a script that does not guard against it; examples/harbor/fix-greeting
 shows a script that does (tests/test_greet.py). A script that computes its expected answer from
 the workspace's files takes the agent's word for it: the examples compare with copies in tests/.
-A check paused by SIGSTOP times out (as the functions kind's does): the stopped time is no wait
-for a CPU, and the script's own processes can stop each other. The `functions` kind is the one
-whose verdict the agent's code cannot reach.
+The workspace's code can also SIGSTOP the script (only the script's own processes can: an
+agent's step leaves none behind, and the script's sandbox is a pid namespace of its own): the
+run then gave its time away, the wall clock counts from the stop, and the check times out at
+its deadline, scored 0, never the host's starvation (`infra/sandbox/workspace_deadline.py`).
+The `functions` kind is the one whose verdict the agent's code cannot reach.
 """
 
 from __future__ import annotations

@@ -14,9 +14,13 @@ lookup ever passes through a link; a `..` goes up from where the links before it
 first, and `d/../x` named the workspace's own `x`). Nothing runs in the workspace while the
 host resolves (commands run one at a time, and a command's sandbox is gone when it returns).
 
-What the host writes there it writes as the session's commands would (`as_user`): the kernel
-checks the agent's own modes (a 0444 file, a 0555 directory) against the session's uid, not
-root's, and what is made belongs to that uid. Before, root wrote past them.
+What the host reads or writes there it does as the session's commands would (`as_user`): the
+kernel checks the agent's own modes (a 0444 file, a 0555 directory, a 0000 file it may not
+read) against the session's uid, not root's, and what is made belongs to that uid. Before,
+root read and wrote past them. And it opens a resolved path one component at a time, following
+no link (`beneath`): should one be put in after `resolve` looked (a process racing the tool),
+the open fails as the agent's error instead of leading out of the workspace, as a root open of
+the whole path would have (to a host file read, or a host directory open to all written).
 """
 
 from __future__ import annotations
@@ -35,12 +39,15 @@ MAX_LINKS = 40
 
 
 AGENT_ERRNOS = frozenset(
-    {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EACCES}
+    {errno.ENAMETOOLONG, errno.ENOTDIR, errno.EISDIR, errno.ELOOP, errno.EACCES, errno.ENXIO}
 )
 """What a path an agent wrote can make a file operation fail with (a name longer than the file
-system takes, a file where a directory must be, a mode of its own that denies the write (only
-its own files are checked, `as_user`), ...): the agent's error, told back to it as an
-observation. Any other OSError is the platform's, and its activity is retried."""
+system takes, a file or link where a directory must be, a mode of its own that denies the read
+or write (only its own files are checked, `as_user`), a socket opened, ...): the agent's error,
+told back to it as an observation. Any other OSError is the platform's, and its activity is
+retried."""
+DIRECTORY = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+"""How `beneath` opens each directory: for lookups below it only, never through a link."""
 _LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -79,10 +86,12 @@ def resolve(root: Path, workdir: str, path: str) -> str:
     if not path or "\0" in path:
         raise PathError("the path is empty or holds a NUL byte")
     pending = _inside(workdir, path)
+    shown = path if len(path) <= 80 else path[:80] + "..."
     longest = os.pathconf(root, "PC_NAME_MAX")
     if any(len(name.encode()) > longest for name in pending):  # before a write makes parents
-        shown = path if len(path) <= 80 else path[:80] + "..."
         raise PathError(f"{shown!r}: File name too long (a name over {longest} bytes)")
+    if len(path.encode()) >= (limit := os.pathconf(root, "PC_PATH_MAX")):  # as the shell's open
+        raise PathError(f"{shown!r}: File name too long (a path of {limit} bytes or more)")
     done: list[str] = []
     links = 0
     while pending:
@@ -139,6 +148,30 @@ def as_user(workspace: Path, uid: int | None) -> Iterator[int]:
             _set_fs_id(_LIBC.setfsgid, os.getegid())
     finally:
         os.close(top)
+
+
+@contextlib.contextmanager
+def beneath(top: int, directory: str, make: bool = False) -> Iterator[int]:
+    """A descriptor of `directory` (relative to the descriptor `top`, link-free as `resolve`
+    returns it), opened one component at a time without following a link: a link (or file)
+    found where a directory was fails with ENOTDIR, the agent's error. `make`: missing
+    directories are made (0755), as the user `top` acts as (`as_user`)."""
+    fd = top
+    try:
+        for name in directory.split("/") if directory else []:
+            if make:
+                with contextlib.suppress(
+                    FileExistsError
+                ):  # the kernel says so before any mode check
+                    os.mkdir(name, 0o755, dir_fd=fd)
+            below = os.open(name, DIRECTORY, dir_fd=fd)
+            if fd != top:
+                os.close(fd)
+            fd = below
+        yield fd
+    finally:
+        if fd != top:
+            os.close(fd)
 
 
 def _set_fs_id(call: Callable[[int], int], value: int) -> None:

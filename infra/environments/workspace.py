@@ -13,8 +13,9 @@ Tools (`contracts.episode.WORKSPACE_TOOLS`; a call's arguments are checked by `t
   what it printed.
 - `read_file`, `write_file`: done by the host in the workspace directory, for paths the agent
   names relative to the workspace or absolute under its workdir; links are followed only
-  within the workspace, and `write_file` writes as the session's uid, its modes checked as
-  its commands' are (`paths.py`).
+  within the workspace (`paths.resolve`), the resolved path is opened without following any
+  (`paths.beneath`), and both act as the session's uid, its modes checked as its commands'
+  are (`paths.as_user`): what the agent's shell may not read, `read_file` may not either.
 - `submit`: ends the episode; the workspace as it is is graded at DONE.
 
 A malformed call, an unknown tool, bad arguments or a path out of the workspace give an error
@@ -56,7 +57,7 @@ from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
 from infra.environments.base import Graded, Observation
 from infra.environments.checks import InvalidTask, check_functions, check_script, unchecked
 from infra.environments.disk import restore
-from infra.environments.paths import AGENT_ERRNOS, PathError, as_user, resolve
+from infra.environments.paths import AGENT_ERRNOS, PathError, as_user, beneath, resolve
 from infra.environments.sessions import Session, SessionHost
 from infra.environments.snapshots import Trees
 from infra.environments.threads import in_thread
@@ -70,6 +71,10 @@ SOLUTION_DIR, SOLVE = "/solution", "solve.sh"
 UNKEPT_NAMED = 8
 """Paths a step's note names of what it removed (`walk.py`); more are an ellipsis."""
 UNKEPT_WHY = "a workspace keeps only directories, regular files and links, with UTF-8 names"
+READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+"""How the file tools open the last component of a path (below `paths.beneath`'s directory):
+never through a link, never waiting (a FIFO swapped in since its stat)."""
 
 
 class SessionLost(LookupError):
@@ -291,12 +296,17 @@ class WorkspaceEnvironment:
                 return self._state(session), seen
 
     def _read(self, session: Session, path: str, limits: SandboxLimits) -> Observation:
-        relative = resolve(session.workspace, session.spec.workdir, path)
+        directory, name = posixpath.split(resolve(session.workspace, session.spec.workdir, path))
+        uid = session.uid if os.geteuid() == 0 else None
         try:
-            fd = os.open(session.workspace / relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with as_user(session.workspace, uid) as top, beneath(top, directory) as parent:
+                kind = os.stat(name or ".", dir_fd=parent, follow_symlinks=False).st_mode
+                if not stat.S_ISREG(kind):  # a socket's open fails (ENXIO), a FIFO's would wait
+                    return _not_a_file(path, kind)
+                fd = os.open(name, READ, dir_fd=parent)
         except FileNotFoundError:
             return Observation(f"error: {path}: no such file")
-        if not stat.S_ISREG(kind := os.fstat(fd).st_mode):
+        if not stat.S_ISREG(kind := os.fstat(fd).st_mode):  # swapped in since the stat
             os.close(fd)
             return _not_a_file(path, kind)
         with os.fdopen(fd, "rb") as handle:
@@ -321,14 +331,14 @@ class WorkspaceEnvironment:
         relative = resolve(session.workspace, session.spec.workdir, path)
         if not relative:
             return Observation(f"error: {path} is the workspace itself")
+        directory, name = posixpath.split(relative)
         uid = session.uid if os.geteuid() == 0 else None
-        with as_user(session.workspace, uid) as top:  # the agent's modes hold, as in its shell
-            _make_parents(top, posixpath.dirname(relative))
-            with contextlib.suppress(FileNotFoundError):  # a FIFO's open would wait for a reader
-                if not stat.S_ISREG(kind := os.stat(relative, dir_fd=top).st_mode):
+        with as_user(session.workspace, uid) as top, beneath(top, directory, make=True) as parent:
+            with contextlib.suppress(FileNotFoundError):  # a file to make
+                kind = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+                if not stat.S_ISREG(kind):  # a FIFO's open would fail (ENXIO), or wait for a reader
                     return _not_a_file(path, kind)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-            with os.fdopen(os.open(relative, flags, 0o644, dir_fd=top), "wb") as handle:
+            with os.fdopen(os.open(name, WRITE, 0o644, dir_fd=parent), "wb") as handle:
                 handle.write(data)
         return Observation(f"wrote {len(data)} bytes to {relative}")
 
@@ -373,15 +383,6 @@ class WorkspaceEnvironment:
             return await check_script(
                 self.runner, scratch, task, check, uid or os.geteuid(), limits, cgroup_name(slot)
             )
-
-
-def _make_parents(top: int, directory: str) -> None:
-    """Create the missing directories down to `directory`, relative to the descriptor `top`
-    (every existing one was checked to be a real directory by `resolve`)."""
-    parts = directory.split("/") if directory else []
-    for n in range(1, len(parts) + 1):
-        with contextlib.suppress(FileExistsError):  # the kernel says so before any mode check
-            os.mkdir("/".join(parts[:n]), 0o755, dir_fd=top)
 
 
 def _not_a_file(path: str, mode: int) -> Observation:

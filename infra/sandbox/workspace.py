@@ -28,7 +28,7 @@ stream, the rest drained).
 
 bwrap reports on a status fd once the sandbox is up and again with the command's exit code,
 so a sandbox that never came up is a platform fault (`SandboxNotUp`, a `SandboxInfraError`),
-never a result. A host without bwrap (or, for a root worker, setpriv) cannot run any command:
+never a result (`workspace_result.py` reads what it reported). A host without bwrap (or, for a root worker, setpriv) cannot run any command:
 `missing` says so. Nor can one whose bwrap may not create the namespaces it asks for
 (unprivileged user namespaces disabled, a seccomp profile, a container without the
 capabilities): `probe` runs `true` through `run`, as a step, and returns bwrap's own error,
@@ -44,19 +44,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shlex
 import shutil
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.cgroups import MB, Cgroups
@@ -66,6 +65,12 @@ from infra.sandbox.launcher import candidate_rlimits
 from infra.sandbox.local import root_binds
 from infra.sandbox.process import KILL_GRACE_S, Capture
 from infra.sandbox.workspace_deadline import CpuWaits, wait_out
+from infra.sandbox.workspace_result import (  # theirs too: the runner's results and faults
+    CommandResult,
+    SandboxNotUp,
+    command_result,
+    status_messages,
+)
 
 SESSION_UID_BASE = 10_000_000
 """Workspace uids are SESSION_UID_BASE + pid·SLOTS + slot: unique per live worker process (of
@@ -167,32 +172,6 @@ class Mounts:
     """Variables added to `BASE_ENV` (a task's ENV)."""
 
 
-@dataclass(frozen=True)
-class CommandResult:
-    """What one command did."""
-
-    status: ExecStatus
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    truncated: bool
-    duration_ms: int
-    detail: str = ""
-
-
-class SandboxNotUp(SandboxInfraError):
-    """A sandbox that never came up, or whose bwrap failed to set it up: also what its
-    launcher wrote to stderr, how the launcher ended (its return code: negative, a signal)
-    and whether the deadline passed first, for the start-up probe (`probe.py`). Caused by
-    the OSError where the launcher could not be started at all."""
-
-    def __init__(
-        self, message: str, stderr: str = "", returncode: int | None = None, timed_out: bool = False
-    ) -> None:
-        super().__init__(message)
-        self.stderr, self.returncode, self.timed_out = stderr, returncode, timed_out
-
-
 class CommandRunner:
     """Runs commands in fresh sandboxes; one instance serves many concurrent commands."""
 
@@ -228,9 +207,11 @@ class CommandRunner:
     def argv(
         self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits,
         cgroups: Cgroups | None, status_fd: int, seccomp_fd: int | None = None,
+        joins: Sequence[Path] = (),
     ) -> list[str]:  # fmt: skip
         """[shell: join cgroups, set rlimits] → setpriv to `uid` → bwrap → /bin/sh -c command.
-        `seccomp_fd` holds `self.seccomp` for bwrap to read (none only where `missing` says why)."""
+        `seccomp_fd` holds `self.seccomp` for bwrap to read (none only where `missing` says why);
+        `joins`: the `cgroup.procs` of more groups to join (`CpuWaits.procs_files`)."""
         if (missing := self.missing) or not self.bwrap:
             raise SandboxInfraError(missing)
         if seccomp_fd is None:
@@ -254,7 +235,7 @@ class CommandRunner:
         if self.root and self.setpriv:
             drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--nnp"]
             sandbox = drop + sandbox
-        joins = cgroups.procs_files() if cgroups is not None else []
+        joins = [*(cgroups.procs_files() if cgroups is not None else []), *joins]
         prelude = [f"echo $$ > {shlex.quote(str(procs))}" for procs in joins]
         prelude += ulimit_prelude(workspace_rlimits(limits, cgroups is not None))
         return ["/bin/sh", "-c", " && ".join(prelude) + ' && exec "$@"', "sandbox", *sandbox]
@@ -269,6 +250,7 @@ class CommandRunner:
         host kept it waiting for a CPU, and a host that starved it raises SandboxInfraError
         (`workspace_deadline.py`)."""
         cgroups = Cgroups.create(name) if self.use_cgroups else None
+        waits: CpuWaits | None = None
         try:
             if cgroups is not None:
                 cgroups.apply(limits, processes_overhead=WRAPPER_PROCESSES)
@@ -277,6 +259,8 @@ class CommandRunner:
         finally:
             if cgroups is not None:
                 await cgroups.reap()
+            if waits is not None:
+                waits.close()
 
     async def _run(
         self, command: str, mounts: Mounts, uid: int, limits: SandboxLimits,
@@ -288,7 +272,8 @@ class CommandRunner:
             seccomp = os.memfd_create("seccomp")  # bwrap reads it from its offset to its end
             os.write(seccomp, self.seccomp)
             os.lseek(seccomp, 0, os.SEEK_SET)
-            argv = self.argv(command, mounts, uid, limits, cgroups, status_w, seccomp)
+            joins = waits.procs_files() if waits is not None else []
+            argv = self.argv(command, mounts, uid, limits, cgroups, status_w, seccomp, joins)
             process = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -340,54 +325,10 @@ class CommandRunner:
             raise starvation_fault(limits)
         messages = status_messages(reported)
         oom, code, timed_out = event == "limit", process.returncode, deadline != ""
-        return _result(messages, timed_out, oom, limits, duration_ms, stdout, stderr, code)
-
-
-def status_messages(data: bytes) -> dict[str, object]:
-    """bwrap's JSON status messages (one object per line), merged."""
-    merged: dict[str, object] = {}
-    for line in data.decode("utf-8", "replace").splitlines():
-        with contextlib.suppress(ValueError):
-            message = json.loads(line)
-            if isinstance(message, dict):
-                merged.update(message)
-    return merged
-
-
-def _result(
-    messages: dict[str, object], timed_out: bool, oom: bool, limits: SandboxLimits,
-    duration_ms: int, stdout: Capture, stderr: Capture, returncode: int | None,
-) -> CommandResult:  # fmt: skip
-    def not_up(message: str) -> SandboxNotUp:
-        return SandboxNotUp(message, stderr.text(), returncode, timed_out)
-
-    if "child-pid" not in messages:
-        if timed_out:
-            raise not_up(f"the workspace sandbox did not start in {limits.timeout_s}s")
-        raise not_up(f"the workspace sandbox failed to start: {stderr.text()[-2000:]}")
-    code = messages.get("exit-code")
-    exit_code = code if isinstance(code, int) else None
-    if exit_code is None and not (oom or timed_out):  # bwrap itself failed (a mount, a uid)
-        raise not_up(f"the workspace sandbox failed to set up: {stderr.text()[-2000:]}")
-    if oom:
-        status, detail = ExecStatus.MEMORY_EXCEEDED, f"memory limit of {limits.memory_mb} MB"
-    elif timed_out:
-        status, detail = ExecStatus.TIMEOUT, f"wall-clock deadline of {limits.timeout_s}s"
-    elif exit_code == 128 + signal.SIGXCPU:
-        status, detail = ExecStatus.TIMEOUT, f"CPU limit of {limits.cpu_s}s"
-    elif exit_code == 0:
-        status, detail = ExecStatus.PASSED, ""
-    else:
-        status, detail = ExecStatus.FAILED, f"exit status {exit_code}"
-    return CommandResult(
-        status=status,
-        exit_code=exit_code,
-        stdout=stdout.text(),
-        stderr=stderr.text(),
-        truncated=stdout.truncated or stderr.truncated,
-        duration_ms=duration_ms,
-        detail=detail,
-    )
+        gave_away = waits.gave_away if waits is not None else ""
+        return command_result(
+            messages, timed_out, oom, limits, duration_ms, stdout, stderr, code, gave_away
+        )
 
 
 async def _kill(process: asyncio.subprocess.Process, cgroups: Cgroups | None) -> None:

@@ -1,0 +1,113 @@
+"""Attacks on a Harbor script check's deadline by the agent's code, on real bwrap and cgroups.
+
+The check's test.sh runs the workspace's code (as Harbor does), in the sandbox's one pid
+namespace and uid, so that code can SIGSTOP test.sh: it must score 0 as a timeout, never a
+platform fault (retried: a wrong answer would earn endless retries, or an episode skipped).
+
+- Stopped after a burst: forty processes spin for a moment, each waiting for CPUs its siblings
+  hold, so the waits of all their threads add up to far more than the wall time the run lost;
+  then the code stops test.sh. Counted as a sum, those waits excused the stopped time until
+  the starvation bound passed, and the run was the host's starvation (SandboxInfraError). Now
+  the waits are the run's CPU pressure, and the stop, once seen, has the wall clock count (the
+  timeout's detail says so).
+- Idle after a burst: the same burst, then a sleep (no stop): the sum excused the sleep too;
+  with the kernel's CPU pressure of the run, and without it.
+- Stopped without a burst: a timeout at its deadline, not at the starvation bound.
+- A process an agent's step leaves behind to stop the check later: none outlives its step,
+  and the check's sandbox is a pid namespace of its own, so the check runs and passes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from contracts.episode import ToolCall
+from contracts.sandbox import ExecStatus
+from contracts.task import SandboxLimits
+from infra.sandbox import workspace_deadline
+from infra.sandbox.base import SandboxInfraError
+from infra.sandbox.judge import starvation_bound
+from tests.infra.environments.conftest import Rig, needs_root
+
+pytestmark = needs_root
+LIMITS = SandboxLimits(timeout_s=3, cpu_s=60, max_processes=64)
+STOP = "import os, signal, time\nos.kill(os.getppid(), signal.SIGSTOP)\n"
+BURST = (  # forty processes that spin for 0.75 s side by side, then `after` in the parent
+    "import os, signal, time\n"
+    "children = []\n"
+    "for _ in range(40):\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        end = time.monotonic() + 0.75\n"
+    "        while time.monotonic() < end:\n"
+    "            pass\n"
+    "        os._exit(0)\n"
+    "    children.append(pid)\n"
+    "for pid in children:\n"
+    "    os.waitpid(pid, 0)\n"
+    "{after}\n"
+)
+TEST_SH = "python3 solution.py\necho 0 > /logs/verifier/reward.txt\n"
+
+
+async def verified(rig: Rig, solution: str) -> tuple[str, float, str]:
+    """(status, score, detail) of a check whose test.sh runs `solution`, or ("infra_error",
+    seconds it took, the fault)."""
+    spec = rig.spec({"solution.py": solution}, {"test.sh": TEST_SH})
+    state = await rig.env.reset(spec, "s0")
+    started = time.monotonic()
+    try:
+        graded = await rig.env.verify(spec, state, LIMITS)
+    except SandboxInfraError as exc:  # retried, never a score
+        return "infra_error", time.monotonic() - started, f"{type(exc).__name__}: {exc}"
+    return str(graded.result.status), graded.score, graded.result.detail
+
+
+@pytest.mark.asyncio
+async def test_a_check_its_code_stops_after_a_burst_scores_a_timeout(rig: Rig) -> None:
+    status, score, detail = await verified(rig, BURST.format(after=STOP))
+    assert (status, score) == (ExecStatus.TIMEOUT, 0.0), detail
+    assert "stopped" in detail, detail
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("pressure", [True, False], ids=["pressure", "no pressure"])
+async def test_a_check_its_code_leaves_idle_after_a_burst_scores_a_timeout(
+    rig: Rig, pressure: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the kernel's CPU pressure of the run, and without it (the threads' waits, at most
+    the wall time between two looks)."""
+    if not pressure:
+        monkeypatch.setattr(workspace_deadline, "pressure_group", lambda name: None)
+    status, score, detail = await verified(rig, BURST.format(after="time.sleep(3600)"))
+    assert (status, score) == (ExecStatus.TIMEOUT, 0.0), detail
+
+
+@pytest.mark.asyncio
+async def test_a_check_its_code_stops_is_a_timeout_at_its_deadline(rig: Rig) -> None:
+    """No burst: the stopped time is the run's own, so it ends at its deadline, not the
+    starvation bound's."""
+    started = time.monotonic()
+    status, score, detail = await verified(rig, STOP)
+    assert (status, score) == (ExecStatus.TIMEOUT, 0.0), detail
+    assert time.monotonic() - started < starvation_bound(LIMITS.timeout_s) / 2, detail
+
+
+@pytest.mark.asyncio
+async def test_a_process_an_agents_step_leaves_cannot_stop_the_check(rig: Rig) -> None:
+    test_sh = "sleep 1.5\necho 1 > /logs/verifier/reward.txt\n"
+    spec = rig.spec({"a.txt": "a\n"}, {"test.sh": test_sh})
+    state = await rig.env.reset(spec, "s0")
+    stopper = (  # tries every way a leftover could reach the check: by name and every pid
+        '(setsid sh -c \'trap "" HUP TERM; sleep 1; while :; do pkill -STOP -f test.sh; '
+        "kill -STOP -1; sleep 0.05; done' > /dev/null 2>&1 < /dev/null &); echo left"
+    )
+    call = ToolCall(name="bash", arguments={"command": stopper})
+    state, seen = await rig.env.step(state, call, LIMITS)
+    assert "left" in seen.text, seen.text
+    started = time.monotonic()
+    graded = await rig.env.verify(spec, state, LIMITS)
+    assert graded.score == 1.0, graded.result
+    assert time.monotonic() - started < starvation_bound(LIMITS.timeout_s)
