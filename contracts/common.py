@@ -64,9 +64,10 @@ class SignalPayload(Contract):
     each has continued as new onto the current one (worker versioning pins the other), and the
     SDK drops, with a log line only, a signal whose payload fails to decode: a newer learner's
     `learner_progress` or `learner_done` was lost on an older run, which then waited for ever.
-    A field a build adds to a signal therefore has a default, and means nothing to older
-    builds. Workflow inputs and activity requests keep refusing unknown fields: a build decodes
-    only those of its own build (pinned) or of an earlier one (continue-as-new upgrades)."""
+    A field a build adds to a signal needs a default (an older sender leaves it out) and is
+    lost on an older receiver. Workflow inputs and activity requests keep refusing unknown
+    fields, so that a typo is an error: a workflow's input comes from its own build or an
+    earlier one, and activity contracts change additively (README, "Safe upgrades")."""
 
     model_config = ConfigDict(extra="ignore")
 

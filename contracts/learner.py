@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from contracts.common import Contract, Identifier, InputContract, ObjectRef
+from contracts.common import Contract, Identifier, InputContract, ObjectRef, SignalPayload
 
 
 class PolicyVersion(Contract):
@@ -35,8 +35,9 @@ def has_signal(rewards: Sequence[float]) -> bool:
     return len(rewards) >= 2 and max(rewards) != min(rewards)
 
 
-class TrajectoryGroup(Contract):
-    """One finished agent task: its G trajectories, delivered to the learner by signal."""
+class TrajectoryGroup(SignalPayload):
+    """One finished agent task: its G trajectories, delivered to the learner by signal
+    (`add_groups`)."""
 
     task_id: str
     trajectories: list[ObjectRef]
@@ -274,14 +275,14 @@ class LearnerInput(Contract):
     )
 
 
-class LearnerDone(Contract):
+class LearnerDone(SignalPayload):
     """Signal `learner_done` from the learner to its training run: how it ended."""
 
     final: LearnerInput | None = Field(default=None, description="Its last state, if it ended.")
     error: str | None = Field(default=None, description="Why it failed, if it failed.")
 
 
-class LearnerProgress(Contract):
+class LearnerProgress(SignalPayload):
     """Signal from the learner to its training run after each step."""
 
     step: int

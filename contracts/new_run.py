@@ -1,6 +1,7 @@
 """What a new training run may not start with (`TrainingRunInput.new_run_problem`, asked where a
 run is built, `infra.presets.load_preset`): what it could only waste its time on, and values
-past what it can use of fields that have no upper bound.
+past what it can use of fields that have no upper bound, and a run id `tempered runs rm` would
+take for another run's evaluation.
 
 These are not field bounds because inputs recorded before must still decode: a new bound on an
 old field would fail an in-flight run's replay. The learner's own rules are
@@ -11,6 +12,8 @@ inference backend) is `tempered train`'s (`workers/cli/train_inputs.py`).
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from contracts.names import is_evaluation
 
 if TYPE_CHECKING:
     from contracts.run import TrainingRunInput
@@ -27,6 +30,11 @@ MAX_SEED = 2**63 - 1
 
 def new_run_problem(run: TrainingRunInput) -> str | None:
     """Why a new run may not start with `run` (None: it may)."""
+    if is_evaluation(run.run_id):  # not a field rule: runs stored with such an id must decode
+        return (
+            f"run_id: {run.run_id!r} has the form of an evaluation's run id (<run>-eval-v<N>): "
+            "`tempered runs rm <run>` would take it along; choose another run id"
+        )
     if run.seed < 0:  # random.Random seeds with abs(): -1 would draw as 1 does
         return f"seed = {run.seed}: a seed is 0 or more (-{-run.seed} draws as {-run.seed})"
     if run.group_size < 2:  # GRPO's advantage is an episode's reward against its group's

@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 from datetime import datetime
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from contracts.common import MAX_ID, Contract, Identifier, InputContract, is_identifier
 from contracts.errors import ErrorType, fail
@@ -130,7 +130,8 @@ def drawn_task(order: Sequence[TaskSpec], index: int) -> TaskSpec:
     """The `index`-th task a run starts: the order repeats in epochs, `<id>-e<epoch>`. A drawn id
     over an id's `MAX_ID` characters fails the run (INVALID_TASK, not retried), naming the task: its
     task workflow could not decode its input and would be retried for ever. Checked here, not on
-    `TaskSpec`: suites stored by earlier runs must still decode."""
+    `TaskSpec`: suites stored by earlier runs must still decode. No patch: a run of an earlier
+    build that drew such an id waits for ever on a task that cannot run (already stuck)."""
     epoch, position = divmod(index, len(order))
     task = order[position]
     drawn = f"{task.id}-e{epoch}"
@@ -193,7 +194,8 @@ class TrainingRunInput(InputContract):
 
     run_id: Identifier
     """The run's id: its workflow is `train-<run_id>`, its objects live under `runs/<run_id>/`;
-    a new run's must be new (`tempered train --run-id`, default `run-<timestamp>`)."""
+    a new run's must be new (`tempered train --run-id`, default `run-<timestamp>`) and not of an
+    evaluation's form (`new_run_problem`)."""
     suite: str = "starter"
     """Task suite: a built-in one (`starter`, `basics`, `workspace`), `FILE.jsonl` or
     `harbor:DIR`; its training tasks are drawn, its held-out ones evaluated."""
@@ -278,16 +280,6 @@ class TrainingRunInput(InputContract):
     resume: "RunResume | None" = Field(
         default=None, description="Set by the run itself when it continues as new."
     )
-
-    @field_validator("run_id")
-    @classmethod
-    def _not_an_evaluations(cls, run_id: str) -> str:
-        if is_evaluation(run_id):
-            raise ValueError(
-                f"{run_id!r} has the form of an evaluation's run id (<run>-eval-v<N>): "
-                "`tempered runs rm <run>` would take it along; choose another run id"
-            )
-        return run_id
 
     def new_run_problem(self) -> str | None:
         """Why a new run may not start with this input (None: it may), asked where a run is built

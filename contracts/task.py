@@ -56,9 +56,10 @@ class TaskSpec(Contract):
         "`check(entry_point)`), counted in the verdict like every other unit, whose failures are "
         "never shown: the checker reports only 'a hidden test failed (<exception type>)', so a "
         "program cannot special-case what its feedback showed. Each top-level assert is one unit "
-        "(`judge.split_tests`), and there must be one at least (`hidden_tests_problem`: a hidden "
-        "`def check(candidate)` would never be called). The `starter` suite holds half its "
-        "asserts here; HumanEval and other suites have none (HumanEval's `check` is one function).",
+        "(`judge.split_tests`), and there must be one at least (`hidden_tests_problem`, asked "
+        "where tasks load: a hidden `def check(candidate)` would never be called). The `starter` "
+        "suite holds half its asserts here; HumanEval and other suites have none (HumanEval's "
+        "`check` is one function).",
     )
     helpers: str = Field(
         default="",
@@ -78,14 +79,22 @@ class TaskSpec(Contract):
             raise ValueError("a code task needs entry_point and tests")
         if self.env is EnvName.WORKSPACE and self.workspace is None:
             raise ValueError("a workspace task needs workspace (files and verifier)")
-        if problem := hidden_tests_problem(self.hidden_tests):
-            raise ValueError(f"hidden_tests: {problem}")
         return self
+
+    def load_problem(self) -> str | None:
+        """Why this task may not be loaded into a run or an evaluation (None: it may), asked
+        where task files load (`infra.tasks.jsonl.parse_line`), not on decode: a run carries its
+        suite through every continue-as-new (`RunResume.tasks`), so a suite an earlier release
+        stored must still decode, or the run's next segment fails for ever."""
+        if problem := hidden_tests_problem(self.hidden_tests):
+            return f"hidden_tests: {problem}"
+        return None
 
 
 def hidden_tests_problem(hidden: str) -> str:
     """Why `hidden` cannot be a task's hidden tests, or "" when it can: the rule, in its one home
-    (TaskSpec validation, `judge.split_tests` and `tempered sandbox run --hidden-tests` apply it).
+    (`TaskSpec.load_problem`, `judge.split_tests` and `tempered sandbox run --hidden-tests` apply
+    it).
 
     Hidden tests are top-level asserts (with setup statements between them), at least one. The
     checker calls only the shown tests' `check` with the entry point, before the hidden units: a

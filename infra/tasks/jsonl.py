@@ -21,7 +21,9 @@ from contracts.task import TaskSpec
 
 
 def parse_line(text: str, where: str) -> TaskSpec:
-    """One line as a `TaskSpec`; `where` ("file:line") prefixes any error."""
+    """One line as a `TaskSpec` a run may load (`TaskSpec.load_problem`: rules a task stored by
+    an earlier release may break, so not the contract's); `where` ("file:line") prefixes any
+    error."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -29,9 +31,12 @@ def parse_line(text: str, where: str) -> TaskSpec:
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
     try:
-        return TaskSpec.model_validate(data)
+        task = TaskSpec.model_validate(data)
     except ValidationError as exc:
         raise ValueError(f"{where}: {describe_validation_error(exc)}") from None
+    if problem := task.load_problem():
+        raise ValueError(f"{where}: {problem}")
+    return task
 
 
 def read_jsonl(path: str | Path) -> list[TaskSpec]:

@@ -88,6 +88,11 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     # patch marker): tests/workflows/test_training_run_order.py with TEMPERED_RECORD_HISTORIES=1,
     # a slow task's group held back the next step's four, sent after it in one signal
     "training_run_ordered.json": (TrainingRunWorkflow, "train-order"),
+    # recorded on a later release (the same patch marker): a run in that order that redrew 5
+    # flat groups and drained held groups to continue as new, both its segments
+    # (tests/workflows/test_replay_ordered.py's `test_record`, TEMPERED_RECORD_HISTORIES=1)
+    "training_run_ordered_redraws.json": (TrainingRunWorkflow, "train-order-5"),
+    "training_run_ordered_redraws_1.json": (TrainingRunWorkflow, "train-order-5"),
 }
 
 

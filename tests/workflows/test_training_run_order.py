@@ -23,12 +23,15 @@ from tests.workflows.control_plane import (
     ScriptedTrainer,
     StandInAgentTask,
     control_plane,
+    run_histories,
     run_to_end,
 )
 from tests.workflows.replaying import replay
 from workflows.training_run import ORDERED_GROUPS_PATCH, TrainingRunWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
+ORDERED_SEGMENTS = ("training_run_ordered_redraws.json", "training_run_ordered_redraws_1.json")
+"""The two segments of the run with 5 redraws, replayed by test_replay_ordered.py."""
 RUN = TrainingRunInput(  # the default preset's shape
     run_id="order",
     steps=3,
@@ -115,6 +118,10 @@ async def test_no_group_is_dropped_as_stale(store: ObjectStore, redraws: int) ->
         control_plane(env.client, store, ScriptedSuite(train=60, flat_every=3), trainer),
     ):
         result, continued = await run_to_end(env.client, run, f"train-order-{redraws}")
+        if redraws and os.environ.get("TEMPERED_RECORD_HISTORIES"):  # test_replay_ordered.py's
+            histories = await run_histories(env.client, f"train-order-{redraws}")
+            for name, history in zip(ORDERED_SEGMENTS, histories, strict=True):
+                (HISTORIES / name).write_text(history.to_json())
     trained = trainer.trained()
     assert not dropped(trainer, run), f"dropped as stale: {dropped(trainer, run)}"
     assert continued, "no continue-as-new"
