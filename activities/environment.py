@@ -80,6 +80,7 @@ from infra import keys
 from infra.environments.base import Graded
 from infra.environments.checks import BadReward, InvalidTask
 from infra.environments.sessions import Session, SessionHost
+from infra.environments.snapshot_chain import episode_folder
 from infra.environments.snapshots import StoreObjects, Trees
 from infra.environments.tree import TreeError
 from infra.environments.workspace import SessionLost, WorkspaceEnvironment, WorkspaceState
@@ -220,6 +221,7 @@ class EnvironmentActivities:
                 tool=tool,
             ),
             sandbox_in_flight(WORKSPACE_BACKEND),
+            episode_folder(req.run_id, req.task_id, item.sample),  # retention deletes it
         ):
             started = time.perf_counter()
             try:

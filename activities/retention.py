@@ -1,5 +1,7 @@
 """The `prune_policies` activity (queue `rewards`): delete a training run's policy versions below
-a bound while it trains, with the blobs only they name (`infra.retention.prune_below`).
+a bound while it trains, with the blobs only they name (`infra.retention.prune_below`), and the
+workspace snapshots of its episodes that are done (`infra.retention.prune_snapshots`: those
+whose trajectory is written, which nothing restores again).
 
 The bound is the workflow's to choose (`workflows/retention.py`: version 0, the newest
 `keep_versions` and every version still read stay), with the bound its last prune reached
@@ -18,7 +20,7 @@ from temporalio import activity
 from activities.heartbeat import heartbeating
 from contracts.names import Activity
 from contracts.run import PrunePoliciesRequest, PrunePoliciesResponse
-from infra.retention import prune_below
+from infra.retention import prune_below, prune_snapshots
 from infra.storage import ObjectStore
 
 
@@ -35,4 +37,7 @@ class RetentionActivities:
         )
         if deleted:
             activity.logger.info("run %s: deleted policy versions %s", request.run_id, deleted)
+        swept = await heartbeating(asyncio.to_thread(prune_snapshots, self.store, request.run_id))
+        if swept:
+            activity.logger.info("run %s: deleted %d snapshot objects", request.run_id, swept)
         return PrunePoliciesResponse(deleted=deleted)

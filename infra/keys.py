@@ -26,8 +26,13 @@ runs/<run>/tasks/<task>/s<sample>/verdict-<sha>.json         the verifier's Exec
 removed/<run>.json                                           `tempered runs rm`'s record:
                          the id is not used again (machines that served the run may still
                          cache its policies and ledger under it)
+runs/<run>/snapshots/<task>--s<sample>/<sha>.json.z          a snapshot of an episode's
+                         workspace, named by its digest (infra/environments/snapshot_chain.py):
+                         the run's retention deletes the folder once the episode's trajectory
+                         is written, and every folder once the run has finished
 workspaces/trees/<sha[:2]>/<sha>.json.z                      a tree (snapshots, initial
-                         workspaces, hidden tests): its manifest and the contents new in it
+                         workspaces, hidden tests; snapshots whose episode no caller named):
+                         its manifest and the contents new in it
 workspaces/packs/<sha[:2]>/<sha>.z                           file contents of trees stored
                          before contents moved into the tree's object (read only); both
                          content-addressed, shared by every run (infra/environments/tree.py)
@@ -69,8 +74,19 @@ def trajectories_prefix(run: str) -> str:
     return f"runs/{run}/trajectories/"
 
 
+def episode_name(task: str, sample: int) -> str:
+    """How keys name one episode of a run: `<task>--s<sample>`."""
+    return f"{task}--s{sample}"
+
+
 def trajectory_key(run: str, task: str, sample: int) -> str:
-    return f"{trajectories_prefix(run)}{task}--s{sample}.json"
+    return f"{trajectories_prefix(run)}{episode_name(task, sample)}.json"
+
+
+def trajectory_episode(run: str, key: str) -> str | None:
+    """The episode (`episode_name`) whose trajectory `key` is, None for another key."""
+    name = key.removeprefix(trajectories_prefix(run))
+    return name.removesuffix(".json") if name != key and name.endswith(".json") else None
 
 
 def rewards_prefix(run: str, grader: str | None = None) -> str:
@@ -79,7 +95,7 @@ def rewards_prefix(run: str, grader: str | None = None) -> str:
 
 
 def reward_key(run: str, grader: str, task: str, sample: int) -> str:
-    return f"{rewards_prefix(run, grader)}{task}--s{sample}.json"
+    return f"{rewards_prefix(run, grader)}{episode_name(task, sample)}.json"
 
 
 def policies_prefix(run: str) -> str:
@@ -154,3 +170,23 @@ def pack_key(digest: str) -> str:
 
 def tree_key(digest: str) -> str:
     return f"workspaces/trees/{digest[:2]}/{digest}.json.z"
+
+
+def snapshots_prefix(run: str) -> str:
+    return f"runs/{run}/snapshots/"
+
+
+def episode_snapshots_prefix(run: str, task: str, sample: int) -> str:
+    """The folder of one episode's snapshots."""
+    return f"{snapshots_prefix(run)}{episode_name(task, sample)}/"
+
+
+def snapshot_key(folder: str, digest: str) -> str:
+    """A snapshot in `folder` (`episode_snapshots_prefix`), named by its digest."""
+    return f"{folder}{digest}.json.z"
+
+
+def snapshot_episode(run: str, key: str) -> str | None:
+    """The episode (`episode_name`) whose snapshot `key` is, None for another key."""
+    name, slash, _ = key.removeprefix(snapshots_prefix(run)).partition("/")
+    return name if slash and key.startswith(snapshots_prefix(run)) else None

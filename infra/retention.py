@@ -1,8 +1,12 @@
-"""Retention of a run's policy versions: which to delete, and the blobs only they name.
+"""Retention of a run's policy versions (which to delete, and the blobs only they name) and of
+its workspace snapshots.
 
     prune_versions(store, run, keep=K)   # a finished run (`tempered runs prune`): all but v0,
                                          # the one latest.json names and the newest K, then
-                                         # every blob no kept one names
+                                         # every blob no kept one names; and every snapshot
+                                         # of the run and of its evaluations
+    prune_snapshots(store, run)          # a run still training (activity `prune_policies`):
+                                         # the snapshots of the episodes that are done
     prune_below(store, run, below=B, since=S)   # a run still training (`keep_versions`,
                                          # activity `prune_policies`): versions S .. B-1, the
                                          # earlier ones deleted by the prunes before (S = None:
@@ -36,6 +40,19 @@ below its bound (it may be below `since`: nothing else would look at it again), 
 Not covered: a prune that read the markers just before a reader wrote its one, and deletes the
 version just after the reader looked for it again once marked (`tempered eval` looks, and
 refuses to start where the version is gone).
+
+Snapshots: a `workspace` episode's steps store its workspace in the episode's folder
+(`keys.episode_snapshots_prefix`, infra/environments/snapshot_chain.py), read back only to
+restore the episode's session elsewhere and, at DONE, to verify its final tree; its trajectory
+is written after both, so an episode with a trajectory reads them no more, and neither does
+anything else (a folder holds only its episode's objects: a snapshot that another one is
+stored against, or whose contents it keeps using, is of the same episode, or is a shared tree
+of `workspaces/`, which is never deleted here). A live prune deletes those folders, a
+finished run's prune every folder of the run and of its evaluations. Not covered: the
+snapshots of an episode that never wrote a trajectory (its task failed, or the run was
+stopped) until the run's prune, nor those of a run without `keep_versions` (no live prune
+runs) or of its evaluations (runs of their own) until then; snapshots that no step named the
+episode of, or that an older build stored, among the shared trees, are never deleted.
 """
 
 from __future__ import annotations
@@ -49,6 +66,7 @@ from collections.abc import Iterator
 from pydantic import BaseModel, ValidationError
 
 from contracts.learner import PolicyManifest
+from contracts.names import evaluates
 from infra import keys
 from infra.policy import latest_policy, policy_manifest, policy_versions
 from infra.storage import ObjectNotFound, ObjectStore, StorageError
@@ -73,9 +91,10 @@ class PolicyReader(BaseModel):
 
 def prune_versions(store: ObjectStore, run_id: str, keep: int) -> list[int]:
     """Delete the versions of a finished run but version 0, the newest `keep` and (`keep` > 0)
-    the one latest.json names, then every blob no kept version names. Returns the versions
-    deleted (an S3 store may still list their empty prefixes). The caller makes sure nothing
-    serves the run any more; a version a live reader marks stays all the same."""
+    the one latest.json names, then every blob no kept version names, and the workspace
+    snapshots of the run and of its evaluations. Returns the versions deleted (an S3 store may
+    still list their empty prefixes). The caller makes sure nothing serves the run any more;
+    a version a live reader marks stays all the same."""
     versions = policy_versions(store, run_id)
     live, ended = _readers(store, run_id)
     kept = {0, *live}
@@ -84,7 +103,25 @@ def prune_versions(store: ObjectStore, run_id: str, keep: int) -> list[int]:
         kept |= {*versions[-keep:], *([latest.version] if latest else [])}
     deleted = _prune(store, run_id, versions, kept, sweep=True)
     store.delete_keys(sorted(ended))
+    evaluations = [
+        run
+        for prefix in store.list_prefixes(keys.RUNS_PREFIX)
+        if evaluates(run := prefix.removeprefix(keys.RUNS_PREFIX).rstrip("/"), run_id)
+    ]
+    for run in (run_id, *evaluations):
+        prune_snapshots(store, run, finished=True)
     return deleted
+
+
+def prune_snapshots(store: ObjectStore, run_id: str, finished: bool = False) -> int:
+    """Delete the workspace snapshots of `run_id`'s episodes whose trajectory is written, or
+    (`finished`: nothing works on the run any more) every one. Returns how many objects."""
+    stored = list(store.list_keys(keys.snapshots_prefix(run_id)))
+    if stored and not finished:
+        trajectories = store.list_keys(keys.trajectories_prefix(run_id))
+        done = {keys.trajectory_episode(run_id, key) for key in trajectories} - {None}
+        stored = [key for key in stored if keys.snapshot_episode(run_id, key) in done]
+    return store.delete_keys(stored)
 
 
 def prune_below(store: ObjectStore, run_id: str, below: int, since: int | None = None) -> list[int]:

@@ -18,7 +18,8 @@ fetches: a tree spans at most `MAX_PACKS` objects, and they hold at most twice i
 - Dead bytes: once the objects hold more than twice the live bytes (files deleted or
   replaced), all are taken: an upload no larger than what died since the last.
 
-Not covered: the manifest itself, uploaded whole by every snapshot (some 90 B a file).
+The manifest is stored as changes against an earlier snapshot of the episode (skip deltas:
+infra/environments/snapshot_chain.py), so a step uploads about what it changed.
 """
 
 from __future__ import annotations

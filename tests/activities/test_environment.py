@@ -31,6 +31,7 @@ from contracts.episode import (
 from contracts.errors import ErrorType
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
+from infra import keys
 from infra.environments.mounts import remove_tree
 from infra.environments.tree import Check, TreeError, pack_files
 from infra.sandbox.local import LocalBackend
@@ -127,6 +128,10 @@ async def test_an_episode_through_the_activities(
         and outcome[1].session.tree_digest != sessions[1].tree_digest
     )
     assert store.head(outcome[1].session.snapshot.key) == outcome[1].session.snapshot
+    # in the episode's folder, which retention deletes once its trajectory is written
+    assert outcome[1].session.snapshot.key.startswith(
+        keys.episode_snapshots_prefix(RUN, TASK.spec.id, 1)
+    )
     sessions = {s: o.session for s, o in outcome.items()}
     submit = ToolCall(name="submit")
     steps = await ActivityEnvironment().run(acts.env_step, step(sessions, 1, {1: submit}))

@@ -1,6 +1,7 @@
-"""The `prune_policies` activity deletes from the bound the run's last prune reached (`since`)
-and heartbeats while it deletes, as often as its heartbeat timeout needs (the deletion itself:
-tests/infra/test_retention*.py; the bounds it is given: tests/workflows/test_retention*.py)."""
+"""The `prune_policies` activity deletes from the bound the run's last prune reached (`since`),
+and the snapshots of the episodes that are done, and heartbeats while it deletes, as often as
+its heartbeat timeout needs (the deletion itself: tests/infra/test_retention*.py; the bounds it
+is given: tests/workflows/test_retention*.py)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from infra.storage import ObjectStore
 from tests.activities.heartbeats import timing_out_after
 from tests.fixtures.temporal import TemporalServer
 from tests.infra.test_retention_bounds import publish_fakes, published
+from tests.infra.test_retention_snapshots import done, folder, stepped
 
 QUEUE = "prune-heartbeats"
 
@@ -38,6 +40,19 @@ async def test_a_prune_told_the_last_bound_looks_only_above_it(store: ObjectStor
     request = PrunePoliciesRequest(run_id="told", below=4)  # an older run's: every version
     pruned = await ActivityEnvironment().run(RetentionActivities(store).prune_policies, request)
     assert pruned.deleted == [1, 2] and published(store, "told", 6) == [0, 4, 5]
+
+
+@pytest.mark.asyncio
+async def test_a_prune_deletes_the_snapshots_of_the_episodes_that_are_done(
+    store: ObjectStore,
+) -> None:
+    """As the run goes: an episode's snapshots once its trajectory is written, and no other's."""
+    for sample in (0, 1):
+        stepped(store, "swept", "t", sample)
+    done(store, "swept", "t", 0)
+    request = PrunePoliciesRequest(run_id="swept", below=2)
+    await ActivityEnvironment().run(RetentionActivities(store).prune_policies, request)
+    assert not folder(store, "swept", "t", 0) and len(folder(store, "swept", "t", 1)) == 5
 
 
 def slow(store: ObjectStore, run_id: str, below: int, since: int | None = None) -> list[int]:

@@ -8,7 +8,9 @@
     tempered regrade RUN --grader v2 [--suite S]  re-score stored final programs, no generation
     tempered runs rm RUN [RUN ...] [--force]      delete runs: their objects (their evaluations'
                                                   too) and their locally cached policy versions
-    tempered runs prune RUN [...] [--keep K]      delete policy versions but v0 and the newest K
+    tempered runs prune RUN [...] [--keep K]      delete policy versions but v0 and the newest K,
+                                                  and the workspace snapshots of the run and of
+                                                  its evaluations
 
 `regrade` re-scores each trajectory's final program against the task's tests *as the task
 suite defines them now* (suite from `--suite`, else the run's `run.json`, else `starter`); the
@@ -81,7 +83,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         "--force", action="store_true", help="also when Temporal cannot say whether they run"
     )
     remove.set_defaults(func=runs_rm)
-    prune = actions.add_parser("prune", help="delete finished runs' older policy versions")
+    prune = actions.add_parser(
+        "prune", help="delete finished runs' older policy versions and their workspace snapshots"
+    )
     prune.add_argument("runs", nargs="+", metavar="RUN", type=run_id)
     prune.add_argument(
         "--keep", type=natural, default=1, help="newest versions to keep besides v0 (default 1)"

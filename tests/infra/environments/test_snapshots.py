@@ -219,9 +219,11 @@ def test_trees_in_s3(store: ObjectStore) -> None:
     ]
     ref, later = trees.commit(changed, {sha256(b"new"): b"new"}, manifest)
     assert later.packs == manifest.all_packs()  # "same" is not uploaded again
-    store.delete(packed.ref.key)
-    with pytest.raises(TreeError, match="missing"):
+    store.delete(packed.ref.key)  # the tree `later` is stored against, and holds "same"
+    with pytest.raises(TreeError, match=f"no tree at {packed.ref.key}"):
         Trees(StoreObjects(store)).get_contents(Trees(StoreObjects(store)).get_manifest(ref))
+    with pytest.raises(TreeError, match="missing"):  # its contents' object, where it has a base
+        Trees(StoreObjects(store)).get_contents(later)
     with pytest.raises(TreeError, match="no tree"):
         trees.get_manifest(ObjectRef(key="workspaces/trees/none", size=1, sha256="1" * 64))
 

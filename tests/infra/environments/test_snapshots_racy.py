@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from infra.environments import snapshots
+from infra.environments import snapshot_scan
 from infra.environments.disk import restore
 from infra.environments.snapshots import MemoryObjects, Scanner, Trees
 from infra.environments.tree import Manifest, tree_digest
@@ -49,7 +49,7 @@ class _CoarseOs:
 
 @pytest.fixture
 def coarse_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(snapshots, "os", _CoarseOs())
+    monkeypatch.setattr(snapshot_scan, "os", _CoarseOs())
 
 
 def _content(trees: Trees, manifest: Manifest, path: str) -> bytes:
@@ -70,7 +70,7 @@ def test_a_rewrite_in_the_tick_of_a_restore_is_snapshotted(
     """A retried step on a moved session: restore, prime, then `write_file` ms later (a prime
     that waits for the frozen clock gives up after `SETTLE_NS`)."""
     if waits:
-        monkeypatch.setattr(snapshots, "REREAD_BYTES", -1, raising=False)
+        monkeypatch.setattr(snapshot_scan, "REREAD_BYTES", -1, raising=False)
     source, workspace = tmp_path / "source", tmp_path / "workspace"
     source.mkdir()
     workspace.mkdir()
@@ -103,7 +103,7 @@ def test_a_rewrite_in_the_tick_of_a_scan_is_snapshotted(
 def test_a_primed_tree_is_not_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fast path a restore keeps (this kernel's clock): for a tree too large to read again
     (here: any), `prime` waits for its files to be old enough, and the next scan opens none."""
-    monkeypatch.setattr(snapshots, "REREAD_BYTES", -1)
+    monkeypatch.setattr(snapshot_scan, "REREAD_BYTES", -1)
     source, workspace = tmp_path / "source", tmp_path / "workspace"
     source.mkdir()
     workspace.mkdir()
@@ -128,7 +128,7 @@ def test_a_primed_tree_is_not_read_again(tmp_path: Path, monkeypatch: pytest.Mon
 
 def _settle(path: Path) -> None:
     newest = max(path.stat().st_mtime_ns, path.stat().st_ctime_ns)
-    while snapshots.coarse_now() <= newest + snapshots.RACY_NS:
+    while snapshot_scan.coarse_now() <= newest + snapshot_scan.RACY_NS:
         time.sleep(0.001)
 
 
