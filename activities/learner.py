@@ -27,6 +27,9 @@ behind a cancelled one's compute.
 The ack lists every trajectory id trained on (its tokens were in the applied update), every
 one skipped with the reason (a group whose samples all scored the same gives no gradient), and
 every one dropped as stale, so "trained on exactly once" is auditable from the store alone.
+The step's telemetry (its time, its trajectories' staleness) is recorded by the attempt whose
+version was published, once: not by an answer from a recorded step (1, 2), nor by an attempt that
+failed or lost the publish to another.
 """
 
 from __future__ import annotations
@@ -142,9 +145,7 @@ class LearnerActivities:
             policy_version=req.step + 1,
             groups=len(req.groups),
         ):
-            response = await _in_thread(lambda stop: self._step(req, progress, stop), progress)
-        record_learner_step(response.duration_s)
-        return response
+            return await _in_thread(lambda stop: self._step(req, progress, stop), progress)
 
     # -- the step, in a thread ----------------------------------------------------------------
 
@@ -212,8 +213,6 @@ class LearnerActivities:
         engine = self._engine_at(req.run_id, req.step, req.config, progress)
         progress["phase"] = "read trajectories"
         groups = [self._read_group(req, g) for g in range(len(req.groups))]
-        for trajectory in (t for group in groups for t in group):
-            record_staleness(req.step - trajectory.policy_version)
         rewards = [t.reward for group in groups for t in group]
 
         def beat() -> None:
@@ -270,6 +269,10 @@ class LearnerActivities:
         response, published = self._acknowledge(policy)
         if published.attempt != attempt:
             engine.version = None  # another attempt's weights won the publish: reload them
+        else:  # the step is recorded once, by the attempt whose version is out
+            record_learner_step(metrics.duration_s)
+            for trajectory in (t for group in groups for t in group):
+                record_staleness(req.step - trajectory.policy_version)
         return response
 
     def _engine_at(

@@ -7,7 +7,8 @@ A `workspace` step's call is stored whole: the request holds its brief, and a br
 is parsed again from the step's completion text (`toolcalls.full_call`).
 The document is a pure function of the request and of those artefacts (its timestamps come from
 the completion records, never from the clock), so a retried activity writes identical bytes and
-reports `created=0`.
+reports `created=0`. The reward counters (`infra.telemetry.record_rewards`) count the samples
+whose trajectory the attempt created, so a retry counts none twice.
 
 Storage failures propagate as retryable errors (S3 down is never a reward); a request that can
 never succeed (an episode that never ended, a `code` step never executed, an `infra_error`
@@ -120,11 +121,9 @@ class RewardActivities:
         )
         refs = [ref for ref, _ in written]
         created = sum(new for _, new in written)
-        record_rewards(
-            sum(s.reward for s in req.samples) / len(req.samples),
-            sum(s.solved for s in req.samples) / len(req.samples),
-            run_id=req.run_id,
-        )
+        # the samples this attempt wrote: a retry counts none of an earlier attempt's again
+        new = [sample for sample, (_, is_new) in zip(req.samples, written, strict=True) if is_new]
+        record_rewards([s.reward for s in new], [s.solved for s in new], run_id=req.run_id)
         return WriteTrajectoriesResponse(trajectories=refs, created=created)
 
     def _assemble(

@@ -50,6 +50,7 @@ from infra.settings_env import (
     origins,
     toml_sources,
 )
+from infra.telemetry_export import check_otlp_endpoint
 
 SandboxBackendName = Literal["local", "gvisor", "kubernetes"]
 InferenceBackendName = Literal["local", "vllm"]
@@ -228,7 +229,15 @@ class LearnerSettings(Section):
 
 class TelemetrySettings(Section):
     otlp_endpoint: str | None = None
-    """OTLP gRPC endpoint; None writes JSONL under the state dir instead."""
+    """OTLP gRPC endpoint, an http:// or https:// URL (a bare host:port would pick TLS, or fail
+    Temporal's runtime at start); None falls back to OTEL_EXPORTER_OTLP_ENDPOINT, else writes
+    JSONL under the state dir."""
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _a_url(cls, endpoint: str | None) -> str | None:
+        return endpoint and check_otlp_endpoint(endpoint)
+
     prometheus_port: int = Field(default=0, ge=0, le=65535 - 14)
     """Base port of per-worker Prometheus endpoints; 0 disables them. A worker serves at the
     base plus its queue's offset (0-4) and the SDK's metrics 10 above that: all must be ports."""

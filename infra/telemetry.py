@@ -10,11 +10,13 @@ Each worker calls `setup_telemetry` once at start and `shutdown()` on exit:
         record_sandbox_run("local", "passed", 0.12)
     telemetry.shutdown()
 
-Spans and metrics go to the OTLP gRPC collector at `settings.telemetry.otlp_endpoint`, or,
-without one, to `<home>/telemetry/<service>-<pid>.jsonl`, which `read_live_figures` (used by
-`tempered status`) aggregates. With `settings.telemetry.prometheus_port > 0` each worker also
-serves its metrics at `http://<host>:<port_for(service)>/metrics` and the Temporal SDK's own
-metrics `SDK_PORT_SHIFT` ports above. The `record_*` helpers are no-ops until setup; the
+Spans and metrics go to the OTLP gRPC collector at `settings.telemetry.otlp_endpoint` (else
+`OTEL_EXPORTER_OTLP_ENDPOINT`), or, without one, to `<home>/telemetry/<service>-<pid>-<started>
+.jsonl` (`infra.telemetry_files`), which `read_live_figures` (used by `tempered status`)
+aggregates; `OTEL_SDK_DISABLED=true` exports nothing (`infra.telemetry_export` says what of
+OpenTelemetry's variables is honoured). With `settings.telemetry.prometheus_port > 0` each worker
+also serves its metrics at `http://<host>:<port_for(service)>/metrics` and the Temporal SDK's
+own metrics `SDK_PORT_SHIFT` ports above. The `record_*` helpers are no-ops until setup; the
 instruments they record onto (names, units, buckets) are defined in `telemetry_instruments.py`.
 `shutdown()` waits `SHUTDOWN_S` at most for the exporters' last flush (a collector that does not
 answer costs a worker's stop no more); what they have not sent by then is lost.
@@ -26,11 +28,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import psutil
 import temporalio.activity
 import temporalio.client
 import temporalio.worker
@@ -51,9 +54,16 @@ from temporalio.runtime import OpenTelemetryConfig, PrometheusConfig, Runtime, T
 
 from contracts.names import Queue, is_evaluation
 from infra.settings import Settings
+from infra.telemetry_export import Export, export_config
 from infra.telemetry_figures import LIVE_WINDOW_S, WorkerFigures
 from infra.telemetry_figures import read_live_figures as _read_figures
-from infra.telemetry_files import JsonlMetricExporter, JsonlSink, JsonlSpanExporter
+from infra.telemetry_files import (
+    JsonlMetricExporter,
+    JsonlSink,
+    JsonlSpanExporter,
+    drop_predecessors,
+    jsonl_name,
+)
 from infra.telemetry_instruments import CIRCUIT_STATES, Instruments
 
 PORT_OFFSETS: dict[str, int] = {
@@ -66,8 +76,6 @@ PORT_OFFSETS: dict[str, int] = {
 """Prometheus port of a worker = `settings.telemetry.prometheus_port` + its offset."""
 SDK_PORT_SHIFT = 10
 """The Temporal SDK's metrics of a worker are served this many ports above its own."""
-OTLP_TIMEOUT_S = 2.0
-"""One export to the OTLP collector, its retries included (the exporters' default: 10 s)."""
 SHUTDOWN_S = 3.0
 """How long `shutdown()` waits for the exporters' last flush: a worker's stop leaves
 `workers.background.STOP_MARGIN_S` for all of its own shutdown."""
@@ -99,8 +107,9 @@ class Telemetry:
         meter_provider: MeterProvider,
         jsonl: JsonlSink | None,
         prometheus_server: Any | None,
+        export: Export,
     ) -> None:
-        self.settings, self.service = settings, service
+        self.settings, self.service, self.export = settings, service, export
         self.tracer_provider, self.meter_provider = tracer_provider, meter_provider
         self.tracer = tracer_provider.get_tracer("tempered")
         self.meter = meter_provider.get_meter("tempered")
@@ -110,10 +119,13 @@ class Telemetry:
         self._runtime: Runtime | None = None
 
     def temporal_runtime(self) -> Runtime:
-        """A `temporalio.runtime.Runtime` exporting the SDK's metrics (created once)."""
+        """A `temporalio.runtime.Runtime` exporting the SDK's metrics (created once; the
+        default runtime where nothing is to be exported)."""
         if self._runtime is None:
             port = prometheus_port_for(self.settings, self.service)
-            endpoint = self.settings.telemetry.otlp_endpoint
+            endpoint = self.export.endpoint
+            if self.export.disabled:
+                port = endpoint = None
             if port is not None:
                 address = f"{self.settings.telemetry.prometheus_host}:{port + SDK_PORT_SHIFT}"
                 metrics: PrometheusConfig | OpenTelemetryConfig = PrometheusConfig(
@@ -167,47 +179,61 @@ class Telemetry:
             self._jsonl.close()
 
 
-def setup_telemetry(settings: Settings, service: str, export_interval_s: float = 10.0) -> Telemetry:
-    """Providers for `service` (a queue name or e.g. "cli"); makes the helpers below live."""
+def setup_telemetry(
+    settings: Settings, service: str, export_interval_s: float | None = None
+) -> Telemetry:
+    """Providers for `service` (a queue name or e.g. "cli"); makes the helpers below live.
+    `export_interval_s`: between metric snapshots (None: `infra.telemetry_export`'s choice).
+    ValueError for an OTLP endpoint that is no http(s) URL."""
     global _instruments, _tracer
+    export = export_config(settings, export_interval_s)
     resource_ = Resource.create({"service.name": f"tempered-{service}", "process.pid": os.getpid()})
-    jsonl: JsonlSink | None = None
-    span_exporter: SpanExporter
-    if settings.telemetry.otlp_endpoint:
-        # the gRPC exporters cost ~0.06 s to import: only processes that use a collector pay
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        endpoint = settings.telemetry.otlp_endpoint
-        span_exporter = OTLPSpanExporter(endpoint=endpoint, timeout=OTLP_TIMEOUT_S)
-        metric_exporter: MetricExporter = OTLPMetricExporter(
-            endpoint=endpoint, timeout=OTLP_TIMEOUT_S
-        )
-    else:
-        jsonl = JsonlSink(settings.home / "telemetry" / f"{service}-{os.getpid()}.jsonl")
-        span_exporter, metric_exporter = JsonlSpanExporter(jsonl), JsonlMetricExporter(jsonl)
-    readers: list[MetricReader] = [
-        PeriodicExportingMetricReader(
-            metric_exporter, export_interval_millis=export_interval_s * 1000
-        )
-    ]
-    prometheus_server = None
-    port = prometheus_port_for(settings, service)
-    if port is not None:
-        registry = CollectorRegistry()
-        readers.append(PrometheusMetricReader(registry=registry))
-        prometheus_server, _ = start_http_server(
-            port, settings.telemetry.prometheus_host, registry=registry
-        )
     tracer_provider = TracerProvider(resource=resource_)
-    tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    jsonl: JsonlSink | None = None
+    prometheus_server = None
+    readers: list[MetricReader] = []
+    if not export.disabled:  # the providers themselves hand out no-op tracers and meters then
+        span_exporter, metric_exporter, jsonl = _exporters(settings, service, export)
+        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        readers.append(
+            PeriodicExportingMetricReader(
+                metric_exporter, export_interval_millis=export.interval_ms
+            )
+        )
+        port = prometheus_port_for(settings, service)
+        if port is not None:
+            registry = CollectorRegistry()
+            readers.append(PrometheusMetricReader(registry=registry))
+            prometheus_server, _ = start_http_server(
+                port, settings.telemetry.prometheus_host, registry=registry
+            )
     meter_provider = MeterProvider(resource=resource_, metric_readers=readers)
     telemetry = Telemetry(
-        settings, service, tracer_provider, meter_provider, jsonl, prometheus_server
+        settings, service, tracer_provider, meter_provider, jsonl, prometheus_server, export
     )
     with _lock:
         _instruments, _tracer = Instruments(telemetry.meter), telemetry.tracer
     return telemetry
+
+
+def _exporters(
+    settings: Settings, service: str, export: Export
+) -> tuple[SpanExporter, MetricExporter, JsonlSink | None]:
+    """The span and metric exporters to the collector, or to the process's JSONL file (its
+    sink returned too, for the caller to close)."""
+    if export.endpoint:
+        # the gRPC exporters cost ~0.06 s to import: only processes that use a collector pay
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        spans = OTLPSpanExporter(endpoint=export.endpoint, timeout=export.span_timeout_s)
+        metrics = OTLPMetricExporter(endpoint=export.endpoint, timeout=export.metric_timeout_s)
+        return spans, metrics, None
+    started = psutil.Process().create_time()  # a file per process start, not per pid
+    path = settings.home / "telemetry" / jsonl_name(service, os.getpid(), started)
+    drop_predecessors(path)
+    jsonl = JsonlSink(path)
+    return JsonlSpanExporter(jsonl), JsonlMetricExporter(jsonl), jsonl
 
 
 def read_live_figures(
@@ -309,19 +335,29 @@ def record_queue_wait() -> float | None:
     return wait
 
 
-def record_rewards(mean: float, pass_rate: float, run_id: str | None = None) -> None:
-    """Sets the reward gauges to a batch of `run_id`'s, labelled `run_kind` training or evaluation
-    only: a run_id label would add a series per run and per evaluated version (`<run>-eval-vN`)
-    for the worker's life. The run id and figures go on the current span (the activity's)."""
+def record_rewards(
+    rewards: Sequence[float], solved: Sequence[bool], run_id: str | None = None
+) -> None:
+    """Counts samples whose trajectories were written (their rewards, the solved ones) by
+    `run_kind`, training or evaluation only: a run_id label would add a series per run and per
+    evaluated version (`<run>-eval-vN`) for the worker's life. The run id and these samples'
+    mean reward and solved share go on the current span (the activity's)."""
+    if not rewards:
+        return
     evaluation = run_id is not None and is_evaluation(run_id)
     trace.get_current_span().set_attributes(
-        {"tempered.reward_mean": mean, "tempered.pass_rate": pass_rate}
+        {
+            "tempered.reward_mean": sum(rewards) / len(rewards),
+            "tempered.pass_rate": sum(solved) / len(rewards),
+        }
         | ({"tempered.run_id": run_id} if run_id else {})
     )
     if (m := _instruments) is not None:
         attrs = {"run_kind": "evaluation" if evaluation else "training"}
-        m.reward_mean.set(mean, attrs)
-        m.pass_rate.set(pass_rate, attrs)
+        m.rollout_samples.add(len(rewards), attrs)
+        m.rollout_solved.add(sum(solved), attrs)
+        m.reward_positive.add(sum(r for r in rewards if r > 0), attrs)
+        m.reward_negative.add(-sum(r for r in rewards if r < 0), attrs)
 
 
 def record_staleness(versions_behind: int) -> None:

@@ -8,8 +8,11 @@ size). Metric records are cumulative snapshots, so the newest one is the worker'
 `read_live_figures` tails each file (continuing into its `.1` just after a rotation) and turns
 the newest snapshots into a `WorkerFigures`: per task queue the activity attempts in flight,
 finished per second, failed, and the newest failure's message (from the failed spans in the
-tail), plus RSS, CPU, sandbox outcomes and p50 latency, tokens/s, training reward. Most callers
-go through `infra.telemetry.read_live_figures(settings)`.
+tail), plus RSS, CPU, sandbox outcomes and p50 latency, tokens/s, and the mean reward and solved
+share of the training samples written lately. Rates and means come from counters' growth
+between snapshots; a counter that went back (a process's counts read after another's) gives
+none. Of two files of one `<service>-<pid>` (a container restarted keeps its pid) the later
+process start's is the worker. Most callers go through `infra.telemetry.read_live_figures`.
 
 Not covered: writing the files (`infra/telemetry_files.py`), and an OTLP collector's figures
 (with a collector there are no files: the same figures are in its metrics and traces).
@@ -25,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from infra.telemetry_files import rotated_path
+from infra.telemetry_files import parse_jsonl_name, rotated_path
 from infra.telemetry_instruments import histogram_quantile
 
 TAIL_BYTES = 512 * 1024
@@ -50,7 +53,7 @@ class QueueFigures(BaseModel):
 
 
 class WorkerFigures(BaseModel):
-    """What `tempered status` shows of one worker process (one `<service>-<pid>.jsonl` file)."""
+    """What `tempered status` shows of one worker process (one `infra.telemetry_files` file)."""
 
     service: str = Field(description="The queues it serves, joined by '+'.")
     pid: int
@@ -65,8 +68,14 @@ class WorkerFigures(BaseModel):
     sandbox_in_flight: int = 0
     sandbox_p50_s: float | None = None
     tokens_per_s: float | None = None
-    reward_mean: float | None = Field(default=None, description="Of the newest training batch.")
-    pass_rate: float | None = Field(default=None, description="Of the newest training batch.")
+    reward_mean: float | None = Field(
+        default=None,
+        description="Mean reward of the training samples written since the oldest snapshot read "
+        "(SNAPSHOTS_KEPT of them, about 30 s; since the start where there is one); None: none.",
+    )
+    pass_rate: float | None = Field(
+        default=None, description="The share of those samples that solved their task."
+    )
     learner_steps: int = 0
     learner_step_mean_s: float | None = None
 
@@ -143,7 +152,7 @@ def _gauge(record: dict[str, Any], name: str, **attrs: str) -> float | None:
 
 
 class _Snapshots:
-    """The newest metric snapshot of a worker, and the one to take rates against."""
+    """The newest metric snapshot of a worker, the one to take rates against, and the oldest."""
 
     def __init__(self, snapshots: list[dict[str, Any]]) -> None:
         self.latest = snapshots[-1]
@@ -151,13 +160,24 @@ class _Snapshots:
         # periodic one within milliseconds), else the oldest one kept; none if only one
         older = [r for r in snapshots[:-1] if self.latest["ts"] - r["ts"] >= RATE_WINDOW_S]
         self.previous = older[-1] if older else (snapshots[0] if len(snapshots) > 1 else None)
+        self.oldest = snapshots[0] if len(snapshots) > 1 else None
 
     def rate(self, name: str, **attrs: str) -> float | None:
         """Per-second growth of counter `name` (points matching `attrs`) between the two."""
         if self.previous is None or self.latest["ts"] <= self.previous["ts"]:
             return None
-        grown = _total(self.latest, name, **attrs) - _total(self.previous, name, **attrs)
+        grown = self.growth(self.previous, name, **attrs)
+        if grown is None:
+            return None
         return round(grown / (self.latest["ts"] - self.previous["ts"]), 2)
+
+    def growth(self, since: dict[str, Any] | None, name: str, **attrs: str) -> float | None:
+        """How much counter `name` grew from snapshot `since` (None: the process's start) to the
+        latest; None where it went back: counts of another process, not a negative rate."""
+        grown = _total(self.latest, name, **attrs) - (
+            _total(since, name, **attrs) if since else 0.0
+        )
+        return None if grown < 0 else grown
 
 
 def _queue_figures(
@@ -188,6 +208,20 @@ def _queue_figures(
     return queues
 
 
+def _training_rewards(snapshots: _Snapshots) -> tuple[float | None, float | None]:
+    """(mean reward, solved share) of the training samples counted since the oldest snapshot
+    (the process's start where there is one); None, None where none were."""
+    training = {"run_kind": "training"}
+    since = snapshots.oldest
+    samples = snapshots.growth(since, "tempered.rollout.samples", **training)
+    solved = snapshots.growth(since, "tempered.rollout.solved", **training)
+    above = snapshots.growth(since, "tempered.reward.positive", **training)
+    below = snapshots.growth(since, "tempered.reward.negative", **training)
+    if not samples or solved is None or above is None or below is None:
+        return None, None
+    return round((above - below) / samples, 4), round(solved / samples, 4)
+
+
 def worker_figures(
     service: str, pid: int, alive: bool, records: list[dict[str, Any]]
 ) -> WorkerFigures | None:
@@ -208,6 +242,7 @@ def worker_figures(
     steps = sum(step_buckets)
     rss = _gauge(latest, "tempered.process.rss")
     rss_peak = _gauge(latest, "tempered.process.rss_peak")
+    reward_mean, pass_rate = _training_rewards(snapshots)
     return WorkerFigures(
         service=service,
         pid=pid,
@@ -222,8 +257,8 @@ def worker_figures(
         sandbox_in_flight=int(_total(latest, "tempered.sandbox.in_flight")),
         sandbox_p50_s=None if p50 is None else round(p50, 4),
         tokens_per_s=snapshots.rate("tempered.inference.tokens"),
-        reward_mean=_gauge(latest, "tempered.reward.mean", run_kind="training"),
-        pass_rate=_gauge(latest, "tempered.reward.pass_rate", run_kind="training"),
+        reward_mean=reward_mean,
+        pass_rate=pass_rate,
         learner_steps=steps,
         learner_step_mean_s=round(step_sum / steps, 4) if steps else None,
     )
@@ -232,7 +267,8 @@ def worker_figures(
 def read_live_figures(
     telemetry_dir: Path, max_age_s: float | None = LIVE_WINDOW_S
 ) -> dict[str, WorkerFigures]:
-    """`{"<service>-<pid>": figures}` for every JSONL file under `telemetry_dir`.
+    """`{"<service>-<pid>": figures}` for every JSONL file under `telemetry_dir` (of a pid's
+    files, the latest process start's).
 
     Files of processes that are gone are still reported (with `alive=False`) unless older
     than `max_age_s`, so a crashed worker's last state and error stay visible.
@@ -241,20 +277,25 @@ def read_live_figures(
     if not telemetry_dir.is_dir():
         return workers
     now = time.time()
-    for path in sorted(telemetry_dir.glob("*-*.jsonl")):
+    files: dict[str, tuple[int, Path]] = {}  # per `<service>-<pid>`: its latest start's file
+    for path in telemetry_dir.glob("*-*.jsonl"):
+        name = parse_jsonl_name(path.stem)
+        if name is not None:
+            key = f"{name[0]}-{name[1]}"
+            if key not in files or name[2] > files[key][0]:
+                files[key] = (name[2], path)
+    for key, (_, path) in sorted(files.items()):
         try:
             mtime = path.stat().st_mtime
         except FileNotFoundError:
             continue  # renamed by a rotation since the glob: the next look finds it
         if max_age_s is not None and now - mtime > max_age_s:
             continue
-        service, _, pid_text = path.stem.rpartition("-")
-        if not pid_text.isdigit():
-            continue
+        service, _, pid_text = key.rpartition("-")
         pid = int(pid_text)
         figures = worker_figures(service, pid, _pid_alive(pid), _tail_records(path))
         if figures is not None:
-            workers[path.stem] = figures
+            workers[key] = figures
     return workers
 
 

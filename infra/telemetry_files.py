@@ -1,8 +1,8 @@
 """JSONL telemetry on disk: the span and metric exporters a worker writes its file with.
 
 When no OTLP collector is configured, every worker appends its spans and metric snapshots to
-`<home>/telemetry/<service>-<pid>.jsonl`, one JSON object per line; past ROTATE_BYTES the file
-becomes `<service>-<pid>.jsonl.1` (replacing the previous one) and a new one begins:
+`<home>/telemetry/<service>-<pid>-<started>.jsonl` (`jsonl_name`), one JSON object per line;
+past ROTATE_BYTES the file becomes `<file>.1` (replacing the previous one) and a new one begins:
 
     {"kind": "span", "name": "sandbox.run", "trace_id": "…", "duration_ms": 12.5, "attrs": {…}}
     {"kind": "metrics", "ts": 1732950000.1, "points": [{"name": …, "attrs": …, "value": …}]}
@@ -12,6 +12,10 @@ becomes `<service>-<pid>.jsonl.1` (replacing the previous one) and a new one beg
     sink.close()                           # by its owner, once both exporters are done
 
 Metric records are cumulative snapshots, so the newest one is the worker's current state.
+`<started>` (the process's start, Unix milliseconds) gives each process a file of its own: a
+container restarted keeps its pid, and appending to its predecessor's file made the counters go
+back within one file. Of the earlier starts of a service and pid, the latest's file is kept
+(`drop_predecessors`), so a worker keeps at most four times ROTATE_BYTES on disk.
 Not covered: reading the files back (`infra/telemetry_figures.py`, behind `tempered status`);
 with an OTLP collector there are no files: the same figures are in its metrics and traces.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -40,9 +45,45 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 
 ROTATE_BYTES = 64 * 2**20
-"""Size past which a worker's JSONL file is rotated to `<file>.1`, so a worker keeps at most
-twice this on disk: a pod's state dir is an emptyDir of 1 GiB (charts/tempered), which a busy
+"""Size past which a worker's JSONL file is rotated to `<file>.1`, so a worker process keeps at
+most twice this on disk: a pod's state dir is an emptyDir of 1 GiB (charts/tempered), which a busy
 worker's unbounded file filled in about a day. (A module constant: the settings have no field.)"""
+
+
+def jsonl_name(service: str, pid: int, started: float) -> str:
+    """The file of process `pid` of `service` that started at Unix time `started`."""
+    return f"{service}-{pid}-{round(started * 1000)}.jsonl"
+
+
+_NAME = re.compile(r"(?P<service>.+?)-(?P<pid>\d+)(?:-(?P<started>\d+))?")
+
+
+def parse_jsonl_name(stem: str) -> tuple[str, int, int] | None:
+    """(service, pid, started in ms) of a `jsonl_name`'s stem; a name without the start (an
+    earlier release's) has started 0; None for anything else."""
+    found = _NAME.fullmatch(stem)
+    if found is None:
+        return None
+    return found["service"], int(found["pid"]), int(found["started"] or 0)
+
+
+def drop_predecessors(path: Path) -> None:
+    """Remove the files (and rotated parts) of earlier starts of `path`'s service and pid but
+    the latest: a container restarted keeps its pid, and a worker restarted every few hours
+    (out of memory) left a file per start in its pod's 1 GiB state dir. The one kept holds the
+    spans a run profile (`infra.telemetry_profile`) needs across one restart; the processes
+    whose files go are gone (their pid is the caller's)."""
+    name = parse_jsonl_name(path.stem)
+    if name is None:
+        return
+    earlier = []
+    for other in path.parent.glob(f"{name[0]}-{name[1]}*.jsonl"):
+        found = parse_jsonl_name(other.stem)
+        if found is not None and found[:2] == name[:2] and found[2] < name[2]:
+            earlier.append((found[2], other))
+    for _, old in sorted(earlier)[:-1]:
+        for part in (old, rotated_path(old)):
+            part.unlink(missing_ok=True)
 
 
 def rotated_path(path: Path) -> Path:

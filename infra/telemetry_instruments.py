@@ -68,13 +68,24 @@ class Instruments:
             "Schedule-to-start latency of activity attempts.",
             explicit_bucket_boundaries_advisory=seconds,
         )
-        self.reward_mean = meter.create_gauge(
-            "tempered.reward.mean",
-            "1",
-            "Mean reward of a batch, by run_kind (training, evaluation).",
+        # counters, not gauges of a group's mean: a mean over any window is the ratio of their
+        # growth, e.g. (rate(positive) - rate(negative)) / rate(samples); a reward may be below
+        # 0 (RewardConfig.failed_turn), which a counter cannot add, hence two sums
+        self.rollout_samples = meter.create_counter(
+            "tempered.rollout.samples",
+            "{sample}",
+            "Samples whose trajectory was written, by run_kind (training, evaluation).",
         )
-        self.pass_rate = meter.create_gauge(
-            "tempered.reward.pass_rate", "1", "Share of solved samples, by run_kind."
+        self.rollout_solved = meter.create_counter(
+            "tempered.rollout.solved", "{sample}", "Of those samples, the solved ones, by run_kind."
+        )
+        self.reward_positive = meter.create_counter(
+            "tempered.reward.positive", "1", "Sum of those samples' rewards above 0, by run_kind."
+        )
+        self.reward_negative = meter.create_counter(
+            "tempered.reward.negative",
+            "1",
+            "Sum of the magnitudes of those samples' rewards below 0, by run_kind.",
         )
         self.staleness = histogram(
             "tempered.policy.staleness",

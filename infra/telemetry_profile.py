@@ -9,7 +9,8 @@ intervals:
 
   learner      `learner.train_step` spans of the run
   inference    `model.generate` spans of the run's training requests
-  sandbox      `sandbox.run` spans of the run's training: model-written code running
+  sandbox      `sandbox.run` spans of the run's training: model-written code running, and
+               `sandbox.env_step` spans: a workspace episode's tool call in its sandbox
   activities   any other activity span of the run: waiting for a batch slot, store reads and
                writes, rewards, prepare_run
   evaluation   activity spans (`RunActivity:*`) of the run's held-out evaluation workflows
@@ -40,10 +41,13 @@ served another run's meanwhile).
 A run's workflows, as contracts/names.py names them: `train-<run>`, `train-<run>-learner` (its
 learner), `<run>-task-<task>` (its rollouts) and `<run>-eval-v<N>-<task>` (its evaluations' tasks).
 
+Where no worker wrote any record here inside the window (workers that export to an OTLP
+collector, or run on another machine than the one reading), nothing says where the time went:
+`segments`, `busy` and `inference_idle_s` are None (they read as 100% `temporal`).
+
 Not covered: a run whose id is another's, `-task-` and more (run `a-task-b`'s rollouts,
-`a-task-b-task-<task>`, read as run `a`'s too: a task id may hold `-task-`); a setup that
-exports to an OTLP collector instead of files (no spans here: the
-profile is empty and says so); spans still in a worker's export buffer when the run ends (the
+`a-task-b-task-<task>`, read as run `a`'s too: a task id may hold `-task-`); spans still in a
+worker's export buffer when the run ends (the
 exporters flush every few seconds; a request or program whose activity's span is still there is
 left out too); spans a worker wrote before its newest two files (each rotated at
 `ROTATE_BYTES`), which leaves early parts of a long run on a busy worker out (and may read their
@@ -65,26 +69,33 @@ Interval = tuple[float, float]
 ORDER = ("learner", "inference", "sandbox", "activities", "evaluation")
 """Categories in the order an instant is attributed (the first active one takes it): training's
 before evaluation's."""
-WORK = {"model.generate": "inference", "sandbox.run": "sandbox", "learner.train_step": "learner"}
+WORK = {
+    "model.generate": "inference",
+    "sandbox.run": "sandbox",
+    "sandbox.env_step": "sandbox",
+    "learner.train_step": "learner",
+}
 """Spans of work an activity waits on (names to categories): a run's by their parent activity,
 the evaluation's when that activity is the evaluation's."""
 DOWN_AFTER_S = 30.0
 """A stretch at least this long in which no worker wrote a record is `workers_down`: three of a
-live worker's metric snapshots (`infra.telemetry.setup_telemetry`'s 10 s) missed."""
+live worker's metric snapshots (`infra.telemetry_export.EXPORT_INTERVAL_S`, 10 s) missed."""
 
 
 class RunProfile(BaseModel):
     """Where a run's wall time went (seconds)."""
 
     wall_s: float = Field(description="The run's window.")
-    segments: dict[str, float] = Field(
+    segments: dict[str, float] | None = Field(
         description="An exclusive split of wall_s: ORDER's categories, `workers_down`, then "
-        "`temporal`."
+        "`temporal`; None where no worker wrote a record here in the window."
     )
-    busy: dict[str, float] = Field(description="Each category's own active time (overlapping).")
-    inference_idle_s: float = Field(
+    busy: dict[str, float] | None = Field(
+        description="Each category's own active time (overlapping); None likewise."
+    )
+    inference_idle_s: float | None = Field(
         description="wall_s minus the time the inference engine had a request of the run's "
-        "(training or evaluation)."
+        "(training or evaluation); None likewise."
     )
     spans: int = Field(description="The run's spans read inside the window.")
 
@@ -113,6 +124,10 @@ def run_profile(telemetry_dir: Path, run_id: str, started: float, ended: float) 
             engine.append(interval)
         intervals[category].append(interval)
     wall = window[1] - window[0]
+    if not records.intervals:  # no worker telemetry here: no figures, not 100% Temporal's
+        return RunProfile(
+            wall_s=round(wall, 2), segments=None, busy=None, inference_idle_s=None, spans=0
+        )
     unions = {name: _union(_clip(found, window)) for name, found in intervals.items()}
     segments: dict[str, float] = {}
     left = [window]
@@ -174,10 +189,8 @@ class Records:
         self.intervals: list[Interval] = []
 
     def quiet(self, window: Interval) -> list[Interval]:
-        """The stretches of `window` of `DOWN_AFTER_S` or more with no record; none where no
-        record was read at all (no files: nothing says the workers were down)."""
-        if not self.intervals:
-            return []
+        """The stretches of `window` of `DOWN_AFTER_S` or more with no record (`run_profile`
+        asks only where some record was read: without any, nothing says the workers were down)."""
         gaps = _subtract([window], _union(_clip(self.intervals, window)))
         return [(a, b) for a, b in gaps if b - a >= DOWN_AFTER_S]
 

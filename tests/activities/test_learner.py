@@ -68,6 +68,14 @@ class CountingActivities(LearnerActivities):
         return engine
 
 
+def recorded_metrics(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[float]]:
+    """What the learner records onto its telemetry: "steps" (step seconds), "staleness"."""
+    recorded: dict[str, list[float]] = {"steps": [], "staleness": []}
+    monkeypatch.setattr(learner_module, "record_learner_step", recorded["steps"].append)
+    monkeypatch.setattr(learner_module, "record_staleness", recorded["staleness"].append)
+    return recorded
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(home=tmp_path / "home")
@@ -144,6 +152,7 @@ async def test_train_step_exactly_once_and_crash_resume(
     store: ObjectStore, settings: Settings, monkeypatch: pytest.MonkeyPatch, loads: list[int]
 ) -> None:
     monkeypatch.setattr(heartbeat, "MAX_EVERY_S", 0.05)
+    recorded = recorded_metrics(monkeypatch)
     beats: list[Any] = []
     env = ActivityEnvironment()
     env.on_heartbeat = lambda *details: beats.append(details)
@@ -164,9 +173,12 @@ async def test_train_step_exactly_once_and_crash_resume(
     assert ack.policy == first.policy and first.ack.key == keys.learner_ack_key(RUN, 0)
     assert beats, "a step that runs for seconds must heartbeat"
 
-    # a retry of the same step: same answer, no second training
+    assert recorded["staleness"] == [0] * 8 and len(recorded["steps"]) == 1
+
+    # a retry of the same step: same answer, no second training, and no second step recorded
     assert await env.run(acts.train_step, request) == first
     assert CountingActivities.trainings == 1
+    assert recorded["staleness"] == [0] * 8 and len(recorded["steps"]) == 1
     # the same step asked for other groups is an error, never a silent "done"
     other = request.model_copy(update={"groups": [groups[0], write_group(store, "t9", 0, 1)]})
     with pytest.raises(ApplicationError, match="recorded for groups") as refused:
@@ -200,6 +212,8 @@ async def test_train_step_exactly_once_and_crash_resume(
     store.delete(keys.learner_ack_key(RUN, 2))
     assert await env.run(rebooted.train_step, step2) == third
     assert rebooted.engine is None and CountingActivities.trainings == 3
+    assert len(recorded["steps"]) == 3  # the steps trained, not the answers given
+    assert recorded["staleness"] == [0] * 8 + [0] * 4 + [0] * 4 + [2] * 4
     closed: list[LearnerEngine] = []
     monkeypatch.setattr(LearnerEngine, "close", lambda engine: closed.append(engine))
     rebooted.close()  # the worker shuts down: an engine never built has nothing to end

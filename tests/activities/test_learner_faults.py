@@ -23,7 +23,7 @@ from infra import grpo, keys
 from infra.policy import latest_policy, policy_manifest
 from infra.settings import Settings
 from infra.storage import ObjectStore, TransientStorageError
-from tests.activities.test_learner import CONFIG, RUN, write_group
+from tests.activities.test_learner import CONFIG, RUN, recorded_metrics, write_group
 
 
 @pytest.fixture
@@ -38,6 +38,7 @@ async def test_weights_that_were_not_published_are_reloaded(
     """The engine drops the weights it trained when they are not the published version: a
     publish that failed (the retry trains again from v0), and an attempt that lost the publish
     to an overlapping one (it answers with the winner's version and ack, then reloads it)."""
+    recorded = recorded_metrics(monkeypatch)
     env = ActivityEnvironment()
     acts = LearnerActivities(settings, store)
     await env.run(acts.prepare_run, PrepareRunRequest(run_id=RUN, base_model="tiny"))
@@ -72,6 +73,9 @@ async def test_weights_that_were_not_published_are_reloaded(
         store.get_verified(manifest.files["train_step.json"])
     )
     assert published.attempt == winner.attempt
+    # one step, recorded by the attempt that published it: not the failed publish's, nor the
+    # overlapping attempt's that lost
+    assert len(recorded["steps"]) == 1 and recorded["staleness"] == [0] * 4
 
 
 @pytest.mark.asyncio

@@ -1,7 +1,11 @@
 """write_trajectories against a real SeaweedFS: one token sequence per episode with its mask,
-assembled once, retries are byte-identical no-ops, broken inputs fail without retry."""
+assembled once, retries are byte-identical no-ops (their samples counted once in the reward
+metrics), broken inputs fail without retry."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -20,7 +24,9 @@ from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, TaskSpec, WorkspaceSpec
 from contracts.trajectory import Trajectory
 from infra import keys
+from infra import telemetry as tm
 from infra.inference.toolcalls import parse_tool_call
+from infra.settings import Settings
 from infra.storage import ObjectStore, sha256_bytes
 from tests.infra.inference.scripted import render_tool_call
 
@@ -314,3 +320,33 @@ async def test_different_trajectory_under_same_key_is_refused(store: ObjectStore
     with pytest.raises(ApplicationError, match="already holds different content") as err:
         await write(store, req)
     assert err.value.non_retryable
+
+
+@pytest.mark.asyncio
+async def test_each_sample_is_counted_once_by_the_attempt_that_wrote_it(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    """The reward counters add a sample when its trajectory is written: a retry that finds the
+    group written (its first attempt's reply was lost) counts nothing again."""
+    telemetry = tm.setup_telemetry(Settings(home=tmp_path), "rewards", export_interval_s=60)
+    try:
+        req = request(store)
+        await write(store, req)
+        assert (await write(store, req)).created == 0  # the retry
+        telemetry.flush()
+    finally:
+        telemetry.shutdown()
+    assert telemetry.jsonl_path is not None
+    lines = telemetry.jsonl_path.read_text().splitlines()
+    snapshot = [r for r in map(json.loads, lines) if r["kind"] == "metrics"][-1]
+    counted = {
+        p["name"]: round(p["value"], 6)
+        for p in snapshot["points"]
+        if p["name"].startswith(("tempered.reward.", "tempered.rollout."))
+    }
+    assert counted == {  # rewards -0.2, 0.9, 0.9; samples 1 and 2 solved
+        "tempered.rollout.samples": 3,
+        "tempered.rollout.solved": 2,
+        "tempered.reward.positive": 1.8,
+        "tempered.reward.negative": 0.2,
+    }

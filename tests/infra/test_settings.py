@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from infra.inference import get_backend as inference_backend
 from infra.inference.vllm import VLLMBackend
@@ -24,6 +24,7 @@ from infra.settings import (
     LocalInferenceSettings,
     LocalSandboxSettings,
     Settings,
+    TelemetrySettings,
     VLLMSettings,
     load_settings,
 )
@@ -199,3 +200,11 @@ def test_factories_hand_each_backend_only_its_sub_model() -> None:
         sandbox_backend(settings, "docker")
     with pytest.raises(ValueError, match="unknown inference backend 'tgi'; choose one of local"):
         inference_backend(settings, "tgi")
+
+
+def test_an_otlp_endpoint_without_a_scheme_is_refused_where_it_is_set() -> None:
+    """`127.0.0.1:4317` failed Temporal's runtime at every worker's start, and `localhost:4317`
+    made the exporter speak TLS to a plaintext collector: refused when the settings load."""
+    with pytest.raises(ValidationError, match="write http://127.0.0.1:4317"):
+        TelemetrySettings(otlp_endpoint="127.0.0.1:4317")
+    assert TelemetrySettings(otlp_endpoint="http://collector:4317").otlp_endpoint

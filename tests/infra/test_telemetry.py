@@ -40,7 +40,7 @@ def _records(path: Path) -> list[dict]:
 def test_helpers_are_noops_before_setup() -> None:
     tm.record_sandbox_run("local", "passed", 0.1)
     tm.record_inference_row(100, 0.5)
-    tm.record_rewards(0.5, 0.25)
+    tm.record_rewards([0.5, 0.0], [True, False])
     with tm.sandbox_in_flight("local"), tm.span("nothing", task_id="t") as current:
         assert not current.is_recording()
 
@@ -61,7 +61,8 @@ def test_spans_and_metrics_land_in_jsonl(tmp_path: Path) -> None:
     finally:
         telemetry.shutdown()
     assert telemetry.jsonl_path is not None
-    assert telemetry.jsonl_path == tmp_path / "telemetry" / f"sandbox-{os.getpid()}.jsonl"
+    assert telemetry.jsonl_path.parent == tmp_path / "telemetry"
+    assert telemetry.jsonl_path.name.startswith(f"sandbox-{os.getpid()}-")
     records = _records(telemetry.jsonl_path)
     spans = {r["name"]: r for r in records if r["kind"] == "span"}
     assert spans["sandbox.run"]["attrs"] == {
@@ -127,8 +128,22 @@ def test_prometheus_endpoint_serves_metric_names(tmp_path: Path) -> None:
         urllib.request.urlopen(f"http://127.0.0.1:{sandbox_port}/metrics", timeout=2)
 
 
+def _free_ports(shift: int) -> int:
+    """A port that is free, and so is the one `shift` below it."""
+    for _ in range(100):
+        port = _free_port()
+        with socket.socket() as below:
+            try:
+                below.bind(("127.0.0.1", port - shift))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port with a free one {shift} below it")
+
+
 def test_temporal_runtime_serves_sdk_metrics(tmp_path: Path) -> None:
-    sandbox_port = _free_port()
+    # the SDK's port, and the worker's own `SDK_PORT_SHIFT` below it: both must be free
+    sandbox_port = _free_ports(tm.SDK_PORT_SHIFT)
     settings = Settings(
         home=tmp_path, telemetry={"prometheus_port": sandbox_port - 2 - tm.SDK_PORT_SHIFT}
     )
@@ -154,7 +169,7 @@ def test_read_live_figures_aggregates_the_newest_snapshots(tmp_path: Path) -> No
         telemetry.flush()
         time.sleep(0.2)
         tm.record_inference_row(300, 1.0)
-        tm.record_rewards(0.4, 0.5, run_id="r1")
+        tm.record_rewards([0.2, 0.6], [True, False], run_id="r1")
         tm.record_learner_step(2.0)
         tm.record_learner_step(4.0)
         telemetry.flush()
@@ -163,14 +178,14 @@ def test_read_live_figures_aggregates_the_newest_snapshots(tmp_path: Path) -> No
     assert telemetry.jsonl_path is not None
     (tmp_path / "telemetry" / "learner-999999999.jsonl").write_text('{"kind": "span"}\n')
     figures = tm.read_live_figures(settings)
-    assert list(figures) == [telemetry.jsonl_path.stem]  # a file with no metrics is skipped
-    worker = figures[telemetry.jsonl_path.stem]
+    assert list(figures) == [f"inference-{os.getpid()}"]  # a file with no metrics is skipped
+    worker = figures[f"inference-{os.getpid()}"]
     assert worker.service == "inference" and worker.alive is True
     assert worker.sandbox_runs == {"passed": 3, "failed": 1, "timeout": 1}
     assert worker.sandbox_p50_s is not None and 0.025 <= worker.sandbox_p50_s <= 0.05
     tokens_per_s = worker.tokens_per_s
     assert tokens_per_s is not None and 300 / 5 < tokens_per_s < 300 / 0.2 + 1  # 300 tokens
-    assert worker.reward_mean == 0.4 and worker.pass_rate == 0.5
+    assert worker.reward_mean == pytest.approx(0.4) and worker.pass_rate == 0.5
     assert worker.learner_steps == 2 and worker.learner_step_mean_s == 3.0
     assert worker.rss_mb is not None and worker.rss_mb > 10
     assert worker.rss_peak_mb is not None and worker.rss_peak_mb >= worker.rss_mb
@@ -180,7 +195,7 @@ def test_read_live_figures_aggregates_the_newest_snapshots(tmp_path: Path) -> No
     old = time.time() - 3600
     os.utime(telemetry.jsonl_path, (old, old))
     assert tm.read_live_figures(settings) == {}  # gone quiet for an hour: not live
-    assert list(tm.read_live_figures(settings, max_age_s=None)) == [telemetry.jsonl_path.stem]
+    assert list(tm.read_live_figures(settings, max_age_s=None)) == [f"inference-{os.getpid()}"]
 
 
 def test_histogram_quantile_interpolates_within_a_bucket() -> None:

@@ -1,5 +1,5 @@
 """What bounds a long-lived worker's telemetry: its JSONL file rotates at a size limit (and the
-readers see across the rotation), reward gauges carry a run kind, never a run id, and its
+readers see across the rotation), reward counters carry a run kind, never a run id, and its
 shutdown returns in `SHUTDOWN_S` whatever its OTLP collector does."""
 
 from __future__ import annotations
@@ -62,48 +62,50 @@ def test_live_figures_read_the_rotated_part_just_after_a_rotation(
     assert worker.sandbox_runs == {"passed": 1}
 
 
-def test_reward_gauges_have_one_series_per_run_kind(tmp_path: Path) -> None:
+def test_rewards_are_counted_by_run_kind_and_read_back_as_a_window_mean(tmp_path: Path) -> None:
+    """Rewards are counters (samples, solved, reward above and below 0) with one series per run
+    kind, so a mean over any window is their growth's ratio: the gauges they replace held one
+    task group's mean (an evaluation's pass rate was 0 or 1) and the newest write's only."""
     settings = Settings(home=tmp_path)
     telemetry = tm.setup_telemetry(settings, "rewards", export_interval_s=60)
     try:
-        tm.record_rewards(0.4, 0.5, run_id="r1")
-        tm.record_rewards(0.9, 1.0, run_id="r1-eval-v1")
-        tm.record_rewards(0.8, 0.75, run_id="r1-eval-v2-basics")  # `tempered eval --suite`
+        tm.record_rewards([1.0, -0.1], [True, False], run_id="r1")
+        telemetry.flush()  # the oldest snapshot: the live window begins after this group
+        time.sleep(0.05)
+        tm.record_rewards([1.0], [True], run_id="r1-eval-v1")
+        tm.record_rewards([0.0], [False], run_id="r1-eval-v2-basics")  # `tempered eval --suite`
+        tm.record_rewards([0.9, -0.2, -0.1, 0.6], [True, False, False, True], run_id="r1")
         with tm.span("RunActivity:write_trajectories"):
-            tm.record_rewards(0.3, 0.25, run_id="r1")  # the newest write: training
+            tm.record_rewards([0.0, -0.2], [False, False], run_id="r1")  # the newest group
         telemetry.flush()
     finally:
         telemetry.shutdown()
     assert telemetry.jsonl_path is not None
     records = _lines(telemetry.jsonl_path)
     snapshot = [r for r in records if r["kind"] == "metrics"][-1]
-    rewards = {
-        p["attrs"]["run_kind"]: p["value"]
+    counted = {
+        (p["name"], p["attrs"]["run_kind"]): round(p["value"], 6)
         for p in snapshot["points"]
-        if p["name"] == "tempered.reward.mean"
+        if p["name"].startswith(("tempered.reward.", "tempered.rollout."))
     }
-    assert rewards == {"training": 0.3, "evaluation": 0.8}  # no series per run or version
+    assert counted == {  # no series per run or version
+        ("tempered.rollout.samples", "training"): 8,
+        ("tempered.rollout.solved", "training"): 3,
+        ("tempered.reward.positive", "training"): 2.5,
+        ("tempered.reward.negative", "training"): 0.6,
+        ("tempered.rollout.samples", "evaluation"): 2,
+        ("tempered.rollout.solved", "evaluation"): 1,
+        ("tempered.reward.positive", "evaluation"): 1.0,
+        ("tempered.reward.negative", "evaluation"): 0.0,
+    }
     (activity,) = [r for r in records if r["kind"] == "span"]
     assert activity["attrs"]["tempered.run_id"] == "r1"  # the run id stays on the span
-    assert activity["attrs"]["tempered.reward_mean"] == 0.3
-    worker = tm.read_live_figures(settings)[telemetry.jsonl_path.stem]
-    assert (worker.reward_mean, worker.pass_rate) == (0.3, 0.25)
-
-
-def test_live_figures_take_the_training_reward_not_the_newest_label_set(tmp_path: Path) -> None:
-    # points come in the order their label sets were first seen: an evaluation that started
-    # after training is last, however long ago it wrote
-    telemetry = tmp_path / "telemetry"
-    telemetry.mkdir()
-    points = [
-        {"name": name, "attrs": {"run_kind": kind}, "type": "gauge", "value": value}
-        for kind, value in (("training", 0.3), ("evaluation", 0.8))
-        for name in ("tempered.reward.mean", "tempered.reward.pass_rate")
-    ]
-    snapshot = {"kind": "metrics", "ts": os.path.getmtime(telemetry), "points": points}
-    (telemetry / "rewards-1.jsonl").write_text(json.dumps(snapshot) + "\n")
-    worker = tm.read_live_figures(Settings(home=tmp_path))["rewards-1"]
-    assert (worker.reward_mean, worker.pass_rate) == (0.3, 0.3)
+    assert activity["attrs"]["tempered.reward_mean"] == -0.1  # with its own group's figures
+    assert activity["attrs"]["tempered.pass_rate"] == 0.0
+    worker = tm.read_live_figures(settings)[f"rewards-{os.getpid()}"]
+    # the training samples written since the oldest snapshot kept: the last two groups
+    assert worker.reward_mean == pytest.approx(1 / 6, abs=1e-4)
+    assert worker.pass_rate == pytest.approx(1 / 3, abs=1e-4)
 
 
 @pytest.mark.parametrize("collector", ["silent", "closed"])

@@ -1,7 +1,8 @@
 """The run profile from span files: an exclusive split of the window by category priority
 (training before evaluation), each category's own busy time, other runs' spans (their activities,
 and the engine's requests and programs they waited on) and spans outside the window left out, and
-a stretch no worker wrote anything in told apart from Temporal's share."""
+a stretch no worker wrote anything in told apart from Temporal's share, and no profile where no
+worker wrote anything here."""
 
 from __future__ import annotations
 
@@ -72,9 +73,32 @@ def test_the_window_is_split_by_priority_and_other_runs_are_left_out(tmp_path: P
     assert profile.spans == 8
 
 
-def test_no_span_files_is_an_all_temporal_profile(tmp_path: Path) -> None:
-    profile = run_profile(tmp_path / "none", "r1", T0, T0 + 10)
-    assert profile.segments["temporal"] == 10 and profile.spans == 0
+def test_no_worker_record_in_the_window_is_no_profile(tmp_path: Path) -> None:
+    # workers on another machine, or exporting to an OTLP collector, write no file here: that
+    # says nothing of where the time went (it read as 100% Temporal's)
+    absent = run_profile(tmp_path / "none", "r1", T0, T0 + 10)
+    (tmp_path / "inference-1.jsonl").write_text(metrics(-60) + span("RunActivity:a", -50, 5))
+    before = run_profile(tmp_path, "r1", T0, T0 + 10)  # an earlier run's file, nothing since
+    for profile in (absent, before):
+        assert profile.segments is None and profile.busy is None, profile
+        assert profile.inference_idle_s is None and profile.spans == 0 and profile.wall_s == 10
+    (tmp_path / "inference-1.jsonl").write_text(metrics(5))  # a worker here, idle: Temporal's
+    idle = run_profile(tmp_path, "r1", T0, T0 + 10)
+    assert idle.segments is not None and idle.segments["temporal"] == 10
+
+
+def test_a_workspace_tool_call_in_its_sandbox_is_sandbox_time(tmp_path: Path) -> None:
+    # a workspace suite's env_step activity spends its time in `sandbox.env_step` (the tool
+    # call in the episode's sandbox), which read as `activities`
+    (tmp_path / "sandbox-1.jsonl").write_text(
+        span("RunActivity:env_step", 0, 50, ("a1", None), temporalWorkflowID="r1-task-t1")
+        + span("sandbox.env_step", 1, 48, ("e1", "a1"))
+        + metrics(99)
+    )
+    profile = run_profile(tmp_path, "r1", T0, T0 + 100)
+    assert profile.segments is not None and profile.busy is not None
+    assert profile.segments["sandbox"] == 48 and profile.segments["activities"] == 2
+    assert profile.busy["sandbox"] == 48 and profile.spans == 2
 
 
 def test_spans_of_a_rotated_file_still_count(tmp_path: Path) -> None:

@@ -105,8 +105,8 @@ def view(
         + (f" (mean of the groups trained at step {step})" if last else ""),
         "staleness": str(last.staleness) if last else "-",
         "pass@1": evals or "-",
-        "inference": f"{tokens_per_s:.0f} tokens/s",
-        "sandbox": f"{sandbox_runs_per_s:.1f} runs/s",
+        "inference": "-" if tokens_per_s is None else f"{tokens_per_s:.0f} tokens/s",
+        "sandbox": "-" if sandbox_runs_per_s is None else f"{sandbox_runs_per_s:.1f} runs/s",
         "waiting": backlog_text(backlogs) if backlogs is not None else "-",
     }
     for name, value in rows.items():
@@ -184,10 +184,17 @@ async def _backlogs(client: Client) -> list[QueueBacklog] | None:
         return None
 
 
-def _worker_figures(settings: Settings) -> tuple[float, float]:
-    """(inference tokens/s, sandbox runs/s) of the live workers, from their telemetry."""
+def _worker_figures(settings: Settings) -> tuple[float | None, float | None]:
+    """(inference tokens/s, sandbox runs/s) of the live workers, from their telemetry files here;
+    None where no worker gives the figure (none writes here: an OTLP collector has their
+    telemetry, or they run on another machine), which is not 0."""
     alive = [worker for worker in read_live_figures(settings).values() if worker.alive]
     return (
-        sum(worker.tokens_per_s or 0.0 for worker in alive),
-        sum(worker.sandbox_runs_per_s or 0.0 for worker in alive),
+        _sum([worker.tokens_per_s for worker in alive]),
+        _sum([worker.sandbox_runs_per_s for worker in alive]),
     )
+
+
+def _sum(figures: list[float | None]) -> float | None:
+    known = [figure for figure in figures if figure is not None]
+    return sum(known) if known else None

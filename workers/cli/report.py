@@ -14,7 +14,8 @@ version was evaluated (its policy version is 0: the run ended, e.g. at its time 
 the learner's first step): the baseline again is no "after". `stopped` says why a run ended
 before its steps (`tempered stop`'s reason, or its time budget). `config` is the run's input as
 started: a later segment's `resume` (the suite's tasks, counters), which `--attach` reads after a
-continue-as-new, is left out."""
+continue-as-new, is left out. `profile` is where the wall time went (`write_profile`): its
+figures are null where no worker wrote telemetry on this machine during the run."""
 
 from __future__ import annotations
 
@@ -141,13 +142,22 @@ def write_profile(
 ) -> dict[str, Any]:
     """Where the run's wall time went (`infra.telemetry_profile`, from the workers' span files,
     over the `wall_s` before `ended`, or before now): printed as a table, drawn as a stacked bar
-    in `profile.png`, returned for report.json."""
+    in `profile.png`, returned for report.json. Without any worker telemetry here (an OTLP
+    collector has it, or the workers run on another machine) it says so: null figures, no bar."""
     import time
 
     from infra.telemetry_profile import DOWN_AFTER_S, run_profile
 
     ended = time.time() if ended is None else ended
-    profile = run_profile(settings.home / "telemetry", run_id, ended - wall_s, ended)
+    telemetry = settings.home / "telemetry"
+    profile = run_profile(telemetry, run_id, ended - wall_s, ended)
+    if profile.segments is None or profile.busy is None:
+        print(
+            f"where the {profile.wall_s:.0f} s went: no worker telemetry here (no worker wrote"
+            f" to {telemetry} during the run: they export to an OTLP collector, or run on"
+            " another machine)"
+        )
+        return profile.model_dump()
     wall = profile.wall_s or 1.0
     print(
         f"where the {profile.wall_s:.0f} s went ({profile.spans} spans; each instant to the first"

@@ -2,7 +2,7 @@
 groups the run redrew (dynamic sampling) and leave the solve rate out of a 1-turn evaluation;
 an evaluation shows its tasks solved of how many, and the summary the gain in points, or that no
 trained version was evaluated; the live table says the reward is the mean of the groups a step
-trained."""
+trained, and "-" for the workers' rates where no worker telemetry is here."""
 
 from __future__ import annotations
 
@@ -69,3 +69,13 @@ def test_the_table_says_whose_mean_the_reward_is(tmp_path: Path) -> None:
     console.print(table)
     [row] = [line for line in console.export_text().splitlines() if "+0.150" in line]
     assert " ".join(row.split()) == "reward +0.150 (mean of the groups trained at step 2)"
+
+
+def test_without_worker_telemetry_here_the_rates_are_unknown_not_zero(tmp_path: Path) -> None:
+    # workers on another machine, or exporting to an OTLP collector, write no file here: the
+    # table showed "0 tokens/s" and "0.0 runs/s" for a run going at full speed
+    table = view(RUN, RunProgress(), 30.0, Settings(home=tmp_path))
+    console = Console(record=True, width=200, file=io.StringIO())
+    console.print(table)
+    rows = {" ".join(line.split()) for line in console.export_text().splitlines()}
+    assert {"inference -", "sandbox -"} <= rows, rows

@@ -1,5 +1,5 @@
 """The run report's profile: from the workers' span files to report.json's `profile`, the
-terminal table and profile.png."""
+terminal table and profile.png; none where no worker wrote telemetry here."""
 
 from __future__ import annotations
 
@@ -56,3 +56,16 @@ def test_the_profile_is_printed_drawn_and_returned(
     assert "inference" in table and "learner" in table and "engine idle" in table
     assert "workers_down" in table and "no worker wrote anything" in table
     assert (tmp_path / "profile.png").stat().st_size > 1000
+
+
+def test_without_worker_telemetry_here_the_profile_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Workers that export to an OTLP collector, or run on another machine than `tempered
+    train`, leave no span file here: no table of 100% Temporal, no bar, null segments."""
+    profile = write_profile(Settings(home=tmp_path), "r", 3600.0, tmp_path, ended=time.time())
+    assert profile["segments"] is None and profile["busy"] is None, profile
+    assert profile["inference_idle_s"] is None and profile["wall_s"] == 3600
+    out = capsys.readouterr().out
+    assert "no worker telemetry here" in out and "%" not in out, out  # no shares
+    assert not (tmp_path / "profile.png").exists()
