@@ -1,7 +1,7 @@
 """What durable workspaces cost: snapshots vs step time, and Temporal vs a plain loop for steps.
 
     .venv/bin/python bench/episodes.py [--steps 20] [--episodes 8] [--group-size 4]
-        [--concurrency 4] [--rounds 2]
+        [--concurrency 4] [--rounds 2] [--path agent-task | scripted]
 
 One private stack (`tempered up` on free ports: Temporal dev server, SeaweedFS) and, in this
 process, the production sandbox worker (`workers.runtime.build_worker` plus its own queue).
@@ -12,27 +12,38 @@ process, the production sandbox worker (`workers.runtime.build_worker` plus its 
    the changed file + manifest), and a restore of the final tree on a cold worker (a new blob
    cache: every file fetched from S3) — what a crash costs once. Target: snapshot + restore
    ≤ 15% of a step.
-2. throughput: the same scripted episodes (a built-in task, G samples, read/run/write/submit
-   steps) driven through Temporal (`tests/episode_driver.ScriptedEpisodes`: each step an
-   `env_step` activity on the worker's own queue) and by a plain asyncio loop calling the very
-   same activity methods on the same sessions. Rounds alternate the order; medians of steps/s.
+2. throughput: the same scripted episodes (a built-in workspace task, G samples, read/run/
+   fix/run/write/list/submit steps: `episodes_common.episodes`) driven through Temporal and by
+   a plain asyncio loop calling the very same activity methods on the same sessions, in the
+   same order. Rounds alternate the order; medians of steps/s (`episodes_common.compare`).
    `--concurrency` bounds how many of the `--episodes` episodes run at once, so it cannot
    exceed them (the bench refuses: before 6 December "16 in flight" ran 8 episodes, 8 at a
-   time). Target: Temporal ≥ 0.8× plain. Each mode's CPU milliseconds a step are printed
-   beside it: the dev server's, this process's (activities, and in tempered mode the SDK and
-   the workflow) and the rest's (sandboxes, SeaweedFS): on a machine of few cores the
-   difference between the modes is where the gap goes.
+   time). Target: Temporal ≥ 0.8× plain. Each side's CPU milliseconds a step are printed
+   beside it: the dev server's, this process's (activities, and on the Temporal side the SDK
+   and the workflows) and the rest's (sandboxes, SeaweedFS): on a machine of few cores the
+   difference between the sides is where the gap goes. `--path` picks what the Temporal side
+   runs (`path` in the report names it):
 
-   What this does not measure (the gap to a real episode): `ScriptedEpisodes` is a test
-   driver, not AgentTaskWorkflow. It has no model turn (no GENERATE activity, no inference
-   queue), upserts no search attributes (AgentTaskWorkflow upserts `TemperedState` and the
-   rest at every GENERATE and EXECUTE move: an event and a visibility write each), writes no
-   trajectories, and is started from the client rather than as a training run's child
-   (bench/task_parent.py). So its Temporal/plain ratio is the sessions' activities alone
-   through Temporal, a bound on a workspace task's cost that leaves those writes out; running
-   AgentTaskWorkflow itself with a scripted `generate` (tests/workflows/harness.py's
-   ScriptedModel) and the plain loop doing the same calls is not done yet. The bench prints
-   the path it measures (`path` in the report).
+   agent-task  (the default: the target is about real episodes) the production
+               AgentTaskWorkflow, each episode a task run as a training run's child
+               (bench/task_parent.py), GENERATE on `inference` answered by a scripted model,
+               the sandbox and rewards workers' activities, its search-attribute upserts and
+               write_trajectories; the plain loop makes the very same calls
+               (bench/episodes_agent.py).
+   scripted    `tests/episode_driver.ScriptedEpisodes`, a test driver started from the client:
+               the session activities alone (each step an `env_step` on the worker's own
+               queue); the plain loop is its `drive_plain`. The figures before 7 December are
+               of this path.
+
+   What this does not measure: a model. GENERATE costs what the scripted model's store reads
+   and writes cost (a completion record a sample), not a forward pass, so with a real model
+   each step is longer and Temporal's share of it smaller than here: the agent-task ratio is
+   the orchestration of real episodes, a lower bound on a real run's ratio. Nor does it
+   measure a training run's own work between tasks (drawing tasks, the learner: see
+   bench/task_parent.py), lost sandbox workers (no session is restored) or the circuit
+   breaker. `--path scripted` also leaves out the model turn, the search-attribute upserts
+   (an event and a visibility write at every GENERATE and EXECUTE move), the trajectories and
+   the parent: its ratio is the sessions' activities alone through Temporal.
 
 Printed and merged into bench/results.json under "episodes" (with the machine's load average:
 other work on the machine slows both sides alike, not their ratio). It refuses a busy machine
@@ -48,16 +59,16 @@ import random
 import shutil
 import tempfile
 import time
-import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import episodes_agent
 from common import (
     Stopwatch,
     activity_method,
     add_busy_flag,
     bench_stack,
-    cpu_seconds,
     idle_side,
     machine,
     median_of,
@@ -66,6 +77,7 @@ from common import (
     require_idle,
     temporal_pid,
 )
+from episodes_common import compare, cpu_split, episodes, in_flight, upload
 
 from contracts.episode import ToolCall
 from contracts.names import Queue
@@ -79,14 +91,13 @@ from infra.sandbox.local import LocalBackend
 from infra.sandbox.workspace import CommandRunner
 from infra.settings import LocalSandboxSettings, SandboxSettings, Settings, WorkspaceSettings
 from infra.storage import ObjectStore
-from infra.tasks.workspace import workspace_tasks
 from tests.episode_driver import DRIVER_QUEUE, DriverInput, ScriptedEpisodes, drive_plain
 
-PATH = (
+SCRIPTED_PATH = (
     "tests/episode_driver.ScriptedEpisodes started from the client: session activities only "
     "(no GENERATE, no search-attribute upserts, no trajectories, no parent workflow)"
 )
-"""What the throughput part's Temporal side runs (not AgentTaskWorkflow: see the docstring)."""
+"""What `--path scripted`'s Temporal side runs (not AgentTaskWorkflow: see the docstring)."""
 FILES, FILE_BYTES = 64, 16 << 10
 LIMITS = SandboxLimits(timeout_s=30)
 CHECK = """import pathlib
@@ -169,126 +180,90 @@ async def snapshot_cost(settings: Settings, steps: int) -> dict[str, Any]:
     return report
 
 
-def episode_script(task_index: int) -> tuple[Any, list[ToolCall]]:
-    task = workspace_tasks()[task_index]
-    module = next(
-        e.path for e in task.files.manifest.files() if e.path.startswith("test_")
-    ).removeprefix("test_")
-    fix = task.spec.canonical_solution or ""
-    steps = [
-        ToolCall(name="read_file", arguments={"path": "README.md"}),
-        ToolCall(name="bash", arguments={"command": f"python3 test_{module}"}),
-        ToolCall(name="read_file", arguments={"path": module}),
-        ToolCall(name="bash", arguments={"command": fix}),
-        ToolCall(name="bash", arguments={"command": f"python3 test_{module}"}),
-        ToolCall(name="write_file", arguments={"path": "NOTES.md", "content": "fixed\n"}),
-        ToolCall(name="bash", arguments={"command": "ls -la && git status 2>/dev/null || true"}),
-        ToolCall(name="submit"),
-    ]
-    return task, steps
+async def scripted_throughput(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    """`--path scripted`: ScriptedEpisodes through Temporal against its `drive_plain`."""
+    from temporalio.worker import Worker
 
+    from workers.runtime import own_queue_worker
 
-async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    print(f"throughput, tempered side: {PATH}", flush=True)
-    async with production_workers(settings, [Queue.SANDBOX]) as (client, plans):
-        from temporalio.worker import Worker
+    played = episodes(args.episodes)
+    steps = len(played[0].calls)
 
-        from workers.runtime import own_queue_worker
-
-        sessions = activity_method(plans, Queue.SANDBOX, "env_step").__self__  # type: ignore[attr-defined]
-        store = sessions.store
-        jobs = []
-        for n in range(args.episodes):
-            task, steps = episode_script(n * 3 % 60)
-            for key, data in task.objects.items():
-                store.put_bytes(key, data)
-            script = [dict.fromkeys(range(args.group_size), call) for call in steps]
-            jobs.append((task, script))
-        total_steps = args.episodes * args.group_size * len(jobs[0][1])
-
-        server = temporal_pid(settings)
-        cpu: dict[str, dict[str, list[float]]] = {"tempered": {}, "plain": {}}
-
-        async def run(mode: str) -> float:
-            gate = asyncio.Semaphore(args.concurrency)
-            tag = uuid.uuid4().hex[:8]
-
-            async def one(n: int) -> None:
-                task, script = jobs[n]
-                job = DriverInput(
-                    run_id=f"bench-{tag}-{n}",
-                    task_id=task.spec.id,
-                    workspace=task.spec.workspace,
-                    script=script,
-                    heartbeat_s=30,
-                )
-                async with gate:
-                    if mode == "tempered":
-                        await client.execute_workflow(
-                            ScriptedEpisodes.run,
-                            job,
-                            id=f"bench-episodes-{tag}-{n}",
-                            task_queue=DRIVER_QUEUE,
-                        )
-                    else:
-                        await drive_plain(sessions, job)
-
-            before = cpu_split(server)
-            with Stopwatch() as watch:
-                await asyncio.gather(*(one(n) for n in range(args.episodes)))
-            rate = total_steps / watch.seconds
-            for side, seconds in cpu_split(server).items():
-                cpu[mode].setdefault(side, []).append((seconds - before[side]) * 1000 / total_steps)
-            print(
-                f"  {mode}: {total_steps} steps in {watch.seconds:.1f}s = {rate:.1f} steps/s; CPU "
-                + ", ".join(f"{side} {ms[-1]:.1f}" for side, ms in cpu[mode].items())
-                + " ms a step",
-                flush=True,
+    def jobs(tag: str) -> list[DriverInput]:
+        return [
+            DriverInput(
+                run_id=f"bench-{tag}-{n}",
+                task_id=e.spec.id,
+                workspace=e.spec.workspace,
+                script=[dict.fromkeys(range(args.group_size), call) for call in e.calls],
+                heartbeat_s=30,
             )
-            return rate
+            for n, e in enumerate(played)
+        ]
 
-        rates: dict[str, list[float]] = {"tempered": [], "plain": []}
+    def check(results: Sequence[Any]) -> None:
+        taken = [len(r.history) for r in results]
+        if taken != [args.group_size * steps] * len(played):
+            raise RuntimeError(f"episodes took {taken} steps, not {args.group_size * steps} each")
+
+    async with production_workers(settings, [Queue.SANDBOX]) as (client, plans):
+        sessions = activity_method(plans, Queue.SANDBOX, "env_step").__self__  # type: ignore[attr-defined]
+        upload(sessions.store, played)
+        server = temporal_pid(settings)
+
+        async def tempered(tag: str) -> None:
+            run = jobs(tag)
+
+            async def one(n: int) -> Any:
+                return await client.execute_workflow(
+                    ScriptedEpisodes.run,
+                    run[n],
+                    id=f"bench-episodes-{tag}-{n}",
+                    task_queue=DRIVER_QUEUE,
+                )
+
+            check(await in_flight(len(run), args.concurrency, one))
+
+        async def plain(tag: str) -> None:
+            run = jobs(tag)
+            check(
+                await in_flight(len(run), args.concurrency, lambda n: drive_plain(sessions, run[n]))
+            )
+
         async with (
             own_queue_worker(client, plans[Queue.SANDBOX]),
             Worker(client, task_queue=DRIVER_QUEUE, workflows=[ScriptedEpisodes]),
         ):
-            for mode in ("plain", "tempered"):  # warm-up of both sides: caches, start-up paths,
-                await run(mode)  # a new queue's first workflow and activity tasks
-            for sides in cpu.values():
-                sides.clear()  # the warm-up's CPU is not a round's
-            for round_ in range(args.rounds):
-                for mode in ("plain", "tempered") if round_ % 2 == 0 else ("tempered", "plain"):
-                    with idle_side(f"{mode} round {round_}"):
-                        rates[mode].append(await run(mode))
-    tempered, plain = median_of(rates["tempered"]), median_of(rates["plain"])
+            timing = await compare(
+                tempered=tempered,
+                plain=plain,
+                steps=args.episodes * args.group_size * steps,
+                rounds=args.rounds,
+                cpu=lambda: cpu_split(server),
+            )
+    return {"path": SCRIPTED_PATH, "steps_per_episode": steps, **timing}
+
+
+PATHS = {
+    "agent-task": (episodes_agent.PATH, episodes_agent.throughput),
+    "scripted": (SCRIPTED_PATH, scripted_throughput),
+}
+"""`--path` -> (what its Temporal side runs, how it is measured); the first is the default."""
+
+
+async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    path, measure = PATHS[args.path]
+    print(f"throughput (--path {args.path}), tempered side: {path}", flush=True)
+    measured = await measure(settings, args)
     report = {
-        "path": PATH,
+        "path_option": args.path,
         "episodes": args.episodes,
         "group_size": args.group_size,
-        "steps_per_episode": len(jobs[0][1]),
         "concurrency": args.concurrency,
-        "tempered_steps_per_s": round(tempered, 2),
-        "plain_steps_per_s": round(plain, 2),
-        "ratio": round(tempered / plain, 3),
-        "target_ratio": 0.8,
-        "rounds": rates,
-        "cpu_ms_per_step": {
-            mode: {side: round(median_of(values), 1) for side, values in sides.items()}
-            for mode, sides in cpu.items()
-        },
+        **measured,
     }
     print(f"throughput: {report}", flush=True)
     return report
-
-
-def cpu_split(server: int) -> dict[str, float]:
-    """CPU seconds so far: the dev server's, this process's, and its other children's."""
-    own_s = cpu_seconds(children=False)
-    return {
-        "server": cpu_seconds(server),
-        "bench": own_s,
-        "rest": cpu_seconds(exclude=server) - own_s,
-    }
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -310,7 +285,7 @@ async def main(args: argparse.Namespace) -> None:
     shutil.rmtree(home, ignore_errors=True)
 
 
-if __name__ == "__main__":
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="snapshot: steps over 1 MiB")
     parser.add_argument("--episodes", type=int, default=8)
@@ -319,8 +294,14 @@ if __name__ == "__main__":
         "--concurrency", type=int, default=4, help="episodes in flight, at most --episodes"
     )
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--path",
+        choices=list(PATHS),
+        default=next(iter(PATHS)),
+        help="throughput's Temporal side: AgentTaskWorkflow as a run's child, or the test driver",
+    )
     add_busy_flag(parser)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.concurrency < 1:
         parser.error(f"--concurrency {args.concurrency}: at least 1 episode must be in flight")
     if args.concurrency > args.episodes:
@@ -330,5 +311,10 @@ if __name__ == "__main__":
             f"{args.episodes} episodes exist to be in flight; pass --episodes "
             f"{args.concurrency} (or more) for {args.concurrency} at once"
         )
-    require_idle(args.allow_busy)
-    asyncio.run(main(args))
+    return args
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    require_idle(arguments.allow_busy)
+    asyncio.run(main(arguments))

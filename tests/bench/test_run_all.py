@@ -8,7 +8,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
-NOT_BENCHES = {"common", "run_all", "trl_side", "task_parent"}  # helpers of the benches
+NOT_BENCHES = {"common", "run_all", "trl_side", "task_parent", "episodes_agent", "episodes_common"}
+"""Helpers of the benches, not benches."""
 
 
 def test_run_all_runs_every_bench() -> None:

@@ -1,0 +1,319 @@
+"""bench/episodes.py's `--path agent-task`: workspace episodes of the production AgentTaskWorkflow
+through Temporal, against a plain asyncio loop that makes the very same activity calls.
+
+    report = await throughput(settings, args)        # within bench/episodes.py's stack
+
+tempered  one parent workflow per run (bench/task_parent.py): each episode a task, an
+          AgentTaskWorkflow child started as TrainingRunWorkflow starts it, `--concurrency` in
+          flight, on the production agent-tasks worker; its activities on their own queues and
+          workers: GENERATE on `inference` (`ScriptedPolicy`), open_sessions and
+          verify_episodes on `sandbox` and env_step and close_sessions on the production
+          sandbox worker's own queue, write_trajectories on the production rewards worker; the
+          workflow's search-attribute upserts (INIT, every GENERATE and EXECUTE, DONE) with them.
+plain     `PlainTask`, `--concurrency` tasks at once: the same activity methods (the same
+          objects) called directly, in the workflow's order with the workflow's requests (a
+          test holds the two to the same calls: tests/bench/test_episodes_agent.py), FEEDBACK
+          by the workflow's own `EpisodeGroup`. No Temporal anywhere.
+
+`ScriptedPolicy` stands in for the model: tests/workflows/harness.py's `ScriptedModel` for each
+task (its calls rendered in the model's format and parsed back as `generate` parses them, a
+completion record written per sample), its store I/O in a thread as the inference activity's
+is. It costs what those reads and writes cost, so the bench measures orchestration, not a model.
+
+What the plain loop leaves out, as no bench episode needs it: restoring sessions of a lost
+sandbox worker, the circuit breaker (`abort_after` is 0) and the abort signal. What both sides
+leave out: a model's time, and a training run's own work between tasks (bench/task_parent.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from common import activity_method, production_workers, temporal_pid
+from episodes_common import Episode, compare, cpu_split, episodes, in_flight, upload
+from task_parent import PARENT_QUEUE, ParentInput, TaskParent
+from task_parent import PATH as PARENT_PATH
+from temporalio import activity
+
+from contracts.episode import (
+    CloseSessionsRequest,
+    EnvStepItem,
+    EnvStepRequest,
+    EpisodeEnd,
+    OpenSessionsRequest,
+    VerifyItem,
+    VerifyRequest,
+)
+from contracts.names import Activity, Queue
+from contracts.rollout import (
+    AgentTaskResult,
+    EpisodeState,
+    GenerateItem,
+    GenerateRequest,
+    GenerateResponse,
+    WriteTrajectoriesRequest,
+)
+from contracts.task import AgentTaskInput
+from infra.settings import Settings
+from infra.storage import ObjectStore
+from tests.workflows.harness import Script, ScriptedModel
+from workflows.episodes import EpisodeGroup
+from workflows.fsm import State, after_feedback
+
+PATH = (
+    f"{PARENT_PATH}; GENERATE by a scripted model on `inference`, the "
+    "production sandbox and rewards workers, its search-attribute upserts and write_trajectories"
+)
+"""What the Temporal side of `--path agent-task` runs, as the report names it."""
+QUEUES = [Queue.AGENT_TASKS, Queue.SANDBOX, Queue.REWARDS]
+Method = Callable[[Any], Awaitable[Any]]
+
+
+class ScriptedPolicy:
+    """GENERATE: each task's `ScriptedModel` answers its calls (`scripts`: task id -> script)."""
+
+    def __init__(self, store: ObjectStore, scripts: Mapping[str, Script]) -> None:
+        self.models = {task: ScriptedModel(store, script) for task, script in scripts.items()}
+
+    @activity.defn(name=Activity.GENERATE.value)
+    async def generate(self, request: GenerateRequest) -> GenerateResponse:
+        # ScriptedModel reads and writes the store on the loop it runs on: a loop of its own in
+        # a thread keeps that I/O off this one, as the inference activity keeps its own
+        answer = self.models[request.task_id].generate(request)
+        return await asyncio.to_thread(asyncio.run, answer)
+
+
+def activity_methods(sessions: Any, generate: Method, write: Method) -> dict[Activity, Method]:
+    """The methods a workspace task calls: `sessions` is the sandbox worker's session holder."""
+    return {
+        Activity.OPEN_SESSIONS: sessions.open_sessions,
+        Activity.GENERATE: generate,
+        Activity.ENV_STEP: sessions.env_step,
+        Activity.VERIFY_EPISODES: sessions.verify_episodes,
+        Activity.CLOSE_SESSIONS: sessions.close_sessions,
+        Activity.WRITE_TRAJECTORIES: write,
+    }
+
+
+class PlainTask:
+    """One workspace task as AgentTaskWorkflow runs it (workflows/agent_task.py,
+    workflows/sessions.py), its activity methods called directly."""
+
+    def __init__(self, methods: Mapping[Activity, Method]) -> None:
+        from temporalio.testing import ActivityEnvironment
+
+        self.methods = methods
+        self.env = ActivityEnvironment()  # activity context only (heartbeats go nowhere)
+
+    async def _call(self, name: Activity, request: Any) -> Any:
+        return await self.env.run(self.methods[name], request)
+
+    async def __call__(self, task_input: AgentTaskInput) -> AgentTaskResult:
+        task, group = task_input.task, EpisodeGroup(task_input)
+        assert task.workspace is not None and not task_input.abort_after
+        ids = {"run_id": task_input.run_id, "task_id": task.id, "env": task.env}
+        opened = await self._call(
+            Activity.OPEN_SESSIONS,
+            OpenSessionsRequest(
+                **ids,
+                workspace=task.workspace,
+                limits=task_input.limits,
+                samples=[e.sample for e in group.episodes],
+                snapshots={},
+            ),
+        )
+        for episode in group.episodes:
+            episode.session = opened.sessions[episode.sample]
+        try:
+            for step in itertools.count():
+                generated = await self._call(
+                    Activity.GENERATE, generate_request(task_input, step, group.acting())
+                )
+                outcomes = await self._step(task_input, group, step, generated)
+                group.feedback(step, generated, outcomes)
+                done = after_feedback(
+                    all_ended=group.all_ended(),
+                    turn=step,
+                    max_turns=task_input.max_turns,
+                    aborted=False,
+                )
+                if done is State.DONE:
+                    group.end_acting(EpisodeEnd.STEP_BUDGET)
+                    break
+            items = [
+                VerifyItem(sample=e.sample, snapshot=e.session.snapshot)
+                for e in group.episodes
+                if e.session is not None
+            ]
+            untouched = len(group.episodes)  # the untouched workspace, verified beside them
+            items.append(VerifyItem(sample=untouched, snapshot=task.workspace.files))
+            verified = await self._call(
+                Activity.VERIFY_EPISODES,
+                VerifyRequest(
+                    **ids, workspace=task.workspace, limits=task_input.limits, items=items
+                ),
+            )
+            baseline = [v.score for v in verified.verdicts if v.sample == untouched]
+            group.judge(
+                [v for v in verified.verdicts if v.sample != untouched],
+                untouched=baseline[0] if baseline else None,
+            )
+        finally:
+            await self._close(group.episodes)
+        written = await self._call(
+            Activity.WRITE_TRAJECTORIES,
+            WriteTrajectoriesRequest(
+                run_id=task_input.run_id,
+                task=task,
+                group_size=task_input.group_size,
+                samples=group.episodes,
+            ),
+        )
+        return group.result(State.DONE.value, written.trajectories, generated.policy_version, None)
+
+    async def _step(
+        self, task_input: AgentTaskInput, group: EpisodeGroup, step: int, made: GenerateResponse
+    ) -> dict[int, Any]:
+        """EXECUTE: one env_step per worker queue holding sessions, all at once."""
+        by_queue: dict[str, list[EnvStepItem]] = defaultdict(list)
+        for c in made.completions:
+            session = group.episodes[c.sample].session
+            assert session is not None and c.call is not None
+            by_queue[session.queue].append(
+                EnvStepItem(sample=c.sample, session=session, completion=c.completion, call=c.call)
+            )
+        task = task_input.task
+        parts = await asyncio.gather(
+            *(
+                self._call(
+                    Activity.ENV_STEP,
+                    EnvStepRequest(
+                        run_id=task_input.run_id,
+                        task_id=task.id,
+                        step=step,
+                        env=task.env,
+                        limits=task_input.limits,
+                        items=items,
+                    ),
+                )
+                for items in by_queue.values()
+            )
+        )
+        return {o.sample: o for part in parts for o in part.outcomes}
+
+    async def _close(self, episodes: list[EpisodeState]) -> None:
+        by_queue: dict[str, list[str]] = defaultdict(list)
+        for e in episodes:
+            if e.session is not None:
+                by_queue[e.session.queue].append(e.session.session_id)
+        await asyncio.gather(
+            *(
+                self._call(Activity.CLOSE_SESSIONS, CloseSessionsRequest(session_ids=ids))
+                for ids in by_queue.values()
+            )
+        )
+
+
+def generate_request(
+    task_input: AgentTaskInput, turn: int, acting: list[EpisodeState]
+) -> GenerateRequest:
+    """The GENERATE request of `turn`, as AgentTaskWorkflow._generate makes it."""
+    task = task_input.task
+    return GenerateRequest(
+        run_id=task_input.run_id,
+        task_id=task.id,
+        turn=turn,
+        env=task.env,
+        prompt=task.prompt,
+        sampling=task_input.sampling,
+        max_context_tokens=task_input.max_context_tokens,
+        policy_run=task_input.policy_run or task_input.run_id,
+        policy_version=task_input.policy_version,
+        items=[
+            GenerateItem(
+                sample=e.sample,
+                previous=e.steps[-1].completion if e.steps else None,
+                observation=e.steps[-1].observation if e.steps else None,
+            )
+            for e in acting
+        ],
+    )
+
+
+async def run_as_children(
+    client: Any, inputs: list[AgentTaskInput], concurrency: int, tag: str
+) -> list[int]:
+    """The tasks as children of one TaskParent, `concurrency` in flight; each one's turns."""
+    turns = await client.execute_workflow(
+        TaskParent.run,
+        ParentInput(inputs=inputs, concurrency=concurrency),
+        id=f"bench-episodes-{tag}-parent",
+        task_queue=PARENT_QUEUE,
+    )
+    return list(turns)
+
+
+async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
+    from temporalio.worker import Worker
+
+    from workers.runtime import own_queue_worker
+
+    played = episodes(args.episodes)
+    steps = len(played[0].calls)
+
+    def inputs(tag: str) -> list[AgentTaskInput]:
+        return [
+            AgentTaskInput(
+                task=e.spec, run_id=f"bench-{tag}", group_size=args.group_size, max_turns=steps
+            )
+            for e in played
+        ]
+
+    def check(turns: list[int]) -> None:  # a bench episode submits at its last scripted step
+        if turns != [steps] * len(played):
+            raise RuntimeError(f"episodes took {turns} turns, not {steps} each")
+
+    async with production_workers(settings, QUEUES) as (client, plans):
+        sessions = activity_method(plans, Queue.SANDBOX, "open_sessions").__self__  # type: ignore[attr-defined]
+        rewards = activity_method(plans, Queue.REWARDS, "write_trajectories")
+        server = temporal_pid(settings)
+        upload(sessions.store, played)
+        policy = ScriptedPolicy(sessions.store, {e.spec.id: script(e) for e in played})
+        plain = PlainTask(activity_methods(sessions, policy.generate, rewards))
+
+        async def tempered_side(tag: str) -> None:
+            check(await run_as_children(client, inputs(tag), args.concurrency, tag))
+
+        async def plain_side(tag: str) -> None:
+            jobs = inputs(tag)
+            results = await in_flight(len(jobs), args.concurrency, lambda n: plain(jobs[n]))
+            check([r.turns for r in results])
+
+        async with (
+            own_queue_worker(client, plans[Queue.SANDBOX]),
+            Worker(
+                client,
+                task_queue=Queue.INFERENCE.value,
+                activities=[policy.generate],
+                max_concurrent_activities=settings.inference.max_activities,
+            ),
+            Worker(client, task_queue=PARENT_QUEUE, workflows=[TaskParent]),
+        ):
+            timing = await compare(
+                tempered=tempered_side,
+                plain=plain_side,
+                steps=args.episodes * args.group_size * steps,
+                rounds=args.rounds,
+                cpu=lambda: cpu_split(server),
+            )
+    return {"path": PATH, "steps_per_episode": steps, **timing}
+
+
+def script(episode: Episode) -> Script:
+    """Every sample makes the episode's call of the step."""
+    return lambda sample, step: episode.calls[step]

@@ -1,0 +1,150 @@
+"""What both throughput paths of bench/episodes.py share: the episodes, and how a Temporal side
+and a plain side are timed against each other.
+
+    played = episodes(8)           # each a workspace task (its own id) and its 8 tool calls
+    upload(store, played)          # their trees, where the sandbox worker reads them
+    report = await compare(tempered=side, plain=side, steps=256, rounds=2, cpu=split)
+
+`compare` runs each side once unmeasured (caches, start-up paths, a new queue's first workflow
+and activity tasks), then `rounds` rounds, the order alternating (plain first, then tempered
+first, ...), each run inside `common.idle_side`; it reports the median steps/s of each, their
+ratio and each side's CPU milliseconds a step (median), split as `cpu` splits it (`cpu_split`:
+the dev server, this process, the rest). A side does its own checking: it raises when its
+episodes did not take the steps they were scripted to take. Nothing here knows what a side
+runs (bench/episodes.py's scripted driver, bench/episodes_agent.py's AgentTaskWorkflow).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, NamedTuple, TypeVar
+
+from common import cpu_seconds, idle_side, median_of
+
+from contracts.episode import ToolCall
+from contracts.task import TaskSpec
+from infra.tasks.workspace import workspace_tasks
+
+TARGET_RATIO = 0.8
+"""#11: Temporal at least 0.8x a plain loop's steps/s."""
+Side = Callable[[str], Awaitable[None]]
+"""Run every episode once; its argument is unique to the run (for workflow ids and keys)."""
+T = TypeVar("T")
+
+
+class Episode(NamedTuple):
+    spec: TaskSpec
+    """A workspace task, its id made unique among the run's episodes (`<id>-<n>`)."""
+    objects: dict[str, bytes]
+    """The task's trees, to upload before the run (key -> bytes)."""
+    calls: list[ToolCall]
+    """The tool call of each step, every sample alike; the last is `submit`."""
+
+
+def episodes(count: int) -> list[Episode]:
+    """`count` episodes of the built-in workspace suite, every third task (a task is played
+    again after 19): read the README, run the tests, read the module, fix it, run the tests,
+    write a file, list the tree, submit."""
+    tasks = workspace_tasks()
+    played = []
+    for n in range(count):
+        task = tasks[n * 3 % len(tasks)]
+        module = next(
+            e.path for e in task.files.manifest.files() if e.path.startswith("test_")
+        ).removeprefix("test_")
+        calls = [
+            ToolCall(name="read_file", arguments={"path": "README.md"}),
+            ToolCall(name="bash", arguments={"command": f"python3 test_{module}"}),
+            ToolCall(name="read_file", arguments={"path": module}),
+            ToolCall(name="bash", arguments={"command": task.spec.canonical_solution or ""}),
+            ToolCall(name="bash", arguments={"command": f"python3 test_{module}"}),
+            ToolCall(name="write_file", arguments={"path": "NOTES.md", "content": "fixed\n"}),
+            ToolCall(
+                name="bash", arguments={"command": "ls -la && git status 2>/dev/null || true"}
+            ),
+            ToolCall(name="submit"),
+        ]
+        spec = task.spec.model_copy(update={"id": f"{task.spec.id}-{n}"})
+        played.append(Episode(spec, task.objects, calls))
+    return played
+
+
+def upload(store: Any, played: list[Episode]) -> None:
+    """Put the episodes' task trees in the object store (the same bytes twice are a no-op)."""
+    for episode in played:
+        for key, data in episode.objects.items():
+            store.put_bytes(key, data)
+
+
+async def in_flight(count: int, concurrency: int, one: Callable[[int], Awaitable[T]]) -> list[T]:
+    """`one(0)` ... `one(count - 1)`, at most `concurrency` running at once; their results."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def gated(n: int) -> T:
+        async with gate:
+            return await one(n)
+
+    return list(await asyncio.gather(*(gated(n) for n in range(count))))
+
+
+def cpu_split(server: int) -> dict[str, float]:
+    """CPU seconds so far: the dev server's, this process's, and its other children's."""
+    own_s = cpu_seconds(children=False)
+    return {
+        "server": cpu_seconds(server),
+        "bench": own_s,
+        "rest": cpu_seconds(exclude=server) - own_s,
+    }
+
+
+async def compare(
+    *,
+    tempered: Side,
+    plain: Side,
+    steps: int,
+    rounds: int,
+    cpu: Callable[[], dict[str, float]],
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
+    """Time `steps` steps of each side, warm-up first, then `rounds` alternating rounds."""
+    sides = {"plain": plain, "tempered": tempered}
+    rates: dict[str, list[float]] = {mode: [] for mode in sides}
+    cpu_ms: dict[str, dict[str, list[float]]] = {mode: {} for mode in sides}
+
+    async def run(mode: str, measured: bool) -> None:
+        before, began = cpu(), clock()
+        await sides[mode](uuid.uuid4().hex[:8])
+        seconds, after = clock() - began, cpu()
+        if not measured:
+            return
+        rates[mode].append(steps / seconds)
+        for part, spent in after.items():
+            cpu_ms[mode].setdefault(part, []).append((spent - before[part]) * 1000 / steps)
+        print(
+            f"  {mode}: {steps} steps in {seconds:.1f}s = {rates[mode][-1]:.1f} steps/s; CPU "
+            + ", ".join(f"{part} {ms[-1]:.1f}" for part, ms in cpu_ms[mode].items())
+            + " ms a step",
+            flush=True,
+        )
+
+    for mode in sides:  # warm-up of both sides
+        await run(mode, measured=False)
+    for round_ in range(rounds):
+        for mode in sides if round_ % 2 == 0 else reversed(sides):
+            with idle_side(f"{mode} round {round_}"):
+                await run(mode, measured=True)
+    through_temporal, plain_loop = median_of(rates["tempered"]), median_of(rates["plain"])
+    return {
+        "tempered_steps_per_s": round(through_temporal, 2),
+        "plain_steps_per_s": round(plain_loop, 2),
+        "ratio": round(through_temporal / plain_loop, 3),
+        "target_ratio": TARGET_RATIO,
+        "rounds": rates,
+        "cpu_ms_per_step": {
+            mode: {part: round(median_of(values), 1) for part, values in parts.items()}
+            for mode, parts in cpu_ms.items()
+        },
+    }
