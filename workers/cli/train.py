@@ -22,19 +22,22 @@ while no command followed it gets its report then, from its workflow's result (w
 close minus its start), and one that failed, was cancelled or terminated has none (exit 1). The
 checks of a new run's inputs and id are `workers/cli/train_inputs.py`'s.
 
-A new run's id must be new. One with objects under `runs/<id>/` (a finished or failed run, or
-one in progress, which `--attach` follows) or one `tempered runs rm` removed (`removed/<id>.json`)
-is refused once the store answers, before the workers and the run start (`--dry-run` checks it
-where S3 answers, and says where not); one whose workflow runs, when its start is refused. A home
-that is no writable directory is refused before anything (`infra.stack.check_home`).
+A new run does not start beside training runs that run already (a `train` that Ctrl-C detached
+left its run running) unless `--alongside` (`workers/cli/train_running.py`). Its id must be
+new. One with objects under `runs/<id>/` (a finished or failed run, or one in progress, which
+`--attach` follows) or one `tempered runs rm` removed (`removed/<id>.json`) is refused once the
+store answers, before the workers and the run start (`--dry-run` checks it where S3 answers,
+and says where not); one whose workflow runs, when its start is refused. A home that is no
+writable directory is refused before anything (`infra.stack.check_home`).
 
 A `train` that loses Temporal while it follows the run (`tempered down`, the server's machine
 gone) detaches as Ctrl-C does, saying so: the run is durable and goes on once Temporal answers
 again. Its client's retries are not printed (`quiet_runtime`), only that.
 
 Exit status: 0 done, 1 the run failed, 2 a bad preset, override, base model, suite, home, run
-id or run (nothing started), 75 lost Temporal while following (sysexits' EX_TEMPFAIL: the run
-is not known to have failed; `--attach` once Temporal answers), 130 detached.
+id or run, or other runs running (nothing started), 75 lost Temporal while following (sysexits'
+EX_TEMPFAIL: the run is not known to have failed; `--attach` once Temporal answers), 130
+detached.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from workers.cli.train_inputs import (
     check_run_id,
     check_run_id_if_up,
 )
+from workers.cli.train_running import RunsRunning, check_none_running
 from workers.runtime import connect
 from workers.training import RunHandle, attach, start_run, stop_run, workflow_id
 
@@ -105,6 +109,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     train.add_argument("--no-workers", action="store_true", help="do not start background workers")
     train.add_argument(
+        "--alongside",
+        action="store_true",
+        help="start the run even while other training runs run (refused otherwise)",
+    )
+    train.add_argument(
         "--dry-run", action="store_true", help="print the plan as JSON and start nothing"
     )
     train.add_argument(
@@ -130,6 +139,7 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
     try:
         run_input = load_preset(
             args.preset,
+            given_as=FLAGS,
             steps=args.steps,
             base_model=absolute(args.base_model),
             suite=absolute(args.suite),
@@ -154,10 +164,10 @@ def train_cmd(args: argparse.Namespace, settings: Settings) -> int:
         print(json.dumps(plan(settings, run_input, workers=not args.no_workers), indent=2))
         return 0
     try:
-        _bring_up(settings, workers=not args.no_workers, new_run=run_input.run_id)
+        _bring_up(settings, not args.no_workers, run_input.run_id, alongside=args.alongside)
         result, wall_s = asyncio.run(_train(settings, run_input))
         ended_at = None  # now
-    except RunIdTaken as exc:
+    except (RunIdTaken, RunsRunning) as exc:
         print(f"tempered train: {exc}", file=sys.stderr)
         return 2
     except WorkflowFailureError as err:
@@ -177,8 +187,19 @@ RUN_OPTIONS = (
     "seed",
     "keep_versions",
     "dry_run",
+    "alongside",
 )
 """What shapes a new run: `--attach` follows a run as it was started and takes none of them."""
+FLAGS = {
+    "steps": "--steps",
+    "base_model": "--base-model",
+    "suite": "--suite",
+    "run_id": "--run-id",
+    "time_budget_s": "--time-budget",
+    "seed": "--seed",
+    "keep_versions": "--keep-versions",
+}
+"""The flag that sets each field of a new run, to blame for a value no run could take."""
 
 
 def _attach_cmd(args: argparse.Namespace, settings: Settings) -> int:
@@ -282,14 +303,18 @@ def plan(settings: Settings, run_input: TrainingRunInput, workers: bool) -> dict
     }
 
 
-def _bring_up(settings: Settings, workers: bool, new_run: str | None = None) -> None:
+def _bring_up(
+    settings: Settings, workers: bool, new_run: str | None = None, alongside: bool = False
+) -> None:
     """The stack and the background workers, where not running (a rebooted machine's stack
     restarts from its files, and the runs it held go on); an external Temporal is only checked
-    to answer (`stack.up`). A `new_run`'s id is checked once the store answers, before the
-    workers start."""
+    to answer (`stack.up`). For a `new_run`, once Temporal answers, that no run runs (unless
+    `alongside`), and its id once the store answers, both before the workers start."""
     for line in stack.up(settings):
         print(line)
     if new_run is not None:
+        if not alongside:
+            check_none_running(settings)
         try:
             check_run_id(ObjectStore.from_settings(settings), new_run)
         except StorageError as exc:

@@ -40,10 +40,12 @@ def settings(seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path) -> Sett
 
 @pytest.fixture
 def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The stack counts as up (the test's S3 is external to it); starting workers or a run is
-    recorded, and fails the test where it must not happen."""
+    """The stack counts as up (the test's S3 is external to it), with no run running
+    (`test_train_running.py` asks a real Temporal); starting workers or a run is recorded, and
+    fails the test where it must not happen."""
     started: list[str] = []
     monkeypatch.setattr(train_cli.stack, "up", lambda settings: [])
+    monkeypatch.setattr(train_cli, "check_none_running", lambda settings: None)
     monkeypatch.setattr(train_cli, "ensure_workers", lambda settings: started.append("workers"))
     return started
 
