@@ -14,12 +14,14 @@ What the run does next (rolling out, continuing as new) is not here.
 
 from __future__ import annotations
 
+from typing import Any
+
 from temporalio import workflow
 from temporalio.workflow import ChildWorkflowHandle, ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from contracts.errors import ErrorType, fail
-    from contracts.learner import LearnerInput, PolicyVersion
+    from contracts.learner import LearnerDone, LearnerInput, PolicyVersion
     from contracts.names import Activity, Queue, SearchAttr
     from contracts.run import (
         HeldoutSet,
@@ -33,7 +35,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.budget import TASK_TIMEOUT
     from workflows.children import PendingChildren
     from workflows.evaluations import Evaluations
-    from workflows.learner import LearnerWorkflow
     from workflows.search import search_attribute_updates
 
 
@@ -42,7 +43,7 @@ async def begin(
     evaluations: Evaluations,
     children: PendingChildren,
     learner_id: str,
-) -> tuple[LoadTasksResponse, ChildWorkflowHandle[LearnerWorkflow, LearnerInput]]:
+) -> tuple[LoadTasksResponse, ChildWorkflowHandle[Any, dict[str, Any]]]:
     """The first segment's start: the suite, version 0 and its evaluation, the learner (its
     workflow id `learner_id`)."""
     workflow.upsert_search_attributes(
@@ -70,8 +71,8 @@ async def begin(
     )
     evaluations.start(base.version)
     children.started()  # the learner, before version 0's held-out tasks
-    learner = await workflow.start_child_workflow(
-        LearnerWorkflow.run,
+    learner: ChildWorkflowHandle[Any, dict[str, Any]] = await workflow.start_child_workflow(
+        "LearnerWorkflow",  # by name, so that `result_type` applies (the same command)
         LearnerInput(
             run_id=run_input.run_id,
             config=run_input.grpo,
@@ -81,8 +82,20 @@ async def begin(
             burst=run_input.concurrency,
         ),
         id=learner_id,
+        result_type=dict,  # decoded by `child_final`: the learner may end on a newer build
         task_queue=Queue.AGENT_TASKS.value,
         parent_close_policy=ParentClosePolicy.ABANDON,  # it outlives continue-as-new
         task_timeout=TASK_TIMEOUT,
     )
     return tasks, learner
+
+
+async def child_final(
+    learner: ChildWorkflowHandle[Any, dict[str, Any]],
+) -> LearnerInput:
+    """The learner child's result, decoded as its `learner_done` signal is (fields a newer build
+    added are ignored): the learner continues as new onto the newest build while this run stays
+    on its own, and a strict decode of its result failed the run's workflow task for ever."""
+    final = LearnerDone.model_validate({"final": await learner}).final
+    assert final is not None
+    return final

@@ -59,7 +59,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.evaluations import Evaluations
     from workflows.learner_link import LearnerLink
     from workflows.retention import Retention
-    from workflows.run_begin import begin
+    from workflows.run_begin import begin, child_final
     from workflows.run_failure import RunFailure
     from workflows.run_look_ahead import RunLookAhead
     from workflows.step_slots import StepSlots
@@ -127,7 +127,7 @@ class TrainingRunWorkflow:
             await self._roll_out(tasks, deadline)
             await self._failure.ending(self._failure.reaching(self._learner.finish()))
             final = await self._failure.ending(
-                learner if learner is not None else self._learner.final()
+                child_final(learner) if learner is not None else self._learner.final()
             )
         except (asyncio.CancelledError, FailureError):
             if not self._failure.learner_lost:  # it outlives this run by design, not training
