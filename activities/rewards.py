@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from temporalio import activity
 
+from activities.heartbeat import heartbeating_each
 from activities.stored import read_model, read_verified
 from contracts.common import ObjectRef
 from contracts.episode import WORKSPACE_TOOLS, ToolCall
@@ -112,12 +113,16 @@ class RewardActivities:
     async def write_trajectories(self, req: WriteTrajectoriesRequest) -> WriteTrajectoriesResponse:
         if not req.samples:
             raise invalid("samples", "no samples to write")
-        trajectories = await asyncio.gather(
-            *(asyncio.to_thread(self._assemble, req, i, s) for i, s in enumerate(req.samples))
+        # each phase reads or writes the whole group: it may outlast the heartbeat timeout
+        trajectories = await heartbeating_each(
+            list(enumerate(req.samples)),
+            lambda item: asyncio.to_thread(self._assemble, req, *item),
+            details=lambda: "assembling",
         )
-        activity.heartbeat("assembled")
-        written = await asyncio.gather(
-            *(asyncio.to_thread(self._write_once, req.run_id, t) for t in trajectories)
+        written = await heartbeating_each(
+            trajectories,
+            lambda trajectory: asyncio.to_thread(self._write_once, req.run_id, trajectory),
+            details=lambda: "writing",
         )
         refs = [ref for ref, _ in written]
         created = sum(new for _, new in written)

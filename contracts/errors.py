@@ -42,6 +42,11 @@ class ErrorType(StrEnum):
     """The sandbox worker cannot serve this at all, on any attempt (bwrap missing on the host of
     a workspace session): a configuration fault, not a transient one, so not retried; the
     message says what to fix. Nothing was run, so nothing is scored."""
+    SESSIONS_UNAVAILABLE = "SessionsUnavailable"
+    """The sandbox worker that took an `open_sessions` cannot run workspace sessions (its host
+    has no bwrap, or one that cannot make a sandbox): a fault of that host, not of the task, and
+    other workers of the shared `sandbox` queue may run them, so retried, after the error's
+    `next_retry_delay`; the message says what to fix."""
     LEARNER_INFRA = "LearnerInfraError"
     """The learner's rank group died or did not start (a rank killed, crashed, hung): retried
     on a fresh group, which reloads the last published version."""
@@ -64,6 +69,7 @@ RETRYABLE: dict[ErrorType, bool] = {
     ErrorType.SANDBOX_INFRA: True,
     ErrorType.SANDBOX_CIRCUIT_OPEN: True,
     ErrorType.SANDBOX_MISCONFIGURED: False,
+    ErrorType.SESSIONS_UNAVAILABLE: True,
     ErrorType.LEARNER_INFRA: True,
     ErrorType.SESSION_LOST: False,
     ErrorType.LEARNER_FAILED: False,

@@ -19,8 +19,9 @@ their secrets (a rotated `s3.secret_key`), keyed by `home/run/settings.key` (its
 the pidfiles that hold it are anyone's to read.
 
 A worker being stopped (`tempered down`, a restart) gets its queue's drain (`drain_s`) and
-`STOP_MARGIN_S` more before SIGKILL: the learner's step in flight was killed 40 s into its
-270 s, and redone. `stop_workers` stops them all at once.
+`STOP_MARGIN_S` more (the cancelled activities' cleanup, then its closes) before SIGKILL: the
+learner's step in flight was killed 40 s into its 270 s, and redone. `stop_workers` stops them
+all at once.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 
 from pydantic import SecretBytes, SecretStr
 
+from activities.heartbeat import CANCEL_GRACE_S
 from contracts.names import Queue
 from infra.processes import Service
 from infra.settings import Settings
@@ -50,9 +52,15 @@ RECONFIGURED = "restarted: this command's settings differ from those it started 
 PINNED = " (a run still pinned to the old build waits for a worker of that build)"
 
 
-STOP_MARGIN_S = 10.0
-"""After a worker's drain, room for its own shutdown (closing an engine, its ranks, telemetry)
-before it is killed."""
+CLOSE_BUDGET_S = 20.0
+"""How long a worker's closes may take once its activities have ended: its sessions, pools,
+engine or ranks, and telemetry (`workers.runtime.run_workers`; telemetry's own flush is bounded
+by `infra.telemetry.SHUTDOWN_S`)."""
+STOP_MARGIN_S = CANCEL_GRACE_S + CLOSE_BUDGET_S
+"""After a worker's drain, room for its own shutdown before it is killed: the SDK cancels the
+activities still running, which take up to `CANCEL_GRACE_S` to clean up, then the worker
+closes. At 10 s the cancelled activities' cleanup could take all of it, and the closes none.
+The chart's terminationGracePeriodSeconds leave as much (tests/charts/test_chart_drain.py)."""
 
 DRAINS: dict[Queue, float] = {Queue.LEARNER: 270.0}
 """The queues whose worker plan sets its own `drain_s` (from here, by `drain_s`); the others

@@ -1,10 +1,15 @@
-"""What a worker entry hands the runtime: its activities (or workflows) and its limits."""
+"""What a worker entry hands the runtime: its activities (or workflows) and its limits, and
+`close_each`, how the runtime and an entry close what they hold at shutdown."""
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+log = logging.getLogger("tempered.worker")
 
 
 @dataclass
@@ -31,3 +36,18 @@ class WorkerPlan:
     """Activities of the own queue at once. High: they wait for a sandbox slot inside the
     activity, so a busy worker's steps still start (a step that does not start within its
     schedule-to-start timeout makes the workflow think the worker is gone)."""
+
+
+async def close_each(closes: Sequence[tuple[str, Callable[[], object] | None]]) -> None:
+    """Run each close (a function, or one that returns an awaitable; None: nothing to close) in
+    order, whatever the earlier ones did: one that raises is logged as `what` failed, and the
+    next one runs (one pool's error skipped the others' closes and the telemetry's last flush)."""
+    for what, close in closes:
+        if close is None:
+            continue
+        try:
+            done = close()
+            if inspect.isawaitable(done):
+                await done
+        except Exception:
+            log.exception("%s failed", what)

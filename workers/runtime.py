@@ -5,8 +5,13 @@
 
 `BUILDERS` maps each queue to its entry module's `build(settings) -> WorkerPlan`. The workflow
 worker is versioned (`workers.versioning`: a pinned Worker Deployment build, made current once
-it polls). Shutdown is graceful: on SIGTERM/SIGINT the worker stops polling, lets in-flight
-activities finish for its plan's `drain_s` (they are retried elsewhere otherwise), then exits.
+it polls). The process's health files (`workers.health`: ready once every Worker polls, alive
+while its event loop runs) are what the Helm chart's probes read. Shutdown is graceful: on
+SIGTERM/SIGINT the worker stops polling, lets in-flight activities finish for its plan's
+`drain_s` (they are retried elsewhere otherwise; the SDK then cancels the rest), closes each
+plan and then telemetry, each whatever the others did (`close_each`), then exits. How long all
+that may take is `workers.background.STOP_MARGIN_S` beyond the drain. A connect that reaches no
+Temporal is `TemporalUnreachable`, which the command line turns into one line naming the address.
 """
 
 from __future__ import annotations
@@ -29,10 +34,15 @@ from contracts.names import Queue
 from infra.settings import Settings
 from infra.telemetry import setup_telemetry
 from workers import agent_tasks, inference, learner, rewards, sandbox
-from workers.plan import WorkerPlan
+from workers.health import Health
+from workers.plan import WorkerPlan, close_each
 from workers.versioning import deployment_config, promote_in_background
 
 log = logging.getLogger("tempered.worker")
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""What stops the workers (gracefully: their drain)."""
+CONNECT_FAILED = "Failed client connect"
+"""How the SDK's error of a connect that reached no Temporal begins (refused, silent, not gRPC)."""
 
 BUILDERS: dict[Queue, Callable[[Settings], WorkerPlan]] = {
     Queue.AGENT_TASKS: agent_tasks.build,
@@ -43,17 +53,33 @@ BUILDERS: dict[Queue, Callable[[Settings], WorkerPlan]] = {
 }
 
 
+class TemporalUnreachable(RuntimeError):
+    """No Temporal frontend answered at `address`: the SDK's "Failed client connect: …" (its
+    text, which names the address only where the TCP connect itself failed), with the address
+    the settings gave. A RuntimeError still, as the SDK's own, for the callers that catch it."""
+
+    def __init__(self, address: str, said: str):
+        super().__init__(said)
+        self.address = address
+
+
 async def connect(
     settings: Settings, interceptors: Sequence[Interceptor] = (), runtime: Runtime | None = None
 ) -> Client:
-    """A client with the pydantic data converter (every client and worker uses it)."""
-    return await Client.connect(
-        settings.temporal.address,
-        namespace=settings.temporal.namespace,
-        data_converter=pydantic_data_converter,
-        interceptors=interceptors,
-        runtime=runtime,
-    )
+    """A client with the pydantic data converter (every client and worker uses it); a failed
+    connect is `TemporalUnreachable`."""
+    try:
+        return await Client.connect(
+            settings.temporal.address,
+            namespace=settings.temporal.namespace,
+            data_converter=pydantic_data_converter,
+            interceptors=interceptors,
+            runtime=runtime,
+        )
+    except RuntimeError as exc:
+        if not str(exc).startswith(CONNECT_FAILED):
+            raise
+        raise TemporalUnreachable(settings.temporal.address, str(exc)) from exc
 
 
 async def build_worker(
@@ -100,28 +126,45 @@ def own_queue_worker(client: Client, plan: WorkerPlan) -> Worker:
 
 
 async def run_workers(queues: list[Queue], settings: Settings) -> None:
-    """Run the workers of `queues` in this process until SIGTERM/SIGINT."""
-    telemetry = setup_telemetry(settings, "+".join(q.value for q in queues))
+    """Run the workers of `queues` in this process until SIGTERM/SIGINT, with their health
+    files (`workers.health`); at the end close each plan, then telemetry, each whatever the
+    others did."""
+    name = "+".join(q.value for q in queues)
+    health = Health(settings.home, name)
+    health.clear()  # a dead worker's files never say this one is ready
+    telemetry = setup_telemetry(settings, name)
     client = await connect(settings, telemetry.interceptors(), telemetry.temporal_runtime())
     built = [await build_worker(client, q, settings) for q in queues]
     workers = [worker for worker, _ in built]
     workers += [own_queue_worker(client, plan) for _, plan in built if plan.own_queue]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in SIGNALS:
         loop.add_signal_handler(sig, stop.set)
+
+    def ready() -> None:
+        for worker in workers:
+            queue = worker.task_queue
+            log.info("worker ready: queue=%s temporal=%s", queue, settings.temporal.address)
+
     runs = [asyncio.create_task(worker.run()) for worker in workers]
-    for worker in workers:
-        queue = worker.task_queue
-        log.info("worker ready: queue=%s temporal=%s", queue, settings.temporal.address)
+    beating = asyncio.create_task(health.serve(workers, ready))
     waiter = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait([waiter, *runs], return_when=asyncio.FIRST_COMPLETED)
-    log.info("worker stopping: queues=%s", ",".join(q.value for q in queues))
-    await asyncio.gather(*(worker.shutdown() for worker in workers), return_exceptions=True)
-    for _, plan in built:
-        if plan.on_shutdown is not None:
-            await plan.on_shutdown()
-    telemetry.shutdown()
+    try:
+        done, _ = await asyncio.wait([waiter, *runs], return_when=asyncio.FIRST_COMPLETED)
+        log.info("worker stopping: queues=%s", ",".join(q.value for q in queues))
+        health.not_ready()  # alive still: it drains, and its loop runs
+        await asyncio.gather(*(worker.shutdown() for worker in workers), return_exceptions=True)
+        plans = [
+            (f"closing {q.value}", plan.on_shutdown)
+            for q, (_, plan) in zip(queues, built, strict=True)
+        ]
+        await close_each([*plans, ("telemetry's shutdown", telemetry.shutdown)])
+    finally:
+        beating.cancel()
+        for sig in SIGNALS:
+            loop.remove_signal_handler(sig)
+        health.clear()
     for task in done:
         if task is not waiter and (error := task.exception()) is not None:
             raise error

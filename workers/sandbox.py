@@ -11,18 +11,25 @@ runsc (gvisor). At start it removes what dead sandbox workers left on this host 
 directories, processes, cgroups).
 
 Workspace commands always run in bubblewrap on this worker's host, whatever the backend: a
-worker whose host has no bwrap (the Helm chart's pods, which run programs as Kubernetes Jobs),
-or whose bwrap cannot create its namespaces (unprivileged user namespaces disabled, a seccomp
-profile, a container without the capabilities: `infra/sandbox/probe.py` starts one step's
-sandbox for `true`, in a session slot's uid, cgroups and workspace directory, ~20 ms), says so
-in one line at start (bwrap's own error) and refuses every `open_sessions` with the
-non-retryable `SandboxMisconfigured`, so a workspace task fails at once with what to fix
-instead of failing each step with a platform fault that is retried for ever. Its programs and
-checks run as usual. Only an error no retry mends refuses sessions: a resource shortage at
-start (user namespaces, pids or memory used up by neighbours' sessions for a moment), a probe
-that gets no answer (a loaded host) or an error of no known kind refuses nothing, since
-`open_sessions` runs on the shared `sandbox` queue and a refusing worker fails, for good, every
-task whose open lands on it.
+worker whose host has no bwrap, or whose bwrap cannot create its namespaces (the Helm chart's
+pods without `sandbox.workspaceSessions`, uid 10001 without capabilities, which run programs as
+Kubernetes Jobs; unprivileged user namespaces disabled, a seccomp profile:
+`infra/sandbox/probe.py` starts one step's sandbox for `true`, in a session slot's uid, cgroups
+and workspace directory, ~20 ms), says so in one line at start (bwrap's own error) and refuses
+every `open_sessions` with the retryable `SessionsUnavailable`, retried after `REFUSED_RETRY_S`,
+instead of opening sessions whose every step fails with a platform fault. Its programs and
+checks run as usual. The refusal is retried because `open_sessions` runs on the shared
+`sandbox` queue: one bad host among good ones failed, for good (`SandboxMisconfigured`, not
+retried), each task whose open it took, and with it the training run. The retry waits: a
+worker that refuses at once is always free, and would take the retry again and again. Where no
+sandbox worker can run sessions, a workspace task's open is retried for as long as that lasts,
+each attempt's failure saying what to fix. Only an error no retry mends refuses sessions: a
+resource shortage at start (user namespaces, pids or memory used up by neighbours' sessions for
+a moment), a probe that gets no answer (a loaded host) or an error of no known kind refuses
+nothing.
+
+Not here: a worker that stops polling `sandbox` when it cannot run sessions (it would run no
+program either, and the chart's session-less pods are meant to run them).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 
 from temporalio import activity
 
@@ -42,9 +50,13 @@ from infra.environments.sessions import SessionHost
 from infra.sandbox import get_backend
 from infra.sandbox.workspace import CommandRunner
 from infra.settings import Settings
-from workers.plan import WorkerPlan
+from workers.plan import WorkerPlan, close_each
 
 log = logging.getLogger("tempered.worker")
+REFUSED_RETRY_S = 120.0
+"""How long an `open_sessions` this worker refused waits before its retry: long beside an open
+(under a second), so the retries of a task that keeps landing here cost little, and short
+beside a training run."""
 
 
 def build(settings: Settings) -> WorkerPlan:
@@ -57,8 +69,12 @@ def build(settings: Settings) -> WorkerPlan:
         open_sessions = refuse_sessions(unusable)
 
     async def close() -> None:
-        await sessions.close()
-        await programs.close()  # closes the shared backend
+        await close_each(
+            [
+                ("closing the workspace sessions", sessions.close),
+                ("closing the programs' backend", programs.close),  # the shared backend
+            ]
+        )
 
     return WorkerPlan(
         activities=[
@@ -87,17 +103,22 @@ def probe_sessions(runner: CommandRunner, host: SessionHost) -> str:
 
 
 def refuse_sessions(unusable: str) -> Callable[..., Awaitable[OpenSessionsResponse]]:
-    """An `open_sessions` that fails every request, not retried: this worker cannot run a
-    workspace command (`unusable` says why), on this attempt or any other."""
+    """An `open_sessions` that fails every request, to be retried after `REFUSED_RETRY_S` (on
+    whichever worker takes it): this worker cannot run a workspace command (`unusable` says
+    why), on this attempt or any other."""
+    later = timedelta(seconds=REFUSED_RETRY_S)
     why = (
         f"sandbox worker {socket.gethostname()} cannot run workspace sessions: {unusable}. "
         "Workspace tasks need sandbox workers whose own host runs bubblewrap sandboxes (the "
         "kubernetes backend runs programs as Jobs, not workspace sessions); run them with "
-        "`tempered worker sandbox` on such a host"
+        "`tempered worker sandbox` on such a host. Retried in "
+        f"{REFUSED_RETRY_S:.0f} s, on whichever sandbox worker takes it"
     )
 
     @activity.defn(name=Activity.OPEN_SESSIONS.value)
     async def open_sessions(req: OpenSessionsRequest) -> OpenSessionsResponse:
-        raise fail(ErrorType.SANDBOX_MISCONFIGURED, f"task {req.task_id}: {why}")
+        raise fail(
+            ErrorType.SESSIONS_UNAVAILABLE, f"task {req.task_id}: {why}", next_retry_delay=later
+        )
 
     return open_sessions

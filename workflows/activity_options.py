@@ -24,11 +24,13 @@ with workflow.unsafe.imports_passed_through():
     from contracts.names import ACTIVITY_QUEUE, Activity
 
 SANDBOX_BACKSTOP = timedelta(hours=2)
-"""Start-to-close of the activities that run model code: a backstop only (a dead worker is the
-heartbeat timeout's to find; these heartbeat while they wait for a sandbox slot). Above the
-longest program (`SandboxLimits.timeout_s` ≤ 3600 s) plus the wait for a slot on a busy worker:
-at 20 minutes an item allowed an hour never finished, and a loaded worker's queued items all
-timed out together and started over."""
+"""Start-to-close of the activities that run model code, and of `open_sessions`, which waits
+inside the activity for the sandbox slots they hold: a backstop only (a dead worker is the
+heartbeat timeout's to find; these heartbeat while they wait for a slot). Above the longest
+program (`SandboxLimits.timeout_s` ≤ 3600 s) plus the wait for a slot on a busy worker: at 20
+minutes an item allowed an hour never finished, and a loaded worker's queued items all timed
+out together and started over; at 10 minutes an open behind them timed out, closed what it had
+opened and went to the back of the queue, again."""
 
 _START_TO_CLOSE: dict[Activity, timedelta] = {
     Activity.GENERATE: timedelta(minutes=20),
@@ -39,7 +41,7 @@ _START_TO_CLOSE: dict[Activity, timedelta] = {
     Activity.TRAIN_STEP: timedelta(minutes=60),
     Activity.RECORD_LEDGER: timedelta(minutes=2),
     Activity.FIND_CONSUMED: timedelta(minutes=2),
-    Activity.OPEN_SESSIONS: timedelta(minutes=10),
+    Activity.OPEN_SESSIONS: SANDBOX_BACKSTOP,
     Activity.ENV_STEP: SANDBOX_BACKSTOP,
     Activity.VERIFY_EPISODES: SANDBOX_BACKSTOP,
     Activity.CLOSE_SESSIONS: timedelta(minutes=2),

@@ -1,14 +1,17 @@
 """The sandbox worker's plan (workers/sandbox.py) on a host without bubblewrap, or whose
 bubblewrap cannot create its sandbox: it says so once at start and refuses workspace sessions
-with a non-retryable error, while its programs run on.
+with a retryable error after a long delay, while its programs run on.
 
 Before, such a worker (the Helm chart's, whose backend is `kubernetes`; a host without
 unprivileged user namespaces, a seccomp profile, a container without the capabilities) opened
-the sessions and failed every step with a platform fault that Temporal retried for ever.
-A resource shortage at start (user namespaces used up by neighbours for a moment) or a $TMPDIR
-that sandbox uids cannot reach refuses nothing: the probe runs in a session's slot, cgroups and
-directory, and condemns only what no retry mends. Only the plan is built here, and the
-start-up probe run: no Temporal server, no object store call, no step.
+the sessions and failed every step with a platform fault that Temporal retried for ever. Then it
+refused them with the non-retryable `SandboxMisconfigured`: `open_sessions` runs on the shared
+`sandbox` queue, so one bad host among good ones failed, for good, each task whose open it took,
+and with it the training run. Now the open is retried, a while later, on whichever worker takes
+it. A resource shortage at start (user namespaces used up by neighbours for a moment) or a
+$TMPDIR that sandbox uids cannot reach refuses nothing: the probe runs in a session's slot,
+cgroups and directory, and condemns only what no retry mends. Only the plan is built here, and
+the start-up probe run: no Temporal server, no object store call, no step.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +101,15 @@ def probes(
     return alter_argv(monkeypatch, change)
 
 
+def assert_retried_later(error: ApplicationError) -> None:
+    """A fault of this host, not of the task: retried, on whichever worker takes it, a while
+    later (a worker that refuses at once would otherwise take the retry again and again)."""
+    assert error.type == ErrorType.SESSIONS_UNAVAILABLE and not error.non_retryable
+    assert error.type not in NON_RETRYABLE  # no activity retry policy stops on it either
+    assert error.next_retry_delay == timedelta(seconds=sandbox.REFUSED_RETRY_S)
+    assert sandbox.REFUSED_RETRY_S >= 60
+
+
 def without_bwrap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A host whose PATH holds no bwrap (nor setpriv), as the chart's worker image."""
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -104,7 +117,7 @@ def without_bwrap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_a_worker_without_bwrap_refuses_workspace_sessions_for_good(
+async def test_a_worker_without_bwrap_refuses_workspace_sessions_to_be_retried_later(
     settings: Settings,
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
@@ -122,8 +135,7 @@ async def test_a_worker_without_bwrap_refuses_workspace_sessions_for_good(
         with pytest.raises(ApplicationError) as refused:
             await ActivityEnvironment().run(served[Activity.OPEN_SESSIONS.value], REQUEST)
         error = refused.value
-        assert error.type == ErrorType.SANDBOX_MISCONFIGURED and error.non_retryable
-        assert error.type in NON_RETRYABLE  # every activity retry policy stops on it too
+        assert_retried_later(error)
         assert "task workspace-fix-1" in str(error) and "bwrap is missing" in str(error)
         assert "bubblewrap" in str(error)  # what to do about it
     finally:
@@ -177,7 +189,7 @@ async def test_a_worker_whose_bwrap_cannot_make_a_sandbox_refuses_workspace_sess
         with pytest.raises(ApplicationError) as refused:
             await ActivityEnvironment().run(served[Activity.OPEN_SESSIONS.value], REQUEST)
         error = refused.value
-        assert error.type == ErrorType.SANDBOX_MISCONFIGURED and error.non_retryable
+        assert_retried_later(error)
         assert "task workspace-fix-1" in str(error) and "bwrap: Unknown option" in str(error)
         assert len(asked) == 2  # refused without starting a sandbox
     finally:
@@ -240,3 +252,32 @@ def test_a_command_on_a_host_without_bwrap_says_what_is_missing(
     assert runner.missing.startswith("bwrap is missing")
     with pytest.raises(SandboxInfraError, match="bwrap is missing.*install bubblewrap"):
         runner.argv("true", None, 0, None, None, 0)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_a_sessions_close_that_fails_still_closes_the_programs(
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The sessions' close raised, and the programs' (the shared backend: its Jobs' client)
+    was skipped."""
+    without_bwrap(monkeypatch, tmp_path)
+    closed: list[str] = []
+
+    async def failing(self: EnvironmentActivities) -> None:
+        closed.append("sessions")
+        raise OSError("a session directory would not go")
+
+    async def programs(self: Any) -> None:
+        closed.append("programs")
+
+    monkeypatch.setattr(EnvironmentActivities, "close", failing)
+    monkeypatch.setattr(sandbox.SandboxActivities, "close", programs)
+    plan = sandbox.build(settings)
+    assert plan.on_shutdown is not None
+    with caplog.at_level(logging.ERROR, logger="tempered.worker"):
+        await plan.on_shutdown()
+    assert closed == ["sessions", "programs"]
+    assert "a session directory would not go" in caplog.text

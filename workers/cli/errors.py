@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import re
 
 from pydantic import ValidationError
 from temporalio.client import WorkflowFailureError
@@ -15,12 +16,17 @@ from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, Telemetr
 from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.common import describe_validation_error, is_identifier
+from workers.runtime import TemporalUnreachable
+
+TEMPORAL_PORT_HINT = "check the address: a Temporal frontend's gRPC port (7233 by default)"
 
 
 def describe(err: BaseException) -> str:
     """A one-line explanation of `err`, with the fix where one is known."""
     text = str(err).strip() or type(err).__name__
     cause = err.__cause__
+    if isinstance(err, TemporalUnreachable):
+        return _unreachable(err)
     if isinstance(err, RPCError) and err.status is RPCStatusCode.NOT_FOUND:
         return _not_found(text.splitlines()[0])  # it answered: it is reached
     if (
@@ -41,6 +47,24 @@ def describe(err: BaseException) -> str:
     if isinstance(err, ValidationError):  # pydantic's own text is a dozen lines and a URL
         return f"{err.title}: {describe_validation_error(err)}"
     return text.splitlines()[0] if len(text.splitlines()) == 1 else text
+
+
+def _unreachable(err: TemporalUnreachable) -> str:
+    """Why no Temporal answered at the address, as the SDK's words tell: a server that took
+    the connection and said nothing (a hung one, a proxy to nothing: the SDK gives up after
+    ~30 s with "Timeout expired"), an HTTP server that is not a gRPC frontend (the UI's port, a
+    web server: "grpc-status header missing, mapped from HTTP status code 404"), or none at all
+    (refused, no route: the stack is down)."""
+    said = str(err).splitlines()[0]
+    where = f"cannot reach Temporal at {err.address}"
+    if "Timeout expired" in said:
+        return f"{where}: it took the connection but sent no answer in time; {TEMPORAL_PORT_HINT}"
+    if http := re.search(r"HTTP status code (\d+)", said):
+        return (
+            f"{where}: an HTTP server answered (HTTP {http[1]}), not a Temporal gRPC frontend; "
+            f"{TEMPORAL_PORT_HINT}, not the Web UI's or the HTTP API's"
+        )
+    return f"{where} ({said}); is the stack up? run `tempered up`"
 
 
 def _not_found(text: str) -> str:

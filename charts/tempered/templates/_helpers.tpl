@@ -351,3 +351,19 @@ mount -t proc -o nosuid,nodev,noexec,subset=pid proc {{ include "tempered.visibl
   || fail "cannot make /proc/sys/user writable for bwrap --disable-userns"
 exec /usr/bin/tini -- tempered "$@"
 {{- end -}}
+
+{{/*
+The exec command of a worker's health probe, on the files the worker writes in its state dir
+(workers/health.py: HEALTH_DIR, STALE_S; sh and coreutils, as in the image). .check "alive"
+(liveness): the alive file, which the worker's event loop touches every few seconds, is younger
+than 60 s. "ready" (startup, readiness): alive, and the ready file, written once every Worker of
+the process polls, holds this container's token, its PID 1's start time (/proc/1/stat's 22nd
+field): the state dir is an emptyDir, which keeps the files of the pod's last container.
+*/}}
+{{- define "tempered.healthProbe" -}}
+{{- $files := printf "%s/health/%s" .root.Values.stateDir .name -}}
+{{- $alive := printf "test $(( $(date +%%s) - $(stat -c %%Y \"%s.alive\" 2>/dev/null || echo 0) )) -lt 60" $files -}}
+{{- $token := "$(sed 's/.*) //' /proc/1/stat | cut -d ' ' -f 20)" -}}
+{{- $ready := printf "test -f \"%s.ready\" && test \"$(cat \"%s.ready\")\" = \"%s\" && %s" $files $files $token $alive -}}
+{{- list "sh" "-c" (ternary $ready $alive (eq .check "ready")) | toYaml -}}
+{{- end -}}
