@@ -15,9 +15,11 @@ Each completion is written to `keys.turn_key(run, task, sample, step, "completio
 `CompletionRecord`: the exact prompt and completion ids and log-probs the learner trains on),
 and its action is parsed: `code` writes the program to `code.py`; `workspace` returns the
 `ToolCall` (infra/inference/toolcalls.py, which never raises: a malformed call comes back with
-`error` set and costs the episode a step), as its brief (`ToolCall.brief`): the whole call stays
-in the record, whose text `env_step` and `write_trajectories` parse again, so no file content
-the model writes crosses Temporal.
+`error` set and costs the episode a step; one whose turn ended at `max_new_tokens` before the
+call was whole says so), as its brief (`ToolCall.brief`): the whole call stays in the record,
+whose text `env_step` and `write_trajectories` parse again, so no file content the model writes
+crosses Temporal. A `workspace` prompt also tells the episode its turns, where the request
+gives them (`_turns`), and which calls of its previous turn were not run (`ChatFormat`).
 
 Policy: `req.policy_version` None means the newest published version of `req.policy_run`
 (re-read every couple of seconds, so a hot reload needs no restart); a number means exactly
@@ -265,11 +267,12 @@ class InferenceActivities:
     ) -> list[int]:
         """The prompt of one episode's step (blocking: reads the previous step from S3)."""
         if item.previous is None or item.observation is None:
-            return chat.first_prompt(req.prompt)
+            return chat.first_prompt(req.prompt, req.max_turns)
         where = f"items[{index}]"
         previous = read_model(self.store, f"{where}.previous", item.previous, CompletionRecord)
         observation = read_verified(self.store, f"{where}.observation", item.observation)
-        return chat.next_prompt(previous, observation_text(req.env, observation))
+        text = observation_text(req.env, observation)
+        return chat.next_prompt(previous, text, req.turn, req.max_turns)
 
     def _stored(self, req: GenerateRequest, index: int) -> CompletionRecord | None:
         """The record an earlier attempt of this activity already stored, if any (blocking)."""
@@ -307,7 +310,9 @@ class InferenceActivities:
             code = extract_code(record.text)
             action["code"] = self.store.put_text(key(CODE), code, create_only=True)
         else:
-            action["call"] = parse_tool_call(record.text, WORKSPACE_TOOLS).brief()
+            # a turn `max_new_tokens` ended: a call not yet whole is told as cut, not as bad JSON
+            cut_at = len(record.completion_token_ids) if record.finish_reason == "length" else None
+            action["call"] = parse_tool_call(record.text, WORKSPACE_TOOLS, cut_at=cut_at).brief()
         return Completion(
             sample=item.sample,
             completion=completion_ref,

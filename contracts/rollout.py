@@ -137,6 +137,12 @@ class GenerateRequest(Contract):
     policy_run: str = Field(description="Run whose published policies are sampled.")
     policy_version: int | None = Field(default=None, description="None = newest published.")
     items: list[GenerateItem]
+    max_turns: int | None = Field(
+        default=None,
+        ge=1,
+        description="The episode's turns, which a `workspace` prompt tells the model (None: "
+        "an earlier build's request; the prompt tells no count).",
+    )
 
 
 class Completion(Contract):

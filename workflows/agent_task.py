@@ -196,6 +196,7 @@ class AgentTaskWorkflow:
             max_context_tokens=task_input.max_context_tokens,
             policy_run=task_input.policy_run or task_input.run_id,
             policy_version=task_input.policy_version,
+            max_turns=task_input.max_turns,
             items=[
                 GenerateItem(
                     sample=e.sample,

@@ -21,6 +21,10 @@ Measured on Linux 6.18's tmpfs (no huge pages): an empty file, a directory and a
 Modes: a file gets its mode as it is created (`os.fchmod`, whatever the umask), a directory
 once all it holds is written, the deepest first: a worker that is not root could not write
 into a 0555 directory, nor reach what a 0000 one holds.
+
+Times: a file gets the time its tree keeps for it, or `tree.FIXED_MTIME_NS`; every directory
+(listed or implied), link and the root get `FIXED_MTIME_NS`, a directory's set last, when
+nothing is written into it any more. One state so restores alike every time.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from infra.environments.tree import Entry, Manifest, TreeError
+from infra.environments.tree import FIXED_MTIME_NS, Entry, Manifest, TreeError
 
 PAGE = max(4096, os.sysconf("SC_PAGESIZE"))
 """What a tmpfs charges a file for: each whole or partial page of its bytes."""
@@ -101,45 +105,59 @@ def mkdir(name: str, dir_fd: int, uid: int | None) -> None:
 
 
 def restore(manifest: Manifest, contents: Mapping[str, bytes], root: Path, uid: int | None) -> None:
-    """Write the tree into `root` (which must be empty), each file with the mtime it keeps, each
-    path with its mode, hard links as links, and hand it to `uid` (None: as is)."""
+    """Write the tree into `root` (which must be empty), each file with its time
+    (`Manifest.file_times`), each path with its mode, hard links as links, directories, links
+    and `root` at `FIXED_MTIME_NS`, and hand it to `uid` (None: as is)."""
     if any(root.iterdir()):
         raise TreeError(f"{root} is not empty")
     if uid is not None:
         os.chown(root, uid, uid)
-    mtimes = iter(manifest.mtimes)  # one a file, in order (none: the current time)
-    directories: list[Entry] = []
+    mtimes = iter(manifest.file_times())  # one a file, in order
+    directories: dict[str, Entry | None] = {}  # path → its entry (None: implied by a path)
     with Parents(root, make=True, uid=uid) as parents, Parents(root) as firsts:
         for entry in manifest.entries:
             parent_fd, name = parents.of(entry.path)
+            for directory in _ancestors(entry.path):
+                directories.setdefault(directory, None)
             if entry.kind == "dir":
                 mkdir(name, parent_fd, uid)
-                directories.append(entry)
+                directories[entry.path] = entry
             elif entry.kind == "link":
                 os.symlink(entry.target, name, dir_fd=parent_fd)
                 if uid is not None:
                     os.chown(name, uid, uid, dir_fd=parent_fd, follow_symlinks=False)
+                fixed = (FIXED_MTIME_NS, FIXED_MTIME_NS)
+                os.utime(name, ns=fixed, dir_fd=parent_fd, follow_symlinks=False)
             elif entry.target:  # a hard link: the file, its owner, mode and mtime are written
-                next(mtimes, None)
+                next(mtimes)
                 first_fd, first = firsts.of(entry.target)
                 os.link(
                     first, name, src_dir_fd=first_fd, dst_dir_fd=parent_fd, follow_symlinks=False
                 )
             else:
-                _write(name, parent_fd, entry, contents[entry.sha256], uid, next(mtimes, None))
+                _write(name, parent_fd, entry, contents[entry.sha256], uid, next(mtimes))
     with Parents(root) as parents:
-        for entry in reversed(directories):  # below its parent in path order: deepest first
-            parent_fd, name = parents.of(entry.path)
+        # a path sorts after its parent's: in reverse, each directory comes before its parent,
+        # whose time its own chmod and utime leave as they are
+        for path in sorted(directories, reverse=True):
+            parent_fd, name = parents.of(path)
             fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
             try:
-                os.fchmod(fd, entry.permissions())
+                if (listed := directories[path]) is not None:
+                    os.fchmod(fd, listed.permissions())
+                os.utime(fd, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
             finally:
                 os.close(fd)
+    os.utime(root, ns=(FIXED_MTIME_NS, FIXED_MTIME_NS))
 
 
-def _write(
-    name: str, dir_fd: int, entry: Entry, data: bytes, uid: int | None, mtime: int | None
-) -> None:
+def _ancestors(path: str) -> list[str]:
+    """The directories `path` lies in, below the root ("a/b/c" → ["a", "a/b"])."""
+    parts = path.split("/")[:-1]
+    return ["/".join(parts[: n + 1]) for n in range(len(parts))]
+
+
+def _write(name: str, dir_fd: int, entry: Entry, data: bytes, uid: int | None, mtime: int) -> None:
     """Create the file `name` in the open directory `dir_fd`, with its mode and `mtime`."""
     mode = entry.permissions()
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -149,6 +167,5 @@ def _write(
         if uid is not None:
             os.fchown(fd, uid, uid)
         handle.write(data)
-        if mtime is not None:  # after the last write
-            handle.flush()
-            os.utime(fd, ns=(mtime, mtime))
+        handle.flush()  # the time after the last write
+        os.utime(fd, ns=(mtime, mtime))

@@ -57,5 +57,5 @@ def command_text(result: CommandResult, limit: int) -> str:
         if text:
             lines += [f"{name}:", text.rstrip("\n")]
     if result.truncated:
-        lines.append(f"(output cut at {limit} bytes per stream)")
+        lines.append(f"(a stream over {limit} bytes keeps its first and last {limit // 2})")
     return "\n".join(lines)

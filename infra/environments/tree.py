@@ -34,8 +34,9 @@ entry for each of its paths: the first in path order holds the file, each other 
 Each file's mtime (ns) is kept beside the entries, out of the digest, and a restore sets it, so
 `make` (which compares times) behaves alike in the live workspace and in one restored from
 its snapshot; before, a restore wrote every file at the current time, in path order, and
-`foo.o` came out newer than the `foo.c` changed after it. A tree without times (stored before
-they were kept, or made by `pack_files`) restores at the current time, as before.
+`foo.o` came out newer than the `foo.c` changed after it. What a tree keeps no time for (the
+files of a task's tree, every directory and link, the root) restores at `FIXED_MTIME_NS`: one
+state restores alike for a group's samples and a retried step (at the current time it did not).
 
     packed = pack_files({"lib.py": "def f(): ...\\n", "run.sh": File(b"...", executable=True)})
     packed.manifest.digest(), packed.ref, packed.objects     # key → bytes (one), to upload
@@ -43,10 +44,11 @@ they were kept, or made by `pack_files`) restores at the current time, as before
 A hidden-tests tree also says how it is checked (`Check`): Harbor's `test.sh`, or the built-in
 suite's function tests run by the two-process verifier.
 
-Not covered: file owners, the times of directories and links, a file's other times (atime
-is set to its mtime; ctime is the restore's), setuid and setgid bits, the mode of the tree's
-root, special files (FIFOs, sockets, devices: never stored). Trees stored before modes were
-kept restore as they did: files 0644 or 0755, directories 0755, hard links as separate files.
+Not covered: file owners, a live workspace's times of directories and links, a file's other
+times (atime is set to its mtime; ctime is the restore's), setuid and setgid bits, the mode of
+the tree's root, special files (FIFOs, sockets, devices: never stored). Trees stored before
+modes were kept restore as they did: files 0644 or 0755, directories 0755, hard links as
+separate files.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ MAX_PACKS = 8
 """Stored objects (packs, earlier trees, its own) one tree may span."""
 KEPT_MODE = 0o1777
 """The mode bits a tree keeps: permissions and the sticky bit, never setuid or setgid."""
+FIXED_MTIME_NS = 1_577_836_800 * 10**9
+"""2020-01-01T00:00:00Z (ns), what a restore gives what a tree keeps no time for: after 1980
+(zip refuses earlier times), before any file a step writes (which `make` sees as newer)."""
 
 
 class TreeError(ValueError):
@@ -211,7 +216,7 @@ class Manifest(BaseModel):
     entries: list[Entry]
     mtimes: list[int] = []
     """Each file's modification time (ns), in the order of its file entries, which a restore
-    sets; not part of the tree digest (empty: not kept, files get the restore's own time).
+    sets; not part of the tree digest (empty: not kept, each file gets `FIXED_MTIME_NS`).
     Beside the entries, not in them: one field more makes each decoded entry 500 B larger
     (pydantic's set of the fields given outgrows its smallest table)."""
     packs: list[Pack] = []
@@ -269,11 +274,15 @@ class Manifest(BaseModel):
 
     def holds(self, entries: Sequence[Entry], mtimes: Mapping[str, int]) -> bool:
         """Whether `entries` with their files' `mtimes` (path → ns) are this tree, with the
-        times it keeps (a step that only touched a file changes what a restore makes, not the
-        tree digest)."""
+        times a restore gives its files (a step that only touched a file changes what a
+        restore makes, not the tree digest)."""
         if tree_digest(entries) != self.digest():
             return False
-        return not self.mtimes or self.mtimes == [mtimes.get(e.path) for e in self.files()]
+        return self.file_times() == [mtimes.get(e.path) for e in self.files()]
+
+    def file_times(self) -> list[int]:
+        """What a restore gives each file (ns, in order): its kept time, else `FIXED_MTIME_NS`."""
+        return self.mtimes or [FIXED_MTIME_NS] * len(self.files())
 
     def contents(self) -> set[str]:
         """Digests of its files' contents."""

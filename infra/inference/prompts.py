@@ -1,8 +1,8 @@
 """An episode's prompts, token in and token out, and the code extracted from a completion.
 
     chat = ChatFormat(tokenizer, EnvName.WORKSPACE)
-    ids = chat.first_prompt(task_prompt)                    # step 0: system + task (+ tools)
-    ids = chat.next_prompt(previous_record, observation)    # step k > 0
+    ids = chat.first_prompt(task_prompt, turns=3)           # step 0: system + task (+ tools)
+    ids = chat.next_prompt(previous_record, observation, turn=1, turns=3)   # step k > 0
     code = extract_code(completion_text)                    # the `code` environment's action
 
 Step 0 renders the system prompt and the task with the tokenizer's chat template (for
@@ -30,6 +30,13 @@ The observation message: for `code`, a `user` message with the test log and a re
 `workspace`, the tool's result as a `tool` message, or the fallback `user` message wrapping it
 in `<tool_response>` tags (`toolcalls.observation_message`). Either is clipped to
 `OBSERVATION_CHARS` characters and about `OBSERVATION_TOKENS` tokens (head and tail kept).
+
+What a `workspace` episode is told besides its task and the tools' results, here and nowhere
+else: after the task, its turns and when its workspace is graded (`grading_text`); after each
+result, lines the clip never cuts (`observation_notes`): the calls of the previous turn that
+were not run (one call a turn; before, dropped without a word) and which turn this is of how
+many. The number of turns is the request's (`turns`); where none is given, the task is told
+only that it is graded when its turns run out or it submits, and no turn count is shown.
 
 The task and the observation are not the template's text: a special token's text in them (a
 tool printing `<|im_end|>`) is encoded as ordinary tokens, never as the special token
@@ -60,8 +67,8 @@ SYSTEM_PROMPT = (
 )
 WORKSPACE_SYSTEM_PROMPT = (
     "You are an expert software engineer working in a repository. Use the tools to read the "
-    "code, change it and run its tests. Call exactly one tool per turn and wait for its result. "
-    "When the task is done, call submit."
+    "code, change it and run its tests. Call exactly one function per turn and wait for its "
+    "result. When the task is done, call submit."
 )
 FEEDBACK_CHARS = 1500
 """Most characters of program output quoted back in one `code` feedback message."""
@@ -117,6 +124,30 @@ def observation_text(env: EnvName, data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+def grading_text(turns: int | None) -> str:
+    """What a `workspace` task's message ends with: its turns (None: not known) and when its
+    workspace is graded (a task that asks for more steps than it has still scores)."""
+    if turns is None:
+        return "Your workspace is graded when your turns run out or when you call submit."
+    return (
+        f"You have {turns} turn{'s' if turns != 1 else ''}; your workspace is graded when they "
+        "run out or when you call submit."
+    )
+
+
+def observation_notes(completion: str, turn: int | None, turns: int | None) -> str:
+    """The lines a `workspace` observation ends with: the calls of `completion` (the previous
+    turn's text) not run, and which turn `turn` (0-based, the one to be sampled) is of `turns`."""
+    lines = []
+    if further := toolcalls.further_calls(completion):
+        plural = "s" if further > 1 else ""
+        lines.append(f"({further} further call{plural} ignored: one call per turn)")
+    if turn is not None and turns is not None:
+        last = ", the last" if turn + 1 >= turns else ""
+        lines.append(f"(turn {turn + 1} of {turns}{last})")
+    return "".join(f"\n{line}" for line in lines)
+
+
 def task_messages(prompt: str, system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
     """The first turn's conversation: the system prompt, then the task."""
     return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
@@ -147,11 +178,16 @@ class ChatFormat:
             return WORKSPACE_SYSTEM_PROMPT
         return f"{WORKSPACE_SYSTEM_PROMPT}\n\n{toolcalls.tools_system_block(self.tools)}"
 
-    def first_prompt(self, prompt: str) -> list[int]:
+    def first_prompt(self, prompt: str, turns: int | None = None) -> list[int]:
         """Step 0: system prompt and task, generation prompt appended (the task is untrusted:
-        task files come from suites)."""
+        task files come from suites), as `task_text` gives it."""
+        return self._encode(self._first, self.task_text(prompt, turns))
 
-        return self._encode(self._first, prompt)
+    def task_text(self, prompt: str, turns: int | None = None) -> str:
+        """The task's message: `prompt`, for `workspace` followed by `grading_text(turns)`."""
+        if self.env is EnvName.WORKSPACE:
+            return f"{prompt}\n\n{grading_text(turns)}"
+        return prompt
 
     def _first(self, task: str) -> str:
         text: str = self.tokenizer.apply_chat_template(
@@ -162,19 +198,25 @@ class ChatFormat:
         )
         return text
 
-    def observation_message(self, text: str) -> dict[str, str]:
-        """The observation as the next message, clipped (`clip`: characters, then tokens)."""
-        text = clip(text, count_tokens=self.untrusted.count)
+    def observation_message(self, text: str, notes: str = "") -> dict[str, str]:
+        """The observation as the next message, clipped (`clip`: characters, then tokens), then
+        `notes` (`observation_notes`: never clipped)."""
+        return self._message(self._shown(text, notes))
+
+    def _shown(self, text: str, notes: str) -> str:
+        return clip(text, count_tokens=self.untrusted.count) + notes
+
+    def _message(self, shown: str) -> dict[str, str]:
         if self.env is EnvName.CODE:
-            return {"role": "user", "content": text}
-        return toolcalls.observation_message(text, tool_role=self.native_tools)
+            return {"role": "user", "content": shown}
+        return toolcalls.observation_message(shown, tool_role=self.native_tools)
 
-    def observation_ids(self, text: str) -> list[int]:
+    def observation_ids(self, text: str, notes: str = "") -> list[int]:
         """The template's tokens between an assistant's end of turn and the next generation."""
-        return self._encode(self._delta, text)
+        return self._encode(self._delta, self._shown(text, notes))
 
-    def _delta(self, text: str) -> str:
-        rendered = self._render_after_assistant(self.observation_message(text))
+    def _delta(self, shown: str) -> str:
+        rendered = self._render_after_assistant(self._message(shown))
         if not rendered.startswith(self._end_of_turn_text):
             raise ValueError(
                 "the chat template does not close an assistant message with "
@@ -207,12 +249,22 @@ class ChatFormat:
         before, after = frame.split(CONTENT)
         return before, after
 
-    def next_prompt(self, previous: CompletionRecord, observation: str) -> list[int]:
-        """Step k > 0: the previous step's exact ids, its end of turn, the observation."""
+    def next_prompt(
+        self,
+        previous: CompletionRecord,
+        observation: str,
+        turn: int | None = None,
+        turns: int | None = None,
+    ) -> list[int]:
+        """Step k > 0: the previous step's exact ids, its end of turn, the observation (for
+        `workspace` with its `observation_notes`: `turn` is k, `turns` the episode's)."""
         ids = [*previous.prompt_token_ids, *previous.completion_token_ids]
         if previous.completion_token_ids[-1:] != [self.end_of_turn]:
             ids.append(self.end_of_turn)
-        return ids + self.observation_ids(observation)
+        notes = ""
+        if self.env is EnvName.WORKSPACE:
+            notes = observation_notes(previous.text, turn, turns)
+        return ids + self.observation_ids(observation, notes)
 
     def _render_after_assistant(self, *following: dict[str, str]) -> str:
         """The template's text after an assistant message's content (P), `following` after it."""

@@ -8,8 +8,9 @@ SmolLM2's and Qwen's chat templates speak this format. Qwen's template renders t
 argument itself (a `# Tools` block in the system message) and has a `tool` role; SmolLM2's
 template and the tiny preset's ChatML ignore both. For those, the documented fallback is used:
 
-- the tools are listed in the system message by `tools_system_block` (the same words Qwen's
-  template writes: the tools as JSON lines inside `<tools></tools>`, and the call format), and
+- the tools are listed in the system message by `tools_system_block` (Qwen's template's words:
+  the tools as JSON lines inside `<tools></tools>`, and the call format; not its "You may call
+  one or more functions", which the system prompt's one call a turn contradicted), and
 - a tool's result comes back as a `user` message wrapping it in `<tool_response>` tags
   (`observation_message`), which is what Qwen's template renders a `tool` message as anyway.
 
@@ -17,9 +18,12 @@ template and the tiny preset's ChatML ignore both. For those, the documented fal
 `tools` and compares). `parse_tool_call` turns a model's turn into a `ToolCall`, leniently where
 intent is unambiguous (arguments given as a JSON string, `parameters` for `arguments`, a code
 fence inside the tags, a missing closing tag, junk after the JSON, raw newlines inside a string)
-and strictly otherwise: one call per turn (the first); no call, broken JSON (nesting too deep
-for the decoder included), an unknown tool or bad arguments give a `ToolCall` whose `error` says
-what was wrong, in words the model can act on. It never raises.
+and strictly otherwise: one call per turn (the first; `further_calls` counts the rest, which the
+next observation mentions); no call, broken JSON (nesting too deep for the decoder included),
+an unknown tool or bad arguments give a `ToolCall` whose `error` says what was wrong, in words
+the model can act on. It never raises. A turn that its token limit ended (`cut_at`) before its
+call was whole is told so, with how to fit: the JSON's own complaint (an unterminated string)
+did not say why, and a guided turn fails no other way.
 
 Every `ToolCall` it returns stays far below the JSON depth pydantic reads and writes (200, and a
 `GenerateResponse` carries the call a few levels down): a valid call's argument values nest at
@@ -28,7 +32,9 @@ only when they are flat (scalar values) and at most `MAX_KEPT_CHARS` of JSON, el
 
 A call crosses Temporal as its brief (`ToolCall.brief`, its values cut to a few hundred
 characters); `full_call` gives back the whole call where it is needed, by parsing the turn's text
-again (the parse is deterministic: the same text, the same call).
+again (the parse is deterministic: the same text, the same call). It parses a cut brief only,
+and the error of a turn cut by its token limit is never cut (it names no arguments and is
+shorter than a brief keeps), so `full_call` needs no limit.
 
 Not covered here: running a call (infra/environments/), how a template is rendered into token
 ids (infra/inference/prompts.py).
@@ -37,6 +43,7 @@ ids (infra/inference/prompts.py).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,6 +60,11 @@ MAX_DEPTH = 16
 MAX_KEPT_CHARS = 2000
 """An error call keeps flat arguments up to this size (JSON characters), to show what was asked."""
 SCALARS = (str, int, float, bool, type(None))
+CUT_ADVICE = (
+    "Write less per call: e.g. change a file with bash (sed -i, a short heredoc) rather than "
+    "write_file with all of it"
+)
+"""What a turn cut by its token limit is told to do (`parse_tool_call`'s `cut_at`)."""
 
 
 def tool_schemas(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -64,8 +76,7 @@ def tools_system_block(tools: Sequence[ToolSpec]) -> str:
     """The fallback's tool list and call format, appended to the system message."""
     listed = "\n".join(json.dumps(schema) for schema in tool_schemas(tools))
     return (
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        "# Tools\n\nYou are provided with function signatures within <tools></tools> XML tags:\n"
         f"<tools>\n{listed}\n</tools>\n\n"
         "For each function call, return a json object with function name and arguments "
         f"within {CALL_OPEN}{CALL_CLOSE} XML tags:\n{CALL_EXAMPLE}"
@@ -91,20 +102,23 @@ def observation_message(text: str, *, tool_role: bool) -> dict[str, str]:
     return {"role": "user", "content": f"{RESPONSE_OPEN}\n{text}\n{RESPONSE_CLOSE}"}
 
 
-def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall:
-    """The first tool call in a model's turn, checked against `tools`; never raises."""
+def parse_tool_call(text: str, tools: Sequence[ToolSpec], *, cut_at: int | None = None) -> ToolCall:
+    """The first tool call in a model's turn, checked against `tools`; never raises. `cut_at`:
+    the turn's tokens, where its token limit ended it (finish reason "length"): a call not yet
+    whole (none begun, or its JSON unfinished) is then told as cut, with `CUT_ADVICE`."""
     start = text.find(CALL_OPEN)
     if start < 0:
+        if cut_at is not None:
+            return _cut(cut_at, "no tool call begun")
         return _error(f"no tool call found. Answer with exactly one call: {CALL_EXAMPLE}")
-    body = text[start + len(CALL_OPEN) :].lstrip()
-    if body.startswith("```"):  # a code fence inside the tags: skip its opening line
-        body = body.partition("\n")[2].lstrip()
-    try:  # the first JSON value; what follows it (a closing tag, a fence, junk) is ignored
-        value, _ = json.JSONDecoder(strict=False).raw_decode(body)
+    try:
+        value, _ = _first_value(text, start)
     except json.JSONDecodeError as exc:
-        return _error(f"the tool call is not valid JSON ({exc.msg} at character {exc.pos})")
+        if cut_at is not None:
+            return _cut(cut_at, _json_problem(exc))
+        return _error(f"the tool call is not valid JSON: {_json_problem(exc)}")
     except Exception as exc:  # RecursionError (nested too deep), an integer of 4300+ digits
-        return _error(f"the tool call is not valid JSON ({one_line(exc)})")
+        return _error(f"the tool call is not valid JSON: {one_line(exc)}")
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return _error('the tool call must be a JSON object with a "name" and "arguments"')
     name: str = value["name"]
@@ -125,6 +139,45 @@ def parse_tool_call(text: str, tools: Sequence[ToolSpec]) -> ToolCall:
     if problem:
         return _error(f"bad arguments for {name!r}: {problem}", name, arguments)
     return ToolCall(name=name, arguments=arguments)
+
+
+def further_calls(text: str) -> int:
+    """How many calls a turn opens after its first (which alone runs): tags after the first
+    call's JSON value (after its opening tag, where that value does not parse)."""
+    start = text.find(CALL_OPEN)
+    if start < 0:
+        return 0
+    try:
+        _, end = _first_value(text, start)
+    except Exception:  # a broken first call: whatever follows its tag
+        end = start + len(CALL_OPEN)
+    return text.count(CALL_OPEN, end)
+
+
+def _first_value(text: str, start: int) -> tuple[Any, int]:
+    """The first JSON value after the opening tag at `start`, and where it ends in `text`;
+    what follows it (a closing tag, a fence, junk) is ignored. Raises what the decoder does."""
+    at = start + len(CALL_OPEN)
+    at += len(text[at:]) - len(text[at:].lstrip())
+    if text.startswith("```", at):  # a code fence inside the tags: skip its opening line
+        newline = text.find("\n", at)
+        at = len(text) if newline < 0 else newline + 1
+        at += len(text[at:]) - len(text[at:].lstrip())
+    value, end = json.JSONDecoder(strict=False).raw_decode(text[at:])
+    return value, at + end
+
+
+def _json_problem(exc: json.JSONDecodeError) -> str:
+    """What the decoder found, and where in the JSON: its "at" (a position it appends) dropped."""
+    return f"{re.sub(r'( starting)? at$', '', exc.msg)} (position {exc.pos})"
+
+
+def _cut(tokens: int, problem: str) -> ToolCall:
+    """The error of a turn its token limit ended before its call was whole."""
+    return _error(
+        f"the turn ran out of its {tokens} tokens before the call was complete ({problem}). "
+        f"{CUT_ADVICE}"
+    )
 
 
 def full_call(call: ToolCall, text: str, tools: Sequence[ToolSpec]) -> ToolCall:

@@ -19,6 +19,10 @@ itself does).
 
 `clip` bounds an observation by tokens too, not only by characters: 4,000 characters of CJK or
 of random bytes are about 8,000 and 4,000 tokens, a whole default context (4,096) in one result.
+Its note of what it left out repeats the notes of that kind in the part it left out: a stream's
+capture marks the bytes it dropped so (infra/sandbox/process.py, `[... stdout: 170468 of its
+235004 bytes left out ...]`), and a clip, which keeps a result's first and last characters,
+cuts that mark out (before, its note then told only the characters it dropped itself).
 
 Not covered: rendering the template (infra/inference/prompts.py).
 """
@@ -36,6 +40,10 @@ OBSERVATION_TOKENS = 1024
 """Most tokens (about: the cut note and the seams add a few) of one observation. A quarter of
 the default context (4,096): with SmolLM2's workspace prompt (~500) and 256 new tokens a turn,
 the default three turns (`max_turns`) still fit after two worst-case results."""
+LEFT_OUT = re.compile(r"\[\.\.\. ([^\[\]\n]{1,100}) left out \.\.\.\]")
+"""A note of what was left out (`clip`'s own, a capture's): what it says, in its group."""
+REPEATED_NOTES = 4
+"""The most notes `clip` repeats from what it leaves out (a program may print any number)."""
 
 
 class UntrustedText:
@@ -107,9 +115,9 @@ def clip(
     count_tokens: Callable[[str], int] | None = None,
     max_tokens: int = OBSERVATION_TOKENS,
 ) -> str:
-    """`text`, or its head and tail around a note of how many characters were left out: at most
-    `limit` characters and, given `count_tokens`, head and tail at most `max_tokens // 2` tokens
-    each."""
+    """`text`, or its head and tail around a note of how many characters were left out (and
+    the first `REPEATED_NOTES` notes of `LEFT_OUT`'s kind among them): at most `limit`
+    characters and, given `count_tokens`, head and tail at most `max_tokens // 2` tokens each."""
     over = len(text) > limit
     if not over and (count_tokens is None or count_tokens(text) <= max_tokens):
         return text
@@ -123,7 +131,11 @@ def clip(
         kept = min(kept, len(text) - len(head)) if not over else kept
         tail = tail[len(tail) - kept :]
     left = len(text) - len(head) - len(tail)
-    return f"{head}\n[... {left} characters left out ...]\n{tail}"
+    notes = LEFT_OUT.findall(text, len(head), len(text) - len(tail))
+    repeated = "".join(f"; {note} left out" for note in notes[:REPEATED_NOTES])
+    if len(notes) > REPEATED_NOTES:
+        repeated += f"; {len(notes) - REPEATED_NOTES} more such notes"
+    return f"{head}\n[... {left} characters left out{repeated} ...]\n{tail}"
 
 
 def _longest(size: int, fits: Callable[[int], bool]) -> int:

@@ -299,7 +299,7 @@ class VLLMBackend:
 TOP_P_REFUSAL = (
     "vllm backend: a sampled row with top_p = {top_p} is refused: vLLM records its log-probs "
     "after top-p, up to -log(top_p) above the learner's (SamplingParams.logprob_temperature: "
-    "top-p left out); write a preset file holding extends = \"smollm2\" (or the preset you ran) "
+    'top-p left out); write a preset file holding extends = "smollm2" (or the preset you ran) '
     "and, under [sampling], top_p = 1.0 (under [eval_sampling] too where it samples), then run "
     "tempered train --preset FILE; or use the local backend"
 )

@@ -1,10 +1,18 @@
 """Host-side pieces shared by whatever watches a sandboxed process: output capture, kill grace.
 
-    stdout = Capture(limits.output_bytes)
+    stdout = Capture(limits.output_bytes, name="stdout")
     await stdout.drain(process.stdout)         # or stdout.add(chunk) as chunks arrive
-    stdout.text(), stdout.truncated
+    stdout.text(), stdout.truncated, stdout.seen
+
+A capture keeps a stream's first `limit // 2` bytes and its latest `limit - limit // 2`: a test
+run's summary and a traceback come last, and keeping the first bytes only cut them off. Its
+text marks what it left out in place, naming the stream, how many bytes and of how many
+(`[... stdout: 170468 of its 235004 bytes left out ...]`), within the same `limit`; the clip of
+an observation (infra/inference/untrusted.py) repeats such a note where it cuts it out.
 
 Used by the verifier (`verifier.py`, `judge.py`) and the workspace runner (`workspace.py`).
+Not covered: the pod launcher's own capture (`pod_launcher.py`: the first bytes only), whose
+bytes a capture built from them keeps as given.
 """
 
 from __future__ import annotations
@@ -18,16 +26,32 @@ KILL_GRACE_S = 2.0
 
 @dataclass
 class Capture:
-    """One output stream: the first `limit` bytes, and whether more came."""
+    """One output stream: its head and its latest bytes, `limit` in all, and whether some were
+    left out."""
 
     limit: int
     data: bytearray = field(default_factory=bytearray)
+    """What is kept: all that came, or once more came than fits, its first `limit // 2` bytes
+    then its latest."""
     truncated: bool = False
+    seen: int = 0
+    """Bytes that came (`add`); 0 in a capture built from bytes cut elsewhere (a pod's)."""
+    name: str = ""
+    """The stream ("stdout"), which the note of what was left out names."""
 
     def add(self, chunk: bytes) -> None:
-        room = self.limit - len(self.data)
-        self.truncated = self.truncated or len(chunk) > room
-        self.data += chunk[: max(room, 0)]
+        self.seen += len(chunk)
+        if len(chunk) <= self.limit - len(self.data):
+            self.data += chunk
+            return
+        self.truncated = True
+        head, tail = self.limit // 2, self.limit - self.limit // 2
+        if len(self.data) < head:  # the head first, from the chunk's start
+            taken = head - len(self.data)
+            self.data += chunk[:taken]
+            chunk = chunk[taken:]
+        self.data += chunk[len(chunk) - tail :]  # of the chunk, only its latest bytes can stay
+        del self.data[head : len(self.data) - tail]
 
     async def drain(self, stream: asyncio.StreamReader) -> None:
         """Read `stream` to its end, keeping what fits."""
@@ -35,4 +59,22 @@ class Capture:
             self.add(chunk)
 
     def text(self) -> str:
-        return self.data.decode("utf-8", errors="replace")
+        """What was kept, as text; where bytes were left out, a note in their place (at most
+        `limit` characters in all, where the note fits)."""
+        kept = len(self.data)
+        if self.seen <= kept:  # all that came, or bytes cut elsewhere: as given
+            return self.data.decode("utf-8", errors="replace")
+        note = self._note(self.seen - kept)
+        while True:  # the note takes the place of bytes it then counts as left out
+            shown = max(kept - len(note), 0)
+            if (again := self._note(self.seen - shown)) == note:
+                break
+            note = again
+        seam, gap = min(self.limit // 2, kept), kept - shown
+        start = max(seam - gap // 2, 0)
+        head, tail = self.data[:start], self.data[start + gap :]
+        return f"{head.decode('utf-8', 'replace')}{note}{tail.decode('utf-8', 'replace')}"
+
+    def _note(self, left: int) -> str:
+        named, its = (f"{self.name}: ", "its ") if self.name else ("", "")
+        return f"\n[... {named}{left} of {its}{self.seen} bytes left out ...]\n"

@@ -300,7 +300,8 @@ class CommandRunner:
         transport, _ = await asyncio.get_running_loop().connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(status), os.fdopen(status_r, "rb", 0)
         )
-        stdout, stderr = Capture(limits.output_bytes), Capture(limits.output_bytes)
+        stdout = Capture(limits.output_bytes, name="stdout")
+        stderr = Capture(limits.output_bytes, name="stderr")
         assert process.stdout and process.stderr
         readers = asyncio.gather(
             stdout.drain(process.stdout), stderr.drain(process.stderr), status.read()

@@ -173,6 +173,8 @@ def hidden_asserts(repo: Repo, order: random.Random) -> list[str]:
 
 
 def visible_tests(repo: Repo, expected: list[Any]) -> str:
+    """`test_<module>.py`: runs `repo.visible` against the module, printing each call that
+    fails as it is written (`f(a, b)`; a call's tuple of one argument had a stray comma)."""
     cases = ",\n".join(
         f"    ({name!r}, {args!r}, {value!r})"
         for (name, args), value in zip(repo.visible, expected, strict=True)
@@ -193,7 +195,8 @@ for name, args, expected in CASES:
         got = exc
     if got != expected:
         failed += 1
-        print(f"FAIL {{name}}{{args!r}}: expected {{expected!r}}, got {{got!r}}")
+        shown = ", ".join(map(repr, args))
+        print(f"FAIL {{name}}({{shown}}): expected {{expected!r}}, got {{got!r}}")
 print(f"{{len(CASES) - failed}}/{{len(CASES)}} example tests passed")
 raise SystemExit(1 if failed else 0)
 '''

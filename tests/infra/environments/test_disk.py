@@ -1,5 +1,6 @@
 """Trees on disk: a scan counts what a restore will take of a workspace's tmpfs (a hard link:
-no page), and a tree whose paths pass PATH_MAX restores, primes and is handed to its uid."""
+no page), a tree whose paths pass PATH_MAX restores, primes and is handed to its uid, and what a
+tree keeps no time for restores at one fixed time."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ import pytest
 from infra.environments.disk import PAGE, Parents, disk_bytes, link_bytes, restore
 from infra.environments.mounts import mount_tmpfs, remove_tree
 from infra.environments.snapshots import MemoryObjects, Scanner, Trees
-from infra.environments.tree import TreeError, tree_digest
+from infra.environments.tree import (
+    FIXED_MTIME_NS,
+    Entry,
+    Manifest,
+    TreeError,
+    sha256,
+    tree_digest,
+)
 from tests.infra.environments.conftest import needs_root
 
 LONG = "n" * 250
@@ -102,3 +110,29 @@ def test_a_tree_whose_paths_pass_path_max_restores(tmp_path: Path) -> None:
         parent_fd, name = parents.of(deepest.path)
         info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
     assert uid is None or (info.st_uid, info.st_gid) == (uid, uid)
+
+
+def test_what_a_tree_keeps_no_time_for_restores_at_one_fixed_time(tmp_path: Path) -> None:
+    """A task's tree keeps no times, nor does any tree for its directories, links and root:
+    each restore stamped them with the current time, so the samples of a group, and a retried
+    step, saw other times in `ls -l` for one state. Files a tree keeps times for keep them."""
+    one, two = b"1\n", b"2\n"
+    entries = [
+        Entry(path="a.py", kind="file", sha256=sha256(one), size=len(one)),
+        Entry(path="d", kind="dir", mode=0o555),  # listed, read-only; d/e is only implied
+        Entry(path="d/e/f.txt", kind="file", sha256=sha256(two), size=len(two)),
+        Entry(path="link", kind="link", target="a.py"),
+    ]
+    contents = {sha256(one): one, sha256(two): two}
+    paths = ["", "a.py", "d", "d/e", "d/e/f.txt", "link"]
+    untimed, timed = Manifest(entries=entries), Manifest(entries=entries, mtimes=[7, 9])
+    for n, manifest in enumerate((untimed, timed)):
+        root = tmp_path / str(n)
+        root.mkdir()
+        restore(manifest, contents, root, uid=None)
+        times = {path: os.lstat(root / path).st_mtime_ns for path in paths}
+        expected = dict.fromkeys(paths, FIXED_MTIME_NS)
+        if manifest.mtimes:
+            expected.update({"a.py": 7, "d/e/f.txt": 9})
+        assert times == expected, n
+        assert (root / "d").stat().st_mode & 0o777 == 0o555

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from infra import keys
 from infra.environments.tree import (
+    FIXED_MTIME_NS,
     Check,
     Entry,
     File,
@@ -51,7 +52,9 @@ def test_the_digest_covers_contents_paths_and_modes_not_the_check() -> None:
 
 def test_file_times_are_kept_beside_the_entries_out_of_the_digest() -> None:
     """A restore sets them (`disk.restore`); a tree stored before they were kept still reads,
-    and a tree without them (a task's) is held by any times."""
+    and a tree without them (a task's) is held by files at the time a restore gives them
+    (`FIXED_MTIME_NS`) only: before, by any times, and a step that only touched a file of a
+    task's tree was not stored."""
     untimed = pack_files({"a.c": "int a;", "b": "x", "d/e.o": "obj"})
     timed = Manifest(entries=untimed.manifest.entries, mtimes=[3, 1, 2])
     assert timed.digest() == untimed.manifest.digest()
@@ -63,7 +66,9 @@ def test_file_times_are_kept_beside_the_entries_out_of_the_digest() -> None:
     entries = timed.entries
     assert timed.holds(entries, {"a.c": 3, "b": 1, "d/e.o": 2})
     assert not timed.holds(entries, {"a.c": 3, "b": 1, "d/e.o": 4})  # touched: a new snapshot
-    assert untimed.manifest.holds(entries, {"a.c": 3, "b": 1, "d/e.o": 4})
+    assert not untimed.manifest.holds(entries, {"a.c": 3, "b": 1, "d/e.o": 4})
+    assert untimed.manifest.holds(entries, dict.fromkeys(["a.c", "b", "d/e.o"], FIXED_MTIME_NS))
+    assert not untimed.manifest.holds(entries, {"a.c": FIXED_MTIME_NS, "b": FIXED_MTIME_NS})
     assert not timed.holds(entries[:-1], {"a.c": 3, "b": 1})
     with pytest.raises(ValidationError, match="2 mtimes for 3 files"):
         Manifest(entries=entries, mtimes=[1, 2])

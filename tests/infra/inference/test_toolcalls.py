@@ -10,11 +10,12 @@ import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from contracts.common import ObjectRef
-from contracts.episode import WORKSPACE_TOOLS, ToolCall, ToolSpec
+from contracts.episode import BRIEF_CHARS, WORKSPACE_TOOLS, ToolCall, ToolSpec
 from contracts.rollout import Completion, GenerateResponse
 from infra.inference.toolcalls import (
     MAX_DEPTH,
     MAX_KEPT_CHARS,
+    further_calls,
     observation_message,
     parse_tool_call,
     tool_schemas,
@@ -165,7 +166,7 @@ def test_an_error_call_keeps_only_flat_small_arguments() -> None:
         dropped = parse(f'<tool_call>{{"name": "bash", "arguments": {arguments}}}</tool_call>')
         assert dropped.arguments == {} and "arguments not kept" in (dropped.error or "")
     huge = parse('<tool_call>{"name": "bash", "arguments": {"command": ' + "9" * 5000 + "}}")
-    assert "not valid JSON (ValueError: Exceeds the limit" in (huge.error or "")
+    assert "not valid JSON: ValueError: Exceeds the limit" in (huge.error or "")
 
 
 def test_argument_types_follow_json_schema() -> None:
@@ -207,6 +208,54 @@ def test_fallback_system_block_lists_every_tool_and_the_format() -> None:
     listed = block.split("<tools>\n")[1].split("\n</tools>")[0].splitlines()
     assert [json.loads(line) for line in listed] == tool_schemas(WORKSPACE_TOOLS)
     assert '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}' in block
+    # the system prompt above it asks for one call a turn: Qwen's "one or more" said otherwise
+    assert "one or more" not in block
+
+
+CUT = '<tool_call>\n{"name": "write_file", "arguments": {"path": "m.py", "content": "def f(x):\\n'
+
+
+def test_broken_json_names_what_broke_and_where() -> None:
+    assert parse(CUT).error == "the tool call is not valid JSON: Unterminated string (position 64)"
+    missing = parse('<tool_call>{"name": "bash" "arguments": {}}</tool_call>').error
+    assert missing == "the tool call is not valid JSON: Expecting ',' delimiter (position 16)"
+
+
+def test_a_call_its_token_limit_cut_says_so_and_how_to_fit() -> None:
+    """A guided turn always ends in a call or at its token limit: the error said only that the
+    JSON broke, never that the turn ran out of tokens (finish_reason "length")."""
+    cut = parse_tool_call(CUT, WORKSPACE_TOOLS, cut_at=128).error or ""
+    assert cut.startswith(
+        "the turn ran out of its 128 tokens before the call was complete "
+        "(Unterminated string (position 64)). Write less per call"
+    )
+    assert "bash" in cut
+    rambling = parse_tool_call("Let me think. " * 40, WORKSPACE_TOOLS, cut_at=128).error or ""
+    assert rambling.startswith("the turn ran out of its 128 tokens before the call was complete")
+    # a call that is whole, or wrong but whole, is what it is whatever ended its turn
+    whole = '<tool_call>\n{"name": "submit", "arguments": {}}'
+    assert parse_tool_call(whole, WORKSPACE_TOOLS, cut_at=12) == ToolCall(name="submit")
+    wrong = '<tool_call>{"name": "bash", "arguments": {}}</tool_call>'
+    assert parse_tool_call(wrong, WORKSPACE_TOOLS, cut_at=12) == parse(wrong)
+    # short enough to be its own brief: `full_call`, which knows no limit, never parses it again
+    for limited in (
+        parse_tool_call(CUT, WORKSPACE_TOOLS, cut_at=10**7),
+        parse_tool_call("x", WORKSPACE_TOOLS, cut_at=10**7),
+        parse_tool_call("<tool_call>{" + " " * 10**7, WORKSPACE_TOOLS, cut_at=10**7),
+    ):  # the last: the decoder's longest complaint, "Expecting property name enclosed in …"
+        assert limited.brief() is limited and len(limited.error or "") <= BRIEF_CHARS
+
+
+def test_further_calls_of_a_turn_are_counted() -> None:
+    """One call runs a turn; the rest are counted for the observation to say so."""
+    submit = render_tool_call(ToolCall(name="submit"))
+    assert further_calls(submit) == 0 and further_calls("no call") == 0
+    assert further_calls(f"{submit}\n{submit}{submit} done") == 2
+    tag = render_tool_call(
+        ToolCall(name="write_file", arguments={"path": "a", "content": "<tool_call>"})
+    )
+    assert further_calls(tag) == 0  # the tag inside the call's own string
+    assert further_calls(f"{CUT} <tool_call>") == 1  # a broken first call: what follows it
 
 
 def test_observation_messages() -> None:
