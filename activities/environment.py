@@ -127,7 +127,11 @@ class EnvironmentActivities:
         config = settings.sandbox.workspaces
         self.queue = queue or own_queue()
         self.store = store if store is not None else ObjectStore.from_settings(settings)
-        self.trees = Trees(StoreObjects(self.store), cache_bytes=config.blob_cache_mb << 20)
+        self.trees = Trees(
+            StoreObjects(self.store),
+            cache_bytes=config.blob_cache_mb << 20,
+            snapshot_format=config.snapshot_format,  # 1 while older workers still run
+        )
         self.host = SessionHost(config)
         self._owned_backend = backend is None
         self.backend = backend if backend is not None else get_backend(settings)

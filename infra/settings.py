@@ -154,6 +154,12 @@ class WorkspaceSettings(Section):
     blob_cache_mb: int = Field(default=256, ge=0, le=65536)
     """Memory of the worker's cache of workspace files fetched from or sent to the store; its
     cache of decoded tree manifests takes as much again at most."""
+    snapshot_format: int = Field(default=2, ge=1, le=2)
+    """How a step's snapshot is stored: 2, as its changes since an earlier snapshot of the
+    episode, in the episode's folder (infra/environments/snapshot_chain.py); 1, whole, among
+    the shared trees, which is all a sandbox worker of a build before format 2 reads. A fleet
+    upgrading from such a build sets 1 until every sandbox worker runs this one (README, Safe
+    upgrades)."""
 
 
 class SandboxSettings(Section):

@@ -22,19 +22,29 @@ holds one, and a snapshot holds the changes of lowbit(n) steps: an odd step its 
 some (log2 n) / 2 steps'. Every base a commit needs is on the chain of the snapshot before it
 (n - 1's holds n & (n - 1)), which the manifest carries (`chain_of`). A tree is stored whole when its changes would name more than half
 of its entries, and where they cannot give the times (one tree keeps times, the other none: a
-task's tree, restored at the current time, so an episode's first snapshot is whole).
+task's tree, so an episode's first snapshot is whole).
 
 Where: when the caller names the episode (`episode_folder`: a context variable, which the
 threads of `asyncio.to_thread` inherit), in the episode's folder (`keys.episode_snapshots_prefix`)
 under its digest, which the run's retention deletes (infra/retention.py); a tree that goes on
 using such an object's contents names its key (`Held.at`). Else among the shared trees
-(`keys.tree_key`), as before. Each object is written once (its key is its digest), after its
-base, and a ref is handed out only once its object is stored: a crash leaves an object no ref
-names, never a ref whose tree restores wrong.
+(`keys.tree_key`), as before. A snapshot names objects of its own episode's folder and the
+shared ones only (`in_reach`): a base elsewhere (a state another episode stored) makes it
+whole, and contents elsewhere are taken in (`Trees.commit`). Each object is written once (its
+key is its digest), after its base, and a ref is handed out only once its object is stored: a
+crash leaves an object no ref names, never a ref whose tree restores wrong.
 
-Not covered: a build older than this one cannot read format 2 ("not a tree manifest"): during
-an upgrade, a session restored on a worker not yet upgraded from a newer one's snapshot fails
-its open. The hidden tests and the tasks' trees are stored whole, once (`pack_files`).
+A committed or rebuilt snapshot holds the trees of its chain it was made with (`_bases`,
+sharing their unchanged entries: `shared_entries`), so a session's next commit reads nothing
+back, whatever the size of its tree.
+
+Upgrades: a build before this one cannot read format 2 ("not a tree manifest", which its
+worker fails the task for): while such sandbox workers run, `Trees(snapshot_format=1)`
+(`sandbox.workspaces.snapshot_format`) writes format 1 as they did, among the shared trees.
+The hidden tests and the tasks' trees are stored whole, once (`pack_files`).
+
+Not covered: such a worker given a snapshot of format 2 written before the setting was lowered
+still fails its open.
 """
 
 from __future__ import annotations
@@ -92,9 +102,14 @@ class Held(Pack):
 
 class Snapshot(Manifest):
     """A tree of format 2, as read or committed: its own object may lie in an episode's
-    folder, and it knows the trees a later delta may be stored against."""
+    folder, and it knows the trees a later delta may be stored against, and holds those it
+    was committed or rebuilt with."""
 
     _chain: Chain = PrivateAttr(default=())
+    _bases: dict[str, Manifest] = PrivateAttr(default_factory=dict)
+    """Trees of `_chain` below this one (key → tree): a session holding its last snapshot
+    holds what its next steps are stored against, where the worker's cache may not (a tree
+    over a quarter of it is never kept there: every other commit read its base's chain)."""
 
     def all_packs(self) -> list[Pack]:
         packs = super().all_packs()
@@ -141,16 +156,24 @@ def encode(
     base_of: Callable[[ObjectRef], Manifest],
 ) -> tuple[ObjectRef, bytes]:  # fmt: skip
     """Where `manifest` (the tree after `previous`, its `inline` contents given) is stored, and
-    its stored bytes: against a base on `previous`'s chain (`base_of` reads one that is not
-    `previous`), or whole. Sets the manifest's ref and chain."""
-    head = None
+    its stored bytes: against a base on `previous`'s chain (held by `previous`, else read by
+    `base_of`), or whole where that chain names an object out of reach (`in_reach`). Sets the
+    manifest's ref, chain and bases."""
+    head: Head | None = None
+    chain: Chain = ()
+    known: dict[str, Manifest] = {}
     if previous is not None and previous._stored is not None:  # else nothing to be against
         below = chain_of(previous)
         position = below[0][0] + 1
         at = position & (position - 1)
         chain = tuple(link for link in below if link[0] <= at)
-        base = previous if at == below[0][0] else base_of(chain[0][1])
-        head = _delta(manifest, base, position, chain[0][1])
+        if all(in_reach(ref.key, keys.tree_key(ref.sha256)) for _, ref in chain):
+            known = {**bases_of(previous), below[0][1].key: previous}
+            ref = chain[0][1]
+            base = known.get(ref.key)
+            if base is None:
+                base = known[ref.key] = base_of(ref)
+            head = _delta(manifest, base, position, ref)
     if head is None:
         head, chain = _whole(manifest), ()
     body = head.model_dump_json(exclude_defaults=True).encode()
@@ -160,7 +183,36 @@ def encode(
     key = keys.snapshot_key(folder, digest) if folder else keys.tree_key(digest)
     ref = ObjectRef(key=key, size=len(data), sha256=digest)
     manifest._stored, manifest._chain = ref, ((head.position, ref), *chain)
+    manifest._bases = {link.key: known[link.key] for _, link in chain if link.key in known}
     return ref, data
+
+
+def in_reach(key: str, shared: str) -> bool:
+    """Whether a snapshot committed now may name the object at `key` (`shared`: where its
+    digest puts it among the shared trees and packs): one of those, or one of the folder of
+    the episode it is committed for, never another episode's, which retention deletes when
+    that episode ends. Before, a worker's cache took an identical snapshot of another episode
+    for this one's, and the steps after it were stored against that episode's folder."""
+    folder = _folder.get()
+    return key == shared or (folder is not None and key.startswith(folder))
+
+
+def bases_of(manifest: Manifest) -> dict[str, Manifest]:
+    """The trees of `manifest`'s chain below it that it holds (key → tree)."""
+    return manifest._bases if isinstance(manifest, Snapshot) else {}
+
+
+def shared_entries(entries: list[Entry], previous: Manifest | None) -> list[Entry]:
+    """`entries`, each that is as it was in `previous` replaced by `previous`'s (immutable):
+    the trees a session holds (its snapshot and its bases) then share their unchanged
+    entries, some 1 KB each decoded: a base costs tens of bytes an entry, not 1 KB."""
+    if previous is None:
+        return entries
+    before = {entry.path: entry for entry in previous.entries}
+    return [  # by their fields' values: pydantic's equality counts the fields given
+        entry if (was := before.get(entry.path)) is None or vars(was) != vars(entry) else was
+        for entry in entries
+    ]
 
 
 def _whole(manifest: Manifest) -> Head:
@@ -264,6 +316,9 @@ def rebuild(root: Manifest | None, levels: list[tuple[ObjectRef, Head]]) -> Snap
     except ValidationError as exc:
         raise TreeError(f"{levels[-1][0].key}: {str(exc).splitlines()[-1]}") from None
     manifest._stored, manifest._chain = levels[-1][0], chain
+    if root is not None:
+        known = {**bases_of(root), chain_of(root)[0][1].key: root}
+        manifest._bases = {ref.key: known[ref.key] for _, ref in chain[1:] if ref.key in known}
     return manifest
 
 

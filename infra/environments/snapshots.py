@@ -15,9 +15,12 @@ tree's changes since an earlier snapshot of its episode, or now and then the who
 (`snapshot_chain.py`: a step that changed one file of 1,000 uploads some hundreds of bytes, not
 94 KB), with the contents new since `previous` inline, so no caller ever holds a ref to a
 manifest whose contents are missing; now and then it takes the contents of a few small earlier
-objects in too (`packing.py`). A restore reads the tree's object, those it is stored against
-(at most log2 of the steps since its last whole one, fewer where this process holds one) and
-the objects holding its contents, in parallel.
+objects in too (`packing.py`). A commit reads nothing back: the manifest it is stored against
+is `previous` or one `previous` holds (`snapshot_chain.Snapshot`). A restore reads the tree's
+object, those it is stored against (at most log2 of the steps since its last whole one, fewer
+where this process holds one) and the objects holding its contents, in parallel. With
+`snapshot_format=1` a commit stores the whole manifest among the shared trees, as builds
+before format 2 did (they read nothing else: an upgrade's setting).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from contracts.common import ObjectRef
+from infra import keys
 from infra.environments import snapshot_chain as chain
 from infra.environments.lru import Lru
 from infra.environments.packing import still_needed, to_take
@@ -36,7 +40,16 @@ from infra.environments.snapshot_scan import (  # where they were before: import
 from infra.environments.snapshot_scan import RACY_NS as RACY_NS
 from infra.environments.snapshot_scan import Scanner as Scanner
 from infra.environments.snapshot_scan import coarse_now as coarse_now
-from infra.environments.tree import Check, Entry, Manifest, Pack, TreeError, decode_tree, sha256
+from infra.environments.tree import (
+    Check,
+    Entry,
+    Manifest,
+    Pack,
+    TreeError,
+    decode_tree,
+    manifest_ref,
+    sha256,
+)
 from infra.storage import ObjectNotFound, ObjectStore
 
 PARALLEL = 8
@@ -85,21 +98,26 @@ class MemoryObjects(dict[str, bytes]):
 
 class Trees:
     """Stored trees, with LRU caches (`lru.Lru`) of the contents and of the manifests this
-    process read or wrote (all immutable: named by their digests), each of at most
+    process read or wrote (all immutable: contents by their digests, manifests by their keys
+    and digests, as one tree may lie in two episodes' folders), each of at most
     `cache_bytes`. Concurrent reads of one manifest or pack fetch it once (the G sessions of a
     group open from one initial tree). Before, manifests were kept by count (1,024 of up to
     100,000 entries each: tens of GB)."""
 
-    def __init__(self, objects: Objects, cache_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self, objects: Objects, cache_bytes: int = 256 << 20, snapshot_format: int = 2
+    ) -> None:
         self.objects = objects
         self.cache_bytes = cache_bytes
+        self.snapshot_format = snapshot_format
+        """What `commit` writes: 2, or 1 for builds before format 2 (`WorkspaceSettings`)."""
         self._contents: Lru[dict[str, bytes]] = Lru(cache_bytes)
         self._manifests: Lru[Manifest] = Lru(cache_bytes)
         self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="trees")
 
     def get_manifest(self, ref: ObjectRef) -> Manifest:
         """The manifest `ref` names, checked against its digest."""
-        return self._manifests.load(ref.sha256, lambda: self._read_manifest(ref), manifest_bytes)
+        return self._manifests.load(_named(ref), lambda: self._read_manifest(ref), manifest_bytes)
 
     def _read_manifest(self, ref: ObjectRef) -> Manifest:
         """The tree at `ref`: of format 1, or rebuilt from its chain of format-2 objects back
@@ -113,7 +131,7 @@ class Trees:
             return self._complete(ref, manifest)
         levels, root = [(ref, head, stored)], None
         while (base := head.base) is not None:
-            if (root := self._manifests.get(base.sha256)) is not None:
+            if (root := self._manifests.get(_named(base))) is not None:
                 break
             stored = self._stored(base)
             below = chain.head_of(stored)
@@ -158,31 +176,46 @@ class Trees:
     ) -> tuple[ObjectRef, Manifest]:  # fmt: skip
         """Store the tree `entries` (with `check`, and each file's time from `mtimes` if given:
         `Scanner.mtimes`) in one object: inline, the contents none of `previous`'s objects
-        hold, from `new`, and those of the objects it takes in (`packing.py`)."""
+        hold, from `new`, and those of the objects it takes in (`packing.py`, and any a
+        snapshot committed now may not name: `chain.in_reach`). Of `snapshot_format` 1: whole,
+        among the shared trees, naming only objects at their shared keys (as builds before
+        format 2 stored it: they read nothing else)."""
+        format_1 = self.snapshot_format == 1
         sizes = {entry.sha256: entry.size for entry in entries if entry.kind == "file"}
         kept = still_needed(previous.all_packs(), sizes) if previous else []
         fresh = sizes.keys() - {digest for pack in kept for digest, _ in pack.contents}
         if absent := [digest[:12] for digest in fresh if digest not in new]:
             raise TreeError(f"no bytes for the contents {absent} of the tree")
         inline = {digest: new[digest] for digest in fresh}
-        if taken := to_take(kept, sizes, sum(map(len, inline.values()))):
+        taken = to_take(kept, sizes, sum(map(len, inline.values())))
+        taken += [
+            pack for pack in kept
+            if pack not in taken and not _reachable(pack, folder=not format_1)
+        ]  # fmt: skip
+        if taken:
             everything = {**self._unpacked(taken), **new}
             kept = [pack for pack in kept if pack not in taken]
             elsewhere = {digest for pack in kept for digest, _ in pack.contents}
             inline = {digest: everything[digest] for digest in sizes if digest not in elsewhere}
-        listing = sorted(entries, key=lambda e: e.path)
-        manifest = chain.Snapshot(
+        listing = chain.shared_entries(sorted(entries, key=lambda e: e.path), previous)
+        fields = dict(
             entries=listing,
             mtimes=[mtimes[e.path] for e in listing if e.kind == "file"] if mtimes else [],
-            packs=kept,
             inline=[(digest, len(inline[digest])) for digest in sorted(inline)],
             check=check,
         )
-        ref, data = chain.encode(manifest, inline, previous, self.get_manifest)
+        if format_1:
+            manifest = Manifest(
+                **fields, packs=[Pack(**p.model_dump(exclude={"at"})) for p in kept]
+            )
+            ref, data = manifest_ref(manifest, inline)
+        else:
+            manifest = chain.Snapshot(**fields, packs=kept)
+            ref, data = chain.encode(manifest, inline, previous, self.get_manifest)
         self.objects.put(ref.key, data)
         if inline:
             self._remember(ref.sha256, inline)
-        self._manifests.put(ref.sha256, manifest, manifest_bytes(manifest))  # a later base
+        self._manifests.put(_named(ref), manifest, manifest_bytes(manifest))  # a later base
         return ref, manifest
 
     def _unpacked(self, packs: list[Pack]) -> dict[str, bytes]:
@@ -210,6 +243,20 @@ class Trees:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _named(ref: ObjectRef) -> str:
+    """What the manifest cache holds `ref`'s tree by: its key (identical snapshots of two
+    episodes lie in two folders, each naming its own; before, the digest alone handed one
+    episode the other's) and its digest (checked when read)."""
+    return f"{ref.key} {ref.sha256}"
+
+
+def _reachable(pack: Pack, folder: bool) -> bool:
+    """Whether a snapshot committed now may name `pack`: at its shared key, or (`folder`:
+    format 2) in the episode's folder (`chain.in_reach`)."""
+    shared = keys.tree_key(pack.sha256) if pack.tree else keys.pack_key(pack.sha256)
+    return pack.key == shared if not folder else chain.in_reach(pack.key, shared)
 
 
 def _contents_bytes(contents: dict[str, bytes]) -> int:

@@ -412,3 +412,18 @@ async def test_a_final_tree_that_does_not_fit_is_scored_zero_not_invalid(
     verdict = (await ActivityEnvironment().run(acts.verify_episodes, verify)).verdicts[0]
     assert verdict.score == 0.0 and verdict.status is ExecStatus.FAILED
     assert "does not fit" in store.get_model(verdict.result.key, ExecutionResult).detail
+
+
+async def test_the_snapshot_format_setting_reaches_the_workers_trees(store: ObjectStore) -> None:
+    """`sandbox.workspaces.snapshot_format = 1` (a fleet whose older workers cannot read format
+    2) must reach the trees the worker commits with, or the setting changes nothing."""
+    root = session_root()
+    workspaces = WorkspaceSettings(root=root, snapshot_format=1)
+    settings = Settings(sandbox=SandboxSettings(workspaces=workspaces))
+    activities = EnvironmentActivities(settings, QUEUE, store, LocalBackend(warm=0))
+    try:
+        assert activities.trees.snapshot_format == 1
+    finally:
+        await activities.close()
+        await activities.backend.close()
+        remove_tree(root)
