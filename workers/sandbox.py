@@ -28,6 +28,10 @@ resource shortage at start (user namespaces, pids or memory used up by neighbour
 a moment), a probe that gets no answer (a loaded host) or an error of no known kind refuses
 nothing.
 
+With the gvisor backend, a worker whose runsc runs no container (a platform it does not know,
+containers that never come up: `GVisorBackend.probe`, one container at start) says so too and
+refuses `execute` alike, retried later on whichever worker takes it.
+
 Not here: a worker that stops polling `sandbox` when it cannot run sessions (it would run no
 program either, and the chart's session-less pods are meant to run them).
 """
@@ -46,8 +50,10 @@ from activities.sandbox import SandboxActivities
 from contracts.episode import OpenSessionsRequest, OpenSessionsResponse
 from contracts.errors import ErrorType, fail
 from contracts.names import Activity
+from contracts.sandbox import ExecuteRequest, ExecuteResponse
 from infra.environments.sessions import SessionHost
 from infra.sandbox import get_backend
+from infra.sandbox.gvisor import GVisorBackend
 from infra.sandbox.workspace import CommandRunner
 from infra.settings import Settings
 from workers.plan import WorkerPlan, close_each
@@ -67,6 +73,10 @@ def build(settings: Settings) -> WorkerPlan:
     if unusable := probe_sessions(sessions.env.runner, sessions.host):
         log.warning("sandbox worker: no workspace sessions on this worker: %s", unusable)
         open_sessions = refuse_sessions(unusable)
+    execute: Callable[..., Awaitable[ExecuteResponse]] = programs.execute
+    if isinstance(backend, GVisorBackend) and (broken := backend.probe()):
+        log.warning("sandbox worker: no programs on this worker: %s", broken)
+        execute = refuse_programs(broken)
 
     async def close() -> None:
         await close_each(
@@ -78,7 +88,7 @@ def build(settings: Settings) -> WorkerPlan:
 
     return WorkerPlan(
         activities=[
-            programs.execute,
+            execute,
             open_sessions,
             sessions.env_step,
             sessions.verify_episodes,
@@ -122,3 +132,22 @@ def refuse_sessions(unusable: str) -> Callable[..., Awaitable[OpenSessionsRespon
         )
 
     return open_sessions
+
+
+def refuse_programs(broken: str) -> Callable[..., Awaitable[ExecuteResponse]]:
+    """An `execute` that fails every request, retried after `REFUSED_RETRY_S` (on whichever
+    worker takes it), as `refuse_sessions` does: this worker's runsc runs no container
+    (`broken` is runsc's own error: a platform it does not know, containers that never come up),
+    on this attempt or any other."""
+    later = timedelta(seconds=REFUSED_RETRY_S)
+    why = (
+        f"sandbox worker {socket.gethostname()} cannot run programs: {broken}. Fix the gVisor "
+        "settings (sandbox.gvisor.platform) or the host's runsc; retried in "
+        f"{REFUSED_RETRY_S:.0f} s, on whichever sandbox worker takes it"
+    )
+
+    @activity.defn(name=Activity.EXECUTE.value)
+    async def execute(req: ExecuteRequest) -> ExecuteResponse:
+        raise fail(ErrorType.SANDBOX_INFRA, f"task {req.task_id}: {why}", next_retry_delay=later)
+
+    return execute

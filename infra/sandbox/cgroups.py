@@ -6,6 +6,7 @@
         makes a child group for the whole sandbox) ...
     cgroups.memory_event(); await cgroups.reap()   # SIGKILL until empty, then remove
     sweep_dead_workers()                   # at a worker's start: what dead workers left
+                                           # (their groups, and gVisor's dirs: `WORKER_DIRS`)
 
 `memory_event` tells the run's own limit ("limit": the group hit it) from an OOM kill that the
 limit did not cause ("global": the kernel's OOM killer took one of the run's processes while
@@ -26,7 +27,10 @@ can then fake the host's starvation (a platform fault, retried) instead of timin
 The rest of the run's CPU accounting lives here too: a process's wait for a CPU (`run_delay`,
 the checker's as well as the candidate's), whether the program gave its CPU away itself
 (`gave_cpu_away`: then no wait of its is the host's doing), and a zygote child's pid on this
-host (`host_pid`).
+host (`host_pid`). A run under a kernel of its sandbox's own (`own_kernel`: gVisor, whose
+namespace's pid 1 is runsc's idle gofer and whose program runs on host threads of gVisor's)
+waits as its sandbox's threads do (`cpu_wait`). Counts start at `apply`, the run's start, so a
+warm container's boot is not the program's.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,15 +62,23 @@ KILL_POLL_S = 0.005
 CPUACCT = CGROUP_ROOT / "cpuacct"
 TRACK_ROUNDS = 20
 """How often `track_cpu` looks again for processes forked while it moved their parents."""
+WORKER_DIRS = ("tempered-gvisor-", "tempered-runsc-")
+"""The gVisor backend's directories in the temp dir (its containers' bundles, runsc's state:
+`gvisor.py`), each named by its prefix, its worker's pid and a dash: a dead worker's are swept
+with its groups (`sweep_dead_workers`)."""
 
 
 class Cgroups:
     """One run's cgroups v1 directories (memory, pids; its cpuacct group where there is one)."""
 
-    def __init__(self, paths: dict[str, Path], cpuacct: Path | None = None) -> None:
-        self.paths, self.cpuacct = paths, cpuacct
+    def __init__(
+        self, paths: dict[str, Path], cpuacct: Path | None = None, own_kernel: bool = False
+    ) -> None:
+        self.paths, self.cpuacct, self.own_kernel = paths, cpuacct, own_kernel
         self.gave_away = ""
         """How the run's pid 1 gave its CPU away, once `cpu_wait` saw it ("" if never)."""
+        self._cpu_before, self._waits_before = 0.0, dict[int, float]()
+        """The group's CPU seconds and its threads' waits at `apply` (the run's start)."""
 
     @staticmethod
     def available() -> bool:
@@ -94,14 +108,15 @@ class Cgroups:
         )
 
     @classmethod
-    def named(cls, name: str) -> Cgroups:
+    def named(cls, name: str, own_kernel: bool = False) -> Cgroups:
         """The groups called `name` under each controller's `tempered` folder (not created)."""
         paths = {ctl: CGROUP_ROOT / ctl / "tempered" / name for ctl in CGROUP_CONTROLLERS}
-        return cls(paths, CPUACCT / "tempered" / name if cls.cpuacct_available() else None)
+        cpuacct = CPUACCT / "tempered" / name if cls.cpuacct_available() else None
+        return cls(paths, cpuacct, own_kernel)
 
     @classmethod
-    def create(cls, name: str) -> Cgroups:
-        cgroups = cls.named(name)
+    def create(cls, name: str, own_kernel: bool = False) -> Cgroups:
+        cgroups = cls.named(name, own_kernel)
         try:
             for path in cgroups.paths.values():
                 path.mkdir(parents=True, exist_ok=True)
@@ -141,7 +156,8 @@ class Cgroups:
             ) from exc
         # The verifier's candidate waits for its job here, so it has forked nothing yet; one
         # that has not joined its groups yet (a pair forked just now) is moved at `cpu_wait`.
-        self.track_cpu()
+        self._cpu_before = self._usage() or 0.0  # `_usage` moves it into its cpuacct group
+        self._waits_before = self._thread_waits() if self.own_kernel else {}
 
     def procs_files(self) -> list[Path]:
         return [path / "cgroup.procs" for path in self.paths.values()]
@@ -195,8 +211,12 @@ class Cgroups:
                     (self.cpuacct / "cgroup.procs").write_text(str(pid))
 
     def cpu_used(self) -> float | None:
-        """CPU seconds of everything that ran in the run's cpuacct group (exited processes
-        included); None without one."""
+        """CPU seconds of everything that ran in the run's cpuacct group since `apply`
+        (exited processes included); None without one."""
+        usage = self._usage()
+        return None if usage is None else usage - self._cpu_before
+
+    def _usage(self) -> float | None:
         if self.cpuacct is None:
             return None
         self.track_cpu()
@@ -215,8 +235,11 @@ class Cgroups:
         program could otherwise burn in children nobody reaps while its pid 1 waits for the
         CPU they hold, and so pass off its timeout as the host's starvation), never less than
         what the live processes and their reaped children used (CPU a process used before it
-        was moved into the group)."""
+        was moved into the group). Under a kernel of its sandbox's own (`own_kernel`), see
+        `_sandbox_wait`."""
         used = self.cpu_used()
+        if self.own_kernel:
+            return self._sandbox_wait(used)
         wait, cpu, found, tick = 0.0, 0.0, False, os.sysconf("SC_CLK_TCK")
         for pid in self.pids():
             with contextlib.suppress(OSError, ValueError, IndexError, StopIteration):
@@ -228,6 +251,29 @@ class Cgroups:
                     wait, found = run_delay(pid), True
                     self.gave_away = self.gave_away or gave_cpu_away(pid, fields)
         return (wait, max(cpu, used or 0.0)) if found and not self.gave_away else None
+
+    def _sandbox_wait(self, used: float | None) -> tuple[float, float] | None:
+        """`cpu_wait` of a run under gVisor: the longest wait since `apply` of any of its
+        sandbox's host threads, and the group's CPU (None without a cpuacct group: the wall
+        clock counts). gVisor moves the program's work between host threads of its own (its
+        kernel's, the stubs that run the program's code), so no one of them answers the
+        checker; when the host starves the sandbox, the thread running the program's code
+        waits nearly all the time. The program can make one of them wait only by using the CPU
+        itself, which counts: their nice, policy and CPUs are gVisor's, whose kernel keeps the
+        program's own settings to itself."""
+        waits = self._thread_waits()
+        if not waits or used is None:
+            return None
+        return max(wait - self._waits_before.get(tid, 0.0) for tid, wait in waits.items()), used
+
+    def _thread_waits(self) -> dict[int, float]:
+        """`run_delay` of every thread of the run's processes, by thread id."""
+        waits = {}
+        for pid in self.pids():
+            with contextlib.suppress(OSError):  # gone meanwhile
+                for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+                    waits[tid] = run_delay(tid)
+        return waits
 
     def pids(self) -> list[int]:
         """Every process in the groups and the groups below them (gVisor's sandbox group, which
@@ -336,16 +382,14 @@ def sweep_dead_workers(pid: int | None = None) -> int:
     """Reap the run groups of workers that died: every dead worker's, or only `pid`'s (the
     caller knows it is dead). A run's group is `<worker pid>-<slot>` under any controller's
     `tempered` folder (runsc makes one in each, with groups of its own below); what still runs
-    in one is killed, then it is removed bottom-up. Returns how many runs' groups there were.
-    The verifier sweeps at its start, the workspace sessions when they find a dead worker's
-    directory: one walk for both (a worker's pid may name groups of either)."""
-    if not Cgroups.available():
-        return 0
+    in one is killed, then it is removed bottom-up. Then their gVisor directories go
+    (`WORKER_DIRS`: what ran from them was in their groups). Returns how many runs' groups
+    there were. The verifier sweeps at its start, the workspace sessions when they find a dead
+    worker's directory: one walk for both (a worker's pid may name groups of either)."""
     pattern = f"{pid}-*" if pid is not None else "*-*"
     groups: dict[str, list[Path]] = {}
-    for path in CGROUP_ROOT.glob(f"*/tempered/{pattern}"):
-        worker = path.name.split("-", 1)[0]
-        if worker.isdigit() and (pid is not None or not Path(f"/proc/{worker}").exists()):
+    for path in CGROUP_ROOT.glob(f"*/tempered/{pattern}") if Cgroups.available() else []:
+        if _dead(path.name, pid):
             groups.setdefault(path.name, []).append(path)
     for name, paths in groups.items():
         Cgroups.named(name).reap_blocking()
@@ -355,4 +399,15 @@ def sweep_dead_workers(pid: int | None = None) -> int:
                     below.rmdir()
             with contextlib.suppress(OSError):
                 path.rmdir()
+    temp = Path(tempfile.gettempdir())
+    for prefix in WORKER_DIRS:
+        for path in temp.glob(prefix + pattern):
+            if _dead(path.name.removeprefix(prefix), pid):
+                shutil.rmtree(path, ignore_errors=True)
     return len(groups)
+
+
+def _dead(name: str, pid: int | None) -> bool:
+    """Whether `name` (`<worker pid>-...`) is a dead worker's: `pid`'s, or any gone worker's."""
+    worker = name.split("-", 1)[0]
+    return worker.isdigit() and (pid is not None or not Path(f"/proc/{worker}").exists())

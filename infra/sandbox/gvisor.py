@@ -3,16 +3,27 @@
     backend = GVisorBackend(load_settings().sandbox.gvisor)   # or get_backend(settings)
     result = await backend.run(program, tests, limits, entry_point, task.helpers, task.hidden_tests)
     # SandboxInfraError where runsc cannot work (not installed, not root, kernel says no)
+    why = backend.probe()      # "" or why no container comes up here (blocks; the worker's start)
 
 The checker is the local backend's (a fork of the checker zygote on this host, `verifier.py`);
 only the candidate differs: `RunscLauncher` starts a fresh OCI container per run (`runsc run`,
 network none, `settings.sandbox.gvisor.platform`, ptrace by default) whose only process is
 `python3 -S -I -c <zygote.py> serve 0 1 <codec, candidate sources>`: an empty read-only root,
-the host's /usr and /lib read-only, a tmpfs /tmp of the run's size, no capabilities,
-no-new-privileges, and the run's cgroups (memory, pids: the container's own group is made by
-runsc inside them, so the run's limits and OOM events cover the whole sandbox). runsc passes
-only stdio, so the calls arrive on the container's stdin, the replies leave on its stdout, and
-the program's stdout and stderr both reach the result's `stdout`.
+the host's /usr and /lib read-only, a tmpfs /tmp and /dev/shm of the run's size each, no
+capabilities, no-new-privileges, and the run's cgroups (memory, pids: the container's own group
+is made by runsc inside them, so the run's limits and OOM events cover the whole sandbox).
+runsc passes only stdio, so the calls arrive on the container's stdin, the replies leave on its
+stdout, and the program's stdout and stderr both reach the result's `stdout`.
+
+The sandbox's group holds gVisor's own kernel too (`SENTRY_MEMORY_MB` more), so the program is
+held to `memory_mb` by its address-space cap (`launcher.candidate_space_mb`, held: memory + 64
+MiB, as a Kubernetes pod's); its CPU time and its wait for a CPU are its sandbox's
+(`Cgroups.cpu_wait`, the `Exit`'s CPU seconds), as no host process is the program's own.
+`runsc run` dies with the worker (PR_SET_PDEATHSIG, by setpriv; runsc then kills its sandbox),
+and a dead worker's bundles and state dirs are swept with its cgroups (`WORKER_DIRS`,
+`cgroups.sweep_dead_workers`). The first start of a launcher runs one probe container
+(`probe_runsc`): a runsc that cannot run one here (a platform this runsc does not know, or
+whose containers never come up) refuses every run at once, in runsc's words.
 
 How a candidate ended comes from runsc's own log of its `run` command (debug level for that
 command only, a file in the run's bundle): "Exiting with status: N" is the container's wait
@@ -28,22 +39,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import re
 import secrets
 import shutil
 import signal
+import subprocess
 import tempfile
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 
 from infra.sandbox.base import SandboxInfraError, VerifierBackend
-from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT
+from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT, WORKER_DIRS, Cgroups
 from infra.sandbox.forkserver import zygote_source
 from infra.sandbox.judge import Exit
 from infra.sandbox.launcher import CandidateSpec
-from infra.sandbox.verifier import Verifier
+from infra.sandbox.probe import NO_VERDICT
+from infra.sandbox.verifier import START_TIMEOUT_S, Verifier
 from infra.settings import GVisorSettings
 
 WARM = 2
@@ -52,24 +67,44 @@ SENTRY_MEMORY_MB = 256
 """Memory of gVisor's own kernel (Sentry) and gofer on top of the program's limit."""
 SENTRY_PROCESSES = 256
 """Host tasks (threads) of the Sentry, the gofer and the ptrace stubs on top of the program's."""
+TMPFS = ("/tmp", "/dev/shm")
+"""The container's writable directories, a tmpfs of the run's `tmpfs_mb` each (/dev/shm:
+multiprocessing's locks and queues, sem_open, need it writable)."""
 CANDIDATE_MODULES = ("codec", "candidate")
 """What the container's interpreter loads (sources in its argv; nothing of the job)."""
 EXITING = re.compile(r"Exiting with status: (\d+)")
 SANDBOX_DIED = "Will try waiting on the sandbox process instead"
 """What runsc logs when the wait RPC to the sandbox failed: the sandbox itself is gone."""
+BUNDLES, STATES = WORKER_DIRS
+"""Prefixes of a container's bundle and of a launcher's runsc state dir (then the worker's pid)."""
+RUNSC_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+PROBE_TIMEOUT_S = START_TIMEOUT_S
+"""How long the probe container may take to run (~0.5 s; runsc on a platform that cannot work
+here may wait for ever, silent: kvm where KVM does not run)."""
+PROBE_TRIES = 2
+"""Tries that must all fail (runsc's error, or no container in time) before runsc is refused."""
+PROBE_PAUSE_S = 1.0
+"""The wait before the next try after a shortage (no verdict: `probe.NO_VERDICT`)."""
+PROBE_UID = 65534
+"""The probe container's user (nobody): it runs `print`, nothing of a job."""
+GLOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ", re.M)
+"""The header of runsc's log lines on stderr ("W1207 01:38:01.322980  14153 util.go:64] ")."""
+logger = logging.getLogger(__name__)
 
 
-def oci_config(python: str, spec: CandidateSpec) -> dict[str, object]:
-    """The OCI runtime config of one candidate container."""
+def oci_config(
+    python: str, spec: CandidateSpec, args: list[str] | None = None
+) -> dict[str, object]:
+    """The OCI runtime config of one candidate container (running `args` instead: a probe's)."""
     ro = ["rbind", "ro", "nosuid", "nodev"]
+    tmpfs: dict[str, object] = {
+        "type": "tmpfs",
+        "source": "tmpfs",
+        "options": ["nosuid", "nodev", f"size={spec.tmpfs_mb}m", "mode=1777"],
+    }
     mounts: list[dict[str, object]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
-        {
-            "destination": "/tmp",
-            "type": "tmpfs",
-            "source": "tmpfs",
-            "options": ["nosuid", "nodev", f"size={spec.tmpfs_mb}m", "mode=1777"],
-        },
+        *({"destination": path, **tmpfs} for path in TMPFS),
         {"destination": "/usr", "type": "bind", "source": "/usr", "options": ro},
     ]
     for name in ("bin", "lib", "lib64"):
@@ -99,7 +134,8 @@ def oci_config(python: str, spec: CandidateSpec) -> dict[str, object]:
         "process": {
             "terminal": False,
             "user": {"uid": spec.uid, "gid": spec.uid},
-            "args": [python, "-S", "-I", "-c", zygote_source(), "serve", "0", "1", *sources],
+            "args": args
+            or [python, "-S", "-I", "-c", zygote_source(), "serve", "0", "1", *sources],
             "env": ["PATH=/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8", "MALLOC_ARENA_MAX=2"],
             "cwd": "/tmp",
             "capabilities": {
@@ -114,11 +150,70 @@ def oci_config(python: str, spec: CandidateSpec) -> dict[str, object]:
     }
 
 
+def probe_once(
+    runsc: str, setpriv: str, platform: str, python: str, timeout_s: float
+) -> str | None:
+    """One try of the probe: a container that prints "up" with `python`, as a candidate's
+    would, under its own state dir (`STATES`, swept if the worker dies meanwhile). "" if it
+    ran, None if it did not in `timeout_s` (killed), else why not in runsc's words."""
+    root = Path(tempfile.mkdtemp(prefix=f"{STATES}{os.getpid()}-probe-"))
+    try:
+        (root / "rootfs").mkdir()
+        args = [python, "-S", "-I", "-c", "print('up')"]
+        config = oci_config(python, CandidateSpec(PROBE_UID, 8, None), args)
+        (root / "config.json").write_text(json.dumps(config))
+        argv = [setpriv, "--pdeathsig", "KILL", runsc, "--root", str(root / "state")]
+        argv += ["--network=none", f"--platform={platform}", "run", "--bundle", str(root), "probe"]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, env=RUNSC_ENV, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    except OSError as exc:
+        return f"cannot start runsc: {exc}"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    if done.returncode == 0 and done.stdout == "up\n":
+        return ""
+    lines = [line.strip() for line in GLOG_PREFIX.sub("", done.stderr).splitlines()]
+    # runsc logs its fatal error, then prints it again: each line once
+    kept = [line for at, line in enumerate(lines) if not any(line in seen for seen in lines[:at])]
+    said = " ".join(" ".join(kept).split())[-1000:]
+    return said or f"exit status {done.returncode}, stdout {done.stdout[-200:]!r}"
+
+
+def probe_runsc(runsc: str, setpriv: str, platform: str, python: str) -> str:
+    """Why runsc runs no container here with `platform` ("" when it does, or no verdict,
+    logged): each of `PROBE_TRIES` tries of `probe_once` failed with runsc's own error or ran
+    nothing within `PROBE_TIMEOUT_S`, both the same at every run (a platform this runsc does not
+    know, one whose containers never come up, an interpreter missing from the container). A
+    shortage (`probe.NO_VERDICT`: EAGAIN, ENOMEM, ...) is no verdict: it may pass. Blocks."""
+    failures: list[str | None] = []
+    for _ in range(PROBE_TRIES):
+        if failures and failures[-1] is not None:
+            time.sleep(PROBE_PAUSE_S)
+        outcome = probe_once(runsc, setpriv, platform, python, PROBE_TIMEOUT_S)
+        if outcome == "":
+            return ""
+        failures.append(outcome)
+        if outcome is not None and not _shortage(outcome):
+            break  # runsc said why: the same on every try
+    said = [f"no container came up in {PROBE_TIMEOUT_S:g} s" if f is None else f for f in failures]
+    if any(failure is not None and _shortage(failure) for failure in failures):
+        logger.warning("gVisor probe: no verdict (%s); serving runs", "; ".join(said))
+        return ""
+    return f"runsc cannot run a container here with --platform={platform}: {said[-1]}"
+
+
+def _shortage(said: str) -> bool:
+    return any(words in said.lower() for words in NO_VERDICT)
+
+
 @dataclass
 class _Container:
     name: str
     bundle: Path
-    cgroup: str | None
+    cgroups: Cgroups | None
     process: asyncio.subprocess.Process
     ended: asyncio.Future[Exit]
     killing: bool = False
@@ -136,23 +231,35 @@ class RunscLauncher:
 
     def __init__(self, config: GVisorSettings) -> None:
         self.python, self.platform = config.python, config.platform
-        self.runsc = shutil.which("runsc")
-        self.state = (
-            Path(tempfile.gettempdir()) / f"tempered-runsc-{os.getpid()}-{secrets.token_hex(4)}"
-        )
+        self.runsc, self.setpriv = shutil.which("runsc"), shutil.which("setpriv")
+        self.state = Path(tempfile.gettempdir()) / f"{STATES}{os.getpid()}-{secrets.token_hex(4)}"
         """runsc's state dir for this launcher's containers, removed by `close`."""
         self._runs: dict[int, _Container] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._probed: str | None = None
+        """The probe container's verdict (`probe_runsc`), once it ran: it holds for good."""
 
     @property
     def alive(self) -> bool:
         return self.runsc is not None
 
-    async def start(self) -> None:
+    def probe(self) -> str:
+        """Why this launcher can start no container ("" when it can, or no verdict): runsc or
+        setpriv missing, not root, or the probe container's verdict (`probe_runsc`, run once
+        per launcher: a runsc that cannot run one is refused for good). Blocks."""
         if not self.runsc:
-            raise SandboxInfraError("runsc is not installed (scripts/setup-system.sh installs it)")
+            return "runsc is not installed (scripts/setup-system.sh installs it)"
+        if not self.setpriv:
+            return "setpriv is not installed (util-linux; scripts/setup-system.sh installs it)"
         if os.geteuid() != 0:
-            raise SandboxInfraError("the gvisor backend runs containers as root (runsc run)")
+            return "the gvisor backend runs containers as root (runsc run)"
+        if self._probed is None:
+            self._probed = probe_runsc(self.runsc, self.setpriv, self.platform, self.python)
+        return self._probed
+
+    async def start(self) -> None:
+        if why := await asyncio.to_thread(self.probe):
+            raise SandboxInfraError(why)
 
     def _runsc(self, *args: str) -> list[str]:
         assert self.runsc is not None
@@ -167,26 +274,30 @@ class RunscLauncher:
 
     async def fork(self, run_id: int, spec: CandidateSpec, fds: list[int]) -> None:
         calls, replies, out, _ = fds  # the program's stderr joins its stdout (see the doc)
-        bundle = Path(tempfile.mkdtemp(prefix="tempered-gvisor-"))
+        bundle = Path(tempfile.mkdtemp(prefix=f"{BUNDLES}{os.getpid()}-"))
         name = f"tempered-{os.getpid()}-{run_id}-{secrets.token_hex(4)}"
+        assert self.setpriv is not None  # `start` refuses without it
         try:
             (bundle / "rootfs").mkdir()
             (bundle / "config.json").write_text(json.dumps(oci_config(self.python, spec)))
             debug = ["--debug", "--debug-command=run", f"--debug-log={bundle}/log/"]
+            # SIGKILLed when this thread (the event loop's) ends: a dead worker's container
+            # dies with it, as an attached runsc kills its sandbox when it dies
+            pdeathsig = [self.setpriv, "--pdeathsig", "KILL"]
             process = await asyncio.create_subprocess_exec(
+                *pdeathsig,
                 *self._runsc(*debug, "run", "--bundle", str(bundle), name),
                 stdin=calls,
                 stdout=replies,
                 stderr=out,
                 start_new_session=True,
-                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                env=RUNSC_ENV,
             )
         except OSError as exc:
             shutil.rmtree(bundle, ignore_errors=True)
             raise SandboxInfraError(f"cannot start runsc: {exc}") from exc
         ended = asyncio.get_running_loop().create_future()
-        cgroup = spec.cgroups.name if spec.cgroups is not None else None
-        container = _Container(name, bundle, cgroup, process, ended)
+        container = _Container(name, bundle, spec.cgroups, process, ended)
         self._runs[run_id] = container
         self._spawn(self._watch(container))
 
@@ -209,10 +320,12 @@ class RunscLauncher:
         if container.killing:
             fault = ""  # whatever the host's kill did is the host's doing, judged as such
         shutil.rmtree(container.bundle, ignore_errors=True)
-        if container.cgroup is not None:
-            _remove_runsc_cgroups(container.cgroup)
+        cpu_s = 0.0  # the sandbox's CPU since the run's start: the program has no process here
+        if container.cgroups is not None:
+            cpu_s = container.cgroups.cpu_used() or 0.0  # before runsc's groups go
+            _remove_runsc_cgroups(container.cgroups.name)
         if not container.ended.done():
-            container.ended.set_result(Exit(status, 0.0, fault))
+            container.ended.set_result(Exit(status, cpu_s, fault))
 
     def kill(self, run_id: int) -> None:
         container = self._runs.get(run_id)
@@ -284,4 +397,9 @@ class GVisorBackend(VerifierBackend):
         config = config or GVisorSettings()
         self.python, self.platform = config.python, config.platform
         self.launcher = RunscLauncher(config)
-        self.verifier = Verifier(self.launcher, config.python, warm, self.name)
+        self.verifier = Verifier(self.launcher, config.python, warm, self.name, own_kernel=True)
+
+    def probe(self) -> str:
+        """Why this host runs no gVisor container ("" when it does, or no verdict): the
+        launcher's probe (`RunscLauncher.probe`), for a worker to refuse at its start. Blocks."""
+        return self.launcher.probe()

@@ -105,6 +105,8 @@ class Exit:
     status: int
     """A wait status (`os.waitstatus_to_exitcode` reads it; one it cannot is the program's)."""
     cpu_s: float = 0.0
+    """CPU seconds it used (gVisor: its sandbox's since the run's start, gVisor's kernel's
+    included, as the program has no process of its own on the host; 0 where unknown)."""
     fault: str = ""
     """Set when the platform ended it (its zygote or gVisor sandbox died): a platform fault."""
 

@@ -75,7 +75,9 @@ def candidate_space_mb(limits: SandboxLimits, held: bool = False) -> int:
     `held`, memory + HELD_SPACE_SLACK_MB: where the cgroup's kill cannot be told apart from the
     sandbox's own death, so one process must never map more than its sandbox is sized to hold
     (a Kubernetes pod, `kubernetes_job.pod_memory_mb`: under gVisor no OOM killer runs inside
-    the sandbox, and the host's ends the whole pod, launcher and result line with it)."""
+    the sandbox, and the host's ends the whole pod, launcher and result line with it), or where
+    the cgroup holds more than the program's memory (the gvisor backend's: gVisor's own kernel,
+    `gvisor.SENTRY_MEMORY_MB` on top), so only this cap holds the program to its limit."""
     if held:
         return limits.memory_mb + HELD_SPACE_SLACK_MB
     return 2 * limits.memory_mb + 256

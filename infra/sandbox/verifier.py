@@ -128,13 +128,18 @@ class Verifier:
         warm: int = 4,
         name: str = "local",
         slots: range = range(1, BLOCK_UIDS),
+        own_kernel: bool = False,
     ) -> None:
         """`slots`: offsets in the worker's uid block (`worker_uids`) that candidates may use
-        (also naming their cgroups); offset 0 is the checkers' uid."""
+        (also naming their cgroups); offset 0 is the checkers' uid. `own_kernel`: the launcher's
+        sandbox runs a kernel of its own (gVisor's), whose memory its cgroups hold beside the
+        program's and whose host threads run the program: the candidate's address space is then
+        capped at what the sandbox holds for the program (`candidate_rlimits`' `space_held`),
+        and its wait for a CPU is its sandbox's threads' (`Cgroups.cpu_wait`)."""
         if slots.start < 1 or slots.stop > BLOCK_UIDS:
             raise ValueError(f"slots must lie within 1..{BLOCK_UIDS - 1}")
         self.launcher, self.python, self.warm, self.name = launcher, python, warm, name
-        self.slots = slots
+        self.slots, self.own_kernel = slots, own_kernel
         self.bwrap, self.setpriv = shutil.which("bwrap"), shutil.which("setpriv")
         self.use_cgroups = Cgroups.available()
         self.enforcement = "cgroup" if self.use_cgroups else "rlimit"
@@ -165,8 +170,7 @@ class Verifier:
             if not os.path.exists(self.python):
                 raise SandboxInfraError(f"the checkers' interpreter {self.python} is missing")
             await self._stop()
-            if self.use_cgroups:
-                await asyncio.to_thread(sweep_dead_workers)  # may wait for a kill
+            await asyncio.to_thread(sweep_dead_workers)  # may wait for a kill
             checker_uid = worker_uids().start  # the block is claimed at the first start
             argv = checker_zygote_argv(self.python, checker_uid, self.bwrap, self.setpriv)
             checker = ForkServer("checker", argv)
@@ -194,7 +198,8 @@ class Verifier:
         fds: list[int] = []  # every fd made here
         ours: set[int] = set()  # those the host keeps
         try:
-            cgroups = Cgroups.create(f"{os.getpid()}-{slot}") if self.use_cgroups else None
+            name = f"{os.getpid()}-{slot}"
+            cgroups = Cgroups.create(name, self.own_kernel) if self.use_cgroups else None
             for _ in range(4):
                 fds += os.pipe()
             fds += [end.detach() for end in socket.socketpair()]
@@ -231,7 +236,7 @@ class Verifier:
         pair = self._take_warm(limits.tmpfs_mb) or await self._prepare(limits.tmpfs_mb)
         if self.warm:
             self._refill(limits.tmpfs_mb)
-        rlimits = candidate_rlimits(limits, pair.cgroups is not None)
+        rlimits = candidate_rlimits(limits, pair.cgroups is not None, space_held=self.own_kernel)
         bound = starvation_bound(limits.timeout_s) + VERDICT_GRACE_S  # the host decides first
         job = checker_job(program, tests, helpers, units, entry_point, limits, rlimits, bound)
         try:
@@ -246,7 +251,8 @@ class Verifier:
         launcher, cgroups = self.launcher, pair.cgroups
         if cgroups is not None:
             cgroups.apply(limits, launcher.memory_overhead_mb, launcher.processes_overhead)
-        stdout, stderr = Capture(limits.output_bytes), Capture(limits.output_bytes)
+        stdout = Capture(limits.output_bytes, name="stdout")
+        stderr = Capture(limits.output_bytes, name="stderr")
         outputs = [
             await OutputPipe.open(pair.stdout, stdout),
             await OutputPipe.open(pair.stderr, stderr),

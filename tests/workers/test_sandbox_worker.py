@@ -35,6 +35,7 @@ from contracts.common import ObjectRef
 from contracts.episode import OpenSessionsRequest
 from contracts.errors import NON_RETRYABLE, ErrorType
 from contracts.names import Activity
+from contracts.sandbox import ExecuteRequest
 from contracts.task import EnvName, WorkspaceSpec
 from infra.environments.mounts import remove_tree
 from infra.sandbox.base import SandboxInfraError
@@ -101,10 +102,12 @@ def probes(
     return alter_argv(monkeypatch, change)
 
 
-def assert_retried_later(error: ApplicationError) -> None:
+def assert_retried_later(
+    error: ApplicationError, kind: ErrorType = ErrorType.SESSIONS_UNAVAILABLE
+) -> None:
     """A fault of this host, not of the task: retried, on whichever worker takes it, a while
     later (a worker that refuses at once would otherwise take the retry again and again)."""
-    assert error.type == ErrorType.SESSIONS_UNAVAILABLE and not error.non_retryable
+    assert error.type == kind and not error.non_retryable
     assert error.type not in NON_RETRYABLE  # no activity retry policy stops on it either
     assert error.next_retry_delay == timedelta(seconds=sandbox.REFUSED_RETRY_S)
     assert sandbox.REFUSED_RETRY_S >= 60
@@ -281,3 +284,36 @@ async def test_a_sessions_close_that_fails_still_closes_the_programs(
         await plan.on_shutdown()
     assert closed == ["sessions", "programs"]
     assert "a session directory would not go" in caplog.text
+
+
+@pytest.mark.asyncio
+@pytest.mark.skipif(shutil.which("runsc") is None or os.geteuid() != 0, reason="needs runsc")
+async def test_a_worker_whose_runsc_runs_no_container_refuses_programs_to_be_retried_later(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gvisor backend with a platform this runsc does not know (the README's example named
+    systrap, which Debian's runsc lacks): every program failed as a platform fault retried at
+    once, for ever, and the worker said nothing. It says so at start, and refuses `execute` to
+    be retried later, elsewhere, as it refuses sessions it cannot run."""
+    root = session_root()
+    settings = Settings(
+        sandbox=SandboxSettings(
+            backend="gvisor",
+            gvisor={"platform": "systrap"},
+            workspaces=WorkspaceSettings(root=root, disk="directory"),
+        )
+    )
+    with caplog.at_level(logging.WARNING, logger="tempered.worker"):
+        plan = sandbox.build(settings)
+    try:
+        lines = [r.getMessage() for r in caplog.records if r.name == "tempered.worker"]
+        assert any("no programs" in line and "systrap" in line for line in lines), lines
+        request = ExecuteRequest(run_id="run-g", task_id="code-1", turn=0, items=[])
+        with pytest.raises(ApplicationError) as refused:
+            await ActivityEnvironment().run(activities(plan)[Activity.EXECUTE.value], request)
+        assert_retried_later(refused.value, ErrorType.SANDBOX_INFRA)
+        assert "task code-1" in str(refused.value) and "systrap" in str(refused.value)
+    finally:
+        assert plan.on_shutdown is not None
+        await plan.on_shutdown()
+        remove_tree(root)

@@ -6,7 +6,12 @@ Hostile programs: test_adversarial.py (it runs every case on gVisor too)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -14,8 +19,11 @@ import pytest
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox import SandboxInfraError
+from infra.sandbox import gvisor as gvisor_module
+from infra.sandbox.cgroups import CGROUP_ROOT, sweep_dead_workers
 from infra.sandbox.gvisor import GVisorBackend
 from infra.sandbox.retrying import run_retrying
+from infra.settings import GVisorSettings
 from tests.infra.sandbox.verifier_box import Box, gvisor_missing
 
 CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n"
@@ -53,7 +61,9 @@ def test_the_programs_output_reaches_stdout_capped(gvisor: Box) -> None:
     program = "import sys\nprint('o' * 200, flush=True)\nprint('e' * 1000, file=sys.stderr)\n"
     result = gvisor.run(program, limits=limits)
     assert result.status == ExecStatus.PASSED and result.truncated, result
-    assert result.stdout == "o" * 200 + "\n" + "e" * 99  # stderr joins stdout (stdio only)
+    # stderr joins stdout (stdio only), within the cap (what of each it keeps: process.Capture)
+    assert "o" * 100 in result.stdout and "e" * 50 in result.stdout, result.stdout
+    assert len(result.stdout.encode()) <= limits.output_bytes
 
 
 def test_the_candidate_is_alone_in_its_container(gvisor: Box) -> None:
@@ -97,3 +107,133 @@ def test_missing_runsc_is_an_infra_error() -> None:
     backend.launcher.runsc = None
     with pytest.raises(SandboxInfraError, match="runsc"):
         asyncio.run(backend.run("print(1)"))
+
+
+def test_a_program_over_its_memory_limit_is_memory_exceeded_on_every_backend(
+    any_box: Box,
+) -> None:
+    """1.5 x `memory_mb`, touched: the limit is the program's on gVisor too (its sandbox's
+    cgroup holds gVisor's own kernel on top, so only the program's address-space cap holds it
+    to `memory_mb`: `launcher.candidate_space_mb`'s held cap)."""
+    program = (
+        "def add(a, b):\n    blocks = []\n    for _ in range(192):\n"
+        "        blocks.append(bytearray(1 << 20))\n        blocks[-1][::4096] = b'x' * 256\n"
+        "    return a + b\n"
+    )
+    limits = SandboxLimits(timeout_s=20, memory_mb=128)
+    result = any_box.run(program, CHECK, "add", limits=limits)
+    assert result.status == ExecStatus.MEMORY_EXCEEDED, result
+
+
+def test_shared_memory_is_writable_on_every_backend(any_box: Box) -> None:
+    """multiprocessing's locks live in /dev/shm: a tmpfs of the run's size, as /tmp is."""
+    program = (
+        "import multiprocessing, os\nmultiprocessing.Lock()\n"
+        "print(oct(os.stat('/dev/shm').st_mode & 0o7777))\n"
+    )
+    result = any_box.run(program, limits=SandboxLimits(timeout_s=10))
+    assert result.status == ExecStatus.PASSED and result.stdout == "0o1777\n", result
+
+
+WORKER = """
+import asyncio, sys
+from contracts.task import SandboxLimits
+from infra.sandbox.gvisor import GVisorBackend
+
+async def main() -> None:
+    backend = GVisorBackend(warm=0)
+    program = "import time\\ndef add(a, b):\\n    time.sleep(60)\\n"
+    limits = SandboxLimits(timeout_s=60)
+    run = asyncio.ensure_future(backend.run(program, {check!r}, limits, "add"))
+    while not backend.launcher._runs:
+        await asyncio.sleep(0.05)
+    (container,) = backend.launcher._runs.values()
+    print(backend.launcher.state, container.bundle, flush=True)
+    await run
+
+asyncio.run(main())
+"""
+
+
+def runsc_processes(marker: str) -> dict[psutil.Process, str]:
+    """Live processes whose command line holds `marker`, with that command line."""
+    found = {}
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and marker in cmdline:
+            found[proc] = cmdline
+    return found
+
+
+def test_a_crashed_workers_container_dies_with_it_and_the_sweep_removes_what_it_left(
+    gvisor: Box,
+) -> None:
+    """A worker SIGKILLed mid-run (as a crash or the OOM killer ends one): its `runsc run` dies
+    with it (and runsc's sandbox with that), and `sweep_dead_workers` (a later worker's start)
+    removes its container's bundle, runsc's state dir and the run's cgroups."""
+    worker = subprocess.Popen(
+        ["nice", "-n", "10", sys.executable, "-c", WORKER.format(check=CHECK)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[3],
+    )
+    assert worker.stdout is not None
+    try:
+        state, bundle = worker.stdout.readline().split()
+        deadline = time.monotonic() + 20
+        while not any(" boot " in cmdline for cmdline in runsc_processes(state).values()):
+            assert time.monotonic() < deadline, "the worker's container never came up"
+            time.sleep(0.1)
+        time.sleep(0.5)
+    finally:
+        worker.kill()
+        worker.wait()
+    deadline = time.monotonic() + 10
+    while left := runsc_processes(state):
+        if time.monotonic() > deadline:
+            for proc in left:  # the test's own cleanup: the assertion below reports them
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+            pytest.fail(f"the dead worker's runsc outlived it: {list(left.values())}")
+        time.sleep(0.2)
+    sweep_dead_workers()
+    assert not Path(bundle).exists() and not Path(state).exists()
+    assert not list(CGROUP_ROOT.glob(f"*/tempered/{worker.pid}-*"))
+
+
+def test_a_runsc_that_cannot_start_a_container_is_refused_once_in_its_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """This Debian runsc (2022) has no systrap platform: the backend's probe container says so
+    (runsc's own words, the platform named), and every run is refused with that, without
+    starting runsc again (a run used to fail after its container's start, retried for ever)."""
+    if reason := gvisor_missing():
+        pytest.skip(reason)
+    backend = GVisorBackend(GVisorSettings(platform="systrap"), warm=0)
+    why = backend.probe()
+    if not why:
+        pytest.skip("this runsc runs systrap")
+    assert "--platform=systrap" in why and "unknown platform" in why, why
+    tries = []
+    monkeypatch.setattr(gvisor_module, "probe_once", lambda *a: tries.append(a) or "said no")
+    for _ in range(2):
+        with pytest.raises(SandboxInfraError) as refused:
+            asyncio.run(backend.run("print(1)"))
+        assert why in str(refused.value)
+    assert tries == []  # the verdict of the backend's probe holds for good
+
+
+def test_a_runsc_that_never_comes_up_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container that does not come up (runsc with platform=kvm where KVM does not work
+    waits for ever, silent): every try of the probe waits its timeout, then the platform is
+    refused."""
+    hang = tmp_path / "runsc"
+    hang.write_text("#!/bin/sh\nexec sleep 30\n")
+    hang.chmod(0o755)
+    monkeypatch.setattr(gvisor_module, "PROBE_TIMEOUT_S", 0.5)
+    backend = GVisorBackend(GVisorSettings(platform="kvm"), warm=0)
+    backend.launcher.runsc = str(hang)
+    why = backend.probe()
+    assert "--platform=kvm" in why and "no container came up in 0.5 s" in why, why

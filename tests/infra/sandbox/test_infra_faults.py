@@ -2,7 +2,8 @@
 
 Each test starts a real run on the local backend (public API only: `get_backend(settings)`,
 `backend.run(program, tests, limits, entry_point)`), waits until the model's program is inside
-the function the tests call, then strikes it from the host, as the platform's own faults do:
+the function the tests call, then strikes it from the host, as the platform's own faults do
+(the host's starvation and the controls run on gVisor too, where it runs here):
 
 - a host-side SIGKILL of the candidate (an operator, the kubelet, a node agent) → infra_error;
 - the same for every process of the run, checker included → infra_error;
@@ -44,7 +45,10 @@ import pytest
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
+from infra.sandbox.cgroups import CGROUP_ROOT, Cgroups
+from infra.sandbox.gvisor import GVisorBackend
 from infra.settings import Settings
+from tests.infra.sandbox.verifier_box import gvisor_missing
 
 pytestmark = [
     pytest.mark.skipif(
@@ -80,11 +84,22 @@ def named(mark: str) -> list[psutil.Process]:
     return found
 
 
-def cold_backend() -> SandboxBackend:
-    """The configured backend with no warm pool: every process born during a run is its own."""
+@pytest.fixture(params=["local", "gvisor"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each backend that runs here, by name (gVisor skipped, with the reason, where it cannot;
+    asked here, outside the test's event loop, as its probe runs one of its own)."""
+    if request.param == "gvisor" and (reason := gvisor_missing()):
+        pytest.skip(reason)
+    return str(request.param)
+
+
+def cold_backend(name: str = "local") -> SandboxBackend:
+    """The backend `name` with no warm pool: every process born during a run is its own."""
     settings = Settings()
     settings.sandbox.local.warm = 0
-    return get_backend(settings)
+    if name == "gvisor":  # get_backend's keeps a warm pool of its own
+        return GVisorBackend(settings.sandbox.gvisor, warm=0)
+    return get_backend(settings, name)
 
 
 async def strike(
@@ -92,11 +107,12 @@ async def strike(
     prog: str,
     limits: SandboxLimits,
     action: Callable[[psutil.Process], None] | None = None,
+    backend_name: str = "local",
 ) -> str:
     """Run `prog`; once its process named `mark` exists, do `action` to it; the outcome. With
     an `action` (a fault), fail unless it was applied to the running program: a run that ends
     first (an infra_error of another cause, say) would pass the test without the fault."""
-    backend = cold_backend()
+    backend = cold_backend(backend_name)
     try:
         run = asyncio.create_task(backend.run(prog, CHECK, limits, "add"))
         if action is None:  # a control: the program ends by itself
@@ -275,25 +291,71 @@ async def test_a_program_starved_of_cpu_by_the_host_is_an_infra_error() -> None:
     assert status == INFRA
 
 
+@pytest.mark.skipif(bool(writable("cpu")), reason=str(writable("cpu")))
+@pytest.mark.parametrize("backend", ["gvisor"], indirect=True)
+async def test_a_gvisor_program_starved_of_cpu_by_the_host_is_an_infra_error(backend: str) -> None:
+    """The same on gVisor, whose program has no process of its own on this host: its sandbox's
+    (gVisor's kernel, its gofer and the stubs that run the program's code) throttled to 1% of a
+    CPU while the program computes. Backend: the wait that counts is its sandbox threads' (the
+    namespace's pid 1 is runsc's gofer, idle throughout), so infra_error, not a timeout."""
+    body = "while True:\n    pass"  # unthrottled, a timeout at its deadline
+    limits = SandboxLimits(timeout_s=4, cpu_s=60)
+    with cgroup(CGROUP_V1 / "cpu", {"cpu.cfs_quota_us": "1000"}) as slow:
+        gvisor = cold_backend(backend)  # closed before the test's group is removed
+        try:
+            run = asyncio.create_task(gvisor.run(program("g", body), CHECK, limits, "add"))
+            groups: list[Path] = []
+            while not groups:
+                assert not run.done(), f"the run ended before it started: {await outcome(run)}"
+                await asyncio.sleep(0.1)
+                groups = list((CGROUP_ROOT / "memory" / "tempered").glob(f"{os.getpid()}-*"))
+            await asyncio.sleep(2.0)  # its container up, its program in add()
+            assert not run.done(), f"the run ended before the fault: {await outcome(run)}"
+            for pid in Cgroups.named(groups[0].name).pids():
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    (slow / "cgroup.procs").write_text(str(pid))
+            with pytest.raises(SandboxInfraError, match="starved"):
+                await asyncio.wait_for(run, 120)
+        finally:
+            await gvisor.close()
+
+
 # -- the program's own failures keep their statuses ------------------------------------------
 
 
-async def test_a_program_over_its_own_memory_limit_is_memory_exceeded() -> None:
+@pytest.mark.parametrize("blocks", [64, 24], ids=["4x", "1.5x"])
+async def test_a_program_over_its_own_memory_limit_is_memory_exceeded(
+    backend: str, blocks: int
+) -> None:
+    """8 MiB blocks, `blocks` of them, under a 128 MiB limit; gVisor's sandbox group holds its
+    own kernel too (`SENTRY_MEMORY_MB` more), so there the program's address-space cap holds it
+    to its limit."""
     name = mark()
-    body = "hog = [b'x' * (8 << 20) for _ in range(64)]"
+    body = f"hog = [b'x' * (8 << 20) for _ in range({blocks})]"
     limits = SandboxLimits(timeout_s=20, memory_mb=128)
-    status = await strike(name, program(name, body), limits)
+    status = await strike(name, program(name, body), limits, backend_name=backend)
     assert status == ExecStatus.MEMORY_EXCEEDED
 
 
-async def test_a_program_spinning_past_its_cpu_limit_is_a_timeout() -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        "while True:\n    pass",
+        "signal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass",
+    ],
+    ids=["spinning", "ignoring-sigxcpu"],
+)
+async def test_a_program_spinning_past_its_cpu_limit_is_a_timeout(backend: str, body: str) -> None:
+    """SIGXCPU at its CPU limit ends it; one that ignores SIGXCPU is SIGKILLed a second later,
+    a timeout too, as it used its CPU time (the launcher reports the candidate's CPU seconds:
+    on gVisor its sandbox's)."""
     name = mark()
     limits = SandboxLimits(timeout_s=30, cpu_s=1)
-    status = await strike(name, program(name, "while True:\n    pass"), limits)
+    status = await strike(name, program(name, body), limits, backend_name=backend)
     assert status == ExecStatus.TIMEOUT
 
 
-async def test_a_program_that_starves_itself_is_a_timeout() -> None:
+async def test_a_program_that_starves_itself_is_a_timeout(backend: str) -> None:
     """Spinning threads of its own keep its answering thread waiting for a CPU: that wait is the
     program's doing (its processes used the CPUs), so the deadline is its timeout."""
     name = mark()
@@ -308,7 +370,7 @@ async def test_a_program_that_starves_itself_is_a_timeout() -> None:
             pass
     """
     limits = SandboxLimits(timeout_s=1.5, cpu_s=60)
-    status = await strike(name, program(name, body), limits)
+    status = await strike(name, program(name, body), limits, backend_name=backend)
     assert status == ExecStatus.TIMEOUT
 
 
@@ -320,9 +382,11 @@ async def test_a_program_that_starves_itself_is_a_timeout() -> None:
     ],
     ids=["sigkill-itself", "exit-mid-call"],
 )
-async def test_a_program_that_ends_itself_is_its_own_failure(body: str) -> None:
+async def test_a_program_that_ends_itself_is_its_own_failure(backend: str, body: str) -> None:
     """Only the host can SIGKILL the candidate (its pid namespace's init ignores it from
-    inside), and an exit of its own is the program's doing: failed or error, never retried."""
+    inside; gVisor's kernel lets it, and then it is its own doing), and an exit of its own is
+    the program's doing: failed or error, never retried."""
     name = mark()
-    status = await strike(name, program(name, body), SandboxLimits(timeout_s=20))
+    limits = SandboxLimits(timeout_s=20)
+    status = await strike(name, program(name, body), limits, backend_name=backend)
     assert status in (ExecStatus.FAILED, ExecStatus.ERROR)

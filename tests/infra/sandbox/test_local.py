@@ -164,7 +164,7 @@ async def test_output_is_truncated(backend) -> None:
     assert result.status == ExecStatus.PASSED and result.truncated
     # the first and the latest halves of each stream, a note in place of the rest
     for text, char, came in ((result.stdout, "x", 5001), (result.stderr, "e", 3001)):
-        assert len(text) == 1000 and f"of {came} bytes left out ...]" in text, text
+        assert len(text) == 1000 and f"of its {came} bytes left out ...]" in text, text
         assert text.startswith(char * 400) and text.rstrip("\n").endswith(char * 400), text
 
 

@@ -8,6 +8,8 @@ host's (the run a platform fault, retried) or the program's (a timeout, scored).
   candidate sleeps on its pipe, so a correct program whose checker the host starved is not a
   timeout (`judge.deadline_state`).
 
+Both run on gVisor too (its candidate's wait is its sandbox threads'), where it runs here.
+
 Load: one busy process pinned to CPU 0 for a couple of seconds, in its own session (so it
 shares CPU 0 fairly with the sandboxes' sessions); the checker's starvation is a cpu cgroup's
 quota instead (no load at all).
@@ -31,13 +33,14 @@ from contracts.task import SandboxLimits
 from infra.sandbox.cgroups import Cgroups
 from tests.infra.sandbox.attacks import BLOCKING_AND_FLOODING, TESTS
 from tests.infra.sandbox.test_infra_faults import CGROUP_V1, cgroup, writable
-from tests.infra.sandbox.verifier_box import Box, needs_root
+from tests.infra.sandbox.verifier_box import Box, gvisor_missing, needs_root
 
 pytestmark = needs_root
 LIMITS = SandboxLimits(timeout_s=2)
 BUSY = "import os\nos.sched_setaffinity(0, {0})\n"
 SPIN = "while True:\n    pass\n"
 GIVES_ITS_CPU_AWAY = BLOCKING_AND_FLOODING["give its CPU away to fake the host's starvation"]
+SPINS_BESIDE_A_BUSY_CPU = "def add(a, b):\n    while True:\n        pass\n"
 ADD = "def add(a, b):\n    return a + b\n"
 CHECKER_WORK = (  # about 0.25 s of the checker's CPU on an idle host, the program's next to none
     "def check(candidate):\n"
@@ -126,24 +129,32 @@ def test_a_pid_1_that_gives_its_cpu_away_gets_no_starvation_excuse(
         cgroups.reap_blocking()
 
 
-def test_a_program_that_gives_its_cpu_to_a_busy_one_is_a_timeout(box: Box) -> None:
+def test_a_program_that_gives_its_cpu_to_a_busy_one_is_a_timeout(any_box: Box) -> None:
     """Its autogroup niced to 19 on the CPU another session spins on, it waits for a CPU
     nearly all the time: that was taken for the host's starvation (SandboxInfraError after
-    the 22 s bound, on every retry). It gave the CPU away itself: a timeout at its deadline."""
+    the 22 s bound, on every retry). It gave the CPU away itself: a timeout at its deadline.
+    On gVisor it cannot give its sandbox's CPU away (what it does is its kernel's, not this
+    host's) and spins beside the busy CPU: a timeout too, though its sandbox's threads wait."""
+    gvisor = any_box.backend.name == "gvisor"
+    program = SPINS_BESIDE_A_BUSY_CPU if gvisor else GIVES_ITS_CPU_AWAY
     with busy_cpu0(1, "with open('/proc/self/autogroup', 'w') as f: f.write('5')\n"):
         started = time.monotonic()
-        result = box.run(GIVES_ITS_CPU_AWAY, TESTS, "add", limits=LIMITS)
+        result = any_box.run(program, TESTS, "add", limits=LIMITS)
     assert result.status is ExecStatus.TIMEOUT and result.tests_passed == 0, result
     assert time.monotonic() - started < 10
 
 
 @pytest.mark.skipif(bool(writable("cpu")), reason=str(writable("cpu")))
-def test_a_correct_program_whose_checker_the_host_starves_is_not_a_timeout() -> None:
+@pytest.mark.parametrize("backend", ["local", "gvisor"])
+def test_a_correct_program_whose_checker_the_host_starves_is_not_a_timeout(backend: str) -> None:
     """The checker zygote throttled to 5% of a CPU (a cgroup of the test's, standing in for the
     worker's own overload): the checker runs the tests past the 2 s deadline while the
     candidate sleeps on its pipe (no wait of its own). That was the program's timeout; the
-    checker's wait for a CPU is the host's: the program passes."""
-    box = Box(warm=0)
+    checker's wait for a CPU is the host's: the program passes (the checker is the same on
+    both backends)."""
+    if backend == "gvisor" and (reason := gvisor_missing()):
+        pytest.skip(reason)
+    box = Box(backend, warm=0)
     with cgroup(CGROUP_V1 / "cpu", {"cpu.cfs_quota_us": "5000"}) as slow:
         try:
             assert box.run(ADD, CHECKER_WORK, "add", limits=LIMITS).status is ExecStatus.PASSED

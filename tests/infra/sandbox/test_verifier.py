@@ -247,7 +247,7 @@ def test_output_is_captured_and_capped(box: Box) -> None:
     assert result.status == ExecStatus.PASSED and result.truncated, result
     # the first and the latest halves of each stream, a note in place of the rest
     for text, char, came in ((result.stdout, "o", 5001), (result.stderr, "e", 5000)):
-        assert len(text) == 1024 and f"of {came} bytes left out ...]" in text, text
+        assert len(text) == 1024 and f"of its {came} bytes left out ...]" in text, text
         assert text.startswith(char * 400) and text.rstrip("\n").endswith(char * 400), text
 
 
