@@ -39,9 +39,9 @@ class ErrorType(StrEnum):
     SANDBOX_CIRCUIT_OPEN = "SandboxCircuitOpen"
     """The sandbox backend is paused by its circuit breaker: retried after its backoff."""
     SANDBOX_MISCONFIGURED = "SandboxMisconfigured"
-    """The sandbox worker cannot serve this at all, on any attempt (bwrap missing on the host of
-    a workspace session): a configuration fault, not a transient one, so not retried; the
-    message says what to fix. Nothing was run, so nothing is scored."""
+    """Raised by builds before 7 December 2026 (kept so that their failures still decode): a
+    sandbox worker that could not serve a workspace session. One such host among good ones
+    failed runs for good; it is `SESSIONS_UNAVAILABLE` now, retried later elsewhere."""
     SESSIONS_UNAVAILABLE = "SessionsUnavailable"
     """The sandbox worker that took an `open_sessions` cannot run workspace sessions (its host
     has no bwrap, or one that cannot make a sandbox): a fault of that host, not of the task, and

@@ -42,7 +42,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, TomlConfigSettingsSource
 
 from contracts.common import describe_validation_error
-from infra.settings_home import check_moved_home
+from infra.settings_home import warn_moved_home
 
 LOCAL_CONFIG = "tempered.toml"
 """Read from the working directory when no config file is named."""
@@ -98,7 +98,7 @@ AbsoluteFile = Annotated[FilePath, AfterValidator(absolute)]
 class _TomlFile(TomlConfigSettingsSource):
     """A settings file whose relative paths are relative to its own directory; its `home`, when
     no higher source gives one, is checked against the working directory's reading of it, the
-    one of the release before (`check_moved_home`)."""
+    one of the release before (`warn_moved_home`)."""
 
     def __init__(self, settings_cls: type[BaseSettings], path: Path, check_home: bool) -> None:
         self.model, self.check_home = settings_cls, check_home  # before super() reads the file
@@ -108,7 +108,7 @@ class _TomlFile(TomlConfigSettingsSource):
         data = super()._read_file(file_path)
         path = Path(str(file_path))
         if self.check_home and isinstance(home := data.get(HOME), str):
-            check_moved_home(home, path)
+            warn_moved_home(home, path)
         _anchor(self.model, data, path.absolute().parent)
         return data
 

@@ -20,8 +20,8 @@ worker then refuses `open_sessions` for its lifetime (workers/sandbox.py). A res
 shortage, a try that does not end in time (a loaded host) or an error of no known kind is no
 verdict: the worker serves sessions, and a step whose sandbox cannot start fails as before
 with a platform fault, retried (on the `sandbox` queue, possibly on another host). A
-condemned host fails every task whose open lands on it, non-retryably, while other hosts may
-be healthy, so in doubt it serves. After a try without a verdict the next waits
+condemned host refuses every open that lands on it (retried later, on whichever worker takes
+it: each refusal delays a task), while other hosts may be healthy, so in doubt it serves. After a try without a verdict the next waits
 `PROBE_PAUSE_S`: a shortage that neighbours' sessions cause for a moment may be over.
 
 ENOSPC from bwrap's clone is the one shortage that can also be a setting: a namespace count

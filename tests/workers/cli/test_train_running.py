@@ -10,11 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.run import TrainingRunInput
 from infra.settings import Settings, TemporalSettings
 from tests.fixtures.temporal import TemporalServer
-from workers.cli import run
+from workers.cli import run, train_running
 from workers.cli import train as train_cli
 from workers.cli.train_running import RunsRunning
 from workers.runtime import connect
@@ -77,3 +78,22 @@ def test_a_new_run_beside_a_running_one_is_refused_unless_alongside(
     assert done == ["workers", "start third"]
     assert run(["train", "--attach", "first", "--alongside"], settings) == 2
     assert "--attach takes no run options (got --alongside)" in capsys.readouterr().err
+
+
+def test_a_temporal_that_will_not_list_runs_checks_nothing_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key that may start workflows but not list them: the check said "cannot reach
+    Temporal" and no run started, where one started before the check existed."""
+
+    async def answers(*args: object, **kwargs: object) -> None:
+        return None
+
+    async def will_not_list(client: object) -> list[str]:
+        raise RPCError("Request unauthorized.", RPCStatusCode.PERMISSION_DENIED, b"")
+
+    monkeypatch.setattr(train_running, "connect", answers)
+    monkeypatch.setattr(train_running, "running_run_ids", will_not_list)
+    train_running.check_none_running(Settings())
+    said = capsys.readouterr().err
+    assert "not checked" in said and "Request unauthorized." in said and "--alongside" in said
