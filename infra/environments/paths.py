@@ -139,13 +139,15 @@ def as_user(workspace: Path, uid: int | None) -> Iterator[int]:
         if uid is None:
             yield top
             return
-        _set_fs_id(_LIBC.setfsgid, uid)  # while CAP_SETGID is effective (it stays so)
-        _set_fs_id(_LIBC.setfsuid, uid)
-        try:
+        try:  # both inside: a refused setfsuid must not leave this thread the session's gid
+            _set_fs_id(_LIBC.setfsgid, uid)  # while CAP_SETGID is effective (it stays so)
+            _set_fs_id(_LIBC.setfsuid, uid)
             yield top
         finally:
-            _set_fs_id(_LIBC.setfsuid, os.geteuid())  # back first: restores the fs capabilities
-            _set_fs_id(_LIBC.setfsgid, os.getegid())
+            try:
+                _set_fs_id(_LIBC.setfsuid, os.geteuid())  # first: restores the fs capabilities
+            finally:
+                _set_fs_id(_LIBC.setfsgid, os.getegid())
     finally:
         os.close(top)
 

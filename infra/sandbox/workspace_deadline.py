@@ -12,29 +12,34 @@ runnable but waiting for a CPU, unless it burnt that much CPU; "starved" when th
 gave it that time within `judge.starvation_bound` (a platform fault, for the caller to raise).
 
 The time a script waited is wall time in which at least one of its threads was runnable but
-not run: the kernel's CPU pressure ("some", `cpu.pressure`) of a cgroup v2 group of its own
-(`pressure_group`: on a host with cgroup v1's controllers, the unified hierarchy beside them),
-which the launching shell joins, so every process of the run is born in it. Never more than
-the wall time: before, the waits of every thread were added up, and forty processes that spun
-side by side for 0.75 s (each waiting for CPUs its siblings held: 26.6 s of waits, 1.2 s of CPU,
-0.84 s of pressure) excused 26 s of a sleep or a SIGSTOP after them, so a wrong answer ended as
-the host's starvation, retried for ever, instead of a timeout. Where no pressure can be read (no
-unified hierarchy, PSI off) the threads' waits are added up between two looks and at most the
-wall time between them is counted (`CpuWaits.waited`).
+not run. Between two looks it counts the larger of two measures, at most the wall time between
+them (`CpuWaits.look`): the kernel's CPU pressure ("some", `cpu.pressure`) of a cgroup v2 group
+of its own (`pressure_group`: on a host with cgroup v1's controllers, the unified hierarchy
+beside them, where that is a cgroup2 mount), which the launching shell joins, so every process
+of the run is born in it; and the largest wait one thread added (its schedstat `run_delay`).
+The kernel averages each CPU's stall by the group's time on that CPU, so a thread that migrates
+is averaged down (a spinner that waited 2.4 s of 3 s: 1.6 s of pressure, and the host's
+starvation scored 0 as a timeout); one thread's wait is exact for itself. Neither grows with a
+crowd: added up, the waits of forty processes that spun side by side for 0.75 s (each waiting
+for CPUs its siblings held) came to 26.6 s, and excused 26 s of a sleep or a SIGSTOP after
+them, so a wrong answer ended as the host's starvation, retried for ever, instead of a timeout.
+Where no pressure can be read (no unified cgroup2 hierarchy, PSI off) the threads' waits are
+added up in its place.
 
-The run gives its time away itself, and from then on the wall clock counts, once one of its
-threads claims less of a CPU than the host's processes do (`cgroups.gave_cpu_away`: a nice,
-SCHED_IDLE, fewer CPUs) or is stopped by a signal (SIGSTOP: only the run's own processes can
-send it one, and the workspace's code runs in the script's sandbox as the script's uid, so it
-can stop the script): it then times out at `limits.timeout_s` of wall time, whatever the
-host's load, and never ends as the host's starvation.
+A stopped thread waits for no CPU (neither measure grows): a run its own code stops (only the
+run's own processes can send it a SIGSTOP) times out at its deadline, and one stopped and
+continued (a job-control test) still has the host's starvation after it counted. The run gives
+its time away itself, and from then on the wall clock counts, once one of its threads claims
+less of a CPU than the host's processes do (`cgroups.gave_cpu_away`: a nice, SCHED_IDLE, fewer
+CPUs): it then waits by its own doing, times out at `limits.timeout_s` of wall time whatever
+the host's load, and never ends as the host's starvation.
 
 Not covered: a host without a pressure file of the run's own, where a crowd of threads that
-wake together, each waiting briefly for its siblings, can still sum to more waits than the run
-lost. Without cgroups (not root), no waits are known and the wall clock counts. The script's
-processes leave the worker's own cgroup v2 group (a systemd unit's, on a hybrid host) for
-their pressure group, as they leave its v1 groups for memory and pids; `--die-with-parent`
-still ends them with the worker.
+wake together, each waiting briefly for its siblings, can still add up to more waits than the
+run lost (at most the wall time they ran in). Without cgroups (not root), no waits are known
+and the wall clock counts. The script's processes leave the worker's own cgroup v2 group (a
+systemd unit's, on a hybrid host) for their pressure group, as they leave its v1 groups for
+memory and pids; `--die-with-parent` still ends them with the worker.
 """
 
 from __future__ import annotations
@@ -54,16 +59,21 @@ WAIT_POLL_S = 0.25
 UNIFIED = CGROUP_ROOT / "unified"
 """The cgroup v2 hierarchy beside v1's controllers on a hybrid host: a group there needs no
 controller for the kernel to count its CPU pressure."""
-STOPPED = "a process of the run was stopped by a signal"
+CGROUP2_MOUNT = "cgroup2"
+"""The file system type /proc/self/mountinfo names for a cgroup v2 hierarchy."""
 
 
 def pressure_group(name: str) -> Path | None:
     """A cgroup v2 group `tempered/<name>` whose CPU pressure can be read, made now, or None
-    where there is none (no unified hierarchy, PSI off: its read fails). A dead worker's is
-    removed by `cgroups.sweep_dead_workers` (it walks every hierarchy's `tempered` folder)."""
+    where there is none (`UNIFIED` is no cgroup2 mount, PSI off: its read fails). A dead
+    worker's is removed by `cgroups.sweep_dead_workers` (it walks every hierarchy's `tempered`
+    folder)."""
+    if not is_cgroup2_mount(UNIFIED):  # else mkdir would make plain directories (a tmpfs's)
+        return None
     path = UNIFIED / "tempered" / name
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(exist_ok=True)
+        path.mkdir(exist_ok=True)
     except OSError:
         return None
     if stalled(path) is None:
@@ -71,6 +81,18 @@ def pressure_group(name: str) -> Path | None:
             path.rmdir()
         return None
     return path
+
+
+def is_cgroup2_mount(path: Path) -> bool:
+    """Whether the last mount on `path` (/proc/self/mountinfo: the one a lookup finds) is a
+    cgroup v2 hierarchy."""
+    found = ""
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo", encoding="utf-8") as table:
+        for line in table:
+            mount, _, source = line.partition(" - ")
+            if mount.split(" ")[4:5] == [str(path)]:  # its fifth field: the mount point
+                found = source.split(" ")[0]  # the first after the dash: the type
+    return found == CGROUP2_MOUNT
 
 
 def stalled(group: Path) -> float | None:
@@ -89,11 +111,12 @@ class CpuWaits:
     def __init__(self, cgroups: Cgroups) -> None:
         self.cgroups = cgroups
         self.pressure = pressure_group(cgroups.name)
-        self.stalled_before = (stalled(self.pressure) or 0.0) if self.pressure else 0.0
-        """A group of a reused name may hold an earlier run's count."""
+        self.stalled = stalled(self.pressure) if self.pressure is not None else None
+        """The pressure group's stall at the last look (a reused name's holds an earlier
+        run's), or None where it could not be read."""
         self.waits: dict[tuple[int, str], float] = {}
         """(thread id, its start time: a reused id is another thread) → its largest wait seen."""
-        self.summed, self.counted, self.looked = 0.0, 0.0, time.monotonic()
+        self.counted, self.looked = 0.0, time.monotonic()
         self.gave_away = ""
         """How the run gave its time away, once a look saw it ("" if never)."""
 
@@ -112,6 +135,7 @@ class CpuWaits:
         """(the waits so far, the run's CPU seconds) as `deadline_state` takes them; None once
         the run gave its time away."""
         used, cpu, tick = self.cgroups.cpu_used(), 0.0, os.sysconf("SC_CLK_TCK")
+        waits: dict[tuple[int, str], float] = {}
         for pid in self.cgroups.pids():
             tids: list[int] = []
             with contextlib.suppress(OSError, ValueError, IndexError):  # gone meanwhile
@@ -121,23 +145,32 @@ class CpuWaits:
             for tid in tids:
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     fields = Path(f"/proc/{tid}/stat").read_text().rpartition(")")[2].split()
-                    key = (tid, fields[19])  # field 22: its start time
-                    self.waits[key] = max(self.waits.get(key, 0.0), run_delay(tid))  # 0: gone
-                    stopped = STOPPED if fields[0] == "T" else ""  # field 3: its state
-                    self.gave_away = self.gave_away or stopped or gave_cpu_away(tid, fields)
-        waited = self.waited()
+                    waits[(tid, fields[19])] = run_delay(tid)  # field 22: its start time; 0: gone
+                    self.gave_away = self.gave_away or gave_cpu_away(tid, fields)
+        pressure = stalled(self.pressure) if self.pressure is not None else None
+        waited = self.look(time.monotonic(), pressure, waits)
         if self.gave_away:
             return None
         return waited, max(cpu, used or 0.0)
 
-    def waited(self) -> float:
-        """Wall seconds the run waited for a CPU so far: its pressure group's stalls, else its
-        threads' waits added up between two looks, at most the wall time between them."""
-        now, summed = time.monotonic(), sum(self.waits.values())
-        self.counted += min(max(summed - self.summed, 0.0), now - self.looked)
-        self.summed, self.looked = summed, now
-        pressure = stalled(self.pressure) if self.pressure is not None else None
-        return self.counted if pressure is None else max(pressure - self.stalled_before, 0.0)
+    def look(
+        self, now: float, pressure: float | None, waits: dict[tuple[int, str], float]
+    ) -> float:
+        """Count the wall seconds the run waited for a CPU since the last look and return the
+        count so far: the larger of its group's stall since then (`pressure`: the total now;
+        None where unread, and its threads' waits added up count instead) and the largest wait
+        one thread added (`waits`: each thread's total now), at most the wall time since then."""
+        grown = [max(wait - self.waits.get(key, 0.0), 0.0) for key, wait in waits.items()]
+        for key, wait in waits.items():
+            self.waits[key] = max(self.waits.get(key, 0.0), wait)
+        if pressure is not None and self.stalled is not None:
+            crowd = max(pressure - self.stalled, 0.0)
+        else:
+            crowd = sum(grown)
+        self.stalled = pressure
+        self.counted += min(max(crowd, max(grown, default=0.0)), max(now - self.looked, 0.0))
+        self.looked = now
+        return self.counted
 
 
 async def wait_out(
