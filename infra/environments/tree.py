@@ -23,13 +23,8 @@ The tree digest (`Manifest.digest`) is the sha256 of the entries alone (paths, k
 contents, link targets, hard links; not the packs): equal digests mean equal workspaces,
 whatever the file times, owners, packing, or the order files were written in.
 
-Modes: a file or directory keeps its permission bits and the sticky bit (`KEPT_MODE`), stored
-only where they differ from what a tree without modes restores (files 0644, or 0755 if any
-executable bit is set; directories 0755), so such trees keep their digests. Setuid and setgid
-are never kept: a restore as root (the hidden tests', a solution's) would hand out what they
-grant; a session's scan clears them in the live workspace too (`walk.py`). A hard link is an
-entry for each of its paths: the first in path order holds the file, each other names it
-(`Entry.target`), and a restore links them again.
+Each path is an `Entry` (`tree_entry.py`: its kind, content, link target, and the mode bits a
+tree keeps, never setuid or setgid); a hard link is an entry for each of its paths.
 
 Each file's mtime (ns) is kept beside the entries, out of the digest, and a restore sets it, so
 `make` (which compares times) behaves alike in the live workspace and in one restored from
@@ -65,13 +60,13 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from contracts.common import ObjectRef
 from infra import keys
+from infra.environments.tree_entry import Entry
+from infra.environments.tree_entry import entry_mode as entry_mode
 
 COMPRESSION_LEVEL = 1
 """zlib level of packs and manifests: text shrinks 3-4×, fast."""
 MAX_PACKS = 8
 """Stored objects (packs, earlier trees, its own) one tree may span."""
-KEPT_MODE = 0o1777
-"""The mode bits a tree keeps: permissions and the sticky bit, never setuid or setgid."""
 FIXED_MTIME_NS = 1_577_836_800 * 10**9
 """2020-01-01T00:00:00Z (ns), what a restore gives what a tree keeps no time for: after 1980
 (zip refuses earlier times), before any file a step writes (which `make` sees as newer)."""
@@ -97,41 +92,6 @@ def check_path(path: str) -> str:
     ):
         raise TreeError(f"{path!r} is not a relative path inside the tree")
     return path
-
-
-class Entry(BaseModel):
-    """One path of a tree."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    path: str
-    kind: Literal["file", "dir", "link"]
-    sha256: str = Field(default="", pattern=r"^([0-9a-f]{64})?$")
-    """A file's content digest."""
-    size: int = Field(default=0, ge=0)
-    executable: bool = False
-    target: str = ""
-    """A link's target, as written (never followed when the tree is stored or restored); a
-    file's, if it is a hard link: the earlier path of the tree holding the same file."""
-    mode: int | None = Field(default=None, ge=0, le=KEPT_MODE)
-    """A file's or directory's mode bits (`KEPT_MODE`: no larger number has other bits), where
-    they differ from `default_mode` (None: that one)."""
-
-    def permissions(self) -> int:
-        """The mode bits a restore gives it."""
-        return default_mode(self.kind, self.executable) if self.mode is None else self.mode
-
-
-def default_mode(kind: str, executable: bool) -> int:
-    """The mode of a file or directory that a tree stores without one (as before modes were
-    kept: their digests are unchanged)."""
-    return 0o755 if kind == "dir" or executable else 0o644
-
-
-def entry_mode(kind: str, st_mode: int) -> tuple[int | None, bool]:
-    """`Entry.mode` and `Entry.executable` of a file or directory of mode `st_mode`."""
-    bits, executable = st_mode & KEPT_MODE, kind == "file" and bool(st_mode & 0o111)
-    return (None if bits == default_mode(kind, executable) else bits), executable
 
 
 class Check(BaseModel):

@@ -5,7 +5,7 @@ No manifest can hold anything else (a FIFO, a socket, a name or a link target th
 so a workspace restored from a snapshot would lack it. A session's scan removes such entries
 from the live workspace too (`prune`), so an episode sees the same workspace whether or not a
 crash had its session restored, and the agent is told what went (`Scanner.unkept`). For the same
-reason it clears the setuid and setgid bits no tree keeps (`tree.KEPT_MODE`).
+reason it clears the setuid and setgid bits no tree keeps (`tree_entry.KEPT_MODE`).
 
 The walk never follows a link: it opens each directory relative to its parent's descriptor with
 O_NOFOLLOW (`disk.DIR_FLAGS`). It does not read files; `snapshots.Scanner` does.

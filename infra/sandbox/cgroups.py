@@ -24,13 +24,14 @@ v1 with cpu,cpuacct co-mounted), `cpu_wait` counts only the CPU of live processe
 children they reaped: children reaped by nobody (SIGCHLD ignored) leave no trace, so a program
 can then fake the host's starvation (a platform fault, retried) instead of timing out.
 
-The rest of the run's CPU accounting lives here too: a process's wait for a CPU (`run_delay`,
-the checker's as well as the candidate's), whether the program gave its CPU away itself
-(`gave_cpu_away`: then no wait of its is the host's doing), and a zygote child's pid on this
-host (`host_pid`). A run under a kernel of its sandbox's own (`own_kernel`: gVisor, whose
-namespace's pid 1 is runsc's idle gofer and whose program runs on host threads of gVisor's)
-waits as its sandbox's threads do (`cpu_wait`). Counts start at `apply`, the run's start, so a
-warm container's boot is not the program's.
+The run's wait for a CPU is its pid 1's (`cpu_wait`), unless that process gave its CPU away
+itself, when no wait of its is the host's doing (both read by `scheduling.py`); a zygote
+child's pid on this host is `host_pid`. A run under a kernel of its sandbox's own
+(`own_kernel`: gVisor, whose namespace's pid 1 is runsc's idle gofer and whose program runs on
+host threads of gVisor's) waits as its sandbox's threads do (`cpu_wait`). Counts start at
+`apply`, the run's start, so a warm container's boot is not the program's.
+
+Not covered: what the scheduler says of one process (`scheduling.py`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.judge import MemoryEvent
 from infra.sandbox.process import KILL_GRACE_S
+from infra.sandbox.scheduling import gave_cpu_away, run_delay
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_CONTROLLERS = ("memory", "pids")
@@ -321,34 +323,6 @@ class Cgroups:
         for path in [*self.paths.values(), *([self.cpuacct] if self.cpuacct else [])]:
             with contextlib.suppress(OSError):
                 path.rmdir()
-
-
-def run_delay(pid: int | None) -> float:
-    """Seconds the process `pid` (its main thread) spent runnable but waiting for a CPU
-    (/proc/<pid>/schedstat); 0 for none, or one that is gone."""
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9 if pid else 0.0
-    return 0.0
-
-
-def gave_cpu_away(pid: int, fields: list[str]) -> str:
-    """How the process `pid` (its /proc stat `fields` after the name) claims less of a CPU than
-    this host's processes do, or "": a higher nice, another scheduling policy (SCHED_IDLE),
-    its session's autogroup niced, or fewer CPUs. A program may do each of these to itself
-    (the kernel lets any process lower its own claim), and then waits for a CPU by its own
-    doing: a busy CPU it moved onto, a share it gave to others."""
-    nice, policy = int(fields[16]), int(fields[38])  # stat fields 19 (nice), 41 (policy)
-    if nice > os.getpriority(os.PRIO_PROCESS, 0):
-        return f"nice {nice}"
-    if policy != os.sched_getscheduler(0):
-        return f"scheduling policy {policy}"
-    with contextlib.suppress(OSError, ValueError, IndexError):  # no autogroups in this kernel
-        autogroup = Path(f"/proc/{pid}/autogroup").read_text().split()  # "/autogroup-7 nice 0"
-        if int(autogroup[-1]) > 0:
-            return f"autogroup nice {autogroup[-1]}"
-    if not os.sched_getaffinity(0) <= os.sched_getaffinity(pid):
-        return f"CPUs {sorted(os.sched_getaffinity(pid))}"
-    return ""
 
 
 def host_pid(ancestor: int, inner: int) -> int | None:

@@ -7,12 +7,10 @@
 
 The checker is the local backend's (a fork of the checker zygote on this host, `verifier.py`);
 only the candidate differs: `RunscLauncher` starts a fresh OCI container per run (`runsc run`,
-network none, `settings.sandbox.gvisor.platform`, ptrace by default) whose only process is
-`python3 -S -I -c <zygote.py> serve 0 1 <codec, candidate sources>`: an empty read-only root,
-the host's /usr and /lib read-only, a tmpfs /tmp and /dev/shm of the run's size each, no
-capabilities, no-new-privileges, and the run's cgroups (memory, pids: the container's own group
-is made by runsc inside them, so the run's limits and OOM events cover the whole sandbox).
-runsc passes only stdio, so the calls arrive on the container's stdin, the replies leave on its
+network none, `settings.sandbox.gvisor.platform`, ptrace by default) whose only process is the
+candidate zygote, under the run's uid and in its cgroups, with no network, no capabilities and
+no writable path but a tmpfs /tmp and /dev/shm (the container's config: `gvisor_oci.py`). runsc
+passes only stdio, so the calls arrive on the container's stdin, the replies leave on its
 stdout, and the program's stdout and stderr both reach the result's `stdout`.
 
 The sandbox's group holds gVisor's own kernel too (`SENTRY_MEMORY_MB` more), so the program is
@@ -54,11 +52,12 @@ from pathlib import Path
 
 from infra.sandbox.base import SandboxInfraError, VerifierBackend
 from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT, WORKER_DIRS, Cgroups
-from infra.sandbox.forkserver import zygote_source
+from infra.sandbox.gvisor_oci import oci_config
 from infra.sandbox.judge import Exit
 from infra.sandbox.launcher import CandidateSpec
 from infra.sandbox.probe import NO_VERDICT
-from infra.sandbox.verifier import START_TIMEOUT_S, Verifier
+from infra.sandbox.verifier import Verifier
+from infra.sandbox.verifier_job import START_TIMEOUT_S
 from infra.settings import GVisorSettings
 
 WARM = 2
@@ -67,11 +66,6 @@ SENTRY_MEMORY_MB = 256
 """Memory of gVisor's own kernel (Sentry) and gofer on top of the program's limit."""
 SENTRY_PROCESSES = 256
 """Host tasks (threads) of the Sentry, the gofer and the ptrace stubs on top of the program's."""
-TMPFS = ("/tmp", "/dev/shm")
-"""The container's writable directories, a tmpfs of the run's `tmpfs_mb` each (/dev/shm:
-multiprocessing's locks and queues, sem_open, need it writable)."""
-CANDIDATE_MODULES = ("codec", "candidate")
-"""What the container's interpreter loads (sources in its argv; nothing of the job)."""
 EXITING = re.compile(r"Exiting with status: (\d+)")
 SANDBOX_DIED = "Will try waiting on the sandbox process instead"
 """What runsc logs when the wait RPC to the sandbox failed: the sandbox itself is gone."""
@@ -90,64 +84,6 @@ PROBE_UID = 65534
 GLOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ", re.M)
 """The header of runsc's log lines on stderr ("W1207 01:38:01.322980  14153 util.go:64] ")."""
 logger = logging.getLogger(__name__)
-
-
-def oci_config(
-    python: str, spec: CandidateSpec, args: list[str] | None = None
-) -> dict[str, object]:
-    """The OCI runtime config of one candidate container (running `args` instead: a probe's)."""
-    ro = ["rbind", "ro", "nosuid", "nodev"]
-    tmpfs: dict[str, object] = {
-        "type": "tmpfs",
-        "source": "tmpfs",
-        "options": ["nosuid", "nodev", f"size={spec.tmpfs_mb}m", "mode=1777"],
-    }
-    mounts: list[dict[str, object]] = [
-        {"destination": "/proc", "type": "proc", "source": "proc"},
-        *({"destination": path, **tmpfs} for path in TMPFS),
-        {"destination": "/usr", "type": "bind", "source": "/usr", "options": ro},
-    ]
-    for name in ("bin", "lib", "lib64"):
-        path = Path("/") / name
-        if path.exists():
-            mounts.append(
-                {
-                    "destination": str(path),
-                    "type": "bind",
-                    "source": str(path.resolve()),
-                    "options": ro,
-                }
-            )
-    here = Path(__file__).parent
-    sources = [
-        part
-        for name in CANDIDATE_MODULES
-        for part in (f"infra.sandbox.{name}", (here / f"{name}.py").read_text())
-    ]
-    linux: dict[str, object] = {
-        "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]
-    }
-    if spec.cgroups is not None:
-        linux["cgroupsPath"] = f"/tempered/{spec.cgroups.name}/sandbox"
-    return {
-        "ociVersion": "1.0.0",
-        "process": {
-            "terminal": False,
-            "user": {"uid": spec.uid, "gid": spec.uid},
-            "args": args
-            or [python, "-S", "-I", "-c", zygote_source(), "serve", "0", "1", *sources],
-            "env": ["PATH=/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8", "MALLOC_ARENA_MAX=2"],
-            "cwd": "/tmp",
-            "capabilities": {
-                k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
-            },
-            "noNewPrivileges": True,
-        },
-        "root": {"path": "rootfs", "readonly": True},
-        "hostname": "sandbox",
-        "mounts": mounts,
-        "linux": linux,
-    }
 
 
 def probe_once(

@@ -89,7 +89,7 @@ from infra.sandbox.kubernetes_job import (
     terminated_reason,
 )
 from infra.sandbox.kubernetes_pods import NO_POD_GRACE_S, PULL_GRACE_S, RETRY_S, PodWatcher
-from infra.sandbox.verifier import checker_job
+from infra.sandbox.verifier_job import checker_job
 from infra.settings import KubernetesSandboxSettings
 
 __all__ = [

@@ -22,11 +22,9 @@ test units itself, hidden ones included (`judge.split_tests`), and reports `pass
 the checker says every unit ran and passed and its counts equal the host's count (> 0 whenever
 there are tests).
 
-The host keeps the run's deadline: the checker says when the candidate is up ("started"), and
-the program has had its time once it used `timeout_s` of the wall clock, not counting time its
-answering process or the checker spent runnable but waiting for a CPU (`judge.deadline_state`);
-a host that never gave it that time within `judge.starvation_bound` makes the run a platform
-fault. A job no codec frame can carry raises `JobTooLarge` (the same on every retry).
+The host keeps the run's deadline while it waits for the checker's verdict (`verifier_job.py`:
+the job a checker is sent, and that wait). A job no codec frame can carry raises `JobTooLarge`
+(the same on every retry).
 
 Warm pool: pairs are started ahead of time (per tmpfs size), each serves one run and is then
 killed; nothing of a job exists in a pair before its run, and nothing is reused across runs.
@@ -52,55 +50,16 @@ from contracts.sandbox import ExecutionResult
 from contracts.task import SandboxLimits
 from infra.sandbox import codec
 from infra.sandbox.base import DEFAULT_LIMITS, JobTooLarge, SandboxInfraError
-from infra.sandbox.cgroups import Cgroups, host_pid, run_delay, sweep_dead_workers
-from infra.sandbox.channels import JobSocket, OutputPipe
+from infra.sandbox.cgroups import Cgroups, host_pid, sweep_dead_workers
+from infra.sandbox.channels import OutputPipe
 from infra.sandbox.forkserver import BLOCK_UIDS, ForkServer, checker_zygote_argv, worker_uids
-from infra.sandbox.judge import (
-    Exit,
-    Observed,
-    deadline_state,
-    expected_units,
-    judge,
-    split_tests,
-    starvation_bound,
-)
+from infra.sandbox.judge import Exit, Observed, expected_units, judge, split_tests, starvation_bound
 from infra.sandbox.launcher import CandidateLauncher, CandidateSpec, candidate_rlimits
 from infra.sandbox.process import Capture
+from infra.sandbox.verifier_job import VERDICT_GRACE_S, await_verdict, checker_job
 
-VERDICT_GRACE_S = 1.0
-"""How long past the candidate's start deadline the host waits for the checker to say so."""
-DEADLINE_POLL_S = 0.1
-"""How often the host looks again, past the deadline, whether the program had its time."""
-START_TIMEOUT_S = 30.0
-"""How long a candidate may take to come up before that is a platform fault."""
 _TAKEN_SLOTS: set[int] = set()
 """Uid slots held by any verifier of this process, until their run's processes are gone."""
-
-
-def checker_job(
-    program: str,
-    tests: str,
-    helpers: str,
-    units: list[dict[str, object]],
-    entry_point: str | None,
-    limits: SandboxLimits,
-    rlimits: dict[str, tuple[int, int]],
-    deadline_s: float | None = None,
-) -> dict[str, object]:
-    """What a checker is sent for one run (see checker.py): plain data only; `units`
-    (`judge.split_tests`) carry the hidden tests' too, marked "hidden". `deadline_s`: the
-    checker's own deadline once the candidate is up (default the run's timeout; the verifier
-    gives it the starvation bound, as the host decides when the program had its time)."""
-    return {
-        "program": program,
-        "tests": tests,
-        "helpers": helpers,
-        "units": units,
-        "entry_point": entry_point,
-        "deadline_s": limits.timeout_s if deadline_s is None else deadline_s,
-        "start_timeout_s": START_TIMEOUT_S,
-        "rlimits": rlimits,
-    }
 
 
 @dataclass
@@ -259,7 +218,9 @@ class Verifier:
         ]
         started = time.monotonic()
         try:
-            verdict, deadline = await self._await_verdict(pair, job, limits)
+            verdict, deadline = await await_verdict(
+                pair.job, job, limits, pair.checker_pid, pair.cgroups
+            )
             duration_ms = int((time.monotonic() - started) * 1000)
             if verdict is not None and not verdict.get("lost"):
                 # It answered throughout and flushed its output before every answer: what it
@@ -300,36 +261,6 @@ class Verifier:
             process_limit=cgroups is not None and cgroups.process_limit_reached(),
             starved=deadline == "starved",
         )
-
-    async def _await_verdict(
-        self, pair: Pair, job: dict[str, object], limits: SandboxLimits
-    ) -> tuple[dict[str, object] | None, str]:
-        """Send the job; the checker's verdict (None if it died without one), and "" or why
-        the host stopped waiting first: "timeout" (the program had its deadline's worth of
-        time) or "starved" (the host never gave it that time: `judge.deadline_state`)."""
-        frames = JobSocket(pair.job)
-        try:
-            await frames.send(job)
-            first = await asyncio.wait_for(frames.next(), START_TIMEOUT_S + VERDICT_GRACE_S)
-            if first != ("started",):  # the candidate never came up: the checker said why
-                return (first if type(first) is dict else None), ""
-            started, reading = time.monotonic(), asyncio.ensure_future(frames.next())
-            checker_before = run_delay(pair.checker_pid)
-            try:
-                done, _ = await asyncio.wait({reading}, timeout=limits.timeout_s)
-                while not done:
-                    cpu_wait = pair.cgroups.cpu_wait() if pair.cgroups is not None else None
-                    checker = max(run_delay(pair.checker_pid) - checker_before, 0.0)
-                    state = deadline_state(time.monotonic() - started, cpu_wait, limits, checker)
-                    if state != "running":
-                        return None, state
-                    done, _ = await asyncio.wait({reading}, timeout=DEADLINE_POLL_S)
-                verdict = reading.result()
-            finally:
-                reading.cancel()
-        except (TimeoutError, OSError, codec.CodecError):
-            return None, ""  # no verdict, and not the program's deadline: the checker failed
-        return (verdict if type(verdict) is dict else None), ""
 
     async def _release(self, pair: Pair) -> None:
         if pair.released:

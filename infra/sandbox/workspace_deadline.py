@@ -30,7 +30,7 @@ A stopped thread waits for no CPU (neither measure grows): a run its own code st
 run's own processes can send it a SIGSTOP) times out at its deadline, and one stopped and
 continued (a job-control test) still has the host's starvation after it counted. The run gives
 its time away itself, and from then on the wall clock counts, once one of its threads claims
-less of a CPU than the host's processes do (`cgroups.gave_cpu_away`: a nice, SCHED_IDLE, fewer
+less of a CPU than the host's processes do (`scheduling.gave_cpu_away`: a nice, SCHED_IDLE, fewer
 CPUs): it then waits by its own doing, times out at `limits.timeout_s` of wall time whatever
 the host's load, and never ends as the host's starvation.
 
@@ -51,8 +51,9 @@ import time
 from pathlib import Path
 
 from contracts.task import SandboxLimits
-from infra.sandbox.cgroups import CGROUP_ROOT, Cgroups, gave_cpu_away, run_delay
+from infra.sandbox.cgroups import CGROUP_ROOT, Cgroups
 from infra.sandbox.judge import deadline_state
+from infra.sandbox.scheduling import gave_cpu_away, run_delay
 
 WAIT_POLL_S = 0.25
 """How often a command whose deadline counts its own time has its waits read."""

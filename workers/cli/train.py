@@ -8,7 +8,8 @@
 running (an external Temporal, `temporal.embedded = false`, is used as it is), starts a
 `TrainingRunWorkflow` (`workers.training`), shows its progress, and writes `report.json` and
 `reward_curve.png` under `<home>/reports/<run>/`. Presets are `infra.presets`; `tempered eval`
-measures a policy on its own (`workers/cli/evaluate.py`).
+measures a policy on its own (`workers/cli/evaluate.py`); what `--dry-run` prints is
+`workers/cli/train_plan.py`'s.
 
 The run is a durable workflow and does not depend on this command: Ctrl-C detaches (the run
 goes on in the background workers), and
@@ -47,7 +48,6 @@ import asyncio
 import json
 import sys
 import time
-from typing import Any
 
 from rich.console import Console
 from temporalio.client import Client, WorkflowFailureError
@@ -55,7 +55,7 @@ from temporalio.exceptions import CancelledError, TerminatedError, WorkflowAlrea
 from temporalio.exceptions import TimeoutError as WorkflowTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
-from contracts.names import Queue, Workflow
+from contracts.names import Workflow
 from contracts.run import TrainingRunInput, TrainingRunResult
 from infra import stack
 from infra.presets import DEFAULT, load_preset, preset_names
@@ -65,7 +65,7 @@ from infra.tasks import BUILTIN_SUITES
 from workers.background import ensure_workers
 from workers.cli.errors import describe, natural, number, quiet_runtime, run_id
 from workers.cli.progress import follow, summary
-from workers.cli.report import report_dir, write_report
+from workers.cli.report import write_report
 from workers.cli.train_inputs import (
     RunIdTaken,
     absolute,
@@ -73,9 +73,10 @@ from workers.cli.train_inputs import (
     check_run_id,
     check_run_id_if_up,
 )
+from workers.cli.train_plan import plan
 from workers.cli.train_running import RunsRunning, check_none_running
 from workers.runtime import connect
-from workers.training import RunHandle, attach, start_run, stop_run, workflow_id
+from workers.training import RunHandle, attach, start_run, stop_run
 
 LOST = 75
 """Exit status of a `train` that lost Temporal while following its run (`LostTemporal`)."""
@@ -275,32 +276,6 @@ def _report(
         runs = f"workflows?query=TemperedRunId%3D%22{run_input.run_id}%22"
         print(f"Temporal UI: {ui}/namespaces/{settings.temporal.namespace}/{runs}")
     return 0
-
-
-def plan(settings: Settings, run_input: TrainingRunInput, workers: bool) -> dict[str, Any]:
-    """What `train` would do: the stack it brings up (unless running), the background workers
-    it starts (unless running), the workflow it starts, where the report goes."""
-    s3 = stack.s3_endpoint(settings)
-    external = "" if settings.temporal.embedded else " (external)"
-    return {
-        "stack": {
-            "temporal": f"{stack.temporal_endpoint(settings)}{external}",
-            "temporal_ui": stack.temporal_ui(settings),
-            "s3": f"http://{s3} (embedded)"
-            if s3
-            else f"{settings.s3.endpoint or 'AWS'} (external)",
-            "bucket": settings.s3.bucket,
-        },
-        "workers": [queue.value for queue in Queue] if workers else [],
-        "workflow": {
-            "type": Workflow.TRAINING_RUN.value,
-            "id": workflow_id(run_input.run_id),
-            "task_queue": Queue.AGENT_TASKS.value,
-            "namespace": settings.temporal.namespace,
-        },
-        "report": str(report_dir(settings, run_input.run_id)),
-        "input": run_input.model_dump(mode="json"),
-    }
 
 
 def _bring_up(
