@@ -66,18 +66,16 @@ from typing import Any
 import episodes_agent
 from common import (
     Stopwatch,
-    activity_method,
     add_busy_flag,
     bench_stack,
     idle_side,
     machine,
     median_of,
     merge_results,
-    production_workers,
     require_idle,
-    temporal_pid,
 )
-from episodes_common import compare, cpu_split, episodes, in_flight, upload
+from episodes_common import episodes, in_flight, measure, sandbox_stack
+from temporalio.worker import Worker
 
 from contracts.episode import ToolCall
 from contracts.names import Queue
@@ -182,10 +180,6 @@ async def snapshot_cost(settings: Settings, steps: int) -> dict[str, Any]:
 
 async def scripted_throughput(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
     """`--path scripted`: ScriptedEpisodes through Temporal against its `drive_plain`."""
-    from temporalio.worker import Worker
-
-    from workers.runtime import own_queue_worker
-
     played = episodes(args.episodes)
     steps = len(played[0].calls)
 
@@ -206,10 +200,8 @@ async def scripted_throughput(settings: Settings, args: argparse.Namespace) -> d
         if taken != [args.group_size * steps] * len(played):
             raise RuntimeError(f"episodes took {taken} steps, not {args.group_size * steps} each")
 
-    async with production_workers(settings, [Queue.SANDBOX]) as (client, plans):
-        sessions = activity_method(plans, Queue.SANDBOX, "env_step").__self__  # type: ignore[attr-defined]
-        upload(sessions.store, played)
-        server = temporal_pid(settings)
+    async with sandbox_stack(settings, [Queue.SANDBOX], played) as stack:
+        client, sessions = stack.client, stack.sessions
 
         async def tempered(tag: str) -> None:
             run = jobs(tag)
@@ -230,17 +222,8 @@ async def scripted_throughput(settings: Settings, args: argparse.Namespace) -> d
                 await in_flight(len(run), args.concurrency, lambda n: drive_plain(sessions, run[n]))
             )
 
-        async with (
-            own_queue_worker(client, plans[Queue.SANDBOX]),
-            Worker(client, task_queue=DRIVER_QUEUE, workflows=[ScriptedEpisodes]),
-        ):
-            timing = await compare(
-                tempered=tempered,
-                plain=plain,
-                steps=args.episodes * args.group_size * steps,
-                rounds=args.rounds,
-                cpu=lambda: cpu_split(server),
-            )
+        async with Worker(client, task_queue=DRIVER_QUEUE, workflows=[ScriptedEpisodes]):
+            timing = await measure(args, played, stack.server, tempered=tempered, plain=plain)
     return {"path": SCRIPTED_PATH, "steps_per_episode": steps, **timing}
 
 

@@ -11,9 +11,10 @@ tempered  one parent workflow per run (bench/task_parent.py): each episode a tas
           sandbox worker's own queue, write_trajectories on the production rewards worker; the
           workflow's search-attribute upserts (INIT, every GENERATE and EXECUTE, DONE) with them.
 plain     `PlainTask`, `--concurrency` tasks at once: the same activity methods (the same
-          objects) called directly, in the workflow's order with the workflow's requests (a
-          test holds the two to the same calls: tests/bench/test_episodes_agent.py), FEEDBACK
-          by the workflow's own `EpisodeGroup`. No Temporal anywhere.
+          objects) called directly, in the workflow's order with the workflow's requests (built
+          by its own workflows/requests.py; a test holds the two to the same calls:
+          tests/bench/test_episodes_agent.py), FEEDBACK by the workflow's own `EpisodeGroup`.
+          No Temporal anywhere.
 
 `ScriptedPolicy` stands in for the model: tests/workflows/harness.py's `ScriptedModel` for each
 task (its calls rendered in the model's format and parsed back as `generate` parses them, a
@@ -30,40 +31,34 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from common import activity_method, production_workers, temporal_pid
-from episodes_common import Episode, compare, cpu_split, episodes, in_flight, upload
-from task_parent import PARENT_QUEUE, ParentInput, TaskParent
+from common import activity_method
+from episodes_common import Episode, episodes, in_flight, measure, sandbox_stack
+from task_parent import PARENT_QUEUE, TaskParent, run_as_children
 from task_parent import PATH as PARENT_PATH
 from temporalio import activity
+from temporalio.worker import Worker
 
-from contracts.episode import (
-    CloseSessionsRequest,
-    EnvStepItem,
-    EnvStepRequest,
-    EpisodeEnd,
-    OpenSessionsRequest,
-    VerifyItem,
-    VerifyRequest,
-)
+from contracts.episode import CloseSessionsRequest, EpisodeEnd
 from contracts.names import Activity, Queue
-from contracts.rollout import (
-    AgentTaskResult,
-    EpisodeState,
-    GenerateItem,
-    GenerateRequest,
-    GenerateResponse,
-    WriteTrajectoriesRequest,
-)
+from contracts.rollout import AgentTaskResult, EpisodeState, GenerateRequest, GenerateResponse
 from contracts.task import AgentTaskInput
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from tests.workflows.harness import Script, ScriptedModel
 from workflows.episodes import EpisodeGroup
 from workflows.fsm import State, after_feedback
+from workflows.requests import (
+    env_step_parts,
+    env_step_request,
+    generate_request,
+    open_sessions_request,
+    sessions_by_queue,
+    verify_request,
+    write_trajectories_request,
+)
 
 PATH = (
     f"{PARENT_PATH}; GENERATE by a scripted model on `inference`, the "
@@ -115,17 +110,10 @@ class PlainTask:
 
     async def __call__(self, task_input: AgentTaskInput) -> AgentTaskResult:
         task, group = task_input.task, EpisodeGroup(task_input)
-        assert task.workspace is not None and not task_input.abort_after
-        ids = {"run_id": task_input.run_id, "task_id": task.id, "env": task.env}
+        workspace = task.workspace
+        assert workspace is not None and not task_input.abort_after
         opened = await self._call(
-            Activity.OPEN_SESSIONS,
-            OpenSessionsRequest(
-                **ids,
-                workspace=task.workspace,
-                limits=task_input.limits,
-                samples=[e.sample for e in group.episodes],
-                snapshots={},
-            ),
+            Activity.OPEN_SESSIONS, open_sessions_request(task_input, workspace, group.episodes)
         )
         for episode in group.episodes:
             episode.session = opened.sessions[episode.sample]
@@ -145,19 +133,10 @@ class PlainTask:
                 if done is State.DONE:
                     group.end_acting(EpisodeEnd.STEP_BUDGET)
                     break
-            items = [
-                VerifyItem(sample=e.sample, snapshot=e.session.snapshot)
-                for e in group.episodes
-                if e.session is not None
-            ]
-            untouched = len(group.episodes)  # the untouched workspace, verified beside them
-            items.append(VerifyItem(sample=untouched, snapshot=task.workspace.files))
             verified = await self._call(
-                Activity.VERIFY_EPISODES,
-                VerifyRequest(
-                    **ids, workspace=task.workspace, limits=task_input.limits, items=items
-                ),
+                Activity.VERIFY_EPISODES, verify_request(task_input, workspace, group.episodes)
             )
+            untouched = len(group.episodes)  # the untouched workspace, verified beside them
             baseline = [v.score for v in verified.verdicts if v.sample == untouched]
             group.judge(
                 [v for v in verified.verdicts if v.sample != untouched],
@@ -166,13 +145,7 @@ class PlainTask:
         finally:
             await self._close(group.episodes)
         written = await self._call(
-            Activity.WRITE_TRAJECTORIES,
-            WriteTrajectoriesRequest(
-                run_id=task_input.run_id,
-                task=task,
-                group_size=task_input.group_size,
-                samples=group.episodes,
-            ),
+            Activity.WRITE_TRAJECTORIES, write_trajectories_request(task_input, group.episodes)
         )
         return group.result(State.DONE.value, written.trajectories, generated.policy_version, None)
 
@@ -180,89 +153,24 @@ class PlainTask:
         self, task_input: AgentTaskInput, group: EpisodeGroup, step: int, made: GenerateResponse
     ) -> dict[int, Any]:
         """EXECUTE: one env_step per worker queue holding sessions, all at once."""
-        by_queue: dict[str, list[EnvStepItem]] = defaultdict(list)
-        for c in made.completions:
-            session = group.episodes[c.sample].session
-            assert session is not None and c.call is not None
-            by_queue[session.queue].append(
-                EnvStepItem(sample=c.sample, session=session, completion=c.completion, call=c.call)
-            )
-        task = task_input.task
         parts = await asyncio.gather(
             *(
-                self._call(
-                    Activity.ENV_STEP,
-                    EnvStepRequest(
-                        run_id=task_input.run_id,
-                        task_id=task.id,
-                        step=step,
-                        env=task.env,
-                        limits=task_input.limits,
-                        items=items,
-                    ),
-                )
-                for items in by_queue.values()
+                self._call(Activity.ENV_STEP, env_step_request(task_input, step, items))
+                for items in env_step_parts(group.episodes, made.completions)
             )
         )
         return {o.sample: o for part in parts for o in part.outcomes}
 
     async def _close(self, episodes: list[EpisodeState]) -> None:
-        by_queue: dict[str, list[str]] = defaultdict(list)
-        for e in episodes:
-            if e.session is not None:
-                by_queue[e.session.queue].append(e.session.session_id)
         await asyncio.gather(
             *(
                 self._call(Activity.CLOSE_SESSIONS, CloseSessionsRequest(session_ids=ids))
-                for ids in by_queue.values()
+                for ids in sessions_by_queue(episodes).values()
             )
         )
 
 
-def generate_request(
-    task_input: AgentTaskInput, turn: int, acting: list[EpisodeState]
-) -> GenerateRequest:
-    """The GENERATE request of `turn`, as AgentTaskWorkflow._generate makes it."""
-    task = task_input.task
-    return GenerateRequest(
-        run_id=task_input.run_id,
-        task_id=task.id,
-        turn=turn,
-        env=task.env,
-        prompt=task.prompt,
-        sampling=task_input.sampling,
-        max_context_tokens=task_input.max_context_tokens,
-        policy_run=task_input.policy_run or task_input.run_id,
-        policy_version=task_input.policy_version,
-        items=[
-            GenerateItem(
-                sample=e.sample,
-                previous=e.steps[-1].completion if e.steps else None,
-                observation=e.steps[-1].observation if e.steps else None,
-            )
-            for e in acting
-        ],
-    )
-
-
-async def run_as_children(
-    client: Any, inputs: list[AgentTaskInput], concurrency: int, tag: str
-) -> list[int]:
-    """The tasks as children of one TaskParent, `concurrency` in flight; each one's turns."""
-    turns = await client.execute_workflow(
-        TaskParent.run,
-        ParentInput(inputs=inputs, concurrency=concurrency),
-        id=f"bench-episodes-{tag}-parent",
-        task_queue=PARENT_QUEUE,
-    )
-    return list(turns)
-
-
 async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, Any]:
-    from temporalio.worker import Worker
-
-    from workers.runtime import own_queue_worker
-
     played = episodes(args.episodes)
     steps = len(played[0].calls)
 
@@ -278,16 +186,17 @@ async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, 
         if turns != [steps] * len(played):
             raise RuntimeError(f"episodes took {turns} turns, not {steps} each")
 
-    async with production_workers(settings, QUEUES) as (client, plans):
-        sessions = activity_method(plans, Queue.SANDBOX, "open_sessions").__self__  # type: ignore[attr-defined]
-        rewards = activity_method(plans, Queue.REWARDS, "write_trajectories")
-        server = temporal_pid(settings)
-        upload(sessions.store, played)
+    async with sandbox_stack(settings, QUEUES, played) as stack:
+        client, sessions = stack.client, stack.sessions
+        rewards = activity_method(stack.plans, Queue.REWARDS, "write_trajectories")
         policy = ScriptedPolicy(sessions.store, {e.spec.id: script(e) for e in played})
         plain = PlainTask(activity_methods(sessions, policy.generate, rewards))
 
         async def tempered_side(tag: str) -> None:
-            check(await run_as_children(client, inputs(tag), args.concurrency, tag))
+            turns = await run_as_children(
+                client, inputs(tag), args.concurrency, f"bench-episodes-{tag}"
+            )
+            check(turns)
 
         async def plain_side(tag: str) -> None:
             jobs = inputs(tag)
@@ -295,7 +204,6 @@ async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, 
             check([r.turns for r in results])
 
         async with (
-            own_queue_worker(client, plans[Queue.SANDBOX]),
             Worker(
                 client,
                 task_queue=Queue.INFERENCE.value,
@@ -304,12 +212,8 @@ async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, 
             ),
             Worker(client, task_queue=PARENT_QUEUE, workflows=[TaskParent]),
         ):
-            timing = await compare(
-                tempered=tempered_side,
-                plain=plain_side,
-                steps=args.episodes * args.group_size * steps,
-                rounds=args.rounds,
-                cpu=lambda: cpu_split(server),
+            timing = await measure(
+                args, played, stack.server, tempered=tempered_side, plain=plain_side
             )
     return {"path": PATH, "steps_per_episode": steps, **timing}
 

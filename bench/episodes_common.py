@@ -5,6 +5,11 @@ and a plain side are timed against each other.
     upload(store, played)          # their trees, where the sandbox worker reads them
     report = await compare(tempered=side, plain=side, steps=256, rounds=2, cpu=split)
 
+What a path sets around its two sides (the workers up, the trees uploaded, every step timed):
+
+    async with sandbox_stack(settings, queues, played) as stack:
+        report = await measure(args, played, stack.server, tempered=side, plain=side)
+
 `compare` runs each side once unmeasured (caches, start-up paths, a new queue's first workflow
 and activity tasks), then `rounds` rounds, the order alternating (plain first, then tempered
 first, ...), each run inside `common.idle_side`; it reports the median steps/s of each, their
@@ -16,16 +21,27 @@ runs (bench/episodes.py's scripted driver, bench/episodes_agent.py's AgentTaskWo
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from common import cpu_seconds, idle_side, median_of
+from common import (
+    activity_method,
+    cpu_seconds,
+    idle_side,
+    median_of,
+    production_workers,
+    temporal_pid,
+)
 
 from contracts.episode import ToolCall
+from contracts.names import Queue
 from contracts.task import TaskSpec
+from infra.settings import Settings
 from infra.tasks.workspace import workspace_tasks
 
 TARGET_RATIO = 0.8
@@ -70,6 +86,46 @@ def episodes(count: int) -> list[Episode]:
         spec = task.spec.model_copy(update={"id": f"{task.spec.id}-{n}"})
         played.append(Episode(spec, task.objects, calls))
     return played
+
+
+class Stack(NamedTuple):
+    client: Any
+    plans: dict[Queue, Any]
+    """Queue -> its worker's plan (`common.production_workers`)."""
+    sessions: Any
+    """The sandbox worker's session holder: the object its session activities are methods of."""
+    server: int
+    """The dev server's pid, for `cpu_split`."""
+
+
+@contextlib.asynccontextmanager
+async def sandbox_stack(
+    settings: Settings, queues: Sequence[Queue], played: list[Episode]
+) -> AsyncIterator[Stack]:
+    """The production workers of `queues` (`Queue.SANDBOX` among them) running in this process,
+    the sandbox worker's own queue polled too (where sessions' steps go), and the episodes'
+    trees uploaded."""
+    from workers.runtime import own_queue_worker
+
+    async with production_workers(settings, queues) as (client, plans):
+        sessions = activity_method(plans, Queue.SANDBOX, "env_step").__self__  # type: ignore[attr-defined]
+        upload(sessions.store, played)
+        async with own_queue_worker(client, plans[Queue.SANDBOX]):
+            yield Stack(client, plans, sessions, temporal_pid(settings))
+
+
+async def measure(
+    args: argparse.Namespace, played: list[Episode], server: int, *, tempered: Side, plain: Side
+) -> dict[str, Any]:
+    """`compare` over the steps a run of `played` takes: each episode's `--group-size` samples
+    at each of its scripted steps; `--rounds` rounds; CPU split at the dev server `server`."""
+    return await compare(
+        tempered=tempered,
+        plain=plain,
+        steps=args.group_size * sum(len(e.calls) for e in played),
+        rounds=args.rounds,
+        cpu=lambda: cpu_split(server),
+    )
 
 
 def upload(store: Any, played: list[Episode]) -> None:

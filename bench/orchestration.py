@@ -17,7 +17,8 @@ starter-suite tasks are then rolled out twice per round, `--concurrency` tasks i
              attributes on the start. One parent per round, `--concurrency` children at once;
   plain      an asyncio loop calls the very same bound activity methods (same objects, same
              loaded model, same sandbox pool, same S3) directly, with the workflow's own
-             FEEDBACK step scoring the turns: no Temporal anywhere.
+             requests (workflows/requests.py) and its own FEEDBACK step scoring the turns: no
+             Temporal anywhere.
 
 Until 6 December the tempered side started each AgentTaskWorkflow from the client with
 `request_eager_start` (its first workflow task run in this process, no queue round trip and no
@@ -60,19 +61,14 @@ from common import (
     require_idle,
     temporal_pid,
 )
-from task_parent import PARENT_QUEUE, PATH, ParentInput, TaskParent
+from task_parent import PARENT_QUEUE, PATH, TaskParent, run_as_children
 from temporalio.worker import Worker
 
 from contracts.episode import EpisodeEnd
 from contracts.names import Queue
-from contracts.rollout import (
-    GenerateItem,
-    GenerateRequest,
-    WriteTrajectoriesRequest,
-)
-from contracts.sandbox import ExecuteItem, ExecuteRequest
 from contracts.task import AgentTaskInput, SamplingParams, TaskSpec
 from infra.settings import InferenceSettings, Settings
+from workflows.requests import execute_request, generate_request, write_trajectories_request
 
 POLICY_RUN = "bench-orchestration-policy"
 QUEUES = [Queue.AGENT_TASKS, Queue.INFERENCE, Queue.SANDBOX, Queue.REWARDS]
@@ -95,62 +91,19 @@ class PlainRollout:
         """Roll `task_input` out as AgentTaskWorkflow would; returns the steps taken."""
         from workflows.episodes import EpisodeGroup
 
-        task = task_input.task
         group = EpisodeGroup(task_input)  # the workflow's own FEEDBACK: both sides score alike
         for step in range(task_input.max_turns):
-            acting = group.acting()
             generated = await self.env.run(
-                self.generate,
-                GenerateRequest(
-                    run_id=task_input.run_id,
-                    task_id=task.id,
-                    turn=step,
-                    env=task.env,
-                    prompt=task.prompt,
-                    sampling=task_input.sampling,
-                    max_context_tokens=task_input.max_context_tokens,
-                    policy_run=task_input.policy_run or task_input.run_id,
-                    policy_version=task_input.policy_version,
-                    items=[
-                        GenerateItem(
-                            sample=e.sample,
-                            previous=e.steps[-1].completion if e.steps else None,
-                            observation=e.steps[-1].observation if e.steps else None,
-                        )
-                        for e in acting
-                    ],
-                ),
+                self.generate, generate_request(task_input, step, group.acting())
             )
             executed = await self.env.run(
-                self.execute,
-                ExecuteRequest(
-                    run_id=task_input.run_id,
-                    task_id=task.id,
-                    turn=step,
-                    tests=task.tests,
-                    hidden_tests=task.hidden_tests,
-                    entry_point=task.entry_point,
-                    limits=task_input.limits,
-                    items=[
-                        ExecuteItem(sample=c.sample, code=c.code)
-                        for c in generated.completions
-                        if c.code is not None
-                    ],
-                ),
+                self.execute, execute_request(task_input, step, generated.completions)
             )
             group.feedback(step, generated, {o.sample: o for o in executed.outcomes})
             if group.all_ended():
                 break
         group.end_acting(EpisodeEnd.STEP_BUDGET)
-        await self.env.run(
-            self.write,
-            WriteTrajectoriesRequest(
-                run_id=task_input.run_id,
-                task=task,
-                group_size=task_input.group_size,
-                samples=group.episodes,
-            ),
-        )
+        await self.env.run(self.write, write_trajectories_request(task_input, group.episodes))
         return max(len(e.steps) for e in group.episodes)
 
 
@@ -158,13 +111,7 @@ def tempered_rollout(client: Any) -> Rollout:
     """The inputs as children of one TaskParent (as a training run starts its tasks)."""
 
     async def run(inputs: list[AgentTaskInput], concurrency: int) -> list[int]:
-        turns = await client.execute_workflow(
-            TaskParent.run,
-            ParentInput(inputs=inputs, concurrency=concurrency),
-            id=f"{inputs[0].run_id}-parent",
-            task_queue=PARENT_QUEUE,
-        )
-        return list(turns)
+        return await run_as_children(client, inputs, concurrency, inputs[0].run_id)
 
     return run
 

@@ -1,7 +1,7 @@
 """A parent workflow for the benches: agent tasks run as its children, the way a training run
 runs them.
 
-    await client.execute_workflow(TaskParent.run, ParentInput(...), task_queue=PARENT_QUEUE, ...)
+    turns = await run_as_children(client, inputs, concurrency, name)   # one parent, its children
 
 `TrainingRunWorkflow` runs every agent task through `workflows.agent_task.run_agent_task`: a
 child workflow (no eager start: it waits in the agent-tasks queue for a poll), whose start and
@@ -17,6 +17,7 @@ registers no bench workflow, and a second worker on its queue would take its tas
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from temporalio import workflow
 
@@ -52,3 +53,17 @@ class TaskParent:
             return int(result.turns)
 
         return list(await asyncio.gather(*(one(i) for i in job.inputs)))
+
+
+async def run_as_children(
+    client: Any, inputs: list[AgentTaskInput], concurrency: int, name: str
+) -> list[int]:
+    """The tasks as children of one TaskParent (workflow id `<name>-parent`, on `PARENT_QUEUE`),
+    `concurrency` in flight; each one's turns."""
+    turns = await client.execute_workflow(
+        TaskParent.run,
+        ParentInput(inputs=inputs, concurrency=concurrency),
+        id=f"{name}-parent",
+        task_queue=PARENT_QUEUE,
+    )
+    return list(turns)

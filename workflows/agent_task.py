@@ -14,8 +14,8 @@
 Each phase is one batched activity over the group's acting episodes. An episode ends on
 `submit` (or, for `code`, tests passing), at the step budget (`max_turns`), when its next prompt
 would not fit the context budget (`context_budget`, reported by GENERATE: ended and recorded,
-never cut), or on abort. The bookkeeping is `workflows/episodes.py`; the moves are checked
-against `workflows/fsm.py`.
+never cut), or on abort. The bookkeeping is `workflows/episodes.py`, the activities' requests
+`workflows/requests.py`; the moves are checked against `workflows/fsm.py`.
 
 Sessions are sticky (`workflows/sessions.py`): a step goes to the task queue of the sandbox
 worker that holds its session; if that worker is gone or lost the session, the sessions are
@@ -57,18 +57,16 @@ with workflow.unsafe.imports_passed_through():
     from contracts.rollout import (
         AgentTaskResult,
         EpisodeState,
-        GenerateItem,
-        GenerateRequest,
         GenerateResponse,
         TaskStatus,
-        WriteTrajectoriesRequest,
         WriteTrajectoriesResponse,
     )
-    from contracts.sandbox import ExecuteItem, ExecuteOutcome, ExecuteRequest, ExecuteResponse
+    from contracts.sandbox import ExecuteOutcome, ExecuteResponse
     from contracts.task import AgentTaskInput, EnvName
     from workflows.activity_options import activity_options
     from workflows.episodes import EpisodeGroup
     from workflows.fsm import State, advance, after_feedback
+    from workflows.requests import execute_request, generate_request, write_trajectories_request
     from workflows.search import search_attribute_updates, task_memo, task_start_options
     from workflows.sessions import Sessions
 
@@ -127,12 +125,7 @@ class AgentTaskWorkflow:
                 await sessions.close()
         written = await workflow.execute_activity(
             Activity.WRITE_TRAJECTORIES.value,
-            WriteTrajectoriesRequest(
-                run_id=task_input.run_id,
-                task=task,
-                group_size=task_input.group_size,
-                samples=group.episodes,
-            ),
+            write_trajectories_request(task_input, group.episodes),
             result_type=WriteTrajectoriesResponse,
             **activity_options(Activity.WRITE_TRAJECTORIES, task_input.heartbeat_timeout_s),
         )
@@ -186,29 +179,9 @@ class AgentTaskWorkflow:
     async def _generate(
         self, task_input: AgentTaskInput, acting: list[EpisodeState]
     ) -> GenerateResponse:
-        request = GenerateRequest(
-            run_id=task_input.run_id,
-            task_id=task_input.task.id,
-            turn=self._turn,
-            env=task_input.task.env,
-            prompt=task_input.task.prompt,
-            sampling=task_input.sampling,
-            max_context_tokens=task_input.max_context_tokens,
-            policy_run=task_input.policy_run or task_input.run_id,
-            policy_version=task_input.policy_version,
-            max_turns=task_input.max_turns,
-            items=[
-                GenerateItem(
-                    sample=e.sample,
-                    previous=e.steps[-1].completion if e.steps else None,
-                    observation=e.steps[-1].observation if e.steps else None,
-                )
-                for e in acting
-            ],
-        )
         response = await workflow.execute_activity(
             Activity.GENERATE.value,
-            request,
+            generate_request(task_input, self._turn, acting),
             result_type=GenerateResponse,
             **activity_options(Activity.GENERATE, task_input.heartbeat_timeout_s),
         )
@@ -222,24 +195,9 @@ class AgentTaskWorkflow:
             return {}
         if sessions is not None:
             return await sessions.step(self._turn, generated)
-        request = ExecuteRequest(
-            run_id=task_input.run_id,
-            task_id=task_input.task.id,
-            turn=self._turn,
-            tests=task_input.task.tests,
-            entry_point=task_input.task.entry_point,
-            helpers=task_input.task.helpers,
-            hidden_tests=task_input.task.hidden_tests,
-            limits=task_input.limits,
-            items=[
-                ExecuteItem(sample=c.sample, code=c.code)
-                for c in generated.completions
-                if c.code is not None
-            ],
-        )
         executed = await workflow.execute_activity(
             Activity.EXECUTE.value,
-            request,
+            execute_request(task_input, self._turn, generated.completions),
             result_type=ExecuteResponse,
             **activity_options(Activity.EXECUTE, task_input.heartbeat_timeout_s),
         )

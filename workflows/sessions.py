@@ -43,7 +43,6 @@ Workflow code: contracts and Temporal only.
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,18 +50,13 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
-    from contracts.common import ObjectRef
     from contracts.episode import (
         CloseSessionsRequest,
         CloseSessionsResponse,
         EnvStepItem,
         EnvStepOutcome,
-        EnvStepRequest,
         EnvStepResponse,
-        OpenSessionsRequest,
         OpenSessionsResponse,
-        VerifyItem,
-        VerifyRequest,
         VerifyResponse,
     )
     from contracts.errors import ErrorType, fail
@@ -71,6 +65,13 @@ with workflow.unsafe.imports_passed_through():
     from contracts.task import AgentTaskInput, WorkspaceSpec
     from workflows.activity_options import activity_options
     from workflows.episodes import EpisodeGroup
+    from workflows.requests import (
+        env_step_parts,
+        env_step_request,
+        open_sessions_request,
+        sessions_by_queue,
+        verify_request,
+    )
 
 CLOSE_ATTEMPTS = 3
 """Closing sessions is best effort: a few tries, then the sandbox worker's TTL reaps them."""
@@ -144,20 +145,9 @@ class Sessions:
         """A session per episode, on one worker: fresh, or from each one's last snapshot;
         `waits`: a cancel waits for the activity to end (what it opened is kept)."""
         task_input = self.input
-        snapshots: dict[int, ObjectRef] = {}
-        if restore:
-            snapshots = {e.sample: e.session.snapshot for e in episodes if e.session}
         opened = await workflow.execute_activity(
             Activity.OPEN_SESSIONS.value,
-            OpenSessionsRequest(
-                run_id=task_input.run_id,
-                task_id=task_input.task.id,
-                env=task_input.task.env,
-                workspace=self.workspace,
-                samples=[e.sample for e in episodes],
-                snapshots=snapshots,
-                limits=task_input.limits,
-            ),
+            open_sessions_request(task_input, self.workspace, episodes, restore),
             result_type=OpenSessionsResponse,
             **activity_options(
                 Activity.OPEN_SESSIONS, task_input.heartbeat_timeout_s, wait_for_cancel=waits
@@ -169,20 +159,11 @@ class Sessions:
 
     async def step(self, step: int, generated: GenerateResponse) -> dict[int, EnvStepOutcome]:
         """Run every completion's tool call: one `env_step` per worker holding sessions."""
-        by_queue: dict[str, list[EnvStepItem]] = defaultdict(list)
-        for c in generated.completions:
-            session = self.group.episodes[c.sample].session
-            if session is None or c.call is None:
-                raise fail(ErrorType.INVALID_INPUT, f"sample {c.sample}: no session or no call")
-            by_queue[session.queue].append(
-                EnvStepItem(sample=c.sample, session=session, completion=c.completion, call=c.call)
-            )
+        items_by_queue = env_step_parts(self.group.episodes, generated.completions)
         if workflow.patched(STOP_PATCH):
-            parts = await self._step_each(step, list(by_queue.values()))
+            parts = await self._step_each(step, items_by_queue)
         else:  # histories recorded before it: the first error at once, the others run on
-            parts = await asyncio.gather(
-                *(self._step_on(step, items) for items in by_queue.values())
-            )
+            parts = await asyncio.gather(*(self._step_on(step, items) for items in items_by_queue))
         return {o.sample: o for part in parts for o in part}
 
     async def _step_each(
@@ -243,14 +224,7 @@ class Sessions:
             try:
                 response = await workflow.execute_activity(
                     Activity.ENV_STEP.value,
-                    EnvStepRequest(
-                        run_id=task_input.run_id,
-                        task_id=task_input.task.id,
-                        step=step,
-                        env=task_input.task.env,
-                        limits=task_input.limits,
-                        items=items,
-                    ),
+                    env_step_request(task_input, step, items),
                     result_type=EnvStepResponse,
                     **activity_options(
                         Activity.ENV_STEP,
@@ -291,25 +265,11 @@ class Sessions:
     async def verify(self) -> None:
         """Score each final workspace in a fresh verifier sandbox; the group takes the verdicts,
         each measured from the untouched workspace's (verified beside them, as sample G)."""
-        task_input = self.input
-        items = [
-            VerifyItem(sample=e.sample, snapshot=e.session.snapshot)
-            for e in self.group.episodes
-            if e.session is not None
-        ]
-        untouched = len(self.group.episodes)
-        if workflow.patched(UNTOUCHED_PATCH):
-            items.append(VerifyItem(sample=untouched, snapshot=self.workspace.files))
+        task_input, episodes = self.input, self.group.episodes
+        untouched = len(episodes)
         verified = await workflow.execute_activity(
             Activity.VERIFY_EPISODES.value,
-            VerifyRequest(
-                run_id=task_input.run_id,
-                task_id=task_input.task.id,
-                env=task_input.task.env,
-                workspace=self.workspace,
-                limits=task_input.limits,
-                items=items,
-            ),
+            verify_request(task_input, self.workspace, episodes, workflow.patched(UNTOUCHED_PATCH)),
             result_type=VerifyResponse,
             **activity_options(Activity.VERIFY_EPISODES, task_input.heartbeat_timeout_s),
         )
@@ -323,10 +283,7 @@ class Sessions:
         """Close every session, on its worker's queue; best effort, never raises. Sessions on
         a worker found gone are left to the sweeps (`GONE_PATCH`): its queue would only time
         out, after `session_timeout_s`, before the task could go on."""
-        by_queue: dict[str, list[str]] = defaultdict(list)
-        for e in self.group.episodes:
-            if e.session is not None:
-                by_queue[e.session.queue].append(e.session.session_id)
+        by_queue = sessions_by_queue(self.group.episodes)
         if (gone := sorted(self._gone & by_queue.keys())) and workflow.patched(GONE_PATCH):
             workflow.logger.info("not closing sessions on %s: its worker is gone", gone)
             for queue in gone:

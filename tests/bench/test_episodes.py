@@ -3,7 +3,10 @@ plays, and the timing both paths share (rounds alternate, the warm-up is not cou
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -92,3 +95,80 @@ def test_in_flight_holds_at_most_concurrency_episodes_at_once() -> None:
 
     assert asyncio.run(in_flight(7, 3, one)) == [n * n for n in range(7)]
     assert most == 3
+
+
+def test_both_paths_time_every_sample_of_every_scripted_step(monkeypatch: Any) -> None:
+    import episodes_common
+
+    seen: dict[str, Any] = {}
+
+    async def compare(**kwargs: Any) -> dict[str, Any]:
+        seen.update(kwargs)
+        return {"ratio": 1.0}
+
+    monkeypatch.setattr(episodes_common, "compare", compare)
+    played = episodes_common.episodes(3)
+    args = argparse.Namespace(episodes=3, group_size=4, rounds=5)
+    tempered, plain = object(), object()
+
+    report = asyncio.run(
+        episodes_common.measure(args, played, 1, tempered=tempered, plain=plain)  # type: ignore[arg-type]
+    )
+
+    assert report == {"ratio": 1.0}
+    assert seen["steps"] == 3 * 4 * 8 and seen["rounds"] == 5  # 8 scripted calls an episode
+    assert seen["tempered"] is tempered and seen["plain"] is plain and callable(seen["cpu"])
+
+
+def test_the_sandbox_stack_uploads_the_trees_and_polls_the_workers_own_queue(
+    monkeypatch: Any,
+) -> None:
+    import contextlib
+
+    import episodes_common
+
+    from contracts.names import Queue
+
+    events: list[str] = []
+
+    class Sessions:
+        store = SimpleNamespace(put_bytes=lambda key, data: events.append(f"put {key}"))
+
+        async def env_step(self, request: Any) -> Any: ...
+
+    sessions = Sessions()
+    plans = {Queue.SANDBOX: SimpleNamespace(activities=[sessions.env_step])}
+
+    @contextlib.asynccontextmanager
+    async def production_workers(settings: Any, queues: Any) -> Any:
+        events.append(f"workers {[q.value for q in queues]}")
+        yield "client", plans
+
+    @contextlib.asynccontextmanager
+    async def own_queue_worker(client: Any, plan: Any) -> Any:
+        events.append("own queue polled")
+        yield
+        events.append("own queue stopped")
+
+    import workers.runtime
+
+    monkeypatch.setattr(episodes_common, "production_workers", production_workers)
+    monkeypatch.setattr(episodes_common, "temporal_pid", lambda settings: 42)
+    monkeypatch.setattr(workers.runtime, "own_queue_worker", own_queue_worker)
+    played = episodes_common.episodes(1)
+
+    async def run() -> None:
+        async with episodes_common.sandbox_stack("settings", [Queue.SANDBOX], played) as stack:  # type: ignore[arg-type]
+            assert stack == ("client", plans, sessions, 42)
+            events.append("measured")
+
+    asyncio.run(run())
+
+    puts = [f"put {key}" for key in played[0].objects]
+    assert events == [
+        "workers ['sandbox']",
+        *puts,
+        "own queue polled",
+        "measured",
+        "own queue stopped",
+    ]

@@ -107,8 +107,8 @@ def task_input(store: ObjectStore, run_id: str, **fields: Any) -> AgentTaskInput
 async def test_the_plain_loop_makes_the_workflows_calls_in_its_order(
     temporal_server: Any, namespace: str, store: ObjectStore, budget: dict[str, Any]
 ) -> None:
-    from episodes_agent import PlainTask, ScriptedPolicy, activity_methods, run_as_children
-    from task_parent import PARENT_QUEUE, TaskParent
+    from episodes_agent import PlainTask, ScriptedPolicy, activity_methods
+    from task_parent import PARENT_QUEUE, TaskParent, run_as_children
 
     client = await connect(temporal_server.address, namespace)
     job = task_input(store, f"bench-{uuid.uuid4().hex[:6]}", **budget)

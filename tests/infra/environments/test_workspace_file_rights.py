@@ -62,6 +62,23 @@ def race(monkeypatch: pytest.MonkeyPatch, swap: Callable[[], None]) -> None:
     monkeypatch.setattr(workspace, "resolve", resolved)
 
 
+async def linked_out(
+    rig: Rig, host_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> workspace.WorkspaceState:
+    """A session whose directory `d` becomes a link to `host_dir` once a tool has resolved its
+    path (`race`)."""
+    state = await rig.env.reset(rig.spec(FILES), "s0")
+    d = rig.host.sessions["s0"].workspace / "d"
+
+    def swap() -> None:
+        (d / "f").unlink()
+        d.rmdir()
+        d.symlink_to(host_dir)
+
+    race(monkeypatch, swap)
+    return state
+
+
 async def test_read_file_is_denied_what_the_sessions_commands_are(rig: Rig) -> None:
     state = await rig.env.reset(rig.spec(FILES), "s0")
     made = "echo secret > s; chmod 0 s; mkdir shut; echo secret > shut/f; chmod 0 shut"
@@ -76,15 +93,7 @@ async def test_read_file_is_denied_what_the_sessions_commands_are(rig: Rig) -> N
 async def test_read_file_follows_no_link_put_in_after_it_resolved(
     rig: Rig, host_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    state = await rig.env.reset(rig.spec(FILES), "s0")
-    d = rig.host.sessions["s0"].workspace / "d"
-
-    def swap() -> None:
-        (d / "f").unlink()
-        d.rmdir()
-        d.symlink_to(host_dir)
-
-    race(monkeypatch, swap)
+    state = await linked_out(rig, host_dir, monkeypatch)
     _, seen = await rig.env.step(state, call("read_file", path="d/f"), LIMITS)
     assert SECRET not in seen.text
     assert seen.text.startswith("error: d/f: "), seen.text
@@ -93,15 +102,7 @@ async def test_read_file_follows_no_link_put_in_after_it_resolved(
 async def test_write_file_follows_no_link_put_in_after_it_resolved(
     rig: Rig, host_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    state = await rig.env.reset(rig.spec(FILES), "s0")
-    d = rig.host.sessions["s0"].workspace / "d"
-
-    def swap() -> None:
-        (d / "f").unlink()
-        d.rmdir()
-        d.symlink_to(host_dir)
-
-    race(monkeypatch, swap)
+    state = await linked_out(rig, host_dir, monkeypatch)
     _, seen = await rig.env.step(state, call("write_file", path="d/new", content="z\n"), LIMITS)
     assert sorted(child.name for child in host_dir.iterdir()) == ["f"], seen.text
     assert seen.text.startswith("error: d/new: "), seen.text

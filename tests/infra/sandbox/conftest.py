@@ -1,13 +1,19 @@
 """Fixtures of the sandbox tests: `box` (the local backend) and `any_box` (local, then gVisor),
-one backend per test module, driven synchronously (verifier_box.py)."""
+one backend per test module, driven synchronously (verifier_box.py); `stub`, the STUB
+Kubernetes API server (recorded_k8s/stub_server.py) of the test_kubernetes*.py modules, one a
+test, and `validate_manifest`, their check of a manifest against Kubernetes 1.33's schema."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.infra.sandbox.verifier_box import Box, gvisor_missing
+
+if TYPE_CHECKING:
+    from tests.infra.sandbox.recorded_k8s.stub_server import StubKubeApi
 
 
 @pytest.fixture(scope="module")
@@ -29,3 +35,20 @@ def any_box(request: pytest.FixtureRequest) -> Iterator[Box]:
         yield chosen
     finally:
         chosen.close()
+
+
+@pytest.fixture
+def stub() -> Iterator[StubKubeApi]:
+    # imported here: the other sandbox tests need neither the kubernetes client nor the stub
+    from tests.infra.sandbox.recorded_k8s.stub_server import StubKubeApi
+
+    server = StubKubeApi()
+    yield server
+    server.close()
+
+
+def validate_manifest(manifest: dict[str, Any]) -> None:
+    """Raise unless `manifest` is valid for Kubernetes 1.33 (strict: no unknown fields)."""
+    import kubernetes_validate
+
+    kubernetes_validate.validate(manifest, "1.33.0", strict=True)

@@ -144,6 +144,13 @@ def mark() -> str:
     return f"tmpd-{uuid.uuid4().hex[:8]}"  # comm holds 15 characters
 
 
+async def run_alone(body: str, limits: SandboxLimits, backend: str) -> str:
+    """The outcome of `program` running `body` on the backend named `backend`, no fault done to
+    it: what the program's own doing comes to."""
+    name = mark()
+    return await strike(name, program(name, body), limits, backend_name=backend)
+
+
 def writable(controller: str) -> str | None:
     """Why a cgroup v1 `controller` cannot be used here, or None."""
     path = CGROUP_V1 / controller
@@ -330,10 +337,9 @@ async def test_a_program_over_its_own_memory_limit_is_memory_exceeded(
     """8 MiB blocks, `blocks` of them, under a 128 MiB limit; gVisor's sandbox group holds its
     own kernel too (`SENTRY_MEMORY_MB` more), so there the program's address-space cap holds it
     to its limit."""
-    name = mark()
     body = f"hog = [b'x' * (8 << 20) for _ in range({blocks})]"
     limits = SandboxLimits(timeout_s=20, memory_mb=128)
-    status = await strike(name, program(name, body), limits, backend_name=backend)
+    status = await run_alone(body, limits, backend)
     assert status == ExecStatus.MEMORY_EXCEEDED
 
 
@@ -349,16 +355,14 @@ async def test_a_program_spinning_past_its_cpu_limit_is_a_timeout(backend: str, 
     """SIGXCPU at its CPU limit ends it; one that ignores SIGXCPU is SIGKILLed a second later,
     a timeout too, as it used its CPU time (the launcher reports the candidate's CPU seconds:
     on gVisor its sandbox's)."""
-    name = mark()
     limits = SandboxLimits(timeout_s=30, cpu_s=1)
-    status = await strike(name, program(name, body), limits, backend_name=backend)
+    status = await run_alone(body, limits, backend)
     assert status == ExecStatus.TIMEOUT
 
 
 async def test_a_program_that_starves_itself_is_a_timeout(backend: str) -> None:
     """Spinning threads of its own keep its answering thread waiting for a CPU: that wait is the
     program's doing (its processes used the CPUs), so the deadline is its timeout."""
-    name = mark()
     body = """
         import threading
         def spin():
@@ -370,7 +374,7 @@ async def test_a_program_that_starves_itself_is_a_timeout(backend: str) -> None:
             pass
     """
     limits = SandboxLimits(timeout_s=1.5, cpu_s=60)
-    status = await strike(name, program(name, body), limits, backend_name=backend)
+    status = await run_alone(body, limits, backend)
     assert status == ExecStatus.TIMEOUT
 
 
@@ -386,7 +390,6 @@ async def test_a_program_that_ends_itself_is_its_own_failure(backend: str, body:
     """Only the host can SIGKILL the candidate (its pid namespace's init ignores it from
     inside; gVisor's kernel lets it, and then it is its own doing), and an exit of its own is
     the program's doing: failed or error, never retried."""
-    name = mark()
     limits = SandboxLimits(timeout_s=20)
-    status = await strike(name, program(name, body), limits, backend_name=backend)
+    status = await run_alone(body, limits, backend)
     assert status in (ExecStatus.FAILED, ExecStatus.ERROR)

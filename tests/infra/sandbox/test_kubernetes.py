@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
 
-import kubernetes_validate
 import pytest
 
 from contracts.sandbox import ExecStatus
@@ -31,21 +28,11 @@ from infra.sandbox.kubernetes_code import (
 )
 from infra.sandbox.kubernetes_instance import PROCESS_LABEL, ProcessId
 from infra.sandbox.verifier import checker_job
+from tests.infra.sandbox.conftest import validate_manifest
 from tests.infra.sandbox.recorded_k8s.stub_server import NAMESPACE, StubKubeApi
 
 CHECK = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
 LIMITS = SandboxLimits(timeout_s=20)
-
-
-@pytest.fixture
-def stub() -> Iterator[StubKubeApi]:
-    server = StubKubeApi()
-    yield server
-    server.close()
-
-
-def _validate(manifest: dict[str, Any]) -> None:
-    kubernetes_validate.validate(manifest, "1.33.0", strict=True)
 
 
 @pytest.mark.parametrize("runtime_class", [None, "gvisor"])
@@ -71,7 +58,7 @@ def test_manifest_is_valid_and_locked_down(
         "sandbox worker/7",
         runtime_class,
     )
-    _validate(manifest)
+    validate_manifest(manifest)
     spec, pod = manifest["spec"], manifest["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert spec["backoffLimit"] == 0 and spec["ttlSecondsAfterFinished"] > 0

@@ -11,10 +11,8 @@ from a fellow worker of the same build is no error) and checks against its own f
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import kubernetes_validate
 import pytest
 
 from contracts.sandbox import ExecStatus
@@ -30,21 +28,11 @@ from infra.sandbox.kubernetes_code import (
     build_code,
 )
 from infra.sandbox.verifier import checker_job
+from tests.infra.sandbox.conftest import validate_manifest
 from tests.infra.sandbox.recorded_k8s.stub_server import NAMESPACE, StubKubeApi
 from tests.infra.sandbox.test_kubernetes_faults import Flaky, Lost, api_error
 
 LIMITS = SandboxLimits(timeout_s=20)
-
-
-@pytest.fixture
-def stub() -> Iterator[StubKubeApi]:
-    server = StubKubeApi()
-    yield server
-    server.close()
-
-
-def _validate(manifest: dict[str, Any]) -> None:
-    kubernetes_validate.validate(manifest, "1.33.0", strict=True)
 
 
 def test_a_job_names_its_code_configmap_instead_of_carrying_the_code() -> None:
@@ -62,7 +50,7 @@ def test_a_job_names_its_code_configmap_instead_of_carrying_the_code() -> None:
     assert size < 4096, size
     code = build_code()
     configmap = code.manifest(NAMESPACE)
-    _validate(configmap)
+    validate_manifest(configmap)
     assert configmap["immutable"] is True and configmap["metadata"]["name"] == code.name
     modules = [f"infra.sandbox.{m}" for m in ("codec", "confine", "candidate", "checker", "zygote")]
     assert set(configmap["data"]) == {"pod_launcher.py", "modules", *(f"{m}.py" for m in modules)}
@@ -85,7 +73,7 @@ def test_two_builds_never_share_a_code_configmap() -> None:
     changed = SandboxCode.of(launcher, {"infra.sandbox.codec": "X = 2\n"})
     assert changed.name != first.name and changed.digest != first.digest
     assert len(first.name) <= 63 and first.name.startswith("tempered-sandbox-code-")
-    _validate(first.manifest(NAMESPACE))
+    validate_manifest(first.manifest(NAMESPACE))
 
 
 @pytest.mark.asyncio

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,13 +29,6 @@ from infra.storage import ObjectStore
 from tests.infra.sandbox.recorded_k8s.stub_server import StubKubeApi
 
 LIMITS = SandboxLimits(timeout_s=20)
-
-
-@pytest.fixture
-def stub() -> Iterator[StubKubeApi]:
-    server = StubKubeApi()
-    yield server
-    server.close()
 
 
 def api_error(status: int, retry_after: str | None = None) -> ApiException:

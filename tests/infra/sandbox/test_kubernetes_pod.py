@@ -9,7 +9,6 @@ but AF_UNIX; the launcher's result line is bounded (each stream in base64, at mo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,13 +19,6 @@ from tests.infra.sandbox.recorded_k8s.stub_server import StubKubeApi
 
 CHECK = "def check(candidate):\n    assert candidate(2, 3) == 5\n"
 LIMITS = SandboxLimits(timeout_s=20)
-
-
-@pytest.fixture
-def stub() -> Iterator[StubKubeApi]:
-    server = StubKubeApi()
-    yield server
-    server.close()
 
 
 SOCKETS = """

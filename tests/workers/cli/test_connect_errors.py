@@ -46,18 +46,17 @@ def connect_error(said: str, monkeypatch: pytest.MonkeyPatch) -> BaseException:
     return failed.value
 
 
-def test_a_silent_server_is_named_with_its_address(monkeypatch: pytest.MonkeyPatch) -> None:
-    text = describe(connect_error(SILENT, monkeypatch))
-    assert text.startswith(f"cannot reach Temporal at {ADDRESS}: "), text
-    assert "no answer" in text and "7233" in text and "\n" not in text
-
-
-def test_an_http_server_that_is_not_temporal_is_named_with_its_address(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(
+    ("said", "told"),
+    [(SILENT, ["no answer", "7233"]), (NOT_GRPC, ["HTTP 404", "gRPC"])],
+    ids=["a-silent-server", "an-http-server-that-is-not-temporal"],
+)
+def test_an_unreachable_server_is_named_with_its_address(
+    said: str, told: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    text = describe(connect_error(NOT_GRPC, monkeypatch))
+    text = describe(connect_error(said, monkeypatch))
     assert text.startswith(f"cannot reach Temporal at {ADDRESS}: "), text
-    assert "HTTP 404" in text and "gRPC" in text and "\n" not in text
+    assert all(words in text for words in told) and "\n" not in text, text
 
 
 def test_another_runtime_error_is_not_taken_for_an_unreachable_server(
