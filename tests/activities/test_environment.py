@@ -33,6 +33,7 @@ from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
 from infra import keys
 from infra.environments.mounts import remove_tree
+from infra.environments.snapshot_chain import head_of
 from infra.environments.tree import Check, TreeError, pack_files
 from infra.sandbox.local import LocalBackend
 from infra.settings import SandboxSettings, Settings, WorkspaceSettings
@@ -416,13 +417,22 @@ async def test_a_final_tree_that_does_not_fit_is_scored_zero_not_invalid(
 
 async def test_the_snapshot_format_setting_reaches_the_workers_trees(store: ObjectStore) -> None:
     """`sandbox.workspaces.snapshot_format = 1` (a fleet whose older workers cannot read format
-    2) must reach the trees the worker commits with, or the setting changes nothing."""
+    2) must reach the trees the worker commits with, or the setting changes nothing: a step's
+    snapshot is a whole manifest among the shared trees, not in the episode's folder."""
     root = session_root()
     workspaces = WorkspaceSettings(root=root, snapshot_format=1)
     settings = Settings(sandbox=SandboxSettings(workspaces=workspaces))
     activities = EnvironmentActivities(settings, QUEUE, store, LocalBackend(warm=0))
+    for key, data in TASK.objects.items():
+        store.put_bytes(key, data)
     try:
-        assert activities.trees.snapshot_format == 1
+        sessions = await open_two(activities)
+        write = ToolCall(name="write_file", arguments={"path": "notes.txt", "content": "1\n"})
+        steps = await ActivityEnvironment().run(activities.env_step, step(sessions, 0, {0: write}))
+        snapshot = steps.outcomes[0].session.snapshot
+        assert snapshot != sessions[0].snapshot  # the step committed a new tree
+        assert snapshot.key == keys.tree_key(snapshot.sha256), snapshot.key
+        assert head_of(store.get_bytes(snapshot.key)) is None  # a whole manifest, format 1
     finally:
         await activities.close()
         await activities.backend.close()

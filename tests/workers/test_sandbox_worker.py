@@ -287,14 +287,21 @@ async def test_a_sessions_close_that_fails_still_closes_the_programs(
 
 
 @pytest.mark.asyncio
-@pytest.mark.skipif(shutil.which("runsc") is None or os.geteuid() != 0, reason="needs runsc")
+@pytest.mark.skipif(
+    shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs setpriv and root"
+)
 async def test_a_worker_whose_runsc_runs_no_container_refuses_programs_to_be_retried_later(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The gvisor backend with a platform this runsc does not know (the README's example named
     systrap, which Debian's runsc lacks): every program failed as a platform fault retried at
     once, for ever, and the worker said nothing. It says so at start, and refuses `execute` to
-    be retried later, elsewhere, as it refuses sessions it cannot run."""
+    be retried later, elsewhere, as it refuses sessions it cannot run. The runsc on PATH is a
+    fake that refuses every container, as that runsc did: the same on any host."""
+    refusing = tmp_path / "runsc"
+    refusing.write_text("#!/bin/sh\necho 'fake runsc: no such platform' >&2\nexit 1\n")
+    refusing.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     root = session_root()
     settings = Settings(
         sandbox=SandboxSettings(
@@ -307,12 +314,15 @@ async def test_a_worker_whose_runsc_runs_no_container_refuses_programs_to_be_ret
         plan = sandbox.build(settings)
     try:
         lines = [r.getMessage() for r in caplog.records if r.name == "tempered.worker"]
-        assert any("no programs" in line and "systrap" in line for line in lines), lines
+        said = [line for line in lines if "no programs" in line]
+        assert any("systrap" in line and "fake runsc: no such platform" in line for line in said), (
+            lines
+        )
         request = ExecuteRequest(run_id="run-g", task_id="code-1", turn=0, items=[])
         with pytest.raises(ApplicationError) as refused:
             await ActivityEnvironment().run(activities(plan)[Activity.EXECUTE.value], request)
         assert_retried_later(refused.value, ErrorType.SANDBOX_INFRA)
-        assert "task code-1" in str(refused.value) and "systrap" in str(refused.value)
+        assert "task code-1" in str(refused.value) and "no such platform" in str(refused.value)
     finally:
         assert plan.on_shutdown is not None
         await plan.on_shutdown()

@@ -1,6 +1,6 @@
 """Snapshots of format 1 (`sandbox.workspaces.snapshot_format = 1`), for a fleet upgrading from
 a build before format 2: what this build writes then is what the build before it wrote, byte
-for byte, and that build's reader (its own `snapshots.py` and `tree.py`, from git) restores
+for byte, and that build's reader (its own `snapshots.py` and `tree.py`, in format1/) restores
 it; even a step after a snapshot of format 2 in an episode's folder, whose contents such a
 build could not find. Real SeaweedFS.
 
@@ -11,7 +11,6 @@ manifest"), and its sandbox worker fails the task (a TreeError is not retried).
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -28,28 +27,19 @@ from infra.environments.tree import Entry, Manifest, pack_files, sha256
 from infra.settings import Settings
 from infra.storage import ObjectStore
 
-BEFORE = "a8e62a79a6566ee8bb16ac3a931b7545c2fba163^"
-"""The build before format 2."""
-REPO = Path(__file__).resolve().parents[3]
+FORMAT_1 = Path(__file__).parent / "format1"
+"""The earlier build's `tree.py` and `snapshots.py` (frozen: its README)."""
 
 
-def source(path: str) -> str:
-    try:
-        shown = subprocess.run(
-            ["git", "show", f"{BEFORE}:{path}"], cwd=REPO, capture_output=True, text=True
-        )
-    except FileNotFoundError:
-        pytest.skip("no git to read the earlier build with")
-    if shown.returncode != 0:
-        pytest.skip(f"the earlier build is not in this checkout: {shown.stderr.strip()}")
-    return shown.stdout
+def source(name: str) -> str:
+    return (FORMAT_1 / name).read_text()
 
 
 @pytest.fixture
 def older(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """The earlier build's `snapshots.py`, over its own `tree.py` (scratch modules)."""
-    (tmp_path / "older_tree.py").write_text(source("infra/environments/tree.py"))
-    snapshots = source("infra/environments/snapshots.py")
+    (tmp_path / "older_tree.py").write_text(source("tree.py"))
+    snapshots = source("snapshots.py")
     old_import = "from infra.environments.tree import"
     assert old_import in snapshots
     (tmp_path / "older_snapshots.py").write_text(

@@ -13,14 +13,18 @@ platform fault (retried: a wrong answer would earn endless retries, or an episod
 - Idle after a burst: the same burst, then a sleep (no stop): the sum excused the sleep too;
   with the kernel's CPU pressure of the run, and without it.
 - Stopped without a burst: a timeout at its deadline, not at the starvation bound.
-- A process an agent's step leaves behind to stop the check later: none outlives its step,
-  and the check's sandbox is a pid namespace of its own, so the check runs and passes.
+- A process an agent's step leaves behind to stop the check later: none outlives its step (no
+  process of the session's uid is left), with the step's pid namespace and cgroups, and with
+  either alone; the check runs and passes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import Any
 
+import psutil
 import pytest
 
 from contracts.episode import ToolCall
@@ -29,6 +33,7 @@ from contracts.task import SandboxLimits
 from infra.sandbox import workspace_deadline
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.judge import starvation_bound
+from infra.sandbox.workspace import CommandRunner
 from tests.infra.environments.conftest import Rig, needs_root
 
 pytestmark = needs_root
@@ -96,18 +101,67 @@ async def test_a_check_its_code_stops_is_a_timeout_at_its_deadline(rig: Rig) -> 
     assert time.monotonic() - started < starvation_bound(LIMITS.timeout_s) / 2, detail
 
 
+def without_pid_namespace(runner: CommandRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's sandboxes share the host's pid namespace (every other namespace kept)."""
+    argv = runner.argv
+
+    def shared_pids(*args: Any, **kwargs: Any) -> list[str]:
+        line = argv(*args, **kwargs)
+        unshare = ["--unshare-user", "--unshare-ipc", "--unshare-net", "--unshare-uts"]
+        at = line.index("--unshare-all")
+        line[at : at + 1] = [*unshare, "--unshare-cgroup-try"]
+        line.remove("--as-pid-1")
+        return line
+
+    monkeypatch.setattr(runner, "argv", shared_pids)
+
+
+def survivors(uid: int) -> list[psutil.Process]:
+    """Live processes of `uid`, after a moment for the killed ones to die."""
+    deadline = time.monotonic() + 2
+    while True:
+        left = [
+            proc
+            for proc in psutil.process_iter(["uids", "status", "cmdline"])
+            if proc.info["uids"] is not None
+            and proc.info["uids"].real == uid
+            and proc.info["status"] != psutil.STATUS_ZOMBIE
+        ]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
 @pytest.mark.asyncio
-async def test_a_process_an_agents_step_leaves_cannot_stop_the_check(rig: Rig) -> None:
+@pytest.mark.parametrize("defences", ["both", "pid namespace alone", "cgroups alone"])
+async def test_a_process_an_agents_step_leaves_cannot_stop_the_check(
+    rig: Rig, defences: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each defence holds by itself: the step's pid namespace (its pid 1 exits, the kernel
+    kills the rest) and the reap of its cgroups. A survivor would run as the session's uid."""
+    if defences == "pid namespace alone":
+        monkeypatch.setattr(rig.env.runner, "use_cgroups", False)
+    elif defences == "cgroups alone":
+        if not rig.env.runner.use_cgroups:
+            pytest.skip("no cgroups on this host")
+        without_pid_namespace(rig.env.runner, monkeypatch)
     test_sh = "sleep 1.5\necho 1 > /logs/verifier/reward.txt\n"
     spec = rig.spec({"a.txt": "a\n"}, {"test.sh": test_sh})
     state = await rig.env.reset(spec, "s0")
     stopper = (  # tries every way a leftover could reach the check: by name and every pid
-        '(setsid sh -c \'trap "" HUP TERM; sleep 1; while :; do pkill -STOP -f test.sh; '
-        "kill -STOP -1; sleep 0.05; done' > /dev/null 2>&1 < /dev/null &); echo left"
+        '(setsid sh -c \'trap "" HUP TERM; echo up > .stopper; sleep 1; while :; do '
+        "pkill -STOP -f test.sh; kill -STOP -1; sleep 0.05; done' > /dev/null 2>&1 < /dev/null &)"
+        "; while [ ! -e .stopper ]; do sleep 0.02; done; echo left"  # it started
     )
     call = ToolCall(name="bash", arguments={"command": stopper})
     state, seen = await rig.env.step(state, call, LIMITS)
     assert "left" in seen.text, seen.text
+    left = survivors(rig.host.sessions["s0"].uid)
+    found = [proc.info for proc in left]
+    for proc in left:  # not to stay on the host after a failure
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    assert not found, found
     started = time.monotonic()
     graded = await rig.env.verify(spec, state, LIMITS)
     assert graded.score == 1.0, graded.result

@@ -179,6 +179,17 @@ def test_a_crashed_workers_container_dies_with_it_and_the_sweep_removes_what_it_
     )
     assert worker.stdout is not None
     try:
+        crash_and_sweep(worker)
+    finally:  # what a failed assertion left: the dead worker's container, groups and dirs
+        worker.kill()
+        worker.wait()
+        sweep_dead_workers(worker.pid)
+
+
+def crash_and_sweep(worker: subprocess.Popen[str]) -> None:
+    """SIGKILL `worker` once its container runs; its runsc must die, the sweep its leftovers."""
+    assert worker.stdout is not None
+    try:
         state, bundle = worker.stdout.readline().split()
         deadline = time.monotonic() + 20
         while not any(" boot " in cmdline for cmdline in runsc_processes(state).values()):

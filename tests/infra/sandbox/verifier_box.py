@@ -24,6 +24,7 @@ from contracts.task import SandboxLimits
 from infra.sandbox.forkserver import worker_uids
 from infra.sandbox.gvisor import GVisorBackend
 from infra.sandbox.local import LocalBackend
+from infra.settings import GVisorSettings
 
 FAST = SandboxLimits(timeout_s=5)
 needs_root = pytest.mark.skipif(
@@ -99,19 +100,44 @@ class Box:
         self.loop.close()
 
 
-@cache
 def gvisor_missing() -> str:
-    """Why the gvisor backend cannot run here ("" when it can): a probe run, once."""
-    if shutil.which("runsc") is None or shutil.which("bwrap") is None or os.geteuid() != 0:
-        return "needs runsc, bwrap and root"
+    """Why the gvisor backend cannot run here ("" when it can), to skip on: runsc, setpriv,
+    bwrap or root missing, or a kernel without what the default platform needs. Where all are
+    here, a probe run that fails is the backend's fault: the test fails, in runsc's words."""
+    if failed := _gvisor_probe():
+        pytest.fail(f"the gvisor backend runs no program here: {failed}", pytrace=False)
+    return _gvisor_absent()
+
+
+def _gvisor_absent() -> str:
+    if missing := [tool for tool in ("runsc", "setpriv", "bwrap") if shutil.which(tool) is None]:
+        return f"needs {', '.join(missing)}"
+    if os.geteuid() != 0:
+        return "needs root"
+    platform = GVisorSettings().platform
+    if platform == "kvm" and not os.path.exists("/dev/kvm"):
+        return "the kvm platform needs /dev/kvm"
+    # ptrace_scope 3: no process may ptrace another, so the ptrace platform runs nothing
+    scope = Path("/proc/sys/kernel/yama/ptrace_scope")
+    if platform == "ptrace" and scope.exists() and scope.read_text().strip() == "3":
+        return "the ptrace platform needs ptrace (kernel.yama.ptrace_scope is 3)"
+    return ""
+
+
+@cache
+def _gvisor_probe() -> str:
+    """Why a probe run on the gvisor backend failed where nothing is missing ("" when it
+    printed what it should, or when something is missing): once per test process."""
+    if _gvisor_absent():
+        return ""
     box = Box("gvisor", warm=0)
     try:
         result = box.run("print('up')\n")
-    except Exception as exc:  # noqa: BLE001 - any failure to run is the reason to skip
-        return f"runsc cannot run here: {exc}"
+    except Exception as exc:  # noqa: BLE001 - reported as the test's failure
+        return f"{type(exc).__name__}: {exc}"
     finally:
         box.close()
-    return "" if result.stdout == "up\n" else f"the runsc probe printed {result.stdout!r}"
+    return "" if result.stdout == "up\n" else f"the probe run gave {result!r}"
 
 
 def candidate_processes() -> list[psutil.Process]:
