@@ -10,7 +10,7 @@ request field with a default, never a response field: a pinned build's contracts
 fields, so its workflows could not decode the response).
 
     config = deployment_config(settings, plan)     # None for activity workers, or versioning off
-    promote_in_background(client, settings, config)   # this build becomes current once polling
+    promote_in_background(client, settings, config)   # current once polling, unless a newer build is
 
 The build id is `settings.temporal.build_id` (e.g. the image tag) or a digest of the code that
 decides a workflow's commands (the `workflows` and `contracts` packages), so an unchanged
@@ -27,7 +27,10 @@ import importlib.util
 import logging
 from pathlib import Path
 
-from temporalio.api.workflowservice.v1 import SetWorkerDeploymentCurrentVersionRequest
+from temporalio.api.workflowservice.v1 import (
+    DescribeWorkerDeploymentRequest,
+    SetWorkerDeploymentCurrentVersionRequest,
+)
 from temporalio.client import Client
 from temporalio.common import VersioningBehavior, WorkerDeploymentVersion
 from temporalio.service import RPCError
@@ -81,30 +84,68 @@ def deployment_config(settings: Settings, plan: WorkerPlan) -> WorkerDeploymentC
 
 
 async def promote(client: Client, version: WorkerDeploymentVersion) -> None:
-    """Make `version` its deployment's current version, as soon as the server knows it."""
-    request = SetWorkerDeploymentCurrentVersionRequest(
-        namespace=client.namespace,
-        deployment_name=version.deployment_name,
-        build_id=version.build_id,
-        identity=client.identity,
-    )
-    deadline = asyncio.get_running_loop().time() + PROMOTE_TIMEOUT_S
+    """Make `version` its deployment's current version, as soon as the server knows it, unless
+    a build created after it is current: a restarted old-build pod (a crash, an eviction, a
+    scale-up during an upgrade's overlap) must not move new workflows back to old code."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + PROMOTE_TIMEOUT_S
     while True:
         try:
-            await client.workflow_service.set_worker_deployment_current_version(request)
-        except RPCError as err:  # not registered yet: the worker has not polled
-            if asyncio.get_running_loop().time() > deadline:
-                raise RuntimeError(f"could not make {version} current: {err}") from err
-            await asyncio.sleep(0.25)
-            continue
-        log.info("build %s of %s is current", version.build_id, version.deployment_name)
-        return
+            decision = await _promote_once(client, version)
+        except RPCError as err:  # not registered yet (no poll), or current changed meanwhile
+            decision = str(err)
+        if decision is None:
+            log.info("build %s of %s is current", version.build_id, version.deployment_name)
+            return
+        if decision.startswith("kept "):
+            log.info(
+                "build %s of %s not made current: %s",
+                version.build_id,
+                version.deployment_name,
+                decision,
+            )
+            return
+        if loop.time() > deadline:
+            raise RuntimeError(f"could not make {version} current: {decision}")
+        await asyncio.sleep(0.25)
+
+
+async def _promote_once(client: Client, version: WorkerDeploymentVersion) -> str | None:
+    """None once `version` is current; "kept ..." where a newer build is current (left so);
+    otherwise why not yet. Versions are ordered by the server's create time (first poll)."""
+    described = await client.workflow_service.describe_worker_deployment(
+        DescribeWorkerDeploymentRequest(
+            namespace=client.namespace, deployment_name=version.deployment_name
+        )
+    )
+    info = described.worker_deployment_info
+    created = {
+        s.deployment_version.build_id: s.create_time.ToNanoseconds() for s in info.version_summaries
+    }
+    if version.build_id not in created:
+        return "not registered yet (no poll)"
+    current = info.routing_config.current_deployment_version.build_id
+    if current == version.build_id:
+        return None
+    if current and created.get(current, 0) > created[version.build_id]:
+        return f"kept the newer build {current} current"
+    await client.workflow_service.set_worker_deployment_current_version(
+        SetWorkerDeploymentCurrentVersionRequest(
+            namespace=client.namespace,
+            deployment_name=version.deployment_name,
+            build_id=version.build_id,
+            conflict_token=described.conflict_token,  # fails if current changed since
+            identity=client.identity,
+        )
+    )
+    return None
 
 
 def promote_in_background(
     client: Client, settings: Settings, config: WorkerDeploymentConfig | None
 ) -> None:
-    """`promote` once the worker polls (when versioned and `settings.temporal.promote`)."""
+    """`promote` once the worker polls (when versioned and `settings.temporal.promote`); never
+    back to an older build."""
     if config is None or not settings.temporal.promote:
         return
     task = asyncio.create_task(promote(client, config.version))

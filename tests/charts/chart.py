@@ -25,6 +25,13 @@ CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 VALUE_SETS = [None, *CI_VALUES]
 RELEASE_NAMESPACE = "tempered"
 WORKERS = ["agent-tasks", "inference", "sandbox", "rewards", "learner"]
+CREDENTIAL_VALUES = {"s3": {"accessKey": "test-access-key", "secretKey": "test-secret-key"}}
+"""The chart requires S3 credentials (or s3.existingSecret): a values file a test writes merges
+these in; a helm run without a values file gets CREDENTIALS first (its own `--set`s come later
+and win); the ci values files carry their own."""
+CREDENTIALS = tuple(
+    arg for key, value in CREDENTIAL_VALUES["s3"].items() for arg in ("--set", f"s3.{key}={value}")
+)
 
 
 def _helm() -> str | None:
@@ -50,10 +57,19 @@ def value_set_id(values: Path | None) -> str:
     return "default" if values is None else values.name
 
 
+def with_credentials(args: tuple[str, ...]) -> list[str]:
+    """`helm template` and `helm lint` without a values file, with CREDENTIALS."""
+    if args[0] in ("template", "lint") and "-f" not in args:
+        return [args[0], *CREDENTIALS, *args[1:]]
+    return list(args)
+
+
 def helm_run(*args: str) -> str:
     """helm's stdout; the test fails with helm's output when it exits non-zero."""
     assert HELM is not None
-    done = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [HELM, *with_credentials(args)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -61,7 +77,9 @@ def helm_run(*args: str) -> str:
 def helm_refusal(*args: str) -> str:
     """helm's output when it exits non-zero; the test fails when it succeeds."""
     assert HELM is not None
-    done = subprocess.run([HELM, *args], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [HELM, *with_credentials(args)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode != 0, f"helm {' '.join(args)} succeeded"
     return done.stdout + done.stderr
 

@@ -27,6 +27,7 @@ from infra.sandbox.kubernetes_job import PERMISSIONS
 from infra.sandbox.verifier import checker_job
 from tests.charts.chart import (
     CHART,
+    CREDENTIAL_VALUES,
     HELM,
     RELEASE_NAMESPACE,
     VALUE_SETS,
@@ -103,8 +104,9 @@ def test_the_sandbox_role_may_read_and_create_configmaps_and_nothing_more() -> N
     kubernetes_validate.validate(build_code().manifest("tempered-sandbox"), "1.33.0", strict=True)
 
 
-def test_no_sandbox_rbac_without_the_kubernetes_backend() -> None:
-    docs = render(None, "sandbox.backend=local")
+def test_no_sandbox_rbac_without_the_sandbox_worker() -> None:
+    """(A backend other than kubernetes is refused: tests/charts/test_chart_upgrade.py.)"""
+    docs = render(None, "workers.sandbox.enabled=false")
     assert not objects(docs, "Role") and not objects(docs, "RoleBinding")
 
 
@@ -271,7 +273,7 @@ def test_an_overcommitted_sandbox_quota_fails_to_render(
 ) -> None:
     assert HELM is not None
     values_file = tmp_path / "overcommitted-values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
+    values_file.write_text(yaml.safe_dump({**CREDENTIAL_VALUES, **values}))
     done = subprocess.run(
         [HELM, "template", "tempered", str(CHART), "-f", str(values_file)],
         capture_output=True,

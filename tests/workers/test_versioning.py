@@ -6,6 +6,7 @@ new build. Both workers are built by `workers.runtime.build_worker`, as `tempere
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from pathlib import Path
 
@@ -58,13 +59,13 @@ async def wait_until_running_on(
     raise AssertionError(f"{handle.id} never ran a workflow task on {build}")
 
 
-async def wait_until_current(client: Client, settings: Settings) -> None:
+async def wait_until_current(client: Client, settings: Settings, attempts: int = 300) -> None:
     """Until the worker of `settings`'s build polled and was made its deployment's current
     version (a fixed 2 s wait ran out on a slower machine: 1.2-1.7 s here under load)."""
     request = DescribeWorkerDeploymentRequest(
         namespace=client.namespace, deployment_name=settings.temporal.deployment
     )
-    for _ in range(300):
+    for _ in range(attempts):
         try:
             described = await client.workflow_service.describe_worker_deployment(request)
         except RPCError:  # no worker of the deployment polled yet
@@ -106,3 +107,27 @@ def test_build_id_is_a_digest_of_the_workflow_code() -> None:
     digest = workflow_code_digest()
     assert len(digest) == 12 and digest == workflow_code_digest()
     assert Settings(temporal={"build_id": "v1.2"}).temporal.build_id == "v1.2"
+
+
+@pytest.mark.asyncio
+async def test_an_old_build_restarting_does_not_become_current_again(
+    temporal_server, namespace, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An old-build pod that restarts during an upgrade's overlap (a crash, an eviction, a
+    scale-up) must not move new workflows back to its code: current stays the newer build."""
+    b1 = settings(temporal_server.address, namespace, "b1", tmp_path)
+    b2 = settings(temporal_server.address, namespace, "b2", tmp_path)
+    client = await connect(b1)
+    for build in (b1, b2):
+        worker, _ = await build_worker(client, Queue.AGENT_TASKS, build)
+        async with worker:
+            await wait_until_current(client, build)
+    caplog.set_level(logging.INFO, logger="tempered.worker")
+    restarted, _ = await build_worker(client, Queue.AGENT_TASKS, b1)
+    async with restarted:
+        for _ in range(300):  # until its promotion decided
+            if any("b1" in r.getMessage() and "current" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.1)
+        await wait_until_current(client, b2, attempts=1)
+    assert "build b1 of tempered not made current: kept the newer build b2 current" in caplog.text

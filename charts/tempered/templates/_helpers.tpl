@@ -145,8 +145,17 @@ sandbox namespace (see sandbox-rbac.yaml). */}}
 {{- printf "%s-sandbox-reaper" (include "tempered.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* "true" while the sandbox worker is enabled: the sandbox namespace's objects render only
+then, so a release of agent-tasks alone (an old build's, beside the new release) renders none
+that the other release owns. Fails for a backend no pod of this chart could run. */}}
 {{- define "tempered.kubernetesSandbox" -}}
-{{- if eq .Values.sandbox.backend "kubernetes" -}}true{{- end -}}
+{{- if ne .Values.sandbox.backend "kubernetes" -}}
+{{- fail (printf "sandbox.backend %s cannot run in this chart's pods (uid 10001, every capability dropped): use kubernetes" .Values.sandbox.backend) -}}
+{{- end -}}
+{{- if hasKey .Values.workers "sandbox" -}}
+{{- $w := include "tempered.worker" (dict "root" . "name" "sandbox") | fromYaml -}}
+{{- if $w.enabled -}}true{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Labels of sandbox pods (infra/sandbox/kubernetes.py SANDBOX_LABELS). */}}
