@@ -120,16 +120,12 @@ class RewardActivities:
             details=lambda: "assembling",
         )
         written = await heartbeating_each(
-            trajectories,
-            lambda trajectory: asyncio.to_thread(self._write_once, req.run_id, trajectory),
+            list(zip(trajectories, req.samples, strict=True)),
+            lambda item: asyncio.to_thread(self._write_once, req.run_id, *item),
             details=lambda: "writing",
         )
         refs = [ref for ref, _ in written]
-        created = sum(new for _, new in written)
-        # the samples this attempt wrote: a retry counts none of an earlier attempt's again
-        new = [sample for sample, (_, is_new) in zip(req.samples, written, strict=True) if is_new]
-        record_rewards([s.reward for s in new], [s.solved for s in new], run_id=req.run_id)
-        return WriteTrajectoriesResponse(trajectories=refs, created=created)
+        return WriteTrajectoriesResponse(trajectories=refs, created=sum(new for _, new in written))
 
     def _assemble(
         self, req: WriteTrajectoriesRequest, index: int, episode: EpisodeState
@@ -221,11 +217,19 @@ class RewardActivities:
         except ValueError as exc:
             raise invalid(f"{where}.call", f"{step.completion.key}: {exc}") from exc
 
-    def _write_once(self, run_id: str, trajectory: Trajectory) -> tuple[ObjectRef, bool]:
-        """Create-only write; (ref, True) when new, (ref, False) when already stored (a retry)."""
+    def _write_once(
+        self, run_id: str, trajectory: Trajectory, sample: EpisodeState
+    ) -> tuple[ObjectRef, bool]:
+        """Create-only write; (ref, True) when new, (ref, False) when already stored (a retry).
+        A new one's reward is counted here, as it is stored: the write that stored it is the one
+        that counts it (a retry after a sibling's write failed counts what it stores, not what
+        the failed attempt stored, nor anything twice)."""
         key = keys.trajectory_key(run_id, trajectory.task_id, trajectory.sample)
         data = trajectory.model_dump_json().encode()
         try:
-            return self.store.put_once(key, data, content_type=JSON)
+            ref, new = self.store.put_once(key, data, content_type=JSON)
         except ObjectExists as exc:  # a different trajectory: the rollout was not deterministic
             raise fail(ErrorType.STORED_CONFLICT, str(exc)) from exc
+        if new:
+            record_rewards([sample.reward], [sample.solved], run_id=run_id)
+        return ref, new

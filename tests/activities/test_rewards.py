@@ -336,17 +336,52 @@ async def test_each_sample_is_counted_once_by_the_attempt_that_wrote_it(
         telemetry.flush()
     finally:
         telemetry.shutdown()
+    assert counted(telemetry) == WRITTEN
+
+
+WRITTEN = {  # rewards -0.2, 0.9, 0.9; samples 1 and 2 solved
+    "tempered.rollout.samples": 3,
+    "tempered.rollout.solved": 2,
+    "tempered.reward.positive": 1.8,
+    "tempered.reward.negative": 0.2,
+}
+
+
+def counted(telemetry: tm.Telemetry) -> dict[str, float]:
+    """The reward counters' last exported values."""
     assert telemetry.jsonl_path is not None
     lines = telemetry.jsonl_path.read_text().splitlines()
     snapshot = [r for r in map(json.loads, lines) if r["kind"] == "metrics"][-1]
-    counted = {
+    return {
         p["name"]: round(p["value"], 6)
         for p in snapshot["points"]
         if p["name"].startswith(("tempered.reward.", "tempered.rollout."))
     }
-    assert counted == {  # rewards -0.2, 0.9, 0.9; samples 1 and 2 solved
-        "tempered.rollout.samples": 3,
-        "tempered.rollout.solved": 2,
-        "tempered.reward.positive": 1.8,
-        "tempered.reward.negative": 0.2,
-    }
+
+
+@pytest.mark.asyncio
+async def test_samples_a_failed_attempt_wrote_are_counted_by_it(
+    store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One sample's write fails after its siblings' were stored: the retry finds those stored
+    and writes only the one. Before, an attempt counted only at its end, so the samples the
+    failed attempt stored were never counted."""
+    telemetry = tm.setup_telemetry(Settings(home=tmp_path), "rewards", export_interval_s=60)
+    put_once, failed = store.put_once, []
+
+    def fails_once_for_sample_2(key: str, *args: object, **kwargs: object) -> object:
+        if key.endswith("--s2.json") and not failed:
+            failed.append(key)
+            raise OSError("S3 went away mid-group")
+        return put_once(key, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(store, "put_once", fails_once_for_sample_2)
+    try:
+        req = request(store)
+        with pytest.raises(OSError):
+            await write(store, req)
+        assert (await write(store, req)).created == 1  # the retry: the other two were stored
+        telemetry.flush()
+    finally:
+        telemetry.shutdown()
+    assert failed and counted(telemetry) == WRITTEN

@@ -44,3 +44,15 @@ def test_what_fits_is_kept_whole_and_a_given_capture_as_given() -> None:
     # a pod's launcher cut its stream itself: its bytes are its head, with no count of the rest
     given = Capture(4, bytearray(b"abcd"), True)
     assert given.text() == "abcd" and given.truncated
+
+
+def test_chunks_of_every_size_keep_exactly_the_head_and_the_latest_bytes() -> None:
+    """A chunk between half the tail and the tail (16-32 KiB of a 64 KiB capture: an ordinary
+    pipe read) kept only part of itself, and the kept tail held spliced lines."""
+    limit = 20
+    for size in range(1, 3 * limit):
+        capture = Capture(limit)
+        sent = bytes(65 + n % 26 for n in range(5 * limit))
+        for at in range(0, len(sent), size):
+            capture.add(sent[at : at + size])
+        assert bytes(capture.data) == sent[: limit // 2] + sent[-(limit - limit // 2) :], size
