@@ -19,7 +19,7 @@ their secrets (a rotated `s3.secret_key`), keyed by `home/run/settings.key` (its
 the pidfiles that hold it are anyone's to read.
 
 A worker being stopped (`tempered down`, a restart) gets its queue's drain (`drain_s`) and
-`STOP_MARGIN_S` more (the cancelled activities' cleanup, then its closes) before SIGKILL: the
+`STOP_MARGIN_S` more (the cancelled activities' cleanup, its closes, its exit) before SIGKILL: the
 learner's step in flight was killed 40 s into its 270 s, and redone. `stop_workers` stops them
 all at once.
 """
@@ -56,16 +56,20 @@ CLOSE_BUDGET_S = 20.0
 """How long a worker's closes may take once its activities have ended: its sessions, pools,
 engine or ranks, and telemetry (`workers.runtime.run_workers`; telemetry's own flush is bounded
 by `infra.telemetry.SHUTDOWN_S`)."""
-STOP_MARGIN_S = CANCEL_GRACE_S + CLOSE_BUDGET_S
+EXIT_SLACK_S = 10.0
+"""After the closes, the interpreter's own exit: atexit handlers, threads joined, the last
+telemetry export. A kill at exactly drain + cancel grace + closes could land in it."""
+STOP_MARGIN_S = CANCEL_GRACE_S + CLOSE_BUDGET_S + EXIT_SLACK_S
 """After a worker's drain, room for its own shutdown before it is killed: the SDK cancels the
 activities still running, which take up to `CANCEL_GRACE_S` to clean up, then the worker
-closes. At 10 s the cancelled activities' cleanup could take all of it, and the closes none.
-The chart's terminationGracePeriodSeconds leave as much (tests/charts/test_chart_drain.py)."""
+closes, then its interpreter exits (`EXIT_SLACK_S`). At 10 s the cancelled activities' cleanup
+could take all of it, and the closes none. The chart's terminationGracePeriodSeconds leave at
+least as much (tests/charts/test_chart_drain.py)."""
 
 DRAINS: dict[Queue, float] = {Queue.LEARNER: 270.0}
 """The queues whose worker plan sets its own `drain_s` (from here, by `drain_s`); the others
 keep `WorkerPlan`'s. The learner's step in flight may finish (and publish): a step takes
-minutes, and a cancelled one is redone from its start. The chart gives the learner's pod 300 s."""
+minutes, and a cancelled one is redone from its start. The chart gives the learner's pod 310 s."""
 
 
 def drain_s(queue: Queue) -> float:

@@ -90,25 +90,40 @@ def probe_once(
     runsc: str, setpriv: str, platform: str, python: str, timeout_s: float
 ) -> str | None:
     """One try of the probe: a container that prints "up" with `python`, as a candidate's
-    would, under its own state dir (`STATES`, swept if the worker dies meanwhile). "" if it
+    would, under its own state dir (`STATES`) and groups (`<pid>-probe-...`), both swept if the
+    worker dies meanwhile; killed at `timeout_s`, its container is deleted. "" if it
     ran, None if it did not in `timeout_s` (killed), else why not in runsc's words."""
     root = Path(tempfile.mkdtemp(prefix=f"{STATES}{os.getpid()}-probe-"))
+    # its groups are a run's (`<pid>-probe-...` under `tempered`), which the sweep of a dead
+    # worker covers; without a cgroupsPath runsc made `probe` at each controller's root, and a
+    # killed probe left those for good
+    name = root.name.removeprefix(STATES)
+    state = ["--root", str(root / "state")]
     try:
         (root / "rootfs").mkdir()
         args = [python, "-S", "-I", "-c", "print('up')"]
-        config = oci_config(python, CandidateSpec(PROBE_UID, 8, None), args)
+        config = oci_config(python, CandidateSpec(PROBE_UID, 8, Cgroups.named(name)), args)
         (root / "config.json").write_text(json.dumps(config))
-        argv = [setpriv, "--pdeathsig", "KILL", runsc, "--root", str(root / "state")]
+        argv = [setpriv, "--pdeathsig", "KILL", runsc, *state]
         argv += ["--network=none", f"--platform={platform}", "run", "--bundle", str(root), "probe"]
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout_s, env=RUNSC_ENV, check=False
         )
     except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                [runsc, *state, "delete", "--force", "probe"],
+                capture_output=True,
+                timeout=PROBE_TIMEOUT_S,
+                env=RUNSC_ENV,
+                check=False,
+            )
         return None
     except OSError as exc:
         return f"cannot start runsc: {exc}"
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        _remove_groups(name)
     if done.returncode == 0 and done.stdout == "up\n":
         return ""
     lines = [line.strip() for line in GLOG_PREFIX.sub("", done.stderr).splitlines()]
@@ -116,6 +131,17 @@ def probe_once(
     kept = [line for at, line in enumerate(lines) if not any(line in seen for seen in lines[:at])]
     said = " ".join(" ".join(kept).split())[-1000:]
     return said or f"exit status {done.returncode}, stdout {done.stdout[-200:]!r}"
+
+
+def _remove_groups(name: str) -> None:
+    """Remove the empty groups `name` (and those below it) under each controller's `tempered`
+    folder; one still in use stays, for `cgroups.sweep_dead_workers`."""
+    for path in CGROUP_ROOT.glob(f"*/tempered/{name}"):
+        for below in sorted(path.rglob("*"), reverse=True):
+            with contextlib.suppress(OSError):  # a control file, or a group in use
+                below.rmdir()
+        with contextlib.suppress(OSError):
+            path.rmdir()
 
 
 def probe_runsc(runsc: str, setpriv: str, platform: str, python: str) -> str:

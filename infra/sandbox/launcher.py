@@ -65,7 +65,8 @@ class CandidateLauncher(Protocol):
 
 HELD_SPACE_SLACK_MB = 64
 """Address space a candidate whose sandbox holds all it maps (`candidate_space_mb`) has beyond
-its memory limit: the interpreter's own mappings (~14 MB) and a few threads' stacks."""
+its memory limit: the interpreter's own mappings (~14 MB) and a few threads' stacks (each
+thread's, there, is `zygote.SERVED_THREAD_STACK`, not glibc's 8 MiB)."""
 
 
 def candidate_space_mb(limits: SandboxLimits, held: bool = False) -> int:

@@ -26,7 +26,9 @@ same pristine state, so nothing is reused across runs. Preloading the modules te
 programs commonly import makes a fork ~1 ms instead of an interpreter start (~10 ms).
 
 Role "serve" is one candidate without a zygote, for sandboxes whose runtime starts each
-process itself (a gVisor container, the Kubernetes pod's launcher after it dropped privileges):
+process itself (a gVisor container, the Kubernetes pod's launcher after it dropped privileges),
+its program's threads with smaller stacks (`SERVED_THREAD_STACK`: those sandboxes count each
+thread's whole reservation against the program's memory):
 
     python3 -S -I -c <this file> serve CALLS_FD REPLIES_FD NAME SOURCE [NAME SOURCE ...]
 
@@ -60,6 +62,13 @@ PRELOAD = {
 """Modules imported once in the zygote, so that no run pays for importing them."""
 SETUP_FAILED = 125
 """Exit status of a child that could not confine itself."""
+SERVED_THREAD_STACK = 1 << 20
+"""The stack of each thread a "serve" candidate's program starts (glibc's default is
+RLIMIT_STACK, 8 MiB). Its sandbox holds what it maps (`launcher.candidate_space_mb`, held:
+memory + 64 MiB), so each stack's reservation counts: at 8 MiB a program of 512 MiB got ~61
+threads where the local backend's got ~150. 1 MiB holds Python's own recursion limit in a
+thread. Threads a C library starts with pthread's default keep 8 MiB: glibc fixes that default
+from RLIMIT_STACK at the interpreter's start, and a lower one would cap the main thread too."""
 
 
 def install(sources: dict[str, str]) -> None:
@@ -213,6 +222,9 @@ def serve(calls_fd: int, replies_fd: int) -> None:
     for fd, target in zip(high, (3, 4), strict=True):
         os.dup2(fd, target)
     os.closerange(5, os.sysconf("SC_OPEN_MAX"))
+    import _thread
+
+    _thread.stack_size(SERVED_THREAD_STACK)
     from infra.sandbox import candidate  # installed by `install`
 
     try:

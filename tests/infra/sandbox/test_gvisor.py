@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -248,3 +249,40 @@ def test_a_runsc_that_never_comes_up_is_refused(
     backend.launcher.runsc = str(hang)
     why = backend.probe()
     assert "--platform=kvm" in why and "no container came up in 0.5 s" in why, why
+
+
+THREADS = (
+    "import threading\ndef add(a, b):\n    stop = threading.Event()\n"
+    "    threads = [threading.Thread(target=stop.wait) for _ in range(100)]\n"
+    "    for thread in threads:\n        thread.start()\n"
+    "    stop.set()\n    for thread in threads:\n        thread.join()\n    return a + b\n"
+)
+
+
+def test_a_hundred_threads_start_under_512_mb_on_every_backend(any_box: Box) -> None:
+    """Under the held address-space cap (memory + 64 MiB: gVisor, Kubernetes) each thread's
+    stack reservation counts: at glibc's 8 MiB a program got ~61 threads there and ~150 locally,
+    so a ThreadPoolExecutor(100) passed locally and failed in the held sandboxes."""
+    limits = SandboxLimits(timeout_s=20, memory_mb=512, max_processes=128)
+    result = any_box.run(THREADS, CHECK, "add", limits=limits)
+    assert result.status == ExecStatus.PASSED, result
+
+
+def test_a_probe_killed_mid_run_leaves_no_cgroups_after_the_sweep() -> None:
+    """The probe's container runs in this worker's `<pid>-probe-*` groups (runsc made `probe` at
+    each controller's root before, which no sweep walks): a probe killed at its timeout leaves
+    nothing once `sweep_dead_workers` ran."""
+    if reason := gvisor_missing():
+        pytest.skip(reason)
+    backend = GVisorBackend(warm=0)
+    launcher = backend.launcher
+    assert launcher.runsc is not None
+    said = gvisor_module.probe_once(
+        launcher.runsc, launcher.setpriv, launcher.platform, launcher.python, 0.15
+    )
+    try:
+        assert said is None  # killed before it ran
+        assert not [p for p in CGROUP_ROOT.glob("*/probe") if p.is_dir()]
+    finally:
+        sweep_dead_workers(os.getpid())
+    assert not list(CGROUP_ROOT.glob(f"*/tempered/{os.getpid()}-probe*"))
