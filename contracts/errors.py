@@ -39,9 +39,11 @@ class ErrorType(StrEnum):
     SANDBOX_CIRCUIT_OPEN = "SandboxCircuitOpen"
     """The sandbox backend is paused by its circuit breaker: retried after its backoff."""
     SANDBOX_MISCONFIGURED = "SandboxMisconfigured"
-    """Raised by builds before 7 December 2026 (kept so that their failures still decode): a
-    sandbox worker that could not serve a workspace session. One such host among good ones
-    failed runs for good; it is `SESSIONS_UNAVAILABLE` now, retried later elsewhere."""
+    """No sandbox worker could serve an `open_sessions` (or, with gVisor, an `execute`) for
+    `workers.sandbox.REFUSED_FOR_S`: each refused it, retried (`SESSIONS_UNAVAILABLE`,
+    `SANDBOX_INFRA`), for that long. The message says what to fix. Only then: builds before 7
+    December 2026 raised it at a single host's first refusal, which failed runs that a good
+    host would have served."""
     SESSIONS_UNAVAILABLE = "SessionsUnavailable"
     """The sandbox worker that took an `open_sessions` cannot run workspace sessions (its host
     has no bwrap, or one that cannot make a sandbox): a fault of that host, not of the task, and

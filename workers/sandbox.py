@@ -22,15 +22,17 @@ checks run as usual. The refusal is retried because `open_sessions` runs on the 
 `sandbox` queue: one bad host among good ones failed, for good (`SandboxMisconfigured`, not
 retried), each task whose open it took, and with it the training run. The retry waits: a
 worker that refuses at once is always free, and would take the retry again and again. Where no
-sandbox worker can run sessions, a workspace task's open is retried for as long as that lasts,
-each attempt's failure saying what to fix. Only an error no retry mends refuses sessions: a
+sandbox worker can run sessions, a workspace task's open is retried, each attempt's failure
+saying what to fix, until its refusals have lasted `REFUSED_FOR_S`; then it fails for good
+(`SandboxMisconfigured`, and with it the run), rather than wait for ever with nothing but a
+pending activity to show it (the chart's default has no workspace sessions). Only an error no retry mends refuses sessions: a
 resource shortage at start (user namespaces, pids or memory used up by neighbours' sessions for
 a moment), a probe that gets no answer (a loaded host) or an error of no known kind refuses
 nothing.
 
 With the gvisor backend, a worker whose runsc runs no container (a platform it does not know,
 containers that never come up: `GVisorBackend.probe`, one container at start) says so too and
-refuses `execute` alike, retried later on whichever worker takes it.
+refuses `execute` alike, retried later on whichever worker takes it, for `REFUSED_FOR_S` too.
 
 Not here: a worker that stops polling `sandbox` when it cannot run sessions (it would run no
 program either, and the chart's session-less pods are meant to run them).
@@ -63,6 +65,10 @@ REFUSED_RETRY_S = 120.0
 """How long an `open_sessions` this worker refused waits before its retry: long beside an open
 (under a second), so the retries of a task that keeps landing here cost little, and short
 beside a training run."""
+REFUSED_FOR_S = 30 * 60.0
+"""How long the refusals of one `open_sessions` (or `execute`) last before the last one is final
+(attempt × `REFUSED_RETRY_S`): by then no worker of the queue could serve it, long beside a
+rolling restart's bad host, and a run that waits longer only hides the fault."""
 
 
 def build(settings: Settings) -> WorkerPlan:
@@ -115,7 +121,7 @@ def probe_sessions(runner: CommandRunner, host: SessionHost) -> str:
 def refuse_sessions(unusable: str) -> Callable[..., Awaitable[OpenSessionsResponse]]:
     """An `open_sessions` that fails every request, to be retried after `REFUSED_RETRY_S` (on
     whichever worker takes it): this worker cannot run a workspace command (`unusable` says
-    why), on this attempt or any other."""
+    why), on this attempt or any other; for good once `refused_too_long`."""
     later = timedelta(seconds=REFUSED_RETRY_S)
     why = (
         f"sandbox worker {socket.gethostname()} cannot run workspace sessions: {unusable}. "
@@ -127,6 +133,14 @@ def refuse_sessions(unusable: str) -> Callable[..., Awaitable[OpenSessionsRespon
 
     @activity.defn(name=Activity.OPEN_SESSIONS.value)
     async def open_sessions(req: OpenSessionsRequest) -> OpenSessionsResponse:
+        if refused_too_long():
+            raise fail(
+                ErrorType.SANDBOX_MISCONFIGURED,
+                f"task {req.task_id}: no sandbox worker could run workspace sessions for "
+                f"{REFUSED_FOR_S / 60:.0f} min; the last: {unusable}. Run sandbox workers "
+                "whose own host runs bubblewrap sandboxes (`tempered worker sandbox` on such a "
+                "host; in the Helm chart, sandbox.workspaceSessions)",
+            )
         raise fail(
             ErrorType.SESSIONS_UNAVAILABLE, f"task {req.task_id}: {why}", next_retry_delay=later
         )
@@ -138,7 +152,7 @@ def refuse_programs(broken: str) -> Callable[..., Awaitable[ExecuteResponse]]:
     """An `execute` that fails every request, retried after `REFUSED_RETRY_S` (on whichever
     worker takes it), as `refuse_sessions` does: this worker's runsc runs no container
     (`broken` is runsc's own error: a platform it does not know, containers that never come up),
-    on this attempt or any other."""
+    on this attempt or any other; for good once `refused_too_long`."""
     later = timedelta(seconds=REFUSED_RETRY_S)
     why = (
         f"sandbox worker {socket.gethostname()} cannot run programs: {broken}. Fix the gVisor "
@@ -148,6 +162,18 @@ def refuse_programs(broken: str) -> Callable[..., Awaitable[ExecuteResponse]]:
 
     @activity.defn(name=Activity.EXECUTE.value)
     async def execute(req: ExecuteRequest) -> ExecuteResponse:
+        if refused_too_long():
+            raise fail(
+                ErrorType.SANDBOX_MISCONFIGURED,
+                f"task {req.task_id}: no sandbox worker could run programs for "
+                f"{REFUSED_FOR_S / 60:.0f} min; the last: {broken}. Fix the gVisor settings "
+                "(sandbox.gvisor.platform) or the hosts' runsc",
+            )
         raise fail(ErrorType.SANDBOX_INFRA, f"task {req.task_id}: {why}", next_retry_delay=later)
 
     return execute
+
+
+def refused_too_long() -> bool:
+    """Whether the refusals of the running activity have lasted `REFUSED_FOR_S`."""
+    return activity.info().attempt * REFUSED_RETRY_S >= REFUSED_FOR_S

@@ -16,6 +16,7 @@ the start-up probe run: no Temporal server, no object store call, no step.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -327,3 +328,47 @@ async def test_a_worker_whose_runsc_runs_no_container_refuses_programs_to_be_ret
         assert plan.on_shutdown is not None
         await plan.on_shutdown()
         remove_tree(root)
+
+
+def on_attempt(attempt: int) -> ActivityEnvironment:
+    """An activity environment whose activity runs as its `attempt`th attempt."""
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, attempt=attempt)
+    return env
+
+
+@pytest.mark.asyncio
+async def test_refusals_that_last_too_long_fail_the_open_for_good() -> None:
+    """Where no sandbox worker can run sessions (the chart's default), an open was refused and
+    retried for ever: the run waited with nothing but a pending activity to show it. Once its
+    refusals have lasted `REFUSED_FOR_S`, the refusal is final and says what to fix."""
+    last = int(sandbox.REFUSED_FOR_S // sandbox.REFUSED_RETRY_S)
+    assert 15 * 60 <= sandbox.REFUSED_FOR_S <= 60 * 60 and last > 1
+    open_sessions = sandbox.refuse_sessions("bwrap is missing")
+    with pytest.raises(ApplicationError) as refused:
+        await on_attempt(last - 1).run(open_sessions, REQUEST)
+    assert_retried_later(refused.value)
+    with pytest.raises(ApplicationError) as final:
+        await on_attempt(last).run(open_sessions, REQUEST)
+    error = final.value
+    assert error.type == ErrorType.SANDBOX_MISCONFIGURED and error.non_retryable
+    assert error.type in NON_RETRYABLE
+    assert "no sandbox worker could run workspace sessions for 30 min" in str(error)
+    assert "bwrap is missing" in str(error) and "bubblewrap" in str(error)
+
+
+@pytest.mark.asyncio
+async def test_refusals_of_programs_that_last_too_long_fail_the_execute_for_good() -> None:
+    """The same for `execute` on workers whose runsc runs no container."""
+    last = int(sandbox.REFUSED_FOR_S // sandbox.REFUSED_RETRY_S)
+    execute = sandbox.refuse_programs("fake runsc: no such platform")
+    request = ExecuteRequest(run_id="run-g", task_id="code-1", turn=0, items=[])
+    with pytest.raises(ApplicationError) as refused:
+        await on_attempt(last - 1).run(execute, request)
+    assert_retried_later(refused.value, ErrorType.SANDBOX_INFRA)
+    with pytest.raises(ApplicationError) as final:
+        await on_attempt(last).run(execute, request)
+    error = final.value
+    assert error.type == ErrorType.SANDBOX_MISCONFIGURED and error.non_retryable
+    assert "no sandbox worker could run programs for 30 min" in str(error)
+    assert "no such platform" in str(error) and "sandbox.gvisor.platform" in str(error)

@@ -18,6 +18,7 @@ from temporalio.service import RPCError
 from contracts.learner import LearnerInput
 from contracts.names import Queue
 from infra.settings import Settings
+from workers import versioning
 from workers.runtime import build_worker, connect
 from workers.versioning import workflow_code_digest
 from workflows.learner import LearnerWorkflow
@@ -110,11 +111,50 @@ def test_build_id_is_a_digest_of_the_workflow_code() -> None:
 
 
 @pytest.mark.asyncio
-async def test_an_old_build_restarting_does_not_become_current_again(
+async def test_an_old_build_restarting_while_the_newer_runs_does_not_become_current(
     temporal_server, namespace, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An old-build pod that restarts during an upgrade's overlap (a crash, an eviction, a
-    scale-up) must not move new workflows back to its code: current stays the newer build."""
+    scale-up) must not move new workflows back to its code while the newer build's workers run:
+    current stays the newer build, and a warning says how to move it by hand."""
+    b1 = settings(temporal_server.address, namespace, "b1", tmp_path)
+    b2 = settings(temporal_server.address, namespace, "b2", tmp_path)
+    client = await connect(b1)
+    worker, _ = await build_worker(client, Queue.AGENT_TASKS, b1)
+    async with worker:
+        await wait_until_current(client, b1)
+    caplog.set_level(logging.INFO, logger="tempered.worker")
+    newer, _ = await build_worker(client, Queue.AGENT_TASKS, b2)
+    async with newer:
+        await wait_until_current(client, b2)
+        restarted, _ = await build_worker(client, Queue.AGENT_TASKS, b1)
+        async with restarted:
+            for _ in range(300):  # until its promotion decided
+                if "build b1 of tempered not made current" in caplog.text:
+                    break
+                await asyncio.sleep(0.1)
+            await wait_until_current(client, b2, attempts=1)
+            started_later = await start_learner(client)
+            await wait_until_running_on(started_later, "b2")
+            await started_later.terminate()
+    _stop_promotions()
+    kept = [r for r in caplog.records if "build b1 of tempered not made current" in r.message]
+    assert [r.levelno for r in kept] == [logging.WARNING]
+    assert "kept the newer build b2 current" in kept[0].message
+    assert "temporal worker deployment set-current-version" in kept[0].message
+    assert "--build-id b1" in kept[0].message
+
+
+@pytest.mark.asyncio
+async def test_a_rolled_back_build_becomes_current_once_the_newer_has_no_worker(
+    temporal_server, namespace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollback (helm rollback, the image tag set back, a local edit of workflows/ reverted)
+    brings back an older build after the newer one's workers are gone. It was kept from being
+    current, as a restarted old pod is, and new workflows went to the newer build, which no
+    worker polls: they waited for ever. Polls are deemed live for 3 s here, not a minute."""
+    monkeypatch.setattr(versioning, "LIVE_POLLER_S", 3.0)
+    monkeypatch.setattr(versioning, "RECHECK_S", 0.5)
     b1 = settings(temporal_server.address, namespace, "b1", tmp_path)
     b2 = settings(temporal_server.address, namespace, "b2", tmp_path)
     client = await connect(b1)
@@ -122,12 +162,15 @@ async def test_an_old_build_restarting_does_not_become_current_again(
         worker, _ = await build_worker(client, Queue.AGENT_TASKS, build)
         async with worker:
             await wait_until_current(client, build)
-    caplog.set_level(logging.INFO, logger="tempered.worker")
-    restarted, _ = await build_worker(client, Queue.AGENT_TASKS, b1)
-    async with restarted:
-        for _ in range(300):  # until its promotion decided
-            if any("b1" in r.getMessage() and "current" in r.getMessage() for r in caplog.records):
-                break
-            await asyncio.sleep(0.1)
-        await wait_until_current(client, b2, attempts=1)
-    assert "build b1 of tempered not made current: kept the newer build b2 current" in caplog.text
+    rolled_back, _ = await build_worker(client, Queue.AGENT_TASKS, b1)  # the only worker now
+    async with rolled_back:
+        await wait_until_current(client, b1)
+        started_later = await start_learner(client)
+        await wait_until_running_on(started_later, "b1")
+        await started_later.terminate()
+
+
+def _stop_promotions() -> None:
+    """Cancel the promotions still waiting (a kept build's), which would outlive the test."""
+    for task in list(versioning._promotions):
+        task.cancel()
