@@ -50,7 +50,9 @@ class Capture:
             taken = head - len(self.data)
             self.data += chunk[:taken]
             chunk = chunk[taken:]
-        self.data += chunk[max(len(chunk) - tail, 0) :]  # of the chunk, its latest bytes that can stay
+        self.data += chunk[
+            max(len(chunk) - tail, 0) :
+        ]  # of the chunk, its latest bytes that can stay
         del self.data[head : len(self.data) - tail]
 
     async def drain(self, stream: asyncio.StreamReader) -> None:
