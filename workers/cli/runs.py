@@ -296,7 +296,10 @@ def runs_prune(args: argparse.Namespace, settings: Settings) -> int:
         doomed = prune_versions(store, run, args.keep)
         forget_run(settings.policy_cache, run)
         named = ", ".join(f"v{v}" for v in doomed) or "none"
-        print(f"pruned run {run}: deleted policy versions {named}; its cached policies")
+        print(
+            f"pruned run {run}: deleted policy versions {named}, the workspace snapshots of the "
+            "run and of its evaluations, and its cached policies"
+        )
     return 0
 
 

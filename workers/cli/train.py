@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import sys
 import time
 
@@ -354,8 +355,8 @@ async def _follow(
         _detached(run, f"detached; run {run} goes on in the background workers.")
         raise
     except RPCError as err:
-        if err.status is not RPCStatusCode.UNAVAILABLE:
-            raise
+        if err.status is not RPCStatusCode.UNAVAILABLE and answers(settings.temporal.address):
+            raise  # a cut long poll reads "transport error" (UNKNOWN): lost if none answers
         # the run is durable: it waits for Temporal and goes on; it has not failed (exit 1)
         where, why = settings.temporal.address, str(err).splitlines()[0]
         told = f"lost Temporal at {where} ({why}); detached: run {run} goes on once it answers"
@@ -374,3 +375,13 @@ def _detached(run: str, why: str) -> None:
         f"  stop it:         tempered stop {run} [--cancel]",
         file=sys.stderr,
     )
+
+
+def answers(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts a TCP connection at Temporal's `address` (host:port)."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout_s).close()
+    except (OSError, ValueError):
+        return False
+    return True

@@ -99,14 +99,24 @@ class _Handle:
 
 
 @pytest.mark.parametrize("attach", [False, True])
+@pytest.mark.parametrize(
+    ("status", "why"),
+    [(RPCStatusCode.UNAVAILABLE, "tcp connect error"), (RPCStatusCode.UNKNOWN, "transport error")],
+)
 def test_a_train_that_loses_temporal_detaches_with_its_own_status(
-    attach: bool, tmp_path: Path, capsys: Capture, monkeypatch: pytest.MonkeyPatch
+    attach: bool,
+    status: RPCStatusCode,
+    why: str,
+    tmp_path: Path,
+    capsys: Capture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """It printed "cannot reach Temporal (tcp connect error); is the stack up?" and exited 1,
-    which `train` defines as "the run failed"."""
+    which `train` defines as "the run failed"; a long poll cut by `down --force` reads
+    "transport error" (UNKNOWN), which did so still: lost too, when nothing answers."""
 
     async def lost(*args: Any) -> None:
-        raise RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b"")
+        raise RPCError(why, status, b"")
 
     async def fake_connect(settings: Settings, runtime: object) -> object:
         return object()
@@ -126,11 +136,12 @@ def test_a_train_that_loses_temporal_detaches_with_its_own_status(
     monkeypatch.setattr(train_cli, "start_run", fake_start)
     monkeypatch.setattr(train_cli, "attach", fake_attach)
     monkeypatch.setattr(train_cli, "follow", lost)
-    settings = Settings(home=tmp_path / "home")
+    gone = TemporalSettings(address=f"127.0.0.1:{free_port()}")  # nothing answers there
+    settings = Settings(home=tmp_path / "home", temporal=gone)
     argv = ["train", "--attach", "r"] if attach else ["train", "--preset", "tiny", "--run-id", "r"]
     assert run(argv, settings) == train_cli.LOST
     err = capsys.readouterr().err
-    assert f"lost Temporal at {settings.temporal.address} (tcp connect error)" in err
+    assert f"lost Temporal at {settings.temporal.address} ({why})" in err
     assert "tempered train --attach r" in err and "cannot reach" not in err
     assert f"{train_cli.LOST} lost Temporal" in (train_cli.__doc__ or "")  # documented
 
