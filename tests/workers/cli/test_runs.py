@@ -220,7 +220,7 @@ def test_runs_prune_keeps_v0_and_the_newest_versions(
     assert "nothing pruned (--force anyway)" in capsys.readouterr().err
     assert policy_manifest(store, "prune-me", 1) is not None
     assert cli(["runs", "prune", "prune-me", "--keep", "1", "--force"], settings) == 0
-    assert "deleted policy versions v1, v2;" in capsys.readouterr().out
+    assert "deleted policy versions v1, v2, the workspace snapshots" in capsys.readouterr().out
     left = [v for v in range(4) if policy_manifest(store, "prune-me", v) is not None]
     assert left == [0, 3]
     with pytest.raises(SystemExit) as refused:  # at parse time, as every bad number is

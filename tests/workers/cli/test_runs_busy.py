@@ -108,7 +108,7 @@ def test_an_evaluation_in_flight_keeps_prune_and_rm_off_its_run(
 
     asyncio.run(finish())
     assert run(["runs", "prune", RUN], settings) == 0
-    assert "deleted policy versions v1, v2;" in capsys.readouterr().out
+    assert "deleted policy versions v1, v2, the workspace snapshots" in capsys.readouterr().out
     assert left(store) == [0, 3]
 
 
