@@ -44,7 +44,9 @@ async def test_it_heartbeats_while_it_assembles_and_while_it_writes(
     def assemble(self: RewardActivities, req: Any, index: int, episode: EpisodeState) -> Any:
         return slow("assemble", episode.sample)
 
-    def write_once(self: RewardActivities, run_id: str, sample: int) -> tuple[ObjectRef, bool]:
+    def write_once(
+        self: RewardActivities, run_id: str, sample: int, episode: EpisodeState
+    ) -> tuple[ObjectRef, bool]:
         ref = ObjectRef(key=f"trajectories/{sample}.json", size=1, sha256="0" * 64)
         return slow("write", (ref, True))
 

@@ -315,7 +315,11 @@ async def test_a_gvisor_program_starved_of_cpu_by_the_host_is_an_infra_error(bac
             while not groups:
                 assert not run.done(), f"the run ended before it started: {await outcome(run)}"
                 await asyncio.sleep(0.1)
-                groups = list((CGROUP_ROOT / "memory" / "tempered").glob(f"{os.getpid()}-*"))
+                groups = [  # the run's, not the start-up probe's (`<pid>-probe-*`, gone)
+                    group
+                    for group in (CGROUP_ROOT / "memory" / "tempered").glob(f"{os.getpid()}-*")
+                    if "-probe-" not in group.name
+                ]
             await asyncio.sleep(2.0)  # its container up, its program in add()
             assert not run.done(), f"the run ended before the fault: {await outcome(run)}"
             for pid in Cgroups.named(groups[0].name).pids():
