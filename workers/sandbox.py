@@ -46,6 +46,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.environment import EnvironmentActivities
 from activities.sandbox import SandboxActivities
@@ -119,59 +120,64 @@ def probe_sessions(runner: CommandRunner, host: SessionHost) -> str:
 
 
 def refuse_sessions(unusable: str) -> Callable[..., Awaitable[OpenSessionsResponse]]:
-    """An `open_sessions` that fails every request, to be retried after `REFUSED_RETRY_S` (on
-    whichever worker takes it): this worker cannot run a workspace command (`unusable` says
-    why), on this attempt or any other; for good once `refused_too_long`."""
-    later = timedelta(seconds=REFUSED_RETRY_S)
-    why = (
-        f"sandbox worker {socket.gethostname()} cannot run workspace sessions: {unusable}. "
-        "Workspace tasks need sandbox workers whose own host runs bubblewrap sandboxes (the "
-        "kubernetes backend runs programs as Jobs, not workspace sessions); run them with "
-        "`tempered worker sandbox` on such a host. Retried in "
-        f"{REFUSED_RETRY_S:.0f} s, on whichever sandbox worker takes it"
-    )
+    """An `open_sessions` that fails every request (`refusal`): this worker cannot run a
+    workspace command (`unusable` says why), on this attempt or any other."""
 
     @activity.defn(name=Activity.OPEN_SESSIONS.value)
     async def open_sessions(req: OpenSessionsRequest) -> OpenSessionsResponse:
-        if refused_too_long():
-            raise fail(
-                ErrorType.SANDBOX_MISCONFIGURED,
-                f"task {req.task_id}: no sandbox worker could run workspace sessions for "
-                f"{REFUSED_FOR_S / 60:.0f} min; the last: {unusable}. Run sandbox workers "
-                "whose own host runs bubblewrap sandboxes (`tempered worker sandbox` on such a "
-                "host; in the Helm chart, sandbox.workspaceSessions)",
-            )
-        raise fail(
-            ErrorType.SESSIONS_UNAVAILABLE, f"task {req.task_id}: {why}", next_retry_delay=later
+        raise refusal(
+            req.task_id,
+            "workspace sessions",
+            unusable,
+            ErrorType.SESSIONS_UNAVAILABLE,
+            advice="Workspace tasks need sandbox workers whose own host runs bubblewrap "
+            "sandboxes (the kubernetes backend runs programs as Jobs, not workspace sessions); "
+            "run them with `tempered worker sandbox` on such a host.",
+            final="Run sandbox workers whose own host runs bubblewrap sandboxes (`tempered "
+            "worker sandbox` on such a host; in the Helm chart, sandbox.workspaceSessions)",
         )
 
     return open_sessions
 
 
 def refuse_programs(broken: str) -> Callable[..., Awaitable[ExecuteResponse]]:
-    """An `execute` that fails every request, retried after `REFUSED_RETRY_S` (on whichever
-    worker takes it), as `refuse_sessions` does: this worker's runsc runs no container
-    (`broken` is runsc's own error: a platform it does not know, containers that never come up),
-    on this attempt or any other; for good once `refused_too_long`."""
-    later = timedelta(seconds=REFUSED_RETRY_S)
-    why = (
-        f"sandbox worker {socket.gethostname()} cannot run programs: {broken}. Fix the gVisor "
-        "settings (sandbox.gvisor.platform) or the host's runsc; retried in "
-        f"{REFUSED_RETRY_S:.0f} s, on whichever sandbox worker takes it"
-    )
+    """An `execute` that fails every request (`refusal`), as `refuse_sessions` does: this
+    worker's runsc runs no container (`broken` is runsc's own error: a platform it does not
+    know, containers that never come up), on this attempt or any other."""
 
     @activity.defn(name=Activity.EXECUTE.value)
     async def execute(req: ExecuteRequest) -> ExecuteResponse:
-        if refused_too_long():
-            raise fail(
-                ErrorType.SANDBOX_MISCONFIGURED,
-                f"task {req.task_id}: no sandbox worker could run programs for "
-                f"{REFUSED_FOR_S / 60:.0f} min; the last: {broken}. Fix the gVisor settings "
-                "(sandbox.gvisor.platform) or the hosts' runsc",
-            )
-        raise fail(ErrorType.SANDBOX_INFRA, f"task {req.task_id}: {why}", next_retry_delay=later)
+        raise refusal(
+            req.task_id,
+            "programs",
+            broken,
+            ErrorType.SANDBOX_INFRA,
+            advice="Fix the gVisor settings (sandbox.gvisor.platform) or the host's runsc.",
+            final="Fix the gVisor settings (sandbox.gvisor.platform) or the hosts' runsc",
+        )
 
     return execute
+
+
+def refusal(
+    task_id: str, work: str, why: str, kind: ErrorType, *, advice: str, final: str
+) -> ApplicationError:
+    """A refused request of `task_id`: `kind`, retried after `REFUSED_RETRY_S` on whichever
+    worker takes it, saying why (`why`) and what to do (`advice`); once `refused_too_long`, the
+    non-retryable `SANDBOX_MISCONFIGURED` (no worker could run that `work`; `final` says what
+    to fix)."""
+    if refused_too_long():
+        return fail(
+            ErrorType.SANDBOX_MISCONFIGURED,
+            f"task {task_id}: no sandbox worker could run {work} for {REFUSED_FOR_S / 60:.0f} "
+            f"min; the last: {why}. {final}",
+        )
+    return fail(
+        kind,
+        f"task {task_id}: sandbox worker {socket.gethostname()} cannot run {work}: {why}. "
+        f"{advice} Retried in {REFUSED_RETRY_S:.0f} s, on whichever sandbox worker takes it",
+        next_retry_delay=timedelta(seconds=REFUSED_RETRY_S),
+    )
 
 
 def refused_too_long() -> bool:

@@ -46,7 +46,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import sys
 import time
 
@@ -60,7 +59,9 @@ from contracts.names import Workflow
 from contracts.run import TrainingRunInput, TrainingRunResult
 from infra import stack
 from infra.presets import DEFAULT, load_preset, preset_names
+from infra.processes import port_open
 from infra.settings import Settings
+from infra.stack_services import temporal_endpoint
 from infra.storage import ObjectStore, StorageError
 from infra.tasks import BUILTIN_SUITES
 from workers.background import ensure_workers
@@ -355,7 +356,10 @@ async def _follow(
         _detached(run, f"detached; run {run} goes on in the background workers.")
         raise
     except RPCError as err:
-        if err.status is not RPCStatusCode.UNAVAILABLE and answers(settings.temporal.address):
+        temporal = temporal_endpoint(settings)
+        if err.status is not RPCStatusCode.UNAVAILABLE and port_open(
+            temporal.host, temporal.port, 2.0
+        ):
             raise  # a cut long poll reads "transport error" (UNKNOWN): lost if none answers
         # the run is durable: it waits for Temporal and goes on; it has not failed (exit 1)
         where, why = settings.temporal.address, str(err).splitlines()[0]
@@ -375,13 +379,3 @@ def _detached(run: str, why: str) -> None:
         f"  stop it:         tempered stop {run} [--cancel]",
         file=sys.stderr,
     )
-
-
-def answers(address: str, timeout_s: float = 2.0) -> bool:
-    """Whether something accepts a TCP connection at Temporal's `address` (host:port)."""
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout_s).close()
-    except (OSError, ValueError):
-        return False
-    return True
