@@ -9,11 +9,17 @@ import pytest
 def test_pipeline_and_bare_must_have_sampled_the_same_tokens_row_by_row() -> None:
     from engines import check_same_tokens
 
-    check_same_tokens({("a", 0): 5, ("a", 1): 7}, {("a", 1): 7, ("a", 0): 5})
-    with pytest.raises(SystemExit, match=r"1 of 2 rows.*\('a', 1\): 8 vs 7"):
-        check_same_tokens({("a", 0): 5, ("a", 1): 8}, {("a", 0): 5, ("a", 1): 7})
+    reference = {("a", i): 50 for i in range(4)}  # 200 tokens: 1% is 2
+    assert check_same_tokens(dict(reverse_items(reference)), reference) == 0
+    assert check_same_tokens({**reference, ("a", 1): 48}, reference) == 2  # a rounding's flip
+    with pytest.raises(SystemExit, match=r"2 of 4 rows.*3 tokens in all.*\('a', 1\): 49 vs 50"):
+        check_same_tokens({**reference, ("a", 1): 49, ("a", 2): 52}, reference)
     with pytest.raises(SystemExit, match="rows"):
-        check_same_tokens({("a", 0): 5}, {("a", 0): 5, ("a", 1): 7})
+        check_same_tokens({("a", 0): 50}, reference)
+
+
+def reverse_items(counts: dict) -> list:
+    return list(reversed(counts.items()))
 
 
 def test_each_vllm_variant_is_set_against_its_own_paired_transformers_runs() -> None:
