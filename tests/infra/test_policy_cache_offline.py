@@ -16,17 +16,9 @@ from infra.policy import publish_policy
 from infra.policy_cache import fetch_policy
 from infra.processes import free_port
 from infra.storage import ObjectNotFound, ObjectStore, TransientStorageError
+from tests.fixtures.policy_dirs import WEIGHTS, version_dir
 
 RUN = "offline"
-WEIGHTS = "model.safetensors"
-
-
-def _version(tmp_path: Path, tag: str) -> Path:
-    local = tmp_path / f"src-{tag}"
-    local.mkdir()
-    (local / "config.json").write_text("{}")
-    (local / WEIGHTS).write_text(tag)
-    return local
 
 
 def _down(store: ObjectStore) -> ObjectStore:
@@ -38,8 +30,8 @@ def _down(store: ObjectStore) -> ObjectStore:
 def test_a_cached_version_is_served_while_the_store_is_down(
     store: ObjectStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    publish_policy(store, RUN, 1, _version(tmp_path, "v1"))
-    publish_policy(store, RUN, 2, _version(tmp_path, "v2"))
+    publish_policy(store, RUN, 1, version_dir(tmp_path, "v1"))
+    publish_policy(store, RUN, 2, version_dir(tmp_path, "v2"))
     cache = tmp_path / "cache"
     local = fetch_policy(store, RUN, 1, cache, keep=6)
     down = _down(store)  # a process started during the outage: it never read v1's manifest
@@ -59,7 +51,7 @@ def test_a_cached_version_is_served_while_the_store_is_down(
 def test_a_version_the_store_no_longer_holds_is_not_served_from_the_cache(
     store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    publish_policy(store, RUN, 1, _version(tmp_path, "v1"))
+    publish_policy(store, RUN, 1, version_dir(tmp_path, "v1"))
     cache = tmp_path / "cache"
     fetch_policy(store, RUN, 1, cache)
     store.delete(keys.policy_manifest_key(RUN, 1))  # pruned, or a bucket replaced

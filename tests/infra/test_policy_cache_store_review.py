@@ -21,11 +21,11 @@ from infra import keys, policy_cache
 from infra.policy import policy_manifest, publish_policy
 from infra.policy_cache import fetch_policy
 from infra.storage import ObjectNotFound, ObjectStore
+from tests.fixtures.policy_dirs import WEIGHTS, version_dir
 from tests.fixtures.s3 import SeaweedServer
 from tests.paths import REPO_ROOT as REPO
 
 RUN = "exp1"
-WEIGHTS = "model.safetensors"
 FETCH = """
 import sys
 from pathlib import Path
@@ -39,14 +39,6 @@ s3 = S3Settings(endpoint=endpoint, bucket=bucket, access_key="test-key",
 local = fetch_policy(ObjectStore(s3), "exp1", 1, Path(cache), keep=6)
 sys.stdout.write((local / "model.safetensors").read_text())
 """
-
-
-def _version(tmp_path: Path, tag: str) -> Path:
-    local = tmp_path / f"src-{tag}"
-    local.mkdir()
-    (local / "config.json").write_text("{}")
-    (local / WEIGHTS).write_text(tag)
-    return local
 
 
 def _fetch_in_a_new_process(seaweed: SeaweedServer, bucket: str, cache: Path) -> str:
@@ -68,12 +60,12 @@ def test_a_replaced_bucket_is_not_served_the_old_runs_weights(
     seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path
 ) -> None:
     cache = tmp_path / "cache"
-    publish_policy(store, RUN, 1, _version(tmp_path, "weights of the OLD exp1"))
+    publish_policy(store, RUN, 1, version_dir(tmp_path, "weights of the OLD exp1"))
     assert _fetch_in_a_new_process(seaweed, store.bucket, cache) == "weights of the OLD exp1"
     seaweed.drop(store.bucket)  # the store wiped, the bucket made again, the run started again
     again = seaweed.store(store.bucket)
     assert not again.exists(keys.policy_manifest_key(RUN, 1))
-    publish_policy(again, RUN, 1, _version(tmp_path, "weights of the NEW exp1"))
+    publish_policy(again, RUN, 1, version_dir(tmp_path, "weights of the NEW exp1"))
     assert _fetch_in_a_new_process(seaweed, store.bucket, cache) == "weights of the NEW exp1"
 
 
@@ -83,8 +75,8 @@ def test_another_bucket_is_not_served_the_first_ones_weights(
     other = seaweed.store()
     try:
         cache = tmp_path / "cache"
-        publish_policy(store, RUN, 1, _version(tmp_path, "first bucket's"))
-        publish_policy(other, RUN, 1, _version(tmp_path, "other bucket's"))
+        publish_policy(store, RUN, 1, version_dir(tmp_path, "first bucket's"))
+        publish_policy(other, RUN, 1, version_dir(tmp_path, "other bucket's"))
         assert (fetch_policy(store, RUN, 1, cache) / WEIGHTS).read_text() == "first bucket's"
         assert (fetch_policy(other, RUN, 1, cache) / WEIGHTS).read_text() == "other bucket's"
         assert (fetch_policy(store, RUN, 1, cache) / WEIGHTS).read_text() == "first bucket's"
@@ -93,8 +85,8 @@ def test_another_bucket_is_not_served_the_first_ones_weights(
 
 
 def test_a_process_reads_a_versions_manifest_once(store: ObjectStore, tmp_path: Path) -> None:
-    publish_policy(store, RUN, 1, _version(tmp_path, "v1"))
-    publish_policy(store, RUN, 2, _version(tmp_path, "v2"))
+    publish_policy(store, RUN, 1, version_dir(tmp_path, "v1"))
+    publish_policy(store, RUN, 2, version_dir(tmp_path, "v2"))
     reads: Counter[str] = Counter()
 
     def count(params: dict[str, Any], **_: Any) -> None:
@@ -117,7 +109,7 @@ def test_the_cache_reads_a_manifest_as_the_policy_store_does(
     store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One rule one home: the cache asks `infra.policy.policy_manifest` (no key of its own)."""
-    publish_policy(store, RUN, 1, _version(tmp_path, "v1"))
+    publish_policy(store, RUN, 1, version_dir(tmp_path, "v1"))
     asked: list[tuple[str, int]] = []
 
     def reading(store: ObjectStore, run_id: str, version: int) -> PolicyManifest | None:

@@ -73,6 +73,16 @@ def no_rates(worker: WorkerFigures) -> None:
     assert worker.sandbox_runs.get("ok", 0) >= 6  # the counts stay
 
 
+def status_row_state(home: Path, pid: int, worker: WorkerFigures) -> str:
+    """The state `tempered status` shows in the worker's row (its one row)."""
+    report = StatusReport(
+        home=str(home), services={}, temporal="-", workers={f"sandbox-{pid}": worker}
+    )
+    states = [row.state for row in worker_rows(report) if row.pid == pid]
+    assert len(states) == 1, states
+    return states[0]
+
+
 @pytest.mark.timeout(60)
 def test_an_exited_unreaped_worker_is_not_alive_and_shows_no_rates(tmp_path: Path) -> None:
     proc = start_worker(tmp_path, "exit")
@@ -86,15 +96,7 @@ def test_an_exited_unreaped_worker_is_not_alive_and_shows_no_rates(tmp_path: Pat
         assert worker.pid == proc.pid
         assert not worker.alive and not worker.live
         no_rates(worker)
-        rows = worker_rows(
-            StatusReport(
-                home=str(tmp_path),
-                services={},
-                temporal="-",
-                workers={f"sandbox-{proc.pid}": worker},
-            )
-        )
-        assert [row.state for row in rows if row.pid == proc.pid] == ["exited"]
+        assert status_row_state(tmp_path, proc.pid, worker) == "exited"
     finally:
         proc.wait(timeout=10)
 
@@ -115,15 +117,7 @@ def test_a_worker_that_stopped_exporting_is_stale_and_shows_no_rates(
         assert worker.alive and worker.stale and not worker.live
         assert worker.stale_after_s is not None and worker.stale_after_s >= 1.0
         no_rates(worker)
-        rows = worker_rows(
-            StatusReport(
-                home=str(tmp_path),
-                services={},
-                temporal="-",
-                workers={f"sandbox-{proc.pid}": worker},
-            )
-        )
-        assert [row.state for row in rows if row.pid == proc.pid] == ["stale"]
+        assert status_row_state(tmp_path, proc.pid, worker) == "stale"
     finally:
         os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
