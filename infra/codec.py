@@ -55,7 +55,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -304,13 +304,22 @@ def ui_origins(ui_port: int) -> list[str]:
     return [f"http://127.0.0.1:{ui_port}", f"http://localhost:{ui_port}"]
 
 
-async def serve(store: ObjectStore, host: str, port: int, origins: Iterable[str]) -> None:
-    """Serve until cancelled."""
+async def serve(
+    store: ObjectStore,
+    host: str,
+    port: int,
+    origins: Iterable[str],
+    listening: Callable[[], object] = lambda: None,
+) -> None:
+    """Serve until cancelled; `listening` is called once the server listens. The site's bind
+    is the one check of the address: an OSError (in use, not this host's, no such host)
+    before `listening`, never a probe of its own first."""
     runner = web.AppRunner(create_app(store, origins), access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
         log.info("codec server on http://%s:%d", host, port)
+        listening()
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()

@@ -84,6 +84,28 @@ def helm_refusal(*args: str) -> str:
     return done.stdout + done.stderr
 
 
+def refused(*sets: str, namespace: str | None = None) -> str:
+    """helm's output when `helm template` of the chart with these `--set` items fails (the
+    test fails when it renders): the render-and-refuse shape of the tests, in one place."""
+    args = ["template", "tempered", str(CHART)]
+    args += ["--namespace", namespace] if namespace else []
+    return helm_refusal(*args, *(arg for item in sets for arg in ("--set", item)))
+
+
+def refused_values(directory: Path, values: dict[str, Any]) -> str:
+    """helm's output when `helm template` of the chart with `values` (written as a values file
+    in `directory`, pytest's tmp_path, with CREDENTIAL_VALUES under them) fails."""
+    values_file = directory / "refused-values.yaml"
+    values_file.write_text(yaml.safe_dump({**CREDENTIAL_VALUES, **values}))
+    return helm_refusal("template", "tempered", str(CHART), "-f", str(values_file))
+
+
+def lint_refused(*sets: str) -> str:
+    """helm's output when `helm lint --strict` of the chart with these `--set` items fails (the
+    schema's refusals)."""
+    return helm_refusal("lint", "--strict", str(CHART), *(a for i in sets for a in ("--set", i)))
+
+
 @functools.cache
 def render(values: Path | None = None, *sets: str) -> list[dict[str, Any]]:
     """The chart's objects rendered with a values file and `--set` items (cached)."""

@@ -1,81 +1,124 @@
-"""A worker's `env:` (workers.<queue>.env, defaults.env) against the settings the chart writes.
+"""The two routes by which values add TEMPERED_* variables, `settings:` (the ConfigMap) and a
+worker's `env:` (workers.<queue>.env, defaults.env), against the names the chart writes.
 
-A container's `env` wins over its `envFrom`, so a worker's `env:` naming a setting of
-tempered.chartSettings (templates/_settings.tpl) would override the ConfigMap's key past what the
-chart derives from its value: the sandbox quota check (concurrency), the sandbox namespace's
-Role, the state dir's mount. Rendering refuses such a name on both routes, `settings:` (tests in
-test_chart_values.py) and `env:`, but for the ones the chart itself yields to a worker's own env
-(the learner's TEMPERED_LEARNER__RANKS). Skipped without helm.
+A `settings:` entry of one was written twice in the ConfigMap, the later, `settings:`'s, won;
+a container's `env` wins over its `envFrom`, so a worker's `env:` naming one overrode the
+ConfigMap's key: either passed what the chart derives from its value (the sandbox quota check
+on concurrency, the sandbox namespace's Role, the state dir's mount, the metrics ports).
+The chart also sets names in the pod itself (TEMPERED_WORKER_ID, each pod's own name, by which
+sessions are routed; the workspace sessions' root and disk): one in `env:` named the
+container's variable twice. Rendering refuses every name of tempered.chartSettings
+(templates/_settings.tpl) on both routes, naming the value to set instead, but the ones the
+chart itself yields to a worker's own env (the learner's TEMPERED_LEARNER__RANKS). Skipped
+without helm.
 """
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import yaml
 
 from tests.charts.chart import (
     CHART,
     container,
     deployments,
-    helm_refusal,
     needs_helm,
     objects,
+    refused,
     render,
 )
+from tests.charts.test_chart_values import settings_name_pattern
 
 pytestmark = needs_helm
 
+YIELDED = {"TEMPERED_INFERENCE__LOCAL__DEVICE", "TEMPERED_LEARNER__DEVICE"}
+"""Written in the pod only where neither `env:` nor `settings:` names them (torch's device,
+tempered.deviceSettings: test_chart_values.py)."""
+
 
 @pytest.mark.parametrize(
-    ("item", "route", "instead"),
+    ("item", "how"),
     [
-        (
-            "workers.sandbox.env.TEMPERED_SANDBOX__CONCURRENCY=200",
-            "workers.sandbox.env",
-            "sandbox.concurrency",
-        ),
+        # workers.sandbox.env.TEMPERED_SANDBOX__CONCURRENCY=200 once rendered: the quota check
+        # used sandbox.concurrency (16) while the worker ran 200 Jobs at once, with no Role
+        ("workers.sandbox.env.TEMPERED_SANDBOX__CONCURRENCY=200", "set sandbox.concurrency"),
         (
             "workers.sandbox.env.TEMPERED_SANDBOX__KUBERNETES__NAMESPACE=other",
-            "workers.sandbox.env",
-            "sandbox.namespace",
+            "set sandbox.namespace",
         ),
-        ("workers.rewards.env.TEMPERED_HOME=/elsewhere", "workers.rewards.env", "stateDir"),
-        ("defaults.env.TEMPERED_S3__BUCKET=other", "defaults.env", "s3.bucket"),
+        ("workers.rewards.env.TEMPERED_HOME=/elsewhere", "set stateDir"),
+        ("defaults.env.TEMPERED_S3__BUCKET=other", "set s3.bucket"),
+        ("workers.inference.env.TEMPERED_LEARNER__RANKS=2", "set workers.learner.gpu"),
+        ("defaults.env.TEMPERED_LEARNER__RANKS=2", "set workers.learner.gpu"),
+        ("settings.TEMPERED_SANDBOX__CONCURRENCY=64", "set sandbox.concurrency"),
+        ("settings.TEMPERED_HOME=/elsewhere", "set stateDir"),
+        ("settings.TEMPERED_SANDBOX__KUBERNETES__NAMESPACE=other", "set sandbox.namespace"),
+        ("settings.TEMPERED_TELEMETRY__PROMETHEUS_PORT=9000", "set telemetry.prometheus.basePort"),
+        # each pod's name: in `env:`, every pod of the Deployment had one id (or the pod's, as
+        # the client merged the name given twice), and sessions are routed by worker id
+        ("workers.sandbox.env.TEMPERED_WORKER_ID=w1", "each pod's own name"),
+        ("defaults.env.TEMPERED_WORKER_ID=w1", "each pod's own name"),
+        # the sessions' emptyDir and its tmpfs workspaces (sandbox.workspaceSessions)
         (
-            "workers.inference.env.TEMPERED_LEARNER__RANKS=2",
-            "workers.inference.env",
-            "workers.learner.gpu",
+            "workers.sandbox.env.TEMPERED_SANDBOX__WORKSPACES__ROOT=/data",
+            "set sandbox.workspaceSessions.enabled",
         ),
-        ("defaults.env.TEMPERED_LEARNER__RANKS=2", "defaults.env", "workers.learner.gpu"),
+        (
+            "defaults.env.TEMPERED_SANDBOX__WORKSPACES__DISK=directory",
+            "set sandbox.workspaceSessions.enabled",
+        ),
+        (
+            "settings.TEMPERED_SANDBOX__WORKSPACES__ROOT=/data",
+            "set sandbox.workspaceSessions.enabled",
+        ),
     ],
 )
-def test_a_worker_env_may_not_name_a_setting_the_chart_writes(
-    item: str, route: str, instead: str
-) -> None:
-    """workers.sandbox.env.TEMPERED_SANDBOX__CONCURRENCY=200 once rendered: the quota check used
-    sandbox.concurrency (16) while the worker ran 200 Jobs at once, in a namespace with no Role."""
-    name = item.split("=")[0].rsplit(".", 1)[-1]
-    refusal = helm_refusal("template", "tempered", str(CHART), "--set", item)
-    assert f"{route}.{name} is written by the chart: set {instead}" in refusal, refusal
+def test_a_route_may_not_name_what_the_chart_writes(item: str, how: str) -> None:
+    """The refusal names the route and the name (`<route>.<NAME>`) and what to do instead."""
+    refusal = refused(item, "sandbox.workspaceSessions.enabled=true")
+    assert f"{item.split('=')[0]} is written by the chart: {how}" in refusal, refusal
 
 
-def test_every_setting_the_chart_writes_is_refused_in_a_worker_env() -> None:
-    """The same names as `settings:` (every key of the ConfigMap and the Secret, each optional
-    one rendered, and the learner's ranks), in the worker's own env."""
+def written_by_the_chart() -> list[str]:
+    """Every TEMPERED_* name the chart writes, each optional one rendered: the ConfigMap's and
+    the Secret's keys, and those of each worker container's own env (the learner's ranks, the
+    pod's worker id, the workspace sessions' root and disk)."""
     docs = render(
         None,
         "temporal.buildId=b7",
         "sandbox.runtimeClass.name=gvisor",
         "telemetry.otlpEndpoint=http://otel-collector:4317",
+        "sandbox.workspaceSessions.enabled=true",
     )
     (configmap,) = objects(docs, "ConfigMap").values()
     (secret,) = objects(docs, "Secret").values()
-    written = [*configmap["data"], *secret["stringData"], "TEMPERED_LEARNER__RANKS"]
-    sets = [arg for name in written for arg in ("--set", f"workers.agent-tasks.env.{name}=1")]
-    refusal = helm_refusal("template", "tempered", str(CHART), *sets)
-    missing = [
-        n for n in written if f"workers.agent-tasks.env.{n} is written by the chart" not in refusal
-    ]
-    assert missing == []
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    given = {*values["defaults"]["env"]}
+    given |= {name for worker in values["workers"].values() for name in worker.get("env") or {}}
+    in_pods = {e["name"] for d in deployments(docs).values() for e in container(d)["env"]}
+    names = {*configmap["data"], *secret["stringData"], *(in_pods - given - YIELDED)}
+    return sorted(n for n in names if n.startswith("TEMPERED_"))
+
+
+@pytest.mark.parametrize("route", ["settings", "workers.agent-tasks.env", "defaults.env"])
+def test_every_name_the_chart_writes_is_refused(route: str) -> None:
+    """On each route, but a `settings:` name the schema refuses first (TEMPERED_WORKER_ID is no
+    setting of the model: test_chart_values.py)."""
+    written = written_by_the_chart()
+    assert {"TEMPERED_WORKER_ID", "TEMPERED_LEARNER__RANKS"} < set(written), written
+    assert {"TEMPERED_SANDBOX__WORKSPACES__ROOT", "TEMPERED_SANDBOX__WORKSPACES__DISK"} < set(
+        written
+    )
+    if route == "settings":
+        written = [n for n in written if re.fullmatch(settings_name_pattern(), n)]
+    refusal = refused(*(f"{route}.{name}=1" for name in written))
+    assert [n for n in written if f"{route}.{n} is written by the chart" not in refusal] == []
+
+
+def test_a_setting_the_chart_does_not_write_is_taken() -> None:
+    assert render(None, "settings.TEMPERED_SANDBOX__WORKSPACES__MAX_WORKSPACE_MB=64")
 
 
 def test_a_disabled_worker_env_is_not_refused() -> None:
@@ -94,17 +137,10 @@ def test_the_learner_env_may_name_its_ranks() -> None:
     docs = render(None, "workers.learner.env.TEMPERED_LEARNER__RANKS=2")
     env = {e["name"]: e.get("value") for e in container(deployments(docs)["learner"])["env"]}
     assert env["TEMPERED_LEARNER__RANKS"] == "2"
-    refusal = helm_refusal(
-        "template",
-        "tempered",
-        str(CHART),
-        "--set",
+    refusal = refused(
         "defaults.env.TEMPERED_LEARNER__RANKS=2",
-        "--set",
         "workers.agent-tasks.enabled=false",
-        "--set",
         "workers.inference.enabled=false",
-        "--set",
         "workers.sandbox.enabled=false",
     )
     assert "defaults.env.TEMPERED_LEARNER__RANKS is written by the chart" in refusal  # rewards'

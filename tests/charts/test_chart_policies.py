@@ -13,9 +13,9 @@ from tests.charts.chart import (
     CHART,
     WORKERS,
     deployments,
-    helm_refusal,
     needs_helm,
     objects,
+    refused,
     render,
 )
 
@@ -55,15 +55,9 @@ def test_a_pdb_selects_exactly_its_workers_pods() -> None:
 
 
 def test_a_pdb_takes_one_of_min_available_or_max_unavailable() -> None:
-    refusal = helm_refusal(
-        "template",
-        "tempered",
-        str(CHART),
-        "--set",
+    refusal = refused(
         "workers.inference.pdb.enabled=true",
-        "--set",
         "workers.inference.pdb.minAvailable=1",
-        "--set",
         "workers.inference.pdb.maxUnavailable=1",
     )
     assert "pdb" in refusal and "minAvailable" in refusal

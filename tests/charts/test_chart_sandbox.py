@@ -11,13 +11,11 @@ Rendering and validation are tests/charts/test_chart.py's. Skipped without helm.
 from __future__ import annotations
 
 import math
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
-import yaml
 
 from contracts.task import SandboxLimits
 from infra.sandbox import kubernetes_job
@@ -27,14 +25,13 @@ from infra.sandbox.kubernetes_job import PERMISSIONS
 from infra.sandbox.verifier import checker_job
 from tests.charts.chart import (
     CHART,
-    CREDENTIAL_VALUES,
-    HELM,
     RELEASE_NAMESPACE,
     VALUE_SETS,
     container,
     deployments,
     needs_helm,
     objects,
+    refused_values,
     render,
     settings_from,
     value_set_id,
@@ -196,6 +193,14 @@ def sandbox_jobs_at_most(docs: Any) -> int:
     return int(replicas * int(worker_env(docs, "sandbox")["TEMPERED_SANDBOX__CONCURRENCY"]))
 
 
+def quota_refusal(directory: Path, values: dict[str, Any]) -> str:
+    """helm's refusal of `values` whose sandbox Jobs at most (sandbox_jobs_at_most) overrun the
+    quota (this file's and test_chart_sandbox_bounds.py's cases)."""
+    refusal = refused_values(directory, values)
+    assert "sandbox.resourceQuota.hard is too small for the sandbox workers" in refusal, refusal
+    return refusal
+
+
 @pytest.mark.parametrize("values", VALUE_SETS, ids=value_set_id)
 def test_sandbox_jobs_at_most_replicas_fit_the_quota(values: Path | None) -> None:
     """The sandbox workers at their largest run (max) replicas, plus a rolling update's surge,
@@ -282,18 +287,8 @@ _GVISOR_3_X_64 = {  # ci/gvisor-values.yaml as it was: 3 x 64 Jobs of 1.1 CPU, q
 def test_an_overcommitted_sandbox_quota_fails_to_render(
     tmp_path: Path, values: dict[str, Any], message: str
 ) -> None:
-    assert HELM is not None
-    values_file = tmp_path / "overcommitted-values.yaml"
-    values_file.write_text(yaml.safe_dump({**CREDENTIAL_VALUES, **values}))
-    done = subprocess.run(
-        [HELM, "template", "tempered", str(CHART), "-f", str(values_file)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode != 0, done.stdout
-    assert "sandbox.resourceQuota.hard is too small for the sandbox workers" in done.stderr
-    assert message in done.stderr, done.stderr
+    refusal = quota_refusal(tmp_path, values)
+    assert message in refusal, refusal
 
 
 def test_the_docs_say_which_tasks_the_limit_range_admits() -> None:

@@ -12,47 +12,36 @@ retried). Skipped without helm.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from contracts.task import SandboxLimits
 from infra.sandbox import kubernetes_job
 from infra.sandbox.kubernetes import build_job_manifest, sandbox_rlimits
 from infra.sandbox.verifier import checker_job
 from tests.charts.chart import (
-    CHART,
-    CREDENTIAL_VALUES,
-    HELM,
     RELEASE_NAMESPACE,
     VALUE_SETS,
     deployments,
-    helm_refusal,
     needs_helm,
     objects,
+    refused,
     render,
     value_set_id,
 )
-from tests.charts.test_chart_sandbox import _quantity, sandbox_jobs_at_most
+from tests.charts.test_chart_sandbox import _quantity, quota_refusal, sandbox_jobs_at_most
 
 pytestmark = needs_helm
 
 
 @pytest.mark.parametrize("create", ["true", "false"])
 def test_the_sandbox_namespace_may_not_be_the_release_namespace(create: str) -> None:
-    refusal = helm_refusal(
-        "template",
-        "tempered",
-        str(CHART),
-        "--namespace",
-        RELEASE_NAMESPACE,
-        "--set",
+    refusal = refused(
         f"sandbox.namespace={RELEASE_NAMESPACE}",
-        "--set",
         f"sandbox.createNamespace={create}",
+        namespace=RELEASE_NAMESPACE,
     )
     assert f"sandbox.namespace is the release namespace ({RELEASE_NAMESPACE})" in refusal, refusal
 
@@ -105,21 +94,6 @@ def test_sandbox_jobs_at_their_largest_fit_the_quota_memory(values: Path | None)
             assert jobs * pod <= _quantity(str(hard[key])), (key, hard, jobs, pod)
 
 
-def _refusal(tmp_path: Path, values: dict[str, Any]) -> str:
-    assert HELM is not None
-    values_file = tmp_path / "memory-values.yaml"
-    values_file.write_text(yaml.safe_dump({**CREDENTIAL_VALUES, **values}))
-    done = subprocess.run(
-        [HELM, "template", "tempered", str(CHART), "-f", str(values_file)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode != 0, done.stdout
-    assert "sandbox.resourceQuota.hard is too small for the sandbox workers" in done.stderr
-    return done.stderr
-
-
 _HARD_128GI = {"requests.memory": "128Gi", "limits.memory": "128Gi"}
 
 
@@ -160,7 +134,7 @@ _HARD_128GI = {"requests.memory": "128Gi", "limits.memory": "128Gi"}
 def test_a_quota_short_of_the_jobs_memory_fails_to_render(
     tmp_path: Path, values: dict[str, Any], message: str
 ) -> None:
-    refusal = _refusal(tmp_path, values)
+    refusal = quota_refusal(tmp_path, values)
     assert message in refusal, refusal
     assert "limitRange.max.memory" in refusal.split("Raise the quota")[-1]
 

@@ -18,7 +18,7 @@ from tests.charts.chart import (
     VALUE_SETS,
     container,
     deployments,
-    helm_refusal,
+    lint_refused,
     needs_helm,
     render,
     value_set_id,
@@ -47,7 +47,7 @@ DOCKERFILE = CHART.parent.parent / "Dockerfile"
     ],
 )
 def test_the_schema_refuses_a_state_dir_that_collides(state_dir: str) -> None:
-    refusal = helm_refusal("lint", "--strict", str(CHART), "--set", f"stateDir={state_dir}")
+    refusal = lint_refused(f"stateDir={state_dir}")
     assert "stateDir" in refusal, refusal
 
 

@@ -21,6 +21,7 @@ from tests.charts.chart import (
     deployments,
     helm_refusal,
     needs_helm,
+    refused,
     render,
     value_set_id,
 )
@@ -94,9 +95,7 @@ def test_a_worker_env_setting_restarts_only_that_worker() -> None:
 @pytest.mark.parametrize("backend", ["local", "gvisor"])
 def test_a_sandbox_backend_no_pod_could_run_is_refused(backend: str) -> None:
     """uid 10001 with every capability dropped can run no program under `local` or `gvisor`."""
-    refusal = helm_refusal(
-        "template", "tempered", str(CHART), "--set", f"sandbox.backend={backend}"
-    )
+    refusal = refused(f"sandbox.backend={backend}")
     assert "backend" in refusal and "must be 'kubernetes'" in refusal
 
 

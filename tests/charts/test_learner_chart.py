@@ -17,8 +17,8 @@ from tests.charts.chart import (
     CHART,
     container,
     deployments,
-    helm_refusal,
     needs_helm,
+    refused,
     render,
     settings_from,
     worker_env,
@@ -85,7 +85,7 @@ def test_never_more_than_one_learner(item: str, reason: str) -> None:
     """One DeepSpeed engine owns the learner's GPUs and the policy it publishes: a second
     replica, an autoscaler that adds one, or a rolling update's surge pod beside the old one
     once rendered as asked."""
-    refusal = helm_refusal("template", "tempered", str(CHART), "--set", item)
+    refusal = refused(item)
     assert "workers.learner runs one pod at most" in refusal, refusal
     assert reason in refusal, refusal
 

@@ -6,13 +6,15 @@
 `tempered up` already runs one in the background for the embedded UI; this is for a UI
 elsewhere (point its codec endpoint, `TEMPORAL_CODEC_ENDPOINT`, here). What it shows and what
 it refuses: `infra.codec`. `--port` is 1 to 65535; the "codec server on …" line comes once the
-address can be listened on (a port in use: one line on stderr, exit 1).
+server listens, its own bind the one check of the address (a port in use: one line on stderr,
+exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import socket
 import sys
 
@@ -36,15 +38,31 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     port = settings.temporal.codec_port if args.port is None else args.port
     origins = args.origin or codec.ui_origins(settings.temporal.ui_port)
-    try:  # the banner names a server that listens: a port in use announced one that never did
-        _listenable(args.host, port)
+    listens = False
+
+    def announce() -> None:  # the banner names a server that listens, never one that did not
+        nonlocal listens
+        listens = True
+        print(f"codec server on http://{args.host}:{port} for {', '.join(origins)}", flush=True)
+
+    store = ObjectStore.from_settings(settings)
+    try:  # the server's own bind is the check: no probe, which another process could outrun
+        asyncio.run(codec.serve(store, args.host, port, origins, listening=announce))
     except OSError as exc:
-        why = exc.strerror or exc  # "Address already in use", "Name or service not known"
-        print(f"tempered codec: cannot listen on {args.host}:{port} ({why})", file=sys.stderr)
+        if listens:
+            raise
+        print(f"tempered codec: cannot listen on {args.host}:{port} ({_why(exc)})", file=sys.stderr)
         return 1
-    print(f"codec server on http://{args.host}:{port} for {', '.join(origins)}", flush=True)
-    asyncio.run(codec.serve(ObjectStore.from_settings(settings), args.host, port, origins))
     return 0
+
+
+def _why(exc: OSError) -> str:
+    """What an OSError of the bind says, as the system words it: "Address already in use",
+    "Cannot assign requested address", "Name or service not known" (asyncio's own words
+    name the address again, which the line names already)."""
+    if isinstance(exc, socket.gaierror) or not exc.errno:
+        return exc.strerror or str(exc)
+    return os.strerror(exc.errno)
 
 
 def tcp_port(text: str) -> int:
@@ -57,14 +75,3 @@ def tcp_port(text: str) -> int:
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"{value} is not a port (1 to 65535)")
     return value
-
-
-def _listenable(host: str, port: int) -> None:
-    """OSError unless each address of `host` can be bound at `port` now, as the server's
-    (address reuse on, as aiohttp's) is about to be: in use, not this host's, no such host."""
-    for family, kind, proto, _, address in socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    ):
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)

@@ -66,35 +66,41 @@ upgrade (README.md, "Settings through a rollout"). s3.existingSecret keeps its o
 {{- end -}}
 
 {{/*
-The TEMPERED_* settings the chart writes itself (tempered.settingsData, tempered.secretData, the
-learner's env), each with the value that sets it; tests/charts/test_chart_values.py checks that
-every key those render is here. A `settings:` entry of one would be written twice, and the
-ConfigMap's later key would win; a worker's `env:` entry wins over the ConfigMap. Either would
-pass what the chart derives from the value: the sandbox quota check (concurrency), the sandbox
-namespace and its RBAC, the state dir's mount, the metrics ports.
+The TEMPERED_* names the chart writes itself (tempered.settingsData, tempered.secretData, a
+worker container's env: the learner's ranks, each pod's worker id, the workspace sessions'
+root and disk), each with what to set instead (the refusal's words); tests/charts/
+test_chart_env_routes.py checks that every name those render is here. A `settings:` entry of
+one would be written twice, and the ConfigMap's later key would win; a worker's `env:` entry
+wins over the ConfigMap, and names the container's variable twice (which one wins is the
+client's). Either would pass what the chart derives from the value: the sandbox quota check
+(concurrency), the sandbox namespace and its RBAC, the state dir's mount, the metrics ports,
+the sessions' volumes, the worker id by which sessions are routed (one per pod).
 */}}
 {{- define "tempered.chartSettings" -}}
-TEMPERED_HOME: stateDir
-TEMPERED_TEMPORAL__ADDRESS: temporal.address
-TEMPERED_TEMPORAL__NAMESPACE: temporal.namespace
-TEMPERED_TEMPORAL__VERSIONING: temporal.versioning
-TEMPERED_TEMPORAL__DEPLOYMENT: temporal.deployment
-TEMPERED_TEMPORAL__BUILD_ID: temporal.buildId
-TEMPERED_TEMPORAL__PROMOTE: temporal.promote
-TEMPERED_S3__ENDPOINT: s3.endpoint
-TEMPERED_S3__REGION: s3.region
-TEMPERED_S3__BUCKET: s3.bucket
-TEMPERED_S3__ACCESS_KEY: s3.accessKey or s3.existingSecret
-TEMPERED_S3__SECRET_KEY: s3.secretKey or s3.existingSecret
-TEMPERED_SANDBOX__BACKEND: sandbox.backend
-TEMPERED_SANDBOX__CONCURRENCY: sandbox.concurrency
-TEMPERED_SANDBOX__KUBERNETES__NAMESPACE: sandbox.namespace
-TEMPERED_SANDBOX__KUBERNETES__IMAGE: sandbox.image
-TEMPERED_SANDBOX__KUBERNETES__RUNTIME_CLASS: sandbox.runtimeClass.name
-TEMPERED_TELEMETRY__OTLP_ENDPOINT: telemetry.otlpEndpoint
-TEMPERED_TELEMETRY__PROMETHEUS_PORT: telemetry.prometheus.basePort (with telemetry.prometheus.enabled)
-TEMPERED_TELEMETRY__PROMETHEUS_HOST: telemetry.prometheus.host
-TEMPERED_LEARNER__RANKS: workers.learner.gpu or workers.learner.env
+TEMPERED_HOME: set stateDir instead
+TEMPERED_TEMPORAL__ADDRESS: set temporal.address instead
+TEMPERED_TEMPORAL__NAMESPACE: set temporal.namespace instead
+TEMPERED_TEMPORAL__VERSIONING: set temporal.versioning instead
+TEMPERED_TEMPORAL__DEPLOYMENT: set temporal.deployment instead
+TEMPERED_TEMPORAL__BUILD_ID: set temporal.buildId instead
+TEMPERED_TEMPORAL__PROMOTE: set temporal.promote instead
+TEMPERED_S3__ENDPOINT: set s3.endpoint instead
+TEMPERED_S3__REGION: set s3.region instead
+TEMPERED_S3__BUCKET: set s3.bucket instead
+TEMPERED_S3__ACCESS_KEY: set s3.accessKey or s3.existingSecret instead
+TEMPERED_S3__SECRET_KEY: set s3.secretKey or s3.existingSecret instead
+TEMPERED_SANDBOX__BACKEND: set sandbox.backend instead
+TEMPERED_SANDBOX__CONCURRENCY: set sandbox.concurrency instead
+TEMPERED_SANDBOX__KUBERNETES__NAMESPACE: set sandbox.namespace instead
+TEMPERED_SANDBOX__KUBERNETES__IMAGE: set sandbox.image instead
+TEMPERED_SANDBOX__KUBERNETES__RUNTIME_CLASS: set sandbox.runtimeClass.name instead
+TEMPERED_TELEMETRY__OTLP_ENDPOINT: set telemetry.otlpEndpoint instead
+TEMPERED_TELEMETRY__PROMETHEUS_PORT: set telemetry.prometheus.basePort (with telemetry.prometheus.enabled) instead
+TEMPERED_TELEMETRY__PROMETHEUS_HOST: set telemetry.prometheus.host instead
+TEMPERED_LEARNER__RANKS: set workers.learner.gpu or workers.learner.env instead
+TEMPERED_WORKER_ID: "each pod's own name (no two pods may share one): remove the entry"
+TEMPERED_SANDBOX__WORKSPACES__ROOT: set sandbox.workspaceSessions.enabled and .sizeLimit instead (the sessions' emptyDir)
+TEMPERED_SANDBOX__WORKSPACES__DISK: set sandbox.workspaceSessions.enabled instead (a tmpfs of each workspace)
 {{- end -}}
 
 {{/* Of tempered.chartSettings, those the chart leaves to a worker's own env (it writes them
@@ -116,12 +122,12 @@ names the chart leaves to that worker (tempered.workerEnvSettings); .root: the c
 {{- range $route := .routes -}}
 {{- range $key := $route.names | sortAlpha -}}
 {{- if and (hasKey $owned $key) (not (has $key $exempt)) -}}
-{{- $taken = append $taken (printf "%s.%s is written by the chart: set %s instead" $route.route $key (get $owned $key)) -}}
+{{- $taken = append $taken (printf "%s.%s is written by the chart: %s" $route.route $key (get $owned $key)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- if $taken -}}
-{{- fail (printf "%s (an entry there would override what the chart derives from that value)." (join "; " $taken)) -}}
+{{- fail (printf "%s (an entry there would override what the chart derives from its own value)." (join "; " $taken)) -}}
 {{- end -}}
 {{- end -}}
 

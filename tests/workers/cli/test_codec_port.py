@@ -1,8 +1,11 @@
 """`tempered codec --port`: a port out of 1–65535 is refused at parse time (70000 and -5
 announced "codec server on http://127.0.0.1:70000" and then failed to bind, exit 1; 0 became
-the default port, 8234); the banner comes only once the port can be listened on: a port in use
-is one line on stderr, exit 1, no banner; and the server it announces answers (a real one, in
-a process of its own)."""
+the default port, 8234); the banner comes only once the server listens: a port in use is one
+line on stderr, exit 1, no banner; and the server it announces answers. The check is the
+server's own bind, the only one: a probe bound and closed before it left a moment in which
+another process could take the port, and bound every port twice. Real `tempered codec`
+processes, each bind of the port reported by an audit hook; ports outside the kernel's
+ephemeral range (infra.processes.free_port), which no outgoing connection takes meanwhile."""
 
 from __future__ import annotations
 
@@ -11,13 +14,24 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from infra.seaweed import pick_free_ports
-from infra.settings import Settings
-from workers.cli import build_parser, run
+from infra.processes import free_port
+from workers.cli import build_parser
+
+CODEC_WITH_BINDS = """
+import sys
+def report(event, args):
+    if event == "socket.bind":
+        print("bind", args[1], file=sys.stderr, flush=True)
+sys.addaudithook(report)
+from workers.cli import main
+main()
+"""
+"""`tempered ...` (workers/cli/__main__.py) that reports each socket bind on stderr."""
 
 
 @pytest.mark.parametrize("port", ["70000", "-5", "0", "65536", "http"])
@@ -31,36 +45,55 @@ def test_a_port_out_of_range_is_refused_at_parse_time(
     assert "argument --port: " in err and ("1 to 65535" in err or "whole number" in err), err
 
 
-def test_a_port_in_use_is_one_line_and_no_banner(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with socket.create_server(("127.0.0.1", 0)) as taken:
-        port = taken.getsockname()[1]
-        assert run(["codec", "--port", str(port)], Settings(home=tmp_path)) == 1
-    captured = capsys.readouterr()
-    assert "codec server on" not in captured.out, captured.out
-    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err, captured.err
-    assert captured.err.startswith(f"tempered codec: cannot listen on 127.0.0.1:{port} ("), (
-        captured.err
-    )
-
-
-def test_the_announced_server_answers(tmp_path: Path) -> None:
-    port = pick_free_ports()[0]
-    env = {**os.environ, "TEMPERED_HOME": str(tmp_path)}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "codec", "--port", str(port)],
+def _codec(tmp_path: Path, port: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", CODEC_WITH_BINDS, "codec", "--port", str(port)],
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env={**os.environ, "TEMPERED_HOME": str(tmp_path)},
     )
+
+
+def _binds(stderr: str, port: int) -> list[str]:
+    return [line for line in stderr.splitlines() if line == f"bind ('127.0.0.1', {port})"]
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A port another socket listens on."""
+    for _ in range(20):
+        port = free_port()
+        try:
+            held = socket.create_server(("127.0.0.1", port))
+        except OSError:  # taken since free_port looked
+            continue
+        with held:
+            yield port
+        return
+    pytest.fail("no port to hold")
+
+
+def test_a_port_in_use_is_one_line_and_no_banner(tmp_path: Path, held_port: int) -> None:
+    codec = _codec(tmp_path, held_port)
+    out, err = codec.communicate(timeout=60)
+    assert codec.returncode == 1, (out, err)
+    assert "codec server on" not in out, out
+    assert len(_binds(err, held_port)) == 1, err  # the server's own, no probe before it
+    (line,) = [line for line in err.splitlines() if not line.startswith("bind ")]
+    assert line.startswith(f"tempered codec: cannot listen on 127.0.0.1:{held_port} ("), err
+    assert line.endswith("(Address already in use)"), err
+
+
+def test_the_announced_server_answers_on_its_one_bind(tmp_path: Path) -> None:
+    port = free_port()
+    codec = _codec(tmp_path, port)
     try:
-        assert server.stdout is not None
-        banner = server.stdout.readline()
+        assert codec.stdout is not None
+        banner = codec.stdout.readline()
         assert banner.startswith(f"codec server on http://127.0.0.1:{port} for "), banner
         deadline = time.monotonic() + 10
-        while True:  # the banner names a port it listens on now or within a moment
+        while True:  # the banner names a port it listens on already
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
@@ -68,5 +101,6 @@ def test_the_announced_server_answers(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline, "the announced server never listened"
                 time.sleep(0.05)
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        codec.terminate()
+        _, err = codec.communicate(timeout=10)
+    assert len(_binds(err, port)) == 1, err
