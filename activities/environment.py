@@ -19,6 +19,13 @@ A worker that died never polls its own queue again: a step sent there ends by it
 schedule-to-start timeout, and the workflow restores the sessions from their last snapshots
 with `open_sessions` on `sandbox`. A session this worker no longer holds (closed, reaped by
 the TTL) fails its step with the non-retryable `SessionLost`, which the workflow treats alike.
+A restore names the workers that lost the sessions (`OpenSessionsRequest.lost_on`): one of
+them that takes it (alive, but its host may be broken: a full disk, a sandbox runtime that
+fails every step) declines it with the retryable `SandboxInfraError`, retried after
+`DECLINED_RETRY_S` on whichever worker polls first, so that another worker restores them;
+once the open has waited `lost_on_wait_s` (the task's session timeout) it opens them itself,
+as a deployment of one sandbox worker needs (`_declines`). Before, any worker took it, the
+broken one too, which lost them again until the task failed.
 An `open_sessions` that fails or is cancelled returns no session, so the workflow never
 learns of those it opened: it closes them itself (each held a uid slot and its directory until
 the TTL), each on its own, and a close that fails is logged, never raised over the open's own
@@ -49,9 +56,11 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from datetime import timedelta
 from typing import TypeVar
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating_each
 from activities.sandbox import program_slots
@@ -93,6 +102,9 @@ from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.telemetry import record_queue_wait, record_sandbox_run, sandbox_in_flight, span
 
+DECLINED_RETRY_S = 1.0
+"""How long a restore this worker declined (it lost those sessions) waits for its retry: the
+other workers' polls take it meanwhile, and the worker that declined is free at once."""
 WORKSPACE_BACKEND = "workspace"
 """How telemetry names the sandbox of workspace commands (metrics `backend` label)."""
 T = TypeVar("T")
@@ -149,6 +161,8 @@ class EnvironmentActivities:
         _workspace_only(req.env)
         if not req.samples:
             raise invalid("samples", "no sessions to open")
+        if declined := self._declines(req):
+            raise declined
         opened: dict[str, Session] = {}
         try:
             refs = await self._each(req.samples, lambda s: self._open(req, s, opened), req.task_id)
@@ -185,6 +199,30 @@ class EnvironmentActivities:
     @activity.defn(name=Activity.CLOSE_SESSIONS.value)
     async def close_sessions(self, req: CloseSessionsRequest) -> CloseSessionsResponse:
         return CloseSessionsResponse(closed=await self.env.close(req.session_ids))
+
+    def _declines(self, req: OpenSessionsRequest) -> ApplicationError | None:
+        """The error that declines a restore of sessions this worker lost (`req.lost_on`), for
+        another worker to take, until the open has waited `req.lost_on_wait_s` since it was
+        scheduled (both times the server's); None: open them here."""
+        if self.queue not in req.lost_on:
+            return None
+        info = activity.info()
+        waited = (info.current_attempt_scheduled_time - info.scheduled_time).total_seconds()
+        if waited >= req.lost_on_wait_s:
+            activity.logger.warning(
+                "restoring the sessions of task %s here, where they were lost: no other sandbox "
+                "worker took them in %.0f s",
+                req.task_id,
+                waited,
+            )
+            return None
+        return fail(
+            ErrorType.SANDBOX_INFRA,
+            f"task {req.task_id}: sandbox worker {self.queue} lost these sessions; another "
+            f"worker should restore them (retried in {DECLINED_RETRY_S:.0f} s on whichever "
+            f"takes it; this one opens them after {req.lost_on_wait_s:.0f} s)",
+            next_retry_delay=timedelta(seconds=DECLINED_RETRY_S),
+        )
 
     # -- one item each -----------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ import json
 from enum import StrEnum
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from contracts.common import Contract, Identifier, ObjectRef
 from contracts.sandbox import ExecStatus
@@ -128,6 +128,28 @@ class OpenSessionsRequest(Contract):
         default={}, description="Sample → snapshot to restore instead of the initial one."
     )
     limits: SandboxLimits = SandboxLimits()
+    lost_on: list[str] = Field(
+        default=[],
+        description="A restore: the own queues (`SessionRef.queue`) of the sandbox workers "
+        "that lost these sessions (gone, or failing their steps: a broken host). Such a worker "
+        "declines the open, retryably, so that another worker of the shared queue restores "
+        "them, until `lost_on_wait_s` have passed since the open was scheduled; then it opens "
+        "them itself (it may be the only worker).",
+    )
+    lost_on_wait_s: float = Field(
+        default=0.0, ge=0.0, description="How long the workers of `lost_on` decline the open."
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_lost_on(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A request naming no worker is sent without `lost_on` and `lost_on_wait_s`: as it was
+        before they existed, so a sandbox worker of an older build (which forbids unknown
+        fields) still opens it."""
+        data = handler(self)
+        if not self.lost_on and isinstance(data, dict):
+            data.pop("lost_on", None)
+            data.pop("lost_on_wait_s", None)
+        return data
 
 
 class OpenSessionsResponse(Contract):

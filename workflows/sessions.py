@@ -12,6 +12,11 @@ that worker is gone (the timeout, which Temporal does not retry) or no longer ho
 (`SessionLost`), the sessions are restored from their last snapshots by `open_sessions` on the
 shared `sandbox` queue and the step runs again on the worker that restored them; the workflow
 records the step once. A worker that was only slow keeps its orphaned sessions until its TTL.
+A restore names the workers that lost the step's sessions (`OpenSessionsRequest.lost_on`, each
+session's queue): one of them that polls the shared queue declines it, for `session_timeout_s`,
+so that another worker restores them (activities/environment.py); before, a broken host that
+took its own restore lost them again, until `MAX_RESTORES` failed the task. Only the request's
+content changes, not the commands: no patch.
 Episodes that ended on a worker before it went keep its queue; `close` sends nothing to a queue
 found gone (behind `GONE_PATCH`): its sessions went with its process, and the next sandbox
 worker's sweep (`sweep_dead`) removes what it left on the host; one only cut off from Temporal
@@ -164,14 +169,24 @@ class Sessions:
         opening.result()
 
     async def open(
-        self, episodes: list[EpisodeState], restore: bool = False, waits: bool = False
+        self,
+        episodes: list[EpisodeState],
+        restore: bool = False,
+        waits: bool = False,
+        lost_on: Sequence[str] = (),
     ) -> None:
         """A session per episode, on one worker: fresh, or from each one's last snapshot;
-        `waits`: a cancel waits for the activity to end (what it opened is kept)."""
+        `waits`: a cancel waits for the activity to end (what it opened is kept); `lost_on`:
+        the queues of the workers that lost them, which decline the restore for
+        `session_timeout_s` (another worker should take it)."""
         task_input = self.input
+        request = open_sessions_request(task_input, self.workspace, episodes, restore)
+        if lost_on:
+            named = {"lost_on": list(lost_on), "lost_on_wait_s": task_input.session_timeout_s}
+            request = request.model_copy(update=named)
         opened = await workflow.execute_activity(
             Activity.OPEN_SESSIONS.value,
-            open_sessions_request(task_input, self.workspace, episodes, restore),
+            request,
             result_type=OpenSessionsResponse,
             **activity_options(
                 Activity.OPEN_SESSIONS, task_input.heartbeat_timeout_s, wait_for_cancel=waits
@@ -242,6 +257,7 @@ class Sessions:
         `waits` (`STOP_PATCH`): a cancel waits for the activities to end, and once the step
         is stopping nothing new starts."""
         task_input, restores = self.input, 0
+        lost_on: list[str] = []  # the queues of the workers that lost these sessions
         bounded = workflow.patched(STEP_ATTEMPTS_PATCH)
         while True:
             if self._stopping:  # a restore ended after the stop (its sessions are kept)
@@ -273,6 +289,8 @@ class Sessions:
                 if not session_lost(error):
                     why = f"failed the step {STEP_ATTEMPTS} times ({error.cause})"
             lost = [self.group.episodes[i.sample] for i in items]
+            if queue not in lost_on:
+                lost_on.append(queue)
             if restores >= MAX_RESTORES and workflow.patched(RESTORE_LIMIT_PATCH):
                 raise fail(
                     ErrorType.SESSION_LOST,
@@ -287,7 +305,7 @@ class Sessions:
                 step,
                 [e.sample for e in lost],
             )
-            await self.open(lost, restore=True, waits=waits)
+            await self.open(lost, restore=True, waits=waits, lost_on=lost_on)
             restores += 1
             items = [
                 i.model_copy(update={"session": e.session})
