@@ -117,9 +117,11 @@ def open_sessions_request(
     workspace: WorkspaceSpec,
     episodes: Sequence[EpisodeState],
     restore: bool = False,
+    lost_on: Sequence[str] = (),
 ) -> OpenSessionsRequest:
     """A session per episode, fresh from `workspace`, or (`restore`) from the last snapshot of
-    each episode that had a session."""
+    each episode that had a session; `lost_on`: the queues of the workers that lost them, which
+    decline the restore for the task's `session_timeout_s`."""
     snapshots: dict[int, ObjectRef] = {}
     if restore:
         snapshots = {e.sample: e.session.snapshot for e in episodes if e.session}
@@ -131,6 +133,8 @@ def open_sessions_request(
         samples=[e.sample for e in episodes],
         snapshots=snapshots,
         limits=task_input.limits,
+        lost_on=list(lost_on),
+        lost_on_wait_s=task_input.session_timeout_s if lost_on else 0.0,
     )
 
 

@@ -180,13 +180,9 @@ class Sessions:
         the queues of the workers that lost them, which decline the restore for
         `session_timeout_s` (another worker should take it)."""
         task_input = self.input
-        request = open_sessions_request(task_input, self.workspace, episodes, restore)
-        if lost_on:
-            named = {"lost_on": list(lost_on), "lost_on_wait_s": task_input.session_timeout_s}
-            request = request.model_copy(update=named)
         opened = await workflow.execute_activity(
             Activity.OPEN_SESSIONS.value,
-            request,
+            open_sessions_request(task_input, self.workspace, episodes, restore, lost_on),
             result_type=OpenSessionsResponse,
             **activity_options(
                 Activity.OPEN_SESSIONS, task_input.heartbeat_timeout_s, wait_for_cancel=waits
