@@ -91,6 +91,9 @@ def printable(value: object, limit: int = REPORT_CHARS) -> str:
 
 
 def classify(exc: BaseException) -> str:
+    """The verdict's status for a unit's failure. "memory_exceeded" only says a MemoryError
+    ended it, which the program may have raised itself: the host decides whether its memory
+    limit was hit (`judge.MEMORY_ACCOUNTED`)."""
     if isinstance(exc, MemoryError):
         return "memory_exceeded"
     if isinstance(exc, CallRefused):  # a test the checker cannot run, as a TypeError was

@@ -24,7 +24,12 @@ memory events, and whether the host killed it. The rules, in their one home:
   host starved it (the worker's own overload) → a platform fault. A Harbor check's script is
   held to the same rule (`workspace_deadline.py`);
 - no verdict: past the deadline → timeout, else the checker died → a platform fault; a
-  candidate whose sandbox never came up → a platform fault.
+  candidate whose sandbox never came up → a platform fault;
+- a verdict of memory_exceeded (a MemoryError reached the checker) needs the host's evidence
+  where it has some (`MEMORY_ACCOUNTED`): without its cgroup's limit reached it is the
+  program's `error` (`raise MemoryError('fake')` is no memory limit hit). Where an
+  address-space cap is the limit (rlimit-only, gVisor, Kubernetes), the allocator's MemoryError
+  cannot be told from a raised one, and both are memory_exceeded.
 
 Hidden tests (`TaskSpec.hidden_tests`) are test units like the others here: counted by the
 host, so `passed` needs every one of them; only the checker's report of them differs (it names
@@ -53,6 +58,13 @@ STARVATION_FACTOR, STARVATION_SLACK_S = 3.0, 20.0
 """A program gets `timeout_s + max(3 * timeout_s, 20 s)` of wall time to have had `timeout_s`:
 its run is a platform fault only when the host gave it (all its processes together) less than
 about a tenth of a CPU for that long (sessions share a CPU fairly under autogroup scheduling)."""
+MEMORY_ACCOUNTED = frozenset({("local", "cgroup")})
+"""(backend, enforcement) whose runs' memory a cgroup bounds, the host reading its accounting.
+There the program's own memory never ends in a MemoryError (the kernel OOM-kills it, and
+`Cgroups.memory_event` says "limit"): one only comes from an allocation past the generous
+address-space cap (`launcher.candidate_space_mb`), refused before it used any memory, or from
+the program's own `raise`, so without that evidence it is the program's error. Not gVisor's:
+its cgroup holds gVisor's kernel too, and its address-space cap is the program's limit."""
 MemoryEvent = Literal["", "limit", "global"]
 """What the run's memory accounting saw: nothing, its own limit hit, or an OOM kill of one of
 its processes while its own limit was never hit (the host ran out of memory)."""
@@ -157,6 +169,8 @@ def judge(
         status, detail, exit_code = _ended_early(seen, lost, expected, limits)
     else:
         status = ExecStatus(str(verdict.get("status")))
+        if status == ExecStatus.MEMORY_EXCEEDED and seen.memory != "limit":
+            status = unproven_memory(backend, enforcement)
         if status == ExecStatus.PASSED and not passed == total == expected:
             status = ExecStatus.FAILED
             detail = f"the verdict counts {passed}/{total}, the host {expected}"
@@ -177,6 +191,16 @@ def judge(
         enforcement=enforcement,
         detail=detail,
     )
+
+
+def unproven_memory(backend: str, enforcement: str) -> ExecStatus:
+    """The status of a MemoryError that reached the checker while the run's memory accounting
+    never saw its limit reached: the program's error where that accounting bounds its memory
+    (`MEMORY_ACCOUNTED`), else memory_exceeded (an address-space cap is the limit, and its
+    MemoryError and a raised one look the same from here)."""
+    if (backend, enforcement) in MEMORY_ACCOUNTED:
+        return ExecStatus.ERROR
+    return ExecStatus.MEMORY_EXCEEDED
 
 
 def utf8(text: str) -> str:

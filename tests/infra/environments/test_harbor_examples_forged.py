@@ -11,7 +11,9 @@ reference solution scores 1, the untouched workspace 0, and so do the forgeries 
   writes the reward after the test did, writing it and killing the test, writing it and
   chmodding /logs/verifier (the test could not replace it and exited 1), writing it and
   rewriting pid 1 to exit 0 (/proc/1/mem: pid 1 is an execute-only shell, which none may write),
-  writing a reward.json of its own (the test's reward.txt is read first, as in Harbor).
+  writing a reward.json of its own (the test's reward.txt is read first, as in Harbor), a
+  process whose main thread alone ended (SYS_exit, not exit_group) while a thread of it kept
+  writing the reward: its /proc/<pid>/stat said Z, and the test's kill loop skipped it.
 
 A verify that raises `BadReward` is scored as the verify activity scores an agent's tree: its
 verdict, 0 (activities/environment.py).
@@ -66,6 +68,28 @@ GREET_JSON = (  # a reward.json of its own, and a child that keeps writing it af
     "        except OSError: pass\n        time.sleep(0.0005)\n"
     "def greet(name):\n    return 'wrong'\nPY"
 )
+
+
+def zombie_leader(reward: str, greeting: str) -> str:
+    """The review's greet.py: returns `greeting`, and forks at import a process whose thread
+    keeps writing `reward` while its main thread alone ends (SYS_exit, not exit_group): that
+    process's /proc/<pid>/stat says Z while the thread runs on."""
+    return (
+        "cat > greet.py <<'PY'\nimport os, ctypes, threading\nif os.fork() == 0:\n"
+        "    os.setsid()\n    def spin():\n        while True:\n            try:\n"
+        "                with open('/logs/verifier/.mine', 'w') as f:\n"
+        f"                    f.write('{reward}')\n"
+        "                os.replace('/logs/verifier/.mine', '/logs/verifier/reward.txt')\n"
+        "            except OSError: pass\n    threading.Thread(target=spin).start()\n"
+        "    ctypes.CDLL(None).syscall(60, 0)\n"
+        f"def greet(name):\n    return {greeting}\nPY"
+    )
+
+
+GREET_ZOMBIE = zombie_leader("1", "'wrong'")
+# a right answer whose zombie-led thread writes 0: it scores 1 only if the test's SIGKILL ended
+# that thread (else the test waits 5 s for it, and scores 0)
+RIGHT_ZOMBIE = zombie_leader("0", "f'Hello, {name or \"world\"}!'")
 BLANK_DATA = ": > data/a.txt; : > data/b.txt; : > data/c.txt; echo 0 > total.txt"
 SHADOW = f'printf \'import os\\nopen("{REWARD}", "w").write("1")\\nos._exit(0)\\n\' > pathlib.py'
 CASES = [
@@ -85,6 +109,8 @@ CASES = [
     ("fix-greeting", "chmod", [GREET_CHMOD], 0.0),
     ("fix-greeting", "rewrite-pid-1", [GREET_PID_1], 0.0),
     ("fix-greeting", "reward-json", [GREET_JSON], 0.0),  # reward.txt is read first
+    ("fix-greeting", "zombie-leader", [GREET_ZOMBIE], 0.0),  # its thread runs on
+    ("fix-greeting", "right-with-zombie-leader", [RIGHT_ZOMBIE], 1.0),
 ]  # fmt: skip
 
 

@@ -236,3 +236,26 @@ def test_a_sandbox_that_never_started_says_what_it_printed() -> None:
     printed.add(b"bwrap: cannot mount /proc")
     with pytest.raises(SandboxInfraError, match="did not start: bwrap: cannot mount"):
         _judged(_seen({**LOST, "lost": "not_ready"}, stdout=printed))
+
+
+@pytest.mark.parametrize(
+    ("backend", "enforcement", "memory", "status"),
+    [
+        ("local", "cgroup", "", ExecStatus.ERROR),  # the cgroup says its limit was not reached
+        ("local", "cgroup", "limit", ExecStatus.MEMORY_EXCEEDED),
+        ("local", "rlimit", "", ExecStatus.MEMORY_EXCEEDED),  # RLIMIT_AS is the limit
+        ("gvisor", "cgroup", "", ExecStatus.MEMORY_EXCEEDED),  # so is its held address space
+        ("kubernetes", "kubernetes", "", ExecStatus.MEMORY_EXCEEDED),
+    ],
+)
+def test_a_memory_error_is_memory_exceeded_only_with_the_hosts_evidence(
+    backend: str, enforcement: str, memory: str, status: ExecStatus
+) -> None:
+    """`raise MemoryError('fake')` read memory_exceeded (its feedback said the limit was hit,
+    and it counted toward the `abort_after` circuit breaker). Where the run's cgroup bounds its
+    memory, only the cgroup's accounting proves it; where an address-space cap does, the host
+    cannot tell the allocator's MemoryError from a raised one (tests/infra/sandbox/
+    test_forge_memory_error.py runs both)."""
+    claimed = {**PASSED, "status": "memory_exceeded", "tests_passed": 0, "exc_type": "MemoryError"}
+    result = judge(_seen(claimed, memory=memory), 1, FAST, backend, enforcement)
+    assert result.status == status and result.detail == "MemoryError", result

@@ -8,8 +8,10 @@ test wrote 0 passed too). So this scorer:
   it or reach its memory and descriptors through /proc;
 - runs each call in a fresh python3 and compares what it printed here;
 - whatever happened, SIGKILLs every other process of the sandbox but its own ancestors (the
-  sandbox's shells) and waits until they are gone, then writes the reward to a new file renamed
-  over reward.txt (a descriptor that code opened on reward.txt writes to the file replaced).
+  sandbox's shells) and waits until no thread of them runs (a process whose main thread alone
+  ended reads as a zombie while its other threads run: each thread is asked), then writes the
+  reward to a new file renamed over reward.txt (a descriptor that code opened on reward.txt
+  writes to the file replaced).
 The code may still kill this process, or make it fail (it cannot chmod /logs/verifier, which is
 root's, but it may spoil reward.txt), after writing a reward of its own: a reward counts only from
 a test that exits 0 (infra/environments/checks.py), so such a test scores 0.
@@ -60,17 +62,28 @@ def ancestors() -> set[int]:
     return pids
 
 
+def runs(pid: int) -> bool:
+    """Whether a thread of process `pid` still runs (is neither a zombie nor dead). Each thread
+    is asked, not the process: one whose main thread alone ended (SYS_exit, not exit_group)
+    reads Z in /proc/<pid>/stat while its other threads run on (one kept writing the reward)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        # OSError: that thread gone meanwhile
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/stat") as stat:
+            if stat.read().rpartition(")")[2].split()[0] not in ("Z", "X"):
+                return True
+    return False
+
+
 def others_gone(spared: set[int], within_s: float = 5.0) -> bool:
-    """SIGKILL every process but `spared` until none runs (a zombie runs no more); whether that
-    happened within `within_s`. A process forks no more once killed: each round leaves fewer."""
+    """SIGKILL every process but `spared` until no thread of one runs; whether that happened
+    within `within_s`. A SIGKILL sent to a process ends all its threads, its main thread a
+    zombie or not; a process forks no more once killed: each round leaves fewer."""
     end = time.monotonic() + within_s
     while time.monotonic() < end:
         running = []
         for pid in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
             with contextlib.suppress(OSError):  # gone meanwhile
-                with open(f"/proc/{pid}/stat") as stat:
-                    state = stat.read().rpartition(")")[2].split()[0]
-                if pid not in spared and state not in "ZX":
+                if pid not in spared and runs(pid):
                     running.append(pid)
                     os.kill(pid, signal.SIGKILL)
         if not running:
