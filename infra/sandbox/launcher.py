@@ -71,7 +71,8 @@ thread's, there, is `zygote.SERVED_THREAD_STACK`, not glibc's 8 MiB)."""
 
 def candidate_space_mb(limits: SandboxLimits, held: bool = False) -> int:
     """The address-space cap of a candidate whose memory cgroups bound. Generous, 2 x memory +
-    256 MiB: an absurd allocation fails fast with a MemoryError, and runtimes that reserve more
+    256 MiB: an absurd allocation fails fast with a MemoryError (the program's `error`: no
+    memory was used, the limit never hit, `judge.unproven_memory`), and runtimes that reserve more
     than they touch still run; the cgroup stops the rest, and the host reads its events. Or
     `held`, memory + HELD_SPACE_SLACK_MB: where the cgroup's kill cannot be told apart from the
     sandbox's own death, so one process must never map more than its sandbox is sized to hold
