@@ -19,7 +19,7 @@ A worker that died never polls its own queue again: a step sent there ends by it
 schedule-to-start timeout, and the workflow restores the sessions from their last snapshots
 with `open_sessions` on `sandbox`. A session this worker no longer holds (closed, reaped by
 the TTL) fails its step with the non-retryable `SessionLost`, which the workflow treats alike.
-A restore names the workers that lost the sessions (`OpenSessionsRequest.lost_on`): one of
+A restore names the workers that failed the step (`OpenSessionsRequest.lost_on`): one of
 them that takes it (alive, but its host may be broken: a full disk, a sandbox runtime that
 fails every step) declines it with the retryable `SandboxInfraError`, retried after
 `DECLINED_RETRY_S` on whichever worker polls first, so that another worker restores them;
@@ -201,7 +201,7 @@ class EnvironmentActivities:
         return CloseSessionsResponse(closed=await self.env.close(req.session_ids))
 
     def _declines(self, req: OpenSessionsRequest) -> ApplicationError | None:
-        """The error that declines a restore of sessions this worker lost (`req.lost_on`), for
+        """The error that declines a restore of sessions whose step failed here (`req.lost_on`), for
         another worker to take, until the open has waited `req.lost_on_wait_s` since it was
         scheduled (both times the server's); None: open them here."""
         if self.queue not in req.lost_on:
@@ -218,7 +218,7 @@ class EnvironmentActivities:
             return None
         return fail(
             ErrorType.SANDBOX_INFRA,
-            f"task {req.task_id}: sandbox worker {self.queue} lost these sessions; another "
+            f"task {req.task_id}: sandbox worker {self.queue} failed these sessions' step; another "
             f"worker should restore them (retried in {DECLINED_RETRY_S:.0f} s on whichever "
             f"takes it; this one opens them after {req.lost_on_wait_s:.0f} s)",
             next_retry_delay=timedelta(seconds=DECLINED_RETRY_S),

@@ -131,7 +131,7 @@ class OpenSessionsRequest(Contract):
     lost_on: list[str] = Field(
         default=[],
         description="A restore: the own queues (`SessionRef.queue`) of the sandbox workers "
-        "that lost these sessions (gone, or failing their steps: a broken host). Such a worker "
+        "that failed these sessions' step (alive, on a broken host). Such a worker "
         "declines the open, retryably, so that another worker of the shared queue restores "
         "them, until `lost_on_wait_s` have passed since the open was scheduled; then it opens "
         "them itself (it may be the only worker).",
@@ -144,7 +144,7 @@ class OpenSessionsRequest(Contract):
     def _without_lost_on(self, handler: SerializerFunctionWrapHandler) -> Any:
         """A request naming no worker is sent without `lost_on` and `lost_on_wait_s`: as it was
         before they existed, so a sandbox worker of an older build (which forbids unknown
-        fields) still opens it."""
+        fields) still opens it; one naming a worker needs a worker of this build."""
         data = handler(self)
         if not self.lost_on and isinstance(data, dict):
             data.pop("lost_on", None)

@@ -12,11 +12,15 @@ that worker is gone (the timeout, which Temporal does not retry) or no longer ho
 (`SessionLost`), the sessions are restored from their last snapshots by `open_sessions` on the
 shared `sandbox` queue and the step runs again on the worker that restored them; the workflow
 records the step once. A worker that was only slow keeps its orphaned sessions until its TTL.
-A restore names the workers that lost the step's sessions (`OpenSessionsRequest.lost_on`, each
-session's queue): one of them that polls the shared queue declines it, for `session_timeout_s`,
-so that another worker restores them (activities/environment.py); before, a broken host that
-took its own restore lost them again, until `MAX_RESTORES` failed the task. Only the request's
-content changes, not the commands: no patch.
+A restore after a worker failed the step `STEP_ATTEMPTS` times names it
+(`OpenSessionsRequest.lost_on`, its queue): it declines that restore on the shared queue, for
+`session_timeout_s`, so that another worker restores them (activities/environment.py); before,
+a broken host that took its own restore lost them again, until `MAX_RESTORES` failed the task.
+A worker gone or one that lost the sessions (`SessionLost`: closed, reaped) is not named: it is
+no sign of a broken host, and it may be the only worker. Only the request's content changes, not
+the commands: no patch; but a sandbox worker of a build before `lost_on` cannot read such a
+request (its contracts forbid unknown fields: the SDK retries the open until a worker of this
+build takes it), so upgrade sandbox workers before agent-tasks workers.
 Episodes that ended on a worker before it went keep its queue; `close` sends nothing to a queue
 found gone (behind `GONE_PATCH`): its sessions went with its process, and the next sandbox
 worker's sweep (`sweep_dead`) removes what it left on the host; one only cut off from Temporal
@@ -253,7 +257,7 @@ class Sessions:
         `waits` (`STOP_PATCH`): a cancel waits for the activities to end, and once the step
         is stopping nothing new starts."""
         task_input, restores = self.input, 0
-        lost_on: list[str] = []  # the queues of the workers that lost these sessions
+        lost_on: list[str] = []  # the queues of the workers that failed the step
         bounded = workflow.patched(STEP_ATTEMPTS_PATCH)
         while True:
             if self._stopping:  # a restore ended after the stop (its sessions are kept)
@@ -284,9 +288,9 @@ class Sessions:
                 why = "lost the sessions"
                 if not session_lost(error):
                     why = f"failed the step {STEP_ATTEMPTS} times ({error.cause})"
+                    if queue not in lost_on:  # a broken host, alive: not to restore them
+                        lost_on.append(queue)
             lost = [self.group.episodes[i.sample] for i in items]
-            if queue not in lost_on:
-                lost_on.append(queue)
             if restores >= MAX_RESTORES and workflow.patched(RESTORE_LIMIT_PATCH):
                 raise fail(
                     ErrorType.SESSION_LOST,

@@ -9,8 +9,9 @@ open runs no command) but fails every `bash` step with a platform fault. After
 (`OpenSessionsRequest.lost_on`), which declines it, and the good worker restores them. Before,
 the broken worker (the only one polling `sandbox` then, so deterministically) took its own
 restore and lost the sessions again, until `MAX_RESTORES` failed the task. With one worker
-only, the worker that lost the sessions opens them itself once the open has waited the task's
-`session_timeout_s`."""
+only, the worker that failed the step opens them itself once the open has waited the task's
+`session_timeout_s`; sessions only lost (closed under the task, as by the TTL) are restored at
+once, on any worker: that is no sign of a broken host."""
 
 from __future__ import annotations
 
@@ -59,8 +60,8 @@ TASK = workspace_tasks()[4]  # workspace-slugify-4: a `functions` check (the loc
 
 class HostWorker:
     """One sandbox worker's real session activities (its own sessions root and queue), with
-    what its `open_sessions` and `env_step` did: "opened", "declined" (a restore of sessions it
-    lost) or "failed"; each step attempt's error type, or "ok"."""
+    what its `open_sessions` and `env_step` did: "opened", "declined" (a restore of sessions
+    whose step failed here) or "failed"; each step attempt's error type, or "ok"."""
 
     def __init__(self, store: ObjectStore, name: str) -> None:
         self.root = session_root()
@@ -68,12 +69,16 @@ class HostWorker:
         self.queue = f"sandbox-{name}-{uuid.uuid4().hex[:6]}"
         self.acts = EnvironmentActivities(settings, self.queue, store, LocalBackend(warm=0))
         self.opens: list[str] = []
+        self.bwrap = self.acts.env.runner.bwrap
         self.steps: list[str] = []
 
     def break_host(self, tmp_path: Path) -> None:
         """Its host can start no sandbox from now on (bwrap uninstalled under the worker):
         every command fails with `SandboxNotUp`, a platform fault."""
         self.acts.env.runner.bwrap = str(tmp_path / "bwrap-gone")
+
+    def repair_host(self) -> None:
+        self.acts.env.runner.bwrap = self.bwrap
 
     def queues(self) -> dict[Queue | str, dict[str, Any]]:
         acts = self.acts
@@ -87,7 +92,9 @@ class HostWorker:
         try:
             opened = await self.acts.open_sessions(req)
         except ApplicationError as error:
-            declined = error.type == ErrorType.SANDBOX_INFRA and "lost these" in str(error)
+            declined = error.type == ErrorType.SANDBOX_INFRA and "failed these sessions" in str(
+                error
+            )
             self.opens.append("declined" if declined else "failed")
             raise
         self.opens.append("opened")
@@ -200,11 +207,40 @@ async def test_a_broken_hosts_sessions_are_restored_on_another_worker(
     await replay(history, AgentTaskWorkflow)
 
 
-async def test_the_only_worker_restores_the_sessions_it_lost_after_the_wait(
+async def test_the_only_worker_restores_the_sessions_it_failed_after_the_wait(
+    temporal_server, namespace, store: ObjectStore, tmp_path: Path
+) -> None:
+    """One worker, its host broken until it failed the step `STEP_ATTEMPTS` times: it declines
+    the restore until the open has waited `session_timeout_s`, then opens them itself."""
+    client = await connect(temporal_server.address, namespace)
+    for key, data in TASK.objects.items():
+        store.put_bytes(key, data)
+    async with host_workers(store, "only") as (only,):
+        model = ScriptedModel(store, fix_then_submit)
+        task = task_input(f"only-{uuid.uuid4().hex[:6]}", session_timeout_s=3.0)
+        only.break_host(tmp_path)
+        async with running_workers(client, {**workers(model, store), **only.queues()}):
+            handle = await start(client, task)
+            started = time.monotonic()
+            await until("the step failed", lambda: len(only.steps) >= STEP_ATTEMPTS, 60)
+            only.repair_host()
+            result = await asyncio.wait_for(handle.result(), 60)
+            took = time.monotonic() - started
+            status: TaskStatus = await handle.query(AgentTaskWorkflow.status)
+
+    print(f"only: opens {only.opens}, steps {only.steps}, the task took {took:.1f} s")
+    assert only.opens[0] == only.opens[-1] == "opened" and only.opens.count("opened") == 2
+    assert set(only.opens[1:-1]) == {"declined"}, only.opens  # then it waited no longer
+    assert only.steps == [ErrorType.SANDBOX_INFRA.value] * STEP_ATTEMPTS + ["ok", "ok"]
+    assert result.state == "DONE" and result.solved == [True, True] and took >= 3.0
+    assert [e.session.queue if e.session else None for e in status.samples] == [only.queue] * 2
+
+
+async def test_sessions_only_lost_are_restored_at_once_where_they_were(
     temporal_server, namespace, store: ObjectStore
 ) -> None:
-    """One worker, whose sessions are reaped under the task (as its TTL would): it declines
-    their restore until the open has waited `session_timeout_s`, then opens them itself."""
+    """One worker whose sessions are closed under the task (as its TTL would): `SessionLost`
+    names no worker, so the restore opens them at once, there (the only worker)."""
     client = await connect(temporal_server.address, namespace)
     for key, data in TASK.objects.items():
         store.put_bytes(key, data)
@@ -217,18 +253,14 @@ async def test_the_only_worker_restores_the_sessions_it_lost_after_the_wait(
                 await only.acts.env.close(reaped)
 
         model = ScriptedModel(store, fix_then_submit, gate=reap)
-        task = task_input(f"only-{uuid.uuid4().hex[:6]}", session_timeout_s=3.0)
+        task = task_input(f"lost-{uuid.uuid4().hex[:6]}", session_timeout_s=60.0)
         async with running_workers(client, {**workers(model, store), **only.queues()}):
             handle = await start(client, task)
-            started = time.monotonic()
             result = await asyncio.wait_for(handle.result(), 60)
-            took = time.monotonic() - started
-            status: TaskStatus = await handle.query(AgentTaskWorkflow.status)
+    history = await handle.fetch_history()
 
-    print(f"only: opens {only.opens}, steps {only.steps}, the task took {took:.1f} s")
     assert len(reaped) == 2
-    assert only.opens[0] == only.opens[-1] == "opened" and only.opens.count("opened") == 2
-    assert set(only.opens[1:-1]) == {"declined"}, only.opens  # then it waited no longer
+    assert only.opens == ["opened", "opened"], only.opens  # never declined
     assert only.steps == [ErrorType.SESSION_LOST.value, "ok", "ok"]
-    assert result.state == "DONE" and result.solved == [True, True] and took >= 3.0
-    assert [e.session.queue if e.session else None for e in status.samples] == [only.queue] * 2
+    assert result.state == "DONE" and result.solved == [True, True]
+    assert all("lost_on" not in request for request in opens_requested(history))
