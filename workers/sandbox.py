@@ -70,7 +70,7 @@ REFUSED_RETRY_S = 120.0
 beside a training run."""
 REFUSED_FOR_S = 30 * 60.0
 """How long the refusals of one `open_sessions` (or `execute`) last before the last one is final
-(attempt × `REFUSED_RETRY_S`): by then no worker of the queue could serve it, long beside a
+(since its first attempt was scheduled): by then no worker of the queue could serve it, long beside a
 rolling restart's bad host, and a run that waits longer only hides the fault."""
 
 
@@ -184,5 +184,11 @@ def refusal(
 
 
 def refused_too_long() -> bool:
-    """Whether the refusals of the running activity have lasted `REFUSED_FOR_S`."""
-    return activity.info().attempt * REFUSED_RETRY_S >= REFUSED_FOR_S
+    """Whether the refusals of the running activity have lasted `REFUSED_FOR_S`: the time since
+    its first attempt was scheduled (both times the server's), not its attempts: other refusals
+    come sooner than `REFUSED_RETRY_S` apart (a restore its broken worker declines is retried
+    after a second, `activities.environment.DECLINED_RETRY_S`)."""
+    info = activity.info()
+    return (info.current_attempt_scheduled_time - info.scheduled_time).total_seconds() >= (
+        REFUSED_FOR_S
+    )

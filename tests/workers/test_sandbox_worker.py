@@ -330,10 +330,15 @@ async def test_a_worker_whose_runsc_runs_no_container_refuses_programs_to_be_ret
         remove_tree(root)
 
 
-def on_attempt(attempt: int) -> ActivityEnvironment:
-    """An activity environment whose activity runs as its `attempt`th attempt."""
+def on_attempt(attempt: int, after_s: float | None = None) -> ActivityEnvironment:
+    """An activity environment whose activity runs as its `attempt`th attempt, scheduled
+    `after_s` after its first (default: each refusal `REFUSED_RETRY_S` after the one before)."""
     env = ActivityEnvironment()
-    env.info = dataclasses.replace(env.info, attempt=attempt)
+    waited = (attempt - 1) * sandbox.REFUSED_RETRY_S if after_s is None else after_s
+    first = env.info.scheduled_time
+    env.info = dataclasses.replace(
+        env.info, attempt=attempt, current_attempt_scheduled_time=first + timedelta(seconds=waited)
+    )
     return env
 
 
@@ -342,12 +347,15 @@ async def test_refusals_that_last_too_long_fail_the_open_for_good() -> None:
     """Where no sandbox worker can run sessions (the chart's default), an open was refused and
     retried for ever: the run waited with nothing but a pending activity to show it. Once its
     refusals have lasted `REFUSED_FOR_S`, the refusal is final and says what to fix."""
-    last = int(sandbox.REFUSED_FOR_S // sandbox.REFUSED_RETRY_S)
-    assert 15 * 60 <= sandbox.REFUSED_FOR_S <= 60 * 60 and last > 1
+    last = int(sandbox.REFUSED_FOR_S // sandbox.REFUSED_RETRY_S) + 1
+    assert 15 * 60 <= sandbox.REFUSED_FOR_S <= 60 * 60 and last > 2
     open_sessions = sandbox.refuse_sessions("bwrap is missing")
     with pytest.raises(ApplicationError) as refused:
         await on_attempt(last - 1).run(open_sessions, REQUEST)
     assert_retried_later(refused.value)
+    with pytest.raises(ApplicationError) as soon:  # attempts a second apart (declined restores)
+        await on_attempt(last + 5, after_s=last + 5).run(open_sessions, REQUEST)
+    assert_retried_later(soon.value)
     with pytest.raises(ApplicationError) as final:
         await on_attempt(last).run(open_sessions, REQUEST)
     error = final.value
@@ -360,7 +368,7 @@ async def test_refusals_that_last_too_long_fail_the_open_for_good() -> None:
 @pytest.mark.asyncio
 async def test_refusals_of_programs_that_last_too_long_fail_the_execute_for_good() -> None:
     """The same for `execute` on workers whose runsc runs no container."""
-    last = int(sandbox.REFUSED_FOR_S // sandbox.REFUSED_RETRY_S)
+    last = int(sandbox.REFUSED_FOR_S // sandbox.REFUSED_RETRY_S) + 1
     execute = sandbox.refuse_programs("fake runsc: no such platform")
     request = ExecuteRequest(run_id="run-g", task_id="code-1", turn=0, items=[])
     with pytest.raises(ApplicationError) as refused:
