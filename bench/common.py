@@ -234,8 +234,7 @@ def bench_stack(home: Path, **overrides: Any) -> Iterator[Settings]:
 
     settings = stack_settings(home, **overrides)
     try:
-        for line in stack.up(settings):
-            print(f"  {line}", flush=True)
+        stack.up(settings, say=lambda line: print(f"  {line}", flush=True))
         yield settings
     finally:
         stack.down(settings)

@@ -18,6 +18,10 @@ refuse a second create-only write (`storage_checks.check_create_only`, exactly-o
 on it): the embedded one is checked when `up` starts it, an external one by each `up` (once per
 endpoint and bucket in a process), unless it cannot be reached from here (workers elsewhere may).
 Where each service is (its endpoint, its pidfile) is infra/stack_services.py's.
+
+`up` checks every service's ports before it starts any (`infra.stack_ports`); a start that fails
+all the same stops what this `up` started (not an earlier one's), saying so. Lines are `say`-d as
+they come.
 """
 
 from __future__ import annotations
@@ -27,14 +31,16 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 
 from contracts.names import SEARCH_ATTRIBUTE_TYPES
 from infra import codec
 from infra.processes import Service, bundled_binary, port_open, wait_for_port
-from infra.seaweed import SeaweedPorts, seaweed_command, wait_s3_ready
+from infra.seaweed import seaweed_command, wait_s3_ready
 from infra.settings import Settings
+from infra.stack_ports import check_ports
 from infra.stack_services import (
     LISTEN_WAIT_S,
     StackError,
@@ -135,16 +141,39 @@ def check_home(settings: Settings) -> None:
         raise ValueError(f"{problem}: {cannot}")
 
 
-def up(settings: Settings) -> list[str]:
-    """Start whatever is not running; returns one line per service saying what happened."""
+def up(settings: Settings, say: Callable[[str], None] = lambda line: None) -> list[str]:
+    """Start whatever is not running; returns one line per service saying what happened, each
+    `say`-d as it comes. A failure stops what this call started first, and names it."""
     check_home(settings)
     settings.home.mkdir(parents=True, exist_ok=True)
-    if not settings.temporal.embedded:
-        return [_check_external_temporal(settings), _start_seaweed(settings), NO_CODEC]
-    lines = [_start_temporal(settings)]
-    lines.append(_start_seaweed(settings))
-    lines.append(_start_codec(settings))
+    check_ports(settings)
+    embedded = settings.temporal.embedded
+    steps: list[Callable[[Settings, list[Service]], str]] = [
+        _start_temporal if embedded else lambda settings, _: _check_external_temporal(settings),
+        _start_seaweed,
+        _start_codec if embedded else lambda *_: NO_CODEC,
+    ]
+    lines: list[str] = []
+    started: list[Service] = []
+    for step in steps:
+        try:
+            lines.append(step(settings, started))
+        except BaseException as err:  # Ctrl-C in a start too
+            if not (stopped := _stop_started(started)):
+                raise
+            undone = f"stopped what this `up` started: {stopped}"
+            if isinstance(err, StackError):
+                raise StackError(f"{err}; {undone}") from None
+            err.add_note(undone)
+            raise
+        say(lines[-1])
     return lines
+
+
+def _stop_started(started: list[Service]) -> str:
+    """Stop `started` (the services this `up` started), the last first; those that ran."""
+    pids = [(service, service.pid()) for service in reversed(started)]
+    return ", ".join(f"{service.name} (pid {pid})" for service, pid in pids if service.stop())
 
 
 def down(settings: Settings) -> list[str]:
@@ -185,7 +214,8 @@ def status(settings: Settings) -> dict[str, str]:
     return result
 
 
-def _start_temporal(settings: Settings) -> str:
+def _start_temporal(settings: Settings, started: list[Service] | None = None) -> str:
+    """Temporal's line; the service joins `started` once this call starts it."""
     service = temporal_service(settings)
     endpoint = temporal_endpoint(settings)
     with service.lock():
@@ -193,19 +223,8 @@ def _start_temporal(settings: Settings) -> str:
             listening(service, endpoint.host, endpoint.port)  # another address: said so
             _started_as_these(service, pid, settings)
             return f"temporal: already running at {endpoint}"
-        for port in (endpoint.port, settings.temporal.ui_port, settings.temporal.http_port):
-            if port_open(endpoint.host, port):
-                theirs = (
-                    " (or, if a Temporal to use as it is answers there, "
-                    "TEMPERED_TEMPORAL__EMBEDDED=false)"
-                    if port == endpoint.port
-                    else ""
-                )
-                raise StackError(
-                    f"port {endpoint.host}:{port} is taken by another process; stop it or set "
-                    f"TEMPERED_TEMPORAL__ADDRESS / __UI_PORT / __HTTP_PORT{theirs}"
-                )
         service.start(temporal_command(settings))
+        _record(started, service)
         try:
             wait_for_port(endpoint.host, endpoint.port, START_TIMEOUT_S, service)
             wait_for_port(endpoint.host, settings.temporal.ui_port, START_TIMEOUT_S, service)
@@ -228,7 +247,9 @@ def _check_external_temporal(settings: Settings) -> str:
     return f"temporal: external at {address} (not started)"
 
 
-def _start_seaweed(settings: Settings) -> str:
+def _start_seaweed(settings: Settings, started: list[Service] | None = None) -> str:
+    """SeaweedFS's line (an external S3's check); the service joins `started` once this call
+    starts it."""
     endpoint = s3_endpoint(settings)
     if endpoint is None:
         return _check_external_s3(settings)
@@ -246,15 +267,8 @@ def _start_seaweed(settings: Settings) -> str:
                     f"as it should ({exc}); `tempered down`, then `tempered up`"
                 ) from None
             return f"seaweedfs: already running, S3 at http://{endpoint}"
-        ports = SeaweedPorts.from_base(endpoint.port, settings.s3.embedded_base_port)
-        for port in ports.all_ports():
-            if port and port_open("127.0.0.1", port):
-                raise StackError(
-                    f"port 127.0.0.1:{port} (SeaweedFS) is taken by another process; stop it or "
-                    "set TEMPERED_S3__ENDPOINT / TEMPERED_S3__EMBEDDED_BASE_PORT"
-                )
-        service.start(
-            seaweed_command(
+        try:  # it writes its S3 identities into its data folder
+            command = seaweed_command(
                 settings.home / "seaweed",
                 s3_port=endpoint.port,
                 access_key=settings.s3.access_key,
@@ -262,7 +276,10 @@ def _start_seaweed(settings: Settings) -> str:
                 base_port=settings.s3.embedded_base_port,
                 buckets=[settings.s3.bucket],
             )
-        )
+        except OSError as err:
+            raise StackError(f"SeaweedFS cannot start: {err}") from None
+        service.start(command)
+        _record(started, service)
         try:
             wait_for_port(endpoint.host, endpoint.port, START_TIMEOUT_S, service)
             _serving(service, f"http://{endpoint}")
@@ -275,8 +292,9 @@ def _start_seaweed(settings: Settings) -> str:
         return f"seaweedfs: started, S3 at http://{endpoint}, bucket {settings.s3.bucket!r}"
 
 
-def _start_codec(settings: Settings) -> str:
-    """The UI's codec server; a display aid, so a taken port is reported, not fatal."""
+def _start_codec(settings: Settings, started: list[Service] | None = None) -> str:
+    """The UI's codec server; a display aid, so a taken port is reported, not fatal. It joins
+    `started` once this call starts it."""
     service, url = codec_service(settings), codec.endpoint(settings)
     with service.lock():
         if service.pid() is not None:
@@ -291,12 +309,18 @@ def _start_codec(settings: Settings) -> str:
             )
         env = {**os.environ, **codec.service_env(settings)}
         service.start([sys.executable, "-m", "infra.codec"], env=env)
+        _record(started, service)
         try:
             wait_for_port("127.0.0.1", settings.temporal.codec_port, START_TIMEOUT_S, service)
         except (RuntimeError, TimeoutError) as err:
             service.stop()
             raise StackError(f"the codec server did not start: {err}") from None
         return f"codec: started at {url} (the UI shows what payloads reference)"
+
+
+def _record(started: list[Service] | None, service: Service) -> None:
+    if started is not None:
+        started.append(service)
 
 
 _create_only_checked: set[tuple[str, str]] = set()

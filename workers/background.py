@@ -3,7 +3,12 @@
 `ensure_workers` starts `tempered worker QUEUE` (as `python -m workers.cli worker QUEUE`) for
 every queue that has no live worker of ours; `stop_workers` (called by `tempered down`) stops
 them by pidfile; `background_workers` lists the live ones (`tempered status`). Workers started
-any other way (a terminal, a pod) are not ours to start or stop.
+any other way (a terminal, a pod) are not ours to start or stop, nor to double: a queue that one
+of them polls gets no worker of ours (`served_elsewhere`, asked of Temporal), said in one line.
+Beside a foreground `tempered worker all`, `train` started a second worker of every queue, and
+two learners alternated steps, each with its own optimizer state. Temporal lists a worker's
+poller for a while after its last poll, dead or not: one of this host counts while its process
+(the pid its identity names) lives, one of another host while it polled within `LINGER_S`.
 
 A worker whose code changed since it started is restarted (its activities in flight are
 retried by Temporal, as after any worker's death). The agent-tasks worker's code is
@@ -26,29 +31,38 @@ all at once.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
 import json
 import os
 import secrets
+import socket
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
 from pydantic import SecretBytes, SecretStr
+from temporalio.service import RPCError
 
 from activities.heartbeat import CANCEL_GRACE_S
 from contracts.names import Queue
-from infra.processes import Service
+from infra.processes import Service, port_open
 from infra.settings import Settings
+from infra.stack_services import temporal_endpoint
+from workers.backlog import Poller, queue_pollers
+from workers.identity import identity_host_pid
 from workers.plan import WorkerPlan
 from workers.versioning import activity_code_digest, workflow_code_digest
 
 RESTARTED = "restarted: its code changed since it started"
 ROOT_VARIABLE = "TEMPERED_SANDBOX__WORKSPACES__ROOT"
 RECONFIGURED = "restarted: this command's settings differ from those it started with"
+SERVED = "not started: a worker this command did not start polls its queue"
 PINNED = " (a run still pinned to the old build waits for a worker of that build)"
 
 
@@ -128,10 +142,64 @@ def worker_command(queue: Queue) -> list[str]:
     return [sys.executable, "-m", "workers.cli", "worker", queue.value]
 
 
+LINGER_S = 90.0
+"""A poller of another host (whose process cannot be looked at) serves its queue if it polled
+within this: a live worker polls again at least once a minute (Temporal's long poll)."""
+ASK_S = 10.0
+"""How long `served_elsewhere` waits for Temporal's answer, to connect and again to ask."""
+
+
+def served_elsewhere(settings: Settings, ours: set[int]) -> dict[Queue, str]:
+    """Queue → the identity of a live worker that polls it and is not one of `ours` (our
+    workers' pids: one restarted for new code polled until now); none where Temporal does not
+    answer: then nothing can serve a queue, and a worker of ours is started as before."""
+    endpoint = temporal_endpoint(settings)
+    if not port_open(endpoint.host, endpoint.port):
+        return {}
+    with ThreadPoolExecutor(1) as thread:  # `train --attach` calls this from its event loop
+        try:
+            pollers = thread.submit(asyncio.run, _pollers(settings)).result()
+        except (RuntimeError, OSError, TimeoutError, RPCError):
+            return {}  # cannot tell
+    now = datetime.now(UTC)
+    alive = {q: [p.identity for p in found if _alive(p, now, ours)] for q, found in pollers.items()}
+    return {queue: identities[0] for queue, identities in alive.items() if identities}
+
+
+async def _pollers(settings: Settings) -> dict[Queue, list[Poller]]:
+    from workers.runtime import connect, quiet_runtime  # noqa: PLC0415 (it imports this module)
+
+    client = await asyncio.wait_for(connect(settings, runtime=quiet_runtime()), ASK_S)
+    found = await asyncio.wait_for(
+        asyncio.gather(*(queue_pollers(client, queue) for queue in Queue)), ASK_S
+    )
+    return dict(zip(Queue, found, strict=True))
+
+
+def _alive(poller: Poller, now: datetime, ours: set[int]) -> bool:
+    """Whether the worker behind `poller` still runs and is not one of `ours`: by its process
+    where its identity (`workers.identity`: queue@host:pid) names this host, else by when it
+    last polled."""
+    host, pid = identity_host_pid(poller.identity)
+    if host != socket.gethostname() or pid is None:
+        return (now - poller.last_access).total_seconds() < LINGER_S
+    if pid in ours:
+        return False
+    try:
+        process = psutil.Process(pid)
+        # a pid reused since: a process younger than the poll is another one
+        young = process.create_time() > poller.last_access.timestamp() + 1
+        return not young and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def ensure_workers(
     settings: Settings, command: Callable[[Queue], list[str]] = worker_command
 ) -> list[str]:
     lines = []
+    ours = {pid for queue in Queue if (pid := worker_service(settings, queue).pid()) is not None}
+    elsewhere = served_elsewhere(settings, ours)
     env = {**os.environ, "TEMPERED_HOME": str(settings.home)}
     if settings.config is not None:  # the workers read the same TOML file as this process
         env["TEMPERED_CONFIG"] = str(settings.config)
@@ -154,6 +222,9 @@ def ensure_workers(
                 moved = running.split()[0] != code.split()[0]  # the code, not just the settings
                 why = RESTARTED + (PINNED if workflows else "") if moved else RECONFIGURED
                 lines.append(f"worker {queue.value}: {why}")
+            if (other := elsewhere.get(queue)) is not None:
+                lines.append(f"worker {queue.value}: {SERVED} ({other})")
+                continue
             service.start(command(queue), env=env, code=code)
             lines.append(f"worker {queue.value}: started (log {service.logfile})")
     return lines

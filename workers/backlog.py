@@ -5,17 +5,23 @@ progress line show, and what the Helm chart's autoscalers scale each worker Depl
 
 A queue's backlog is its tasks waiting for a worker (`DescribeTaskQueue` with `report_stats`):
 workflow tasks for agent-tasks (the workflow worker), activity tasks for the others. Rates are
-tasks per second over the server's recent window; all figures are approximate.
+tasks per second over the server's recent window; all figures are approximate. The same call lists
+the queue's pollers (`queue_pollers`): the workers that polled it lately, which `tempered train`
+asks before starting a worker of its own (`workers.background.ensure_workers`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
-from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.api.workflowservice.v1 import (
+    DescribeTaskQueueRequest,
+    DescribeTaskQueueResponse,
+)
 from temporalio.client import Client
 
 from contracts.names import ACTIVITY_QUEUE, Queue
@@ -36,21 +42,46 @@ class QueueBacklog(BaseModel):
     pollers: int = Field(ge=0, description="Workers polling it lately.")
 
 
-async def queue_backlog(client: Client, queue: Queue) -> QueueBacklog:
-    workflows = queue in WORKFLOW_QUEUES
+class Poller(BaseModel):
+    """A worker that polled a queue lately, as Temporal lists it (it keeps one listed a while
+    after its last poll, whether or not its process still runs)."""
+
+    identity: str = Field(description="The worker's identity (`workers.runtime`: queue@host:pid).")
+    last_access: datetime = Field(description="When it last polled, UTC.")
+
+
+async def _describe(client: Client, queue: Queue, stats: bool) -> DescribeTaskQueueResponse:
+    """`DescribeTaskQueue` of `queue`'s tasks: workflow tasks for agent-tasks, else activity."""
     kind = (
         TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW
-        if workflows
+        if queue in WORKFLOW_QUEUES
         else TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
     )
-    described = await client.workflow_service.describe_task_queue(
+    return await client.workflow_service.describe_task_queue(
         DescribeTaskQueueRequest(
             namespace=client.namespace,
             task_queue=TaskQueue(name=queue.value, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
             task_queue_type=kind,
-            report_stats=True,
+            report_stats=stats,
         )
     )
+
+
+async def queue_pollers(client: Client, queue: Queue) -> list[Poller]:
+    """The workers that polled `queue` lately (a worker's tasks of `_describe`'s kind)."""
+    described = await _describe(client, queue, stats=False)
+    return [
+        Poller(
+            identity=poller.identity,
+            last_access=poller.last_access_time.ToDatetime(tzinfo=UTC),
+        )
+        for poller in described.pollers
+    ]
+
+
+async def queue_backlog(client: Client, queue: Queue) -> QueueBacklog:
+    workflows = queue in WORKFLOW_QUEUES
+    described = await _describe(client, queue, stats=True)
     stats = described.stats
     age = stats.approximate_backlog_age
     return QueueBacklog(

@@ -17,17 +17,16 @@ Temporal is `TemporalUnreachable`, which the command line turns into one line na
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-import os
 import signal
-import socket
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client, Interceptor
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.runtime import Runtime
+from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.worker import Worker
 
 from contracts.names import Queue
@@ -35,6 +34,7 @@ from infra.settings import Settings
 from infra.telemetry import setup_telemetry
 from workers import agent_tasks, inference, learner, rewards, sandbox
 from workers.health import Health
+from workers.identity import worker_identity
 from workers.plan import WorkerPlan, close_each
 from workers.versioning import deployment_config, promote_in_background
 
@@ -82,6 +82,15 @@ async def connect(
         raise TemporalUnreachable(settings.temporal.address, str(exc)) from exc
 
 
+@functools.cache
+def quiet_runtime() -> Runtime:
+    """The SDK runtime of a command's own client, whose core logs errors only: its warnings
+    are a call's retries ("gRPC call … retried 5 times … tcp connect error"), a minute of them
+    before the call fails, which the command then says in its own words."""
+    quiet = TelemetryFilter(core_level="ERROR", other_level="ERROR")
+    return Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=quiet)))
+
+
 async def build_worker(
     client: Client, queue: Queue, settings: Settings
 ) -> tuple[Worker, WorkerPlan]:
@@ -96,7 +105,7 @@ async def build_worker(
         workflows=list(plan.workflows),
         max_concurrent_activities=plan.max_concurrent_activities,
         graceful_shutdown_timeout=timedelta(seconds=plan.drain_s),
-        identity=f"{queue.value}@{socket.gethostname()}:{os.getpid()}",
+        identity=worker_identity(queue.value),
         deployment_config=versioning,
         **throttle(plan),
     )
@@ -121,7 +130,7 @@ def own_queue_worker(client: Client, plan: WorkerPlan) -> Worker:
         activities=list(plan.own_queue_activities),
         max_concurrent_activities=plan.own_queue_max_concurrent,
         graceful_shutdown_timeout=timedelta(seconds=plan.drain_s),
-        identity=f"{plan.own_queue}@{socket.gethostname()}:{os.getpid()}",
+        identity=worker_identity(plan.own_queue),
     )
 
 

@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from contracts.names import Queue
-from infra.settings import Settings
+from infra.processes import free_port
+from infra.settings import Settings, TemporalSettings
 from workers.background import (
     PINNED,
     RECONFIGURED,
@@ -28,13 +29,18 @@ from workers.background import (
 from workers.versioning import activity_code_digest, workflow_code_digest
 
 
+def no_temporal() -> TemporalSettings:  # noqa: N802
+    """Where no Temporal answers: no worker polling the default address's queues counts."""
+    return TemporalSettings(address=f"127.0.0.1:{free_port()}")
+
+
 def sleeper(queue: Queue) -> list[str]:
     return [sys.executable, "-c", "import time; time.sleep(60)", queue.value]
 
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Iterator[Settings]:
-    settings = Settings(home=tmp_path)
+    settings = Settings(home=tmp_path, temporal=no_temporal())
     yield settings
     for queue in Queue:
         worker_service(settings, queue).stop(timeout_s=5)
@@ -145,7 +151,7 @@ def test_workers_get_the_workspaces_root_this_command_resolved(
     here.mkdir()
     monkeypatch.chdir(here)
     monkeypatch.setenv("TEMPERED_SANDBOX", json.dumps({"workspaces": {"root": "ws"}}))
-    settings = Settings(home=tmp_path / "home")
+    settings = Settings(home=tmp_path / "home", temporal=no_temporal())
     seen = tmp_path / "seen"
 
     def telling(queue: Queue) -> list[str]:

@@ -15,8 +15,8 @@ import pytest
 from pydantic import SecretStr
 
 from contracts.names import Queue
-from infra.processes import Service
-from infra.settings import Settings
+from infra.processes import Service, free_port
+from infra.settings import Settings, TemporalSettings
 from workers.background import (
     RECONFIGURED,
     drain_s,
@@ -37,6 +37,11 @@ time.sleep(60)
 """
 
 
+def no_temporal() -> TemporalSettings:  # noqa: N802
+    """Where no Temporal answers: no worker polling the default address's queues counts."""
+    return TemporalSettings(address=f"127.0.0.1:{free_port()}")
+
+
 def drainer(queue: Queue) -> list[str]:
     return [sys.executable, "-c", DRAINER, "1", queue.value]
 
@@ -47,7 +52,7 @@ def quick(queue: Queue) -> list[str]:
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Iterator[Settings]:
-    settings = Settings(home=tmp_path)
+    settings = Settings(home=tmp_path, temporal=no_temporal())
     yield settings
     stop_workers(settings)
 

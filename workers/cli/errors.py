@@ -5,14 +5,12 @@ at parse time, and the quiet SDK runtime of a command's client (`quiet_runtime`)
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import re
 
 from pydantic import ValidationError
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
-from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.common import describe_validation_error, is_identifier
@@ -86,15 +84,6 @@ def _not_found(text: str) -> str:
         "operator namespace create NAME`; the embedded server makes its namespace when `tempered "
         "up` starts it)"
     )
-
-
-@functools.cache
-def quiet_runtime() -> Runtime:
-    """The SDK runtime of a command's own client, whose core logs errors only: its warnings
-    are a call's retries ("gRPC call … retried 5 times … tcp connect error"), a minute of them
-    before the call fails, which the command then says in its own words."""
-    quiet = TelemetryFilter(core_level="ERROR", other_level="ERROR")
-    return Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=quiet)))
 
 
 def _whole(text: str, least: int, what: str) -> int:

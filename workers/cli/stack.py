@@ -25,8 +25,8 @@ from infra import stack
 from infra.processes import limit_openmp_spin, port_open
 from infra.settings import S3Settings, Settings, TemporalSettings
 from workers.background import stop_workers
-from workers.cli.errors import describe, quiet_runtime
-from workers.runtime import connect, run_workers
+from workers.cli.errors import describe
+from workers.runtime import connect, quiet_runtime, run_workers
 from workflows.search import KEYS
 
 ASK_S = 10.0
@@ -87,8 +87,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def up(args: argparse.Namespace, settings: Settings) -> int:
-    for line in stack.up(settings):
-        print(line)
+    """Each service's line as it comes (a failure after a start leaves that start said)."""
+    stack.up(settings, say=lambda line: print(line, flush=True))
     return 0
 
 

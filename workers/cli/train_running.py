@@ -22,9 +22,8 @@ import sys
 from temporalio.service import RPCError
 
 from infra.settings import Settings
-from workers.cli.errors import quiet_runtime
 from workers.cli.stack import running_run_ids
-from workers.runtime import connect
+from workers.runtime import connect, quiet_runtime
 
 
 class RunsRunning(ValueError):
