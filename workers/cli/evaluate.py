@@ -71,7 +71,7 @@ from infra.tasks import SUITE_HELP
 from workers.backlog import queue_backlogs
 from workers.cli.errors import describe, positive, run_id
 from workers.cli.eval_tasks import recorded_tasks, suite_tasks
-from workers.cli.runs import run_record
+from workers.cli.runs import require_run, run_record
 from workers.runtime import connect
 from workflows.agent_task import AgentTaskWorkflow
 
@@ -295,7 +295,8 @@ def _tasks(
 
 def _policy(args: argparse.Namespace, store: ObjectStore) -> tuple[str, int] | None:
     """(run, version) to sample from, or None for a preset/dir to publish (its form checked).
-    ValueError for a version that was never published, before any task starts: the tasks
+    ValueError for a run that does not exist (`require_run`) or a version it never published,
+    before any task starts: the tasks
     waited for it without a word (`inference.policy_wait_s` each) and stayed in Temporal; and
     for a preset/dir with `--run`, which ignored the run (a baseline under a run's settings is
     its version 0: `--run RUN --policy 0`)."""
@@ -310,6 +311,7 @@ def _policy(args: argparse.Namespace, store: ObjectStore) -> tuple[str, int] | N
         return None
     if not args.run:
         raise ValueError("--policy VERSION needs --run RUN")
+    require_run(store, args.run)  # as `runs show` and `regrade`: not "no version N" of no run
     version = int(args.policy)
     if policy_manifest(store, args.run, version) is None:
         published = [

@@ -3,9 +3,14 @@ generation.
 
 It re-scores each trajectory's final program against the task's tests *as the task suite
 defines them now* (suite from `--suite`, else the run's `run.json`, else `starter`); the work is
-`infra/regrade.py`'s, this module only finds the inputs and prints the outcome. Exit codes: 0
-done, 1 some trajectories could not be regraded (a conflict too: a stored record is never
-overwritten, `CONFLICTS`), 2 bad input or S3 unusable.
+`infra/regrade.py`'s, this module only finds the inputs and prints the outcome. A run without
+run.json (a task started by hand, `temporal workflow start`) has its tasks looked up in
+`starter`: where they are not there, the skip says to name their suite (`--suite FILE.jsonl`).
+
+Exit codes (`EXIT`, the help's words too): 0 every trajectory regraded; 1 some were not: skipped
+(each line says why), the sandbox kept failing, or a conflict (a stored verdict that differs
+from today's is kept, never overwritten: `CONFLICTS`); 2 bad input or S3 unusable, nothing
+regraded.
 """
 
 from __future__ import annotations
@@ -30,12 +35,20 @@ from workers.cli.runs import open_store, require_run, run_record, user_errors
 
 CONFLICTS = "the suite changed since, or flaky tests; a new --grader name records new verdicts"
 """Why a regrade's verdict differs from the one its grader stored, which it keeps: the way out."""
+NOT_REGRADED = 1
+"""Exit code where some trajectories were not regraded (a conflict among them)."""
+EXIT = (
+    "Exit 0: every trajectory regraded; 1: some were not: skipped (each line says why), the "
+    f"sandbox kept failing, or a stored verdict differs from today's and is kept ({CONFLICTS}); "
+    "2: bad input or S3 unusable, nothing regraded."
+)
+"""The exit codes, as `--help` and the module docstring say them."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `regrade` to the `tempered` CLI."""
     again = commands.add_parser("regrade", help="re-score a run's trajectories without generating")
-    again.description = f"Exit 1 where a stored verdict differs from today's ({CONFLICTS})."
+    again.description = EXIT
     again.add_argument("run", type=run_id)
     again.add_argument("--grader", default="current", help="name of this grading (a key part)")
     again.add_argument(
@@ -85,8 +98,23 @@ def regrade(args: argparse.Namespace, settings: Settings) -> int:
     for kind in ("conflict", "skipped", "infra"):
         for line in outcome[kind]:
             console.print(f"[yellow]{kind}[/] {line}")
+    if outcome["skipped"] and args.suite is None:
+        print(
+            f"tempered regrade: {_suite_hint(args.run, suite, known=spec is not None)}",
+            file=sys.stderr,
+        )
     if conflicts := len(outcome["conflict"]):
         print(
             f"tempered regrade: {conflicts} stored verdict(s) kept ({CONFLICTS})", file=sys.stderr
         )
-    return 1 if outcome["skipped"] or outcome["infra"] or outcome["conflict"] else 0
+    return NOT_REGRADED if outcome["skipped"] or outcome["infra"] or conflicts else 0
+
+
+def _suite_hint(run: str, suite: str, known: bool) -> str:
+    """The way out for trajectories skipped under a suite `--suite` did not name: the run's
+    (`known`: its run.json's), or `starter` for a run without run.json (started by hand)."""
+    whose = f"run {run!r}'s suite" if known else f"the default: run {run!r} has no run.json"
+    return (
+        f"tasks were looked up in suite {suite!r} ({whose}); where the skipped ones are in "
+        "another suite, name it: --suite FILE.jsonl (or harbor:DIR, or a built-in name)"
+    )

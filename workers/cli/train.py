@@ -55,7 +55,7 @@ from temporalio.exceptions import CancelledError, TerminatedError, WorkflowAlrea
 from temporalio.exceptions import TimeoutError as WorkflowTimeoutError
 from temporalio.service import RPCError, RPCStatusCode
 
-from contracts.names import Workflow
+from contracts.names import Queue, Workflow
 from contracts.run import TrainingRunInput, TrainingRunResult
 from infra import stack
 from infra.presets import DEFAULT, load_preset, preset_names
@@ -64,8 +64,8 @@ from infra.settings import Settings
 from infra.stack_services import temporal_endpoint
 from infra.storage import ObjectStore, StorageError
 from infra.tasks import BUILTIN_SUITES
-from workers.background import ensure_workers
-from workers.cli.errors import describe, natural, number, quiet_runtime, run_id
+from workers.background import background_workers, ensure_workers
+from workers.cli.errors import describe, natural, number, run_id
 from workers.cli.progress import follow, summary
 from workers.cli.report import write_report
 from workers.cli.train_inputs import (
@@ -77,7 +77,7 @@ from workers.cli.train_inputs import (
 )
 from workers.cli.train_plan import plan
 from workers.cli.train_running import RunsRunning, check_none_running
-from workers.runtime import connect
+from workers.runtime import connect, quiet_runtime
 from workers.training import RunHandle, attach, start_run, stop_run
 
 LOST = 75
@@ -289,8 +289,7 @@ def _bring_up(
     restarts from its files, and the runs it held go on); an external Temporal is only checked
     to answer (`stack.up`). For a `new_run`, once Temporal answers, that no run runs (unless
     `alongside`), and its id once the store answers, both before the workers start."""
-    for line in stack.up(settings):
-        print(line)
+    stack.up(settings, say=lambda line: print(line, flush=True))  # each line as it comes
     if new_run is not None:
         if not alongside:
             check_none_running(settings)
@@ -355,7 +354,7 @@ async def _follow(
     try:
         return await follow(client, handle, run_input, settings, started)
     except asyncio.CancelledError:  # Ctrl-C: the run is durable and goes on without us
-        _detached(run, f"detached; run {run} goes on in the background workers.")
+        _detached(run, f"detached; {goes_on(run, settings)}")
         raise
     except RPCError as err:
         temporal = temporal_endpoint(settings)
@@ -372,6 +371,20 @@ async def _follow(
 
 class LostTemporal(Exception):
     """Temporal stopped answering while `train` followed a run (said on stderr): exit `LOST`."""
+
+
+def goes_on(run: str, settings: Settings) -> str:
+    """Where detached run `run` goes on, from what this machine knows: the background workers
+    of its home that live (it said "in the background workers" after `--no-workers` too)."""
+    missing = [queue.value for queue in Queue if queue not in background_workers(settings)]
+    if not missing:
+        return f"run {run} goes on in the background workers."
+    none = "no background worker" if len(missing) == len(Queue) else "none"
+    return (
+        f"run {run} goes on where workers poll its queues, and waits while none does: {none} "
+        f"of this home serves {', '.join(missing)} (`tempered status` shows the pollers; "
+        "`tempered worker all` starts them)."
+    )
 
 
 def _detached(run: str, why: str) -> None:

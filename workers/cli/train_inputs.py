@@ -1,10 +1,19 @@
 """What `tempered train` checks of a new run before anything starts (`workers/cli/train.py`):
-its home, base model and suite, what the inference backend could not serve, and that its run id
-is new. What depends on the run's input alone is `TrainingRunInput.new_run_problem`'s.
+its home, base model and suite, that the preset's sampling fits the suite's tasks, what the
+inference backend could not serve, and that its run id is new. What depends on the run's input
+alone is `TrainingRunInput.new_run_problem`'s.
 
     check_inputs(settings, run_input, workers_here=True)   # ValueError: home, model, suite…
+    sampling_env(SamplingParams(tool_choice="required"))   # EnvName.WORKSPACE (None: either)
     check_run_id(store, "exp1")                            # RunIdTaken: stored or removed
     why = check_run_id_if_up(settings, "exp1")             # `--dry-run`: None once checked
+
+Sampling fits one env or both (`sampling_env`): a code-block stop is the `code` env's (its
+action is a code block), a tool-call stop or a turn forced to a tool call the `workspace` env's
+(a `code` task has no tools: inference refuses `tool_choice = "required"` for it). The default
+preset on a workspace suite made no valid tool call (SmolLM2 unguided: 0 of 24), every group
+flat, nothing learned; `--preset agent` on code tasks failed at its first generate. Both are
+refused here, naming the preset that fits.
 
 A run id is taken when objects are stored under `runs/<id>/` (a finished or failed run, or one
 in progress, which `--attach` follows) or `tempered runs rm` removed it (`removed/<id>.json`;
@@ -17,10 +26,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from contracts.run import TrainingRunInput
-from contracts.task import SamplingParams
+from contracts.task import EnvName, SamplingParams, TaskSpec
 from infra import keys, stack
 from infra.base_models import SMOLLM2, TINY, check_base_model
 from infra.inference.vllm_rows import refusal
+from infra.presets import load_preset, preset_names
 from infra.run_ids import removal_record, run_stored
 from infra.settings import Settings
 from infra.storage import ObjectStore, StorageError
@@ -59,10 +69,10 @@ def check_inputs(settings: Settings, run_input: TrainingRunInput, workers_here: 
 
     if workers_here or not theirs(run_input.base_model):
         check_base_model(run_input.base_model)
-    if workers_here or not theirs(run_input.suite):
-        check_suite(settings, run_input.suite)
     if workers_here and (problem := backend_problem(settings, run_input)):
         raise ValueError(problem)
+    if workers_here or not theirs(run_input.suite):  # last: a Harbor suite's files are read
+        check_suite(settings, run_input)
 
 
 def backend_problem(settings: Settings, run_input: TrainingRunInput) -> str | None:
@@ -125,13 +135,64 @@ def check_run_id_if_up(settings: Settings, run: str) -> str | None:
     return None
 
 
-def check_suite(settings: Settings, suite: str) -> None:
-    """ValueError unless `suite` loads and leaves training tasks once quarantined ones are
-    skipped, as the run's first activity needs (activities/tasks.py): a missing or malformed
+def check_suite(settings: Settings, run_input: TrainingRunInput) -> None:
+    """ValueError unless the run's suite loads and leaves training tasks once quarantined ones
+    are skipped, as the run's first activity needs (activities/tasks.py), and its sampling fits
+    them (and its eval sampling the held-out ones: `sampling_misfit`): a missing or malformed
     suite passed `--dry-run`, and a real run failed only after the stack and five workers had
     started and the workflow had begun."""
+    suite = run_input.suite
     skipped = load_quarantine(settings, suite)
-    train = [task for task in load_suite(suite, split="train") if task.id not in skipped]
+    tasks = load_suite(suite)  # once: a Harbor suite reads every task's files
+    train = [task for task in tasks if task.split == "train" and task.id not in skipped]
     if not train:
         left = f" left ({len(skipped)} quarantined by `tempered tasks validate`)" if skipped else ""
         raise ValueError(f"suite {suite!r} has no training tasks{left}")
+    heldout = [task for task in tasks if task.split == "heldout"]
+    for name, chosen in (("sampling", train), ("eval_sampling", heldout)):
+        if problem := sampling_misfit(getattr(run_input, name), name, suite, chosen):
+            raise ValueError(problem)
+
+
+def sampling_env(params: SamplingParams) -> EnvName | None:
+    """The env whose tasks a turn sampled with `params` fits, None where it fits both: a turn
+    forced to a tool call (`tool_choice = "required"`) or stopped at its first `</tool_call>`
+    is a `workspace` turn (a `code` task has no tools), one stopped at its first closed ```
+    block a `code` turn (a `workspace` turn is a tool call, not a code block)."""
+    fits = _fits(params)
+    return fits[0] if fits else None
+
+
+def _fits(params: SamplingParams) -> tuple[EnvName, str] | None:
+    """`sampling_env` and the setting of `params` that decides it."""
+    if params.tool_choice == "required":
+        return EnvName.WORKSPACE, "tool_choice = 'required': every turn a tool call"
+    if params.stop_after_tool_call:
+        return EnvName.WORKSPACE, "stop_after_tool_call"
+    if params.stop_after_code_block:
+        return EnvName.CODE, "stop_after_code_block: a turn ends at its first ``` block"
+    return None
+
+
+def sampling_misfit(
+    params: SamplingParams, name: str, suite: str, tasks: list[TaskSpec]
+) -> str | None:
+    """Why sampling `params` (the run's field `name`) does not fit `tasks` of `suite`, naming
+    the shipped presets made for their env; None where it fits. No flag overrides it: a preset
+    TOML whose `[name]` fits is the way to another choice."""
+    fits = _fits(params)
+    others = sorted({task.env for task in tasks} - {fits[0]}) if fits else []
+    if fits is None or not others:
+        return None
+    env, setting = others[0], fits[1]
+    made_for = [f"--preset {preset}" for preset in preset_names() if _preset_env(preset) is env]
+    use = " or ".join([*made_for, f"a preset TOML whose [{name}] fits them"])
+    return (
+        f"suite {suite!r} has {env} tasks, but the preset's {name} is for {fits[0]} tasks "
+        f"({setting}): use {use} (no flag overrides this)"
+    )
+
+
+def _preset_env(preset: str) -> EnvName | None:
+    """The env the shipped preset `preset`'s training sampling is made for (None: both)."""
+    return sampling_env(load_preset(preset).sampling)

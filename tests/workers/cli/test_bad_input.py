@@ -52,7 +52,7 @@ def test_eval_of_a_version_never_published_is_refused_before_any_task_starts(
         "`tempered runs show RUN` lists them)\n"
     )
     assert run([*argv[:2], "nope", *argv[3:], "0"], settings) == 2
-    assert "run 'nope' has no policy version 0 (published: none;" in one_line(capsys)
+    assert "unknown run 'nope'" in one_line(capsys)  # not "has no policy version 0"
 
 
 @pytest.mark.parametrize(
