@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from contracts.names import is_evaluation
+from contracts.task import group_steps_problem
 
 if TYPE_CHECKING:
     from contracts.run import TrainingRunInput
@@ -42,6 +43,8 @@ def new_run_problem(run: TrainingRunInput) -> str | None:
             f"group_size = {run.group_size}: a group of one episode is always flat (its "
             "advantage is 0), so the run would train nothing; set group_size to 2 or more"
         )
+    if problem := group_steps_problem(run.group_size, run.max_turns):  # each task's input's
+        return problem  # rule: asked here, the run's tasks would fail in the workflow for ever
     return _over_a_limit(run) or _no_room_to_sample(run) or run.grpo.new_run_problem()
 
 

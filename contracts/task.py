@@ -301,8 +301,32 @@ class SandboxLimits(InputContract):
     )
 
 
+MAX_GROUP_STEPS = 768
+"""The most episode-steps (`group_size × max_turns`) of one task: its history stays within a
+quarter of Temporal's limits (50 MiB, 51,200 events). An episode-step adds 12.5 KB at worst
+(128-character run and task ids, a call whose brief keeps 2,000 characters: `MAX_KEPT_CHARS`),
+5 KB with short ids and `write_file` calls; a step 2 KB and 16 events, plus its prompt and tests,
+whatever G is. The largest groups, G=256 × 3 and G=3 × 256, made 9.6 and 10 MiB (scaled from 16
+turns), 4,300 events at most (tests/workflows/test_agent_task_history_bound.py): 2.5 MiB are
+left for prompts and tests (10 KB a step at 256 turns). G=128 × 20 made 9.4 MiB before."""
+
+
+def group_steps_problem(group_size: int, max_turns: int) -> str:
+    """Why a task of `group_size` episodes of `max_turns` steps is too large for one workflow's
+    history, or "" when it is not: the rule, in its one home (`AgentTaskInput` asks it)."""
+    steps = group_size * max_turns
+    if steps <= MAX_GROUP_STEPS:
+        return ""
+    return (
+        f"group_size × max_turns = {group_size} × {max_turns} = {steps:,} episode-steps: at most "
+        f"{MAX_GROUP_STEPS:,} (MAX_GROUP_STEPS), so that a task's history stays within a "
+        "quarter of Temporal's 50 MiB limit; lower group_size or max_turns"
+    )
+
+
 class AgentTaskInput(InputContract):
-    """Input of `AgentTaskWorkflow`: one task rolled out as a GRPO group of `group_size` samples."""
+    """Input of `AgentTaskWorkflow`: one task rolled out as a GRPO group of `group_size` samples,
+    `group_size × max_turns` episode-steps at most `MAX_GROUP_STEPS`."""
 
     task: TaskSpec
     run_id: Identifier = "adhoc"
@@ -343,6 +367,12 @@ class AgentTaskInput(InputContract):
         description="`workspace`: a step not picked up this long by the sandbox worker holding "
         "its session finds that worker gone; the session is restored on another.",
     )
+
+    @model_validator(mode="after")
+    def _history_fits(self) -> AgentTaskInput:
+        if problem := group_steps_problem(self.group_size, self.max_turns):
+            raise ValueError(problem)
+        return self
 
 
 def eval_task_input(

@@ -26,16 +26,18 @@ restored from their last snapshots elsewhere and the step runs again there, reco
 Temporal limits: payloads are references, tool calls and small records, so a step of a group
 adds about 15 events and a few kB per episode: a 50-step group of G=8 writing a 360-byte file
 every step measured 782 events and 1.7 MiB (tests/workflows/test_episodes.py), 1.5% and 3.5%
-of the 51,200-event / 50 MB history limits, so no continue-as-new is needed.
+of the 51,200-event / 50 MB history limits, so no continue-as-new is needed: `AgentTaskInput`
+refuses more than `MAX_GROUP_STEPS` episode-steps (G × max_turns), whose history stays within
+a quarter of those limits at worst.
 
 Visibility: `TemperedState` is upserted on the moves a task waits in (INIT for `workspace`,
-GENERATE, EXECUTE, and FEEDBACK while a `workspace` group is verified) and at DONE once the
-trajectories are written, with the turn, best reward and tool calls so far; a step's FEEDBACK
-runs within one workflow task, so its figures ride on the next move's upsert (`status` shows
-it; a `code` task's last one rides on DONE, so search shows EXECUTE while it writes). A task
-that fails or is cancelled upserts nothing more: it shows the state it was in, and Temporal's
-execution status says how it ended (the design has no state for it). The `status` query
-answers within a payload (`EpisodeGroup.summaries`).
+GENERATE, EXECUTE, and FEEDBACK once its episodes ended, while a `workspace` group is verified
+and the trajectories are written) and at DONE once they are written, with the turn, best reward
+and tool calls so far; a step's FEEDBACK runs within one workflow task, so its figures ride on
+the next move's upsert (`status` shows it). Before `CODE_FEEDBACK_PATCH` a `code` task showed
+EXECUTE while it wrote. A task that fails or is cancelled upserts nothing more: it shows the
+state it was in, and Temporal's execution status says how it ended (the design has no state for
+it). The `status` query answers within a payload (`EpisodeGroup.summaries`).
 
 It is the one workflow that runs by the thousand, so it runs outside the SDK's sandbox (which
 re-imports the workflow's modules for every run): `bench/orchestration.py` measured the Temporal
@@ -102,6 +104,13 @@ TRAJECTORY_PARTS_PATCH = "tempered-task-trajectories-in-parts"
 Before, one request carried every step of the group: past 2 MiB the SDK refused it on every
 retry of the workflow task, and the task hung at DONE."""
 
+CODE_FEEDBACK_PATCH = "tempered-task-code-feedback-shown"
+"""Marks `code` runs that upsert FEEDBACK (with their last step's figures) as they start writing
+their trajectories, in the workflow task that schedules the write, as a `workspace` run does
+before it verifies. Before, their last upsert before DONE was EXECUTE: search showed EXECUTE
+while they wrote, and the `status` query FEEDBACK. One upsert (an event and a visibility write)
+and the marker's event more per `code` task."""
+
 
 def parse_task_input(raw: AgentTaskInput | dict[str, Any]) -> AgentTaskInput:
     """Validate the workflow input; a bad task fails the workflow (never retried) naming the field."""
@@ -157,6 +166,8 @@ class AgentTaskWorkflow:
                 await sessions.verify()
                 if not when_written:
                     self._publish(task_input)  # the verdicts' rewards
+            elif when_written and workflow.patched(CODE_FEEDBACK_PATCH):
+                self._publish(task_input)  # FEEDBACK, while the trajectories are written
         finally:  # on DONE, failure and cancellation alike
             if sessions is not None:
                 await sessions.close()

@@ -97,3 +97,12 @@ def test_values_past_what_a_run_can_use_are_a_new_runs_problem(
     assert new_problem(**values).startswith(named)
     stored = TrainingRunInput.model_validate({"run_id": "r", **values})
     assert TrainingRunInput.model_validate_json(stored.model_dump_json()) == stored
+
+
+def test_a_group_past_a_tasks_history_bound_is_a_new_runs_problem() -> None:
+    """G × max_turns past `MAX_GROUP_STEPS`: every task's `AgentTaskInput` is refused, which the
+    training run builds in its workflow code, so its workflow task failed for ever."""
+    assert new_problem(group_size=128, max_turns=20).startswith(
+        "group_size × max_turns = 128 × 20 = 2,560 episode-steps: at most 768"
+    )
+    assert new_problem(group_size=8, max_turns=50) == ""

@@ -18,7 +18,11 @@ budget, which continues as new once, and its learner's `learner_look_ahead.json`
 both looked ahead at their next input's size now: patches `…-look-ahead-bytes`;
 `training_run_tails_next.json` again as `training_run_ending.json` once the run's ending
 counted the learner's reported state: patch `tempered-run-ending-bytes`).
-`agent_task.json` comes from test_agent_task.py (`TEMPERED_RECORD_HISTORIES=1`).
+`agent_task.json` comes from test_agent_task.py (`TEMPERED_RECORD_HISTORIES=1`), as the other
+agent-task histories come from their tests: `agent_task_trajectory_parts.json.gz` and
+`agent_task_trajectories_whole.json.gz` (gzipped: 3 MB of JSON each) from test_replay_parts.py,
+`agent_task_code_feedback.json` and `agent_task_code_before_feedback.json` from
+test_agent_task_code_feedback.py.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
-"""A group whose steps together pass a payload's bound (`EPISODES_BYTES`, and in the slow case
-Temporal's 2 MiB), through AgentTaskWorkflow on the real dev server and real S3 (scripted model
-and sandbox, tests/workflows/harness.py): its trajectories are written in parts of whole
+"""A group whose steps together pass a payload's bound (`EPISODES_BYTES`), through
+AgentTaskWorkflow on the real dev server and real S3 (scripted model and sandbox,
+tests/workflows/harness.py): its trajectories are written in parts of whole
 episodes (`write_trajectories_parts`, behind `TRAJECTORY_PARTS_PATCH`), every one once, and its
 `status` query answers what fits (`EpisodeGroup.summaries`).
 
 Before, `write_trajectories` carried every step of all G episodes in one payload: past about
 2,150 episode-steps (G=128 at 20 steps of 1 KB writes: 2.4 MiB) the SDK refused the command
 (TMPRL1103) on every retry of the workflow task, and the task hung at DONE for ever; the
-`status` query carried the same steps ("Blob data size exceeds limit")."""
+`status` query carried the same steps ("Blob data size exceeds limit"). Such a group is now
+refused (`MAX_GROUP_STEPS`), but the largest accepted one still needs parts."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ from workflows.requests import EPISODES_BYTES, json_bytes, write_trajectories_pa
 FILE_CHARS = 1024
 SIZES = [
     pytest.param(32, 24, id="G=32x24"),  # 768 steps, ~0.7 MiB: parts, under the 2 MiB bound
-    # 2,560 steps, ~2.4 MiB: one request was refused (~65 s of both cores)
-    pytest.param(128, 20, id="G=128x20", marks=pytest.mark.slow),
+    # 768 steps, the most `MAX_GROUP_STEPS` allows, the widest (G=128x20, 2,560 steps and ~2.4
+    # MiB in one request, which the SDK refused, is now refused by `AgentTaskInput`)
+    pytest.param(96, 8, id="G=96x8", marks=pytest.mark.slow),
 ]
 """Groups of episodes that write a 1 KB file at every step (its brief: ~1 KB a step)."""
 

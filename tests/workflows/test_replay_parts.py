@@ -1,0 +1,155 @@
+"""Recorded histories of a group whose trajectories need more than one `write_trajectories`
+request (`TRAJECTORY_PARTS_PATCH` in workflows/agent_task.py), replayed on this code:
+
+- `agent_task_trajectory_parts.json.gz`, recorded with the patch: its marker, then a request
+  per part;
+- `agent_task_trajectories_whole.json.gz`, the same group as the release before the patch wrote
+  it: no marker, one request for the whole group (recorded on this code with the patch check
+  answering False, which is what that release's commands were).
+
+A replay where either branch is gone fails: written in one request always (the first), or in
+parts always (the second: its recorded request is one; the first too, as the SDK refuses a
+patch marker that no `workflow.patched` call asks for).
+
+The group: 16 episodes of 14 steps, each a call whose brief is the largest a call has (2.4 KB
+of a step: tests/workflows/test_agent_task_history_bound.py's `largest_call`), ~540 KB of steps
+together, past `EPISODES_BYTES` (no smaller bound can be set without a production knob). Its
+history is 3.2 MB of JSON: each file is gzipped (145 KB). Recorded by `test_record` with
+`TEMPERED_RECORD_HISTORIES=1`."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio import workflow
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from contracts.common import ObjectRef
+from contracts.names import Activity
+from contracts.rollout import WriteTrajectoriesResponse
+from contracts.task import AgentTaskInput
+from infra.storage import ObjectStore
+from tests.workflows.harness import ScriptedModel, ScriptedSandbox, connect, running_workers, start
+from tests.workflows.replaying import replay
+from tests.workflows.test_agent_task_history_bound import largest_call
+from tests.workflows.test_episodes import task_input, workers
+from workflows.activity_options import activity_options
+from workflows.agent_task import TRAJECTORY_PARTS_PATCH, AgentTaskWorkflow
+from workflows.requests import write_trajectories_parts, write_trajectories_request
+
+HISTORIES = Path(__file__).parent / "histories"
+GROUP, STEPS = 16, 14
+"""The smallest group of that call whose steps pass `EPISODES_BYTES` (~540 KB: 2 parts)."""
+RECORDED = {  # file → (the id it ran under, whether the patch check answered True)
+    "agent_task_trajectory_parts.json.gz": ("parts-fix", True),
+    "agent_task_trajectories_whole.json.gz": ("whole-fix", False),
+}
+
+
+def recorded(name: str) -> WorkflowHistory:
+    return WorkflowHistory.from_json(
+        RECORDED[name][0], json.loads(gzip.decompress((HISTORIES / name).read_bytes()))
+    )
+
+
+def write_requests(history: WorkflowHistory) -> int:
+    return sum(
+        1
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "write_trajectories"
+    )
+
+
+def has_marker(history: WorkflowHistory) -> bool:
+    return any(
+        TRAJECTORY_PARTS_PATCH.encode() in e.SerializeToString()
+        for e in history.events
+        if e.HasField("marker_recorded_event_attributes")
+    )
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+@pytest.mark.asyncio
+async def test_the_recorded_histories_replay(name: str) -> None:
+    history = recorded(name)
+    patched = RECORDED[name][1]
+    assert has_marker(history) is patched
+    assert (write_requests(history) > 1) is patched
+    await replay(history, AgentTaskWorkflow)
+
+
+@pytest.fixture
+def one_branch(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[None]:
+    """`AgentTaskWorkflow._write` without its patch check: always parts (`request.param`) or
+    always one request."""
+    parts = request.param
+
+    async def write(self: AgentTaskWorkflow, task: AgentTaskInput, group) -> list[ObjectRef]:
+        requests = write_trajectories_parts(task, group.episodes)
+        if not parts:
+            requests = [write_trajectories_request(task, group.episodes)]
+        written: list[ObjectRef] = []
+        for req in requests:
+            done = await workflow.execute_activity(
+                Activity.WRITE_TRAJECTORIES.value,
+                req,
+                result_type=WriteTrajectoriesResponse,
+                **activity_options(Activity.WRITE_TRAJECTORIES, task.heartbeat_timeout_s),
+            )
+            written += done.trajectories
+        return written
+
+    monkeypatch.setattr(AgentTaskWorkflow, "_write", write)
+    yield
+
+
+@pytest.mark.parametrize(
+    ("one_branch", "name"),
+    [
+        (False, "agent_task_trajectory_parts.json.gz"),
+        (True, "agent_task_trajectories_whole.json.gz"),
+    ],
+    indirect=["one_branch"],
+)
+@pytest.mark.asyncio
+async def test_a_replay_without_the_patch_check_fails(one_branch: None, name: str) -> None:
+    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
+    result = await replayer.replay_workflow(recorded(name), raise_on_replay_failure=False)
+    assert "Nondeterminism" in str(result.replay_failure), result.replay_failure
+
+
+@pytest.mark.skipif(not os.environ.get("TEMPERED_RECORD_HISTORIES"), reason="records the histories")
+@pytest.mark.parametrize("name", sorted(RECORDED))
+@pytest.mark.asyncio
+async def test_record(
+    temporal_server, namespace, store: ObjectStore, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    workflow_id, patched = RECORDED[name]
+    if not patched:  # the release before the patch: it asked nothing, and wrote one request
+        real = workflow.patched
+        monkeypatch.setattr(
+            workflow,
+            "patched",
+            lambda patch: False if patch == TRAJECTORY_PARTS_PATCH else real(patch),
+        )
+    client = await connect(temporal_server.address, namespace)
+    sandbox = ScriptedSandbox(store, "a")
+    task = task_input(store, workflow_id.removesuffix("-fix"), group_size=GROUP, max_turns=STEPS)
+    async with running_workers(
+        client, {**workers(ScriptedModel(store, largest_call), store), **sandbox.workers()}
+    ):
+        handle = await start(client, task)
+        result = await handle.result()
+    assert result.steps == [STEPS] * GROUP
+    history = await handle.fetch_history()
+    assert has_marker(history) is patched and (write_requests(history) > 1) is patched
+    data = WorkflowHistory(workflow_id, history.events).to_json().encode()
+    (HISTORIES / name).write_bytes(gzip.compress(data, mtime=0))
