@@ -10,8 +10,9 @@ starter-suite tasks are then rolled out twice per round, `--concurrency` tasks i
 
   tempered   each task is an AgentTaskWorkflow (generate, execute, FEEDBACK, ...,
              write_trajectories, in parts within a payload each, as activities through task
-             queues; its search attributes upserted at every GENERATE and EXECUTE, and at
-             DONE once written), started as a child of a parent workflow
+             queues; its search attributes upserted at every GENERATE and EXECUTE, at
+             FEEDBACK as it writes (since CODE_FEEDBACK_PATCH, 7 December: one upsert more a
+             task) and at DONE once written), started as a child of a parent workflow
              by `workflows.agent_task.run_agent_task`, the function TrainingRunWorkflow runs
              its tasks with (bench/task_parent.py): no eager start, the child's start and
              completion are the parent's events and workflow tasks too, memo and search
