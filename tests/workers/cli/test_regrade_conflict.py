@@ -73,12 +73,17 @@ def test_a_rerun_whose_verdict_differs_from_the_stored_one_exits_1_naming_the_wa
     assert store.get_model(keys.reward_key(RUN, "v3", task.id, 0), RewardRecord).solved
 
 
-def test_regrade_help_says_a_new_grader_name_records_new_verdicts() -> None:
+def regrade_help() -> str:
+    """`tempered regrade --help`'s text, its whitespace folded."""
     (regrade,) = [
         parser
         for action in build_parser()._subparsers._group_actions  # type: ignore[union-attr]
         for name, parser in getattr(action, "choices", {}).items()
         if name == "regrade"
     ]
-    text = " ".join(regrade.format_help().split())
+    return " ".join(regrade.format_help().split())
+
+
+def test_regrade_help_says_a_new_grader_name_records_new_verdicts() -> None:
+    text = regrade_help()
     assert "new --grader" in text and "exit" in text, text
