@@ -313,7 +313,10 @@ left for prompts and tests (10 KB a step at 256 turns). G=128 × 20 made 9.4 MiB
 
 def group_steps_problem(group_size: int, max_turns: int) -> str:
     """Why a task of `group_size` episodes of `max_turns` steps is too large for one workflow's
-    history, or "" when it is not: the rule, in its one home (`AgentTaskInput` asks it)."""
+    history, or "" when it is not: the rule, in its one home, asked of a new run
+    (`contracts.new_run`) and of a new task (`AgentTaskWorkflow`, behind a patch). Not a
+    validator of `AgentTaskInput`: a new bound on old fields would fail the replay of tasks and
+    runs started before it (a larger G × turns was valid then)."""
     steps = group_size * max_turns
     if steps <= MAX_GROUP_STEPS:
         return ""
@@ -325,8 +328,9 @@ def group_steps_problem(group_size: int, max_turns: int) -> str:
 
 
 class AgentTaskInput(InputContract):
-    """Input of `AgentTaskWorkflow`: one task rolled out as a GRPO group of `group_size` samples,
-    `group_size × max_turns` episode-steps at most `MAX_GROUP_STEPS`."""
+    """Input of `AgentTaskWorkflow`: one task rolled out as a GRPO group of `group_size` samples;
+    a new task of more than `MAX_GROUP_STEPS` episode-steps (`group_size × max_turns`) fails at
+    its start (`group_steps_problem`)."""
 
     task: TaskSpec
     run_id: Identifier = "adhoc"
@@ -367,12 +371,6 @@ class AgentTaskInput(InputContract):
         description="`workspace`: a step not picked up this long by the sandbox worker holding "
         "its session finds that worker gone; the session is restored on another.",
     )
-
-    @model_validator(mode="after")
-    def _history_fits(self) -> AgentTaskInput:
-        if problem := group_steps_problem(self.group_size, self.max_turns):
-            raise ValueError(problem)
-        return self
 
 
 def eval_task_input(

@@ -26,9 +26,9 @@ restored from their last snapshots elsewhere and the step runs again there, reco
 Temporal limits: payloads are references, tool calls and small records, so a step of a group
 adds about 15 events and a few kB per episode: a 50-step group of G=8 writing a 360-byte file
 every step measured 782 events and 1.7 MiB (tests/workflows/test_episodes.py), 1.5% and 3.5%
-of the 51,200-event / 50 MB history limits, so no continue-as-new is needed: `AgentTaskInput`
-refuses more than `MAX_GROUP_STEPS` episode-steps (G × max_turns), whose history stays within
-a quarter of those limits at worst.
+of the 51,200-event / 50 MB history limits, so no continue-as-new is needed: a new task of
+more than `MAX_GROUP_STEPS` episode-steps (G × max_turns), whose history would pass a quarter
+of those limits at worst, fails at its start (`TASK_SIZE_PATCH`; a new run is refused before).
 
 Visibility: `TemperedState` is upserted on the moves a task waits in (INIT for `workspace`,
 GENERATE, EXECUTE, and FEEDBACK once its episodes ended, while a `workspace` group is verified
@@ -71,7 +71,7 @@ with workflow.unsafe.imports_passed_through():
         WriteTrajectoriesResponse,
     )
     from contracts.sandbox import ExecuteOutcome, ExecuteResponse
-    from contracts.task import AgentTaskInput, EnvName
+    from contracts.task import AgentTaskInput, EnvName, group_steps_problem
     from workflows.activity_options import activity_options
     from workflows.episodes import EpisodeGroup
     from workflows.fsm import State, advance, after_feedback
@@ -103,6 +103,11 @@ TRAJECTORY_PARTS_PATCH = "tempered-task-trajectories-in-parts"
 (`write_trajectories_parts`); its marker comes only with a group that needs more than one.
 Before, one request carried every step of the group: past 2 MiB the SDK refused it on every
 retry of the workflow task, and the task hung at DONE."""
+
+TASK_SIZE_PATCH = "tempered-task-size-bounded"
+"""Marks tasks of more than `MAX_GROUP_STEPS` episode-steps, failed at their start as invalid
+(`group_steps_problem`); asked only of such a task, so a task within the bound records nothing,
+and one started before the bound (valid then) replays as it ran."""
 
 CODE_FEEDBACK_PATCH = "tempered-task-code-feedback-shown"
 """Marks `code` runs that upsert FEEDBACK (with their last step's figures) as they start writing
@@ -137,6 +142,9 @@ class AgentTaskWorkflow:
     @workflow.run
     async def run(self, raw: AgentTaskInput | dict[str, Any]) -> AgentTaskResult:
         task_input = parse_task_input(raw)
+        too_large = group_steps_problem(task_input.group_size, task_input.max_turns)
+        if too_large and workflow.patched(TASK_SIZE_PATCH):  # asked only of a task too large
+            raise fail(ErrorType.INVALID_TASK, f"invalid task: {too_large}")
         group = self._group = EpisodeGroup(task_input)
         self._lean = workflow.patched(FEWER_WRITES_PATCH)
         if not (self._lean and "task" in workflow.memo()):  # else the start carried it
