@@ -7,8 +7,10 @@ any other way (a terminal, a pod) are not ours to start or stop, nor to double: 
 of them polls gets no worker of ours (`served_elsewhere`, asked of Temporal), said in one line.
 Beside a foreground `tempered worker all`, `train` started a second worker of every queue, and
 two learners alternated steps, each with its own optimizer state. Temporal lists a worker's
-poller for a while after its last poll, dead or not: one of this host counts while its process
-(the pid its identity names) lives, one of another host while it polled within `LINGER_S`.
+poller for minutes after its last poll, dead or not: one of this host counts while its process
+(the pid its identity names) lives; one of another host counts while listed (a busy worker does
+not poll: a learner in a long step). A foreground worker of older code or other settings serves
+its queue until it is stopped: the line says so.
 
 A worker whose code changed since it started is restarted (its activities in flight are
 retried by Temporal, as after any worker's death). The agent-tasks worker's code is
@@ -42,7 +44,6 @@ import socket
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
@@ -62,7 +63,10 @@ from workers.versioning import activity_code_digest, workflow_code_digest
 RESTARTED = "restarted: its code changed since it started"
 ROOT_VARIABLE = "TEMPERED_SANDBOX__WORKSPACES__ROOT"
 RECONFIGURED = "restarted: this command's settings differ from those it started with"
-SERVED = "not started: a worker this command did not start polls its queue"
+SERVED = (
+    "not started: a worker this command did not start polls its queue (stop it for one of this"
+    " code and these settings)"
+)
 PINNED = " (a run still pinned to the old build waits for a worker of that build)"
 
 
@@ -142,9 +146,6 @@ def worker_command(queue: Queue) -> list[str]:
     return [sys.executable, "-m", "workers.cli", "worker", queue.value]
 
 
-LINGER_S = 90.0
-"""A poller of another host (whose process cannot be looked at) serves its queue if it polled
-within this: a live worker polls again at least once a minute (Temporal's long poll)."""
 ASK_S = 10.0
 """How long `served_elsewhere` waits for Temporal's answer, to connect and again to ask."""
 
@@ -161,8 +162,7 @@ def served_elsewhere(settings: Settings, ours: set[int]) -> dict[Queue, str]:
             pollers = thread.submit(asyncio.run, _pollers(settings)).result()
         except (RuntimeError, OSError, TimeoutError, RPCError):
             return {}  # cannot tell
-    now = datetime.now(UTC)
-    alive = {q: [p.identity for p in found if _alive(p, now, ours)] for q, found in pollers.items()}
+    alive = {q: [p.identity for p in found if _alive(p, ours)] for q, found in pollers.items()}
     return {queue: identities[0] for queue, identities in alive.items() if identities}
 
 
@@ -176,13 +176,12 @@ async def _pollers(settings: Settings) -> dict[Queue, list[Poller]]:
     return dict(zip(Queue, found, strict=True))
 
 
-def _alive(poller: Poller, now: datetime, ours: set[int]) -> bool:
-    """Whether the worker behind `poller` still runs and is not one of `ours`: by its process
-    where its identity (`workers.identity`: queue@host:pid) names this host, else by when it
-    last polled."""
+def _alive(poller: Poller, ours: set[int]) -> bool:
+    """Whether the worker behind `poller` may still run and is not one of `ours`: by its process
+    where its identity (`workers.identity`: queue@host:pid) names this host; else it may."""
     host, pid = identity_host_pid(poller.identity)
-    if host != socket.gethostname() or pid is None:
-        return (now - poller.last_access).total_seconds() < LINGER_S
+    if host != socket.gethostname() or pid is None:  # its process cannot be looked at: listed,
+        return True  # it may be alive (a busy worker does not poll: a learner in a long step)
     if pid in ours:
         return False
     try:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 import pytest
 
@@ -20,12 +22,14 @@ from tests.fixtures.stack import Stack
 from workers.background import (
     RESTARTED,
     SERVED,
+    _alive,
     ensure_workers,
     stop_workers,
     worker_command,
     worker_service,
 )
-from workers.backlog import queue_pollers
+from workers.backlog import Poller, queue_pollers
+from workers.identity import worker_identity
 from workers.runtime import connect
 
 pytestmark = pytest.mark.timeout(300)
@@ -101,3 +105,13 @@ def test_a_worker_of_ours_restarted_for_new_code_is_started_again(
     assert f"worker rewards: {RESTARTED}" in lines, lines
     assert not any(line.startswith(f"worker rewards: {SERVED}") for line in lines), lines
     assert worker_service(stack.settings, Queue.REWARDS).pid() not in (None, pid), lines
+
+
+def test_a_poller_of_another_host_counts_however_long_ago_it_polled() -> None:
+    """A busy worker does not poll (a learner in a long step polls again only after it): one of
+    another host, whose process cannot be looked at, counts while Temporal lists it; one of this
+    host while its process lives and is not one of ours."""
+    long_ago = datetime(2026, 1, 1, tzinfo=UTC)
+    assert _alive(Poller(identity="learner@elsewhere:12", last_access=long_ago), set())
+    here = Poller(identity=worker_identity("learner"), last_access=datetime.now(UTC))
+    assert _alive(here, set()) and not _alive(here, {os.getpid()})
