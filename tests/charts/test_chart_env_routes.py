@@ -63,15 +63,15 @@ tempered.deviceSettings: test_chart_values.py)."""
         # the sessions' emptyDir and its tmpfs workspaces (sandbox.workspaceSessions)
         (
             "workers.sandbox.env.TEMPERED_SANDBOX__WORKSPACES__ROOT=/data",
-            "set sandbox.workspaceSessions.enabled",
+            "the chart sets it with sandbox.workspaceSessions.enabled",
         ),
         (
             "defaults.env.TEMPERED_SANDBOX__WORKSPACES__DISK=directory",
-            "set sandbox.workspaceSessions.enabled",
+            "set sandbox.workspaceSessions.disk instead (tmpfs or directory",
         ),
         (
             "settings.TEMPERED_SANDBOX__WORKSPACES__ROOT=/data",
-            "set sandbox.workspaceSessions.enabled",
+            "the chart sets it with sandbox.workspaceSessions.enabled",
         ),
     ],
 )

@@ -175,3 +175,11 @@ def test_the_readme_says_what_the_pod_may_do() -> None:
     for words in ("workspaceSessions.enabled", "hostUsers: false", "pivot_root", "Unconfined"):
         assert words in section, words
     assert "are not served here" not in readme
+
+
+@pytest.mark.parametrize("disk", [None, "tmpfs", "directory"])
+def test_what_a_workspace_is_comes_from_its_value(disk: str | None) -> None:
+    """`sandbox.workspaceSessions.disk` (a worker's env may not set the variable the chart
+    writes): a tmpfs of each workspace by default, or a directory of the emptyDir."""
+    docs = render(SESSIONS, *([f"sandbox.workspaceSessions.disk={disk}"] if disk else []))
+    assert worker_env(docs, "sandbox")["TEMPERED_SANDBOX__WORKSPACES__DISK"] == (disk or "tmpfs")

@@ -99,8 +99,8 @@ TEMPERED_TELEMETRY__PROMETHEUS_PORT: set telemetry.prometheus.basePort (with tel
 TEMPERED_TELEMETRY__PROMETHEUS_HOST: set telemetry.prometheus.host instead
 TEMPERED_LEARNER__RANKS: set workers.learner.gpu or workers.learner.env instead
 TEMPERED_WORKER_ID: "each pod's own name (no two pods may share one): remove the entry"
-TEMPERED_SANDBOX__WORKSPACES__ROOT: set sandbox.workspaceSessions.enabled and .sizeLimit instead (the sessions' emptyDir)
-TEMPERED_SANDBOX__WORKSPACES__DISK: set sandbox.workspaceSessions.enabled instead (a tmpfs of each workspace)
+TEMPERED_SANDBOX__WORKSPACES__ROOT: the chart sets it with sandbox.workspaceSessions.enabled (the sessions' emptyDir, sized by .sizeLimit)
+TEMPERED_SANDBOX__WORKSPACES__DISK: set sandbox.workspaceSessions.disk instead (tmpfs or directory; the chart writes it with .enabled)
 {{- end -}}
 
 {{/* Of tempered.chartSettings, those the chart leaves to a worker's own env (it writes them
