@@ -14,8 +14,8 @@ A task is found by its id, but an id may name another problem now than when the 
 (a suite redrew its instances: `starter-add-8` was "plus 12", now "plus 7"). A trajectory whose
 stored prompt (`Trajectory.prompt`, the task's own prompt as the run had it) is not the task's
 prompt now is skipped, and says so, never graded against the other problem. Skipped too: a task
-the suite no longer has, a `workspace` episode (its verifier grades it), a trajectory without a
-program.
+the suite no longer has (tagged `NOT_IN_SUITE` as well: another suite may have it), a
+`workspace` episode (its verifier grades it), a trajectory without a program.
 
 A training run's trajectory names its task as the run drew it (`<id>-e<epoch>`,
 `contracts.run.drawn_task`); `contracts.run.suite_task_id` gives the suite id it is looked up by.
@@ -34,6 +34,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TypeVar
 
+from pydantic import ValidationError
+
 from contracts.episode import EpisodeEnd
 from contracts.errors import INFRA_RETRY, Backoff
 from contracts.run import suite_task_id
@@ -45,7 +47,12 @@ from infra.sandbox.base import SandboxBackend
 from infra.sandbox.retrying import run_retrying
 from infra.storage import ObjectExists, ObjectStore
 
-OUTCOMES = ("regraded", "changed", "unchanged", "conflict", "skipped", "infra")
+NOT_IN_SUITE = "not_in_suite"
+"""The tag of a skip another suite may help (the task is not in this one), besides `skipped`:
+a workspace episode, a trajectory without a program or a task that is another problem now are
+skipped under any suite."""
+
+OUTCOMES = ("regraded", "changed", "unchanged", "conflict", "skipped", "infra", NOT_IN_SUITE)
 """What `Regrading.run_all` counts; a trajectory lands in one or two of them."""
 
 VERDICT = ("status", "tests_passed", "tests_total", "solved", "reward")
@@ -95,10 +102,18 @@ class Regrading:
         return await self._each(trajectories, given, tasks)
 
     async def run_stored(self, run_id: str, tasks: Mapping[str, TaskSpec]) -> dict[str, list[str]]:
-        """`run_all` of every trajectory stored for `run_id`, each read when a slot is free."""
+        """`run_all` of every trajectory stored for `run_id`, each read when a slot is free.
+        ValueError for one that is not a trajectory, StorageError where the store fails: the
+        verdicts written before are kept (create-only), and a rerun with the same grader
+        resumes (an identical verdict is a no-op)."""
 
         async def read(key: str) -> Trajectory:
-            return await asyncio.to_thread(self.store.get_model, key, Trajectory)
+            try:
+                return await asyncio.to_thread(self.store.get_model, key, Trajectory)
+            except ValidationError as exc:  # one line, naming it: pydantic's spans several
+                why = exc.errors()[0]["msg"] if exc.errors() else str(exc)
+                where = f"s3://{self.store.bucket}/{key}"
+                raise ValueError(f"{where} is not a trajectory ({why})") from exc
 
         return await self._each(self.store.list_keys(keys.trajectories_prefix(run_id)), read, tasks)
 
@@ -133,7 +148,10 @@ class Regrading:
         name = suite_task_id(trajectory.run_id, trajectory.task_id)
         task = tasks.get(name)
         if task is None:
-            return [("skipped", f"task {name!r} is not in suite {self.suite!r}")]
+            return [
+                ("skipped", f"task {name!r} is not in suite {self.suite!r}"),
+                (NOT_IN_SUITE, ""),
+            ]
         if trajectory.prompt != task.prompt:
             return [
                 (

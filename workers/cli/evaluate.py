@@ -30,9 +30,11 @@ byte for byte (attempt keys, timings), so a shared id failed its writes (`Stored
 
 Needs the stack and the workers running (`tempered up`, `tempered worker all`); prints one JSON
 line. Before any task starts, bad input (a suite, a version never published, a model that is
-not one) exits 2, and a queue no worker polls exits 1, naming it (the tasks waited for it without
+not one, sampling that does not fit the suite's tasks: `sampling_misfit`, as `train` refuses
+it) exits 2, and a queue no worker polls exits 1, naming it (the tasks waited for it without
 a word); a workspace suite's trees are put in the store, as a run's `load_tasks` puts them
-(`infra.tasks.workspace_specs`). Held-out evals during training are the TrainingRunWorkflow's,
+(`infra.tasks.workspace_specs`). A task whose workflow fails exits 1, naming it, once the
+other tasks started are cancelled in Temporal (`eval_workflows.py`). Held-out evals during training are the TrainingRunWorkflow's,
 not this command's.
 
 A run that still trains with `keep_versions` deletes its old versions as it goes, and knows
@@ -52,7 +54,7 @@ import secrets
 import sys
 
 from contracts.common import is_identifier
-from contracts.names import Queue, eval_run_id
+from contracts.names import eval_run_id
 from contracts.rollout import AgentTaskResult
 from contracts.run import EvalResult, RunRecord, TrainingRunInput
 from contracts.task import SamplingParams, TaskSpec
@@ -68,15 +70,11 @@ from infra.retention import reading
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import SUITE_HELP
-from workers.backlog import queue_backlogs
 from workers.cli.errors import describe, positive, run_id
 from workers.cli.eval_tasks import recorded_tasks, suite_tasks
+from workers.cli.eval_workflows import TaskFailed, evaluate, unserved_queues
 from workers.cli.runs import require_run, run_record
-from workers.runtime import connect
-from workflows.agent_task import AgentTaskWorkflow
-
-EVAL_QUEUES = frozenset(q.value for q in Queue) - {Queue.LEARNER.value}
-"""The queues an evaluation's tasks go through: the workflows', inference, sandbox, rewards."""
+from workers.cli.train_inputs import sampling_misfit
 
 OWN_SETTINGS = TrainingRunInput(
     run_id="eval",
@@ -139,10 +137,11 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
         record = run_record(store, args.run) if target else None
         spec, source = _spec(args, record, policy_run, recorded=target is not None)
         tasks, chosen = _tasks(args, spec, settings, store, record)
+        _check_fit(args, spec, tasks, record)
         eval_run = _eval_run(policy_run, version, spec)
     except ValueError as exc:  # bad input: exit 2, as every command's (it was 1)
         return _bad_input(exc)
-    if not args.wait_for_workers and (unserved := asyncio.run(_unserved(settings))):
+    if not args.wait_for_workers and (unserved := asyncio.run(unserved_queues(settings))):
         print(
             f"tempered eval: no worker polls {', '.join(unserved)}, so its tasks would wait "
             "without end; start the workers (`tempered worker all`) and run it again, or pass "
@@ -178,7 +177,11 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
                     "newer one (`tempered runs show RUN` lists them)"
                 )
             )
-        results = asyncio.run(_evaluate(settings, args, spec, tasks, eval_run, version))
+        try:
+            results = asyncio.run(_evaluate(settings, args, spec, tasks, eval_run, version))
+        except TaskFailed as exc:
+            print(f"tempered eval: {exc}", file=sys.stderr)
+            return 1
     result = EvalResult.of(version, results, spec.eval_turns)
     summary = {
         "suite": spec.suite,
@@ -201,6 +204,31 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
 def _bad_input(exc: ValueError) -> int:
     print(f"tempered eval: {describe(exc)}", file=sys.stderr)
     return 2
+
+
+def _check_fit(
+    args: argparse.Namespace,
+    spec: TrainingRunInput,
+    tasks: list[TaskSpec],
+    record: RunRecord | None,
+) -> None:
+    """ValueError where the evaluation's sampling does not fit its tasks (`sampling_misfit`, as
+    `train` refuses it): a run's tool-call turns on code tasks failed at their first generate,
+    and code-block turns on workspace tasks made no tool call (pass@1 about 0, without a word)."""
+    if record is not None:
+        whose = f"run {args.run!r}'s"
+        way_out = "evaluate it on a suite of the env it was trained for"
+    else:
+        whose = "tempered eval's own"
+        way_out = (
+            "evaluate the model under the settings of a run made for them, "
+            "`tempered eval --run RUN --policy 0` (the run's base model)"
+        )
+    problem = sampling_misfit(
+        spec.eval_sampling, "eval_sampling", spec.suite, tasks, whose=whose, way_out=way_out
+    )
+    if problem:
+        raise ValueError(problem)
 
 
 def settings_digest(spec: TrainingRunInput) -> str:
@@ -341,13 +369,6 @@ def _publish(model: str, settings: Settings, store: ObjectStore) -> str:
     return run
 
 
-async def _unserved(settings: Settings) -> list[str]:
-    """The queues an evaluation needs that no worker polls (`DescribeTaskQueue`'s pollers, as
-    `tempered status` shows them): with none, `eval` waited for them without a word."""
-    backlogs = await queue_backlogs(await connect(settings))
-    return [b.queue for b in backlogs if b.queue in EVAL_QUEUES and not b.pollers]
-
-
 async def _evaluate(
     settings: Settings,
     args: argparse.Namespace,
@@ -356,16 +377,6 @@ async def _evaluate(
     eval_run: str,
     version: int,
 ) -> list[AgentTaskResult]:
-    client = await connect(settings)
-    slots = asyncio.Semaphore(args.concurrency)
-
-    async def one(task: TaskSpec) -> AgentTaskResult:
-        async with slots:
-            return await client.execute_workflow(
-                AgentTaskWorkflow.run,
-                spec.eval_input(task, eval_run, version),
-                id=f"{eval_run}-{task.id}",
-                task_queue=Queue.AGENT_TASKS.value,
-            )
-
-    return list(await asyncio.gather(*(one(t) for t in tasks)))
+    """The tasks' results, `--concurrency` at a time (`eval_workflows.evaluate`); TaskFailed
+    at the first that fails, the others cancelled."""
+    return await evaluate(settings, spec, tasks, eval_run, version, args.concurrency)

@@ -9,8 +9,8 @@ run.json (a task started by hand, `temporal workflow start`) has its tasks looke
 
 Exit codes (`EXIT`, the help's words too): 0 every trajectory regraded; 1 some were not: skipped
 (each line says why), the sandbox kept failing, or a conflict (a stored verdict that differs
-from today's is kept, never overwritten: `CONFLICTS`); 2 bad input or S3 unusable, nothing
-regraded.
+from today's is kept, never overwritten: `CONFLICTS`); 2: bad input, or the store failed:
+verdicts written before it are kept; a rerun with the same --grader resumes (`KEPT`).
 """
 
 from __future__ import annotations
@@ -26,23 +26,36 @@ from rich.table import Table
 from contracts.common import is_identifier
 from contracts.task import RewardConfig, SandboxLimits
 from infra import keys
-from infra.regrade import OUTCOMES, Regrading
+from infra.regrade import NOT_IN_SUITE, Regrading
 from infra.sandbox import get_backend
 from infra.settings import SandboxBackendName, Settings
+from infra.storage import StorageError
 from infra.tasks import load_suite
 from workers.cli.errors import run_id
 from workers.cli.runs import open_store, require_run, run_record, user_errors
 
 CONFLICTS = "the suite changed since, or flaky tests; a new --grader name records new verdicts"
 """Why a regrade's verdict differs from the one its grader stored, which it keeps: the way out."""
+KEPT = "verdicts written before it are kept; a rerun with the same --grader resumes"
+"""What a regrade that stops at bad input or a store failure leaves (exit 2): records are
+written create-only as it goes, and a rerun writes only the ones missing."""
 NOT_REGRADED = 1
 """Exit code where some trajectories were not regraded (a conflict among them)."""
 EXIT = (
     "Exit 0: every trajectory regraded; 1: some were not: skipped (each line says why), the "
     f"sandbox kept failing, or a stored verdict differs from today's and is kept ({CONFLICTS}); "
-    "2: bad input or S3 unusable, nothing regraded."
+    f"2: bad input, or the store failed: {KEPT}."
 )
 """The exit codes, as `--help` and the module docstring say them."""
+COLUMNS = {
+    "regraded": "regraded",
+    "changed": "changed",
+    "unchanged": "unchanged",
+    "conflict": "conflicts",
+    "skipped": "skipped",
+    "infra": "infra",
+}
+"""The outcomes (`infra.regrade.OUTCOMES`) the table counts, each with its column's name."""
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -88,17 +101,21 @@ def regrade(args: argparse.Namespace, settings: Settings) -> int:
         finally:
             await backend.close()
 
-    outcome = asyncio.run(regrade_all())
+    try:
+        outcome = asyncio.run(regrade_all())
+    except (StorageError, ValueError) as exc:  # exit 2 (`user_errors`), some verdicts written
+        where = f"s3://{store.bucket}/{keys.rewards_prefix(args.run, grader)}"
+        raise ValueError(f"{exc}; {KEPT} (under {where})") from exc
     console = Console()
     table = Table(title=f"regrade of {args.run} by {grader!r} (suite {suite})")
-    for column in ("regraded", "changed", "unchanged", "conflicts", "skipped", "infra"):
+    for column in COLUMNS.values():
         table.add_column(column, justify="right")
-    table.add_row(*(str(len(outcome[k])) for k in OUTCOMES))
+    table.add_row(*(str(len(outcome[k])) for k in COLUMNS))
     console.print(table)
     for kind in ("conflict", "skipped", "infra"):
         for line in outcome[kind]:
             console.print(f"[yellow]{kind}[/] {line}")
-    if outcome["skipped"] and args.suite is None:
+    if outcome[NOT_IN_SUITE] and args.suite is None:  # another suite may have those tasks
         print(
             f"tempered regrade: {_suite_hint(args.run, suite, known=spec is not None)}",
             file=sys.stderr,
@@ -111,8 +128,9 @@ def regrade(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _suite_hint(run: str, suite: str, known: bool) -> str:
-    """The way out for trajectories skipped under a suite `--suite` did not name: the run's
-    (`known`: its run.json's), or `starter` for a run without run.json (started by hand)."""
+    """The way out for trajectories skipped because their tasks are not in the suite `--suite`
+    did not name (`NOT_IN_SUITE`): the run's (`known`: its run.json's), or `starter` for a run
+    without run.json (started by hand)."""
     whose = f"run {run!r}'s suite" if known else f"the default: run {run!r} has no run.json"
     return (
         f"tasks were looked up in suite {suite!r} ({whose}); where the skipped ones are in "

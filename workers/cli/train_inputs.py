@@ -13,7 +13,10 @@ action is a code block), a tool-call stop or a turn forced to a tool call the `w
 (a `code` task has no tools: inference refuses `tool_choice = "required"` for it). The default
 preset on a workspace suite made no valid tool call (SmolLM2 unguided: 0 of 24), every group
 flat, nothing learned; `--preset agent` on code tasks failed at its first generate. Both are
-refused here, naming the preset that fits.
+refused here, naming the preset that fits; on a suite of several envs (code and workspace tasks
+in one JSONL) the presets whose sampling fits every env (`tiny`) and the settings to drop (each
+env's preset named the other's: a ping-pong). `tempered eval` refuses the same misfit of its
+eval sampling (`sampling_misfit`, with a way out of its own).
 
 A run id is taken when objects are stored under `runs/<id>/` (a finished or failed run, or one
 in progress, which `--attach` follows) or `tempered runs rm` removed it (`removed/<id>.json`;
@@ -159,37 +162,62 @@ def sampling_env(params: SamplingParams) -> EnvName | None:
     forced to a tool call (`tool_choice = "required"`) or stopped at its first `</tool_call>`
     is a `workspace` turn (a `code` task has no tools), one stopped at its first closed ```
     block a `code` turn (a `workspace` turn is a tool call, not a code block)."""
-    fits = _fits(params)
-    return fits[0] if fits else None
+    bound = _bound(params)
+    return bound[0][0] if bound else None
 
 
-def _fits(params: SamplingParams) -> tuple[EnvName, str] | None:
-    """`sampling_env` and the setting of `params` that decides it."""
-    if params.tool_choice == "required":
-        return EnvName.WORKSPACE, "tool_choice = 'required': every turn a tool call"
-    if params.stop_after_tool_call:
-        return EnvName.WORKSPACE, "stop_after_tool_call"
-    if params.stop_after_code_block:
-        return EnvName.CODE, "stop_after_code_block: a turn ends at its first ``` block"
-    return None
+def _bound(params: SamplingParams) -> list[tuple[EnvName, str]]:
+    """The settings of `params` that bind a turn to one env, each with its env; the first
+    decides `sampling_env`."""
+    settings = [
+        (params.tool_choice == "required", EnvName.WORKSPACE, "tool_choice = 'required'"),
+        (params.stop_after_tool_call, EnvName.WORKSPACE, "stop_after_tool_call"),
+        (params.stop_after_code_block, EnvName.CODE, "stop_after_code_block"),
+    ]
+    return [(env, setting) for chosen, env, setting in settings if chosen]
+
+
+WHY = {
+    "tool_choice = 'required'": "every turn a tool call",
+    "stop_after_code_block": "a turn ends at its first ``` block",
+}
+"""What a deciding setting does to a turn, where its name does not say."""
 
 
 def sampling_misfit(
-    params: SamplingParams, name: str, suite: str, tasks: list[TaskSpec]
+    params: SamplingParams,
+    name: str,
+    suite: str,
+    tasks: list[TaskSpec],
+    *,
+    whose: str = "the preset's",
+    way_out: str | None = None,
 ) -> str | None:
-    """Why sampling `params` (the run's field `name`) does not fit `tasks` of `suite`, naming
-    the shipped presets made for their env; None where it fits. No flag overrides it: a preset
-    TOML whose `[name]` fits is the way to another choice."""
-    fits = _fits(params)
-    others = sorted({task.env for task in tasks} - {fits[0]}) if fits else []
-    if fits is None or not others:
+    """Why sampling `params` (`whose` field `name`) does not fit `tasks` of `suite`; None where
+    it fits. The way out is `way_out`, else the shipped presets whose sampling fits every env
+    of `tasks` (on a suite of several envs: those bound to none, as `tiny`) or a preset TOML
+    without the settings that bind it. No flag overrides it: a preset TOML whose `[name]` fits
+    is the way to another choice (for `tempered eval`, a run's settings: its `way_out`)."""
+    bound = _bound(params)
+    envs = sorted({task.env for task in tasks})
+    if not bound or not envs or envs == [bound[0][0]]:
         return None
-    env, setting = others[0], fits[1]
-    made_for = [f"--preset {preset}" for preset in preset_names() if _preset_env(preset) is env]
-    use = " or ".join([*made_for, f"a preset TOML whose [{name}] fits them"])
+    env, setting = bound[0]
+    does = f"{setting}: {WHY[setting]}" if setting in WHY else setting
+    if len(envs) == 1:
+        has, fit = f"{envs[0]} tasks", envs[0]
+        toml = f"a preset TOML whose [{name}] fits them"
+    else:
+        has, fit = f"{' and '.join(envs)} tasks (several envs)", None
+        drop = " and ".join(setting for _, setting in bound)
+        toml = f"a preset TOML whose [{name}] fits every env: without {drop}"
+    if way_out is None:
+        fitting = [f"--preset {preset}" for preset in preset_names() if _preset_env(preset) == fit]
+        which = " (its sampling fits every env)" if fit is None and fitting else ""
+        way_out = f"use {' or '.join(fitting)}{which}, or {toml}" if fitting else f"use {toml}"
     return (
-        f"suite {suite!r} has {env} tasks, but the preset's {name} is for {fits[0]} tasks "
-        f"({setting}): use {use} (no flag overrides this)"
+        f"suite {suite!r} has {has}, but {whose} {name} is for {env} tasks only ({does}): "
+        f"{way_out} (no flag overrides this)"
     )
 
 

@@ -19,6 +19,7 @@ from contracts.rollout import AgentTaskResult
 from contracts.run import TrainingRunInput
 from contracts.task import TaskSpec
 from infra import keys
+from infra.presets import load_preset
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import load_suite, quarantine_path
@@ -29,7 +30,12 @@ RUN = "rec"
 
 
 def published_version(store: ObjectStore) -> None:
-    """Version 0 of run `RUN` (its files are never read: no task runs)."""
+    """Version 0 of run `RUN` (its files are never read: no task runs), and its run.json: an
+    `agent` run's, whose eval sampling fits workspace tasks (`tempered eval`'s own settings
+    stop at a code block: refused on a workspace suite, `test_eval_sampling_fit.py`)."""
+    store.put_json(
+        keys.run_record_key(RUN), load_preset("agent").model_copy(update={"run_id": RUN})
+    )
     policy = PolicyVersion(run_id=RUN, version=0, prefix=keys.policy_prefix(RUN, 0), step=0)
     store.put_json(keys.policy_manifest_key(RUN, 0), PolicyManifest(policy=policy, files={}))
 
