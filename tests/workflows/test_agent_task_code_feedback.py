@@ -95,6 +95,7 @@ async def test_a_code_task_shows_feedback_while_it_writes_and_done_after(
         HISTORY.write_text(WorkflowHistory(WORKFLOW_ID, history.events).to_json())
 
 
+@pytest.mark.slow  # a recorder: `make test` leaves it out, `make test-all` skips it
 @pytest.mark.skipif(not os.environ.get("TEMPERED_RECORD_HISTORIES"), reason="records a history")
 @pytest.mark.asyncio
 async def test_record_before(

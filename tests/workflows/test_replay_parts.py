@@ -126,6 +126,7 @@ async def test_a_replay_without_the_patch_check_fails(one_branch: None, name: st
     assert "Nondeterminism" in str(result.replay_failure), result.replay_failure
 
 
+@pytest.mark.slow  # a recorder: `make test` leaves it out, `make test-all` skips it
 @pytest.mark.skipif(not os.environ.get("TEMPERED_RECORD_HISTORIES"), reason="records the histories")
 @pytest.mark.parametrize("name", sorted(RECORDED))
 @pytest.mark.asyncio
