@@ -104,3 +104,4 @@ def test_what_an_earlier_up_started_is_left_running(unstarted: Stack) -> None:
     assert said == [f"temporal: already running at {stack.temporal_endpoint(settings)}"]
     assert "stopped what this `up` started" not in str(failed.value)
     assert earlier.pid() == pid is not None
+    psutil.Process(pid).kill()  # the stand-in answers no `down` (it would wait 10 s for it)
