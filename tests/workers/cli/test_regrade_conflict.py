@@ -11,7 +11,8 @@ import pytest
 
 from contracts.run import TrainingRunInput, drawn_task
 from contracts.sandbox import ExecStatus
-from contracts.trajectory import RewardRecord
+from contracts.task import TaskSpec
+from contracts.trajectory import RewardRecord, Trajectory
 from infra import keys
 from infra.settings import Settings
 from infra.storage import ObjectStore
@@ -21,6 +22,21 @@ from tests.trajectories import Step, trajectory
 from workers.cli import build_parser, run
 
 RUN = "conflicted"
+
+
+def solved_trajectory(task: TaskSpec, run_id: str = RUN) -> Trajectory:
+    """A one-step trajectory of `task` solved by its canonical solution, as a run stores it."""
+    assert task.canonical_solution
+    return trajectory(
+        [Step([1], [2], code=task.canonical_solution, status=ExecStatus.PASSED)],
+        reward=1.0,
+        run_id=run_id,
+        task_id=task.id,
+        sample=0,
+        group_size=1,
+        solved=True,
+        prompt=task.prompt,
+    )
 
 
 def test_a_rerun_whose_verdict_differs_from_the_stored_one_exits_1_naming_the_way_out(
@@ -33,17 +49,7 @@ def test_a_rerun_whose_verdict_differs_from_the_stored_one_exits_1_naming_the_wa
     pytest.importorskip("infra.sandbox.local", reason="local sandbox backend not written yet")
     monkeypatch.setenv("COLUMNS", "200")
     task = drawn_task(load_suite("starter", split="train")[:1], 0)
-    assert task.canonical_solution
-    solved = trajectory(
-        [Step([1], [2], code=task.canonical_solution, status=ExecStatus.PASSED)],
-        reward=1.0,
-        run_id=RUN,
-        task_id=task.id,
-        sample=0,
-        group_size=1,
-        solved=True,
-        prompt=task.prompt,
-    )
+    solved = solved_trajectory(task)
     store.put_json(keys.run_record_key(RUN), TrainingRunInput(run_id=RUN, group_size=1))
     store.put_json(keys.trajectory_key(RUN, task.id, 0), solved)
     key = keys.reward_key(RUN, "v2", task.id, 0)

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from contracts.run import TrainingRunInput, drawn_task
-from contracts.sandbox import ExecStatus
 from contracts.task import EnvName
 from contracts.trajectory import RewardRecord, Trajectory
 from infra import keys
@@ -22,7 +21,7 @@ from infra.storage import ObjectStore
 from infra.tasks import load_suite
 from tests.fixtures.s3 import SeaweedServer
 from tests.trajectories import Step, trajectory
-from tests.workers.cli.test_regrade_conflict import regrade_help
+from tests.workers.cli.test_regrade_conflict import regrade_help, solved_trajectory
 from workers.cli import regrade as regrade_module
 from workers.cli import run
 
@@ -42,23 +41,8 @@ def settings(seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path) -> Sett
 def stored(store: ObjectStore, count: int) -> list[Trajectory]:
     """A run of `count` solved trajectories of `starter` train tasks, its run.json stored."""
     store.put_json(keys.run_record_key(RUN), TrainingRunInput(run_id=RUN, group_size=1))
-    made = []
-    for k in range(count):
-        task = drawn_task(load_suite("starter", split="train")[k : k + 1], 0)
-        assert task.canonical_solution
-        made.append(
-            trajectory(
-                [Step([1], [2], code=task.canonical_solution, status=ExecStatus.PASSED)],
-                reward=1.0,
-                run_id=RUN,
-                task_id=task.id,
-                sample=0,
-                group_size=1,
-                solved=True,
-                prompt=task.prompt,
-            )
-        )
-    return made
+    train = load_suite("starter", split="train")
+    return [solved_trajectory(drawn_task(train[k : k + 1], 0), RUN) for k in range(count)]
 
 
 def test_skips_a_suite_cannot_help_give_no_suite_hint(
