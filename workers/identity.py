@@ -9,9 +9,9 @@ import os
 import socket
 
 
-def worker_identity(queue: str) -> str:
-    """This process's identity as a worker of `queue`."""
-    return f"{queue}@{socket.gethostname()}:{os.getpid()}"
+def worker_identity(queue: str, pid: int | None = None) -> str:
+    """The identity of process `pid` (default: this one) as a worker of `queue` on this host."""
+    return f"{queue}@{socket.gethostname()}:{os.getpid() if pid is None else pid}"
 
 
 def identity_host_pid(identity: str) -> tuple[str, int | None]:
