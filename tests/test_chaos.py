@@ -73,12 +73,14 @@ def test_short_drill_kills_sandbox_and_inference_mid_activity_and_restarts_seawe
     for index, workflow_id in enumerate(workflow_ids):
         stack.start_workflow(Workflow.AGENT_TASK.value, workflow_id, short_task(index))
     drill = Drill(stack, workflow_ids, timeout_s=300)
-    # The sandbox first (turn 1's execute; its replacement starts in seconds), then inference
-    # (turn 2's generate), then SeaweedFS while the new inference worker loads the model.
+    # Inference first (turn 1's generate: every task starts there), then the sandbox (turn 1's
+    # execute, once the new inference worker has answered), then SeaweedFS while its replacement
+    # starts and the executes are retried. Inference second (turn 2's generate) came too late on
+    # a busy machine: turn 2's generates ended between the drill's looks, and so did every task.
     drill.run(
         [
-            kill_mid(Queue.SANDBOX, Activity.EXECUTE),
             kill_mid(Queue.INFERENCE, Activity.GENERATE),
+            kill_mid(Queue.SANDBOX, Activity.EXECUTE),
             restart_seaweed(lambda: True),
         ]
     )
