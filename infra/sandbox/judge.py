@@ -34,7 +34,7 @@ memory events, and whether the host killed it. The rules, in their one home:
 Hidden tests (`TaskSpec.hidden_tests`) are test units like the others here: counted by the
 host, so `passed` needs every one of them; only the checker's report of them differs (it names
 the exception type, nothing else: `checker.py`). They must hold a top-level assert and no
-uncalled `check` (`contracts.task.hidden_tests_problem`; `split_tests` refuses others): a hidden
+uncalled `check` (`contracts.task_tests.hidden_tests_problem`; `split_tests` refuses others): a hidden
 `def check(candidate)` alone was one unit that only defined `check`, and passed every program.
 
 Platform faults raise `SandboxInfraError` (retried, never a reward). Pure functions; tested
@@ -50,7 +50,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from contracts.sandbox import ExecStatus, ExecutionResult
-from contracts.task import SandboxLimits, hidden_tests_problem
+from contracts.task import SandboxLimits
+from contracts.task_tests import hidden_tests_problem
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.process import Capture
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.task import TaskSpec, hidden_tests_problem
+from contracts.task import TaskSpec
+from contracts.task_tests import hidden_tests_problem
 from infra.tasks.jsonl import read_jsonl
 
 SHOWN = "def check(candidate):\n    assert candidate(1, 2) == 3\n"

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import get_args
 
 from contracts.sandbox import ExecStatus, ExecutionResult
-from contracts.task import SandboxLimits, defines_check, hidden_tests_problem, uncalled_check
+from contracts.task import SandboxLimits
+from contracts.task_tests import defines_check, hidden_tests_problem, uncalled_check
 from infra.sandbox import SandboxInfraError, get_backend
 from infra.settings import SandboxBackendName, Settings
 from workers.cli.errors import describe as describe_error

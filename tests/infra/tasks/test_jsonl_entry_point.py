@@ -2,7 +2,7 @@
 after them, and tests in assert form (`assert add(2, 3) == 5`) define none, so every program
 failed with a NameError. Such a task file loaded silently and no program could pass it; now
 `read_jsonl` refuses it with one line naming the file and line (`TaskSpec.load_problem`,
-`contracts.task.defines_check`: the predicate `tempered sandbox run --entry-point` may share)."""
+`contracts.task_tests.defines_check`: the predicate `tempered sandbox run --entry-point` may share)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from contracts.task import SandboxLimits, TaskSpec, defines_check
+from contracts.task import SandboxLimits, TaskSpec
+from contracts.task_tests import defines_check
 from infra.tasks import load_suite
 from infra.tasks.jsonl import read_jsonl
 from tests.infra.environments.conftest import needs_root
