@@ -22,7 +22,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,18 +30,12 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from contracts.common import ObjectRef
-from contracts.names import Activity
-from contracts.rollout import WriteTrajectoriesResponse
-from contracts.task import AgentTaskInput
 from infra.storage import ObjectStore
 from tests.workflows.harness import ScriptedModel, ScriptedSandbox, connect, running_workers, start
 from tests.workflows.replaying import replay
 from tests.workflows.test_agent_task_history_bound import largest_call
 from tests.workflows.test_episodes import task_input, workers
-from workflows.activity_options import activity_options
 from workflows.agent_task import TRAJECTORY_PARTS_PATCH, AgentTaskWorkflow
-from workflows.requests import write_trajectories_parts, write_trajectories_request
 
 HISTORIES = Path(__file__).parent / "histories"
 GROUP, STEPS = 16, 14
@@ -86,29 +79,21 @@ async def test_the_recorded_histories_replay(name: str) -> None:
     await replay(history, AgentTaskWorkflow)
 
 
+def patch_check_answers(monkeypatch: pytest.MonkeyPatch, parts: bool) -> None:
+    """`AgentTaskWorkflow._write` without its patch check: `workflow.patched` answers `parts`
+    for `TRAJECTORY_PARTS_PATCH` without asking the history (and records no marker), so a group
+    is always written in parts (True) or always in one request (False: the release before the
+    patch)."""
+    real = workflow.patched
+    monkeypatch.setattr(
+        workflow, "patched", lambda patch: parts if patch == TRAJECTORY_PARTS_PATCH else real(patch)
+    )
+
+
 @pytest.fixture
-def one_branch(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[None]:
-    """`AgentTaskWorkflow._write` without its patch check: always parts (`request.param`) or
-    always one request."""
-    parts = request.param
-
-    async def write(self: AgentTaskWorkflow, task: AgentTaskInput, group) -> list[ObjectRef]:
-        requests = write_trajectories_parts(task, group.episodes)
-        if not parts:
-            requests = [write_trajectories_request(task, group.episodes)]
-        written: list[ObjectRef] = []
-        for req in requests:
-            done = await workflow.execute_activity(
-                Activity.WRITE_TRAJECTORIES.value,
-                req,
-                result_type=WriteTrajectoriesResponse,
-                **activity_options(Activity.WRITE_TRAJECTORIES, task.heartbeat_timeout_s),
-            )
-            written += done.trajectories
-        return written
-
-    monkeypatch.setattr(AgentTaskWorkflow, "_write", write)
-    yield
+def one_branch(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """`patch_check_answers(request.param)`."""
+    patch_check_answers(monkeypatch, request.param)
 
 
 @pytest.mark.parametrize(
@@ -135,12 +120,7 @@ async def test_record(
 ) -> None:
     workflow_id, patched = RECORDED[name]
     if not patched:  # the release before the patch: it asked nothing, and wrote one request
-        real = workflow.patched
-        monkeypatch.setattr(
-            workflow,
-            "patched",
-            lambda patch: False if patch == TRAJECTORY_PARTS_PATCH else real(patch),
-        )
+        patch_check_answers(monkeypatch, False)
     client = await connect(temporal_server.address, namespace)
     sandbox = ScriptedSandbox(store, "a")
     task = task_input(store, workflow_id.removesuffix("-fix"), group_size=GROUP, max_turns=STEPS)

@@ -16,8 +16,8 @@ import pytest
 import infra.policy
 import infra.storage
 from infra.policy import policy_manifest
-from infra.settings import Settings
 from infra.storage import MULTIPART_THRESHOLD, ObjectStore
+from tests.fixtures.cli_settings import cli_settings
 from workers.cli.evaluate import _publish
 
 FILES = ("config.json", "large.safetensors", "model.safetensors", "tokenizer.json")
@@ -37,9 +37,7 @@ def model_dir(root: Path) -> Path:
 def test_an_eval_and_its_repeat_hash_each_file_once(
     store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = Settings(
-        home=tmp_path / "home", s3=store.settings.model_copy(update={"bucket": store.bucket})
-    )
+    settings = cli_settings(tmp_path / "home", store)
     local = model_dir(tmp_path)
     hashed: Counter[str] = Counter()
     real = infra.storage.sha256_file

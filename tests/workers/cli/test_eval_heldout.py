@@ -11,7 +11,6 @@ dev server, real SeaweedFS, real sandbox and trajectory writer; only the model i
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -30,27 +29,14 @@ from contracts.task import TaskSpec
 from infra import keys
 from infra.settings import Settings
 from infra.storage import ObjectStore
-from infra.tasks import load_suite, quarantine_path
-from tests.fixtures.temporal import TemporalServer
-from tests.workers.cli.test_eval_settings import (
-    RUN,
-    Capture,
-    evaluate_with,
-    recorded_run,
-    settings_of,
-    task_ids,
-)
+from infra.tasks import load_suite
+from tests.fixtures.cli_settings import cli_settings
+from tests.workers.cli.eval_setup import RUN, evaluate_with, quarantine, recorded_run, task_ids
+from tests.workers.cli.eval_setup import settings as settings  # a fixture
 from workers.cli import run
 from workers.cli.runs import run_record
 
 ONE_TURN = ["--run", RUN, "--policy", "0", "--max-turns", "1"]
-
-
-def quarantine(settings: Settings, *tasks: TaskSpec) -> None:
-    """What `tempered tasks validate starter` leaves for tasks it found broken."""
-    path = quarantine_path(settings, "starter")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"quarantined": [task.id for task in tasks]}))
 
 
 async def prepared(store: ObjectStore, settings: Settings, heldout: list[TaskSpec]) -> None:
@@ -65,16 +51,11 @@ async def prepared(store: ObjectStore, settings: Settings, heldout: list[TaskSpe
 @pytest.mark.asyncio
 @pytest.mark.timeout(180)
 async def test_eval_of_a_run_measures_the_heldout_tasks_it_recorded(
-    temporal_server: TemporalServer,
-    namespace: str,
-    store: ObjectStore,
-    tmp_path: Path,
-    capsys: Capture,
+    settings: Settings, store: ObjectStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Two tasks quarantined after the run, one of them in its set: today's `spread` picks three
     other tasks; the run's four are evaluated, the quarantined one among them, as the run did.
     `--current-tasks` takes today's."""
-    settings = settings_of(store, temporal_server, namespace, tmp_path)
     heldout = load_suite("starter", split="heldout")
     recorded = spread(heldout, 4)
     await prepared(store, settings, recorded)
@@ -97,14 +78,12 @@ async def test_eval_of_a_run_measures_the_heldout_tasks_it_recorded(
 
 
 def test_eval_refuses_a_recorded_task_gone_or_changed_since(
-    store: ObjectStore, tmp_path: Path, capsys: Capture
+    store: ObjectStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A task rewritten under its id, and one the suite no longer has: the run's figures cannot
     be reproduced, so nothing is evaluated (exit 2 before Temporal is reached), and the line
     says which tasks and how to evaluate today's set instead."""
-    settings = Settings(
-        home=tmp_path / "home", s3=store.settings.model_copy(update={"bucket": store.bucket})
-    )
+    settings = cli_settings(tmp_path / "home", store)
     spec = recorded_run(store)
     heldout = spread(load_suite("starter", split="heldout"), 3)
     tasks = HeldoutSet.of(heldout).tasks | {"starter-gone-0": "0" * 16}
@@ -129,16 +108,11 @@ def test_eval_refuses_a_recorded_task_gone_or_changed_since(
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
 async def test_a_run_recorded_without_its_heldout_set_rebuilds_it_and_says_so(
-    temporal_server: TemporalServer,
-    namespace: str,
-    store: ObjectStore,
-    tmp_path: Path,
-    capsys: Capture,
+    settings: Settings, store: ObjectStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A run.json of an earlier build (no held-out set): the set is today's, as before, with one
     line saying so."""
     spec = recorded_run(store)
-    settings = settings_of(store, temporal_server, namespace, tmp_path)
     code, calls, _, err = await evaluate_with(settings, store, ONE_TURN, capsys)
     assert code == 0, err
     heldout = load_suite("starter", split="heldout")

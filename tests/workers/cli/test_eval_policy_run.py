@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.seaweed import pick_free_ports
-from infra.settings import S3Settings, Settings, TemporalSettings
+from tests.fixtures.cli_settings import cli_settings, nowhere, nowhere_endpoint
 from workers.cli import run
 
 
@@ -20,12 +19,7 @@ from workers.cli import run
 def test_eval_of_a_preset_or_directory_with_a_run_is_refused(
     policy: str, extra: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    temporal, s3 = pick_free_ports()[:2]
-    settings = Settings(
-        home=tmp_path / "home",
-        temporal=TemporalSettings(address=f"127.0.0.1:{temporal}"),
-        s3=S3Settings(endpoint=f"http://127.0.0.1:{s3}"),
-    )
+    settings = cli_settings(tmp_path / "home", temporal=nowhere(), endpoint=nowhere_endpoint())
     argv = ["eval", "--policy", policy, "--run", "nosuchrun", "--suite", "starter", *extra]
     assert run(argv, settings) == 2
     err = capsys.readouterr().err

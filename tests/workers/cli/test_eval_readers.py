@@ -9,38 +9,23 @@ are not started: the prunes run where the tasks would, as the run's `prune_polic
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contracts.rollout import AgentTaskResult
-from contracts.run import TrainingRunInput
 from contracts.task import TaskSpec
 from infra import keys
 from infra.retention import prune_below
-from infra.settings import Settings
 from infra.storage import ObjectStore
+from tests.fixtures.cli_settings import cli_settings
 from tests.infra.test_retention_bounds import publish_fakes, published
+from tests.workers.cli.eval_setup import tasks_never_start
 from workers.cli import evaluate, run
 
 RUN = "training"
 ARGV = ["eval", "--run", RUN, "--policy", "1", "--limit", "1", "--wait-for-workers"]
-
-
-def settings_of(store: ObjectStore, home: Path) -> Settings:
-    return Settings(home=home, s3=store.settings.model_copy(update={"bucket": store.bucket}))
-
-
-def results(tasks: list[TaskSpec], eval_run: str, version: int) -> list[AgentTaskResult]:
-    return [
-        AgentTaskResult(
-            run_id=eval_run, task_id=task.id, state="DONE", turns=1, rewards=[0.0],
-            solved=[False], best_reward=0.0, policy_versions=[version], trajectories=[],
-        )
-        for task in tasks
-    ]  # fmt: skip
 
 
 def test_the_version_an_eval_reads_outlives_the_runs_prunes_meanwhile(
@@ -52,20 +37,12 @@ def test_the_version_an_eval_reads_outlives_the_runs_prunes_meanwhile(
     publish_fakes(store, RUN, range(5))
     pruned: list[list[int]] = []
 
-    async def evaluate_(
-        settings: Settings,
-        args: argparse.Namespace,
-        spec: TrainingRunInput,
-        tasks: list[TaskSpec],
-        eval_run: str,
-        version: int,
-    ) -> list[AgentTaskResult]:
+    def meanwhile(tasks: list[TaskSpec], version: int) -> None:
         pruned.append(prune_below(store, RUN, below=4, since=1))  # the run trains on meanwhile
         assert version in published(store, RUN, 5)
-        return results(tasks, eval_run, version)
 
-    monkeypatch.setattr(evaluate, "_evaluate", evaluate_)
-    assert run(ARGV, settings_of(store, tmp_path)) == 0, capsys.readouterr().err
+    tasks_never_start(monkeypatch, meanwhile)
+    assert run(ARGV, cli_settings(tmp_path, store)) == 0, capsys.readouterr().err
     assert pruned == [[2, 3]]
     assert prune_below(store, RUN, below=4, since=4) == [1]  # the eval ended: its version goes
     assert published(store, RUN, 5) == [0, 4]
@@ -82,7 +59,7 @@ def test_an_eval_whose_version_went_before_it_was_marked_says_so(
     publish_fakes(store, RUN, range(3))
     load = evaluate._tasks
 
-    def tasks_then_pruned(*args: Any) -> tuple[list[TaskSpec], int]:
+    def tasks_then_pruned(*args: Any) -> tuple[list[TaskSpec], str]:
         assert prune_below(store, RUN, below=2) == [1]
         return load(*args)
 
@@ -91,7 +68,7 @@ def test_an_eval_whose_version_went_before_it_was_marked_says_so(
 
     monkeypatch.setattr(evaluate, "_tasks", tasks_then_pruned)
     monkeypatch.setattr(evaluate, "_evaluate", evaluate_)
-    assert run(ARGV, settings_of(store, tmp_path)) == 2
+    assert run(ARGV, cli_settings(tmp_path, store)) == 2
     err = capsys.readouterr().err
     assert f"run {RUN!r} has no policy version 1" in err and "deleted" in err, err
     assert prune_below(store, RUN, below=2, since=2) == []  # its marker goes with the next prune

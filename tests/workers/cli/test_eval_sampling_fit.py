@@ -12,25 +12,19 @@ from pathlib import Path
 
 import pytest
 
-from contracts.learner import PolicyManifest, PolicyVersion
 from infra import keys
-from infra.presets import load_preset
-from infra.seaweed import pick_free_ports
-from infra.settings import Settings, TemporalSettings
+from infra.settings import Settings
 from infra.storage import ObjectStore
-from tests.fixtures.s3 import SeaweedServer
+from tests.fixtures.cli_settings import cli_settings, nowhere
+from tests.workers.cli.eval_setup import agent_run
 from workers.cli import run
 
 RUN = "agentrun"
 
 
 @pytest.fixture
-def settings(seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path) -> Settings:
-    return Settings(
-        home=tmp_path / "home",
-        s3=seaweed.settings.model_copy(update={"bucket": store.bucket}),
-        temporal=TemporalSettings(address=f"127.0.0.1:{pick_free_ports()[0]}"),
-    )
+def settings(store: ObjectStore, tmp_path: Path) -> Settings:
+    return cli_settings(tmp_path / "home", store, temporal=nowhere())
 
 
 def refusal(argv: list[str], settings: Settings, capsys: pytest.CaptureFixture[str]) -> str:
@@ -45,10 +39,7 @@ def refusal(argv: list[str], settings: Settings, capsys: pytest.CaptureFixture[s
 def test_an_agent_runs_version_on_code_tasks_is_refused(
     store: ObjectStore, settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec = load_preset("agent").model_copy(update={"run_id": RUN})
-    store.put_json(keys.run_record_key(RUN), spec)
-    policy = PolicyVersion(run_id=RUN, version=0, prefix=keys.policy_prefix(RUN, 0), step=0)
-    store.put_json(keys.policy_manifest_key(RUN, 0), PolicyManifest(policy=policy, files={}))
+    agent_run(store, RUN)
 
     err = refusal(["--run", RUN, "--policy", "0", "--suite", "starter"], settings, capsys)
     assert err.startswith("tempered eval: suite 'starter' has code tasks"), err

@@ -11,104 +11,38 @@ writer in this process; only the model is scripted (it records what it was asked
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from activities.rewards import RewardActivities
-from activities.sandbox import SandboxActivities
-from contracts.learner import PolicyManifest, PolicyVersion
-from contracts.names import Queue
-from contracts.rollout import GenerateRequest
-from contracts.run import TrainingRunInput, spread
+from contracts.run import spread
 from contracts.sandbox import ExecutionResult
-from contracts.task import SamplingParams, SandboxLimits
+from contracts.task import SandboxLimits
 from infra import keys
 from infra.policy import file_digests, policy_digest, policy_manifest, publish_policy
 from infra.settings import Settings
 from infra.storage import ObjectStore, sha256_file
-from infra.tasks import load_suite, quarantine_path
-from tests.fixtures.temporal import TemporalServer
-from tests.workflows.harness import ScriptedModel, connect, running_workers
+from infra.tasks import load_suite
+from tests.fixtures.cli_settings import cli_settings
+from tests.workers.cli.eval_setup import (
+    RUN,
+    Capture,
+    evaluate_with,
+    quarantine,
+    recorded_run,
+    task_ids,
+)
+from tests.workers.cli.eval_setup import settings as settings  # a fixture
 from workers.cli import run
-from workflows.agent_task import AgentTaskWorkflow
-
-Capture = pytest.CaptureFixture[str]
-RUN = "rec"
-
-
-def wrong(sample: int, turn: int) -> str:
-    return "def nothing():\n    return None\n"  # fails every task: a second turn where allowed
-
-
-def settings_of(store: ObjectStore, server: TemporalServer, namespace: str, home: Path) -> Settings:
-    return Settings(
-        home=home,
-        temporal={"address": server.address, "namespace": namespace},
-        s3=store.settings.model_copy(update={"bucket": store.bucket}),
-    )
-
-
-def workers(settings: Settings, store: ObjectStore, model: ScriptedModel) -> dict[Any, Any]:
-    return {
-        Queue.AGENT_TASKS: {"workflows": [AgentTaskWorkflow]},
-        Queue.INFERENCE: {"activities": [model.generate]},
-        Queue.SANDBOX: {"activities": [SandboxActivities(settings, store).execute]},
-        Queue.REWARDS: {"activities": [RewardActivities(store).write_trajectories]},
-    }
-
-
-def recorded_run(store: ObjectStore) -> TrainingRunInput:
-    """A run whose evaluation settings are all unlike `tempered eval`'s own defaults, its input
-    stored as the run stores it, and a version 0 (the scripted model never reads its files)."""
-    spec = TrainingRunInput(
-        run_id=RUN,
-        suite="starter",
-        max_turns=3,
-        eval_max_turns=2,
-        max_context_tokens=2048,
-        heldout_limit=4,
-        eval_sampling=SamplingParams(temperature=0.0, max_new_tokens=128, priority=1),
-        limits=SandboxLimits(timeout_s=7.0),
-    )
-    store.put_json(keys.run_record_key(RUN), spec)
-    policy = PolicyVersion(run_id=RUN, version=0, prefix=keys.policy_prefix(RUN, 0), step=0)
-    store.put_json(keys.policy_manifest_key(RUN, 0), PolicyManifest(policy=policy, files={}))
-    return spec
-
-
-async def evaluate_with(
-    settings: Settings, store: ObjectStore, argv: list[str], capsys: Capture
-) -> tuple[int, list[GenerateRequest], str, str]:
-    """`tempered eval ARGV` with the workers running: (exit code, the model's requests, stdout,
-    stderr)."""
-    model = ScriptedModel(store, wrong)
-    client = await connect(settings.temporal.address, settings.temporal.namespace)
-    async with running_workers(client, workers(settings, store, model)):
-        code = await asyncio.to_thread(run, ["eval", *argv, "--wait-for-workers"], settings)
-    captured = capsys.readouterr()
-    return code, model.calls, captured.out, captured.err
-
-
-def task_ids(calls: Sequence[GenerateRequest]) -> set[str]:
-    return {call.task_id for call in calls}
 
 
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
 async def test_eval_of_a_runs_version_uses_the_runs_evaluation_settings(
-    temporal_server: TemporalServer,
-    namespace: str,
-    store: ObjectStore,
-    tmp_path: Path,
-    capsys: Capture,
+    settings: Settings, store: ObjectStore, capsys: Capture
 ) -> None:
     spec = recorded_run(store)
-    settings = settings_of(store, temporal_server, namespace, tmp_path)
     heldout = load_suite("starter", split="heldout")
 
     code, calls, out, err = await evaluate_with(
@@ -144,17 +78,12 @@ async def test_eval_of_a_runs_version_uses_the_runs_evaluation_settings(
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
 async def test_no_two_evals_share_an_eval_run_and_its_id_names_the_settings(
-    temporal_server: TemporalServer,
-    namespace: str,
-    store: ObjectStore,
-    tmp_path: Path,
-    capsys: Capture,
+    settings: Settings, store: ObjectStore, capsys: Capture
 ) -> None:
     """The stored completions of 128-token turns were handed back to a 32-token rerun (the
     same id, the same prompts). The same settings again get an id of their own too (a shared
     one failed their trajectories' writes); the settings' digest is the same there."""
     recorded_run(store)
-    settings = settings_of(store, temporal_server, namespace, tmp_path)
     argv = ["--run", RUN, "--policy", "0", "--limit", "1", "--max-turns", "1"]
     runs = []
     for extra in ([], ["--max-new-tokens", "32"], [], ["--max-context-tokens", "1024"]):
@@ -180,17 +109,12 @@ def model_dir(root: Path, tag: str) -> Path:
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
 async def test_evals_measure_their_own_models_and_publish_each_once(
-    temporal_server: TemporalServer,
-    namespace: str,
-    store: ObjectStore,
-    tmp_path: Path,
-    capsys: Capture,
+    settings: Settings, store: ObjectStore, tmp_path: Path, capsys: Capture
 ) -> None:
     """A model is published as v0 of the run its content names: two evals of other weights
     never share a run (two in one second once shared `eval-<second>`, and the second printed
     model A's pass@1 as model B's), and an eval of the same weights again publishes nothing
     (each eval left a copy of the model in a run of its own)."""
-    settings = settings_of(store, temporal_server, namespace, tmp_path / "home")
     published: dict[str, str] = {}
     stored: dict[str, list[str]] = {}
     for tag in ("A", "B", "A"):
@@ -219,9 +143,7 @@ def test_an_eval_whose_version_0_holds_other_weights_stops_naming_them(
     """Should two evals still meet in one run id, the second does not measure the first's
     model: publishing is first-writer-wins, so it checks what version 0 holds. Temporal is not
     reached (the check comes before any task)."""
-    settings = Settings(
-        home=tmp_path / "home", s3=store.settings.model_copy(update={"bucket": store.bucket})
-    )
+    settings = cli_settings(tmp_path / "home", store)
     taken = f"eval-base-{policy_digest(file_digests(model_dir(tmp_path, 'B')))}"
     publish_policy(store, taken, 0, model_dir(tmp_path, "A"))
     argv = ["eval", "--policy", str(tmp_path / "B"), "--wait-for-workers"]
@@ -234,20 +156,14 @@ def test_an_eval_whose_version_0_holds_other_weights_stops_naming_them(
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
 async def test_eval_leaves_out_the_quarantined_tasks_as_the_run_does(
-    temporal_server: TemporalServer,
-    namespace: str,
-    store: ObjectStore,
-    tmp_path: Path,
-    capsys: Capture,
+    settings: Settings, store: ObjectStore, capsys: Capture
 ) -> None:
     """A held-out task `tempered tasks validate` quarantined is not in the run's evaluations
     (`load_tasks` leaves it out before `spread`); `tempered eval --run` spread over it too."""
     spec = recorded_run(store)
-    settings = settings_of(store, temporal_server, namespace, tmp_path)
     heldout = load_suite("starter", split="heldout")
     bad = spread(heldout, spec.heldout_limit)[0]
-    quarantine_path(settings, "starter").parent.mkdir(parents=True, exist_ok=True)
-    quarantine_path(settings, "starter").write_text(json.dumps({"quarantined": [bad.id]}))
+    quarantine(settings, bad)
     argv = ["--run", RUN, "--policy", "0", "--max-turns", "1"]
     code, calls, _, err = await evaluate_with(settings, store, argv, capsys)
     assert code == 0, err

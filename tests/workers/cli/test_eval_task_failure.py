@@ -7,7 +7,6 @@ generate fails for good, every other one waits until it is cancelled."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 from temporalio import activity
@@ -16,16 +15,10 @@ from temporalio.exceptions import ApplicationError
 
 from contracts.names import Activity
 from contracts.rollout import GenerateRequest, GenerateResponse
+from infra.settings import Settings
 from infra.storage import ObjectStore
-from tests.fixtures.temporal import TemporalServer
-from tests.workers.cli.test_eval_settings import (
-    RUN,
-    Capture,
-    recorded_run,
-    settings_of,
-    workers,
-    wrong,
-)
+from tests.workers.cli.eval_setup import RUN, Capture, recorded_run, workers, wrong
+from tests.workers.cli.eval_setup import settings as settings  # a fixture
 from tests.workflows.harness import ScriptedModel, connect, running_workers
 from workers.cli import run
 
@@ -58,14 +51,9 @@ async def statuses(client: Client, calls: list[GenerateRequest]) -> set[Workflow
 @pytest.mark.asyncio
 @pytest.mark.timeout(120)
 async def test_a_failed_task_cancels_the_others_and_says_which(
-    temporal_server: TemporalServer,
-    namespace: str,
-    store: ObjectStore,
-    tmp_path: Path,
-    capsys: Capture,
+    settings: Settings, store: ObjectStore, capsys: Capture
 ) -> None:
     recorded_run(store)  # four held-out starter tasks
-    settings = settings_of(store, temporal_server, namespace, tmp_path)
     model = FailsFirst(store, wrong)
     client = await connect(settings.temporal.address, settings.temporal.namespace)
     async with running_workers(client, workers(settings, store, model)):

@@ -10,24 +10,15 @@ from pathlib import Path
 import pytest
 
 from infra import keys
-from infra.seaweed import pick_free_ports
-from infra.settings import Settings, TemporalSettings
 from infra.storage import ObjectStore
-from tests.fixtures.s3 import SeaweedServer
+from tests.fixtures.cli_settings import cli_settings, nowhere
 from workers.cli import run
 
 
 def test_eval_of_a_run_that_does_not_exist_says_it_is_unknown(
-    seaweed: SeaweedServer,
-    store: ObjectStore,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    store: ObjectStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    settings = Settings(
-        home=tmp_path / "home",
-        s3=seaweed.settings.model_copy(update={"bucket": store.bucket}),
-        temporal=TemporalSettings(address=f"127.0.0.1:{pick_free_ports()[0]}"),
-    )
+    settings = cli_settings(tmp_path / "home", store, temporal=nowhere())
     assert run(["eval", "--run", "nosuch", "--policy", "1"], settings) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert err == (

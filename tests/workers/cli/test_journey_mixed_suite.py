@@ -11,16 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.seaweed import pick_free_ports
-from infra.settings import S3Settings, Settings
+from infra.settings import Settings
 from infra.tasks import load_suite
-from workers.cli import run
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    endpoint = f"http://127.0.0.1:{pick_free_ports()[0]}"  # no store: the dry run says so
-    return Settings(home=tmp_path / "home", s3=S3Settings(endpoint=endpoint))
+from tests.workers.cli.train_dry_run import dry_run
+from tests.workers.cli.train_dry_run import settings as settings  # a fixture
 
 
 @pytest.fixture
@@ -49,10 +43,8 @@ def test_a_mixed_suite_names_the_preset_that_fits_both_envs(
     settings: Settings,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    code = run(["train", "--preset", preset, "--suite", mixed_suite, "--dry-run"], settings)
-    captured = capsys.readouterr()
-    err = " ".join(captured.err.split())
-    assert code == 2 and not captured.out, (code, err)
+    code, err, out = dry_run(["--preset", preset, "--suite", mixed_suite], settings, capsys)
+    assert code == 2 and not out, (code, err)
     assert err.count("tempered train:") == 1, err
     assert "has code and workspace tasks" in err, err
     assert setting in err and "--preset tiny" in err, err
@@ -62,5 +54,5 @@ def test_a_mixed_suite_names_the_preset_that_fits_both_envs(
 def test_tiny_plans_its_run_on_the_mixed_suite(
     mixed_suite: str, settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = run(["train", "--preset", "tiny", "--suite", mixed_suite, "--dry-run"], settings)
-    assert code == 0, capsys.readouterr().err
+    code, err, _ = dry_run(["--preset", "tiny", "--suite", mixed_suite], settings, capsys)
+    assert code == 0, err

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from contracts.task import EnvName, SamplingParams
-from infra.seaweed import pick_free_ports
-from infra.settings import S3Settings, Settings
-from workers.cli import run
+from infra.settings import Settings
+from tests.workers.cli.train_dry_run import dry_run
+from tests.workers.cli.train_dry_run import settings as settings  # a fixture
 
 HARBOR = str(Path(__file__).resolve().parents[3] / "examples" / "harbor")
 CODE_TASK = {
@@ -27,24 +27,10 @@ CODE_TASK = {
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    endpoint = f"http://127.0.0.1:{pick_free_ports()[0]}"  # no store: the dry run says so
-    return Settings(home=tmp_path / "home", s3=S3Settings(endpoint=endpoint))
-
-
-@pytest.fixture
 def code_suite(tmp_path: Path) -> str:
     path = tmp_path / "some_code_tasks.jsonl"
     path.write_text(json.dumps(CODE_TASK) + "\n", encoding="utf-8")
     return str(path)
-
-
-def dry_run(
-    argv: list[str], settings: Settings, capsys: pytest.CaptureFixture[str]
-) -> tuple[int, str, str]:
-    code = run(["train", *argv, "--dry-run"], settings)
-    captured = capsys.readouterr()
-    return code, " ".join(captured.err.split()), captured.out
 
 
 @pytest.mark.parametrize("suite", [f"harbor:{HARBOR}", "workspace"])

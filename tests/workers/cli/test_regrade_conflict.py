@@ -5,51 +5,27 @@ SeaweedFS and the local sandbox backend."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from contracts.run import TrainingRunInput, drawn_task
 from contracts.sandbox import ExecStatus
-from contracts.task import TaskSpec
-from contracts.trajectory import RewardRecord, Trajectory
+from contracts.trajectory import RewardRecord
 from infra import keys
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import load_suite
-from tests.fixtures.s3 import SeaweedServer
-from tests.trajectories import Step, trajectory
-from workers.cli import build_parser, run
+from tests.workers.cli.regrade_setup import regrade_help, solved_trajectory
+from tests.workers.cli.regrade_setup import settings as settings  # a fixture
+from workers.cli import run
 
 RUN = "conflicted"
 
 
-def solved_trajectory(task: TaskSpec, run_id: str = RUN) -> Trajectory:
-    """A one-step trajectory of `task` solved by its canonical solution, as a run stores it."""
-    assert task.canonical_solution
-    return trajectory(
-        [Step([1], [2], code=task.canonical_solution, status=ExecStatus.PASSED)],
-        reward=1.0,
-        run_id=run_id,
-        task_id=task.id,
-        sample=0,
-        group_size=1,
-        solved=True,
-        prompt=task.prompt,
-    )
-
-
 def test_a_rerun_whose_verdict_differs_from_the_stored_one_exits_1_naming_the_way_out(
-    seaweed: SeaweedServer,
-    store: ObjectStore,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    store: ObjectStore, settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("infra.sandbox.local", reason="local sandbox backend not written yet")
-    monkeypatch.setenv("COLUMNS", "200")
     task = drawn_task(load_suite("starter", split="train")[:1], 0)
-    solved = solved_trajectory(task)
+    solved = solved_trajectory(task, RUN)
     store.put_json(keys.run_record_key(RUN), TrainingRunInput(run_id=RUN, group_size=1))
     store.put_json(keys.trajectory_key(RUN, task.id, 0), solved)
     key = keys.reward_key(RUN, "v2", task.id, 0)
@@ -65,9 +41,6 @@ def test_a_rerun_whose_verdict_differs_from_the_stored_one_exits_1_naming_the_wa
         previous_reward=1.0,
     )
     store.put_json(key, earlier)
-    settings = Settings(
-        home=tmp_path, s3=seaweed.settings.model_copy(update={"bucket": store.bucket})
-    )
     assert run(["regrade", RUN, "--grader", "v2"], settings) == 1
     captured = capsys.readouterr()
     told = " ".join((captured.out + captured.err).split())
@@ -77,17 +50,6 @@ def test_a_rerun_whose_verdict_differs_from_the_stored_one_exits_1_naming_the_wa
 
     assert run(["regrade", RUN, "--grader", "v3"], settings) == 0  # the way out it names
     assert store.get_model(keys.reward_key(RUN, "v3", task.id, 0), RewardRecord).solved
-
-
-def regrade_help() -> str:
-    """`tempered regrade --help`'s text, its whitespace folded."""
-    (regrade,) = [
-        parser
-        for action in build_parser()._subparsers._group_actions  # type: ignore[union-attr]
-        for name, parser in getattr(action, "choices", {}).items()
-        if name == "regrade"
-    ]
-    return " ".join(regrade.format_help().split())
 
 
 def test_regrade_help_says_a_new_grader_name_records_new_verdicts() -> None:

@@ -18,9 +18,9 @@ from contracts.trajectory import RewardRecord
 from infra import keys
 from infra.settings import Settings
 from infra.storage import ObjectStore
-from tests.fixtures.s3 import SeaweedServer
 from tests.trajectories import Step, trajectory
-from tests.workers.cli.test_regrade_conflict import regrade_help
+from tests.workers.cli.regrade_setup import regrade_help
+from tests.workers.cli.regrade_setup import settings as settings  # a fixture
 from workers.cli import run
 
 RUN = "demo"
@@ -32,20 +32,9 @@ TASK = {
 }
 
 
-@pytest.fixture
-def settings(seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path) -> Settings:
-    return Settings(home=tmp_path, s3=seaweed.settings.model_copy(update={"bucket": store.bucket}))
-
-
 def test_a_hand_started_run_exits_1_naming_the_suite_flag_then_0_with_it(
-    store: ObjectStore,
-    settings: Settings,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    store: ObjectStore, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("infra.sandbox.local", reason="local sandbox backend not written yet")
-    monkeypatch.setenv("COLUMNS", "200")
     solved = trajectory(  # what the README's `temporal workflow start` stores: no run.json
         [Step([1], [2], code="def add(a, b):\n    return a + b\n", status=ExecStatus.PASSED)],
         reward=1.0,

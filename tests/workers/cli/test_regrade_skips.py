@@ -8,34 +8,22 @@ same `--grader` resumes. Real SeaweedFS and the local sandbox backend."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from contracts.run import TrainingRunInput, drawn_task
 from contracts.task import EnvName
 from contracts.trajectory import RewardRecord, Trajectory
 from infra import keys
-from infra.settings import SandboxSettings, Settings
+from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import load_suite
-from tests.fixtures.s3 import SeaweedServer
 from tests.trajectories import Step, trajectory
-from tests.workers.cli.test_regrade_conflict import regrade_help, solved_trajectory
+from tests.workers.cli.regrade_setup import regrade_help, solved_trajectory
+from tests.workers.cli.regrade_setup import settings as settings  # a fixture
 from workers.cli import regrade as regrade_module
 from workers.cli import run
 
 RUN = "skips"
-
-
-@pytest.fixture
-def settings(seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path) -> Settings:
-    pytest.importorskip("infra.sandbox.local", reason="local sandbox backend not written yet")
-    return Settings(
-        home=tmp_path,
-        s3=seaweed.settings.model_copy(update={"bucket": store.bucket}),
-        sandbox=SandboxSettings(concurrency=1),
-    )
 
 
 def stored(store: ObjectStore, count: int) -> list[Trajectory]:
@@ -46,12 +34,8 @@ def stored(store: ObjectStore, count: int) -> list[Trajectory]:
 
 
 def test_skips_a_suite_cannot_help_give_no_suite_hint(
-    store: ObjectStore,
-    settings: Settings,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    store: ObjectStore, settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "200")
     other, workspace, empty = stored(store, 3)
     skipped = [
         other.model_copy(update={"prompt": "another problem"}),

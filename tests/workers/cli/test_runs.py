@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,10 +19,10 @@ from infra import keys
 from infra.base_models import TINY, materialize_base_model
 from infra.policy import policy_manifest, publish_policy
 from infra.policy_cache import BLOBS
-from infra.seaweed import pick_free_ports
-from infra.settings import Settings, TemporalSettings
+from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import load_suite
+from tests.fixtures.cli_settings import cli_settings, nowhere, nowhere_endpoint
 from tests.fixtures.s3 import SeaweedServer
 from tests.trajectories import Step, trajectory
 from workers.cli import run
@@ -34,18 +35,21 @@ def cli(argv: list[str], settings: Settings) -> int:
     return run(argv, settings)
 
 
-def settings_for(
-    server: SeaweedServer, store: ObjectStore, tmp_path: Path, **s3: object
-) -> Settings:
-    return Settings(
-        home=tmp_path, s3=server.settings.model_copy(update={"bucket": store.bucket, **s3})
-    )
+def settings_for(server: SeaweedServer, store: ObjectStore, tmp_path: Path, **s3: Any) -> Settings:
+    """The CLI's settings: `store`'s bucket of `server` (`s3` overriding some of its S3
+    settings), home `tmp_path` (its policy cache under it)."""
+    assert store.settings is server.settings
+    return cli_settings(tmp_path, store, **s3)
+
+
+@pytest.fixture
+def settings(seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path) -> Settings:
+    return settings_for(seaweed, store, tmp_path)
 
 
 def without_temporal(settings: Settings) -> Settings:
     """`settings` pointing at a Temporal that is not there (a free port nothing listens on)."""
-    address = f"127.0.0.1:{pick_free_ports()[0]}"
-    return settings.model_copy(update={"temporal": TemporalSettings(address=address)})
+    return settings.model_copy(update={"temporal": nowhere()})
 
 
 def demo(task: TaskSpec, sample: int, code: str, solved: bool) -> Trajectory:
@@ -101,29 +105,19 @@ def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "200")
 
 
-def test_runs_ls(
-    seaweed: SeaweedServer,
-    store: ObjectStore,
-    demo_run: list[Trajectory],
-    tmp_path: Path,
-    capsys: Capture,
-) -> None:
-    assert cli(["runs", "ls"], settings_for(seaweed, store, tmp_path)) == 0
+def test_runs_ls(settings: Settings, demo_run: list[Trajectory], capsys: Capture) -> None:
+    assert cli(["runs", "ls"], settings) == 0
     out = capsys.readouterr().out
     assert re.search(r"demo\s*│\s*2\s*│\s*4\s*│\s*2\s*│\s*v1\s*│\s*-", out), out
     assert re.search(r"other\s*│\s*0\s*│\s*0\s*│\s*0\s*│\s*-", out), out
 
 
 def test_runs_ls_lists_no_removed_run_and_counts_no_pruned_version(
-    seaweed: SeaweedServer,
-    store: ObjectStore,
-    demo_run: list[Trajectory],
-    tmp_path: Path,
-    capsys: Capture,
+    settings: Settings, store: ObjectStore, demo_run: list[Trajectory], capsys: Capture
 ) -> None:
     """SeaweedFS goes on listing a prefix whose objects are deleted: `runs ls` listed a run
     `runs rm` had removed, and counted the policy versions `runs prune` had deleted."""
-    settings = without_temporal(settings_for(seaweed, store, tmp_path))
+    settings = without_temporal(settings)
     pruned = keys.policy_manifest_key(RUN, 2)
     store.put_text(pruned, "{}")
     store.delete(pruned)
@@ -141,14 +135,10 @@ def test_runs_ls_lists_no_removed_run_and_counts_no_pruned_version(
 
 
 def test_runs_show(
-    seaweed: SeaweedServer,
-    store: ObjectStore,
-    demo_run: list[Trajectory],
-    tmp_path: Path,
-    capsys: Capture,
+    settings: Settings, store: ObjectStore, demo_run: list[Trajectory], capsys: Capture
 ) -> None:
     store.put_text(keys.policy_prefix(RUN, 2) + "weights.bin", "")  # no manifest
-    assert cli(["runs", "show", RUN], settings_for(seaweed, store, tmp_path)) == 0
+    assert cli(["runs", "show", RUN], settings) == 0
     out = capsys.readouterr().out
     assert "suite starter, base tiny, G=2" in out
     assert "no manifest (deleted, or a publish that never finished): v2" in out
@@ -162,7 +152,7 @@ def test_runs_show(
 
 
 def test_runs_show_task_prints_each_episode_step_by_step(
-    seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path, capsys: Capture
+    settings: Settings, store: ObjectStore, capsys: Capture
 ) -> None:
     observations = [
         store.put_text("obs/0", "fixed.py: return a - b"),
@@ -195,7 +185,6 @@ def test_runs_show_task_prints_each_episode_step_by_step(
         update={"env": EnvName.WORKSPACE, "steps": steps, "verifier": verifier}
     )
     store.put_json(keys.trajectory_key(RUN, "ws-1", 0), episode)
-    settings = settings_for(seaweed, store, tmp_path)
     assert cli(["runs", "show", RUN, "--task", "ws-1"], settings) == 0
     out = capsys.readouterr().out
     assert "ws-1 sample 0: 4 steps, ended submitted, reward +1.000, solved" in out
@@ -210,12 +199,12 @@ def test_runs_show_task_prints_each_episode_step_by_step(
 
 
 def test_runs_prune_keeps_v0_and_the_newest_versions(
-    seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path, capsys: Capture
+    settings: Settings, store: ObjectStore, tmp_path: Path, capsys: Capture
 ) -> None:
     tiny = materialize_base_model(TINY, Settings(home=tmp_path / "models"))
     for version in range(4):
         publish_policy(store, "prune-me", version, tiny, step=version)
-    settings = without_temporal(settings_for(seaweed, store, tmp_path))
+    settings = without_temporal(settings)
     assert cli(["runs", "prune", "prune-me", "--keep", "1"], settings) == 2  # may still run
     assert "nothing pruned (--force anyway)" in capsys.readouterr().err
     assert policy_manifest(store, "prune-me", 1) is not None
@@ -229,7 +218,7 @@ def test_runs_prune_keeps_v0_and_the_newest_versions(
 
 
 def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
-    seaweed: SeaweedServer,
+    settings: Settings,
     store: ObjectStore,
     demo_run: list[Trajectory],
     tmp_path: Path,
@@ -249,7 +238,7 @@ def test_runs_rm_deletes_a_run_its_evaluations_and_its_cached_policies_only(
     blob.parent.mkdir()
     blob.write_bytes(b"weights")
     os.link(blob, cached / "model-layer-0000.safetensors")
-    settings = without_temporal(settings_for(seaweed, store, tmp_path))
+    settings = without_temporal(settings)
     before = sorted(store.list_keys(keys.RUNS_PREFIX))
 
     assert cli(["runs", "rm", RUN], settings) == 2  # Temporal cannot say whether it runs
@@ -306,7 +295,7 @@ def test_bad_input_is_one_line_exit_2(
 def test_s3_down_is_one_line_exit_2(
     seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path, capsys: Capture
 ) -> None:
-    endpoint = f"http://127.0.0.1:{pick_free_ports()[0]}"
+    endpoint = nowhere_endpoint()
     assert cli(["runs", "ls"], settings_for(seaweed, store, tmp_path, endpoint=endpoint)) == 2
     assert (
         capsys.readouterr().err
@@ -315,14 +304,9 @@ def test_s3_down_is_one_line_exit_2(
 
 
 def test_regrade_rescores_without_overwriting(
-    seaweed: SeaweedServer,
-    store: ObjectStore,
-    demo_run: list[Trajectory],
-    tmp_path: Path,
-    capsys: Capture,
+    settings: Settings, store: ObjectStore, demo_run: list[Trajectory], capsys: Capture
 ) -> None:
     pytest.importorskip("infra.sandbox.local", reason="local sandbox backend not written yet")
-    settings = settings_for(seaweed, store, tmp_path)
     assert cli(["regrade", RUN, "--grader", "v2"], settings) == 0
     out = capsys.readouterr().out
     assert re.search(r"4\s*│\s*2\s*│\s*2\s*│\s*0\s*│\s*0\s*│\s*0", out), out
@@ -347,7 +331,7 @@ def test_regrade_rescores_without_overwriting(
 
 
 def test_cli_regrade_counts_the_turns_a_cut_episode_never_took(
-    seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path
+    settings: Settings, store: ObjectStore
 ) -> None:
     """The command hands the run's max_turns to the regrade: the workflow scored this episode
     -0.3 (two turns never taken), and so does the regrade."""
@@ -366,6 +350,6 @@ def test_cli_regrade_counts_the_turns_a_cut_episode_never_took(
     )
     store.put_json(keys.run_record_key("cutrun"), TrainingRunInput(run_id="cutrun", max_turns=3))
     store.put_json(keys.trajectory_key("cutrun", cut.task_id, 0), cut)
-    assert cli(["regrade", "cutrun", "--grader", "v2"], settings_for(seaweed, store, tmp_path)) == 0
+    assert cli(["regrade", "cutrun", "--grader", "v2"], settings) == 0
     record = store.get_model(keys.reward_key("cutrun", "v2", task.id, 0), RewardRecord)
     assert not record.solved and record.reward == pytest.approx(-0.3)

@@ -20,6 +20,7 @@ from contracts.run import EvalResult, RunProgress, TrainingRunInput
 from infra import telemetry as tm
 from infra.settings import Settings, TemporalSettings
 from infra.telemetry_figures import QueueFigures, WorkerFigures
+from tests.fixtures.cli_settings import cli_settings, dev_temporal
 from tests.fixtures.temporal import TemporalServer
 from workers.backlog import QueueBacklog
 from workers.cli import run
@@ -194,10 +195,7 @@ async def test_status_finds_running_training_runs_and_reads_their_progress(
     namespace: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    settings = Settings(
-        home=tmp_path,
-        temporal=TemporalSettings(address=temporal_server.address, namespace=namespace),
-    )
+    settings = cli_settings(tmp_path, temporal=dev_temporal(temporal_server, namespace))
     client = await connect(settings)
     # only the workflows run: the run waits for its first activity (no rewards worker) and
     # answers its progress query meanwhile

@@ -15,10 +15,9 @@ from temporalio.client import Client
 from contracts.names import Queue
 from infra import keys
 from infra import stack as infra_stack
-from infra.seaweed import pick_free_ports
-from infra.settings import Settings, TemporalSettings
+from infra.settings import Settings
 from infra.storage import ObjectStore
-from tests.fixtures.s3 import SeaweedServer
+from tests.fixtures.cli_settings import cli_settings, dev_temporal, nowhere, nowhere_endpoint
 from tests.fixtures.temporal import TemporalServer
 from workers.cli import run
 from workers.cli import train as train_cli
@@ -29,13 +28,9 @@ TAKEN = "choose another --run-id"
 
 
 @pytest.fixture
-def settings(seaweed: SeaweedServer, store: ObjectStore, tmp_path: Path) -> Settings:
+def settings(store: ObjectStore, tmp_path: Path) -> Settings:
     """The test's bucket; a Temporal nothing listens at (no run can start by mistake)."""
-    return Settings(
-        home=tmp_path / "home",
-        s3=seaweed.settings.model_copy(update={"bucket": store.bucket}),
-        temporal=TemporalSettings(address=f"127.0.0.1:{pick_free_ports()[0]}"),
-    )
+    return cli_settings(tmp_path / "home", store, temporal=nowhere())
 
 
 @pytest.fixture
@@ -78,7 +73,7 @@ def test_the_dry_run_checks_the_run_id_when_s3_answers(
     assert run(["train", "--preset", "tiny", "--run-id", "new", "--dry-run"], settings) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["input"]["run_id"] == "new" and captured.err == ""
-    endpoint = f"http://127.0.0.1:{pick_free_ports()[0]}"
+    endpoint = nowhere_endpoint()
     down = settings.model_copy(update={"s3": settings.s3.model_copy(update={"endpoint": endpoint})})
     assert run(["train", "--preset", "tiny", "--run-id", "exp1", "--dry-run"], down) == 0
     captured = capsys.readouterr()
@@ -100,8 +95,7 @@ def test_a_run_id_that_runs_points_at_attach(
 ) -> None:
     """A rerun of `train --run-id R` after the command died, while R runs (before its first
     activity stored anything): Temporal's "Workflow execution already started", exit 1."""
-    temporal = TemporalSettings(address=temporal_server.address, namespace=namespace)
-    settings = settings.model_copy(update={"temporal": temporal})
+    settings = settings.model_copy(update={"temporal": dev_temporal(temporal_server, namespace)})
 
     async def start() -> None:  # no worker polls: it stays running
         client = await Client.connect(temporal_server.address, namespace=namespace)
@@ -149,7 +143,7 @@ def test_a_store_this_machine_cannot_reach_leaves_the_run_id_to_the_workers(
     check of the id stopped the run with exit 1 before it started. It says the id was not
     checked here and goes on (a running id is refused at the start, a removed one by
     prepare_run)."""
-    endpoint = f"http://127.0.0.1:{pick_free_ports()[0]}"
+    endpoint = nowhere_endpoint()
     s3 = settings.s3.model_copy(update={"endpoint": endpoint, "max_attempts": 1})
     elsewhere = settings.model_copy(update={"s3": s3})
     reached: list[str] = []
@@ -170,7 +164,7 @@ def test_a_store_the_local_workers_share_must_answer_the_check(
 ) -> None:
     """With workers here their store is this one: an S3 error in the check is not waved
     through (a reused id would meet the old run's trajectories); nothing starts."""
-    endpoint = f"http://127.0.0.1:{pick_free_ports()[0]}"
+    endpoint = nowhere_endpoint()
     s3 = settings.s3.model_copy(update={"endpoint": endpoint, "max_attempts": 1})
     unreachable = settings.model_copy(update={"s3": s3})
     assert run(["train", "--preset", "tiny", "--run-id", "fresh2"], unreachable) != 0
