@@ -289,8 +289,7 @@ def _bring_up(
     restarts from its files, and the runs it held go on); an external Temporal is only checked
     to answer (`stack.up`). For a `new_run`, once Temporal answers, that no run runs (unless
     `alongside`), and its id once the store answers, both before the workers start."""
-    for line in stack.up(settings):  # a failed start names what it stopped in its error
-        print(line, flush=True)
+    stack.up(settings, say=lambda line: print(line, flush=True))  # each line as it comes
     if new_run is not None:
         if not alongside:
             check_none_running(settings)

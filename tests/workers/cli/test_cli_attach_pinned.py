@@ -86,7 +86,7 @@ def test_attach_to_a_run_pinned_to_a_build_no_worker_polls_says_so(
 ) -> None:
     from workers.cli import train
 
-    monkeypatch.setattr(train.stack, "up", lambda _settings: [])  # Temporal is the test's
+    monkeypatch.setattr(train.stack, "up", lambda _settings, say=None: [])  # Temporal is the test's
     monkeypatch.setattr(train, "ensure_workers", lambda _settings: [])
     monkeypatch.setattr(versioning, "LIVE_POLLER_S", 3.0)  # b1 polled seconds ago, not 70
     asyncio.run(pinned_run(settings))

@@ -128,7 +128,9 @@ def test_attach_takes_no_run_options_and_starts_nothing(
     from workers.cli import train
 
     started: list[str] = []  # a stack brought up here would outlive the test
-    monkeypatch.setattr(train.stack, "up", lambda _settings: started.append("stack") or [])
+    monkeypatch.setattr(
+        train.stack, "up", lambda _settings, say=None: started.append("stack") or []
+    )
     monkeypatch.setattr(train, "ensure_workers", lambda _settings: started.append("workers") or [])
     settings = Settings(home=tmp_path / "home")
     assert run(["train", "--attach", "r1", *options], settings) == 2
@@ -153,7 +155,7 @@ def test_attach_to_no_run_starts_no_worker(
     async def attach(_client: object, run: str) -> None:
         raise ValueError(f"no training run {run!r} (workflow train-{run})")
 
-    monkeypatch.setattr(train.stack, "up", lambda _settings: done.append("stack") or [])
+    monkeypatch.setattr(train.stack, "up", lambda _settings, say=None: done.append("stack") or [])
     monkeypatch.setattr(train, "ensure_workers", lambda _settings: done.append("workers") or [])
     monkeypatch.setattr(train, "connect", connect)
     monkeypatch.setattr(train, "attach", attach)
@@ -314,7 +316,7 @@ def test_attach_prints_the_runs_own_wall_time_as_the_report_has_it(
         reported.append(wall_s)
         return tmp_path
 
-    monkeypatch.setattr(train.stack, "up", lambda _settings: [])
+    monkeypatch.setattr(train.stack, "up", lambda _settings, say=None: [])
     monkeypatch.setattr(train, "ensure_workers", lambda _settings: done.append("workers") or [])
     monkeypatch.setattr(train, "connect", connect)
     monkeypatch.setattr(train, "attach", attach)
@@ -326,3 +328,23 @@ def test_attach_prints_the_runs_own_wall_time_as_the_report_has_it(
     assert wall_s == pytest.approx(500, abs=5)
     out = capsys.readouterr().out
     assert f"run r1 finished in {wall_s:.0f}s: 3 steps" in out, out
+
+
+def test_train_prints_what_up_started_before_a_later_start_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tempered up` says each service's line as it comes; `train` printed the lines once all
+    had started, so when the last start failed (the error names what it stopped), the lines of
+    those that had started were never shown."""
+    from infra.stack_services import StackError
+    from workers.cli import train
+
+    def up(_settings: Settings, say=lambda line: None) -> list[str]:
+        say("temporal: started at 127.0.0.1:7233")
+        raise StackError("seaweedfs did not start; stopped temporal (started by this `up`)")
+
+    monkeypatch.setattr(train.stack, "up", up)
+    assert run(["train", "--attach", "r1"], Settings(home=tmp_path)) == 1
+    out, err = capsys.readouterr()
+    assert out == "temporal: started at 127.0.0.1:7233\n"
+    assert "seaweedfs did not start" in err

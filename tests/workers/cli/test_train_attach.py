@@ -81,7 +81,7 @@ def test_attach_to_a_run_that_ended_writes_its_report_from_its_result(
     from workers.cli import train
 
     started: list[str] = []
-    monkeypatch.setattr(train.stack, "up", lambda _settings: [])  # Temporal is the test's
+    monkeypatch.setattr(train.stack, "up", lambda _settings, say=None: [])  # Temporal is the test's
     monkeypatch.setattr(train, "ensure_workers", lambda _settings: started.append("workers") or [])
     wall_s, closed = asyncio.run(ended_runs(settings))
     ends: list[float | None] = []

@@ -39,7 +39,7 @@ def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     (`test_train_running.py` asks a real Temporal); starting workers or a run is recorded, and
     fails the test where it must not happen."""
     started: list[str] = []
-    monkeypatch.setattr(train_cli.stack, "up", lambda settings: [])
+    monkeypatch.setattr(train_cli.stack, "up", lambda settings, say=None: [])
     monkeypatch.setattr(train_cli, "check_none_running", lambda settings: None)
     monkeypatch.setattr(train_cli, "ensure_workers", lambda settings: started.append("workers"))
     return started

@@ -50,7 +50,9 @@ def test_a_new_run_beside_a_running_one_is_refused_unless_alongside(
         done.append(f"start {run_input.run_id}")
         raise train_cli.LostTemporal  # started, then detached: no run to follow here
 
-    monkeypatch.setattr(train_cli.stack, "up", lambda _settings: [])  # Temporal is the test's
+    monkeypatch.setattr(
+        train_cli.stack, "up", lambda _settings, say=None: []
+    )  # Temporal is the test's
     monkeypatch.setattr(train_cli, "check_run_id", lambda _store, _run: None)  # no S3 here
     monkeypatch.setattr(train_cli, "ensure_workers", lambda _s: done.append("workers") or [])
     monkeypatch.setattr(train_cli, "_train", train)
