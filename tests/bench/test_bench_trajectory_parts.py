@@ -114,7 +114,7 @@ def writes(sample: int, step: int) -> ToolCall:
 async def test_the_episodes_agent_plain_task_writes_in_parts(store: ObjectStore) -> None:
     from episodes_agent import PlainTask, ScriptedPolicy, activity_methods
 
-    group, steps = 32, 24  # 768 episode-steps of about 1 KB: past `EPISODES_BYTES`
+    group, steps = 32, 20  # 640 episode-steps of ~890 bytes: past `EPISODES_BYTES` (~500 KB)
     job = task_input(
         store,
         f"bench-parts-{uuid.uuid4().hex[:6]}",

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 import pytest
 
 from contracts.names import Queue
-from tests.fixtures.stack import Stack
+from tests.fixtures.stack import Stack, start_stack, take_down
 from workers.background import (
     RESTARTED,
     SERVED,
@@ -39,10 +39,23 @@ def sleeper(queue: Queue) -> list[str]:
     return [sys.executable, "-c", "import time; time.sleep(60)", queue.value]
 
 
+@pytest.fixture(scope="module")
+def module_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One stack for this module's tests (a start is 5-15 s): they start and stop workers
+    only, each on its own pidfiles and pids (a dead worker's poller Temporal still lists is
+    what `ensure_workers` must not count), and leave Temporal and S3 as they found them."""
+    stack = start_stack(tmp_path_factory.mktemp("pollers"))
+    try:
+        yield stack
+    finally:
+        take_down(stack)
+
+
 @pytest.fixture
-def stack_and_workers(stack: Stack) -> Iterator[Stack]:
-    yield stack
-    stop_workers(stack.settings)
+def stack_and_workers(module_stack: Stack) -> Iterator[Stack]:
+    yield module_stack
+    module_stack.stop_workers()
+    stop_workers(module_stack.settings)
 
 
 def polled_by(stack: Stack, queue: Queue, pid: int) -> bool:

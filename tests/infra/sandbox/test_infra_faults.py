@@ -44,7 +44,7 @@ import pytest
 
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
-from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
+from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend, judge
 from infra.sandbox.cgroups import CGROUP_ROOT, Cgroups
 from infra.sandbox.gvisor import GVisorBackend
 from infra.settings import Settings
@@ -278,7 +278,16 @@ async def test_an_oom_kill_that_is_not_the_sandbox_limit_is_an_infra_error() -> 
     assert await run() == INFRA
 
 
+@pytest.fixture
+def short_starvation_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`judge.starvation_bound` without its 20 s floor (`STARVATION_SLACK_S`): 3 x `timeout_s`
+    more, 16 s instead of 24 s for a 4 s deadline. A starved run (1% of a CPU) waits out the
+    bound before it is told starved; the rule decided at its end is the same."""
+    monkeypatch.setattr(judge, "STARVATION_SLACK_S", 0.0)
+
+
 @pytest.mark.skipif(bool(writable("cpu")), reason=str(writable("cpu")))
+@pytest.mark.usefixtures("short_starvation_bound")
 async def test_a_program_starved_of_cpu_by_the_host_is_an_infra_error() -> None:
     """The candidate throttled to 1% of a CPU (a cgroup of the test's) while it computes: its
     wall-clock deadline passes while it was runnable but not run (/proc/<pid>/schedstat's
@@ -300,6 +309,7 @@ async def test_a_program_starved_of_cpu_by_the_host_is_an_infra_error() -> None:
 
 @pytest.mark.skipif(bool(writable("cpu")), reason=str(writable("cpu")))
 @pytest.mark.parametrize("backend", ["gvisor"], indirect=True)
+@pytest.mark.usefixtures("short_starvation_bound")
 async def test_a_gvisor_program_starved_of_cpu_by_the_host_is_an_infra_error(backend: str) -> None:
     """The same on gVisor, whose program has no process of its own on this host: its sandbox's
     (gVisor's kernel, its gofer and the stubs that run the program's code) throttled to 1% of a
