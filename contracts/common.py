@@ -83,20 +83,24 @@ class SignalPayload(Contract):
         cls, value: Any, handler: ModelWrapValidatorHandler[Self], info: ValidationInfo
     ) -> Self:
         # `extra` above holds for this object only: its nested contracts (another build's
-        # `GRPOConfig` in `LearnerDone.final`) would refuse what they do not know. A first pass
-        # ignores unknown fields at every depth; it only tells which keys of `value` are known
-        # (the model, the union member each part became). `handler` then validates `value` less
-        # the others, as the caller asked (`strict`, `context`, JSON or Python), which the first
-        # pass cannot be told: it converts nothing that `handler` sees.
+        # `GRPOConfig` in `LearnerDone.final`) would refuse what they do not know. A payload of
+        # this build's (nearly all) is valid as it is: validated once. Else a first pass ignores
+        # unknown fields at every depth; it only tells which keys of `value` are known (the
+        # model, the union member each part became). `handler` then validates `value` less the
+        # others, as the caller asked (`strict`, `context`, JSON or Python), which the first
+        # pass cannot be told: it converts nothing that `handler` sees. (Both passes and the
+        # walk between them, always, took a 600 KB `add_groups` past the SDK's 2 s deadlock
+        # bound for a workflow task on a loaded machine: TMPRL1101, the task retried.)
         if not isinstance(value, dict) or _LENIENT.get():
             return handler(value)
         try:
+            return handler(value)
+        except ValidationError:
+            pass  # unknown fields below a contract that refuses them, or a value that is wrong
+        try:
             known = _leniently(cls, value, info.context)
         except ValidationError as refused:
-            try:
-                return handler(value)  # valid as the caller reads it (from attributes, say)
-            except ValidationError:
-                raise refused from None  # what is wrong, without the unknown fields' errors
+            raise refused from None  # what is wrong, without the unknown fields' errors
         return handler(_known_part(value, known))
 
 
