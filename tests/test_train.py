@@ -3,7 +3,11 @@ versions, inference picks each one up (the tiny preset is synchronous, max_stale
 groups of step b are sampled from version b), and every trajectory is trained on exactly once.
 A run also outlives its command: Ctrl-C detaches, `tempered train --attach` follows it again
 and `tempered stop` ends it early, as a finished run ends; attached to once it has ended, it
-writes the run's report again, from the workflow's result."""
+writes the run's report again, from the workflow's result.
+
+Both tests share one stack and one worker per queue (`trained_stack`, module-scoped): starting
+them was a third of each test. Each trains its own run id, one run at a time (`tempered train`
+refuses to start beside a running one), so neither sees the other's run."""
 
 from __future__ import annotations
 
@@ -12,13 +16,17 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 
 from contracts.names import Queue
 from contracts.run import RunRecord
 from infra import keys
 from infra.policy import latest_policy
 from tests.accounting import account, stored_trajectories
-from tests.fixtures.stack import BIN, RUNNING, Stack
+from tests.fixtures.stack import BIN, RUNNING, Stack, start_stack, take_down
 
 DEFAULT_SIGINT = (
     "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
@@ -26,9 +34,21 @@ DEFAULT_SIGINT = (
 )
 
 
-def test_tiny_preset_trains_three_steps_end_to_end(stack: Stack) -> None:
-    for queue in Queue:
-        stack.start_worker(queue)
+@pytest.fixture(scope="module")
+def trained_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A stack with one worker per queue for this module's runs, torn down as the `stack`
+    fixture's (`take_down`)."""
+    stack = start_stack(tmp_path_factory.mktemp("train"))
+    try:
+        for queue in Queue:
+            stack.start_worker(queue)
+        yield stack
+    finally:
+        take_down(stack)
+
+
+def test_tiny_preset_trains_three_steps_end_to_end(trained_stack: Stack) -> None:
+    stack = trained_stack
     trained = stack.tempered(
         "train",
         "--preset",
@@ -61,9 +81,12 @@ def test_tiny_preset_trains_three_steps_end_to_end(stack: Stack) -> None:
     assert len(record.heldout.tasks) == record.heldout_limit, record.heldout
 
 
-def test_a_run_outlives_its_command_and_stops_when_told(stack: Stack) -> None:
-    for queue in Queue:
-        stack.start_worker(queue)
+def test_a_run_outlives_its_command_and_stops_when_told(
+    trained_stack: Stack, tmp_path: Path
+) -> None:
+    stack = trained_stack
+    preset = tmp_path / "tiny-short-evals.toml"  # its evaluations, at v0 and after `stop`: 2 tasks
+    preset.write_text('extends = "tiny"\nheldout_limit = 2\n')
 
     def tempered(*args: str) -> subprocess.Popen[str]:
         """`tempered ARGS`, with Ctrl-C's default action even where this test runs with SIGINT
@@ -76,7 +99,7 @@ def test_a_run_outlives_its_command_and_stops_when_told(stack: Stack) -> None:
             text=True,
         )
 
-    train = tempered("train", "--preset", "tiny", "--steps", "50", "--run-id", "long", "--no-workers")  # fmt: skip
+    train = tempered("train", "--preset", str(preset), "--steps", "50", "--run-id", "long", "--no-workers")  # fmt: skip
     stack.wait_for("a finished task", stack.progress_reached("train-long", tasks_done=1), 300)
     train.send_signal(signal.SIGINT)  # Ctrl-C
     _, err = train.communicate(timeout=60)

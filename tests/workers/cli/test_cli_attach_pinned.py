@@ -23,7 +23,7 @@ from contracts.run import TrainingRunInput, TrainingRunResult
 from infra.settings import Settings, TemporalSettings
 from tests.fixtures.temporal import TemporalServer
 from workers import versioning
-from workers.cli import run
+from workers.cli import run, stalled
 from workers.runtime import connect
 from workers.training import start_run
 
@@ -89,6 +89,7 @@ def test_attach_to_a_run_pinned_to_a_build_no_worker_polls_says_so(
     monkeypatch.setattr(train.stack, "up", lambda _settings, say=None: [])  # Temporal is the test's
     monkeypatch.setattr(train, "ensure_workers", lambda _settings: [])
     monkeypatch.setattr(versioning, "LIVE_POLLER_S", 3.0)  # b1 polled seconds ago, not 70
+    monkeypatch.setattr(stalled, "SILENT_S", 2.0)  # the follower says why after 2 s, not 15
     asyncio.run(pinned_run(settings))
     said = f"run {RUN} is pinned to build b1 of deployment tempered, which no worker polls"
 
