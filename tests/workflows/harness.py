@@ -23,6 +23,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
+from activities.environment import session_id as real_session_id
 from contracts.common import ObjectRef
 from contracts.episode import (
     WORKSPACE_TOOLS,
@@ -212,7 +213,10 @@ class ScriptedSandbox:
         sessions = {}
         for sample in req.samples:
             source = req.snapshots.get(sample, req.workspace.files)
-            session_id = f"{req.run_id}.{req.task_id}.s{sample}.{self.queue}.{self.opened}"
+            # the real worker's digest of run and task (`session_id`): the longest ids fit
+            session_id = (
+                f"{real_session_id(req.run_id, req.task_id, sample)}-{self.queue}-{self.opened}"
+            )
             self.opened += 1
             self.sessions[session_id] = json.loads(self.store.get_verified(source))
             sessions[sample] = self._ref(session_id)
