@@ -1,7 +1,8 @@
 """Fixtures of the sandbox tests: `box` (the local backend) and `any_box` (local, then gVisor),
 one backend per test module, driven synchronously (verifier_box.py); `stub`, the STUB
 Kubernetes API server (recorded_k8s/stub_server.py) of the test_kubernetes*.py modules, one a
-test, and `validate_manifest`, their check of a manifest against Kubernetes 1.33's schema."""
+test, and `validate_manifest`, their check of a manifest against Kubernetes 1.33's schema;
+`short_starvation_bound`, the starvation rule without its 20 s floor."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from infra.sandbox import judge
 from tests.infra.sandbox.verifier_box import Box, gvisor_missing
 
 if TYPE_CHECKING:
@@ -35,6 +37,14 @@ def any_box(request: pytest.FixtureRequest) -> Iterator[Box]:
         yield chosen
     finally:
         chosen.close()
+
+
+@pytest.fixture
+def short_starvation_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`judge.starvation_bound` without its 20 s floor (`STARVATION_SLACK_S`): 3 x `timeout_s`
+    more, 16 s instead of 24 s for a 4 s deadline. A starved run (1% of a CPU) waits out the
+    bound before it is told starved; the rule decided at its end is the same."""
+    monkeypatch.setattr(judge, "STARVATION_SLACK_S", 0.0)
 
 
 @pytest.fixture

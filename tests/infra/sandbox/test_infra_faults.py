@@ -16,14 +16,12 @@ the function the tests call, then strikes it from the host, as the platform's ow
 and, as controls, the program's own failures keep their statuses: over its own memory limit →
 memory_exceeded; spinning past its CPU limit → timeout; starving its own answering thread with
 threads of its own → timeout; SIGKILLing itself or exiting mid-call → failed or error.
-`infra_error` here means the run's status, or `SandboxInfraError` raised (both are retried and
-never become a reward).
+`infra_error`: the run's status, or `SandboxInfraError` raised (retried, never a reward).
 
 The test needs nothing of the backend's insides: the program names itself (`/proc/self/comm`)
 so the test can find it among this process's descendants, and waits for SIGUSR1 where the test
 must act first (move it into a cgroup). The cgroup cases need root and writable cgroups v1
-(`memory`, `cpu`); they are skipped, with the reason, elsewhere. Each test's docstring says what
-the backend must do to pass it.
+(`memory`, `cpu`); skipped, with the reason, elsewhere. Each docstring says what must hold.
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ import pytest
 
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
-from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend, judge
+from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
 from infra.sandbox.cgroups import CGROUP_ROOT, Cgroups
 from infra.sandbox.gvisor import GVisorBackend
 from infra.settings import Settings
@@ -278,14 +276,6 @@ async def test_an_oom_kill_that_is_not_the_sandbox_limit_is_an_infra_error() -> 
     assert await run() == INFRA
 
 
-@pytest.fixture
-def short_starvation_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`judge.starvation_bound` without its 20 s floor (`STARVATION_SLACK_S`): 3 x `timeout_s`
-    more, 16 s instead of 24 s for a 4 s deadline. A starved run (1% of a CPU) waits out the
-    bound before it is told starved; the rule decided at its end is the same."""
-    monkeypatch.setattr(judge, "STARVATION_SLACK_S", 0.0)
-
-
 @pytest.mark.skipif(bool(writable("cpu")), reason=str(writable("cpu")))
 @pytest.mark.usefixtures("short_starvation_bound")
 async def test_a_program_starved_of_cpu_by_the_host_is_an_infra_error() -> None:
@@ -374,6 +364,7 @@ async def test_a_program_spinning_past_its_cpu_limit_is_a_timeout(backend: str, 
     assert status == ExecStatus.TIMEOUT
 
 
+@pytest.mark.alone  # whose CPU kept it waiting is read from the machine: none of other tests'
 async def test_a_program_that_starves_itself_is_a_timeout(backend: str) -> None:
     """Spinning threads of its own keep its answering thread waiting for a CPU: that wait is the
     program's doing (its processes used the CPUs), so the deadline is its timeout."""
