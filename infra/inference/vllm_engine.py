@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from infra.inference.base import InferenceError, one_line
-from infra.processes import dead_worker_name
+from infra.processes import sweep_dead_worker_dirs
 from infra.settings import VLLMSettings
 
 T = TypeVar("T")
@@ -167,13 +167,5 @@ def remove_ipc_dir() -> None:
 
 def sweep_dead_ipc_dirs(temp: Path) -> int:
     """Remove the IPC directories in `temp` of workers that died (a SIGKILL leaves them): a
-    `tempered-vllm-<pid>-*` whose pid has no process (`dead_worker_name`). Returns how many
-    went."""
-    swept = 0
-    for path in temp.glob(f"{IPC_DIR}*-*"):
-        if not dead_worker_name(path.name.removeprefix(IPC_DIR)):
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-            swept += 1
-    return swept
+    `tempered-vllm-<pid>-*` whose pid has no process. Returns how many went."""
+    return sweep_dead_worker_dirs(temp, IPC_DIR)

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import tempfile
 import time
@@ -47,7 +46,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from contracts.task import SandboxLimits
-from infra.processes import dead_worker_name
+from infra.processes import dead_worker_name, sweep_dead_worker_dirs
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.judge import MemoryEvent
 from infra.sandbox.process import KILL_GRACE_S
@@ -377,9 +376,6 @@ def sweep_dead_workers(pid: int | None = None) -> int:
                     below.rmdir()
             with contextlib.suppress(OSError):
                 path.rmdir()
-    temp = Path(tempfile.gettempdir())
     for prefix in (*WORKER_DIRS, SHELLS_DIR):
-        for path in temp.glob(prefix + pattern):
-            if dead_worker_name(path.name.removeprefix(prefix), pid):
-                shutil.rmtree(path, ignore_errors=True)
+        sweep_dead_worker_dirs(Path(tempfile.gettempdir()), prefix, pid)
     return len(groups)

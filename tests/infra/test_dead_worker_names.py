@@ -1,7 +1,8 @@
 """The one rule for names that carry a worker's pid (`<pid>-...`): whether a dead worker's.
 
 `infra.processes.dead_worker_name` is what the sandbox's sweep (`sweep_dead_workers`: run groups,
-gVisor and shell directories) and the vLLM engine's (`sweep_dead_ipc_dirs`) both ask:
+gVisor and shell directories) and the vLLM engine's (`sweep_dead_ipc_dirs`) both ask, their
+directories through one sweep (`sweep_dead_worker_dirs`):
 - without a pid: a name whose leading pid has no process is dead; a live one's is not, nor a
   name that does not begin with digits and a dash's worth of pid;
 - with the pid of a worker the caller knows is dead: that worker's names, not another's;
@@ -49,7 +50,7 @@ def test_a_named_dead_worker_owns_its_own_names_only() -> None:
 def test_the_inference_worker_asks_without_loading_the_sandbox() -> None:
     code = (
         "import sys, infra.inference.vllm_engine as e\n"
-        "assert e.dead_worker_name\n"
+        "assert e.sweep_dead_worker_dirs\n"
         "print(sorted(m for m in sys.modules if m.startswith('infra.sandbox')))\n"
     )
     out = subprocess.run(
