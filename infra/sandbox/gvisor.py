@@ -96,7 +96,9 @@ def probe_once(
     root = Path(tempfile.mkdtemp(prefix=f"{STATES}{os.getpid()}-probe-"))
     # its groups are a run's (`<pid>-probe-...` under `tempered`), which the sweep of a dead
     # worker covers; without a cgroupsPath runsc made `probe` at each controller's root, and a
-    # killed probe left those for good
+    # killed probe left those for good. The name is the container's id too: runsc names the
+    # sandbox's control socket (abstract, host-wide) after it, so two probes at once with one
+    # id failed, "address already in use"
     name = root.name.removeprefix(STATES)
     state = ["--root", str(root / "state")]
     try:
@@ -105,14 +107,14 @@ def probe_once(
         config = oci_config(python, CandidateSpec(PROBE_UID, 8, Cgroups.named(name)), args)
         (root / "config.json").write_text(json.dumps(config))
         argv = [setpriv, "--pdeathsig", "KILL", runsc, *state]
-        argv += ["--network=none", f"--platform={platform}", "run", "--bundle", str(root), "probe"]
+        argv += ["--network=none", f"--platform={platform}", "run", "--bundle", str(root), name]
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=timeout_s, env=RUNSC_ENV, check=False
         )
     except subprocess.TimeoutExpired:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(
-                [runsc, *state, "delete", "--force", "probe"],
+                [runsc, *state, "delete", "--force", name],
                 capture_output=True,
                 timeout=PROBE_TIMEOUT_S,
                 env=RUNSC_ENV,

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -289,3 +290,21 @@ def test_a_probe_killed_mid_run_leaves_no_cgroups_after_the_sweep() -> None:
     finally:
         sweep_dead_workers(os.getpid())
     assert not list(CGROUP_ROOT.glob(f"*/tempered/{os.getpid()}-probe*"))
+
+
+def test_probes_at_once_all_run() -> None:
+    """runsc names a sandbox's control socket (abstract, host-wide) after its container's id: two
+    workers probing at once with one id ("probe") failed, "address already in use", and the
+    loser refused every run (86 tests of one CI run). Each probe's id is its own."""
+    if reason := gvisor_missing():
+        pytest.skip(reason)
+    launcher = GVisorBackend(warm=0).launcher
+    assert launcher.runsc is not None and launcher.setpriv is not None
+
+    def probe(_: int) -> str | None:
+        return gvisor_module.probe_once(
+            launcher.runsc, launcher.setpriv, launcher.platform, launcher.python, 30.0
+        )
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(probe, range(4))) == ["", "", "", ""]
