@@ -1,4 +1,6 @@
-"""Activities of the `learner` queue: `prepare_run` (publish version 0) and `train_step` (GRPO).
+"""Activities of the `learner` queue: `prepare_run` (publish version 0), `train_step` (GRPO) and
+`store_step_groups` (a part of a step's groups, stored where they would pass a payload in its
+request: activities/learner_groups.py).
 
 Served by `tempered worker learner` (workers/learner.py), one activity at a time: the DeepSpeed
 engine lives in this object across steps (in this process, or as `learner.ranks` ranks under
@@ -6,7 +8,8 @@ torchrun that this process drives, see infra/learner_ranks.py), so consecutive s
 reload weights. A rank group that dies fails the step as retryable (`LearnerInfraError`); the
 next attempt starts a fresh group, which reloads the last published version.
 
-`train_step(step=n)` produces policy version n + 1 exactly once:
+`train_step(step=n)` produces policy version n + 1 exactly once (a request whose groups are stored
+in parts, `group_parts`, has them read first: what follows sees them inline):
 1. the ack `keys.learner_ack_key(run, n)` exists → return the response recorded in it;
 2. version n + 1 is already published (a retry after a publish whose ack was lost) → rebuild the
    ack from the `train_step.json` that is part of that version, and return it; no training;
@@ -59,19 +62,20 @@ from typing import Any, TypeVar
 from temporalio import activity
 
 from activities.heartbeat import CANCEL_GRACE_S, heartbeating
-from activities.stored import read_model
+from activities.learner_groups import put_step_groups, read_group, with_groups
+from contracts.common import ObjectRef
 from contracts.errors import ErrorType, fail, invalid
 from contracts.learner import (
     GRPOConfig,
     PolicyManifest,
     PolicyVersion,
+    StepGroups,
     StepRecord,
     TrainStepRequest,
     TrainStepResponse,
 )
 from contracts.names import Activity
 from contracts.run import PrepareRunRequest, RunRecord
-from contracts.trajectory import Trajectory
 from infra import keys
 from infra.base_models import materialize_base_model
 from infra.learner_base import ConfigRefused, Learner, NonFiniteLoss
@@ -154,9 +158,14 @@ class LearnerActivities:
             lambda _: publish_policy(self.store, req.run_id, 0, base, step=0), progress
         )
 
+    @activity.defn(name=Activity.STORE_STEP_GROUPS)
+    async def store_step_groups(self, part: StepGroups) -> ObjectRef:
+        """Store one part of a step's groups, once (a retry finds it stored)."""
+        return await asyncio.to_thread(put_step_groups, self.store, part)
+
     @activity.defn(name=Activity.TRAIN_STEP)
     async def train_step(self, req: TrainStepRequest) -> TrainStepResponse:
-        """Produce policy version `req.step + 1` from `req.groups`, exactly once."""
+        """Produce policy version `req.step + 1` from its groups, exactly once."""
         progress: dict[str, Any] = {"phase": "waiting for the engine", "step": req.step}
         record_queue_wait()
         with span(
@@ -165,6 +174,7 @@ class LearnerActivities:
             step=req.step,
             policy_version=req.step + 1,
             groups=len(req.groups),
+            group_parts=len(req.group_parts),
         ):
             return await _in_thread(lambda stop: self._step(req, progress, stop), progress)
 
@@ -173,6 +183,10 @@ class LearnerActivities:
     def _step(
         self, req: TrainStepRequest, progress: dict[str, Any], stop: threading.Event
     ) -> TrainStepResponse:
+        if req.group_parts:
+            progress["phase"] = "read groups"
+            req = with_groups(self.store, req)  # what follows sees every group inline
+            progress["phase"] = "waiting for the engine"
         with self._engine_held(stop, req.step):
             progress["phase"] = "check"
             done = self._recorded(req)
@@ -225,7 +239,7 @@ class LearnerActivities:
         engine = self._engine_at(req.run_id, req.step, req.config, progress)
         stop_if_asked(stop, req.step)  # or while it loaded (the version it holds stays good)
         progress["phase"] = "read trajectories"
-        groups = [self._read_group(req, g) for g in range(len(req.groups))]
+        groups = [read_group(self.store, req, g) for g in range(len(req.groups))]
         rewards = [t.reward for group in groups for t in group]
 
         def beat() -> None:
@@ -328,15 +342,6 @@ class LearnerActivities:
     def _fetch(self, run_id: str, version: int) -> Path:
         keep = self.settings.s3.policy_cache_versions
         return fetch_policy(self.store, run_id, version, self.settings.policy_cache, keep)
-
-    def _read_group(self, req: TrainStepRequest, index: int) -> list[Trajectory]:
-        group = req.groups[index]
-        if len(group.rewards) not in (0, len(group.trajectories)):
-            raise invalid(f"groups[{index}].rewards", "not one reward per trajectory")
-        return [
-            read_model(self.store, f"groups[{index}].trajectories[{j}]", ref, Trajectory)
-            for j, ref in enumerate(group.trajectories)
-        ]
 
 
 async def _in_thread(work: Callable[[threading.Event], T], progress: dict[str, Any]) -> T:

@@ -153,10 +153,28 @@ class GRPOConfig(InputContract):
 
 
 class TrainStepRequest(Contract):
+    """Train step `step` on its groups: inline in `groups` or, where they would pass a payload
+    (`workflows/learner_request.py`), stored in parts named by `group_parts` (none inline); the
+    step's groups are `groups`, then each part's, in order."""
+
     run_id: str
     step: int = Field(ge=0, description="Step index; produces policy version step + 1.")
     groups: list[TrajectoryGroup]
     config: GRPOConfig
+    group_parts: list[ObjectRef] = Field(
+        default=[], description="Stored `StepGroups` of this step (`store_step_groups`)."
+    )
+
+
+class StepGroups(Contract):
+    """One part of a learner step's groups, stored by `store_step_groups` at
+    `keys.learner_step_groups_key` (create-only, named by its digest) and named in the step's
+    `TrainStepRequest.group_parts`: a step's groups travel by reference where they would pass
+    a payload (G = 256: ~45 KB a group, 2 MiB at ~47 groups)."""
+
+    run_id: str
+    step: int = Field(ge=0)
+    groups: list[TrajectoryGroup] = Field(min_length=1)
 
 
 class PolicyManifest(Contract):

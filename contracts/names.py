@@ -33,6 +33,7 @@ class Activity(StrEnum):
     LOAD_TASKS = "load_tasks"
     PREPARE_RUN = "prepare_run"
     TRAIN_STEP = "train_step"
+    STORE_STEP_GROUPS = "store_step_groups"
     RECORD_LEDGER = "record_ledger"
     FIND_CONSUMED = "find_consumed"
     OPEN_SESSIONS = "open_sessions"
@@ -70,6 +71,7 @@ ACTIVITY_QUEUE: dict[Activity, Queue] = {
     Activity.LOAD_TASKS: Queue.REWARDS,
     Activity.PREPARE_RUN: Queue.LEARNER,
     Activity.TRAIN_STEP: Queue.LEARNER,
+    Activity.STORE_STEP_GROUPS: Queue.LEARNER,
     Activity.RECORD_LEDGER: Queue.REWARDS,
     Activity.FIND_CONSUMED: Queue.REWARDS,
     Activity.OPEN_SESSIONS: Queue.SANDBOX,

@@ -18,6 +18,8 @@ runs/<run>/policy/readers/<reader>.json                      a reader outside th
 runs/<run>/learner/step-<step>.json                          ack: trajectories consumed
 runs/<run>/learner/ledger-<segment>.json                     task ids one continue-as-new
                                                              segment of the learner took
+runs/<run>/learner/step-<step>-groups-<sha256>.json          a part of a step's groups, where
+                         they would pass its `train_step` payload (workflows/learner_request.py)
 runs/<run>/run.json                                          TrainingRunInput of the run
 runs/<run>/tasks/<task>/s<sample>/turn-<k>/observation-<sha>.txt   a tool call's result text
 runs/<run>/tasks/<task>/s<sample>/verdict-<sha>.json         the verifier's ExecutionResult
@@ -148,6 +150,13 @@ def learner_prefix(run: str) -> str:
 
 def learner_ack_key(run: str, step: int) -> str:
     return f"{learner_prefix(run)}step-{step:06d}.json"
+
+
+def learner_step_groups_key(run: str, step: int, sha256: str) -> str:
+    """One part of step `step`'s groups (`contracts.learner.StepGroups`), stored when they would
+    pass a payload in its `train_step` request; named by its digest, so a step asked again with
+    other groups (a reset learner) never meets a part of the first."""
+    return f"{learner_prefix(run)}step-{step:06d}-groups-{sha256}.json"
 
 
 def learner_ledger_key(run: str, segment: int) -> str:

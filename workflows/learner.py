@@ -4,7 +4,8 @@ Groups arrive by the `add_groups` signal (from the training run, or any client).
 takes `groups_per_step` of them per step, in the order they came (the training run sends each in
 time for the step it was started for: workflows/step_slots.py), runs the `train_step` activity
 (queue `learner`), which publishes policy version step+1, and tells its parent
-(`learner_progress`). It ends after
+(`learner_progress`). A step's groups past a payload's share go by reference, stored in parts
+first (workflows/learner_request.py). It ends after
 `max_steps`, or, once told `finish`, when its queue is drained; then it tells its parent
 `learner_done` (also when it fails).
 
@@ -35,8 +36,9 @@ Runs of earlier releases replay as they were: the ledger is behind
 `workflow.patched(LEDGER_PATCH)` (before it, all consumed ids and steps were carried in the
 input), writing it in the next segment behind `LEDGER_FIRST_PATCH` (before it, a segment
 wrote its own before continuing, and looked ahead by its average step), waiting for a
-cancelled step behind `STEP_WAIT_PATCH`, and counting the next input at the state's size now
-behind `LEARNER_LOOK_AHEAD_PATCH`.
+cancelled step behind `STEP_WAIT_PATCH`, counting the next input at the state's size now
+behind `LEARNER_LOOK_AHEAD_PATCH`, and a step's groups by reference behind
+`learner_request.STEP_PARTS_PATCH`.
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ with workflow.unsafe.imports_passed_through():
         LearnerInput,
         LearnerProgress,
         LedgerSegment,
-        TrainStepRequest,
         TrainStepResponse,
         TrajectoryGroup,
     )
@@ -73,6 +74,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.cancellation import cancel_kept, raise_if_cancelled
     from workflows.search import search_attribute_updates
     from workflows.signals import signal_run
+
+# not passed through: it builds contracts from the workflow's state, so it must see the contracts
+# module the sandbox's workflow sees (a test's workflow module may import its own copy)
+from workflows.learner_request import train_request
 
 STEP_EVENTS = 16
 """Events one step adds at least (look-ahead): its activities, the search-attribute upsert, the
@@ -189,11 +194,10 @@ class LearnerWorkflow:
             if batch is None:
                 continue  # re-sent groups were dropped: wait for others
             waits = workflow.patched(STEP_WAIT_PATCH)
+            request = await train_request(state, batch)  # by reference past a payload
             response = await workflow.execute_activity(
                 Activity.TRAIN_STEP.value,
-                TrainStepRequest(
-                    run_id=state.run_id, step=state.step, groups=batch, config=state.config
-                ),
+                request,
                 result_type=TrainStepResponse,
                 **activity_options(
                     Activity.TRAIN_STEP, state.heartbeat_timeout_s, wait_for_cancel=waits

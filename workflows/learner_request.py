@@ -1,0 +1,84 @@
+"""The `train_step` request of a `LearnerWorkflow` step, its groups inline or by reference.
+
+    request = await train_request(state, batch)   # in the workflow, once per step
+
+A group travels as its G trajectories' refs: ~45 KB as JSON at G = 256, so one request of a
+step's groups passed Temporal's 2 MiB payload limit at ~47 groups, and the workflow task that
+scheduled it failed on every retry (the learner RUNNING for ever, no step taken). The bound on
+the groups one payload carries is the run's for its `add_groups` signals, `SIGNAL_BYTES` (half a
+payload; `step_parts` splits as `StepSlots.take_due` does, a single larger group alone). A batch
+within it (`json_bytes`) goes inline, as before. A larger one goes by reference (`STEP_PARTS_PATCH`, asked only
+then): each part is stored by the `store_step_groups` activity (queue `learner`, all at once),
+and the request names the parts (`TrainStepRequest.group_parts`), which `train_step` reads
+back (activities/learner_groups.py). Its history carries the groups once more, as a request of
+them did: the learner's look-ahead (its largest step) counts them as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from contracts.common import ObjectRef
+    from contracts.learner import (
+        LearnerInput,
+        StepGroups,
+        TrainStepRequest,
+        TrajectoryGroup,
+    )
+    from contracts.names import Activity
+    from workflows.activity_options import activity_options
+    from workflows.step_slots import SIGNAL_BYTES
+
+STEP_PARTS_PATCH = "tempered-learner-step-groups-by-reference"
+"""Marks runs whose steps of groups past `SIGNAL_BYTES` store them in parts and name the parts
+in their request. Before, the request carried them all: past 2 MiB, it was refused."""
+
+
+def json_bytes(groups: list[TrajectoryGroup]) -> int:
+    """`groups` as a JSON list, in bytes."""
+    return sum(len(group.model_dump_json()) + 1 for group in groups) + 1
+
+
+def step_parts(
+    batch: list[TrajectoryGroup], bound: int = SIGNAL_BYTES
+) -> list[list[TrajectoryGroup]]:
+    """`batch` in parts of whole groups, in order, each of `bound` bytes of JSON at most (a
+    single larger group alone); one part when the whole batch fits. Every group in one part."""
+    parts: list[list[TrajectoryGroup]] = []
+    size = 0
+    for group in batch:
+        group_bytes = len(group.model_dump_json()) + 1  # and its comma
+        if parts and size + group_bytes <= bound:
+            parts[-1].append(group)
+            size += group_bytes
+        else:
+            parts.append([group])
+            size = group_bytes
+    return parts
+
+
+async def train_request(state: LearnerInput, batch: list[TrajectoryGroup]) -> TrainStepRequest:
+    """The request of step `state.step` on `batch`: inline within `SIGNAL_BYTES`, else by
+    reference (`STEP_PARTS_PATCH`, asked only then; the parts stored first)."""
+    request = TrainStepRequest(
+        run_id=state.run_id, step=state.step, groups=batch, config=state.config
+    )
+    if json_bytes(batch) <= SIGNAL_BYTES or not workflow.patched(STEP_PARTS_PATCH):
+        return request
+    parts = step_parts(batch)
+    options = activity_options(Activity.STORE_STEP_GROUPS, state.heartbeat_timeout_s)
+    refs = await asyncio.gather(
+        *(
+            workflow.execute_activity(
+                Activity.STORE_STEP_GROUPS.value,
+                StepGroups(run_id=state.run_id, step=state.step, groups=part),
+                result_type=ObjectRef,
+                **options,
+            )
+            for part in parts
+        )
+    )
+    return request.model_copy(update={"groups": [], "group_parts": list(refs)})
