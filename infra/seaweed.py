@@ -18,10 +18,12 @@ upload (a missing bucket is an error that names itself, not a silent new bucket)
 
 Each server also listens on a unix socket, named by its port and put in /tmp by weed
 (`SOCKET_DIR`, not $TMPDIR): `seaweedfs-<server>[-grpc]-<port>.sock`. A weed that is killed
-leaves them there, and even a clean stop leaves some (S3's, its gRPC's, the admin's); ports are
-random, so no later weed reuses them. S3's and the filer's, the two weed lets us place, go into
-the data dir where the path fits a socket's 107 bytes; `seaweed_command` (each start) sweeps the
-stale ones from /tmp (`sweep_stale_sockets`): those of that name that nothing listens on.
+leaves them there, and even a clean stop soon after the start leaves some (S3's gRPC's and the
+admin's in /tmp, S3's in the data dir); ports are random, so no later weed reuses them. S3's and
+the filer's, the two weed lets us place, go into the data dir where the path fits a socket's 107
+bytes; the gRPC ones stay in /tmp (weed names that directory). Whoever starts a weed sweeps the
+stale ones from /tmp first (`sweep_stale_sockets`: those of that name that nothing listens on),
+and removes its own once it has stopped it (`remove_sockets`, by its command line's ports).
 
 Run `python -m infra.seaweed DIR` to print the command line for a directory.
 """
@@ -37,7 +39,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,14 +54,23 @@ S3_OFFSET = 5
 
 SOCKET_DIR = Path("/tmp")
 """Where weed puts its servers' unix sockets (its source names /tmp, whatever $TMPDIR says)."""
-SOCKET_NAME = re.compile(r"seaweedfs-[a-z][a-z0-9-]*-[0-9]+\.sock")
+SOCKET_NAME = re.compile(r"seaweedfs-[a-z][a-z0-9-]*-([0-9]+)\.sock")
 """weed's name for a server's socket there (`seaweedfs-s3-8333.sock`,
-`seaweedfs-master-grpc-19333.sock`), matched whole."""
+`seaweedfs-master-grpc-19333.sock`), matched whole; group 1 is the port."""
+PORT_FLAG = re.compile(r"-[a-z][a-z0-9]*\.port(?:\.grpc)?=([0-9]+)")
+"""A server's port in a weed's command line (`-s3.port=8333`, `-s3.port.grpc=18333`)."""
+SOCKET_FLAG = re.compile(r"-[a-z][a-z0-9]*\.localSocket=(.+)")
+"""A socket the command line placed (`-s3.localSocket=DIR/s3.sock`)."""
 SOCKET_PATH_MAX = 107
 """The longest path a unix socket may have (sun_path, less its NUL), in bytes."""
 FRESH_SOCKET_S = 60.0
 """A socket younger than this is never swept: a starting weed binds it before it listens, and
 a connection refused in between would not mean a dead one."""
+
+LAST_BREATH_S = 2.0
+"""How long a stopped weed's sockets may still accept (`remove_sockets`): its process reads as
+exited (a zombie leader) while its other threads still close its files, about every other
+stop."""
 
 MAX_BASE_PORT = 22000
 """The highest base_port a setting may name: base_port + 4 + GRPC_OFFSET stays below the
@@ -118,11 +129,9 @@ def seaweed_command(
     """The `weed mini` command line; writes the S3 identities file it needs into `data_dir`.
 
     `buckets` are created at startup if missing (what `tempered up` wants for settings.s3.bucket).
-    Called at each start, it sweeps what dead weeds left in `SOCKET_DIR` first.
     """
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    sweep_stale_sockets()
     identities = data_dir / S3_CONFIG_NAME
     write_s3_identities(identities, access_key, secret_key)
     ports = SeaweedPorts.from_base(s3_port, base_port)
@@ -168,27 +177,65 @@ def local_socket(data_dir: Path, name: str, port: int) -> Path:
 def sweep_stale_sockets(directory: Path | None = None) -> int:
     """Remove the sockets weeds left in `directory` (default `SOCKET_DIR`) for good: named as
     weed names them (`SOCKET_NAME`), sockets, not fresh (`FRESH_SOCKET_S`), and refusing a
-    connection (nothing listens: the weed is gone). Any other answer (accepted, no permission,
-    a full backlog) keeps it, so another live weed's, anyone's, stays. Returns how many went."""
+    connection (nothing listens: the weed is gone), so another live weed's, anyone's, stays.
+    For each start of a weed, before it (`infra.stack`, the tests' fixture). Returns how many
+    went."""
     directory = SOCKET_DIR if directory is None else directory
-    swept = 0
-    for path in directory.glob("seaweedfs-*.sock"):
-        if SOCKET_NAME.fullmatch(path.name) is None:
-            continue
-        try:
-            before = path.lstat()
-            if not stat.S_ISSOCK(before.st_mode) or time.time() - before.st_mtime < FRESH_SOCKET_S:
-                continue
-            if _listening(path):
-                continue
-            now = path.lstat()
-            if (now.st_ino, now.st_dev) != (before.st_ino, before.st_dev):
-                continue  # bound anew meanwhile
-            path.unlink()
-            swept += 1
-        except OSError:
-            continue  # gone meanwhile, or not ours to remove
-    return swept
+    named = [
+        path for path in directory.glob("seaweedfs-*.sock") if SOCKET_NAME.fullmatch(path.name)
+    ]
+    return sum(_remove_dead(path, FRESH_SOCKET_S) for path in named)
+
+
+def remove_sockets(command: Sequence[str]) -> int:
+    """Once the weed started with `command` (a `seaweed_command`) has exited: remove its unix
+    sockets, those its flags placed and those in `SOCKET_DIR` named by one of its ports, that
+    nothing listens on (one that listens is a later weed's on those ports). Returns how many
+    went."""
+    ports: set[int] = set()
+    paths: set[Path] = set()
+    for arg in command:
+        if (port := PORT_FLAG.fullmatch(arg)) is not None and int(port[1]) > 0:
+            ports.add(int(port[1]))
+        elif (placed := SOCKET_FLAG.fullmatch(arg)) is not None:
+            paths.add(Path(placed[1]))
+    for path in SOCKET_DIR.glob("seaweedfs-*.sock"):
+        if (named := SOCKET_NAME.fullmatch(path.name)) is not None and int(named[1]) in ports:
+            paths.add(path)
+    removed, pending = 0, sorted(paths)
+    deadline = time.monotonic() + LAST_BREATH_S
+    while True:
+        kept = [path for path in pending if not _remove_dead(path)]
+        removed += len(pending) - len(kept)
+        pending = [path for path in kept if _is_socket(path)]  # still answered
+        if not pending or time.monotonic() >= deadline:
+            return removed
+        time.sleep(0.05)
+
+
+def _is_socket(path: Path) -> bool:
+    try:
+        return stat.S_ISSOCK(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def _remove_dead(path: Path, fresh_s: float = 0.0) -> bool:
+    """Unlink `path` if it is a socket, not younger than `fresh_s`, and refusing a connection
+    (nothing listens); any other answer (accepted, no permission, a full backlog) keeps it."""
+    try:
+        before = path.lstat()
+        if not stat.S_ISSOCK(before.st_mode) or time.time() - before.st_mtime < fresh_s:
+            return False
+        if _listening(path):
+            return False
+        now = path.lstat()
+        if (now.st_ino, now.st_dev) != (before.st_ino, before.st_dev):
+            return False  # bound anew meanwhile
+        path.unlink()
+    except OSError:
+        return False  # gone meanwhile, or not ours to remove
+    return True
 
 
 def _listening(path: Path) -> bool:

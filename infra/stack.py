@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from infra import codec
 from infra.processes import Service, port_open, wait_for_port
-from infra.seaweed import seaweed_command, wait_s3_ready
+from infra.seaweed import seaweed_command, sweep_stale_sockets, wait_s3_ready
 from infra.settings import Settings
 from infra.stack_ports import check_ports
 from infra.stack_services import (
@@ -206,6 +206,7 @@ def _start_seaweed(settings: Settings, started: list[Service] | None = None) -> 
                     f"as it should ({exc}); `tempered down`, then `tempered up`"
                 ) from None
             return f"seaweedfs: already running, S3 at http://{endpoint}"
+        sweep_stale_sockets()  # what dead weeds left
         try:  # it writes its S3 identities into its data folder
             command = seaweed_command(
                 settings.home / "seaweed",

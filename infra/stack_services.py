@@ -7,15 +7,21 @@ Web UI, the embedded S3's endpoint (None: an external one), each service's pidfi
     listening(service, host, port)       # StackError: it runs, started with other ports
 
 Starting, stopping and reporting them is `infra.stack`'s, which raises `StackError` too; this
-module starts nothing, and imports nothing of infra.stack.
+module starts nothing, and imports nothing of infra.stack. SeaweedFS's service removes the unix
+sockets its weed leaves when it stops it (`SeaweedService`): every stop, `down`'s, a failed
+`up`'s, a test's restart, goes through it.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+import psutil
+
 from infra.processes import Service, wait_for_port
+from infra.seaweed import remove_sockets
 from infra.settings import Settings
 
 LISTEN_WAIT_S = 5.0
@@ -61,8 +67,25 @@ def temporal_service(settings: Settings) -> Service:
     return Service("temporal", settings.home)
 
 
-def seaweed_service(settings: Settings) -> Service:
-    return Service("seaweedfs", settings.home)
+@dataclass(frozen=True)
+class SeaweedService(Service):
+    """The embedded SeaweedFS's process, whose stop also removes the unix sockets its weed left
+    (`infra.seaweed.remove_sockets`: weed leaves some in /tmp even when it stops cleanly)."""
+
+    def stop(self, timeout_s: float = 15.0) -> bool:
+        with self.lock():  # no start in between: its sockets are the next weed's
+            command: list[str] = []
+            if (pid := self.pid()) is not None:
+                with contextlib.suppress(psutil.Error):
+                    command = psutil.Process(pid).cmdline()
+            stopped = super().stop(timeout_s)
+            if command:
+                remove_sockets(command)
+            return stopped
+
+
+def seaweed_service(settings: Settings) -> SeaweedService:
+    return SeaweedService("seaweedfs", settings.home)
 
 
 def codec_service(settings: Settings) -> Service:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import socket
 import sys
 
 from temporalio.client import Client
@@ -31,6 +32,12 @@ from workflows.search import KEYS
 
 ASK_S = 10.0
 """How long `down` waits for Temporal to say which runs run, to connect and again to list."""
+GRPC_PROBE_S = 1.0
+"""How long Temporal's port may take to answer HTTP/2's preface (`_speaks_grpc`) before `down`
+asks it: the SDK's connect to a process that holds the port and never answers waits out ASK_S
+(its own timeout is 30 s)."""
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+"""A client's connection preface, then an empty SETTINGS frame (length 0, type 4, stream 0)."""
 
 PORTS = (
     ("temporal", "address", "gRPC frontend"),
@@ -122,12 +129,32 @@ async def _running_runs(settings: Settings) -> list[str]:
     endpoint = stack.temporal_endpoint(settings)
     if not port_open(endpoint.host, endpoint.port):
         return []
+    if not await asyncio.to_thread(_speaks_grpc, endpoint.host, endpoint.port, GRPC_PROBE_S):
+        print(
+            f"tempered down: cannot tell which runs run ({endpoint} does not answer as a gRPC "
+            f"server within {GRPC_PROBE_S:.0f}s: not Temporal)",
+            file=sys.stderr,
+        )
+        return []
     try:
         client = await asyncio.wait_for(connect(settings, runtime=quiet_runtime()), ASK_S)
         return await asyncio.wait_for(running_run_ids(client), ASK_S)
     except (RuntimeError, OSError, TimeoutError, RPCError) as exc:
         print(f"tempered down: cannot tell which runs run ({describe(exc)})", file=sys.stderr)
         return []
+
+
+def _speaks_grpc(host: str, port: int, timeout_s: float) -> bool:
+    """Whether host:port answers HTTP/2's connection preface with a SETTINGS frame within
+    `timeout_s`, as any gRPC server does at once (one that holds the port and never answers,
+    or answers HTTP/1, does not)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            conn.sendall(HTTP2_PREFACE)
+            header = conn.recv(9, socket.MSG_WAITALL)  # the first frame's header
+    except OSError:  # refused, reset, timed out
+        return False
+    return len(header) == 9 and header[3] == 4
 
 
 async def running_run_ids(client: Client) -> list[str]:
