@@ -2,7 +2,12 @@
 needs polled before any starts (`unserved_queues`), and each task's AgentTaskWorkflow,
 `concurrency` at a time (`evaluate`). Where one task's workflow fails, the others it started
 are cancelled in Temporal and none waits to start (`TaskFailed`): `asyncio.gather` raised at
-the first failure and left the others running there, with nothing to end them.
+the first failure and left the others running there, with nothing to end them. So are they
+on Ctrl-C (`asyncio.run` cancels `evaluate`), a start on its way included (it is let finish,
+then cancelled), before the command exits 130 saying so: they ran on there, waiting for a
+model. Cancelled, not terminated: a task closes its workspace sessions as it ends
+(`workflows/agent_task.py`). A second Ctrl-C while the cancels go out stops them (asyncio.run's
+own rule).
 
     unserved = await unserved_queues(settings)      # ["tempered-sandbox"]: no worker polls it
     results = await evaluate(settings, spec, tasks, eval_run, version, concurrency=64)
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from typing import Any
 
 from temporalio.client import WorkflowFailureError, WorkflowHandle
@@ -58,7 +64,8 @@ async def evaluate(
 ) -> list[AgentTaskResult]:
     """Each task's AgentTaskWorkflow, `concurrency` at a time; TaskFailed at the first that
     fails, once every other one started is cancelled in Temporal and none waits to start
-    (`asyncio.gather` raised at the first failure and left the others running there)."""
+    (`asyncio.gather` raised at the first failure and left the others running there); cancelled
+    itself (Ctrl-C), every one started is cancelled there before it re-raises, saying so."""
     client = await connect(settings)
     slots = asyncio.Semaphore(concurrency)
     started: list[WorkflowHandle[Any, AgentTaskResult]] = []
@@ -68,12 +75,20 @@ async def evaluate(
         async with slots:
             if failed:
                 return None
-            handle = await client.start_workflow(
-                AgentTaskWorkflow.run,
-                spec.eval_input(task, eval_run, version),
-                id=f"{eval_run}-{task.id}",
-                task_queue=Queue.AGENT_TASKS.value,
+            starting = asyncio.ensure_future(
+                client.start_workflow(
+                    AgentTaskWorkflow.run,
+                    spec.eval_input(task, eval_run, version),
+                    id=f"{eval_run}-{task.id}",
+                    task_queue=Queue.AGENT_TASKS.value,
+                )
             )
+            try:  # a start cut short may still be made on the server: let it end, then cancel
+                handle = await asyncio.shield(starting)
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):  # one that failed started nothing
+                    started.append(await starting)
+                raise
             started.append(handle)
             if failed:  # started while another failed: the cancels went out without it
                 await _cancel(handle)
@@ -86,7 +101,18 @@ async def evaluate(
                     await asyncio.gather(*(_cancel(h) for h in others))
                 return None
 
-    results = await asyncio.gather(*(one(t) for t in tasks))
+    runs = [asyncio.ensure_future(one(task)) for task in tasks]
+    try:
+        results = await asyncio.gather(*runs)
+    except asyncio.CancelledError:  # Ctrl-C: none of them goes on without this command
+        await asyncio.gather(*runs, return_exceptions=True)  # the cut gather ended at the first
+        await asyncio.gather(*(_cancel(h) for h in started))
+        print(
+            f"tempered eval: interrupted; the {len(started)} started task(s) were cancelled "
+            "where still running; nothing was reported",
+            file=sys.stderr,
+        )
+        raise
     if failed:
         raise failed[0]
     return [result for result in results if result is not None]

@@ -32,10 +32,12 @@ Needs the stack and the workers running (`tempered up`, `tempered worker all`); 
 line. Before any task starts, bad input (a suite, a version never published, a model that is
 not one, sampling that does not fit the suite's tasks: `sampling_misfit`, as `train` refuses
 it) exits 2, and a queue no worker polls exits 1, naming it (the tasks waited for it without
-a word); a workspace suite's trees are put in the store, as a run's `load_tasks` puts them
-(`infra.tasks.workspace_specs`). A task whose workflow fails exits 1, naming it, once the
-other tasks started are cancelled in Temporal (`eval_workflows.py`). Held-out evals during training are the TrainingRunWorkflow's,
-not this command's.
+a word). Nothing is written before all of that passed; then a workspace suite's trees of the
+tasks taken are put in the store, as a run's `load_tasks` puts them (`eval_tasks.store_trees`).
+A task whose workflow fails exits 1, naming it, once the other tasks started are cancelled in
+Temporal (`eval_workflows.py`); Ctrl-C exits 130 once every task started is (they waited for a
+model there, for ever where no worker served them). Held-out evals during training are the
+TrainingRunWorkflow's, not this command's.
 
 A run that still trains with `keep_versions` deletes its old versions as it goes, and knows
 only the evaluations it started: while this command evaluates version N of it, a marker in the
@@ -71,7 +73,7 @@ from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import SUITE_HELP
 from workers.cli.errors import describe, positive, run_id
-from workers.cli.eval_tasks import recorded_tasks, suite_tasks
+from workers.cli.eval_tasks import recorded_tasks, store_trees, suite_tasks
 from workers.cli.eval_workflows import TaskFailed, evaluate, unserved_queues
 from workers.cli.runs import require_run, run_record
 from workers.cli.train_inputs import sampling_misfit
@@ -136,7 +138,7 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
         policy_run, version = target or (BASE_RUN + "0" * 16, 0)  # named once it is built
         record = run_record(store, args.run) if target else None
         spec, source = _spec(args, record, policy_run, recorded=target is not None)
-        tasks, chosen = _tasks(args, spec, settings, store, record)
+        tasks, chosen = _tasks(args, spec, settings, record)
         _check_fit(args, spec, tasks, record)
         eval_run = _eval_run(policy_run, version, spec)
     except ValueError as exc:  # bad input: exit 2, as every command's (it was 1)
@@ -177,6 +179,10 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
                     "newer one (`tempered runs show RUN` lists them)"
                 )
             )
+        try:  # only now: refused input wrote nothing
+            store_trees(spec.suite, tasks, store)
+        except ValueError as exc:  # a task changed since it was loaded
+            return _bad_input(exc)
         try:
             results = asyncio.run(_evaluate(settings, args, spec, tasks, eval_run, version))
         except TaskFailed as exc:
@@ -298,11 +304,7 @@ def _runs_own(args: argparse.Namespace, suite: str, record: RunRecord) -> bool:
 
 
 def _tasks(
-    args: argparse.Namespace,
-    spec: TrainingRunInput,
-    settings: Settings,
-    store: ObjectStore,
-    record: RunRecord | None,
+    args: argparse.Namespace, spec: TrainingRunInput, settings: Settings, record: RunRecord | None
 ) -> tuple[list[TaskSpec], str]:
     """The tasks to evaluate (`eval_tasks.py`) and a phrase saying which: the held-out set the
     run recorded, unless `--current-tasks` or a run.json that records none (a line says so)
@@ -311,14 +313,14 @@ def _tasks(
         raise ValueError("--current-tasks needs --run RUN (without a run the tasks are today's)")
     if record is not None and _runs_own(args, spec.suite, record) and not args.current_tasks:
         if record.heldout is not None:
-            return recorded_tasks(args.run, spec.suite, record.heldout, settings, store)
+            return recorded_tasks(args.run, spec.suite, record.heldout, settings)
         print(
             f"tempered eval: run {args.run!r} recorded no held-out task ids (its run.json is "
             f"from an earlier build): its held-out set is rebuilt from suite {spec.suite!r} and "
             "its quarantine list as they are today",
             file=sys.stderr,
         )
-    return suite_tasks(spec.suite, args.split, spec.heldout_limit, settings, store)
+    return suite_tasks(spec.suite, args.split, spec.heldout_limit, settings)
 
 
 def _policy(args: argparse.Namespace, store: ObjectStore) -> tuple[str, int] | None:
