@@ -1,6 +1,7 @@
-"""Activities of the `learner` queue: `prepare_run` (publish version 0), `train_step` (GRPO) and
+"""Activities of the `learner` queue: `prepare_run` (publish version 0), `train_step` (GRPO),
 `store_step_groups` (a part of a step's groups, stored where they would pass a payload in its
-request: activities/learner_groups.py).
+request or in the learner's state) and `load_step_groups` (one read back: activities/
+learner_groups.py).
 
 Served by `tempered worker learner` (workers/learner.py), one activity at a time: the DeepSpeed
 engine lives in this object across steps (in this process, or as `learner.ranks` ranks under
@@ -62,7 +63,7 @@ from typing import Any, TypeVar
 from temporalio import activity
 
 from activities.heartbeat import CANCEL_GRACE_S, heartbeating
-from activities.learner_groups import put_step_groups, read_group, with_groups
+from activities.learner_groups import get_step_groups, put_step_groups, read_group, with_groups
 from contracts.common import ObjectRef
 from contracts.errors import ErrorType, fail, invalid
 from contracts.learner import (
@@ -162,6 +163,11 @@ class LearnerActivities:
     async def store_step_groups(self, part: StepGroups) -> ObjectRef:
         """Store one part of a step's groups, once (a retry finds it stored)."""
         return await asyncio.to_thread(put_step_groups, self.store, part)
+
+    @activity.defn(name=Activity.LOAD_STEP_GROUPS)
+    async def load_step_groups(self, ref: ObjectRef) -> StepGroups:
+        """One stored part of groups, read back (the learner's carried pending groups)."""
+        return await asyncio.to_thread(get_step_groups, self.store, ref)
 
     @activity.defn(name=Activity.TRAIN_STEP)
     async def train_step(self, req: TrainStepRequest) -> TrainStepResponse:

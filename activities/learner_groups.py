@@ -2,14 +2,16 @@
 these in a thread):
 
     ref = put_step_groups(store, part)      # `store_step_groups`: one part, create-only
+    part = get_step_groups(store, ref)      # `load_step_groups`: one part (a learner's carry)
     req = with_groups(store, req)           # `train_step`: the request with every group inline
     trajectories = read_group(store, req, g)
 
 A step's groups travel by reference where they would pass a payload in its `TrainStepRequest`
-(workflows/learner_request.py decides). A part is named by its digest, so writing it again (a
-retried activity) is a no-op and a step asked again with other groups never meets it. A part
-that is missing, altered or for another step fails the step without retry (`activities/stored.py`):
-no retry brings it back.
+(workflows/learner_request.py decides), and so do the pending groups a learner's state hands on
+past a payload (workflows/learner_carry.py), read back a part at a time. A part is named by its
+digest, so writing it again (a retried activity) is a no-op and a step asked again with other
+groups never meets it. A part that is missing, altered or for another step fails the step (or
+the read) without retry (`activities/stored.py`): no retry brings it back.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def put_step_groups(store: ObjectStore, part: StepGroups) -> ObjectRef:
     return store.put_json(key, part, create_only=True)
 
 
+def get_step_groups(store: ObjectStore, ref: ObjectRef, where: str = "ref") -> StepGroups:
+    """The part `ref` names, verified against it."""
+    return read_model(store, where, ref, StepGroups)
+
+
 def with_groups(store: ObjectStore, req: TrainStepRequest) -> TrainStepRequest:
     """`req` with the groups of its `group_parts` after its own, and no parts."""
     if not req.group_parts:
@@ -39,7 +46,7 @@ def with_groups(store: ObjectStore, req: TrainStepRequest) -> TrainStepRequest:
     groups = list(req.groups)
     for index, ref in enumerate(req.group_parts):
         where = f"group_parts[{index}]"
-        part = read_model(store, where, ref, StepGroups)
+        part = get_step_groups(store, ref, where)
         if (part.run_id, part.step) != (req.run_id, req.step):
             raise invalid(where, f"{ref.key} holds step {part.step} of run {part.run_id}")
         groups.extend(part.groups)

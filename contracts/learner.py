@@ -170,7 +170,9 @@ class StepGroups(Contract):
     """One part of a learner step's groups, stored by `store_step_groups` at
     `keys.learner_step_groups_key` (create-only, named by its digest) and named in the step's
     `TrainStepRequest.group_parts`: a step's groups travel by reference where they would pass
-    a payload (G = 256: ~45 KB a group, 2 MiB at ~47 groups)."""
+    a payload (G = 256: ~45 KB a group, 2 MiB at ~47 groups). So do the groups pending at step
+    `step` that a learner's state hands on (`LearnerInput.pending_parts`, read back by
+    `load_step_groups`)."""
 
     run_id: str
     step: int = Field(ge=0)
@@ -258,13 +260,19 @@ class FindConsumedResponse(Contract):
 class LearnerInput(Contract):
     """Input (and continue-as-new state) of `LearnerWorkflow`: constant in size. Task ids of
     earlier segments live in the ledger (`segment` segments written so far), steps in the acks;
-    `pending` is bounded by the producer (the run's staleness gate and concurrency)."""
+    `pending` is bounded by the producer (the run's staleness gate and concurrency), and past a
+    payload it is stored (`pending_parts`)."""
 
     run_id: Identifier
     config: GRPOConfig = GRPOConfig()
     max_steps: int = Field(default=10, ge=0)
     step: int = Field(default=0, ge=0)
     pending: list[TrajectoryGroup] = []
+    pending_parts: list[ObjectRef] = Field(
+        default=[],
+        description="Stored `StepGroups` of groups pending before `pending`, where they passed "
+        "a payload (workflows/learner_carry.py); a segment reads them back first thing.",
+    )
     consumed: list[str] = Field(
         default=[],
         description="Task ids trained on and not yet in the ledger: this segment's (at its "

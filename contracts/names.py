@@ -34,6 +34,7 @@ class Activity(StrEnum):
     PREPARE_RUN = "prepare_run"
     TRAIN_STEP = "train_step"
     STORE_STEP_GROUPS = "store_step_groups"
+    LOAD_STEP_GROUPS = "load_step_groups"
     RECORD_LEDGER = "record_ledger"
     FIND_CONSUMED = "find_consumed"
     OPEN_SESSIONS = "open_sessions"
@@ -72,6 +73,7 @@ ACTIVITY_QUEUE: dict[Activity, Queue] = {
     Activity.PREPARE_RUN: Queue.LEARNER,
     Activity.TRAIN_STEP: Queue.LEARNER,
     Activity.STORE_STEP_GROUPS: Queue.LEARNER,
+    Activity.LOAD_STEP_GROUPS: Queue.LEARNER,
     Activity.RECORD_LEDGER: Queue.REWARDS,
     Activity.FIND_CONSUMED: Queue.REWARDS,
     Activity.OPEN_SESSIONS: Queue.SANDBOX,

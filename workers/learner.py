@@ -1,5 +1,6 @@
 """Worker of the `learner` queue: `prepare_run` (policy version 0), `train_step` (GRPO) and
-`store_step_groups` (a part of a step's groups, where they would pass its payload).
+`store_step_groups`/`load_step_groups` (a part of a step's or a carry's groups, where they would
+pass a payload).
 
     tempered worker learner        # or: python -m workers.cli worker learner
 
@@ -38,7 +39,12 @@ def build(settings: Settings) -> WorkerPlan:
         await asyncio.to_thread(activities.close)
 
     return WorkerPlan(
-        activities=[activities.prepare_run, activities.train_step, activities.store_step_groups],
+        activities=[
+            activities.prepare_run,
+            activities.train_step,
+            activities.store_step_groups,
+            activities.load_step_groups,
+        ],
         max_concurrent_activities=1,
         on_shutdown=close,
         drain_s=drain_s(Queue.LEARNER),  # as long as a stop waits for (background.DRAINS)

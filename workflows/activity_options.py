@@ -42,6 +42,7 @@ _START_TO_CLOSE: dict[Activity, timedelta] = {
     Activity.PREPARE_RUN: timedelta(minutes=30),
     Activity.TRAIN_STEP: timedelta(minutes=60),
     Activity.STORE_STEP_GROUPS: timedelta(minutes=2),
+    Activity.LOAD_STEP_GROUPS: timedelta(minutes=2),
     Activity.RECORD_LEDGER: timedelta(minutes=2),
     Activity.FIND_CONSUMED: timedelta(minutes=2),
     Activity.OPEN_SESSIONS: SANDBOX_BACKSTOP,

@@ -17,7 +17,8 @@ Each group is trained on exactly once, with state that stays constant in size:
   whichever comes first; only `pending` groups (bounded by the producer's flow control) and the
   last `HISTORY_TAIL` step results travel with it. While the state is over `CARRY_BYTES` and a
   whole batch is pending, it trains first (`CARRY_PATCH`): a next input past Temporal's 2 MiB
-  payload limit was refused on every retry.
+  payload limit was refused on every retry. Pending groups past a payload's share travel (and
+  end) by reference, read back first thing in the next segment (workflows/learner_carry.py).
 - The task ids a segment trained on are written to the ledger (`record_ledger`, one object per
   segment, `keys.learner_ledger_key`) first thing in the next segment, which they travel to
   (and before the run ends); every step is also in its ack. So a segment ends in the workflow
@@ -37,8 +38,8 @@ Runs of earlier releases replay as they were: the ledger is behind
 input), writing it in the next segment behind `LEDGER_FIRST_PATCH` (before it, a segment
 wrote its own before continuing, and looked ahead by its average step), waiting for a
 cancelled step behind `STEP_WAIT_PATCH`, counting the next input at the state's size now
-behind `LEARNER_LOOK_AHEAD_PATCH`, and a step's groups by reference behind
-`learner_request.STEP_PARTS_PATCH`.
+behind `LEARNER_LOOK_AHEAD_PATCH`, a step's groups by reference behind
+`learner_request.STEP_PARTS_PATCH`, and pending ones behind `learner_carry.CARRY_PARTS_PATCH`.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ with workflow.unsafe.imports_passed_through():
 
 # not passed through: it builds contracts from the workflow's state, so it must see the contracts
 # module the sandbox's workflow sees (a test's workflow module may import its own copy)
+from workflows.learner_carry import carry, read_carried
 from workflows.learner_request import train_request
 
 STEP_EVENTS = 16
@@ -140,6 +142,7 @@ class LearnerWorkflow:
             if isinstance(err, FailureError) and workflow.patched(LEDGER_PATCH):
                 await self._tell_parent(LearnerDone(error=_reason(err)))
             raise
+        await carry(self._state)  # groups left over past a payload, by reference
         if workflow.patched(LEDGER_PATCH):
             await self._record_segment()
             await self._tell_parent(LearnerDone(final=self._state))
@@ -169,6 +172,7 @@ class LearnerWorkflow:
 
     async def _train(self) -> None:
         state = self._state
+        self._seen |= await read_carried(state)  # before the mark: the input, read back
         self._start.mark()
         self._write_first = workflow.patched(LEDGER_FIRST_PATCH)
         self._looks_ahead = workflow.patched(LEARNER_LOOK_AHEAD_PATCH)
@@ -314,6 +318,7 @@ class LearnerWorkflow:
 
     async def _continue_as_new(self) -> NoReturn:
         await workflow.wait_condition(workflow.all_handlers_finished)
+        await carry(self._state)  # pending groups past a payload, by reference
         if self._write_first:
             self._state.ledger_from = self._first_step  # the next segment writes them
         elif workflow.patched(LEDGER_PATCH):
