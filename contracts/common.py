@@ -56,6 +56,13 @@ def describe_validation_error(
     )
 
 
+def empty_left_out(value: Any) -> bool:
+    """`exclude_if` of a field a release adds to a contract whose receivers refuse unknown
+    fields (`Contract`): left out of the payload while empty, so that what the release before
+    sent is sent as it was, and a worker of that release still takes it."""
+    return not value
+
+
 class Contract(BaseModel):
     """Base of every contract: unknown fields are an error, so a typo never passes silently."""
 

@@ -7,7 +7,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from contracts.common import Contract, Identifier, InputContract, ObjectRef, SignalPayload
+from contracts.common import (
+    Contract,
+    Identifier,
+    InputContract,
+    ObjectRef,
+    SignalPayload,
+    empty_left_out,
+)
 
 
 class PolicyVersion(Contract):
@@ -162,7 +169,10 @@ class TrainStepRequest(Contract):
     groups: list[TrajectoryGroup]
     config: GRPOConfig
     group_parts: list[ObjectRef] = Field(
-        default=[], description="Stored `StepGroups` of this step (`store_step_groups`)."
+        default=[],
+        description="Stored `StepGroups` of this step (`store_step_groups`). Left out of the "
+        "payload when empty (`empty_left_out`): an inline request is the previous release's.",
+        exclude_if=empty_left_out,
     )
 
 
@@ -271,7 +281,9 @@ class LearnerInput(Contract):
     pending_parts: list[ObjectRef] = Field(
         default=[],
         description="Stored `StepGroups` of groups pending before `pending`, where they passed "
-        "a payload (workflows/learner_carry.py); a segment reads them back first thing.",
+        "a payload (workflows/learner_carry.py); a segment reads them back first thing. Left "
+        "out of the payload when empty (`empty_left_out`).",
+        exclude_if=empty_left_out,
     )
     consumed: list[str] = Field(
         default=[],
