@@ -35,7 +35,8 @@ ASK_S = 10.0
 GRPC_PROBE_S = 1.0
 """How long Temporal's port may take to answer HTTP/2's preface (`_speaks_grpc`) before `down`
 asks it: the SDK's connect to a process that holds the port and never answers waits out ASK_S
-(its own timeout is 30 s)."""
+(its own timeout is 30 s). Not asked of the stack's own Temporal (its pidfile's process), which
+a loaded host may keep from answering that soon: a miss would read as no run running."""
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 """A client's connection preface, then an empty SETTINGS frame (length 0, type 4, stream 0)."""
 
@@ -129,7 +130,10 @@ async def _running_runs(settings: Settings) -> list[str]:
     endpoint = stack.temporal_endpoint(settings)
     if not port_open(endpoint.host, endpoint.port):
         return []
-    if not await asyncio.to_thread(_speaks_grpc, endpoint.host, endpoint.port, GRPC_PROBE_S):
+    ours = stack.temporal_service(settings).pid() is not None  # a loaded one may answer late
+    if not ours and not await asyncio.to_thread(
+        _speaks_grpc, endpoint.host, endpoint.port, GRPC_PROBE_S
+    ):
         print(
             f"tempered down: cannot tell which runs run ({endpoint} does not answer as a gRPC "
             f"server within {GRPC_PROBE_S:.0f}s: not Temporal)",

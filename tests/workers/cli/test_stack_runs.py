@@ -62,16 +62,7 @@ def test_down_refuses_while_a_run_runs_unless_forced(
     """`down` during a run said nothing; the `train` following it then failed after a minute of
     retries with "cannot reach Temporal", though the run was intact (`up`, and `status` listed
     it)."""
-
-    async def start() -> None:  # no worker polls: it stays running
-        client = await connect(settings)
-        await start_run(client, TrainingRunInput(run_id="busy"))
-        deadline = time.monotonic() + 10
-        while not [w async for w in client.list_workflows('ExecutionStatus = "Running"')]:
-            assert time.monotonic() < deadline, "the run never showed as running"  # visibility
-            await asyncio.sleep(0.1)
-
-    asyncio.run(start())
+    asyncio.run(start_busy_run(settings))
     assert run(["down"], settings) == 2
     captured = capsys.readouterr()
     assert stopped == [] and captured.out == ""
@@ -82,6 +73,35 @@ def test_down_refuses_while_a_run_runs_unless_forced(
     assert run(["down", "--force"], settings) == 0
     assert stopped == ["workers", "stack"]
     assert "tempered train --attach busy" in capsys.readouterr().err  # said, not asked
+
+
+def test_down_asks_its_own_temporal_however_late_it_answers(
+    settings: Settings, stopped: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 1 s gRPC probe (`GRPC_PROBE_S`) is for a stranger on Temporal's port: asked of the
+    stack's own Temporal, a late answer (a loaded host) read as no run running, and `down`
+    stopped the stack under one."""
+    asyncio.run(start_busy_run(settings))
+    monkeypatch.setattr(stack_cli, "_speaks_grpc", lambda *_: False)  # it answers late
+    monkeypatch.setattr(stack_cli.stack, "temporal_service", lambda _: _Ours())
+    assert run(["down"], settings) == 2 and stopped == []
+
+
+class _Ours:
+    """The stack's Temporal service, as its pidfile names a live process of ours."""
+
+    def pid(self) -> int:
+        return 1
+
+
+async def start_busy_run(settings: Settings) -> None:
+    """A training run that stays running (no worker polls), once visibility lists it."""
+    client = await connect(settings)
+    await start_run(client, TrainingRunInput(run_id="busy"))
+    deadline = time.monotonic() + 10
+    while not [w async for w in client.list_workflows('ExecutionStatus = "Running"')]:
+        assert time.monotonic() < deadline, "the run never showed as running"  # visibility
+        await asyncio.sleep(0.1)
 
 
 def test_down_with_no_run_running_or_no_temporal_to_ask_stops_at_once(
