@@ -1,7 +1,9 @@
 """The `prune_policies` activity (queue `rewards`): delete a training run's policy versions below
-a bound while it trains, with the blobs only they name (`infra.retention.prune_below`), and the
+a bound while it trains, with the blobs only they name (`infra.retention.prune_below`), the
 workspace snapshots of its episodes that are done (`infra.retention.prune_snapshots`: those
-whose trajectory is written, which nothing restores again).
+whose trajectory is written, which nothing restores again), and the stored parts of its
+learner's groups that nothing reads again (`infra.retention.prune_step_parts`: those of each
+step below the newest acknowledged one, read by the store's acks, not by the bound).
 
 The bound is the workflow's to choose (`workflows/retention.py`: version 0, the newest
 `keep_versions` and every version still read stay), with the bound its last prune reached
@@ -21,7 +23,7 @@ from temporalio import activity
 from activities.heartbeat import heartbeating
 from contracts.names import Activity
 from contracts.run import PrunePoliciesRequest, PrunePoliciesResponse
-from infra.retention import prune_below, prune_snapshots
+from infra.retention import prune_below, prune_snapshots, prune_step_parts
 from infra.storage import ObjectStore
 
 
@@ -41,4 +43,7 @@ class RetentionActivities:
         swept = await heartbeating(asyncio.to_thread(prune_snapshots, self.store, request.run_id))
         if swept:
             activity.logger.info("run %s: deleted %d snapshot objects", request.run_id, swept)
+        parts = await heartbeating(asyncio.to_thread(prune_step_parts, self.store, request.run_id))
+        if parts:
+            activity.logger.info("run %s: deleted %d parts of learner steps", request.run_id, parts)
         return PrunePoliciesResponse(deleted=deleted)

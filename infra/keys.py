@@ -159,6 +159,14 @@ def learner_step_groups_key(run: str, step: int, sha256: str) -> str:
     return f"{learner_prefix(run)}step-{step:06d}-groups-{sha256}.json"
 
 
+def learner_step_groups_of(run: str, key: str) -> int | None:
+    """The step whose groups `key` is a part of (a `learner_step_groups_key` of `run`), None for
+    any other key (the learner's acks and ledger beside the parts included)."""
+    name = key.removeprefix(learner_prefix(run))
+    match = re.fullmatch(r"step-(\d+)-groups-[0-9a-f]{64}\.json", name)
+    return int(match.group(1)) if match and name != key else None
+
+
 def learner_ledger_key(run: str, segment: int) -> str:
     return f"{learner_prefix(run)}ledger-{segment:06d}.json"
 

@@ -1,5 +1,5 @@
-"""Retention of a run's policy versions (which to delete, and the blobs only they name) and of
-its workspace snapshots.
+"""Retention of a run's policy versions (which to delete, and the blobs only they name), of
+its workspace snapshots and of its learner's stored groups.
 
     prune_versions(store, run, keep=K)   # a finished run (`tempered runs prune`): all but v0,
                                          # the one latest.json names and the newest K, then
@@ -11,6 +11,10 @@ its workspace snapshots.
                                          # activity `prune_policies`): versions S .. B-1, the
                                          # earlier ones deleted by the prunes before (S = None:
                                          # versions 1 .. B-1, every one listed looked at)
+    prune_step_parts(store, run)         # the stored parts of the learner's groups: a live
+                                         # prune (`prune_policies`) those of each step below
+                                         # the newest ack, a finished run's (`prune_versions`)
+                                         # every one
     with reading(store, run, version, reader):   # `tempered eval --run`: kept meanwhile
         ...
 
@@ -56,6 +60,24 @@ snapshots of an episode that never wrote a trajectory (its task failed, or the r
 stopped) until the run's prune, nor those of a run without `keep_versions` (no live prune
 runs) or of its evaluations (runs of their own) until then; snapshots that no step named the
 episode of, or that an older build stored, among the shared trees, are never deleted.
+
+A learner's stored groups (`keys.learner_step_groups_key`: a step's groups past a payload,
+workflows/learner_request.py, and pending groups a segment hands on past one, workflows/
+learner_carry.py; both named by the learner's step when stored) are read by every attempt of
+that step's `train_step`, before it looks for its ack (a retry compares the ack's groups with
+them), and by the next segment, before it trains that step. The ack of step s + 1 proves both
+over for step s's parts: the learner asks step s + 1 only once step s's activity has completed
+(no attempt of it is scheduled again; one left running reports to no one), and a segment reads
+what its input names before it trains. Not so step s's own ack: an attempt whose heartbeats
+were lost may have written it while the retry that reads the parts is still to come. So a live
+prune deletes the parts of each step s whose step s + 1's ack it lists beside them (the newest
+acknowledged step's, the step being stored and a carry at the learner's current step stay: at
+most two steps' and a carry's, ~6 MB at 64 groups of G = 256), and a finished run's prune every
+part. It lists the learner's folder each time (about a key a step: a request per 1,000 steps), so
+a part stored after a prune (an orphaned attempt of `store_step_groups`) goes with the next.
+Not covered until `runs prune`: the parts of a run without `keep_versions` (no live prune
+runs), and a final state's carried parts and its last step's; nor a learner reset (Temporal) to
+before a step that a prune running meanwhile finds acknowledged above.
 """
 
 from __future__ import annotations
@@ -94,10 +116,11 @@ class PolicyReader(BaseModel):
 
 def prune_versions(store: ObjectStore, run_id: str, keep: int) -> list[int]:
     """Delete the versions of a finished run but version 0, the newest `keep` and (`keep` > 0)
-    the one latest.json names, then every blob no kept version names, and the workspace
-    snapshots of the run and of its evaluations. Returns the versions deleted (an S3 store may
-    still list their empty prefixes). The caller makes sure nothing serves the run any more;
-    a version a live reader marks stays all the same."""
+    the one latest.json names, then every blob no kept version names, the workspace snapshots
+    of the run and of its evaluations, and every stored part of its learner's groups
+    (`prune_step_parts`). Returns the versions deleted (an S3 store may still list their empty
+    prefixes). The caller makes sure nothing serves the run any more; a version a live reader
+    marks stays all the same."""
     versions = policy_versions(store, run_id)
     live, ended = _readers(store, run_id)
     kept = {0, *live}
@@ -113,6 +136,7 @@ def prune_versions(store: ObjectStore, run_id: str, keep: int) -> list[int]:
     ]
     for run in (run_id, *evaluations):
         prune_snapshots(store, run, finished=True)
+    prune_step_parts(store, run_id, finished=True)
     return deleted
 
 
@@ -125,6 +149,20 @@ def prune_snapshots(store: ObjectStore, run_id: str, finished: bool = False) -> 
         done = {keys.trajectory_episode(run_id, key) for key in trajectories} - {None}
         stored = [key for key in stored if keys.snapshot_episode(run_id, key) in done]
     return store.delete_keys(stored)
+
+
+def prune_step_parts(store: ObjectStore, run_id: str, finished: bool = False) -> int:
+    """Delete the stored parts of `run_id`'s learner groups of each step whose next step is
+    acknowledged, or (`finished`: no learner works on the run any more) every one. Returns how
+    many objects."""
+    listed = set(store.list_keys(keys.learner_prefix(run_id)))
+    doomed = [
+        key
+        for key in sorted(listed)
+        if (step := keys.learner_step_groups_of(run_id, key)) is not None
+        and (finished or keys.learner_ack_key(run_id, step + 1) in listed)
+    ]
+    return store.delete_keys(doomed)
 
 
 def prune_below(store: ObjectStore, run_id: str, below: int, since: int | None = None) -> list[int]:

@@ -9,8 +9,8 @@
     tempered runs rm RUN [RUN ...] [--force]      delete runs: their objects (their evaluations'
                                                   too) and their locally cached policy versions
     tempered runs prune RUN [...] [--keep K]      delete policy versions but v0 and the newest K,
-                                                  and the workspace snapshots of the run and of
-                                                  its evaluations
+                                                  the workspace snapshots of the run and of its
+                                                  evaluations, and its learner's stored groups
 
 `rm` and `prune` refuse a run that a workflow still works on (its training run, its learner, its
 tasks, or an evaluation of it: `runs_busy.py`), and (without `--force`) any run when Temporal
@@ -75,7 +75,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     remove.set_defaults(func=runs_rm)
     prune = actions.add_parser(
-        "prune", help="delete finished runs' older policy versions and their workspace snapshots"
+        "prune",
+        help="delete finished runs' older policy versions, their workspace snapshots and their "
+        "learner's stored groups",
     )
     prune.add_argument("runs", nargs="+", metavar="RUN", type=run_id)
     prune.add_argument(
@@ -284,7 +286,7 @@ def runs_prune(args: argparse.Namespace, settings: Settings) -> int:
         named = ", ".join(f"v{v}" for v in doomed) or "none"
         print(
             f"pruned run {run}: deleted policy versions {named}, the workspace snapshots of the "
-            "run and of its evaluations, and its cached policies"
+            "run and of its evaluations, its learner's stored groups and its cached policies"
         )
     return 0
 
