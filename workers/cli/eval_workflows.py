@@ -1,13 +1,17 @@
 """How `tempered eval` (`workers/cli/evaluate.py`) runs its tasks in Temporal: the queues it
 needs polled before any starts (`unserved_queues`), and each task's AgentTaskWorkflow,
-`concurrency` at a time (`evaluate`). Where one task's workflow fails, the others it started
-are cancelled in Temporal and none waits to start (`TaskFailed`): `asyncio.gather` raised at
-the first failure and left the others running there, with nothing to end them. So are they
-on Ctrl-C (`asyncio.run` cancels `evaluate`), a start on its way included (it is let finish,
-then cancelled), before the command exits 130 saying so: they ran on there, waiting for a
-model. Cancelled, not terminated: a task closes its workspace sessions as it ends
-(`workflows/agent_task.py`). A second Ctrl-C while the cancels go out stops them (asyncio.run's
-own rule).
+`concurrency` at a time (`evaluate`).
+
+Whatever stops the evaluation before every task is done -- a task's workflow that failed
+(`TaskFailed`), Ctrl-C (`asyncio.run` cancels `evaluate`), or any other error (an `RPCError`
+once Temporal was unreachable past the client's retries) -- none waits to start any more, a
+start on its way is let finish, and every workflow started is cancelled in Temporal before the
+error goes on: they ran on there, waiting for a model, with nothing to end them (`asyncio.gather`
+raised at the first error and left them; only a failed task and Ctrl-C cancelled them). One line
+says how many were cancelled (the cancels that went through: Temporal may not be reached) and
+names any it could not cancel. Cancelled, not terminated: a task closes its workspace sessions
+as it ends (`workflows/agent_task.py`). A second Ctrl-C while the cancels go out stops them
+(asyncio.run's own rule).
 
     unserved = await unserved_queues(settings)      # ["tempered-sandbox"]: no worker polls it
     results = await evaluate(settings, spec, tasks, eval_run, version, concurrency=64)
@@ -18,22 +22,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 from temporalio.client import WorkflowFailureError, WorkflowHandle
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from contracts.names import Queue
 from contracts.rollout import AgentTaskResult
 from contracts.run import TrainingRunInput
 from contracts.task import TaskSpec
+from infra.aio import all_or_cancel
 from infra.settings import Settings
 from workers.backlog import queue_backlogs
+from workers.cli.errors import describe
 from workers.runtime import connect
 from workflows.agent_task import AgentTaskWorkflow
 
 EVAL_QUEUES = frozenset(q.value for q in Queue) - {Queue.LEARNER.value}
 """The queues an evaluation's tasks go through: the workflows', inference, sandbox, rewards."""
+
+Handle = WorkflowHandle[Any, AgentTaskResult]
 
 
 async def unserved_queues(settings: Settings) -> list[str]:
@@ -44,14 +52,35 @@ async def unserved_queues(settings: Settings) -> list[str]:
 
 
 class TaskFailed(Exception):
-    """An evaluation task's workflow failed; the others it started were cancelled."""
+    """An evaluation task's workflow failed; the others it started were cancelled (`cleared`
+    says how many, once their cancels are done)."""
 
-    def __init__(self, task: str, cause: WorkflowFailureError, cancelled: int):
-        why = cause.cause or cause
-        super().__init__(
-            f"task {task!r} failed ({why}); the {cancelled} other started task(s) were "
-            "cancelled where still running; nothing was reported"
-        )
+    def __init__(self, task: str, cause: WorkflowFailureError):
+        super().__init__(task, cause)
+        self.task, self.why = task, cause.cause or cause
+        self.cleared = Cleared(0, [])
+
+    def __str__(self) -> str:
+        return f"task {self.task!r} failed ({self.why}); the {self.cleared.said('other ')}"
+
+
+class Cleared(NamedTuple):
+    """The started workflows an error's clean-up cancelled (`cancelled`: the cancels that went
+    through; one ended already is not counted) and those whose cancel failed (`missed`)."""
+
+    cancelled: int
+    missed: list[tuple[str, RPCError]]
+
+    def said(self, other: str = "") -> str:
+        """ "3 started task(s) were cancelled where still running; nothing was reported" """
+        said = f"{self.cancelled} {other}started task(s) were cancelled where still running"
+        if self.missed:
+            ids = ", ".join(workflow for workflow, _ in self.missed)
+            said += (
+                f"; {len(self.missed)} could not be ({describe(self.missed[0][1])}), still "
+                f"running there: {ids} (`temporal workflow cancel --workflow-id ID` each)"
+            )
+        return f"{said}; nothing was reported"
 
 
 async def evaluate(
@@ -62,63 +91,75 @@ async def evaluate(
     version: int,
     concurrency: int,
 ) -> list[AgentTaskResult]:
-    """Each task's AgentTaskWorkflow, `concurrency` at a time; TaskFailed at the first that
-    fails, once every other one started is cancelled in Temporal and none waits to start
-    (`asyncio.gather` raised at the first failure and left the others running there); cancelled
-    itself (Ctrl-C), every one started is cancelled there before it re-raises, saying so."""
+    """Each task's AgentTaskWorkflow, `concurrency` at a time, its results in order. Any error
+    (TaskFailed at the first that fails, Ctrl-C's cancel, an RPCError) stops those waiting to
+    start and cancels every one started, in Temporal, before it is raised (see the module)."""
     client = await connect(settings)
     slots = asyncio.Semaphore(concurrency)
-    started: list[WorkflowHandle[Any, AgentTaskResult]] = []
-    failed: list[TaskFailed] = []
+    running: list[Handle] = []  # started, and not seen to end: the ones an error cancels
+    stopped = asyncio.Event()
 
     async def one(task: TaskSpec) -> AgentTaskResult | None:
         async with slots:
-            if failed:
+            if stopped.is_set():  # the slot an error freed, before that error cancels this run
                 return None
-            starting = asyncio.ensure_future(
-                client.start_workflow(
-                    AgentTaskWorkflow.run,
-                    spec.eval_input(task, eval_run, version),
-                    id=f"{eval_run}-{task.id}",
-                    task_queue=Queue.AGENT_TASKS.value,
-                )
-            )
-            try:  # a start cut short may still be made on the server: let it end, then cancel
-                handle = await asyncio.shield(starting)
-            except asyncio.CancelledError:
-                with contextlib.suppress(Exception):  # one that failed started nothing
-                    started.append(await starting)
-                raise
-            started.append(handle)
-            if failed:  # started while another failed: the cancels went out without it
-                await _cancel(handle)
             try:
-                return await handle.result()
-            except WorkflowFailureError as exc:
-                if not failed:
-                    others = [h for h in started if h is not handle]
-                    failed.append(TaskFailed(task.id, exc, len(others)))
-                    await asyncio.gather(*(_cancel(h) for h in others))
-                return None
+                return await start_and_wait(task)
+            except BaseException:
+                stopped.set()
+                raise
 
-    runs = [asyncio.ensure_future(one(task)) for task in tasks]
-    try:
-        results = await asyncio.gather(*runs)
-    except asyncio.CancelledError:  # Ctrl-C: none of them goes on without this command
-        await asyncio.gather(*runs, return_exceptions=True)  # the cut gather ended at the first
-        await asyncio.gather(*(_cancel(h) for h in started))
-        print(
-            f"tempered eval: interrupted; the {len(started)} started task(s) were cancelled "
-            "where still running; nothing was reported",
-            file=sys.stderr,
+    async def start_and_wait(task: TaskSpec) -> AgentTaskResult:
+        starting = asyncio.ensure_future(
+            client.start_workflow(
+                AgentTaskWorkflow.run,
+                spec.eval_input(task, eval_run, version),
+                id=f"{eval_run}-{task.id}",
+                task_queue=Queue.AGENT_TASKS.value,
+            )
         )
+        try:  # a start cut short may still be made on the server: let it end, then cancel
+            handle = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # one that failed started nothing
+                running.append(await starting)
+            raise
+        running.append(handle)
+        try:
+            result = await handle.result()
+        except WorkflowFailureError as exc:  # it has ended: Temporal says OK to its cancel
+            running.remove(handle)
+            raise TaskFailed(task.id, exc) from exc
+        running.remove(handle)
+        return result
+
+    try:  # the first error cancels the other runs and waits for them (a start on its way ends)
+        results = await all_or_cancel(one(task) for task in tasks)
+    except BaseException as exc:  # none of them goes on without this command
+        cleared = await _cancel_all(running)
+        if isinstance(exc, TaskFailed):  # evaluate.py says it, with the task
+            exc.cleared = cleared
+        else:
+            why = "interrupted" if isinstance(exc, asyncio.CancelledError) else describe(exc)
+            print(f"tempered eval: {why}; the {cleared.said()}", file=sys.stderr)
         raise
-    if failed:
-        raise failed[0]
     return [result for result in results if result is not None]
 
 
-async def _cancel(handle: WorkflowHandle[Any, AgentTaskResult]) -> None:
-    """Ask Temporal to cancel a task's workflow; one that has ended already is left as it is."""
-    with contextlib.suppress(RPCError):
+async def _cancel_all(started: list[Handle]) -> Cleared:
+    """Cancel each workflow started, in Temporal, at once."""
+    outcomes = await asyncio.gather(*(_cancel(handle) for handle in started))
+    missed = [
+        (h.id, err) for h, err in zip(started, outcomes, strict=True) if isinstance(err, RPCError)
+    ]
+    return Cleared(outcomes.count(True), missed)
+
+
+async def _cancel(handle: Handle) -> bool | RPCError:
+    """Ask Temporal to cancel a task's workflow: True where it did, False where it answered that
+    the workflow has ended (NOT_FOUND; the dev server answers OK), the error where it failed."""
+    try:
         await handle.cancel()
+    except RPCError as err:
+        return False if err.status is RPCStatusCode.NOT_FOUND else err
+    return True

@@ -36,7 +36,8 @@ a word). Nothing is written before all of that passed; then a workspace suite's 
 tasks taken are put in the store, as a run's `load_tasks` puts them (`eval_tasks.store_trees`).
 A task whose workflow fails exits 1, naming it, once the other tasks started are cancelled in
 Temporal (`eval_workflows.py`); Ctrl-C exits 130 once every task started is (they waited for a
-model there, for ever where no worker served them). Held-out evals during training are the
+model there, for ever where no worker served them); any other error (Temporal lost) exits 1
+once every task started is cancelled. Held-out evals during training are the
 TrainingRunWorkflow's, not this command's.
 
 A run that still trains with `keep_versions` deletes its old versions as it goes, and knows
