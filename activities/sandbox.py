@@ -14,7 +14,10 @@ first item that fails cancels its siblings (`activities.heartbeat.heartbeating_e
 What the program does is a result (passed/failed/error/timeout/memory_exceeded); a platform
 fault (`SandboxInfraError`) or an S3 failure raises a retryable error and is never an outcome.
 A code ref that does not exist, or a program + tests too large for the backend to carry
-(`JobTooLarge`), raises a non-retryable ApplicationError naming the item.
+(`JobTooLarge`), raises a non-retryable ApplicationError naming the item; hidden tests that break
+`hidden_tests_problem`'s rule (which `judge.split_tests` refuses with a ValueError) one naming
+`hidden_tests`, before any program runs (a task is checked where it starts, within
+`CHECKED_TESTS_CHARS`: one started before that check, or past it, reaches here).
 
 Served by `tempered worker sandbox` (workers/sandbox.py).
 """
@@ -36,6 +39,7 @@ from contracts.sandbox import (
     ExecuteResponse,
     ExecutionResult,
 )
+from contracts.task_tests import hidden_tests_problem
 from infra import keys
 from infra.circuit import CircuitBreaker, CircuitOpenError, CircuitState
 from infra.sandbox import SandboxBackend, SandboxInfraError, get_backend
@@ -86,6 +90,8 @@ class SandboxActivities:
     async def execute(self, req: ExecuteRequest) -> ExecuteResponse:
         if not req.items:
             raise invalid("items", "nothing to execute")
+        if problem := hidden_tests_problem(req.hidden_tests):  # split_tests' ValueError, each try
+            raise invalid("hidden_tests", problem)
         record_queue_wait()
         attempt = activity.info().attempt
         outcomes = await heartbeating_each(

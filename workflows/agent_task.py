@@ -71,7 +71,7 @@ with workflow.unsafe.imports_passed_through():
         WriteTrajectoriesResponse,
     )
     from contracts.sandbox import ExecuteOutcome, ExecuteResponse
-    from contracts.task import AgentTaskInput, EnvName, group_steps_problem
+    from contracts.task import AgentTaskInput, EnvName, TaskSpec, group_steps_problem
     from workflows.activity_options import activity_options
     from workflows.episodes import EpisodeGroup
     from workflows.fsm import State, advance, after_feedback
@@ -109,6 +109,20 @@ TASK_SIZE_PATCH = "tempered-task-size-bounded"
 (`group_steps_problem`); asked only of such a task, so a task within the bound records nothing,
 and one started before the bound (valid then) replays as it ran."""
 
+TESTS_CHECKED_PATCH = "tempered-task-tests-checked"
+"""Marks tasks whose tests break `TaskSpec.load_problem` (hidden tests with no top-level assert,
+or an entry point and no `check(candidate)`), failed at their start as invalid naming the field:
+a task started by hand is checked as task files are where they load. Asked only of such a task,
+so a good task records nothing, and a broken one started before (retried for ever in `execute`,
+or DONE with every program failed) replays as it ran. Only tests within `CHECKED_TESTS_CHARS`
+are checked here (`tests_problem`)."""
+CHECKED_TESTS_CHARS = 64 * 1024
+"""A task's tests, hidden tests and helpers together past this are not checked at its start: the
+check parses them (`ast`, no I/O), about a microsecond a character holding the GIL, tens of
+microseconds for a task's few kB, and a workflow activation that takes 2 s (with the others the
+worker runs at once) fails as a deadlock, retried for ever (1.5 MB of tests did). Broken hidden
+tests past it still fail the task, at its first `execute` (non-retryable `InvalidInput`)."""
+
 CODE_FEEDBACK_PATCH = "tempered-task-code-feedback-shown"
 """Marks `code` runs that upsert FEEDBACK (with their last step's figures) as they start writing
 their trajectories, in the workflow task that schedules the write, as a `workspace` run does
@@ -128,6 +142,13 @@ def parse_task_input(raw: AgentTaskInput | dict[str, Any]) -> AgentTaskInput:
         raise fail(ErrorType.INVALID_TASK, f"invalid task: {problems}") from None
 
 
+def tests_problem(task: TaskSpec) -> str | None:
+    """`TaskSpec.load_problem` of a task whose tests are within `CHECKED_TESTS_CHARS`, else None."""
+    if len(task.tests) + len(task.hidden_tests) + len(task.helpers) > CHECKED_TESTS_CHARS:
+        return None
+    return task.load_problem()
+
+
 @workflow.defn(name="AgentTaskWorkflow", sandboxed=False)
 class AgentTaskWorkflow:
     def __init__(self) -> None:
@@ -145,6 +166,9 @@ class AgentTaskWorkflow:
         too_large = group_steps_problem(task_input.group_size, task_input.max_turns)
         if too_large and workflow.patched(TASK_SIZE_PATCH):  # asked only of a task too large
             raise fail(ErrorType.INVALID_TASK, f"invalid task: {too_large}")
+        broken = tests_problem(task_input.task)
+        if broken and workflow.patched(TESTS_CHECKED_PATCH):  # asked only of broken tests
+            raise fail(ErrorType.INVALID_TASK, f"invalid task: task.{broken}")
         group = self._group = EpisodeGroup(task_input)
         self._lean = workflow.patched(FEWER_WRITES_PATCH)
         if not (self._lean and "task" in workflow.memo()):  # else the start carried it
