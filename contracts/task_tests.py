@@ -28,12 +28,9 @@ def hidden_tests_problem(hidden: str) -> str:
     (one unit that passes when it runs), would pass every program. Text that does not parse is
     left to the checker, which fails every program on it ("a hidden test failed (SyntaxError)").
     """
-    if not hidden:
+    if not hidden or (tree := parsed(hidden)) is None:
         return ""
-    try:
-        body = ast.parse(hidden).body
-    except SyntaxError:
-        return ""
+    body = tree.body
     example = "write each hidden test as a top-level assert, e.g. `assert add(40, 2) == 42`"
     if _uncalled_check(body):
         return (
@@ -48,6 +45,17 @@ def hidden_tests_problem(hidden: str) -> str:
     return ""
 
 
+def parsed(source: str) -> ast.Module | None:
+    """`source` parsed, or None where it does not parse: a syntax error, a null byte (ValueError
+    on some Pythons), or nesting past the parser's stack (`'-' * 200_000 + '1'`: MemoryError,
+    RecursionError), which would otherwise fail every workflow task that checks it, for ever.
+    The one parse of tests' text, for the rules here and the host's count (`judge.split_tests`)."""
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+
+
 def defines_check(*sources: str) -> bool:
     """Whether one of `sources` (the tests, the helpers: the checker runs both in the namespace
     it calls `check(<entry point>)` from) defines `check` at module level: a `def` or `class`,
@@ -55,11 +63,10 @@ def defines_check(*sources: str) -> bool:
     local or a loop variable named `check` is none); True for text that does not parse (the
     verifier reports it). The rule, in its one home: a code task's entry point needs it
     (`TaskSpec.load_problem`); `tempered sandbox run --entry-point` asks the same."""
-    try:
-        trees = [ast.parse(source) for source in sources]
-    except (SyntaxError, ValueError):  # ValueError: a null byte
+    trees = [parsed(source) for source in sources]
+    if any(tree is None for tree in trees):
         return True
-    return any(_binds_check(statement) for tree in trees for statement in tree.body)
+    return any(_binds_check(statement) for tree in trees if tree for statement in tree.body)
 
 
 def _binds_check(statement: ast.stmt) -> bool:
@@ -86,10 +93,8 @@ def _binds_check(statement: ast.stmt) -> bool:
 def uncalled_check(tests: str) -> bool:
     """Whether `tests` define a top-level `check` that nothing in them calls (HumanEval's form,
     which only an entry point calls). False for text that does not parse."""
-    try:
-        return _uncalled_check(ast.parse(tests).body)
-    except SyntaxError:
-        return False
+    tree = parsed(tests)
+    return tree is not None and _uncalled_check(tree.body)
 
 
 def _uncalled_check(body: list[ast.stmt]) -> bool:

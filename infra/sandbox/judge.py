@@ -51,7 +51,7 @@ from typing import Any, Literal
 
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import SandboxLimits
-from contracts.task_tests import hidden_tests_problem
+from contracts.task_tests import hidden_tests_problem, parsed
 from infra.sandbox.base import SandboxInfraError
 from infra.sandbox.process import Capture
 
@@ -91,9 +91,8 @@ def split_tests(tests: str, entry_point: str | None, hidden: str = "") -> list[d
 def _split(tests: str, whole_is_test: bool) -> list[dict[str, object]]:
     if not tests:
         return []
-    try:
-        tree = ast.parse(tests)
-    except SyntaxError:
+    tree = parsed(tests)
+    if tree is None:
         return [{"test": whole_is_test, "line": 1, "source": tests}]
     if not any(isinstance(stmt, ast.Assert) for stmt in tree.body):
         return [{"test": whole_is_test, "line": 1, "source": tests}]

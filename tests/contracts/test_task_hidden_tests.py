@@ -13,6 +13,7 @@ import pytest
 
 from contracts.task import TaskSpec
 from contracts.task_tests import hidden_tests_problem
+from infra.sandbox.judge import split_tests
 from infra.tasks.jsonl import read_jsonl
 
 SHOWN = "def check(candidate):\n    assert candidate(1, 2) == 3\n"
@@ -56,3 +57,21 @@ def test_a_task_file_with_check_form_hidden_tests_is_refused(tmp_path: Path) -> 
         ValueError, match=rf"^{re.escape(str(path))}:1: .*hidden_tests: they define check"
     ):
         read_jsonl(path)
+
+
+@pytest.mark.parametrize(
+    "text", ["-" * 200_000 + "1", "(" * 300_000, "assert 1\0"], ids=["deep", "parens", "nul"]
+)
+def test_text_past_the_parser_is_a_task_that_does_not_parse(text: str) -> None:
+    """Nesting past the parser's stack raised MemoryError out of the check, in a task's
+    workflow (which runs it at the start: workflows/agent_task.py), failing its workflow task on
+    every retry; such text is one that does not parse, in the rules and in the host's count."""
+    assert task(text).load_problem() is None  # left to the checker, which fails every program
+    spec = TaskSpec(id="add", prompt="Write add.", entry_point="add", tests=text)
+    assert spec.load_problem() is None and hidden_tests_problem(text) == ""
+    assert split_tests(SHOWN, "add", text)[-1] == {
+        "test": True,
+        "line": 1,
+        "source": text,
+        "hidden": True,
+    }
