@@ -12,7 +12,8 @@ its deadline, how long the candidate may take to come up, the candidate's rlimit
 2. builds the test namespace: a proxy for each callable the program defines (`checker_calls.
    Proxy`: a call of it is a call of the program's, over the pipes), the program's small
    plain-data globals, then the task's helpers (code from the task's prompt, trusted) run
-   *here*, so `poly`, `encode_cyclic` or `check` always mean the task's own;
+   *here*, so `poly`, `encode_cyclic` or `check` always mean the task's own. A builtin's name
+   is the program's only where the task names it as under test (`Run.namespace`);
 3. runs every test unit (`judge.split_tests`), `check(<entry point>)`, then the hidden units,
    and writes one verdict frame to `job_fd`: {status, tests_passed, tests_total, error,
    exc_type, lost}. A hidden unit (`TaskSpec.hidden_tests`) counts like any other, but its
@@ -115,6 +116,12 @@ class Run:
             for u in job.get("units") or []
         ]
         self.entry_point = str(job["entry_point"]) if job.get("entry_point") else None
+        self.under_test = frozenset(
+            str(name) for name in [self.entry_point, *(job.get("under_test") or [])] if name
+        )
+        """The names the task says the tests call as the program's functions: its entry point,
+        and the job's "under_test" (the functions kind's: what the task's own modules define),
+        which no host sends yet."""
         self.total = bool(self.entry_point) + sum(unit[0] for unit in self.units)
         self.passed, self.worst, self.error, self.exc_type = 0, "passed", "", ""
 
@@ -172,16 +179,39 @@ class Run:
         return None
 
     def namespace(self, exports: dict[str, object]) -> dict[str, object]:
+        """The tests' globals: the program's exports, except dunder names (`__builtins__` would
+        replace the tests' builtins) and builtins' names, so a program's `abs = lambda x: 0` or
+        `def isinstance(*a)` never reaches a test that uses them as tools. The names under test
+        (`under_test`: the entry point) are the program's even where a builtin has the name,
+        and even where the program does not define them (a call then fails as the program's):
+        else a task's `sum` or `round` was the builtin in every test calling it by name, which
+        passed a wrong or empty program and failed an honest one.
+
+        That opens no forge: the task, never the program, names them, and a test's call of such
+        a name is a call of the function under test (as in HumanEval's one module, where the
+        program's `def round` shadows the builtin too), so what the program answers there is
+        what the asserts judge. With an entry point named `isinstance`, a test's `isinstance(x,
+        int)` is the program's answer being checked, not a check the program can make lie; a
+        task that also meant the builtin by that name cannot have both, in one module or here.
+        Every other builtin name stays the builtin, whatever the program defines: what the
+        program defines never makes a name under test, since in the functions kind the agent
+        writes the modules, and its `abs = lambda x: 0` would be "defined by a module under
+        test" as much as its `filter`; only the task's own tree can say which names its tests
+        are about (the job's "under_test"). Until a host sends them, a module's `filter` stays
+        the builtin in such a check's asserts (tests/infra/sandbox/test_builtin_named.py)."""
         namespace: dict[str, object] = {"__name__": "__main__", "__builtins__": builtins}
         for name, export in exports.items():
-            if type(name) is not str or not name.isidentifier() or hasattr(builtins, name):
+            if type(name) is not str or not name.isidentifier() or name.startswith("__"):
                 continue
-            if name.startswith("__"):  # `__builtins__` would replace the tests' builtins
+            if hasattr(builtins, name) and name not in self.under_test:
                 continue
             if export is None:
                 namespace[name] = Proxy(self.channel, name)
             elif type(export) is tuple and len(export) == 1:
                 namespace[name] = export[0]
+        for name in self.under_test:
+            if name.isidentifier() and not name.startswith("__") and name not in namespace:
+                namespace[name] = Proxy(self.channel, name)
         self.channel.namespace = namespace
         return namespace
 
