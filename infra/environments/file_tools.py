@@ -11,6 +11,11 @@ checked as its commands' are (`paths.as_user`): what the agent's shell may not r
 error observation, never opened: a FIFO's open would wait. `read_file` returns at most
 `output_bytes` of UTF-8 text (a cut is said), `write_file` at most `file_size_mb`.
 
+`write_file` rewrites a file in place, as the shell's `>` does (its inode, mode, owner and hard
+links kept; a writable file in a 0555 directory written), but first allocates the room its new
+content takes (`posix_fallocate`): on a full workspace it fails before a byte changes. Before,
+it truncated the file, then failed midway with ENOSPC, and the half-written file was stored.
+
 A path out of the workspace raises `paths.PathError`, and a failed system call OSError: the
 caller (`workspace.py`'s step) makes the agent's of them an error observation.
 """
@@ -29,9 +34,10 @@ from infra.environments.paths import as_user, beneath, resolve
 from infra.environments.sessions import Session
 
 READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+WRITE = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 """How the file tools open the last component of a path (below `paths.beneath`'s directory):
-never through a link, never waiting (a FIFO swapped in since its stat)."""
+never through a link, never waiting (a FIFO swapped in since its stat). `write_file` adds
+O_CREAT | O_EXCL for a file it makes (removed again if its write fails)."""
 
 
 def read_file(session: Session, path: str, limits: SandboxLimits) -> Observation:
@@ -78,9 +84,30 @@ def write_file(session: Session, path: str, content: str, limits: SandboxLimits)
             kind = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
             if not stat.S_ISREG(kind):  # a FIFO's open would fail (ENXIO), or wait for a reader
                 return _not_a_file(path, kind)
-        with os.fdopen(os.open(name, WRITE, 0o644, dir_fd=parent), "wb") as handle:
-            handle.write(data)
+        _rewrite(parent, name, data)
     return Observation(f"wrote {len(data)} bytes to {relative}")
+
+
+def _rewrite(parent: int, name: str, data: bytes) -> None:
+    """Make the file `name` (under the open directory `parent`, made 0644 if missing) hold
+    `data`, all of whose room is allocated first: an OSError (ENOSPC) leaves it as it was, or
+    not there."""
+    try:
+        fd, made = os.open(name, WRITE | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=parent), True
+    except FileExistsError:
+        fd, made = os.open(name, WRITE, dir_fd=parent), False
+    try:
+        if data:  # an error past here: the file unchanged (tmpfs undoes a failed allocation)
+            os.posix_fallocate(fd, 0, len(data))
+        with os.fdopen(os.dup(fd), "wb") as handle:
+            handle.write(data)  # into pages already allocated
+        os.ftruncate(fd, len(data))
+    except BaseException:
+        if made:
+            os.unlink(name, dir_fd=parent)
+        raise
+    finally:
+        os.close(fd)
 
 
 def _not_a_file(path: str, mode: int) -> Observation:

@@ -80,6 +80,8 @@ from infra.settings import WorkspaceSettings
 log = logging.getLogger("tempered.sessions")
 SWEEP_S = 30.0
 """How often the sweeper looks for idle sessions and dead workers' leftovers."""
+WORKSPACE_MODE = 0o700
+"""A workspace root's mode, as made and as each step leaves it (`Session.reset_root_mode`)."""
 
 
 @dataclass
@@ -111,6 +113,13 @@ class Session:
     @property
     def workspace(self) -> Path:
         return self.directory / "ws"
+
+    def reset_root_mode(self) -> None:
+        """Put the workspace root back to `WORKSPACE_MODE` (after a step, before its snapshot).
+        No tree holds the root's mode, so the agent's `chmod 555 .` made the live workspace
+        differ from its restore, and `chmod 000 .` kept the next command's sandbox out of it (a
+        platform fault, retried). Its owner is not the agent's to change."""
+        os.chmod(self.workspace, WORKSPACE_MODE)
 
 
 class SessionHost:
@@ -180,7 +189,7 @@ class SessionHost:
         session = Session(session_id, slot, directory, spec, Scanner(self.quota_bytes))
         try:
             directory.mkdir(mode=0o711)
-            session.workspace.mkdir(mode=0o700)
+            session.workspace.mkdir(mode=WORKSPACE_MODE)
             self._prepare(session)
         except BaseException:
             remove_tree(directory)
@@ -199,7 +208,7 @@ class SessionHost:
         if not self.quota(session.workspace, session.uid) and os.geteuid() == 0:
             os.chown(session.workspace, session.uid, session.uid)
 
-    def quota(self, path: Path, uid: int, mode: int = 0o700) -> bool:
+    def quota(self, path: Path, uid: int, mode: int = WORKSPACE_MODE) -> bool:
         """Give the empty directory `path` a workspace's quota, a tmpfs of its own owned by
         `uid`, where workspaces have one; returns whether it did."""
         if self.tmpfs:
@@ -211,7 +220,7 @@ class SessionHost:
         if self.tmpfs:
             unmount(session.workspace)
         remove(session.workspace)
-        session.workspace.mkdir(mode=0o700)
+        session.workspace.mkdir(mode=WORKSPACE_MODE)
         self._prepare(session)
 
     @contextlib.asynccontextmanager

@@ -16,7 +16,8 @@ Tools (`contracts.episode.WORKSPACE_TOOLS`; a call's arguments are checked by `t
 - `submit`: ends the episode; the workspace as it is is graded at DONE.
 
 A malformed call, an unknown tool, bad arguments or a path out of the workspace give an error
-observation (a step like any other). After every step the workspace is snapshotted
+observation (a step like any other). After every step the workspace root is put back to its
+mode (no tree holds it: `Session.reset_root_mode`) and the workspace is snapshotted
 (`snapshots.py`: only changed files uploaded); the new state names the snapshot and the tree
 digest. What no snapshot can hold (a FIFO, a name that is not UTF-8: `walk.py`) is removed
 after the step and named in its observation, so a session restored after a crash is the
@@ -221,6 +222,7 @@ class WorkspaceEnvironment:
             """One trip to a thread: the scan (its TreeError returned: the step is undone), then
             the commit if the tree changed."""
             scanner = session.scanner
+            session.reset_root_mode()
             try:
                 entries, new = scanner.scan(session.workspace, previous.packed(), prune=True)
             except TreeError as exc:
