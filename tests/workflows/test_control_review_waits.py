@@ -24,6 +24,7 @@ from contracts.learner import GRPOConfig, HistoryBudget, TrainStepRequest, Train
 from contracts.names import Activity, Queue
 from contracts.run import LoadTasksResponse, RunResume, TrainingRunInput, draw_order, drawn_task
 from infra.storage import ObjectStore
+from tests.fixtures.learner_standins import BusyLearner, StalledLearner
 from tests.fixtures.temporal import time_skipping_server
 from tests.workflows.control_plane import (
     ScriptedSuite,
@@ -33,7 +34,6 @@ from tests.workflows.control_plane import (
     run_histories,
 )
 from tests.workflows.test_training_run_children import failure
-from tests.workflows.test_training_run_fails_at_once import BusyLearner, StalledLearner
 from workflows.training_run import TrainingRunWorkflow
 
 RUN = TrainingRunInput(

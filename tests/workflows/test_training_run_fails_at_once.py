@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio import activity, workflow
 from temporalio.client import WorkflowHistory
-from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from contracts.errors import ErrorType, fail
@@ -35,6 +34,13 @@ from contracts.learner import GRPOConfig, LearnerProgress, TrainStepRequest, Tra
 from contracts.names import Activity, Queue, Signal, eval_run_id
 from contracts.run import LoadTasksResponse, RunResume, TrainingRunInput
 from infra.storage import ObjectStore
+from tests.fixtures.learner_standins import (
+    BusyLearner,
+    GatedAgentTask,
+    StalledLearner,
+    quiet,
+    release,
+)
 from tests.fixtures.temporal import TemporalServer, time_skipping_server
 from tests.workflows.control_plane import (
     ScriptedSuite,
@@ -46,6 +52,7 @@ from tests.workflows.harness import connect
 from tests.workflows.replaying import replay
 from tests.workflows.test_training_run import FailingAgentTask
 from tests.workflows.test_training_run_children import failure, started_children
+from workflows.learner import LearnerWorkflow
 from workflows.learner_link import PROBE_EVERY, PROBE_PATCH
 from workflows.run_failure import ENDING_WAKES_PATCH, FAILS_AT_ONCE_PATCH
 from workflows.signals import RETRY_DELAYS_S
@@ -79,20 +86,29 @@ async def checked(history: WorkflowHistory, recorded_as: str | None = None) -> N
 async def test_a_run_whose_learner_was_terminated_fails_within_its_signal_retries(
     store: ObjectStore,
 ) -> None:
+    """The learner is terminated after its first step, with the groups of the next tasks held
+    back until then (`GatedAgentTask`: no step of it runs as it ends, tests/fixtures/
+    learner_standins.py); their `add_groups` then fails after its retries."""
     trainer = ScriptedTrainer()
     run = RUN.model_copy(update={"run_id": "learner-lost", "concurrency": 2})  # a short history
     async with (
         time_skipping_server() as env,
-        control_plane(env.client, store, ScriptedSuite(train=40), trainer),
+        control_plane(
+            env.client, store, ScriptedSuite(train=40), trainer, agent_task=GatedAgentTask
+        ),
     ):
         handle = await env.client.start_workflow(
             TrainingRunWorkflow.run, run, id="train-learner-lost", task_queue=Queue.AGENT_TASKS
         )
-        while not trainer.steps:
-            await env.sleep(0.05)
+        await release(env.client, await started_children(handle, 2))  # the first step's groups
         learner = env.client.get_workflow_handle(f"{handle.id}-learner")
+        await quiet(learner, trainer, steps=1)
+        held = (await started_children(handle, 4))[2:]  # the next two, in flight
         await learner.terminate("an operator ended it")
+        await release(env.client, held)
+        began = time.monotonic()
         cause = await failure(handle, 60)  # before: it waited for good
+        took = time.monotonic() - began
         history, ended = await handle.fetch_history(), await learner.fetch_history()
 
     assert isinstance(cause, ApplicationError) and cause.type == ErrorType.LEARNER_FAILED, cause
@@ -100,6 +116,7 @@ async def test_a_run_whose_learner_was_terminated_fails_within_its_signal_retrie
     # in the server's time: a signal's retries after the learner's end, and a little more
     waited = history.events[-1].event_time.ToDatetime() - ended.events[-1].event_time.ToDatetime()
     assert waited.total_seconds() < sum(RETRY_DELAYS_S) + 10, waited
+    assert took < sum(RETRY_DELAYS_S) - 6, took  # the retries' timers were skipped
     await checked(history, "training_run_learner_lost.json")
 
 
@@ -125,25 +142,6 @@ async def test_a_failed_held_out_task_fails_the_run_at_once(store: ObjectStore) 
     assert cause.message.startswith(f"held-out task {bad} (evaluation of version 0): ")
     assert len(trainer.steps) < run.steps // 2, trainer.steps  # before: every step, then failed
     await checked(history)  # test_training_run_children.py records a held-out task failing
-
-
-@workflow.defn(name="LearnerWorkflow", sandboxed=False)
-class StalledLearner:
-    """A learner that takes every signal and never takes a step (one whose step outlasts the
-    run's patience), with no activity running (the time-skipping server skips no time once a
-    workflow is terminated with one running); told to `finish`, it ends as it began."""
-
-    def __init__(self) -> None:
-        self.finished = False
-
-    @workflow.run
-    async def run(self, raw: dict[str, Any]) -> dict[str, Any]:
-        await workflow.wait_condition(lambda: self.finished)
-        return raw
-
-    @workflow.signal(dynamic=True)
-    def any_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        self.finished |= name == Signal.FINISH
 
 
 @pytest.mark.asyncio
@@ -288,20 +286,6 @@ class HeldTrainer(ScriptedTrainer):
         return await super().train_step(request)
 
 
-@workflow.defn(name="LearnerWorkflow", sandboxed=False)
-class BusyLearner:
-    """A learner that takes every signal and never ends (one whose last steps take long)."""
-
-    @workflow.run
-    async def run(self, raw: dict[str, Any]) -> dict[str, Any]:
-        await workflow.wait_condition(lambda: False)
-        return raw
-
-    @workflow.signal(dynamic=True)
-    def any_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        pass
-
-
 ENDING = RUN.model_copy(update={"steps": 3, "eval_every": 1})
 """Every task started by the learner's last step, an evaluation after each step."""
 
@@ -342,7 +326,7 @@ async def test_a_held_out_task_failing_as_the_run_waits_for_its_learner_fails_it
         suite,
         trainer,
         agent_task=HeldOutFailsWhenTold,
-        **({"learner": learner} if learner else {}),
+        learner=learner or LearnerWorkflow,
     )
     try:
         async with plane:

