@@ -4,6 +4,9 @@ and how a command's result reads to the agent.
     problem = bad_arguments(TOOLS["bash"], {"command": 3})   # "bash: command must be a string"
     text = command_text(result, limits.output_bytes)         # "exit code: 0\nstdout:\n..."
 
+"killed" only where a limit ended the command (its status: `workspace_result.py`); a command
+that ended by itself shows its exit code, and a note where a process of it hit the memory limit.
+
 A call whose arguments do not fit is the agent's error, told back to it as an observation
 (`workspace.py`); arguments no command or path can hold (a lone surrogate, a NUL, a command
 longer than Linux takes) are refused here, where they would otherwise fail the step as the
@@ -49,11 +52,16 @@ def bad_arguments(tool: ToolSpec, arguments: dict[str, object]) -> str | None:
 
 
 def command_text(result: CommandResult, limit: int) -> str:
-    """A command's observation: how it ended and what it printed."""
+    """A command's observation: how it ended (killed by a limit, its exit code, or not started
+    at all), what else its run met (`note`) and what it printed."""
     if result.status in (ExecStatus.TIMEOUT, ExecStatus.MEMORY_EXCEEDED):
         lines = [f"the command was killed: {result.detail}"]
+    elif result.exit_code is None:
+        lines = [f"the command did not start: {result.detail}"]
     else:
         lines = [f"exit code: {result.exit_code}"]
+    if result.note:
+        lines.append(f"({result.note})")
     for name, text in (("stdout", result.stdout), ("stderr", result.stderr)):
         if text:
             lines += [f"{name}:", text.rstrip("\n")]

@@ -33,7 +33,10 @@ and at most `MAX_KEPT_CHARS` of JSON, else none. It holds no string that is not 
 (JSON's "\ud83d" alone decodes to a lone surrogate, which no payload can encode: the activity's
 result would fail, and be retried, for ever) and no number that is not finite (JSON's NaN and
 Infinity, which Python's decoder takes, and 1e400, which it reads as inf: a payload writes them as
-null, so the call would come back another): such a call is an error call keeping no arguments.
+null, so the call would come back another): such a call is an error call keeping no arguments. Nor
+does it hold a call whose JSON repeats a key in one object (Python's decoder keeps the last value:
+`{"command": "ls", "command": "rm -rf *"}` would run what the model may not have meant): an error
+call naming the key, keeping no arguments.
 
 A call crosses Temporal as its brief (`ToolCall.brief`, its values cut to a few hundred
 characters); `full_call` gives back the whole call where it is needed, by parsing the turn's text
@@ -73,6 +76,8 @@ NOT_UNICODE = (
 """The error of a call holding a string that is not valid Unicode (it keeps no arguments)."""
 NOT_FINITE = "not valid JSON: NaN/Infinity (a number must be finite)"
 """The error of a call holding a number that is not finite (the decoder found the first)."""
+KEY_SHOWN_CHARS = 60
+"""How much of a repeated key its error names (a longer one is cut)."""
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 CUT_ADVICE = (
     "Write less per call: e.g. change a file with bash (sed -i, a short heredoc) rather than "
@@ -133,6 +138,8 @@ def parse_tool_call(text: str, tools: Sequence[ToolSpec], *, cut_at: int | None 
         return _error(f"the tool call is not valid JSON: {_json_problem(exc)}")
     except _NotFinite as exc:
         return _error(f"the tool call is {NOT_FINITE}: {exc}")
+    except _RepeatedKey as exc:
+        return _error(f"the tool call {exc}")
     except Exception as exc:  # RecursionError (nested too deep), an integer of 4300+ digits
         return _error(f"the tool call is not valid JSON: {one_line(exc)}")
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
@@ -146,6 +153,8 @@ def parse_tool_call(text: str, tools: Sequence[ToolSpec], *, cut_at: int | None 
             arguments = _decoder().decode(arguments) if arguments.strip() else {}
         except _NotFinite as exc:
             return _error(f"the arguments of {name!r} are {NOT_FINITE}: {exc}", name)
+        except _RepeatedKey as exc:
+            return _error(f"the arguments of {name!r}: the JSON {exc}", name)
         except Exception:  # JSONDecodeError, RecursionError, …
             return _error(f"the arguments of {name!r} are not a JSON object", name)
     if not isinstance(arguments, dict):
@@ -206,10 +215,35 @@ def _no_constant(text: str) -> float:
     raise _NotFinite(text)
 
 
+class _RepeatedKey(ValueError):
+    """A key the call's JSON gives twice in one object (the message names it, escaped and cut:
+    a lone surrogate or a long key stays out of the error call)."""
+
+    def __init__(self, key: str) -> None:
+        shown = key if len(key) <= KEY_SHOWN_CHARS else f"{key[:KEY_SHOWN_CHARS]}…"
+        super().__init__(f"repeats the key {shown!r} in one object; give each key once")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; raises `_RepeatedKey` for a key given twice."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            raise _RepeatedKey(key)
+        value[key] = item
+    return value
+
+
 def _decoder() -> json.JSONDecoder:
     """The JSON decoder of calls: raw newlines and tabs in strings taken (`strict=False`), a
-    number that is not finite refused (`_NotFinite`)."""
-    return json.JSONDecoder(strict=False, parse_float=_finite, parse_constant=_no_constant)
+    number that is not finite refused (`_NotFinite`), a key repeated in one object refused
+    (`_RepeatedKey`)."""
+    return json.JSONDecoder(
+        strict=False,
+        parse_float=_finite,
+        parse_constant=_no_constant,
+        object_pairs_hook=_unique_keys,
+    )
 
 
 def _not_unicode(value: Any) -> bool:
