@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.step_slots import SIGNAL_BYTES
 
 # not passed through: it builds contracts from the workflow's state (see workflows/learner.py)
-from workflows.learner_request import json_bytes, store_groups
+from workflows.learner_request import groups_bytes, store_groups
 
 CARRY_PARTS_PATCH = "tempered-learner-carries-groups-by-reference"
 """Marks runs whose state, handed on (continue-as-new) or reported (`learner_done`, result) with
@@ -47,7 +47,7 @@ async def carry(state: LearnerInput) -> None:
     """Store `state.pending` in parts and name them in `state.pending_parts` where the groups pass
     `SIGNAL_BYTES` (`CARRY_PARTS_PATCH`, asked only then); groups signalled meanwhile stay."""
     pending = list(state.pending)  # as they stand: a signal may add more while they are stored
-    if json_bytes(pending) <= SIGNAL_BYTES or not workflow.patched(CARRY_PARTS_PATCH):
+    if groups_bytes(pending) <= SIGNAL_BYTES or not workflow.patched(CARRY_PARTS_PATCH):
         return
     refs = await store_groups(state, pending)
     state.pending_parts.extend(refs)  # after any still named: the older groups

@@ -6,8 +6,8 @@ A group travels as its G trajectories' refs: ~45 KB as JSON at G = 256, so one r
 step's groups passed Temporal's 2 MiB payload limit at ~47 groups, and the workflow task that
 scheduled it failed on every retry (the learner RUNNING for ever, no step taken). The bound on
 the groups one payload carries is the run's for its `add_groups` signals, `SIGNAL_BYTES` (half a
-payload; `step_parts` splits as `StepSlots.take_due` does, a single larger group alone). A batch
-within it (`json_bytes`) goes inline, as before. A larger one goes by reference
+payload; `requests.in_parts` splits it, a single larger group alone). A batch within it
+(`groups_bytes`) goes inline, as before. A larger one goes by reference
 (`STEP_PARTS_PATCH`, asked only then): each part is stored by the `store_step_groups` activity
 (queue `learner`), and the request names the parts (`TrainStepRequest.group_parts`), which
 `train_step` reads back (activities/learner_groups.py). Its history carries the groups once
@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from contracts.names import Activity
     from workflows.activity_options import activity_options
+    from workflows.requests import in_parts, json_bytes
     from workflows.step_slots import SIGNAL_BYTES
 
 STEP_PARTS_PATCH = "tempered-learner-step-groups-by-reference"
@@ -47,27 +48,9 @@ SERIAL_PARTS_PATCH = "tempered-learner-step-parts-one-at-a-time"
 """Marks runs that store a step's parts one workflow task at a time (before: all at once)."""
 
 
-def json_bytes(groups: list[TrajectoryGroup]) -> int:
+def groups_bytes(groups: list[TrajectoryGroup]) -> int:
     """`groups` as a JSON list, in bytes."""
-    return sum(len(group.model_dump_json()) + 1 for group in groups) + 1
-
-
-def step_parts(
-    batch: list[TrajectoryGroup], bound: int = SIGNAL_BYTES
-) -> list[list[TrajectoryGroup]]:
-    """`batch` in parts of whole groups, in order, each of `bound` bytes of JSON at most (a
-    single larger group alone); one part when the whole batch fits. Every group in one part."""
-    parts: list[list[TrajectoryGroup]] = []
-    size = 0
-    for group in batch:
-        group_bytes = len(group.model_dump_json()) + 1  # and its comma
-        if parts and size + group_bytes <= bound:
-            parts[-1].append(group)
-            size += group_bytes
-        else:
-            parts.append([group])
-            size = group_bytes
-    return parts
+    return sum(json_bytes(group) + 1 for group in groups) + 1
 
 
 async def train_request(state: LearnerInput, batch: list[TrajectoryGroup]) -> TrainStepRequest:
@@ -76,7 +59,7 @@ async def train_request(state: LearnerInput, batch: list[TrajectoryGroup]) -> Tr
     request = TrainStepRequest(
         run_id=state.run_id, step=state.step, groups=batch, config=state.config
     )
-    if json_bytes(batch) <= SIGNAL_BYTES or not workflow.patched(STEP_PARTS_PATCH):
+    if groups_bytes(batch) <= SIGNAL_BYTES or not workflow.patched(STEP_PARTS_PATCH):
         return request
     serial = workflow.patched(SERIAL_PARTS_PATCH)
     refs = await store_groups(state, batch, serial=serial)
@@ -86,7 +69,7 @@ async def train_request(state: LearnerInput, batch: list[TrajectoryGroup]) -> Tr
 async def store_groups(
     state: LearnerInput, groups: list[TrajectoryGroup], *, serial: bool = True
 ) -> list[ObjectRef]:
-    """`groups` stored in parts (`step_parts`) as step `state.step`'s by `store_step_groups`,
+    """`groups` stored in parts (`requests.in_parts`) as step `state.step`'s by `store_step_groups`,
     one workflow task at a time (`serial`; else all at once): the parts' refs, in order. Also
     the groups a segment carries past a payload (workflows/learner_carry.py)."""
     options = activity_options(Activity.STORE_STEP_GROUPS, state.heartbeat_timeout_s)
@@ -99,7 +82,7 @@ async def store_groups(
             **options,
         )
 
-    parts = step_parts(groups)
+    parts = in_parts(groups, SIGNAL_BYTES)
     if serial:
         return [await store(part) for part in parts]
     return list(await asyncio.gather(*(store(part) for part in parts)))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import TypeVar
 
 from pydantic import BaseModel
 from pydantic_core import to_json
@@ -58,9 +59,30 @@ answer's other fields. At about 1 KB a step, a group's steps passed the whole bo
 episode-steps (G=16 at 140 steps, G=128 at 20): one request then hung the task."""
 
 
+Item = TypeVar("Item", bound=BaseModel)
+
+
 def json_bytes(model: BaseModel) -> int:
     """The size of `model` as a payload's JSON (UTF-8): what the data converter writes."""
     return len(to_json(model))
+
+
+def in_parts(items: Sequence[Item], room: int) -> list[list[Item]]:
+    """`items` in parts of consecutive whole items, in order, each part's items `room` bytes of
+    JSON at most with their commas (`json_bytes`; an item larger than that goes alone): one
+    part when they all fit. The one packing rule of what must fit a payload (a group's
+    trajectories, a learner step's groups)."""
+    parts: list[list[Item]] = []
+    size = 0
+    for item in items:
+        item_bytes = json_bytes(item) + 1  # and its comma
+        if parts and size + item_bytes <= room:
+            parts[-1].append(item)
+            size += item_bytes
+        else:
+            parts.append([item])
+            size = item_bytes
+    return parts
 
 
 def generate_request(
@@ -222,14 +244,4 @@ def write_trajectories_parts(
     `budget` bytes at most (one episode larger than that goes alone); one request when the
     whole group fits. Every episode is in exactly one part."""
     room = budget - json_bytes(write_trajectories_request(task_input, []))
-    parts: list[list[EpisodeState]] = []
-    size = 0
-    for episode in episodes:
-        episode_bytes = json_bytes(episode) + 1  # and its comma
-        if parts and size + episode_bytes <= room:
-            parts[-1].append(episode)
-            size += episode_bytes
-        else:
-            parts.append([episode])
-            size = episode_bytes
-    return [write_trajectories_request(task_input, part) for part in parts]
+    return [write_trajectories_request(task_input, part) for part in in_parts(episodes, room)]
