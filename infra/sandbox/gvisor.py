@@ -17,6 +17,10 @@ The sandbox's group holds gVisor's own kernel too (`SENTRY_MEMORY_MB` more), so 
 held to `memory_mb` by its address-space cap (`launcher.candidate_space_mb`, held: memory + 64
 MiB, as a Kubernetes pod's); its CPU time and its wait for a CPU are its sandbox's
 (`Cgroups.cpu_wait`, the `Exit`'s CPU seconds), as no host process is the program's own.
+Its processes are held to `max_processes` inside gVisor (RLIMIT_NPROC: a fork fails with
+EAGAIN); the group's pids limit bounds gVisor's own host tasks on top (`sentry_tasks`: under
+ptrace, quadratic in the program's processes), so a sandbox that reaches it ran out of host
+tasks by gVisor's doing, never the program's: a platform fault (its Sentry panics).
 `runsc run` dies with the worker (PR_SET_PDEATHSIG, by setpriv; runsc then kills its sandbox),
 and a dead worker's bundles and state dirs are swept with its cgroups (`WORKER_DIRS`,
 `cgroups.sweep_dead_workers`). The first start of a launcher runs one probe container
@@ -50,6 +54,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 
+from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError, VerifierBackend
 from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT, WORKER_DIRS, Cgroups
 from infra.sandbox.gvisor_oci import oci_config
@@ -64,8 +69,12 @@ WARM = 2
 """Containers started ahead of time per tmpfs size (each ~0.2-0.5 s to start, ~30 MB idle)."""
 SENTRY_MEMORY_MB = 256
 """Memory of gVisor's own kernel (Sentry) and gofer on top of the program's limit."""
-SENTRY_PROCESSES = 256
-"""Host tasks (threads) of the Sentry, the gofer and the ptrace stubs on top of the program's."""
+SENTRY_THREADS = 64
+"""The Sentry's threads beyond one per task of the program and one per CPU (47 measured: 80
+threads for 33 busy tasks on 2 CPUs)."""
+HOST_TASKS_BASE = 64
+"""Host tasks of a sandbox whatever its program does: the gofer's threads (18 measured)."""
+OUT_OF_TASKS = "the gVisor sandbox ran out of host tasks (its limit: `gvisor.sentry_tasks`)"
 EXITING = re.compile(r"Exiting with status: (\d+)")
 SANDBOX_DIED = "Will try waiting on the sandbox process instead"
 """What runsc logs when the wait RPC to the sandbox failed: the sandbox itself is gone."""
@@ -84,6 +93,21 @@ PROBE_UID = 65534
 GLOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ", re.M)
 """The header of runsc's log lines on stderr ("W1207 01:38:01.322980  14153 util.go:64] ")."""
 logger = logging.getLogger(__name__)
+
+
+def sentry_tasks(max_processes: int, cpus: int) -> int:
+    """The most host tasks (threads) a gVisor sandbox runs under ptrace for a program of
+    `max_processes` (RLIMIT_NPROC holds it there inside gVisor, the candidate one more): the
+    Sentry's threads, T = the program's tasks + `SENTRY_THREADS` + `cpus` (a task in the
+    program's code holds one); a stub process per address space (two for a task mid-exec),
+    kept for reuse, with up to two threads (running, mapping) per Sentry thread that ran it;
+    the stub master's, one per Sentry thread that made a stub. Quadratic: pids.peak measured on
+    2 CPUs, 45 idle, 179 / 364 / 1037 for 8 / 16 / 32 children reading a file for 2 s, 2765
+    for 32 reading, mapping and sleeping for 15 s, 3027 for 32 exec'ing in a loop (the bound at
+    32: ~13400); 256 on top of the program's made a 12-child program's Sentry panic."""
+    tasks = max_processes + 1
+    threads = tasks + SENTRY_THREADS + cpus
+    return HOST_TASKS_BASE + 2 * threads + 1 + 2 * tasks * (1 + 2 * threads)
 
 
 def probe_once(
@@ -189,12 +213,16 @@ class RunscLauncher:
     sigkill_is_foreign = False
     """The program can SIGKILL itself in gVisor; a dead sandbox is reported as a fault."""
     memory_overhead_mb = SENTRY_MEMORY_MB
-    processes_overhead = SENTRY_PROCESSES
     exit_grace_s = 3.0
     kill_grace_s = 10.0
 
     def __init__(self, config: GVisorSettings) -> None:
         self.python, self.platform = config.python, config.platform
+        self.processes_overhead = sentry_tasks(
+            SandboxLimits().max_processes, len(os.sched_getaffinity(0))
+        )
+        """gVisor's own host tasks on top of the program's limit (the verifier adds one sum for
+        every run: sized for the default limit, past which a busy program may exhaust it)."""
         self.runsc, self.setpriv = shutil.which("runsc"), shutil.which("setpriv")
         self.state = Path(tempfile.gettempdir()) / f"{STATES}{os.getpid()}-{secrets.token_hex(4)}"
         """runsc's state dir for this launcher's containers, removed by `close`."""
@@ -283,6 +311,8 @@ class RunscLauncher:
             status, fault = returncode << 8, f"runsc failed (exit {returncode})"
         if container.killing:
             fault = ""  # whatever the host's kill did is the host's doing, judged as such
+        if container.cgroups is not None and container.cgroups.process_limit_reached():
+            fault = OUT_OF_TASKS  # gVisor's own: RLIMIT_NPROC holds the program inside
         shutil.rmtree(container.bundle, ignore_errors=True)
         cpu_s = 0.0  # the sandbox's CPU since the run's start: the program has no process here
         if container.cgroups is not None:

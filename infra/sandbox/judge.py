@@ -10,10 +10,11 @@ memory events, and whether the host killed it. The rules, in their one home:
 - `passed` only when the checker's verdict says so *and* its counts equal the host's own count
   of test units, which is > 0 whenever there are tests;
 - the candidate stopped answering ("lost"): the run's own memory limit was hit →
-  memory_exceeded; its process limit was reached → failed; its launcher saw the platform end it (a zygote or gVisor sandbox died) → a
-  platform fault; an OOM kill without the run's limit being hit (a global OOM kill) → a platform
-  fault; SIGXCPU,
-  or SIGKILL after using its CPU limit → timeout; SIGKILL otherwise → a platform fault only
+  memory_exceeded; its launcher saw the platform end it (a zygote or gVisor sandbox died, a
+  gVisor sandbox out of host tasks: its program is held to its limit inside) → a platform
+  fault; its process limit was reached → failed; an OOM kill without the run's limit being
+  hit (a global OOM kill) → a platform fault; SIGXCPU, or SIGKILL after using its CPU limit →
+  timeout; SIGKILL otherwise → a platform fault only
   where the program cannot SIGKILL itself (`sigkill_is_foreign`: the local candidate is pid 1 of
   its own pid namespace, and its seccomp filter refuses ptrace and a SIGKILL sent as the
   kernel's, `confine.py`), else the program's own end; anything else → failed (an early exit,
@@ -258,10 +259,10 @@ def _ended_early(
     it exited, was killed, or broke the protocol."""
     if seen.memory == "limit":
         return ExecStatus.MEMORY_EXCEEDED, "killed by the memory limit", None
+    if seen.exit is not None and seen.exit.fault:  # before the process limit: a gVisor
+        raise SandboxInfraError(seen.exit.fault)  # sandbox's limit is reached by gVisor's tasks
     if seen.process_limit:
         return ExecStatus.FAILED, f"reached its limit of {limits.max_processes} processes", None
-    if seen.exit is not None and seen.exit.fault:
-        raise SandboxInfraError(seen.exit.fault)
     if seen.memory == "global":
         raise SandboxInfraError("an OOM kill outside the run's own memory limit (host memory)")
     code = None
