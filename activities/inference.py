@@ -36,8 +36,10 @@ stores a sample first, that record wins. A returned ref therefore always matches
 
 Errors: storage and inference infrastructure failures are retryable; a request that can never
 succeed (no items, duplicate samples, a step k > 0 without its previous record or observation,
-an artefact missing, not matching its digest or not a valid record (`activities/stored.py`),
-an unpublished pinned version) raises a non-retryable ApplicationError naming the field.
+an artefact missing, not matching its digest or not a valid record (`activities/stored.py`), an
+observation that is not one of its environment's, an unpublished pinned version, a policy whose
+chat template cannot render the step (`prompts.ChatTemplateError`: Gemma's refuses a system
+message) or that the backend cannot load) raises a non-retryable ApplicationError naming it.
 Served by `tempered worker inference`.
 """
 
@@ -46,14 +48,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from activities.stored import parse_model, read_model, read_verified
+from contracts.common import describe_validation_error
 from contracts.episode import WORKSPACE_TOOLS
 from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity
@@ -77,7 +83,12 @@ from infra.inference import (
     model_positions,
 )
 from infra.inference.nonfinite import draw_finite
-from infra.inference.prompts import ChatFormat, extract_code, observation_text
+from infra.inference.prompts import (
+    ChatFormat,
+    ChatTemplateError,
+    extract_code,
+    observation_text,
+)
 from infra.inference.toolcalls import parse_tool_call
 from infra.settings import Settings
 from infra.storage import ObjectExists, ObjectNotFound, ObjectStore, ref_of
@@ -96,6 +107,16 @@ def _version(req: GenerateRequest, stored: list[CompletionRecord | None]) -> int
     if req.policy_version is not None and earlier != {req.policy_version}:
         raise invalid("policy_version", f"turn already stored from version(s) {sorted(earlier)}")
     return version
+
+
+@contextmanager
+def _template_of(policy: PolicyHandle) -> Iterator[None]:
+    """`policy`'s chat template failing to render a step (`ChatTemplateError`) as the
+    non-retryable InferenceError it is: every attempt renders the same messages alike."""
+    try:
+        yield
+    except ChatTemplateError as exc:
+        raise InferenceError(f"policy {policy.name}: {exc}", retryable=False) from exc
 
 
 def _now() -> str:
@@ -160,12 +181,13 @@ class InferenceActivities:
         )
         policy = await self.policies.resolve(req.policy_run, _version(req, stored))
         chat = await self.chat_format(policy, req.env)
-        prompts = await asyncio.gather(
-            *(
-                asyncio.to_thread(self._prompt_ids, chat, req, index, item)
-                for index, item in enumerate(req.items)
+        with _template_of(policy):
+            prompts = await asyncio.gather(
+                *(
+                    asyncio.to_thread(self._prompt_ids, chat, req, index, item)
+                    for index, item in enumerate(req.items)
+                )
             )
-        )
         for index, (record, prompt) in enumerate(zip(stored, prompts, strict=True)):
             if record is not None and record.prompt_token_ids != prompt:
                 raise invalid(f"items[{index}]", "turn already stored for another prompt")
@@ -262,10 +284,8 @@ class InferenceActivities:
             tokenizer = loaded[0].tokenizer
         else:
             tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(policy.path))
-        try:
+        with _template_of(policy):
             return ChatFormat(tokenizer, env)
-        except ValueError as exc:
-            raise InferenceError(f"policy {policy.name}: {exc}", retryable=False) from exc
 
     def _prompt_ids(
         self, chat: ChatFormat, req: GenerateRequest, index: int, item: GenerateItem
@@ -276,7 +296,11 @@ class InferenceActivities:
         where = f"items[{index}]"
         previous = read_model(self.store, f"{where}.previous", item.previous, CompletionRecord)
         observation = read_verified(self.store, f"{where}.observation", item.observation)
-        text = observation_text(req.env, observation)
+        try:
+            text = observation_text(req.env, observation)
+        except ValidationError as exc:  # `code` reads an execution's result.json
+            why = describe_validation_error(exc)
+            raise invalid(f"{where}.observation", f"{item.observation.key}: {why}") from exc
         return chat.next_prompt(previous, text, req.turn, req.max_turns)
 
     def _stored(self, req: GenerateRequest, index: int) -> CompletionRecord | None:

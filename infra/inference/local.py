@@ -24,6 +24,11 @@ evicted first; a batch keeps a reference to its model, so evicting a version nev
 batch that is still running on it. A LoRA version (`PolicyHandle.base`) is its base's model with
 the version's adapter applied (peft); serving it uses its base.
 
+A version that cannot be loaded fails its rows with an InferenceError (`_load_error`): retried
+where a file may yet come right (missing, unreadable: the cache evicted it), not where the
+loader refuses files that are all there (an unknown model_type or architecture, an adapter
+aimed at modules the model lacks), which it refuses on every attempt.
+
 Throughput on this machine:  python -m infra.inference.local smollm2 --batch 1 8 32
 """
 
@@ -36,11 +41,13 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from contracts.episode import WORKSPACE_TOOLS
+from contracts.learner import PolicyManifest
 from contracts.task import SamplingParams
 from infra.aio import all_or_cancel
 from infra.inference.base import (
@@ -48,6 +55,7 @@ from infra.inference.base import (
     InferenceError,
     PolicyHandle,
     model_positions,
+    one_line,
     synthetic_prompts,
 )
 from infra.inference.decoder import RowBatch
@@ -56,6 +64,7 @@ from infra.inference.guided import Guides
 from infra.inference.kvcache import ATTENTION, register_attention
 from infra.inference.prefixes import PrefixStore
 from infra.inference.stops import StopRules
+from infra.policy import MANIFEST
 from infra.settings import LocalInferenceSettings
 
 log = logging.getLogger(__name__)
@@ -228,10 +237,8 @@ class LocalBackend:
         started = time.perf_counter()
         try:
             policy = load_policy(str(handle.path), self.device)
-        except (OSError, ValueError) as exc:
-            raise InferenceError(
-                f"cannot load policy {handle.name} from {handle.path}: {exc}"
-            ) from exc
+        except Exception as exc:
+            raise _load_error("policy", handle, "config.json", exc) from exc
         log.info("loaded policy %s in %.1fs", handle.name, time.perf_counter() - started)
         self._loaded[key] = policy
         while len(self._loaded) > self.max_loaded:
@@ -265,10 +272,8 @@ class LocalBackend:
                 self._peft[base_key] = peft.eval()
             else:
                 peft.load_adapter(str(handle.path), adapter_name=name)
-        except (OSError, ValueError, KeyError) as exc:
-            raise InferenceError(
-                f"cannot load LoRA policy {handle.name} from {handle.path}: {exc}"
-            ) from exc
+        except Exception as exc:
+            raise _load_error("LoRA policy", handle, "adapter_config.json", exc) from exc
         policy = dataclasses.replace(base_policy, model=peft, adapter=name, base=base_key)
         self._adapters[key] = policy
         while len(self._adapters) > self.max_adapters:
@@ -301,6 +306,30 @@ class LocalBackend:
             self._loaded.clear()
             self._adapters.clear()
             self._peft.clear()
+
+
+def _load_error(what: str, handle: PolicyHandle, config: str, exc: Exception) -> InferenceError:
+    """A failed load of `handle` as an InferenceError: not retryable where the loader refused
+    (ValueError, KeyError: transformers' unknown model_type or architecture, peft's target
+    modules not found) files that are all there; retryable otherwise (I/O, out of memory), a
+    refusal included while a file is missing (peft tells a missing adapter_config.json so)."""
+    refused = isinstance(exc, (ValueError, KeyError)) and not isinstance(exc, OSError)
+    return InferenceError(
+        f"cannot load {what} {handle.name} from {handle.path}: {one_line(exc)}",
+        retryable=not (refused and _intact(handle.path, config)),
+    )
+
+
+def _intact(path: Path, config: str) -> bool:
+    """Whether `path` holds its files: those its manifest lists (a cached version, which the
+    cache evicts file by file), else, with no manifest, its `config`."""
+    try:
+        manifest = PolicyManifest.model_validate_json((path / MANIFEST).read_bytes())
+    except FileNotFoundError:
+        return (path / config).is_file()
+    except (OSError, ValueError):
+        return False
+    return all((path / name).is_file() for name in manifest.files)
 
 
 def _adapter_name(handle: PolicyHandle) -> str:

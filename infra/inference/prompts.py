@@ -25,6 +25,12 @@ message differently (Qwen3's think block) give the same delta. `end_of_turn` is 
 token the template closes an assistant message with (`<|im_end|>` for ChatML); a template that
 closes it with anything else is refused with a clear error.
 
+A template that cannot render an episode's prompts raises `ChatTemplateError` (a ValueError)
+naming what it failed on: no template, one that refuses a message (Gemma's and
+Mistral-Instruct's `raise_exception('System role not supported')`), fails while rendering, or
+renders in a way token-in/token-out cannot follow. Rendering is computation on the template and
+the messages alone, so it fails alike on every attempt: the generate activity does not retry it.
+
 The observation message: for `code`, a `user` message with the test log and a request to fix
 (`feedback_text`; the model called no tool, so there is no tool result to answer); for
 `workspace`, the tool's result as a `tool` message, or the fallback `user` message wrapping it
@@ -48,7 +54,8 @@ Not covered: the tool-call format itself (`infra.inference.toolcalls`), sampling
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from contracts.episode import WORKSPACE_TOOLS
@@ -148,6 +155,25 @@ def observation_notes(completion: str, turn: int | None, turns: int | None) -> s
     return "".join(f"\n{line}" for line in lines)
 
 
+class ChatTemplateError(ValueError):
+    """The policy's chat template cannot render an episode's prompts (the module's docstring)."""
+
+
+@contextmanager
+def _rendering(messages: Sequence[dict[str, str]], tools: bool = False) -> Iterator[None]:
+    """What the template raises while rendering `messages`, as a ChatTemplateError naming them
+    (jinja2's TemplateError from `raise_exception`, a TypeError of its own code: all recur)."""
+    try:
+        yield
+    except (ChatTemplateError, MemoryError):
+        raise
+    except Exception as exc:
+        roles = ", ".join(m["role"] for m in messages) + (" with tools" if tools else "")
+        raise ChatTemplateError(
+            f"the chat template fails to render messages ({roles}): {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def task_messages(prompt: str, system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
     """The first turn's conversation: the system prompt, then the task."""
     return [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
@@ -158,12 +184,13 @@ class ChatFormat:
 
     def __init__(self, tokenizer: Any, env: EnvName):
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("the policy's tokenizer has no chat template")
+            raise ChatTemplateError("the policy's tokenizer has no chat template")
         self.tokenizer, self.env = tokenizer, env
         self.tools = WORKSPACE_TOOLS if env is EnvName.WORKSPACE else ()
-        self.native_tools = bool(self.tools) and toolcalls.template_renders_tools(
-            tokenizer, self.tools
-        )
+        with _rendering(task_messages(""), tools=True):
+            self.native_tools = bool(self.tools) and toolcalls.template_renders_tools(
+                tokenizer, self.tools
+            )
         self._template_args: dict[str, Any] = (
             {"tools": toolcalls.tool_schemas(self.tools)} if self.native_tools else {}
         )
@@ -190,12 +217,11 @@ class ChatFormat:
         return prompt
 
     def _first(self, task: str) -> str:
-        text: str = self.tokenizer.apply_chat_template(
-            task_messages(task, self.system_prompt()),
-            tokenize=False,
-            add_generation_prompt=True,
-            **self._template_args,
-        )
+        messages = task_messages(task, self.system_prompt())
+        with _rendering(messages, tools=self.native_tools):
+            text: str = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, **self._template_args
+            )
         return text
 
     def observation_message(self, text: str, notes: str = "") -> dict[str, str]:
@@ -218,7 +244,7 @@ class ChatFormat:
     def _delta(self, shown: str) -> str:
         rendered = self._render_after_assistant(self._message(shown))
         if not rendered.startswith(self._end_of_turn_text):
-            raise ValueError(
+            raise ChatTemplateError(
                 "the chat template does not close an assistant message with "
                 f"{self._end_of_turn_text!r} when another message follows"
             )
@@ -238,14 +264,16 @@ class ChatFormat:
             end = len(rendered) - len(after)
             if rendered.startswith(before) and rendered.endswith(after) and end >= len(before):
                 return self.untrusted.encode(rendered, (len(before), end))
-        raise ValueError("the chat template renders a message differently for its text")
+        raise ChatTemplateError("the chat template renders a message differently for its text")
 
     @staticmethod
     def _frame(render: Callable[[str], str]) -> tuple[str, str]:
         """The text `render` writes before and after a message's text."""
         frame = render(CONTENT)
         if frame.count(CONTENT) != 1:
-            raise ValueError("the chat template does not render a message's text exactly once")
+            raise ChatTemplateError(
+                "the chat template does not render a message's text exactly once"
+            )
         before, after = frame.split(CONTENT)
         return before, after
 
@@ -274,19 +302,23 @@ class ChatFormat:
             {"role": "assistant", "content": PLACEHOLDER},
             *following,
         ]
-        rendered: str = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=bool(following), **self._template_args
-        )
+        with _rendering(messages, tools=self.native_tools):
+            rendered: str = self.tokenizer.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=bool(following),
+                **self._template_args,
+            )
         at = rendered.find(PLACEHOLDER)
         if at < 0:
-            raise ValueError("the chat template drops the assistant's message text")
+            raise ChatTemplateError("the chat template drops the assistant's message text")
         return rendered[at + len(PLACEHOLDER) :]
 
     def _find_end_of_turn(self) -> tuple[int, str]:
         after = self._render_after_assistant()
         ids = self.tokenizer.encode(after, add_special_tokens=False)
         if not ids or ids[0] not in set(self.tokenizer.all_special_ids):
-            raise ValueError(
+            raise ChatTemplateError(
                 f"the chat template ends an assistant message with {after!r}, not with a "
                 "special token: token-in/token-out episodes need an end-of-turn token"
             )
