@@ -20,7 +20,10 @@ one uniform per step, so a seeded row's tokens do not depend on which rows share
 A row whose future its caller cancelled ends at the next step (its KV is not kept). A guided
 row whose sampled token's constrained logit is not finite (its policy computed NaN) ends alone
 at that token, its log-prob not finite, for `infra.inference.nonfinite` to judge. `step(done)`
-hands the rows that ended to `done` before the step's decode forward, which may fail.
+hands the rows that ended to `done` before the step's decode forward, which may fail. A prefill
+forward that fails fails its own rows alone (`PrefillFailed`): the running batch goes on.
+Prefills fill cache layers that hold every column, a sliding-window model's included (its own
+cache would keep the window only; the window is the attention mask's, as in the decode steps).
 
 A `RowBatch` is one thread's: the local backend runs it on the decoder's
 (`infra.inference.decoder_thread.Decoder`: the queue of waiting rows, version drains, faults).
@@ -28,6 +31,7 @@ A `RowBatch` is one thread's: the local backend runs it on the decoder's
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable
@@ -36,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from contracts.task import SamplingParams
 from infra.inference.base import FinishReason, GenerationOutput, InferenceError, row_budget
@@ -58,6 +63,14 @@ class BatchPolicy(Protocol):
     max_context: int
     stops: StopRules
     guides: Guides
+
+
+class PrefillFailed(Exception):
+    """A prefill forward of `RowBatch.admit` failed (`cause`): its `rows` did not join."""
+
+    def __init__(self, rows: list[Row], cause: Exception):
+        super().__init__(f"the prefill of {len(rows)} rows failed: {cause!r}")
+        self.rows, self.cause = rows, cause
 
 
 @dataclass
@@ -114,23 +127,37 @@ class RowBatch:
         return Row(prompt, params, budget, generator, watch, guide)
 
     @torch.inference_mode()
-    def admit(self, rows: list[Row]) -> list[Row]:
-        """Prefill `rows` and add them to the batch; returns those with nothing to sample
-        (a budget of 0), which are done as they are. A row whose prompt extends one that ended in
-        this version (`prefixes`) prefills only its new tokens."""
+    def admit(self, rows: list[Row], done: Callable[[list[Row]], None] | None = None) -> list[Row]:
+        """Prefill `rows` and add them to the batch; returns those with nothing to sample (a
+        budget of 0), handed first to `done`: they are done as they are. A row whose prompt
+        extends one that ended in this version (`prefixes`) prefills only its new tokens. A
+        prefill forward that fails fails its own rows only: the others join, then
+        `PrefillFailed` names them (the running batch is as it was)."""
         empty = [r for r in rows if r.budget <= 0]
-        rows = [r for r in rows if r.budget > 0]
+        if done is not None and empty:
+            done(empty)
+        units: list[tuple[list[Row], Callable[[], _Prefilled]]] = []
         fresh: list[Row] = []
-        for row in rows:
+        for row in (r for r in rows if r.budget > 0):
             hit = self.prefixes.take(row.prompt) if self.prefixes is not None else None
             if hit is None:
                 fresh.append(row)
             else:
-                self._join(*self._prefill_after(row.prompt, hit))
-                self.rows.append(row)
+                units.append(([row], functools.partial(self._prefill_after, row.prompt, hit)))
         if fresh:
-            self._join(*self._prefill([r.prompt for r in fresh]))
-            self.rows.extend(fresh)
+            units.append((fresh, functools.partial(self._prefill, [r.prompt for r in fresh])))
+        failed: list[Row] = []
+        cause: Exception | None = None
+        for group, prefill in units:
+            try:
+                prefilled = prefill()
+            except Exception as exc:  # a forward's fault: nothing of the batch changed yet
+                failed, cause = failed + group, cause or exc
+                continue
+            self._join(*prefilled)
+            self.rows.extend(group)
+        if cause is not None:
+            raise PrefillFailed(failed, cause)
         return empty
 
     def _prefill(self, prompts: list[list[int]]) -> _Prefilled:
@@ -155,8 +182,6 @@ class RowBatch:
 
     def _prefill_after(self, prompt: list[int], hit: Prefix) -> _Prefilled:
         """One row's forward over the tokens of `prompt` after its stored prefix `hit`."""
-        from transformers.cache_utils import DynamicCache
-
         cache = DynamicCache()
         for layer, (keys, values) in enumerate(hit.layers):
             cache.update(keys.to(self.device), values.to(self.device), layer)
@@ -174,7 +199,8 @@ class RowBatch:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
+            past_key_values=cache if cache is not None else DynamicCache(),  # every column:
+            # the model's own cache keeps a sliding-window layer's window only
             use_cache=True,
             logits_to_keep=1,
         )

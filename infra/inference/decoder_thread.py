@@ -11,8 +11,10 @@ is of that version; once it is another version's, the running version stops admi
 its rows (the drain), and that version starts (its model loaded and, for a LoRA version, its
 adapter activated, by `start`, on this thread). A row whose future is cancelled before it is
 taken never starts; one in the batch leaves at the next step. A row whose prompt holds an id
-outside the model's vocabulary fails alone, not to be retried; any other fault loses the batch:
-its rows fail, retried (rows that ended in the failing step are answered already). Closing fails every row still waiting or decoding.
+outside the model's vocabulary fails alone, not to be retried; a prefill forward's fault fails
+the rows of that prefill alone, retried; any other fault loses the batch: its rows fail,
+retried (rows that ended in the failing step are answered already). Closing fails every row
+still waiting or decoding.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 
 from contracts.task import SamplingParams
 from infra.inference.base import GenerationOutput, InferenceError
-from infra.inference.decoder import Row, RowBatch
+from infra.inference.decoder import PrefillFailed, Row, RowBatch
 
 log = logging.getLogger(__name__)
 Start = Callable[[Hashable], RowBatch]
@@ -118,12 +120,15 @@ class Decoder:
                         _fail([item.future], exc)
                         continue
                     rows[-1].future = item.future
-                self._resolve(batch.admit(rows))
+                try:
+                    batch.admit(rows, self._resolve)
+                except PrefillFailed as exc:  # those rows alone fail: the batch goes on
+                    log.warning("prefill of %d rows of %s failed: %r", len(exc.rows), key, exc)
+                    _fail([r.future for r in exc.rows if r.future is not None], _error(exc.cause))
                 batch.step(self._resolve)  # rows that end are answered before the forward
             except Exception as exc:  # an engine fault: the batch is lost, every row of it fails
                 log.warning("decode batch of %s failed: %r", key, exc)
-                error = exc if isinstance(exc, InferenceError) else InferenceError(repr(exc))
-                _fail([*_futures(batch), *(item.future for item in items)], error)
+                _fail([*_futures(batch), *(item.future for item in items)], _error(exc))
                 batch = None
         with self._changed:
             waiting = [item.future for item in self._queue]
@@ -134,6 +139,10 @@ class Decoder:
             if row.future is not None:
                 with contextlib.suppress(InvalidStateError):  # its caller gave up on it
                     row.future.set_result(row.output)
+
+
+def _error(exc: Exception) -> InferenceError:
+    return exc if isinstance(exc, InferenceError) else InferenceError(repr(exc))
 
 
 def _futures(batch: RowBatch | None) -> list[Future[GenerationOutput]]:

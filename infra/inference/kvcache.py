@@ -19,12 +19,18 @@ place; a row that ends is filled by the last row (only moved rows are copied); t
 `lo`. `ATTENTION` computes a one-token query against the grouped KV heads directly (two batched
 matmuls that read the cache once); longer queries (prefill) go to transformers' SDPA.
 
-Columns outside a row's own tokens hold stale but finite values (buffers start zeroed, and
-a prefill's padding columns are zeroed on admission); the attention mask hides them, and a masked
-score is set to -inf, not added to, so they weigh exactly 0.
+Live columns outside a row's own tokens hold zeros: buffers start zeroed, a prefill's padding
+columns are zeroed on admission, and so are the columns left of a new row's own (its slot's last
+row left its KV there) and the existing rows' columns when the batch widens. The attention mask
+hides them (a masked score is set to -inf, not added to, so they weigh exactly 0), but a zero
+weight times a stale NaN, left by a row whose prompt computed one, would still be NaN.
 
-Not covered: sliding-window or linear-attention layers, and models whose attention layers do
-not call `past_key_values.update` (transformers' standard decoder layers all do).
+A sliding-window layer's cache holds every token here too (`infra.inference.decoder` prefills
+into full-width layers); its window is the attention mask's, which transformers builds from
+column distances: a row's tokens are contiguous columns, so those are its token distances.
+
+Not covered: linear-attention layers, and models whose attention layers do not call
+`past_key_values.update` (transformers' standard decoder layers all do).
 """
 
 from __future__ import annotations
@@ -129,10 +135,16 @@ class SlotLayer(DynamicLayer):
             # slots grow by half at least, so rows joining one by one do not copy each time
             slots = max(self.n + rows, self.kbuf.shape[0] * 3 // 2) if short else self.n
             self._remake(slots, LEFT_ROOM + live - (self.hi - self.lo), _right_room(live))
-        self.kbuf[self.n : self.n + rows, :, self.hi - width : self.hi] = keys
-        self.vbuf[self.n : self.n + rows, :, self.hi - width : self.hi] = values
+        start, new = self.hi - width, slice(self.n, self.n + rows)
+        if start < self.lo:  # the batch widens: its rows' new columns may hold a gone row's KV
+            self.kbuf[: self.n, :, start : self.lo] = 0
+            self.vbuf[: self.n, :, start : self.lo] = 0
+            self.lo = start
+        self.kbuf[new, :, self.lo : start] = 0  # a gone row may have left its KV here
+        self.vbuf[new, :, self.lo : start] = 0
+        self.kbuf[new, :, start : self.hi] = keys
+        self.vbuf[new, :, start : self.hi] = values
         self.n += rows
-        self.lo = min(self.lo, self.hi - width)
         self._view()
 
     def update(
@@ -195,13 +207,20 @@ class SlotCache(Cache):
         super().__init__(layers=[SlotLayer() for _ in range(layers)])
 
     def admit(self, prefilled: Cache, mask: torch.Tensor) -> None:
-        """Add the rows of a prefill's cache (same layers; `mask`: `(rows, width)`, 0 on
-        padding) to the batch. Padding columns are zeroed, so that whatever an attention
-        implementation leaves there for a query that attends to nothing weighs exactly 0 (a
-        non-finite value times a zero weight would not)."""
+        """Add the rows of a prefill's cache (same layers, each holding every column; `mask`:
+        `(rows, width)`, 0 on padding) to the batch. Padding columns are zeroed, so that whatever
+        an attention implementation leaves there for a query that attends to nothing weighs
+        exactly 0 (a non-finite value times a zero weight would not). A prefill layer short of
+        columns (a sliding-window one keeps its window) is refused before any layer changes."""
+        pairs = [(getattr(t, "keys", None), getattr(t, "values", None)) for t in prefilled.layers]
+        if len(pairs) != len(self.layers):
+            raise ValueError(f"a prefill of {len(pairs)} layers, the cache has {len(self.layers)}")
+        for keys, values in pairs:
+            if keys is None or values is None or keys.shape[2] != mask.shape[1]:
+                held = None if keys is None else keys.shape[2]
+                raise ValueError(f"a prefill layer holds {held} of {mask.shape[1]} columns")
         real = mask.bool()[:, None, :, None]
-        for mine, theirs in zip(self.layers, prefilled.layers, strict=True):
-            keys, values = getattr(theirs, "keys", None), getattr(theirs, "values", None)
+        for mine, (keys, values) in zip(self.layers, pairs, strict=True):
             assert isinstance(mine, SlotLayer) and keys is not None and values is not None
             zero = keys.new_zeros(())
             mine.admit(torch.where(real, keys, zero), torch.where(real, values, zero))
