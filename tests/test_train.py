@@ -26,12 +26,8 @@ from contracts.run import RunRecord
 from infra import keys
 from infra.policy import latest_policy
 from tests.accounting import account, stored_trajectories
+from tests.fixtures.signals import DEFAULT_SIGINT
 from tests.fixtures.stack import BIN, RUNNING, Stack, start_stack, take_down
-
-DEFAULT_SIGINT = (
-    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
-    "os.execv(sys.argv[1], sys.argv[1:])"
-)
 
 
 @pytest.fixture(scope="module")

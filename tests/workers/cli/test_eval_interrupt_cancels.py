@@ -2,10 +2,11 @@
 started, then exits 130 saying so: the workflows it had started ran on on the server (waiting
 for a model, here for ever), with nothing to end them.
 
-The command is a real `python -m workers.cli eval` process sent SIGINT; the real Temporal dev
-server runs a worker of the tasks' workflows only, so that a task waits at its first generate
-(no inference worker) and a cancel ends it as it ends one in production (CANCELED). Real
-SeaweedFS; the run's version 0 names no files (no model reads them)."""
+The command is a real `python -m workers.cli eval` process sent SIGINT (with Ctrl-C's default
+action, `DEFAULT_SIGINT`: a CI run that started the suite in the background ignored it, and the
+test timed out); the real Temporal dev server runs a worker of the tasks' workflows only, so
+that a task waits at its first generate (no inference worker) and a cancel ends it as it ends
+one in production (CANCELED). Real SeaweedFS; the run's version 0 names no files."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from contracts.names import Queue
 from infra.settings import Settings
 from infra.storage import ObjectStore
 from infra.tasks import load_suite
+from tests.fixtures.signals import DEFAULT_SIGINT
 from tests.workers.cli.eval_setup import RUN, recorded_run
 from tests.workers.cli.eval_setup import settings as settings
 from tests.workflows.harness import connect, running_workers
@@ -78,7 +80,7 @@ async def test_ctrl_c_while_tasks_start_cancels_every_one_started(
     argv = ["eval", "--run", RUN, "--policy", "0", "--concurrency", "1", "--wait-for-workers"]
     async with running_workers(client, {Queue.AGENT_TASKS: {"workflows": [AgentTaskWorkflow]}}):
         proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.cli", *argv],
+            [sys.executable, "-c", DEFAULT_SIGINT, sys.executable, "-m", "workers.cli", *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
