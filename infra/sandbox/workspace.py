@@ -248,7 +248,9 @@ class CommandRunner:
         if self.root and self.setpriv:
             drop = [self.setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--nnp"]
             sandbox = drop + sandbox
-        joins = [*(cgroups.procs_files() if cgroups is not None else []), *joins]
+        if cgroups is not None:  # cpuacct too, at once: its count judges a CPU kill (`cpu_used`)
+            counted = [cgroups.cpuacct / "cgroup.procs"] if cgroups.cpuacct is not None else []
+            joins = [*cgroups.procs_files(), *counted, *joins]
         prelude = [f"echo $$ > {shlex.quote(str(procs))}" for procs in joins]
         prelude += ulimit_prelude(workspace_rlimits(limits, cgroups is not None))
         return ["/bin/sh", "-c", " && ".join(prelude) + ' && exec "$@"', "sandbox", *sandbox]
@@ -341,7 +343,16 @@ class CommandRunner:
         oom, code, timed_out = event == "limit", process.returncode, deadline != ""
         gave_away = waits.gave_away if waits is not None else ""
         return command_result(
-            messages, timed_out, oom, limits, duration_ms, stdout, stderr, code, gave_away
+            messages,
+            timed_out,
+            oom,
+            limits,
+            duration_ms,
+            stdout,
+            stderr,
+            code,
+            gave_away,
+            cpu_used=cgroups.cpu_used() if cgroups is not None else None,
         )
 
 

@@ -31,6 +31,8 @@ READ_BACK = (
 class StubCgroups:
     """Cgroups whose `cgroup.procs` files are plain files: the shell's joins write there."""
 
+    cpuacct: Path | None = None  # no CPU count: the runner joins none
+
     def __init__(self, directory: Path) -> None:
         self.directory = directory
 

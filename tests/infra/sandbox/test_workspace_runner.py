@@ -375,3 +375,13 @@ def test_the_rule_condemns_only_faults_no_retry_mends() -> None:
     assert not definitive("setpriv: setresuid failed: Resource temporarily unavailable")
     assert not definitive("cannot start /bin/sh: Cannot allocate memory")
     assert not definitive("bwrap: Can't find source path /x: Permission denied")  # unknown
+
+
+def test_a_slow_commands_own_exit_152_is_no_cpu_kill(workspace: Path) -> None:
+    """A command's own `exit 152` (128 + SIGXCPU) after sleeping past `cpu_s` / CPUs seconds read
+    as a CPU kill while the runner judged by its duration (its cpuacct group was joined only
+    after the command ended, and counted nothing): it is the command's exit, judged by the CPU
+    its group counted."""
+    limits = LIMITS.model_copy(update={"cpu_s": 1, "timeout_s": 10})
+    result = run(workspace, "sleep 1.5; exit 152", limits)
+    assert (result.status, result.exit_code) == (ExecStatus.FAILED, 152), result
