@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio import workflow
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
@@ -36,7 +35,7 @@ from contracts.names import Queue
 from contracts.rollout import AgentTaskResult
 from infra.storage import ObjectStore
 from tests.workflows.harness import ScriptedModel, connect, running_workers
-from tests.workflows.replaying import replay
+from tests.workflows.replaying import patch_answers, replay
 from tests.workflows.test_agent_task import RIGHT, settings_for, task_workers
 from workflows.agent_task import AgentTaskWorkflow
 
@@ -166,8 +165,7 @@ async def test_record_before(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """(b) as the release before the patch ran it: every program failed, DONE, no marker."""
-    real = workflow.patched
-    monkeypatch.setattr(workflow, "patched", lambda patch: patch != PATCH and real(patch))
+    patch_answers(monkeypatch, PATCH, False)
     settings = settings_for(store, temporal_server.address, namespace, tmp_path)
     client = await connect(temporal_server.address, namespace)
     model = ScriptedModel(store, lambda sample, turn: RIGHT)

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 import pytest
-from temporalio import activity, workflow
+from temporalio import activity
 from temporalio.client import WorkflowHistory
 
 from activities.rewards import RewardActivities
@@ -27,7 +27,7 @@ from contracts.names import Activity, Queue, SearchAttr
 from contracts.rollout import TaskStatus, WriteTrajectoriesRequest, WriteTrajectoriesResponse
 from infra.storage import ObjectStore
 from tests.workflows.harness import ScriptedModel, connect, running_workers, start
-from tests.workflows.replaying import replay
+from tests.workflows.replaying import patch_answers, replay
 from tests.workflows.test_agent_task import (
     script,
     settings_for,
@@ -101,10 +101,7 @@ async def test_a_code_task_shows_feedback_while_it_writes_and_done_after(
 async def test_record_before(
     temporal_server, namespace, store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = workflow.patched
-    monkeypatch.setattr(
-        workflow, "patched", lambda patch: patch != CODE_FEEDBACK_PATCH and real(patch)
-    )
+    patch_answers(monkeypatch, CODE_FEEDBACK_PATCH, False)
     settings = settings_for(store, temporal_server.address, namespace, tmp_path)
     client = await connect(temporal_server.address, namespace)
     task = task_input_of("code-feedback", group_size=3, max_turns=2)

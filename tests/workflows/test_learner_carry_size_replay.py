@@ -21,16 +21,13 @@ import os
 from pathlib import Path
 
 import pytest
-from temporalio import workflow
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
 
 from contracts.names import Activity
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import TemporalServer
 from tests.workflows.harness import connect
-from tests.workflows.replaying import replay
+from tests.workflows.replaying import patch_answers, replay, replay_failure
 from tests.workflows.test_learner_carry_size import next_run, start_with_groups, workers
 from tests.workflows.test_learner_request_size import GroupsTrainer, scheduled_inputs
 from tests.workflows.test_learner_request_size_replay import group_of
@@ -100,11 +97,9 @@ async def test_a_replay_without_a_patch_check_fails(
 ) -> None:
     """`workflow.patched(patch)` answers False (the release before it): the pending groups go
     inline, or a step's parts all at once, and the recorded commands no longer match."""
-    real = workflow.patched
-    monkeypatch.setattr(workflow, "patched", lambda asked: False if asked == patch else real(asked))
-    replayer = Replayer(workflows=[LearnerWorkflow], data_converter=pydantic_data_converter)
-    result = await replayer.replay_workflow(recorded(name), raise_on_replay_failure=False)
-    assert "Nondeterminism" in str(result.replay_failure), result.replay_failure
+    patch_answers(monkeypatch, patch, False)
+    failure = await replay_failure(recorded(name), LearnerWorkflow)
+    assert "Nondeterminism" in failure, failure
 
 
 @pytest.mark.slow  # a recorder: `make test` leaves it out, `make test-all` skips it

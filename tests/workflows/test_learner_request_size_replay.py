@@ -19,10 +19,7 @@ import os
 from pathlib import Path
 
 import pytest
-from temporalio import workflow
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
 
 from contracts.common import ObjectRef
 from contracts.learner import TrajectoryGroup
@@ -30,7 +27,7 @@ from contracts.names import Activity
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import TemporalServer
 from tests.workflows.harness import connect
-from tests.workflows.replaying import replay
+from tests.workflows.replaying import patch_answers, replay, replay_failure
 from tests.workflows.test_learner_request_size import run_learner, scheduled_inputs
 from workflows.learner import LearnerWorkflow
 from workflows.learner_request import STEP_PARTS_PATCH
@@ -86,16 +83,6 @@ async def test_the_recorded_histories_replay(name: str) -> None:
     await replay(history, LearnerWorkflow)
 
 
-def patch_check_answers(monkeypatch: pytest.MonkeyPatch, parts: bool) -> None:
-    """`workflow.patched` answers `parts` for `STEP_PARTS_PATCH` without asking the history (and
-    records no marker): a step's groups always go by reference (True) or inline (False: the
-    release before the patch)."""
-    real = workflow.patched
-    monkeypatch.setattr(
-        workflow, "patched", lambda patch: parts if patch == STEP_PARTS_PATCH else real(patch)
-    )
-
-
 @pytest.mark.parametrize(
     ("parts", "name"),
     [(False, "learner_step_parts.json.gz"), (True, "learner_step_whole.json.gz")],
@@ -104,10 +91,10 @@ def patch_check_answers(monkeypatch: pytest.MonkeyPatch, parts: bool) -> None:
 async def test_a_replay_without_the_patch_check_fails(
     monkeypatch: pytest.MonkeyPatch, parts: bool, name: str
 ) -> None:
-    patch_check_answers(monkeypatch, parts)
-    replayer = Replayer(workflows=[LearnerWorkflow], data_converter=pydantic_data_converter)
-    result = await replayer.replay_workflow(recorded(name), raise_on_replay_failure=False)
-    assert "Nondeterminism" in str(result.replay_failure), result.replay_failure
+    """A step's groups always go by reference (True) or inline (False: the release before)."""
+    patch_answers(monkeypatch, STEP_PARTS_PATCH, parts)
+    failure = await replay_failure(recorded(name), LearnerWorkflow)
+    assert "Nondeterminism" in failure, failure
 
 
 @pytest.mark.slow  # a recorder: `make test` leaves it out, `make test-all` skips it
@@ -124,7 +111,7 @@ async def test_record(
 ) -> None:
     workflow_id, patched = RECORDED[name]
     if not patched:  # the release before the patch: it asked nothing, and sent one request
-        patch_check_answers(monkeypatch, False)
+        patch_answers(monkeypatch, STEP_PARTS_PATCH, False)
     groups = [group_of(i) for i in range(3)]
     client = await connect(temporal_server.address, namespace)
     final, trainer, history = await run_learner(client, store, tmp_path, workflow_id, groups)

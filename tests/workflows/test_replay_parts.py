@@ -25,14 +25,11 @@ import os
 from pathlib import Path
 
 import pytest
-from temporalio import workflow
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
 
 from infra.storage import ObjectStore
 from tests.workflows.harness import ScriptedModel, ScriptedSandbox, connect, running_workers, start
-from tests.workflows.replaying import replay
+from tests.workflows.replaying import patch_answers, replay, replay_failure
 from tests.workflows.test_agent_task_history_bound import largest_call
 from tests.workflows.test_episodes import task_input, workers
 from workflows.agent_task import TRAJECTORY_PARTS_PATCH, AgentTaskWorkflow
@@ -79,21 +76,11 @@ async def test_the_recorded_histories_replay(name: str) -> None:
     await replay(history, AgentTaskWorkflow)
 
 
-def patch_check_answers(monkeypatch: pytest.MonkeyPatch, parts: bool) -> None:
-    """`AgentTaskWorkflow._write` without its patch check: `workflow.patched` answers `parts`
-    for `TRAJECTORY_PARTS_PATCH` without asking the history (and records no marker), so a group
-    is always written in parts (True) or always in one request (False: the release before the
-    patch)."""
-    real = workflow.patched
-    monkeypatch.setattr(
-        workflow, "patched", lambda patch: parts if patch == TRAJECTORY_PARTS_PATCH else real(patch)
-    )
-
-
 @pytest.fixture
 def one_branch(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    """`patch_check_answers(request.param)`."""
-    patch_check_answers(monkeypatch, request.param)
+    """`AgentTaskWorkflow._write` without its patch check: a group is always written in parts
+    (True) or always in one request (False: the release before the patch)."""
+    patch_answers(monkeypatch, TRAJECTORY_PARTS_PATCH, request.param)
 
 
 @pytest.mark.parametrize(
@@ -106,9 +93,8 @@ def one_branch(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) 
 )
 @pytest.mark.asyncio
 async def test_a_replay_without_the_patch_check_fails(one_branch: None, name: str) -> None:
-    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
-    result = await replayer.replay_workflow(recorded(name), raise_on_replay_failure=False)
-    assert "Nondeterminism" in str(result.replay_failure), result.replay_failure
+    failure = await replay_failure(recorded(name), AgentTaskWorkflow)
+    assert "Nondeterminism" in failure, failure
 
 
 @pytest.mark.slow  # a recorder: `make test` leaves it out, `make test-all` skips it
@@ -120,7 +106,7 @@ async def test_record(
 ) -> None:
     workflow_id, patched = RECORDED[name]
     if not patched:  # the release before the patch: it asked nothing, and wrote one request
-        patch_check_answers(monkeypatch, False)
+        patch_answers(monkeypatch, TRAJECTORY_PARTS_PATCH, False)
     client = await connect(temporal_server.address, namespace)
     sandbox = ScriptedSandbox(store, "a")
     task = task_input(store, workflow_id.removesuffix("-fix"), group_size=GROUP, max_turns=STEPS)
