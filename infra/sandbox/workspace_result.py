@@ -140,8 +140,8 @@ def cpu_killed(
     `exit 152` of the command's own, at once, held too little)."""
     if exit_code not in (128 + signal.SIGXCPU, 128 + signal.SIGKILL):
         return False
-    if cpu_used is None:
-        cpu_used = duration_ms / 1000 * (os.cpu_count() or 1)
+    if cpu_used is None:  # the most it could have held: no margin for what was never counted
+        return duration_ms / 1000 * (os.cpu_count() or 1) >= limits.cpu_s
     return cpu_used >= limits.cpu_s * CPU_COUNTED_SHARE
 
 

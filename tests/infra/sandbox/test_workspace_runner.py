@@ -36,6 +36,7 @@ from infra.sandbox.workspace import (
     check_mount_point,
     session_uid,
 )
+from infra.sandbox.workspace_result import cpu_killed
 from tests.infra.sandbox.argv_faults import alter_argv, fail_with, nproc_one, reject_option
 
 pytestmark = pytest.mark.skipif(
@@ -377,6 +378,10 @@ def test_the_rule_condemns_only_faults_no_retry_mends() -> None:
     assert not definitive("bwrap: Can't find source path /x: Permission denied")  # unknown
 
 
+@pytest.mark.skipif(
+    not (Cgroups.available() and Cgroups.cpuacct_available()),
+    reason="needs a cpuacct hierarchy of its own: without a count the duration decides",
+)
 def test_a_slow_commands_own_exit_152_is_no_cpu_kill(workspace: Path) -> None:
     """A command's own `exit 152` (128 + SIGXCPU) after sleeping past `cpu_s` / CPUs seconds read
     as a CPU kill while the runner judged by its duration (its cpuacct group was joined only
@@ -385,3 +390,13 @@ def test_a_slow_commands_own_exit_152_is_no_cpu_kill(workspace: Path) -> None:
     limits = LIMITS.model_copy(update={"cpu_s": 1, "timeout_s": 10})
     result = run(workspace, "sleep 1.5; exit 152", limits)
     assert (result.status, result.exit_code) == (ExecStatus.FAILED, 152), result
+
+
+def test_without_a_count_the_cpu_margin_is_not_given() -> None:
+    """`CPU_COUNTED_SHARE` forgives a count that lags the kernel's ticks; a duration × CPUs guess
+    (no cpuacct hierarchy of its own) gets no margin: at 80% of `cpu_s` it is no CPU kill."""
+    limits = LIMITS.model_copy(update={"cpu_s": 10})
+    most = 10_000 // (os.cpu_count() or 1)  # ms that could hold `cpu_s` on every CPU
+    assert not cpu_killed(152, limits, None, most * 8 // 10)
+    assert cpu_killed(152, limits, None, most + 1)
+    assert cpu_killed(152, limits, 8.0, 0)  # counted: within the margin
