@@ -95,6 +95,12 @@ def trajectory_key(run: str, task: str, sample: int) -> str:
     return f"{trajectories_prefix(run)}{episode_name(task, sample)}.json"
 
 
+def task_trajectories_prefix(run: str, task: str) -> str:
+    """The prefix of every trajectory of `task`'s episodes; also of a task whose id extends
+    `<task>--s` (`trajectory_episode` and `episode_of` tell them apart)."""
+    return f"{trajectories_prefix(run)}{episode_name(task, 0).removesuffix('0')}"
+
+
 def trajectory_episode(run: str, key: str) -> str | None:
     """The episode (`episode_name`) whose trajectory `key` is, None for another key."""
     name = key.removeprefix(trajectories_prefix(run))

@@ -144,9 +144,14 @@ def prune_snapshots(store: ObjectStore, run_id: str, finished: bool = False) -> 
     """Delete the workspace snapshots of `run_id`'s episodes whose trajectory is written, or
     (`finished`: nothing works on the run any more) every one. Returns how many objects."""
     stored = list(store.list_keys(keys.snapshots_prefix(run_id)))
-    if stored and not finished:
-        trajectories = store.list_keys(keys.trajectories_prefix(run_id))
-        done = {keys.trajectory_episode(run_id, key) for key in trajectories} - {None}
+    if stored and not finished:  # the trajectories of the tasks with snapshots, not every one
+        named = (keys.episode_of(keys.snapshot_episode(run_id, key) or "") for key in stored)
+        tasks = sorted({episode[0] for episode in named if episode is not None})
+        done = {
+            keys.trajectory_episode(run_id, key)
+            for task in tasks
+            for key in store.list_keys(keys.task_trajectories_prefix(run_id, task))
+        }
         stored = [key for key in stored if keys.snapshot_episode(run_id, key) in done]
     return store.delete_keys(stored)
 

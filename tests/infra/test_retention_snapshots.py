@@ -6,6 +6,10 @@ goes on as before; once the run has finished, every one of it and of its evaluat
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import pytest
+
 from contracts.common import ObjectRef
 from infra import keys
 from infra.environments.snapshot_chain import episode_folder
@@ -78,3 +82,29 @@ def test_a_finished_runs_prune_deletes_its_snapshots_and_its_evaluations(
     for episode in kept:  # a run whose id begins alike, and another run
         assert restored(store, episode.ref) == episode.files
     assert store.exists(keys.trajectory_key("fin", "t", 0))
+
+
+def test_a_live_prune_lists_only_the_trajectories_of_tasks_with_snapshots(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It read every trajectory of the run each time (a prune a learner step: quadratic in the
+    run's length); now those of the tasks whose episodes have snapshots, a task whose id
+    extends another's (`t--s1`: `t`'s prefix lists it) told apart."""
+    for n in range(30):  # done long ago, their snapshots pruned
+        done(store, "long", f"old{n}", 0)
+    stepped(store, "long", "t", 0, steps=1)
+    stepped(store, "long", "t--s1", 0, steps=1)
+    done(store, "long", "t--s1", 0)
+    listed: list[str] = []
+    real = store.list_keys
+
+    def counted(prefix: str) -> Iterator[str]:
+        for key in real(prefix):
+            listed.append(key)
+            yield key
+
+    monkeypatch.setattr(store, "list_keys", counted)
+    assert prune_snapshots(store, "long") == 1
+    trajectories = [key for key in listed if key.startswith(keys.trajectories_prefix("long"))]
+    assert trajectories == [keys.trajectory_key("long", "t--s1", 0)] * 2, trajectories
+    assert folder(store, "long", "t", 0)
