@@ -16,12 +16,15 @@ carries, workflows/step_slots.py) they are stored in parts by `store_step_groups
 groups are (`learner_request.store_groups`, a part a workflow task: a transaction of the
 server's holds at most 4 MiB), and the state names the parts in
 `LearnerInput.pending_parts` instead (`CARRY_PARTS_PATCH`, asked only then): ~200 bytes a part.
-Groups signalled while they are stored stay inline, after them. The next segment reads the parts
-back (`load_step_groups`, a part a workflow task, each within a payload) before anything else and
-puts their groups first, dropping a copy of one re-sent meanwhile; its history holds them once
-more, as an inline input's did. An input that names no parts (every one before the patch) asks
-for nothing, so reading back needs no patch of its own. A final state's parts stay in the store
-under the run's prefix (the run reads nothing of a learner's `pending`).
+Groups signalled while they are stored stay inline, after them, where they are within
+`SIGNAL_BYTES`; past it they are stored too, round after round (three ~0.9 MB signals during a
+carry's stores were refused the same way). No history before took a second round: it would have
+been refused. The next segment reads the parts back (`load_step_groups`, a part a workflow task,
+each within a payload) before anything else and puts their groups first, dropping a copy of one
+re-sent meanwhile; its history holds them once more, as an inline input's did. An input that
+names no parts (every one before the patch) asks for nothing, so reading back needs no patch of
+its own. A final state's parts stay in the store under the run's prefix (the run reads nothing of
+a learner's `pending`).
 """
 
 from __future__ import annotations
@@ -44,14 +47,13 @@ past 2 MiB, refused on every retry."""
 
 
 async def carry(state: LearnerInput) -> None:
-    """Store `state.pending` in parts and name them in `state.pending_parts` where the groups pass
-    `SIGNAL_BYTES` (`CARRY_PARTS_PATCH`, asked only then); groups signalled meanwhile stay."""
-    pending = list(state.pending)  # as they stand: a signal may add more while they are stored
-    if groups_bytes(pending) <= SIGNAL_BYTES or not workflow.patched(CARRY_PARTS_PATCH):
-        return
-    refs = await store_groups(state, pending)
-    state.pending_parts.extend(refs)  # after any still named: the older groups
-    del state.pending[: len(pending)]
+    """Store `state.pending` in parts and name them in `state.pending_parts` while the groups pass
+    `SIGNAL_BYTES` (`CARRY_PARTS_PATCH`, asked only then): again for those signalled meanwhile."""
+    while groups_bytes(state.pending) > SIGNAL_BYTES and workflow.patched(CARRY_PARTS_PATCH):
+        pending = list(state.pending)  # as they stand: a signal may add more while they are stored
+        refs = await store_groups(state, pending)
+        state.pending_parts.extend(refs)  # after any still named: the older groups
+        del state.pending[: len(pending)]
 
 
 async def read_carried(state: LearnerInput) -> set[str]:
