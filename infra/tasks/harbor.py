@@ -19,16 +19,11 @@ file tree over the host's read-only system, so the Dockerfile may only use FROM 
 ignored), WORKDIR, COPY and ENV, read as Docker reads them (`infra/tasks/harbor_dockerfile.py`
 says how far); anything else in it is an error naming the file and line.
 
-task.toml is Harbor's. Tempered reads `[verifier] timeout_sec` (a number of seconds, or a
-string of one, as Harbor's float field takes it, at most `tree.MAX_CHECK_S`; a boolean is an
-error; without it Harbor's
-default, `VERIFIER_TIMEOUT_S`, not the run's sandbox limit of 10 s), `[verifier.env]`
-(variable names as a Dockerfile's ENV takes them; strings, numbers and booleans, spelt as TOML
-spells them; no NUL) and `[metadata] split`; a wrong type there is an error. The rest of
-Harbor's format (`KEYS`, and the rest of [metadata]) is accepted and ignored. Other keys, at
-the top or in [verifier], are ignored as Harbor ignores them, with one warning per task naming
-them, except a close misspelling of a key Tempered reads: an error asking "did you mean" (a
-typo such as `timeout_secs` once gave the default silently).
+task.toml is Harbor's, read by `infra/tasks/harbor_toml.py` (which says which keys): its
+[verifier] timeout_sec and env make the check, [metadata] split the task's split; a limit
+Harbor has and Tempered does not apply ([environment] memory_mb, cpus, ..., [agent]
+timeout_sec) is one warning each, naming the task, the key and its value; keys Harbor does not
+have are one warning per task naming them.
 
 A task with bad input is reported with its directory and file (and line), and the other tasks
 still load: no task.toml (a directory holding any of task.toml, instruction.md, tests/ or
@@ -39,7 +34,8 @@ Dockerfile, anything in tests/, solution/ or a directory COPY takes: its target 
 on the host), a task file that is no regular file (a FIFO is never waited on), files past their
 size (below), a Dockerfile it cannot use (a bad WORKDIR or file tree is the Dockerfile's error,
 not task.toml's), a file or directory it cannot read (a mode of 000: the worker's uid is not
-root everywhere), a tests/test.sh whose `#!` line no command can name (`checks.shebang`: longer
+root everywhere), an empty tests/test.sh (blank: it could
+write no reward), a tests/test.sh whose `#!` line no command can name (`checks.shebang`: longer
 than the kernel reads, a NUL, not UTF-8). A suite directory that cannot be listed is bad input
 (ValueError). The files COPY puts in the workspace take at most `max_mb` in all, and the task's
 other files (task.toml, instruction.md, the Dockerfile, tests/, solution/: never in the
@@ -55,19 +51,15 @@ Not covered: images (the Kubernetes backend's business), multi-stage builds, `.d
 
 from __future__ import annotations
 
-import datetime
-import difflib
 import logging
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from contracts.common import describe_validation_error, is_identifier
 from infra.environments.checks import MAX_SHEBANG, InvalidTask, shebang
-from infra.environments.tree import MAX_CHECK_S, Check
 from infra.tasks.harbor_dockerfile import (
     MAX_TASK_MB,
     Budget,
@@ -76,7 +68,7 @@ from infra.tasks.harbor_dockerfile import (
     read_dockerfile,
     tree,
 )
-from infra.tasks.harbor_words import ENV_KEY
+from infra.tasks.harbor_toml import read_config
 from infra.tasks.workspace_task import WorkspaceTask, workspace_task
 
 __all__ = [
@@ -99,30 +91,6 @@ MARKERS = ("task.toml", "instruction.md", "tests", "task.yaml")
 Terminal-Bench's task.yaml. A directory with none of them (docs/, .git/) is passed over."""
 OWN_DIRS = ("environment", "tests", "solution")
 """A task directory's own directories: a task.toml in them is a fixture, not a task."""
-KEYS = {
-    "": (
-        ("verifier", "metadata"),
-        ("version", "schema_version", "source", "steps", "artifacts",
-         "multi_step_reward_strategy", "task", "agent", "environment", "solution"),
-    ),
-    "verifier": (
-        ("timeout_sec", "env"),
-        ("user", "network_mode", "allowed_hosts", "environment_mode", "environment",
-         "continuous", "collect"),
-    ),
-}  # fmt: skip
-"""Harbor's task.toml keys, at the top and in [verifier]: (those Tempered reads, those it
-ignores). Any other key there is ignored with a warning, or an error where it is a close
-misspelling (`CLOSE`) of one Tempered reads."""
-CLOSE = 0.8
-"""difflib's ratio from which an unknown key is taken for a misspelling: `timeout_secs`,
-`verifierr` and `envs` are; `restart_environment` and `ground_truth` are not."""
-VERIFIER_TIMEOUT_S = 600.0
-"""test.sh's wall time when task.toml names no `[verifier] timeout_sec`: Harbor's own default
-(`VerifierConfig.timeout_sec` in Harbor's src/harbor/models/task/config.py). The run's sandbox
-limit (`SandboxLimits.timeout_s`, 10 s) once stood in for it and scored a correct answer 0
-whose test took 12 s."""
-_SECONDS = TypeAdapter(float)
 log = logging.getLogger("tempered.tasks")
 
 
@@ -248,20 +216,24 @@ def _load(directory: Path, name: str, suite: str, max_mb: int) -> WorkspaceTask:
     if not dockerfile.is_file():
         raise fail("environment/Dockerfile", "missing")
     try:
-        check, split, unknown = _config(config)
+        read = read_config(config)
     except ValidationError as exc:
         raise fail("task.toml", describe_validation_error(exc)) from None
     except ValueError as exc:
         raise fail("task.toml", str(exc)) from None
-    if unknown:
+    if read.unknown:
         log.warning(
             "%s: keys Tempered does not know, ignored: %s",
             directory / "task.toml",
-            ", ".join(unknown),
+            ", ".join(read.unknown),
         )
+    for line in read.unapplied:  # one each, naming the task: its run may fail for want of it
+        log.warning("task %s: %s: %s", name, directory / "task.toml", line)
     try:
         workdir, files, env = read_dockerfile(dockerfile, budget, own)
         tests = tree(directory / "tests", Budget.tree("tests", max_mb, own))
+        if not tests["test.sh"].data.strip():  # run, it would write no reward: every verify 0
+            raise fail("tests/test.sh", "empty: the check must write the reward in /logs/verifier")
         try:  # a #! line no command can name fails every verify: said now, naming the file
             shebang(tests["test.sh"].data[:MAX_SHEBANG], "test.sh")
         except InvalidTask as exc:
@@ -274,47 +246,17 @@ def _load(directory: Path, name: str, suite: str, max_mb: int) -> WorkspaceTask:
             prompt,
             files,
             tests,
-            check,
+            read.check,
             solution=solution,
             workdir=workdir,
             env_vars=env,
             suite=suite,
-            split=split,
+            split=read.split,
         )
     except ValidationError as exc:  # by the first field at fault (the split: task.toml)
         loc = exc.errors()[0]["loc"]
         file = _BLAME.get(str(loc[0]) if loc else "", "task.toml")
         raise fail(file, describe_validation_error(exc)) from None
-
-
-def _config(config: dict[str, Any]) -> tuple[Check, Any, list[str]]:
-    """The check and the split task.toml asks for, and the keys it has that Harbor does not
-    (dotted: `verifier.x`); ValueError naming the key at fault."""
-    unknown = _unknown(config, "")
-    verifier, metadata = _table(config, "verifier"), _table(config, "metadata")
-    unknown += _unknown(verifier, "verifier")
-    timeout = _timeout(verifier.get("timeout_sec", VERIFIER_TIMEOUT_S))
-    env = {
-        key: _env_value(key, value) for key, value in _table(verifier, "env", "verifier.").items()
-    }
-    check = Check(kind="script", tests="test.sh", timeout_s=timeout, env=env)
-    return check, metadata.get("split", "train"), unknown
-
-
-def _timeout(value: Any) -> float:
-    """`[verifier] timeout_sec` in seconds; ValueError naming the key and its range (the cap
-    is `Check.timeout_s`'s: once its own field name and bound were all the error said)."""
-    key, wanted = "[verifier] timeout_sec", f"more than 0 s, at most {MAX_CHECK_S:g} s"
-    try:
-        if isinstance(value, bool):  # Harbor's float would take it for 0 or 1 s
-            raise ValueError
-        seconds = _SECONDS.validate_python(value)
-    except ValueError:  # ValidationError too
-        shown = repr(value) if isinstance(value, str) else _kind(value)
-        raise ValueError(f"{key}: a number of seconds, not {shown} ({wanted})") from None
-    if not 0 < seconds <= MAX_CHECK_S:  # NaN too
-        raise ValueError(f"{key}: {value!r} seconds: a check takes {wanted}") from None
-    return seconds
 
 
 def _not_utf8(exc: UnicodeDecodeError) -> str:
@@ -323,51 +265,3 @@ def _not_utf8(exc: UnicodeDecodeError) -> str:
     line_start = data.rfind(b"\n", 0, at) + 1
     line, column = data.count(b"\n", 0, at) + 1, at - line_start + 1
     return f"not UTF-8: byte {data[at]:#04x} at offset {at} (line {line}, column {column})"
-
-
-def _unknown(table: dict[str, Any], within: str) -> list[str]:
-    """The keys of `table` (task.toml's top, or [`within`]) Harbor does not have, dotted;
-    ValueError for one that is a close misspelling of a key Tempered reads."""
-    read, ignored = KEYS[within]
-    unknown = [key for key in table if key not in read and key not in ignored]
-    for key in unknown:
-        if meant := difflib.get_close_matches(key, read, n=1, cutoff=CLOSE):
-            where = f"[{within}] " if within else ""
-            raise ValueError(f"{where}{key}: no such key; did you mean {meant[0]}?")
-    return [f"{within}.{key}" if within else key for key in unknown]
-
-
-def _env_value(key: str, value: Any) -> str:
-    """A [verifier.env] variable's value as the test script gets it; ValueError naming it
-    where no process could be given it (bwrap's --setenv once failed on `C=D`, and a NUL
-    stopped `tasks validate` for every task)."""
-    if not ENV_KEY.fullmatch(key):
-        raise ValueError(
-            f"[verifier.env] {key!r} is not a variable name (letters, digits and _, not first "
-            "a digit)"
-        )
-    if isinstance(value, bool):
-        return "true" if value else "false"  # as TOML spells it
-    if not isinstance(value, str | int | float):
-        raise ValueError(
-            f"[verifier.env] {key}: a string, a number or a boolean, not {_kind(value)}"
-        )
-    if "\0" in (text := str(value)):
-        raise ValueError(f"[verifier.env] {key}: a NUL character")
-    return text
-
-
-def _kind(value: Any) -> str:
-    """The TOML type of `value`, for an error."""
-    kinds = {bool: "a boolean", str: "a string", int: "an integer", float: "a float"}
-    kinds |= {list: "an array", dict: "a table"}
-    if isinstance(value, datetime.date | datetime.time):
-        return "a date or time"
-    return kinds.get(type(value), type(value).__name__)
-
-
-def _table(config: dict[str, Any], key: str, within: str = "") -> dict[str, Any]:
-    table = config.get(key, {})
-    if not isinstance(table, dict):
-        raise ValueError(f"[{within}{key}] is not a table")
-    return table

@@ -19,7 +19,8 @@ continued lines too):
                leading `/` too), globs as pathlib reads them (one matching nothing is an error);
                several sources or matches, a destination ending in `/`, or one that is a
                directory already take the files into it; a directory copies its contents;
-               `--chown`/`--chmod` ignored, `--from` an error
+               `--chown`/`--chmod` ignored, `--from` and heredocs (`<<EOF`) an error; its
+               words quoted and expanded as ENV's (`'$D'` is `$D`)
     ENV        KEY=value words (or the legacy KEY value), quoted and expanded as Docker does
 
 Anything else is a TaskInputError naming the file and line: another instruction, a file COPY
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -61,7 +63,7 @@ from infra.environments.verifier_files import (
 from infra.environments.workspace import SOLUTION_DIR
 from infra.sandbox.workspace import check_mount_point
 from infra.settings import WorkspaceSettings
-from infra.tasks.harbor_words import arguments_of, env_pairs, expand, shell_words
+from infra.tasks.harbor_words import arguments_of, env_pairs, shell_words
 
 DEFAULT_WORKDIR = "/app"
 INSTRUCTIONS = {"FROM", "WORKDIR", "COPY", "ENV"}
@@ -76,6 +78,8 @@ default size."""
 MAX_TASK_FILES_MB = 1024
 """What a task's files outside the workspace may take in all: a cap on the loader's memory,
 generous (a task's tests may hold fixtures), not a size any backend needs."""
+_CONTINUED = re.compile(r"\\[ \t]*$")
+"""A line's end that continues it on the next (Docker's escape, spaces or tabs after it)."""
 _WORKDIR = TypeAdapter(Annotated[str, WorkspaceSpec.model_fields["workdir"]])
 
 
@@ -176,13 +180,16 @@ def read_dockerfile(
         elif instruction == "ENV":
             env.update(env_pairs(arguments, env, fail))
         else:
-            words = arguments_of(arguments, fail)
+            words = arguments_of(arguments, env, fail)  # expanded as they are split
             if any(word.startswith("--from") for word in words):
                 raise fail("COPY --from (multi-stage) is not supported")
+            if any(word.startswith("<<") for word in words):
+                why = "put the file in the build context and COPY it"
+                raise fail(f"COPY heredocs (<<EOF) are not supported: {why}")
             words = [word for word in words if not word.startswith("--")]
             if len(words) < 2:
                 raise fail("COPY needs a source and a destination")
-            *sources, destination = (expand(word, env) for word in words)
+            *sources, destination = words
             target = _absolute(workdir, destination)
             matches = [match for source in sources for match in _matches(context, source, fail)]
             into = destination.endswith("/") or len(matches) > 1 or target in dirs
@@ -234,27 +241,31 @@ def _make_dirs(
 
 
 def _instructions(path: Path, budget: Budget) -> list[tuple[int, str, str]]:
-    """(line number, INSTRUCTION, arguments), continuation lines joined, comments dropped."""
+    """(line number, INSTRUCTION, arguments), comments and blank lines dropped, continued lines
+    joined as Docker joins them: the backslash (and the spaces after it) dropped, the next line
+    kept as it is, its leading spaces too, nothing added (`/ap\\` + `p` is `/app`); a comment
+    or blank line inside a continued line is passed over."""
     try:
         lines = budget.read(path, follow_links=False).decode("utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise TaskInputError(f"{path}: unreadable ({exc})") from None
-    result, pending, start = [], "", 0
+    result: list[tuple[int, str, str]] = []
+    pending: str | None = None  # the continued line so far; None: no line is continued
+    start = 0
     for number, line in enumerate(lines, 1):
         if "\0" in line:
             raise TaskInputError(f"{path}:{number}: a NUL character")
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
+        if not line.strip() or line.lstrip().startswith("#"):
             continue  # inside a continued line too, as Docker reads it
-        if not pending:
-            start = number
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
+        if pending is None:
+            start, pending, line = number, "", line.lstrip()
+        if continued := _CONTINUED.search(line):
+            pending += line[: continued.start()]
             continue
-        text, pending = pending + stripped, ""
+        text, pending = pending + line, None
         instruction, *arguments = text.split(None, 1)
         result.append((start, instruction.upper(), "".join(arguments).strip()))
-    if pending:
+    if pending is not None:
         raise TaskInputError(f"{path}:{start}: the file ends inside a continued line")
     return result
 

@@ -2,9 +2,9 @@
 instruction's arguments split as a shell would (a JSON array too), ENV's `KEY=value` words and
 `$VAR`/`${VAR}` expanded from what earlier lines set over the sandbox's `BASE_ENV`.
 
-    arguments_of('["a b", "c"]', fail)     # ["a b", "c"]
-    env_pairs('A=1 B="$A 2"', {}, fail)    # {"A": "1", "B": " 2"}: not from the same line
-    shell_words("'$HOME' x", env, fail)    # ["$HOME", "x"]
+    arguments_of('["a b", "$C"]', env, fail)   # ["a b", env's C]: COPY's words, expanded
+    env_pairs('A=1 B="$A 2"', {}, fail)        # {"A": "1", "B": " 2"}: not from the same line
+    shell_words("'$HOME' x", env, fail)        # ["$HOME", "x"]
 
 `fail(why)` makes the caller's error (the file and line): an unclosed quote, an ENV word that
 is no `KEY=value`.
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from typing import Any
 
 from infra.sandbox.workspace import BASE_ENV
@@ -24,22 +23,17 @@ ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VARIABLE = re.compile(r"\$(\w+)|\$\{(\w+)\}")
 
 
-def arguments_of(arguments: str, fail: Any) -> list[str]:
+def arguments_of(arguments: str, env: dict[str, str], fail: Any) -> list[str]:
+    """COPY's words: a JSON array's strings with `$VAR`/`${VAR}` expanded, else the words of
+    `shell_words` (quotes removed, expanded except in single quotes: `'$D'` is `$D`)."""
     if arguments.startswith("["):
         try:
             words = json.loads(arguments)
         except ValueError:
             words = None
         if isinstance(words, list) and all(isinstance(word, str) for word in words):
-            return words
-    return _split(arguments, fail)
-
-
-def _split(arguments: str, fail: Any) -> list[str]:
-    try:
-        return shlex.split(arguments)
-    except ValueError as exc:  # an unclosed quote: the instruction's error, not the loader's
-        raise fail(f"{exc.args[0].lower()} in {arguments!r}") from None
+            return [expand(word, env) for word in words]
+    return shell_words(arguments, env, fail)
 
 
 def expand(text: str, env: dict[str, str]) -> str:
