@@ -9,7 +9,10 @@ start on its way is let finish, and every workflow started is cancelled in Tempo
 error goes on: they ran on there, waiting for a model, with nothing to end them (`asyncio.gather`
 raised at the first error and left them; only a failed task and Ctrl-C cancelled them). One line
 says how many were cancelled (the cancels that went through: Temporal may not be reached) and
-names any it could not cancel. Cancelled, not terminated: a task closes its workspace sessions
+names any it could not cancel. A start that failed, or was cut short and then failed, may have
+been made on the server all the same (its response lost: DEADLINE_EXCEEDED, or the SDK's retry
+met the workflow it made): it is cancelled by its workflow id (fixed, `<eval run>-<task>`;
+NOT_FOUND: nothing was made), or named among those that could not be. Cancelled, not terminated: a task closes its workspace sessions
 as it ends (`workflows/agent_task.py`). A second Ctrl-C while the cancels go out stops them
 (asyncio.run's own rule).
 
@@ -20,7 +23,6 @@ as it ends (`workflows/agent_task.py`). A second Ctrl-C while the cancels go out
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 from typing import Any, NamedTuple
 
@@ -110,19 +112,27 @@ async def evaluate(
                 raise
 
     async def start_and_wait(task: TaskSpec) -> AgentTaskResult:
+        workflow_id = f"{eval_run}-{task.id}"
         starting = asyncio.ensure_future(
             client.start_workflow(
                 AgentTaskWorkflow.run,
                 spec.eval_input(task, eval_run, version),
-                id=f"{eval_run}-{task.id}",
+                id=workflow_id,
                 task_queue=Queue.AGENT_TASKS.value,
             )
         )
+        # a start that failed may be made on the server all the same: cancelled by its id
+        by_id: Handle = client.get_workflow_handle(workflow_id, result_type=AgentTaskResult)
         try:  # a start cut short may still be made on the server: let it end, then cancel
             handle = await asyncio.shield(starting)
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):  # one that failed started nothing
+            try:
                 running.append(await starting)
+            except BaseException:  # it failed (or a second Ctrl-C): it may be made all the same
+                running.append(by_id)
+            raise
+        except Exception:
+            running.append(by_id)
             raise
         running.append(handle)
         try:

@@ -13,10 +13,23 @@ alike (`R-eval-v3--starter-<tag>`'s, asked about `R-eval-v3`) is told apart by i
 search attribute; `tempered eval` starts its tasks without one (the workflow sets it on its
 first task), and such a task counts as R's where R is an evaluation's id. Not asked: what
 will start later (only a running training run or evaluation starts more).
+
+What reads a run's policy versions from outside it: a live reader's marker
+(`infra.retention.reading`), which `tempered eval --run R --policy N` writes before its first
+task's workflow exists (`live_readers`, read from the store: `runs rm` refuses such a run;
+`runs prune` keeps the version it names). Live by `infra.retention`'s rule: not ended, and
+`until` still ahead.
+
+    readers = live_readers(store, "exp1")
+    # ["reader exp1-eval-v3--starter-x reads v3 until 2025-06-01T12:30:00Z (runs/exp1/...json)"]
 """
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
+
+from pydantic import ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -27,7 +40,10 @@ from contracts.names import (
     learner_workflow_id,
     run_workflow_id,
 )
+from infra import keys
+from infra.retention import PolicyReader
 from infra.settings import Settings
+from infra.storage import ObjectNotFound, ObjectStore
 from workers.runtime import connect
 from workflows.search import KEYS
 
@@ -70,3 +86,19 @@ async def _running(client: Client, workflow_id: str) -> bool:
             return False
         raise
     return description.status is WorkflowExecutionStatus.RUNNING
+
+
+def live_readers(store: ObjectStore, run: str) -> list[str]:
+    """Each live reader marker of `run`'s policy versions, as `runs rm` names it (one that is
+    unreadable, or gone since listed, is none: `infra.retention` takes it for ended)."""
+    now, found = time.time(), []
+    for key in store.list_keys(keys.policy_readers_prefix(run)):
+        try:
+            marker = store.get_model(key, PolicyReader)
+        except (ObjectNotFound, ValidationError):
+            continue
+        if not marker.ended and marker.until > now:
+            until = datetime.fromtimestamp(marker.until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            reader = key.removeprefix(keys.policy_readers_prefix(run)).removesuffix(".json")
+            found.append(f"reader {reader} reads v{marker.version} until {until} ({key})")
+    return found

@@ -10,7 +10,11 @@ its objects go (a worker killed mid-upload leaves its parts stored, listed by no
 A rerun of `rm` takes a run with a removal record as one to finish (`infra.run_ids`; other
 commands call it unknown) and deletes what is left. Deleting the run's prefix first left a rerun
 stopped at "unknown run", with the evaluations and cached policies kept for good. An S3 error on
-the way names what was done already. It does not ask whether the run runs (the caller did).
+the way names what was done already. It does not ask whether the run runs (the caller did),
+but it refuses (ValueError, before anything is deleted) a run whose policy versions a live
+reader marks (`runs_busy.live_readers`: a `tempered eval --run RUN` before its first task's
+workflow exists, which no workflow tells of): its marker expires in at most `READER_TTL_S`
+after its reader is gone.
 """
 
 from __future__ import annotations
@@ -24,11 +28,18 @@ from infra import keys
 from infra.policy_cache import forget_run
 from infra.run_ids import removal_record
 from infra.storage import ObjectExists, ObjectStore, StorageError
+from workers.cli.runs_busy import live_readers
 
 
 def remove_run(store: ObjectStore, cache_dir: Path, run: str) -> str:
     """Delete `run`'s objects, its evaluations' and its policy versions in `cache_dir`; the
-    line that says what went. A StorageError says what was deleted before it."""
+    line that says what went. A StorageError says what was deleted before it; a ValueError,
+    that a live reader reads the run (nothing deleted)."""
+    if readers := live_readers(store, run):
+        raise ValueError(
+            f"run {run} is read: {'; '.join(readers)}; nothing deleted (let the reader finish; "
+            "one gone without a word keeps it only until then)"
+        )
     evals = [
         prefix
         for prefix in store.list_prefixes(keys.RUNS_PREFIX)

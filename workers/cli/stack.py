@@ -4,7 +4,9 @@
                                  (an external Temporal or S3 is used as it is, never started)
     tempered down [--force]      stop them, and the background workers `tempered train` started
                                  (while a training run runs, only with --force: it waits, and
-                                 goes on after `up`; `train --attach RUN` follows it again)
+                                 goes on after `up`; `train --attach RUN` follows it again;
+                                 also only with --force while the stack's own Temporal runs
+                                 and cannot say which runs run: one may)
     tempered worker sandbox      run one queue's worker in the foreground (`all`: every queue)
 
 What `up` starts and on which ports is `infra.stack`'s (`up --help` lists the settings that
@@ -36,7 +38,8 @@ GRPC_PROBE_S = 1.0
 """How long Temporal's port may take to answer HTTP/2's preface (`_speaks_grpc`) before `down`
 asks it: the SDK's connect to a process that holds the port and never answers waits out ASK_S
 (its own timeout is 30 s). Not asked of the stack's own Temporal (its pidfile's process), which
-a loaded host may keep from answering that soon: a miss would read as no run running."""
+a loaded host may keep from answering that soon: one that does not answer within ASK_S (or
+fails the query) may have a run running, and `down` stops it only with --force (`Unasked`)."""
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 """A client's connection preface, then an empty SETTINGS frame (length 0, type 4, stream 0)."""
 
@@ -94,6 +97,11 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     running.set_defaults(func=worker)
 
 
+class Unasked(Exception):
+    """The stack's own Temporal runs and did not say which runs run (why: the exception's text):
+    one may, as where it said so."""
+
+
 def up(args: argparse.Namespace, settings: Settings) -> int:
     """Each service's line as it comes (a failure after a start leaves that start said)."""
     stack.up(settings, say=lambda line: print(line, flush=True))
@@ -101,8 +109,24 @@ def up(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def down(args: argparse.Namespace, settings: Settings) -> int:
-    """Stop the workers and the stack; while training runs run, only with `--force` (exit 2)."""
-    running = asyncio.run(_running_runs(settings))
+    """Stop the workers and the stack; while training runs run, or the stack's own Temporal
+    cannot say whether any does, only with `--force` (exit 2)."""
+    try:
+        running = asyncio.run(_running_runs(settings))
+    except Unasked as exc:
+        said = (
+            f"could not ask the stack's Temporal ({settings.temporal.address}) which training "
+            f"runs run ({exc}): one may"
+        )
+        if not args.force:
+            print(
+                f"tempered down: {said}. Nothing stopped: `tempered down --force` stops the "
+                "stack all the same (a run waits while it is down and goes on after `up`)",
+                file=sys.stderr,
+            )
+            return 2
+        print(f"tempered down: {said}; stopping all the same (--force)", file=sys.stderr)
+        running = []
     if running:
         runs = "s still run" if len(running) > 1 else " still runs"
         attach = "; ".join(f"tempered train --attach {run}" for run in running)
@@ -126,7 +150,9 @@ def down(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _running_runs(settings: Settings) -> list[str]:
     """The ids of the training runs that run on the settings' Temporal; none when nothing
-    answers there (a stack that is down), or when it cannot be asked (said on stderr)."""
+    answers there (a stack that is down), or when a Temporal not the stack's own cannot be
+    asked (said on stderr: one that is not Temporal, an external one down). `Unasked` when the
+    stack's own runs and cannot be asked (a loaded host's may answer late)."""
     endpoint = stack.temporal_endpoint(settings)
     if not port_open(endpoint.host, endpoint.port):
         return []
@@ -144,7 +170,10 @@ async def _running_runs(settings: Settings) -> list[str]:
         client = await asyncio.wait_for(connect(settings, runtime=quiet_runtime()), ASK_S)
         return await asyncio.wait_for(running_run_ids(client), ASK_S)
     except (RuntimeError, OSError, TimeoutError, RPCError) as exc:
-        print(f"tempered down: cannot tell which runs run ({describe(exc)})", file=sys.stderr)
+        why = f"no answer within {ASK_S:.0f}s" if isinstance(exc, TimeoutError) else describe(exc)
+        if ours:
+            raise Unasked(why) from None
+        print(f"tempered down: cannot tell which runs run ({why})", file=sys.stderr)
         return []
 
 
