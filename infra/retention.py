@@ -228,10 +228,13 @@ def reading(
             log.warning("reader %s of %s v%d: not marked ended: %s", reader, run_id, version, err)
 
 
-def _readers(store: ObjectStore, run_id: str) -> tuple[set[int], dict[str, PolicyReader]]:
-    """The versions that live readers mark, and the markers of readers that ended or went stale
-    (by key; an unreadable one as ended, of version 0)."""
-    live: set[int] = set()
+def reader_markers(
+    store: ObjectStore, run_id: str
+) -> tuple[dict[str, PolicyReader], dict[str, PolicyReader]]:
+    """The markers of `run_id`'s live readers, and of those that ended or went stale, by key
+    (an unreadable one as ended, of version 0; one deleted since it was listed, in neither):
+    the one rule of what a reader keeps (both prunes, `tempered runs rm`)."""
+    live: dict[str, PolicyReader] = {}
     ended: dict[str, PolicyReader] = {}
     now = time.time()
     for key in store.list_keys(keys.policy_readers_prefix(run_id)):
@@ -241,11 +244,15 @@ def _readers(store: ObjectStore, run_id: str) -> tuple[set[int], dict[str, Polic
             continue
         except ValidationError:
             marker = PolicyReader(version=0, ended=True)
-        if marker.ended or marker.until <= now:
-            ended[key] = marker
-        else:
-            live.add(marker.version)
+        (ended if marker.ended or marker.until <= now else live)[key] = marker
     return live, ended
+
+
+def _readers(store: ObjectStore, run_id: str) -> tuple[set[int], dict[str, PolicyReader]]:
+    """The versions that live readers mark, and the markers of readers that ended or went stale
+    (`reader_markers`)."""
+    live, ended = reader_markers(store, run_id)
+    return {marker.version for marker in live.values()}, ended
 
 
 def _prune(

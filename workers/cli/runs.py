@@ -49,7 +49,7 @@ from infra.storage import ObjectNotFound, ObjectStore, StorageError
 from workers.cli.episodes import print_episode
 from workers.cli.errors import natural, run_id
 from workers.cli.runs_busy import busy
-from workers.cli.runs_remove import remove_run
+from workers.cli.runs_remove import refuse_read, remove_run
 from workers.cli.table_fit import fit_first_column
 
 Command = Callable[[argparse.Namespace, Settings], int]
@@ -299,9 +299,12 @@ def _refuse_running(
     done: str,
     removing: bool = False,
 ) -> None:
-    """ValueError for an unknown run, a running one, or (unless `force`) no Temporal to ask."""
+    """ValueError for an unknown run, a running one, or (unless `force`) no Temporal to ask;
+    `removing`, also for a run a live reader reads (`remove_run` asks again, before deleting)."""
     for run in runs:
         require_run(store, run, removing)
+        if removing:  # every run's before any is deleted (`remove_run` asks again)
+            refuse_read(store, run)
     try:
         running = asyncio.run(busy(settings, runs))
     except (OSError, RuntimeError, RPCError) as exc:  # no Temporal to ask, or it failed

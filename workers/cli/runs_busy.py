@@ -26,10 +26,8 @@ task's workflow exists (`live_readers`, read from the store: `runs rm` refuses s
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 
-from pydantic import ValidationError
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -41,9 +39,9 @@ from contracts.names import (
     run_workflow_id,
 )
 from infra import keys
-from infra.retention import PolicyReader
+from infra.retention import reader_markers
 from infra.settings import Settings
-from infra.storage import ObjectNotFound, ObjectStore
+from infra.storage import ObjectStore
 from workers.runtime import connect
 from workflows.search import KEYS
 
@@ -89,16 +87,12 @@ async def _running(client: Client, workflow_id: str) -> bool:
 
 
 def live_readers(store: ObjectStore, run: str) -> list[str]:
-    """Each live reader marker of `run`'s policy versions, as `runs rm` names it (one that is
-    unreadable, or gone since listed, is none: `infra.retention` takes it for ended)."""
-    now, found = time.time(), []
-    for key in store.list_keys(keys.policy_readers_prefix(run)):
-        try:
-            marker = store.get_model(key, PolicyReader)
-        except (ObjectNotFound, ValidationError):
-            continue
-        if not marker.ended and marker.until > now:
-            until = datetime.fromtimestamp(marker.until, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            reader = key.removeprefix(keys.policy_readers_prefix(run)).removesuffix(".json")
-            found.append(f"reader {reader} reads v{marker.version} until {until} ({key})")
-    return found
+    """Each live reader marker of `run`'s policy versions (`infra.retention.reader_markers`),
+    as `runs rm` names it."""
+    live, _ = reader_markers(store, run)
+    return [
+        f"reader {key.removeprefix(keys.policy_readers_prefix(run)).removesuffix('.json')} reads "
+        f"v{marker.version} until "
+        f"{datetime.fromtimestamp(marker.until, UTC).strftime('%Y-%m-%dT%H:%M:%SZ')} ({key})"
+        for key, marker in live.items()
+    ]

@@ -31,15 +31,20 @@ from infra.storage import ObjectExists, ObjectStore, StorageError
 from workers.cli.runs_busy import live_readers
 
 
-def remove_run(store: ObjectStore, cache_dir: Path, run: str) -> str:
-    """Delete `run`'s objects, its evaluations' and its policy versions in `cache_dir`; the
-    line that says what went. A StorageError says what was deleted before it; a ValueError,
-    that a live reader reads the run (nothing deleted)."""
+def refuse_read(store: ObjectStore, run: str) -> None:
+    """ValueError where a live reader reads `run` (`runs_busy.live_readers`)."""
     if readers := live_readers(store, run):
         raise ValueError(
             f"run {run} is read: {'; '.join(readers)}; nothing deleted (let the reader finish; "
             "one gone without a word keeps it only until then)"
         )
+
+
+def remove_run(store: ObjectStore, cache_dir: Path, run: str) -> str:
+    """Delete `run`'s objects, its evaluations' and its policy versions in `cache_dir`; the
+    line that says what went. A StorageError says what was deleted before it; a ValueError,
+    that a live reader reads the run (nothing deleted)."""
+    refuse_read(store, run)
     evals = [
         prefix
         for prefix in store.list_prefixes(keys.RUNS_PREFIX)

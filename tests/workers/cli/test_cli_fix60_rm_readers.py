@@ -78,3 +78,15 @@ def test_a_stale_marker_does_not_keep_the_run(
     store.put_json(keys.policy_reader_key(RUN, READER), {"version": 1, "until": time.time() - 1})
     assert run(["runs", "rm", RUN, "--force"], settings) == 0, capsys.readouterr().err
     assert list(store.list_keys(keys.run_prefix(RUN))) == []
+
+
+def test_rm_of_several_runs_refuses_before_it_deletes_any(
+    store: ObjectStore, settings: Settings, capsys: Capture
+) -> None:
+    """`runs rm A demo` with demo read: A was deleted, then demo refused."""
+    stored_run(store)
+    store.put_text(keys.run_record_key("other"), "{}")
+    with reading(store, RUN, 1, READER, ttl_s=600.0):
+        assert run(["runs", "rm", "other", RUN, "--force"], settings) == 2
+    assert f"run {RUN} is read" in capsys.readouterr().err
+    assert store.exists(keys.run_record_key("other")), "rm deleted a run before it refused"
