@@ -8,7 +8,7 @@ run's continues-as-new (`ParentClosePolicy.ABANDON`), so the two find each other
     link.raise_if_failed()                       # LEARNER_FAILED, once it reported an error
     await link.finish()                          # train on what is queued, then end
     final = await link.final()                   # its last state, as `learner_done` told it
-    await link.cancel()                          # the run was cancelled or failed
+    await link.cancel()                          # the run was cancelled or failed (retried)
     await link.wait(ready, idle, deadline)       # probing it while nothing is in flight
 
 A learner terminated from the UI or the CLI ends without `learner_done`. The run notices as a
@@ -22,7 +22,6 @@ error is the run's failure at once (`RunFailure.learner_failed`).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,12 +34,15 @@ with workflow.unsafe.imports_passed_through():
     from contracts.learner import LearnerDone, LearnerInput
     from contracts.names import Signal
     from workflows.run_failure import RunFailure
-    from workflows.signals import signal_run
+    from workflows.signals import RETRY_DELAYS_S, signal_run
 
 PROBE_PATCH = "tempered-run-probes-its-learner"
 """Marks runs that, waiting with nothing in flight, probe their learner every `PROBE_EVERY` and
 end their rollouts at the time budget's deadline while they wait (asked at a run's first
 wait)."""
+CANCEL_RETRY_PATCH = "tempered-run-retries-its-learner-cancel"
+"""Marks runs whose cancel of their learner, finding no run, is retried (`LearnerLink.cancel`);
+before, a failed cancel was dropped and the learner ran on for good."""
 PROBE_EVERY = timedelta(minutes=2)
 """How often a run waiting with nothing in flight signals its learner (a timer and a signal:
 about four events each; a CPU learner step takes about two minutes)."""
@@ -134,7 +136,19 @@ class LearnerLink:
 
     async def cancel(self) -> None:
         """Cancel it, unless it has ended (it outlives the run that started it by design, not
-        the training: the run cancels it as it fails or is cancelled)."""
-        if not self.ended():
-            with contextlib.suppress(FailureError):  # it may have ended meanwhile
-                await workflow.get_external_workflow_handle(self.workflow_id).cancel()
+        the training: the run cancels it as it fails or is cancelled). A cancel that finds no
+        run (it continues as new, as a signal may: workflows/signals.py) is retried after each
+        of `RETRY_DELAYS_S` until it goes through or the learner reports its end
+        (`CANCEL_RETRY_PATCH`, asked after a failure); then the run goes on ending."""
+        handle = workflow.get_external_workflow_handle(self.workflow_id)
+        delays = iter(RETRY_DELAYS_S)
+        while not self.ended():
+            try:
+                await handle.cancel()
+                return
+            except FailureError:  # no run now; or it ended meanwhile, or is gone for good
+                delay = next(delays, None)
+                if delay is None or self.ended() or not workflow.patched(CANCEL_RETRY_PATCH):
+                    return
+                workflow.logger.warning("cancel of %s found no run; retrying", self.workflow_id)
+                await workflow.sleep(timedelta(seconds=delay))

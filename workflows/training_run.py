@@ -77,6 +77,9 @@ IDLE_BUDGET_PATCH = "tempered-run-continues-as-new-while-idle"
 """Marks runs that, waiting with nothing in flight, look at their history budget after each ping
 to their learner and continue as new once it is reached (before: about ten events a ping, every
 `PROBE_EVERY`, until Temporal terminated the run at its limit)."""
+BUDGET_SENDS_FLAT_PATCH = "tempered-run-sends-flat-groups-past-its-deadline"
+"""Marks runs that send a flat group finishing at or after the time budget's deadline, as after
+a `stop` (no task takes its slot then); before, it was redrawn: never sent, its slot empty."""
 STOPPED_BY_SIGNAL = "stopped by signal"
 """Why a run stopped by a `stop` signal without a reason (no input, or not text) ended early."""
 TIME_BUDGET_SPENT = "time budget spent"
@@ -102,7 +105,7 @@ class TrainingRunWorkflow:
             learner_id, self._failure, resume.learner_done if resume else None
         )
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
-        # said only (not `_stopped`, which sends a flat group finishing later: other commands)
+        # said only (not `_stopped`, carried by the resume; flat groups: `_redraws`)
         self._budget_spent = False  # the deadline ended the rollouts (a later segment's too)
         self._retention = Retention(run_input, resume.pruned_below if resume else 1)
         evals, failed = resume.evals if resume else [], self._failure.evaluation_failed
@@ -257,6 +260,16 @@ class TrainingRunWorkflow:
             redraws_allowed(budget, steps, self._learner_steps) if spread else budget
         )
 
+    def _redraws(self, rewards: list[float]) -> bool:
+        """Whether a group finishing now is redrawn: flat, `_may_redraw`, and a task may still
+        take its slot: not after a `stop`, nor at or after the time budget's deadline
+        (`BUDGET_SENDS_FLAT_PATCH`, asked only then; before, such a group was thrown away)."""
+        if not self._may_redraw or self._stopped is not None or has_signal(rewards):
+            return False
+        deadline = self._segment[1] if self._segment is not None else None
+        late = deadline is not None and workflow.now() >= deadline  # `_budget_spent` or soon
+        return not (late and workflow.patched(BUDGET_SENDS_FLAT_PATCH))
+
     def _may_start(self) -> bool:
         """A slot is free (of `concurrency`, and of the run's pending children:
         workflows/children.py) and the learner is far enough along for the next group (or the
@@ -348,7 +361,7 @@ class TrainingRunWorkflow:
             self._in_flight -= 1
             self._children.ended()
         self._done += 1
-        if self._may_redraw and self._stopped is None and not has_signal(result.rewards):
+        if self._redraws(result.rewards):
             self._redrawn += 1  # dynamic sampling: the next task takes its place
             if step is not None:
                 self._slots.redrawn(step)  # a held group of a later step may take its place

@@ -88,6 +88,11 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     # patch marker): tests/workflows/test_training_run_order.py with TEMPERED_RECORD_HISTORIES=1,
     # a slow task's group held back the next step's four, sent after it in one signal
     "training_run_ordered.json": (TrainingRunWorkflow, "train-order"),
+    # recorded on the release whose run retries its learner's cancel (a cancel run and then a
+    # learner started under its id: test_run_fix60_learner_cancel.py) and whose run sends flat
+    # groups finishing past its time budget (test_run_fix60_budget_flat.py); their markers
+    "training_run_learner_cancel_retried.json": (TrainingRunWorkflow, "train-cancel-retried"),
+    "training_run_budget_sends_flat.json": (TrainingRunWorkflow, "train-flat-budget"),
     # recorded on a later release (the same patch marker): a run in that order that redrew 5
     # flat groups and drained held groups to continue as new, both its segments
     # (tests/workflows/test_replay_ordered.py's `test_record`, TEMPERED_RECORD_HISTORIES=1)
