@@ -36,10 +36,12 @@ Errors: an agent's bad action is an observation, never an error, and a final tre
 check can take (too large to restore or to send) scores 0; a task whose check is broken
 (hidden tests too large for the verifier's scratch among them: `tests/`, once InvalidInput
 blaming the agent's snapshot) is `InvalidTask` (non-retryable, naming the task and file). A script check runs the tree's own
-code, which can spoil its reward file (`checks.BadReward`): an agent's tree that does scores
-0, the reason in its verdict, and the task is broken only when its untouched tree (the initial
-files: the workflow's sample G, or checked here when no item holds it) leaves no reward either,
-so that an agent's code never fails the training run. A snapshot that does not exist or
+code, which can spoil its reward file or end it before it writes one (`checks.BadReward`, a
+script that leaves no reward whatever its exit): an agent's tree that does scores 0, the
+reason in its verdict, and the task is broken only when its untouched tree (the initial
+files: the workflow's sample G, or checked here when no item holds it) leaves no reward either
+(a missing interpreter: InvalidTask, naming the task and tests/test.sh), so that an agent's
+code never fails the training run. A snapshot that does not exist or
 does not match its digest is `InvalidInput`, and so is a turn's record that does not match its
 digest or does not give the item's call; platform and storage faults are retried, a record the
 store does not hold among them (`TransientStorageError`: generate stored it before its ref came).

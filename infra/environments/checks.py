@@ -17,25 +17,26 @@ Two kinds (`tree.Check.kind`, carried by the hidden-tests tree):
   fresh workspace sandbox, the final workspace at its workdir (a copy: the session is
   untouched), the tests at /tests read-only, /logs/verifier writable; the score is the reward
   the script left there (reward.txt, else reward.json: `verifier_files.left_reward`), if it
-  exited 0. The script runs with the workspace's code, as in Harbor. Its deadline is the
-  functions kind's rule (`judge.deadline_state`): time the host kept it waiting for a CPU does
-  not count, and a host that starved it is a platform fault (retried, never a score); it timed
-  out once it had its time (0).
+  exited 0. The script runs with the workspace's code, as in Harbor, in the base environment
+  plus `[verifier] env` only (`verifier_env`: never the Dockerfile's ENV). Its deadline is the
+  check's timeout (`check_limits`), by the functions kind's rule (`judge.deadline_state`): time
+  the host kept it waiting for a CPU does not count, and a host that starved it is a platform
+  fault (retried, never a score); it timed out once it had its time (0).
 
 A task whose check cannot work (no check in the tests tree) raises `InvalidTask`, naming the
 file; that is the task's fault, never retried and never a reward. A reward counts only from a
 script that exits 0 (`EXIT_0_RULE`): one that exits non-zero, a signal included (bwrap reports
-128 + its number), scores 0 and the reward it left is ignored (Harbor's `set -e; test …; echo 1
-> reward.txt` fails its test that way), since the workspace's code runs in it and can write a
-reward, then fail or kill the script, or keep the scorer from writing over it. /logs/verifier is
-root's, mode 1777 (the code cannot chmod it), and pid 1 and a script's shell are execute-only
+128 + its number), scores 0 and the reward it left is ignored, since the workspace's code runs
+in it and can write a reward, then fail or kill the script, or keep the scorer from writing
+over it. /logs/verifier is root's, mode 1777 (the code cannot chmod it), and pid 1 and a
+script's shell are execute-only
 shells (`Mounts.sealed`: no process may ptrace them or write their memory to exit 0): a script
 whose `#!` names sh or bash (the file the sealed copy copies, or `/usr/bin/env sh|bash`), or
 that has no `#!` line (Harbor's bash runs such a file), runs that copy, its argument kept
-(`#!/bin/bash -e`). A script that exits 0 whose reward file is missing or unreadable (a
-directory, a link, a FIFO, past its size, not a finite number in [0, 1]: `verifier_files`)
-raises `BadReward`, an `InvalidTask` carrying that run's verdict scored 0 (`graded`, its detail
-saying why): the script ran the workspace's code, which can spoil the file, so whose fault it
+(`#!/bin/bash -e`). A script that leaves no reward file it can read (missing, a directory, a
+link, a FIFO, past its size, not a finite number in [0, 1]: `verifier_files`), whatever its
+exit status (`read_reward`), raises `BadReward`, an `InvalidTask` carrying that run's verdict
+scored 0 (`graded`, its detail saying why): the script ran the workspace's code, which can spoil the file, so whose fault it
 is depends on whose tree ran. The verify activity scores an agent's tree 0 and raises only when
 the task's untouched tree does the same (activities/environment.py); `tempered tasks validate`
 takes it as the task's (the trees it checks, the untouched one and the reference solution's,
@@ -64,6 +65,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import posixpath
 import shlex
@@ -86,7 +88,7 @@ from infra.environments.verifier_files import (
 )
 from infra.sandbox.base import JobTooLarge, SandboxBackend
 from infra.sandbox.sealed import SEALED_DIR, SHELLS
-from infra.sandbox.workspace import CommandResult, CommandRunner, Mounts
+from infra.sandbox.workspace import BASE_ENV, CommandResult, CommandRunner, Mounts
 
 TESTS_DIR = "/tests"
 MAX_SHEBANG = 256
@@ -95,6 +97,9 @@ EXIT_0_RULE = "a reward counts only from a script that exits 0"
 """The workspace's code runs in the script: it can write a reward of 1 and then make the script
 fail or kill it (128 + the signal), or keep the scorer from writing over it (a chmod), so a
 script that exits non-zero scores 0 whatever it left."""
+VERIFIER_HOMES = (BASE_ENV["HOME"], "/dev/shm")
+"""A script check's HOME: the first of these fresh tmpfs neither in its workspace nor above it
+(no workspace may lie in /dev: `workspace.HIDDEN_PATHS`)."""
 MAX_PROGRAM_FILE = 1 << 20
 """Workspace files other than Python larger than this are not copied into the functions check."""
 MAX_PROGRAM_BYTES = 8 << 20
@@ -121,11 +126,25 @@ class BadReward(InvalidTask):
 
 
 def check_limits(check: Check, limits: SandboxLimits) -> SandboxLimits:
-    """The run's limits, with the wall and CPU time the task's check asks for if it asks more."""
-    timeout = max(limits.timeout_s, check.timeout_s or 0.0)
-    return limits.model_copy(
-        update={"timeout_s": timeout, "cpu_s": max(limits.cpu_s, int(timeout))}
-    )
+    """The run's limits, but the timeout the check states (Harbor's `[verifier] timeout_sec`,
+    600 s where task.toml names none) is its wall deadline and CPU limit, shorter than the run's
+    too (a test given 5 s ran for the run's 10: a solution too slow for the task scored 1); one
+    that states none (the functions kind) keeps the run's, its CPU at least their wall time."""
+    if check.timeout_s is None:
+        return limits.model_copy(update={"cpu_s": max(limits.cpu_s, int(limits.timeout_s))})
+    cpu_s = math.ceil(check.timeout_s)  # at most MAX_CHECK_S, SandboxLimits' bound on cpu_s
+    return limits.model_copy(update={"timeout_s": check.timeout_s, "cpu_s": cpu_s})
+
+
+def verifier_env(workdir: str, check: Check) -> dict[str, str]:
+    """What a script check adds to the sandbox's `BASE_ENV`: the task's `[verifier] env`, as
+    Harbor's verifier, never the Dockerfile's ENV (the agent's steps keep it: `ENV PATH=/app/
+    .venv/bin:$PATH` ran the workspace's planted programs, `ENV HOME=/app` its user site's
+    `.pth`, before the test's first line); a HOME outside the workspace at `workdir`
+    (`VERIFIER_HOMES`: /tmp was the workspace under `WORKDIR /tmp`); no Python user site."""
+    nested = [f"{home}/".startswith(f"{workdir}/") or f"{workdir}/".startswith(f"{home}/")
+              for home in VERIFIER_HOMES]  # fmt: skip
+    return {"HOME": VERIFIER_HOMES[nested.index(False)], "PYTHONNOUSERSITE": "1", **check.env}
 
 
 def functions_program(files: Mapping[str, bytes], modules: list[str]) -> str:
@@ -221,7 +240,7 @@ async def check_script(
         workspace=scratch / "ws",
         workdir=spec.workdir,
         extra=((scratch / "tests", TESTS_DIR, False), (logs, LOGS_DIR, True)),
-        env={**spec.env_vars, **check.env},
+        env=verifier_env(spec.workdir, check),
         sealed=True,
     )
     limits = check_limits(check, limits)
@@ -229,28 +248,23 @@ async def check_script(
     ran = await runner.run(command, mounts, uid, limits, slot_name, own_time=True)
     if ran.status in (ExecStatus.TIMEOUT, ExecStatus.MEMORY_EXCEEDED):
         return Graded(_result(ran, runner, limits, ran.status, 0.0), 0.0)
-    if ran.exit_code != 0:
-        detail = f"scored 0: {exited(logs, check, ran)}"
-        return Graded(_result(ran, runner, limits, ExecStatus.FAILED, 0.0, detail), 0.0)
     try:
         reward = read_reward(logs, check, ran)
     except BadReward as exc:
         result = _result(ran, runner, limits, ExecStatus.FAILED, 0.0, f"scored 0: {exc}")
         raise BadReward(str(exc), Graded(result, 0.0)) from None
+    if ran.exit_code != 0:
+        detail = f"scored 0: {exited(reward, check, ran)}"
+        return Graded(_result(ran, runner, limits, ExecStatus.FAILED, 0.0, detail), 0.0)
     status = ExecStatus.PASSED if reward >= 1.0 else ExecStatus.FAILED
     return Graded(_result(ran, runner, limits, status, reward), reward)
 
 
-def exited(logs: Path, check: Check, ran: CommandResult) -> str:
-    """Why a script that exited non-zero (a signal too: 128 + its number) scores 0, whatever
-    reward it left in `logs`: the workspace's code ran in it and could have written one, then
-    ended it."""
+def exited(reward: float, check: Check, ran: CommandResult) -> str:
+    """Why a script that exited non-zero (a signal too: 128 + its number) scores 0 whatever
+    `reward` it left: the workspace's code ran in it and could have written one, then ended it."""
     why = f"tests/{check.tests} exited {ran.exit_code}: {EXIT_0_RULE}"
-    try:
-        reward = left_reward(logs, f"tests/{check.tests}")
-        left = "it wrote none" if reward is None else f"the reward it left, {reward:g}, is ignored"
-    except RewardError as exc:
-        left = f"it wrote none readable: {exc}"
+    left = f"the reward it left, {reward:g}, is ignored"
     return f"{why} ({left}); stderr: {ran.stderr.strip()[-300:]!r}"
 
 
@@ -344,16 +358,19 @@ def _sealed(interpreter: str, argument: str | None) -> tuple[str, str | None] | 
 
 def read_reward(logs: Path, check: Check, ran: CommandResult) -> float:
     """The score the script left in `logs` (`verifier_files.left_reward`: reward.txt, else
-    reward.json), or `BadReward` saying why not."""
+    reward.json), or `BadReward` saying why not, whatever the script's exit status, as Harbor's
+    verifier (a missing interpreter's 127, `set -e` before the reward: scored every tree 0)."""
     where = f"tests/{check.tests}"
+    ended = f"{where} exited {ran.exit_code}" if ran.exit_code not in (0, None) else ""
     try:
         reward = left_reward(logs, where)
     except RewardError as exc:
-        raise BadReward(str(exc)) from None
+        raise BadReward(f"{ended}: {exc}" if ended else str(exc)) from None
     if reward is None:
         raise BadReward(
-            f"{where} wrote no reward to {LOGS_DIR}/{REWARD_FILE} or {LOGS_DIR}/{REWARD_JSON} "
-            f"({ran.detail or 'exit status 0'}); stderr: {ran.stderr.strip()[-300:]!r}"
+            f"{f'{ended} and' if ended else where} wrote no reward to {LOGS_DIR}/{REWARD_FILE} "
+            f"or {LOGS_DIR}/{REWARD_JSON} ({ran.detail or 'exit status 0'}); stderr: "
+            f"{ran.stderr.strip()[-300:]!r}"
         )
     return reward
 

@@ -66,13 +66,15 @@ async def test_a_reward_from_a_script_that_did_not_exit_0_scores_zero(
     assert "(the reward it left, 1, is ignored)" in detail, detail
 
 
-async def test_a_script_that_exits_nonzero_without_a_reward_scores_zero(rig: Rig) -> None:
-    """Harbor's `set -e; test …; echo 1 > reward.txt`: a failing test writes no reward."""
+async def test_a_script_that_exits_nonzero_without_a_reward_is_a_bad_reward(rig: Rig) -> None:
+    """`set -e; test …; echo 1 > reward.txt`: a failing test writes no reward, which Harbor's
+    verifier fails on too. Its run scores 0 (an agent's tree), and the task is broken where
+    its untouched tree does the same (tests/activities/test_harbor_verify_no_reward.py)."""
     body = f'set -e\ntest "$(cat /app/out.txt)" = ok\necho 1 > {REWARD}\n'
     spec = rig.spec({"out.txt": "nope\n"}, script(body))
-    graded = await rig.env.verify(spec, await rig.env.reset(spec, "s0"), LIMITS)
-    assert graded.score == 0.0 and "exited 1" in graded.result.detail, graded.result
-    assert "(it wrote none" in graded.result.detail
+    with pytest.raises(BadReward, match="tests/test.sh exited 1 and wrote no reward") as raised:
+        await rig.env.verify(spec, await rig.env.reset(spec, "s0"), LIMITS)
+    assert raised.value.graded is not None and raised.value.graded.score == 0.0
     solved = rig.spec({"out.txt": "ok\n"}, script(body))
     assert (await rig.env.verify(solved, await rig.env.reset(solved, "s1"), LIMITS)).score == 1.0
 

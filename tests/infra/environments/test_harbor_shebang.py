@@ -15,7 +15,7 @@ import os
 import pytest
 
 from contracts.task import SandboxLimits
-from infra.environments.checks import InvalidTask
+from infra.environments.checks import BadReward, InvalidTask
 from tests.infra.environments.conftest import Rig, needs_root
 
 pytestmark = [needs_root, pytest.mark.asyncio]
@@ -53,7 +53,8 @@ async def test_a_python_script_runs_under_python(rig: Rig) -> None:
 
 async def test_the_shebang_argument_is_passed(rig: Rig) -> None:
     """`#!/bin/bash -e`: the failing `false` ends the script (exit 1) before it writes 1."""
-    graded, detail, code = await score(rig, f"#!/bin/bash -e\nfalse\necho 1 > {REWARD}\n")
+    test = f"#!/bin/bash -e\necho 0 > {REWARD}\nfalse\necho 1 > {REWARD}\n"
+    graded, detail, code = await score(rig, test)
     assert graded == 0.0 and code == 1, detail
     assert "exited 1" in detail
 
@@ -69,16 +70,25 @@ async def test_a_sh_or_bash_script_runs_sealed(rig: Rig, shebang: str) -> None:
     assert graded == 1.0, detail
 
 
-async def test_a_script_whose_interpreter_is_missing_scores_zero(rig: Rig) -> None:
-    graded, detail, code = await score(rig, f"#!/no/such/interpreter\necho 1 > {REWARD}\n")
-    assert graded == 0.0 and code not in (0, None), detail
-    assert "/no/such/interpreter" in detail, detail
+async def never_rewards(rig: Rig, test_sh: str) -> BadReward:
+    """The `BadReward` of a script that exits without a reward (its run scored 0): the task's
+    fault where its untouched tree does the same (tests/test_harbor_verify_no_reward.py)."""
+    with pytest.raises(BadReward) as raised:
+        await score(rig, test_sh)
+    graded = raised.value.graded
+    assert graded is not None and graded.score == 0.0, raised.value
+    assert graded.result.exit_code not in (0, None), graded.result
+    return raised.value
+
+
+async def test_a_script_whose_interpreter_is_missing_is_a_bad_reward(rig: Rig) -> None:
+    bad = await never_rewards(rig, f"#!/no/such/interpreter\necho 1 > {REWARD}\n")
+    assert "/no/such/interpreter" in str(bad) and "wrote no reward" in str(bad), bad
 
 
 async def test_a_crlf_shebang_fails_as_the_kernel_fails_it(rig: Rig) -> None:
     """`#!/bin/bash\\r`: the kernel looks for a program named "bash\\r" (no such file)."""
-    graded, detail, code = await score(rig, f"#!/bin/bash\r\necho 1 > {REWARD}\r\n")
-    assert graded == 0.0 and code not in (0, None), detail
+    await never_rewards(rig, f"#!/bin/bash\r\necho 1 > {REWARD}\r\n")
 
 
 async def test_another_interpreter_runs_the_hosts_readable_program(rig: Rig) -> None:

@@ -5,8 +5,9 @@
   the first tree like it. Its untouched run is fatal and the task broken.
 - A task whose script exits non-zero on its reference solution (with a reward of 1): a reward
   counts only from a script that exits 0, so the task is broken, saying so.
-- Harbor's `set -e; test …; echo 1 > reward.txt`: the untouched workspace exits 1 without a
-  reward, which scores 0: clean.
+- `set -e; test …; echo 1 > reward.txt`: the untouched workspace exits 1 without a reward,
+  which Harbor's verifier fails on too (it scored 0 and was called clean, and so was a script
+  whose interpreter is missing): the task is broken, its untouched run fatal.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def test_validate_breaks_tasks_training_would_fail_on_or_no_solution_passes(
     assert {name: check.verdict for name, check in checks.items()} == {
         "no-reward-untouched": "broken",
         "exit-1-on-solution": "broken",
-        "set-e": "clean",
+        "set-e": "broken",
     }
     untouched = checks["no-reward-untouched"].wrong
     assert untouched is not None and untouched.fatal, untouched
@@ -69,4 +70,6 @@ def test_validate_breaks_tasks_training_would_fail_on_or_no_solution_passes(
     assert "wrote no reward" in untouched.detail
     (solved,) = checks["exit-1-on-solution"].canonical
     assert "exited 1: a reward counts only from a script that exits 0" in solved.detail, solved
-    assert not checks["set-e"].wrong or not checks["set-e"].wrong.fatal
+    set_e = checks["set-e"].wrong
+    assert set_e is not None and set_e.fatal, set_e
+    assert "tests/test.sh exited 1 and wrote no reward" in set_e.detail, set_e.detail
