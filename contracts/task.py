@@ -37,8 +37,8 @@ class WorkspaceSpec(Contract):
     workdir: str = Field(default="/app", pattern=r"^/[A-Za-z0-9_./-]*$")
     """Where the workspace is mounted in the sandbox (Harbor's Dockerfile WORKDIR)."""
     env_vars: dict[str, str] = {}
-    """Environment variables of every command run in the workspace and of its verifier (the
-    Dockerfile's ENV)."""
+    """Environment variables of every command run in the workspace (the Dockerfile's ENV); not
+    of its verifier, which has `Check.env` only (infra/environments/checks.py)."""
 
 
 class TaskSpec(Contract):

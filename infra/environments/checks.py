@@ -369,7 +369,8 @@ def read_reward(logs: Path, check: Check, ran: CommandResult) -> float:
     if reward is None:
         raise BadReward(
             f"{f'{ended} and' if ended else where} wrote no reward to {LOGS_DIR}/{REWARD_FILE} "
-            f"or {LOGS_DIR}/{REWARD_JSON} ({ran.detail or 'exit status 0'}); stderr: "
+            f"or {LOGS_DIR}/{REWARD_JSON} ({ran.detail or 'exit status 0'}; it must write one, "
+            f"0 where its tests fail); stderr: "
             f"{ran.stderr.strip()[-300:]!r}"
         )
     return reward

@@ -113,7 +113,8 @@ class Check(BaseModel):
     modules: list[str] = []
     """`functions`: the workspace modules (dotted names) whose functions the tests call."""
     timeout_s: float | None = Field(default=None, gt=0, le=MAX_CHECK_S)
-    """Wall time of the check, when the task asks for more than the run's limits."""
+    """Wall time of the check, where the task states one (more or less than the run's limits:
+    `script`'s deadline and CPU limit); None, the run's limits."""
     env: dict[str, str] = {}
     """`script`: variables of the test script (Harbor's `[verifier] env`)."""
 
