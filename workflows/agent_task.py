@@ -72,7 +72,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from contracts.sandbox import ExecuteOutcome, ExecuteResponse
     from contracts.task import AgentTaskInput, EnvName, TaskSpec, group_steps_problem
-    from workflows.activity_options import activity_options
+    from workflows.activity_options import activity_options, programs_work
     from workflows.episodes import EpisodeGroup
     from workflows.fsm import State, advance, after_feedback
     from workflows.requests import (
@@ -286,11 +286,14 @@ class AgentTaskWorkflow:
             return {}
         if sessions is not None:
             return await sessions.step(self._turn, generated)
+        request = execute_request(task_input, self._turn, generated.completions)
         executed = await workflow.execute_activity(
             Activity.EXECUTE.value,
-            execute_request(task_input, self._turn, generated.completions),
+            request,
             result_type=ExecuteResponse,
-            **activity_options(Activity.EXECUTE, task_input.heartbeat_timeout_s),
+            **activity_options(
+                Activity.EXECUTE, task_input.heartbeat_timeout_s, work=programs_work(request)
+            ),
         )
         return {o.sample: o for o in executed.outcomes}
 

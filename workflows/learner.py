@@ -62,7 +62,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryGroup,
     )
     from contracts.names import Activity, SearchAttr, Signal
-    from workflows.activity_options import activity_options
+    from workflows.activity_options import activity_options, training_work
     from workflows.budget import (
         PAYLOAD_LIMIT,
         RESERVE_EVENTS,
@@ -204,7 +204,10 @@ class LearnerWorkflow:
                 request,
                 result_type=TrainStepResponse,
                 **activity_options(
-                    Activity.TRAIN_STEP, state.heartbeat_timeout_s, wait_for_cancel=waits
+                    Activity.TRAIN_STEP,
+                    state.heartbeat_timeout_s,
+                    wait_for_cancel=waits,
+                    work=training_work(batch, state.config),
                 ),
             )
             if waits:

@@ -81,7 +81,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.names import Activity
     from contracts.rollout import EpisodeState, GenerateResponse
     from contracts.task import AgentTaskInput, WorkspaceSpec
-    from workflows.activity_options import activity_options
+    from workflows.activity_options import activity_options, programs_work
     from workflows.episodes import EpisodeGroup
     from workflows.requests import (
         env_step_parts,
@@ -262,15 +262,16 @@ class Sessions:
         while True:
             if self._stopping:  # a restore ended after the stop (its sessions are kept)
                 raise asyncio.CancelledError("the step was stopped")
-            queue = items[0].session.queue
+            queue, request = items[0].session.queue, env_step_request(task_input, step, items)
             try:
                 response = await workflow.execute_activity(
                     Activity.ENV_STEP.value,
-                    env_step_request(task_input, step, items),
+                    request,
                     result_type=EnvStepResponse,
                     **activity_options(
                         Activity.ENV_STEP,
                         task_input.heartbeat_timeout_s,
+                        work=programs_work(request),
                         queue=queue,
                         schedule_to_start_s=task_input.session_timeout_s,
                         attempts=STEP_ATTEMPTS if bounded else 0,
@@ -317,11 +318,18 @@ class Sessions:
         each measured from the untouched workspace's (verified beside them, as sample G)."""
         task_input, episodes = self.input, self.group.episodes
         untouched = len(episodes)
+        request = verify_request(
+            task_input, self.workspace, episodes, workflow.patched(UNTOUCHED_PATCH)
+        )
         verified = await workflow.execute_activity(
             Activity.VERIFY_EPISODES.value,
-            verify_request(task_input, self.workspace, episodes, workflow.patched(UNTOUCHED_PATCH)),
+            request,
             result_type=VerifyResponse,
-            **activity_options(Activity.VERIFY_EPISODES, task_input.heartbeat_timeout_s),
+            **activity_options(
+                Activity.VERIFY_EPISODES,
+                task_input.heartbeat_timeout_s,
+                work=programs_work(request),
+            ),
         )
         baseline = [v.score for v in verified.verdicts if v.sample == untouched]
         self.group.judge(
