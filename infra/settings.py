@@ -22,6 +22,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -105,7 +106,8 @@ class TemporalSettings(Section):
 
 class S3Settings(Section):
     endpoint: str | None = "http://127.0.0.1:8333"
-    """S3 endpoint URL; None means AWS's default endpoint for `region`."""
+    """S3 endpoint URL, http(s)://host[:port]; None (or empty) means AWS's default endpoint for
+    `region`."""
     region: str = Field(default="us-east-1", min_length=1)
     """Region name sent to the endpoint."""
     bucket: str = Field(default="tempered", min_length=3, max_length=63)
@@ -127,6 +129,26 @@ class S3Settings(Section):
     embedded_base_port: int = Field(default=9333, ge=1024, le=MAX_BASE_PORT)
     """First of the embedded SeaweedFS's five internal HTTP ports (its gRPC ports are each
     +10000: the bound keeps all of them below the kernel's ephemeral range, 32768–60999)."""
+
+    @field_validator("endpoint", mode="after")
+    @classmethod
+    def _an_http_url(cls, endpoint: str | None) -> str | None:
+        """An http(s)://host[:port] URL, or None: `127.0.0.1:8333` passed, and `up` started
+        Temporal before it failed "bad S3 endpoint URL …: Invalid endpoint", naming no setting."""
+        if not endpoint:
+            return None
+        parts = urlsplit(endpoint)
+        try:
+            port_ok = parts.port is None or parts.port > 0
+        except ValueError:
+            port_ok = False
+        if parts.scheme in ("http", "https") and parts.hostname and port_ok:
+            return endpoint
+        fix = f"http://{endpoint}" if "://" not in endpoint else "http://127.0.0.1:8333"
+        raise ValueError(
+            f"S3 endpoint {endpoint!r} is not an http(s)://host[:port] URL: write e.g. {fix}, "
+            "or leave it empty for AWS"
+        )
 
 
 # -- sandbox (its backends' sub-models: infra/settings_backends.py) ----------------------------

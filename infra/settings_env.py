@@ -12,8 +12,9 @@ the nesting takes `__`, as in a misspelt `TEMPERED_<SECTION>_<FIELD>`); `check_e
 refuses it, and one that names no field further down, suggesting the spelling of a field it
 resembles (`closest_field`, which also serves a misspelt key of a TOML file, a section set
 whole as JSON, or any model's input: `describe_invalid`). Values are not checked here, but for
-the few the model cannot report clearly: an empty path (the working directory), and a section
-set whole that is not a JSON object. A value the model refuses is told with its source: the
+the few the model cannot report clearly: an empty path (the working directory; in a settings
+file too), a section set whole that is not a JSON object, and a `config` key in a settings file
+(the file that holds it was read, but workers would get the one it names as TEMPERED_CONFIG). A value the model refuses is told with its source: the
 variable, or the settings file (`origins`); an argument's caller knows it gave it.
 
 A path is absolute once loaded, by one rule (`absolute`): `~` expanded, a relative one joined
@@ -36,7 +37,7 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
-from pydantic import AfterValidator, BaseModel, FilePath, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, FilePath, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, TomlConfigSettingsSource
@@ -49,6 +50,8 @@ LOCAL_CONFIG = "tempered.toml"
 IMPLICITLY = f"read implicitly, as the working directory's {LOCAL_CONFIG}"
 """Said of a settings file nobody named, in its errors (whoever ran the command may not know
 one was there)."""
+CONFIG = "config"
+"""The settings file's own field: given by an argument or the environment, never by a file."""
 HOME = "home"
 """The state directory's field, whose relative value in a file moved (infra/settings_home.py)."""
 PREFIX = "TEMPERED_"
@@ -77,8 +80,8 @@ def settings_file(named: object) -> tuple[Path | None, bool]:
     """The TOML file settings are read from, and whether it was found rather than named: the
     `config` argument, else $TEMPERED_CONFIG, else ./tempered.toml when there is one."""
     path = named or os.environ.get("TEMPERED_CONFIG")
-    if path:
-        return Path(str(path)), False
+    if path:  # `~` expanded, as in TEMPERED_HOME (`absolute`)
+        return Path(str(path)).expanduser(), False
     local = local_config()
     return local, local is not None
 
@@ -89,10 +92,15 @@ def absolute(path: Path, base: Path | None = None) -> Path:
     return path if path.is_absolute() else (base or Path.cwd()) / path
 
 
+def _expanded(value: object) -> object:
+    """A str or Path with `~` expanded; anything else as it is (the model refuses it)."""
+    return Path(value).expanduser() if isinstance(value, (str, Path)) and value else value
+
+
 AbsolutePath = Annotated[Path, AfterValidator(absolute)]
 """A path field's type: absolute, so worker processes started elsewhere see the same files."""
-AbsoluteFile = Annotated[FilePath, AfterValidator(absolute)]
-"""… of a file that exists."""
+AbsoluteFile = Annotated[FilePath, BeforeValidator(_expanded), AfterValidator(absolute)]
+"""… of a file that exists (`~` expanded before it is looked for)."""
 
 
 class _TomlFile(TomlConfigSettingsSource):
@@ -107,21 +115,34 @@ class _TomlFile(TomlConfigSettingsSource):
     def _read_file(self, file_path: Path | Traversable) -> dict[str, Any]:
         data = super()._read_file(file_path)
         path = Path(str(file_path))
+        if CONFIG in data:  # the CLI read this file, its workers (TEMPERED_CONFIG) the one named
+            raise ValueError(
+                f"settings file {path}: a `{CONFIG}` key is not followed in a settings file; name "
+                "the file with --config or TEMPERED_CONFIG"
+            )
         if self.check_home and isinstance(home := data.get(HOME), str):
             warn_moved_home(home, path)
-        _anchor(self.model, data, path.absolute().parent)
+        _anchor(self.model, data, path.absolute().parent, path)
         return data
 
 
-def _anchor(model: type[BaseModel], data: dict[str, Any], base: Path) -> None:
-    """Make the relative paths that `data` gives `model`'s path fields relative to `base`."""
+def _anchor(
+    model: type[BaseModel], data: dict[str, Any], base: Path, file: Path, above: str = ""
+) -> None:
+    """Make the relative paths that `data` gives `model`'s path fields relative to `base`;
+    ValueError naming `file` for an empty one (it read as the working directory, where the
+    environment's empty path is refused: `check_environment`)."""
     for key, value in data.items():
         field = model.model_fields.get(key)
         if field is None:
             continue  # refused by the model
         if (section := _section(field)) and isinstance(value, dict):
-            _anchor(section, value, base)
-        elif _takes_path(field.annotation) and isinstance(value, str) and value:
+            _anchor(section, value, base, file, f"{above}{key}.")
+        elif _takes_path(field.annotation) and value == "":
+            raise ValueError(
+                f"settings file {file}: {above}{key} is empty: remove it or give a path"
+            )
+        elif _takes_path(field.annotation) and isinstance(value, str):
             data[key] = str(absolute(Path(value), base))
 
 

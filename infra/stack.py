@@ -23,7 +23,9 @@ infra/stack_temporal.py's.
 
 `up` checks every service's ports before it starts any (`infra.stack_ports`); a start that fails
 all the same stops what this `up` started (not an earlier one's), saying so. Lines are `say`-d as
-they come.
+they come. A command that brought the stack up and then fails having started nothing (`train
+--attach` of an unknown run) stops what it started: `running` before, `stop_new` after. Every
+entry point names a home that is no directory (`check_home`), `status` and `down` too.
 """
 
 from __future__ import annotations
@@ -65,17 +67,19 @@ NO_CODEC = (
 """`up`'s line for the codec server when Temporal is external."""
 
 
-def check_home(settings: Settings) -> None:
+def check_home(settings: Settings, *, writing: bool = True) -> None:
     """ValueError unless `settings.home` is a writable directory or can be made one (its nearest
-    existing parent is a writable directory). Creates nothing: `train --dry-run` calls it too. A
-    home at a file, or on a read-only disk, failed only later, with "[Errno 20] Not a directory:
-    '.../run/temporal.pid'", naming neither home nor the setting."""
+    existing parent is a writable directory); unless `writing`, only a directory or none (what
+    `status` and `down`, which only read pidfiles and stop, need). Creates nothing: `train
+    --dry-run` calls it too. A home at a file, or on a read-only disk, failed only later, with
+    "[Errno 20] Not a directory: '.../run/temporal.pid'", naming neither home nor the setting."""
     home = settings.home
     problem = f"home {home} (TEMPERED_HOME or the `home` setting) is not a writable directory"
     existing = next(path for path in (home, *home.parents) if os.path.lexists(path))
     if not existing.is_dir():
         raise ValueError(f"{problem}: {'it' if existing == home else existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):  # a read-only mount answers EROFS here
+    # a read-only mount answers EROFS here
+    if writing and not os.access(existing, os.W_OK | os.X_OK):
         cannot = "cannot write in it" if existing == home else f"cannot create it in {existing}"
         raise ValueError(f"{problem}: {cannot}")
 
@@ -115,10 +119,34 @@ def _stop_started(started: list[Service]) -> str:
     return ", ".join(f"{service.name} (pid {pid})" for service, pid in pids if service.stop())
 
 
+def running(settings: Settings) -> set[str]:
+    """The names of our services that run now (their pidfiles' processes live)."""
+    check_home(settings, writing=False)
+    return {service.name for service in _services(settings) if service.pid() is not None}
+
+
+def stop_new(settings: Settings, before: set[str]) -> str:
+    """Stop our services that run now and did not `before` (`running`, read before an `up`):
+    what that `up` started, for a command that then ends having started nothing (`train
+    --attach` of an unknown run left the whole stack running). Those stopped, named."""
+    new = [service for service in _services(settings) if service.name not in before]
+    return ", ".join(
+        f"{service.name} (pid {pid})"
+        for service in new
+        if (pid := service.pid()) and service.stop()
+    )
+
+
+def _services(settings: Settings) -> list[Service]:
+    """Our services, the last started first."""
+    return [codec_service(settings), seaweed_service(settings), temporal_service(settings)]
+
+
 def down(settings: Settings) -> list[str]:
     """Stop our services, all at once (each shuts down gracefully in seconds). An external
     Temporal is not ours: it is left running (a dev server an earlier embedded `up` started is
-    stopped, by its pidfile, as any of ours)."""
+    stopped, by its pidfile, as any of ours). ValueError naming a home that is no directory."""
+    check_home(settings, writing=False)
     services = [codec_service(settings), temporal_service(settings), seaweed_service(settings)]
     with ThreadPoolExecutor(len(services)) as pool:
         stopped = list(pool.map(lambda service: service.stop(), services))
@@ -132,7 +160,9 @@ def down(settings: Settings) -> list[str]:
 
 
 def status(settings: Settings) -> dict[str, str]:
-    """Service → 'running (pid N) at …', 'stopped', or 'external …' (Temporal: answering or not)."""
+    """Service → 'running (pid N) at …', 'stopped', or 'external …' (Temporal: answering or not).
+    ValueError naming a home that is no directory (`check_home`)."""
+    check_home(settings, writing=False)
     temporal = temporal_endpoint(settings)
     result = {}
     if not settings.temporal.embedded:

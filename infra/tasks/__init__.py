@@ -7,12 +7,15 @@ files, Harbor task directories, quarantine.
     tasks = load_suite("harbor:examples/harbor")          # workspace tasks from Harbor dirs
     with_trees = load_workspace_suite("workspace")        # their trees too (to validate)
     specs, unloadable = workspace_specs("workspace", store.put_bytes)  # their trees stored
+    found, not_here = workspace_trees(load_suite("mixed.jsonl"))  # a JSONL's workspace tasks
     tools = load_suite("basics", split="train")           # 30 tool-use tasks (infra/tasks/basics.py)
     skip = load_quarantine(settings, "starter")           # ids `tempered tasks validate` flagged
 
 A suite name is "starter", "humaneval", "basics", "workspace", "harbor:DIR" or a path to a `.jsonl` file
 of `TaskSpec`s. `tempered tasks validate SUITE` (infra/tasks/validate.py, and
-workspace_validate.py for workspace suites) writes the quarantine list.
+workspace_validate.py for workspace suites) writes the quarantine list. A JSONL file may hold
+code and workspace tasks (`TaskSpec.env`); its workspace tasks name their trees by ref only, and
+`workspace_trees` finds them among the built-in suites' (content-addressed: same ref, same tree).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from contracts.task import TaskSpec
+from contracts.task import EnvName, TaskSpec
+from infra.environments.tree import pack_files
+from infra.environments.workspace import SOLVE
 from infra.tasks.basics import basics_tasks
 from infra.tasks.harbor import harbor_tasks, is_harbor
 from infra.tasks.humaneval import humaneval_tasks
@@ -59,6 +64,7 @@ __all__ = [
     "suite_key",
     "workspace_specs",
     "workspace_suite_and_errors",
+    "workspace_trees",
 ]
 
 
@@ -99,6 +105,34 @@ def workspace_suite_and_errors(
         elif split is None or loaded.spec.split == split:
             tasks.append(loaded)
     return tasks, errors
+
+
+def workspace_trees(specs: list[TaskSpec]) -> tuple[list[WorkspaceTask], list[str]]:
+    """The workspace tasks among `specs` (a JSONL suite's: refs, no trees) with their trees
+    where this host has them (a built-in workspace suite's task with the same refs), and the
+    ids of those whose trees it does not have (they are in some object store, or nowhere).
+    Each keeps its own spec; its reference solution is the built-in's tree where its
+    `canonical_solution` is the built-in's, else that script alone as solve.sh."""
+    wanted = [spec for spec in specs if spec.env is EnvName.WORKSPACE]
+    known = {
+        (task.files.ref.key, task.tests.ref.key): task
+        for suite in (WORKSPACE_SUITES.values() if wanted else ())
+        for task in suite()
+    }
+    found: list[WorkspaceTask] = []
+    missing: list[str] = []
+    for spec in wanted:
+        refs = (spec.workspace.files.key, spec.workspace.verifier.key) if spec.workspace else None
+        task = known.get(refs) if refs else None
+        if task is None:
+            missing.append(spec.id)
+            continue
+        solution = task.solution
+        if spec.canonical_solution != task.spec.canonical_solution:
+            script = spec.canonical_solution
+            solution = pack_files({SOLVE: script}) if script is not None else None
+        found.append(WorkspaceTask(spec, task.files, task.tests, solution))
+    return found, missing
 
 
 def workspace_specs(
@@ -173,10 +207,10 @@ def load_suite(name: str, *, split: str | None = None) -> list[TaskSpec]:
         tasks, _ = workspace_specs(name)
     elif name in BUILTIN_SUITES:
         tasks = _builtin(name)
-    elif name.endswith(".jsonl") or Path(name).is_file():
-        if not Path(name).is_file():
+    elif name.endswith(".jsonl") or Path(name).expanduser().is_file():
+        if not (path := Path(name).expanduser()).is_file():  # `~` as in `absolute_suite`
             raise ValueError(f"{name}: no such task file")
-        tasks = read_jsonl(name)
+        tasks = read_jsonl(path)
     else:
         raise ValueError(
             f"unknown suite {name!r}: use one of {', '.join(BUILTIN_SUITES)}, harbor:DIR or a "

@@ -11,8 +11,11 @@ at bounded concurrency through one sandbox backend. A task is
   `infra_error`) after the offline retries of `contracts.errors.INFRA_RETRY` (through
   `infra/sandbox/retrying.py`) — the task is not judged then, and never counted as broken.
 
-A task with nothing to validate with (a Harbor task without solution/solve.sh) has no runs and
-no verdict: the report lists it as **unjudged**, never quarantined.
+A task with nothing to validate with (a Harbor task without solution/solve.sh, a JSONL file's
+workspace task whose trees this host does not have) has no runs and no verdict: the report lists
+it as **unjudged**, never quarantined. Each task is validated as its env says (`TaskSpec.env`): a
+JSONL file may hold code and workspace tasks, and a workspace task's solve.sh run as Python was
+always broken.
 
 Broken, flaky and weak tasks are quarantined: `<home>/quarantine/<key>.json` (`suite_key`) lists
 them and training skips them (`infra.tasks.load_quarantine`). The verdicts, the report and the
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -38,20 +42,26 @@ from pydantic import BaseModel, computed_field
 
 from contracts.errors import INFRA_RETRY, Backoff
 from contracts.sandbox import ExecStatus, ExecutionResult
-from contracts.task import SandboxLimits, TaskSpec
+from contracts.task import EnvName, SandboxLimits, TaskSpec
+from infra.environments.sessions import SessionHost
+from infra.environments.snapshots import MemoryObjects, Trees
+from infra.environments.workspace import WorkspaceEnvironment
 from infra.sandbox import get_backend
 from infra.sandbox.base import SandboxBackend
 from infra.sandbox.retrying import run_retrying
-from infra.tasks import load_suite, quarantine_path
+from infra.sandbox.workspace import CommandRunner
+from infra.tasks import load_suite, quarantine_path, workspace_trees
 
 if TYPE_CHECKING:
     from infra.settings import Settings
+    from infra.tasks.workspace_task import WorkspaceTask
 
 VALIDATION_LIMITS = SandboxLimits(timeout_s=30.0)
 """Training's limits, except a 30 s wall deadline (training: 10 s). CPU time (10 s), memory and
 processes stay as in training, so a genuinely slow or hungry canonical solution still fails;
 only the wall clock, which on a loaded host measures contention rather than the task (HumanEval
 at C=8 on 2 busy cores: slowest canonical run 5.5 s wall for ~0.3 s of CPU), gets headroom."""
+log = logging.getLogger("tempered.tasks")
 
 
 class RunRecord(BaseModel):
@@ -254,7 +264,11 @@ async def validate_tasks(
     suite: str,
     backoff: Backoff = INFRA_RETRY,
 ) -> ValidationReport:
-    """Run every task's canonical solution `plan.repeats` times and its wrong solution once."""
+    """Run every code task's canonical solution `plan.repeats` times and its wrong solution
+    once. Tasks of other envs are not run (a workspace task's solve.sh is no Python program):
+    the report lists them as unjudged."""
+    others = [task.id for task in tasks if task.env is not EnvName.CODE]
+    tasks = [task for task in tasks if task.env is EnvName.CODE]
     missing = [task.id for task in tasks if not task.canonical_solution]
     if missing:
         raise ValueError(f"tasks without a canonical_solution cannot be validated: {missing[:5]}")
@@ -270,18 +284,10 @@ async def validate_tasks(
         )
         for task in tasks
     ]
-    return await run_checks(runs, plan, suite=suite, backend=backend.name)
+    return await run_checks(runs, plan, suite=suite, backend=backend.name, unjudged=others)
 
 
-CATEGORIES = (
-    "broken",
-    "flaky",
-    "weak",
-    "infra",
-    "no_wrong_solution",
-    "unjudged",
-    "quarantined",
-)
+CATEGORIES = ("broken", "flaky", "weak", "infra", "no_wrong_solution", "unjudged", "quarantined")
 
 
 def read_quarantine(settings: Settings, suite: str) -> dict[str, list[str]]:
@@ -343,10 +349,49 @@ async def validate_suite(
     split: str | None = None,
     limit: int | None = None,
 ) -> ValidationReport:
-    """Load `suite`, validate it through the configured sandbox backend, close the backend."""
+    """Load `suite`, validate it through the configured sandbox backend, close the backend.
+    Its workspace tasks (a JSONL file's) run in workspaces on this host where it has their
+    trees (`workspace_trees`), after the code tasks; the others are logged and unjudged."""
     tasks = load_suite(suite, split=split)[:limit]
+    found, not_here = workspace_trees(tasks)
+    for task_id in not_here:
+        log.warning("unjudged: %s: its workspace trees are not on this host", task_id)
     backend = get_backend(settings, backend_name)
     try:
-        return await validate_tasks(tasks, backend, plan, suite=suite)
+        report = await validate_tasks(tasks, backend, plan, suite=suite)
+        if not found:
+            return report
+        more = await _validate_workspace_tasks(settings, found, backend, plan, suite)
     finally:
         await backend.close()
+    judged = {task.spec.id for task in found} - set(more.unjudged)
+    return report.model_copy(
+        update={
+            "tasks": report.tasks + more.tasks,
+            "unjudged": sorted(set(report.unjudged) - judged),
+            "wall_s": round(report.wall_s + more.wall_s, 2),
+        }
+    )
+
+
+async def _validate_workspace_tasks(
+    settings: Settings,
+    tasks: list[WorkspaceTask],
+    backend: SandboxBackend,
+    plan: CheckPlan,
+    suite: str,
+) -> ValidationReport:
+    """`workspace_validate.validate_workspace_tasks` on this host, the trees in memory."""
+    from infra.tasks.workspace_validate import validate_workspace_tasks  # it imports this module
+
+    objects = MemoryObjects()
+    for task in tasks:
+        objects.update(task.objects | (task.solution.objects if task.solution else {}))
+    trees = Trees(objects)
+    host = SessionHost(settings.sandbox.workspaces)
+    env = WorkspaceEnvironment(host, trees, CommandRunner(), backend)
+    try:
+        return await validate_workspace_tasks(tasks, env, plan, suite=suite)
+    finally:
+        await host.shutdown()
+        trees.close()

@@ -181,8 +181,8 @@ def print_summary(console: Console, report: ValidationReport) -> None:
     summary.add_column("tasks", justify="right")
     for verdict, style in VERDICT_STYLE.items():
         summary.add_row(f"[{style}]{verdict}[/]", str(len(report.ids(verdict))))
-    if report.unjudged:  # no solution to judge them by: not validated, never quarantined
-        summary.add_row("unjudged (no solution)", str(len(report.unjudged)))
+    if report.unjudged:  # no solution or trees here to judge them by: never quarantined
+        summary.add_row("unjudged (not validated)", str(len(report.unjudged)))
     console.print(summary)
     problems = [task for task in report.tasks if task.verdict != "clean"]
     if problems:

@@ -18,10 +18,11 @@ goes on in the background workers), and
     tempered stop RUN [--reason TEXT]           # no new tasks; it ends as a finished run does
     tempered stop RUN --cancel                  # cancel it now, learner included; no report
 
-`--attach` looks the run up once the stack answers, before it starts a worker; a run that ended
-while no command followed it gets its report then, from its workflow's result (wall time: its
-close minus its start), and one that failed, was cancelled or terminated has none (exit 1). The
-checks of a new run's inputs and id are `workers/cli/train_inputs.py`'s.
+`--attach` looks the run up once the stack answers, before it starts a worker (for an unknown
+run, exit 2, it stops the services it started); a run that ended while no command followed it
+gets its report then, from its workflow's result (wall time: its close minus its start), and one
+that failed, was cancelled or terminated has none (exit 1). The checks of a new run's inputs and
+id are `workers/cli/train_inputs.py`'s.
 
 A new run does not start beside training runs that run already (a `train` that Ctrl-C detached
 left its run running) unless `--alongside` (`workers/cli/train_running.py`). Its id must be
@@ -221,6 +222,7 @@ def _attach_cmd(args: argparse.Namespace, settings: Settings) -> int:
         problem = f"--attach takes no run options (got {', '.join(given)})"
         print(f"tempered train: {problem}", file=sys.stderr)
         return 2
+    before = stack.running(settings)
     _bring_up(settings, workers=False)  # Temporal, to ask; the workers once the run is found
     try:
         run_input, result, wall_s, ended_at = asyncio.run(
@@ -228,6 +230,8 @@ def _attach_cmd(args: argparse.Namespace, settings: Settings) -> int:
         )
     except ValueError as exc:  # no such run
         print(f"tempered train: {exc}", file=sys.stderr)
+        if stopped := stack.stop_new(settings, before):  # exit 2: nothing started
+            print(f"tempered train: stopped what it started: {stopped}", file=sys.stderr)
         return 2
     except WorkflowFailureError as err:
         print(f"tempered train: run {args.attach} {ended(err)}", file=sys.stderr)

@@ -328,7 +328,7 @@ def test_a_task_without_a_solution_is_unjudged_and_the_others_validated(
     assert document["unjudged"] == ["alone"] and "alone" not in report.quarantined
     console = Console(record=True, width=120)
     print_summary(console, report)
-    assert re.search(r"unjudged \(no solution\) *│ *1 ", console.export_text())
+    assert re.search(r"unjudged \(not validated\) *│ *1 ", console.export_text())
 
 
 def reward_of(tmp_path: Path, data: bytes) -> float:
