@@ -12,6 +12,19 @@ Two rules (`GRPOConfig.credit`), both against the group's own baseline (GRPO: no
   as MT-GRPO). Turn 0's baseline includes the episodes that ended before their first step, as
   "episode" does.
 
+What a turn is paid for, one rule under every γ: reward that came from no step of its own (the
+context budget's charge for the turns an episode never took, `RewardConfig.score`'s
+`cut_short_of`) comes at the turn the episode ended on: the last step it took, or turn 0 for an
+episode that ended before its first step. Such an episode's return from turn 0 is therefore its
+reward under any γ, as is that of an episode cut after its first step with the same reward.
+Under γ = 1 a return is computed from the rewards reached, not summed from the steps' gains, so
+G_0 is the episode's reward bit for bit (G_t: the reward minus that before turn t).
+
+Flat, one rule (`flat`): a group's rewards, or its returns from one turn, give no advantage when
+fewer than two or spread no wider than round-off (`FLAT_SPREAD`): 0.1 · 7 and 7 · 0.1 failed
+turns are one score. The rows, the step's token count (infra/grpo_plan.py) and the reasons a
+trajectory gave no gradient (infra/learner_base.py) follow from it.
+
 Why "turn" exists: in a `code` episode a failed attempt gets the test log and tries again, and
 under "episode" a first attempt that failed takes the credit of the fix that followed it (the
 default run's reward gives such an episode 0.9 of a first-turn solve's 1.0), so the first turn
@@ -27,35 +40,53 @@ Not covered: staleness weights and normalisation (infra/grpo.py), the loss itsel
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-
-import torch
 
 from contracts.learner import Credit, has_signal
 from contracts.trajectory import Trajectory
 
+FLAT_SPREAD = 1e-9
+"""Values whose max - min is at most this times max(1, |mean|) are one value (round-off, as
+in 0.1 · 7 against 7 · 0.1): GRPO normalises by their spread, so it would otherwise turn a
+difference of one ulp into advantages of ±1e-10 and count the group's tokens in the step."""
+
+
+def flat(values: Sequence[float]) -> bool:
+    """Whether a group's rewards (or its returns from one turn) give GRPO nothing to learn from:
+    fewer than two, or all equal up to round-off (`FLAT_SPREAD`)."""
+    if not has_signal(values):
+        return True
+    mean = math.fsum(values) / len(values)
+    return max(values) - min(values) <= FLAT_SPREAD * max(1.0, abs(mean))
+
 
 def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
     """(r - mean) / (std + eps) over one group, std the unbiased sample std; all zeros when the
-    rewards are all equal (no signal) or there is one."""
-    if not has_signal(rewards):
+    group is `flat` (no signal, or one sample)."""
+    if flat(rewards):
         return [0.0] * len(rewards)
-    values = torch.tensor(rewards, dtype=torch.float64)
-    normalized = (values - values.mean()) / (values.std(unbiased=True) + eps)
-    return [float(x) for x in normalized]
+    mean = math.fsum(rewards) / len(rewards)
+    std = math.sqrt(math.fsum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+    return [(r - mean) / (std + eps) for r in rewards]
 
 
 def step_returns(trajectory: Trajectory, discount: float) -> list[float]:
     """The return from each step on: what the step added to the episode's reward, plus what each
-    later step added, discounted by `discount` per step (1: the reward still to come)."""
-    if not trajectory.steps:
-        return []
-    totals = [step.reward for step in trajectory.steps[:-1]] + [trajectory.reward]
-    gains = [after - before for before, after in zip([0.0, *totals], totals, strict=False)]
-    returns, ahead = [], 0.0
-    for gain in reversed(gains):
-        ahead = gain + discount * ahead
-        returns.append(ahead)
+    later step added, discounted by `discount` per step (1: the reward still to come).
+
+    With c_k the episode's reward after step k (c_-1 = 0, the last the trajectory's reward R) and
+    n steps, summed by parts: G_t = γ^(n-1-t)·R - c_(t-1) + (1-γ)·Σ_(t≤k<n-1) γ^(k-t)·c_k; under
+    γ = 1 that is R - c_(t-1) exactly (a sum of the gains could miss R by an ulp)."""
+    n = len(trajectory.steps)
+    reached = [step.reward for step in trajectory.steps[:-1]]  # c_0 .. c_(n-2)
+    returns = []
+    final, between = trajectory.reward, 0.0  # γ^(n-1-t)·R and Σ_(t≤k<n-1) γ^(k-t)·c_k
+    for t in reversed(range(n)):
+        before = reached[t - 1] if t else 0.0
+        returns.append(final - before + (1.0 - discount) * between)
+        between = before + discount * between
+        final *= discount
     return returns[::-1]
 
 
@@ -67,6 +98,7 @@ def turn_advantages(trajectories: Sequence[Trajectory], discount: float) -> list
     for turn in range(max((len(r) for r in returns), default=0)):
         reached = [i for i, r in enumerate(returns) if len(r) > turn]
         baseline = reached if turn else range(len(trajectories))  # turn 0: every episode
+        # one that ended before its first step: its reward came at turn 0 (module docstring)
         values = [returns[i][turn] if returns[i] else trajectories[i].reward for i in baseline]
         for i, advantage in zip(baseline, group_advantages(values), strict=True):
             if len(returns[i]) > turn:

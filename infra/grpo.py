@@ -10,7 +10,8 @@
 Choices, stated once:
 - Advantages: the group's own baseline, (r_i - mean(r)) / (std(r) + eps), per episode or per
   turn (`GRPOConfig.credit`; the rules and their reasons are infra/credit.py's); exactly 0 when
-  the group's rewards are identical (no signal) or the group has one sample.
+  the group is flat (its rewards, or a turn's returns, equal up to round-off: `credit.flat`) or
+  has one sample, so a row's `has_signal` and the plan's flat groups follow that one rule.
 - Every episode is one training row: its trajectory's `token_ids` (exactly what the model saw
   and sampled over all its steps, never re-tokenized) with its `loss_mask`: only the tokens the
   policy sampled (mask 1) are in the loss, each weighted by its advantage (its episode's, or
@@ -84,7 +85,8 @@ class Row:
 
     @property
     def has_signal(self) -> bool:
-        """Whether any of its tokens has an advantage (without a KL term, else no gradient)."""
+        """Whether any of its tokens has an advantage (without a KL term, else no gradient); a
+        flat group's are exactly 0 (`credit.flat`)."""
         return any(self.advantages)
 
 

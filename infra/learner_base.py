@@ -21,6 +21,7 @@ from typing import Protocol
 
 from contracts.learner import GRPOConfig
 from contracts.trajectory import Trajectory
+from infra.credit import flat, turn_advantages
 from infra.processes import free_port
 
 
@@ -64,12 +65,16 @@ def why_no_gradient(
     group = next(g for g in groups if any(t.id == trajectory_id for t in g))
     trajectory = next(t for t in group if t.id == trajectory_id)
     if config.kl_coef == 0:  # with a KL term every row with sampled tokens trains
-        if len({t.reward for t in group}) <= 1:
-            return "zero advantage: every sample of its group got the same reward"
-        if any(trajectory.loss_mask):
-            if config.credit == "turn":
+        if config.credit == "episode":
+            if flat([t.reward for t in group]):
+                return "zero advantage: every sample of its group got the same reward"
+            if any(trajectory.loss_mask):
+                return "zero advantage: its reward is its group's mean"
+        else:  # equal rewards need not mean equal returns, nor unequal ones a turn's signal
+            if not any(any(a) for a in turn_advantages(group, config.turn_discount)):
+                return "zero advantage: its group's returns are equal on every turn"
+            if any(trajectory.loss_mask):
                 return "zero advantage: on each of its turns its return is the group's mean"
-            return "zero advantage: its reward is its group's mean"
     return "no completion tokens to train on"
 
 
