@@ -2,6 +2,7 @@
 and the bounded state the learner carries through continue-as-new. The training run's own
 contracts (its input, evaluations, progress and result) are in contracts/run.py."""
 
+import math
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
@@ -36,10 +37,20 @@ class PolicyVersion(Contract):
     )
 
 
+FLAT_SPREAD = 1e-9
+"""Values whose max - min is at most this times max(1, |mean|) are one value (round-off, as
+in 0.1 · 7 against 7 · 0.1): GRPO normalises by their spread, so it would otherwise turn a
+difference of one ulp into advantages of ±1e-10 and count the group's tokens in the step."""
+
+
 def has_signal(rewards: Sequence[float]) -> bool:
-    """Whether a group's rewards give GRPO anything to learn from: two or more that differ (a
-    flat group's advantages are all zero, so it trains nothing)."""
-    return len(rewards) >= 2 and max(rewards) != min(rewards)
+    """Whether a group's rewards (or its returns from one turn) give GRPO anything to learn
+    from: two or more that differ by more than round-off (`FLAT_SPREAD`; a flat group's
+    advantages are all zero, so it trains nothing, and the run redraws it)."""
+    if len(rewards) < 2 or max(rewards) == min(rewards):
+        return False
+    mean = math.fsum(rewards) / len(rewards)
+    return max(rewards) - min(rewards) > FLAT_SPREAD * max(1.0, abs(mean))
 
 
 class TrajectoryGroup(SignalPayload):

@@ -21,7 +21,8 @@ Under γ = 1 a return is computed from the rewards reached, not summed from the 
 G_0 is the episode's reward bit for bit (G_t: the reward minus that before turn t).
 
 Flat, one rule (`flat`): a group's rewards, or its returns from one turn, give no advantage when
-fewer than two or spread no wider than round-off (`FLAT_SPREAD`): 0.1 · 7 and 7 · 0.1 failed
+fewer than two or spread no wider than round-off (`contracts.learner.has_signal`): 0.1 · 7 and
+7 · 0.1 failed
 turns are one score. The rows, the step's token count (infra/grpo_plan.py) and the reasons a
 trajectory gave no gradient (infra/learner_base.py) follow from it.
 
@@ -46,19 +47,11 @@ from collections.abc import Sequence
 from contracts.learner import Credit, has_signal
 from contracts.trajectory import Trajectory
 
-FLAT_SPREAD = 1e-9
-"""Values whose max - min is at most this times max(1, |mean|) are one value (round-off, as
-in 0.1 · 7 against 7 · 0.1): GRPO normalises by their spread, so it would otherwise turn a
-difference of one ulp into advantages of ±1e-10 and count the group's tokens in the step."""
-
 
 def flat(values: Sequence[float]) -> bool:
     """Whether a group's rewards (or its returns from one turn) give GRPO nothing to learn from:
-    fewer than two, or all equal up to round-off (`FLAT_SPREAD`)."""
-    if not has_signal(values):
-        return True
-    mean = math.fsum(values) / len(values)
-    return max(values) - min(values) <= FLAT_SPREAD * max(1.0, abs(mean))
+    fewer than two, or all equal up to round-off (`contracts.learner.has_signal`)."""
+    return not has_signal(values)
 
 
 def group_advantages(rewards: Sequence[float], eps: float = 1e-6) -> list[float]:
