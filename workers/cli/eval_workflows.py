@@ -72,6 +72,8 @@ class Cleared(NamedTuple):
 
     cancelled: int
     missed: list[tuple[str, RPCError]]
+    unknown: list[tuple[str, RPCError]] = []
+    """Cancels by id of starts that failed (`start_and_wait`): they may have made nothing."""
 
     def said(self, other: str = "") -> str:
         """ "3 started task(s) were cancelled where still running; nothing was reported" """
@@ -81,6 +83,13 @@ class Cleared(NamedTuple):
             said += (
                 f"; {len(self.missed)} could not be ({describe(self.missed[0][1])}), still "
                 f"running there: {ids} (`temporal workflow cancel --workflow-id ID` each)"
+            )
+        if self.unknown:
+            ids = ", ".join(workflow for workflow, _ in self.unknown)
+            said += (
+                f"; {len(self.unknown)} whose start failed may have been started, and could not "
+                f"be cancelled ({describe(self.unknown[0][1])}): {ids} (`temporal workflow "
+                "cancel --workflow-id ID` each, once Temporal answers)"
             )
         return f"{said}; nothing was reported"
 
@@ -159,10 +168,12 @@ async def evaluate(
 async def _cancel_all(started: list[Handle]) -> Cleared:
     """Cancel each workflow started, in Temporal, at once."""
     outcomes = await asyncio.gather(*(_cancel(handle) for handle in started))
-    missed = [
-        (h.id, err) for h, err in zip(started, outcomes, strict=True) if isinstance(err, RPCError)
+    failed = [
+        (h, err) for h, err in zip(started, outcomes, strict=True) if isinstance(err, RPCError)
     ]
-    return Cleared(outcomes.count(True), missed)
+    missed = [(h.id, err) for h, err in failed if h.result_run_id is not None]
+    unknown = [(h.id, err) for h, err in failed if h.result_run_id is None]  # by id: no start
+    return Cleared(outcomes.count(True), missed, unknown)
 
 
 async def _cancel(handle: Handle) -> bool | RPCError:
