@@ -15,6 +15,8 @@ Queues. Every sandbox worker polls the shared `sandbox` queue and its own queue,
     verify_episodes  sandbox       score final snapshots against the hidden tests in fresh
                                    verifier sandboxes (any worker)
 
+Steps and checks run under the run's limits, but the task's memory (`WorkspaceSpec.limits_of`).
+
 A worker that died never polls its own queue again: a step sent there ends by its
 schedule-to-start timeout, and the workflow restores the sessions from their last snapshots
 with `open_sessions` on `sandbox`. A session this worker no longer holds (closed, reaped by
@@ -88,7 +90,7 @@ from contracts.episode import (
 from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity, Queue
 from contracts.rollout import CompletionRecord
-from contracts.task import EnvName
+from contracts.task import EnvName, SandboxLimits
 from infra import keys
 from infra.environments.base import Graded
 from infra.environments.checks import BadReward, InvalidTask
@@ -273,7 +275,7 @@ class EnvironmentActivities:
         ):
             started = time.perf_counter()
             try:
-                after, seen = await self.env.step(state, call, req.limits, req.step)
+                after, seen = await self.env.step(state, call, self._limits(req, item), req.step)
             except SessionLost as exc:
                 raise fail(ErrorType.SESSION_LOST, f"sample {item.sample}: {exc}") from exc
         if seen.status is not None:
@@ -290,6 +292,12 @@ class EnvironmentActivities:
             submitted=seen.submitted,
             session=self._ref(after),
         )
+
+    def _limits(self, req: EnvStepRequest, item: EnvStepItem) -> SandboxLimits:
+        """The run's limits, but the memory the task of the item's session states (a session
+        not here fails its step: `SessionLost`)."""
+        session = self.host.sessions.get(item.session.session_id)
+        return req.limits if session is None else session.spec.limits_of(req.limits)
 
     async def _call(self, item: EnvStepItem) -> ToolCall:
         """The call to run: the item's own, or where that brief was cut, the whole call parsed
@@ -333,7 +341,8 @@ class EnvironmentActivities:
         state = WorkspaceState("verify-untouched" if sample is None else f"verify-s{sample}", tree)
         with _faults(where):
             try:
-                return await self.env.verify(req.workspace, state, req.limits), False
+                limits = req.workspace.limits_of(req.limits)  # the task's memory, if stated
+                return await self.env.verify(req.workspace, state, limits), False
             except BadReward as exc:  # the agent's code spoiled it, unless the tree is the task's
                 if exc.graded is None or _untouched(req, tree):
                     raise fail(ErrorType.INVALID_TASK, f"task {req.task_id}: {exc}") from exc

@@ -14,8 +14,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from contracts.common import Contract, Identifier, InputContract, ObjectRef
+from contracts.common import Contract, Identifier, InputContract, ObjectRef, empty_left_out
 from contracts.task_tests import defines_check, hidden_tests_problem
+
+MIN_MEMORY_MB, MAX_MEMORY_MB = 16, 65536
+"""A sandbox's memory limit at least and at most (`SandboxLimits.memory_mb`), and a task's
+(`WorkspaceSpec.memory_mb`)."""
 
 
 class EnvName(StrEnum):
@@ -39,6 +43,22 @@ class WorkspaceSpec(Contract):
     env_vars: dict[str, str] = {}
     """Environment variables of every command run in the workspace (the Dockerfile's ENV); not
     of its verifier, which has `Check.env` only (infra/environments/checks.py)."""
+    memory_mb: int | None = Field(
+        default=None, ge=MIN_MEMORY_MB, le=MAX_MEMORY_MB, exclude_if=empty_left_out
+    )
+    """The memory limit (MB) the task states (Harbor's `[environment] memory_mb`): that of its
+    agent's commands and of its check, in place of the run's `limits.memory_mb`, larger or
+    smaller (`limits_of`); None, the run's. Left out of the payload while None
+    (`empty_left_out`): a sandbox worker of the release before, which refuses unknown fields,
+    still takes a task that states none."""
+
+    def limits_of(self, run: SandboxLimits) -> SandboxLimits:
+        """The limits of this task's commands and check: the run's, but the memory it states
+        (the rule's one home: a task stating 4096 MB whose test needed 1 GB ran under the
+        run's 512 MB, and a correct answer scored 0)."""
+        if self.memory_mb is None:
+            return run
+        return run.model_copy(update={"memory_mb": self.memory_mb})
 
 
 class TaskSpec(Contract):
@@ -203,7 +223,9 @@ class SandboxLimits(InputContract):
 
     timeout_s: float = Field(default=10.0, gt=0, le=3600, description="Wall-clock deadline.")
     cpu_s: int = Field(default=10, ge=1, le=3600, description="CPU-time limit (RLIMIT_CPU).")
-    memory_mb: int = Field(default=512, ge=16, le=65536, description="Memory limit.")
+    memory_mb: int = Field(
+        default=512, ge=MIN_MEMORY_MB, le=MAX_MEMORY_MB, description="Memory limit."
+    )
     max_processes: int = Field(default=32, ge=1, le=4096, description="Processes/threads.")
     file_size_mb: int = Field(default=16, ge=1, le=4096, description="Largest file written.")
     tmpfs_mb: int = Field(default=64, ge=1, le=4096, description="Size of the private work dir.")

@@ -18,10 +18,11 @@ Two kinds (`tree.Check.kind`, carried by the hidden-tests tree):
   untouched), the tests at /tests read-only, /logs/verifier writable; the score is the reward
   the script left there (reward.txt, else reward.json: `verifier_files.left_reward`), if it
   exited 0. The script runs with the workspace's code, as in Harbor, in the base environment
-  plus `[verifier] env` only (`verifier_env`: never the Dockerfile's ENV). Its deadline is the
-  check's timeout (`check_limits`), by the functions kind's rule (`judge.deadline_state`): time
-  the host kept it waiting for a CPU does not count, and a host that starved it is a platform
-  fault (retried, never a score); it timed out once it had its time (0).
+  plus `[verifier] env` only (`verifier_env`: never the Dockerfile's ENV), within the task's
+  memory (`WorkspaceSpec.limits_of`). Its deadline is the check's timeout (`check_limits`), by
+  the functions kind's rule (`judge.deadline_state`): time the host kept it waiting for a CPU
+  does not count, and a host that starved it is a platform fault (retried, never a score); it
+  timed out once it had its time (0).
 
 A task whose check cannot work (no check in the tests tree) raises `InvalidTask`, naming the
 file; that is the task's fault, never retried and never a reward. A reward counts only from a
@@ -65,7 +66,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import os
 import posixpath
 import shlex
@@ -78,6 +78,7 @@ from pathlib import Path
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import SandboxLimits, WorkspaceSpec
 from infra.environments.base import Graded
+from infra.environments.check_limits import check_limits as check_limits
 from infra.environments.tree import Check, Entry, Manifest
 from infra.environments.verifier_files import (
     LOGS_DIR,
@@ -123,17 +124,6 @@ class BadReward(InvalidTask):
     def __init__(self, message: str, graded: Graded | None = None) -> None:
         super().__init__(message)
         self.graded = graded
-
-
-def check_limits(check: Check, limits: SandboxLimits) -> SandboxLimits:
-    """The run's limits, but the timeout the check states (Harbor's `[verifier] timeout_sec`,
-    600 s where task.toml names none) is its wall deadline and CPU limit, shorter than the run's
-    too (a test given 5 s ran for the run's 10: a solution too slow for the task scored 1); one
-    that states none (the functions kind) keeps the run's, its CPU at least their wall time."""
-    if check.timeout_s is None:
-        return limits.model_copy(update={"cpu_s": max(limits.cpu_s, int(limits.timeout_s))})
-    cpu_s = math.ceil(check.timeout_s)  # at most MAX_CHECK_S, SandboxLimits' bound on cpu_s
-    return limits.model_copy(update={"timeout_s": check.timeout_s, "cpu_s": cpu_s})
 
 
 def verifier_env(workdir: str, check: Check) -> dict[str, str]:
@@ -243,7 +233,7 @@ async def check_script(
         env=verifier_env(spec.workdir, check),
         sealed=True,
     )
-    limits = check_limits(check, limits)
+    limits = check_limits(check, spec.limits_of(limits))  # the run's, or the task's memory
     command = script_command(read_head(scratch / "tests", check.tests), check.tests)
     ran = await runner.run(command, mounts, uid, limits, slot_name, own_time=True)
     if ran.status in (ExecStatus.TIMEOUT, ExecStatus.MEMORY_EXCEEDED):

@@ -20,8 +20,10 @@ ignored), WORKDIR, COPY and ENV, read as Docker reads them (`infra/tasks/harbor_
 says how far); anything else in it is an error naming the file and line.
 
 task.toml is Harbor's, read by `infra/tasks/harbor_toml.py` (which says which keys): its
-[verifier] timeout_sec and env make the check, [metadata] split the task's split; a limit
-Harbor has and Tempered does not apply ([environment] memory_mb, cpus, ..., [agent]
+[verifier] timeout_sec and env make the check, [metadata] split the task's split, and
+[environment] memory_mb (or the older memory = "4G") the memory of the agent's commands and of
+the check (`WorkspaceSpec.memory_mb`; past a sandbox's bounds, the task's error); a limit
+Harbor has and Tempered does not apply ([environment] cpus, storage_mb, ..., [agent]
 timeout_sec) is one warning each, naming the task, the key and its value; keys Harbor does not
 have are one warning per task naming them.
 
@@ -54,11 +56,13 @@ from __future__ import annotations
 import logging
 import tomllib
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from contracts.common import describe_validation_error, is_identifier
+from contracts.task import WorkspaceSpec
 from infra.environments.checks import MAX_SHEBANG, InvalidTask, shebang
 from infra.tasks.harbor_dockerfile import (
     MAX_TASK_MB,
@@ -241,7 +245,7 @@ def _load(directory: Path, name: str, suite: str, max_mb: int) -> WorkspaceTask:
         solution = None
         if (directory / "solution").is_dir():
             solution = tree(directory / "solution", Budget.tree("solution", max_mb, own))
-        return workspace_task(
+        loaded = workspace_task(
             name,
             prompt,
             files,
@@ -253,10 +257,21 @@ def _load(directory: Path, name: str, suite: str, max_mb: int) -> WorkspaceTask:
             suite=suite,
             split=read.split,
         )
+        return _with_memory(loaded, read.memory_mb)
     except ValidationError as exc:  # by the first field at fault (the split: task.toml)
         loc = exc.errors()[0]["loc"]
         file = _BLAME.get(str(loc[0]) if loc else "", "task.toml")
         raise fail(file, describe_validation_error(exc)) from None
+
+
+def _with_memory(task: WorkspaceTask, memory_mb: int | None) -> WorkspaceTask:
+    """`task`, its workspace stating `memory_mb` (None: the run's), validated (its bounds are
+    `read_config`'s too, which names the key)."""
+    workspace = task.spec.workspace
+    if memory_mb is None or workspace is None:
+        return task
+    stated = WorkspaceSpec.model_validate({**dict(workspace), "memory_mb": memory_mb})
+    return replace(task, spec=task.spec.model_copy(update={"workspace": stated}))
 
 
 def _not_utf8(exc: UnicodeDecodeError) -> str:

@@ -1,8 +1,9 @@
-"""A Harbor task's task.toml read (`infra/tasks/harbor.py`): the check, the split, and what the
-loader warns of.
+"""A Harbor task's task.toml read (`infra/tasks/harbor.py`): the check, the split, the memory,
+and what the loader warns of.
 
     read = read_config(tomllib.loads(text))   # ValueError (ValidationError too) naming the key
     read.check, read.split                    # Check(kind="script", ...), "train"|"heldout"
+    read.memory_mb                            # [environment] memory_mb (or memory), else None
     read.unknown                              # keys Harbor does not have, dotted: one warning
     read.unapplied                            # one line per limit the task sets: one warning each
 
@@ -10,16 +11,19 @@ Tempered reads `[verifier] timeout_sec` (a number of seconds, or a string of one
 float field takes it, at most `tree.MAX_CHECK_S`; a boolean is an error; without it Harbor's
 default, `VERIFIER_TIMEOUT_S`, not the run's sandbox limit of 10 s), `[verifier.env]`
 (variable names as a Dockerfile's ENV takes them; strings, numbers and booleans, spelt as TOML
-spells them; no NUL) and `[metadata] split`; a wrong type there is an error. Harbor's limits
-(`LIMITS`: [environment] memory_mb, cpus, storage_mb, gpus, allow_internet = true, the older
-memory and storage; [agent] timeout_sec) are checked for their type (Harbor's) and each one a
-task sets is a warning naming it and its value: no field of a loaded task carries them, so the
-run's limits apply (a task asking for 4096 MB whose test needs 1 GB still gets the run's
-`limits.memory_mb`). The rest of Harbor's format (`KEYS`, and the rest of [metadata],
-[environment] and [agent]) is accepted and ignored. Other keys, at the top or in [verifier],
-are ignored as Harbor ignores them, with one warning per task naming them, except a close
-misspelling of a key Tempered reads: an error asking "did you mean" (a typo such as
-`timeout_secs` once gave the default silently).
+spells them; no NUL), `[environment] memory_mb` (or the older `memory = "4G"`: `memory_mb`)
+and `[metadata] split`; a wrong type there is an error. The memory is the task's
+(`WorkspaceSpec.memory_mb`): its agent's commands and its check run within it, more or less
+than the run's `limits.memory_mb`. The rest of Harbor's limits (`LIMITS`: [environment] cpus,
+storage_mb, gpus, allow_internet = true, the older storage; [agent] timeout_sec) are checked
+for their type (Harbor's) and each one a task sets is a warning naming it and its value, since
+nothing applies it: a sandbox has no CPU share (`infra/sandbox/cgroups.py` bounds CPU time),
+its workspace's quota is the worker's (`sandbox.workspaces.max_workspace_mb`), and an episode
+ends at the run's `max_turns`, each command at the run's `limits.timeout_s`. The rest of
+Harbor's format (`KEYS`, and the rest of [metadata], [environment] and [agent]) is accepted
+and ignored. Other keys, at the top or in [verifier], are ignored as Harbor ignores them, with
+one warning per task naming them, except a close misspelling of a key Tempered reads: an error
+asking "did you mean" (a typo such as `timeout_secs` once gave the default silently).
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ from __future__ import annotations
 import datetime
 import difflib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import StrictBool, StrictStr, TypeAdapter
 
+from contracts.task import MAX_MEMORY_MB, MIN_MEMORY_MB
 from infra.environments.tree import MAX_CHECK_S, Check
 from infra.tasks.harbor_words import ENV_KEY
 
@@ -58,21 +64,27 @@ VERIFIER_TIMEOUT_S = 600.0
 (`VerifierConfig.timeout_sec` in Harbor's src/harbor/models/task/config.py). The run's sandbox
 limit (`SandboxLimits.timeout_s`, 10 s) once stood in for it and scored a correct answer 0
 whose test took 12 s."""
-_MEMORY = "its commands and its check run within the run's limits.memory_mb"
 _STORAGE = "its workspace holds sandbox.workspaces.max_workspace_mb"
-LIMITS: dict[tuple[str, str], tuple[type, str]] = {
+LIMITS: dict[tuple[str, str], tuple[type, str | None]] = {
     ("agent", "timeout_sec"): (float, "an episode ends at the run's max_turns and timeouts"),
-    ("environment", "memory_mb"): (int, _MEMORY),
-    ("environment", "memory"): (str, _MEMORY),
+    ("environment", "memory_mb"): (int, None),
+    ("environment", "memory"): (str, None),
     ("environment", "cpus"): (int, "its commands and its check run within the run's limits.cpu_s"),
     ("environment", "storage_mb"): (int, _STORAGE),
     ("environment", "storage"): (str, _STORAGE),
     ("environment", "gpus"): (int, "a sandbox has no GPU"),
     ("environment", "allow_internet"): (bool, "a sandbox has no network: what needs one fails"),
 }
-"""Harbor's limits a loaded task cannot carry (its `Check` and `WorkspaceSpec` have no field
-for them): (table, key) → (Harbor's type, what applies instead). Each one a task sets is
-warned of (`allow_internet` only where true: no network is what runs anyway)."""
+"""Harbor's limits: (table, key) → (Harbor's type, what applies instead: None for the memory,
+which applies: `_memory`). Each one a task sets that does not apply is warned of
+(`allow_internet` only where true: no network is what runs anyway)."""
+SIZE_UNITS = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}
+"""MB in a unit of the older `memory` string ("4G", "512M": Harbor's `_parse_size_to_mb`, which
+takes these alone, in either case, after a number)."""
+_MEMORY_BOUND = (
+    f"a sandbox's memory limit is at least {MIN_MEMORY_MB} MB and at most {MAX_MEMORY_MB} MB "
+    "(SandboxLimits.memory_mb)"
+)
 _TYPES: dict[type, tuple[TypeAdapter[Any], str]] = {
     float: (TypeAdapter(float), "a number"),
     int: (TypeAdapter(int), "an integer"),
@@ -96,11 +108,13 @@ class Config:
     unapplied: list[str]
     """One line per limit the task sets that no run applies (`LIMITS`): `[table] key = value:
     not applied: what applies instead`."""
+    memory_mb: int | None = None
+    """The memory the task states (`WorkspaceSpec.memory_mb`), in MB; None, the run's."""
 
 
 def read_config(config: dict[str, Any]) -> Config:
-    """The check and the split task.toml asks for, the keys it has that Harbor does not, and
-    the limits it sets that are not applied; ValueError naming the key at fault."""
+    """The check, the split and the memory task.toml asks for, the keys it has that Harbor does
+    not, and the limits it sets that are not applied; ValueError naming the key at fault."""
     unknown = _unknown(config, "")
     verifier, metadata = _table(config, "verifier"), _table(config, "metadata")
     unknown += _unknown(verifier, "verifier")
@@ -109,7 +123,9 @@ def read_config(config: dict[str, Any]) -> Config:
         key: _env_value(key, value) for key, value in _table(verifier, "env", "verifier.").items()
     }
     check = Check(kind="script", tests="test.sh", timeout_s=timeout, env=env)
-    return Config(check, metadata.get("split", "train"), unknown, _unapplied(config))
+    unapplied = _unapplied(config)  # each limit's type first
+    memory = _memory(_table(config, "environment"))
+    return Config(check, metadata.get("split", "train"), unknown, unapplied, memory)
 
 
 def _unapplied(config: dict[str, Any]) -> list[str]:
@@ -129,10 +145,50 @@ def _unapplied(config: dict[str, Any]) -> list[str]:
             except ValueError:  # ValidationError too
                 shown = repr(value) if isinstance(value, str) else _kind(value)
                 raise ValueError(f"[{within}] {key}: {wanted}, not {shown}") from None
-            if key != "allow_internet" or value:
+            if instead is not None and (key != "allow_internet" or value):
                 spelt = json.dumps(value)  # as TOML spells it: true, "4G", 4096
                 lines.append(f"[{within}] {key} = {spelt}: not applied: {instead}")
     return lines
+
+
+def _memory(environment: dict[str, Any]) -> int | None:
+    """[environment] memory_mb, or the older memory ("4G") in MB (Harbor's int, its types
+    checked: `_unapplied`); None where neither is set. ValueError for a size Harbor would not
+    read, for both set to different sizes (which one was meant is not for the loader to guess),
+    and for one outside a sandbox's bounds (`_MEMORY_BOUND`)."""
+    stated: dict[str, int] = {}
+    if "memory_mb" in environment:
+        stated["memory_mb"] = _TYPES[int][0].validate_python(environment["memory_mb"])
+    if "memory" in environment:
+        stated["memory"] = _size_mb(environment["memory"])
+    spelt = {key: f"{key} = {json.dumps(environment[key])}" for key in stated}
+    if len(set(stated.values())) > 1:
+        raise ValueError(
+            f"[environment] {spelt['memory_mb']} and {spelt['memory']} ({stated['memory']} MB) "
+            "differ: state one"
+        )
+    for key, mb in stated.items():
+        if not MIN_MEMORY_MB <= mb <= MAX_MEMORY_MB:
+            size = f" {mb} MB:" if key == "memory" else ""
+            raise ValueError(f"[environment] {spelt[key]}:{size} {_MEMORY_BOUND}")
+    return next(iter(stated.values()), None)
+
+
+def _size_mb(value: str) -> int:
+    """The older `memory` string in MB, as Harbor's `_parse_size_to_mb` reads it (a number and
+    G, M or K; a fraction of a MB dropped); ValueError for what it would not read."""
+    text = value.strip().upper()
+    unit = SIZE_UNITS.get(text[-1:])
+    try:
+        number = float(text[:-1]) if unit is not None else math.nan
+    except ValueError:
+        number = math.nan
+    if unit is None or not math.isfinite(number):
+        raise ValueError(
+            f'[environment] memory: {value!r} is not a size (a number and G, M or K: "4G", '
+            '"512M"; or memory_mb = 4096)'
+        )
+    return int(number * unit)
 
 
 def _timeout(value: Any) -> float:

@@ -1,0 +1,28 @@
+"""The limits a workspace task's check runs under (`checks.py`), from the run's.
+
+    limits = check_limits(check, spec.limits_of(run_limits))   # a Harbor script check
+    limits = check_limits(check, run_limits)                   # a functions check
+
+The check's own timeout (Harbor's `[verifier] timeout_sec`) is its deadline and CPU limit; the
+task's stated memory (`WorkspaceSpec.limits_of`, Harbor's `[environment] memory_mb`) is its
+memory limit, as it is of the task's agent's commands (activities/environment.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+from contracts.task import SandboxLimits
+from infra.environments.tree import Check
+
+
+def check_limits(check: Check, limits: SandboxLimits) -> SandboxLimits:
+    """The run's limits, but the timeout the check states (Harbor's `[verifier] timeout_sec`,
+    600 s where task.toml names none) is its wall deadline and CPU limit, shorter than the run's
+    too (a test given 5 s ran for the run's 10: a solution too slow for the task scored 1); one
+    that states none (the functions kind) keeps the run's, its CPU at least their wall time.
+    The memory is `limits`' (the caller's: the task's where it states one)."""
+    if check.timeout_s is None:
+        return limits.model_copy(update={"cpu_s": max(limits.cpu_s, int(limits.timeout_s))})
+    cpu_s = math.ceil(check.timeout_s)  # at most MAX_CHECK_S, SandboxLimits' bound on cpu_s
+    return limits.model_copy(update={"timeout_s": check.timeout_s, "cpu_s": cpu_s})
