@@ -3,7 +3,8 @@
     limits = check_limits(check, spec.limits_of(run_limits))   # a Harbor script check
     limits = check_limits(check, run_limits)                   # a functions check
 
-The check's own timeout (Harbor's `[verifier] timeout_sec`) is its deadline and CPU limit; the
+The check's own timeout (Harbor's `[verifier] timeout_sec`) is its deadline and its least CPU
+limit; the
 task's stated memory (`WorkspaceSpec.limits_of`, Harbor's `[environment] memory_mb`) is its
 memory limit, as it is of the task's agent's commands (activities/environment.py).
 """
@@ -18,11 +19,12 @@ from infra.environments.tree import Check
 
 def check_limits(check: Check, limits: SandboxLimits) -> SandboxLimits:
     """The run's limits, but the timeout the check states (Harbor's `[verifier] timeout_sec`,
-    600 s where task.toml names none) is its wall deadline and CPU limit, shorter than the run's
-    too (a test given 5 s ran for the run's 10: a solution too slow for the task scored 1); one
-    that states none (the functions kind) keeps the run's, its CPU at least their wall time.
-    The memory is `limits`' (the caller's: the task's where it states one)."""
-    if check.timeout_s is None:
-        return limits.model_copy(update={"cpu_s": max(limits.cpu_s, int(limits.timeout_s))})
-    cpu_s = math.ceil(check.timeout_s)  # at most MAX_CHECK_S, SandboxLimits' bound on cpu_s
-    return limits.model_copy(update={"timeout_s": check.timeout_s, "cpu_s": cpu_s})
+    600 s where task.toml names none) is its wall deadline, shorter than the run's too (a test
+    given 5 s ran for the run's 10: a solution too slow for the task scored 1); one that states
+    none (the functions kind) keeps the run's. Its CPU limit is at least its wall time, and
+    never less than the run's (a multi-threaded test given 600 s, under a run's 2,400 CPU
+    seconds, was cut at 600). The memory is `limits`' (the caller's: the task's where it
+    states one)."""
+    wall = limits.timeout_s if check.timeout_s is None else check.timeout_s
+    cpu_s = max(limits.cpu_s, math.ceil(wall))  # at most MAX_CHECK_S: SandboxLimits' bound
+    return limits.model_copy(update={"timeout_s": wall, "cpu_s": cpu_s})

@@ -54,6 +54,7 @@ Not covered: images (the Kubernetes backend's business), multi-stage builds, `.d
 from __future__ import annotations
 
 import logging
+import re
 import tomllib
 from collections.abc import Iterator
 from dataclasses import replace
@@ -238,6 +239,14 @@ def _load(directory: Path, name: str, suite: str, max_mb: int) -> WorkspaceTask:
         tests = tree(directory / "tests", Budget.tree("tests", max_mb, own))
         if not tests["test.sh"].data.strip():  # run, it would write no reward: every verify 0
             raise fail("tests/test.sh", "empty: the check must write the reward in /logs/verifier")
+        if needed := _env_the_check_may_need(env, tests["test.sh"].data):
+            log.warning(  # unlike Harbor's: a PATH or HOME into the workspace let it forge
+                "task %s: %s: ENV %s: its commands have them, its check (tests/test.sh) does "
+                "not: set what test.sh needs in [verifier.env] or in test.sh",
+                name,
+                dockerfile,
+                ", ".join(needed),
+            )
         try:  # a #! line no command can name fails every verify: said now, naming the file
             shebang(tests["test.sh"].data[:MAX_SHEBANG], "test.sh")
         except InvalidTask as exc:
@@ -262,6 +271,21 @@ def _load(directory: Path, name: str, suite: str, max_mb: int) -> WorkspaceTask:
         loc = exc.errors()[0]["loc"]
         file = _BLAME.get(str(loc[0]) if loc else "", "task.toml")
         raise fail(file, describe_validation_error(exc)) from None
+
+
+_RESOLVING = re.compile(r"PATH|HOME|LD_\w+|PYTHON\w+|VIRTUAL_ENV|\w+_HOME")
+"""ENV names that change what a command resolves to, used by test.sh whether it names them."""
+
+
+def _env_the_check_may_need(env: dict[str, str], test: bytes) -> list[str]:
+    """The Dockerfile's ENV names test.sh may rely on, which its check does not get: those it
+    names (`$NAME`, `${NAME}`) and those that change what its commands resolve to."""
+    text = test.decode(errors="replace")
+    return sorted(
+        key
+        for key in env
+        if _RESOLVING.fullmatch(key) or re.search(rf"\${{?{re.escape(key)}\b", text)
+    )
 
 
 def _with_memory(task: WorkspaceTask, memory_mb: int | None) -> WorkspaceTask:

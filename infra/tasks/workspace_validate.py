@@ -69,7 +69,7 @@ async def _attempt(
         state = await env.reset(workspace, session_id)
         if solve:
             assert task.solution is not None
-            state, seen = await env.solve(state, task.solution.ref, limits)
+            state, seen = await env.solve(state, task.solution.ref, workspace.limits_of(limits))
             if seen.status is not ExecStatus.PASSED:
                 return RunRecord(status=ExecStatus.FAILED, detail=f"solve.sh: {seen.text[-300:]}")
         graded = await env.verify(workspace, state, limits)

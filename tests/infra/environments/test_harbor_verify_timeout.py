@@ -22,14 +22,15 @@ REWARD = "/logs/verifier/reward.txt"
 @pytest.mark.parametrize(
     ("stated", "run", "timeout", "cpu"),
     [
-        (2.0, SandboxLimits(cpu_s=60), 2.0, 2),
-        (2.5, SandboxLimits(), 2.5, 3),
+        (2.0, SandboxLimits(cpu_s=60), 2.0, 60),  # never less CPU than the run allows
+        (600.0, SandboxLimits(timeout_s=60, cpu_s=2400), 600.0, 2400),  # was cut at 600
+        (2.5, SandboxLimits(), 2.5, 10),
         (600.0, SandboxLimits(), 600.0, 600),
         (None, SandboxLimits(cpu_s=7), 10.0, 10),  # none stated: the run's, CPU at least its wall
         (None, SandboxLimits(timeout_s=3, cpu_s=60), 3.0, 60),
     ],
 )
-def test_the_checks_timeout_is_its_deadline_and_cpu_limit(
+def test_the_checks_timeout_is_its_deadline_and_least_cpu_limit(
     stated: float | None, run: SandboxLimits, timeout: float, cpu: int
 ) -> None:
     limits = check_limits(Check(kind="script", timeout_s=stated), run.model_copy())
