@@ -218,6 +218,11 @@ class RewardConfig(InputContract):
         return earned + self.failed_turn * failed
 
 
+MAX_CHECK_S = 3600.0
+"""The longest a workspace task's check may take (`Check.timeout_s`; Harbor's `[verifier]
+timeout_sec`): the workflows allow a verified item as much (workflows/activity_options.py)."""
+
+
 class SandboxLimits(InputContract):
     """Resource limits of one sandboxed execution."""
 

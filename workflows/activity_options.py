@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
     from contracts.learner import GRPOConfig, TrajectoryGroup
     from contracts.names import ACTIVITY_QUEUE, Activity
     from contracts.sandbox import ExecuteRequest
+    from contracts.task import MAX_CHECK_S
 
 SANDBOX_BACKSTOP = timedelta(hours=2)
 """Start-to-close of `open_sessions`, which waits inside the activity for the sandbox slots
@@ -55,9 +56,8 @@ ITEM_OVERHEAD = timedelta(minutes=1)
 """What an item of a sandbox activity takes beyond its program's limit: reading its input,
 starting its sandbox, storing its result (and a session's snapshot)."""
 
-LONGEST_CHECK = timedelta(hours=1)
-"""The longest a workspace task's check may run (`infra.environments.tree.MAX_CHECK_S`, pinned
-by tests/workflows/test_activity_timeouts_sandbox.py: workflows do not import infra). A
+LONGEST_CHECK = timedelta(seconds=MAX_CHECK_S)
+"""The longest a workspace task's check may run (`contracts.task.MAX_CHECK_S`). A
 verify's item may run under its check's timeout instead of the run's limits
 (`checks.check_limits`), and the check is read from the hidden tests in the store, which the
 workflow never sees: every verified item is allowed the longest."""

@@ -59,6 +59,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from contracts.common import ObjectRef
+from contracts.task import MAX_CHECK_S
 from infra import keys
 from infra.environments.tree_entry import Entry
 from infra.environments.tree_entry import entry_mode as entry_mode
@@ -92,10 +93,6 @@ def check_path(path: str) -> str:
     ):
         raise TreeError(f"{path!r} is not a relative path inside the tree")
     return path
-
-
-MAX_CHECK_S = 3600.0
-"""The longest a check may take (`Check.timeout_s`; Harbor's `[verifier] timeout_sec`)."""
 
 
 class Check(BaseModel):

@@ -37,8 +37,8 @@ from typing import Any
 
 from pydantic import StrictBool, StrictStr, TypeAdapter
 
-from contracts.task import MAX_MEMORY_MB, MIN_MEMORY_MB
-from infra.environments.tree import MAX_CHECK_S, Check
+from contracts.task import MAX_CHECK_S, MAX_MEMORY_MB, MIN_MEMORY_MB
+from infra.environments.tree import Check
 from infra.tasks.harbor_words import ENV_KEY
 
 KEYS = {

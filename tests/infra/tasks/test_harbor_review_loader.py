@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.environments.tree import MAX_CHECK_S
+from contracts.task import MAX_CHECK_S
 from infra.tasks.harbor import TaskInputError, load_harbor, load_task
 from infra.tasks.harbor_dockerfile import MAX_TASK_MB
 from tests.infra.tasks.harbor_review_tasks import harbor_task, put, sparse
