@@ -7,18 +7,20 @@ Two kinds (`tree.Check.kind`, carried by the hidden-tests tree):
 
 - `functions` (the built-in `workspace` suite): the two-process verifier of the sandbox
   backend (`SandboxBackend.run`). The candidate process gets a program that writes the
-  workspace's Python files (and data files, within a budget: `program_files`) into its private
-  /tmp and star-imports the modules under test; the checker process holds the hidden tests
-  (top-level asserts naming those modules' functions) and calls the functions as data. The
-  score is the share of hidden asserts that passed (0 for Python files past the budget, or a
-  program the backend cannot carry: `JobTooLarge`, Kubernetes's Job takes 1 MiB).
+  workspace's Python files (and data files, within a budget; links as what they name; never
+  .git or caches: `functions_files.py`) into its private /tmp and star-imports the modules
+  under test; the checker process holds the hidden tests (top-level asserts naming those
+  modules' functions) and calls the functions as data. The score is the share of hidden
+  asserts that passed (0 for Python files past the budget, or a program the backend cannot
+  carry: `JobTooLarge`, Kubernetes's Job takes 1 MiB); its detail names what was not copied.
 - `script` (Harbor tasks): /tests/test.sh run as Harbor runs it, as a program (`chmod +x`,
   then the script itself: the kernel runs its `#!` line's interpreter; `script_command`), in a
   fresh workspace sandbox, the final workspace at its workdir (a copy: the session is
   untouched), the tests at /tests read-only, /logs/verifier writable; the score is the reward
   the script left there (reward.txt, else reward.json: `verifier_files.left_reward`), if it
-  exited 0. The script runs with the workspace's code, as in Harbor, in the base environment
-  plus `[verifier] env` only (`verifier_env`: never the Dockerfile's ENV), within the task's
+  exited 0. The script runs with the workspace's code, as in Harbor, but in the base
+  environment plus `[verifier] env` only: unlike Harbor's, never the Dockerfile's ENV (the
+  workspace's files could forge the reward through it: `verifier_env`), within the task's
   memory (`WorkspaceSpec.limits_of`). Its deadline is the check's timeout (`check_limits`), by
   the functions kind's rule (`judge.deadline_state`): time the host kept it waiting for a CPU
   does not count, and a host that starved it is a platform fault (retried, never a score); it
@@ -79,7 +81,9 @@ from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import SandboxLimits, WorkspaceSpec
 from infra.environments.base import Graded
 from infra.environments.check_limits import check_limits as check_limits
-from infra.environments.tree import Check, Entry, Manifest
+from infra.environments.functions_files import MAX_PROGRAM_BYTES as MAX_PROGRAM_BYTES
+from infra.environments.functions_files import program_files as program_files
+from infra.environments.tree import Check, Manifest
 from infra.environments.verifier_files import (
     LOGS_DIR,
     REWARD_FILE,
@@ -101,15 +105,6 @@ script that exits non-zero scores 0 whatever it left."""
 VERIFIER_HOMES = (BASE_ENV["HOME"], "/dev/shm")
 """A script check's HOME: the first of these fresh tmpfs neither in its workspace nor above it
 (no workspace may lie in /dev: `workspace.HIDDEN_PATHS`)."""
-MAX_PROGRAM_FILE = 1 << 20
-"""Workspace files other than Python larger than this are not copied into the functions check."""
-MAX_PROGRAM_BYTES = 8 << 20
-"""Workspace bytes a functions check copies in all, each file's name counted as the program's
-JSON writes it (`program_cost`). Its program travels in one frame of the verifier's codec
-(16 MiB), and base64, JSON and base64 again grow the bytes by at most 1.4× (zlib gives back
-most of the first base64): every file up to 1 MiB of a 13 MB workspace made a program no frame
-could carry, a TypeError on every retry of the verify, and so did 68,000 empty files with names
-of 255 bytes while names were not counted."""
 
 
 class InvalidTask(ValueError):
@@ -127,11 +122,14 @@ class BadReward(InvalidTask):
 
 
 def verifier_env(workdir: str, check: Check) -> dict[str, str]:
-    """What a script check adds to the sandbox's `BASE_ENV`: the task's `[verifier] env`, as
-    Harbor's verifier, never the Dockerfile's ENV (the agent's steps keep it: `ENV PATH=/app/
-    .venv/bin:$PATH` ran the workspace's planted programs, `ENV HOME=/app` its user site's
-    `.pth`, before the test's first line); a HOME outside the workspace at `workdir`
-    (`VERIFIER_HOMES`: /tmp was the workspace under `WORKDIR /tmp`); no Python user site."""
+    """What a script check adds to the sandbox's `BASE_ENV`: the task's `[verifier] env`, and
+    unlike Harbor (whose verifier runs test.sh in the task's container, the image's ENV
+    inherited) never the Dockerfile's ENV, which the agent's steps keep: through it the agent's
+    files could forge the reward (`ENV PATH=/app/.venv/bin:$PATH` ran the workspace's planted
+    programs, `ENV HOME=/app` its user site's `.pth`, `PYTHONPATH` into the workspace its
+    modules, before the test's first line), so a test.sh that needs a variable sets it itself
+    or in `[verifier] env`; a HOME outside the workspace at `workdir` (`VERIFIER_HOMES`: /tmp
+    was the workspace under `WORKDIR /tmp`); no Python user site."""
     nested = [f"{home}/".startswith(f"{workdir}/") or f"{workdir}/".startswith(f"{home}/")
               for home in VERIFIER_HOMES]  # fmt: skip
     return {"HOME": VERIFIER_HOMES[nested.index(False)], "PYTHONNOUSERSITE": "1", **check.env}
@@ -161,36 +159,6 @@ def functions_program(files: Mapping[str, bytes], modules: list[str]) -> str:
     )
 
 
-def program_cost(entry: Entry) -> int:
-    """What a file adds to a functions check's program before base64 and zlib: its bytes, and
-    its name with the JSON around it (escapes included: a control character takes six)."""
-    return entry.size + len(json.dumps({entry.path: ""}))
-
-
-def program_files(workspace: Manifest, contents: Mapping[str, bytes]) -> dict[str, bytes] | str:
-    """The files a functions check copies, within `MAX_PROGRAM_BYTES` (`program_cost`): every
-    Python file (the modules under test and whatever they import), then the other files of up
-    to `MAX_PROGRAM_FILE` in path order while they fit (data the code may read). Or why not:
-    the Python files alone are larger, which is the agent's doing, never the task's."""
-    python = [entry for entry in workspace.files() if entry.path.endswith(".py")]
-    if (size := sum(map(program_cost, python))) > MAX_PROGRAM_BYTES:
-        largest = sorted(python, key=lambda entry: -program_cost(entry))[:3]
-        named = ", ".join(f"{e.path[:100]} {program_cost(e) / 1e6:.1f} MB" for e in largest)
-        return (
-            f"the workspace's Python files hold {size / 1e6:.1f} MB, more than the "
-            f"{MAX_PROGRAM_BYTES >> 20} MiB a functions check copies (names counted; the "
-            f"largest: {named})"
-        )
-    files = {entry.path: contents[entry.sha256] for entry in python}
-    for entry in workspace.files():
-        cost = program_cost(entry)
-        fits = entry.size <= MAX_PROGRAM_FILE and size + cost <= MAX_PROGRAM_BYTES
-        if fits and entry.path not in files:
-            files[entry.path] = contents[entry.sha256]
-            size += cost
-    return files
-
-
 def unchecked(detail: str, limits: SandboxLimits) -> Graded:
     """A score of 0 for a final workspace no check can take (what its agent made of it)."""
     result = ExecutionResult(
@@ -203,14 +171,19 @@ async def check_functions(
     backend: SandboxBackend, workspace: Manifest, contents: Mapping[str, bytes], check: Check,
     tests: str, limits: SandboxLimits,
 ) -> Graded:  # fmt: skip
-    files = program_files(workspace, contents)
-    if isinstance(files, str):
-        return unchecked(files, limits)
-    program = functions_program(files, check.modules)
+    copied = program_files(workspace, contents)
+    if isinstance(copied, str):
+        return unchecked(copied, limits)
+    program = functions_program(copied.files, check.modules)
     try:
         result = await backend.run(program, tests, check_limits(check, limits))
     except JobTooLarge as exc:  # the same on every retry: scored, never retried for ever
         return unchecked(f"the final workspace makes a program too large to send: {exc}", limits)
+    if copied.left_out:  # a module that needed what was left out: the verdict says why
+        note = f"not copied from the workspace: {copied.left_out}"
+        result = result.model_copy(
+            update={"detail": "; ".join(filter(None, [result.detail, note]))}
+        )
     if result.status is ExecStatus.PASSED:
         return Graded(result, 1.0)
     score = result.tests_passed / result.tests_total if result.tests_total else 0.0
