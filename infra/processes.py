@@ -165,6 +165,8 @@ class Service:
         at once (vLLM's requests in flight). What the leader leaves behind gets SIGTERM once
         it is gone. An exited process counts as gone while it is a zombie: its parent may live
         on without reaping it (the `tempered train` that started it, a container's PID 1)."""
+        if not self.pidfile.exists():  # none ran: nothing to lock (a read-only home stays so)
+            return False
         with self.lock():
             return self._stop(timeout_s)
 

@@ -73,6 +73,8 @@ class SeaweedService(Service):
     (`infra.seaweed.remove_sockets`: weed leaves some in /tmp even when it stops cleanly)."""
 
     def stop(self, timeout_s: float = 15.0) -> bool:
+        if not self.pidfile.exists():  # none ran: nothing to lock (a read-only home stays so)
+            return False
         with self.lock():  # no start in between: its sockets are the next weed's
             command: list[str] = []
             if (pid := self.pid()) is not None:

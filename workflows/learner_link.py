@@ -22,6 +22,8 @@ error is the run's failure at once (`RunFailure.learner_failed`).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -151,4 +153,5 @@ class LearnerLink:
                 if delay is None or self.ended() or not workflow.patched(CANCEL_RETRY_PATCH):
                     return
                 workflow.logger.warning("cancel of %s found no run; retrying", self.workflow_id)
-                await workflow.sleep(timedelta(seconds=delay))
+                with contextlib.suppress(asyncio.TimeoutError):  # its end reported: no wait
+                    await workflow.wait_condition(self.ended, timeout=timedelta(seconds=delay))

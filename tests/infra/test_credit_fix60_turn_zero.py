@@ -1,6 +1,7 @@
 """Turn credit's turn-0 baseline under every discount: an episode the context budget ended
 before its first step enters it on the footing of the others (`infra/credit.py`'s docstring:
-reward from no step of its own comes at the turn the episode ended on)."""
+reward from no step of its own comes at the turn the episode ended on). A regression test: a
+review read the rule as mixing two quantities under γ < 1, and it held before as it does now."""
 
 from __future__ import annotations
 

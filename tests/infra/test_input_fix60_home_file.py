@@ -6,9 +6,11 @@ processes, the home under tmp_path."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,13 +55,29 @@ def test_stack_down_and_status_name_a_home_that_is_a_file(tmp_path: Path) -> Non
             call(Settings(home=home))
 
 
+@contextlib.contextmanager
+def read_only(home: Path) -> Iterator[None]:
+    """`home` unwritable, to root too (which mode 0555 does not stop): a read-only bind mount."""
+    if os.geteuid() != 0:
+        home.chmod(0o555)
+        try:
+            yield
+        finally:
+            home.chmod(0o755)
+        return
+    subprocess.run(["mount", "--bind", str(home), str(home)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(home)], check=True)
+        yield
+    finally:
+        subprocess.run(["umount", str(home)], check=True)
+
+
 def test_status_and_down_of_a_read_only_home_are_no_refusal(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    home.chmod(0o555)
-    try:
+    with read_only(home):
+        assert not os.access(home, os.W_OK)  # as the refusal would judge it
         settings = Settings(home=home)
         assert set(stack.status(settings).values()) == {"stopped"}
         assert all(line.endswith("was not running") for line in stack.down(settings))
-    finally:
-        home.chmod(0o755)

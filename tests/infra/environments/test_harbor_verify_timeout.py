@@ -45,4 +45,5 @@ async def test_a_test_slower_than_the_tasks_timeout_times_out(rig: Rig) -> None:
     spec = rig.spec({"a.txt": "a\n"}, {"test.sh": f"sleep 5\necho 1 > {REWARD}\n"}, check)
     graded = await rig.env.verify(spec, await rig.env.reset(spec, "s0"), SandboxLimits())
     assert graded.score == 0.0 and graded.result.status is ExecStatus.TIMEOUT, graded.result
-    assert graded.result.limits.timeout_s == 2.0 and graded.result.duration_ms < 4500
+    assert graded.result.limits.timeout_s == 2.0  # not the sleep's 5 s: no duration bound, as a
+    # host that kept the check waiting for a CPU does not count (workspace_deadline.py)
