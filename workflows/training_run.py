@@ -80,6 +80,9 @@ to their learner and continue as new once it is reached (before: about ten event
 BUDGET_SENDS_FLAT_PATCH = "tempered-run-sends-flat-groups-past-its-deadline"
 """Marks runs that send a flat group finishing at or after the time budget's deadline, as after
 a `stop` (no task takes its slot then); before, it was redrawn: never sent, its slot empty."""
+FLAT_ROUNDOFF_PATCH = "tempered-run-redraws-groups-flat-but-for-round-off"
+"""Marks runs that take a group whose rewards differ by round-off only for flat
+(`contracts.learner.has_signal`, which the learner trains by): before, it was sent."""
 STOPPED_BY_SIGNAL = "stopped by signal"
 """Why a run stopped by a `stop` signal without a reason (no input, or not text) ended early."""
 TIME_BUDGET_SPENT = "time budget spent"
@@ -266,6 +269,8 @@ class TrainingRunWorkflow:
         (`BUDGET_SENDS_FLAT_PATCH`, asked only then; before, such a group was thrown away)."""
         if not self._may_redraw or self._stopped is not None or has_signal(rewards):
             return False
+        if len(set(rewards)) > 1 and not workflow.patched(FLAT_ROUNDOFF_PATCH):
+            return False  # apart by round-off only: a signal to the release before
         deadline = self._segment[1] if self._segment is not None else None
         late = deadline is not None and workflow.now() >= deadline  # `_budget_spent` or soon
         return not (late and workflow.patched(BUDGET_SENDS_FLAT_PATCH))

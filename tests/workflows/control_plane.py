@@ -114,7 +114,7 @@ class ScriptedTrainer:
 @workflow.defn(name="AgentTaskWorkflow", sandboxed=False)
 class StandInAgentTask:
     """A finished group after 1–30 `UNIT`s: half the samples solved (none, for a `flat-` task: a
-    group with no GRPO signal)."""
+    group with no GRPO signal, its rewards apart by round-off only, as 0.1 · 3 and 0.3)."""
 
     UNIT = timedelta(milliseconds=10)
 
@@ -125,14 +125,16 @@ class StandInAgentTask:
         version = int(raw.get("policy_version") or 0)
         await workflow.sleep(self.UNIT * self.units(task_id))
         flat = task_id.startswith("flat-")
-        rewards = [1.0 if s % 2 == 0 and not flat else 0.0 for s in range(size)]
+        rewards = [1.0 if s % 2 == 0 else 0.0 for s in range(size)]
+        if flat:
+            rewards = [0.1 * 3 if s % 2 == 0 else 0.3 for s in range(size)]
         return {
             "run_id": run_id,
             "task_id": task_id,
             "state": "DONE",
             "turns": 1,
             "rewards": rewards,
-            "solved": [r > 0 for r in rewards],
+            "solved": [r >= 1.0 for r in rewards],
             "best_reward": max(rewards),
             "policy_versions": [version] * size,
             "trajectories": [
