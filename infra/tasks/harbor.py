@@ -239,7 +239,7 @@ def _load(directory: Path, name: str, suite: str, max_mb: int) -> WorkspaceTask:
         tests = tree(directory / "tests", Budget.tree("tests", max_mb, own))
         if not tests["test.sh"].data.strip():  # run, it would write no reward: every verify 0
             raise fail("tests/test.sh", "empty: the check must write the reward in /logs/verifier")
-        if needed := _env_the_check_may_need(env, tests["test.sh"].data):
+        if needed := _env_the_check_may_need(env, tests["test.sh"].data, read.check.env):
             log.warning(  # unlike Harbor's: a PATH or HOME into the workspace let it forge
                 "task %s: %s: ENV %s: its commands have them, its check (tests/test.sh) does "
                 "not: set what test.sh needs in [verifier.env] or in test.sh",
@@ -277,13 +277,14 @@ _RESOLVING = re.compile(r"PATH|HOME|LD_\w+|PYTHON\w+|VIRTUAL_ENV|\w+_HOME")
 """ENV names that change what a command resolves to, used by test.sh whether it names them."""
 
 
-def _env_the_check_may_need(env: dict[str, str], test: bytes) -> list[str]:
-    """The Dockerfile's ENV names test.sh may rely on, which its check does not get: those it
-    names (`$NAME`, `${NAME}`) and those that change what its commands resolve to."""
+def _env_the_check_may_need(env: dict[str, str], test: bytes, given: dict[str, str]) -> list[str]:
+    """The Dockerfile's ENV names test.sh may rely on, which its check does not get (nor
+    `given`, its `[verifier] env`): those it names (`$NAME`, `${NAME}`) and those that change
+    what its commands resolve to."""
     text = test.decode(errors="replace")
     return sorted(
         key
-        for key in env
+        for key in env.keys() - given.keys()
         if _RESOLVING.fullmatch(key) or re.search(rf"\${{?{re.escape(key)}\b", text)
     )
 

@@ -60,3 +60,18 @@ def test_a_dockerfile_env_is_said_not_to_reach_the_check(
         load_task(tmp_path / "env", suite="harbor:x")
     (line,) = [r.getMessage() for r in caplog.records if "ENV" in r.getMessage()]
     assert "ENV PYTHONPATH, TOOL:" in line and "[verifier.env]" in line, line
+
+
+def test_an_env_the_verifier_env_gives_is_not_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Set in [verifier.env] as the warning asks: no warning for it any more."""
+    harbor_task(tmp_path, "given", TEST)
+    dockerfile = tmp_path / "given" / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "ENV TOOL=x\n")
+    (tmp_path / "given" / "tests" / "test.sh").write_text(f"#!/bin/bash\necho $TOOL\n{TEST}")
+    toml = tmp_path / "given" / "task.toml"
+    toml.write_text(toml.read_text() + 'env = { TOOL = "x" }\n')
+    with caplog.at_level(logging.WARNING, logger="tempered.tasks"):
+        load_task(tmp_path / "given", suite="harbor:x")
+    assert not [r for r in caplog.records if "ENV" in r.getMessage()], caplog.text
