@@ -115,6 +115,10 @@ async def running_runs(client: Client) -> list[RunningRun]:
     return list(await asyncio.gather(*(describe(e) for e in executions)))
 
 
+class NoSuchRun(ValueError):
+    """No training run of that id (or no such namespace): nothing of it to attach to."""
+
+
 async def _describe(client: Client, run_id: str) -> tuple[RunHandle, WorkflowExecutionDescription]:
     """The handle of training run `run_id` (its current segment) and what Temporal says of it;
     a ValueError naming the run when there is none, or naming the namespace when the server has
@@ -126,8 +130,8 @@ async def _describe(client: Client, run_id: str) -> tuple[RunHandle, WorkflowExe
         if err.status is not RPCStatusCode.NOT_FOUND:
             raise
         if _no_namespace(err):
-            raise ValueError(_namespace_missing(client)) from None
-        raise ValueError(f"no training run {run_id!r} (workflow {handle.id})") from None
+            raise NoSuchRun(_namespace_missing(client)) from None
+        raise NoSuchRun(f"no training run {run_id!r} (workflow {handle.id})") from None
 
 
 def _no_namespace(err: RPCError) -> bool:

@@ -79,7 +79,7 @@ from workers.cli.train_inputs import (
 from workers.cli.train_plan import plan
 from workers.cli.train_running import RunsRunning, check_none_running
 from workers.runtime import connect, quiet_runtime
-from workers.training import RunHandle, attach, start_run, stop_run
+from workers.training import NoSuchRun, RunHandle, attach, start_run, stop_run
 
 LOST = 75
 """Exit status of a `train` that lost Temporal while following its run (`LostTemporal`)."""
@@ -228,9 +228,9 @@ def _attach_cmd(args: argparse.Namespace, settings: Settings) -> int:
         run_input, result, wall_s, ended_at = asyncio.run(
             _attach(settings, args.attach, workers=not args.no_workers)
         )
-    except ValueError as exc:  # no such run
+    except ValueError as exc:  # no such run (exit 2: nothing started), or found and refused
         print(f"tempered train: {exc}", file=sys.stderr)
-        if stopped := stack.stop_new(settings, before):  # exit 2: nothing started
+        if isinstance(exc, NoSuchRun) and (stopped := stack.stop_new(settings, before)):
             print(f"tempered train: stopped what it started: {stopped}", file=sys.stderr)
         return 2
     except WorkflowFailureError as err:
