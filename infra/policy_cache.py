@@ -1,15 +1,17 @@
 """This machine's cache of published policy versions, bounded and shared between versions.
 
 A published version's files are content-addressed in the store (`keys.policy_blob_key`), and
-the learner writes weights one shard per layer (`infra.policy.save_weights`), so a version whose training
-touched only the top layers shares most of its shards with the version before it. The cache
-keeps that sharing on disk: each blob is downloaded (and verified) once, into `.blobs/`, and a
-version's directory holds hard links to the blobs it names.
+the learner writes weights one shard per layer (`infra.policy.save_weights`), so a version whose
+training touched only the top layers shares most of its shards with the version before it. The
+cache keeps that sharing on disk: each blob is downloaded (and verified) once, into `.blobs/`,
+and a version's directory holds hard links to the blobs it names.
 
     local = fetch_policy(store, "run-1", 3, settings.policy_cache, keep=6)
     fd = pin(local)                                       # None: evicted meanwhile
     ...                                                   # read it: it stays until unpinned
     unpin(fd)
+    with pinned_policy(store, "run-1", 3, settings.policy_cache, keep=6) as local:
+        ...                                               # fetched and pinned under one lock
     forget_run(settings.policy_cache, "run-1")            # `tempered runs rm`
 
 Layout under the cache directory:
@@ -18,44 +20,38 @@ Layout under the cache directory:
   <run>/v<N>/<name>           hard links into .blobs/, plus the version's manifest.json
   .lock                       one file lock: fetches, evictions and removals take turns
 
-A version directory that exists is complete: it is built in a temporary directory (a dot name,
-`.v<N>.<hex>.tmp`, never taken for a version) and renamed into place. It is served only while
-its manifest.json is the store's (`infra.policy.policy_manifest`): the cache is keyed by run
-id and version, and a bucket replaced (dropped and made again) or another bucket may hold a
-different run under the same id. A process reads the store's manifest of a version once
-(`_checked`, at most `CHECKED_MAX` versions remembered: a version's manifest is written once)
-and builds the version again where the cached one differs. The rebuilt directory takes the old
-one's place in one step (`_exchange`: renameat2's RENAME_EXCHANGE), so a reader never finds the
-path missing; the old one, now under the temporary name, is then removed. Where the file system
-cannot exchange (EINVAL: some network and FUSE file systems), the old one is renamed aside
-first, and the path is missing between two renames.
+A version directory that exists is complete: built in a temporary directory (a dot name,
+`.v<N>.<hex>.tmp`, never taken for a version), fsynced (blobs before their rename: a host crash
+left short blobs, trusted for ever) and renamed into place. It is served only while its
+manifest.json is the store's (read once a process, `_checked`, `CHECKED_MAX` at most: another
+bucket may hold another run under the same id) and its files have their manifest's sizes (a
+stat each); else it is built again (a short blob downloaded again) and takes the old one's
+place in one step (`_exchange`, renameat2's RENAME_EXCHANGE; where a file system cannot, EINVAL,
+the old one is renamed aside first: missing between two renames).
 
-A store that cannot be reached (`TransientStorageError`: refused, timed out, overloaded) does
-not stop a version cached complete from being served: a worker restarted during an outage keeps
-serving what it has. That is logged as a warning and not remembered in `_checked`, so the next
-fetch asks the store again; a version not cached fails, and one the store says is missing
-(ObjectNotFound) or refuses to tell (PermanentStorageError: credentials, a bucket gone) is
-never served from the cache.
+A store that cannot be reached (`TransientStorageError`) does not stop a version cached complete
+from being served (logged, not remembered in `_checked`); a version not cached fails, and one
+the store says is missing (ObjectNotFound) or refuses to tell (PermanentStorageError) is never
+served from the cache.
 
-With `keep`, the least recently used versions beyond `keep` (across runs) are removed after
-each fetch, then every blob no version links to. A version is used when it is
-fetched or pinned (its directory's mtime). A removed version is simply fetched again when asked
-for. A full-weight version that a cached LoRA version names (`adapter_of`) counts as used
-whenever that adapter was: the base is fetched once and then only read through its adapters,
-so by its own use it went first, and every adapter over it stopped working until the full
-weights were downloaded again.
+With `keep`, room is made before a version is downloaded (down to `keep - 1` others, then every
+blob no version links to) and versions beyond `keep`, least recently used first (across runs),
+are removed after each fetch. A disk that fills anyway (ENOSPC, EDQUOT) evicts every unpinned
+version but the one fetched and its base, and the fetch is tried once more (eviction ran only
+after a fetch: a full disk failed every later fetch). A version is used when it is fetched or
+pinned (its directory's mtime); a full-weight version that a cached LoRA version names
+(`adapter_of`) counts as used whenever that adapter was (read only through its adapters, it
+went first, and every adapter over it stopped working). A removed version is fetched again.
 
-A pinned version is not evicted: `pin` takes a shared `flock` on the version's directory,
-which eviction takes exclusively without waiting and skips the version where it cannot (nor
-its base), so the cache may hold more than `keep` while readers hold them. The lock belongs to
-the open directory, so it works across processes (the learner and the inference workers share
-the cache) and ends with the process that held it. A fetch killed midway leaves its temporary
-directory (or, killed during a swap, the version it replaced); the next sweep (under the lock, so no fetch is in flight) removes it, or its links
-would keep the blobs it had downloaded for good.
+A pinned version is not evicted: `pin` takes a shared `flock` on the version's directory, which
+eviction takes exclusively without waiting and skips the version where it cannot (nor its
+base), so the cache may hold more than `keep` while readers hold them. The lock belongs to the
+open directory: it works across processes (the learner and the inference workers share the
+cache) and ends with the process. What a killed fetch leaves (its temporary directory, or the
+version a swap replaced) is removed by the next sweep, under the lock.
 
 Not covered: a version directory is read-only by convention (its files are links to shared
-blobs: writing one in place would change every version that shares it); `forget_run` removes a
-run's versions even while they are pinned (the run is gone: its requests fail either way), and
+blobs); `forget_run` removes a run's versions even while they are pinned (the run is gone), and
 a rebuild removes the directory it replaced even while a reader has it pinned (its files were
 another store's run under the same id: a reader of them was serving the wrong weights).
 """
@@ -71,6 +67,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 from filelock import FileLock
@@ -86,15 +83,10 @@ LOCK = ".lock"
 CHECKED_MAX = 4096
 _RENAME_EXCHANGE = 2  # linux/fs.h
 _AT_FDCWD = -100
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 _renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc 2.28+
 if _renameat2 is not None:
-    _renameat2.argtypes = [
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_uint,
-    ]
+    _renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p] * 2 + [ctypes.c_uint]
     _renameat2.restype = ctypes.c_int
 
 log = logging.getLogger(__name__)
@@ -141,7 +133,26 @@ def fetch_policy(
     published, PolicyIntegrityError if a download does not match its manifest. With `keep`,
     at most that many versions stay cached afterwards (this one always among them).
     """
-    cache = Path(cache_dir)
+    return _fetch(store, run_id, version, Path(cache_dir), keep, pinned=False)[0]
+
+
+@contextlib.contextmanager
+def pinned_policy(
+    store: ObjectStore, run_id: str, version: int, cache_dir: Path, keep: int | None = None
+) -> Iterator[Path]:
+    """`fetch_policy`, pinned (`pin`) under the cache's lock until the block ends: no fetch
+    evicts it meanwhile (the learner's LoRA adapter, while it fetches the base)."""
+    path, fd = _fetch(store, run_id, version, Path(cache_dir), keep, pinned=True)
+    assert fd is not None  # `_fetch` raises where it cannot pin
+    try:
+        yield path
+    finally:
+        unpin(fd)
+
+
+def _fetch(
+    store: ObjectStore, run_id: str, version: int, cache: Path, keep: int | None, pinned: bool
+) -> tuple[Path, int | None]:
     target = _version_dir(cache / run_id, version)
     cache.mkdir(parents=True, exist_ok=True)
     with FileLock(cache / LOCK):
@@ -158,12 +169,52 @@ def fetch_policy(
                 err,
             )
             manifest = cached  # not remembered in `_checked`: the next fetch asks again
-        if cached != manifest:  # not cached, or another store's run
-            _build_version(store, manifest, cache, target)
+        base = manifest.policy.adapter_of
+        spare = None if base is None else _version_dir(target.parent, base)
+        if cached != manifest or not _intact(target, manifest):  # not cached, another store's
+            _build_with_room(store, manifest, target, keep, spare)  # run, or cut short
         _mark_used(target)
-        if keep is not None:
-            _evict(cache, keep, target)
-    return target
+        _evict(cache, keep, target, spare)
+        fd = pin(target) if pinned else None
+        if pinned and fd is None:  # nothing removes a version without the lock: unreadable
+            raise FileNotFoundError(f"policy {run_id} v{version}: {target} cannot be pinned")
+    return target, fd
+
+
+def _intact(target: Path, manifest: PolicyManifest) -> bool:
+    """Whether each cached file has the size its manifest names (a stat, not every byte)."""
+    return all(_sized(target / name, ref.size) for name, ref in manifest.files.items())
+
+
+def _sized(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False
+
+
+def _build_with_room(
+    store: ObjectStore, manifest: PolicyManifest, target: Path, keep: int | None, spare: Path | None
+) -> None:
+    """`_build_version` after making room for it, and once more after evicting every unpinned
+    version but `target` and `spare` (its base) if the disk fills."""
+    cache = target.parent.parent
+    needed = {ref.sha256 for ref in manifest.files.values()}  # kept: a failed try's downloads
+    for attempt in range(2):
+        _evict(cache, 1 if attempt else keep, target, spare, needed)
+        try:
+            return _build_version(store, manifest, cache, target)
+        except Exception as err:
+            if attempt or not _disk_full(err):
+                raise
+            log.warning("policy cache %s is full (%s): evicting all it can", cache, err)
+
+
+def _disk_full(err: BaseException | None) -> bool:
+    """Whether `err`, or an error it was raised from, says the disk (or a quota) is full."""
+    while err is not None and not (isinstance(err, OSError) and err.errno in _FULL):
+        err = err.__cause__ or err.__context__
+    return err is not None
 
 
 def pin(version_dir: Path) -> int | None:
@@ -230,11 +281,8 @@ def cached_versions(cache_dir: Path) -> list[Path]:
 
 def _base_of(version: Path) -> Path | None:
     """The directory of the full-weight version a cached LoRA version applies to (None: full)."""
-    try:
-        manifest = PolicyManifest.model_validate_json((version / MANIFEST).read_bytes())
-    except (OSError, ValueError):  # removed meanwhile by `forget_run` elsewhere, or unreadable
-        return None
-    base = manifest.policy.adapter_of
+    manifest = _cached_manifest(version)  # None: removed by `forget_run` elsewhere, unreadable
+    base = None if manifest is None else manifest.policy.adapter_of
     return None if base is None else _version_dir(version.parent, base)
 
 
@@ -251,24 +299,37 @@ def _build_version(store: ObjectStore, manifest: PolicyManifest, cache: Path, ta
             if not path.is_relative_to(tmp.resolve()):
                 raise PolicyIntegrityError(f"manifest entry {name!r} escapes the policy directory")
             blob = blobs / ref.sha256
-            if not blob.is_file():
+            if not _sized(blob, ref.size):  # missing, or left short by a crash
                 part = blobs / f".{ref.sha256}.{uuid.uuid4().hex[:8]}.part"
                 try:
                     download_verified(store, ref, part, name)
+                    _fsync(part)  # its bytes on disk before its name says it is complete
                     os.replace(part, blob)
                 finally:
                     part.unlink(missing_ok=True)
             path.parent.mkdir(parents=True, exist_ok=True)
             os.link(blob, path)
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=1))
+        for synced in (tmp / MANIFEST, tmp, blobs):
+            _fsync(synced)
         if not target.exists():
             os.rename(tmp, target)
         elif not _exchange(tmp, target):  # the old one is now at `tmp`
             os.rename(target, aside)
             os.rename(tmp, target)
+        _fsync(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's bytes, or a directory's entries, to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -291,19 +352,24 @@ def _mark_used(version_dir: Path) -> None:
     os.utime(version_dir, ns=(now, now))
 
 
-def _evict(cache: Path, keep: int, fetched: Path) -> None:
-    versions = cached_versions(cache)
-    excess, removed = len(versions) - keep, 0
-    spared: set[Path] = set()  # the bases of versions that stay: adapters sort before them
+def _evict(
+    cache: Path, keep: int | None, fetched: Path, base: Path | None, needed: set[str] | None = None
+) -> None:
+    """Remove the least recently used unpinned versions until `keep - 1` others than `fetched`
+    are left (never `base`, the version it applies to, nor the base of one that stays), then the
+    blobs no version links to (always, given the blobs `needed` by a version not built yet)."""
+    versions = [] if keep is None else [v for v in cached_versions(cache) if v != fetched]
+    excess, removed = (0 if keep is None else len(versions) - (keep - 1)), 0
+    spared = {base}  # the bases of versions that stay: adapters sort before them
     for version in versions:
         if removed >= excess:
             break
-        if version != fetched and version not in spared and _remove_unpinned(version):
+        if version not in spared and _remove_unpinned(version):
             removed += 1
-        elif (base := _base_of(version)) is not None:
-            spared.add(base)
-    if excess > 0:
-        _remove_unlinked_blobs(cache)
+        elif (named := _base_of(version)) is not None:
+            spared.add(named)
+    if excess > 0 or needed is not None:
+        _remove_unlinked_blobs(cache, needed)
 
 
 def _remove_unpinned(version: Path) -> bool:
@@ -327,10 +393,10 @@ def _remove_unpinned(version: Path) -> bool:
     return True
 
 
-def _remove_unlinked_blobs(cache: Path) -> None:
-    """Blobs no version directory links to, and what a killed fetch left: its temporary
-    directory, whose links would keep its blobs, and its downloads (a fetch holds the lock, so
-    none is in flight here)."""
+def _remove_unlinked_blobs(cache: Path, needed: set[str] | None = None) -> None:
+    """Blobs no version directory links to (but those named `needed`), and what a killed fetch
+    left: its temporary directory, whose links would keep its blobs, and its downloads (a fetch
+    holds the lock, so none is in flight here)."""
     for run in cache.iterdir():
         if run.is_dir() and run.name != BLOBS:
             for leftover in run.glob(".*.tmp"):  # `_build_version`'s temporary directories
@@ -340,7 +406,9 @@ def _remove_unlinked_blobs(cache: Path) -> None:
     for blobs in (cache / BLOBS, cache / LEGACY_BLOBS):
         if blobs.is_dir():
             for blob in blobs.iterdir():  # a run's folder holds only folders: v<N>, temporaries
-                if blob.is_file() and (blob.name.endswith(".part") or blob.stat().st_nlink <= 1):
+                if blob.name in (needed or ()) or not blob.is_file():
+                    continue
+                if blob.name.endswith(".part") or blob.stat().st_nlink <= 1:
                     blob.unlink(missing_ok=True)
     with contextlib.suppress(OSError):  # emptied, or the folder of a run named `blobs`
         (cache / LEGACY_BLOBS).rmdir()
