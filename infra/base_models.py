@@ -37,7 +37,7 @@ from filelock import FileLock
 from infra.gguf_files import parsed_once
 from infra.policy import download_prefix, save_weights
 from infra.settings import Settings
-from infra.storage import SHA256, ObjectStore
+from infra.storage import ObjectStore
 
 TINY = "tiny"
 SMOLLM2 = "smollm2"
@@ -102,10 +102,9 @@ def _listing(store: ObjectStore, prefix: str) -> dict[str, str]:
     bytes changes the ETag; a HEAD each, never the body)."""
     found: dict[str, str] = {}
     for key in store.list_keys(prefix):
-        meta = None if key.endswith("/") else store._head_meta(key)  # a folder marker, or gone
-        if meta is not None:
-            digest = meta.get("Metadata", {}).get(SHA256, "")
-            found[key] = f"{meta.get('ContentLength')} {meta.get('ETag')} {digest}"
+        seen = None if key.endswith("/") else store.fingerprint(key)  # a folder marker, or gone
+        if seen is not None:
+            found[key] = seen
     return found
 
 

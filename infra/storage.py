@@ -325,6 +325,15 @@ class ObjectStore:
             digest = sha256_bytes(self.get_bytes(key))
         return ObjectRef(key=key, size=int(meta["ContentLength"]), sha256=digest)
 
+    def fingerprint(self, key: str) -> str | None:
+        """What tells the object's bytes from another upload's without reading them: its size,
+        ETag and sha256 metadata (one HEAD); None if absent."""
+        meta = self._head_meta(key)
+        if meta is None:
+            return None
+        digest = meta.get("Metadata", {}).get(SHA256, "")
+        return f"{meta.get('ContentLength')} {meta.get('ETag')} {digest}"
+
     def exists(self, key: str) -> bool:
         return self._head_meta(key) is not None
 
