@@ -15,7 +15,7 @@ Queues. Every sandbox worker polls the shared `sandbox` queue and its own queue,
     verify_episodes  sandbox       score final snapshots against the hidden tests in fresh
                                    verifier sandboxes (any worker)
 
-Steps and checks run under the run's limits, but the task's memory (`WorkspaceSpec.limits_of`).
+Steps and checks run under the run's limits, but the task's memory, capped (`_task_limits`).
 
 A worker that died never polls its own queue again: a step sent there ends by its
 schedule-to-start timeout, and the workflow restores the sessions from their last snapshots
@@ -90,7 +90,7 @@ from contracts.episode import (
 from contracts.errors import ErrorType, fail, invalid
 from contracts.names import Activity, Queue
 from contracts.rollout import CompletionRecord
-from contracts.task import EnvName, SandboxLimits
+from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
 from infra import keys
 from infra.environments.base import Graded
 from infra.environments.checks import BadReward, InvalidTask
@@ -124,6 +124,9 @@ def session_id(run_id: str, task_id: str, sample: int) -> str:
     """A session's id: the sample, and a digest of the run and task (an Identifier)."""
     digest = hashlib.sha256(f"{run_id}\0{task_id}".encode()).hexdigest()[:20]
     return f"s{sample}-{digest}"
+
+
+_CAPPED: set[str] = set()  # the tasks `_task_limits` warned of
 
 
 def _digest(text: str | bytes) -> str:
@@ -297,7 +300,23 @@ class EnvironmentActivities:
         """The run's limits, but the memory the task of the item's session states (a session
         not here fails its step: `SessionLost`)."""
         session = self.host.sessions.get(item.session.session_id)
-        return req.limits if session is None else session.spec.limits_of(req.limits)
+        return req.limits if session is None else self._task_limits(req, session.spec)
+
+    def _task_limits(
+        self, req: EnvStepRequest | VerifyRequest, spec: WorkspaceSpec
+    ) -> SandboxLimits:
+        """`WorkspaceSpec.limits_of` under the operator's cap (sandbox.workspaces.
+        max_task_memory_mb); a task asking more is warned of once per worker."""
+        cap = self.host.config.max_task_memory_mb
+        limits = spec.limits_of(req.limits, cap)
+        if (spec.memory_mb or 0) > limits.memory_mb and req.task_id not in _CAPPED:
+            _CAPPED.add(req.task_id)
+            activity.logger.warning(
+                "task %s asks for %s MB of memory: its steps and check run within %d MB "
+                "(sandbox.workspaces.max_task_memory_mb: %d MB)",
+                req.task_id, spec.memory_mb, limits.memory_mb, cap,
+            )  # fmt: skip
+        return limits
 
     async def _call(self, item: EnvStepItem) -> ToolCall:
         """The call to run: the item's own, or where that brief was cut, the whole call parsed
@@ -341,7 +360,7 @@ class EnvironmentActivities:
         state = WorkspaceState("verify-untouched" if sample is None else f"verify-s{sample}", tree)
         with _faults(where):
             try:
-                limits = req.workspace.limits_of(req.limits)  # the task's memory, if stated
+                limits = self._task_limits(req, req.workspace)  # the task's memory, capped
                 return await self.env.verify(req.workspace, state, limits), False
             except BadReward as exc:  # the agent's code spoiled it, unless the tree is the task's
                 if exc.graded is None or _untouched(req, tree):

@@ -48,17 +48,21 @@ class WorkspaceSpec(Contract):
     )
     """The memory limit (MB) the task states (Harbor's `[environment] memory_mb`): that of its
     agent's commands and of its check, in place of the run's `limits.memory_mb`, larger or
-    smaller (`limits_of`); None, the run's. Left out of the payload while None
-    (`empty_left_out`): a sandbox worker of the release before, which refuses unknown fields,
-    still takes a task that states none."""
+    smaller, at most the sandbox worker's cap (`limits_of`); None, the run's. Left out of the
+    payload while None (`empty_left_out`): a sandbox worker of the release before, which refuses
+    unknown fields, still takes a task that states none."""
 
-    def limits_of(self, run: SandboxLimits) -> SandboxLimits:
-        """The limits of this task's commands and check: the run's, but the memory it states
-        (the rule's one home: a task stating 4096 MB whose test needed 1 GB ran under the
-        run's 512 MB, and a correct answer scored 0)."""
+    def limits_of(self, run: SandboxLimits, cap_mb: int) -> SandboxLimits:
+        """The limits of this task's commands and check: the run's, but the memory it states,
+        at most `cap_mb` (the operator's `sandbox.workspaces.max_task_memory_mb`), a cap that
+        never lowers it below the run's own limit. The rule's one home: a task stating 4096 MB
+        whose test needed 1 GB ran under the run's 512 MB, and a correct answer scored 0; then
+        any task.toml gave each sandbox up to 64 GB. Applied twice with the same cap, or again
+        with `cap_mb` the memory it gave, it gives the same limits."""
         if self.memory_mb is None:
             return run
-        return run.model_copy(update={"memory_mb": self.memory_mb})
+        memory = min(self.memory_mb, max(cap_mb, run.memory_mb))
+        return run.model_copy(update={"memory_mb": memory})
 
 
 class TaskSpec(Contract):

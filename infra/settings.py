@@ -32,6 +32,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from contracts.task import MAX_MEMORY_MB, MIN_MEMORY_MB
 from infra.seaweed import MAX_BASE_PORT
 from infra.settings_backends import (
     TORCH_DEVICE,
@@ -173,6 +174,13 @@ class WorkspaceSettings(Section):
     command cannot fill the host's disk; it needs CAP_SYS_ADMIN, and what a workspace holds is
     memory); `directory`, a directory of `root` (its size checked only after each step); `auto`,
     a tmpfs where the worker runs as root, else a directory."""
+    max_task_memory_mb: int = Field(default=4096, ge=MIN_MEMORY_MB, le=MAX_MEMORY_MB)
+    """Most memory (MB) a task's own limit (Harbor's `[environment] memory_mb`) gives each of its
+    sandboxes, steps and checks (`WorkspaceSpec.limits_of`): a task asking more runs within
+    this, the worker warning once; never below the run's `limits.memory_mb`. Each of
+    `sandbox.concurrency` sandboxes may take it: 4096 × the default 8 is 32 GB at most, where
+    an uncapped task could make it 512 GB; a task asking up to 4 GB still has what it asks (a
+    default of the run's 512 MB would take back the raise a test that needs 1 GB relies on)."""
     blob_cache_mb: int = Field(default=256, ge=0, le=65536)
     """Memory of the worker's cache of workspace files fetched from or sent to the store; its
     cache of decoded tree manifests takes as much again at most."""

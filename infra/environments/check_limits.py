@@ -1,12 +1,12 @@
 """The limits a workspace task's check runs under (`checks.py`), from the run's.
 
-    limits = check_limits(check, spec.limits_of(run_limits))   # a Harbor script check
-    limits = check_limits(check, run_limits)                   # a functions check
+    limits = check_limits(check, spec.limits_of(run_limits, cap_mb))   # a Harbor script check
+    limits = check_limits(check, run_limits)                           # a functions check
 
 The check's own timeout (Harbor's `[verifier] timeout_sec`) is its deadline and its least CPU
-limit; the
-task's stated memory (`WorkspaceSpec.limits_of`, Harbor's `[environment] memory_mb`) is its
-memory limit, as it is of the task's agent's commands (activities/environment.py).
+limit; the task's stated memory (`WorkspaceSpec.limits_of`, Harbor's `[environment] memory_mb`,
+within the operator's `sandbox.workspaces.max_task_memory_mb`) is its memory limit, as it is of
+the task's agent's commands (activities/environment.py).
 """
 
 from __future__ import annotations

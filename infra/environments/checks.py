@@ -66,6 +66,7 @@ agent's code cannot reach.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -171,10 +172,10 @@ async def check_functions(
     backend: SandboxBackend, workspace: Manifest, contents: Mapping[str, bytes], check: Check,
     tests: str, limits: SandboxLimits,
 ) -> Graded:  # fmt: skip
-    copied = program_files(workspace, contents)
-    if isinstance(copied, str):
-        return unchecked(copied, limits)
-    program = functions_program(copied.files, check.modules)
+    copied = await asyncio.to_thread(program_files, workspace, contents)  # off the event loop:
+    if isinstance(copied, str):  # a tree's links and files take up to a second to gather,
+        return unchecked(copied, limits)  # its 8 MiB to encode
+    program = await asyncio.to_thread(functions_program, copied.files, check.modules)
     try:
         result = await backend.run(program, tests, check_limits(check, limits))
     except JobTooLarge as exc:  # the same on every retry: scored, never retried for ever
@@ -206,7 +207,8 @@ async def check_script(
         env=verifier_env(spec.workdir, check),
         sealed=True,
     )
-    limits = check_limits(check, spec.limits_of(limits))  # the run's, or the task's memory
+    # the caller's limits (its limits_of, under the worker's cap): a smaller ask lowers them
+    limits = check_limits(check, spec.limits_of(limits, limits.memory_mb))  # never raises
     command = script_command(read_head(scratch / "tests", check.tests), check.tests)
     ran = await runner.run(command, mounts, uid, limits, slot_name, own_time=True)
     if ran.status in (ExecStatus.TIMEOUT, ExecStatus.MEMORY_EXCEEDED):

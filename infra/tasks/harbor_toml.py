@@ -14,10 +14,11 @@ default, `VERIFIER_TIMEOUT_S`, not the run's sandbox limit of 10 s), `[verifier.
 spells them; no NUL), `[environment] memory_mb` (or the older `memory = "4G"`: `memory_mb`)
 and `[metadata] split`; a wrong type there is an error. The memory is the task's
 (`WorkspaceSpec.memory_mb`): its agent's commands and its check run within it, more or less
-than the run's `limits.memory_mb`. The rest of Harbor's limits (`LIMITS`: [environment] cpus,
-storage_mb, gpus, allow_internet = true, the older storage; [agent] timeout_sec) are checked
-for their type (Harbor's) and each one a task sets is a warning naming it and its value, since
-nothing applies it: a sandbox has no CPU share (`infra/sandbox/cgroups.py` bounds CPU time),
+than the run's `limits.memory_mb`, at most the sandbox worker's cap (a task asking more than
+its default, `MAX_TASK_MEMORY_MB`, is warned of: it runs within the cap). The rest of Harbor's
+limits (`LIMITS`: [environment] cpus, storage_mb, gpus, allow_internet = true, the older
+storage; [agent] timeout_sec) are checked for their type (Harbor's) and each one a task sets
+is a warning naming it and its value, since nothing applies it: a sandbox has no CPU share (`infra/sandbox/cgroups.py` bounds CPU time),
 its workspace's quota is the worker's (`sandbox.workspaces.max_workspace_mb`), and an episode
 ends at the run's `max_turns`, each command at the run's `limits.timeout_s`. The rest of
 Harbor's format (`KEYS`, and the rest of [metadata], [environment] and [agent]) is accepted
@@ -39,6 +40,7 @@ from pydantic import StrictBool, StrictStr, TypeAdapter
 
 from contracts.task import MAX_CHECK_S, MAX_MEMORY_MB, MIN_MEMORY_MB
 from infra.environments.tree import Check
+from infra.settings import WorkspaceSettings
 from infra.tasks.harbor_words import ENV_KEY
 
 KEYS = {
@@ -81,6 +83,8 @@ which applies: `_memory`). Each one a task sets that does not apply is warned of
 SIZE_UNITS = {"G": 1024.0, "M": 1.0, "K": 1 / 1024}
 """MB in a unit of the older `memory` string ("4G", "512M": Harbor's `_parse_size_to_mb`, which
 takes these alone, in either case, after a number)."""
+MAX_TASK_MEMORY_MB: int = WorkspaceSettings.model_fields["max_task_memory_mb"].default
+"""A sandbox worker's cap on a task's memory by default: a task asking more is warned of."""
 _MEMORY_BOUND = (
     f"a sandbox's memory limit is at least {MIN_MEMORY_MB} MB and at most {MAX_MEMORY_MB} MB "
     "(SandboxLimits.memory_mb)"
@@ -107,7 +111,7 @@ class Config:
     """Keys Harbor does not have, dotted (`verifier.x`)."""
     unapplied: list[str]
     """One line per limit the task sets that no run applies (`LIMITS`): `[table] key = value:
-    not applied: what applies instead`."""
+    not applied: what applies instead`; and one for a memory past the default cap."""
     memory_mb: int | None = None
     """The memory the task states (`WorkspaceSpec.memory_mb`), in MB; None, the run's."""
 
@@ -125,6 +129,12 @@ def read_config(config: dict[str, Any]) -> Config:
     check = Check(kind="script", tests="test.sh", timeout_s=timeout, env=env)
     unapplied = _unapplied(config)  # each limit's type first
     memory = _memory(_table(config, "environment"))
+    if memory is not None and memory > MAX_TASK_MEMORY_MB:  # the worker's own cap is its own
+        unapplied.append(
+            f"[environment] memory {memory} MB: more than a sandbox worker gives by default "
+            f"(sandbox.workspaces.max_task_memory_mb, {MAX_TASK_MEMORY_MB} MB): its steps and "
+            "check run within the worker's cap"
+        )
     return Config(check, metadata.get("split", "train"), unknown, unapplied, memory)
 
 

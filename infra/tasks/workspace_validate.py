@@ -67,9 +67,15 @@ async def _attempt(
     started = time.perf_counter()
     try:
         state = await env.reset(workspace, session_id)
+        cap = env.host.config.max_task_memory_mb  # as a sandbox worker caps it, its check too
+        limits = workspace.limits_of(limits, cap)
+        if not solve and (workspace.memory_mb or 0) > limits.memory_mb:  # once: one such run
+            capped = f"{limits.memory_mb} MB (sandbox.workspaces.max_task_memory_mb: {cap} MB)"
+            ask = workspace.memory_mb
+            log.warning("task %s asks for %s MB: it runs within %s", task.spec.id, ask, capped)
         if solve:
             assert task.solution is not None
-            state, seen = await env.solve(state, task.solution.ref, workspace.limits_of(limits))
+            state, seen = await env.solve(state, task.solution.ref, limits)
             if seen.status is not ExecStatus.PASSED:
                 return RunRecord(status=ExecStatus.FAILED, detail=f"solve.sh: {seen.text[-300:]}")
         graded = await env.verify(workspace, state, limits)

@@ -1,14 +1,14 @@
 """A task's stated memory (`WorkspaceSpec.memory_mb`, Harbor's `[environment] memory_mb`) is its
-check's memory limit wherever the check runs, raised or lowered from the run's, also where the
-caller passes the run's limits as they are (`tempered tasks validate`'s verify), on real bwrap.
-Only the memory changes: the check's timeout stays its own (`check_limits`)."""
+check's memory limit wherever the check runs, raised (within the operator's cap: the caller's
+`limits_of(run, cap)`) or lowered from the run's, on real bwrap. Only the memory changes: the
+check's timeout stays its own (`check_limits`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from contracts.sandbox import ExecStatus
-from contracts.task import SandboxLimits, WorkspaceSpec
+from contracts.task import MAX_MEMORY_MB, SandboxLimits, WorkspaceSpec
 from infra.environments.checks import check_limits
 from infra.environments.tree import Check
 from tests.infra.environments.conftest import Rig, needs_root
@@ -27,7 +27,7 @@ def allocating(mb: int) -> dict[str, str]:
 def test_the_stated_memory_replaces_the_runs_and_nothing_else(stated: int | None, mb: int) -> None:
     ref = {"key": "t", "size": 0, "sha256": "0" * 64}
     spec = WorkspaceSpec.model_validate({"files": ref, "verifier": ref, "memory_mb": stated})
-    limits = spec.limits_of(RUN)
+    limits = spec.limits_of(RUN, MAX_MEMORY_MB)
     assert limits.memory_mb == mb
     assert limits.model_dump(exclude={"memory_mb"}) == RUN.model_dump(exclude={"memory_mb"})
     checked = check_limits(Check(kind="script", timeout_s=5.0), limits)
@@ -49,7 +49,8 @@ async def test_the_check_runs_within_the_tasks_memory_given_the_runs_limits(
     rig: Rig, stated: int | None, mb: int, status: ExecStatus
 ) -> None:
     spec = rig.spec({"a.txt": "a\n"}, allocating(mb), memory_mb=stated)
-    graded = await rig.env.verify(spec, await rig.env.reset(spec, "s0"), RUN)
+    limits = spec.limits_of(RUN, 4096)  # as the activity and validate pass them
+    graded = await rig.env.verify(spec, await rig.env.reset(spec, "s0"), limits)
     assert graded.result.status is status, graded.result
     assert graded.score == (1.0 if status is ExecStatus.PASSED else 0.0)
     assert graded.result.limits.memory_mb == (stated or RUN.memory_mb)
