@@ -93,6 +93,7 @@ from contracts.rollout import CompletionRecord
 from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
 from infra import keys
 from infra.environments.base import Graded
+from infra.environments.check_limits import task_limits
 from infra.environments.checks import BadReward, InvalidTask
 from infra.environments.sessions import Session, SessionHost
 from infra.environments.snapshot_chain import episode_folder
@@ -124,9 +125,6 @@ def session_id(run_id: str, task_id: str, sample: int) -> str:
     """A session's id: the sample, and a digest of the run and task (an Identifier)."""
     digest = hashlib.sha256(f"{run_id}\0{task_id}".encode()).hexdigest()[:20]
     return f"s{sample}-{digest}"
-
-
-_CAPPED: set[str] = set()  # the tasks `_task_limits` warned of
 
 
 def _digest(text: str | bytes) -> str:
@@ -305,18 +303,7 @@ class EnvironmentActivities:
     def _task_limits(
         self, req: EnvStepRequest | VerifyRequest, spec: WorkspaceSpec
     ) -> SandboxLimits:
-        """`WorkspaceSpec.limits_of` under the operator's cap (sandbox.workspaces.
-        max_task_memory_mb); a task asking more is warned of once per worker."""
-        cap = self.host.config.max_task_memory_mb
-        limits = spec.limits_of(req.limits, cap)
-        if (spec.memory_mb or 0) > limits.memory_mb and req.task_id not in _CAPPED:
-            _CAPPED.add(req.task_id)
-            activity.logger.warning(
-                "task %s asks for %s MB of memory: its steps and check run within %d MB "
-                "(sandbox.workspaces.max_task_memory_mb: %d MB)",
-                req.task_id, spec.memory_mb, limits.memory_mb, cap,
-            )  # fmt: skip
-        return limits
+        return task_limits(spec, req.limits, self.host.config.max_task_memory_mb, req.task_id)
 
     async def _call(self, item: EnvStepItem) -> ToolCall:
         """The call to run: the item's own, or where that brief was cut, the whole call parsed

@@ -11,9 +11,10 @@ the task's agent's commands (activities/environment.py).
 
 from __future__ import annotations
 
+import logging
 import math
 
-from contracts.task import SandboxLimits
+from contracts.task import SandboxLimits, WorkspaceSpec
 from infra.environments.tree import Check
 
 
@@ -28,3 +29,21 @@ def check_limits(check: Check, limits: SandboxLimits) -> SandboxLimits:
     wall = limits.timeout_s if check.timeout_s is None else check.timeout_s
     cpu_s = max(limits.cpu_s, math.ceil(wall))  # at most MAX_CHECK_S: SandboxLimits' bound
     return limits.model_copy(update={"timeout_s": wall, "cpu_s": cpu_s})
+
+
+log = logging.getLogger("tempered.environments")
+_CAPPED: set[str] = set()  # the tasks `task_limits` warned of, in this process
+
+
+def task_limits(spec: WorkspaceSpec, run: SandboxLimits, cap_mb: int, task: str) -> SandboxLimits:
+    """`spec.limits_of(run, cap_mb)` (the operator's `sandbox.workspaces.max_task_memory_mb`);
+    a task asking for more than it gets is warned of once in this process."""
+    limits = spec.limits_of(run, cap_mb)
+    if (spec.memory_mb or 0) > limits.memory_mb and task not in _CAPPED:
+        _CAPPED.add(task)
+        log.warning(
+            "task %s asks for %s MB of memory: its steps and check run within %d MB "
+            "(sandbox.workspaces.max_task_memory_mb: %d MB)",
+            task, spec.memory_mb, limits.memory_mb, cap_mb,
+        )  # fmt: skip
+    return limits

@@ -30,6 +30,7 @@ from tenacity import RetryError
 
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
+from infra.environments.check_limits import task_limits
 from infra.environments.checks import InvalidTask
 from infra.environments.sessions import SessionHost
 from infra.environments.snapshots import MemoryObjects, Trees
@@ -68,11 +69,7 @@ async def _attempt(
     try:
         state = await env.reset(workspace, session_id)
         cap = env.host.config.max_task_memory_mb  # as a sandbox worker caps it, its check too
-        limits = workspace.limits_of(limits, cap)
-        if not solve and (workspace.memory_mb or 0) > limits.memory_mb:  # once: one such run
-            capped = f"{limits.memory_mb} MB (sandbox.workspaces.max_task_memory_mb: {cap} MB)"
-            ask = workspace.memory_mb
-            log.warning("task %s asks for %s MB: it runs within %s", task.spec.id, ask, capped)
+        limits = task_limits(workspace, limits, cap, task.spec.id)
         if solve:
             assert task.solution is not None
             state, seen = await env.solve(state, task.solution.ref, limits)

@@ -119,7 +119,7 @@ async def run_task(
 
 def cap_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     """The worker's warnings of a capped task (not the loader's)."""
-    worker = [r for r in caplog.records if r.name.startswith("temporalio.activity")]
+    worker = [r for r in caplog.records if r.name == "tempered.environments"]
     return [r.getMessage() for r in worker if "max_task_memory_mb" in r.getMessage()]
 
 
