@@ -41,6 +41,12 @@ nothing, and an attempt that overlaps it loses the publish and answers with it t
 The ack lists every trajectory id trained on (its tokens were in the applied update), every
 one skipped with the reason (a group whose samples all scored the same gives no gradient), and
 every one dropped as stale, so "trained on exactly once" is auditable from the store alone.
+A step's `reward_mean` is the mean reward of every group sent to it (a flat one, a stale one
+dropped included: what the rollouts scored); its `duration_s` runs from the activity's start
+(waiting for the engine, loading, reading included) to the version saved, its record written
+(the record is part of the version: its upload after is not in it, and every answer of the step
+is the same); the optimizer's part is `metrics.optimizer_s`. The telemetry's step time runs on
+to the version published.
 The step's telemetry (its time, its trajectories' staleness) is recorded by the attempt whose
 version was published, once: not by an answer from a recorded step (1, 2), nor by an attempt that
 failed or lost the publish to another.
@@ -172,6 +178,7 @@ class LearnerActivities:
     @activity.defn(name=Activity.TRAIN_STEP)
     async def train_step(self, req: TrainStepRequest) -> TrainStepResponse:
         """Produce policy version `req.step + 1` from its groups, exactly once."""
+        started = time.perf_counter()  # the step's time is its whole activity's (`_train`)
         progress: dict[str, Any] = {"phase": "waiting for the engine", "step": req.step}
         record_queue_wait()
         with span(
@@ -182,12 +189,12 @@ class LearnerActivities:
             groups=len(req.groups),
             group_parts=len(req.group_parts),
         ):
-            return await _in_thread(lambda stop: self._step(req, progress, stop), progress)
+            return await _in_thread(lambda stop: self._step(req, progress, stop, started), progress)
 
     # -- the step, in a thread ----------------------------------------------------------------
 
     def _step(
-        self, req: TrainStepRequest, progress: dict[str, Any], stop: threading.Event
+        self, req: TrainStepRequest, progress: dict[str, Any], stop: threading.Event, started: float
     ) -> TrainStepResponse:
         if req.group_parts:
             progress["phase"] = "read groups"
@@ -203,7 +210,7 @@ class LearnerActivities:
                 self.engine = open_learner(self.settings.learner, ranks_log)
             try:
                 with self.engine.stopping(stop):
-                    return self._train(req, progress, stop)
+                    return self._train(req, progress, stop, started)
             except RankGroupFailed as exc:  # the group is gone; the retry starts a fresh one
                 raise fail(ErrorType.LEARNER_INFRA, f"step {req.step}: {exc}") from exc
 
@@ -239,14 +246,16 @@ class LearnerActivities:
         return recorded_step(self.store, req)
 
     def _train(
-        self, req: TrainStepRequest, progress: dict[str, Any], stop: threading.Event
+        self, req: TrainStepRequest, progress: dict[str, Any], stop: threading.Event, started: float
     ) -> TrainStepResponse:
+        """Train, save and publish version `req.step + 1`; `started` (`perf_counter`) is the
+        activity's start, where the step's `duration_s` begins."""
         stop_if_asked(stop, req.step)  # cancelled while it waited for the engine
         engine = self._engine_at(req.run_id, req.step, req.config, progress)
         stop_if_asked(stop, req.step)  # or while it loaded (the version it holds stays good)
         progress["phase"] = "read trajectories"
         groups = [read_group(self.store, req, g) for g in range(len(req.groups))]
-        rewards = [t.reward for group in groups for t in group]
+        rewards = [t.reward for group in groups for t in group]  # of every group sent
 
         def beat() -> None:
             stop_if_asked(stop, req.step)
@@ -268,24 +277,26 @@ class LearnerActivities:
         except NonFiniteLoss as exc:  # the same groups would diverge again: fail loudly
             raise fail(ErrorType.NON_FINITE_LOSS, f"step {req.step}: {exc}") from exc
         attempt = uuid.uuid4().hex
-        record = StepRecord(
-            run_id=req.run_id,
-            step=req.step,
-            attempt=attempt,
-            groups=[group.task_id for group in req.groups],
-            loss=metrics.loss,
-            trained=metrics.trained,
-            skipped=metrics.skipped,
-            dropped_stale=metrics.dropped_stale,
-            reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
-            duration_s=metrics.duration_s,
-            metrics=metrics.summary(),
-        )
+        figures = metrics.summary()
+        figures["optimizer_s"] = figures.pop("duration_s")  # the engine's part of the step
         progress["phase"] = "publish"
         out = attempt_dir(self.work_dir, req.run_id, req.step + 1, attempt)
         base = engine.adapter_of
         try:
             engine.save(out, base_name=f"{req.run_id}/v{base}" if base is not None else "")
+            record = StepRecord(
+                run_id=req.run_id,
+                step=req.step,
+                attempt=attempt,
+                groups=[group.task_id for group in req.groups],
+                loss=metrics.loss,
+                trained=metrics.trained,
+                skipped=metrics.skipped,
+                dropped_stale=metrics.dropped_stale,
+                reward_mean=sum(rewards) / len(rewards) if rewards else 0.0,
+                duration_s=time.perf_counter() - started,  # to the version saved
+                metrics=figures,
+            )
             (out / STEP_RECORD).write_text(record.model_dump_json(indent=1))
             stop_if_asked(stop, req.step)  # saving took seconds; uploading may take more
             policy = publish_policy(
@@ -306,7 +317,7 @@ class LearnerActivities:
         if published.attempt != attempt:
             engine.version = None  # another attempt's weights won the publish: reload them
         else:  # the step is recorded once, by the attempt whose version is out
-            record_learner_step(metrics.duration_s)
+            record_learner_step(time.perf_counter() - started)  # to the version published
             for trajectory in (t for group in groups for t in group if t.steps):
                 record_staleness(req.step - trajectory.policy_version)  # of what a policy made
         return response

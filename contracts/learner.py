@@ -233,8 +233,16 @@ class TrainStepResponse(Contract):
     trained: int = Field(description="Trajectories whose tokens were in the update.")
     skipped: int = Field(default=0, description="Trajectories that gave no gradient.")
     dropped_stale: int = 0
-    reward_mean: float = 0.0
-    duration_s: float = 0.0
+    reward_mean: float = Field(
+        default=0.0,
+        description="Mean reward of every group sent to the step, trained or not (a flat one, "
+        "a stale one dropped): what the rollouts scored.",
+    )
+    duration_s: float = Field(
+        default=0.0,
+        description="The whole step's seconds, from its activity's start (waiting for the "
+        "engine, loading, reading included) to its version saved (its upload after not in it).",
+    )
     ack: ObjectRef = Field(description="Acknowledgement record: which trajectories were consumed.")
 
 
@@ -341,10 +349,18 @@ class LearnerProgress(SignalPayload):
 
     step: int
     policy_version: int
-    trained_groups: int
-    reward_mean: float = 0.0
+    trained_groups: int = Field(
+        description="Groups sent to the step, trained or not (a flat one, a stale one dropped): "
+        "named so for the runs of earlier builds, which require it. What was trained is "
+        "`trained`, `skipped` and `dropped_stale`."
+    )
+    trained: int = Field(default=0, description="Trajectories whose tokens were in the update.")
+    skipped: int = Field(default=0, description="Trajectories that gave no gradient.")
+    reward_mean: float = Field(
+        default=0.0, description="Mean reward of the groups sent to the step, trained or not."
+    )
     loss: float = 0.0
-    dropped_stale: int = 0
+    dropped_stale: int = Field(default=0, description="Trajectories dropped as too stale.")
     staleness: int = Field(default=0, description="Versions between the oldest group and the step.")
     state_bytes: int = Field(
         default=0,

@@ -126,11 +126,10 @@ class Telemetry:
             endpoint = self.export.endpoint
             if self.export.disabled:
                 port = endpoint = None
+            metrics: PrometheusConfig | OpenTelemetryConfig
             if port is not None:
-                address = f"{self.settings.telemetry.prometheus_host}:{port + SDK_PORT_SHIFT}"
-                metrics: PrometheusConfig | OpenTelemetryConfig = PrometheusConfig(
-                    bind_address=address
-                )
+                host = self.settings.telemetry.prometheus_host
+                metrics = PrometheusConfig(bind_address=f"{host}:{port + SDK_PORT_SHIFT}")
             elif endpoint:
                 metrics = OpenTelemetryConfig(url=endpoint)
             else:
@@ -240,14 +239,15 @@ def read_live_figures(
     settings: Settings, max_age_s: float | None = LIVE_WINDOW_S
 ) -> dict[str, WorkerFigures]:
     """Per worker process (`<service>-<pid>`): activity attempts by queue (in flight, per
-    second, failed, last error), RSS, CPU, sandbox outcomes and p50, tokens/s, reward…
+    second, failed, cancelled, last error), RSS, CPU, sandbox outcomes and p50, tokens/s, reward…
     Workers whose file has not changed for `max_age_s` (None: no limit) are left out."""
     return _read_figures(settings.home / "telemetry", max_age_s)
 
 
 class ActivityFigures(temporalio.client.Interceptor, temporalio.worker.Interceptor):
-    """Counts a worker's activity attempts by task queue: in flight, finished by outcome, and
-    when one last failed; tags the attempt's span (the tracing interceptor's) `tempered.queue`."""
+    """Counts a worker's activity attempts by queue: in flight, finished by outcome (ok, error,
+    cancelled, shutdown), when one last failed or was cancelled (not by a shutdown: its span is
+    then an ERROR that says why); tags the attempt's span (the tracing one's) `tempered.queue`."""
 
     def intercept_activity(
         self, next: temporalio.worker.ActivityInboundInterceptor
@@ -270,12 +270,35 @@ class _CountedActivity(temporalio.worker.ActivityInboundInterceptor):
             outcome = "error"
             m.activity_last_error.set(time.time(), attrs)
             raise
-        except BaseException:  # cancelled (worker shutdown, heartbeat timeout, run cancelled)
-            outcome = "cancelled"
+        except BaseException:  # cancelled: timed out, asked by its workflow, worker shutdown
+            outcome = "shutdown" if (reason := _cancel_reason()) is None else "cancelled"
+            if reason is not None:  # it did not end as it should: an error to see in status
+                m.activity_last_error.set(time.time(), attrs)
+                error = trace.Status(trace.StatusCode.ERROR, f"cancelled ({reason})")
+                trace.get_current_span().set_status(error)
             raise
         finally:
             m.activity_in_flight.add(-1, attrs)
             m.activity_attempts.add(1, {**attrs, "outcome": outcome})
+
+
+CANCEL_REASONS = {
+    "timed_out": "timed out",
+    "cancel_requested": "asked by its workflow",
+    "not_found": "not found on the server: timed out, or its workflow ended",
+    "paused": "paused",
+    "reset": "reset",
+}  # what an attempt's `ActivityCancellationDetails` say, in the order looked for
+
+
+def _cancel_reason() -> str | None:
+    """Why Temporal cancelled the attempt; None for its worker's shutdown (the attempt is redone
+    elsewhere: nothing went wrong with it)."""
+    details = temporalio.activity.cancellation_details()
+    if details is not None and details.worker_shutdown:
+        return None
+    said = (text for flag, text in CANCEL_REASONS.items() if getattr(details, flag, False))
+    return next(said, "no reason given")
 
 
 # ---- spans and recording helpers (no-ops until setup_telemetry) ---------------------------

@@ -8,9 +8,9 @@ size). Metric records are cumulative snapshots, so the newest one is the worker'
 `read_live_figures` reads each file backwards (continuing into its `.1` after a rotation) until
 it has the newest snapshots, however many spans came since (`LOOK_BACK_BYTES` at most), and
 turns them into a `WorkerFigures`: per task queue the activity attempts in flight, finished per
-second, failed, and the newest failure's message (from the failed spans read), plus RSS, CPU,
-sandbox outcomes and p50 latency, tokens/s, and the mean reward and solved
-share of the training samples written lately. Rates and means come from counters' growth
+second, failed, cancelled, and the newest failure's message (from the failed spans read), RSS,
+CPU, sandbox outcomes and p50 latency, tokens/s, and the mean reward and solved share of the
+training samples written lately. Rates and means come from counters' growth
 between snapshots; a counter that went back (a process's counts read after another's) gives
 none. Of two files of one `<service>-<pid>` (a container restarted keeps its pid) the later
 process start's is the worker. Most callers go through `infra.telemetry.read_live_figures`.
@@ -67,10 +67,20 @@ class QueueFigures(BaseModel):
     in_flight: int = Field(default=0, description="Attempts executing now.")
     succeeded: int = Field(default=0, description="Attempts that returned, since the start.")
     failed: int = Field(default=0, description="Attempts that raised, since the start.")
-    per_s: float | None = Field(default=None, description="Finished attempts per second lately.")
-    last_error_at: float | None = Field(default=None, description="Unix time of the last failure.")
+    cancelled: int = Field(
+        default=0,
+        description="Attempts cancelled (a heartbeat or other timeout, a cancel their workflow "
+        "asked for), since the start; a worker shutdown's are not counted.",
+    )
+    per_s: float | None = Field(
+        default=None,
+        description="Attempts that returned or raised per second lately (cancelled ones not).",
+    )
+    last_error_at: float | None = Field(
+        default=None, description="Unix time of the last failure or cancel."
+    )
     last_error: str | None = Field(
-        default=None, description="'activity: Type: message' of the newest failure in the tail."
+        default=None, description="'activity: Type: message' or 'activity: cancelled (why)'."
     )
 
 
@@ -105,8 +115,10 @@ class WorkerFigures(BaseModel):
     pass_rate: float | None = Field(
         default=None, description="The share of those samples that solved their task."
     )
-    learner_steps: int = 0
-    learner_step_mean_s: float | None = None
+    learner_steps: int = Field(default=0, description="Learner steps it published.")
+    learner_step_mean_s: float | None = Field(
+        default=None, description="Their mean time, each from its activity's start to publish."
+    )
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -246,7 +258,10 @@ def _queue_figures(
         attempts = "tempered.activity.attempts"
         figures.succeeded = int(_total(latest, attempts, queue=queue, outcome="ok"))
         figures.failed = int(_total(latest, attempts, queue=queue, outcome="error"))
-        figures.per_s = snapshots.rate(attempts, queue=queue) if live else None
+        figures.cancelled = int(_total(latest, attempts, queue=queue, outcome="cancelled"))
+        finished = [snapshots.rate(attempts, queue=queue, outcome=o) for o in ("ok", "error")]
+        done = None if None in finished else sum(r for r in finished if r is not None)
+        figures.per_s = round(done, 2) if live and done is not None else None
         times = [
             p["value"]
             for p in _points(latest, "tempered.activity.last_error_time")

@@ -55,7 +55,7 @@ class Instruments:
         self.activity_attempts = meter.create_counter(
             "tempered.activity.attempts",
             "{attempt}",
-            "Finished activity attempts by queue and outcome (ok, error, cancelled).",
+            "Finished activity attempts by queue and outcome (ok, error, cancelled, shutdown).",
         )
         self.activity_last_error = meter.create_gauge(
             "tempered.activity.last_error_time",

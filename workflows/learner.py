@@ -362,7 +362,9 @@ class LearnerWorkflow:
         progress = LearnerProgress(
             step=state.step,
             policy_version=response.policy.version,
-            trained_groups=len(batch),
+            trained_groups=len(batch),  # sent, trained or not (the name is the wire's)
+            trained=response.trained,
+            skipped=response.skipped,
             reward_mean=response.reward_mean,
             loss=response.loss,
             dropped_stale=response.dropped_stale,

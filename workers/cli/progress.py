@@ -112,7 +112,7 @@ def view(
         + (f"; stopping ({progress.stopping}): no new ones" if progress.stopping else ""),
         # flat groups redrawn never reach the learner: not every rollout's mean
         "reward": reward_text(last)
-        + (f" (mean of the groups trained at step {step})" if last else ""),
+        + (f" (mean of the groups sent to step {step})" if last else ""),
         "staleness": str(last.staleness) if last else "-",
         "pass@1": evals or "-",
         "inference": rate_text(tokens_per_s, "{:.0f} tokens/s"),
@@ -129,7 +129,7 @@ def last_step(progress: RunProgress) -> LearnerProgress | None:
 
 
 def reward_text(step: LearnerProgress | None) -> str:
-    """Mean reward of the groups the latest learner step trained."""
+    """Mean reward of the groups sent to the latest learner step (trained or not)."""
     return f"{step.reward_mean:+.3f}" if step else "-"
 
 

@@ -6,8 +6,10 @@ A step is numbered by the policy version it published (step N publishes version 
 reward curve and the evaluations share one axis. The learner keeps only its last `HISTORY_TAIL`
 step results (`workflows/learner.py`): `steps` lists those, `steps_taken` says how many the run
 took and `steps_listed` whether the list holds them all (every step's ack is in the store). A
-step's `reward_mean` is the mean reward of the groups it trained: flat groups redrawn by dynamic
-sampling never reach the learner and are not in it.
+step's `reward_mean` is the mean reward of the groups sent to it, the ones it trained or not (a
+flat group that gives no gradient, a stale one dropped: `trained` counts the trajectories that
+reached the update); flat groups redrawn by dynamic sampling never reach the learner and are not
+in it. Its `duration_s` is the whole step's, from its activity's start to its version saved.
 
 `pass_at_1_after` and `solve_rate_after` are the last evaluation's, and null where no trained
 version was evaluated (its policy version is 0: the run ended, e.g. at its time budget, before
@@ -111,7 +113,7 @@ def _plot(path: Path, report: dict[str, Any]) -> None:
         steps,
         [s["reward_mean"] for s in report["steps"]],
         marker="o",
-        label="mean reward of the groups trained at each step",
+        label="mean reward of the groups sent to each step",
     )
     if report["evals"]:
         versions = [e["policy_version"] for e in report["evals"]]

@@ -216,14 +216,14 @@ def _workers_table(rows: list[WorkerRow], now: float) -> Table:
     table.add_column("queue", no_wrap=True)
     table.add_column("pid", justify="right", no_wrap=True)
     table.add_column("alive", no_wrap=True)
-    for name in ("in flight", "done/s", "failed", "last error"):
+    for name in ("in flight", "done/s", "failed", "cancelled", "last error"):
         table.add_column(name, justify="right", no_wrap=True)
     for row in rows:
         state = Text(row.state, style=_STATE_STYLE[row.state])
         pid = str(row.pid) if row.pid is not None else "-"
         figures = row.figures
         if figures is None:
-            table.add_row(row.queue, pid, state, "-", "-", "-", "-")
+            table.add_row(row.queue, pid, state, "-", "-", "-", "-", "-")
             continue
         table.add_row(
             row.queue,
@@ -232,6 +232,7 @@ def _workers_table(rows: list[WorkerRow], now: float) -> Table:
             str(figures.in_flight),
             _number(figures.per_s),
             str(figures.failed),
+            str(figures.cancelled),
             _ago(figures.last_error_at, now),
         )
     return table

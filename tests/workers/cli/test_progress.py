@@ -1,8 +1,8 @@
 """What `tempered train` prints: the progress line and the closing summary say how many flat
 groups the run redrew (dynamic sampling) and leave the solve rate out of a 1-turn evaluation;
 an evaluation shows its tasks solved of how many, and the summary the gain in points, or that no
-trained version was evaluated; the live table says the reward is the mean of the groups a step
-trained, and "-" for the workers' rates where no worker telemetry is here."""
+trained version was evaluated; the live table says the reward is the mean of the groups sent to a
+step, and "-" for the workers' rates where no worker telemetry is here."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_the_table_says_whose_mean_the_reward_is(tmp_path: Path) -> None:
     console = Console(record=True, width=200, file=io.StringIO())
     console.print(table)
     [row] = [line for line in console.export_text().splitlines() if "+0.150" in line]
-    assert " ".join(row.split()) == "reward +0.150 (mean of the groups trained at step 2)"
+    assert " ".join(row.split()) == "reward +0.150 (mean of the groups sent to step 2)"
 
 
 def test_without_worker_telemetry_here_the_rates_are_unknown_not_zero(tmp_path: Path) -> None:

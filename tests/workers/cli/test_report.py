@@ -71,7 +71,7 @@ def test_a_long_runs_steps_are_numbered_by_version_and_the_tail_is_said(
     assert report["steps_taken"] == steps
     assert report["steps_listed"] == f"the last {HISTORY_TAIL} of {steps}"
     [(labels, xs)] = [d for d in drawn if "held-out pass@1 (turn 1)" in d[0]]
-    assert labels[0] == "mean reward of the groups trained at each step"
+    assert labels[0] == "mean reward of the groups sent to each step"
     assert xs[0] == list(range(21, steps + 1))  # the curve lines up with the evaluations
 
 

@@ -121,6 +121,7 @@ def test_status_at_80_columns_shows_every_cell_whole() -> None:
         "in flight",
         "done/s",
         "failed",
+        "cancelled",
         "last error",
         "step",
         "tasks",
