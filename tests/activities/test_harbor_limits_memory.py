@@ -28,12 +28,10 @@ from contracts.episode import (
 )
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, SandboxLimits
-from infra.environments.mounts import remove_tree
-from infra.sandbox.local import LocalBackend
-from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from infra.storage import ObjectStore
 from infra.tasks.harbor import load_task
-from tests.infra.environments.conftest import needs_root, session_root
+from tests.activities.environment_rig import environment_activities
+from tests.infra.environments.conftest import needs_root
 from tests.infra.tasks.harbor_review_tasks import harbor_task
 
 pytestmark = [needs_root, pytest.mark.asyncio]
@@ -48,16 +46,8 @@ TEST = f"#!/bin/bash\n{ALLOCATE} && echo 1 > /logs/verifier/reward.txt\n"
 
 @pytest_asyncio.fixture
 async def acts(store: ObjectStore) -> AsyncIterator[EnvironmentActivities]:
-    root = session_root()
-    assert root.name.startswith("tempered-test-sessions-")
-    settings = Settings(sandbox=SandboxSettings(workspaces=WorkspaceSettings(root=root)))
-    activities = EnvironmentActivities(settings, "sandbox-limits", store, LocalBackend(warm=0))
-    try:
+    async with environment_activities(store, "sandbox-limits") as activities:
         yield activities
-    finally:
-        await activities.close()
-        await activities.backend.close()
-        remove_tree(root)
 
 
 def task_dir(tmp_path: Path, environment: str) -> Path:

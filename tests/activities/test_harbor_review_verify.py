@@ -18,12 +18,10 @@ from contracts.episode import VerifyItem, VerifyRequest
 from contracts.errors import ErrorType
 from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
 from infra.environments.checks import InvalidTask
-from infra.environments.mounts import remove_tree
 from infra.environments.tree import Check, Packed, pack_files
-from infra.sandbox.local import LocalBackend
-from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from infra.storage import ObjectStore
-from tests.infra.environments.conftest import needs_root, session_root
+from tests.activities.environment_rig import environment_activities
+from tests.infra.environments.conftest import needs_root
 
 pytestmark = [needs_root, pytest.mark.asyncio]
 LIMITS = SandboxLimits(timeout_s=8)
@@ -33,19 +31,10 @@ BIG = os.urandom(2 << 20)
 
 @pytest_asyncio.fixture
 async def acts(store: ObjectStore) -> AsyncIterator[EnvironmentActivities]:
-    root = session_root()
-    assert root.name.startswith("tempered-test-sessions-")
-    workspaces = WorkspaceSettings(root=root, max_workspace_mb=1)
-    settings = Settings(sandbox=SandboxSettings(workspaces=workspaces))
-    activities = EnvironmentActivities(settings, "sandbox-review", store, LocalBackend(warm=0))
-    if not activities.host.tmpfs:
-        pytest.skip("this worker cannot mount a tmpfs: no scratch has a size")
-    try:
+    async with environment_activities(store, "sandbox-review", max_workspace_mb=1) as activities:
+        if not activities.host.tmpfs:
+            pytest.skip("this worker cannot mount a tmpfs: no scratch has a size")
         yield activities
-    finally:
-        await activities.close()
-        await activities.backend.close()
-        remove_tree(root)
 
 
 def stored(store: ObjectStore, packed: Packed) -> Packed:

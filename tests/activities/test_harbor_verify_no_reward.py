@@ -18,12 +18,10 @@ from contracts.episode import VerifyItem, VerifyRequest
 from contracts.errors import ErrorType
 from contracts.sandbox import ExecutionResult
 from contracts.task import EnvName, SandboxLimits, WorkspaceSpec
-from infra.environments.mounts import remove_tree
 from infra.environments.tree import Check, Packed, pack_files
-from infra.sandbox.local import LocalBackend
-from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from infra.storage import ObjectStore
-from tests.infra.environments.conftest import needs_root, session_root
+from tests.activities.environment_rig import environment_activities
+from tests.infra.environments.conftest import needs_root
 
 pytestmark = [needs_root, pytest.mark.asyncio]
 LIMITS = SandboxLimits(timeout_s=20)
@@ -32,16 +30,8 @@ REWARD = "/logs/verifier/reward.txt"
 
 @pytest_asyncio.fixture
 async def acts(store: ObjectStore) -> AsyncIterator[EnvironmentActivities]:
-    root = session_root()
-    assert root.name.startswith("tempered-test-sessions-")
-    settings = Settings(sandbox=SandboxSettings(workspaces=WorkspaceSettings(root=root)))
-    activities = EnvironmentActivities(settings, "sandbox-no-reward", store, LocalBackend(warm=0))
-    try:
+    async with environment_activities(store, "sandbox-no-reward") as activities:
         yield activities
-    finally:
-        await activities.close()
-        await activities.backend.close()
-        remove_tree(root)
 
 
 def stored(store: ObjectStore, packed: Packed) -> Packed:

@@ -30,12 +30,10 @@ from contracts.episode import (
 )
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, SandboxLimits
-from infra.environments.mounts import remove_tree
-from infra.sandbox.local import LocalBackend
-from infra.settings import SandboxSettings, Settings, WorkspaceSettings
 from infra.storage import ObjectStore
 from infra.tasks.harbor import load_task
-from tests.infra.environments.conftest import needs_root, session_root
+from tests.activities.environment_rig import environment_activities
+from tests.infra.environments.conftest import needs_root
 from tests.infra.tasks.harbor_review_tasks import harbor_task
 
 pytestmark = [needs_root, pytest.mark.asyncio]
@@ -51,17 +49,8 @@ def allocate(mb: int) -> str:
 
 
 async def activities(store: ObjectStore, **workspaces: int) -> AsyncIterator[EnvironmentActivities]:
-    root = session_root()
-    assert root.name.startswith("tempered-test-sessions-")
-    config = WorkspaceSettings(root=root, **workspaces)  # type: ignore[arg-type]
-    settings = Settings(sandbox=SandboxSettings(workspaces=config))
-    acts = EnvironmentActivities(settings, "sandbox-memory-cap", store, LocalBackend(warm=0))
-    try:
+    async with environment_activities(store, "sandbox-memory-cap", **workspaces) as acts:
         yield acts
-    finally:
-        await acts.close()
-        await acts.backend.close()
-        remove_tree(root)
 
 
 @pytest_asyncio.fixture
