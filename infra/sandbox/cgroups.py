@@ -8,11 +8,13 @@
     sweep_dead_workers()                   # at a worker's start: what dead workers left
                                            # (their groups, and gVisor's dirs: `WORKER_DIRS`)
 
-`memory_event` tells the run's own limit ("limit": the group hit it) from an OOM kill that the
-limit did not cause ("global": the kernel's OOM killer took one of the run's processes while
-the group was under its limit, i.e. the host ran out of memory), from cgroup v1's
-failure counts and peak usage and `memory.oom_control` (whose `oom_kill` counts every OOM kill
-of a member, whoever's limit caused it).
+`memory_event` tells an OOM kill at the run's own limit ("limit": a kill, and the group reached
+its limit) from one the limit did not cause ("global": the kernel's OOM killer took one of the
+run's processes while the group stayed under its limit, i.e. the host ran out of memory); a
+peak at the limit without a kill is no event (a freed peak made a later CPU kill read as
+memory). From cgroup v1's peak usage and failure counts and `memory.oom_control`'s `oom_kill`,
+summed over the run's group and those below it (gVisor's); a kernel without that count gives
+"reached" for a peak at the limit, which the judge weighs only for a SIGKILL.
 
 No cpu controller: a shared parent group would squeeze all sandboxes into one task's CPU share
 under load; CPU time is bounded by RLIMIT_CPU and wall time by the deadline instead. The
@@ -168,30 +170,43 @@ class Cgroups:
         return [path / "cgroup.procs" for path in self.paths.values()]
 
     def memory_event(self) -> MemoryEvent:
-        """ "limit" if the group reached its memory limit, "global" if one of its processes was
-        OOM-killed while it never did, else "" (also when unreadable). Reached: a failed charge
-        was counted, or the peak usage came within `LIMIT_SLACK` of the limit (some kernels
-        no longer count cgroup v1's failcnt; an allocation that fails may be that large)."""
+        """ "limit" if a process of the run was OOM-killed and the group reached its memory
+        limit, "global" if one was OOM-killed while it never did, "reached" if the kernel counts
+        no OOM kills (no `oom_kill` in `memory.oom_control`, before Linux 4.13) and the group
+        reached it, else "" (also when unreadable). A limit reached is no OOM kill: the peak is
+        the whole run's (memory touched once and freed, page cache). OOM kills are summed over
+        the groups below too (v1 counts one in its victim's own group only: runsc's is below).
+        Reached: a failed charge was counted, or the peak usage came within `LIMIT_SLACK` of the
+        limit (some kernels no longer count cgroup v1's failcnt, this one not where memsw is
+        limited; an allocation that fails may be that large)."""
         memory = self.paths["memory"]
+        kills: int | None = None  # None: the kernel counts no OOM kills
 
         def read(name: str) -> int:
             with contextlib.suppress(OSError, ValueError):  # memsw: absent without swap accounting
                 return int((memory / name).read_text())
             return 0
 
-        try:
-            control = (memory / "memory.oom_control").read_text()
-        except OSError:
+        for folder, _, files in os.walk(memory):
+            if "memory.oom_control" in files:
+                with contextlib.suppress(OSError, ValueError, IndexError):  # a group gone now
+                    fields = (Path(folder) / "memory.oom_control").read_text().split()
+                    if "oom_kill" in fields:
+                        kills = (kills or 0) + int(fields[fields.index("oom_kill") + 1])
+        if kills == 0 or not (memory / "memory.oom_control").is_file():
             return ""
         reached = read("memory.failcnt") + read("memory.memsw.failcnt") > 0 or (
             read("memory.max_usage_in_bytes") >= read("memory.limit_in_bytes") - LIMIT_SLACK
         )
-        kills = dict(line.split() for line in control.splitlines()).get("oom_kill", "0")
-        return "limit" if reached else "global" if int(kills) > 0 else ""
+        if kills is None:
+            return "reached" if reached else ""
+        return "limit" if reached else "global"
 
     def process_limit_reached(self) -> bool:
         """Whether the group's process count ever reached its limit (its peak, counted over
-        the groups below it too: gVisor's Sentry dies when it cannot start a thread)."""
+        the groups below it too: gVisor's Sentry dies when it cannot start a thread). A
+        high-water mark of the whole run: the judge blames an end on it only when nothing
+        else explains that end (`judge._ended_early`)."""
         pids = self.paths["pids"]
         try:
             peak, limit = (pids / "pids.peak").read_text(), (pids / "pids.max").read_text()

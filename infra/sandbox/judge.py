@@ -9,16 +9,21 @@ memory events, and whether the host killed it. The rules, in their one home:
 
 - `passed` only when the checker's verdict says so *and* its counts equal the host's own count
   of test units, which is > 0 whenever there are tests;
-- the candidate stopped answering ("lost"): the run's own memory limit was hit →
-  memory_exceeded; its launcher saw the platform end it (a zygote or gVisor sandbox died, a
-  gVisor sandbox out of host tasks: its program is held to its limit inside) → a platform
-  fault; its process limit was reached → failed; an OOM kill without the run's limit being
-  hit (a global OOM kill) → a platform fault; SIGXCPU, or SIGKILL after using its CPU limit →
-  timeout; SIGKILL otherwise → a platform fault only
-  where the program cannot SIGKILL itself (`sigkill_is_foreign`: the local candidate is pid 1 of
-  its own pid namespace, and its seccomp filter refuses ptrace and a SIGKILL sent as the
-  kernel's, `confine.py`), else the program's own end; anything else → failed (an early exit,
-  a closed or abused channel, a wait status that is no end);
+- the candidate stopped answering ("lost"), each rule only where none before it holds: an OOM
+  kill in the run at its own memory limit → memory_exceeded; its launcher saw the platform end
+  it (a zygote or gVisor sandbox died, a gVisor sandbox out of host tasks: its program is held
+  to its limit inside) → a platform fault; an OOM kill without the run's limit being hit (a
+  global OOM kill) → a platform fault; SIGXCPU, or SIGKILL after using its CPU limit →
+  timeout; SIGKILL with the limit reached where the kernel counts no OOM kills ("reached") →
+  memory_exceeded; SIGKILL otherwise → a platform fault only where the program cannot SIGKILL
+  itself (`sigkill_is_foreign`: the local candidate is pid 1 of its own pid namespace, and its
+  seccomp filter refuses ptrace and a SIGKILL sent as the kernel's, `confine.py`), else the
+  program's own end; a broken protocol → failed; a clean exit of a run without tests →
+  passed; its process limit reached → failed; anything else → failed (an early exit, a closed
+  channel, a wait status that is no end). A limit reached is a high-water mark of the whole
+  run, no cause of its end: a program that once met its process cap (a thread refused,
+  caught) or touched most of its memory and freed it, then exited 0 or spun to its CPU limit,
+  ended by that exit or that limit (gVisor, whose kernel holds both caps inside, says so too);
 - the deadline passed: timeout once the program had its deadline's worth of time
   (`deadline_state`: time it or the checker spent waiting for a CPU they never got does not
   count, unless the program gave its CPU away itself: a nice, SCHED_IDLE, fewer CPUs); the
@@ -27,7 +32,7 @@ memory events, and whether the host killed it. The rules, in their one home:
 - no verdict: past the deadline → timeout, else the checker died → a platform fault; a
   candidate whose sandbox never came up → a platform fault;
 - a verdict of memory_exceeded (a MemoryError reached the checker) needs the host's evidence
-  where it has some (`MEMORY_ACCOUNTED`): without its cgroup's limit reached it is the
+  where it has some (`MEMORY_ACCOUNTED`): without an OOM kill at its cgroup's limit it is the
   program's `error` (`raise MemoryError('fake')` is no memory limit hit). Where an
   address-space cap is the limit (rlimit-only, gVisor, Kubernetes), the allocator's MemoryError
   cannot be told from a raised one, and both are memory_exceeded.
@@ -67,9 +72,11 @@ There the program's own memory never ends in a MemoryError (the kernel OOM-kills
 address-space cap (`launcher.candidate_space_mb`), refused before it used any memory, or from
 the program's own `raise`, so without that evidence it is the program's error. Not gVisor's:
 its cgroup holds gVisor's kernel too, and its address-space cap is the program's limit."""
-MemoryEvent = Literal["", "limit", "global"]
-"""What the run's memory accounting saw: nothing, its own limit hit, or an OOM kill of one of
-its processes while its own limit was never hit (the host ran out of memory)."""
+MemoryEvent = Literal["", "limit", "global", "reached"]
+"""What the run's memory accounting saw (`Cgroups.memory_event`): no OOM kill; an OOM kill of one
+of its processes at its own limit ("limit"); an OOM kill while its own limit was never hit (the
+host ran out of memory: "global"); or, where the kernel counts no OOM kills, its limit reached
+at some point ("reached": an OOM kill only if the program died of SIGKILL)."""
 
 
 def split_tests(tests: str, entry_point: str | None, hidden: str = "") -> list[dict[str, object]]:
@@ -261,8 +268,6 @@ def _ended_early(
         return ExecStatus.MEMORY_EXCEEDED, "killed by the memory limit", None
     if seen.exit is not None and seen.exit.fault:  # before the process limit: a gVisor
         raise SandboxInfraError(seen.exit.fault)  # sandbox's limit is reached by gVisor's tasks
-    if seen.process_limit:
-        return ExecStatus.FAILED, f"reached its limit of {limits.max_processes} processes", None
     if seen.memory == "global":
         raise SandboxInfraError("an OOM kill outside the run's own memory limit (host memory)")
     code = None
@@ -271,12 +276,16 @@ def _ended_early(
     cpu_s = seen.exit.cpu_s if seen.exit is not None else 0.0
     if code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu_s >= limits.cpu_s):
         return ExecStatus.TIMEOUT, f"CPU limit of {limits.cpu_s}s", code
+    if code == -signal.SIGKILL and seen.memory == "reached":  # the OOM killer's, uncounted
+        return ExecStatus.MEMORY_EXCEEDED, "killed by the memory limit", None
     if code == -signal.SIGKILL and seen.sigkill_is_foreign:
         raise SandboxInfraError("the candidate was killed from outside its sandbox")
     if lost == "protocol":
         return ExecStatus.FAILED, "the program broke the call protocol", code
     if expected == 0 and code == 0:
         return ExecStatus.PASSED, "", code
+    if seen.process_limit:  # a high-water mark: the end's cause only when nothing else is
+        return ExecStatus.FAILED, f"reached its limit of {limits.max_processes} processes", None
     return ExecStatus.FAILED, "the program exited before its tests reported", code
 
 
