@@ -36,7 +36,8 @@ Publishing is the commit point: the last stop check is just before the version's
 written (create-only). A cancel that arrives later (while the manifest is written) stops
 nothing: the version is out, once, with its ack, though the activity reports the cancel; any
 retry, on this worker (after the thread ends) or another, answers with it (1, 2) and trains
-nothing, and an attempt that overlaps it loses the publish and answers with it too.
+nothing, and an attempt that overlaps it loses the publish and answers with it too (one asked
+for other groups, as after a reset of the learner, is refused as a STORED_CONFLICT).
 
 The ack lists every trajectory id trained on (its tokens were in the applied update), every
 one skipped with the reason (a group whose samples all scored the same gives no gradient), and
@@ -74,7 +75,6 @@ from contracts.common import ObjectRef
 from contracts.errors import ErrorType, fail, invalid
 from contracts.learner import (
     GRPOConfig,
-    PolicyManifest,
     PolicyVersion,
     StepGroups,
     StepRecord,
@@ -92,16 +92,18 @@ from infra.learner_steps import (
     acknowledge,
     attempt_dir,
     in_daemon_thread,
+    load_version,
     lora_fixed,
+    pinned_version,
     recorded_step,
+    same_groups,
     stop_if_asked,
     sweep_attempts,
 )
-from infra.policy import MANIFEST, advance_latest, policy_manifest, publish_policy
-from infra.policy_cache import fetch_policy
+from infra.policy import advance_latest, policy_manifest, publish_policy
 from infra.run_ids import removal_record
 from infra.settings import Settings
-from infra.storage import ObjectExists, ObjectNotFound, ObjectStore
+from infra.storage import ObjectExists, ObjectStore
 from infra.telemetry import record_learner_step, record_queue_wait, record_staleness, span
 
 T = TypeVar("T")
@@ -209,8 +211,8 @@ class LearnerActivities:
                 ranks_log = self.settings.home / "logs" / "learner-ranks.log"
                 self.engine = open_learner(self.settings.learner, ranks_log)
             try:
-                with self.engine.stopping(stop):
-                    return self._train(req, progress, stop, started)
+                with self.engine.stopping(stop), contextlib.ExitStack() as pins:
+                    return self._train(req, progress, stop, started, pins)
             except RankGroupFailed as exc:  # the group is gone; the retry starts a fresh one
                 raise fail(ErrorType.LEARNER_INFRA, f"step {req.step}: {exc}") from exc
 
@@ -246,12 +248,17 @@ class LearnerActivities:
         return recorded_step(self.store, req)
 
     def _train(
-        self, req: TrainStepRequest, progress: dict[str, Any], stop: threading.Event, started: float
+        self,
+        req: TrainStepRequest,
+        progress: dict[str, Any],
+        stop: threading.Event,
+        started: float,
+        pins: contextlib.ExitStack,
     ) -> TrainStepResponse:
         """Train, save and publish version `req.step + 1`; `started` (`perf_counter`) is the
-        activity's start, where the step's `duration_s` begins."""
+        activity's start, where the step's `duration_s` begins; `pins` hold what it loads."""
         stop_if_asked(stop, req.step)  # cancelled while it waited for the engine
-        engine = self._engine_at(req.run_id, req.step, req.config, progress)
+        engine = self._engine_at(req.run_id, req.step, req.config, progress, pins)
         stop_if_asked(stop, req.step)  # or while it loaded (the version it holds stays good)
         progress["phase"] = "read trajectories"
         groups = [read_group(self.store, req, g) for g in range(len(req.groups))]
@@ -316,6 +323,7 @@ class LearnerActivities:
         response, published = acknowledge(self.store, policy)
         if published.attempt != attempt:
             engine.version = None  # another attempt's weights won the publish: reload them
+            same_groups(published, req)  # for other groups (a reset's old branch): refused
         else:  # the step is recorded once, by the attempt whose version is out
             record_learner_step(time.perf_counter() - started)  # to the version published
             for trajectory in (t for group in groups for t in group if t.steps):
@@ -323,42 +331,31 @@ class LearnerActivities:
         return response
 
     def _engine_at(
-        self, run_id: str, step: int, config: GRPOConfig, progress: dict[str, Any]
+        self,
+        run_id: str,
+        step: int,
+        config: GRPOConfig,
+        progress: dict[str, Any],
+        pins: contextlib.ExitStack,
     ) -> Learner:
-        """The engine holding version `step` of `run_id`, reloaded from the store if needed."""
+        """The engine holding version `step` of `run_id`, reloaded from the store if needed. What
+        it reads is pinned in the machine's cache until `pins` closes (after the step): a LoRA
+        version's adapter, while its base is fetched, and the KL reference, read at first use."""
         assert self.engine is not None  # opened by _step
+        pinned = functools.partial(pinned_version, self.store, self.settings, run_id)
         if self._engine_run != run_id or self.engine.version != step:
             progress["phase"] = f"load v{step}"
-            try:
-                local = self._fetch(run_id, step)
-            except ObjectNotFound as exc:
-                raise invalid(
-                    "step", f"policy version {step} of run {run_id} is not published"
-                ) from exc
-            policy = PolicyManifest.model_validate_json((local / MANIFEST).read_bytes()).policy
-            lora_fixed(run_id, step, config, full_weights=policy.adapter_of is None)
-            started = time.perf_counter()
-            try:
-                if policy.adapter_of is None:
-                    self.engine.load(local, step, config)
-                else:  # a LoRA version: its adapter over the full weights it names
-                    weights = self._fetch(run_id, policy.adapter_of)
-                    self.engine.load(
-                        weights, step, config, adapter_dir=local, adapter_of=policy.adapter_of
-                    )
-            except ValueError as exc:  # e.g. a LoRA version asked to train full weights
-                raise invalid("config", str(exc)) from exc
-            progress["load_s"] = round(time.perf_counter() - started, 2)
+
+            def fetch(version: int) -> Path:  # pinned until the step ends
+                return pins.enter_context(pinned(version))
+
+            progress["load_s"] = round(load_version(self.engine, run_id, step, config, fetch), 2)
             self._engine_run = run_id
         else:
             lora_fixed(run_id, step, config, full_weights=self.engine.adapter_of is None)
         if config.kl_coef > 0:
-            self.engine.set_reference(self._fetch(run_id, 0))
+            self.engine.set_reference(pins.enter_context(pinned(0)))
         return self.engine
-
-    def _fetch(self, run_id: str, version: int) -> Path:
-        keep = self.settings.s3.policy_cache_versions
-        return fetch_policy(self.store, run_id, version, self.settings.policy_cache, keep)
 
 
 async def _in_thread(work: Callable[[threading.Event], T], progress: dict[str, Any]) -> T:

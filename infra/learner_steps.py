@@ -1,11 +1,13 @@
 """The learner's step bookkeeping: what a step records, where an attempt writes its version, the
-answer of a step from its record, and the thread a step runs in (activities/learner.py drives
-them).
+answer of a step from its record, how it loads a version (pinned in the machine's cache), and
+the thread a step runs in (activities/learner.py drives them).
 
     out = attempt_dir(work_dir, run_id, step + 1, attempt)   # `<run>/.v<N>.<id>`, removed after
     sweep_attempts(work_dir)                                 # what a killed learner left there
     recorded_step(store, req)                                # a done step's answer, or None
     response, record = acknowledge(store, policy)            # the ack of a published version
+    with pinned_version(store, settings, run, v) as local:   # a version to load, kept cached
+    load_s = load_version(engine, run, step, config, fetch)  # the engine at `step`: its files
     future = in_daemon_thread(work, stop, "learner-step")    # work(stop), awaitable
 """
 
@@ -16,6 +18,7 @@ import contextlib
 import contextvars
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,9 +34,11 @@ from contracts.learner import (
     TrainStepResponse,
 )
 from infra import keys
-from infra.learner_base import StepStopped
-from infra.policy import advance_latest, policy_manifest
-from infra.storage import ObjectStore
+from infra.learner_base import Learner, StepStopped
+from infra.policy import MANIFEST, advance_latest, policy_manifest
+from infra.policy_cache import pinned_policy
+from infra.settings import Settings
+from infra.storage import ObjectNotFound, ObjectStore
 
 T = TypeVar("T")
 
@@ -129,6 +134,38 @@ def acknowledge(
     record.policy = policy
     ack = store.put_json(keys.learner_ack_key(policy.run_id, record.step), record, create_only=True)
     return step_response(record, ack), record
+
+
+def pinned_version(
+    store: ObjectStore, settings: Settings, run_id: str, version: int
+) -> contextlib.AbstractContextManager[Path]:
+    """Version `version` of `run_id` in the machine's policy cache, pinned there while the
+    block runs (`pinned_policy`): a LoRA version's adapter stays while its base is fetched."""
+    keep = settings.s3.policy_cache_versions
+    return pinned_policy(store, run_id, version, settings.policy_cache, keep)
+
+
+def load_version(
+    engine: Learner, run_id: str, step: int, config: GRPOConfig, fetch: Callable[[int], Path]
+) -> float:
+    """Load version `step` of `run_id` into `engine` from where `fetch(version)` puts it (a LoRA
+    version: its adapter over the full weights it names, fetched too); the seconds it took."""
+    try:
+        local = fetch(step)
+    except ObjectNotFound as exc:
+        raise invalid("step", f"policy version {step} of run {run_id} is not published") from exc
+    policy = PolicyManifest.model_validate_json((local / MANIFEST).read_bytes()).policy
+    lora_fixed(run_id, step, config, full_weights=policy.adapter_of is None)
+    started = time.perf_counter()
+    try:
+        if policy.adapter_of is None:
+            engine.load(local, step, config)
+        else:  # a LoRA version: its adapter over the full weights it names
+            base = fetch(policy.adapter_of)
+            engine.load(base, step, config, adapter_dir=local, adapter_of=policy.adapter_of)
+    except ValueError as exc:  # e.g. a LoRA version asked to train full weights
+        raise invalid("config", str(exc)) from exc
+    return time.perf_counter() - started
 
 
 def stop_if_asked(stop: threading.Event, step: int) -> None:

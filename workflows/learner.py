@@ -5,9 +5,9 @@ takes `groups_per_step` of them per step, in the order they came (the training r
 time for the step it was started for: workflows/step_slots.py), runs the `train_step` activity
 (queue `learner`), which publishes policy version step+1, and tells its parent
 (`learner_progress`). A step's groups past a payload's share go by reference, stored in parts
-first (workflows/learner_request.py). It ends after
-`max_steps`, or, once told `finish`, when its queue is drained; then it tells its parent
-`learner_done` (also when it fails).
+first (workflows/learner_request.py). It ends after `max_steps`, or, once told `finish`, when
+its queue is drained: it writes its ledger, carries what is pending, tells its parent
+`learner_done` (also when it fails) with a copy, and carries again what came meanwhile.
 
 Each group is trained on exactly once, with state that stays constant in size:
 - A segment is one run between continues-as-new. It continues as new after `steps_per_run`
@@ -21,7 +21,7 @@ Each group is trained on exactly once, with state that stays constant in size:
   end) by reference, read back first thing in the next segment (workflows/learner_carry.py).
 - The task ids a segment trained on are written to the ledger (`record_ledger`, one object per
   segment, `keys.learner_ledger_key`) first thing in the next segment, which they travel to
-  (and before the run ends); every step is also in its ack. So a segment ends in the workflow
+  (or as the run ends); every step is also in its ack. So a segment ends in the workflow
   task that decides it: groups signalled while the ledger is written land in the next
   segment's history, and cannot push the ending one past its budget.
 - A group whose id this segment has seen is dropped at once; before a later segment trains on
@@ -39,7 +39,8 @@ input), writing it in the next segment behind `LEDGER_FIRST_PATCH` (before it, a
 wrote its own before continuing, and looked ahead by its average step), waiting for a
 cancelled step behind `STEP_WAIT_PATCH`, counting the next input at the state's size now
 behind `LEARNER_LOOK_AHEAD_PATCH`, a step's groups by reference behind
-`learner_request.STEP_PARTS_PATCH`, and pending ones behind `learner_carry.CARRY_PARTS_PATCH`.
+`learner_request.STEP_PARTS_PATCH`, pending ones behind `learner_carry.CARRY_PARTS_PATCH`, and
+the carry after the last ledger write behind `learner_carry.CARRY_LAST_PATCH`.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ with workflow.unsafe.imports_passed_through():
 
 # not passed through: it builds contracts from the workflow's state, so it must see the contracts
 # module the sandbox's workflow sees (a test's workflow module may import its own copy)
-from workflows.learner_carry import carry, read_carried
+from workflows.learner_carry import CARRY_LAST_PATCH, carry, read_carried
 from workflows.learner_request import train_request
 
 STEP_EVENTS = 16
@@ -142,10 +143,16 @@ class LearnerWorkflow:
             if isinstance(err, FailureError) and workflow.patched(LEDGER_PATCH):
                 await self._tell_parent(LearnerDone(error=_reason(err)))
             raise
-        await carry(self._state)  # groups left over past a payload, by reference
-        if workflow.patched(LEDGER_PATCH):
+        if workflow.patched(CARRY_LAST_PATCH):
             await self._record_segment()
-            await self._tell_parent(LearnerDone(final=self._state))
+            await carry(self._state)  # groups left over past a payload, by reference
+            await self._tell_parent(LearnerDone(final=self._state.model_copy(deep=True)))
+            await carry(self._state)  # those signalled meanwhile: the result fits too
+        else:  # the release before: carried first (groups signalled meanwhile stayed inline)
+            await carry(self._state)
+            if workflow.patched(LEDGER_PATCH):
+                await self._record_segment()
+                await self._tell_parent(LearnerDone(final=self._state))
         return self._state
 
     @workflow.signal(name=Signal.ADD_GROUPS)
@@ -321,11 +328,16 @@ class LearnerWorkflow:
 
     async def _continue_as_new(self) -> NoReturn:
         await workflow.wait_condition(workflow.all_handlers_finished)
-        await carry(self._state)  # pending groups past a payload, by reference
         if self._write_first:
+            await carry(self._state)  # pending groups past a payload, by reference
             self._state.ledger_from = self._first_step  # the next segment writes them
-        elif workflow.patched(LEDGER_PATCH):
+        elif workflow.patched(CARRY_LAST_PATCH):  # a segment of a release before it, live
             await self._record_segment()
+            await carry(self._state)
+        else:  # the release before: carried first, then wrote its ledger (LEDGER_PATCH)
+            await carry(self._state)
+            if workflow.patched(LEDGER_PATCH):
+                await self._record_segment()
         self._state.finish_when_drained = self._finish
         workflow.continue_as_new(
             self._state,

@@ -40,6 +40,13 @@ with workflow.unsafe.imports_passed_through():
 # not passed through: it builds contracts from the workflow's state (see workflows/learner.py)
 from workflows.learner_request import groups_bytes, store_groups
 
+CARRY_LAST_PATCH = "tempered-learner-carries-after-its-last-ledger-write"
+"""Marks runs (workflows/learner.py) that, ending (or, before its `LEDGER_FIRST_PATCH`,
+continuing as new), write their ledger first and carry last, signal `learner_done` with a copy
+of the state as carried, and carry again what was signalled meanwhile, for the result. Before,
+they carried first: groups signalled during the write, or during the signal's retries (each sent
+the state as it had grown), stayed inline, and three ~0.9 MB signals were refused (TMPRL1103) on
+every retry: the learner RUNNING for ever."""
 CARRY_PARTS_PATCH = "tempered-learner-carries-groups-by-reference"
 """Marks runs whose state, handed on (continue-as-new) or reported (`learner_done`, result) with
 pending groups past `SIGNAL_BYTES`, names them in stored parts. Before, it carried them inline:
