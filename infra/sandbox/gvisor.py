@@ -9,13 +9,16 @@ The checker is the local backend's (a fork of the checker zygote on this host, `
 only the candidate differs: `RunscLauncher` starts a fresh OCI container per run (`runsc run`,
 network none, `settings.sandbox.gvisor.platform`, ptrace by default) whose only process is the
 candidate zygote, under the run's uid and in its cgroups, with no network, no capabilities and
-no writable path but a tmpfs /tmp and /dev/shm (the container's config: `gvisor_oci.py`). runsc
+no writable path but one tmpfs at /dev/shm, /tmp a link to it (its bundle: `gvisor_oci.py`). runsc
 passes only stdio, so the calls arrive on the container's stdin, the replies leave on its
 stdout, and the program's stdout and stderr both reach the result's `stdout`.
 
 The sandbox's group holds gVisor's own kernel too (`SENTRY_MEMORY_MB` more), so the program is
 held to `memory_mb` by its address-space cap (`launcher.candidate_space_mb`, held: memory + 64
-MiB, as a Kubernetes pod's); its CPU time and its wait for a CPU are its sandbox's
+MiB, as a Kubernetes pod's), and its files to `tmpfs_mb` by their tmpfs, on top (locally both
+count against `memory_mb`: a program of 64 MB may keep 200 MB in a /tmp of 256 MB here; sizing
+the tmpfs by the run's memory needs the verifier to start a container knowing it, and its warm
+pool starts them by `tmpfs_mb` alone); its CPU time and its wait for a CPU are its sandbox's
 (`Cgroups.cpu_wait`, the `Exit`'s CPU seconds), as no host process is the program's own.
 Its processes are held to `max_processes` inside gVisor (RLIMIT_NPROC: a fork fails with
 EAGAIN); the group's pids limit bounds gVisor's own host tasks on top (`sentry_tasks`: under
@@ -40,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import re
@@ -57,7 +59,7 @@ from pathlib import Path
 from contracts.task import SandboxLimits
 from infra.sandbox.base import SandboxInfraError, VerifierBackend
 from infra.sandbox.cgroups import CGROUP_CONTROLLERS, CGROUP_ROOT, WORKER_DIRS, Cgroups
-from infra.sandbox.gvisor_oci import oci_config
+from infra.sandbox.gvisor_oci import write_bundle
 from infra.sandbox.judge import Exit
 from infra.sandbox.launcher import CandidateSpec
 from infra.sandbox.probe import NO_VERDICT
@@ -126,10 +128,8 @@ def probe_once(
     name = root.name.removeprefix(STATES)
     state = ["--root", str(root / "state")]
     try:
-        (root / "rootfs").mkdir()
         args = [python, "-S", "-I", "-c", "print('up')"]
-        config = oci_config(python, CandidateSpec(PROBE_UID, 8, Cgroups.named(name)), args)
-        (root / "config.json").write_text(json.dumps(config))
+        write_bundle(root, python, CandidateSpec(PROBE_UID, 8, Cgroups.named(name)), args)
         argv = [setpriv, "--pdeathsig", "KILL", runsc, *state]
         argv += ["--network=none", f"--platform={platform}", "run", "--bundle", str(root), name]
         done = subprocess.run(
@@ -270,8 +270,7 @@ class RunscLauncher:
         name = f"tempered-{os.getpid()}-{run_id}-{secrets.token_hex(4)}"
         assert self.setpriv is not None  # `start` refuses without it
         try:
-            (bundle / "rootfs").mkdir()
-            (bundle / "config.json").write_text(json.dumps(oci_config(self.python, spec)))
+            write_bundle(bundle, self.python, spec)
             debug = ["--debug", "--debug-command=run", f"--debug-log={bundle}/log/"]
             # SIGKILLed when this thread (the event loop's) ends: a dead worker's container
             # dies with it, as an attached runsc kills its sandbox when it dies

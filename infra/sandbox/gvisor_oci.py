@@ -1,14 +1,14 @@
-"""The OCI runtime config of a gVisor candidate's container (`config.json` of its bundle).
+"""The bundle of a gVisor candidate's container: its OCI runtime config and its root.
 
-    config = oci_config(python, spec)                  # a run's candidate (`gvisor.py`)
-    config = oci_config(python, spec, ["python3", "-c", "print('up')"])    # a probe's
+    write_bundle(bundle, python, spec)                 # a run's candidate (`gvisor.py`)
+    write_bundle(bundle, python, spec, ["python3", "-c", "print('up')"])   # a probe's
 
 The container's only process is `python3 -S -I -c <zygote.py> serve 0 1 <codec, candidate
 sources>` under the run's uid: an empty read-only root, the host's /usr, /bin, /lib and /lib64
-read-only, a tmpfs /tmp and /dev/shm of the run's size each, its own pid, network, ipc, uts and
-mount namespaces, no capabilities, no-new-privileges, and the run's cgroups (memory, pids:
-runsc makes the container's own group inside them, so the run's limits and OOM events cover
-the whole sandbox).
+read-only, one tmpfs of the run's size at /dev/shm with /tmp a link to it (`SHARED`), its own
+pid, network, ipc, uts and mount namespaces, no capabilities, no-new-privileges, and the run's
+cgroups (memory, pids: runsc makes the container's own group inside them, so the run's limits
+and OOM events cover the whole sandbox).
 
 Not covered: starting, watching and deleting the container (`gvisor.py`); runsc's own flags
 (network none, the platform), which are its command line's, not the config's.
@@ -16,16 +16,34 @@ Not covered: starting, watching and deleting the container (`gvisor.py`); runsc'
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from infra.sandbox.forkserver import zygote_source
 from infra.sandbox.launcher import CandidateSpec
 
-TMPFS = ("/tmp", "/dev/shm")
-"""The container's writable directories, a tmpfs of the run's `tmpfs_mb` each (/dev/shm:
-multiprocessing's locks and queues, sem_open, need it writable)."""
+SHARED = "/dev/shm"
+"""The container's one writable directory, a tmpfs of the run's `tmpfs_mb`; /tmp is a link to
+it in the bundle's root, as the local candidate's /dev/shm is a bind of its /tmp: what a
+program keeps in files is bounded once, not once per directory (gVisor's tmpfs is outside its
+address-space cap). /dev/shm holds it, not /tmp: /dev is gVisor's own, where no link can be
+made; multiprocessing's locks and queues (sem_open) need it writable. The working directory
+and HOME are /tmp (the program's getcwd says /dev/shm)."""
+KEEPER = f"{SHARED}/.tempered"
+"""An empty read-only tmpfs inside `SHARED`: runsc mounts a tmpfs of its own, of no size, at a
+/tmp it finds empty (through the link), and a non-empty one it leaves alone."""
 CANDIDATE_MODULES = ("codec", "candidate")
 """What the container's interpreter loads (sources in its argv; nothing of the job)."""
+
+
+def write_bundle(
+    bundle: Path, python: str, spec: CandidateSpec, args: list[str] | None = None
+) -> None:
+    """Make the bundle of one candidate container in the empty directory `bundle`: its root
+    (empty, but for the /tmp link) and its config (`oci_config`)."""
+    (bundle / "rootfs").mkdir()
+    (bundle / "rootfs" / "tmp").symlink_to(SHARED)
+    (bundle / "config.json").write_text(json.dumps(oci_config(python, spec, args)))
 
 
 def oci_config(
@@ -33,14 +51,20 @@ def oci_config(
 ) -> dict[str, object]:
     """The OCI runtime config of one candidate container (running `args` instead: a probe's)."""
     ro = ["rbind", "ro", "nosuid", "nodev"]
-    tmpfs: dict[str, object] = {
-        "type": "tmpfs",
-        "source": "tmpfs",
-        "options": ["nosuid", "nodev", f"size={spec.tmpfs_mb}m", "mode=1777"],
-    }
     mounts: list[dict[str, object]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
-        *({"destination": path, **tmpfs} for path in TMPFS),
+        {
+            "destination": SHARED,
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "nodev", f"size={spec.tmpfs_mb}m", "mode=1777"],
+        },
+        {
+            "destination": KEEPER,
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["ro", "nosuid", "nodev", "noexec", "size=4k", "mode=0555"],
+        },
         {"destination": "/usr", "type": "bind", "source": "/usr", "options": ro},
     ]
     for name in ("bin", "lib", "lib64"):

@@ -87,6 +87,22 @@ PID_1 = '{shell} -c "$1"; exit $?'
 a shell that runs the command as its child and exits with its status. The command is never
 pid 1 itself, to which the kernel does not deliver SIGXCPU: a command past its CPU time would
 get only the SIGKILL a second later, and an exit by SIGKILL says nothing of why."""
+FIRST_VICTIM = 'echo 1000 > /proc/self/oom_score_adj && exec "$@"'
+"""What pid 1 runs first, as the host's /bin/sh, then becomes `PID_1`'s shell: it makes itself
+and the command the first victims of an OOM kill (`OOM_SPARED`). Not `PID_1`'s own: a sealed
+shell (execute-only) is not dumpable, and its /proc/self files are root's."""
+OOM_SPARED = "{ echo -17 > /proc/self/oom_adj || :; } 2> /dev/null"
+"""What a root worker's launching shell runs before it becomes setpriv, then bwrap. bwrap's
+outer process is in the command's memory cgroup, and an OOM kill there must not pick it (a
+file in /dev/shm is in no process's rss, so bwrap was often the largest): its pid-1 child,
+orphaned to the host's init, stayed a zombie under the slot's uid. With CAP_SYS_RESOURCE this
+makes bwrap's oom_score_adj -1000, never picked; the legacy file leaves oom_score_adj_min as it
+was (oom_score_adj would set it to -1000 too), so nothing in the sandbox can go below the
+worker's own. Without it (a container's root may lack it) bwrap keeps the worker's value; pid
+1 and the command, at 1000 (`FIRST_VICTIM`: anyone may raise theirs), are picked first, as a
+Kubernetes candidate makes itself its node's first victim. A command that lowers its own
+again (to the worker's, at most) may get bwrap picked: the zombie, which the host's init
+reaps, is then its own doing, its result the same."""
 ULIMIT_FLAGS = {
     "RLIMIT_CPU": ("t", 1),
     "RLIMIT_FSIZE": ("f", 512),
@@ -217,7 +233,8 @@ class CommandRunner:
         cgroups: Cgroups | None, status_fd: int, seccomp_fd: int | None = None,
         joins: Sequence[Path] = (),
     ) -> list[str]:  # fmt: skip
-        """[shell: join cgroups, set rlimits] → setpriv to `uid` → bwrap → /bin/sh -c command.
+        """[shell: join cgroups, spare bwrap from OOM kills, set rlimits] → setpriv to `uid` →
+        bwrap → /bin/sh -c command.
         `seccomp_fd` holds `self.seccomp` for bwrap to read (none only where `missing` says why);
         `joins`: the `cgroup.procs` of more groups to join (`CpuWaits.procs_files`)."""
         if (missing := self.missing) or not self.bwrap:
@@ -243,6 +260,7 @@ class CommandRunner:
             "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--size", str(limits.tmpfs_mb * MB),
             "--tmpfs", "/tmp", *binds, "--chdir", mounts.workdir, "--remount-ro", "/",
             "--json-status-fd", str(status_fd), "--seccomp", str(seccomp_fd), "--clearenv", *env,
+            "/bin/sh", "-c", FIRST_VICTIM, "sandbox",
             shell, "-c", PID_1.format(shell=shell), "sandbox", command,
         ]  # fmt: skip
         if self.root and self.setpriv:
@@ -252,6 +270,7 @@ class CommandRunner:
             counted = [cgroups.cpuacct / "cgroup.procs"] if cgroups.cpuacct is not None else []
             joins = [*cgroups.procs_files(), *counted, *joins]
         prelude = [f"echo $$ > {shlex.quote(str(procs))}" for procs in joins]
+        prelude += [OOM_SPARED] if self.root else []
         prelude += ulimit_prelude(workspace_rlimits(limits, cgroups is not None))
         return ["/bin/sh", "-c", " && ".join(prelude) + ' && exec "$@"', "sandbox", *sandbox]
 
@@ -360,7 +379,8 @@ async def _kill(process: asyncio.subprocess.Process, cgroups: Cgroups | None) ->
     """Kill the sandbox from the inside out, so bwrap reaps its own children: every process
     but bwrap (its cgroups' members, or its descendants), then bwrap once it has exited by
     itself or after a grace period. Killing bwrap first would orphan its pid-1 init to the
-    host's init, which may leave it a zombie under the sandbox uid."""
+    host's init, which may leave it a zombie under the sandbox uid (so no OOM kill picks bwrap
+    either: `OOM_SPARED`)."""
     if process.returncode is None:
         inside = set(cgroups.pids()) if cgroups is not None else set()
         with contextlib.suppress(psutil.Error):
