@@ -15,10 +15,10 @@ stdout, and the program's stdout and stderr both reach the result's `stdout`.
 
 The sandbox's group holds gVisor's own kernel too (`SENTRY_MEMORY_MB` more), so the program is
 held to `memory_mb` by its address-space cap (`launcher.candidate_space_mb`, held: memory + 64
-MiB, as a Kubernetes pod's), and its files to `tmpfs_mb` by their tmpfs, on top (locally both
-count against `memory_mb`: a program of 64 MB may keep 200 MB in a /tmp of 256 MB here; sizing
-the tmpfs by the run's memory needs the verifier to start a container knowing it, and its warm
-pool starts them by `tmpfs_mb` alone); its CPU time and its wait for a CPU are its sandbox's
+MiB, as a Kubernetes pod's), and its files by their tmpfs, on top, of `tmpfs_mb` but at most
+`memory_mb` (`launcher.candidate_tmpfs_mb`; locally both count against `memory_mb`, and the cap
+counts no file: a program of 64 MB kept 200 MB in a /tmp of 256 MB here; the verifier's warm
+pool is keyed by that size); its CPU time and its wait for a CPU are its sandbox's
 (`Cgroups.cpu_wait`, the `Exit`'s CPU seconds), as no host process is the program's own.
 Its processes are held to `max_processes` inside gVisor (RLIMIT_NPROC: a fork fails with
 EAGAIN); the group's pids limit bounds gVisor's own host tasks on top (`sentry_tasks`: under
@@ -68,7 +68,7 @@ from infra.sandbox.verifier_job import START_TIMEOUT_S
 from infra.settings import GVisorSettings
 
 WARM = 2
-"""Containers started ahead of time per tmpfs size (each ~0.2-0.5 s to start, ~30 MB idle)."""
+"""Containers started ahead per tmpfs size (`candidate_tmpfs_mb`; ~0.2-0.5 s each, ~30 MB idle)."""
 SENTRY_MEMORY_MB = 256
 """Memory of gVisor's own kernel (Sentry) and gofer on top of the program's limit."""
 SENTRY_THREADS = 64

@@ -23,7 +23,8 @@ from infra.sandbox.forkserver import zygote_source
 from infra.sandbox.launcher import CandidateSpec
 
 SHARED = "/dev/shm"
-"""The container's one writable directory, a tmpfs of the run's `tmpfs_mb`; /tmp is a link to
+"""The container's one writable directory, a tmpfs of `CandidateSpec.tmpfs_mb` (at most the
+run's `memory_mb` on gVisor: `launcher.candidate_tmpfs_mb`); /tmp is a link to
 it in the bundle's root, as the local candidate's /dev/shm is a bind of its /tmp: what a
 program keeps in files is bounded once, not once per directory (gVisor's tmpfs is outside its
 address-space cap). /dev/shm holds it, not /tmp: /dev is gVisor's own, where no link can be

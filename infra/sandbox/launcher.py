@@ -85,6 +85,18 @@ def candidate_space_mb(limits: SandboxLimits, held: bool = False) -> int:
     return 2 * limits.memory_mb + 256
 
 
+def candidate_tmpfs_mb(limits: SandboxLimits, held: bool = False) -> int:
+    """The size of a candidate's one tmpfs (its /tmp and /dev/shm): `tmpfs_mb`, or, `held`,
+    where only the address-space cap holds the program to `memory_mb` (`candidate_space_mb`'s
+    held: the gvisor backend's sandbox, whose cgroup holds gVisor's kernel beside the program,
+    files in gVisor's tmpfs included), at most `memory_mb` too: files are no mapping the cap
+    counts, and locally the memory cgroup charges them (shmem) against `memory_mb`, so a program
+    of 64 MB keeping 200 MB in a /tmp of 256 MB would pass there alone. The verifier keys its
+    warm pool by this size: runs whose `memory_mb` is at least `tmpfs_mb` (the defaults) share
+    one."""
+    return min(limits.tmpfs_mb, limits.memory_mb) if held else limits.tmpfs_mb
+
+
 def candidate_rlimits(
     limits: SandboxLimits,
     cgroups: bool,

@@ -26,8 +26,9 @@ The host keeps the run's deadline while it waits for the checker's verdict (`ver
 the job a checker is sent, and that wait). A job no codec frame can carry raises `JobTooLarge`
 (the same on every retry).
 
-Warm pool: pairs are started ahead of time (per tmpfs size), each serves one run and is then
-killed; nothing of a job exists in a pair before its run, and nothing is reused across runs.
+Warm pool: pairs are started ahead of time (per tmpfs size, `launcher.candidate_tmpfs_mb`: by
+`memory_mb` too on gVisor), each serves one run and is then killed; nothing of a job exists in
+a pair before its run, and nothing is reused across runs.
 Needs root (namespaces, uids, cgroups), bwrap and setpriv; raises SandboxInfraError otherwise.
 
 Not covered: the Kubernetes backend, whose pod runs its own checker and candidate
@@ -54,7 +55,12 @@ from infra.sandbox.cgroups import Cgroups, host_pid, sweep_dead_workers
 from infra.sandbox.channels import OutputPipe
 from infra.sandbox.forkserver import BLOCK_UIDS, ForkServer, checker_zygote_argv, worker_uids
 from infra.sandbox.judge import Exit, Observed, expected_units, judge, split_tests, starvation_bound
-from infra.sandbox.launcher import CandidateLauncher, CandidateSpec, candidate_rlimits
+from infra.sandbox.launcher import (
+    CandidateLauncher,
+    CandidateSpec,
+    candidate_rlimits,
+    candidate_tmpfs_mb,
+)
 from infra.sandbox.process import Capture
 from infra.sandbox.verifier_job import VERDICT_GRACE_S, await_verdict, checker_job
 
@@ -93,8 +99,9 @@ class Verifier:
         (also naming their cgroups); offset 0 is the checkers' uid. `own_kernel`: the launcher's
         sandbox runs a kernel of its own (gVisor's), whose memory its cgroups hold beside the
         program's and whose host threads run the program: the candidate's address space is then
-        capped at what the sandbox holds for the program (`candidate_rlimits`' `space_held`),
-        and its wait for a CPU is its sandbox's threads' (`Cgroups.cpu_wait`)."""
+        capped at what the sandbox holds for the program (`candidate_rlimits`' `space_held`), its
+        files at `memory_mb` too (`candidate_tmpfs_mb`), and its wait for a CPU is its
+        sandbox's threads' (`Cgroups.cpu_wait`)."""
         if slots.start < 1 or slots.stop > BLOCK_UIDS:
             raise ValueError(f"slots must lie within 1..{BLOCK_UIDS - 1}")
         self.launcher, self.python, self.warm, self.name = launcher, python, warm, name
@@ -192,9 +199,10 @@ class Verifier:
         """Run `program` against `tests` and `hidden_tests` (with the task's `helpers` on the
         checker's side)."""
         units = split_tests(tests, entry_point, hidden_tests)
-        pair = self._take_warm(limits.tmpfs_mb) or await self._prepare(limits.tmpfs_mb)
+        tmpfs_mb = candidate_tmpfs_mb(limits, held=self.own_kernel)  # the pool's key too
+        pair = self._take_warm(tmpfs_mb) or await self._prepare(tmpfs_mb)
         if self.warm:
-            self._refill(limits.tmpfs_mb)
+            self._refill(tmpfs_mb)
         rlimits = candidate_rlimits(limits, pair.cgroups is not None, space_held=self.own_kernel)
         bound = starvation_bound(limits.timeout_s) + VERDICT_GRACE_S  # the host decides first
         job = checker_job(program, tests, helpers, units, entry_point, limits, rlimits, bound)

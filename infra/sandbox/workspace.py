@@ -359,7 +359,7 @@ class CommandRunner:
         if deadline == "starved":
             raise starvation_fault(limits)
         messages = status_messages(reported)
-        oom, code, timed_out = event == "limit", process.returncode, deadline != ""
+        oom, code, timed_out = event in ("limit", "reached"), process.returncode, deadline != ""
         gave_away = waits.gave_away if waits is not None else ""
         return command_result(
             messages,

@@ -3,10 +3,10 @@ tmpfs of `tmpfs_mb` (locally /dev/shm is a bind of /tmp, `confine.py`), so what 
 in files is bounded once, as locally, not twice. On gVisor each was a tmpfs of `tmpfs_mb`
 of its own, outside the program's address-space cap: twice the run's size in files.
 
-Not covered here: gVisor sizing that tmpfs by `memory_mb` too (a program of 64 MB writing 200 MB
-to a 256 MB /tmp passes there, memory_exceeded locally): the warm pool starts a container
-before it knows the run's memory (`verifier.py` keys it by `tmpfs_mb` alone); the strict xfail
-below says so until it does."""
+On gVisor that tmpfs is at most `memory_mb` too (`launcher.candidate_tmpfs_mb`): the cap counts
+no file, and locally the memory cgroup charges them, so a program of 64 MB writing 200 MB to a
+256 MB /tmp passed there and was memory_exceeded locally. The warm pool is keyed by that size
+(`test_tmpfs_budget_pool.py`: it still serves runs at the default limits)."""
 
 from __future__ import annotations
 
@@ -74,12 +74,8 @@ def gvisor_box() -> Iterator[Box]:
     box.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gVisor's tmpfs is not yet sized by memory_mb: verifier.py starts the container "
-    "before it knows the run's memory (see this module's docstring)",
-)
 def test_files_past_the_memory_limit_do_not_pass_on_gvisor(gvisor_box: Box) -> None:
+    """200 MB of files for a program of 64 MB: its tmpfs is 64 MB, not `tmpfs_mb`'s 256."""
     program = (
         "with open('/tmp/big', 'wb') as f:\n    for _ in range(200):\n"
         "        f.write(b'x' * (1 << 20)); f.flush()\nprint('wrote')\n"
