@@ -370,6 +370,15 @@ def _procs_below(path: Path) -> set[int]:
     return pids
 
 
+def _inside(path: Path) -> list[Path]:
+    """Everything below `path`, deepest first; walked again where runsc removed a group of its
+    own meanwhile (FileNotFoundError: it failed a sweep)."""
+    for _ in range(3):
+        with contextlib.suppress(FileNotFoundError):
+            return sorted(path.rglob("*"), reverse=True)
+    return []
+
+
 def sweep_dead_workers(pid: int | None = None) -> int:
     """Reap the run groups of workers that died: every dead worker's, or only `pid`'s (the
     caller knows it is dead). A run's group is `<worker pid>-<slot>` under any controller's
@@ -386,7 +395,7 @@ def sweep_dead_workers(pid: int | None = None) -> int:
     for name, paths in groups.items():
         Cgroups.named(name).reap_blocking()
         for path in paths:
-            for below in sorted(path.rglob("*"), reverse=True):
+            for below in _inside(path):
                 with contextlib.suppress(OSError):  # a control file, not a group
                     below.rmdir()
             with contextlib.suppress(OSError):
