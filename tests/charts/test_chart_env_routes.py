@@ -15,8 +15,6 @@ without helm.
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import yaml
 
@@ -29,7 +27,7 @@ from tests.charts.chart import (
     refused,
     render,
 )
-from tests.charts.test_chart_values import settings_name_pattern
+from tests.charts.settings_schema import settings_names
 
 pytestmark = needs_helm
 
@@ -91,6 +89,8 @@ def written_by_the_chart() -> list[str]:
         "sandbox.runtimeClass.name=gvisor",
         "telemetry.otlpEndpoint=http://otel-collector:4317",
         "sandbox.workspaceSessions.enabled=true",
+        "sandbox.concurrency=1",  # 1 x (4096 + 2 x 64 + 256) MB: test_chart_fix60_sessions_memory.py
+        "workers.sandbox.resources.limits.memory=5Gi",
     )
     (configmap,) = objects(docs, "ConfigMap").values()
     (secret,) = objects(docs, "Secret").values()
@@ -112,7 +112,7 @@ def test_every_name_the_chart_writes_is_refused(route: str) -> None:
         written
     )
     if route == "settings":
-        written = [n for n in written if re.fullmatch(settings_name_pattern(), n)]
+        written = [n for n in written if n in settings_names()]
     refusal = refused(*(f"{route}.{name}=1" for name in written))
     assert [n for n in written if f"{route}.{n} is written by the chart" not in refusal] == []
 

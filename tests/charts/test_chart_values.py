@@ -8,18 +8,13 @@ validation and lint of every value set are tests/charts/test_chart.py's. Skipped
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from pydantic import BaseModel
 
-from infra.settings import Settings
 from tests.charts.chart import (
-    CHART,
     CREDENTIAL_VALUES,
     VALUE_SETS,
     container,
@@ -97,49 +92,8 @@ def test_keda_on_the_versioned_agent_tasks_needs_a_build_id() -> None:
     assert "temporal.buildId" in refused("workers.agent-tasks.keda.enabled=true")
 
 
-def schema() -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads((CHART / "values.schema.json").read_text())
-    return schema
-
-
-def settings_name_pattern() -> str:
-    pattern: str = schema()["properties"]["settings"]["propertyNames"]["pattern"]
-    return pattern
-
-
-def test_the_settings_names_are_the_settings_models_fields() -> None:
-    """pydantic-settings ignores a TEMPERED_ variable with no top-level field of its own
-    (TEMPERED_SANDBOX_CONCURRENCY, TEMPERED_INFERNCE__MAX_ACTIVITIES), so the schema lists
-    them; a misspelt field inside a section fails the worker at start (extra="forbid")."""
-    sections: list[str] = []
-    scalars: list[str] = []
-    for name, field in Settings.model_fields.items():
-        section = isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)
-        (sections if section else scalars).append(name.upper())
-    expected = (
-        f"^TEMPERED_(({'|'.join(sorted(scalars))})|({'|'.join(sorted(sections))})__[A-Z0-9_]+)$"
-    )
-    assert settings_name_pattern() == expected
-
-
-@pytest.mark.parametrize(
-    ("name", "allowed"),
-    [
-        ("TEMPERED_SANDBOX__WORKSPACES__MAX_WORKSPACE_MB", True),
-        ("TEMPERED_OMP_SPIN_COUNT", True),
-        ("TEMPERED_CONFIG", True),
-        ("TEMPERED_SANDBOX_CONCURRENCY", False),
-        ("TEMPERED_INFERNCE__MAX_ACTIVITIES", False),
-        ("TEMPERED_INFERENCE", False),
-        ("TEMPERED_HOME__PATH", False),
-        ("TEMPERED_WORKER_ID", False),  # the chart's, a pod's own
-    ],
-)
-def test_the_schema_pattern_of_settings_names(name: str, allowed: bool) -> None:
-    assert bool(re.fullmatch(settings_name_pattern(), name)) is allowed
-
-
 def test_helm_refuses_a_misspelt_settings_name() -> None:
+    """The names are the model's (tests/charts/test_chart_fix60_settings_names.py)."""
     refusal = lint_refused("settings.TEMPERED_SANDBOX_CONCURRENCY=64")
     assert "TEMPERED_SANDBOX_CONCURRENCY" in refusal
 
@@ -179,7 +133,7 @@ def test_large_numbers_reach_the_workers_as_numbers(
 @pytest.mark.parametrize(
     "item",
     [
-        "s3.endpoint=",  # dropped, the worker would use its own default, 127.0.0.1:8333
+        "s3.endpoint=",  # AWS's default endpoint to the worker; the chart asks for the URL
         "workers.sandbox.queue=rewards",  # a metrics port and a quota check of another queue
         "defaults.queue=inference",
         "defaults.stateDirSizeLimit=10GB",  # an emptyDir's sizeLimit the API server refuses

@@ -62,10 +62,24 @@ would not stick.)
 {{- toYaml $merged -}}
 {{- end -}}
 
-{{/* The effective values of worker .name: defaults merged with workers.<name>, as a dict. */}}
+{{/* A map without its null entries, as YAML: a null in `settings:` or `defaults.env` (which
+nothing is merged over) removes the key, as a null in workers.<queue>.env does (deepMerge). */}}
+{{- define "tempered.withoutNulls" -}}
+{{- $kept := dict -}}
+{{- range $key, $value := . | default dict -}}
+{{- if not (kindIs "invalid" $value) -}}
+{{- $_ := set $kept $key $value -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $kept -}}
+{{- end -}}
+
+{{/* The effective values of worker .name: defaults merged with workers.<name>, as a dict (its
+env without null entries). */}}
 {{- define "tempered.worker" -}}
 {{- $over := get .root.Values.workers .name | default dict -}}
 {{- $merged := include "tempered.deepMerge" (dict "base" .root.Values.defaults "over" $over) | fromYaml -}}
+{{- $_ := set $merged "env" (include "tempered.withoutNulls" $merged.env | fromYaml) -}}
 {{- $_ := set $merged "name" .name -}}
 {{- toYaml $merged -}}
 {{- end -}}

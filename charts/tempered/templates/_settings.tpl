@@ -4,6 +4,11 @@ one rule on both routes by which values add variables of their own: `settings:` 
 and a worker's `env:` (workers.<queue>.env over defaults.env, the container's env, which wins
 over the ConfigMap). */ -}}
 
+{{/* `settings:` without its null entries (a null removes the key), as YAML. */}}
+{{- define "tempered.settings" -}}
+{{- include "tempered.withoutNulls" .Values.settings -}}
+{{- end -}}
+
 {{/* The settings ConfigMap's data (settings-configmap.yaml), as YAML: the settings model
 (infra/settings.py) as TEMPERED_* variables, shared by every worker. */}}
 {{- define "tempered.settingsData" -}}
@@ -33,7 +38,7 @@ TEMPERED_TELEMETRY__OTLP_ENDPOINT: {{ . | quote }}
 TEMPERED_TELEMETRY__PROMETHEUS_PORT: {{ .Values.telemetry.prometheus.basePort | quote }}
 TEMPERED_TELEMETRY__PROMETHEUS_HOST: {{ .Values.telemetry.prometheus.host | quote }}
 {{- end }}
-{{- range $key, $value := .Values.settings }}
+{{- range $key, $value := include "tempered.settings" . | fromYaml }}
 {{ $key }}: {{ include "tempered.string" $value | quote }}
 {{- end }}
 {{- end -}}
@@ -133,7 +138,7 @@ names the chart leaves to that worker (tempered.workerEnvSettings); .root: the c
 
 {{/* The `settings:` route (settings-configmap.yaml). */}}
 {{- define "tempered.checkSettings" -}}
-{{- $route := dict "route" "settings" "names" (keys (.Values.settings | default dict)) -}}
+{{- $route := dict "route" "settings" "names" (keys (include "tempered.settings" . | fromYaml)) -}}
 {{- include "tempered.refuseChartSettings" (dict "root" . "routes" (list $route)) -}}
 {{- end -}}
 
