@@ -20,7 +20,10 @@ shared deadline (`--seconds` after it); each counts only the units of work it fi
 time to its last such unit, so no side is credited with work it did alone after the other
 stopped. (Until 6 December each process ran whole calls until its own `--seconds` were up,
 and a decode call, 25-32 s beside training, outlasted the window: decode then ran alone at
-the end and "together" counted that.) Rounds alternate the order of the spin counts. Printed and
+the end and "together" counted that.) A side that dies before the start ends the
+measurement and the other side with it; a side left waiting gives up when the start file's
+folder is gone, its parent changes or `WAIT_S` pass (until 7 December it waited for ever, its
+model resident). Rounds alternate the order of the spin counts. Printed and
 merged into bench/results.json under "contention": each side's tokens/s alone and together,
 and `shared`, the two together as fractions of their alone speed at the default spin, summed
 (1.0 = sharing the cores lost nothing; 2 cores shared by two 2-thread processes ideally give
@@ -53,6 +56,9 @@ from common import (  # first: puts the repo root on sys.path
 )
 
 ROLES = ("generate", "train")
+WAIT_S = 900.0
+"""How long a ready side waits for the start before it gives up (the other side loads
+SmolLM2 and runs a whole warm-up call meanwhile: well under a minute on 2 cores)."""
 
 
 def role_main(role: str, start_file: Path) -> None:
@@ -61,15 +67,33 @@ def role_main(role: str, start_file: Path) -> None:
     from infra.base_models import materialize_base_model
     from infra.settings import Settings
 
+    parent = os.getppid()
     path = str(materialize_base_model("smollm2", Settings()))
     work = _generate(path) if role == "generate" else _train(path)
     for _ in work():  # warm: one whole call
         pass
-    start_file.with_suffix(f".{role}").touch()
-    while not start_file.exists():
-        time.sleep(0.01)
-    rate = rate_until(work, float(start_file.read_text()))
+    rate = rate_until(work, wait_for_start(start_file, role, parent=parent))
     print("none" if rate is None else f"{rate:.2f}", flush=True)
+
+
+def wait_for_start(
+    start_file: Path, role: str, parent: int | None = None, timeout: float = WAIT_S
+) -> float:
+    """Say `role` is ready, then wait for `start_file`; returns the deadline it holds.
+    SystemExit instead when no start can come: its directory is gone (measure has ended, the
+    other side died), the process that started this one is no longer its parent, or `timeout`
+    seconds have passed (a side left waiting used to poll for ever, its model resident)."""
+    start_file.with_suffix(f".{role}").touch()
+    given_up = time.monotonic() + timeout
+    while not start_file.exists():
+        if not start_file.parent.is_dir():
+            raise SystemExit(f"{role}: {start_file.parent} is gone: no start will come")
+        if parent is not None and os.getppid() != parent:
+            raise SystemExit(f"{role}: the process that started it (pid {parent}) is gone")
+        if time.monotonic() > given_up:
+            raise SystemExit(f"{role}: no start within {timeout:.0f} s")
+        time.sleep(0.01)
+    return float(start_file.read_text())
 
 
 def rate_until(work: Callable[[], Iterator[int]], deadline: float) -> float | None:
@@ -140,33 +164,31 @@ def measure(roles: tuple[str, ...], spin: str, seconds: float) -> dict[str, floa
     env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
     if spin != "default":
         env["GOMP_SPINCOUNT"] = spin
+    procs: dict[str, subprocess.Popen[str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         start = Path(tmp) / "start"
-        procs = {
-            role: subprocess.Popen(
-                [
-                    sys.executable,
-                    __file__,
-                    "--role",
-                    role,
-                    "--start-file",
-                    str(start),
-                ],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-            for role in roles
-        }
-        while not all(start.with_suffix(f".{r}").exists() for r in roles):
-            if any(p.poll() is not None for p in procs.values()):
-                raise SystemExit(f"a {'/'.join(roles)} process died before it started")
-            time.sleep(0.05)
-        ready = start.with_suffix(".deadline")  # written whole, then renamed: read at once
-        ready.write_text(repr(time.monotonic() + seconds))
-        ready.replace(start)
-        rates = {role: p.communicate()[0].split()[-1] for role, p in procs.items()}
+        try:
+            for role in roles:
+                procs[role] = subprocess.Popen(
+                    [sys.executable, __file__, "--role", role, "--start-file", str(start)],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
+            while not all(start.with_suffix(f".{r}").exists() for r in roles):
+                if any(p.poll() is not None for p in procs.values()):
+                    raise SystemExit(f"a {'/'.join(roles)} process died before it started")
+                time.sleep(0.05)
+            ready = start.with_suffix(".deadline")  # written whole, then renamed: read at once
+            ready.write_text(repr(time.monotonic() + seconds))
+            ready.replace(start)
+            rates = {role: p.communicate()[0].split()[-1] for role, p in procs.items()}
+        finally:  # whatever ended the measurement, no side outlives it
+            for process in procs.values():
+                if process.poll() is None:
+                    process.kill()
+                process.wait()
     if "none" in rates.values():
         raise SystemExit(f"{spin}: no unit of work finished within {seconds} s: raise --seconds")
     return {role: float(rate) for role, rate in rates.items()}

@@ -14,8 +14,11 @@ prompts of columns/3..columns random tokens, left-padded as a running batch is.
 - `tempered`: `infra.inference.decoder.RowBatch`, the local backend's batch (its `SlotCache`
   appends in place and its decode attention reads the grouped KV heads directly).
 
-Both sides pick greedily (argmax), so only the model step differs. Each prints milliseconds
-per step and tokens/s; the ratio is tempered over transformers tokens/s.
+Both sides pick greedily (argmax), so only the model step differs. Each takes one decode step
+untimed (the first pays one-time costs), then prints milliseconds per timed step and tokens/s;
+the ratio is tempered over transformers tokens/s. The shapes alternate which side goes first
+(`first` in each run's figures; before 7 December transformers always went first and the first
+decode step was timed).
 The rows never end here (no EOS), so neither side pays for rows leaving. Merged into
 bench/results.json under "decode". Not covered: prefill, and sampling (top-p sorts on CPU).
 It refuses a busy machine (`common.require_idle`, and after each measured side if other
@@ -28,6 +31,7 @@ import argparse
 import os
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,6 +48,11 @@ from infra.base_models import materialize_base_model
 from infra.inference.decoder import RowBatch
 from infra.inference.local import _choose, load_policy
 from infra.settings import Settings
+
+SIDES = ("transformers", "tempered")
+WARM_STEPS = 1
+"""Decode steps each side takes, per shape, before its timed ones (the first pays one-time
+costs: 560 ms against 145-220 ms after, on the tempered side at 16 x 300)."""
 
 
 def prompts(rows: int, columns: int, seed: int) -> list[list[int]]:
@@ -70,29 +79,54 @@ def transformers_step_s(model: Any, rows: list[list[int]], steps: int) -> float:
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
     token = out.logits[:, -1:].argmax(-1)
     position = positions[:, -1:]
-    started = time.perf_counter()
-    for _ in range(steps):
+
+    def step() -> None:
+        nonlocal mask, position, token
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
         position = position + 1
         out = model(
             input_ids=token, attention_mask=mask, position_ids=position, past_key_values=cache
         )
         token = out.logits[:, -1:].argmax(-1)
-    token.tolist()  # waits for the device, as the tempered side's every step does
-    return (time.perf_counter() - started) / steps
+        token.tolist()  # waits for the device, as the tempered side's every step does
+
+    return warm_then_timed(step, steps)
 
 
-def tempered_step_s(policy: Any, rows: list[list[int]], steps: int) -> float:
+def tempered_step_s(
+    policy: Any, rows: list[list[int]], steps: int, budget: int | None = None
+) -> float:
+    """`budget` (tokens a row may sample; default: the warm step's and the timed steps' and
+    one more, as the last token needs no forward) is there to test that a row ending is
+    refused, not reported as a smaller batch's steps."""
     batch = RowBatch(policy, _choose)
-    params = SamplingParams(temperature=0.0, max_new_tokens=steps + 1)
+    tokens = WARM_STEPS + steps + 1 if budget is None else budget
+    params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
     batch.admit([batch.row(row, params) for row in rows])
     for row in batch.rows:
         row.watch = None
     batch.eos_ids = frozenset()
+
+    def step() -> None:
+        ended = batch.step()
+        assert not ended, f"{len(ended)} rows ended: the batch would shrink while timed"
+
+    return warm_then_timed(step, steps)
+
+
+def warm_then_timed(step: Callable[[], None], steps: int) -> float:
+    """Seconds per step of `steps` calls of `step`, after WARM_STEPS untimed ones."""
+    for _ in range(WARM_STEPS):
+        step()
     started = time.perf_counter()
     for _ in range(steps):
-        batch.step()
+        step()
     return (time.perf_counter() - started) / steps
+
+
+def side_order(index: int) -> tuple[str, ...]:
+    """The sides in the order the `index`-th shape measures them: they take turns first."""
+    return SIDES if index % 2 == 0 else SIDES[::-1]
 
 
 def main() -> None:
@@ -111,32 +145,38 @@ def main() -> None:
     plain = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.device).eval()
     plain.set_attn_implementation("sdpa")
     results = []
-    for rows in (int(r) for r in args.rows.split(",")):
-        for columns in (int(c) for c in args.columns.split(",")):
-            batch = prompts(rows, columns, seed=rows * 1000 + columns)
-            load = os.getloadavg()[0]
-            with idle_side(f"transformers {rows}x{columns}"):
-                before = transformers_step_s(plain, batch, args.steps)
-            with idle_side(f"tempered {rows}x{columns}"):
-                after = tempered_step_s(policy, batch, args.steps)
-            figure = {
-                "rows": rows,
-                "columns": columns,
-                "load": load,
-                "transformers_ms": round(before * 1000, 1),
-                "tempered_ms": round(after * 1000, 1),
-                "transformers_tok_s": round(rows / before, 1),
-                "tempered_tok_s": round(rows / after, 1),
-                "ratio": round(before / after, 2),
-            }
-            results.append(figure)
-            print(
-                f"{rows:>3} rows × {columns:>4} columns (load {load:.1f}): transformers "
-                f"{figure['transformers_ms']:>7} ms/step {figure['transformers_tok_s']:>6} tok/s"
-                f" | tempered {figure['tempered_ms']:>6} ms/step "
-                f"{figure['tempered_tok_s']:>6} tok/s | {figure['ratio']}×",
-                flush=True,
-            )
+    shapes = [(int(r), int(c)) for r in args.rows.split(",") for c in args.columns.split(",")]
+    for index, (rows, columns) in enumerate(shapes):
+        batch = prompts(rows, columns, seed=rows * 1000 + columns)
+        load = os.getloadavg()[0]
+        step_s: dict[str, float] = {}
+        for side in side_order(index):
+            with idle_side(f"{side} {rows}x{columns}"):
+                step_s[side] = (
+                    transformers_step_s(plain, batch, args.steps)
+                    if side == "transformers"
+                    else tempered_step_s(policy, batch, args.steps)
+                )
+        before, after = step_s["transformers"], step_s["tempered"]
+        figure = {
+            "rows": rows,
+            "columns": columns,
+            "first": side_order(index)[0],
+            "load": load,
+            "transformers_ms": round(before * 1000, 1),
+            "tempered_ms": round(after * 1000, 1),
+            "transformers_tok_s": round(rows / before, 1),
+            "tempered_tok_s": round(rows / after, 1),
+            "ratio": round(before / after, 2),
+        }
+        results.append(figure)
+        print(
+            f"{rows:>3} rows × {columns:>4} columns (load {load:.1f}): transformers "
+            f"{figure['transformers_ms']:>7} ms/step {figure['transformers_tok_s']:>6} tok/s"
+            f" | tempered {figure['tempered_ms']:>6} ms/step "
+            f"{figure['tempered_tok_s']:>6} tok/s | {figure['ratio']}×",
+            flush=True,
+        )
     merge_results(
         "decode",
         {

@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -96,6 +95,8 @@ SCRIPTED_PATH = (
     "(no GENERATE, no search-attribute upserts, no trajectories, no parent workflow)"
 )
 """What `--path scripted`'s Temporal side runs (not AgentTaskWorkflow: see the docstring)."""
+HOME_PREFIX = "tempered-bench-"
+"""The stack's folder under the temp dir (`main` removes it, however the run ends)."""
 FILES, FILE_BYTES = 64, 16 << 10
 LIMITS = SandboxLimits(timeout_s=30)
 CHECK = """import pathlib
@@ -251,21 +252,34 @@ async def throughput(settings: Settings, args: argparse.Namespace) -> dict[str, 
 
 async def main(args: argparse.Namespace) -> None:
     started = time.monotonic()
-    home = Path(tempfile.mkdtemp(prefix="tempered-bench-"))
+    home = Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
     sandbox = SandboxSettings(local=LocalSandboxSettings(warm=2), concurrency=8)
-    with bench_stack(home, sandbox=sandbox) as settings:
-        before = machine()
-        with idle_side("snapshot"):
-            snapshot = await snapshot_cost(settings, args.steps)
-        report = {
-            "snapshot": snapshot,
-            "throughput": await throughput(settings, args),
-            "machine_before": before,
-            "machine_after": machine(),
-            "wall_s": round(time.monotonic() - started, 1),
-        }
-    merge_results("episodes", report)
-    shutil.rmtree(home, ignore_errors=True)
+    try:
+        with bench_stack(home, sandbox=sandbox) as settings:
+            before = machine()
+            with idle_side("snapshot"):
+                snapshot = await snapshot_cost(settings, args.steps)
+            report = {
+                "snapshot": snapshot,
+                "throughput": await throughput(settings, args),
+                "machine_before": before,
+                "machine_after": machine(),
+                "wall_s": round(time.monotonic() - started, 1),
+            }
+        merge_results("episodes", report)
+    finally:  # however the run ended; bench_stack has taken the stack down by now
+        remove_home(home)
+
+
+def remove_home(home: Path) -> None:
+    """Remove the stack's folder that `main` made (mounts in it included); a failure to is
+    printed, not raised over the run's own outcome."""
+    if not (home.is_absolute() and home.name.startswith(HOME_PREFIX)):
+        raise ValueError(f"{home}: not a folder this bench made")
+    try:
+        remove_tree(home)
+    except OSError as exc:
+        print(f"could not remove {home}: {exc}", flush=True)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -51,6 +51,15 @@ from infra.settings import Settings
 from infra.storage import ObjectStore
 
 MB = 1 << 20
+SIDES = ("whole", "sharded")
+MEASURED_FROM = 2
+"""The first version measured: version 1 has nothing to share."""
+
+
+def side_order(version: int) -> tuple[str, ...]:
+    """The sides in the order `version` runs them: they take turns first, so a run measures
+    both orders only from 3 versions (versions 2 and 3)."""
+    return SIDES if version % 2 else SIDES[::-1]
 
 
 def _copy_side_files(base: Path, out: Path) -> None:
@@ -76,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=6)
     add_busy_flag(parser)
     args = parser.parse_args(argv)
-    if args.versions < 2:
+    if args.versions < MEASURED_FROM:
         parser.error(
             f"--versions must be at least 2, not {args.versions}: the first version has nothing "
             "to share, so versions 2..N are what is measured"
@@ -92,7 +101,7 @@ def main() -> None:
 
     base = materialize_base_model("smollm2", Settings())
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    sides = {"whole": _save_whole, "sharded": _save_sharded}
+    sides = dict(zip(SIDES, (_save_whole, _save_sharded), strict=True))
     times: dict[str, dict[str, list[float]]] = {
         s: {"save": [], "publish": [], "fetch": []} for s in sides
     }
@@ -106,8 +115,7 @@ def main() -> None:
                     for param in layer.parameters():
                         param.add_(1e-3)
                 model.model.norm.weight.add_(1e-3)
-            order = list(sides) if version % 2 else list(reversed(sides))
-            for side in order:
+            for side in side_order(version):
                 out = Path(tmp) / f"{side}-v{version}"
                 with idle_side(f"{side} v{version}"):
                     started = time.perf_counter()
@@ -123,7 +131,7 @@ def main() -> None:
                 assert manifest is not None
                 new = [ref for ref in manifest.files.values() if ref.key not in known[side]]
                 known[side] |= {ref.key for ref in new}
-                if version > 1:
+                if version >= MEASURED_FROM:
                     times[side]["save"].append(saved - started)
                     times[side]["publish"].append(published - saved)
                     times[side]["fetch"].append(fetched - published)

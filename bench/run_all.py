@@ -42,8 +42,9 @@ BENCHES: dict[str, dict[str, list[str]]] = {
     },
     "decode": {"quick": ["--rows", "16", "--columns", "300", "--steps", "5"], "full": []},
     "prefix": {"quick": ["--tasks", "4", "--rounds", "1"], "full": []},
-    "learner": {"quick": ["--steps", "1"], "full": []},
-    "publish": {"quick": ["--versions", "2"], "full": []},
+    # quick: two measured steps / versions, so each order of the two sides is measured once
+    "learner": {"quick": ["--steps", "2"], "full": ["--steps", "5"]},
+    "publish": {"quick": ["--versions", "3"], "full": []},
     "contention": {
         "quick": ["--spins", "default,20000", "--seconds", "10", "--rounds", "1"],
         "full": [],
