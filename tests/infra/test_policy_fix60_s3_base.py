@@ -8,6 +8,7 @@ gave the first copy's weights, which became a new run's version 0."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from infra import base_models
 from infra.base_models import materialize_base_model
 from infra.settings import Settings
 from infra.storage import ObjectStore
+from infra.storage_errors import TransientStorageError
 from tests.fixtures.s3 import SeaweedServer
 
 PREFIX = "models/sft"
@@ -45,11 +47,26 @@ def test_a_checkpoint_uploaded_again_is_downloaded_again(
     assert _tag(first) == "A"
     _upload(store, tmp_path, "B")  # a new SFT checkpoint, same prefix
     again = materialize_base_model(f"s3://{PREFIX}/", settings, store)
-    assert again == first and _tag(again) == "B"
-    assert sorted(p.name for p in again.parent.iterdir() if not p.name.startswith(".")) == [
-        again.name,
-        f"{again.name}.source.json",
-    ]  # the old copy went
+    assert again != first and _tag(again) == "B"
+    assert _tag(first) == "A"  # never replaced under a reader that was given it
+
+
+def test_a_store_that_cannot_be_asked_serves_the_newest_copy(
+    store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 down at a worker's start: its cached copy serves (every call lists the prefix now; an
+    outage failed the start of a worker holding a complete copy). Without a copy: the error."""
+    settings = Settings(home=tmp_path / "home")
+    _upload(store, tmp_path, "A")
+    first = materialize_base_model(f"s3://{PREFIX}", settings, store)
+
+    def down(prefix: str) -> Iterator[str]:
+        raise TransientStorageError("connection refused")
+
+    monkeypatch.setattr(store, "list_keys", down)
+    assert materialize_base_model(f"s3://{PREFIX}", settings, store) == first
+    with pytest.raises(TransientStorageError):
+        materialize_base_model("s3://models/other", settings, store)
 
 
 def test_the_same_prefix_in_another_bucket_is_another_copy(
