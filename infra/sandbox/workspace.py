@@ -359,7 +359,7 @@ class CommandRunner:
         if deadline == "starved":
             raise starvation_fault(limits)
         messages = status_messages(reported)
-        oom, code, timed_out = event in ("limit", "reached"), process.returncode, deadline != ""
+        oom, code, timed_out = event == "limit", process.returncode, deadline != ""
         gave_away = waits.gave_away if waits is not None else ""
         return command_result(
             messages,
@@ -372,6 +372,7 @@ class CommandRunner:
             code,
             gave_away,
             cpu_used=cgroups.cpu_used() if cgroups is not None else None,
+            reached=event == "reached",
         )
 
 

@@ -84,11 +84,13 @@ def status_messages(data: bytes) -> dict[str, object]:
 def command_result(
     messages: dict[str, object], timed_out: bool, oom: bool, limits: SandboxLimits,
     duration_ms: int, stdout: Capture, stderr: Capture, returncode: int | None,
-    gave_away: str = "", cpu_used: float | None = None,
+    gave_away: str = "", cpu_used: float | None = None, reached: bool = False,
 ) -> CommandResult:  # fmt: skip
     """The command's result, or `SandboxNotUp`. `gave_away`: how a command whose deadline
     counted its own time gave that time away, so that the wall clock counted (its timeout's
-    detail says so). `cpu_used`: the CPU seconds of the run's cgroup (None: none is known)."""
+    detail says so). `cpu_used`: the CPU seconds of the run's cgroup (None: none is known).
+    `oom`: an OOM kill at the limit; `reached`: the limit reached where the kernel counts no
+    OOM kills, memory only for a SIGKILL the CPU limit does not explain (the judge's order)."""
 
     def not_up(message: str) -> SandboxNotUp:
         return SandboxNotUp(message, stderr.text(), returncode, timed_out)
@@ -99,7 +101,7 @@ def command_result(
         raise not_up(f"the workspace sandbox failed to start: {stderr.text()[-2000:]}")
     code = messages.get("exit-code")
     exit_code = code if isinstance(code, int) else None
-    if exit_code is None and not (oom or timed_out):  # bwrap itself failed (a mount, a uid)
+    if exit_code is None and not (oom or reached or timed_out):  # bwrap failed (a mount, a uid)
         if refused := ROOT_REFUSED.search(stderr.text()):  # the agent's own doing
             detail = (
                 f"the sandbox could not enter {refused[1]}, the workspace's root directory "
@@ -116,6 +118,8 @@ def command_result(
         status, detail = ExecStatus.MEMORY_EXCEEDED, f"memory limit of {limits.memory_mb} MB"
     elif cpu_killed(exit_code, limits, cpu_used, duration_ms):
         status, detail = ExecStatus.TIMEOUT, f"CPU limit of {limits.cpu_s}s"
+    elif reached and exit_code in (None, 128 + signal.SIGKILL):
+        status, detail = ExecStatus.MEMORY_EXCEEDED, f"memory limit of {limits.memory_mb} MB"
     elif exit_code == 0:
         status, detail = ExecStatus.PASSED, ""
     else:

@@ -147,3 +147,26 @@ def _said(text: str) -> Capture:
     capture = Capture(1000)
     capture.add(text.encode())
     return capture
+
+
+@pytest.mark.parametrize(
+    ("code", "cpu_used", "status", "note"),
+    [
+        (137, 12.0, ExecStatus.TIMEOUT, ""),  # the CPU limit's SIGKILL, a page-cache peak before
+        (137, 0.5, ExecStatus.MEMORY_EXCEEDED, ""),  # a SIGKILL the CPU does not explain
+        (1, 0.5, ExecStatus.FAILED, ""),  # its own exit: no kill, no note of one
+    ],
+)
+async def test_a_limit_reached_without_a_kill_count_is_weighed_after_the_cpu(
+    code: int, cpu_used: float, status: ExecStatus, note: str
+) -> None:
+    """Where the kernel counts no OOM kills, `memory_event` says only that the limit was reached
+    (page cache too): it took every SIGKILL for memory, a CPU kill included, before the CPU
+    rule, and noted a memory kill on a command's own exit."""
+    messages: dict[str, object] = {"child-pid": 2, "exit-code": code}
+    out, err = Capture(1000), Capture(1000)
+    result = command_result(
+        messages, False, False, SandboxLimits(), 12_000, out, err, code, cpu_used=cpu_used,
+        reached=True,
+    )  # fmt: skip
+    assert (result.status, result.note) == (status, note), result
