@@ -101,8 +101,11 @@ def test_a_waiting_side_gives_up_after_its_timeout(tmp_path: Path) -> None:
 def test_the_start_signal_gives_the_deadline(tmp_path: Path) -> None:
     start = tmp_path / "start"
     thread, outcome = _waiting(start)
-    while not start.with_suffix(".train").exists():
+    for _ in range(200):
+        if start.with_suffix(".train").exists():
+            break
         time.sleep(0.01)
+    assert start.with_suffix(".train").exists(), "the side never said it was ready"
     ready = start.with_suffix(".deadline")
     ready.write_text(repr(123.5))
     ready.replace(start)

@@ -34,7 +34,7 @@ async def _stalls() -> str:
     """Heartbeats, stops for longer than its heartbeat timeout (a blocked loop, lost heartbeats),
     then heartbeats again: the answer tells it that it timed out."""
     activity.heartbeat()
-    await asyncio.sleep(2)
+    await asyncio.sleep(4)  # 4 heartbeat timeouts: a server's late timer still fires
     while True:
         activity.heartbeat()
         await asyncio.sleep(0.2)
@@ -61,7 +61,7 @@ class _TimesOut:
                 retry_policy=ONCE,
             )
         except ActivityError:
-            await workflow.sleep(3)  # the attempt learns it timed out at its next heartbeat
+            await workflow.sleep(5)  # the attempt learns it timed out at its next heartbeat
             return "timed out"
         return "unexpected success"
 

@@ -45,7 +45,7 @@ def test_the_stated_memory_replaces_the_runs_and_nothing_else(stated: int | None
     ],
     ids=["raised", "the-runs", "lowered"],
 )
-async def test_the_check_runs_within_the_tasks_memory_given_the_runs_limits(
+async def test_the_check_runs_within_the_tasks_memory_given_capped_limits(
     rig: Rig, stated: int | None, mb: int, status: ExecStatus
 ) -> None:
     spec = rig.spec({"a.txt": "a\n"}, allocating(mb), memory_mb=stated)
@@ -54,3 +54,13 @@ async def test_the_check_runs_within_the_tasks_memory_given_the_runs_limits(
     assert graded.result.status is status, graded.result
     assert graded.score == (1.0 if status is ExecStatus.PASSED else 0.0)
     assert graded.result.limits.memory_mb == (stated or RUN.memory_mb)
+
+
+@needs_root
+@pytest.mark.asyncio
+async def test_given_the_runs_own_limits_the_check_never_raises_them(rig: Rig) -> None:
+    """A caller that passes the run's limits as they are (no cap applied: no caller does) gets
+    them lowered to a smaller ask, never raised: the worker's cap is the caller's to apply."""
+    spec = rig.spec({"a.txt": "a\n"}, allocating(16), memory_mb=1024)
+    graded = await rig.env.verify(spec, await rig.env.reset(spec, "s0"), RUN)
+    assert graded.result.limits.memory_mb == RUN.memory_mb, graded.result
