@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from contracts.sandbox import ExecStatus
 from contracts.task import SandboxLimits
 from infra.sandbox.workspace import CommandRunner, Mounts, cgroup_name, session_uid
+from tests.infra.sandbox.slot_workspace import empty_workspace
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or os.geteuid() != 0, reason="needs bwrap and root"
@@ -31,17 +31,8 @@ PREFIX = "tempered-fix60-oom-"
 
 @pytest.fixture
 def workspace() -> Iterator[Path]:
-    """An empty workspace the slot's uid can reach (pytest's tmp_path is root's alone); the
-    commands here write nothing into it, so it is removed with rmdir only."""
-    parent = Path(tempfile.mkdtemp(prefix=PREFIX))
-    parent.chmod(0o711)
-    ws = parent / "ws"
-    ws.mkdir(mode=0o700)
-    os.chown(ws, session_uid(SLOT), session_uid(SLOT))
-    yield ws
-    assert parent.name.startswith(PREFIX) and parent.parent == Path(tempfile.gettempdir())
-    ws.rmdir()
-    parent.rmdir()
+    with empty_workspace(SLOT, PREFIX) as ws:
+        yield ws
 
 
 def run(workspace: Path, command: str, limits: SandboxLimits):  # type: ignore[no-untyped-def]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from contracts.task import SandboxLimits
 from infra.sandbox.cgroups import Cgroups
 from infra.sandbox.workspace import CommandRunner, Mounts, cgroup_name, session_uid
 from infra.sandbox.workspace_result import CommandResult
+from tests.infra.sandbox.slot_workspace import empty_workspace
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or os.geteuid() != 0 or not Cgroups.available(),
@@ -34,17 +34,8 @@ MEMORY_FILES = ("limit_in_bytes", "max_usage_in_bytes", "failcnt", "memsw.failcn
 
 @pytest.fixture
 def workspace() -> Iterator[Path]:
-    """An empty workspace the slot's uid can reach (pytest's tmp_path is root's alone); the
-    commands here leave nothing in it, so it is removed with rmdir only."""
-    parent = Path(tempfile.mkdtemp(prefix=PREFIX))
-    parent.chmod(0o711)
-    ws = parent / "ws"
-    ws.mkdir(mode=0o700)
-    os.chown(ws, session_uid(SLOT), session_uid(SLOT))
-    yield ws
-    assert parent.name.startswith(PREFIX) and parent.parent == Path(tempfile.gettempdir())
-    ws.rmdir()
-    parent.rmdir()
+    with empty_workspace(SLOT, PREFIX) as ws:
+        yield ws
 
 
 @pytest.fixture
