@@ -16,18 +16,14 @@ signalled."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 from temporalio import activity
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
-from temporalio.worker import Worker
 
 from activities.learner import LearnerActivities
-from activities.ledger import LedgerActivities
 from activities.stored import read_model
 from contracts.common import ObjectRef
 from contracts.learner import StepGroups, TrajectoryGroup
@@ -43,6 +39,7 @@ from tests.workflows.test_learner_carry_size import (
     ended,
     next_run,
     start_with_groups,
+    workers,
 )
 from tests.workflows.test_learner_request_size import (
     GroupsTrainer,
@@ -77,30 +74,6 @@ class GatedStore:
         return await self.learner.store_step_groups(part)
 
 
-@asynccontextmanager
-async def workers(
-    client: Client, store: ObjectStore, home: Path, trainer: GroupsTrainer, gated: GatedStore
-) -> AsyncIterator[None]:
-    ledger = LedgerActivities(store)
-    learner = LearnerActivities(Settings(home=home), store)
-    async with (
-        Worker(
-            client, task_queue=Queue.AGENT_TASKS.value, workflows=[LearnerWorkflow, CarryParent]
-        ),
-        Worker(
-            client,
-            task_queue=Queue.LEARNER.value,
-            activities=[trainer.train_step, gated.store_step_groups, learner.load_step_groups],
-        ),
-        Worker(
-            client,
-            task_queue=Queue.REWARDS.value,
-            activities=[ledger.record_ledger, ledger.find_consumed],
-        ),
-    ):
-        yield
-
-
 async def burst_while_carrying(client: Client, workflow_id: str, gated: GatedStore) -> None:
     """Once the carry stores its first part, signal `BURST` groups (2 a signal), then let it go."""
     await asyncio.wait_for(gated.storing.wait(), WAIT_S)
@@ -132,7 +105,7 @@ async def test_groups_signalled_while_carrying_continue_as_new_by_reference(
     )  # fmt: skip
     first_run = handle.result_run_id
     assert first_run is not None
-    async with workers(client, store, tmp_path, trainer, gated):
+    async with workers(client, store, tmp_path, trainer, store_step_groups=gated.store_step_groups):
         await burst_while_carrying(client, handle.id, gated)
         await next_run(client, handle.id, first_run)
         final = await asyncio.wait_for(
@@ -163,7 +136,7 @@ async def test_groups_signalled_while_carrying_at_the_end_go_by_reference(
         client, "carry-burst-end", GROUPS[:FIRST], step=STEP, per_signal=2, max_steps=1,
         parent_workflow_id=parent.id,
     )  # fmt: skip
-    async with workers(client, store, tmp_path, trainer, gated):
+    async with workers(client, store, tmp_path, trainer, store_step_groups=gated.store_step_groups):
         await burst_while_carrying(client, handle.id, gated)
         await ended(client, handle)
         final = await handle.result()

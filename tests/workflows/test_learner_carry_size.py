@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio import workflow
@@ -83,24 +84,38 @@ class CarryParent:
 
 @asynccontextmanager
 async def workers(
-    client: Client, store: ObjectStore, home: Path, trainer: GroupsTrainer
+    client: Client,
+    store: ObjectStore,
+    home: Path,
+    trainer: GroupsTrainer,
+    *,
+    workflows: Sequence[type] = (),
+    store_step_groups: Callable[..., Any] | None = None,
+    record_ledger: Callable[..., Any] | None = None,
 ) -> AsyncIterator[None]:
-    """The learner's and its parent's workflow worker, and its activities' workers."""
+    """The learner's and its parent's workflow worker (and `workflows`), and its activities'
+    workers: the real ones, but a test's stand-ins for `store_step_groups` or `record_ledger`."""
     ledger = LedgerActivities(store)
     learner = LearnerActivities(Settings(home=home), store)
     async with (
         Worker(
-            client, task_queue=Queue.AGENT_TASKS.value, workflows=[LearnerWorkflow, CarryParent]
+            client,
+            task_queue=Queue.AGENT_TASKS.value,
+            workflows=[LearnerWorkflow, CarryParent, *workflows],
         ),
         Worker(
             client,
             task_queue=Queue.LEARNER.value,
-            activities=[trainer.train_step, learner.store_step_groups, learner.load_step_groups],
+            activities=[
+                trainer.train_step,
+                store_step_groups or learner.store_step_groups,
+                learner.load_step_groups,
+            ],
         ),
         Worker(
             client,
             task_queue=Queue.REWARDS.value,
-            activities=[ledger.record_ledger, ledger.find_consumed],
+            activities=[record_ledger or ledger.record_ledger, ledger.find_consumed],
         ),
     ):
         yield

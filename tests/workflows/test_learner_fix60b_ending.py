@@ -29,9 +29,7 @@ import pytest
 from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
-from temporalio.worker import Worker
 
-from activities.learner import LearnerActivities
 from activities.ledger import LedgerActivities
 from activities.stored import read_model
 from contracts.common import ObjectRef
@@ -45,13 +43,13 @@ from contracts.learner import (
 )
 from contracts.names import Activity, Queue, Signal
 from infra import keys
-from infra.settings import Settings
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import TemporalServer
 from tests.workflows.harness import connect
 from tests.workflows.replaying import patch_answers, replay, replay_failure
 from tests.workflows.test_learner_carry_size import WAIT_S, CarryParent, start_with_groups
 from tests.workflows.test_learner_carry_size import task_failure as failed_task
+from tests.workflows.test_learner_carry_size import workers as carry_workers
 from tests.workflows.test_learner_request_size import GroupsTrainer, payload_bytes, scheduled_inputs
 from tests.workflows.test_learner_request_size_replay import group_of
 from workflows.learner import LearnerWorkflow
@@ -94,7 +92,6 @@ async def workers(
 ) -> AsyncIterator[None]:
     """The learner's and its parent's workers; the ledger's write runs `while_writing` first."""
     ledger = LedgerActivities(store)
-    learner = LearnerActivities(Settings(home=home), store)
 
     @activity.defn(name=Activity.RECORD_LEDGER.value)
     async def record_ledger(segment: LedgerSegment) -> ObjectRef:
@@ -102,22 +99,8 @@ async def workers(
             await while_writing()
         return await ledger.record_ledger(segment)
 
-    async with (
-        Worker(
-            client,
-            task_queue=Queue.AGENT_TASKS.value,
-            workflows=[LearnerWorkflow, CarryParent, GoneParent],
-        ),
-        Worker(
-            client,
-            task_queue=Queue.LEARNER.value,
-            activities=[trainer.train_step, learner.store_step_groups, learner.load_step_groups],
-        ),
-        Worker(
-            client,
-            task_queue=Queue.REWARDS.value,
-            activities=[record_ledger, ledger.find_consumed],
-        ),
+    async with carry_workers(
+        client, store, home, trainer, workflows=[GoneParent], record_ledger=record_ledger
     ):
         yield
 
