@@ -145,14 +145,15 @@ def prune_snapshots(store: ObjectStore, run_id: str, finished: bool = False) -> 
     (`finished`: nothing works on the run any more) every one. Returns how many objects."""
     stored = list(store.list_keys(keys.snapshots_prefix(run_id)))
     if stored and not finished:  # the trajectories of the tasks with snapshots, not every one
-        named = (keys.episode_of(keys.snapshot_episode(run_id, key) or "") for key in stored)
+        episodes = {key: keys.snapshot_episode(run_id, key) for key in stored}
+        named = (keys.episode_of(episode or "") for episode in episodes.values())
         tasks = sorted({episode[0] for episode in named if episode is not None})
         done = {
             keys.trajectory_episode(run_id, key)
             for task in tasks
             for key in store.list_keys(keys.task_trajectories_prefix(run_id, task))
         }
-        stored = [key for key in stored if keys.snapshot_episode(run_id, key) in done]
+        stored = [key for key in stored if episodes[key] in done]
     return store.delete_keys(stored)
 
 

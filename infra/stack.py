@@ -130,11 +130,7 @@ def stop_new(settings: Settings, before: set[str]) -> str:
     what that `up` started, for a command that then ends having started nothing (`train
     --attach` of an unknown run left the whole stack running). Those stopped, named."""
     new = [service for service in _services(settings) if service.name not in before]
-    return ", ".join(
-        f"{service.name} (pid {pid})"
-        for service in new
-        if (pid := service.pid()) and service.stop()
-    )
+    return _stop_started(new[::-1])  # `_services` is last-started first
 
 
 def _services(settings: Settings) -> list[Service]:

@@ -89,8 +89,9 @@ def program_files(workspace: Manifest, contents: Mapping[str, bytes]) -> Program
     """The files a functions check copies (the module's rules), or why it cannot: the Python
     files of the tree (not its links) are larger than `MAX_PROGRAM_BYTES`, the agent's doing."""
     linked, links = linked_files(workspace)
-    own, through = _kept(workspace.files()), _kept(linked)
-    cached = len(workspace.files()) + len(linked) - len(own) - len(through)
+    entries = workspace.files()
+    own, through = _kept(entries), _kept(linked)
+    cached = len(entries) + len(linked) - len(own) - len(through)
     python = [entry for entry in own if entry.path.endswith(".py")]
     if (size := sum(map(program_cost, python))) > MAX_PROGRAM_BYTES:
         largest = sorted(python, key=lambda entry: -program_cost(entry))[:3]

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -86,6 +85,7 @@ from infra.inference.vllm_engine import (
     EngineRefusal,
     EngineThread,
     architecture,
+    architecture_key,
     build_engine,
     engine_api,
     remove_ipc_dir,
@@ -183,12 +183,12 @@ class VLLMBackend:
         self._shutdown_engine()
         self._engine = build_engine(api, self.config, model_dir)
         self._arch = arch
-        self._homes[json.dumps(arch, sort_keys=True, default=str)] = model_dir
+        self._homes[architecture_key(arch)] = model_dir
         await self._engine.update_weight_version(str(model_dir))
 
     def _home(self, arch: dict[str, Any]) -> Path | None:
         """The checkpoint of architecture `arch` the engine last started on, if still there."""
-        home = self._homes.get(json.dumps(arch, sort_keys=True, default=str))
+        home = self._homes.get(architecture_key(arch))
         with contextlib.suppress(InferenceError):  # evicted by the policy cache
             return home if home is not None and architecture(home) == arch else None
         return None

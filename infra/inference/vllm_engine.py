@@ -96,6 +96,11 @@ class EngineRefusal(InferenceError):
     counted against the version the checkpoint is (`VLLMBackend._load`)."""
 
 
+def architecture_key(arch: dict[str, Any]) -> str:
+    """`arch` (an `architecture`) as one text: a key among a backend's engine homes."""
+    return json.dumps(arch, sort_keys=True, default=str)
+
+
 def architecture(model_dir: Path) -> dict[str, Any]:
     """What a version must share with the engine's to be a weight reload, not a restart:
     config.json (less `CONFIG_NOISE`), generation_config.json's end tokens, the tokenizer files'

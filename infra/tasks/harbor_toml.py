@@ -97,7 +97,6 @@ _TYPES: dict[type, tuple[TypeAdapter[Any], str]] = {
 }
 """How Harbor's pydantic fields take each type (a numeric string for a number too), and its
 name for an error; a boolean is no number here (Harbor's would take it for 0 or 1)."""
-_SECONDS = TypeAdapter(float)
 
 
 @dataclass(frozen=True)
@@ -208,7 +207,7 @@ def _timeout(value: Any) -> float:
     try:
         if isinstance(value, bool):  # Harbor's float would take it for 0 or 1 s
             raise ValueError
-        seconds = _SECONDS.validate_python(value)
+        seconds = _TYPES[float][0].validate_python(value)
     except ValueError:  # ValidationError too
         shown = repr(value) if isinstance(value, str) else _kind(value)
         raise ValueError(f"{key}: a number of seconds, not {shown} ({wanted})") from None
