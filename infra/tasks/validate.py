@@ -43,18 +43,13 @@ from pydantic import BaseModel, computed_field
 from contracts.errors import INFRA_RETRY, Backoff
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName, SandboxLimits, TaskSpec
-from infra.environments.sessions import SessionHost
-from infra.environments.snapshots import MemoryObjects, Trees
-from infra.environments.workspace import WorkspaceEnvironment
 from infra.sandbox import get_backend
 from infra.sandbox.base import SandboxBackend
 from infra.sandbox.retrying import run_retrying
-from infra.sandbox.workspace import CommandRunner
 from infra.tasks import load_suite, quarantine_path, workspace_trees
 
 if TYPE_CHECKING:
     from infra.settings import Settings
-    from infra.tasks.workspace_task import WorkspaceTask
 
 VALIDATION_LIMITS = SandboxLimits(timeout_s=30.0)
 """Training's limits, except a 30 s wall deadline (training: 10 s). CPU time (10 s), memory and
@@ -361,7 +356,9 @@ async def validate_suite(
         report = await validate_tasks(tasks, backend, plan, suite=suite)
         if not found:
             return report
-        more = await _validate_workspace_tasks(settings, found, backend, plan, suite)
+        from infra.tasks.workspace_validate import validate_workspace_tasks_here  # imports us
+
+        more = await validate_workspace_tasks_here(settings, found, backend, plan, suite=suite)
     finally:
         await backend.close()
     judged = {task.spec.id for task in found} - set(more.unjudged)
@@ -372,26 +369,3 @@ async def validate_suite(
             "wall_s": round(report.wall_s + more.wall_s, 2),
         }
     )
-
-
-async def _validate_workspace_tasks(
-    settings: Settings,
-    tasks: list[WorkspaceTask],
-    backend: SandboxBackend,
-    plan: CheckPlan,
-    suite: str,
-) -> ValidationReport:
-    """`workspace_validate.validate_workspace_tasks` on this host, the trees in memory."""
-    from infra.tasks.workspace_validate import validate_workspace_tasks  # it imports this module
-
-    objects = MemoryObjects()
-    for task in tasks:
-        objects.update(task.objects | (task.solution.objects if task.solution else {}))
-    trees = Trees(objects)
-    host = SessionHost(settings.sandbox.workspaces)
-    env = WorkspaceEnvironment(host, trees, CommandRunner(), backend)
-    try:
-        return await validate_workspace_tasks(tasks, env, plan, suite=suite)
-    finally:
-        await host.shutdown()
-        trees.close()

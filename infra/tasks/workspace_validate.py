@@ -37,7 +37,7 @@ from infra.environments.snapshots import MemoryObjects, Trees
 from infra.environments.tree import TreeError
 from infra.environments.workspace import WorkspaceEnvironment
 from infra.sandbox import get_backend
-from infra.sandbox.base import SandboxInfraError
+from infra.sandbox.base import SandboxBackend, SandboxInfraError
 from infra.sandbox.retrying import offline_retrying
 from infra.sandbox.workspace import CommandRunner
 from infra.settings import Settings
@@ -161,7 +161,26 @@ async def validate_workspace_suite(
     directory that cannot be loaded is `broken` (its runs the load error): it was logged and
     left out, and a suite with one exited 0, all clean."""
     tasks, unloadable = workspace_suite_and_errors(suite, split=split)
-    tasks = tasks[:limit]
+    backend = get_backend(settings, backend_name)
+    try:
+        return await validate_workspace_tasks_here(
+            settings, tasks[:limit], backend, plan, suite=suite, unloadable=unloadable
+        )
+    finally:
+        await backend.close()
+
+
+async def validate_workspace_tasks_here(
+    settings: Settings,
+    tasks: list[WorkspaceTask],
+    backend: SandboxBackend,
+    plan: CheckPlan,
+    *,
+    suite: str,
+    unloadable: dict[str, str] | None = None,
+) -> ValidationReport:
+    """`validate_workspace_tasks` on this host, the tasks' trees in memory (`backend` stays
+    open: the caller's)."""
     objects = MemoryObjects()
     for task in tasks:
         objects.update(task.objects)
@@ -169,11 +188,9 @@ async def validate_workspace_suite(
             objects.update(task.solution.objects)
     trees = Trees(objects)
     host = SessionHost(settings.sandbox.workspaces)
-    backend = get_backend(settings, backend_name)
     env = WorkspaceEnvironment(host, trees, CommandRunner(), backend)
     try:
         return await validate_workspace_tasks(tasks, env, plan, suite=suite, unloadable=unloadable)
     finally:
         await host.shutdown()
         trees.close()
-        await backend.close()
