@@ -57,13 +57,11 @@ import logging
 import re
 import tomllib
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from contracts.common import describe_validation_error, is_identifier
-from contracts.task import WorkspaceSpec
 from infra.environments.checks import MAX_SHEBANG, InvalidTask, shebang
 from infra.tasks.harbor_dockerfile import (
     MAX_TASK_MB,
@@ -254,7 +252,7 @@ def _load(directory: Path, name: str, suite: str, max_mb: int) -> WorkspaceTask:
         solution = None
         if (directory / "solution").is_dir():
             solution = tree(directory / "solution", Budget.tree("solution", max_mb, own))
-        loaded = workspace_task(
+        return workspace_task(
             name,
             prompt,
             files,
@@ -263,10 +261,10 @@ def _load(directory: Path, name: str, suite: str, max_mb: int) -> WorkspaceTask:
             solution=solution,
             workdir=workdir,
             env_vars=env,
+            memory_mb=read.memory_mb,  # within its bounds: `read_config` checked them
             suite=suite,
             split=read.split,
         )
-        return _with_memory(loaded, read.memory_mb)
     except ValidationError as exc:  # by the first field at fault (the split: task.toml)
         loc = exc.errors()[0]["loc"]
         file = _BLAME.get(str(loc[0]) if loc else "", "task.toml")
@@ -287,16 +285,6 @@ def _env_the_check_may_need(env: dict[str, str], test: bytes, given: dict[str, s
         for key in env.keys() - given.keys()
         if _RESOLVING.fullmatch(key) or re.search(rf"\${{?{re.escape(key)}\b", text)
     )
-
-
-def _with_memory(task: WorkspaceTask, memory_mb: int | None) -> WorkspaceTask:
-    """`task`, its workspace stating `memory_mb` (None: the run's), validated (its bounds are
-    `read_config`'s too, which names the key)."""
-    workspace = task.spec.workspace
-    if memory_mb is None or workspace is None:
-        return task
-    stated = WorkspaceSpec.model_validate({**dict(workspace), "memory_mb": memory_mb})
-    return replace(task, spec=task.spec.model_copy(update={"workspace": stated}))
 
 
 def _not_utf8(exc: UnicodeDecodeError) -> str:

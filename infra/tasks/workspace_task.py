@@ -47,6 +47,7 @@ def workspace_task(
     solution: Mapping[str, File | bytes | str] | None = None,
     workdir: str = "/app",
     env_vars: Mapping[str, str] | None = None,
+    memory_mb: int | None = None,
     suite: str,
     split: Literal["train", "heldout"] = "train",
 ) -> WorkspaceTask:
@@ -57,7 +58,11 @@ def workspace_task(
         prompt=prompt,
         env=EnvName.WORKSPACE,
         workspace=WorkspaceSpec(
-            files=initial.ref, verifier=hidden.ref, workdir=workdir, env_vars=dict(env_vars or {})
+            files=initial.ref,
+            verifier=hidden.ref,
+            workdir=workdir,
+            env_vars=dict(env_vars or {}),
+            memory_mb=memory_mb,
         ),
         canonical_solution=_text(solution.get(SOLVE)) if solution else None,
         suite=suite,
