@@ -167,6 +167,7 @@ async def test_a_learner_terminated_while_nothing_is_in_flight_fails_the_run(
             await asyncio.sleep(0.05)
         assert progress.in_flight == 0 and progress.tasks_started == 2, progress
         learner = env.client.get_workflow_handle(f"{handle.id}-learner")
+        await quiet(learner, trainer, steps=0)  # the groups' signals taken
         await learner.terminate("an operator ended it mid-step")
         cause = await failure(handle, 60)  # before: it waited for good
         history, ended = await handle.fetch_history(), await learner.fetch_history()
