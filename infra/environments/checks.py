@@ -54,12 +54,13 @@ writes reward.json must keep the code from writing reward.txt); examples/harbor/
 shows a script that does (tests/test_greet.py). A script whose interpreter is not sh or bash
 (`#!/usr/bin/env python3`, `env -S`, perl) runs the host's readable program, which is dumpable:
 the code can write its memory (through /proc/<pid>/mem) to exit 0, unless the script makes
-itself non-dumpable first (prctl PR_SET_DUMPABLE 0), as fix-greeting's scorer does. A script
-that computes its expected answer from the workspace's files takes the agent's word for it: the
-examples compare with copies in tests/. The workspace's code can also SIGSTOP the script (only
-the script's own processes can: an agent's step leaves none behind, and the script's sandbox is
-a pid namespace of its own): the run then gave its time away, the wall clock counts from the
-stop, and the check times out at its deadline, scored 0, never the host's starvation
+itself non-dumpable first (prctl PR_SET_DUMPABLE 0), as fix-greeting's scorer does; so are the
+programs an sh or bash script runs (`python3 -c`, `timeout … bash`) unless each does the same. A
+script that computes its expected answer from the workspace's files takes the agent's word for
+it: the examples compare with copies in tests/. The workspace's code can also SIGSTOP the script
+(only the script's own processes can: an agent's step leaves none behind, and the script's
+sandbox is a pid namespace of its own): the run then gave its time away, the wall clock counts
+from the stop, and the check times out at its deadline, scored 0, never the host's starvation
 (`infra/sandbox/workspace_deadline.py`). The `functions` kind is the one whose verdict the
 agent's code cannot reach.
 """

@@ -82,9 +82,17 @@ def others_gone(spared: set[int], within_s: float = 5.0) -> bool:
     while time.monotonic() < end:
         running = []
         for pid in (int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
-            with contextlib.suppress(OSError):  # gone meanwhile
-                if pid not in spared and runs(pid):
-                    running.append(pid)
+            if pid in spared:
+                continue
+            try:
+                alive = runs(pid)
+            except (FileNotFoundError, ProcessLookupError):  # gone meanwhile
+                continue
+            except OSError:  # cannot be looked at: counted as running, never skipped
+                alive = True
+            if alive:
+                running.append(pid)
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         if not running:
             return True
