@@ -18,13 +18,21 @@ starts workers passes `settings.config` and `settings.home` on explicitly.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -279,7 +287,33 @@ class TelemetrySettings(Section):
     """Base port of per-worker Prometheus endpoints; 0 disables them. A worker serves at the
     base plus its queue's offset (0-4) and the SDK's metrics 10 above that: all must be ports."""
     prometheus_host: str = "127.0.0.1"
-    """Address the Prometheus endpoints bind to (0.0.0.0 in a pod, so Prometheus can scrape)."""
+    """IP address the Prometheus endpoints bind to (0.0.0.0 in a pod, so Prometheus can scrape;
+    `::` for every IPv6 and IPv4 address), written bare: no host name (the Temporal SDK's
+    runtime takes an address only), no brackets, no port, no zone."""
+
+    @field_validator("prometheus_host", mode="after")
+    @classmethod
+    def _an_ip_literal(cls, host: str) -> str:
+        """An IPv4 or IPv6 address: `localhost` or `::` as written loaded, and the worker then
+        exited on the SDK's "Invalid Prometheus address", naming no setting."""
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            address = None
+        if address is None or (address.version == 6 and address.scope_id):
+            raise ValueError(
+                f"{host!r} is not an IP address: write e.g. 0.0.0.0, 127.0.0.1 or :: (no host "
+                "name, brackets, port or zone)"
+            )
+        return host
+
+
+def _libgomp_default(value: object) -> object:
+    """`omp_spin_count`'s None as the environment, a file or the chart write it: "" or
+    "default" (any case); anything else goes on to the integer's own checks."""
+    if isinstance(value, str) and value.strip().lower() in ("", "default"):
+        return None
+    return value
 
 
 class Settings(BaseSettings):
@@ -311,12 +345,15 @@ class Settings(BaseSettings):
     """Where the learner trains."""
     telemetry: TelemetrySettings = TelemetrySettings()
     """Where traces and metrics go."""
-    omp_spin_count: int | None = Field(default=20_000, ge=0, le=1_000_000_000)
+    omp_spin_count: Annotated[int | None, BeforeValidator(_libgomp_default)] = Field(
+        default=20_000, ge=0, le=1_000_000_000
+    )
     """How many turns an idle torch thread of a worker spins for more work before it sleeps
     (libgomp's `GOMP_SPINCOUNT`, set as a worker starts unless the environment sets it or
     `OMP_WAIT_POLICY`). libgomp's own default, 300,000, suits a process with the cores to
     itself; where inference, the learner and sandboxes share a few cores, a spinning thread
-    burns the core a neighbour needs (bench/contention.py). None: libgomp's default."""
+    burns the core a neighbour needs (bench/contention.py). None: libgomp's default, written as
+    `default` or an empty value (TEMPERED_OMP_SPIN_COUNT="", `omp_spin_count = "default"`)."""
 
     @property
     def policy_cache(self) -> Path:

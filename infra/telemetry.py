@@ -128,7 +128,8 @@ class Telemetry:
                 port = endpoint = None
             metrics: PrometheusConfig | OpenTelemetryConfig
             if port is not None:
-                host = self.settings.telemetry.prometheus_host
+                host = self.settings.telemetry.prometheus_host  # an IP literal (settings)
+                host = f"[{host}]" if ":" in host else host  # the SDK parses a socket address
                 metrics = PrometheusConfig(bind_address=f"{host}:{port + SDK_PORT_SHIFT}")
             elif endpoint:
                 metrics = OpenTelemetryConfig(url=endpoint)
@@ -203,7 +204,7 @@ def setup_telemetry(
         if port is not None:
             registry = CollectorRegistry()
             readers.append(PrometheusMetricReader(registry=registry))
-            prometheus_server, _ = start_http_server(
+            prometheus_server, _ = start_http_server(  # the bare address, IPv6 too
                 port, settings.telemetry.prometheus_host, registry=registry
             )
     meter_provider = MeterProvider(resource=resource_, metric_readers=readers)
