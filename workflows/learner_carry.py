@@ -18,13 +18,17 @@ server's holds at most 4 MiB), and the state names the parts in
 `LearnerInput.pending_parts` instead (`CARRY_PARTS_PATCH`, asked only then): ~200 bytes a part.
 Groups signalled while they are stored stay inline, after them, where they are within
 `SIGNAL_BYTES`; past it they are stored too, round after round (three ~0.9 MB signals during a
-carry's stores were refused the same way). No history before took a second round: it would have
-been refused. The next segment reads the parts back (`load_step_groups`, a part a workflow task,
+carry's stores were refused the same way), each round after the first behind `CARRY_AGAIN_PATCH`,
+asked only then (`patched` answers a patch once a run: `CARRY_PARTS_PATCH`, asked again, would
+answer True without looking at the history). A run before it made one round and carried what came
+meanwhile inline, within a payload up to 2 MiB (`SIGNAL_BYTES` is half of it): its history goes on
+to the continue-as-new, or to the ledger write and `learner_done`, where this code would make a
+second round. The next segment reads the parts back (`load_step_groups`, a part a workflow task,
 each within a payload) before anything else and puts their groups first, dropping a copy of one
-re-sent meanwhile; its history holds them once more, as an inline input's did. An input that
-names no parts (every one before the patch) asks for nothing, so reading back needs no patch of
-its own. A final state's parts stay in the store under the run's prefix (the run reads nothing of
-a learner's `pending`).
+re-sent meanwhile; its history holds them once more, as an inline input's did. An input that names
+no parts (every one before the patch) asks for nothing, so reading back needs no patch of its own.
+A final state's parts stay in the store under the run's prefix (the run reads nothing of a
+learner's `pending`).
 """
 
 from __future__ import annotations
@@ -51,12 +55,19 @@ CARRY_PARTS_PATCH = "tempered-learner-carries-groups-by-reference"
 """Marks runs whose state, handed on (continue-as-new) or reported (`learner_done`, result) with
 pending groups past `SIGNAL_BYTES`, names them in stored parts. Before, it carried them inline:
 past 2 MiB, refused on every retry."""
+CARRY_AGAIN_PATCH = "tempered-learner-carries-groups-signalled-while-carrying"
+"""Marks runs whose carry, finding the groups signalled during its stores past `SIGNAL_BYTES`,
+stores them too, round after round. Before, they stayed inline: past 2 MiB, refused on every
+retry."""
 
 
 async def carry(state: LearnerInput) -> None:
     """Store `state.pending` in parts and name them in `state.pending_parts` while the groups pass
-    `SIGNAL_BYTES` (`CARRY_PARTS_PATCH`, asked only then): again for those signalled meanwhile."""
-    while groups_bytes(state.pending) > SIGNAL_BYTES and workflow.patched(CARRY_PARTS_PATCH):
+    `SIGNAL_BYTES` (`CARRY_PARTS_PATCH`, asked only then): again for those signalled meanwhile
+    (`CARRY_AGAIN_PATCH`, asked only then)."""
+    patch = CARRY_PARTS_PATCH
+    while groups_bytes(state.pending) > SIGNAL_BYTES and workflow.patched(patch):
+        patch = CARRY_AGAIN_PATCH  # memoized: a first round's answer says nothing of a second
         pending = list(state.pending)  # as they stand: a signal may add more while they are stored
         refs = await store_groups(state, pending)
         state.pending_parts.extend(refs)  # after any still named: the older groups

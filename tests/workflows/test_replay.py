@@ -14,6 +14,7 @@ and in-place patches.
 
 from __future__ import annotations
 
+import gzip
 import json
 from datetime import timedelta
 from pathlib import Path
@@ -98,12 +99,22 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     # (tests/workflows/test_replay_ordered.py's `test_record`, TEMPERED_RECORD_HISTORIES=1)
     "training_run_ordered_redraws.json": (TrainingRunWorkflow, "train-order-5"),
     "training_run_ordered_redraws_1.json": (TrainingRunWorkflow, "train-order-5"),
+    # recorded on the release whose carry made one round (b0cf1ee): step 0's 2 parts, its
+    # `train_step`, the 3 groups left pending stored in 2 parts while 3 more (~1.35 MB) were
+    # signalled, which went inline in the continue-as-new, or (`…_end_…`, at `max_steps`) in
+    # the ledger write's, `learner_done`'s and result's turn; a second round is behind
+    # `learner_carry.CARRY_AGAIN_PATCH` (tests/workflows/test_learner_carry_replay61.py)
+    "learner_carry_one_round_before.json.gz": (LearnerWorkflow, "r1-carry-old"),
+    "learner_carry_one_round_end_before.json.gz": (LearnerWorkflow, "r1-carry-end-old"),
 }
 
 
 def recorded(name: str) -> WorkflowHistory:
+    """`name`'s history; gzipped where it ends in `.gz` (a large one: its groups repeat)."""
     workflow_id = RECORDED[name][1]
-    return WorkflowHistory.from_json(workflow_id, json.loads((HISTORIES / name).read_text()))
+    data = (HISTORIES / name).read_bytes()
+    text = gzip.decompress(data) if name.endswith(".gz") else data
+    return WorkflowHistory.from_json(workflow_id, json.loads(text))
 
 
 @pytest.mark.asyncio
