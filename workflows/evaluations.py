@@ -123,7 +123,7 @@ class Evaluations:
                 )
         finally:
             self.in_flight -= len(self.heldout)
-        self.results.append(EvalResult.of(version, results, run_input.eval_turns))
+        self.results.append(EvalResult.of(version, results, run_input.eval_turns, self.heldout))
 
     async def _windowed(self, eval_run: str, version: int) -> list[AgentTaskResult]:
         """Each held-out task's child in turn, `EVAL_WINDOW` of them in flight at most; none

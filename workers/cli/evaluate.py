@@ -29,11 +29,13 @@ settings get a fresh id too: the sandbox results of a rerun never match the stor
 byte for byte (attempt keys, timings), so a shared id failed its writes (`StoredConflict`).
 
 Needs the stack and the workers running (`tempered up`, `tempered worker all`); prints one JSON
-line. Before any task starts, bad input (a suite, a version never published, a model that is
-not one, sampling that does not fit the suite's tasks: `sampling_misfit`, as `train` refuses
-it) exits 2, and a queue no worker polls exits 1, naming it (the tasks waited for it without
-a word). Nothing is written before all of that passed; then a workspace suite's trees of the
-tasks taken are put in the store, as a run's `load_tasks` puts them (`eval_tasks.store_trees`).
+line: `solved` counts the tasks solved within its `turns` (`solve_rate`), `solved_at_turn_1`
+those at the first (`pass_at_1`). Before any task starts, bad input (a suite, a version never
+published, a model that is not one, sampling that does not fit the suite's tasks:
+`sampling_misfit`, as `train` refuses it) exits 2, and a queue no worker polls exits 1, naming
+it (the tasks waited for it without a word). Nothing is written before all of that passed; then
+a workspace suite's trees of the tasks taken are put in the store, as a run's `load_tasks` puts
+them (`eval_tasks.store_trees`).
 A task whose workflow fails exits 1, naming it, once the other tasks started are cancelled in
 Temporal (`eval_workflows.py`); Ctrl-C exits 130 once every task started is (they waited for a
 model there, for ever where no worker served them); any other error (Temporal lost) exits 1
@@ -189,7 +191,7 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
         except TaskFailed as exc:
             print(f"tempered eval: {exc}", file=sys.stderr)
             return 1
-    result = EvalResult.of(version, results, spec.eval_turns)
+    result = EvalResult.of(version, results, spec.eval_turns, tasks)
     summary = {
         "suite": spec.suite,
         "split": args.split,
@@ -197,7 +199,8 @@ def eval_cmd(args: argparse.Namespace, settings: Settings) -> int:
         "policy_version": version,
         "eval_run": eval_run,
         "tasks": result.tasks,
-        "solved": round(result.pass_at_1 * result.tasks),
+        "solved": round((result.solve_rate or 0.0) * result.tasks),  # within `turns` turns
+        "solved_at_turn_1": round(result.pass_at_1 * result.tasks),
         "pass_at_1": result.pass_at_1,
         "solve_rate": result.solve_rate,
         "turns": result.turns,

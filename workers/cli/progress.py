@@ -1,5 +1,6 @@
 """Live progress of a training run in the terminal (`tempered train`), and the few phrases
-`tempered status` shares with it (step, reward, pass@1 of a `RunProgress`). Besides the run's
+`tempered status` shares with it (step, reward, pass@1 of a `RunProgress`, or the solve rate
+where pass@1 is 0 by construction: `EvalResult.by_solve_rate`). Besides the run's
 own figures it shows every task queue's backlog (`workers.backlog`), so a queue whose workers
 cannot keep up is named while it happens; a run that stops answering is said why, once per
 cause (`workers.cli.stalled`)."""
@@ -21,7 +22,7 @@ from contracts.run import EvalResult, RunProgress, TrainingRunInput, TrainingRun
 from infra.settings import Settings
 from infra.telemetry import read_live_figures
 from workers.backlog import QueueBacklog, backlog_text, queue_backlogs
-from workers.cli.report import before_after
+from workers.cli.report import before_after, figure_label, figure_of, gain_points
 from workers.cli.stalled import Silence
 from workers.training import RunHandle, watch
 
@@ -82,7 +83,7 @@ def progress_line(run_input: TrainingRunInput, progress: RunProgress) -> str:
     return (
         f"step {step}/{run_input.steps} v{version} | tasks {progress.tasks_done} done, "
         f"{progress.in_flight} in flight{redrawn} | reward {reward_text(last)} | "
-        f"pass@1 {evals}{stopping}"
+        f"{figure_name(progress.evals)} {evals}{stopping}"
     )
 
 
@@ -114,7 +115,7 @@ def view(
         "reward": reward_text(last)
         + (f" (mean of the groups sent to step {step})" if last else ""),
         "staleness": str(last.staleness) if last else "-",
-        "pass@1": evals or "-",
+        figure_name(progress.evals): evals or "-",
         "inference": rate_text(tokens_per_s, "{:.0f} tokens/s"),
         "sandbox": rate_text(sandbox_runs_per_s, "{:.1f} runs/s"),
         "waiting": backlog_text(backlogs) if backlogs is not None else "-",
@@ -134,16 +135,30 @@ def reward_text(step: LearnerProgress | None) -> str:
 
 
 def pass_at_1_text(evals: list[EvalResult]) -> str:
-    """The newest held-out pass@1 and the policy version it measured."""
+    """The newest held-out pass@1 and the policy version it measured, or its solve rate
+    (`0.75 (v8, solved within 4 turns)`) where pass@1 is 0 by construction."""
     if not evals:
         return "-"
     newest = max(evals, key=lambda e: e.policy_version)
+    if newest.by_solve_rate and newest.solve_rate is not None:
+        within = f"solved within {newest.turns} turns"
+        return f"{newest.solve_rate:.2f} (v{newest.policy_version}, {within})"
     return f"{newest.pass_at_1:.2f} (v{newest.policy_version})"
+
+
+def figure_name(evals: list[EvalResult]) -> str:
+    """What the progress line and the table call the evaluations' figures."""
+    if figure_of(evals) == "solve_rate":
+        return f"solved within {max(e.turns for e in evals)} turns"
+    return "pass@1"
 
 
 def eval_text(evaluation: EvalResult) -> str:
     """`v3 16/80 (0.20)` (tasks solved at turn 1, pass@1), or `v3 16/80 (0.20) / 28/80 (0.35)`
-    with those solved within T turns: the count says how coarse the figure is."""
+    with those solved within T turns: the count says how coarse the figure is. Where pass@1 is
+    0 by construction (`by_solve_rate`), those solved within T turns alone."""
+    if evaluation.by_solve_rate and evaluation.solve_rate is not None:
+        return f"v{evaluation.policy_version} {_share(evaluation.solve_rate, evaluation.tasks)}"
     text = f"v{evaluation.policy_version} {_share(evaluation.pass_at_1, evaluation.tasks)}"
     if evaluation.turns > 1 and evaluation.solve_rate is not None:
         text += f" / {_share(evaluation.solve_rate, evaluation.tasks)}"
@@ -156,20 +171,29 @@ def _share(rate: float, tasks: int) -> str:
 
 def eval_label(evals: list[EvalResult]) -> str:
     turns = max((e.turns for e in evals), default=1)
+    if figure_of(evals) == "solve_rate":
+        return figure_label("solve_rate", turns)
     return "held-out pass@1" + (f" / solved within {turns} turns" if turns > 1 else "")
 
 
 def gain_text(evals: list[EvalResult]) -> str:
-    """`, +12.5 points` (pass@1 at turn 1, last evaluation against the first), or that no
-    trained version was evaluated (the report's `pass_at_1_after` is null then)."""
+    """The last evaluation's gain over the first (report.json's `headline`): `, +12.5 points`
+    (pass@1, one turn, or the solve rate where pass@1 is 0 by construction: the label says
+    which), `, +7.5 points at turn 1, +10 points solved within 2 turns` (pass@1 first, then
+    the solve rate, where the episodes had more turns), or that no trained version was
+    evaluated (the report's `pass_at_1_after` is null then)."""
     before, after = before_after(evals)
     if before is None:
         return ""
     if after is None:
         return "; no trained version evaluated"
-    points = round(100 * (after.pass_at_1 - before.pass_at_1), 2)
-    turn = " at turn 1" if after.turns > 1 else ""
-    return f", {points:+g} points{turn}"
+    figure = figure_of(evals)
+    text = f", {gain_points(before, after, figure) or 0:+g} points"  # the figure: each has it
+    if figure == "solve_rate" or after.turns == 1:
+        return text
+    within = gain_points(before, after, "solve_rate")
+    solved = f", {within:+g} points solved within {after.turns} turns" if within is not None else ""
+    return f"{text} at turn 1{solved}"
 
 
 def summary(result: TrainingRunResult, elapsed: float) -> str:

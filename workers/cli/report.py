@@ -1,6 +1,7 @@
 """The report of a training run: `report.json` (per-step metrics; held-out pass@1 at turn 1 and
-the solve rate within the run's `eval_turns` turns, before and after training) and
-`reward_curve.png` under `<home>/reports/<run>/`, written by `tempered train` when the run ends.
+the solve rate within the run's `eval_turns` turns, before and after training, and the
+`headline`: the one of the two the run is judged by, and its gain) and `reward_curve.png` under
+`<home>/reports/<run>/`, written by `tempered train` when the run ends.
 
 A step is numbered by the policy version it published (step N publishes version N), so the
 reward curve and the evaluations share one axis. The learner keeps only its last `HISTORY_TAIL`
@@ -11,6 +12,8 @@ flat group that gives no gradient, a stale one dropped: `trained` counts the tra
 reached the update); flat groups redrawn by dynamic sampling never reach the learner and are not
 in it. Its `duration_s` is the whole step's, from its activity's start to its version saved.
 
+The `headline` is the solve rate where every held-out task is graded only once its agent called
+`submit` (`workspace`: pass@1 at turn 1 is 0 by construction), else pass@1 (`figure_of`).
 `pass_at_1_after` and `solve_rate_after` are the last evaluation's, and null where no trained
 version was evaluated (its policy version is 0: the run ended, e.g. at its time budget, before
 the learner's first step): the baseline again is no "after". `stopped` says why a run ended
@@ -70,6 +73,7 @@ def write_report(
         "pass_at_1_after": after.pass_at_1 if after else None,
         "solve_rate_before": before.solve_rate if before else None,
         "solve_rate_after": after.solve_rate if after else None,
+        "headline": headline(evals),
         "tasks_started": result.tasks_started,
         "tasks_done": result.tasks_done,
         "redrawn": result.redrawn,
@@ -92,6 +96,47 @@ def before_after(evals: list[EvalResult]) -> tuple[EvalResult | None, EvalResult
 
 def _version(evaluation: EvalResult) -> int:
     return evaluation.policy_version
+
+
+def figure_of(evals: list[EvalResult]) -> str:
+    """The figure a run's gain is given in: `solve_rate` where its tasks are graded only at
+    `submit` (`EvalResult.by_solve_rate`: pass@1 at turn 1 is 0 there) and each has one, else
+    `pass_at_1`."""
+    by_solve_rate = any(e.by_solve_rate for e in evals)
+    return (
+        "solve_rate"
+        if by_solve_rate and all(e.solve_rate is not None for e in evals)
+        else "pass_at_1"
+    )
+
+
+def figure_label(figure: str, turns: int) -> str:
+    """`held-out solved within 4 turns`, `held-out pass@1 at turn 1`, `held-out pass@1`."""
+    if figure == "solve_rate":
+        return f"held-out solved within {turns} turns"
+    return "held-out pass@1" + (" at turn 1" if turns > 1 else "")
+
+
+def gain_points(before: EvalResult, after: EvalResult, figure: str) -> float | None:
+    """`after`'s `figure` over `before`'s, in points (100 × the share of tasks); None where
+    either lacks it (a solve rate not run)."""
+    old, new = getattr(before, figure), getattr(after, figure)
+    return None if old is None or new is None else round(100 * (new - old), 2)
+
+
+def headline(evals: list[EvalResult]) -> dict[str, Any]:
+    """report.json's `headline`: the figure the run is judged by (`figure_of`), its label, the
+    first and the last (trained) evaluation's and the gain in points (null without an after)."""
+    before, after = before_after(evals)
+    figure = figure_of(evals)
+    turns = max((e.turns for e in evals), default=1)
+    return {
+        "figure": figure,
+        "label": figure_label(figure, turns),
+        "before": getattr(before, figure) if before else None,
+        "after": getattr(after, figure) if after else None,
+        "gain_points": gain_points(before, after, figure) if before and after else None,
+    }
 
 
 def steps_listed(result: TrainingRunResult) -> str:
@@ -117,13 +162,15 @@ def _plot(path: Path, report: dict[str, Any]) -> None:
     )
     if report["evals"]:
         versions = [e["policy_version"] for e in report["evals"]]
-        ax.plot(
-            versions,
-            [e["pass_at_1"] for e in report["evals"]],
-            marker="s",
-            label="held-out pass@1 (turn 1)",
-        )
-        if report["eval_turns"] > 1:
+        by_solve_rate = report["headline"]["figure"] == "solve_rate"
+        if not by_solve_rate:  # graded only at submit, pass@1 is 0 by construction
+            ax.plot(
+                versions,
+                [e["pass_at_1"] for e in report["evals"]],
+                marker="s",
+                label="held-out pass@1 (turn 1)",
+            )
+        if report["eval_turns"] > 1 or by_solve_rate:
             ax.plot(
                 versions,
                 [e["solve_rate"] or 0.0 for e in report["evals"]],

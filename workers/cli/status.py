@@ -260,7 +260,7 @@ def _runs_table(runs: list[RunningRun]) -> Table:
     table = _table("training runs")
     table.caption = "tasks: done/started; stale: versions the learner's last batch lagged"
     table.add_column("run", overflow="fold")
-    for name in ("step", "tasks", "in flight", "reward", "pass@1", "stale"):
+    for name in ("step", "tasks", "in flight", "reward", "held-out", "stale"):
         table.add_column(name, justify="right", no_wrap=True)
     for run in runs:
         progress = run.progress

@@ -126,7 +126,7 @@ def test_status_at_80_columns_shows_every_cell_whole() -> None:
         "step",
         "tasks",
         "reward",
-        "pass@1",
+        "held-out",
         "stale",
         "waiting",
         "oldest",
