@@ -1,14 +1,17 @@
 """TRL's side of bench/vs_trl.py: GRPOTrainer on the same model, tasks, reward and sandbox.
 
 Run through `bench/vs_trl.py --side trl` (it needs TRL: `pip install -e '.[bench]'`). Single-turn
-(TRL's GRPOTrainer is), one optimizer step per generation, DAPO token normalization and the
-same trainable parameters as Tempered's learner (`train_last_layers`); held-out pass@1 is one
-greedy `generate` per task with Tempered's prompt, scored in the same sandbox backend, over the
-held-out tasks Tempered's run evaluates (`heldout_tasks`: the suite's, quarantined ones left
-out, `spread` to the run's `heldout_limit`; until 6 December TRL evaluated them all, 80 against
-Tempered's 20 with `--preset tiny`). The timeline's clock starts once torch, transformers, TRL
-and the datasets are imported, the sandbox pool is up and the model and trainer are built,
-right before `train()`: that setup is reported apart (`setup_s`).
+(TRL's GRPOTrainer is), one optimizer step per generation, DAPO token normalization over the
+groups with a signal as Tempered's (`grpo_trainer`; until 7 December over every group's tokens,
+flat ones' too: a smaller step at the same learning rate), the same trainable parameters as
+Tempered's learner (`train_last_layers`). Held-out pass@1, as Tempered's run before the first
+step, every `eval_every` steps and after the last (until 7 December not after the last with
+`--eval-every 0`), is one greedy `generate` per task with Tempered's prompt, scored in the
+same sandbox backend, over the held-out tasks Tempered's run evaluates (`heldout_tasks`: the
+suite's, quarantined ones left out, `spread` to the run's `heldout_limit`; until 6 December TRL
+evaluated them all, 80 against Tempered's 20 with `--preset tiny`). The timeline's clock starts
+once torch, transformers, TRL and the datasets are imported, the sandbox pool is up and the model
+and trainer are built, right before `train()`: that setup is reported apart (`setup_s`).
 Gradient checkpointing is off, as in Tempered's learner: TRL's configs turn it on by default,
 which recomputes each forward in the backward pass (more work a step, less memory).
 """
@@ -72,6 +75,12 @@ def greedy_pass_at_1(
     return sum(solved) / len(solved)
 
 
+def eval_due(step: int, run: TrainingRunInput) -> bool:
+    """Whether TRL evaluates after `step`: as Tempered's run, every `eval_every` steps and after
+    the last whatever `eval_every` (0: the last only; step 0 is evaluated before training)."""
+    return step == run.steps or bool(run.eval_every and step % run.eval_every == 0)
+
+
 def grpo_config(run: TrainingRunInput, seed: int, out_dir: Path) -> Any:
     """TRL's GRPOConfig doing what one Tempered learner step does (on-policy, one generation)."""
     from trl import GRPOConfig
@@ -107,6 +116,49 @@ def grpo_config(run: TrainingRunInput, seed: int, out_dir: Path) -> Any:
     )
 
 
+def signal_rows(rewards: list[float], group_size: int) -> list[bool]:
+    """Whether each completion's group (`group_size` in a row, as TRL generates them) has a
+    GRPO signal: Tempered's rule (`contracts.learner.has_signal`)."""
+    from contracts.learner import has_signal
+
+    groups = [rewards[i : i + group_size] for i in range(0, len(rewards), group_size)]
+    return [has_signal(group) for group in groups for _ in group]
+
+
+def grpo_trainer() -> type:
+    """TRL's GRPOTrainer normalizing its `dapo` loss as Tempered's learner does without a KL term
+    (infra/grpo_plan.py `plan_step`): a flat group has no gradient, so its tokens are not
+    counted and its advantages are 0 (not round-off over 1e-4). TRL divides by every completion
+    token of the generation batch (`num_items_in_batch`), flat groups' too: its step was smaller
+    by their share (half of them with smollm2) at the same learning rate."""
+    import torch
+    from trl import GRPOTrainer
+
+    class SignalTokensGRPOTrainer(GRPOTrainer):  # type: ignore[misc]
+        def _calculate_rewards(self, inputs: Any, *args: Any) -> Any:
+            self._rewards = super()._calculate_rewards(inputs, *args)  # every process's rows
+            return self._rewards
+
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            out = super()._generate_and_score_completions(inputs)
+            if self.beta != 0.0:  # a KL term: every group has a gradient, as in Tempered
+                return out
+            rewards = (self._rewards * self.reward_weights.to(self._rewards.device)).nansum(dim=1)
+            size = self.num_generations
+            assert size is not None  # training: GRPOConfig.num_generations, the run's G
+            signal = signal_rows(rewards.tolist(), size)
+            rows = len(out["advantages"])
+            first = self.accelerator.process_index * rows  # this process's rows (TRL's slice)
+            kept = torch.tensor(signal[first : first + rows], device=out["advantages"].device)
+            out["advantages"] = out["advantages"] * kept
+            mask = out["completion_mask"] * out.get("tool_mask", 1)
+            tokens = (mask.sum(dim=1) * kept).sum()
+            out["num_items_in_batch"] = self.accelerator.gather(tokens).sum()
+            return out
+
+    return SignalTokensGRPOTrainer
+
+
 def trl_side(
     settings: Settings, run: TrainingRunInput, base_dir: Path, seed: int, timeline: Any, out: Path
 ) -> None:
@@ -115,7 +167,6 @@ def trl_side(
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOTrainer
 
     from infra.inference.prompts import extract_code, task_messages
     from infra.learner_model import train_only_last_layers
@@ -146,12 +197,12 @@ def trl_side(
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             step = state.global_step
             timeline.stepped(step)
-            if run.eval_every and (step % run.eval_every == 0 or step == run.steps):
+            if eval_due(step, run):
                 evaluate(step)
             control.should_training_stop |= timeline.target_s is not None
 
     rows = [{"prompt": task_messages(t.prompt), "task_id": t.id} for t in train]
-    trainer = GRPOTrainer(
+    trainer = grpo_trainer()(
         model=model,
         reward_funcs=sandbox_reward,
         args=grpo_config(run, seed, out),

@@ -22,12 +22,13 @@ of 80 with `tiny`; one sample, one turn, every `--eval-every` steps, and before 
             the learner its model at its first step (a few seconds of SmolLM2, counted against
             Tempered).
   trl       bench/trl_side.py: `trl.GRPOTrainer` (single-turn, batch = prompts_per_step x G,
-            one optimizer step per generation, DAPO token normalization like Tempered's, the
-            same trainable layers), reward function running the completion's code with the
-            task's tests in the sandbox; a callback evaluates held-out pass@1 with greedy
-            `generate`. Clock: from `trainer.train()` (torch, transformers, TRL and the datasets
-            imported, the sandbox pool up, model and trainer built) to its return. Until 6
-            December it ran from before those imports, and TRL's setup counted in its time.
+            one optimizer step per generation, DAPO token normalization over the groups with
+            a signal like Tempered's, the same trainable layers), reward function running
+            the completion's code with the task's tests in the sandbox; a callback evaluates
+            held-out pass@1 with greedy `generate`. Clock: from `trainer.train()` (torch,
+            transformers, TRL and the datasets imported, the sandbox pool up, model and
+            trainer built) to its return. Until 6 December it ran from before those imports,
+            and TRL's setup counted in its time.
 
 What each side spent before its clock (imports, stack, workers; TRL's model and trainer) is
 reported apart as `setup_s`. One invocation measures each side once, so the order cannot
@@ -42,13 +43,14 @@ which TRL's trainer has no equivalent of, so a step is not the same work on both
 held-out evaluations stop its training while they run, Tempered's run beside it: each side's
 report gives its time to target as measured and, net of evaluations that stopped training
 (`…_net_s`, the TRL side's only), what its training alone took; `median_step_gap_s` is net.
-`--seed` reaches both sides (Tempered's draw order, TRL's sampler and init). Target: `--target P` (absolute pass@1), else `--gain
-G` over the side's own step-0 pass@1, both counted in whole held-out tasks (+10 points of 80
-is +8 tasks: 9/80 -> 17/80 reaches it, which comparing floats did not until 6 December). A
+`--seed` reaches both sides (Tempered's draw order, TRL's sampler and init). Target: `--target
+P` (absolute pass@1), else `--gain G` over the side's own step-0 pass@1, both counted in whole
+held-out tasks, a part of one rounded up (+10 points of 80 is +8 tasks: 9/80 -> 17/80 reaches
+it, which comparing floats did not until 6 December; of 25, +3, not +2 as until 7 December). A
 side stops once an eval reaches the target; the ratio Tempered/TRL of the times to target is
-reported (goal <= 0.8). With `--target 0` (the `tiny`
-model never passes a test) there is no time to target: every step runs, and wall time per step
-(evals included on both sides) is what is compared. Merged into bench/results.json ("vs_trl").
+reported (goal <= 0.8). With `--target 0` (the `tiny` model never passes a test) there is no
+time to target: every step runs, and wall time per step (evals included on both sides) is what
+is compared. Merged into bench/results.json ("vs_trl").
 TRL is a bench-only dependency (`pip install -e '.[bench]'`); without it the bench says so and
 exits 0 without writing results. It refuses a busy machine before it starts and after a side
 that others shared the cores with (`common.require_idle`; `--allow-busy`: marked `busy: true`).
@@ -83,7 +85,6 @@ from trl_side import trl_side
 
 from contracts.names import Queue
 from contracts.run import TrainingRunInput
-from contracts.task import SamplingParams
 from infra.presets import load_preset
 from infra.settings import InferenceSettings, Settings
 from workers.training import start_run, watch
@@ -105,17 +106,17 @@ def experiment(args: argparse.Namespace) -> TrainingRunInput:
     }
     grpo = run.grpo.model_copy(update={k: v for k, v in given.items() if v is not None})
     tokens = args.max_new_tokens or run.sampling.max_new_tokens
-    sampling = run.sampling.model_copy(
-        update={"max_new_tokens": tokens, "stop_after_code_block": False}  # TRL has no such stop
-    )
+    unstopped = {"max_new_tokens": tokens, "stop_after_code_block": False}  # TRL has no such stop
     return run.model_copy(
         update={
             "group_size": args.group_size or run.group_size,
             "max_turns": args.max_turns,
             "eval_every": args.eval_every,
             "grpo": grpo,
-            "sampling": sampling,
-            "eval_sampling": SamplingParams(temperature=0.0, max_new_tokens=tokens),
+            "sampling": run.sampling.model_copy(update=unstopped),
+            "eval_sampling": run.eval_sampling.model_copy(  # the preset's (priority 1), greedy
+                update={**unstopped, "temperature": 0.0}
+            ),
         }
     )
 
@@ -129,12 +130,12 @@ def base_model_dir(spec: str) -> Path:
 
 
 def reached(pass_at_1: float, base: float | None, tasks: int, args: argparse.Namespace) -> bool:
-    """Whether an eval of `tasks` held-out tasks reached the target, counted in whole tasks (as
-    floats, 17/80 < 9/80 + 0.1: +10 points of 80 would need 9 tasks)."""
+    """Whether an eval of `tasks` held-out tasks reached the target, counted in whole tasks, a part
+    of one rounded up (as floats, 17/80 < 9/80 + 0.1; +10 points of 25 is +3 tasks, not +2)."""
     solved = round(pass_at_1 * tasks)
     if args.target is not None:
         return args.target > 0 and solved >= math.ceil(args.target * tasks - 1e-9)
-    return base is not None and solved >= round(base * tasks) + round(args.gain * tasks)
+    return base is not None and solved >= round(base * tasks) + math.ceil(args.gain * tasks - 1e-9)
 
 
 def side_order(seed: int, first: str | None) -> list[str]:

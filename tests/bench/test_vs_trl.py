@@ -19,6 +19,9 @@ def test_plus_ten_points_is_counted_in_whole_tasks() -> None:
     assert reached(17 / 80, 9 / 80, 80, args())
     assert not reached(16 / 80, 9 / 80, 80, args())
     assert reached(6 / 20, 4 / 20, 20, args())  # +2 of 20 tasks
+    # +10 points of 25 is +2.5 tasks, of 45 +4.5: a whole task more (round() gave +2, +4)
+    assert not reached(7 / 25, 5 / 25, 25, args()) and reached(8 / 25, 5 / 25, 25, args())
+    assert not reached(9 / 45, 5 / 45, 45, args()) and reached(10 / 45, 5 / 45, 45, args())
     assert not reached(0.5, 0.5, 80, args(target=0.0))  # target 0: nothing to reach
 
 
@@ -70,3 +73,25 @@ def test_a_sides_clock_stops_when_its_run_ends_not_after_its_teardown() -> None:
     timeline.finish()  # a second end (TRL's, after train()) does not move it
     report = timeline.report()
     assert report["wall_s"] < 0.3 and report["s_per_step"] < 0.3, report
+
+
+def test_the_benchs_evaluations_keep_the_presets_priority() -> None:
+    """Both sides' eval sampling is the preset's (make train's evaluations go first:
+    priority 1), greedy, to the bench's token budget."""
+    from vs_trl import experiment
+
+    from infra.presets import load_preset
+
+    given = {"steps": 2, "seed": 0, "lr": None, "prompts_per_step": None, "group_size": None}
+    run = experiment(
+        args(
+            preset="smollm2",
+            max_new_tokens=64,
+            train_last_layers=None,
+            max_turns=1,
+            eval_every=1,
+            **given,
+        )
+    )
+    assert run.eval_sampling.priority == load_preset("smollm2").eval_sampling.priority == 1
+    assert run.eval_sampling.temperature == 0.0 and run.eval_sampling.max_new_tokens == 64
