@@ -26,4 +26,5 @@ def build(settings: Settings) -> WorkerPlan:
         activities=[activities.generate],
         max_concurrent_activities=settings.inference.max_activities,
         on_shutdown=activities.close,
+        uses_store=True,
     )

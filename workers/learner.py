@@ -47,6 +47,7 @@ def build(settings: Settings) -> WorkerPlan:
         ],
         max_concurrent_activities=1,
         on_shutdown=close,
+        uses_store=True,
         drain_s=drain_s(Queue.LEARNER),  # as long as a stop waits for (background.DRAINS)
         # one activity, heartbeating every 5 s: sent as often, a cancel (`tempered stop
         # --cancel`) reaches the step within seconds, not the SDK's 60

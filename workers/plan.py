@@ -36,6 +36,10 @@ class WorkerPlan:
     """Activities of the own queue at once. High: they wait for a sandbox slot inside the
     activity, so a busy worker's steps still start (a step that does not start within its
     schedule-to-start timeout makes the workflow think the worker is gone)."""
+    uses_store: bool = False
+    """Whether its activities use the object store (settings.s3): the runtime then checks the
+    store at start and exits in one line where it refuses the credentials or never answers
+    (`infra.storage_checks.check_access`), rather than report ready and fail every activity."""
 
 
 async def close_each(closes: Sequence[tuple[str, Callable[[], object] | None]]) -> None:

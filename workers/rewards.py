@@ -32,4 +32,5 @@ def build(settings: Settings) -> WorkerPlan:
             RetentionActivities(store).prune_policies,
         ],
         max_concurrent_activities=16,
+        uses_store=True,
     )

@@ -12,6 +12,11 @@ SIGTERM/SIGINT the worker stops polling, lets in-flight activities finish for it
 plan and then telemetry, each whatever the others did (`close_each`), then exits. How long all
 that may take is `workers.background.STOP_MARGIN_S` beyond the drain. A connect that reaches no
 Temporal is `TemporalUnreachable`, which the command line turns into one line naming the address.
+Before it connects, a process one of whose plans `uses_store` lists the bucket once with its
+credentials (`infra.storage_checks.check_access`, waiting up to `STORE_WAIT_S` for a store that
+does not answer yet): refused credentials, or a store that never answered, end it in one line
+(the endpoint, the access key id, the settings to set), not a ready worker whose every S3
+activity fails.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import asyncio
 import functools
 import logging
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -31,6 +36,8 @@ from temporalio.worker import Worker
 
 from contracts.names import Queue
 from infra.settings import Settings
+from infra.storage import ObjectStore
+from infra.storage_checks import check_access
 from infra.telemetry import setup_telemetry
 from workers import agent_tasks, inference, learner, rewards, sandbox
 from workers.health import Health
@@ -41,6 +48,9 @@ from workers.versioning import deployment_config, promote_in_background
 log = logging.getLogger("tempered.worker")
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """What stops the workers (gracefully: their drain)."""
+STORE_WAIT_S = 60.0
+"""How long a worker's start retries an object store that does not answer (one still starting,
+as SeaweedFS is for a while after a restart) before it gives up."""
 CONNECT_FAILED = "Failed client connect"
 """How the SDK's error of a connect that reached no Temporal begins (refused, silent, not gRPC)."""
 
@@ -92,11 +102,11 @@ def quiet_runtime() -> Runtime:
 
 
 async def build_worker(
-    client: Client, queue: Queue, settings: Settings
+    client: Client, queue: Queue, settings: Settings, plan: WorkerPlan | None = None
 ) -> tuple[Worker, WorkerPlan]:
-    """The Worker of `queue`, built from that queue's entry module's plan (a workflow worker
-    is made its deployment's current build in the background, once it polls)."""
-    plan = BUILDERS[queue](settings)
+    """The Worker of `queue`, built from `plan` (default: that queue's entry module's; a
+    workflow worker is made its deployment's current build in the background, once it polls)."""
+    plan = BUILDERS[queue](settings) if plan is None else plan
     versioning = deployment_config(settings, plan)
     worker = Worker(
         client,
@@ -134,6 +144,25 @@ def own_queue_worker(client: Client, plan: WorkerPlan) -> Worker:
     )
 
 
+async def check_store(queues: list[Queue], plans: list[WorkerPlan], settings: Settings) -> None:
+    """Where a plan `uses_store`: `check_access` of the settings' store, waiting up to
+    `STORE_WAIT_S`; where it fails, the plans are closed before its error goes on."""
+    if not any(plan.uses_store for plan in plans):
+        return
+    try:
+        await asyncio.to_thread(check_access, ObjectStore.from_settings(settings), STORE_WAIT_S)
+    except BaseException:
+        await close_each(closes(queues, plans))
+        raise
+
+
+def closes(
+    queues: list[Queue], plans: list[WorkerPlan]
+) -> list[tuple[str, Callable[[], Awaitable[None]] | None]]:
+    """Each plan's close, for `close_each`."""
+    return [(f"closing {q.value}", plan.on_shutdown) for q, plan in zip(queues, plans, strict=True)]
+
+
 async def run_workers(queues: list[Queue], settings: Settings) -> None:
     """Run the workers of `queues` in this process until SIGTERM/SIGINT, with their health
     files (`workers.health`); at the end close each plan, then telemetry, each whatever the
@@ -141,9 +170,13 @@ async def run_workers(queues: list[Queue], settings: Settings) -> None:
     name = "+".join(q.value for q in queues)
     health = Health(settings.home, name)
     health.clear()  # a dead worker's files never say this one is ready
+    plans = [BUILDERS[q](settings) for q in queues]
+    await check_store(queues, plans, settings)
     telemetry = setup_telemetry(settings, name)
     client = await connect(settings, telemetry.interceptors(), telemetry.temporal_runtime())
-    built = [await build_worker(client, q, settings) for q in queues]
+    built = [
+        await build_worker(client, q, settings, plan) for q, plan in zip(queues, plans, strict=True)
+    ]
     workers = [worker for worker, _ in built]
     workers += [own_queue_worker(client, plan) for _, plan in built if plan.own_queue]
     stop = asyncio.Event()
@@ -164,11 +197,7 @@ async def run_workers(queues: list[Queue], settings: Settings) -> None:
         log.info("worker stopping: queues=%s", ",".join(q.value for q in queues))
         health.not_ready()  # alive still: it drains, and its loop runs
         await asyncio.gather(*(worker.shutdown() for worker in workers), return_exceptions=True)
-        plans = [
-            (f"closing {q.value}", plan.on_shutdown)
-            for q, (_, plan) in zip(queues, built, strict=True)
-        ]
-        await close_each([*plans, ("telemetry's shutdown", telemetry.shutdown)])
+        await close_each([*closes(queues, plans), ("telemetry's shutdown", telemetry.shutdown)])
     finally:
         beating.cancel()
         for sig in SIGNALS:

@@ -108,6 +108,7 @@ def build(settings: Settings) -> WorkerPlan:
         on_shutdown=close,
         own_queue=sessions.queue,
         own_queue_activities=[sessions.env_step, sessions.close_sessions],
+        uses_store=True,
     )
 
 
