@@ -22,6 +22,9 @@ with the file contents or commands it holds whole.
 from __future__ import annotations
 
 import json
+import re
+import shlex
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -257,7 +260,11 @@ WORKSPACE_TOOLS: tuple[ToolSpec, ...] = (
         "Returns its exit code, stdout and stderr.",
         command="The command, run by /bin/sh -c in the workspace directory.",
     ),
-    _tool("read_file", "Read a text file of the workspace.", path="Path relative to it."),
+    _tool(
+        "read_file",
+        "Read a text file of the workspace (a long one is shown cut).",
+        path="Path relative to it.",
+    ),
     _tool(
         "write_file",
         "Create or overwrite a text file of the workspace.",
@@ -267,3 +274,42 @@ WORKSPACE_TOOLS: tuple[ToolSpec, ...] = (
     _tool("submit", "Finish the episode: the workspace as it is now is graded."),
 )
 """The tools of the `workspace` environment, as the chat template's `tools` argument takes them."""
+
+
+OBSERVATION_CHARS = 4000
+"""Most characters of one observation shown to the model (head and tail kept:
+`infra.inference.untrusted.clip`); a cheap first bound, so that a huge output is never
+tokenized whole."""
+OBSERVATION_TOKENS = 1024
+"""Most tokens (about: the cut note and the seams add a few) of one observation. A quarter of
+the default context (4,096): with SmolLM2's workspace prompt (~500) and 256 new tokens a turn,
+the default three turns (`max_turns`) still fit after two worst-case results."""
+CLIPPED_FROM_BYTES = OBSERVATION_TOKENS // 2
+"""An observation of more UTF-8 bytes than this may be clipped: a token holds at least a byte
+(half the token budget leaves room for a tokenizer's prefix), a character at least one."""
+
+READ_FILE_LINES = re.compile(
+    r"\[(?P<path>[^\n]+): lines (?P<first>\d+)-(?P<last>\d+) of (?P<total>\d+)\]\n"
+)
+"""The first line of a `read_file` result that the observation's clip may cut, or of a range of
+lines (`lines_header`): which lines of the file follow, and how many it has. The clip
+(`infra.inference.untrusted.clip`) reads it to name the lines it leaves out."""
+
+
+def lines_header(path: str, first: int, last: int, total: int) -> str:
+    """`READ_FILE_LINES`' line for lines `first`..`last` of the file at `path`, of `total`."""
+    return f"[{path}: lines {first}-{last} of {total}]\n"
+
+
+def read_lines_hint(
+    path: str, first: int, last: int, tools: Sequence[ToolSpec] = WORKSPACE_TOOLS
+) -> str:
+    """How the agent reads lines `first`..`last` of the file at `path` (one home for the notes of
+    lines not shown): with `read_file`'s `start_line`/`end_line` where its schema takes them,
+    else with `bash` (sed; the path as the agent named it, run in the same workdir)."""
+    read = next(tool for tool in tools if tool.name == "read_file")
+    if "start_line" in read.parameters.get("properties", {}):
+        arguments = {"path": path, "start_line": first, "end_line": last}
+        return f"read them with read_file: {json.dumps(arguments, ensure_ascii=False)}"
+    named = f"./{path}" if path.startswith("-") else path  # not taken for an option of sed
+    return f"read them with bash: sed -n '{first},{last}p' {shlex.quote(named)}"

@@ -24,6 +24,13 @@ capture marks the bytes it dropped so (infra/sandbox/process.py, `[... stdout: 1
 235004 bytes left out ...]`), and a clip, which keeps a result's first and last characters,
 cuts that mark out (before, its note then told only the characters it dropped itself).
 
+A `read_file` result that `clip` may cut (over `contracts.episode.CLIPPED_FROM_BYTES`) starts
+with the lines of the file it holds (`contracts.episode.READ_FILE_LINES`): its clip keeps whole
+lines where it can, and its note names the lines of the file left out and how to read them
+(`read_lines_hint`). Before, a 7,780-character file came back as 2,000 characters either side of
+`[... 3780 characters left out ...]`, and a model that wrote back what it read deleted the
+middle of the file.
+
 Not covered: rendering the template (infra/inference/prompts.py).
 """
 
@@ -33,13 +40,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-OBSERVATION_CHARS = 4000
-"""Most characters of one observation shown to the model (head and tail kept); a cheap first
-bound, so that a huge output is never tokenized whole."""
-OBSERVATION_TOKENS = 1024
-"""Most tokens (about: the cut note and the seams add a few) of one observation. A quarter of
-the default context (4,096): with SmolLM2's workspace prompt (~500) and 256 new tokens a turn,
-the default three turns (`max_turns`) still fit after two worst-case results."""
+from contracts.episode import OBSERVATION_CHARS as OBSERVATION_CHARS  # re-exported
+from contracts.episode import OBSERVATION_TOKENS as OBSERVATION_TOKENS
+from contracts.episode import READ_FILE_LINES, read_lines_hint
+
 LEFT_OUT = re.compile(r"\[\.\.\. ([^\[\]\n]{1,100}) left out \.\.\.\]")
 """A note of what was left out (`clip`'s own, a capture's): what it says, in its group."""
 REPEATED_NOTES = 4
@@ -130,12 +134,36 @@ def clip(
         # not cut by characters, head and tail come from the same text: never overlap them
         kept = min(kept, len(text) - len(head)) if not over else kept
         tail = tail[len(tail) - kept :]
+    lines = ""
+    if (shown := READ_FILE_LINES.match(text)) and len(head) >= shown.end():
+        head, tail, lines = _whole_lines(text, head, tail, shown)
     left = len(text) - len(head) - len(tail)
     notes = LEFT_OUT.findall(text, len(head), len(text) - len(tail))
     repeated = "".join(f"; {note} left out" for note in notes[:REPEATED_NOTES])
     if len(notes) > REPEATED_NOTES:
         repeated += f"; {len(notes) - REPEATED_NOTES} more such notes"
-    return f"{head}\n[... {left} characters left out{repeated} ...]\n{tail}"
+    if lines and head.endswith("\n"):  # the seam ends its last line
+        head = head[:-1]
+    return f"{head}\n[... {left} characters left out{lines}{repeated} ...]\n{tail}"
+
+
+def _whole_lines(text: str, head: str, tail: str, shown: re.Match[str]) -> tuple[str, str, str]:
+    """`head` and `tail` of a `read_file` result cut back to whole lines of the file (where a
+    whole one is left on that side), and the note's words on the lines not wholly shown."""
+    body, first, last = shown.end(), int(shown["first"]), int(shown["last"])
+    if (end := head.rfind("\n") + 1) > body:
+        head = head[:end]
+    start = len(text) - len(tail)
+    if text[start - 1] != "\n" and 0 <= (newline := tail.find("\n")) < len(tail) - 1:
+        tail = tail[newline + 1 :]
+        start = len(text) - len(tail)
+    if start <= len(head):
+        return head, tail, ""
+    # the lines of the first and the last character left out
+    lo = min(first + text.count("\n", body, len(head)), last)
+    hi = min(first + text.count("\n", body, start - 1), last)
+    named = f"line {lo}" if lo == hi else f"lines {lo}-{hi}"
+    return head, tail, f": {named}; {read_lines_hint(shown['path'], lo, hi)}"
 
 
 def _longest(size: int, fits: Callable[[int], bool]) -> int:
