@@ -154,10 +154,14 @@ class SamplingParams(InputContract):
         "(None: unseeded).",
     )
     stop_after_code_block: bool = Field(
-        default=False, description="Stop a completion once its first ``` block is closed."
+        default=False,
+        description="Stop a completion once its first block that `extract_code` would run "
+        "(untagged or python, defining a function) is closed.",
     )
     stop_after_tool_call: bool = Field(
-        default=False, description="Stop a completion once its first </tool_call> is written."
+        default=False,
+        description="Stop a completion once the call the parser takes is closed (a tag "
+        "mentioned before it or drafted in a <think> block is none).",
     )
     tool_choice: Literal["auto", "required"] = Field(
         default="auto",

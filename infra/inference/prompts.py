@@ -4,6 +4,7 @@
     ids = chat.first_prompt(task_prompt, turns=3)           # step 0: system + task (+ tools)
     ids = chat.next_prompt(previous_record, observation, turn=1, turns=3)   # step k > 0
     code = extract_code(completion_text)                    # the `code` environment's action
+    program_closed(text_so_far)                             # where stop_after_code_block stops
 
 Step 0 renders the system prompt and the task with the tokenizer's chat template (for
 `workspace` the tools too: as the template's `tools=` where it renders them, else the fallback
@@ -92,15 +93,23 @@ _STATUS_TEXT = {
     ExecStatus.INFRA_ERROR: "Your code could not be run because of a platform error.",
 }
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n`]*\n(.*?)(```|\Z)", re.DOTALL)
+"""A fenced block: its tag, its body, its closing fence ("" where the text ends inside it). No
+backtick after the tag on the opening line: a run of backticks without a newline fails at once
+(the stop rule tests a row at each fence: `[^\n]*` made that quadratic in the run)."""
 _PYTHON_TAGS = {"", "python", "python3", "py"}
+_DEFINES = re.compile(r"^\s*(async\s+)?def\s", re.MULTILINE)
 
 
-def _tail(text: str, limit: int) -> str:
+def _tail(text: str, limit: int) -> tuple[str, int]:
+    """The last `limit` characters of `text` (trailing whitespace dropped), "..." before them
+    where some were cut, and how many of the output's characters that shows."""
     text = text.rstrip()
     if limit <= 0 or not text:
-        return ""
-    return text if len(text) <= limit else "..." + text[-limit:]
+        return "", 0
+    if len(text) <= limit:
+        return text, len(text)
+    return "..." + text[-limit:], limit
 
 
 def feedback_text(result: ExecutionResult, max_chars: int = FEEDBACK_CHARS) -> str:
@@ -113,10 +122,13 @@ def feedback_text(result: ExecutionResult, max_chars: int = FEEDBACK_CHARS) -> s
     elif result.status is ExecStatus.MEMORY_EXCEEDED:
         lines.append(f"Memory limit: {result.limits.memory_mb} MB.")
     stderr = _tail(result.stderr, max_chars)
-    stdout = _tail(result.stdout, max_chars - len(stderr))
-    for name, tail in (("stderr", stderr), ("stdout", stdout)):
+    stdout = _tail(result.stdout, max_chars - stderr[1])
+    for name, (tail, count) in (("stderr", stderr), ("stdout", stdout)):
         if tail:
-            lines.append(f"{name} (last {len(tail)} characters):\n```\n{tail}\n```")
+            lines.append(f"{name} (last {count} characters):\n```\n{tail}\n```")
+    if result.stdout.rstrip() and not stdout[0]:
+        left_out = len(result.stdout.rstrip())
+        lines.append(f"(stdout, {left_out} characters, left out: stderr filled the quote)")
     lines.append(
         "Fix the code and answer again with one ```python code block defining the function."
     )
@@ -334,9 +346,23 @@ def extract_code(text: str) -> str:
     fence at all, the whole text (a model that answers with bare code still gets run); with
     fences of other languages only, an empty program.
     """
-    blocks = [m.group(2) for m in _FENCE.finditer(text) if m.group(1).lower() in _PYTHON_TAGS]
+    blocks = [m.group(2) for m in _program_blocks(text)]
     if not blocks:
         return text.strip() + "\n" if "```" not in text else ""
-    defining = [b for b in blocks if re.search(r"^\s*(async\s+)?def\s", b, re.MULTILINE)]
+    defining = [b for b in blocks if _DEFINES.search(b)]
     chosen = (defining or blocks)[-1]
     return chosen.strip("\n") + "\n"
+
+
+def program_closed(text: str) -> bool:
+    """Whether `text` holds a closed block that `extract_code` runs, before any other it would
+    prefer: one it counts that defines a function. Where `stop_after_code_block` ends a turn
+    (`infra.inference.stops`), so a turn cut there runs that block: not a ```bash block before it
+    (never run), nor an example (`>>> add(1, 2)`, which a defining block after it would beat). A
+    turn with no such block is not ended early; `extract_code` then takes the last it counts."""
+    return any(m.group(3) and _DEFINES.search(m.group(2)) for m in _program_blocks(text))
+
+
+def _program_blocks(text: str) -> Iterator[re.Match[str]]:
+    """The fenced blocks `extract_code` counts: tagged python/py/python3, or untagged."""
+    return (m for m in _FENCE.finditer(text) if m.group(1).lower() in _PYTHON_TAGS)

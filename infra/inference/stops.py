@@ -5,13 +5,20 @@
     if watch is not None and watch.add(token):      # after each sampled token
         ...                                         # the row is done, this token included
 
-`stop_after_code_block` ends a row at the token that closes its first ``` block (the second
-fence: `FENCE`, a run of at least three backticks, whether one token holds it or several
-tokens of a byte-level vocabulary write it together: a token holding a backtick but no whole
-fence is checked by decoding the row's last few tokens); `stop_after_tool_call` at the token that completes its first
-`</tool_call>` (checked only on tokens holding `>`, by decoding the row's last few tokens).
-Both backends use it: the local decode loop (`infra.inference.decoder`) after every step, the
-`vllm` backend on the tokens it streams; token ids only, never a re-tokenisation.
+Each rule ends a turn where what reads the turn agrees, the rule's text test having one home
+there: `stop_after_code_block` at the token that closes the first block `extract_code` would run
+(`prompts.program_closed`: a python or untagged block defining a function; a ```bash block or an
+example before it does not end the turn), `stop_after_tool_call` at the token that completes the
+`</tool_call>` after the call `parse_tool_call` takes (`toolcalls.call_closed`: not a tag only
+mentioned, not one inside a `<think>` block).
+
+Both are tested on the row's decoded text only at the tokens that may complete what they look
+for, found by token id: a fence (`FENCE`, a run of at least three backticks, whether one token
+holds it or several tokens of a byte-level vocabulary write it together: a token holding a
+backtick but no whole fence is checked by decoding the row's last few tokens), or the closing
+tag (a token holding `>` whose last few tokens' text has the tag). Both backends use it: the
+local decode loop (`infra.inference.decoder`) after every step, the `vllm` backend on the
+tokens it streams; token ids and the tokenizer's decode, never a re-tokenisation.
 """
 
 from __future__ import annotations
@@ -22,11 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.task import SamplingParams
-from infra.inference.toolcalls import CALL_CLOSE
+from infra.inference.prompts import program_closed
+from infra.inference.toolcalls import CALL_CLOSE, call_closed
 
 TAIL_TOKENS = 16
 """Tokens decoded to find `</tool_call>` or a fence written by several tokens (each is at most
-a dozen tokens in any vocabulary)."""
+a dozen tokens in any vocabulary) before the whole row's text is tested."""
 FENCE = re.compile("`{3,}")
 """A code fence: a run of at least three backticks."""
 
@@ -82,11 +90,20 @@ class StopRules:
         return max(len(FENCE.findall(after)) - len(FENCE.findall(before)), 0)
 
     def closes_tool_call(self, tokens: list[int]) -> bool:
-        """Whether the completion `tokens` just wrote `</tool_call>` (its last token holds `>`
-        and the text of the last few tokens has the tag)."""
+        """Whether the completion `tokens` just closed its call (`toolcalls.call_closed`),
+        tested where its last token holds `>` and completed a closing tag (the text of the last
+        few tokens has more tags than without it): once per tag, however long the row."""
         if not tokens or tokens[-1] not in self.close_ids:
             return False
-        return CALL_CLOSE in self.decode(tokens[-TAIL_TOKENS:])
+        tail = tokens[-TAIL_TOKENS:]
+        if self.decode(tail).count(CALL_CLOSE) <= self.decode(tail[:-1]).count(CALL_CLOSE):
+            return False
+        return call_closed(self.decode(tokens))
+
+    def closes_program(self, tokens: list[int]) -> bool:
+        """Whether the completion `tokens` just closed the block `extract_code` would run
+        (`prompts.program_closed`), tested where its last token completed a fence."""
+        return self.new_fences(tokens) > 0 and program_closed(self.decode(tokens))
 
     def watch(self, params: SamplingParams) -> RowWatch | None:
         """A watch over one row's tokens, or None when none of its stop options is set."""
@@ -103,12 +120,10 @@ class RowWatch:
     code_block: bool
     tool_call: bool
     tokens: list[int] = field(default_factory=list)
-    fences: int = 0
 
     def add(self, token: int) -> bool:
         """Whether the row ends with `token`."""
         self.tokens.append(token)
-        self.fences += self.rules.new_fences(self.tokens)
-        if self.code_block and self.fences >= 2:
+        if self.code_block and self.rules.closes_program(self.tokens):
             return True
         return self.tool_call and self.rules.closes_tool_call(self.tokens)

@@ -18,12 +18,22 @@ template and the tiny preset's ChatML ignore both. For those, the documented fal
 `tools` and compares). `parse_tool_call` turns a model's turn into a `ToolCall`, leniently where
 intent is unambiguous (arguments given as a JSON string, `parameters` for `arguments`, a code
 fence inside the tags, a missing closing tag, junk after the JSON, raw newlines inside a string)
-and strictly otherwise: one call per turn (the first; `further_calls` counts the rest, which the
-next observation mentions); no call, broken JSON (nesting too deep for the decoder included),
-an unknown tool or bad arguments give a `ToolCall` whose `error` says what was wrong, in words
-the model can act on. It never raises. A turn that its token limit ended (`cut_at`) before its
-call was whole is told so, with how to fit: the JSON's own complaint (an unterminated string)
-did not say why, and a guided turn fails no other way.
+and strictly otherwise: one call per turn; no call, broken JSON (nesting too deep for the decoder
+included), an unknown tool or bad arguments give a `ToolCall` whose `error` says what was wrong,
+in words the model can act on. It never raises. A turn that its token limit ended (`cut_at`)
+before its call was whole is told so, with how to fit (a call begun: write less per call; none
+begun: answer with the call first): the JSON's own complaint (an unterminated string) did not
+say why, and a guided turn fails no other way.
+
+Which tag is the call (`_tags`, one rule for the parser, `further_calls` and the stop rule
+`call_closed`): tags inside a `<think>…</think>` block (a thinking model, Qwen3, drafts calls
+there) are no calls, nor is anything after a `<think>` never closed; of the tags left, the call
+is the first whose JSON reads as a call (an object with a string "name": read leniently, so a
+call whose JSON repeats a key or holds NaN is still the call, and an error); a tag only
+mentioned ("I will use <tool_call> tags") or a broken draft is passed over; where none reads as
+a call, the last tag's error is given. `further_calls` counts the well-formed calls after the
+call (the next observation mentions them). The scan skips the call's JSON: a `<think>` inside it
+(a command that greps for one) opens no think block.
 
 Every `ToolCall` it returns crosses Temporal's pydantic payloads unchanged: it stays far below
 the JSON depth pydantic reads and writes (200, and a `GenerateResponse` carries the call a few
@@ -53,13 +63,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from contracts.episode import ToolCall, ToolSpec
 from infra.inference.base import one_line
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 CALL_EXAMPLE = (
     f'{CALL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CALL_CLOSE}'
@@ -79,11 +90,14 @@ NOT_FINITE = "not valid JSON: NaN/Infinity (a number must be finite)"
 KEY_SHOWN_CHARS = 60
 """How much of a repeated key its error names (a longer one is cut)."""
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_BLANKS = re.compile(r"\s*")
 CUT_ADVICE = (
     "Write less per call: e.g. change a file with bash (sed -i, a short heredoc) rather than "
     "write_file with all of it"
 )
-"""What a turn cut by its token limit is told to do (`parse_tool_call`'s `cut_at`)."""
+"""What a turn cut by its token limit in its call is told to do (`parse_tool_call`'s `cut_at`)."""
+CALL_FIRST_ADVICE = "Answer with the call first, writing little or nothing before it"
+"""What a turn cut by its token limit before any call is told to do."""
 
 
 def tool_schemas(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
@@ -124,12 +138,18 @@ def observation_message(text: str, *, tool_role: bool) -> dict[str, str]:
 def parse_tool_call(text: str, tools: Sequence[ToolSpec], *, cut_at: int | None = None) -> ToolCall:
     """The first tool call in a model's turn, checked against `tools`; never raises. `cut_at`:
     the turn's tokens, where its token limit ended it (finish reason "length"): a call not yet
-    whole (none begun, or its JSON unfinished) is then told as cut, with `CUT_ADVICE`."""
-    start = text.find(CALL_OPEN)
-    if start < 0:
+    whole is then told as cut: none begun (`CALL_FIRST_ADVICE`), or its JSON unfinished
+    (`CUT_ADVICE`). Which tag is the call: the module's docstring."""
+    tags = list(_tags(text))
+    if not tags:
         if cut_at is not None:
-            return _cut(cut_at, "no tool call begun")
+            return _error(
+                f"the turn ran out of its {cut_at} tokens before any tool call. "
+                f"{CALL_FIRST_ADVICE}: {CALL_EXAMPLE}"
+            )
         return _error(f"no tool call found. Answer with exactly one call: {CALL_EXAMPLE}")
+    calls = [tag for tag, end in tags if end is not None]
+    start = calls[0] if calls else tags[-1][0]
     try:
         value, _ = _first_value(text, start)
     except json.JSONDecodeError as exc:
@@ -173,29 +193,71 @@ def parse_tool_call(text: str, tools: Sequence[ToolSpec], *, cut_at: int | None 
 
 
 def further_calls(text: str) -> int:
-    """How many calls a turn opens after its first (which alone runs): tags after the first
-    call's JSON value (after its opening tag, where that value does not parse)."""
-    start = text.find(CALL_OPEN)
-    if start < 0:
-        return 0
-    try:
-        _, end = _first_value(text, start)
-    except Exception:  # a broken first call: whatever follows its tag
-        end = start + len(CALL_OPEN)
-    return text.count(CALL_OPEN, end)
+    """How many well-formed calls a turn writes after its call (which alone runs)."""
+    return max(sum(end is not None for _, end in _tags(text)) - 1, 0)
+
+
+def call_closed(text: str) -> bool:
+    """Whether `text` holds its call (the one `parse_tool_call` takes) and a closing tag after
+    the call's JSON: where `stop_after_tool_call` ends a turn (`infra.inference.stops`)."""
+    for _, end in _tags(text):
+        if end is not None:
+            return text.find(CALL_CLOSE, end) >= 0
+    return False
+
+
+def _tags(text: str) -> Iterator[tuple[int, int | None]]:
+    """Each call tag of `text` outside think blocks, in order: its position, and where its JSON
+    ends when that JSON reads as a call (else None: the scan goes on after the tag)."""
+    at = 0
+    while True:
+        tag, think = text.find(CALL_OPEN, at), text.find(THINK_OPEN, at)
+        if think >= 0 and (tag < 0 or think < tag):
+            close = text.find(THINK_CLOSE, think + len(THINK_OPEN))
+            if close < 0:
+                return  # an unclosed think block: nothing after it is a call
+            at = close + len(THINK_CLOSE)
+            continue
+        if tag < 0:
+            return
+        end: int | None = None
+        try:  # `text` itself, not a copy of its rest: the stop rule scans a row at every close
+            value, after = _LENIENT.raw_decode(text, _value_start(text, tag))
+            if isinstance(value, dict) and isinstance(value.get("name"), str):
+                end = after
+        except Exception:  # JSONDecodeError, RecursionError, …: no call
+            pass
+        yield tag, end
+        at = tag + len(CALL_OPEN) if end is None else end
+
+
+_LENIENT = json.JSONDecoder(strict=False)
+"""What finds the call (`_tags`): JSON as Python reads it, NaN and repeated keys taken."""
 
 
 def _first_value(text: str, start: int) -> tuple[Any, int]:
     """The first JSON value after the opening tag at `start`, and where it ends in `text`;
-    what follows it (a closing tag, a fence, junk) is ignored. Raises what the decoder does."""
-    at = start + len(CALL_OPEN)
-    at += len(text[at:]) - len(text[at:].lstrip())
-    if text.startswith("```", at):  # a code fence inside the tags: skip its opening line
-        newline = text.find("\n", at)
-        at = len(text) if newline < 0 else newline + 1
-        at += len(text[at:]) - len(text[at:].lstrip())
+    what follows it (a closing tag, a fence, junk) is ignored. Raises what the decoder does
+    (its positions count from the value's start)."""
+    at = _value_start(text, start)
     value, end = _decoder().raw_decode(text[at:])
     return value, at + end
+
+
+def _value_start(text: str, start: int) -> int:
+    """Where the JSON of the opening tag at `start` begins: after blanks and a code fence's
+    opening line (a fence inside the tags)."""
+    at = _after_blanks(text, start + len(CALL_OPEN))
+    if text.startswith("```", at):
+        newline = text.find("\n", at)
+        at = len(text) if newline < 0 else _after_blanks(text, newline + 1)
+    return at
+
+
+def _after_blanks(text: str, at: int) -> int:
+    """The first position from `at` that is not whitespace (`str.isspace`'s)."""
+    blanks = _BLANKS.match(text, at)
+    return blanks.end() if blanks else at
 
 
 class _NotFinite(ValueError):

@@ -179,7 +179,7 @@ def _bound(params: SamplingParams) -> list[tuple[EnvName, str]]:
 
 WHY = {
     "tool_choice = 'required'": "every turn a tool call",
-    "stop_after_code_block": "a turn ends at its first ``` block",
+    "stop_after_code_block": "a turn ends at its first code block defining a function",
 }
 """What a deciding setting does to a turn, where its name does not say."""
 

@@ -149,7 +149,9 @@ def test_stop_after_tool_call_ends_the_row_at_the_closing_tag(policy: LoadedPoli
         if k >= 1 and t not in free[0].token_ids[:k] and t not in free[1].token_ids
     )
     rules = StopRules(
-        frozenset(), frozenset({close}), lambda ids: "</tool_call>" * (ids[-1] == close)
+        frozenset(),
+        frozenset({close}),
+        lambda ids: '<tool_call>{"name": "submit"}</tool_call>' * (ids[-1] == close),
     )
     stopping = dataclasses.replace(policy, stops=rules)
     tool_params = [p.model_copy(update={"stop_after_tool_call": True}) for p in params]

@@ -149,7 +149,7 @@ def test_smollm2_template(smollm2: Path) -> None:
     assert not chat.native_tools and chat.end_of_turn == smol.eos_token_id
     first = chat.first_prompt("Fix it.")
     assert "You are a helpful AI assistant named SmolLM" not in smol.decode(first)
-    delta = smol.decode(chat.observation_ids("ok"))
+    delta = str(smol.decode(chat.observation_ids("ok")))
     assert delta.startswith("\n<|im_start|>user\n<tool_response>\nok\n</tool_response>")
 
 
@@ -223,11 +223,12 @@ def test_feedback_quotes_only_the_tail_of_long_output() -> None:
     text = feedback_text(result)
     assert "line 1999" in text and "line 0\n" not in text
     assert len(text) < FEEDBACK_CHARS + 600
-    assert "stdout" not in text  # stderr used the whole budget
+    assert "x" * 10 not in text  # stderr used the whole budget: stdout is only said left out
+    assert "(stdout, 5000 characters, left out: stderr filled the quote)" in text
     exact = feedback_text(
-        ExecutionResult(status=ExecStatus.ERROR, stderr="e" * FEEDBACK_CHARS, stdout="out")
+        ExecutionResult(status=ExecStatus.ERROR, stderr="e" * FEEDBACK_CHARS, stdout="printed")
     )
-    assert f"\n{'e' * FEEDBACK_CHARS}\n" in exact and "out" not in exact  # whole, and no room left
+    assert f"\n{'e' * FEEDBACK_CHARS}\n" in exact and "printed" not in exact  # whole, no room left
 
 
 @pytest.mark.parametrize(

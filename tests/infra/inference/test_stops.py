@@ -6,7 +6,10 @@ from __future__ import annotations
 from contracts.task import SamplingParams
 from infra.inference.stops import TAIL_TOKENS, StopRules
 
-VOCAB = ["```", "python", "\n", "x = 1", "</", "tool", "_call", ">", "a>", "``` ", "<tool_call>"]
+VOCAB = [
+    *("```", "python", "\n", "x = 1", "</", "tool", "_call", ">", "a>", "``` ", "<tool_call>"),
+    *("def f(): pass", '{"name": "submit"}'),
+]
 IDS = {text: i for i, text in enumerate(VOCAB)}
 
 
@@ -43,25 +46,31 @@ def test_no_rule_no_watch() -> None:
 
 
 def test_a_code_block_ends_at_the_token_that_closes_it() -> None:
-    block = ["x = 1", "```", "python", "\n", "x = 1", "\n", "``` ", "x = 1"]
+    block = ["x = 1", "```", "python", "\n", "def f(): pass", "\n", "``` ", "x = 1"]
     code = SamplingParams(stop_after_code_block=True)
-    assert ends(code, block) == [False] * 6 + [True, True]
+    assert ends(code, block) == [False] * 6 + [True, False]
     tools_only = SamplingParams(stop_after_tool_call=True)
     assert not any(ends(tools_only, block))  # fences do not end a tool-call row
+    # a block that defines no function (an example) does not end the turn (test_stops61.py)
+    assert not any(ends(code, ["```", "\n", "x = 1", "\n", "```"]))
 
 
 def test_a_tool_call_ends_at_the_token_that_completes_its_closing_tag() -> None:
-    call = ["<tool_call>", "x = 1", "a>", "</", "tool", "_call", ">", "x = 1"]
+    call = ["<tool_call>", '{"name": "submit"}', "a>", "</", "tool", "_call", ">", "x = 1"]
     tools = SamplingParams(stop_after_tool_call=True)
     assert ends(tools, call) == [False] * 6 + [True, False]  # `>` elsewhere is no close
     assert not any(ends(SamplingParams(stop_after_code_block=True), call))
+    no_call = ["<tool_call>", "x = 1", "</", "tool", "_call", ">"]  # a tag closing no call
+    assert not any(ends(tools, no_call))
 
 
 def test_the_closing_tag_is_looked_for_in_the_last_tokens_only() -> None:
+    call = [IDS["<tool_call>"], IDS['{"name": "submit"}']]
     tag = [IDS["</"], IDS["tool"], IDS["_call"], IDS[">"]]
-    assert RULES.closes_tool_call(tag)
-    assert not RULES.closes_tool_call([]) and not RULES.closes_tool_call(tag[:-1])
+    assert RULES.closes_tool_call([*call, *tag])
+    assert not RULES.closes_tool_call([]) and not RULES.closes_tool_call([*call, *tag[:-1]])
+    assert not RULES.closes_tool_call(tag)  # no call before it
     padding = [IDS["x = 1"]] * (TAIL_TOKENS - len(tag))
-    assert RULES.closes_tool_call([*tag, *padding, IDS["a>"]]) is False
-    assert RULES.closes_tool_call([*tag[:-1], *padding, IDS[">"]]) is False
-    assert RULES.closes_tool_call([*padding, *tag])
+    assert RULES.closes_tool_call([*call, *tag, *padding, IDS["a>"]]) is False
+    assert RULES.closes_tool_call([*call, *tag[:-1], *padding, IDS[">"]]) is False
+    assert RULES.closes_tool_call([*call, *padding, *tag])

@@ -15,7 +15,7 @@ def test_a_fence_written_by_several_tokens_ends_the_block(tiny_dir: Path) -> Non
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_dir))
-    text = "```python\nx = 1\n```"
+    text = "```python\ndef f():\n    return 1\n```"
     ids = tokenizer.encode(text + "\nmore text after the block", add_special_tokens=False)
     watch = StopRules.of(tokenizer).watch(SamplingParams(stop_after_code_block=True))
     assert watch is not None
@@ -25,9 +25,10 @@ def test_a_fence_written_by_several_tokens_ends_the_block(tiny_dir: Path) -> Non
 
 
 class Ticks(Tokenizer):
-    """Single backticks and a whole fence: the text of each token is itself."""
+    """Single backticks and a whole fence: the text of each token is itself (`x` a block's
+    lines, which define a function: a block `extract_code` runs)."""
 
-    VOCAB = ["`", "``", "```", "x", "````"]
+    VOCAB = ["`", "``", "```", "\ndef f(): pass\n", "````"]
 
     def get_vocab(self) -> dict[str, int]:
         return {text: i for i, text in enumerate(self.VOCAB)}

@@ -231,7 +231,8 @@ def test_a_call_its_token_limit_cut_says_so_and_how_to_fit() -> None:
     )
     assert "bash" in cut
     rambling = parse_tool_call("Let me think. " * 40, WORKSPACE_TOOLS, cut_at=128).error or ""
-    assert rambling.startswith("the turn ran out of its 128 tokens before the call was complete")
+    assert rambling.startswith("the turn ran out of its 128 tokens before any tool call")
+    assert "Answer with the call first" in rambling and "write_file" not in rambling
     # a call that is whole, or wrong but whole, is what it is whatever ended its turn
     whole = '<tool_call>\n{"name": "submit", "arguments": {}}'
     assert parse_tool_call(whole, WORKSPACE_TOOLS, cut_at=12) == ToolCall(name="submit")
@@ -255,7 +256,8 @@ def test_further_calls_of_a_turn_are_counted() -> None:
         ToolCall(name="write_file", arguments={"path": "a", "content": "<tool_call>"})
     )
     assert further_calls(tag) == 0  # the tag inside the call's own string
-    assert further_calls(f"{CUT} <tool_call>") == 1  # a broken first call: what follows it
+    assert further_calls(f"{CUT} <tool_call>") == 0  # no call: no well-formed call after it
+    assert further_calls(f"{submit} <tool_call> and prose") == 0  # a mentioned tag is no call
 
 
 def test_observation_messages() -> None:

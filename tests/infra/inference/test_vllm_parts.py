@@ -32,7 +32,9 @@ from infra.inference.vllm_rows import append, engine_error, finish
 from infra.settings import VLLMSettings
 
 FENCE = 9
-RULES = StopRules(frozenset({FENCE}), frozenset(), lambda ids: "")
+RULES = StopRules(
+    frozenset({FENCE}), frozenset(), lambda ids: "```\ndef f(): pass\n" * ids.count(FENCE)
+)
 
 
 def chunk(tokens: list[int], logprobs: bool = True) -> Any:
