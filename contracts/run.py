@@ -16,10 +16,10 @@ from contracts.common import (
     Contract,
     Identifier,
     InputContract,
-    empty_left_out,
     is_identifier,
 )
 from contracts.errors import ErrorType, fail
+from contracts.evaluation import EvalResult
 from contracts.learner import (
     GRPOConfig,
     HistoryBudget,
@@ -29,10 +29,8 @@ from contracts.learner import (
 )
 from contracts.names import is_evaluation
 from contracts.new_run import MAX_STEPS, new_run_problem
-from contracts.rollout import AgentTaskResult
 from contracts.task import (
     AgentTaskInput,
-    EnvName,
     RewardConfig,
     SamplingParams,
     SandboxLimits,
@@ -166,57 +164,6 @@ def redraws_allowed(budget: int, steps: int, steps_done: int) -> int:
     `steps_done` of its `steps` steps: the run's `budget` spread evenly, ⌈budget·(done+1)/steps⌉,
     so each step's groups can replace flat ones, not only the first step's."""
     return min(budget, -(-budget * (steps_done + 1) // steps))
-
-
-SUBMIT_GRADED = frozenset({EnvName.WORKSPACE})
-"""Envs whose tasks are graded only once the agent has acted and called `submit` (the tree as
-it starts fails its tests): none is solved at its first turn, pass@1 at turn 1 is 0."""
-
-
-class EvalResult(Contract):
-    """Held-out figures of one policy version: one greedy episode per held-out task, up to the
-    run's `max_turns` turns, through the same pipeline as training."""
-
-    policy_version: int
-    pass_at_1: float = Field(description="Share of tasks solved at the first turn.")
-    tasks: int
-    solve_rate: float | None = Field(
-        default=None, description="Share of tasks solved within `turns` turns (None: not run)."
-    )
-    turns: int = Field(default=1, ge=1, description="The turns each episode could take.")
-    graded_at_submit: bool = Field(
-        default=False,
-        exclude_if=empty_left_out,  # a reader of the release before still takes it while False
-        description="Every task is of a `SUBMIT_GRADED` env: pass@1 is 0 by construction, the "
-        "solve rate is the figure (`by_solve_rate`). False where `of` was given no tasks.",
-    )
-
-    @property
-    def by_solve_rate(self) -> bool:
-        """Its figure is the solve rate within `turns` turns, not pass@1 at turn 1."""
-        return self.graded_at_submit and self.solve_rate is not None
-
-    @classmethod
-    def of(
-        cls,
-        version: int,
-        results: Sequence[AgentTaskResult],
-        turns: int,
-        tasks: Sequence[TaskSpec] = (),
-    ) -> "EvalResult":
-        """The figures of one greedy episode (G = 1) per held-out task (`tasks`, whose envs say
-        whether pass@1 can be above 0), up to `turns` turns."""
-        first_turn = sum(1 for r in results if r.solved[0] and r.turns == 1)
-        solved = sum(1 for r in results if r.solved[0])
-        count = len(results)
-        return cls(
-            policy_version=version,
-            pass_at_1=first_turn / count,
-            solve_rate=solved / count,
-            tasks=count,
-            turns=turns,
-            graded_at_submit=bool(tasks) and all(t.env in SUBMIT_GRADED for t in tasks),
-        )
 
 
 class TrainingRunInput(InputContract):

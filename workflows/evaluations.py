@@ -28,9 +28,10 @@ from temporalio import workflow
 from temporalio.exceptions import FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from contracts.evaluation import EvalResult
     from contracts.names import eval_run_id
     from contracts.rollout import AgentTaskResult
-    from contracts.run import EvalResult, TrainingRunInput
+    from contracts.run import TrainingRunInput
     from contracts.task import AgentTaskInput, TaskSpec
     from workflows.children import PENDING_CHILDREN_PATCH, PendingChildren
     from workflows.retention import Retention

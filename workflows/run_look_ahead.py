@@ -35,8 +35,9 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from contracts.evaluation import EvalResult
     from contracts.learner import LearnerProgress
-    from contracts.run import EvalResult, TrainingRunInput
+    from contracts.run import TrainingRunInput
     from workflows.budget import (
         EVENTS_PER_TASK,
         PROGRESS_SIGNAL_BYTES,

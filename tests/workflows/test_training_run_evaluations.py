@@ -24,9 +24,10 @@ from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Worker
 
+from contracts.evaluation import EvalResult
 from contracts.learner import GRPOConfig
 from contracts.names import Queue, eval_run_id
-from contracts.run import EvalResult, TrainingRunInput
+from contracts.run import TrainingRunInput
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import TemporalServer, time_skipping_server
 from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane

@@ -59,9 +59,10 @@ import secrets
 import sys
 
 from contracts.common import is_identifier
+from contracts.evaluation import EvalResult
 from contracts.names import eval_run_id
 from contracts.rollout import AgentTaskResult
-from contracts.run import EvalResult, RunRecord, TrainingRunInput
+from contracts.run import RunRecord, TrainingRunInput
 from contracts.task import SamplingParams, TaskSpec
 from infra.base_models import check_base_model, materialize_base_model
 from infra.policy import (

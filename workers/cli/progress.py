@@ -17,8 +17,9 @@ from rich.table import Table
 from temporalio.client import Client
 from temporalio.service import RPCError
 
+from contracts.evaluation import EvalResult
 from contracts.learner import LearnerProgress
-from contracts.run import EvalResult, RunProgress, TrainingRunInput, TrainingRunResult
+from contracts.run import RunProgress, TrainingRunInput, TrainingRunResult
 from infra.settings import Settings
 from infra.telemetry import read_live_figures
 from workers.backlog import QueueBacklog, backlog_text, queue_backlogs

@@ -28,7 +28,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from contracts.run import EvalResult, TrainingRunInput, TrainingRunResult
+from contracts.evaluation import EvalResult
+from contracts.run import TrainingRunInput, TrainingRunResult
 from infra.settings import Settings
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from temporalio.contrib.pydantic import pydantic_data_converter
 
+from contracts.evaluation import EvalResult
 from contracts.rollout import AgentTaskResult
-from contracts.run import EvalResult, RunProgress, TrainingRunInput, TrainingRunResult
+from contracts.run import RunProgress, TrainingRunInput, TrainingRunResult
 from contracts.task import TaskSpec
 from infra.settings import Settings
 from infra.tasks import load_suite

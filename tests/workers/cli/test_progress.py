@@ -11,8 +11,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from contracts.evaluation import EvalResult
 from contracts.learner import LearnerProgress
-from contracts.run import EvalResult, RunProgress, TrainingRunInput, TrainingRunResult
+from contracts.run import RunProgress, TrainingRunInput, TrainingRunResult
 from infra.settings import Settings
 from workers.cli.progress import eval_text, progress_line, summary, view
 

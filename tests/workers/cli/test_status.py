@@ -14,9 +14,10 @@ import pytest
 from rich.console import Console
 from temporalio.worker import Worker
 
+from contracts.evaluation import EvalResult
 from contracts.learner import LearnerProgress
 from contracts.names import Queue
-from contracts.run import EvalResult, RunProgress, TrainingRunInput
+from contracts.run import RunProgress, TrainingRunInput
 from infra import telemetry as tm
 from infra.settings import Settings, TemporalSettings
 from infra.telemetry_figures import QueueFigures, WorkerFigures
