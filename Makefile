@@ -81,21 +81,30 @@ train: $(COMPILED)
 # a script ignores Ctrl-C: without it, an interrupted `make test` would leave mypy running).
 # It runs LINT's commands, not `$(MAKE) lint`: make runs a recipe line that names $(MAKE) even
 # under `make -n`, which then ran the whole suite.
+# `--dist loadgroup`: a module marked `xdist_group` runs on one worker, so its costly
+# module-scoped fixture (a stack, a torchrun group, a wheel) is set up once, not on each worker.
+# The serial run collects only ALONE_TESTS, the files that hold `alone` tests (collecting the
+# whole suite to run five took 12-30 s); an `alone` test elsewhere fails collection
+# (tests/conftest.py).
 TEST_WORKERS ?= 2
+ALONE_TESTS := tests/infra/sandbox/test_infra_faults.py tests/infra/sandbox/test_local.py \
+	tests/infra/sandbox/test_starvation.py
 test: $(STAMP) $(HELM)
 	@setsid $(SHELL) -xc '$(LINT)' > $(VENV)/lint.log 2>&1 & lint=$$!; \
 	trap 'kill -- -$$lint 2>/dev/null || true' EXIT; trap 'exit 130' INT TERM; \
-	tests=0; $(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow and not gpu and not alone" \
-		--durations=15 $(PYTEST_FLAGS) || tests=$$?; \
-	$(BIN)/python -m pytest -m "alone and not slow and not gpu" $(PYTEST_FLAGS) || tests=$$?; \
+	tests=0; $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup \
+		-m "not slow and not gpu and not alone" --durations=15 $(PYTEST_FLAGS) || tests=$$?; \
+	$(BIN)/python -m pytest -m "alone and not slow and not gpu" $(PYTEST_FLAGS) $(ALONE_TESTS) \
+		|| tests=$$?; \
 	linted=0; wait $$lint || linted=$$?; \
 	echo "--- make lint (ran beside the tests) ---"; cat $(VENV)/lint.log; \
 	[ $$linted -eq 0 ] || echo "make test: lint failed"; \
 	[ $$tests -eq 0 ] && [ $$linted -eq 0 ]
 
 test-all: setup
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not gpu and not alone" $(PYTEST_FLAGS)
-	$(BIN)/python -m pytest -m "alone and not gpu" $(PYTEST_FLAGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not gpu and not alone" \
+		$(PYTEST_FLAGS)
+	$(BIN)/python -m pytest -m "alone and not gpu" $(PYTEST_FLAGS) $(ALONE_TESTS)
 
 bench: setup
 	$(PIP) -e '.[bench]'   # TRL, for bench/vs_trl.py only

@@ -1,7 +1,12 @@
 """End to end: `tempered up` on free ports, one worker process per queue, a task started with
-the `temporal` CLI (no Python), run to DONE; then a second one, whose sandbox worker is SIGKILLed
-while it holds the task's `execute` and replaced (tests/fixtures/drill.py proves from the
-history that the execute ran again, as a later attempt, on the new worker)."""
+the `temporal` CLI (no Python) and run to DONE, while its sandbox worker is SIGKILLed holding
+the task's `execute` and replaced (tests/fixtures/drill.py proves from the history that the
+execute ran again, as a later attempt, on the new worker). The task's history still holds its
+`generate`, `execute` and `write_trajectories` activities and each FSM state it upserted, and
+the visibility query finds it DONE: the one task proves what an undisturbed task run before
+it proved, and that a task survives the kill. The workers are ready before the task starts: the
+kill freezes the sandbox worker until the server hands it an execute, and a worker frozen while
+it still starts has no poll open to be handed one (the drill would thaw it after 30 s)."""
 
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ COMPLETED = "WORKFLOW_EXECUTION_STATUS_COMPLETED"
 def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack) -> None:
     for queue in Queue:
         stack.start_worker(queue)
+    stack.wait_workers_ready()
     workflow_id = f"e2e-{uuid.uuid4().hex[:6]}"
     task_input = {
         "task": TASK,
@@ -41,7 +47,16 @@ def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack
     }
     started = stack.start_task(workflow_id, task_input)
     assert started.returncode == 0, started.stderr
-    assert stack.wait_closed(workflow_id, timeout_s=240) == COMPLETED
+
+    # SIGKILL the sandbox worker holding the task's execute; a new one takes it over. Its
+    # executes (programs the tiny model does not get to compile) take milliseconds, too short
+    # to be caught running: the worker is frozen until the server hands it one.
+    drill = Drill(stack, [workflow_id], timeout_s=240)
+    drill.run([kill_handed(Queue.SANDBOX, Activity.EXECUTE)])
+    assert drill.wait_closed(timeout_s=240) == {workflow_id: COMPLETED}
+    figures = drill.verify()  # the execute it held completed as a later attempt on its replacement
+    assert len(drill.kills) == 1 and figures["held_and_retried"], figures  # it hit one in flight
+
     history = stack.temporal("workflow", "show", "--workflow-id", workflow_id, "-o", "json").stdout
     for activity in ("generate", "execute", "write_trajectories"):
         assert f'"{activity}"' in history
@@ -49,18 +64,6 @@ def test_cli_started_task_runs_to_done_and_survives_a_killed_worker(stack: Stack
         assert base64.b64encode(json.dumps(state).encode()).decode() in history, state
     done_query = f'WorkflowId = "{workflow_id}" AND TemperedState = "DONE"'
     stack.wait_for("the task listed as DONE", lambda: stack.count(done_query) == 1, 10)
-
-    # SIGKILL the sandbox worker holding the second task's execute; a new one takes it over.
-    # Its executes (programs the tiny model does not get to compile) take milliseconds, too
-    # short to be caught running: the worker is frozen until the server hands it one.
-    second = f"{workflow_id}-kill"
-    task_input["task"] = {**TASK, "id": "e2e-add-2"}
-    started = stack.start_task(second, task_input)
-    assert started.returncode == 0, started.stderr
-    drill = Drill(stack, [second], timeout_s=240)
-    drill.run([kill_handed(Queue.SANDBOX, Activity.EXECUTE)])
-    assert drill.wait_closed(timeout_s=240) == {second: COMPLETED}
-    drill.verify()  # the execute it held completed as a later attempt on its replacement
-    outcome = stack.result(second)
+    outcome = stack.result(workflow_id)
     assert len(outcome["rewards"]) == 2 and len(outcome["trajectories"]) == 2  # none twice
     assert len({t["key"] for t in outcome["trajectories"]}) == 2

@@ -33,6 +33,7 @@ import pytest
 from tests.paths import REPO_ROOT
 
 DOCKERFILE = REPO_ROOT / "Dockerfile"
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker builds `wheel`
 
 
 def _build_wheel(source: Path, out: Path) -> Path:

@@ -1,10 +1,15 @@
 """`tempered up / down / status` on free ports: idempotent, persistent, clear when a port is taken
-or when the stack that runs was started with other settings."""
+or when the stack that runs was started with other settings.
+
+The tests share one stack (`shared_stack`: a start took 10-20 s each): each uses workflow ids
+and buckets of its own and leaves the stack running, and `stack` brings it up (`up`, idempotent)
+before each, so that a test that failed with its stack down leaves the next one a running stack."""
 
 from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Iterator
 
 import pytest
 
@@ -12,7 +17,33 @@ from infra import stack as infra_stack
 from infra import stack_services
 from infra.processes import free_port
 from infra.storage import ObjectStore
-from tests.fixtures.stack import Stack
+from tests.fixtures.stack import Stack, start_stack, take_down
+
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker starts `shared_stack`
+
+
+@pytest.fixture(scope="module")
+def shared_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    stack = start_stack(tmp_path_factory.mktemp("stack"))
+    try:
+        yield stack
+    finally:
+        take_down(stack)
+
+
+@pytest.fixture
+def stack(shared_stack: Stack) -> Stack:
+    infra_stack.up(shared_stack.settings)  # what `tempered up` runs, without a CLI process
+    return shared_stack
+
+
+def test_up_on_a_running_stack_starts_nothing(stack: Stack) -> None:
+    before = infra_stack.status(stack.settings)
+    again = stack.tempered("up")
+    lines = again.stdout.splitlines()  # temporal, seaweedfs, codec
+    assert again.returncode == 0 and len(lines) == 3, again.stdout + again.stderr
+    assert all(": already running" in line for line in lines), again.stdout
+    assert infra_stack.status(stack.settings) == before  # the same processes
 
 
 def test_histories_survive_down_and_up(stack: Stack) -> None:

@@ -18,29 +18,36 @@ ahead of the learner, so a group reaches it too stale only when it finishes behi
 started later, which this run does not arrange: it normally drops nothing. The learner's
 dropping is tested where stale groups are made on purpose (tests/infra/test_grpo.py,
 tests/infra/test_learner_engine.py).
+
+It runs on the session's `trained_stack` (tests/fixtures/trained_stack.py: one worker per queue,
+shared with the other training tests) under a run id of its own, and checks the store by it.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
-from contracts.names import Queue
+import pytest
+
 from infra.tasks import load_suite
 from infra.tasks.jsonl import write_jsonl
 from tests.accounting import learner_acks, stored_trajectories
 from tests.fixtures.drill import Drill
 from tests.fixtures.stack import Stack
 
+pytestmark = pytest.mark.xdist_group("trained_stack")  # on the worker that holds it
 MAX_STALENESS = 1
-STEPS = 3
+STEPS = 3  # the fewest in which a trajectory could be trained too stale (2 behind, at step 2)
 
 
-def test_groups_from_older_versions_are_trained_within_the_bound(stack: Stack) -> None:
+def test_groups_from_older_versions_are_trained_within_the_bound(
+    trained_stack: Stack, tmp_path: Path
+) -> None:
+    stack = trained_stack
     started = time.monotonic()
-    for queue in Queue:
-        stack.start_worker(queue)
     run_id = "stale"
-    suite = stack.home / "train-only.jsonl"
+    suite = tmp_path / "train-only.jsonl"
     write_jsonl(load_suite("starter", split="train")[:12], suite)
     workflow_id, tasks, group_size = stack.start_training(
         run_id,

@@ -5,8 +5,8 @@ A run also outlives its command: Ctrl-C detaches, `tempered train --attach` foll
 and `tempered stop` ends it early, as a finished run ends; attached to once it has ended, it
 writes the run's report again, from the workflow's result.
 
-Both tests share one stack and one worker per queue (`trained_stack`, module-scoped): starting
-them was a third of each test. Each trains its own run id, one run at a time (`tempered train`
+Both tests share one stack and one worker per queue with tests/test_staleness.py
+(`trained_stack`, tests/fixtures/trained_stack.py): starting them was a third of each test. Each trains its own run id, one run at a time (`tempered train`
 refuses to start beside a running one), so neither sees the other's run."""
 
 from __future__ import annotations
@@ -16,31 +16,18 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from contracts.names import Queue
 from contracts.run import RunRecord
 from infra import keys
 from infra.policy import latest_policy
 from tests.accounting import account, stored_trajectories
 from tests.fixtures.signals import DEFAULT_SIGINT
-from tests.fixtures.stack import BIN, RUNNING, Stack, start_stack, take_down
+from tests.fixtures.stack import BIN, RUNNING, Stack
 
-
-@pytest.fixture(scope="module")
-def trained_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """A stack with one worker per queue for this module's runs, torn down as the `stack`
-    fixture's (`take_down`)."""
-    stack = start_stack(tmp_path_factory.mktemp("train"))
-    try:
-        for queue in Queue:
-            stack.start_worker(queue)
-        yield stack
-    finally:
-        take_down(stack)
+pytestmark = pytest.mark.xdist_group("trained_stack")  # one worker sets the stack up
 
 
 def test_tiny_preset_trains_three_steps_end_to_end(trained_stack: Stack) -> None:

@@ -22,6 +22,7 @@ from tests.learner_groups import on_policy_groups
 from tests.trajectories import Step, trajectory
 
 CONFIG = GRPOConfig(learning_rate=3e-3, micro_batch_size=3, max_staleness=8)
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker computes `groups`
 
 
 @pytest.fixture(scope="module")

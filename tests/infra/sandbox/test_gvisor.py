@@ -29,6 +29,7 @@ from infra.settings import GVisorSettings
 from tests.infra.sandbox.verifier_box import Box, gvisor_missing
 
 CHECK = "def check(candidate):\n    assert candidate(1, 2) == 3\n"
+pytestmark = pytest.mark.xdist_group(__name__)  # one worker starts the `gvisor` box
 
 
 @pytest.fixture(scope="module")
