@@ -1,6 +1,8 @@
 """bench/trl_side.py against TRL itself (its GRPOTrainer on the `tiny` model, on CPU): TRL's
 loss is normalized as Tempered's learner normalizes it, and its run evaluates its last model
-as Tempered's does, whatever `eval_every`."""
+as Tempered's does, whatever `eval_every`. The tests that run TRL are `slow` and need the bench's
+extra (`pip install -e '.[bench]'`, which `make bench` runs; `make test` installs no TRL): the
+rule of when TRL evaluates (`eval_due`) is tested in every suite."""
 
 from __future__ import annotations
 
@@ -8,8 +10,6 @@ import argparse
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("trl")
 
 
 def bench_args(**given: object) -> argparse.Namespace:
@@ -35,6 +35,7 @@ def bench_args(**given: object) -> argparse.Namespace:
 def test_trl_evaluates_its_last_model_with_eval_every_0(tmp_path: Path, tiny_dir: Path) -> None:
     """Tempered's run evaluates before its first step and after its last whatever `eval_every`
     (0: only then); TRL's side evaluated step 0 alone with `--eval-every 0`."""
+    pytest.importorskip("trl")
     from trl_side import trl_side
     from vs_trl import Timeline, experiment
 
@@ -51,6 +52,7 @@ REWARDS = {"a": [1.0, -0.1], "b": [-0.1, 1.0], "c": [1.0, 1.0], "d": [-0.1, -0.1
 """One step of 4 groups of 2 (the sandbox's 1.0 and -0.1), two of them flat (no signal)."""
 
 
+@pytest.mark.slow  # TRL's generation on `tiny`: needs the bench's extra
 def test_trl_normalizes_the_loss_over_the_tokens_tempered_does(
     tmp_path: Path, tiny_dir: Path
 ) -> None:
@@ -58,6 +60,7 @@ def test_trl_normalizes_the_loss_over_the_tokens_tempered_does(
     and scales each token by 1/(sampled tokens of the groups with a signal) (infra/grpo_plan.py);
     TRL's `dapo` divided by every completion token of the generation batch, flat groups' too
     (half as much a step here). TRL's real generation, on the `tiny` model."""
+    pytest.importorskip("trl")
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl_side import grpo_config, grpo_trainer
