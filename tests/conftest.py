@@ -23,6 +23,7 @@ pytest_plugins = [
     "tests.fixtures.stack",
     "tests.fixtures.openmp",
     "tests.fixtures.models",
+    "tests.fixtures.settings_env",
     "tests.fixtures.trained_stack",
 ]
 

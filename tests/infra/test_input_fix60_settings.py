@@ -9,28 +9,14 @@ Every test runs in an empty working directory with no `TEMPERED_*` variables set
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from infra.settings import S3Settings, load_settings
+from tests.fixtures.settings_env import refusal
 
-
-@pytest.fixture(autouse=True)
-def clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name in [n for n in os.environ if n.upper().startswith("TEMPERED_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
-def refusal(config: Path | None = None) -> str:
-    with pytest.raises(ValueError) as caught:
-        load_settings(config)
-    message = str(caught.value)
-    assert "\n" not in message
-    return message
+pytestmark = pytest.mark.usefixtures("clean")  # tests/fixtures/settings_env.py
 
 
 @pytest.mark.parametrize(

@@ -29,13 +29,7 @@ from infra.settings import (
     load_settings,
 )
 
-
-@pytest.fixture(autouse=True)
-def clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name in [n for n in os.environ if n.startswith("TEMPERED_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("clean")  # tests/fixtures/settings_env.py
 
 
 def write(path: Path, text: str) -> Path:

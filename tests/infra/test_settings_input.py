@@ -7,7 +7,6 @@ Every test runs in an empty working directory with no `TEMPERED_*` variables set
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -17,13 +16,7 @@ from infra.settings import Settings, load_settings
 from infra.settings_env import check_environment
 from tests.paths import REPO_ROOT
 
-
-@pytest.fixture(autouse=True)
-def clean(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name in [n for n in os.environ if n.upper().startswith("TEMPERED_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("clean")  # tests/fixtures/settings_env.py
 
 
 def refusal(monkeypatch: pytest.MonkeyPatch, how: str, path: Path) -> str:
