@@ -144,16 +144,11 @@ def own_queue_worker(client: Client, plan: WorkerPlan) -> Worker:
     )
 
 
-async def check_store(queues: list[Queue], plans: list[WorkerPlan], settings: Settings) -> None:
+async def check_store(plans: list[WorkerPlan], settings: Settings) -> None:
     """Where a plan `uses_store`: `check_access` of the settings' store, waiting up to
-    `STORE_WAIT_S`; where it fails, the plans are closed before its error goes on."""
-    if not any(plan.uses_store for plan in plans):
-        return
-    try:
+    `STORE_WAIT_S`."""
+    if any(plan.uses_store for plan in plans):
         await asyncio.to_thread(check_access, ObjectStore.from_settings(settings), STORE_WAIT_S)
-    except BaseException:
-        await close_each(closes(queues, plans))
-        raise
 
 
 def closes(
@@ -171,12 +166,17 @@ async def run_workers(queues: list[Queue], settings: Settings) -> None:
     health = Health(settings.home, name)
     health.clear()  # a dead worker's files never say this one is ready
     plans = [BUILDERS[q](settings) for q in queues]
-    await check_store(queues, plans, settings)
-    telemetry = setup_telemetry(settings, name)
-    client = await connect(settings, telemetry.interceptors(), telemetry.temporal_runtime())
-    built = [
-        await build_worker(client, q, settings, plan) for q, plan in zip(queues, plans, strict=True)
-    ]
+    try:  # a store or a Temporal not there yet (a pod restarted until they are): plans closed
+        await check_store(plans, settings)
+        telemetry = setup_telemetry(settings, name)
+        client = await connect(settings, telemetry.interceptors(), telemetry.temporal_runtime())
+        built = [
+            await build_worker(client, q, settings, plan)
+            for q, plan in zip(queues, plans, strict=True)
+        ]
+    except BaseException:
+        await close_each(closes(queues, plans))
+        raise
     workers = [worker for worker, _ in built]
     workers += [own_queue_worker(client, plan) for _, plan in built if plan.own_queue]
     stop = asyncio.Event()

@@ -161,3 +161,22 @@ async def test_a_close_that_fails_leaves_the_others_to_run(
         await stopped(running)  # raises nothing: the failure is logged
     assert closed == ["rewards", "sandbox", "telemetry"]
     assert "the pool would not close" in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_plans_built_before_a_connect_that_fails_are_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plans are built before the store check and the connect (so the check knows which
+    use the store): a Temporal not there yet (a pod restarted until it is) left them open, the
+    sandbox backend's sessions and the inference engine unclosed."""
+    closed: list[str] = []
+
+    async def closing() -> None:
+        closed.append("rewards")
+
+    plans(monkeypatch, {Queue.REWARDS: lambda: WorkerPlan(activities=[noop], on_shutdown=closing)})
+    nobody = Settings(home=tmp_path / "home", temporal=TemporalSettings(address="127.0.0.1:9"))
+    with pytest.raises(runtime.TemporalUnreachable):
+        await runtime.run_workers([Queue.REWARDS], nobody)
+    assert closed == ["rewards"]
