@@ -95,3 +95,14 @@ def test_the_benchs_evaluations_keep_the_presets_priority() -> None:
     )
     assert run.eval_sampling.priority == load_preset("smollm2").eval_sampling.priority == 1
     assert run.eval_sampling.temperature == 0.0 and run.eval_sampling.max_new_tokens == 64
+
+
+def test_trls_flat_groups_are_tempereds() -> None:
+    """The groups whose tokens TRL's loss leaves out (`grpo_trainer`) are those Tempered's
+    learner leaves out: no signal, round-off apart (`contracts.learner.has_signal`); the loss
+    scale itself is tested against TRL (tests/bench/test_vs_trl_fix61.py, needs the extra)."""
+    from trl_side import signal_rows
+
+    rewards = [1.0, -0.1, 1.0, 1.0, -0.1, -0.1, 0.5, 0.5 + 1e-12]
+    assert signal_rows(rewards, 2) == [True, True] + [False] * 6
+    assert signal_rows(rewards, 4) == [True] * 4 + [False] * 4

@@ -92,7 +92,7 @@ def others_gone(spared: set[int], within_s: float = 5.0) -> bool:
                 alive = True
             if alive:
                 running.append(pid)
-                with contextlib.suppress(ProcessLookupError):
+                with contextlib.suppress(ProcessLookupError, PermissionError):  # still running
                     os.kill(pid, signal.SIGKILL)
         if not running:
             return True
