@@ -105,4 +105,6 @@ def test_trls_flat_groups_are_tempereds() -> None:
 
     rewards = [1.0, -0.1, 1.0, 1.0, -0.1, -0.1, 0.5, 0.5 + 1e-12]
     assert signal_rows(rewards, 2) == [True, True] + [False] * 6
-    assert signal_rows(rewards, 4) == [True] * 4 + [False] * 4
+    assert (
+        signal_rows([0.5, 0.5, 0.5 + 1e-12, 0.5, 1.0, 0.5, 0.5, 0.5], 4) == [False] * 4 + [True] * 4
+    )
