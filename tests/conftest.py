@@ -3,7 +3,8 @@
 And two collection hooks for how `make test` schedules the suite (tests/test_make_test_schedule.py):
 a test marked `alone` in a file the Makefile's ALONE_TESTS does not list is a collection error
 (the serial run collects only those files, the parallel run deselects `alone`: neither would run
-it), and `--dist loadgroup` keeps an `xdist_group` on one worker under pytest 9.
+it), and `--dist loadgroup` runs each module `xdist_group` marks (with the others of its group) on
+one worker, reading the marks itself (pytest-xdist's own reading fails under pytest 9).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import re
 from collections.abc import Generator
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
-from _pytest.nodeid import NodeId
 
 pytest_plugins = [
     "tests.fixtures.s3",
@@ -60,17 +61,40 @@ def pytest_make_collect_report(
     return report
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A worker's share of `--dist loadgroup`: pytest-xdist (3.8) names a test's group in its
-    nodeid ("…::test@group", what the scheduler groups by) by setting `item._nodeid`, which
-    pytest 9 no longer reads; unmended, each test of a group went to either worker."""
-    if not getattr(config.option, "loadgroup", False):
-        return
-    for item in items:
-        marks = item.iter_markers("xdist_group")
-        names = sorted(
-            {str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}
-        )
-        if names and not item.nodeid.endswith(suffix := "@" + "_".join(names)):
-            item._id = NodeId.parse(item.nodeid + suffix)
+GROUP_MARK = re.compile(r"xdist_group\(\s*(?:(__name__)|[\"']([^\"']+)[\"'])\s*\)")
+"""A module's `xdist_group` mark, as written in its `pytestmark`: `__name__` or a literal."""
+
+
+@cache
+def module_group(path: Path, root: Path) -> str | None:
+    """The group of the test module at `path` (its `xdist_group` mark), None where it has none."""
+    text = path.read_text() if path.suffix == ".py" and path.is_file() else ""
+    found = GROUP_MARK.search(text)
+    if found is None:
+        return None
+    if found.group(1):  # __name__: the module's dotted name
+        return ".".join(path.relative_to(root).with_suffix("").parts)
+    return found.group(2)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` by module: a test module marked `xdist_group(name)` runs whole on one
+    worker, with every module of that name, so its costly module (or shared) fixture is set up
+    once; any other test goes wherever a worker is free. pytest-xdist (3.8) groups by a suffix
+    it writes into each test's node id (`…::test@name`), which pytest 9 no longer reads (each
+    test of a group went to either worker); renaming the ids instead broke `--lf` and a pasted
+    id. Here the controller reads the marks from the modules' text (`module_group`), and the
+    ids stay as they are."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    root = config.rootpath
+
+    class ModuleGroups(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            group = module_group(root / nodeid.split("::", 1)[0], root)
+            return nodeid if group is None else f"group:{group}"
+
+    return ModuleGroups(config, log)

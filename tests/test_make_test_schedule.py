@@ -88,7 +88,7 @@ def test_the_parallel_run_sets_a_groups_module_fixture_up_once(tmp_path: Path) -
     suite.mkdir()
     (suite / "pytest.ini").write_text(INI)
     (suite / "conftest.py").write_text(
-        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+        "from tests.conftest import pytest_xdist_make_scheduler  # noqa: F401\n"
     )
     tests = "".join(f"def test_{i}(costly):\n    pass\n\n\n" for i in range(8))
     for name in ("test_one", "test_two"):
