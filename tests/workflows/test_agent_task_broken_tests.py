@@ -35,7 +35,7 @@ from contracts.names import Queue
 from contracts.rollout import AgentTaskResult
 from infra.storage import ObjectStore
 from tests.workflows.harness import ScriptedModel, connect, running_workers
-from tests.workflows.replaying import patch_answers, replay
+from tests.workflows.replaying import patch_answers, replay, replays_on_its_branch_only
 from tests.workflows.test_agent_task import RIGHT, settings_for, task_workers
 from workflows.agent_task import AgentTaskWorkflow
 
@@ -184,3 +184,13 @@ async def test_a_broken_task_started_before_the_check_replays() -> None:
     history = WorkflowHistory.from_json(BEFORE_ID, json.loads(BEFORE.read_text()))
     assert not marked(history) and scheduled(history).count("execute") == 2
     await replay(history, AgentTaskWorkflow)
+
+
+async def test_the_history_before_the_check_replays_on_its_branch_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On its `branch_only` copy (tests/workflows/replaying.py), (b) replays with the check
+    answered False (the release before it) and fails with True: the check fails the task at its
+    start, where (b) went on to `execute`."""
+    history = WorkflowHistory.from_json(BEFORE_ID, json.loads(BEFORE.read_text()))
+    await replays_on_its_branch_only(monkeypatch, history, PATCH, False, AgentTaskWorkflow)

@@ -9,7 +9,8 @@ FEEDBACK. `agent_task_code_feedback.json` is recorded by this test with
 `TEMPERED_RECORD_HISTORIES=1` (the patch's marker, then the FEEDBACK upsert), and
 `agent_task_code_before_feedback.json` by `test_record_before` as the release before the patch
 ran it (no marker, no FEEDBACK upsert: this code with the patch check answering False). A replay
-where the check is gone (upserting always, or never) fails on one of them."""
+where the check is gone (upserting always, or never) fails on one of them, each replayed on its
+`branch_only` copy (`test_a_replay_without_the_patch_check_fails`)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from contracts.names import Activity, Queue, SearchAttr
 from contracts.rollout import TaskStatus, WriteTrajectoriesRequest, WriteTrajectoriesResponse
 from infra.storage import ObjectStore
 from tests.workflows.harness import ScriptedModel, connect, running_workers, start
-from tests.workflows.replaying import patch_answers, replay
+from tests.workflows.replaying import patch_answers, replay, replays_on_its_branch_only
 from tests.workflows.test_agent_task import (
     script,
     settings_for,
@@ -125,3 +126,17 @@ async def test_the_recorded_histories_replay(path: Path, patched: bool) -> None:
     last = ["FEEDBACK", "DONE"] if patched else ["EXECUTE", "DONE"]
     assert upserted_states(history)[-2:] == last
     await replay(history, AgentTaskWorkflow)
+
+
+@pytest.mark.parametrize(("path", "taken"), [(HISTORY, True), (BEFORE, False)])
+@pytest.mark.asyncio
+async def test_a_replay_without_the_patch_check_fails(
+    monkeypatch: pytest.MonkeyPatch, path: Path, taken: bool
+) -> None:
+    """On its `branch_only` copy (tests/workflows/replaying.py), each history replays with the
+    answer it took and fails with the other: the FEEDBACK upsert always (True) or never
+    (False: the release before)."""
+    history = WorkflowHistory.from_json(WORKFLOW_ID, json.loads(path.read_text()))
+    await replays_on_its_branch_only(
+        monkeypatch, history, CODE_FEEDBACK_PATCH, taken, AgentTaskWorkflow
+    )

@@ -7,8 +7,9 @@ a time (`SERIAL_PARTS_PATCH`, workflows/learner_request.py), replayed on this co
 - `learner_carry_read.json.gz`, the segment after it: the 2 parts read back first, the previous
   segment's ledger, then step 1 on the 3 carried groups and one more.
 
-A replay where a patch check is gone fails (`test_a_replay_without_a_patch_check_fails`); the
-histories before them replay as they were (test_replay.py, test_learner_request_size_replay.py).
+A replay where a patch check is gone fails (`test_a_replay_without_a_patch_check_fails`, on
+`branch_only` copies: tests/workflows/replaying.py); the histories before them replay as they
+were (test_replay.py, test_learner_request_size_replay.py).
 The groups: ~450 KB each (long, repetitive keys, so each file gzips to a few KB), 4 a step.
 Recorded by `test_record` with `TEMPERED_RECORD_HISTORIES=1`."""
 
@@ -27,10 +28,11 @@ from contracts.names import Activity
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import TemporalServer
 from tests.workflows.harness import connect
-from tests.workflows.replaying import patch_answers, replay, replay_failure
+from tests.workflows.replaying import replay, replays_on_its_branch_only
 from tests.workflows.test_learner_carry_size import next_run, start_with_groups, workers
 from tests.workflows.test_learner_request_size import GroupsTrainer, scheduled_inputs
 from tests.workflows.test_learner_request_size_replay import group_of
+from tests.workflows.test_learner_request_size_replay import recorded as step_recorded
 from workflows.learner import LearnerWorkflow
 from workflows.learner_carry import CARRY_PARTS_PATCH
 from workflows.learner_request import SERIAL_PARTS_PATCH
@@ -38,6 +40,8 @@ from workflows.learner_request import SERIAL_PARTS_PATCH
 HISTORIES = Path(__file__).parent / "histories"
 WORKFLOW_ID = "learner-carry-parts"
 PARTS, READ = "learner_carry_parts.json.gz", "learner_carry_read.json.gz"
+STEP_PARTS = "learner_step_parts.json.gz"
+"""test_learner_request_size_replay.py's: a step's 2 parts stored before `SERIAL_PARTS_PATCH`."""
 STORE, LOAD = Activity.STORE_STEP_GROUPS, Activity.LOAD_STEP_GROUPS
 EXPECTED = {  # file → (the patches it marks, the activities it scheduled)
     PARTS: (
@@ -88,18 +92,26 @@ async def test_the_recorded_histories_replay(name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("patch", "name"),
-    [(CARRY_PARTS_PATCH, PARTS), (SERIAL_PARTS_PATCH, PARTS), (SERIAL_PARTS_PATCH, READ)],
+    ("patch", "name", "taken"),
+    [(CARRY_PARTS_PATCH, PARTS, True), (SERIAL_PARTS_PATCH, STEP_PARTS, False)],
 )
 @pytest.mark.asyncio
 async def test_a_replay_without_a_patch_check_fails(
-    monkeypatch: pytest.MonkeyPatch, patch: str, name: str
+    monkeypatch: pytest.MonkeyPatch,
+    patch: str,
+    name: str,
+    taken: bool,
 ) -> None:
-    """`workflow.patched(patch)` answers False (the release before it): the pending groups go
-    inline, or a step's parts all at once, and the recorded commands no longer match."""
-    patch_answers(monkeypatch, patch, False)
-    failure = await replay_failure(recorded(name), LearnerWorkflow)
-    assert "Nondeterminism" in failure, failure
+    """On its `branch_only` copy (tests/workflows/replaying.py), a history replays with
+    `workflow.patched(patch)` answering the branch it took, and fails with the other: the
+    pending groups go inline (False, the release before `CARRY_PARTS_PATCH`); a step's parts,
+    scheduled all at once before `SERIAL_PARTS_PATCH` (test_learner_request_size_replay.py's
+    history), one workflow task at a time (True).
+
+    `SERIAL_PARTS_PATCH`'s histories (`PARTS`, `READ`) hold no branch: scheduled all at once
+    (False), their parts' commands match theirs, one workflow task early, and they replay."""
+    history = step_recorded(name) if name == STEP_PARTS else recorded(name)
+    await replays_on_its_branch_only(monkeypatch, history, patch, taken, LearnerWorkflow)
 
 
 @pytest.mark.slow  # a recorder: `make test` leaves it out, `make test-all` skips it

@@ -46,7 +46,7 @@ from infra import keys
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import TemporalServer
 from tests.workflows.harness import connect
-from tests.workflows.replaying import patch_answers, replay, replay_failure
+from tests.workflows.replaying import replay, replays_on_its_branch_only
 from tests.workflows.test_learner_carry_size import WAIT_S, CarryParent, start_with_groups
 from tests.workflows.test_learner_carry_size import task_failure as failed_task
 from tests.workflows.test_learner_carry_size import workers as carry_workers
@@ -268,11 +268,12 @@ async def test_the_recorded_history_replays() -> None:
 
 @pytest.mark.asyncio
 async def test_a_replay_without_the_patch_check_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`workflow.patched(CARRY_LAST_PATCH)` answers False (the release before it): it carries
-    first, and signals the burst inline instead of storing it: the commands no longer match."""
-    patch_answers(monkeypatch, CARRY_LAST_PATCH, False)
-    failure = await replay_failure(recorded(), LearnerWorkflow)
-    assert "Nondeterminism" in failure, failure
+    """On its `branch_only` copy (tests/workflows/replaying.py), the history replays with
+    `workflow.patched(CARRY_LAST_PATCH)` answering True, and not with False (the release before
+    it): it carries first, and signals the burst inline instead of storing it."""
+    await replays_on_its_branch_only(
+        monkeypatch, recorded(), CARRY_LAST_PATCH, True, LearnerWorkflow
+    )
 
 
 @pytest.mark.slow  # a recorder: `make test` leaves it out, `make test-all` skips it

@@ -8,8 +8,9 @@ request (`TRAJECTORY_PARTS_PATCH` in workflows/agent_task.py), replayed on this 
   answering False, which is what that release's commands were).
 
 A replay where either branch is gone fails: written in one request always (the first), or in
-parts always (the second: its recorded request is one; the first too, as the SDK refuses a
-patch marker that no `workflow.patched` call asks for).
+parts always (the second: its recorded request is one). Each is replayed on its `branch_only`
+copy (tests/workflows/replaying.py): the SDK fails a history holding a patch marker that no
+`workflow.patched` asks for, whatever the branch.
 
 The group: 16 episodes of 14 steps, each a call whose brief is the largest a call has (2.4 KB
 of a step: tests/workflows/test_agent_task_history_bound.py's `largest_call`), ~540 KB of steps
@@ -29,7 +30,7 @@ from temporalio.client import WorkflowHistory
 
 from infra.storage import ObjectStore
 from tests.workflows.harness import ScriptedModel, ScriptedSandbox, connect, running_workers, start
-from tests.workflows.replaying import patch_answers, replay, replay_failure
+from tests.workflows.replaying import patch_answers, replay, replays_on_its_branch_only
 from tests.workflows.test_agent_task_history_bound import largest_call
 from tests.workflows.test_episodes import task_input, workers
 from workflows.agent_task import TRAJECTORY_PARTS_PATCH, AgentTaskWorkflow
@@ -76,25 +77,19 @@ async def test_the_recorded_histories_replay(name: str) -> None:
     await replay(history, AgentTaskWorkflow)
 
 
-@pytest.fixture
-def one_branch(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
-    """`AgentTaskWorkflow._write` without its patch check: a group is always written in parts
-    (True) or always in one request (False: the release before the patch)."""
-    patch_answers(monkeypatch, TRAJECTORY_PARTS_PATCH, request.param)
-
-
-@pytest.mark.parametrize(
-    ("one_branch", "name"),
-    [
-        (False, "agent_task_trajectory_parts.json.gz"),
-        (True, "agent_task_trajectories_whole.json.gz"),
-    ],
-    indirect=["one_branch"],
-)
+@pytest.mark.parametrize("name", sorted(RECORDED))
 @pytest.mark.asyncio
-async def test_a_replay_without_the_patch_check_fails(one_branch: None, name: str) -> None:
-    failure = await replay_failure(recorded(name), AgentTaskWorkflow)
-    assert "Nondeterminism" in failure, failure
+async def test_a_replay_without_the_patch_check_fails(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """`AgentTaskWorkflow._write` without its patch check, on the history's `branch_only` copy
+    (tests/workflows/replaying.py): the branch the history took replays, the other fails (a
+    group always written in parts, True, or always in one request, False: the release before
+    the patch)."""
+    taken = RECORDED[name][1]
+    await replays_on_its_branch_only(
+        monkeypatch, recorded(name), TRAJECTORY_PARTS_PATCH, taken, AgentTaskWorkflow
+    )
 
 
 @pytest.mark.slow  # a recorder: `make test` leaves it out, `make test-all` skips it

@@ -32,7 +32,7 @@ from tests.workflows.control_plane import (
     StandInAgentTask,
     control_plane,
 )
-from tests.workflows.replaying import patch_answers, replay, replay_failure
+from tests.workflows.replaying import replay, replays_on_its_branch_only
 from tests.workflows.test_training_run_children import started_children
 from tests.workflows.test_training_run_fails_at_once import patched
 from workflows.training_run import (
@@ -104,11 +104,13 @@ async def test_flat_groups_in_flight_at_the_end_are_sent(store: ObjectStore, end
 async def test_the_recorded_run_replays_only_behind_its_patch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The recorded run replays; on code that redraws them (the patch answered False) it does
-    not: sending them changed the run's commands."""
+    """The recorded run replays; on its `branch_only` copy (tests/workflows/replaying.py) it
+    replays with the patch answered True, and not on code that redraws them (False): sending
+    them changed the run's commands."""
     text = (HISTORIES / RECORDED).read_text()
     history = WorkflowHistory.from_json("train-flat-budget", json.loads(text))
     assert patched(history, BUDGET_SENDS_FLAT_PATCH)
     await replay(history, TrainingRunWorkflow)
-    patch_answers(monkeypatch, BUDGET_SENDS_FLAT_PATCH, False)
-    assert "nondetermin" in (await replay_failure(history, TrainingRunWorkflow)).lower()
+    await replays_on_its_branch_only(
+        monkeypatch, history, BUDGET_SENDS_FLAT_PATCH, True, TrainingRunWorkflow
+    )

@@ -32,7 +32,7 @@ from tests.fixtures.learner_standins import BusyLearner, GatedAgentTask
 from tests.fixtures.temporal import TemporalServer
 from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
 from tests.workflows.harness import connect
-from tests.workflows.replaying import patch_answers, replay, replay_failure
+from tests.workflows.replaying import replay, replays_on_its_branch_only
 from tests.workflows.test_training_run_children import failure, started_children
 from tests.workflows.test_training_run_fails_at_once import RUN, patched
 from workflows.learner_link import CANCEL_RETRY_PATCH
@@ -170,11 +170,13 @@ async def test_a_learner_gone_for_good_is_cancelled_no_longer_than_a_signal_is_r
 async def test_the_recorded_retry_replays_only_behind_its_patch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The recorded history replays; on code without the retry (the patch answered False) it
-    does not: the retry changed the run's commands."""
+    """The recorded history replays; on its `branch_only` copy (tests/workflows/replaying.py)
+    it replays with the patch answered True, and not on code without the retry (False): the
+    retry changed the run's commands."""
     text = (HISTORIES / RECORDED).read_text()
     history = WorkflowHistory.from_json("train-cancel-retried", json.loads(text))
     assert patched(history, CANCEL_RETRY_PATCH)
     await replay(history, TrainingRunWorkflow)
-    patch_answers(monkeypatch, CANCEL_RETRY_PATCH, False)
-    assert "nondetermin" in (await replay_failure(history, TrainingRunWorkflow)).lower()
+    await replays_on_its_branch_only(
+        monkeypatch, history, CANCEL_RETRY_PATCH, True, TrainingRunWorkflow
+    )

@@ -34,7 +34,7 @@ from contracts.run import TrainingRunInput, TrainingRunResult
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import time_skipping_server
 from tests.workflows.control_plane import ScriptedSuite, ScriptedTrainer, control_plane
-from tests.workflows.replaying import patch_answers, replay, replay_failure
+from tests.workflows.replaying import replay, replays_on_its_branch_only
 from tests.workflows.test_training_run_fails_at_once import patched
 from workflows.training_run import FLAT_ROUNDOFF_PATCH as PATCH
 from workflows.training_run import TrainingRunWorkflow
@@ -111,33 +111,16 @@ async def test_the_recorded_histories_replay(name: str) -> None:
     await replay(history, TrainingRunWorkflow)
 
 
-def branch_only(history: WorkflowHistory) -> WorkflowHistory:
-    """`history` with the patch's marker deprecated: the SDK skips a deprecated marker that no
-    `workflow.patched` asks for, so a replay under `patch_answers` (which records no marker)
-    fails on the run's commands only. A marker left as it is fails every such replay of the
-    history that holds it, whatever the branch taken."""
-    for event in history.events:
-        if event.HasField("marker_recorded_event_attributes"):
-            for payload in event.marker_recorded_event_attributes.details["patch-data"].payloads:
-                if json.loads(payload.data)["id"] == PATCH:
-                    payload.data = json.dumps({"id": PATCH, "deprecated": True}).encode()
-    return history
-
-
 @pytest.mark.parametrize(("name", "taken"), [(REDRAWN, True), (BEFORE, False)])
 @pytest.mark.asyncio
 async def test_each_history_replays_on_its_branch_only(
     monkeypatch: pytest.MonkeyPatch, name: str, taken: bool
 ) -> None:
-    """`workflow.patched(FLAT_ROUNDOFF_PATCH)` answers without the history: the branch the
-    history took replays; the other (False: the release before sends the group this code
-    redrew; True: this code redraws the group the release before sent) changes the run's
-    commands and fails."""
-    patch_answers(monkeypatch, PATCH, taken)
-    assert await replay_failure(branch_only(recorded(name)), TrainingRunWorkflow) == ""
-    patch_answers(monkeypatch, PATCH, not taken)
-    failure = await replay_failure(branch_only(recorded(name)), TrainingRunWorkflow)
-    assert "nondetermin" in failure.lower(), failure
+    """`workflow.patched(FLAT_ROUNDOFF_PATCH)` answers without the history, on its `branch_only`
+    copy (tests/workflows/replaying.py): the branch the history took replays; the other (False:
+    the release before sends the group this code redrew; True: this code redraws the group the
+    release before sent) changes the run's commands and fails."""
+    await replays_on_its_branch_only(monkeypatch, recorded(name), PATCH, taken, TrainingRunWorkflow)
 
 
 @pytest.mark.slow  # a recorder: `make test` leaves it out
