@@ -5,6 +5,8 @@ whose venv tools are stubs that log their calls, as tests/test_packaging.py does
   module's costly module-scoped fixture (a stack, a torchrun group, a wheel) is set up once, not
   once a worker: checked with the installed pytest-xdist and tests/conftest.py's mend of
   loadgroup under pytest 9, on a suite of its own.
+- The session's `trained_stack` (tests/fixtures/trained_stack.py) is set up once only where every
+  module that asks for it is in its group: the modules are found by their tests' arguments.
 - The serial run of the `alone` tests collects only the files ALONE_TESTS lists (collecting all
   ~3,500 tests to run 5 took 12-30 s), and collecting an `alone` test from any other file is a
   collection error (tests/conftest.py), so that no such test falls between the two runs.
@@ -12,6 +14,7 @@ whose venv tools are stubs that log their calls, as tests/test_packaging.py does
 
 from __future__ import annotations
 
+import ast
 import importlib
 import os
 import shutil
@@ -110,6 +113,41 @@ def test_a_module_with_a_costly_module_fixture_is_one_group(module: str) -> None
     marks = importlib.import_module(module).pytestmark
     marks = marks if isinstance(marks, list) else [marks]
     assert len([mark for mark in marks if mark.name == "xdist_group"]) == 1, marks
+
+
+def fixture_users(fixture: str) -> list[str]:
+    """The test modules under tests/ (as paths from the repository root) with a function (a test
+    or a fixture of the module) that takes `fixture` as an argument or marks `usefixtures` it."""
+    users = []
+    for path in sorted((REPO_ROOT / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                taken = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                if any(arg.arg == fixture for arg in taken):
+                    break
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "usefixtures"
+                and any(isinstance(a, ast.Constant) and a.value == fixture for a in node.args)
+            ):
+                break
+        else:
+            continue
+        users.append(str(path.relative_to(REPO_ROOT)))
+    return users
+
+
+def test_the_modules_that_share_the_trained_stack_are_its_group() -> None:
+    """Each module that takes `trained_stack` is in the group "trained_stack", as the scheduler
+    reads it (tests/conftest.py `module_group`): one outside it would set a second stack (a
+    Temporal, a SeaweedFS, five workers) up on another pytest-xdist worker."""
+    from tests.conftest import module_group  # the scheduler's reader of a module's group
+
+    users = fixture_users("trained_stack")
+    assert "tests/test_train.py" in users, f"the scan finds none of its users: {users}"
+    groups = {name: module_group(REPO_ROOT / name, REPO_ROOT) for name in users}
+    assert all(group == "trained_stack" for group in groups.values()), groups
 
 
 def test_the_serial_run_collects_the_files_alone_tests_lists(tmp_path: Path) -> None:

@@ -6,8 +6,9 @@ A worker whose activities use S3 started with the development credentials (`temp
 keys, reported ready, and then every S3 activity failed as access denied, retried without end.
 Now it exits at start in one line that names the endpoint, the access key id in use (never the
 secret) and the settings to set; a store that no retry reaches within the worker's bound
-(`runtime.STORE_WAIT_S`) is told in one line too. Right credentials start it as before, and the
-agent-tasks worker (workflows only, no S3) starts whatever the store.
+(`runtime.STORE_WAIT_S`) is told in one line too, and one that comes up within it (a pod started
+before its store) is waited for. Right credentials start it as before, and the agent-tasks worker
+(workflows only, no S3) starts whatever the store.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ EXIT_BOUND_S = 90.0
 one listing (no retry: refused credentials are no store still starting)."""
 READY_BOUND_S = 120.0
 """For a worker with the right credentials to say it is ready."""
+STORE_DOWN_S = 2.0
+"""How long the store stays down after the worker's first try, in the test of a late store."""
 WRONG_SECRET = "not-the-secret-61"
 
 WORKER = """
@@ -180,6 +183,41 @@ def test_a_store_no_retry_reaches_ends_the_worker_in_one_line(
     assert f"cannot reach S3 at {endpoint}" in lines[0], lines[0]
     assert "TEMPERED_S3__ENDPOINT" in lines[0], lines[0]
     assert time.monotonic() - began < EXIT_BOUND_S
+
+
+def test_a_store_that_comes_up_later_is_waited_for(
+    seaweed: SeaweedServer,
+    store: ObjectStore,
+    temporal_server: TemporalServer,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """The store is down when the worker checks it, and up (same endpoint, bucket kept) after the
+    worker's first failed try: the worker retries, then says it is ready."""
+    env = worker_env(
+        tmp_path / "home",
+        temporal_server,
+        namespace,
+        endpoint=seaweed.endpoint,
+        bucket=store.bucket,
+        access_key=seaweed.settings.access_key,
+        secret_key=seaweed.settings.secret_key.get_secret_value(),
+    )
+    seaweed.stop()
+    try:
+        process = start([sys.executable, "-c", WORKER, "60", Queue.REWARDS.value], env, tmp_path)
+        assert process.stdout is not None
+        seen: list[str] = []
+        while not seen or seaweed.endpoint not in seen[-1]:  # its first try, refused
+            seen.append(process.stdout.readline())
+            if not seen[-1]:
+                pytest.fail(f"the worker exited before it tried the store:\n{''.join(seen)}")
+        assert "tempered worker:" not in seen[-1], f"it gave up at once:\n{''.join(seen)}"
+        time.sleep(STORE_DOWN_S)  # a few more tries, further apart
+    finally:
+        seaweed.start()
+    output = "".join(seen) + ready_then_stopped(process, Queue.REWARDS)
+    assert "tempered worker:" not in output, output
 
 
 def test_a_worker_without_s3_activities_starts_whatever_the_store(
