@@ -148,14 +148,15 @@ def test_refused_credentials_end_the_worker_in_one_line(
     assert "Traceback" not in output
 
 
-def test_right_credentials_start_the_worker(
-    seaweed: SeaweedServer,
-    store: ObjectStore,
+def right_env(
+    tmp_path: Path,
     temporal_server: TemporalServer,
     namespace: str,
-    tmp_path: Path,
-) -> None:
-    env = worker_env(
+    seaweed: SeaweedServer,
+    store: ObjectStore,
+) -> dict[str, str]:
+    """A worker's environment with the store's own endpoint, bucket and keys."""
+    return worker_env(
         tmp_path / "home",
         temporal_server,
         namespace,
@@ -164,6 +165,16 @@ def test_right_credentials_start_the_worker(
         access_key=seaweed.settings.access_key,
         secret_key=seaweed.settings.secret_key.get_secret_value(),
     )
+
+
+def test_right_credentials_start_the_worker(
+    seaweed: SeaweedServer,
+    store: ObjectStore,
+    temporal_server: TemporalServer,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    env = right_env(tmp_path, temporal_server, namespace, seaweed, store)
     output = ready_then_stopped(tempered_worker(Queue.REWARDS, env, tmp_path), Queue.REWARDS)
     assert "tempered worker:" not in output
 
@@ -194,15 +205,7 @@ def test_a_store_that_comes_up_later_is_waited_for(
 ) -> None:
     """The store is down when the worker checks it, and up (same endpoint, bucket kept) after the
     worker's first failed try: the worker retries, then says it is ready."""
-    env = worker_env(
-        tmp_path / "home",
-        temporal_server,
-        namespace,
-        endpoint=seaweed.endpoint,
-        bucket=store.bucket,
-        access_key=seaweed.settings.access_key,
-        secret_key=seaweed.settings.secret_key.get_secret_value(),
-    )
+    env = right_env(tmp_path, temporal_server, namespace, seaweed, store)
     seaweed.stop()
     try:
         process = start([sys.executable, "-c", WORKER, "60", Queue.REWARDS.value], env, tmp_path)
