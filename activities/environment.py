@@ -316,7 +316,7 @@ class EnvironmentActivities:
             read_model, self.store, where, ref, CompletionRecord, missing_retried=True
         )
         try:
-            return full_call(item.call, record.text, WORKSPACE_TOOLS)
+            return full_call(item.call, record.text, WORKSPACE_TOOLS, thinking=record.thinking)
         except ValueError as exc:
             raise invalid(where, f"{ref.key}: {exc}") from exc
 

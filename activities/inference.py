@@ -18,10 +18,11 @@ Each completion is written to `keys.turn_key(run, task, sample, step, "completio
 and its action is parsed: `code` writes the program to `code.py`; `workspace` returns the
 `ToolCall` (infra/inference/toolcalls.py, which never raises: a malformed call comes back with
 `error` set and costs the episode a step; one whose turn ended at `max_new_tokens` before the
-call was whole says so), as its brief (`ToolCall.brief`): the whole call stays in the record,
-whose text `env_step` and `write_trajectories` parse again, so no file content the model writes
-crosses Temporal. A `workspace` prompt also tells the episode its turns, where the request
-gives them (`_turns`), and which calls of its previous turn were not run (`ChatFormat`).
+call was whole says so; a call drafted in a think block its prompt opened is none), as its
+brief (`ToolCall.brief`): the whole call stays in the record, whose text `env_step` and
+`write_trajectories` parse again, so no file content the model writes crosses Temporal. A
+`workspace` prompt also tells the episode its turns, where the request gives them (`_turns`),
+and which calls of its previous turn were not run (`ChatFormat`).
 
 Policy: `req.policy_version` None means the newest published version of `req.policy_run`
 (re-read every couple of seconds, so a hot reload needs no restart); a number means exactly
@@ -82,6 +83,7 @@ from infra.inference import (
     get_backend,
     model_positions,
 )
+from infra.inference.calltags import starts_thinking
 from infra.inference.nonfinite import draw_finite
 from infra.inference.prompts import (
     ChatFormat,
@@ -208,6 +210,7 @@ class InferenceActivities:
         )
         finished_at = _now()
         records = dict(enumerate(stored))
+        guided = req.sampling.tool_choice == "required"
         for i, result in zip(todo, results, strict=True):
             records[i] = CompletionRecord(
                 text=chat.tokenizer.decode(result.output.token_ids, skip_special_tokens=True),
@@ -219,6 +222,7 @@ class InferenceActivities:
                 finish_reason=result.output.finish_reason,
                 started_at=started_at,
                 finished_at=finished_at,
+                thinking=starts_thinking(prompts[i], chat.tokenizer.decode, guided=guided),
             )
         completions = await asyncio.gather(
             *(
@@ -314,9 +318,13 @@ class InferenceActivities:
         return parse_model(f"items[{index}]", key, data, CompletionRecord)
 
     def _write(
-        self, req: GenerateRequest, item: GenerateItem, record: CompletionRecord | None
+        self,
+        req: GenerateRequest,
+        item: GenerateItem,
+        record: CompletionRecord | None,
     ) -> Completion:
-        """Store completion.json (and `code`'s code.py) of one sample, create-only (blocking).
+        """Store completion.json (and `code`'s code.py) of one sample, create-only (blocking); its
+        call is read as its record says (`thinking`: the prompt opened a think block).
 
         If another attempt stored a different completion first, that one wins and is returned:
         a ref always matches the bytes under its key, whatever attempts overlap.
@@ -341,7 +349,10 @@ class InferenceActivities:
         else:
             # a turn `max_new_tokens` ended: a call not yet whole is told as cut, not as bad JSON
             cut_at = len(record.completion_token_ids) if record.finish_reason == "length" else None
-            action["call"] = parse_tool_call(record.text, WORKSPACE_TOOLS, cut_at=cut_at).brief()
+            call = parse_tool_call(
+                record.text, WORKSPACE_TOOLS, cut_at=cut_at, thinking=record.thinking
+            )
+            action["call"] = call.brief()
         return Completion(
             sample=item.sample,
             completion=completion_ref,

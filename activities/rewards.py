@@ -218,7 +218,7 @@ class RewardActivities:
         if step.call is None:
             return None
         try:
-            return full_call(step.call, record.text, WORKSPACE_TOOLS)
+            return full_call(step.call, record.text, WORKSPACE_TOOLS, thinking=record.thinking)
         except ValueError as exc:
             raise invalid(f"{where}.call", f"{step.completion.key}: {exc}") from exc
 

@@ -9,7 +9,7 @@ import math
 
 from pydantic import Field, field_validator
 
-from contracts.common import Contract, ObjectRef
+from contracts.common import Contract, ObjectRef, empty_left_out
 from contracts.episode import EpisodeEnd, SessionRef, ToolCall, Verdict
 from contracts.errors import ErrorType, fail
 from contracts.sandbox import ExecStatus
@@ -41,6 +41,12 @@ class CompletionRecord(Contract):
     finish_reason: str = "stop"
     started_at: str = ""
     finished_at: str = ""
+    thinking: bool = Field(
+        default=False,
+        exclude_if=empty_left_out,  # records of the release before read it as False
+        description="Its prompt opened a think block (`infra.inference.calltags."
+        "starts_thinking`): the text is thinking up to its first `</think>`, as it was parsed.",
+    )
 
     @field_validator("logprobs")
     @classmethod

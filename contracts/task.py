@@ -161,7 +161,8 @@ class SamplingParams(InputContract):
     stop_after_tool_call: bool = Field(
         default=False,
         description="Stop a completion once the call the parser takes is closed (a tag "
-        "mentioned before it or drafted in a <think> block is none).",
+        "mentioned before it is none, nor one drafted in a <think> block, be it opened by the "
+        "completion or by the chat template's generation prompt).",
     )
     tool_choice: Literal["auto", "required"] = Field(
         default="auto",

@@ -123,7 +123,8 @@ class RowBatch:
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
         budget = row_budget(prompt, params, self.policy.max_context)
-        watch, guide = self.policy.stops.watch(params), self.policy.guides.guide(params)
+        watch = self.policy.stops.watch(params, prompt)
+        guide = self.policy.guides.guide(params)
         return Row(prompt, params, budget, generator, watch, guide)
 
     @torch.inference_mode()

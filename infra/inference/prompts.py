@@ -5,6 +5,7 @@
     ids = chat.next_prompt(previous_record, observation, turn=1, turns=3)   # step k > 0
     code = extract_code(completion_text)                    # the `code` environment's action
     program_closed(text_so_far)                             # where stop_after_code_block stops
+    closed, at = program_scan(longer_text, at)              # the same, as a row grows
 
 Step 0 renders the system prompt and the task with the tokenizer's chat template (for
 `workspace` the tools too: as the template's `tools=` where it renders them, else the fallback
@@ -64,6 +65,7 @@ from contracts.rollout import CompletionRecord
 from contracts.sandbox import ExecStatus, ExecutionResult
 from contracts.task import EnvName
 from infra.inference import toolcalls
+from infra.inference.calltags import starts_thinking
 from infra.inference.untrusted import OBSERVATION_CHARS as OBSERVATION_CHARS  # re-exported
 from infra.inference.untrusted import OBSERVATION_TOKENS as OBSERVATION_TOKENS
 from infra.inference.untrusted import UntrustedText, clip
@@ -154,11 +156,14 @@ def grading_text(turns: int | None) -> str:
     )
 
 
-def observation_notes(completion: str, turn: int | None, turns: int | None) -> str:
+def observation_notes(
+    completion: str, turn: int | None, turns: int | None, *, thinking: bool = False
+) -> str:
     """The lines a `workspace` observation ends with: the calls of `completion` (the previous
-    turn's text) not run, and which turn `turn` (0-based, the one to be sampled) is of `turns`."""
+    turn's text, `thinking` where its prompt opened a think block) not run, and which turn
+    `turn` (0-based, the one to be sampled) is of `turns`."""
     lines = []
-    if further := toolcalls.further_calls(completion):
+    if further := toolcalls.further_calls(completion, thinking=thinking):
         plural = "s" if further > 1 else ""
         lines.append(f"({further} further call{plural} ignored: one call per turn)")
     if turn is not None and turns is not None:
@@ -303,7 +308,9 @@ class ChatFormat:
             ids.append(self.end_of_turn)
         notes = ""
         if self.env is EnvName.WORKSPACE:
-            notes = observation_notes(previous.text, turn, turns)
+            # a guided turn is its call alone: read as thinking or not, it has no further calls
+            thinking = starts_thinking(previous.prompt_token_ids, self.tokenizer.decode)
+            notes = observation_notes(previous.text, turn, turns, thinking=thinking)
         return ids + self.observation_ids(observation, notes)
 
     def _render_after_assistant(self, *following: dict[str, str]) -> str:
@@ -360,7 +367,23 @@ def program_closed(text: str) -> bool:
     (`infra.inference.stops`), so a turn cut there runs that block: not a ```bash block before it
     (never run), nor an example (`>>> add(1, 2)`, which a defining block after it would beat). A
     turn with no such block is not ended early; `extract_code` then takes the last it counts."""
-    return any(m.group(3) and _DEFINES.search(m.group(2)) for m in _program_blocks(text))
+    return program_scan(text)[0]
+
+
+def program_scan(text: str, at: int = 0) -> tuple[bool, int]:
+    """`program_closed` of a text that grows: whether `text` holds such a block from `at` on,
+    and where the scan of a longer text goes on: the end of the last closed block, or the first
+    place a block may still open (an open block's fence, the last three backticks of a line
+    that has no newline yet). The stop rule's: each block is read about once, however long the
+    row and however many fences it writes."""
+    for match in _FENCE.finditer(text, at):
+        if not match.group(3):  # open: closed later at its first fence, read again then
+            return False, match.start()
+        at = match.end()
+        if match.group(1).lower() in _PYTHON_TAGS and _DEFINES.search(match.group(2)):
+            return True, at
+    tick = text.rfind("`", at)
+    return False, len(text) if tick < 0 else max(at, tick - 2)
 
 
 def _program_blocks(text: str) -> Iterator[re.Match[str]]:

@@ -1,7 +1,7 @@
 """Where a completion stops besides EOS and its token budget, decided token by token.
 
     rules = StopRules.of(tokenizer)                 # once per tokenizer
-    watch = rules.watch(params)                     # once per row; None: no rule applies
+    watch = rules.watch(params, prompt=prompt_ids)  # once per row; None: no rule applies
     if watch is not None and watch.add(token):      # after each sampled token
         ...                                         # the row is done, this token included
 
@@ -10,33 +10,42 @@ there: `stop_after_code_block` at the token that closes the first block `extract
 (`prompts.program_closed`: a python or untagged block defining a function; a ```bash block or an
 example before it does not end the turn), `stop_after_tool_call` at the token that completes the
 `</tool_call>` after the call `parse_tool_call` takes (`toolcalls.call_closed`: not a tag only
-mentioned, not one inside a `<think>` block).
+mentioned, not one drafted while thinking: the row's prompt says whether the completion starts
+inside a think block, `calltags.starts_thinking`).
 
-Both are tested on the row's decoded text only at the tokens that may complete what they look
-for, found by token id: a fence (`FENCE`, a run of at least three backticks, whether one token
-holds it or several tokens of a byte-level vocabulary write it together: a token holding a
-backtick but no whole fence is checked by decoding the row's last few tokens), or the closing
-tag (a token holding `>` whose last few tokens' text has the tag). Both backends use it: the
-local decode loop (`infra.inference.decoder`) after every step, the `vllm` backend on the
-tokens it streams; token ids and the tokenizer's decode, never a re-tokenisation.
+Both are tested only at the tokens that may complete what they look for, found by token id: a
+fence (`FENCE`, a run of at least three backticks, whether one token holds it or several tokens
+of a byte-level vocabulary write it together: a token holding a backtick but no whole fence is
+checked by decoding the row's last few tokens), or the closing tag (a token holding `>` whose
+last few tokens' text has the tag). There, the row's text is the text decoded before and the new
+tokens' (`RowWatch.text`: decoded after a few tokens of context, so a character of several
+tokens reads whole), and each rule reads on from where it stopped (`prompts.program_scan`,
+`calltags.CallWatch`): a row costs time linear in its length, however many fences or tags it
+writes. Both backends use it: the local decode loop (`infra.inference.decoder`) after every
+step, the `vllm` backend on the tokens it streams; token ids and the tokenizer's decode, never a
+re-tokenisation.
 """
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from contracts.task import SamplingParams
-from infra.inference.prompts import program_closed
-from infra.inference.toolcalls import CALL_CLOSE, call_closed
+from infra.inference.calltags import CALL_CLOSE, CallWatch, starts_thinking
+from infra.inference.prompts import program_scan
 
 TAIL_TOKENS = 16
 """Tokens decoded to find `</tool_call>` or a fence written by several tokens (each is at most
-a dozen tokens in any vocabulary) before the whole row's text is tested."""
+a dozen tokens in any vocabulary) before the row's text is read."""
 FENCE = re.compile("`{3,}")
 """A code fence: a run of at least three backticks."""
+CONTEXT_TOKENS = 4
+"""Tokens decoded again before a row's new ones, so that the new ones' text reads as in the whole
+row's decode (a SentencePiece token's leading space, the bytes of one character)."""
 
 
 def token_texts(tokenizer: Any, size: int = 0) -> list[str]:
@@ -89,27 +98,36 @@ class StopRules:
         after, before = self.decode(tail), self.decode(tail[:-1])
         return max(len(FENCE.findall(after)) - len(FENCE.findall(before)), 0)
 
-    def closes_tool_call(self, tokens: list[int]) -> bool:
-        """Whether the completion `tokens` just closed its call (`toolcalls.call_closed`),
-        tested where its last token holds `>` and completed a closing tag (the text of the last
-        few tokens has more tags than without it): once per tag, however long the row."""
+    def new_close(self, tokens: list[int]) -> bool:
+        """Whether the completion `tokens`' last token completed a `</tool_call>`: it holds `>`,
+        and the text of the last few tokens has more tags than without it."""
         if not tokens or tokens[-1] not in self.close_ids:
             return False
         tail = tokens[-TAIL_TOKENS:]
-        if self.decode(tail).count(CALL_CLOSE) <= self.decode(tail[:-1]).count(CALL_CLOSE):
-            return False
-        return call_closed(self.decode(tokens))
+        return self.decode(tail).count(CALL_CLOSE) > self.decode(tail[:-1]).count(CALL_CLOSE)
+
+    def closes_tool_call(self, tokens: list[int], thinking: bool = False) -> bool:
+        """Whether a row writing the completion `tokens` ends at the last under
+        `stop_after_tool_call` (`thinking`: its prompt opened a think block)."""
+        watch = RowWatch(self, code_block=False, tool_call=True, thinking=thinking)
+        return [watch.add(token) for token in tokens][-1:] == [True]
 
     def closes_program(self, tokens: list[int]) -> bool:
-        """Whether the completion `tokens` just closed the block `extract_code` would run
-        (`prompts.program_closed`), tested where its last token completed a fence."""
-        return self.new_fences(tokens) > 0 and program_closed(self.decode(tokens))
+        """Whether a row writing the completion `tokens` ends at the last under
+        `stop_after_code_block`."""
+        watch = RowWatch(self, code_block=True, tool_call=False)
+        return [watch.add(token) for token in tokens][-1:] == [True]
 
-    def watch(self, params: SamplingParams) -> RowWatch | None:
-        """A watch over one row's tokens, or None when none of its stop options is set."""
+    def watch(self, params: SamplingParams, prompt: Sequence[int] = ()) -> RowWatch | None:
+        """A watch over one row's tokens, or None when none of its stop options is set;
+        `prompt`: the row's, which says whether the completion starts inside a think block."""
         if not (params.stop_after_code_block or params.stop_after_tool_call):
             return None
-        return RowWatch(self, params.stop_after_code_block, params.stop_after_tool_call)
+        guided = params.tool_choice == "required"
+        thinking = params.stop_after_tool_call and starts_thinking(
+            prompt, self.decode, guided=guided
+        )
+        return RowWatch(self, params.stop_after_code_block, params.stop_after_tool_call, thinking)
 
 
 @dataclass
@@ -119,11 +137,57 @@ class RowWatch:
     rules: StopRules
     code_block: bool
     tool_call: bool
+    thinking: bool = False
+    """The completion starts inside a think block its prompt opened (`calltags`)."""
     tokens: list[int] = field(default_factory=list)
+    text: str = ""
+    """The text of `tokens[:read]`: decoded at the fences and tags, the new tokens only."""
+    read: int = 0
+    decoded: int = 0
+    """Tokens decoded for `text`, counted: each a few times at most, however long the row."""
+    program_from: int = 0
+    """Where `prompts.program_scan` reads on from."""
+    calls: CallWatch = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.calls = CallWatch(self.thinking)
 
     def add(self, token: int) -> bool:
         """Whether the row ends with `token`."""
         self.tokens.append(token)
-        if self.code_block and self.rules.closes_program(self.tokens):
-            return True
-        return self.tool_call and self.rules.closes_tool_call(self.tokens)
+        fence = self.code_block and self.rules.new_fences(self.tokens) > 0
+        close = self.tool_call and self.rules.new_close(self.tokens)
+        if not (fence or close):
+            return False
+        text, whole = self._text()
+        if fence:
+            closed, at = program_scan(text, self.program_from)
+            if whole:
+                self.program_from = at
+            if closed:
+                return True
+        # a text ending in part of a character is read by a copy: more of it changes the text
+        return close and (self.calls if whole else copy.deepcopy(self.calls)).closed(text)
+
+    def _text(self) -> tuple[str, bool]:
+        """The row's text (its tokens' decode): the text decoded before and the new tokens'
+        (after `CONTEXT_TOKENS` of the old for context); and whether it ends with a whole
+        character (else it is not kept: the next token may hold the rest)."""
+        start = max(self.read - CONTEXT_TOKENS, 0)
+        before = self.rules.decode(self.tokens[start : self.read]) if self.read else ""
+        after = self.rules.decode(self.tokens[start:])
+        self.decoded += (self.read - start) + (len(self.tokens) - start)
+        if after.startswith(before):
+            new = after[len(before) :]
+            text, self.text = self.text, ""
+            text += new  # in place: the row's text is not copied at each fence or tag
+        else:  # a decode that is not its parts': the whole row, read again from its start
+            text = new = self.rules.decode(self.tokens)
+            self.decoded += len(self.tokens)
+            self.read, self.program_from, self.calls = 0, 0, CallWatch(self.thinking)
+        whole = not text.endswith("\ufffd")
+        if whole:
+            self.text, self.read = text, len(self.tokens)
+        else:  # kept as it was (a copy: a rare row)
+            self.text = text[: len(text) - len(new)]
+        return text, whole

@@ -25,15 +25,16 @@ before its call was whole is told so, with how to fit (a call begun: write less 
 begun: answer with the call first): the JSON's own complaint (an unterminated string) did not
 say why, and a guided turn fails no other way.
 
-Which tag is the call (`_tags`, one rule for the parser, `further_calls` and the stop rule
-`call_closed`): tags inside a `<think>…</think>` block (a thinking model, Qwen3, drafts calls
-there) are no calls, nor is anything after a `<think>` never closed; of the tags left, the call
-is the first whose JSON reads as a call (an object with a string "name": read leniently, so a
-call whose JSON repeats a key or holds NaN is still the call, and an error); a tag only
-mentioned ("I will use <tool_call> tags") or a broken draft is passed over; where none reads as
-a call, the last tag's error is given. `further_calls` counts the well-formed calls after the
-call (the next observation mentions them). The scan skips the call's JSON: a `<think>` inside it
-(a command that greps for one) opens no think block.
+Which tag is the call (one rule for the parser, `further_calls` and the stop rule
+`call_closed`): `infra.inference.calltags`. A call drafted while the model thinks is none: each
+takes `thinking`, whether the turn starts inside a think block its prompt opened
+(`calltags.starts_thinking`); else only a `<think>` that starts the turn opens one, and a
+`<think>` anywhere else is text. Of the tags after the thinking, the call is the first whose
+JSON reads as a call (an object with a string "name": read leniently, so a call whose JSON
+repeats a key or holds NaN is still the call, and an error); a tag only mentioned ("I will use
+<tool_call> tags") or a broken draft is passed over; where none reads as a call, the last tag's
+error is given. `further_calls` counts the well-formed calls after the call (the next
+observation mentions them).
 
 Every `ToolCall` it returns crosses Temporal's pydantic payloads unchanged: it stays far below
 the JSON depth pydantic reads and writes (200, and a `GenerateResponse` carries the call a few
@@ -50,9 +51,11 @@ call naming the key, keeping no arguments.
 
 A call crosses Temporal as its brief (`ToolCall.brief`, its values cut to a few hundred
 characters); `full_call` gives back the whole call where it is needed, by parsing the turn's text
-again (the parse is deterministic: the same text, the same call). It parses a cut brief only,
-and the error of a turn cut by its token limit is never cut (it names no arguments and is
-shorter than a brief keeps), so `full_call` needs no limit.
+again (the parse is deterministic: the same text and flag, the same call). It parses a cut brief
+only, and the error of a turn cut by its token limit is never cut (it names no arguments and is
+shorter than a brief keeps), so `full_call` needs no limit. A caller that does not know the
+turn's `thinking` gets the reading whose brief it is (an error where both readings give it,
+to different calls).
 
 Not covered here: running a call (infra/environments/), how a template is rendered into token
 ids (infra/inference/prompts.py).
@@ -63,14 +66,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from contracts.episode import ToolCall, ToolSpec
 from infra.inference.base import one_line
+from infra.inference.calltags import CALL_CLOSE as CALL_CLOSE
+from infra.inference.calltags import CALL_OPEN as CALL_OPEN
+from infra.inference.calltags import CallWatch, tags, value_start
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 CALL_EXAMPLE = (
     f'{CALL_OPEN}\n{{"name": <function-name>, "arguments": <args-json-object>}}\n{CALL_CLOSE}'
@@ -90,7 +94,6 @@ NOT_FINITE = "not valid JSON: NaN/Infinity (a number must be finite)"
 KEY_SHOWN_CHARS = 60
 """How much of a repeated key its error names (a longer one is cut)."""
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
-_BLANKS = re.compile(r"\s*")
 CUT_ADVICE = (
     "Write less per call: e.g. change a file with bash (sed -i, a short heredoc) rather than "
     "write_file with all of it"
@@ -135,21 +138,28 @@ def observation_message(text: str, *, tool_role: bool) -> dict[str, str]:
     return {"role": "user", "content": f"{RESPONSE_OPEN}\n{text}\n{RESPONSE_CLOSE}"}
 
 
-def parse_tool_call(text: str, tools: Sequence[ToolSpec], *, cut_at: int | None = None) -> ToolCall:
+def parse_tool_call(
+    text: str,
+    tools: Sequence[ToolSpec],
+    *,
+    cut_at: int | None = None,
+    thinking: bool = False,
+) -> ToolCall:
     """The first tool call in a model's turn, checked against `tools`; never raises. `cut_at`:
     the turn's tokens, where its token limit ended it (finish reason "length"): a call not yet
     whole is then told as cut: none begun (`CALL_FIRST_ADVICE`), or its JSON unfinished
-    (`CUT_ADVICE`). Which tag is the call: the module's docstring."""
-    tags = list(_tags(text))
-    if not tags:
+    (`CUT_ADVICE`). `thinking`: the turn starts inside a think block (`calltags`). Which tag is
+    the call: the module's docstring."""
+    found = list(tags(text, thinking))
+    if not found:
         if cut_at is not None:
             return _error(
                 f"the turn ran out of its {cut_at} tokens before any tool call. "
                 f"{CALL_FIRST_ADVICE}: {CALL_EXAMPLE}"
             )
         return _error(f"no tool call found. Answer with exactly one call: {CALL_EXAMPLE}")
-    calls = [tag for tag, end in tags if end is not None]
-    start = calls[0] if calls else tags[-1][0]
+    calls = [tag for tag, end in found if end is not None]
+    start = calls[0] if calls else found[-1][0]
     try:
         value, _ = _first_value(text, start)
     except json.JSONDecodeError as exc:
@@ -192,72 +202,25 @@ def parse_tool_call(text: str, tools: Sequence[ToolSpec], *, cut_at: int | None 
     return ToolCall(name=name, arguments=arguments)
 
 
-def further_calls(text: str) -> int:
+def further_calls(text: str, *, thinking: bool = False) -> int:
     """How many well-formed calls a turn writes after its call (which alone runs)."""
-    return max(sum(end is not None for _, end in _tags(text)) - 1, 0)
+    return max(sum(end is not None for _, end in tags(text, thinking)) - 1, 0)
 
 
-def call_closed(text: str) -> bool:
+def call_closed(text: str, *, thinking: bool = False) -> bool:
     """Whether `text` holds its call (the one `parse_tool_call` takes) and a closing tag after
-    the call's JSON: where `stop_after_tool_call` ends a turn (`infra.inference.stops`)."""
-    for _, end in _tags(text):
-        if end is not None:
-            return text.find(CALL_CLOSE, end) >= 0
-    return False
-
-
-def _tags(text: str) -> Iterator[tuple[int, int | None]]:
-    """Each call tag of `text` outside think blocks, in order: its position, and where its JSON
-    ends when that JSON reads as a call (else None: the scan goes on after the tag)."""
-    at = 0
-    while True:
-        tag, think = text.find(CALL_OPEN, at), text.find(THINK_OPEN, at)
-        if think >= 0 and (tag < 0 or think < tag):
-            close = text.find(THINK_CLOSE, think + len(THINK_OPEN))
-            if close < 0:
-                return  # an unclosed think block: nothing after it is a call
-            at = close + len(THINK_CLOSE)
-            continue
-        if tag < 0:
-            return
-        end: int | None = None
-        try:  # `text` itself, not a copy of its rest: the stop rule scans a row at every close
-            value, after = _LENIENT.raw_decode(text, _value_start(text, tag))
-            if isinstance(value, dict) and isinstance(value.get("name"), str):
-                end = after
-        except Exception:  # JSONDecodeError, RecursionError, …: no call
-            pass
-        yield tag, end
-        at = tag + len(CALL_OPEN) if end is None else end
-
-
-_LENIENT = json.JSONDecoder(strict=False)
-"""What finds the call (`_tags`): JSON as Python reads it, NaN and repeated keys taken."""
+    the call's JSON: where `stop_after_tool_call` ends a turn (`infra.inference.stops`, which
+    asks a `calltags.CallWatch` as the turn grows)."""
+    return CallWatch(thinking).closed(text)
 
 
 def _first_value(text: str, start: int) -> tuple[Any, int]:
     """The first JSON value after the opening tag at `start`, and where it ends in `text`;
     what follows it (a closing tag, a fence, junk) is ignored. Raises what the decoder does
     (its positions count from the value's start)."""
-    at = _value_start(text, start)
+    at = value_start(text, start)
     value, end = _decoder().raw_decode(text[at:])
     return value, at + end
-
-
-def _value_start(text: str, start: int) -> int:
-    """Where the JSON of the opening tag at `start` begins: after blanks and a code fence's
-    opening line (a fence inside the tags)."""
-    at = _after_blanks(text, start + len(CALL_OPEN))
-    if text.startswith("```", at):
-        newline = text.find("\n", at)
-        at = len(text) if newline < 0 else _after_blanks(text, newline + 1)
-    return at
-
-
-def _after_blanks(text: str, at: int) -> int:
-    """The first position from `at` that is not whitespace (`str.isspace`'s)."""
-    blanks = _BLANKS.match(text, at)
-    return blanks.end() if blanks else at
 
 
 class _NotFinite(ValueError):
@@ -338,16 +301,19 @@ def _cut(tokens: int, problem: str) -> ToolCall:
     )
 
 
-def full_call(call: ToolCall, text: str, tools: Sequence[ToolSpec]) -> ToolCall:
+def full_call(
+    call: ToolCall, text: str, tools: Sequence[ToolSpec], *, thinking: bool = False
+) -> ToolCall:
     """The call whose brief `call` is: `call` itself where nothing was cut, else the turn's
-    `text` parsed again. Raises ValueError when `text` does not parse to a call with that brief
-    (the text of another turn)."""
+    `text` parsed again, as it was parsed (`thinking`: its `CompletionRecord.thinking`). Raises
+    ValueError when `text` does not parse to a call with that brief (the text of another
+    turn)."""
     if not call.cut:
         return call
-    parsed = parse_tool_call(text, tools)
-    if parsed.brief() != call:
+    whole = parse_tool_call(text, tools, thinking=thinking)
+    if whole.brief() != call:
         raise ValueError("the turn's text does not parse to the call whose brief came with it")
-    return parsed
+    return whole
 
 
 def _check_arguments(tool: ToolSpec, arguments: dict[str, Any]) -> str | None:

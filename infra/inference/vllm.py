@@ -357,7 +357,7 @@ class VLLMBackend:
         budget = row_budget(prompt, params, self.config.max_model_len)
         if budget == 0:
             return GenerationOutput([], [], "length")
-        watch = stops.watch(params) if stops is not None else None
+        watch = stops.watch(params, prompt) if stops is not None else None
         request = EngineParams(
             temperature=params.temperature,
             top_p=params.top_p if params.temperature > 0 else 1.0,  # < 1: refused (refusal)

@@ -233,7 +233,7 @@ class ScriptedSandbox:
             if call.cut:  # as env_step: the whole call, parsed again from the turn's record
                 record = self.store.get_model(item.completion.key, CompletionRecord)
                 try:
-                    call = full_call(call, record.text, WORKSPACE_TOOLS)
+                    call = full_call(call, record.text, WORKSPACE_TOOLS, thinking=record.thinking)
                 except ValueError as exc:  # as env_step: a call that can never run
                     where = f"items[sample {item.sample}].completion"
                     raise invalid(where, f"{item.completion.key}: {exc}") from exc

@@ -33,11 +33,12 @@ def test_a_call_drafted_inside_a_think_block_is_not_the_call() -> None:
     assert further_calls(f"{text}\n<tool_call> and more prose") == 0
 
 
-def test_nothing_after_an_unclosed_think_is_a_call() -> None:
+def test_nothing_after_an_unclosed_think_block_is_a_call() -> None:
     unclosed = f"<think>maybe {LS}"
     assert parse(unclosed).error is not None and parse(unclosed).name == ""
     assert "no tool call found" in (parse(unclosed).error or "")
-    assert further_calls(f"{SUBMIT}<think>then {LS}") == 0
+    # a `<think>` that does not start the turn is text: the call after it is a further call
+    assert further_calls(f"{SUBMIT}<think>then {LS}") == 1
     # a think tag inside the call's own argument opens no think block
     echo = '<tool_call>{"name": "bash", "arguments": {"command": "echo \'<think>\'"}}</tool_call>'
     assert parse(echo) == ToolCall(name="bash", arguments={"command": "echo '<think>'"})
