@@ -38,13 +38,26 @@ def gvisor() -> Iterator[Box]:
     box.close()
 
 
-def _filled(box: Box, key: int) -> list[object]:
-    """The pool's pairs of `key` once its fills are done (a container starts in ~0.5 s)."""
-    for _ in range(100):
-        box.settle()
-        if not box.verifier._fills:
+def _filled(box: Box, key: int, tries: int = 3) -> list[object]:
+    """The pool's pairs of `key` once its fills are done (a container starts in ~0.5 s). A fill
+    the host's load failed (its container not started in time: the verifier leaves the fault to
+    the next run that needs a pair) is asked again, up to `tries` rounds: in one CI run at load
+    3.8 the pool stayed empty."""
+
+    async def refill() -> None:
+        box.verifier._refill(key)
+
+    pool: list[object] = []
+    for _ in range(tries):
+        for _ in range(100):
+            box.settle()
+            if not box.verifier._fills:
+                break
+        pool = list(box.verifier._pool.get(key, []))
+        if len(pool) >= box.verifier.warm:
             break
-    return list(box.verifier._pool.get(key, []))
+        box.loop.run_until_complete(refill())
+    return pool
 
 
 def test_the_warm_pool_serves_runs_at_the_default_limits(gvisor: Box) -> None:
