@@ -145,9 +145,9 @@ class LearnerWorkflow:
             raise
         if workflow.patched(CARRY_LAST_PATCH):
             await self._record_segment()
-            await carry(self._state)  # groups left over past a payload, by reference
+            await carry(self._state, unmarked=True)  # left over past a payload, by reference
             await self._tell_parent(LearnerDone(final=self._state.model_copy(deep=True)))
-            await carry(self._state)  # those signalled meanwhile: the result fits too
+            await carry(self._state, unmarked=True)  # those signalled meanwhile, for the result
         else:  # the release before: carried first (groups signalled meanwhile stayed inline)
             await carry(self._state)
             if workflow.patched(LEDGER_PATCH):
@@ -328,12 +328,12 @@ class LearnerWorkflow:
 
     async def _continue_as_new(self) -> NoReturn:
         await workflow.wait_condition(workflow.all_handlers_finished)
-        if self._write_first:
-            await carry(self._state)  # pending groups past a payload, by reference
+        if self._write_first:  # by reference past a payload; may be cc5559e's (learner_carry.py)
+            await carry(self._state, unmarked=True)
             self._state.ledger_from = self._first_step  # the next segment writes them
         elif workflow.patched(CARRY_LAST_PATCH):  # a segment of a release before it, live
             await self._record_segment()
-            await carry(self._state)
+            await carry(self._state, unmarked=True)
         else:  # the release before: carried first, then wrote its ledger (LEDGER_PATCH)
             await carry(self._state)
             if workflow.patched(LEDGER_PATCH):

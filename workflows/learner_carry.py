@@ -18,16 +18,29 @@ server's holds at most 4 MiB), and the state names the parts in
 `LearnerInput.pending_parts` instead (`CARRY_PARTS_PATCH`, asked only then): ~200 bytes a part.
 Groups signalled while they are stored stay inline, after them, where they are within
 `SIGNAL_BYTES`; past it they are stored too, round after round (three ~0.9 MB signals during a
-carry's stores were refused the same way), each round after the first behind `CARRY_AGAIN_PATCH`,
-asked only then (`patched` answers a patch once a run: `CARRY_PARTS_PATCH`, asked again, would
-answer True without looking at the history). A run before it made one round and carried what came
-meanwhile inline, within a payload up to 2 MiB (`SIGNAL_BYTES` is half of it): its history goes on
-to the continue-as-new, or to the ledger write and `learner_done`, where this code would make a
-second round. The next segment reads the parts back (`load_step_groups`, a part a workflow task,
-each within a payload) before anything else and puts their groups first, dropping a copy of one
-re-sent meanwhile; its history holds them once more, as an inline input's did. An input that names
-no parts (every one before the patch) asks for nothing, so reading back needs no patch of its own.
-A final state's parts stay in the store under the run's prefix (the run reads nothing of a
+carry's stores were refused the same way).
+
+Rounds after the first, by release: b0cf1ee made none (what came meanwhile went inline, within a
+payload up to 2 MiB: `SIGNAL_BYTES` is half of it); cc5559e made them with no marker of their own
+(it asked `CARRY_PARTS_PATCH` every round, and `patched` answers a patch once a run); since, each
+is behind `CARRY_AGAIN_PATCH`, asked first (a run writes its marker as before). Where the caller
+says the run may be cc5559e's (`unmarked`), a later round is made without that marker too: where
+it answered `CARRY_LAST_PATCH` True before carrying (a marker only cc5559e and later write: their
+ending, and a segment from before `LEDGER_FIRST_PATCH` continuing as new; b0cf1ee's histories
+there lack it, and make one round), and where no marker tells the two apart (below).
+Unsupported, for want of a marker: (1) a segment since `LEDGER_FIRST_PATCH` continuing as new,
+which asks `CARRY_LAST_PATCH` nowhere, so that b0cf1ee's and cc5559e's histories mark the same
+patches up to its carry: cc5559e's, the release before, replay; a b0cf1ee history that went on to
+its continue-as-new with the groups signalled during its stores past `SIGNAL_BYTES` inline fails
+(TMPRL1100), as it did on cc5559e; (2) a history b0cf1ee recorded up to its carry whose later
+round cc5559e made live (its ending, or a continue-as-new, without `CARRY_LAST_PATCH`'s marker):
+it replays as b0cf1ee's, one round, and fails.
+
+The next segment reads the parts back (`load_step_groups`, a part a workflow task, each within a
+payload) before anything else and puts their groups first, dropping a copy of one re-sent
+meanwhile; its history holds them once more, as an inline input's did. An input that names no
+parts (every one before the patch) asks for nothing, so reading back needs no patch of its own. A
+final state's parts stay in the store under the run's prefix (the run reads nothing of a
 learner's `pending`).
 """
 
@@ -61,12 +74,15 @@ stores them too, round after round. Before, they stayed inline: past 2 MiB, refu
 retry."""
 
 
-async def carry(state: LearnerInput) -> None:
+async def carry(state: LearnerInput, *, unmarked: bool = False) -> None:
     """Store `state.pending` in parts and name them in `state.pending_parts` while the groups pass
     `SIGNAL_BYTES` (`CARRY_PARTS_PATCH`, asked only then): again for those signalled meanwhile
-    (`CARRY_AGAIN_PATCH`, asked only then)."""
+    (`CARRY_AGAIN_PATCH`, asked only then), also without its marker where `unmarked` (the run
+    may be cc5559e's, whose later rounds have none)."""
     patch = CARRY_PARTS_PATCH
-    while groups_bytes(state.pending) > SIGNAL_BYTES and workflow.patched(patch):
+    while groups_bytes(state.pending) > SIGNAL_BYTES and (
+        workflow.patched(patch) or (unmarked and patch == CARRY_AGAIN_PATCH)
+    ):
         patch = CARRY_AGAIN_PATCH  # memoized: a first round's answer says nothing of a second
         pending = list(state.pending)  # as they stand: a signal may add more while they are stored
         refs = await store_groups(state, pending)

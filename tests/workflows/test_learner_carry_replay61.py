@@ -1,18 +1,31 @@
 """A learner's carry makes its second and later rounds behind a patch of their own
-(`CARRY_AGAIN_PATCH`, workflows/learner_carry.py), and histories on both sides of it replay.
+(`CARRY_AGAIN_PATCH`, workflows/learner_carry.py), or without its marker where the run may be
+cc5559e's, and histories of the three releases replay where a marker tells them apart.
 
 The carry's rounds were asked with `CARRY_PARTS_PATCH` alone, and `workflow.patched` answers a
-patch once a run: a history recorded when the carry made one round (groups signalled during its
-stores went inline, fine up to 2 MiB) made a second round where it holds its continue-as-new, and
-failed to replay (TMPRL1100) on every retry of the workflow task: the learner RUNNING for ever
-after a worker restart. Those histories are test_replay.py's `learner_carry_one_round_before.json.gz`
-(it continued as new) and `learner_carry_one_round_end_before.json.gz` (it ended at `max_steps`:
-a second round where it holds its `LEDGER_PATCH` marker and `record_ledger`).
+patch once a run: a history recorded when the carry made one round (b0cf1ee: groups signalled
+during its stores went inline, fine up to 2 MiB) made a second round where it holds its
+continue-as-new, and failed to replay (TMPRL1100) on every retry of the workflow task: the
+learner RUNNING for ever after a worker restart. Behind `CARRY_AGAIN_PATCH` alone, cc5559e's
+histories (its loop, every round under `CARRY_PARTS_PATCH`) failed the other way: no marker,
+no second round, where they hold its `store_step_groups`. Those histories:
+
+- `learner_carry_one_round_end_before.json.gz` (b0cf1ee, ended at `max_steps`: a second round
+  where it holds its `LEDGER_PATCH` marker and `record_ledger`), which lacks
+  `CARRY_LAST_PATCH`'s marker: one round;
+- `learner_carry_rounds_end_cc5559e.json.gz` (cc5559e, the same end, 5 groups signalled during
+  the first round: 3 more parts), which holds it: every round;
+- `learner_carry_rounds_cc5559e.json.gz` (cc5559e, continued as new, test_record's run) and
+  `learner_carry_one_round_before.json.gz` (b0cf1ee, the same with 3 groups signalled) mark the
+  same patches up to the carry: cc5559e's replays, b0cf1ee's is unsupported
+  (`test_the_continued_one_round_history_is_unsupported`).
 
 `learner_carry_rounds.json.gz` is this code's: test_learner_carry_burst.py's run, one step a
 segment, whose first segment stores step 0's 2 parts, trains, stores the 3 groups left pending
 in 2 parts while 5 more (~2.25 MB) are signalled, and stores those in 3 more parts (the patch's
-marker). Recorded by `test_record` with `TEMPERED_RECORD_HISTORIES=1`."""
+marker). Recorded by `test_record` with `TEMPERED_RECORD_HISTORIES=1`; the cc5559e ones by its
+body (`…_end_…`: test_learner_carry_burst.py's ending test's, `max_steps=1` and a `CarryParent`,
+the ended run's history) in `git archive cc5559e`'s tree, under the workflow ids in `IDS`."""
 
 from __future__ import annotations
 
@@ -31,7 +44,13 @@ from infra.settings import Settings
 from infra.storage import ObjectStore
 from tests.fixtures.temporal import TemporalServer
 from tests.workflows.harness import connect
-from tests.workflows.replaying import replay, replays_on_its_branch_only
+from tests.workflows.replaying import (
+    branch_only,
+    patch_answers,
+    replay,
+    replay_failure,
+    replays_on_its_branch_only,
+)
 from tests.workflows.test_learner_carry_burst import (
     FIRST,
     GROUPS,
@@ -42,27 +61,40 @@ from tests.workflows.test_learner_carry_burst import (
 from tests.workflows.test_learner_carry_size import WAIT_S, next_run, start_with_groups, workers
 from tests.workflows.test_learner_request_size import GroupsTrainer, scheduled_inputs
 from workflows.learner import LearnerWorkflow
-from workflows.learner_carry import CARRY_AGAIN_PATCH, CARRY_PARTS_PATCH
+from workflows.learner_carry import CARRY_AGAIN_PATCH, CARRY_LAST_PATCH, CARRY_PARTS_PATCH
 from workflows.learner_request import SERIAL_PARTS_PATCH
 
 HISTORIES = Path(__file__).parent / "histories"
 ROUNDS, ROUNDS_ID = "learner_carry_rounds.json.gz", "carry-rounds"
 BEFORE, BEFORE_ID = "learner_carry_one_round_before.json.gz", "r1-carry-old"
 END, END_ID = "learner_carry_one_round_end_before.json.gz", "r1-carry-end-old"
-PATCHES = (CARRY_PARTS_PATCH, CARRY_AGAIN_PATCH, SERIAL_PARTS_PATCH)
-STORE = Activity.STORE_STEP_GROUPS
+LOOPED, LOOPED_ID = "learner_carry_rounds_cc5559e.json.gz", "carry-rounds-old"
+LOOPED_END, LOOPED_END_ID = "learner_carry_rounds_end_cc5559e.json.gz", "carry-rounds-end-old"
+PATCHES = (CARRY_PARTS_PATCH, CARRY_AGAIN_PATCH, SERIAL_PARTS_PATCH, CARRY_LAST_PATCH)
+STORE, STEP_ACTIVITY, LEDGER = (
+    Activity.STORE_STEP_GROUPS,
+    Activity.TRAIN_STEP,
+    Activity.RECORD_LEDGER,
+)
+EVERY = (CARRY_PARTS_PATCH, SERIAL_PARTS_PATCH)  # the patches each of them marks
 EXPECTED = {  # file → (the patches it marks, the activities it scheduled)
-    ROUNDS: (set(PATCHES), [STORE, STORE, Activity.TRAIN_STEP, *[STORE] * 5]),
-    BEFORE: (
-        {CARRY_PARTS_PATCH, SERIAL_PARTS_PATCH},
-        [STORE, STORE, Activity.TRAIN_STEP, *[STORE] * 2],
-    ),
-    END: (
-        {CARRY_PARTS_PATCH, SERIAL_PARTS_PATCH},
-        [STORE, STORE, Activity.TRAIN_STEP, *[STORE] * 2, Activity.RECORD_LEDGER],
+    ROUNDS: ({*EVERY, CARRY_AGAIN_PATCH}, [STORE, STORE, STEP_ACTIVITY, *[STORE] * 5]),
+    BEFORE: (set(EVERY), [STORE, STORE, STEP_ACTIVITY, *[STORE] * 2]),
+    END: (set(EVERY), [STORE, STORE, STEP_ACTIVITY, *[STORE] * 2, LEDGER]),
+    LOOPED: (set(EVERY), [STORE, STORE, STEP_ACTIVITY, *[STORE] * 5]),
+    LOOPED_END: (
+        {*EVERY, CARRY_LAST_PATCH},
+        [STORE, STORE, STEP_ACTIVITY, LEDGER, *[STORE] * 5],
     ),
 }
-IDS = {ROUNDS: ROUNDS_ID, BEFORE: BEFORE_ID, END: END_ID}
+IDS = {
+    ROUNDS: ROUNDS_ID,
+    BEFORE: BEFORE_ID,
+    END: END_ID,
+    LOOPED: LOOPED_ID,
+    LOOPED_END: LOOPED_END_ID,
+}
+SUPPORTED = sorted(set(EXPECTED) - {BEFORE})
 
 
 def recorded(name: str) -> WorkflowHistory:
@@ -83,28 +115,52 @@ def commands(history: WorkflowHistory) -> tuple[set[str], list[str]]:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_recorded_histories_hold_their_rounds(name: str) -> None:
+    """This code's history marks the patch and made 2 more rounds, cc5559e's made them unmarked;
+    b0cf1ee's made one."""
+    assert commands(recorded(name)) == EXPECTED[name]
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
 @pytest.mark.asyncio
 async def test_the_recorded_histories_replay(name: str) -> None:
-    """This code's history marks the patch and made 2 more rounds; those before made one
-    (test_replay.py replays them too, with the previous release's others)."""
-    history = recorded(name)
-    assert commands(history) == EXPECTED[name]
-    await replay(history, LearnerWorkflow)
+    """(test_replay.py replays the previous releases' too, with their others)."""
+    await replay(recorded(name), LearnerWorkflow)
 
 
-@pytest.mark.parametrize(("taken", "name"), [(True, ROUNDS), (False, BEFORE), (False, END)])
 @pytest.mark.asyncio
-async def test_a_replay_without_the_again_patch_check_fails(
-    monkeypatch: pytest.MonkeyPatch, taken: bool, name: str
+async def test_the_continued_one_round_history_is_unsupported() -> None:
+    """b0cf1ee's continue-as-new after one round: nothing it marks tells it from cc5559e's, whose
+    second round this code makes (workflows/learner_carry.py): a store where it continued as new.
+    Should a marker come to tell them apart, this fails: replay it with the others."""
+    failure = await replay_failure(recorded(BEFORE), LearnerWorkflow)
+    assert "TMPRL1100" in failure and "WorkflowExecutionContinuedAsNew" in failure, failure
+
+
+@pytest.mark.asyncio
+async def test_an_end_without_the_carry_last_marker_holds_the_again_patch_false_branch(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`workflow.patched(CARRY_AGAIN_PATCH)` answers without the history, on its `branch_only`
-    copy (tests/workflows/replaying.py): the branch it took replays, the other fails. False
-    (one round, the release before it) misses this code's 3 later stores; True (a second round
-    whatever the history says, as the memoized `CARRY_PARTS_PATCH` did) schedules a store where
-    the older histories continued as new or wrote their ledger."""
+    copy (tests/workflows/replaying.py): b0cf1ee's end (no `CARRY_LAST_PATCH` marker: one round
+    unless the patch says otherwise) replays with False, and fails with True (a second round
+    whatever the history says, as the memoized `CARRY_PARTS_PATCH` did), a store where it wrote
+    its ledger."""
     await replays_on_its_branch_only(
-        monkeypatch, recorded(name), CARRY_AGAIN_PATCH, taken, LearnerWorkflow
+        monkeypatch, recorded(END), CARRY_AGAIN_PATCH, False, LearnerWorkflow
     )
+
+
+@pytest.mark.asyncio
+async def test_a_continue_as_new_makes_later_rounds_unmarked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Continuing as new since `LEDGER_FIRST_PATCH`, the run may be cc5559e's: this code's history
+    replays with `CARRY_AGAIN_PATCH` answering False too (its marker deprecated in the copy), its
+    3 later stores made without it. Asked all the same, for the marker a run writes."""
+    patch_answers(monkeypatch, CARRY_AGAIN_PATCH, False)
+    copy = branch_only(recorded(ROUNDS), CARRY_AGAIN_PATCH)
+    assert await replay_failure(copy, LearnerWorkflow) == ""
 
 
 @pytest.mark.slow  # a recorder: `make test` leaves it out, `make test-all` skips it

@@ -100,12 +100,17 @@ RECORDED: dict[str, tuple[type, str]] = {  # file → (workflow, the id it ran u
     "training_run_ordered_redraws.json": (TrainingRunWorkflow, "train-order-5"),
     "training_run_ordered_redraws_1.json": (TrainingRunWorkflow, "train-order-5"),
     # recorded on the release whose carry made one round (b0cf1ee): step 0's 2 parts, its
-    # `train_step`, the 3 groups left pending stored in 2 parts while 3 more (~1.35 MB) were
-    # signalled, which went inline in the continue-as-new, or (`…_end_…`, at `max_steps`) in
-    # the ledger write's, `learner_done`'s and result's turn; a second round is behind
-    # `learner_carry.CARRY_AGAIN_PATCH` (tests/workflows/test_learner_carry_replay61.py)
-    "learner_carry_one_round_before.json.gz": (LearnerWorkflow, "r1-carry-old"),
+    # `train_step`, at `max_steps` the 3 groups left pending stored in 2 parts while 3 more
+    # (~1.35 MB) were signalled, which went inline in the ledger write's, `learner_done`'s and
+    # result's turn; its continuing-as-new twin (`…_one_round_before`) is unsupported
+    # (tests/workflows/test_learner_carry_replay61.py, workflows/learner_carry.py)
     "learner_carry_one_round_end_before.json.gz": (LearnerWorkflow, "r1-carry-end-old"),
+    # recorded on the release whose carry looped under `CARRY_PARTS_PATCH` alone (cc5559e): the
+    # same runs, 5 groups (~2.25 MB) signalled during the first round, stored in 3 more parts by
+    # a second round with no marker of its own; before its continue-as-new, and at `max_steps`
+    # after the ledger write (test_learner_carry_replay61.py)
+    "learner_carry_rounds_cc5559e.json.gz": (LearnerWorkflow, "carry-rounds-old"),
+    "learner_carry_rounds_end_cc5559e.json.gz": (LearnerWorkflow, "carry-rounds-end-old"),
 }
 
 
