@@ -66,7 +66,7 @@ from typing import TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeat import heartbeating_each
+from activities.heartbeat import heartbeating, heartbeating_each
 from activities.sandbox import program_slots
 from activities.stored import read_model
 from contracts.common import ObjectRef
@@ -203,7 +203,7 @@ class EnvironmentActivities:
 
     @activity.defn(name=Activity.CLOSE_SESSIONS.value)
     async def close_sessions(self, req: CloseSessionsRequest) -> CloseSessionsResponse:
-        return CloseSessionsResponse(closed=await self.env.close(req.session_ids))
+        return CloseSessionsResponse(closed=await heartbeating(self.env.close(req.session_ids)))
 
     def _declines(self, req: OpenSessionsRequest) -> ApplicationError | None:
         """The error that declines a restore of sessions whose step failed here (`req.lost_on`), for

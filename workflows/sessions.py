@@ -41,7 +41,12 @@ the first error is raised as it was; so `close`, which the task runs next, never
 session a step still runs in, and no step runs on after the task decided. Sessions that a
 restore opened although it was cancelled are kept on their episodes, which `close` closes
 (behind `STOP_PATCH`: before it the first error failed the step at once, the other queues'
-steps ran on, and a cancel did not wait for them).
+steps ran on, and a cancel did not wait for them). A cancel during `close` (a run cancelling
+its tasks as a group ends) is raised once the closes end (`CLOSE_WAITS_PATCH`); before, it
+abandoned them (TRY_CANCEL), and the sessions kept their uid slots until the worker's TTL.
+Sessions whose live worker failed their step `STEP_ATTEMPTS` times are closed there before
+the restore, which waits for it: a restore there opens the same ids (`CLOSE_FAILED_PATCH`;
+before, they stayed until the TTL).
 
 A task cancelled during its first open waits for the open too (`open_first`, behind
 `OPEN_PATCH`): an open that finished before the cancel reached it returns its sessions, which
@@ -55,6 +60,7 @@ Workflow code: contracts and Temporal only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -118,6 +124,12 @@ OPEN_PATCH = "tempered-sessions-open-waits"
 """Marks runs whose first open waits for a cancel (its marker comes with it, at INIT), and whose
 stops take what already came back before they cancel (`open_first`, `_stop`). Its marker costs
 two events per workspace task."""
+CLOSE_WAITS_PATCH = "tempered-sessions-close-waits"
+"""Marks runs whose close, when the task is cancelled during it, runs to its end before the
+cancel is raised (`_close_each`); its marker comes only with such a cancel."""
+CLOSE_FAILED_PATCH = "tempered-sessions-close-failed-step"
+"""Marks runs that close a step's sessions on the worker that failed it `STEP_ATTEMPTS` times
+before they are restored elsewhere (`_step_on`); its marker comes only with such a restore."""
 
 
 def worker_gone(error: ActivityError) -> bool:
@@ -286,8 +298,8 @@ class Sessions:
                 moves = session_lost(error) or (bounded and attempts_spent(error))
                 if not moves or self._stopping:
                     raise
-                why = "lost the sessions"
-                if not session_lost(error):
+                why, failed_here = "lost the sessions", not session_lost(error)
+                if failed_here:
                     why = f"failed the step {STEP_ATTEMPTS} times ({error.cause})"
                     if queue not in lost_on:  # a broken host, alive: not to restore them
                         lost_on.append(queue)
@@ -306,6 +318,8 @@ class Sessions:
                 step,
                 [e.sample for e in lost],
             )
+            if failed_here and workflow.patched(CLOSE_FAILED_PATCH):  # alive, and holds them
+                await self._close_each({queue: [i.session.session_id for i in items]})
             await self.open(lost, restore=True, waits=waits, lost_on=lost_on)
             restores += 1
             items = [
@@ -338,15 +352,32 @@ class Sessions:
         )
 
     async def close(self) -> None:
-        """Close every session, on its worker's queue; best effort, never raises. Sessions on
-        a worker found gone are left to the sweeps (`GONE_PATCH`): its queue would only time
-        out, after `session_timeout_s`, before the task could go on."""
+        """Close every session, on its worker's queue; best effort: raises only a cancel of the
+        task, once the closes have ended (`CLOSE_WAITS_PATCH`). Sessions on a worker found gone
+        are left to the sweeps (`GONE_PATCH`): its queue would only time out, after
+        `session_timeout_s`, before the task could go on."""
         by_queue = sessions_by_queue(self.group.episodes)
         if (gone := sorted(self._gone & by_queue.keys())) and workflow.patched(GONE_PATCH):
             workflow.logger.info("not closing sessions on %s: its worker is gone", gone)
             for queue in gone:
                 del by_queue[queue]
-        await asyncio.gather(*(self._close_on(q, ids) for q, ids in by_queue.items()))
+        await self._close_each(by_queue, CLOSE_WAITS_PATCH)
+
+    async def _close_each(self, by_queue: dict[str, list[str]], patch: str | None = None) -> None:
+        """Close each queue's sessions, all at once. A cancel of the task meanwhile is raised
+        once they have ended; where `patch` is given and a history before it is replayed, the
+        cancel was raised at once and the closes' activities abandoned (TRY_CANCEL)."""
+        closing = asyncio.gather(*(self._close_on(q, ids) for q, ids in by_queue.items()))
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError as cancel:
+            if patch is not None and not workflow.patched(patch):
+                closing.cancel()
+                await closing  # raises the cancel once their activities' cancels are asked
+            while not closing.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(closing)
+            raise cancel
 
     async def _close_on(self, queue: str, session_ids: list[str]) -> None:
         try:
