@@ -81,7 +81,9 @@ def test_short_drill_kills_sandbox_and_inference_mid_activity_and_restarts_seawe
         [
             kill_mid(Queue.INFERENCE, Activity.GENERATE),
             kill_mid(Queue.SANDBOX, Activity.EXECUTE),
-            restart_seaweed(lambda: True),
+            # back as soon as an attempt is seen failing on it (the 3 s floor kept it down
+            # while the executes had failed on it from the first second)
+            restart_seaweed(lambda: True, down_s=0.5),
         ]
     )
     statuses = drill.wait_closed(timeout_s=300)

@@ -18,11 +18,18 @@ import uuid
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowHandle, WorkflowHistory
 
 from contracts.common import ObjectRef
 from contracts.episode import ToolCall
-from contracts.rollout import AgentTaskResult, EpisodeState, EpisodeStep, TaskStatus
+from contracts.rollout import (
+    AgentTaskResult,
+    EpisodeState,
+    EpisodeStep,
+    TaskStatus,
+    WriteTrajectoriesRequest,
+)
+from contracts.task import AgentTaskInput
 from infra import keys
 from infra.storage import ObjectStore
 from tests.workflows.harness import ScriptedModel, ScriptedSandbox, connect, running_workers, start
@@ -36,13 +43,14 @@ FILE_CHARS = 1024
 SIZES = [
     # 640 steps, ~0.55 MiB: two parts, under the 2 MiB bound (about 890 bytes an episode-step:
     # 12x24 fits one request; fewer than ~570 steps would prove nothing)
-    pytest.param(32, 20, id="G=32x20"),
+    pytest.param(32, 20, id="G=32x20", marks=pytest.mark.slow),
     # 768 steps, the most `MAX_GROUP_STEPS` allows, the widest (G=128x20, 2,560 steps and ~2.4
-    # MiB in one request, which the SDK refused, is now refused by `AgentTaskInput`); in `make
-    # test`, tests/workflows/test_agent_task_history_bound.py's G=256x3 (768 steps) needs parts
+    # MiB in one request, which the SDK refused, is now refused by `AgentTaskInput`)
     pytest.param(96, 8, id="G=96x8", marks=pytest.mark.slow),
 ]
-"""Groups of episodes that write a 1 KB file at every step (its brief: ~1 KB a step)."""
+"""Groups of episodes that write a 1 KB file at every step (its brief: ~1 KB a step). Both are
+slow: in `make test`, `written_in_parts` runs on the G=256x3 group (768 steps, ~7 KB each) of
+tests/workflows/test_agent_task_history_bound.py, which needs parts too."""
 
 
 def content(sample: int, step: int) -> str:
@@ -98,7 +106,24 @@ async def test_a_group_past_a_payload_writes_its_trajectories_in_parts(
         result = await result_or_refusal(handle, 400)
         status: TaskStatus = await handle.query(AgentTaskWorkflow.status)
     history = await handle.fetch_history()
+    written_in_parts(store, task, result, status, history)
 
+
+def written_in_parts(
+    store: ObjectStore,
+    task: AgentTaskInput,
+    result: AgentTaskResult,
+    status: TaskStatus,
+    history: WorkflowHistory,
+    *,
+    latest_fit: bool = True,
+) -> None:
+    """Assert that `task`'s finished group, every episode at its step budget, wrote its
+    trajectories in parts, each within a payload, and its `status` answered what fits (also run
+    on G=256x3 in tests/workflows/test_agent_task_history_bound.py, in `make test`). With
+    `latest_fit`, each episode's latest step fits an even share of the payload (1 KB writes,
+    G=32 or 96): the status shows it."""
+    group, steps = task.group_size, task.max_turns
     assert result.steps == [steps] * group and result.ends == ["step_budget"] * group
     assert [r.key for r in result.trajectories] == [
         keys.trajectory_key(task.run_id, task.task.id, s) for s in range(group)
@@ -127,11 +152,22 @@ async def test_a_group_past_a_payload_writes_its_trajectories_in_parts(
     ]
     assert sum(r["created"] for r in responses) == group
 
-    # the status query answers within a payload: every episode, its figures and latest steps
+    # the status query answers within a payload: every episode, its figures and latest steps,
+    # exactly as `EpisodeGroup.summaries` shows the episodes written
     assert status.state == "DONE" and [e.sample for e in status.samples] == list(range(group))
     assert len(status.model_dump_json()) < EPISODES_BYTES + 1024
     assert all(e.end == "step_budget" and e.session for e in status.samples)
-    assert all(e.steps and e.steps[-1].step == steps - 1 for e in status.samples)
+    written = EpisodeGroup(task)
+    written.episodes = [
+        e for p in parts for e in WriteTrajectoriesRequest.model_validate(p).samples
+    ]
+    assert status.samples == written.summaries() != written.episodes
+    assert all(
+        [k.step for k in e.steps] == list(range(steps - len(e.steps), steps))
+        for e in status.samples
+    )
+    if latest_fit:  # a step of each episode fits its share of the payload: it is shown
+        assert all(e.steps and e.steps[-1].step == steps - 1 for e in status.samples)
     size = sum(event.ByteSize() for event in history.events)
     print(
         f"\nG={group} × {steps} steps: {len(requests)} write_trajectories parts, "

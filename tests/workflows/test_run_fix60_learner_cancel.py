@@ -35,6 +35,7 @@ from tests.workflows.harness import connect
 from tests.workflows.replaying import replay, replays_on_its_branch_only
 from tests.workflows.test_training_run_children import failure, started_children
 from tests.workflows.test_training_run_fails_at_once import RUN, patched
+from workflows import learner_link
 from workflows.learner_link import CANCEL_RETRY_PATCH
 from workflows.signals import RETRY_DELAYS_S
 from workflows.training_run import TrainingRunWorkflow
@@ -45,6 +46,8 @@ RECORDED = "training_run_learner_cancel_retried.json"
 by `test_a_cancelled_run_cancels_its_learner_once_it_has_a_run_again` with
 TEMPERED_RECORD_HISTORIES=1)."""
 SUITE = ScriptedSuite(train=10)
+SHORT_DELAYS_S = (0.1, 0.2, 0.4, 0.8, 1.6)
+"""`RETRY_DELAYS_S` shrunk tenfold, for the test that waits the whole schedule."""
 
 
 def resumed(run_id: str) -> TrainingRunInput:
@@ -149,20 +152,29 @@ async def test_a_learner_that_reported_its_end_is_no_longer_cancelled(
 
 @pytest.mark.asyncio
 async def test_a_learner_gone_for_good_is_cancelled_no_longer_than_a_signal_is_retried(
-    temporal_server: TemporalServer, namespace: str, store: ObjectStore
+    temporal_server: TemporalServer,
+    namespace: str,
+    store: ObjectStore,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No learner run ever comes: the run tries once and after each of `RETRY_DELAYS_S` (31 s,
-    real time), then ends cancelled (before: it tried once)."""
+    """No learner run ever comes: the run tries once and after each of `RETRY_DELAYS_S`, then
+    ends cancelled (before: it tried once). The schedule is `SHORT_DELAYS_S` here (3.1 s of
+    real time, not 31 s): `LearnerLink.cancel` reads `RETRY_DELAYS_S` from its module at each
+    cancel, and the workflow sandbox takes workflows.learner_link from the host (it is imported
+    passed through), so the patch reaches the worker; were it not, the run would take 31 s and
+    fail the bound on `took`."""
+    monkeypatch.setattr(learner_link, "RETRY_DELAYS_S", SHORT_DELAYS_S)
+    delays = learner_link.RETRY_DELAYS_S
     client = await connect(temporal_server.address, namespace)
     async with plane(client, store):
         handle = await cancelled_without_learner(client, "cancel-gone")
-        cause = await failure(handle, sum(RETRY_DELAYS_S) + 20)
+        cause = await failure(handle, sum(delays) + 20)
         history = await handle.fetch_history()
 
     assert isinstance(cause, CancelledError), cause
-    assert cancels(history) == (len(RETRY_DELAYS_S) + 1,) * 2
+    assert cancels(history) == (len(delays) + 1,) * 2
     took = history.events[-1].event_time.ToDatetime() - history.events[0].event_time.ToDatetime()
-    assert sum(RETRY_DELAYS_S) <= took.total_seconds() < sum(RETRY_DELAYS_S) + 10, took
+    assert sum(delays) <= took.total_seconds() < sum(delays) + 10, took
     await replay(history, TrainingRunWorkflow)
 
 
