@@ -22,7 +22,8 @@ files on local disk (`infra.policy_cache.fetch_policy`). A version is either ful
 LoRA adapter (`PolicyVersion.adapter_of`) whose handle carries the full-weight version it
 applies to (`handle.base`). A request pinned to a version that is not published yet waits for
 it, polling `latest.json`, for at most `wait_s`; a version older than the newest that has no
-manifest was never published and fails at once.
+manifest was never published, or was deleted by retention (`infra.retention`), and fails at
+once.
 """
 
 from __future__ import annotations
@@ -278,9 +279,10 @@ class PolicyResolver:
                 )
             except ObjectNotFound:
                 if newest is not None and newest >= version:  # checked again after latest moved
-                    raise InferenceError(
+                    raise InferenceError(  # the store keeps no trace to tell the two apart
                         f"policy_version {version} of run {run_id!r} was never published "
-                        f"(the newest is v{newest})",
+                        f"(the newest is v{newest}), or has been deleted by retention "
+                        "(the run's keep_versions, or tempered runs prune)",
                         retryable=False,
                     ) from None
             latest = await asyncio.to_thread(latest_policy, self.store, run_id)

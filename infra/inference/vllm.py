@@ -15,10 +15,11 @@ Requests: token ids in (`TokensPrompt`), token ids out (`detokenize=False`); the
 each sampled token (`logprobs=0` in `processed_logprobs` mode: at the row's temperature, as the
 learner recomputes it, but after top-p too: so a sampled row with top_p < 1 is refused, for
 good, `TOP_P_REFUSAL`, by every generate, whichever way its run started; no run is exempt;
-`tempered train` asks the same `refusal` before a run starts, where the workers run with it);
-each row's own seed, temperature (0 = greedy, its top_p unused) and priority (lower first, then
-arrival: evaluations wait behind rollouts). A token given no log-prob is retried. The rows'
-side (refusals, chunks, finish reasons, which errors are final): `infra.inference.vllm_rows`.
+`tempered train` asks the same `refusal` before a run starts; so is a temperature vLLM raises,
+0 < T < 0.01); each row's own seed, temperature (0 = greedy, its top_p unused) and priority
+(lower first, then arrival: evaluations wait behind rollouts). A token given no log-prob is
+retried. The rows' side (refusals, chunks, finish reasons, which errors are final):
+`infra.inference.vllm_rows`.
 `stop_after_code_block` / `stop_after_tool_call` stream the row's tokens and abort it in the
 engine at the token that ends it (`infra.inference.stops`).
 Concurrent calls join the engine's running batch (continuous batching). A call's row that
@@ -34,16 +35,19 @@ Policy versions, loaded without a restart:
   reload failed) and is retried. A rebuild starts the engine on its home (the last checkpoint
   of the version's architecture it started on; at first the worker's base model) and reloads
   the version into it: the version's own failures (weights that do not load, a config vLLM
-  refuses) are told from an engine that does not start (memory not back after a death:
-  retried, never counted). A version failing `LOAD_TRIES` counted times in a row,
-  `LOAD_RETRY_S` apart at least (one incident's requests count once), is final; an unreadable
-  config (evicted: fetched again) and a prefix cache left unreset are not counted. A version of
-  another architecture (another base model, or other end tokens: `vllm_engine.architecture`)
-  restarts the engine on its home, or on itself where it has none (or the policy cache evicted
-  it). The switch compares with the architecture recorded at the build, never with files the
-  policy cache may evict.
+  refuses) are told from an engine that does not start (memory not back after a death) or
+  dies in the reload: retried, never counted. A version failing `LOAD_TRIES` counted times in
+  a row, `LOAD_RETRY_S` apart at least (one incident's requests count once), is final; an
+  unreadable config (evicted: fetched again) and a prefix cache left unreset are not counted.
+  A version of another architecture (another base model, or other end tokens:
+  `vllm_engine.architecture`) restarts the engine on its home, or on itself where it has none
+  (or the policy cache evicted it). The switch compares with the architecture recorded at the
+  build, never with files the policy cache may evict.
 - LoRA versions (`PolicyVersion.adapter_of`): a `LoRARequest` over the loaded full-weight
-  version; adapters of that version decode in the same batch, nothing drains.
+  version; adapters of that version decode in the same batch, nothing drains. Each is loaded
+  once per engine by `add_lora` before its rows (vLLM would load it in a step, where a failure
+  kills the engine and every row in flight), a failure counted as above; an adapter evicted
+  (fetched again) or of a rank above `max_lora_rank` (final) is refused first.
 A row sampled by other weights than it asked for fails (never, unless the gate is wrong): a
 finished row by vLLM's label of each token's weights, a row cut by a stop rule (vLLM 0.32 labels
 finished rows only) by the engine's label, asked while the row still holds the gate.
@@ -93,9 +97,14 @@ from infra.inference.vllm_engine import (
 from infra.inference.vllm_rows import (
     GUIDED_REFUSAL,
     TOP_P_REFUSAL,
+    Adapters,
     append,
+    died,
+    engine_dead,
     engine_error,
+    engine_params,
     finish,
+    load_failure,
     refusal,
 )
 from infra.settings import VLLMSettings
@@ -132,7 +141,7 @@ class VLLMBackend:
         self._homes: dict[str, Path] = {}  # by architecture: the last checkpoint started on
         self._gate: VersionGate[PolicyHandle] | None = None
         self._wait_s = wait_s
-        self._lora_ids: dict[tuple[str, int], int] = {}
+        self._adapters = Adapters()
         self._stops: dict[Path, StopRules] = {}  # least recently used first
 
     # -- lifecycle (blocking; called from the worker's start-up, or from tests) ---------------
@@ -214,6 +223,7 @@ class VLLMBackend:
             self._engine.shutdown()
             self._engine = None
             self._arch = None
+            self._adapters.clear()
 
     # -- versions ------------------------------------------------------------------------------
 
@@ -254,50 +264,53 @@ class VLLMBackend:
             ) from exc
 
     async def _reload(self, weights: PolicyHandle) -> None:
-        """Load `weights` into the running engine: a failure is the version's (counted)."""
+        """Load `weights` into the running engine: a failure is the version's (counted), but
+        the engine's death (its core crashed mid-RPC: retried, never counted)."""
         engine = self._engine
         try:
             await engine.collective_rpc(
                 "reload_weights", kwargs={"weights_path": str(weights.path)}
             )
         except Exception as exc:
+            dead = engine_dead(exc, engine)
             self._shutdown_engine()  # a half-built reload state fails every later reload
-            raise self._load_failed(weights.name, exc) from exc
+            raise (died(exc) if dead else self._load_failed(weights.name, exc)) from exc
         if not await engine.reset_prefix_cache():  # reload_weights keeps the old weights' KV
             raise InferenceError(f"{weights.name}: vLLM kept its prefix cache (blocks in use)")
 
-    def _load_failed(self, name: str, exc: Exception) -> InferenceError:
-        """`exc`, a failed load of version `name`, as one line: retried (the next load rebuilds
-        the engine) until it is the `LOAD_TRIES`th counted in a row; a failure counts only
-        `load_retry_s` after the last counted one (the waiters of one incident count once)."""
+    def _load_failed(
+        self, name: str, exc: Exception, retry: str = "the engine restarts on retry"
+    ) -> InferenceError:
+        """`exc`, a failed load of version `name` (`load_failure`): retried (`retry` says how)
+        until it is the `LOAD_TRIES`th counted in a row; a failure counts only `load_retry_s`
+        after the last counted one (the waiters of one incident count once)."""
         counted, last = self._load_failures.get(name, (0, float("-inf")))
         now = time.monotonic()
         if now - last >= self._load_retry_s:
             counted, last = counted + 1, now
         self._load_failures[name] = (counted, last)
-        own = isinstance(exc, InferenceError)  # the build's: its line names the engine
-        why = str(exc).splitlines()[0].removeprefix("vllm backend: ") if own else one_line(exc)
-        failed = f"vllm backend: {name} failed to load ({why})"
-        if counted < LOAD_TRIES:
-            return InferenceError(f"{failed}; the engine restarts on retry")
-        return InferenceError(
-            f"{failed}; failed to load {LOAD_TRIES} times in a row, "
-            f"{self._load_retry_s:.0f}s apart at least",
-            retryable=False,
-        )
+        tries = LOAD_TRIES if counted >= LOAD_TRIES else 0  # 0: not final yet
+        return load_failure(name, exc, retry, tries, self._load_retry_s)
 
     def _lora_request(self, policy: PolicyHandle) -> Any:
-        if policy.base is None:
-            return None
-        if not self.config.enable_lora:
-            raise InferenceError(
-                f"policy {policy.name} is a LoRA adapter; set inference.vllm.enable_lora",
-                retryable=False,
-            )
-        from vllm.lora.request import LoRARequest  # vllm is imported by now (engine started)
+        return self._adapters.request(policy, self.config.enable_lora)
 
-        ids, key = self._lora_ids, (policy.run_id, policy.version)
-        return LoRARequest(policy.name, ids.setdefault(key, len(ids) + 1), str(policy.path))
+    async def _add_adapter(self, lora: Any) -> None:
+        """Load `lora`'s adapter into the engine before its first row (`Adapters.add`): an
+        adapter vLLM fails to load in a step kills the engine, in `add_lora` (a utility call)
+        it fails the caller only; counted as a version's failed load (the engine lives on)."""
+        engine = self._engine
+        try:
+            await self._adapters.add(engine, lora, self.config.max_lora_rank)
+        except InferenceError:
+            raise
+        except Exception as exc:
+            if not engine_dead(exc, engine):
+                raise self._load_failed(lora.lora_name, exc, "retried") from exc
+            if self._gate is not None:
+                self._gate.invalidate()  # the next request rebuilds it
+            raise died(exc) from exc
+        self._load_failures.pop(lora.lora_name, None)
 
     async def _stop_rules(self, path: Path) -> StopRules:
         rules = self._stops.pop(path, None)  # put back last: the most recently used
@@ -335,6 +348,8 @@ class VLLMBackend:
         if any(p.stop_after_code_block or p.stop_after_tool_call for p in params):
             stops = await self._stop_rules(policy.path)
         async with self._gate.serving(policy.weights):
+            if lora is not None:
+                await self._add_adapter(lora)
             rows = (
                 self._row(prompt, row, lora, stops, policy.weights.name)
                 for prompt, row in zip(prompts, params, strict=True)
@@ -350,23 +365,13 @@ class VLLMBackend:
         label: str,
     ) -> GenerationOutput:
         """One completion, streamed; cut and aborted in the engine where a stop rule says."""
-        from vllm import SamplingParams as EngineParams  # the engine has imported it
-        from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.inputs import TokensPrompt  # the engine has imported it
 
         budget = row_budget(prompt, params, self.config.max_model_len)
         if budget == 0:
             return GenerationOutput([], [], "length")
         watch = stops.watch(params, prompt) if stops is not None else None
-        request = EngineParams(
-            temperature=params.temperature,
-            top_p=params.top_p if params.temperature > 0 else 1.0,  # < 1: refused (refusal)
-            seed=params.seed,
-            max_tokens=budget,
-            logprobs=0,
-            detokenize=False,
-            output_kind=RequestOutputKind.DELTA if watch else RequestOutputKind.FINAL_ONLY,
-        )
+        request = engine_params(params, budget, streamed=watch is not None)
         output = GenerationOutput([], [], "length")
         versions: set[str] = set()
         stream = self._engine.generate(
@@ -388,7 +393,7 @@ class VLLMBackend:
                 # still inside the gate: no load has run since it was cut, and each relabels
                 versions.add(await self._engine.get_weight_version())
         except Exception as exc:
-            if self._engine is not None and self._engine.errored and self._gate is not None:
+            if engine_dead(exc, self._engine) and self._gate is not None:
                 self._gate.invalidate()  # a dead engine never recovers: the next request rebuilds
             raise engine_error(exc, self._engine) from exc
         finally:
