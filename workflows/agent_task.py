@@ -52,12 +52,12 @@ Start one without Python (see README):
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import ValidationError
+    from pydantic import BaseModel, ValidationError
 
     from contracts.common import ObjectRef, describe_validation_error
     from contracts.episode import EnvStepOutcome, EpisodeEnd
@@ -84,6 +84,10 @@ with workflow.unsafe.imports_passed_through():
     from workflows.search import search_attribute_updates, task_memo, task_start_options
     from workflows.sessions import Sessions
 
+M = TypeVar("M", bound=BaseModel)
+"""The contract a workflow's input is parsed as (`parse_workflow_input`)."""
+ABORTED_BY_SIGNAL = "aborted by signal"
+"""Why a task aborted by an `abort` signal without a reason (no input, or not text) ended."""
 
 FEWER_WRITES_PATCH = "tempered-task-fewer-writes"
 """Marks runs that upsert once per visible move (GENERATE, EXECUTE, DONE) and take their memo
@@ -131,15 +135,34 @@ while they wrote, and the `status` query FEEDBACK. One upsert (an event and a vi
 and the marker's event more per `code` task."""
 
 
-def parse_task_input(raw: AgentTaskInput | dict[str, Any]) -> AgentTaskInput:
-    """Validate the workflow input; a bad task fails the workflow (never retried) naming the field."""
-    if isinstance(raw, AgentTaskInput):
+def parse_workflow_input(model: type[M], what: str, raw: Any, extra: tuple[Any, ...]) -> M:
+    """A workflow's one input (`raw`, and `extra`: those past it) as `model`, validated.
+    Anything else fails the workflow at once (`InvalidTask`, never retried) saying what is wrong:
+    no input or null, one that is not a JSON object, more than one, a field at fault. Its run
+    method takes `raw: Any = None, *extra: Any` so that the SDK hands every input over as it
+    decoded it (a JSON object as a dict) rather than fail the workflow task, for ever, decoding
+    or calling it (`temporal workflow start --input '"hello"'`, no `--input`, two)."""
+    name = model.__name__
+    if extra:
+        problem = f"{len(extra) + 1} inputs, where the workflow takes one {name}"
+    elif raw is None:
+        problem = f"no input, where the workflow takes one {name} (a JSON object)"
+    elif isinstance(raw, model):
         return raw
-    try:
-        return AgentTaskInput.model_validate(raw)
-    except ValidationError as err:
-        problems = describe_validation_error(err)
-        raise fail(ErrorType.INVALID_TASK, f"invalid task: {problems}") from None
+    elif not isinstance(raw, dict):
+        got = type(raw).__name__
+        problem = f"the input is a {got}, where the workflow takes one {name} (a JSON object)"
+    else:
+        try:
+            return model.model_validate(raw)
+        except ValidationError as err:
+            problem = describe_validation_error(err)
+    raise fail(ErrorType.INVALID_TASK, f"invalid {what}: {problem}")
+
+
+def parse_task_input(raw: Any, *extra: Any) -> AgentTaskInput:
+    """Validate the workflow input; a bad task fails the workflow (never retried) naming the field."""
+    return parse_workflow_input(AgentTaskInput, "task", raw, extra)
 
 
 def tests_problem(task: TaskSpec) -> str | None:
@@ -161,8 +184,8 @@ class AgentTaskWorkflow:
         self._lean = False  # FEWER_WRITES_PATCH: set at the start of `run`
 
     @workflow.run
-    async def run(self, raw: AgentTaskInput | dict[str, Any]) -> AgentTaskResult:
-        task_input = parse_task_input(raw)
+    async def run(self, raw: Any = None, *extra: Any) -> AgentTaskResult:
+        task_input = parse_task_input(raw, *extra)  # any input: see `parse_workflow_input`
         too_large = group_steps_problem(task_input.group_size, task_input.max_turns)
         if too_large and workflow.patched(TASK_SIZE_PATCH):  # asked only of a task too large
             raise fail(ErrorType.INVALID_TASK, f"invalid task: {too_large}")
@@ -235,9 +258,12 @@ class AgentTaskWorkflow:
         )
 
     @workflow.signal(name=Signal.ABORT)
-    def abort(self, reason: str) -> None:
-        """Stop after the current step (the circuit breaker, or an operator)."""
-        self._aborted_reason = self._aborted_reason or (reason or "aborted by signal")
+    def abort(self, reason: Any = None, *_: Any) -> None:
+        """Stop after the current step (the circuit breaker, or an operator). Any input, as for
+        `run`: without one (or with anything but non-empty text), `ABORTED_BY_SIGNAL`; inputs
+        past the first are ignored (before, each failed every later workflow task)."""
+        why = reason if isinstance(reason, str) and reason else ABORTED_BY_SIGNAL
+        self._aborted_reason = self._aborted_reason or why
 
     async def _act(
         self, task_input: AgentTaskInput, group: EpisodeGroup, sessions: Sessions | None

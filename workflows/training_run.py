@@ -54,7 +54,7 @@ with workflow.unsafe.imports_passed_through():
         spread,
     )
     from contracts.task import TaskSpec
-    from workflows.agent_task import run_agent_task
+    from workflows.agent_task import parse_workflow_input, run_agent_task
     from workflows.budget import TASK_TIMEOUT
     from workflows.children import PendingChildren
     from workflows.evaluations import Evaluations
@@ -93,8 +93,9 @@ TIME_BUDGET_SPENT = "time budget spent"
 @workflow.defn(name="TrainingRunWorkflow")
 class TrainingRunWorkflow:
     @workflow.init
-    def __init__(self, run_input: TrainingRunInput) -> None:
-        self._input = run_input
+    def __init__(self, raw: Any = None, *extra: Any) -> None:
+        # any input, as the task's: bad input fails the run at once (`parse_workflow_input`)
+        self._input = run_input = parse_workflow_input(TrainingRunInput, "run", raw, extra)
         resume = run_input.resume
         self._progress: list[LearnerProgress] = list(resume.progress) if resume else []
         self._rollouts: list[asyncio.Task[None]] = []
@@ -128,7 +129,8 @@ class TrainingRunWorkflow:
         self._slots = StepSlots(grpo.groups_per_step, self._filled, run_input.concurrency)
 
     @workflow.run
-    async def run(self, run_input: TrainingRunInput) -> TrainingRunResult:
+    async def run(self, raw: Any = None, *extra: Any) -> TrainingRunResult:
+        run_input = self._input  # `raw` parsed (`__init__` takes what `run` takes)
         resume = run_input.resume
         learner = None
         if resume is None:
@@ -180,9 +182,10 @@ class TrainingRunWorkflow:
         self._learner.reported(done)
 
     @workflow.signal(name=Signal.STOP)
-    def stop(self, reason: Any = None) -> None:
+    def stop(self, reason: Any = None, *_: Any) -> None:
         """Start no more tasks (`tempered stop`); the rest of the run ends as usual. The input
-        is optional: without one (or with anything but non-empty text), `STOPPED_BY_SIGNAL`."""
+        is optional: without one (or with anything but non-empty text), `STOPPED_BY_SIGNAL`;
+        inputs past the first are ignored (before, each failed every later workflow task)."""
         why = reason if isinstance(reason, str) and reason else STOPPED_BY_SIGNAL
         self._stopped = self._stopped or why
 

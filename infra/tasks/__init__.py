@@ -33,7 +33,7 @@ from contracts.task import EnvName, TaskSpec
 from infra.environments.tree import pack_files
 from infra.environments.workspace import SOLVE
 from infra.tasks.basics import basics_tasks
-from infra.tasks.harbor import harbor_tasks, is_harbor
+from infra.tasks.harbor import harbor_dir, harbor_tasks, is_harbor
 from infra.tasks.humaneval import humaneval_tasks
 from infra.tasks.jsonl import read_jsonl
 from infra.tasks.starter import starter_tasks
@@ -173,7 +173,7 @@ def _workspace_suite(name: str) -> Iterator[tuple[str, WorkspaceTask | str]]:
         yield from ((task.spec.id, task) for task in WORKSPACE_SUITES[name]())
     elif is_harbor(name):
         errors, count = [], 0
-        for task_id, loaded in harbor_tasks(name.removeprefix("harbor:")):
+        for task_id, loaded in harbor_tasks(harbor_dir(name)):
             count += 1
             if isinstance(loaded, str):
                 errors.append(loaded)
@@ -221,11 +221,13 @@ def load_suite(name: str, *, split: str | None = None) -> list[TaskSpec]:
 
 def absolute_suite(suite: str) -> str:
     """`suite` spelled the same from any directory: a built-in name as it is, a JSONL file or
-    `harbor:DIR` by its absolute path (the workers that load a run's suite run elsewhere)."""
+    `harbor:DIR` by its absolute path (the workers that load a run's suite run elsewhere);
+    ValueError for `harbor:` with no directory (`harbor_dir`: not the working directory)."""
     if suite in BUILTIN_SUITES:
         return suite
-    prefix = "harbor:" if is_harbor(suite) else ""
-    return f"{prefix}{Path(suite.removeprefix(prefix)).expanduser().resolve()}"
+    if is_harbor(suite):
+        return f"harbor:{Path(harbor_dir(suite)).expanduser().resolve()}"
+    return str(Path(suite).expanduser().resolve())
 
 
 def suite_key(suite: str) -> str:

@@ -77,6 +77,7 @@ from infra.tasks.workspace_task import WorkspaceTask, workspace_task
 __all__ = [
     "PREFIX",
     "TaskInputError",
+    "harbor_dir",
     "harbor_tasks",
     "is_harbor",
     "load_harbor",
@@ -99,6 +100,19 @@ log = logging.getLogger("tempered.tasks")
 
 def is_harbor(suite: str) -> bool:
     return suite.startswith(PREFIX)
+
+
+NEEDS_DIRECTORY = "harbor:DIR needs a directory"
+"""The error of `harbor:` with no directory: it once read the working directory (`Path("")`)."""
+
+
+def harbor_dir(suite: str) -> str:
+    """The directory a `harbor:DIR` suite names; ValueError where it names none (empty or
+    blank)."""
+    directory = suite.removeprefix(PREFIX)
+    if not directory.strip():
+        raise ValueError(f"{NEEDS_DIRECTORY} (got {suite!r}): e.g. harbor:examples/harbor")
+    return directory
 
 
 def load_harbor(
@@ -127,7 +141,9 @@ def harbor_tasks(
     """`load_harbor`'s tasks one at a time, each loaded as it is reached, so that a caller
     that uploads them holds one task's files, not the suite's: (directory name, the task or
     its error line). ValueError, before the first, where `path` holds no task or cannot be
-    listed."""
+    listed, and where `path` is empty (`NEEDS_DIRECTORY`: not the working directory)."""
+    if isinstance(path, str):
+        harbor_dir(PREFIX + path)
     root = Path(path)
     try:
         if not root.is_dir():

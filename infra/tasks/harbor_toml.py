@@ -24,7 +24,8 @@ ends at the run's `max_turns`, each command at the run's `limits.timeout_s`. The
 Harbor's format (`KEYS`, and the rest of [metadata], [environment] and [agent]) is accepted
 and ignored. Other keys, at the top or in [verifier], are ignored as Harbor ignores them, with
 one warning per task naming them, except a close misspelling of a key Tempered reads: an error
-asking "did you mean" (a typo such as `timeout_secs` once gave the default silently).
+asking "did you mean" (a typo such as `timeout_secs` once gave the default silently), in
+[metadata] too (`spilt` once loaded a held-out task as train).
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ def read_config(config: dict[str, Any]) -> Config:
     unknown = _unknown(config, "")
     verifier, metadata = _table(config, "verifier"), _table(config, "metadata")
     unknown += _unknown(verifier, "verifier")
+    _misspelt(metadata, "metadata", ("split",))  # the rest of [metadata] is free-form
     timeout = _timeout(verifier.get("timeout_sec", VERIFIER_TIMEOUT_S))
     env = {
         key: _env_value(key, value) for key, value in _table(verifier, "env", "verifier.").items()
@@ -221,11 +223,20 @@ def _unknown(table: dict[str, Any], within: str) -> list[str]:
     ValueError for one that is a close misspelling of a key Tempered reads."""
     read, ignored = KEYS[within]
     unknown = [key for key in table if key not in read and key not in ignored]
-    for key in unknown:
+    _misspelt({key: table[key] for key in unknown}, within, read)
+    return [f"{within}.{key}" if within else key for key in unknown]
+
+
+def _misspelt(table: dict[str, Any], within: str, read: tuple[str, ...]) -> None:
+    """ValueError for a key of `table` (task.toml's top, or [`within`]) that is not one of
+    `read` but a close misspelling of one (`CLOSE`): `[metadata] spilt = "heldout"` once
+    loaded as split train, a held-out task trained on."""
+    for key in table:
+        if key in read:
+            continue
         if meant := difflib.get_close_matches(key, read, n=1, cutoff=CLOSE):
             where = f"[{within}] " if within else ""
             raise ValueError(f"{where}{key}: no such key; did you mean {meant[0]}?")
-    return [f"{within}.{key}" if within else key for key in unknown]
 
 
 def _env_value(key: str, value: Any) -> str:

@@ -55,6 +55,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import re
 import secrets
 import sys
 
@@ -129,6 +130,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.set_defaults(func=eval_cmd)
 
 
+NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?", re.ASCII | re.IGNORECASE)
+"""A `--policy` spelt as a number (`-1`, `1.5`, `2e3`): with `--run`, a version that is not a
+whole number 0 or more, refused as such (it was taken for a model's name)."""
 BASE_RUN = "eval-base-"
 """A preset or dir is published as version 0 of the run its content names (`BASE_RUN` and its
 `policy_digest`): an eval of the same weights again publishes nothing (each eval of a 517 MB
@@ -335,7 +339,9 @@ def _policy(args: argparse.Namespace, store: ObjectStore) -> tuple[str, int] | N
     waited for it without a word (`inference.policy_wait_s` each) and stayed in Temporal; and
     for a preset/dir with `--run`, which ignored the run (a baseline under a run's settings is
     its version 0: `--run RUN --policy 0`)."""
-    if not args.policy.isdigit():
+    if not (args.policy.isascii() and args.policy.isdigit()):
+        if args.run and NUMBER.fullmatch(args.policy):  # -1, 1.5: meant as a version
+            raise ValueError(f"--policy VERSION: a whole number, 0 or more, not {args.policy!r}")
         if args.run:  # it was ignored: its settings, its held-out set, even a run never made
             raise ValueError(
                 f"--run names a run whose version to evaluate (--policy N; its base model is "
