@@ -259,29 +259,48 @@ def _start_seaweed(settings: Settings, started: list[Service] | None = None) -> 
 
 
 def _start_codec(settings: Settings, started: list[Service] | None = None) -> str:
-    """The UI's codec server; a display aid, so a taken port is reported, not fatal. It joins
-    `started` once this call starts it."""
+    """The UI's codec server; a display aid, so a taken port is reported, not fatal. One of
+    ours that runs with other settings (its pidfile's `code`, `codec.service_digest`: another
+    bucket read the old one, and the UI said no stored object matched) is restarted with these;
+    one whose pidfile records none (an earlier release's) is checked by its port alone. It
+    joins `started` once this call starts it."""
     service, url = codec_service(settings), codec.endpoint(settings)
+    digest, again = codec.service_digest(settings), False
     with service.lock():
         if service.pid() is not None:
-            # its settings are in its environment, which the pidfile does not record: its port
-            # is what can be checked (the dev server's flags name the codec's port too)
             listening(service, "127.0.0.1", settings.temporal.codec_port)
-            return f"codec: already running at {url}"
+            if service.code() in (None, digest):
+                return f"codec: already running at {url}"
+            service.stop()  # stateless: restarted with these settings (S3, UI)
+            again = True
+            _until_closed("127.0.0.1", settings.temporal.codec_port)
         if port_open("127.0.0.1", settings.temporal.codec_port):
             return (
                 f"codec: port {settings.temporal.codec_port} is taken by another process, so the UI "
                 "shows payloads as stored (set TEMPERED_TEMPORAL__CODEC_PORT)"
             )
         env = {**os.environ, **codec.service_env(settings)}
-        service.start([sys.executable, "-m", "infra.codec"], env=env)
+        service.start([sys.executable, "-m", "infra.codec"], env=env, code=digest)
         _record(started, service)
         try:
             wait_for_port("127.0.0.1", settings.temporal.codec_port, START_TIMEOUT_S, service)
         except (RuntimeError, TimeoutError) as err:
             service.stop()
             raise StackError(f"the codec server did not start: {err}") from None
+        if again:
+            return (
+                f"codec: restarted at {url} with these settings (it ran with other S3 or UI ones)"
+            )
         return f"codec: started at {url} (the UI shows what payloads reference)"
+
+
+def _until_closed(host: str, port: int) -> None:
+    """Wait (at most `LISTEN_WAIT_S`) until nothing listens on host:port: a stopped process
+    whose main thread is a zombie may still hold its socket while its other threads exit (then
+    the port looked taken by another process, and the restart was not done)."""
+    deadline = time.monotonic() + LISTEN_WAIT_S
+    while port_open(host, port) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _record(started: list[Service] | None, service: Service) -> None:

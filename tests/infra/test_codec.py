@@ -120,7 +120,7 @@ async def test_what_it_returns_is_capped(client: TestClient[Any, Any], store: Ob
     first, *rest = decoded["payload"]["refs"]
     assert first["content_truncated"] and len(first["content"]) == codec.MAX_OBJECT_BYTES
     assert [r["content"] for r in rest[:-1]] == ["y"] * (codec.MAX_REFS - 1)
-    assert rest[-1]["content"] == codec.OVER_LIMIT  # one reference more than a request may read
+    assert rest[-1]["content_error"] == codec.OVER_REFS  # one reference more than a request may read
     assert len(decoded["shown"]) <= codec_shown.MAX_SHOWN_LINES
 
 
@@ -221,7 +221,7 @@ async def test_what_a_reference_claims_does_not_size_the_read(
     missing = [{"key": f"runs/r/none-{i}", "size": 1, "sha256": "0" * 64} for i in range(300)]
     (decoded,) = await decode(client, {"refs": missing})
     tried, skipped = refs_in(decoded)[: codec.MAX_REFS], refs_in(decoded)[codec.MAX_REFS :]
-    assert [r.get("content") for r in skipped] == [codec.OVER_LIMIT] * (300 - codec.MAX_REFS)
+    assert [r.get("content_error") for r in skipped] == [codec.OVER_REFS] * (300 - codec.MAX_REFS)
     assert [r["content_error"] for r in tried] == [codec_reader.NO_MATCH] * codec.MAX_REFS
 
 

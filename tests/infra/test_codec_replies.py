@@ -145,4 +145,4 @@ async def test_a_reply_is_bounded_by_max_bytes_as_sent(
     assert len(reply) <= 4 / 3 * (codec.MAX_BYTES + 2 * len(body)), len(reply)
     (decoded,) = [value_of(p) for p in json.loads(reply)["payloads"]]
     shown = refs_in(decoded)
-    assert shown[0]["content"] == text and shown[-1]["content"] == codec.OVER_LIMIT
+    assert shown[0]["content"] == text and shown[-1]["content_error"] == codec.OVER_BYTES

@@ -5,9 +5,10 @@
 
 `tempered up` already runs one in the background for the embedded UI; this is for a UI
 elsewhere (point its codec endpoint, `TEMPORAL_CODEC_ENDPOINT`, here). What it shows and what
-it refuses: `infra.codec`. `--port` is 1 to 65535; the "codec server on …" line comes once the
-server listens, its own bind the one check of the address (a port in use: one line on stderr,
-exit 1).
+it refuses: `infra.codec`. `--origin` is an origin as a browser sends it (http or https and a
+host, nothing after; kept lowercase), anything else refused (exit 2). `--port` is 1 to 65535;
+the "codec server on …" line comes once the server listens, its own bind the one check of the
+address (a port in use: one line on stderr, exit 1).
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     parser.add_argument(
         "--origin",
         action="append",
-        help="a UI origin allowed to ask (repeatable); default: the embedded UI",
+        type=ui_origin,
+        help="a UI origin allowed to ask, e.g. https://temporal.example.com (repeatable); "
+        "default: the embedded UI",
     )
     parser.set_defaults(func=serve)
 
 
 def serve(args: argparse.Namespace, settings: Settings) -> int:
     port = settings.temporal.codec_port if args.port is None else args.port
-    origins = args.origin or codec.ui_origins(settings.temporal.ui_port)
+    origins = args.origin or codec.ui_origins(settings)
     listens = False
 
     def announce() -> None:  # the banner names a server that listens, never one that did not
@@ -63,6 +66,16 @@ def _why(exc: OSError) -> str:
     if isinstance(exc, socket.gaierror) or not exc.errno:
         return exc.strerror or str(exc)
     return os.strerror(exc.errno)
+
+
+def ui_origin(text: str) -> str:
+    """An argparse type: an origin as a browser sends it (`codec.ui_origin`: http or https, a
+    host, no path, query or fragment; lowercase). `notaurl`, a path or `HTTPS://Host` were
+    announced, then every request of that UI got 403."""
+    try:
+        return codec.ui_origin(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def tcp_port(text: str) -> int:
