@@ -77,7 +77,7 @@ def module_group(path: Path, root: Path) -> str | None:
     return found.group(2)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # pytest-xdist's: absent without it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadgroup` by module: a test module marked `xdist_group(name)` runs whole on one
     worker, with every module of that name, so its costly module (or shared) fixture is set up

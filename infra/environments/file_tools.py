@@ -133,7 +133,8 @@ def _lines(handle: BinaryIO, first: int, last: int | None, budget: int) -> _Part
                 if line + (skipped := chunk.count(b"\n", at)) < first:
                     line += skipped
                     break
-                line, at = line + 1, chunk.index(b"\n", at) + 1
+                while line < first:  # the chunk holds it: step newline by newline (counted once)
+                    line, at = line + 1, chunk.index(b"\n", at) + 1
                 continue
             if last is not None and line > last:
                 collecting = False

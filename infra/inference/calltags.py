@@ -91,6 +91,24 @@ def tags(text: str, thinking: bool) -> Iterator[tuple[int, int | None]]:
         at = tag + len(CALL_OPEN) if end is None else end
 
 
+def tags_before_the_flag(text: str) -> Iterator[tuple[int, int | None]]:
+    """`tags` as the release before `thinking` read a turn (its records carry no flag, and
+    `toolcalls.full_call` reads them so too): every `<think>…</think>` block hides the tags in
+    it, wherever it stands, and nothing after an unclosed one is a call."""
+    at = 0
+    while (tag := text.find(CALL_OPEN, at)) >= 0:
+        think = text.find(THINK_OPEN, at, tag)
+        if think >= 0:
+            close = text.find(THINK_CLOSE, think + len(THINK_OPEN))
+            if close < 0:
+                return
+            at = close + len(THINK_CLOSE)
+            continue
+        end = reads_as_call(text, value_start(text, tag))
+        yield tag, end
+        at = tag + len(CALL_OPEN) if end is None else end
+
+
 def reads_as_call(text: str, at: int) -> int | None:
     """Where the JSON value at `at` ends, if it is an object with a string "name"; else None."""
     try:  # `text` itself, not a copy of its rest (`tags` reads a whole turn)

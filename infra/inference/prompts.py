@@ -95,10 +95,16 @@ _STATUS_TEXT = {
     ExecStatus.INFRA_ERROR: "Your code could not be run because of a platform error.",
 }
 
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n`]*\n(.*?)(```|\Z)", re.DOTALL)
-"""A fenced block: its tag, its body, its closing fence ("" where the text ends inside it). No
-backtick after the tag on the opening line: a run of backticks without a newline fails at once
-(the stop rule tests a row at each fence: `[^\n]*` made that quadratic in the run)."""
+_FENCE = re.compile(
+    r"```(?!`)[ \t]*+([A-Za-z0-9_+-]*+)(?>(?:[^\n`]|`(?!``))*)\n(.*?)(```|\Z)", re.DOTALL
+)
+"""A fenced block: its tag, its body, its closing fence ("" where the text ends inside it). The
+opening line's rest may hold backticks (```` ```python  # uses `x` ````) but no fence, and a
+fence is three backticks not followed by a fourth (```` ````bash ```` is bash's): a fence's scan
+ends at the next fence or the line's end, without backtracking, so a row of backticks costs
+time linear in it (the stop rule tests a row at each fence: `[^\n]*`, even atomic, scanned to
+the line's end from each fence of a run: quadratic; `[^\n`]*` took no backtick: such a block
+was none, and `extract_code` ran "")."""
 _PYTHON_TAGS = {"", "python", "python3", "py"}
 _DEFINES = re.compile(r"^\s*(async\s+)?def\s", re.MULTILINE)
 
@@ -382,8 +388,11 @@ def program_scan(text: str, at: int = 0) -> tuple[bool, int]:
         at = match.end()
         if match.group(1).lower() in _PYTHON_TAGS and _DEFINES.search(match.group(2)):
             return True, at
+    # a fence of the last line (no newline yet) may still open one: the last there (those
+    # before it are dead, a fence being in their rest), or backticks that may yet become one
+    fence = text.rfind("```", max(at, text.rfind("\n") + 1))
     tick = text.rfind("`", at)
-    return False, len(text) if tick < 0 else max(at, tick - 2)
+    return False, fence if fence >= 0 else len(text) if tick < 0 else max(at, tick - 2)
 
 
 def _program_blocks(text: str) -> Iterator[re.Match[str]]:

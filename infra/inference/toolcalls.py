@@ -53,9 +53,13 @@ A call crosses Temporal as its brief (`ToolCall.brief`, its values cut to a few 
 characters); `full_call` gives back the whole call where it is needed, by parsing the turn's text
 again (the parse is deterministic: the same text and flag, the same call). It parses a cut brief
 only, and the error of a turn cut by its token limit is never cut (it names no arguments and is
-shorter than a brief keeps), so `full_call` needs no limit. A caller that does not know the
-turn's `thinking` gets the reading whose brief it is (an error where both readings give it,
-to different calls).
+shorter than a brief keeps), so `full_call` needs no limit. A record says `thinking` only where
+it is true (`CompletionRecord.thinking` is left out while false, for the release before): a
+record without it is read as not thinking, and where that reading's brief is not the call's
+(a record of the release before, which hid every think block, wherever it stood:
+`calltags.tags_before_the_flag`), as thinking, then by that release's rule; the first reading
+whose brief it is is the call. A record of this release is read as it was parsed, first: a
+reading that fails it is never tried for it.
 
 Not covered here: running a call (infra/environments/), how a template is rendered into token
 ids (infra/inference/prompts.py).
@@ -73,7 +77,7 @@ from contracts.episode import ToolCall, ToolSpec
 from infra.inference.base import one_line
 from infra.inference.calltags import CALL_CLOSE as CALL_CLOSE
 from infra.inference.calltags import CALL_OPEN as CALL_OPEN
-from infra.inference.calltags import CallWatch, tags, value_start
+from infra.inference.calltags import CallWatch, tags, tags_before_the_flag, value_start
 
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 CALL_EXAMPLE = (
@@ -150,7 +154,13 @@ def parse_tool_call(
     whole is then told as cut: none begun (`CALL_FIRST_ADVICE`), or its JSON unfinished
     (`CUT_ADVICE`). `thinking`: the turn starts inside a think block (`calltags`). Which tag is
     the call: the module's docstring."""
-    found = list(tags(text, thinking))
+    return _parsed(text, list(tags(text, thinking)), tools, cut_at)
+
+
+def _parsed(
+    text: str, found: list[tuple[int, int | None]], tools: Sequence[ToolSpec], cut_at: int | None
+) -> ToolCall:
+    """`parse_tool_call` of `text` whose call tags (`calltags.tags`' pairs) are `found`."""
     if not found:
         if cut_at is not None:
             return _error(
@@ -305,15 +315,20 @@ def full_call(
     call: ToolCall, text: str, tools: Sequence[ToolSpec], *, thinking: bool = False
 ) -> ToolCall:
     """The call whose brief `call` is: `call` itself where nothing was cut, else the turn's
-    `text` parsed again, as it was parsed (`thinking`: its `CompletionRecord.thinking`). Raises
+    `text` parsed again, as it was parsed (`thinking`: its `CompletionRecord.thinking`; false
+    also where the record predates it, whose readings follow: the module's docstring). Raises
     ValueError when `text` does not parse to a call with that brief (the text of another
     turn)."""
     if not call.cut:
         return call
-    whole = parse_tool_call(text, tools, thinking=thinking)
-    if whole.brief() != call:
-        raise ValueError("the turn's text does not parse to the call whose brief came with it")
-    return whole
+    readings = [lambda: tags(text, thinking)]
+    if not thinking:
+        readings += [lambda: tags(text, True), lambda: tags_before_the_flag(text)]
+    for found in readings:
+        whole = _parsed(text, list(found()), tools, None)
+        if whole.brief() == call:
+            return whole
+    raise ValueError("the turn's text does not parse to the call whose brief came with it")
 
 
 def _check_arguments(tool: ToolSpec, arguments: dict[str, Any]) -> str | None:

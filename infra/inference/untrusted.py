@@ -27,9 +27,13 @@ cuts that mark out (before, its note then told only the characters it dropped it
 A `read_file` result that `clip` may cut (over `contracts.episode.CLIPPED_FROM_BYTES`) starts
 with the lines of the file it holds (`contracts.episode.READ_FILE_LINES`): its clip keeps whole
 lines where it can, and its note names the lines of the file left out and how to read them
-(`read_lines_hint`). Before, a 7,780-character file came back as 2,000 characters either side of
-`[... 3780 characters left out ...]`, and a model that wrote back what it read deleted the
-middle of the file.
+(`read_lines_hint`) in a result that comes back whole: the lines, or the first of them that one
+result holds, or where one line is longer, the bytes of it that one result holds (`sed … | cut
+-b`). Before, a note named the lines left out however long: inside a line longer than the clip
+it named that line (or all three lines of a file of three ~3 KB lines), whose result came back
+cut the same way, and a model that did as told read the same cut again. Before that, a
+7,780-character file came back as 2,000 characters either side of `[... 3780 characters left
+out ...]`, and a model that wrote back what it read deleted the middle of the file.
 
 Not covered: rendering the template (infra/inference/prompts.py).
 """
@@ -42,12 +46,19 @@ from typing import Any
 
 from contracts.episode import OBSERVATION_CHARS as OBSERVATION_CHARS  # re-exported
 from contracts.episode import OBSERVATION_TOKENS as OBSERVATION_TOKENS
-from contracts.episode import READ_FILE_LINES, read_lines_hint
+from contracts.episode import READ_FILE_LINES, lines_header, read_lines_hint
 
 LEFT_OUT = re.compile(r"\[\.\.\. ([^\[\]\n]{1,100}) left out \.\.\.\]")
 """A note of what was left out (`clip`'s own, a capture's): what it says, in its group."""
+FRAME = 32
+"""Room (characters, tokens) a tool's framing takes around what it read: `read_file`'s line
+header is counted apart, bash's `exit code: 0\\nstdout:\\n` is 21 characters."""
+BY_BASH = "read them with bash: "
+"""How `read_lines_hint` starts a `sed` command (a byte range is read by piping it to `cut`)."""
 REPEATED_NOTES = 4
 """The most notes `clip` repeats from what it leaves out (a program may print any number)."""
+Budget = tuple[int, Callable[[str], bool]]
+"""What one result holds: at most this many characters, and whether a text comes back whole."""
 
 
 class UntrustedText:
@@ -122,6 +133,12 @@ def clip(
     """`text`, or its head and tail around a note of how many characters were left out (and
     the first `REPEATED_NOTES` notes of `LEFT_OUT`'s kind among them): at most `limit`
     characters and, given `count_tokens`, head and tail at most `max_tokens // 2` tokens each."""
+
+    def fits(piece: str) -> bool:  # a result of `piece` and a tool's framing comes back whole
+        return len(piece) + FRAME <= limit and (
+            count_tokens is None or count_tokens(piece) + FRAME <= max_tokens
+        )
+
     over = len(text) > limit
     if not over and (count_tokens is None or count_tokens(text) <= max_tokens):
         return text
@@ -136,7 +153,7 @@ def clip(
         tail = tail[len(tail) - kept :]
     lines = ""
     if (shown := READ_FILE_LINES.match(text)) and len(head) >= shown.end():
-        head, tail, lines = _whole_lines(text, head, tail, shown)
+        head, tail, lines = _whole_lines(text, head, tail, shown, (limit, fits))
     left = len(text) - len(head) - len(tail)
     notes = LEFT_OUT.findall(text, len(head), len(text) - len(tail))
     repeated = "".join(f"; {note} left out" for note in notes[:REPEATED_NOTES])
@@ -147,7 +164,9 @@ def clip(
     return f"{head}\n[... {left} characters left out{lines}{repeated} ...]\n{tail}"
 
 
-def _whole_lines(text: str, head: str, tail: str, shown: re.Match[str]) -> tuple[str, str, str]:
+def _whole_lines(
+    text: str, head: str, tail: str, shown: re.Match[str], budget: Budget
+) -> tuple[str, str, str]:
     """`head` and `tail` of a `read_file` result cut back to whole lines of the file (where a
     whole one is left on that side), and the note's words on the lines not wholly shown."""
     body, first, last = shown.end(), int(shown["first"]), int(shown["last"])
@@ -162,8 +181,47 @@ def _whole_lines(text: str, head: str, tail: str, shown: re.Match[str]) -> tuple
     # the lines of the first and the last character left out
     lo = min(first + text.count("\n", body, len(head)), last)
     hi = min(first + text.count("\n", body, start - 1), last)
-    named = f"line {lo}" if lo == hi else f"lines {lo}-{hi}"
-    return head, tail, f": {named}; {read_lines_hint(shown['path'], lo, hi)}"
+    how = _how_to_read(text, shown, (lo, hi), len(head), budget)
+    return head, tail, f": {_named(lo, hi)}{how}"
+
+
+def _how_to_read(
+    text: str, shown: re.Match[str], lines: tuple[int, int], cut: int, budget: Budget
+) -> str:
+    """How to read `lines` (lo, hi) of a `read_file` result, left out from `text[cut]` on, in
+    a result that comes back whole (`budget`): all of them, or the first of them that one
+    result holds; where line lo alone is longer, the bytes of it from `cut` on that one result
+    holds (`sed … | cut -b`); else nothing."""
+    (lo, hi), (limit, fits), path, total = lines, budget, shown["path"], int(shown["total"])
+    begin = text.rfind("\n", shown.end() - 1, cut) + 1  # where line `lo` starts
+    ends: list[int] = []  # where lines lo, lo+1, … end (after their newline), while they may fit
+    while len(ends) <= hi - lo and (not ends or ends[-1] - begin <= limit):
+        end = text.find("\n", ends[-1] if ends else begin)
+        ends.append(len(text) if end < 0 else end + 1)
+        if end < 0:
+            break
+
+    def whole(n: int) -> bool:  # lines lo..lo+n-1 come back whole, with their header
+        return n == 0 or fits(lines_header(path, lo, lo + n - 1, total) + text[begin : ends[n - 1]])
+
+    if (n := _longest(len(ends), whole)) == hi - lo + 1:
+        return f"; {read_lines_hint(path, lo, hi)}"
+    if n:
+        return (
+            f"; one result holds {_named(lo, lo + n - 1)}: {read_lines_hint(path, lo, lo + n - 1)}"
+        )
+    sed = read_lines_hint(path, lo, lo)  # line `lo` alone is longer than one result holds
+    stop = ends[0] - (text[ends[0] - 1] == "\n")
+    size = _longest(stop - cut, lambda n: fits(text[cut : cut + n]))
+    if not sed.startswith(BY_BASH) or size == 0:
+        return ""
+    a = len(text[begin:cut].encode()) + 1
+    b = a + len(text[cut : cut + size].encode()) - 1
+    return f"; one result holds bytes {a}-{b} of line {lo}: {sed} | cut -b {a}-{b}"
+
+
+def _named(lo: int, hi: int) -> str:
+    return f"line {lo}" if lo == hi else f"lines {lo}-{hi}"
 
 
 def _longest(size: int, fits: Callable[[int], bool]) -> int:

@@ -53,15 +53,21 @@ async def test_a_long_file_read_whole_is_clipped_at_lines_it_names_with_how_to_r
     note = NOTE.search(shown)
     assert note, shown
     first, last = int(note[1]), int(note[2])
-    assert note[3] == read_lines_hint("big.py", first, last)
+    # the hint names the first of those lines one result holds (all of them would come back
+    # clipped again: tests/infra/environments/test_parse62_clip_hints.py)
+    fits = re.fullmatch(rf"one result holds lines {first}-(\d+): (.*)", note[3])
+    assert fits, note[3]
+    upto = int(fits[1])
+    assert first < upto < last and fits[2] == read_lines_hint("big.py", first, upto)
     head, tail = shown[: note.start()], shown[note.end() :]
     # whole lines on both sides of the note, and together with the lines named, the file
     assert head == "[big.py: lines 1-500 of 500]\n" + "".join(LINES[: first - 1]).rstrip("\n")
     assert tail == "".join(LINES[last:])
     _, middle = await rig.env.step(
-        state, call("bash", command=f"sed -n '{first},{last}p' big.py"), LIMITS
+        state, call("bash", command=f"sed -n '{first},{upto}p' big.py"), LIMITS
     )
-    assert middle.text == "exit code: 0\nstdout:\n" + "".join(LINES[first - 1 : last]).rstrip("\n")
+    assert middle.text == "exit code: 0\nstdout:\n" + "".join(LINES[first - 1 : upto]).rstrip("\n")
+    assert clip(middle.text, count_tokens=count) == middle.text  # it comes back whole
     ranged = read_file(rig.host.sessions["s0"], "big.py", LIMITS, first, last)
     assert ranged.text == f"[big.py: lines {first}-{last} of 500]\n" + "".join(
         LINES[first - 1 : last]
@@ -71,7 +77,9 @@ async def test_a_long_file_read_whole_is_clipped_at_lines_it_names_with_how_to_r
     note = NOTE.search(shown)
     assert note, shown
     lo, hi = int(note[1]), int(note[2])
-    assert first < lo <= hi < last and note[3] == read_lines_hint("big.py", lo, hi)
+    again = re.fullmatch(rf"one result holds lines {lo}-(\d+): (.*)", note[3])
+    assert first < lo <= hi < last and again, note[3]
+    assert lo < int(again[1]) < hi and again[2] == read_lines_hint("big.py", lo, int(again[1]))
     assert shown[: note.start()].endswith("".join(LINES[first - 1 : lo - 1]).rstrip("\n"))
     assert shown[note.end() :] == "".join(LINES[hi:last])
 
