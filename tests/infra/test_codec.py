@@ -120,7 +120,8 @@ async def test_what_it_returns_is_capped(client: TestClient[Any, Any], store: Ob
     first, *rest = decoded["payload"]["refs"]
     assert first["content_truncated"] and len(first["content"]) == codec.MAX_OBJECT_BYTES
     assert [r["content"] for r in rest[:-1]] == ["y"] * (codec.MAX_REFS - 1)
-    assert rest[-1]["content_error"] == codec.OVER_REFS  # one reference more than a request may read
+    # one reference more than a request may read
+    assert rest[-1]["content_error"] == codec.OVER_REFS
     assert len(decoded["shown"]) <= codec_shown.MAX_SHOWN_LINES
 
 
