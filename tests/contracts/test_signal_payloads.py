@@ -69,12 +69,13 @@ def with_unknown_fields(value: Any) -> Any:
     return value
 
 
-def signals() -> dict[str, list[type]]:
-    """Every signal the workflows handle: its name and its arguments' types."""
-    found: dict[str, list[type]] = {}
+def signals() -> dict[str, list[type] | None]:
+    """Every signal the workflows handle: its name and its arguments' types (None for a handler
+    taking any arguments, `stop`'s and `abort`'s: the SDK decodes them as plain JSON)."""
+    found: dict[str, list[type] | None] = {}
     for cls in WORKFLOWS:
         for name, signal in workflow._Definition.must_from_class(cls).signals.items():
-            assert name is not None and signal.arg_types is not None
+            assert name is not None
             found[name] = signal.arg_types
     return found
 
