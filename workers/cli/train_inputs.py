@@ -51,8 +51,8 @@ def absolute(spec: str | None) -> str | None:
     """A model directory, suite file or `harbor:DIR` named relative to here, made absolute: the
     workers that read it run in the stack's home (a relative path failed there, after the dry
     run had passed). Presets, built-in suites, s3:// prefixes and what is not here stay as
-    they are."""
-    if spec is None or spec in (TINY, SMOLLM2):
+    they are, and so does an empty one (not the working directory: it is refused by name)."""
+    if spec is None or not spec.strip() or spec in (TINY, SMOLLM2):
         return spec
     made = absolute_suite(spec)  # a model directory is spelled as a suite file is
     return made if Path(made.removeprefix("harbor:")).exists() else spec
