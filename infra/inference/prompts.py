@@ -96,15 +96,15 @@ _STATUS_TEXT = {
 }
 
 _FENCE = re.compile(
-    r"```(?!`)[ \t]*+([A-Za-z0-9_+-]*+)(?>(?:[^\n`]|`(?!``))*)\n(.*?)(```|\Z)", re.DOTALL
+    r"(?:(?<![^\n])```(?!`)|```(?!`)(?=[^\n`]*+\n))"
+    r"[ \t]*+([A-Za-z0-9_+-]*+)(?>(?:[^\n`]|`(?!``))*)\n(.*?)(```|\Z)",
+    re.DOTALL,
 )
-"""A fenced block: its tag, its body, its closing fence ("" where the text ends inside it). The
-opening line's rest may hold backticks (```` ```python  # uses `x` ````) but no fence, and a
-fence is three backticks not followed by a fourth (```` ````bash ```` is bash's): a fence's scan
-ends at the next fence or the line's end, without backtracking, so a row of backticks costs
-time linear in it (the stop rule tests a row at each fence: `[^\n]*`, even atomic, scanned to
-the line's end from each fence of a run: quadratic; `[^\n`]*` took no backtick: such a block
-was none, and `extract_code` ran "")."""
+"""A fenced block: its tag, its body, its closing fence ("" where the text ends inside it). A
+fence is three backticks not followed by a fourth (```` ````bash ```` is bash's); one that starts
+its line (as Markdown's) may have backticks, no fence, after its tag (```` ```py  # `x` ````), one
+mid-line none (```` use ``` and `print` ```` opened a block that ate the real fence). A scan ends
+at a backtick, fence or newline, without backtracking: linear in a row of backticks."""
 _PYTHON_TAGS = {"", "python", "python3", "py"}
 _DEFINES = re.compile(r"^\s*(async\s+)?def\s", re.MULTILINE)
 
