@@ -296,7 +296,7 @@ class VLLMBackend:
         return self._adapters.request(policy, self.config.enable_lora)
 
     async def _add_adapter(self, lora: Any) -> None:
-        """Load `lora`'s adapter into the engine before its first row (`Adapters.add`): an
+        """Have the engine hold `lora`'s adapter before a request's rows (`Adapters.add`): an
         adapter vLLM fails to load in a step kills the engine, in `add_lora` (a utility call)
         it fails the caller only; counted as a version's failed load (the engine lives on)."""
         engine = self._engine

@@ -72,12 +72,11 @@ def refusal(params: SamplingParams) -> tuple[str, str] | None:
 
 class Adapters:
     """The LoRA versions' adapters of one backend: each one's `LoRARequest` (an id per version:
-    vLLM caches adapters by id) and those its engine holds (`add`; `clear` when it goes)."""
+    vLLM caches adapters by id) and its `add` to the engine before each request's rows."""
 
     def __init__(self) -> None:
         self._ids: dict[tuple[str, int], int] = {}
-        self._loaded: set[int] = set()  # by `add_lora`, into the engine
-        self._adding = asyncio.Lock()  # one `add_lora` at a time
+        self._adding: dict[int, tuple[Any, asyncio.Future[None]]] = {}  # by id: engine, add
 
     def request(self, policy: PolicyHandle, enabled: bool) -> Any:
         """`policy`'s `LoRARequest` (None: full weights); `enabled`: inference.vllm.enable_lora."""
@@ -94,19 +93,31 @@ class Adapters:
         return LoRARequest(policy.name, lora_id, str(policy.path))
 
     async def add(self, engine: Any, lora: Any, max_rank: int) -> None:
-        """Load `lora`'s adapter into `engine` unless it holds it: refused first where
-        `adapter_problem` says, else `add_lora`'s error raised as it comes."""
-        async with self._adding:
-            if lora.lora_int_id in self._loaded:
-                return
+        """Have `engine` hold `lora`'s adapter for a request's rows: refused first where
+        `adapter_problem` says, else `add_lora`'s error raised as it comes. Asked of every
+        request: vLLM holds `max_cpu_loras` adapters, least recently used evicted (which this
+        side cannot follow: its steps touch them too), and loads one it does not hold inside a
+        step, where a failure kills the engine; `add_lora` of one it holds only touches it.
+        Requests of one id on one engine share an add in flight."""
+        held = self._adding.get(lora.lora_int_id)
+        if held is None or held[0] is not engine:
+            added = asyncio.ensure_future(self._add(engine, lora, max_rank))
+            added.add_done_callback(lambda done: done.cancelled() or done.exception())
+            held = self._adding[lora.lora_int_id] = (engine, added)
+        await asyncio.shield(held[1])  # a waiter cancelled leaves the add to the others
+
+    async def _add(self, engine: Any, lora: Any, max_rank: int) -> None:
+        try:
             if problem := adapter_problem(lora.lora_name, Path(lora.lora_path), max_rank):
                 raise problem
             await engine.add_lora(lora)
-            self._loaded.add(lora.lora_int_id)
+        finally:
+            if self._adding.get(lora.lora_int_id, (None, None))[0] is engine:
+                del self._adding[lora.lora_int_id]
 
     def clear(self) -> None:
-        """The engine went: it holds none."""
-        self._loaded.clear()
+        """The engine went: its adds in flight are not the next one's."""
+        self._adding.clear()
 
 
 def adapter_problem(name: str, path: Path, max_rank: int) -> InferenceError | None:
