@@ -5,8 +5,8 @@ Loads the task suite (quarantined tasks skipped), publishes policy version 0, st
 children in flight (fewer where they, the held-out tasks' and the learner would pass Temporal's
 limit of pending children: workflows/children.py) until `steps × groups_per_step` groups have been
 rolled out (or the time budget is spent, or a `stop` signal came: then the tasks in flight, the
-learner's last step and the final evaluation still run, and the result's `stopped` says why: the
-signal's reason or `TIME_BUDGET_SPENT`). Each finished group is signalled to the learner; rollouts
+learner's last step and the final evaluation still run, and the result's `stopped` says why, where
+tasks were left unstarted: the signal's reason or `TIME_BUDGET_SPENT`). Each finished group is signalled to the learner; rollouts
 go on while it trains (asynchronous RL) but never run more than `grpo.max_staleness` steps ahead of
 it: the group for step b waits for version b − max_staleness and is pinned to the newest version
 known when it starts (`max_staleness = 0` is synchronous, on-policy GRPO), and is sent in time to be
@@ -110,6 +110,7 @@ class TrainingRunWorkflow:
         )
         self._stopped: str | None = resume.stopped if resume else None  # the `stop` signal
         # said only (not `_stopped`, carried by the resume; flat groups: `_redraws`)
+        self._stopped_early = False  # `_stopped` ended the rollouts, tasks left (a segment's own)
         self._budget_spent = False  # the deadline ended the rollouts (a later segment's too)
         self._retention = Retention(run_input, resume.pruned_below if resume else 1)
         evals, failed = resume.evals if resume else [], self._failure.evaluation_failed
@@ -183,7 +184,8 @@ class TrainingRunWorkflow:
 
     @workflow.signal(name=Signal.STOP)
     def stop(self, reason: Any = None, *_: Any) -> None:
-        """Start no more tasks (`tempered stop`); the rest of the run ends as usual. The input
+        """Start no more tasks (`tempered stop`); the rest of the run ends as usual (`stopped`
+        in its result only where tasks were left to start: `_why_stopped`). The input
         is optional: without one (or with anything but non-empty text), `STOPPED_BY_SIGNAL`;
         inputs past the first are ignored (before, each failed every later workflow task)."""
         why = reason if isinstance(reason, str) and reason else STOPPED_BY_SIGNAL
@@ -198,13 +200,16 @@ class TrainingRunWorkflow:
             redrawn=self._redrawn,
             learner=self._progress,
             evals=self._evaluations.results,
-            stopping=self._why_stopped,
+            stopping=self._stopped or self._why_stopped,
         )
 
     @property
     def _why_stopped(self) -> str | None:
-        """Why the run started no more tasks before its steps (None: it did not stop)."""
-        return self._stopped or (TIME_BUDGET_SPENT if self._budget_spent else None)
+        """Why the run started no more tasks before its steps (None: it did not stop; nor did a
+        `stop` once every task had started, which `progress` shows)."""
+        if self._stopped_early:
+            return self._stopped
+        return TIME_BUDGET_SPENT if self._budget_spent else None
 
     async def _roll_out(self, tasks: LoadTasksResponse, deadline: datetime | None) -> None:
         run_input = self._input
@@ -216,7 +221,8 @@ class TrainingRunWorkflow:
             await self._learner.wait(self._may_start, lambda: not self._in_flight, deadline)
             self._learner.raise_if_failed()
             self._failure.raise_if_failed()
-            if self._stopped is not None:
+            if self._stopped is not None:  # `_task_due`: tasks were left to start
+                self._stopped_early = True
                 break
             if deadline is not None and workflow.now() >= deadline:
                 self._budget_spent = True
