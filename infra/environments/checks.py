@@ -16,7 +16,9 @@ Two kinds (`tree.Check.kind`, carried by the hidden-tests tree):
 - `script` (Harbor tasks): /tests/test.sh run as Harbor runs it, as a program (`chmod +x`,
   then the script itself: the kernel runs its `#!` line's interpreter; `script_command`), in a
   fresh workspace sandbox, the final workspace at its workdir (a copy: the session is
-  untouched), the tests at /tests read-only, /logs/verifier writable; the score is the reward
+  untouched; one holding a link into the verifier's own files, /tests or /logs/verifier, scores
+  0 unchecked: `verifier_files.verifier_links`), the tests at /tests read-only, /logs/verifier
+  writable; the score is the reward
   the script left there (reward.txt, else reward.json: `verifier_files.left_reward`), if it
   exited 0. The script runs with the workspace's code, as in Harbor, but in the base
   environment plus `[verifier] env` only: unlike Harbor's, never the Dockerfile's ENV (the
@@ -92,6 +94,7 @@ from infra.environments.verifier_files import (
     REWARD_JSON,
     RewardError,
     left_reward,
+    verifier_links,
 )
 from infra.sandbox.base import JobTooLarge, SandboxBackend
 from infra.sandbox.sealed import SEALED_DIR, SHELLS
@@ -104,6 +107,9 @@ EXIT_0_RULE = "a reward counts only from a script that exits 0"
 """The workspace's code runs in the script: it can write a reward of 1 and then make the script
 fail or kill it (128 + the signal), or keep the scorer from writing over it (a chmod), so a
 script that exits non-zero scores 0 whatever it left."""
+FORGED_LINKS = "the final workspace holds links the verifier would follow into its own files"
+"""Why a final workspace with such links is not verified (`verifier_files.verifier_links`):
+`ln -s /tests/expected.txt primes.txt` passed a test that compared the two."""
 VERIFIER_HOMES = (BASE_ENV["HOME"], "/dev/shm")
 """A script check's HOME: the first of these fresh tmpfs neither in its workspace nor above it
 (no workspace may lie in /dev: `workspace.HIDDEN_PATHS`)."""
@@ -198,6 +204,8 @@ async def check_script(
 ) -> Graded:  # fmt: skip
     """Run Harbor's test script over `scratch/ws` (the final workspace, owned by `uid`) with
     `scratch/tests` at /tests; `scratch/logs` becomes /logs/verifier."""
+    if linked := await asyncio.to_thread(verifier_links, scratch / "ws", spec.workdir):
+        return unchecked(f"{FORGED_LINKS}: {'; '.join(linked)}", limits)
     logs = scratch / "logs"
     logs.mkdir()
     logs.chmod(0o1777)  # root's (a root worker's), sticky: the script's code cannot chmod it

@@ -38,12 +38,13 @@ size (below), a Dockerfile it cannot use (a bad WORKDIR or file tree is the Dock
 not task.toml's), a file or directory it cannot read (a mode of 000: the worker's uid is not
 root everywhere), an empty tests/test.sh (blank: it could
 write no reward), a tests/test.sh whose `#!` line no command can name (`checks.shebang`: longer
-than the kernel reads, a NUL, not UTF-8). A suite directory that cannot be listed is bad input
-(ValueError). The files COPY puts in the workspace take at most `max_mb` in all, and the task's
-other files (task.toml, instruction.md, the Dockerfile, tests/, solution/: never in the
-workspace) `harbor_dockerfile.MAX_TASK_FILES_MB`, tests/ and solution/ each within `max_mb` too
-(the verifier's and the solve's scratch is a workspace's size), each file looked at before it is
-read (`harbor_dockerfile.Budget`). A file or directory name that is not UTF-8 (no tree can hold
+than the kernel reads, a NUL, not UTF-8) or that holds a CR (CRLF line endings: line 1). A
+suite directory that cannot be listed is bad input (ValueError). The files COPY puts in the
+workspace take at most `max_mb` in all, and the task's other files (task.toml, instruction.md,
+the Dockerfile, tests/, solution/: never in the workspace)
+`harbor_dockerfile.MAX_TASK_FILES_MB`, tests/ and solution/ each within `max_mb` too (the
+verifier's and the solve's scratch is a workspace's size), each file looked at before it is read
+(`harbor_dockerfile.Budget`). A file or directory name that is not UTF-8 (no tree can hold
 it) is the task's error, shown escaped (`caf\\xe9.txt`), and so is a task directory's. A
 directory holding task.toml and task directories too (beside its own environment/, tests/ and
 solution/, whatever they hold) is refused whole: which was meant is not for the loader to guess.
@@ -265,6 +266,12 @@ def _load(directory: Path, name: str, suite: str, max_mb: int) -> WorkspaceTask:
             shebang(tests["test.sh"].data[:MAX_SHEBANG], "test.sh")
         except InvalidTask as exc:
             raise TaskInputError(f"{directory}/{exc}") from None
+        if _crlf_shebang(tests["test.sh"].data):  # every verify would exit 127, scored 0
+            raise fail(
+                "tests/test.sh:1",
+                "CRLF line ending (its #! line ends in \\r, which the kernel takes as part of the "
+                "interpreter's name or argument: no such program): save it with LF line endings",
+            )
         solution = None
         if (directory / "solution").is_dir():
             solution = tree(directory / "solution", Budget.tree("solution", max_mb, own))
@@ -301,6 +308,11 @@ def _env_the_check_may_need(env: dict[str, str], test: bytes, given: dict[str, s
         for key in env.keys() - given.keys()
         if _RESOLVING.fullmatch(key) or re.search(rf"\${{?{re.escape(key)}\b", text)
     )
+
+
+def _crlf_shebang(script: bytes) -> bool:
+    """Whether `script`'s `#!` line holds a carriage return (a file saved with CRLF endings)."""
+    return script.startswith(b"#!") and b"\r" in script[:MAX_SHEBANG].partition(b"\n")[0]
 
 
 def _not_utf8(exc: UnicodeDecodeError) -> str:

@@ -8,10 +8,11 @@ and what the loader warns of.
     read.unapplied                            # one line per limit the task sets: one warning each
 
 Tempered reads `[verifier] timeout_sec` (a number of seconds, or a string of one, as Harbor's
-float field takes it, at most `tree.MAX_CHECK_S`; a boolean is an error; without it Harbor's
-default, `VERIFIER_TIMEOUT_S`, not the run's sandbox limit of 10 s), `[verifier.env]`
-(variable names as a Dockerfile's ENV takes them; strings, numbers and booleans, spelt as TOML
-spells them; no NUL), `[environment] memory_mb` (or the older `memory = "4G"`: `memory_mb`)
+float field takes it, at least `MIN_CHECK_S` and at most `tree.MAX_CHECK_S`; a boolean is an
+error; without it Harbor's default, `VERIFIER_TIMEOUT_S`, not the run's sandbox limit of 10 s),
+`[verifier.env]` (variable names as a Dockerfile's ENV takes them; strings, numbers and
+booleans, spelt as TOML spells them; no NUL), `[environment] memory_mb` (or the older `memory =
+"4G"`: `memory_mb`)
 and `[metadata] split`; a wrong type there is an error. The memory is the task's
 (`WorkspaceSpec.memory_mb`): its agent's commands and its check run within it, more or less
 than the run's `limits.memory_mb`, at most the sandbox worker's cap (a task asking more than
@@ -67,6 +68,9 @@ VERIFIER_TIMEOUT_S = 600.0
 (`VerifierConfig.timeout_sec` in Harbor's src/harbor/models/task/config.py). The run's sandbox
 limit (`SandboxLimits.timeout_s`, 10 s) once stood in for it and scored a correct answer 0
 whose test took 12 s."""
+MIN_CHECK_S = 1.0
+"""The shortest `[verifier] timeout_sec`: less leaves a test script no time to run (0.001 once
+loaded: every verify timed out, and a correct answer scored 0, silently)."""
 _STORAGE = "its workspace holds sandbox.workspaces.max_workspace_mb"
 LIMITS: dict[tuple[str, str], tuple[type, str | None]] = {
     ("agent", "timeout_sec"): (float, "an episode ends at the run's max_turns and timeouts"),
@@ -205,7 +209,8 @@ def _size_mb(value: str) -> int:
 def _timeout(value: Any) -> float:
     """`[verifier] timeout_sec` in seconds; ValueError naming the key and its range (the cap
     is `Check.timeout_s`'s: once its own field name and bound were all the error said)."""
-    key, wanted = "[verifier] timeout_sec", f"more than 0 s, at most {MAX_CHECK_S:g} s"
+    key = "[verifier] timeout_sec"
+    wanted = f"at least {MIN_CHECK_S:g} s, at most {MAX_CHECK_S:g} s"
     try:
         if isinstance(value, bool):  # Harbor's float would take it for 0 or 1 s
             raise ValueError
@@ -213,7 +218,7 @@ def _timeout(value: Any) -> float:
     except ValueError:  # ValidationError too
         shown = repr(value) if isinstance(value, str) else _kind(value)
         raise ValueError(f"{key}: a number of seconds, not {shown} ({wanted})") from None
-    if not 0 < seconds <= MAX_CHECK_S:  # NaN too
+    if not MIN_CHECK_S <= seconds <= MAX_CHECK_S:  # NaN too
         raise ValueError(f"{key}: {value!r} seconds: a check takes {wanted}") from None
     return seconds
 
