@@ -112,6 +112,11 @@ RUN_INPUTS: dict[str, tuple[list[Any], str]] = {
         "invalid run: the input is a str, where the workflow takes one TrainingRunInput",
     ),
     "no input": ([], "invalid run: no input, where the workflow takes one TrainingRunInput"),
+    "null": ([None], "invalid run: no input, where the workflow takes one TrainingRunInput"),
+    "a list": (
+        [[1, 2]],
+        "invalid run: the input is a list, where the workflow takes one TrainingRunInput",
+    ),
     "two inputs": (
         [RUN.model_dump(mode="json")] * 2,
         "invalid run: 2 inputs, where the workflow takes one TrainingRunInput",
