@@ -49,7 +49,8 @@ it) is the task's error, shown escaped (`caf\\xe9.txt`), and so is a task direct
 directory holding task.toml and task directories too (beside its own environment/, tests/ and
 solution/, whatever they hold) is refused whole: which was meant is not for the loader to guess.
 
-Not covered: images (the Kubernetes backend's business), multi-stage builds, `.dockerignore`.
+Not covered: images (the Kubernetes backend's business), multi-stage builds, `.dockerignore`
+(one with patterns makes every COPY the Dockerfile's error: harbor_dockerfile.py).
 """
 
 from __future__ import annotations

@@ -11,16 +11,22 @@ only these instructions are understood, as Docker reads them (a UTF-8 BOM, comme
 continued lines too):
 
     FROM       the base image: ignored (one only; multi-stage builds are an error)
-    WORKDIR    quotes removed, `$VAR`/`${VAR}` expanded, relative to the previous one; the
-               workspace is the last one (/app when none), outside the sandbox's system and
+    WORKDIR    quotes removed, `$VAR`/`${VAR}` expanded, relative to the previous one (the
+               first absolute: Docker takes a relative one from the base image's WORKDIR,
+               which is not read); the workspace is the last one (/app when none: Harbor's
+               convention), outside the sandbox's system and
                outside the trees the verifier mounts (/tests, /logs/verifier, /solution)
                and no parent of one (/logs)
     COPY       build-context files into the workspace, sources relative to the context (a
                leading `/` too), globs as pathlib reads them (one matching nothing is an error);
                several sources or matches, a destination ending in `/`, or one that is a
                directory already take the files into it; a directory copies its contents;
-               `--chown`/`--chmod` ignored, `--from` and heredocs (`<<EOF`) an error; its
-               words quoted and expanded as ENV's (`'$D'` is `$D`)
+               its words quoted and expanded as ENV's (`'$D'` is `$D`), one empty after
+               expansion an error; `--chown`/`--link` ignored, `--chmod=OCTAL` applied, any
+               other flag (`--from`, `--exclude`, `--parents`) and heredocs (`<<EOF`) an error
+               (`infra/tasks/harbor_copy.py`); an error beside a `.dockerignore` (or
+               `Dockerfile.dockerignore`) with a pattern: its patterns are not read, and what
+               it keeps out would land in the workspace
     ENV        KEY=value words (or the legacy KEY value), quoted and expanded as Docker does
 
 Anything else is a TaskInputError naming the file and line: another instruction, a file COPY
@@ -63,7 +69,8 @@ from infra.environments.verifier_files import (
 from infra.environments.workspace import SOLUTION_DIR
 from infra.sandbox.workspace import check_mount_point
 from infra.settings import WorkspaceSettings
-from infra.tasks.harbor_words import arguments_of, env_pairs, shell_words
+from infra.tasks.harbor_copy import copy_words, matches
+from infra.tasks.harbor_words import env_pairs, shell_words
 
 DEFAULT_WORKDIR = "/app"
 INSTRUCTIONS = {"FROM", "WORKDIR", "COPY", "ENV"}
@@ -142,7 +149,7 @@ def read_dockerfile(
     and ENV, the files COPY takes read within `budget` (a fresh one: `MAX_TASK_MB`), the
     Dockerfile within `own` (a fresh `Budget.own()`); TaskInputError naming the file and line
     otherwise."""
-    budget = budget or Budget()
+    budget, own = budget or Budget(), own or Budget.own()
     context = path.parent
     workdir, env = DEFAULT_WORKDIR, dict[str, str]()
     workdir_line = 0
@@ -150,7 +157,8 @@ def read_dockerfile(
     dirs = {"/", DEFAULT_WORKDIR}  # the directories so far, each one's parents too: the
     # workdir's (every WORKDIR line makes its own), the ones COPY made
     froms = 0
-    for number, instruction, arguments in _instructions(path, own or Budget.own()):
+    ignored = _dockerignore(path, own)
+    for number, instruction, arguments in _instructions(path, own):
 
         def fail(why: str, number: int = number) -> TaskInputError:
             return TaskInputError(f"{path}:{number}: {why}")
@@ -168,6 +176,12 @@ def read_dockerfile(
             path_words = shell_words(arguments, env, fail, split=False)  # one path, spaces too
             if not path_words or not path_words[0]:
                 raise fail("WORKDIR needs a path")
+            if not workdir_line and not path_words[0].startswith("/"):
+                raise fail(
+                    f"WORKDIR {path_words[0]!r} is relative, and no WORKDIR before it: Docker "
+                    "takes it from the base image's WORKDIR, which this loader does not read; "
+                    "give an absolute path (e.g. /app)"
+                )
             workdir = _absolute(workdir, path_words[0])
             try:
                 check_mount_point(_WORKDIR.validate_python(workdir))
@@ -180,23 +194,22 @@ def read_dockerfile(
         elif instruction == "ENV":
             env.update(env_pairs(arguments, env, fail))
         else:
-            words = arguments_of(arguments, env, fail)  # expanded as they are split
-            if any(word.startswith("--from") for word in words):
-                raise fail("COPY --from (multi-stage) is not supported")
-            if any(word.startswith("<<") for word in words):
-                why = "put the file in the build context and COPY it"
-                raise fail(f"COPY heredocs (<<EOF) are not supported: {why}")
-            words = [word for word in words if not word.startswith("--")]
-            if len(words) < 2:
-                raise fail("COPY needs a source and a destination")
-            *sources, destination = words
+            if ignored is not None:
+                raise fail(
+                    f"COPY with {ignored} beside it: its patterns are not read by this loader, "
+                    "and the files it keeps out would land in the workspace; delete it and "
+                    "COPY only the files the agent should get"
+                )
+            mode, sources, destination = copy_words(arguments, env, fail)
             target = _absolute(workdir, destination)
-            matches = [match for source in sources for match in _matches(context, source, fail)]
-            into = destination.endswith("/") or len(matches) > 1 or target in dirs
-            for match in matches:
+            found = [match for source in sources for match in matches(context, source, fail)]
+            into = destination.endswith("/") or len(found) > 1 or target in dirs
+            for match in found:
                 if match.is_dir():
                     _make_dirs(target, placed, dirs, fail)
                 for absolute, file in _copy(match, target, into, budget).items():
+                    if mode is not None:  # --chmod: what it says, not the context's mode
+                        file = File(file.data, bool(mode & 0o111))
                     if absolute in dirs:
                         raise fail(f"COPY puts a file at {absolute}, a directory already")
                     _make_dirs(posixpath.dirname(absolute), placed, dirs, fail)
@@ -240,6 +253,23 @@ def _make_dirs(
         directory = posixpath.dirname(directory)
 
 
+def _dockerignore(path: Path, own: Budget) -> Path | None:
+    """The ignore file Docker reads beside the Dockerfile `path` (`Dockerfile.dockerignore`
+    before `.dockerignore`, as BuildKit) where it holds a pattern (a line neither blank nor a
+    `#` comment), read within `own`; None where there is none. One that is no regular file (a
+    link) or not UTF-8 is an error naming it."""
+    for ignore in (path.parent / f"{path.name}.dockerignore", path.parent / ".dockerignore"):
+        if not os.path.lexists(ignore):
+            continue
+        try:
+            lines = own.read(ignore, follow_links=False).decode("utf-8-sig").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TaskInputError(f"{ignore}: unreadable ({exc})") from None
+        patterns = any(line.strip() and not line.lstrip().startswith("#") for line in lines)
+        return ignore if patterns else None
+    return None
+
+
 def _instructions(path: Path, budget: Budget) -> list[tuple[int, str, str]]:
     """(line number, INSTRUCTION, arguments), comments and blank lines dropped, continued lines
     joined as Docker joins them: the backslash (and the spaces after it) dropped, the next line
@@ -268,33 +298,6 @@ def _instructions(path: Path, budget: Budget) -> list[tuple[int, str, str]]:
     if pending is not None:
         raise TaskInputError(f"{path}:{start}: the file ends inside a continued line")
     return result
-
-
-def _matches(context: Path, source: str, fail: Any) -> list[Path]:
-    """What COPY `source` names in the build `context`: the path, or a glob's matches (sorted).
-    As Docker reads it, a leading `/` is the context's top."""
-    relative = source.lstrip("/")
-    if not any(c in relative for c in "*?["):
-        matches = [context / relative]
-    else:
-        try:
-            matches = sorted(context.glob(relative))
-        except (ValueError, NotImplementedError, OSError) as exc:
-            raise fail(f"COPY {source}: a pattern this loader cannot read ({exc})") from None
-        if not matches:
-            raise fail(f"COPY {source}: no file in {context} matches")
-    for match in matches:
-        try:
-            inside = match.resolve().is_relative_to(context.resolve())
-        except (OSError, RuntimeError) as exc:  # RuntimeError: a loop of links
-            raise fail(f"COPY {source}: {exc}") from None
-        if not inside:
-            raise fail(f"COPY {source} lies outside the build context {context}")
-        if not match.exists():
-            raise fail(f"COPY {source}: no such file in {context}")
-        if not match.is_dir() and not match.is_file():
-            raise fail(f"COPY {source}: {match} is neither a file nor a directory")
-    return matches
 
 
 def _copy(match: Path, target: str, into: bool, budget: Budget) -> dict[str, File]:
