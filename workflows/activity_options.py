@@ -20,6 +20,9 @@ with a schedule-to-start timeout: a worker that is gone never picks the step up,
 (which Temporal does not retry) ends the activity, and the workflow restores the session
 elsewhere. `attempts` bounds the calls a workflow moves past when they fail (closing sessions
 and pruning policy versions, best effort; a session's step, restored elsewhere); 0: unlimited.
+`within` bounds the whole activity, from its scheduling, all attempts together (its
+schedule-to-close, and no start-to-close beyond it): a best-effort call the workflow must not
+wait on for long (the close of sessions on a worker that failed their step).
 `wait_for_cancel`: a cancelled workflow waits for the activity to stop (it reports the cancel
 once its work has ended) instead of moving on while the work runs (the SDK's TRY_CANCEL).
 
@@ -122,16 +125,19 @@ def activity_options(
     attempts: int = 0,
     wait_for_cancel: bool = False,
     work: timedelta = timedelta(0),
+    within: timedelta | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for `workflow.execute_activity` of `activity` (on `queue` if given);
     `work`: what the request adds to the table's start-to-close (`programs_work` of an
-    `execute`, `env_step` or `verify_episodes`, `training_work` of a `train_step`)."""
+    `execute`, `env_step` or `verify_episodes`, `training_work` of a `train_step`); `within`:
+    the most the activity takes from its scheduling, all attempts together."""
     non_retryable = list(NON_RETRYABLE)
     if activity in _TIMEOUT_ENDS:
         non_retryable.append(START_TO_CLOSE_FAILS)
+    start_to_close = _START_TO_CLOSE[activity] + work
     options: dict[str, Any] = {
         "task_queue": queue or ACTIVITY_QUEUE[activity].value,
-        "start_to_close_timeout": _START_TO_CLOSE[activity] + work,
+        "start_to_close_timeout": start_to_close if within is None else min(start_to_close, within),
         "heartbeat_timeout": timedelta(seconds=heartbeat_timeout_s),
         "retry_policy": RetryPolicy(
             initial_interval=timedelta(seconds=INFRA_RETRY.initial_s),
@@ -145,4 +151,6 @@ def activity_options(
         options["cancellation_type"] = workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
     if schedule_to_start_s is not None:
         options["schedule_to_start_timeout"] = timedelta(seconds=schedule_to_start_s)
+    if within is not None:
+        options["schedule_to_close_timeout"] = within
     return options

@@ -4,7 +4,7 @@
     await sessions.open_first(group.episodes)     # INIT: a session per episode, on one worker
     outcomes = await sessions.step(step, generated)   # EXECUTE: the tool calls, where they live
     await sessions.verify()                       # DONE: the verifier's verdicts → the group
-    await sessions.close()                        # DONE, failure or cancellation; never raises
+    await sessions.close()                        # DONE, failure or cancellation; raises a cancel
 
 Sessions are sticky: a step goes to the task queue of the sandbox worker that holds its
 session (`SessionRef.queue`), with a schedule-to-start timeout of `session_timeout_s`. When
@@ -45,8 +45,10 @@ steps ran on, and a cancel did not wait for them). A cancel during `close` (a ru
 its tasks as a group ends) is raised once the closes end (`CLOSE_WAITS_PATCH`); before, it
 abandoned them (TRY_CANCEL), and the sessions kept their uid slots until the worker's TTL.
 Sessions whose live worker failed their step `STEP_ATTEMPTS` times are closed there before
-the restore, which waits for it: a restore there opens the same ids (`CLOSE_FAILED_PATCH`;
-before, they stayed until the TTL).
+the restore (`CLOSE_FAILED_PATCH`; before, they stayed until the TTL), in one attempt ended by
+`CLOSE_FAILED_WITHIN` (a step attempt still running there holds the locks the close waits for).
+So no close of them starts after the restore: one still running keeps their ids `closing` on the
+host, and a restore there (the same ids) awaits it (`WorkspaceEnvironment.reset`) first.
 
 A task cancelled during its first open waits for the open too (`open_first`, behind
 `OPEN_PATCH`): an open that finished before the cancel reached it returns its sessions, which
@@ -62,16 +64,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import (
-    ActivityError,
-    ApplicationError,
-    RetryState,
-    TimeoutError,
-    TimeoutType,
-)
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     from contracts.episode import (
@@ -96,9 +93,13 @@ with workflow.unsafe.imports_passed_through():
         sessions_by_queue,
         verify_request,
     )
+    from workflows.session_faults import attempts_spent, session_lost, worker_gone
 
 CLOSE_ATTEMPTS = 3
 """Closing sessions is best effort: a few tries, then the sandbox worker's TTL reaps them."""
+CLOSE_FAILED_WITHIN = timedelta(seconds=30)
+"""The most a restore waits for the close of its sessions on the worker that failed their step
+(`CLOSE_FAILED_PATCH`); before, `CLOSE_ATTEMPTS` of 2 minutes each."""
 MAX_RESTORES = 3
 """Restores of one step's sessions before the task fails: workers come and go, but not three
 times during one step unless the step itself takes them down."""
@@ -130,26 +131,6 @@ cancel is raised (`_close_each`); its marker comes only with such a cancel."""
 CLOSE_FAILED_PATCH = "tempered-sessions-close-failed-step"
 """Marks runs that close a step's sessions on the worker that failed it `STEP_ATTEMPTS` times
 before they are restored elsewhere (`_step_on`); its marker comes only with such a restore."""
-
-
-def worker_gone(error: ActivityError) -> bool:
-    """Whether an activity on a worker's own queue failed because no worker polls it."""
-    cause = error.cause
-    return isinstance(cause, TimeoutError) and cause.type is TimeoutType.SCHEDULE_TO_START
-
-
-def session_lost(error: ActivityError) -> bool:
-    """Whether a step failed because its session's worker is gone or no longer holds it."""
-    cause = error.cause
-    if worker_gone(error):
-        return True
-    return isinstance(cause, ApplicationError) and cause.type == ErrorType.SESSION_LOST
-
-
-def attempts_spent(error: ActivityError) -> bool:
-    """Whether a step failed because its retryable fault outlasted its attempts
-    (`STEP_ATTEMPTS`): its worker keeps failing it."""
-    return error.retry_state == RetryState.MAXIMUM_ATTEMPTS_REACHED
 
 
 class Sessions:
@@ -319,7 +300,8 @@ class Sessions:
                 [e.sample for e in lost],
             )
             if failed_here and workflow.patched(CLOSE_FAILED_PATCH):  # alive, and holds them
-                await self._close_each({queue: [i.session.session_id for i in items]})
+                ids = [i.session.session_id for i in items]
+                await self._close_each({queue: ids}, within=CLOSE_FAILED_WITHIN)
             await self.open(lost, restore=True, waits=waits, lost_on=lost_on)
             restores += 1
             items = [
@@ -363,11 +345,14 @@ class Sessions:
                 del by_queue[queue]
         await self._close_each(by_queue, CLOSE_WAITS_PATCH)
 
-    async def _close_each(self, by_queue: dict[str, list[str]], patch: str | None = None) -> None:
-        """Close each queue's sessions, all at once. A cancel of the task meanwhile is raised
-        once they have ended; where `patch` is given and a history before it is replayed, the
-        cancel was raised at once and the closes' activities abandoned (TRY_CANCEL)."""
-        closing = asyncio.gather(*(self._close_on(q, ids) for q, ids in by_queue.items()))
+    async def _close_each(
+        self, ids: dict[str, list[str]], patch: str | None = None, within: timedelta | None = None
+    ) -> None:
+        """Close each queue's sessions (`ids`), all at once; `within`: in one attempt, ended
+        by then. A cancel of the task meanwhile is raised once they have ended; where `patch` is
+        given and a history before it is replayed, the cancel was raised at once and the closes'
+        activities abandoned (TRY_CANCEL)."""
+        closing = asyncio.gather(*(self._close_on(q, each, within) for q, each in ids.items()))
         try:
             await asyncio.shield(closing)
         except asyncio.CancelledError as cancel:
@@ -379,18 +364,19 @@ class Sessions:
                     await asyncio.shield(closing)
             raise cancel
 
-    async def _close_on(self, queue: str, session_ids: list[str]) -> None:
+    async def _close_on(self, queue: str, ids: list[str], within: timedelta | None) -> None:
         try:
             await workflow.execute_activity(
                 Activity.CLOSE_SESSIONS.value,
-                CloseSessionsRequest(session_ids=session_ids),
+                CloseSessionsRequest(session_ids=ids),
                 result_type=CloseSessionsResponse,
                 **activity_options(
                     Activity.CLOSE_SESSIONS,
                     self.input.heartbeat_timeout_s,
                     queue=queue,
                     schedule_to_start_s=self.input.session_timeout_s,
-                    attempts=CLOSE_ATTEMPTS,
+                    attempts=CLOSE_ATTEMPTS if within is None else 1,
+                    within=within,
                 ),
             )
         except ActivityError as error:

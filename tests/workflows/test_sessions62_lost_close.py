@@ -3,6 +3,7 @@ they are restored elsewhere, through AgentTaskWorkflow on the real dev server an
 (scripted model and sandbox workers, tests/workflows/harness.py; `workflows/sessions.py`,
 `CLOSE_FAILED_PATCH`). Before, the restore replaced each episode's session and nothing closed
 the old ones: they kept their uid slots and workspaces on the broken worker until its TTL.
+The close is one attempt bounded by `CLOSE_FAILED_WITHIN` (test_sessions62b_close_bound.py).
 
 `sessions_lost_closed62.json.gz` is this scenario recorded on this code (its marker,
 `TEMPERED_RECORD_HISTORIES=1`); the one before the patch is
@@ -16,6 +17,7 @@ import gzip
 import json
 import os
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -31,7 +33,7 @@ from tests.workflows.test_sessions_infra_steps import HISTORY as BEFORE
 from tests.workflows.test_sessions_infra_steps import HISTORY_ID as BEFORE_ID
 from tests.workflows.test_sessions_infra_steps import BrokenHost, end_of, plan
 from workflows.agent_task import AgentTaskWorkflow
-from workflows.sessions import CLOSE_FAILED_PATCH, STEP_ATTEMPTS
+from workflows.sessions import CLOSE_FAILED_PATCH, CLOSE_FAILED_WITHIN, STEP_ATTEMPTS
 
 AFTER = Path(__file__).parent / "histories" / "sessions_lost_closed62.json.gz"
 AFTER_ID = "lost-closed-62"
@@ -48,6 +50,19 @@ def scheduled(history: WorkflowHistory) -> list[tuple[str, str]]:
     return [
         (e.activity_type.name, e.task_queue.name) for e in events if e.activity_type.name in names
     ]
+
+
+def failed_close(history: WorkflowHistory, queue: str) -> tuple[int, timedelta]:
+    """The close scheduled on `queue`'s attempts and schedule-to-close timeout."""
+    (close,) = [
+        e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.task_queue.name == queue
+        and e.activity_task_scheduled_event_attributes.activity_type.name
+        == Activity.CLOSE_SESSIONS.value
+    ]
+    return close.retry_policy.maximum_attempts, close.schedule_to_close_timeout.ToTimedelta()
 
 
 async def first_attempt(host: BrokenHost) -> None:
@@ -99,6 +114,7 @@ async def test_sessions_a_live_worker_failed_are_closed_there_before_the_restore
         (open_, Queue.SANDBOX.value),
         (close, good.queue),
     ]
+    assert failed_close(history, broken.queue) == (1, CLOSE_FAILED_WITHIN)  # one bounded try
     await replay(history, AgentTaskWorkflow)
     if os.environ.get("TEMPERED_RECORD_HISTORIES"):
         AFTER.write_bytes(
@@ -113,6 +129,7 @@ async def test_histories_either_side_of_the_patch_replay_on_their_branch(
     before, after = load(BEFORE, BEFORE_ID), load(AFTER, AFTER_ID)
     assert [q for _, q in scheduled(before)].count("sandbox-a") == 0
     assert [q for _, q in scheduled(after)].count("sandbox-a") == 1
+    assert failed_close(after, "sandbox-a") == (1, CLOSE_FAILED_WITHIN)  # recorded on this code
     await replay(before, AgentTaskWorkflow)
     await replay(after, AgentTaskWorkflow)
     await replays_on_its_branch_only(
