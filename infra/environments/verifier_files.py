@@ -49,6 +49,10 @@ import stat
 from collections import deque
 from pathlib import Path
 
+from infra.environments.paths import MAX_LINKS
+from infra.sandbox.forkserver import ROOT_ENTRIES
+from infra.sandbox.workspace import SYSTEM_FILES
+
 LOGS_DIR = "/logs/verifier"
 REWARD_FILE = "reward.txt"
 REWARD_JSON = "reward.json"
@@ -62,8 +66,7 @@ VERIFIER_ONLY = ("/tests", "/logs", "/solution", "/proc", "/tmp", "/dev/shm")
 """Where a final workspace's link may not lead its verifier: the hidden tests, the reward's
 directory, the reference solution, /proc (its /proc/self/root is /), and the script's scratch
 and HOME (what a test writes there to compare with)."""
-SYSTEM_LINKED: tuple[str, ...] = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-SYSTEM_LINKED += ("/etc/alternatives", "/etc/localtime")
+SYSTEM_LINKED = ("/usr", *(f"/{name}" for name in ROOT_ENTRIES), *SYSTEM_FILES)
 """The host's trees a sandbox binds where they are (`forkserver.root_binds`, `SYSTEM_FILES`):
 their links are followed as the host's."""
 DEV_LINKS = {"/dev/fd": "/proc/self/fd", "/dev/core": "/proc/kcore", "/dev/ptmx": "pts/ptmx"}
@@ -71,9 +74,6 @@ DEV_LINKS |= {
     f"/dev/{name}": f"/proc/self/fd/{fd}" for fd, name in enumerate(("stdin", "stdout", "stderr"))
 }
 """The links of a sandbox's /dev (bwrap's `--dev`)."""
-MAX_LINK_HOPS = 40
-"""Links followed to resolve one path (Linux's MAXSYMLINKS): past it, a loop, which leads
-nowhere."""
 MAX_LINK_WORK = 1 << 22
 """Path parts `verifier_links` walks in all: past it, the links left are not looked at and the
 workspace is not verified (a tree of 2,000-part targets chained 40 deep would take minutes)."""
@@ -268,7 +268,7 @@ def _leads_out(workspace: Path, workdir: str, path: str, budget: list[int]) -> b
         if target is None:
             continue
         hops += 1
-        if hops > MAX_LINK_HOPS:
+        if hops > MAX_LINKS:
             return False  # a loop: the kernel's ELOOP, nothing read through it
         current = [] if target.startswith("/") else current[:-1]
         parts.extendleft(reversed(target.split("/")))

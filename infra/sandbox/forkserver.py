@@ -116,10 +116,14 @@ def _claim_block(pid: int) -> tuple[int, socket.socket]:
     )
 
 
+ROOT_ENTRIES = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+"""The entries of the host's root a sandbox has as the host has them (`root_binds`), beside /usr."""
+
+
 def root_binds() -> list[str]:
     """bwrap arguments for a read-only /usr and the /bin, /lib* entries of the host's root."""
     args = ["--ro-bind", "/usr", "/usr"]
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+    for name in ROOT_ENTRIES:
         path = Path("/") / name
         if path.is_symlink():
             args += ["--symlink", os.readlink(path), str(path)]
