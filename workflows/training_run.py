@@ -6,17 +6,17 @@ children in flight (fewer where they, the held-out tasks' and the learner would 
 limit of pending children: workflows/children.py) until `steps × groups_per_step` groups have been
 rolled out (or the time budget is spent, or a `stop` signal came: then the tasks in flight, the
 learner's last step and the final evaluation still run, and the result's `stopped` says why, where
-tasks were left unstarted: the signal's reason or `TIME_BUDGET_SPENT`). Each finished group is signalled to the learner; rollouts
-go on while it trains (asynchronous RL) but never run more than `grpo.max_staleness` steps ahead of
-it: the group for step b waits for version b − max_staleness and is pinned to the newest version
-known when it starts (`max_staleness = 0` is synchronous, on-policy GRPO), and is sent in time to be
-trained at step b, after a slow one of an earlier step if need be (workflows/step_slots.py: the
-learner trains groups in the order they come). A flat group (no GRPO signal) is not sent with
-`grpo.redraw_flat_groups` N: another task takes its slot, N times a run at most, spread over its
-steps (DAPO's dynamic sampling; `redraws_allowed`). Held-out pass@1 (turn 1) and the solve rate
-within `eval_turns` turns are measured before training, every `eval_every` steps and after the last
-(greedy). With `keep_versions` N, versions that are neither 0, the newest N nor read by a rollout or
-an evaluation in flight are deleted as the run goes (workflows/retention.py).
+tasks were left unstarted: the signal's reason or `TIME_BUDGET_SPENT`). Each finished group is
+signalled to the learner; rollouts go on while it trains (asynchronous RL) but never run more than
+`grpo.max_staleness` steps ahead of it: the group for step b waits for version b − max_staleness and
+is pinned to the newest version known when it starts (`max_staleness = 0` is synchronous, on-policy
+GRPO), and is sent in time to be trained at step b, after a slow one of an earlier step if need be
+(workflows/step_slots.py: the learner trains groups in the order they come). A flat group (no GRPO
+signal) is not sent with `grpo.redraw_flat_groups` N: another task takes its slot, N times a run at
+most, spread over its steps (DAPO's dynamic sampling; `redraws_allowed`). Held-out pass@1 (turn 1)
+and the solve rate within `eval_turns` turns are measured before training, every `eval_every` steps
+and after the last (greedy). With `keep_versions` N, versions that are neither 0, the newest N nor
+read by a rollout or an evaluation in flight are deleted as the run goes (workflows/retention.py).
 
 Bounded history (workflows/run_look_ahead.py): before each start and before the ending, a run
 whose history could pass `budget` (20% of Temporal's limits by default), counting what the
